@@ -1,0 +1,142 @@
+"""URN syntax: DataHub's ``urn:li:<entityType>:<id>`` with its tuple rules.
+
+Parsing follows DataHub's ``TupleKey``: an id that starts with ``(`` is a tuple split on commas at paren depth 1
+(so nested URNs keep their commas); any other id is one part whose parentheses must balance. Empty parts are
+errors. ``validate_urn`` adds the server-side checks of ``UrnValidationUtil`` (whitespace, the ``␟`` separator,
+512 bytes URL-encoded, reserved characters inside parts), which DataHub only warns about unless strict.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from urllib.parse import quote_plus
+
+URN_PREFIX = "urn:li:"
+URN_MAX_ENCODED_BYTES = 512
+DELIMITER_SEPARATOR = "\u241f"  # ␟, DataHub's browse-path / nested-key separator
+# Entities exempt from the length limit (schemaField URNs nest a whole dataset URN).
+LENGTH_EXEMPT_ENTITY_TYPES = frozenset({"schemaField"})
+
+
+class InvalidUrnError(ValueError):
+    """A string that is not a valid URN; the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class Urn:
+    entity_type: str
+    entity_id: str
+    parts: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{URN_PREFIX}{self.entity_type}:{self.entity_id}"
+
+    @property
+    def is_tuple(self) -> bool:
+        return self.entity_id.startswith("(")
+
+
+def _split_tuple(entity_id: str, urn: str) -> tuple[str, ...]:
+    if not entity_id.startswith("("):
+        depth = 0
+        for ch in entity_id:
+            if ch == "(":
+                depth += 1
+            elif ch == ")":
+                depth -= 1
+                if depth < 0:
+                    break
+        if depth != 0:
+            raise InvalidUrnError(f"mismatched paren nesting in URN {urn!r}")
+        return (entity_id,)
+    if not entity_id.endswith(")"):
+        raise InvalidUrnError(f"mismatched paren nesting in URN {urn!r}: a tuple id must end with ')'")
+    parts: list[str] = []
+    depth = 0
+    start = 1
+    for i, ch in enumerate(entity_id):
+        if ch == "(":
+            depth += 1
+        elif ch == ")":
+            depth -= 1
+            if depth == 0 and i != len(entity_id) - 1:
+                raise InvalidUrnError(f"mismatched paren nesting in URN {urn!r}: text after the closing ')'")
+            if depth < 0:
+                raise InvalidUrnError(f"mismatched paren nesting in URN {urn!r}")
+        elif ch == "," and depth == 1:
+            parts.append(entity_id[start:i])
+            start = i + 1
+    if depth != 0:
+        raise InvalidUrnError(f"mismatched paren nesting in URN {urn!r}")
+    parts.append(entity_id[start:-1])
+    if any(part == "" for part in parts):
+        raise InvalidUrnError(f"empty part disallowed in URN {urn!r}")
+    return tuple(parts)
+
+
+@lru_cache(maxsize=65536)
+def parse_urn(urn: str) -> Urn:
+    """Parse ``urn:li:<entityType>:<id>``; raises InvalidUrnError naming the problem."""
+    if not isinstance(urn, str):
+        raise InvalidUrnError(f"a URN must be a string, found {type(urn).__name__}")
+    if not urn.startswith(URN_PREFIX):
+        raise InvalidUrnError(f"URN {urn!r} must start with '{URN_PREFIX}'")
+    rest = urn[len(URN_PREFIX):]
+    entity_type, sep, entity_id = rest.partition(":")
+    if not sep or not entity_type:
+        raise InvalidUrnError(f"URN {urn!r} has no entity type: expected 'urn:li:<entityType>:<id>'")
+    if not entity_id:
+        raise InvalidUrnError(f"URN {urn!r} has an empty id")
+    return Urn(entity_type, entity_id, _split_tuple(entity_id, urn))
+
+
+def _java_url_encoded_length(text: str) -> int:
+    # java.net.URLEncoder leaves "*" unencoded where quote_plus encodes it, and encodes "~" which quote_plus keeps.
+    return len(quote_plus(text, safe="*").replace("~", "%7E"))
+
+
+def _illegal_components(parts: Sequence[str]) -> list[str]:
+    illegal = []
+    for part in parts:
+        if part.startswith(URN_PREFIX) or "%28" in part or "%29" in part:
+            continue
+        if "(" in part or ")" in part or (len(parts) > 1 and "," in part):
+            illegal.append(part)
+    return illegal
+
+
+@lru_cache(maxsize=65536)
+def validate_urn(urn: str, strict: bool = True) -> Urn:
+    """Parse and apply DataHub's server-side URN rules. Non-strict mode skips the reserved-character checks."""
+    if isinstance(urn, str) and urn.strip() != urn:
+        raise InvalidUrnError(f"URN {urn!r} has leading or trailing whitespace")
+    parsed = parse_urn(urn)
+    if DELIMITER_SEPARATOR in urn:
+        raise InvalidUrnError(f"URN {urn!r} contains the reserved character '{DELIMITER_SEPARATOR}'")
+    if parsed.entity_type not in LENGTH_EXEMPT_ENTITY_TYPES:
+        encoded = _java_url_encoded_length(urn)
+        if encoded > URN_MAX_ENCODED_BYTES:
+            raise InvalidUrnError(
+                f"URN is {encoded} bytes URL-encoded; the limit is {URN_MAX_ENCODED_BYTES}: {urn[:80]!r}..."
+            )
+    if strict:
+        if len(parsed.parts) == 1 and "," in parsed.parts[0]:
+            raise InvalidUrnError(f"simple (non-tuple) URN {urn!r} contains a comma")
+        illegal = _illegal_components(parsed.parts)
+        if illegal:
+            raise InvalidUrnError(
+                f"URN {urn!r} has reserved characters '(' ')' ',' inside component(s) {illegal}; "
+                "percent-encode them (%28 %29 %2C)"
+            )
+    return parsed
+
+
+def make_urn(entity_type: str, parts: Sequence[str]) -> str:
+    """Build a URN from its parts: one part gives ``urn:li:t:part``, several a tuple ``urn:li:t:(a,b)``."""
+    if not parts:
+        raise InvalidUrnError(f"a {entity_type} URN needs at least one part")
+    if len(parts) == 1:
+        return f"{URN_PREFIX}{entity_type}:{parts[0]}"
+    return f"{URN_PREFIX}{entity_type}:({','.join(parts)})"
