@@ -30,6 +30,9 @@ class Settings(BaseSettings):
     retention_max_versions: int = 20
     retention_overrides: dict[str, int] = Field(default_factory=dict)
 
+    # DataHub's ALWAYS_EMIT_CHANGE_LOG: also log no-op writes (as RESTATE).
+    always_emit_change_log: bool = False
+
     max_request_bytes: int = 16_000_000
     max_aspect_bytes: int = 16_000_000
     transaction_retries: int = 5

@@ -1,0 +1,48 @@
+"""Service status and DataHub's `/config` (what the `datahub` client reads before it writes)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request
+from sqlalchemy import text
+
+from app import __version__
+from app.http import json_response
+
+router = APIRouter(tags=["system"])
+
+# The DataHub version metaledger claims. The Python SDK switches to OpenAPI writes at >= 1.0.1; until metaledger's
+# OpenAPI write paths match DataHub's exactly, report a version below that so every client stays on Rest.li.
+REPORTED_DATAHUB_VERSION = "v0.15.0"
+
+
+@router.get("/health", summary="Liveness and database reachability")
+async def health(request: Request):
+    try:
+        async with request.app.state.engine.connect() as connection:
+            await connection.execute(text("SELECT 1"))
+        database = "ok"
+    except Exception as error:  # noqa: BLE001 - health reports any failure as a status
+        database = f"unavailable: {type(error).__name__}"
+    status = "ok" if database == "ok" else "degraded"
+    return json_response({"status": status, "database": database, "version": __version__}, 200 if status == "ok" else 503)
+
+
+@router.get("/config", summary="DataHub-style server configuration")
+async def config(request: Request):
+    return json_response(
+        {
+            "noCode": "true",
+            "retention": "true",
+            "statefulIngestionCapable": True,
+            "patchCapable": True,
+            "supportsImpactAnalysis": False,
+            "timeZone": "UTC",
+            "versions": {"acryldata/datahub": {"version": REPORTED_DATAHUB_VERSION, "commit": f"metaledger-{__version__}"}},
+            "telemetry": {"enabledCli": False, "enabledIngestion": False},
+            "managedIngestion": {"enabled": False, "defaultCliVersion": "1.7.0.17"},
+            "datahub": {"serverType": "metaledger", "serverEnv": "core"},
+            "datasetUrnNameCasing": False,
+            "models": {},
+            "metaledger": {"version": __version__, "registry": request.app.state.registry.counts()},
+        }
+    )

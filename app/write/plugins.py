@@ -1,0 +1,66 @@
+"""User plugins, configured in entity_registry.yml's `plugins:` section in DataHub's format:
+
+    plugins:
+      aspectPayloadValidators:        # ProposalRule (before the transaction) or PreCommitRule (inside it) subclasses
+        - className: mypackage.rules.NoPiiInDescriptions
+          enabled: true
+          supportedOperations: [UPSERT, CREATE]
+          supportedEntityAspectNames: [{entityName: dataset, aspectName: datasetProperties}]
+      mutationHooks:                  # ProposalRule subclasses that change the proposal in place
+        - className: mypackage.rules.LowercaseTags
+
+`className` is a Python dotted path. A later entry with `enabled: false` and the same className disables an
+earlier one. Configured operations and entity/aspect pairs override the class's own.
+"""
+
+from __future__ import annotations
+
+import importlib
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from app.write.proposal import ChangeType
+from app.write.rules import PreCommitRule, ProposalRule, RuleChain, builtin_pre_commit_rules
+
+PLUGIN_SECTIONS = ("aspectPayloadValidators", "mutationHooks")
+
+
+class PluginConfigError(ValueError):
+    pass
+
+
+def _instantiate(entry: dict[str, Any], section: str) -> ProposalRule | PreCommitRule:
+    class_name = entry.get("className")
+    if not isinstance(class_name, str) or "." not in class_name:
+        raise PluginConfigError(f"plugins.{section}: className must be a dotted Python path, got {class_name!r}")
+    module_name, _, attr = class_name.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as error:
+        raise PluginConfigError(f"plugins.{section}: cannot load {class_name}: {error}") from error
+    if not (isinstance(cls, type) and issubclass(cls, (ProposalRule, PreCommitRule))):
+        raise PluginConfigError(f"plugins.{section}: {class_name} is not a ProposalRule or PreCommitRule subclass")
+    rule = cls()
+    if entry.get("supportedOperations"):
+        rule.change_types = frozenset(ChangeType(op.upper()) for op in entry["supportedOperations"])
+    if entry.get("supportedEntityAspectNames"):
+        rule.entity_aspects = tuple((p["entityName"], p["aspectName"]) for p in entry["supportedEntityAspectNames"])
+    return rule
+
+
+def load_rule_chain(registry_path: Path) -> RuleChain:
+    config = yaml.safe_load(registry_path.read_text()) if registry_path.exists() else {}
+    plugins = (config or {}).get("plugins") or {}
+    proposal_rules: list[ProposalRule] = []
+    pre_commit_rules: list[PreCommitRule] = builtin_pre_commit_rules()
+    for section in PLUGIN_SECTIONS:
+        entries = plugins.get(section) or []
+        disabled = {e.get("className") for e in entries if e.get("enabled") is False}
+        for entry in entries:
+            if entry.get("enabled") is False or entry.get("className") in disabled:
+                continue
+            rule = _instantiate(entry, section)
+            (proposal_rules if isinstance(rule, ProposalRule) else pre_commit_rules).append(rule)
+    return RuleChain(proposal_rules, pre_commit_rules)

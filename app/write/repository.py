@@ -1,0 +1,283 @@
+"""All SQL of the aspect store and the change-log outbox.
+
+Bulk statements take parallel arrays (`unnest`) so a batch of any size costs one round trip per statement. They
+run on the asyncpg connection under the request's SQLAlchemy session, inside the session's transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterable, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import asyncpg
+import orjson
+from sqlalchemy.ext.asyncio import AsyncSession
+
+LATEST_VERSION = 0
+# Errors after which the whole transaction is retried: a first-insert race lost on the primary key, a deadlock,
+# a serialization failure.
+RETRYABLE_DB_ERRORS = (
+    asyncpg.exceptions.UniqueViolationError,
+    asyncpg.exceptions.DeadlockDetectedError,
+    asyncpg.exceptions.SerializationError,
+)
+
+
+@dataclass(slots=True)
+class StoredAspect:
+    """One row of `metadata_aspect_v2` (row 0 = latest). `metadata` is the aspect JSON text as stored."""
+
+    urn: str
+    aspect: str
+    metadata: str
+    system_metadata: dict[str, Any]
+    created_on: datetime
+    created_by: str
+    created_for: str | None = None
+    row_version: int = LATEST_VERSION
+    _value: dict[str, Any] | None = field(default=None, repr=False)
+
+    @property
+    def value(self) -> dict[str, Any]:
+        if self._value is None:
+            self._value = orjson.loads(self.metadata)
+        return self._value
+
+    @property
+    def version(self) -> int:
+        """The logical version (`systemMetadata.version`); rows written before versioning count as 1."""
+        raw = self.system_metadata.get("version")
+        try:
+            return int(raw) if raw is not None else max(1, self.row_version)
+        except (TypeError, ValueError):
+            return max(1, self.row_version)
+
+    def system_metadata_json(self) -> str:
+        return orjson.dumps(self.system_metadata).decode()
+
+
+@dataclass(slots=True)
+class OutboxRow:
+    topic: str
+    message_key: str
+    urn: str
+    aspect: str
+    version: int
+    change_type: str
+    payload: str
+
+
+_ROW_COLUMNS = "urn, aspect, version, metadata, systemmetadata, createdon, createdby, createdfor"
+
+
+def _to_stored(record: asyncpg.Record) -> StoredAspect:
+    sm = record["systemmetadata"]
+    return StoredAspect(
+        urn=record["urn"],
+        aspect=record["aspect"],
+        metadata=record["metadata"],
+        system_metadata=orjson.loads(sm) if sm else {},
+        created_on=record["createdon"],
+        created_by=record["createdby"],
+        created_for=record["createdfor"],
+        row_version=record["version"],
+    )
+
+
+def _columns(rows: Sequence[StoredAspect], row_version: int | None = None) -> tuple[list, ...]:
+    return (
+        [r.urn for r in rows],
+        [r.aspect for r in rows],
+        [r.row_version if row_version is None else row_version for r in rows],
+        [r.metadata for r in rows],
+        [r.system_metadata_json() for r in rows],
+        [r.created_on for r in rows],
+        [r.created_by for r in rows],
+        [r.created_for for r in rows],
+    )
+
+
+class AspectRepository:
+    def __init__(self, session: AsyncSession) -> None:
+        self._session = session
+        self._raw: asyncpg.Connection | None = None
+
+    async def _conn(self) -> asyncpg.Connection:
+        if self._raw is None:
+            connection = await self._session.connection()
+            raw = await connection.get_raw_connection()
+            self._raw = raw.driver_connection
+        return self._raw
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """A READ COMMITTED transaction on the session's connection. It is opened on the driver connection itself:
+        SQLAlchemy starts its transaction lazily on its own first statement, and these statements bypass it."""
+        conn = await self._conn()
+        async with conn.transaction(isolation="read_committed"):
+            yield
+
+    # --- reads -------------------------------------------------------------------------------------------------
+    async def latest(self, keys: Iterable[tuple[str, str]], *, for_update: bool = False) -> dict[tuple[str, str], StoredAspect]:
+        """Row 0 of each (urn, aspect). With `for_update`, the rows are locked in sorted key order (no deadlocks
+        between batches that overlap)."""
+        ordered = sorted(set(keys))
+        if not ordered:
+            return {}
+        conn = await self._conn()
+        records = await conn.fetch(
+            f"""
+            SELECT m.{_ROW_COLUMNS.replace(', ', ', m.')}
+            FROM metadata_aspect_v2 m
+            JOIN unnest($1::text[], $2::text[]) AS k(urn, aspect) ON m.urn = k.urn AND m.aspect = k.aspect
+            WHERE m.version = 0
+            ORDER BY m.urn, m.aspect
+            {"FOR UPDATE OF m" if for_update else ""}
+            """,
+            [k[0] for k in ordered],
+            [k[1] for k in ordered],
+        )
+        return {(r["urn"], r["aspect"]): _to_stored(r) for r in records}
+
+    async def entity_latest(self, urn: str, aspects: Sequence[str] | None = None) -> list[StoredAspect]:
+        conn = await self._conn()
+        if aspects:
+            records = await conn.fetch(
+                f"SELECT {_ROW_COLUMNS} FROM metadata_aspect_v2 WHERE urn = $1 AND version = 0 AND aspect = ANY($2::text[]) ORDER BY aspect",
+                urn,
+                list(aspects),
+            )
+        else:
+            records = await conn.fetch(
+                f"SELECT {_ROW_COLUMNS} FROM metadata_aspect_v2 WHERE urn = $1 AND version = 0 ORDER BY aspect", urn
+            )
+        return [_to_stored(r) for r in records]
+
+    async def versioned(self, urn: str, aspect: str, version: int) -> StoredAspect | None:
+        """The aspect at logical version `version`: a history row, or row 0 when it holds that version."""
+        conn = await self._conn()
+        record = await conn.fetchrow(
+            f"""
+            SELECT {_ROW_COLUMNS} FROM metadata_aspect_v2
+            WHERE urn = $1 AND aspect = $2 AND (version = $3 OR (version = 0 AND systemmetadata::jsonb ->> 'version' = $4))
+            ORDER BY version DESC LIMIT 1
+            """,
+            urn,
+            aspect,
+            version,
+            str(version),
+        )
+        return _to_stored(record) if record else None
+
+    async def history(self, urn: str, aspect: str) -> list[StoredAspect]:
+        """Every stored version of one aspect, newest first (row 0 first)."""
+        conn = await self._conn()
+        records = await conn.fetch(
+            f"SELECT {_ROW_COLUMNS} FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = $2 "
+            "ORDER BY (version = 0) DESC, version DESC",
+            urn,
+            aspect,
+        )
+        return [_to_stored(r) for r in records]
+
+    async def entity_exists(self, urn: str) -> bool:
+        conn = await self._conn()
+        return await conn.fetchval("SELECT EXISTS (SELECT 1 FROM metadata_aspect_v2 WHERE urn = $1 AND version = 0)", urn)
+
+    # --- writes ------------------------------------------------------------------------------------------------
+    async def insert(self, rows: Sequence[StoredAspect]) -> None:
+        """Insert rows (new latest rows and history rows). A concurrent first insert surfaces as a unique
+        violation, which the caller answers by retrying the transaction."""
+        if not rows:
+            return
+        conn = await self._conn()
+        await conn.execute(
+            f"""
+            INSERT INTO metadata_aspect_v2 ({_ROW_COLUMNS})
+            SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[],
+                                 $6::timestamp[], $7::text[], $8::text[])
+            """,
+            *_columns(rows),
+        )
+
+    async def update_latest(self, rows: Sequence[StoredAspect]) -> None:
+        if not rows:
+            return
+        conn = await self._conn()
+        urns, aspects, _, metadata, sms, created_on, created_by, created_for = _columns(rows)
+        await conn.execute(
+            """
+            UPDATE metadata_aspect_v2 m
+            SET metadata = u.metadata, systemmetadata = u.sm, createdon = u.createdon,
+                createdby = u.createdby, createdfor = u.createdfor
+            FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamp[], $6::text[], $7::text[])
+                 AS u(urn, aspect, metadata, sm, createdon, createdby, createdfor)
+            WHERE m.urn = u.urn AND m.aspect = u.aspect AND m.version = 0
+            """,
+            urns,
+            aspects,
+            metadata,
+            sms,
+            created_on,
+            created_by,
+            created_for,
+        )
+
+    async def delete_aspects(self, keys: Sequence[tuple[str, str]]) -> int:
+        """Delete every version of each (urn, aspect)."""
+        if not keys:
+            return 0
+        conn = await self._conn()
+        status = await conn.execute(
+            """
+            DELETE FROM metadata_aspect_v2 m USING unnest($1::text[], $2::text[]) AS k(urn, aspect)
+            WHERE m.urn = k.urn AND m.aspect = k.aspect
+            """,
+            [k[0] for k in keys],
+            [k[1] for k in keys],
+        )
+        return int(status.rsplit(" ", 1)[1])
+
+    async def delete_entities(self, urns: Sequence[str]) -> int:
+        if not urns:
+            return 0
+        conn = await self._conn()
+        status = await conn.execute("DELETE FROM metadata_aspect_v2 WHERE urn = ANY($1::text[])", list(urns))
+        return int(status.rsplit(" ", 1)[1])
+
+    async def prune_history(self, cutoffs: Sequence[tuple[str, str, int]]) -> int:
+        """Retention: delete history rows at or below each cutoff version. Row 0 is never touched."""
+        if not cutoffs:
+            return 0
+        conn = await self._conn()
+        status = await conn.execute(
+            """
+            DELETE FROM metadata_aspect_v2 m USING unnest($1::text[], $2::text[], $3::bigint[]) AS r(urn, aspect, cutoff)
+            WHERE m.urn = r.urn AND m.aspect = r.aspect AND m.version <> 0 AND m.version <= r.cutoff
+            """,
+            [c[0] for c in cutoffs],
+            [c[1] for c in cutoffs],
+            [c[2] for c in cutoffs],
+        )
+        return int(status.rsplit(" ", 1)[1])
+
+    async def append_outbox(self, rows: Sequence[OutboxRow]) -> None:
+        if not rows:
+            return
+        conn = await self._conn()
+        await conn.execute(
+            """
+            INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload)
+            SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[])
+            """,
+            [r.topic for r in rows],
+            [r.message_key for r in rows],
+            [r.urn for r in rows],
+            [r.aspect for r in rows],
+            [r.version for r in rows],
+            [r.change_type for r in rows],
+            [r.payload for r in rows],
+        )

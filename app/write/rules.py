@@ -1,0 +1,220 @@
+"""The ordered rule chain around a write, modelled on Prefect's orchestration rules.
+
+Two stages:
+- proposal rules run before the transaction, on each parsed and schema-validated proposal: they may reject it
+  or mutate it (user validators and mutators plug in here);
+- pre-commit rules run inside the transaction after the row locks, with the locked previous value in hand, so a
+  check and the write that depends on it cannot be separated by a concurrent writer (compare-and-set).
+
+A rule declares which change types and which entity/aspect pairs it governs ("*" matches any) and returns a
+`Verdict` or None. The built-in conditional-write checks come first, as DataHub's validators do.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import ClassVar
+
+from app.write.proposal import (
+    IF_MODIFIED_SINCE,
+    IF_NONE_MATCH,
+    IF_UNMODIFIED_SINCE,
+    IF_VERSION_MATCH,
+    ChangeType,
+    Proposal,
+)
+from app.write.repository import StoredAspect
+
+ANY = "*"
+WRITE_CHANGE_TYPES = frozenset(
+    {ChangeType.UPSERT, ChangeType.CREATE, ChangeType.CREATE_ENTITY, ChangeType.UPDATE, ChangeType.PATCH, ChangeType.DELETE}
+)
+ABSENT_VERSION = "-1"
+
+
+class VerdictKind(str, enum.Enum):
+    VALIDATION = "VALIDATION"  # 400
+    CONFLICT = "CONFLICT"  # 409: existence conflicts of CREATE / CREATE_ENTITY / UPDATE
+    PRECONDITION = "PRECONDITION"  # 412: a failed If-* header
+    FILTER = "FILTER"  # not an error: the item is dropped and reported, the rest of the batch commits
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    kind: VerdictKind
+    message: str
+    rule: str
+
+    @property
+    def is_fatal(self) -> bool:
+        return self.kind is not VerdictKind.FILTER
+
+
+@dataclass(slots=True)
+class PendingChange:
+    """What a pre-commit rule sees: the proposal and the locked state it would change."""
+
+    proposal: Proposal
+    previous: StoredAspect | None
+    entity_exists: bool
+
+
+class Rule:
+    name: ClassVar[str]
+    change_types: ClassVar[frozenset[ChangeType]] = WRITE_CHANGE_TYPES
+    entity_aspects: ClassVar[Sequence[tuple[str, str]]] = ((ANY, ANY),)
+
+    def governs(self, proposal: Proposal) -> bool:
+        if proposal.change_type not in self.change_types:
+            return False
+        return any(
+            (entity == ANY or entity == proposal.entity_type) and (aspect == ANY or aspect == proposal.aspect_name)
+            for entity, aspect in self.entity_aspects
+        )
+
+    def verdict(self, kind: VerdictKind, message: str) -> Verdict:
+        return Verdict(kind, message, self.name)
+
+
+class ProposalRule(Rule):
+    """Runs before the transaction. May mutate `proposal` in place (a mutator) or return a Verdict (a validator)."""
+
+    def apply(self, proposal: Proposal) -> Verdict | None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+class PreCommitRule(Rule):
+    """Runs inside the transaction, after the row locks."""
+
+    def check(self, change: PendingChange) -> Verdict | None:  # pragma: no cover - interface
+        raise NotImplementedError
+
+
+def _actual_version(change: PendingChange) -> str:
+    return str(change.previous.version) if change.previous is not None else ABSENT_VERSION
+
+
+def _parse_instant(header: str, raw: str) -> datetime | str:
+    try:
+        parsed = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
+    except ValueError:
+        return f"{header} must be an ISO-8601 instant such as 2024-01-01T00:00:00Z, got {raw!r}"
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+
+
+def _last_modified(previous: StoredAspect) -> datetime:
+    # `createdon` is the time of the last value change (a no-op write does not touch it).
+    return previous.created_on.replace(tzinfo=timezone.utc)
+
+
+class IfVersionMatch(PreCommitRule):
+    """`If-Version-Match: <v>`: the aspect's logical version must be exactly v; `-1` means it must not exist."""
+
+    name = "IfVersionMatch"
+
+    def check(self, change: PendingChange) -> Verdict | None:
+        expected = change.proposal.header(IF_VERSION_MATCH)
+        if expected is None:
+            return None
+        actual = _actual_version(change)
+        if expected.strip() != actual:
+            return self.verdict(VerdictKind.PRECONDITION, f"Expected version {expected.strip()}, actual version {actual}")
+        return None
+
+
+class IfModifiedSince(PreCommitRule):
+    name = "IfModifiedSince"
+
+    def check(self, change: PendingChange) -> Verdict | None:
+        raw = change.proposal.header(IF_MODIFIED_SINCE)
+        if raw is None:
+            return None
+        since = _parse_instant("If-Modified-Since", raw)
+        if isinstance(since, str):
+            return self.verdict(VerdictKind.VALIDATION, since)
+        if change.previous is None or _last_modified(change.previous) <= since:
+            modified = "never" if change.previous is None else _last_modified(change.previous).isoformat()
+            return self.verdict(VerdictKind.PRECONDITION, f"Item last modified {modified}, not after {since.isoformat()}")
+        return None
+
+
+class IfUnmodifiedSince(PreCommitRule):
+    name = "IfUnmodifiedSince"
+
+    def check(self, change: PendingChange) -> Verdict | None:
+        raw = change.proposal.header(IF_UNMODIFIED_SINCE)
+        if raw is None:
+            return None
+        since = _parse_instant("If-Unmodified-Since", raw)
+        if isinstance(since, str):
+            return self.verdict(VerdictKind.VALIDATION, since)
+        if change.previous is not None and _last_modified(change.previous) > since:
+            return self.verdict(
+                VerdictKind.PRECONDITION,
+                f"Item last modified {_last_modified(change.previous).isoformat()}, after {since.isoformat()}",
+            )
+        return None
+
+
+def _conflict_or_filter(rule: PreCommitRule, change: PendingChange, message: str) -> Verdict:
+    # `If-None-Match: *` turns the conflict into a silent, reported drop (DataHub's FILTER).
+    if (change.proposal.header(IF_NONE_MATCH) or "").strip() == "*":
+        return rule.verdict(VerdictKind.FILTER, f"Dropped per precondition header If-None-Match: *: {message}")
+    return rule.verdict(VerdictKind.CONFLICT, message)
+
+
+class CreateIfNotExists(PreCommitRule):
+    name = "CreateIfNotExists"
+    change_types = frozenset({ChangeType.CREATE, ChangeType.CREATE_ENTITY})
+
+    def check(self, change: PendingChange) -> Verdict | None:
+        if change.proposal.change_type is ChangeType.CREATE and change.previous is not None:
+            return _conflict_or_filter(self, change, "Cannot perform CREATE since the aspect already exists.")
+        if change.proposal.change_type is ChangeType.CREATE_ENTITY and change.entity_exists:
+            return _conflict_or_filter(self, change, "Cannot perform CREATE_ENTITY since the entity already exists.")
+        return None
+
+
+class UpdateRequiresExisting(PreCommitRule):
+    """UPDATE changes an existing aspect only (DataHub documents it but never enforced it)."""
+
+    name = "UpdateRequiresExisting"
+    change_types = frozenset({ChangeType.UPDATE})
+
+    def check(self, change: PendingChange) -> Verdict | None:
+        if change.previous is None:
+            return self.verdict(VerdictKind.CONFLICT, "Cannot perform UPDATE since the aspect does not exist.")
+        return None
+
+
+def builtin_pre_commit_rules() -> list[PreCommitRule]:
+    return [IfVersionMatch(), IfModifiedSince(), IfUnmodifiedSince(), CreateIfNotExists(), UpdateRequiresExisting()]
+
+
+@dataclass
+class RuleChain:
+    proposal_rules: list[ProposalRule]
+    pre_commit_rules: list[PreCommitRule]
+
+    def run_proposal_rules(self, proposal: Proposal) -> list[Verdict]:
+        verdicts = []
+        for rule in self.proposal_rules:
+            if rule.governs(proposal):
+                verdict = rule.apply(proposal)
+                if verdict is not None:
+                    verdicts.append(verdict)
+                    if verdict.is_fatal:
+                        break
+        return verdicts
+
+    def run_pre_commit_rules(self, change: PendingChange) -> Verdict | None:
+        """The first verdict wins: a failed precondition is reported before an existence conflict."""
+        for rule in self.pre_commit_rules:
+            if rule.governs(change.proposal):
+                verdict = rule.check(change)
+                if verdict is not None:
+                    return verdict
+        return None

@@ -1,0 +1,512 @@
+"""The write pipeline, top to bottom:
+
+    parse (endpoint) → resolve registry → validate → proposal rules (plugins) → [transaction: lock latest rows →
+    apply patches → pre-commit rules (conditional writes) → compute rows + change logs → write rows + outbox] →
+    commit → publish
+
+`prepare` runs the stages before the transaction and reports every bad item of a batch at once; `apply` runs the
+transaction (retried whole on a lost first-insert race, a deadlock or a serialization failure).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+import jsonpatch
+import orjson
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.errors import (
+    ExistenceConflict,
+    Issue,
+    MetaledgerError,
+    PayloadTooLarge,
+    PreconditionFailed,
+    ServiceUnavailable,
+    ValidationFailed,
+)
+from app.registry import EntityRegistry
+from app.registry.errors import AspectValidationError, RegistryError
+from app.settings import Settings
+from app.urns import InvalidUrnError, validate_urn
+from app.write.changelog import TIMESERIES_TOPIC, VERSIONED_TOPIC, build_change_log
+from app.write.proposal import (
+    DEFAULT_RUN_ID,
+    JSON_PATCH_CONTENT_TYPE,
+    PROPOSABLE_CHANGE_TYPES,
+    SYSTEM_ACTOR,
+    AuditStamp,
+    ChangeType,
+    Proposal,
+)
+from app.write.repository import RETRYABLE_DB_ERRORS, AspectRepository, OutboxRow, StoredAspect
+from app.write.rules import PendingChange, RuleChain, Verdict, VerdictKind
+
+log = logging.getLogger("metaledger.write")
+
+MAX_REPORTED_ISSUES = 100
+
+
+@dataclass(slots=True)
+class Draft:
+    """A proposal as an endpoint parsed it, before the registry has seen it. Exactly one of `urn` and
+    `entity_key_aspect` identifies the entity."""
+
+    index: int
+    entity_type: str
+    aspect_name: str
+    change_type: str = ChangeType.UPSERT.value
+    urn: str | None = None
+    entity_key_aspect: dict[str, Any] | None = None
+    value: Any = None
+    content_type: str | None = None
+    system_metadata: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
+
+
+class ItemStatus(str, enum.Enum):
+    CREATED = "CREATED"
+    UPDATED = "UPDATED"
+    UNCHANGED = "UNCHANGED"  # a no-op: same value; only lastObserved/runId were refreshed
+    DELETED = "DELETED"
+    ABSENT = "ABSENT"  # a DELETE of something that was not there
+    FILTERED = "FILTERED"  # dropped by If-None-Match: *
+    APPENDED = "APPENDED"  # a timeseries point, appended to the change log
+
+
+@dataclass(slots=True)
+class ItemResult:
+    index: int
+    urn: str
+    entity_type: str
+    aspect: str
+    status: ItemStatus
+    value: dict[str, Any] | None = None
+    system_metadata: dict[str, Any] | None = None
+    message: str | None = None
+
+    @property
+    def version(self) -> str | None:
+        return (self.system_metadata or {}).get("version")
+
+
+@dataclass(slots=True)
+class WriteResult:
+    items: list[ItemResult]
+    change_logs: int = 0
+    attempts: int = 1
+
+
+@dataclass(slots=True)
+class _Transaction:
+    """The in-memory state of one write transaction: the locked rows as they evolve, and what to flush."""
+
+    state: dict[tuple[str, str], StoredAspect | None]
+    existed_before: set[str]
+    inserted_keys: set[tuple[str, str]] = field(default_factory=set)  # row 0 absent from the DB: INSERT
+    dirty: dict[tuple[str, str], StoredAspect] = field(default_factory=dict)  # final row 0 to write
+    history: dict[tuple[str, str], list[StoredAspect]] = field(default_factory=dict)
+    deleted_keys: set[tuple[str, str]] = field(default_factory=set)
+    deleted_urns: set[str] = field(default_factory=set)
+    outbox: list[OutboxRow] = field(default_factory=list)
+    results: list[ItemResult] = field(default_factory=list)
+    verdicts: list[tuple[Proposal, Verdict]] = field(default_factory=list)
+
+
+def _now_naive_utc(millis: int) -> datetime:
+    return datetime.fromtimestamp(millis / 1000, tz=timezone.utc).replace(tzinfo=None)
+
+
+def _dumps(value: Any) -> str:
+    return orjson.dumps(value).decode()
+
+
+class WriteService:
+    def __init__(self, registry: EntityRegistry, rules: RuleChain, settings: Settings) -> None:
+        self.registry = registry
+        self.rules = rules
+        self.settings = settings
+
+    # --- before the transaction --------------------------------------------------------------------------------
+    def prepare(self, drafts: Sequence[Draft]) -> list[Proposal]:
+        """Resolve, validate and run the proposal rules on every draft; one error listing every bad item."""
+        proposals: list[Proposal] = []
+        issues: list[Issue] = []
+        for draft in drafts:
+            try:
+                proposal = self._resolve(draft)
+                for verdict in self.rules.run_proposal_rules(proposal):
+                    if verdict.is_fatal:
+                        raise ValidationFailed(
+                            verdict.message,
+                            [Issue(f"{verdict.rule}: {verdict.message}", draft.index, proposal.urn, proposal.aspect_name)],
+                        )
+                proposals.append(proposal)
+            except MetaledgerError as error:
+                if isinstance(error, PayloadTooLarge):
+                    raise
+                issues.extend(error.issues or [Issue(error.message, draft.index, draft.urn, draft.aspect_name)])
+            if len(issues) >= MAX_REPORTED_ISSUES:
+                break
+        if issues:
+            bad = len({i.index for i in issues})
+            raise ValidationFailed(f"{bad} of {len(drafts)} proposals are invalid; nothing was written", issues)
+        return proposals
+
+    def _resolve(self, draft: Draft) -> Proposal:
+        def fail(message: str, path: str | None = None, **kw: Any) -> ValidationFailed:
+            return ValidationFailed(message, [Issue(message, draft.index, draft.urn, draft.aspect_name, path, **kw)])
+
+        try:
+            change_type = ChangeType(str(draft.change_type).upper())
+        except ValueError:
+            change_type = None
+        if change_type is None or change_type not in PROPOSABLE_CHANGE_TYPES:
+            allowed = ", ".join(sorted(c.value for c in PROPOSABLE_CHANGE_TYPES))
+            raise fail(f"changeType {draft.change_type!r} is not one of {allowed}", "$.changeType")
+        try:
+            entity = self.registry.entity(draft.entity_type)
+            aspect = self.registry.aspect(entity.name, draft.aspect_name)
+        except RegistryError as error:
+            raise fail(str(error), "$.aspectName") from None
+
+        if (draft.urn is None) == (draft.entity_key_aspect is None):
+            raise fail("exactly one of entityUrn and entityKeyAspect must be given", "$.entityUrn")
+        try:
+            if draft.urn is not None:
+                urn = draft.urn
+                parsed = validate_urn(urn, self.settings.strict_urn_validation)
+                if parsed.entity_type != entity.name:
+                    raise fail(f"URN {urn!r} is of entity type {parsed.entity_type!r}, not {entity.name!r}", "$.entityUrn")
+                self.registry.urn_to_key(entity.name, urn)  # the URN's parts must make a valid key aspect
+            else:
+                urn = self.registry.key_to_urn(entity.name, draft.entity_key_aspect)
+                validate_urn(urn, self.settings.strict_urn_validation)
+        except InvalidUrnError as error:
+            raise fail(str(error), "$.entityUrn") from None
+        except AspectValidationError as error:
+            where = "$.entityUrn" if draft.urn is not None else "$.entityKeyAspect"
+            raise ValidationFailed(
+                f"the entity key is invalid: {error}",
+                [Issue(f"key field {i.path}: {i.message}", draft.index, draft.urn, draft.aspect_name, where, i.expected, i.found) for i in error.issues],
+            ) from None
+        except RegistryError as error:
+            raise fail(str(error), "$.entityUrn" if draft.urn is not None else "$.entityKeyAspect") from None
+
+        if aspect.is_timeseries and change_type is not ChangeType.UPSERT:
+            raise fail(f"timeseries aspect {aspect.name!r} accepts UPSERT only, not {change_type.value}", "$.changeType")
+        if aspect.is_key and change_type is ChangeType.PATCH:
+            raise fail(f"key aspect {aspect.name!r} cannot be patched", "$.changeType")
+
+        proposal = Proposal(
+            index=draft.index,
+            entity_type=entity.name,
+            urn=urn,
+            aspect_name=aspect.name,
+            change_type=change_type,
+            system_metadata=dict(draft.system_metadata or {}),
+            headers=dict(draft.headers or {}),
+            entity_key_aspect=draft.entity_key_aspect,
+            is_timeseries=aspect.is_timeseries,
+        )
+        if change_type is ChangeType.DELETE:
+            return proposal
+        if change_type is ChangeType.PATCH or draft.content_type == JSON_PATCH_CONTENT_TYPE:
+            proposal.change_type = ChangeType.PATCH
+            proposal.patch = self._parse_patch(draft, fail)
+            return proposal
+        if not isinstance(draft.value, dict):
+            raise fail(
+                f"aspect value must be a JSON object, found {type(draft.value).__name__}",
+                "$.aspect.value",
+                expected=aspect.record_name,
+            )
+        proposal.value = self._validate_value(aspect, draft.value, draft.index, urn)
+        if aspect.is_key and proposal.value != self.registry.urn_to_key(entity.name, urn):
+            raise fail(f"key aspect {aspect.name!r} does not match the URN {urn!r}", "$.aspect.value")
+        return proposal
+
+    def _validate_value(self, aspect: Any, value: dict[str, Any], index: int, urn: str) -> dict[str, Any]:
+        try:
+            return aspect.validate(value)
+        except AspectValidationError as error:
+            raise ValidationFailed(
+                f"aspect {aspect.name!r} does not match its schema {aspect.record_name}",
+                [
+                    Issue(i.message, index, urn, aspect.name, "$.aspect.value" + i.path.removeprefix("$"), i.expected, i.found)
+                    for i in error.issues
+                ],
+            ) from None
+
+    @staticmethod
+    def _parse_patch(draft: Draft, fail: Any) -> list[dict[str, Any]]:
+        patch = draft.value
+        if isinstance(patch, dict):
+            if patch.get("arrayPrimaryKeys") or patch.get("forceGenericPatch"):
+                raise fail(
+                    "keyed array patches (arrayPrimaryKeys / forceGenericPatch) are not supported yet; send an RFC 6902 array",
+                    "$.aspect.value.arrayPrimaryKeys",
+                )
+            patch = patch.get("patch")
+        if not isinstance(patch, list) or not all(isinstance(op, dict) and "op" in op and "path" in op for op in patch):
+            raise fail("a PATCH value must be an RFC 6902 array of {op, path, value?} objects", "$.aspect.value")
+        return patch
+
+    # --- the transaction ---------------------------------------------------------------------------------------
+    async def apply(self, session: AsyncSession, proposals: Sequence[Proposal], audit: AuditStamp) -> WriteResult:
+        repo = AspectRepository(session)
+        attempts = 0
+        while True:
+            attempts += 1
+            try:
+                async with repo.transaction():
+                    txn = await self._run_transaction(repo, proposals, audit)
+                break
+            except RETRYABLE_DB_ERRORS as error:
+                if attempts > self.settings.transaction_retries:
+                    raise ServiceUnavailable(
+                        f"the write could not be committed after {attempts} attempts ({type(error).__name__}); retry"
+                    ) from error
+                log.info("write transaction retried", extra={"attempt": attempts, "reason": type(error).__name__, "detail": getattr(error, "detail", None) or str(error)})
+        log.debug("write committed", extra={"items": len(proposals), "change_logs": len(txn.outbox)})
+        return WriteResult(sorted(txn.results, key=lambda r: r.index), len(txn.outbox), attempts)
+
+    async def _run_transaction(
+        self, repo: AspectRepository, proposals: Sequence[Proposal], audit: AuditStamp
+    ) -> _Transaction:
+        keys: set[tuple[str, str]] = set()
+        for p in proposals:
+            keys.add((p.urn, self.registry.entity(p.entity_type).key_aspect))
+            if not p.is_timeseries:
+                keys.add((p.urn, p.aspect_name))
+        locked = await repo.latest(keys, for_update=True)
+        key_aspects = {p.urn: self.registry.entity(p.entity_type).key_aspect for p in proposals}
+        txn = _Transaction(
+            state={key: locked.get(key) for key in keys},
+            existed_before={urn for urn, key_aspect in key_aspects.items() if (urn, key_aspect) in locked},
+        )
+        for proposal in proposals:
+            self._apply_one(txn, proposal, audit)
+        self._raise_on_fatal_verdicts(txn)
+        await self._flush(repo, txn)
+        return txn
+
+    @staticmethod
+    def _entity_of(urn: str) -> str:
+        return urn.split(":", 3)[2]
+
+    def _apply_one(self, txn: _Transaction, p: Proposal, audit: AuditStamp) -> None:
+        entity = self.registry.entity(p.entity_type)
+        key = (p.urn, p.aspect_name)
+        previous = None if p.is_timeseries else txn.state.get(key)
+        entity_exists = txn.state.get((p.urn, entity.key_aspect)) is not None
+        if p.change_type is ChangeType.CREATE_ENTITY:
+            entity_exists = p.urn in txn.existed_before
+
+        if p.change_type is ChangeType.PATCH:
+            if not self._apply_patch(txn, p, previous):
+                return
+        verdict = self.rules.run_pre_commit_rules(PendingChange(p, previous, entity_exists))
+        if verdict is not None:
+            txn.verdicts.append((p, verdict))
+            if not verdict.is_fatal:
+                txn.results.append(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.FILTERED, message=verdict.message))
+            return
+        if txn.verdicts and any(v.is_fatal for _, v in txn.verdicts):
+            return  # the batch will fail; keep checking the rest only to report every violation
+
+        if p.change_type is ChangeType.DELETE:
+            self._delete(txn, p, previous, entity.key_aspect, audit)
+            return
+        if txn.state.get((p.urn, entity.key_aspect)) is None and p.aspect_name != entity.key_aspect:
+            key_proposal = Proposal(
+                p.index, p.entity_type, p.urn, entity.key_aspect, ChangeType.UPSERT,
+                value=self.registry.urn_to_key(entity.name, p.urn), system_metadata=p.system_metadata,
+            )
+            self._upsert(txn, key_proposal, None, audit, report=False)
+        if p.is_timeseries:
+            self._append_timeseries(txn, p, audit)
+        else:
+            self._upsert(txn, p, previous, audit)
+
+    def _apply_patch(self, txn: _Transaction, p: Proposal, previous: StoredAspect | None) -> bool:
+        base = previous.value if previous is not None else {}
+        try:
+            patched = jsonpatch.apply_patch(base, p.patch, in_place=False)
+        except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as error:
+            txn.verdicts.append((p, Verdict(VerdictKind.VALIDATION, f"the patch does not apply: {error}", "Patch")))
+            return False
+        aspect = self.registry.aspect(p.entity_type, p.aspect_name)
+        try:
+            p.value = self._validate_value(aspect, patched, p.index, p.urn)
+        except ValidationFailed as error:
+            messages = "; ".join(f"{i.path}: {i.message}" for i in error.issues)
+            txn.verdicts.append((p, Verdict(VerdictKind.VALIDATION, f"the patched aspect is invalid: {messages}", "Patch")))
+            return False
+        return True
+
+    def _system_metadata(self, p: Proposal, previous: StoredAspect | None, audit: AuditStamp) -> dict[str, Any]:
+        sm = dict(p.system_metadata)
+        if not sm.get("lastObserved"):
+            sm["lastObserved"] = audit.time
+        sm.setdefault("runId", DEFAULT_RUN_ID)
+        sm["lastRunId"] = previous.system_metadata.get("runId", DEFAULT_RUN_ID) if previous else DEFAULT_RUN_ID
+        return sm
+
+    def _upsert(
+        self, txn: _Transaction, p: Proposal, previous: StoredAspect | None, audit: AuditStamp, *, report: bool = True
+    ) -> None:
+        key = (p.urn, p.aspect_name)
+        value_json = _dumps(p.value)
+        if len(value_json) > self.settings.max_aspect_bytes:
+            raise PayloadTooLarge(
+                f"aspect {p.aspect_name!r} of {p.urn} is {len(value_json)} bytes; the limit is {self.settings.max_aspect_bytes}",
+                [Issue("aspect too large", p.index, p.urn, p.aspect_name, "$.aspect.value")],
+            )
+        sm = self._system_metadata(p, previous, audit)
+        unchanged = previous is not None and (previous.metadata == value_json or previous.value == p.value)
+        if unchanged:
+            assert previous is not None
+            kept = previous.system_metadata
+            for carried in ("version", "aspectCreated", "aspectModified"):
+                if carried in kept:
+                    sm[carried] = kept[carried]
+            row = StoredAspect(
+                p.urn, p.aspect_name, previous.metadata, sm, previous.created_on, previous.created_by, previous.created_for,
+                _value=previous.value,
+            )
+            status = ItemStatus.UNCHANGED
+        else:
+            version = previous.version + 1 if previous is not None else 1
+            sm["version"] = str(version)
+            first = previous.system_metadata.get("aspectCreated") if previous is not None else None
+            sm["aspectCreated"] = first or audit.to_json()
+            if audit.actor != SYSTEM_ACTOR:
+                sm["aspectModified"] = audit.to_json()
+            row = StoredAspect(p.urn, p.aspect_name, value_json, sm, _now_naive_utc(audit.time), audit.actor, _value=p.value)
+            status = ItemStatus.CREATED if previous is None else ItemStatus.UPDATED
+            if previous is not None and self._history_kept(p.entity_type, p.aspect_name) > 0:
+                previous.row_version = previous.version
+                txn.history.setdefault(key, []).append(previous)
+        if previous is None:
+            txn.inserted_keys.add(key)
+        txn.state[key] = row
+        txn.dirty[key] = row
+        if status is not ItemStatus.UNCHANGED or self.settings.always_emit_change_log:
+            change_type = ChangeType.RESTATE if status is ItemStatus.UNCHANGED else (
+                ChangeType.CREATE if p.change_type in (ChangeType.CREATE, ChangeType.CREATE_ENTITY) else ChangeType.UPSERT
+            )
+            self._log_change(txn, p, change_type, row, previous, audit)
+        if report:
+            txn.results.append(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, status, row.value, sm))
+
+    def _append_timeseries(self, txn: _Transaction, p: Proposal, audit: AuditStamp) -> None:
+        sm = self._system_metadata(p, None, audit)
+        assert p.value is not None
+        payload = build_change_log(
+            p, change_type=ChangeType.UPSERT, aspect_name=p.aspect_name, aspect_json=_dumps(p.value),
+            system_metadata=sm, previous_json=None, previous_system_metadata=None, created=audit,
+        )
+        timestamp = int(p.value.get("timestampMillis", audit.time))
+        txn.outbox.append(OutboxRow(TIMESERIES_TOPIC, p.urn, p.urn, p.aspect_name, timestamp, ChangeType.UPSERT.value, payload))
+        txn.results.append(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.APPENDED, p.value, sm))
+
+    def _delete(
+        self, txn: _Transaction, p: Proposal, previous: StoredAspect | None, key_aspect: str, audit: AuditStamp
+    ) -> None:
+        if previous is None:
+            txn.results.append(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.ABSENT))
+            return
+        if p.aspect_name == key_aspect:
+            # Deleting the key aspect deletes the entity: every aspect and every version.
+            txn.deleted_urns.add(p.urn)
+            for state_key in [k for k in txn.state if k[0] == p.urn]:
+                txn.state[state_key] = None
+            for pending in (txn.dirty, txn.history):
+                for state_key in [k for k in pending if k[0] == p.urn]:
+                    del pending[state_key]
+            txn.inserted_keys = {k for k in txn.inserted_keys if k[0] != p.urn}
+        else:
+            key = (p.urn, p.aspect_name)
+            txn.deleted_keys.add(key)
+            txn.state[key] = None
+            txn.dirty.pop(key, None)
+            txn.history.pop(key, None)
+            txn.inserted_keys.discard(key)
+        sm = dict(previous.system_metadata)
+        sm.update(self._system_metadata(p, previous, audit))
+        self._log_change(txn, p, ChangeType.DELETE, None, previous, audit, system_metadata=sm)
+        txn.results.append(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.DELETED, system_metadata=sm))
+
+    def _log_change(
+        self,
+        txn: _Transaction,
+        p: Proposal,
+        change_type: ChangeType,
+        row: StoredAspect | None,
+        previous: StoredAspect | None,
+        audit: AuditStamp,
+        *,
+        system_metadata: dict[str, Any] | None = None,
+    ) -> None:
+        sm = system_metadata if system_metadata is not None else (row.system_metadata if row else {})
+        payload = build_change_log(
+            p,
+            change_type=change_type,
+            aspect_name=p.aspect_name,
+            aspect_json=row.metadata if row is not None else None,
+            system_metadata=sm,
+            previous_json=previous.metadata if previous is not None else None,
+            previous_system_metadata=previous.system_metadata if previous is not None else None,
+            created=audit,
+        )
+        version = int(sm.get("version", "0"))
+        txn.outbox.append(OutboxRow(VERSIONED_TOPIC, p.urn, p.urn, p.aspect_name, version, change_type.value, payload))
+
+    def _raise_on_fatal_verdicts(self, txn: _Transaction) -> None:
+        fatal = [(p, v) for p, v in txn.verdicts if v.is_fatal]
+        if not fatal:
+            return
+        issues = [Issue(f"{v.rule}: {v.message}", p.index, p.urn, p.aspect_name) for p, v in fatal]
+        kinds = {v.kind for _, v in fatal}
+        summary = f"{len(fatal)} of the batch's proposals failed their checks; nothing was written"
+        for p, v in fatal:
+            log.info(
+                "write rejected",
+                extra={"urn": p.urn, "aspect": p.aspect_name, "run_id": p.run_id, "rule": v.rule, "reason": v.message},
+            )
+        if VerdictKind.PRECONDITION in kinds:
+            raise PreconditionFailed(summary, issues)
+        if VerdictKind.CONFLICT in kinds:
+            raise ExistenceConflict(summary, issues)
+        raise ValidationFailed(summary, issues)
+
+    def _history_kept(self, entity: str, aspect: str) -> int:
+        overrides = self.settings.retention_overrides
+        for candidate in (f"{entity}/{aspect}", f"{entity}/*", f"*/{aspect}"):
+            if candidate in overrides:
+                return overrides[candidate]
+        return self.settings.retention_max_versions
+
+    async def _flush(self, repo: AspectRepository, txn: _Transaction) -> None:
+        await repo.delete_entities(sorted(txn.deleted_urns))
+        await repo.delete_aspects(sorted(txn.deleted_keys))
+        history = [row for rows in txn.history.values() for row in rows]
+        inserts = [txn.dirty[k] for k in sorted(txn.dirty) if k in txn.inserted_keys]
+        updates = [txn.dirty[k] for k in sorted(txn.dirty) if k not in txn.inserted_keys]
+        await repo.insert(history + inserts)
+        await repo.update_latest(updates)
+        cutoffs = []
+        for (urn, aspect), rows in txn.history.items():
+            kept = self._history_kept(self._entity_of(urn), aspect)
+            latest = txn.dirty[(urn, aspect)].version
+            if latest - 1 - kept >= 1:
+                cutoffs.append((urn, aspect, latest - 1 - kept))
+        await repo.prune_history(cutoffs)
+        await repo.append_outbox(txn.outbox)
+
