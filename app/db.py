@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 
 from alembic import command
 from alembic.config import Config
@@ -32,8 +34,15 @@ def alembic_config(url: str) -> Config:
 
 
 def upgrade_database(url: str, revision: str = "head") -> None:
-    """Apply pending migrations (synchronous: call it before the event loop serves requests, or in a thread)."""
-    command.upgrade(alembic_config(url), revision)
+    """Apply pending migrations. Synchronous; safe to call from inside a running event loop (the migration
+    environment runs its own loop, so it then runs in a worker thread)."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        command.upgrade(alembic_config(url), revision)
+        return
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(command.upgrade, alembic_config(url), revision).result()
 
 
 async def session_scope(maker: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:

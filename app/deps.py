@@ -13,23 +13,26 @@ from app.write.proposal import DEFAULT_ACTOR, AuditStamp
 from app.write.service import WriteService
 
 
+# All dependencies are `async def`: FastAPI runs plain `def` dependencies in its thread pool, a costly hop per call.
+
+
 async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
     async with request.app.state.sessionmaker() as session:
         yield session
 
 
-def get_write_service(request: Request) -> WriteService:
+async def get_write_service(request: Request) -> WriteService:
     return request.app.state.write_service
 
 
-def get_registry(request: Request) -> EntityRegistry:
+async def get_registry(request: Request) -> EntityRegistry:
     return request.app.state.registry
 
 
-def get_settings_dep(request: Request) -> Settings:
+async def get_settings_dep(request: Request) -> Settings:
     return request.app.state.settings
 
 
-def request_audit_stamp(request: Request) -> AuditStamp:
+async def request_audit_stamp(request: Request) -> AuditStamp:
     # Authentication arrives later; until then every request acts as DataHub's default actor.
     return AuditStamp.now(DEFAULT_ACTOR)

@@ -33,18 +33,25 @@ class StoredAspect:
     urn: str
     aspect: str
     metadata: str
-    system_metadata: dict[str, Any]
+    _system_metadata: dict[str, Any] | str | None
     created_on: datetime
     created_by: str
     created_for: str | None = None
     row_version: int = LATEST_VERSION
     _value: dict[str, Any] | None = field(default=None, repr=False)
 
+    # Both JSON columns are parsed on first use: a batch locks rows (key aspects, for one) it never reads.
     @property
     def value(self) -> dict[str, Any]:
         if self._value is None:
             self._value = orjson.loads(self.metadata)
         return self._value
+
+    @property
+    def system_metadata(self) -> dict[str, Any]:
+        if not isinstance(self._system_metadata, dict):
+            self._system_metadata = orjson.loads(self._system_metadata) if self._system_metadata else {}
+        return self._system_metadata
 
     @property
     def version(self) -> int:
@@ -56,6 +63,8 @@ class StoredAspect:
             return max(1, self.row_version)
 
     def system_metadata_json(self) -> str:
+        if isinstance(self._system_metadata, str):
+            return self._system_metadata
         return orjson.dumps(self.system_metadata).decode()
 
 
@@ -74,17 +83,8 @@ _ROW_COLUMNS = "urn, aspect, version, metadata, systemmetadata, createdon, creat
 
 
 def _to_stored(record: asyncpg.Record) -> StoredAspect:
-    sm = record["systemmetadata"]
-    return StoredAspect(
-        urn=record["urn"],
-        aspect=record["aspect"],
-        metadata=record["metadata"],
-        system_metadata=orjson.loads(sm) if sm else {},
-        created_on=record["createdon"],
-        created_by=record["createdby"],
-        created_for=record["createdfor"],
-        row_version=record["version"],
-    )
+    urn, aspect, version, metadata, system_metadata, created_on, created_by, created_for = record
+    return StoredAspect(urn, aspect, metadata, system_metadata, created_on, created_by, created_for, version)
 
 
 def _columns(rows: Sequence[StoredAspect], row_version: int | None = None) -> tuple[list, ...]:
@@ -188,43 +188,48 @@ class AspectRepository:
         return await conn.fetchval("SELECT EXISTS (SELECT 1 FROM metadata_aspect_v2 WHERE urn = $1 AND version = 0)", urn)
 
     # --- writes ------------------------------------------------------------------------------------------------
-    async def insert(self, rows: Sequence[StoredAspect]) -> None:
-        """Insert rows (new latest rows and history rows). A concurrent first insert surfaces as a unique
+    async def write_changes(
+        self,
+        inserts: Sequence[StoredAspect],
+        updates: Sequence[StoredAspect],
+        prune: Sequence[tuple[str, str, int]],
+        outbox: Sequence[OutboxRow],
+    ) -> None:
+        """One round trip for everything a batch writes: new rows (latest and history), updated latest rows,
+        retention of history rows (never row 0) and the change logs. A concurrent first insert surfaces as a unique
         violation, which the caller answers by retrying the transaction."""
-        if not rows:
+        if not (inserts or updates or prune or outbox):
             return
         conn = await self._conn()
+        u_urn, u_aspect, _, u_metadata, u_sm, u_on, u_by, u_for = _columns(updates)
         await conn.execute(
             f"""
-            INSERT INTO metadata_aspect_v2 ({_ROW_COLUMNS})
-            SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[],
-                                 $6::timestamp[], $7::text[], $8::text[])
+            WITH inserted AS (
+                INSERT INTO metadata_aspect_v2 ({_ROW_COLUMNS})
+                SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[],
+                                     $6::timestamp[], $7::text[], $8::text[])
+            ), updated AS (
+                UPDATE metadata_aspect_v2 m
+                SET metadata = u.metadata, systemmetadata = u.sm, createdon = u.createdon,
+                    createdby = u.createdby, createdfor = u.createdfor
+                FROM unnest($9::text[], $10::text[], $11::text[], $12::text[], $13::timestamp[], $14::text[], $15::text[])
+                     AS u(urn, aspect, metadata, sm, createdon, createdby, createdfor)
+                WHERE m.urn = u.urn AND m.aspect = u.aspect AND m.version = 0
+            ), pruned AS (
+                DELETE FROM metadata_aspect_v2 m
+                USING unnest($16::text[], $17::text[], $18::bigint[]) AS r(urn, aspect, cutoff)
+                WHERE m.urn = r.urn AND m.aspect = r.aspect AND m.version <> 0 AND m.version <= r.cutoff
+            )
+            INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload)
+            SELECT * FROM unnest($19::text[], $20::text[], $21::text[], $22::text[], $23::bigint[], $24::text[], $25::text[])
             """,
-            *_columns(rows),
-        )
-
-    async def update_latest(self, rows: Sequence[StoredAspect]) -> None:
-        if not rows:
-            return
-        conn = await self._conn()
-        urns, aspects, _, metadata, sms, created_on, created_by, created_for = _columns(rows)
-        await conn.execute(
-            """
-            UPDATE metadata_aspect_v2 m
-            SET metadata = u.metadata, systemmetadata = u.sm, createdon = u.createdon,
-                createdby = u.createdby, createdfor = u.createdfor
-            FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::timestamp[], $6::text[], $7::text[])
-                 AS u(urn, aspect, metadata, sm, createdon, createdby, createdfor)
-            WHERE m.urn = u.urn AND m.aspect = u.aspect AND m.version = 0
-            """,
-            urns,
-            aspects,
-            metadata,
-            sms,
-            created_on,
-            created_by,
-            created_for,
-        )
+            *_columns(inserts),
+            u_urn, u_aspect, u_metadata, u_sm, u_on, u_by, u_for,
+            [c[0] for c in prune], [c[1] for c in prune], [c[2] for c in prune],
+            [r.topic for r in outbox], [r.message_key for r in outbox], [r.urn for r in outbox],
+            [r.aspect for r in outbox], [r.version for r in outbox], [r.change_type for r in outbox],
+            [r.payload for r in outbox],
+        )  # fmt: skip
 
     async def delete_aspects(self, keys: Sequence[tuple[str, str]]) -> int:
         """Delete every version of each (urn, aspect)."""
@@ -247,37 +252,3 @@ class AspectRepository:
         conn = await self._conn()
         status = await conn.execute("DELETE FROM metadata_aspect_v2 WHERE urn = ANY($1::text[])", list(urns))
         return int(status.rsplit(" ", 1)[1])
-
-    async def prune_history(self, cutoffs: Sequence[tuple[str, str, int]]) -> int:
-        """Retention: delete history rows at or below each cutoff version. Row 0 is never touched."""
-        if not cutoffs:
-            return 0
-        conn = await self._conn()
-        status = await conn.execute(
-            """
-            DELETE FROM metadata_aspect_v2 m USING unnest($1::text[], $2::text[], $3::bigint[]) AS r(urn, aspect, cutoff)
-            WHERE m.urn = r.urn AND m.aspect = r.aspect AND m.version <> 0 AND m.version <= r.cutoff
-            """,
-            [c[0] for c in cutoffs],
-            [c[1] for c in cutoffs],
-            [c[2] for c in cutoffs],
-        )
-        return int(status.rsplit(" ", 1)[1])
-
-    async def append_outbox(self, rows: Sequence[OutboxRow]) -> None:
-        if not rows:
-            return
-        conn = await self._conn()
-        await conn.execute(
-            """
-            INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload)
-            SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[])
-            """,
-            [r.topic for r in rows],
-            [r.message_key for r in rows],
-            [r.urn for r in rows],
-            [r.aspect for r in rows],
-            [r.version for r in rows],
-            [r.change_type for r in rows],
-            [r.payload for r in rows],
-        )

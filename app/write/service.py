@@ -494,19 +494,16 @@ class WriteService:
         return self.settings.retention_max_versions
 
     async def _flush(self, repo: AspectRepository, txn: _Transaction) -> None:
+        # Deletes go first and alone: a batch may delete an aspect and write it again.
         await repo.delete_entities(sorted(txn.deleted_urns))
         await repo.delete_aspects(sorted(txn.deleted_keys))
         history = [row for rows in txn.history.values() for row in rows]
         inserts = [txn.dirty[k] for k in sorted(txn.dirty) if k in txn.inserted_keys]
         updates = [txn.dirty[k] for k in sorted(txn.dirty) if k not in txn.inserted_keys]
-        await repo.insert(history + inserts)
-        await repo.update_latest(updates)
-        cutoffs = []
-        for (urn, aspect), rows in txn.history.items():
+        prune = []
+        for (urn, aspect) in txn.history:
             kept = self._history_kept(self._entity_of(urn), aspect)
-            latest = txn.dirty[(urn, aspect)].version
-            if latest - 1 - kept >= 1:
-                cutoffs.append((urn, aspect, latest - 1 - kept))
-        await repo.prune_history(cutoffs)
-        await repo.append_outbox(txn.outbox)
-
+            cutoff = txn.dirty[(urn, aspect)].version - 1 - kept
+            if cutoff >= 1:
+                prune.append((urn, aspect, cutoff))
+        await repo.write_changes(history + inserts, updates, prune, txn.outbox)

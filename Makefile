@@ -1,0 +1,73 @@
+# metaledger developer commands.  The two that matter:
+#   make run    - serve on http://127.0.0.1:8080 with the embedded Postgres (or METALEDGER_DATABASE_URL)
+#   make test   - the whole test suite against a real, throwaway Postgres
+# Everything installs itself on first use (a .venv, and Debian's postgresql when its binaries are missing).
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+VENV            ?= .venv
+PYTHON          ?= $(shell command -v python3.11 || command -v python3)
+DATAHUB_VERSION := 1.7.0.17
+HOST            ?= 127.0.0.1
+PORT            ?= 8080
+ARGS            ?=
+
+# The install stamp is keyed on the content of pyproject.toml and the DataHub model version: editing
+# either reinstalls, anything else (a re-run, a branch switch that only touches mtimes) costs nothing.
+INSTALL_KEY := $(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)-$(DATAHUB_VERSION)
+STAMP       := $(VENV)/.metaledger-installed-$(INSTALL_KEY)
+
+.PHONY: help venv postgres-bin run test openapi-check clean-venv
+
+help:
+	@echo "make run            serve on $(HOST):$(PORT) (HOST=, PORT= to change)"
+	@echo "make test           run the tests (ARGS='-k name -x' to pass pytest arguments)"
+	@echo "make venv           create/refresh $(VENV) (python3.11, project + test extras, DataHub models)"
+	@echo "make postgres-bin   install Debian's postgresql if its binaries are missing"
+	@echo "make openapi-check  fail if openapi/ is out of date with the code"
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@if ! $(VENV)/bin/python -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' 2>/dev/null; then \
+	    test -n "$(PYTHON)" || { echo "python3.11 not found" >&2; exit 1; }; \
+	    $(PYTHON) -c 'import sys; sys.exit(sys.version_info[:2] != (3, 11))' \
+	        || { echo "$(PYTHON) is not Python 3.11 (set PYTHON=/path/to/python3.11)" >&2; exit 1; }; \
+	    echo "creating $(VENV) with $(PYTHON)"; \
+	    rm -rf $(VENV); \
+	    $(PYTHON) -m venv $(VENV); \
+	fi
+	$(VENV)/bin/python -m pip install --disable-pip-version-check -q -e '.[test]'
+	@# The server reads DataHub's .avsc model files from this package; its code (and its 62
+	@# dependencies) is never imported, hence --no-deps.
+	$(VENV)/bin/python -m pip install --disable-pip-version-check -q --no-deps 'acryl-datahub==$(DATAHUB_VERSION)'
+	@rm -f $(VENV)/.metaledger-installed-*
+	@touch $@
+
+postgres-bin:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then \
+	    echo "PostgreSQL server binaries are missing and this is not a Debian/Ubuntu machine:" \
+	         "install PostgreSQL (initdb, pg_ctl) or set METALEDGER_DATABASE_URL" >&2; \
+	    exit 1; \
+	fi; \
+	SUDO=; if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; \
+	echo "installing Debian's postgresql (server binaries for the embedded and test databases)"; \
+	$$SUDO apt-get update -q; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql
+
+run: venv postgres-bin
+	$(VENV)/bin/metaledger serve --host $(HOST) --port $(PORT)
+
+test: venv postgres-bin
+	@rc=0; $(VENV)/bin/python -m pytest $(ARGS) || rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5): treated as a failure" >&2; fi; \
+	exit $$rc
+
+openapi-check: venv
+	$(VENV)/bin/metaledger openapi export --check
+
+clean-venv:
+	rm -rf $(VENV)

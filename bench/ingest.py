@@ -1,0 +1,208 @@
+"""Write-path throughput and latency, against a real metaledger process and a real Postgres.
+
+    .venv/bin/python bench/ingest.py [--clients 4] [--batches 40] [--batch-size 100] [--singles 400]
+
+Prints:
+- batch UPSERT throughput: versioned aspect writes/s, `--clients` concurrent HTTP clients each POSTing
+  `--batch-size` MCPs per request to /openapi/v1/proposals (every write changes the value: a new version, a
+  history row, a change log);
+- the same through DataHub's v3 batch endpoint (POST /openapi/v3/entity/dataset);
+- single-write latency p50/p99 (one MCP per request, sequential);
+- the raw ceiling: the same rows (lock row 0, insert the history row, update row 0) written with bare asyncpg,
+  same concurrency and batch size, and metaledger's share of it.
+
+It starts its own Postgres (fsync on, as the embedded default) under a temporary directory and its own server
+(`uvicorn app.main:app`, one worker) on a free loopback port.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import asyncpg
+import httpx
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from app.db import upgrade_database  # noqa: E402
+from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port  # noqa: E402
+
+PLATFORMS = ("hive", "snowflake", "bigquery", "postgres")
+
+
+def dataset_urn(client: int, i: int) -> str:
+    return f"urn:li:dataset:(urn:li:dataPlatform:{PLATFORMS[i % 4]},bench.c{client}.table_{i},PROD)"
+
+
+def properties(round_no: int, i: int) -> dict:
+    return {
+        "name": f"table_{i}",
+        "description": f"Table {i}, revision {round_no}: orders placed through the web shop",
+        "customProperties": {"owner_team": "core", "revision": str(round_no), "rows": str(i * 1000 + round_no)},
+        "tags": [],
+    }
+
+
+def mcp(urn: str, value: dict) -> dict:
+    return {"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": "datasetProperties",
+            "aspect": {"value": value, "contentType": "application/json"},
+            "systemMetadata": {"runId": "bench", "lastObserved": int(time.time() * 1000)}}
+
+
+async def wait_healthy(base: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient() as http:
+        while time.monotonic() < deadline:
+            try:
+                if (await http.get(f"{base}/health")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.2)
+    raise RuntimeError("metaledger did not become healthy")
+
+
+async def run_batches(base: str, clients: int, batches: int, size: int, endpoint: str, round_offset: int) -> float:
+    async def one_client(c: int, http: httpx.AsyncClient) -> None:
+        for b in range(batches):
+            round_no = round_offset + b
+            if endpoint == "v1":
+                body = [mcp(dataset_urn(c, i), properties(round_no, i)) for i in range(size)]
+                response = await http.post(f"{base}/openapi/v1/proposals", content=orjson.dumps(body),
+                                           headers={"content-type": "application/json"})
+            else:
+                body = [{"urn": dataset_urn(c, i), "datasetProperties": {"value": properties(round_no, i)}} for i in range(size)]
+                response = await http.post(f"{base}/openapi/v3/entity/dataset?async=false", content=orjson.dumps(body),
+                                           headers={"content-type": "application/json"})
+            if response.status_code != 200:
+                raise RuntimeError(f"batch failed: {response.status_code} {response.text[:300]}")
+
+    limits = httpx.Limits(max_connections=clients)
+    async with httpx.AsyncClient(timeout=120, limits=limits) as http:
+        started = time.perf_counter()
+        await asyncio.gather(*(one_client(c, http) for c in range(clients)))
+        return time.perf_counter() - started
+
+
+async def single_latencies(base: str, count: int) -> list[float]:
+    samples = []
+    async with httpx.AsyncClient(timeout=30) as http:
+        for n in range(count):
+            body = orjson.dumps([mcp(dataset_urn(99, n % 50), properties(10_000 + n, n % 50))])
+            started = time.perf_counter()
+            response = await http.post(f"{base}/openapi/v1/proposals", content=body, headers={"content-type": "application/json"})
+            samples.append((time.perf_counter() - started) * 1000)
+            assert response.status_code == 200, response.text
+    return samples
+
+
+RAW_LOCK = """
+SELECT m.urn, m.metadata, m.systemmetadata, m.createdon, m.createdby FROM metadata_aspect_v2 m
+JOIN unnest($1::text[], $2::text[]) AS k(urn, aspect) ON m.urn = k.urn AND m.aspect = k.aspect
+WHERE m.version = 0 ORDER BY m.urn, m.aspect FOR UPDATE OF m"""
+RAW_INSERT = """
+INSERT INTO metadata_aspect_v2 (urn, aspect, version, metadata, systemmetadata, createdon, createdby)
+SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::timestamp[], $7::text[])"""
+RAW_UPSERT = """
+INSERT INTO metadata_aspect_v2 (urn, aspect, version, metadata, systemmetadata, createdon, createdby)
+SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::timestamp[], $7::text[])
+ON CONFLICT (urn, aspect, version) DO UPDATE SET metadata = EXCLUDED.metadata, systemmetadata = EXCLUDED.systemmetadata,
+    createdon = EXCLUDED.createdon, createdby = EXCLUDED.createdby"""
+
+
+async def raw_ceiling(dsn: str, clients: int, batches: int, size: int, round_offset: int) -> float:
+    """The same rows with bare asyncpg: lock row 0, copy it to a history row, write the new row 0."""
+    pool = await asyncpg.create_pool(dsn, min_size=clients, max_size=clients)
+
+    async def one_client(c: int) -> None:
+        for b in range(round_offset, round_offset + batches):
+            urns = [dataset_urn(100 + c, i) for i in range(size)]
+            aspects = ["datasetProperties"] * size
+            async with pool.acquire() as conn, conn.transaction():
+                locked = await conn.fetch(RAW_LOCK, urns, aspects)
+                stamp = datetime.now(timezone.utc).replace(tzinfo=None)
+                if locked:
+                    await conn.execute(RAW_INSERT, [r["urn"] for r in locked], aspects[: len(locked)], [b] * len(locked),
+                                       [r["metadata"] for r in locked], [r["systemmetadata"] for r in locked],
+                                       [r["createdon"] for r in locked], [r["createdby"] for r in locked])
+                values = [orjson.dumps(properties(b, i)).decode() for i in range(size)]
+                sms = [orjson.dumps({"runId": "bench", "version": str(b + 1)}).decode()] * size
+                await conn.execute(RAW_UPSERT, urns, aspects, [0] * size, values, sms, [stamp] * size,
+                                   ["urn:li:corpuser:datahub"] * size)
+
+    started = time.perf_counter()
+    await asyncio.gather(*(one_client(c) for c in range(clients)))
+    elapsed = time.perf_counter() - started
+    await pool.close()
+    return elapsed
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--batch-size", type=int, default=100)
+    parser.add_argument("--singles", type=int, default=400)
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="metaledger-bench-"))
+    pg = EmbeddedPostgres(root / "pg", free_port(), database=None, durable=True)
+    pg.start()
+    server = None
+    try:
+        url = pg.admin_dsn.rsplit("/", 1)[0] + "/bench"
+        ensure_database(pg.admin_dsn, "bench")
+        sa_url = url.replace("postgresql://", "postgresql+asyncpg://")
+        upgrade_database(sa_url)
+        port = free_port()
+        env = dict(os.environ, METALEDGER_DATABASE_URL=sa_url, METALEDGER_APPLY_MIGRATIONS_ON_START="false")
+        server = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning", "--no-access-log"],
+            env=env, cwd=Path(__file__).resolve().parent.parent,
+        )
+        base = f"http://127.0.0.1:{port}"
+        await wait_healthy(base)
+        writes = args.clients * args.batches * args.batch_size
+
+        # warm-up round: creates the entities (first versions), compiles validators, fills caches
+        await run_batches(base, args.clients, 2, args.batch_size, "v1", 0)
+        elapsed = await run_batches(base, args.clients, args.batches, args.batch_size, "v1", 2)
+        v1_rate = writes / elapsed
+        elapsed = await run_batches(base, args.clients, args.batches, args.batch_size, "v3", 1000)
+        v3_rate = writes / elapsed
+        latencies = await single_latencies(base, args.singles)
+
+        await raw_ceiling(url, args.clients, 2, args.batch_size, 0)  # same warm-up: first versions
+        raw_elapsed = await raw_ceiling(url, args.clients, args.batches, args.batch_size, 2)
+        raw_rate = writes / raw_elapsed
+
+        print(f"machine: {os.cpu_count()} cores; Postgres fsync on; {args.clients} clients x {args.batches} batches x {args.batch_size} MCPs")
+        print(f"batch UPSERT via /openapi/v1/proposals : {v1_rate:8.0f} versioned aspect writes/s")
+        print(f"batch UPSERT via /openapi/v3/entity     : {v3_rate:8.0f} versioned aspect writes/s")
+        print(f"raw asyncpg ceiling (same rows)         : {raw_rate:8.0f} rows/s")
+        print(f"metaledger / raw ceiling                : {v1_rate / raw_rate:8.1%} (v1), {v3_rate / raw_rate:.1%} (v3)")
+        print(f"single write latency ({args.singles} sequential)  : p50 {percentile(latencies, .5):.2f} ms, p99 {percentile(latencies, .99):.2f} ms, mean {statistics.mean(latencies):.2f} ms")
+    finally:
+        if server is not None:
+            server.terminate()
+            server.wait(10)
+        pg.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

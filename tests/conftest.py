@@ -1,0 +1,145 @@
+"""Shared fixtures: one real PostgreSQL server per test run, and a fresh empty database per test.
+
+Fixtures (see the end of this file for the place where app/client fixtures go):
+
+* ``pg_server`` (session)          -> :class:`PgServer`; a throwaway cluster (temp dir, no fsync, free port)
+  started once per run through :class:`app.embedded_pg.EmbeddedPostgres`, or the server named by
+  ``METALEDGER_TEST_DATABASE_URL`` when that is set (any database in it; we only use it to connect).
+* ``pg_admin_dsn`` (session)       -> ``"postgresql://postgres@127.0.0.1:PORT/postgres"`` (plain DSN).
+* ``make_database`` (session)      -> ``make_database(name=None, template=None) -> str``: CREATE DATABASE
+  and return its ``postgresql+asyncpg://`` URL.  Works from sync and async code.
+* ``fresh_database_url`` (function) -> URL of a new empty database named after the test.
+
+No Postgres binaries is an error, never a skip: the message says ``apt-get install -y postgresql``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+
+from app.embedded_pg import (
+    EmbeddedPostgres,
+    EmbeddedPostgresError,
+    ensure_database,
+    free_port,
+    quote_ident,
+    run_coro_sync,
+)
+
+TEST_DATABASE_URL_ENV = "METALEDGER_TEST_DATABASE_URL"
+
+
+@dataclass
+class PgServer:
+    """Where the test PostgreSQL server is.  ``url(db)`` gives SQLAlchemy URLs into it."""
+
+    scheme_netloc: str  # "postgresql://user[:password]@host:port"
+    external: bool = False
+    created: list[str] = field(default_factory=list)  # databases made by make_database
+
+    @property
+    def admin_dsn(self) -> str:
+        return f"{self.scheme_netloc}/postgres"
+
+    def url(self, database: str, driver: str = "postgresql+asyncpg") -> str:
+        return self.scheme_netloc.replace("postgresql://", f"{driver}://", 1) + f"/{database}"
+
+    @classmethod
+    def from_url(cls, url: str, external: bool = True) -> PgServer:
+        parts = urlsplit(url)
+        if not parts.scheme.startswith("postgres"):
+            raise ValueError(f"{TEST_DATABASE_URL_ENV} must be a postgresql:// URL, got {url!r}")
+        return cls(urlunsplit(("postgresql", parts.netloc, "", "", "")), external=external)
+
+
+def _start_throwaway(base: Path) -> EmbeddedPostgres:
+    # The port is free when we pick it but another process may grab it first: retry a few times.
+    last: Exception | None = None
+    for _ in range(5):
+        pg = EmbeddedPostgres(base, free_port(), database=None, durable=False)
+        try:
+            pg.start()
+            return pg
+        except EmbeddedPostgresError as exc:
+            if "Address already in use" not in str(exc):
+                raise
+            last = exc
+    raise last  # type: ignore[misc]
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PgServer]:
+    env_url = os.environ.get(TEST_DATABASE_URL_ENV)
+    if env_url:
+        server = PgServer.from_url(env_url)
+        yield server
+        _drop_databases(server)
+        return
+    base = Path(tempfile.mkdtemp(prefix="metaledger-test-pg-"))
+    pg: EmbeddedPostgres | None = None
+    try:
+        pg = _start_throwaway(base)
+        yield PgServer.from_url(pg.admin_dsn, external=False)
+    finally:
+        if pg is not None:
+            pg.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pg_admin_dsn(pg_server: PgServer) -> str:
+    return pg_server.admin_dsn
+
+
+@pytest.fixture(scope="session")
+def make_database(pg_server: PgServer) -> Callable[..., str]:
+    """``make_database(name=None, template=None) -> url``: a new database (random name if None)."""
+
+    def make(name: str | None = None, template: str | None = None) -> str:
+        name = name or f"t_{uuid.uuid4().hex[:12]}"
+        if not ensure_database(pg_server.admin_dsn, name, template):
+            raise RuntimeError(f"database {name!r} already exists on the test server")
+        pg_server.created.append(name)
+        return pg_server.url(name)
+
+    return make
+
+
+@pytest.fixture
+def fresh_database_url(request: pytest.FixtureRequest, make_database: Callable[..., str]) -> str:
+    """URL (``postgresql+asyncpg://``) of a new, empty database for this test."""
+    stem = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")[:40]
+    return make_database(f"t_{stem}_{uuid.uuid4().hex[:8]}")
+
+
+def _drop_databases(server: PgServer) -> None:
+    """On a server we do not own, remove what the run created (a throwaway cluster is just deleted)."""
+    if not server.created:
+        return
+
+    async def drop() -> None:
+        import asyncpg
+
+        conn = await asyncpg.connect(server.admin_dsn)
+        try:
+            for name in server.created:
+                await conn.execute(f"DROP DATABASE IF EXISTS {quote_ident(name)} WITH (FORCE)")
+        finally:
+            await conn.close()
+
+    run_coro_sync(drop)
+
+
+# ==================================================================================================
+# App / client fixtures (the lead's): build on `fresh_database_url` / `make_database` above.
+# ==================================================================================================
