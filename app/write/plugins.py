@@ -6,8 +6,8 @@
           enabled: true
           supportedOperations: [UPSERT, CREATE]
           supportedEntityAspectNames: [{entityName: dataset, aspectName: datasetProperties}]
-      mutationHooks:                  # ProposalRule subclasses that change the proposal in place
-        - className: mypackage.rules.LowercaseTags
+      mutationHooks:                  # ProposalRule subclasses that change the proposal in place; the result
+        - className: mypackage.rules.LowercaseTags   # is validated against the schema again
 
 `className` is a Python dotted path. A later entry with `enabled: false` and the same className disables an
 earlier one. Configured operations and entity/aspect pairs override the class's own.
@@ -53,8 +53,7 @@ def _instantiate(entry: dict[str, Any], section: str) -> ProposalRule | PreCommi
 def load_rule_chain(registry_path: Path) -> RuleChain:
     config = yaml.safe_load(registry_path.read_text()) if registry_path.exists() else {}
     plugins = (config or {}).get("plugins") or {}
-    proposal_rules: list[ProposalRule] = []
-    pre_commit_rules: list[PreCommitRule] = builtin_pre_commit_rules()
+    chain = RuleChain(mutators=[], validators=[], pre_commit_rules=builtin_pre_commit_rules())
     for section in PLUGIN_SECTIONS:
         entries = plugins.get(section) or []
         disabled = {e.get("className") for e in entries if e.get("enabled") is False}
@@ -62,5 +61,12 @@ def load_rule_chain(registry_path: Path) -> RuleChain:
             if entry.get("enabled") is False or entry.get("className") in disabled:
                 continue
             rule = _instantiate(entry, section)
-            (proposal_rules if isinstance(rule, ProposalRule) else pre_commit_rules).append(rule)
-    return RuleChain(proposal_rules, pre_commit_rules)
+            if section == "mutationHooks":
+                if not isinstance(rule, ProposalRule):
+                    raise PluginConfigError(f"plugins.mutationHooks: {entry['className']} must be a ProposalRule")
+                chain.mutators.append(rule)
+            elif isinstance(rule, ProposalRule):
+                chain.validators.append(rule)
+            else:
+                chain.pre_commit_rules.append(rule)
+    return chain

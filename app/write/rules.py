@@ -196,19 +196,30 @@ def builtin_pre_commit_rules() -> list[PreCommitRule]:
 
 @dataclass
 class RuleChain:
-    proposal_rules: list[ProposalRule]
+    """mutators → (re-validation) → validators, before the transaction; pre-commit rules inside it."""
+
+    mutators: list[ProposalRule]
+    validators: list[ProposalRule]
     pre_commit_rules: list[PreCommitRule]
 
-    def run_proposal_rules(self, proposal: Proposal) -> list[Verdict]:
-        verdicts = []
-        for rule in self.proposal_rules:
+    def run_mutators(self, proposal: Proposal) -> tuple[bool, Verdict | None]:
+        """(whether any mutator governed the proposal, the first fatal verdict)."""
+        touched = False
+        for rule in self.mutators:
+            if rule.governs(proposal):
+                touched = True
+                verdict = rule.apply(proposal)
+                if verdict is not None and verdict.is_fatal:
+                    return touched, verdict
+        return touched, None
+
+    def run_validators(self, proposal: Proposal) -> Verdict | None:
+        for rule in self.validators:
             if rule.governs(proposal):
                 verdict = rule.apply(proposal)
-                if verdict is not None:
-                    verdicts.append(verdict)
-                    if verdict.is_fatal:
-                        break
-        return verdicts
+                if verdict is not None and verdict.is_fatal:
+                    return verdict
+        return None
 
     def run_pre_commit_rules(self, change: PendingChange) -> Verdict | None:
         """The first verdict wins: a failed precondition is reported before an existence conflict."""

@@ -140,12 +140,14 @@ class WriteService:
         for draft in drafts:
             try:
                 proposal = self._resolve(draft)
-                for verdict in self.rules.run_proposal_rules(proposal):
-                    if verdict.is_fatal:
-                        raise ValidationFailed(
-                            verdict.message,
-                            [Issue(f"{verdict.rule}: {verdict.message}", draft.index, proposal.urn, proposal.aspect_name)],
-                        )
+                touched, verdict = self.rules.run_mutators(proposal)
+                if touched and proposal.value is not None:
+                    aspect = self.registry.aspect(proposal.entity_type, proposal.aspect_name)
+                    proposal.value = self._validate_value(aspect, proposal.value, draft.index, proposal.urn)
+                verdict = verdict or self.rules.run_validators(proposal)
+                if verdict is not None:
+                    issue = Issue(f"{verdict.rule}: {verdict.message}", draft.index, proposal.urn, proposal.aspect_name)
+                    raise ValidationFailed(verdict.message, [issue])
                 proposals.append(proposal)
             except MetaledgerError as error:
                 if isinstance(error, PayloadTooLarge):
