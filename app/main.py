@@ -7,6 +7,7 @@ import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -26,22 +27,33 @@ from app.system.endpoints import router as system_router
 from app.write.plugins import load_rule_chain
 from app.write.service import WriteService
 
+if TYPE_CHECKING:
+    from app.embedded_pg import EmbeddedPostgres
+
 log = logging.getLogger("metaledger")
 
 
 def resolve_database_url(settings: Settings) -> str:
     """The configured database, or the embedded default: a private Postgres under the data directory."""
+    return start_database(settings)[0]
+
+
+def start_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
+    """(URL, the embedded server if this call started it, so the caller stops it on shutdown)."""
     if settings.database_url:
-        return settings.database_url
+        return settings.database_url, None
     from app.embedded_pg import EmbeddedPostgres
 
-    return EmbeddedPostgres(settings.data_dir / "pg", settings.embedded_pg_port, durable=True).start()
+    pg = EmbeddedPostgres(settings.data_dir / "pg", settings.embedded_pg_port, durable=True)
+    already_running = pg.is_running()
+    url = pg.start()
+    return url, None if already_running else pg
 
 
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
-    url = await asyncio.to_thread(resolve_database_url, settings)
+    url, embedded = await asyncio.to_thread(start_database, settings)
     if settings.apply_migrations_on_start:
         await asyncio.to_thread(upgrade_database, url)
     engine = create_engine(url, settings.db_pool_size)
@@ -57,6 +69,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         await engine.dispose()
+        if embedded is not None:
+            await asyncio.to_thread(embedded.stop)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
