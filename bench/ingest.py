@@ -8,8 +8,8 @@ Prints:
   history row, a change log);
 - the same through DataHub's v3 batch endpoint (POST /openapi/v3/entity/dataset);
 - single-write latency p50/p99 (one MCP per request, sequential);
-- the raw ceiling: the same rows (lock row 0, insert the history row, update row 0) written with bare asyncpg,
-  same concurrency and batch size, and metaledger's share of it.
+- the raw ceiling: the same rows (lock row 0 and the key row, insert the history row, write row 0, prune, append
+  the change log) written with bare asyncpg, same concurrency and batch size, and metaledger's share of it.
 
 It starts its own Postgres (fsync on, as the embedded default) under a temporary directory and its own server
 (`uvicorn app.main:app`, one worker) on a free loopback port.
@@ -107,7 +107,7 @@ async def single_latencies(base: str, count: int) -> list[float]:
 
 
 RAW_LOCK = """
-SELECT m.urn, m.metadata, m.systemmetadata, m.createdon, m.createdby FROM metadata_aspect_v2 m
+SELECT m.urn, m.aspect, m.metadata, m.systemmetadata, m.createdon, m.createdby FROM metadata_aspect_v2 m
 JOIN unnest($1::text[], $2::text[]) AS k(urn, aspect) ON m.urn = k.urn AND m.aspect = k.aspect
 WHERE m.version = 0 ORDER BY m.urn, m.aspect FOR UPDATE OF m"""
 RAW_INSERT = """
@@ -118,10 +118,19 @@ INSERT INTO metadata_aspect_v2 (urn, aspect, version, metadata, systemmetadata, 
 SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::timestamp[], $7::text[])
 ON CONFLICT (urn, aspect, version) DO UPDATE SET metadata = EXCLUDED.metadata, systemmetadata = EXCLUDED.systemmetadata,
     createdon = EXCLUDED.createdon, createdby = EXCLUDED.createdby"""
+RAW_OUTBOX = """
+INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload)
+SELECT 'MetadataChangeLog_Versioned_v1', u, u, 'datasetProperties', v, 'UPSERT', p
+FROM unnest($1::text[], $2::bigint[], $3::text[]) AS x(u, v, p)"""
+RAW_PRUNE = """
+DELETE FROM metadata_aspect_v2 m USING unnest($1::text[], $2::bigint[]) AS r(urn, cutoff)
+WHERE m.urn = r.urn AND m.aspect = 'datasetProperties' AND m.version <> 0 AND m.version <= r.cutoff"""
 
 
 async def raw_ceiling(dsn: str, clients: int, batches: int, size: int, round_offset: int) -> float:
-    """The same rows with bare asyncpg: lock row 0, copy it to a history row, write the new row 0."""
+    """The rows metaledger writes for the same batches, with bare asyncpg and no service around them: lock row 0
+    of each aspect and of its entity's key aspect, copy row 0 to a history row, write the new row 0, prune history
+    beyond 20 versions, and append a change log of the same size to the outbox."""
     pool = await asyncpg.create_pool(dsn, min_size=clients, max_size=clients)
 
     async def one_client(c: int) -> None:
@@ -129,16 +138,30 @@ async def raw_ceiling(dsn: str, clients: int, batches: int, size: int, round_off
             urns = [dataset_urn(100 + c, i) for i in range(size)]
             aspects = ["datasetProperties"] * size
             async with pool.acquire() as conn, conn.transaction():
-                locked = await conn.fetch(RAW_LOCK, urns, aspects)
+                locked = await conn.fetch(RAW_LOCK, urns + urns, aspects + ["datasetKey"] * size)
+                previous = [r for r in locked if r["aspect"] == "datasetProperties"]
                 stamp = datetime.now(timezone.utc).replace(tzinfo=None)
-                if locked:
-                    await conn.execute(RAW_INSERT, [r["urn"] for r in locked], aspects[: len(locked)], [b] * len(locked),
-                                       [r["metadata"] for r in locked], [r["systemmetadata"] for r in locked],
-                                       [r["createdon"] for r in locked], [r["createdby"] for r in locked])
+                if previous:
+                    await conn.execute(RAW_INSERT, [r["urn"] for r in previous], aspects[: len(previous)],
+                                       [b] * len(previous), [r["metadata"] for r in previous],
+                                       [r["systemmetadata"] for r in previous], [r["createdon"] for r in previous],
+                                       [r["createdby"] for r in previous])
                 values = [orjson.dumps(properties(b, i)).decode() for i in range(size)]
-                sms = [orjson.dumps({"runId": "bench", "version": str(b + 1)}).decode()] * size
+                sm = {"runId": "bench", "lastRunId": "bench", "lastObserved": 1, "version": str(b + 1),
+                      "aspectCreated": {"time": 1, "actor": "urn:li:corpuser:datahub"},
+                      "aspectModified": {"time": 1, "actor": "urn:li:corpuser:datahub"}}
+                sms = [orjson.dumps(sm).decode()] * size
                 await conn.execute(RAW_UPSERT, urns, aspects, [0] * size, values, sms, [stamp] * size,
                                    ["urn:li:corpuser:datahub"] * size)
+                if not previous:  # the entity's first write also writes its key aspect
+                    await conn.execute(RAW_UPSERT, urns, ["datasetKey"] * size, [0] * size, ['{"name": "x"}'] * size,
+                                       sms, [stamp] * size, ["urn:li:corpuser:datahub"] * size)
+                payloads = [orjson.dumps({"entityUrn": u, "aspect": {"value": v}, "previousAspectValue": {"value": v},
+                                          "systemMetadata": sm, "previousSystemMetadata": sm}).decode()
+                            for u, v in zip(urns, values)]
+                await conn.execute(RAW_OUTBOX, urns, [b + 1] * size, payloads)
+                if b > 21:
+                    await conn.execute(RAW_PRUNE, urns, [b - 20] * size)
 
     started = time.perf_counter()
     await asyncio.gather(*(one_client(c) for c in range(clients)))
