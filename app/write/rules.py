@@ -19,9 +19,7 @@ from datetime import datetime, timezone
 from typing import ClassVar
 
 from app.write.proposal import (
-    IF_MODIFIED_SINCE,
     IF_NONE_MATCH,
-    IF_UNMODIFIED_SINCE,
     IF_VERSION_MATCH,
     ChangeType,
     Proposal,
@@ -125,38 +123,41 @@ class IfVersionMatch(PreCommitRule):
         return None
 
 
-class IfModifiedSince(PreCommitRule):
+class _LastModifiedCondition(PreCommitRule):
+    """If-Modified-Since / If-Unmodified-Since: an ISO-8601 instant compared with the last value change."""
+
+    header_name: ClassVar[str]
+    modified_must_be_after: ClassVar[bool]
+
+    def check(self, change: PendingChange) -> Verdict | None:
+        raw = change.proposal.header(self.header_name.lower())
+        if raw is None:
+            return None
+        since = _parse_instant(self.header_name, raw)
+        if isinstance(since, str):
+            return self.verdict(VerdictKind.VALIDATION, since)
+        modified = _last_modified(change.previous) if change.previous is not None else None
+        if self.modified_must_be_after:
+            holds = modified is not None and modified > since
+        else:
+            holds = modified is None or modified <= since
+        if holds:
+            return None
+        when = modified.isoformat() if modified is not None else "never"
+        relation = "not after" if self.modified_must_be_after else "after"
+        return self.verdict(VerdictKind.PRECONDITION, f"Item last modified {when}, {relation} {since.isoformat()}")
+
+
+class IfModifiedSince(_LastModifiedCondition):
     name = "IfModifiedSince"
-
-    def check(self, change: PendingChange) -> Verdict | None:
-        raw = change.proposal.header(IF_MODIFIED_SINCE)
-        if raw is None:
-            return None
-        since = _parse_instant("If-Modified-Since", raw)
-        if isinstance(since, str):
-            return self.verdict(VerdictKind.VALIDATION, since)
-        if change.previous is None or _last_modified(change.previous) <= since:
-            modified = "never" if change.previous is None else _last_modified(change.previous).isoformat()
-            return self.verdict(VerdictKind.PRECONDITION, f"Item last modified {modified}, not after {since.isoformat()}")
-        return None
+    header_name = "If-Modified-Since"
+    modified_must_be_after = True
 
 
-class IfUnmodifiedSince(PreCommitRule):
+class IfUnmodifiedSince(_LastModifiedCondition):
     name = "IfUnmodifiedSince"
-
-    def check(self, change: PendingChange) -> Verdict | None:
-        raw = change.proposal.header(IF_UNMODIFIED_SINCE)
-        if raw is None:
-            return None
-        since = _parse_instant("If-Unmodified-Since", raw)
-        if isinstance(since, str):
-            return self.verdict(VerdictKind.VALIDATION, since)
-        if change.previous is not None and _last_modified(change.previous) > since:
-            return self.verdict(
-                VerdictKind.PRECONDITION,
-                f"Item last modified {_last_modified(change.previous).isoformat()}, after {since.isoformat()}",
-            )
-        return None
+    header_name = "If-Unmodified-Since"
+    modified_must_be_after = False
 
 
 def _conflict_or_filter(rule: PreCommitRule, change: PendingChange, message: str) -> Verdict:

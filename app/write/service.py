@@ -33,7 +33,7 @@ from app.errors import (
 from app.registry import EntityRegistry
 from app.registry.errors import AspectValidationError, RegistryError
 from app.settings import Settings
-from app.urns import InvalidUrnError, validate_urn
+from app.urns import InvalidUrnError, parse_urn, validate_urn
 from app.write.changelog import TIMESERIES_TOPIC, VERSIONED_TOPIC, build_change_log
 from app.write.proposal import (
     DEFAULT_RUN_ID,
@@ -298,10 +298,6 @@ class WriteService:
         await self._flush(repo, txn)
         return txn
 
-    @staticmethod
-    def _entity_of(urn: str) -> str:
-        return urn.split(":", 3)[2]
-
     def _apply_one(self, txn: _Transaction, p: Proposal, audit: AuditStamp) -> None:
         entity = self.registry.entity(p.entity_type)
         key = (p.urn, p.aspect_name)
@@ -504,7 +500,7 @@ class WriteService:
         updates = [txn.dirty[k] for k in sorted(txn.dirty) if k not in txn.inserted_keys]
         prune = []
         for (urn, aspect) in txn.history:
-            kept = self._history_kept(self._entity_of(urn), aspect)
+            kept = self._history_kept(parse_urn(urn).entity_type, aspect)
             cutoff = txn.dirty[(urn, aspect)].version - 1 - kept
             if cutoff >= 1:
                 prune.append((urn, aspect, cutoff))
