@@ -35,6 +35,65 @@ def serve(host: str, port: int, no_migrate: bool, log_level: str) -> None:
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False)
 
 
+def _run_worker(make_worker) -> None:
+    """Run one background worker standalone until SIGINT/SIGTERM."""
+    import asyncio
+    import signal
+
+    from app.db import create_engine, create_sessionmaker
+    from app.logs import configure_logging
+    from app.main import resolve_database_url
+
+    async def run() -> None:
+        configure_logging()
+        settings = get_settings()
+        engine = create_engine(resolve_database_url(settings), settings.db_pool_size)
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, stop.set)
+        try:
+            await make_worker(settings, engine, create_sessionmaker(engine)).run(stop)
+        finally:
+            await engine.dispose()
+
+    asyncio.run(run())
+
+
+@main.command()
+def relay() -> None:
+    """Run the outbox relay standalone (several may run at once)."""
+    from app.kafka.relay import OutboxRelay
+
+    _run_worker(lambda settings, engine, maker: OutboxRelay(settings, engine))
+
+
+def _writer(settings):
+    from app.registry import load_registry
+    from app.write.plugins import load_rule_chain
+    from app.write.service import WriteService
+
+    registry = load_registry(settings.registry_path, trim_unknown_fields=settings.trim_unknown_fields,
+                             strict_urns=settings.strict_urn_validation)
+    return WriteService(registry, load_rule_chain(settings.registry_path), settings)
+
+
+@main.command("consume-mcp")
+def consume_mcp() -> None:
+    """Apply proposals from the MetadataChangeProposal_v1 topic; failures go to FailedMetadataChangeProposal_v1."""
+    from app.kafka.consumers import McpConsumer
+
+    _run_worker(lambda settings, engine, maker: McpConsumer(settings, maker, _writer(settings)))
+
+
+@main.command("consume-mce")
+def consume_mce() -> None:
+    """Apply legacy MetadataChangeEvents from MetadataChangeEvent_v4; failures go to FailedMetadataChangeEvent_v4."""
+    from app.kafka.consumers import MceConsumer
+
+    _run_worker(lambda settings, engine, maker: MceConsumer(settings, maker, _writer(settings)))
+
+
 @main.group()
 def db() -> None:
     """Database commands."""

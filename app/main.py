@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 
 from app import __version__
+from app.background import Background
 from app.db import create_engine, create_sessionmaker, upgrade_database
 from app.entities.endpoints import router as entities_router
 from app.errors import Issue, MetaledgerError, ServiceUnavailable, ValidationFailed
@@ -64,10 +65,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
+    background = Background()
+    await background.start(app)
     log.info("metaledger started", extra={"database": engine.url.render_as_string(hide_password=True)})
     try:
         yield
     finally:
+        await background.close()
         await engine.dispose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)

@@ -40,6 +40,31 @@ class Settings(BaseSettings):
 
     apply_migrations_on_start: bool = True
 
+    # --- Kafka (unset: the embedded default; the outbox still fills and is readable as a change feed over HTTP)
+    kafka_bootstrap_servers: str | None = None
+    kafka_client_id: str = "metaledger"
+    topic_mcl_versioned: str = "MetadataChangeLog_Versioned_v1"
+    topic_mcl_timeseries: str = "MetadataChangeLog_Timeseries_v1"
+    topic_platform_event: str = "PlatformEvent_v1"
+    topic_mcp: str = "MetadataChangeProposal_v1"
+    topic_fmcp: str = "FailedMetadataChangeProposal_v1"
+    topic_mce: str = "MetadataChangeEvent_v4"
+    topic_fmce: str = "FailedMetadataChangeEvent_v4"
+    create_topics_on_start: bool = True
+    kafka_max_message_bytes: int = 5 * 1024 * 1024
+
+    # --- the outbox relay (publishes change logs to Kafka; also assigns change-feed offsets in commit order)
+    relay_enabled: bool = True  # inside `metaledger serve`; `metaledger relay` runs it standalone
+    relay_batch_size: int = 1000
+    relay_poll_interval_ms: int = 20
+    outbox_retention_hours: float = 24.0  # delivered (or, without Kafka, fed) rows older than this are pruned
+
+    # --- asynchronous ingestion (MetadataChangeProposal_v1 → the write pipeline; failures → FMCP)
+    mcp_consumer_enabled: bool = False  # inside `metaledger serve`; `metaledger consume-mcp` runs it standalone
+    mcp_consumer_group: str = "generic-mce-consumer-job-client"
+    mcp_consumer_batch_size: int = 500
+    mce_consumer_enabled: bool = False
+
 
 @lru_cache
 def get_settings() -> Settings:

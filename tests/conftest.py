@@ -143,3 +143,13 @@ def _drop_databases(server: PgServer) -> None:
 # ==================================================================================================
 # App / client fixtures (the lead's): build on `fresh_database_url` / `make_database` above.
 # ==================================================================================================
+
+
+@pytest.fixture(scope="session")
+def kafka_broker():
+    """A real Kafka-protocol broker (Tansu) on a free loopback port, for the whole run."""
+    from tests.kafka_broker import start_broker
+
+    broker = start_broker()
+    yield broker
+    broker.stop()

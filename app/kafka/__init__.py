@@ -1,0 +1,1 @@
+"""Kafka: topics, the outbox relay, asynchronous ingestion (MCP/MCE consumers) and their dead letters."""
