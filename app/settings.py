@@ -53,6 +53,9 @@ class Settings(BaseSettings):
     create_topics_on_start: bool = True
     kafka_max_message_bytes: int = 5 * 1024 * 1024
 
+    # Entity Change Events (tag added, owner removed, ...) computed at write time → PlatformEvent_v1 via the outbox
+    platform_events_enabled: bool = True
+
     # --- the outbox relay (publishes change logs to Kafka; also assigns change-feed offsets in commit order)
     relay_enabled: bool = True  # inside `metaledger serve`; `metaledger relay` runs it standalone
     relay_batch_size: int = 1000

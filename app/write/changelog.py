@@ -12,8 +12,6 @@ import orjson
 
 from app.write.proposal import JSON_CONTENT_TYPE, AuditStamp, ChangeType, Proposal
 
-VERSIONED_TOPIC = "MetadataChangeLog_Versioned_v1"
-TIMESERIES_TOPIC = "MetadataChangeLog_Timeseries_v1"
 DATABASE_ASPECT_VERSION_HEADER = "X-DataHub-Database-Aspect-Version"
 
 

@@ -34,7 +34,8 @@ from app.registry import EntityRegistry
 from app.registry.errors import AspectValidationError, RegistryError
 from app.settings import Settings
 from app.urns import InvalidUrnError, parse_urn, validate_urn
-from app.write.changelog import TIMESERIES_TOPIC, VERSIONED_TOPIC, build_change_log
+from app.events.platform import entity_change_events, platform_event, platform_event_key
+from app.write.changelog import build_change_log
 from app.write.proposal import (
     DEFAULT_RUN_ID,
     JSON_PATCH_CONTENT_TYPE,
@@ -411,7 +412,8 @@ class WriteService:
             system_metadata=sm, previous_json=None, previous_system_metadata=None, created=audit,
         )
         timestamp = int(p.value.get("timestampMillis", audit.time))
-        txn.outbox.append(OutboxRow(TIMESERIES_TOPIC, p.urn, p.urn, p.aspect_name, timestamp, ChangeType.UPSERT.value, payload))
+        txn.outbox.append(OutboxRow(self.settings.topic_mcl_timeseries, p.urn, p.urn, p.aspect_name, timestamp, ChangeType.UPSERT.value, payload))
+        self._log_platform_events(txn, p, ChangeType.UPSERT, None, p.value, audit, timestamp)
         txn.results.append(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.APPENDED, p.value, sm))
 
     def _delete(
@@ -464,7 +466,28 @@ class WriteService:
             created=audit,
         )
         version = int(sm.get("version", "0"))
-        txn.outbox.append(OutboxRow(VERSIONED_TOPIC, p.urn, p.urn, p.aspect_name, version, change_type.value, payload))
+        txn.outbox.append(OutboxRow(self.settings.topic_mcl_versioned, p.urn, p.urn, p.aspect_name, version, change_type.value, payload))
+        self._log_platform_events(
+            txn, p, change_type, previous.value if previous is not None else None, row.value if row is not None else None, audit, version
+        )
+
+    def _log_platform_events(
+        self, txn: _Transaction, p: Proposal, change_type: ChangeType, previous: dict[str, Any] | None,
+        current: dict[str, Any] | None, audit: AuditStamp, version: int,
+    ) -> None:
+        """Entity Change Events from the previous and new value, both in hand inside the transaction; they commit
+        with the change (DataHub derives them later from the MCL stream, and loses them with it)."""
+        if not self.settings.platform_events_enabled:
+            return
+        events = entity_change_events(
+            entity_type=p.entity_type, urn=p.urn, aspect_name=p.aspect_name, change_type=change_type.value,
+            previous=previous, current=current, audit=audit.to_json(),
+        )
+        for event in events:
+            txn.outbox.append(
+                OutboxRow(self.settings.topic_platform_event, platform_event_key(event), p.urn, p.aspect_name, version,
+                          change_type.value, _dumps(platform_event(event)))
+            )
 
     def _raise_on_fatal_verdicts(self, txn: _Transaction) -> None:
         fatal = [(p, v) for p, v in txn.verdicts if v.is_fatal]

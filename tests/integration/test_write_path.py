@@ -34,9 +34,14 @@ async def rows(db, urn: str = DATASET, aspect: str | None = None):
     ]
 
 
-async def outbox(db, aspect: str | None = None):
-    query = "SELECT topic, message_key, aspect, version, change_type, payload FROM change_log_outbox"
-    records = await db.fetch(query + (" WHERE aspect = $1" if aspect else "") + " ORDER BY id", *([aspect] if aspect else []))
+async def outbox(db, aspect: str | None = None, topic_prefix: str = "MetadataChangeLog_"):
+    """Outbox rows (change logs by default; `topic_prefix="PlatformEvent"` for entity change events)."""
+    query = "SELECT topic, message_key, aspect, version, change_type, payload FROM change_log_outbox WHERE topic LIKE $1"
+    args = [topic_prefix + "%"]
+    if aspect:
+        query += " AND aspect = $2"
+        args.append(aspect)
+    records = await db.fetch(query + " ORDER BY id", *args)
     return [dict(r, payload=orjson.loads(r["payload"])) for r in records]
 
 
@@ -274,3 +279,40 @@ async def test_request_limits(client, app):
     assert response.status_code == 413
     response = await client.post("/openapi/v1/proposals", content=b"{not json", headers={"content-type": "application/json"})
     assert response.status_code == 400 and response.json()["error"] == "Validation Error"
+
+
+async def platform_events(db) -> list[dict]:
+    rows = await outbox(db, topic_prefix="PlatformEvent_v1")
+    events = []
+    for row in rows:
+        assert row["payload"]["name"] == "entityChangeEvent"
+        events.append(dict(orjson.loads(row["payload"]["payload"]["value"]), _key=row["message_key"]))
+    return events
+
+
+async def test_platform_events_commit_with_the_change(client, db):
+    owners = {"owners": [{"owner": "urn:li:corpuser:ann", "type": "DATAOWNER"}]}
+    await propose(client, mcp("globalTags", {"tags": [{"tag": "urn:li:tag:pii"}]}), mcp("ownership", owners))
+    await propose(client, mcp("globalTags", {"tags": [{"tag": "urn:li:tag:gold"}]}), mcp("status", {"removed": True}))
+    await propose(client, mcp("ownership", owners))  # a no-op: no event
+    events = [(e["category"], e["operation"], e.get("modifier")) for e in await platform_events(db)]
+    assert events == [
+        ("LIFECYCLE", "CREATE", None),
+        ("TAG", "ADD", "urn:li:tag:pii"),
+        ("OWNERSHIP", "ADD", "urn:li:corpuser:ann"),
+        ("TAG", "ADD", "urn:li:tag:gold"),  # DataHub's order: by tag URN
+        ("TAG", "REMOVE", "urn:li:tag:pii"),
+        ("LIFECYCLE", "SOFT_DELETE", None),
+    ]
+    first = (await platform_events(db))[1]
+    assert first["_key"] == f"entityChangeEvent-{DATASET}" and first["entityUrn"] == DATASET
+    assert first["parameters"]["tagUrn"] == "urn:li:tag:pii" and first["version"] == 0
+    assert first["auditStamp"]["actor"] == "urn:li:corpuser:datahub"
+    await propose(client, mcp("datasetKey", None, change_type="DELETE"))
+    assert (await platform_events(db))[-1]["operation"] == "HARD_DELETE"
+
+
+@pytest.mark.parametrize("settings_overrides", [{"platform_events_enabled": False}])
+async def test_platform_events_can_be_turned_off(client, db, settings_overrides):
+    await propose(client, mcp("globalTags", {"tags": [{"tag": "urn:li:tag:pii"}]}))
+    assert await platform_events(db) == []
