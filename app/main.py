@@ -17,10 +17,12 @@ from app import __version__
 from app.background import Background
 from app.db import create_engine, create_sessionmaker, upgrade_database
 from app.entities.endpoints import router as entities_router
+from app.events.feed import router as feed_router
 from app.errors import Issue, MetaledgerError, ServiceUnavailable, ValidationFailed
 from app.http import json_response
 from app.logs import configure_logging
 from app.proposals.endpoints import router as proposals_router
+from app.proposals.restli import router as restli_router
 from app.registry import EntityRegistry, load_registry
 from app.registry.errors import RegistryError
 from app.settings import Settings, get_settings
@@ -118,6 +120,8 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
     app.include_router(system_router)
     app.include_router(proposals_router)
     app.include_router(entities_router)
+    app.include_router(feed_router)
+    app.include_router(restli_router)
     _install_error_handlers(app)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
     return app

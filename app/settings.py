@@ -52,6 +52,9 @@ class Settings(BaseSettings):
     topic_fmce: str = "FailedMetadataChangeEvent_v4"
     create_topics_on_start: bool = True
     kafka_max_message_bytes: int = 5 * 1024 * 1024
+    kafka_compression_type: str = "lz4"
+    kafka_topic_partitions: int = 1  # DataHub's default
+    kafka_topic_replication_factor: int = 1
 
     # Entity Change Events (tag added, owner removed, ...) computed at write time → PlatformEvent_v1 via the outbox
     platform_events_enabled: bool = True

@@ -3,7 +3,7 @@ paths of the published spec are generated from the registry (app.openapi_spec)."
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -11,6 +11,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.deps import get_registry, get_session, get_write_service, request_audit_stamp
 from app.entities.service import (
     EntityReader,
+    aspect_envelope,
     delete_drafts,
     drafts_from_entity_batch,
     entities_from_results,
@@ -18,8 +19,9 @@ from app.entities.service import (
 )
 from app.errors import Issue, ValidationFailed
 from app.http import json_response, parse_bool, read_json
+from app.proposals.endpoints import queue_proposals
 from app.registry import EntityRegistry
-from app.write.proposal import CONDITIONAL_HEADERS, AuditStamp, ChangeType
+from app.write.proposal import CONDITIONAL_HEADERS, AuditStamp, ChangeType, Proposal
 from app.write.service import Draft, WriteService
 
 router = APIRouter(prefix="/openapi/v3/entity", include_in_schema=False)
@@ -36,13 +38,30 @@ async def upsert_entities(
     system_metadata: Annotated[str | None, Query(alias="systemMetadata")] = None,
     async_: Annotated[str | None, Query(alias="async")] = None,
 ) -> Response:
-    # `async=true` (DataHub's default here) is accepted; until the proposal topic exists the write is applied
-    # synchronously, which is strictly stronger: the 200 means committed.
+    # `async` defaults to true, as DataHub: validated now, queued on the proposal topic, 202 with the echoed
+    # entities. Without Kafka configured the write is applied synchronously (200 means committed).
     body = await read_json(request, writer.settings.max_request_bytes)
     entity = writer.registry.entity(entity_name).name
-    proposals = writer.prepare(drafts_from_entity_batch(entity, body, ChangeType.UPSERT))
+    drafts = drafts_from_entity_batch(entity, body, ChangeType.UPSERT)
+    proposals = writer.prepare(drafts)
+    with_sm = parse_bool(system_metadata, True)
+    if parse_bool(async_, True):
+        queued = await queue_proposals(request, drafts, proposals)
+        if queued is not None:
+            return json_response(_queued_entities(queued, with_sm), 202)
     result = await writer.apply(session, proposals, audit)
-    return json_response(entities_from_results(result.items, parse_bool(system_metadata, True)))
+    return json_response(entities_from_results(result.items, with_sm))
+
+
+def _queued_entities(queued: list[tuple[Draft, Proposal]], with_system_metadata: bool) -> list[dict[str, Any]]:
+    """The echo of an accepted asynchronous write: the entities as sent, one per URN, each aspect QUEUED."""
+    entities: dict[str, dict[str, Any]] = {}
+    for draft, proposal in queued:
+        entity = entities.setdefault(proposal.urn, {"urn": proposal.urn})
+        envelope = aspect_envelope(draft.value, draft.system_metadata, with_system_metadata)
+        envelope["status"] = "QUEUED"
+        entity[proposal.aspect_name] = envelope
+    return list(entities.values())
 
 
 @router.post("/{entity_name}/batchGet")
@@ -138,8 +157,15 @@ async def upsert_aspect(
     entity = writer.registry.entity(entity_name).name
     draft = Draft(0, entity, aspect_name, change_type.value, urn=urn, value=body["value"],
                   system_metadata=body.get("systemMetadata"), headers=headers)
-    result = await writer.apply(session, writer.prepare([draft]), audit)
-    return json_response(entities_from_results(result.items, parse_bool(system_metadata, True))[0])
+    proposals = writer.prepare([draft])
+    with_sm = parse_bool(system_metadata, True)
+    # `async=true` (default false here, as DataHub): queued with its change type (CREATE by default), 202.
+    if parse_bool(async_, False):
+        queued = await queue_proposals(request, [draft], proposals)
+        if queued is not None:
+            return json_response(_queued_entities(queued, with_sm)[0], 202)
+    result = await writer.apply(session, proposals, audit)
+    return json_response(entities_from_results(result.items, with_sm)[0])
 
 
 @router.get("/{entity_name}/{urn}/{aspect_name}")

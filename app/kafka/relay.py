@@ -1,19 +1,356 @@
-"""The outbox relay. (Interface fixed by the lead; implementation: relay helper.)"""
+"""The outbox relay: change-feed offsets in commit order, publication to Kafka, pruning.
+
+Every committed aspect change wrote its change log into `change_log_outbox` in its own transaction. A relay runs
+two loops, each on its own Postgres connection (so a Kafka outage never stalls the change feed):
+
+* **sequencer** (always, also without Kafka): gives consecutive `feed_offset`s to committed rows in id order
+  (`outbox.sequence`; one relay at a time, by a transaction-level advisory lock), then every few seconds prunes rows
+  past `outbox_retention_hours` (delivered rows with Kafka; every sequenced row without it: the feed's window).
+* **publisher** (when `kafka_bootstrap_servers` is set): holds a fair share of the 16 lanes (lane = hash of the URN)
+  with session-level advisory locks, reads the lanes' sequenced, undelivered rows in feed order, produces them with
+  `acks=all` (key = message key, value = the MCL JSON, topic = the row's topic), awaits every acknowledgement and
+  marks the rows delivered. All rows of one URN are in one lane, published by one relay at a time, in order.
+
+Delivery guarantee: **at least once, in per-URN commit order**. A crash (or a lost database connection) between the
+broker's acknowledgement and the delivered mark publishes those rows again; a failed produce is retried with
+backoff, and a row whose earlier rows with the same key failed in that batch is never marked ahead of them.
+Consumers deduplicate on (urn, aspect, version) — `systemMetadata.version` for versioned aspects. Writes never wait
+for Kafka: they only insert into the outbox.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import math
+import random
+import time
 
+import asyncpg
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import MessageSizeTooLargeError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.kafka import outbox
+from app.kafka.topics import create_missing_topics
 from app.settings import Settings
+
+log = logging.getLogger("metaledger.relay")
+
+BALANCE_INTERVAL_S = 1.0  # how often a publisher recounts the relays and takes or gives back lanes
+MAX_BACKOFF_S = 5.0  # database reconnects
+MAX_KAFKA_BACKOFF_S = 2.0  # producer restarts (a refused connection costs nothing; the outage should end quickly)
+PRODUCE_TIMEOUT_MS = 15_000  # a batch not acknowledged within this fails, and is retried later
+MAX_KAFKA_BATCH_BYTES = 1024 * 1024
+SEQUENCE_BATCHES = 4  # the sequencer gives offsets to up to this many publishing batches per transaction
 
 
 class OutboxRelay:
     def __init__(self, settings: Settings, engine: AsyncEngine) -> None:
         self.settings = settings
         self.engine = engine
+        # figures, for tests, benchmarks and logs
+        self.sequenced = 0  # rows given a feed offset by this relay
+        self.published = 0  # rows this relay produced and marked delivered
+        self.pruned = 0
+        self.prune_passes = 0
+        self.lanes: set[int] = set()  # lanes this relay holds now
+        self._wake = asyncio.Event()  # the sequencer gave offsets: the publisher has work
+        self._producer: AIOKafkaProducer | None = None
 
+    # --- lifecycle -----------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         """Assign change-feed offsets in commit order, publish to Kafka when configured, prune; until `stop`."""
+        loops = [asyncio.create_task(self._sequencer(stop), name="relay-sequencer")]
+        if self.settings.kafka_bootstrap_servers:
+            loops.append(asyncio.create_task(self._publisher(stop), name="relay-publisher"))
+        waker = asyncio.create_task(self._wake_on(stop))
+        try:
+            await asyncio.gather(*loops)
+        finally:
+            for task in (*loops, waker):
+                task.cancel()
+            await asyncio.gather(*loops, waker, return_exceptions=True)
+
+    async def _wake_on(self, stop: asyncio.Event) -> None:
         await stop.wait()
+        self._wake.set()
+
+    async def _connect(self) -> asyncpg.Connection:
+        dsn = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        return await asyncpg.connect(dsn, server_settings={"application_name": "metaledger-relay"})
+
+    @staticmethod
+    async def _pause(stop: asyncio.Event, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=seconds)
+        except TimeoutError:
+            pass
+
+    # --- the sequencer -------------------------------------------------------------------------------------------
+    async def _sequencer(self, stop: asyncio.Event) -> None:
+        poll = self.settings.relay_poll_interval_ms / 1000
+        batch = max(1, self.settings.relay_batch_size) * SEQUENCE_BATCHES
+        retention_s = self.settings.outbox_retention_hours * 3600
+        prune_every = min(60.0, max(1.0, retention_s / 4))
+        prune_after = 0  # offsets at or below this are pruned or kept for good (see outbox.prune)
+        next_prune = time.monotonic() + min(prune_every, 5.0)
+        failures = 0
+        while not stop.is_set():
+            conn: asyncpg.Connection | None = None
+            try:
+                conn = await self._connect()
+                while not stop.is_set():
+                    count = await outbox.sequence(conn, batch)
+                    failures = 0
+                    if count:
+                        self.sequenced += count
+                        self._wake.set()
+                    if time.monotonic() >= next_prune:
+                        deleted, prune_after = await outbox.prune(
+                            conn, retention_s, kafka=bool(self.settings.kafka_bootstrap_servers), after=prune_after
+                        )
+                        self.prune_passes += 1
+                        if deleted:
+                            self.pruned += deleted
+                            log.info("outbox pruned", extra={"rows": deleted})
+                        next_prune = time.monotonic() + prune_every
+                    if count < batch:
+                        await self._pause(stop, poll)
+            except Exception as error:  # noqa: BLE001 - the relay outlives database restarts
+                failures += 1
+                log.warning("relay sequencer: database error; retrying", extra={"error": f"{type(error).__name__}: {error}"})
+                await self._pause(stop, min(MAX_BACKOFF_S, 0.2 * 2**failures))
+            finally:
+                if conn is not None:
+                    await _close(conn)
+
+    # --- the publisher -------------------------------------------------------------------------------------------
+    async def _publisher(self, stop: asyncio.Event) -> None:
+        """Fetch, produce, mark; the delivered mark of one batch (on a second connection) overlaps the fetch and
+        produce of the next. A lane is only given back, and the read position only reset, once every mark is in."""
+        poll = self.settings.relay_poll_interval_ms / 1000
+        batch = max(1, self.settings.relay_batch_size)
+        db_failures = 0
+        kafka_failures = 0
+        kafka_retry_at = 0.0
+        try:
+            while not stop.is_set():
+                conn: asyncpg.Connection | None = None
+                mark_conn: asyncpg.Connection | None = None
+                marking: asyncio.Task | None = None
+                try:
+                    conn = await self._connect()
+                    mark_conn = await self._connect()
+                    await outbox.join_publishers(conn)
+                    next_balance = 0.0
+                    after = 0  # rows of this relay's lanes up to this offset are produced (marks may be in flight)
+                    while not stop.is_set():
+                        if time.monotonic() >= next_balance:
+                            if marking is not None:
+                                await marking
+                                marking = None
+                            held = set(self.lanes)
+                            await self._balance(conn)
+                            if self.lanes - held:
+                                after = 0  # a new lane may hold rows below the read position
+                            next_balance = time.monotonic() + BALANCE_INTERVAL_S
+                        db_failures = 0
+                        if not self.lanes:
+                            await self._pause(stop, BALANCE_INTERVAL_S)
+                            continue
+                        if self._producer is None:
+                            wait = kafka_retry_at - time.monotonic()
+                            if wait > 0:
+                                await self._pause(stop, min(wait, BALANCE_INTERVAL_S))
+                                continue
+                            try:
+                                await self._start_producer()
+                            except Exception as error:  # noqa: BLE001 - Kafka down: retry with backoff
+                                kafka_failures += 1
+                                kafka_retry_at = time.monotonic() + min(MAX_KAFKA_BACKOFF_S, 0.25 * 2**kafka_failures)
+                                if kafka_failures == 1 or kafka_failures % 30 == 0:
+                                    log.warning("relay: kafka unavailable; retrying",
+                                                extra={"attempts": kafka_failures, "error": f"{type(error).__name__}: {error}"})
+                                continue
+                        self._wake.clear()
+                        rows = await outbox.pending(conn, sorted(self.lanes), batch, after)
+                        if not rows:
+                            if marking is not None:
+                                await marking
+                                marking = None
+                            try:
+                                await asyncio.wait_for(self._wake.wait(), timeout=poll)
+                            except TimeoutError:
+                                pass
+                            continue
+                        delivered, refused, error = await self._produce(rows)
+                        if marking is not None:
+                            await marking
+                        marking = asyncio.create_task(self._mark(mark_conn, delivered, refused))
+                        if error is None:
+                            kafka_failures = 0
+                            after = rows[-1].feed_offset
+                        else:
+                            await marking
+                            marking = None
+                            after = 0  # read the unpublished rows again, in order
+                            kafka_failures += 1
+                            kafka_retry_at = time.monotonic() + min(MAX_KAFKA_BACKOFF_S, 0.25 * 2**kafka_failures)
+                            log.warning("relay: produce failed; retrying",
+                                        extra={"error": f"{type(error).__name__}: {error}", "unpublished": len(rows) - len(delivered) - len(refused)})
+                            await self._stop_producer()
+                    if marking is not None:
+                        await marking
+                        marking = None
+                except Exception as error:  # noqa: BLE001 - the relay outlives database restarts
+                    db_failures += 1
+                    log.warning("relay publisher: database error; retrying", extra={"error": f"{type(error).__name__}: {error}"})
+                    await self._pause(stop, min(MAX_BACKOFF_S, 0.2 * 2**db_failures))
+                finally:
+                    if marking is not None:  # a mark that does not land means those rows are published again
+                        await asyncio.gather(marking, return_exceptions=True)
+                    self.lanes = set()
+                    for c in (conn, mark_conn):
+                        if c is not None:
+                            await _close(c)  # closing `conn` releases the lane locks
+        finally:
+            await self._stop_producer()
+
+    async def _mark(self, conn: asyncpg.Connection, delivered: list[outbox.PendingRow],
+                    refused: list[tuple[outbox.PendingRow, str]]) -> None:
+        for row, reason in refused:
+            await outbox.mark_failed(conn, row.id, reason)
+            log.error("relay: kafka refuses a change log; it stays in the outbox with the error",
+                      extra={"outbox_id": row.id, "feed_offset": row.feed_offset, "topic": row.topic, "error": reason})
+        if delivered:
+            await outbox.mark_delivered(conn, [row.id for row in delivered])
+            self.published += len(delivered)
+
+    async def _balance(self, conn: asyncpg.Connection) -> None:
+        """Hold a fair share of the lanes: ceil(lanes / live publishers). Extra lanes are given back (between
+        batches, so never with rows in flight); missing ones are taken if free."""
+        members = max(1, await outbox.count_publishers(conn))
+        target = math.ceil(outbox.LANES / members)
+        if len(self.lanes) > target:
+            for lane in sorted(self.lanes, reverse=True)[: len(self.lanes) - target]:
+                await outbox.unlock_lane(conn, lane)
+                self.lanes.discard(lane)
+        elif len(self.lanes) < target:
+            start = random.randrange(outbox.LANES)
+            for i in range(outbox.LANES):
+                lane = (start + i) % outbox.LANES
+                if lane not in self.lanes and await outbox.try_lock_lane(conn, lane):
+                    self.lanes.add(lane)
+                    if len(self.lanes) >= target:
+                        break
+
+    async def _start_producer(self) -> None:
+        settings = self.settings
+        if settings.create_topics_on_start:
+            await create_missing_topics(settings)  # again: a broker may have come back without them
+        producer = AIOKafkaProducer(
+            bootstrap_servers=settings.kafka_bootstrap_servers,
+            client_id=f"{settings.kafka_client_id}-relay",
+            acks="all",
+            enable_idempotence=False,  # aiokafka's idempotent producer fails against Tansu (InitProducerId)
+            max_request_size=settings.kafka_max_message_bytes,
+            max_batch_size=min(MAX_KAFKA_BATCH_BYTES, settings.kafka_max_message_bytes),
+            compression_type=settings.kafka_compression_type or None,
+            linger_ms=0,
+            request_timeout_ms=PRODUCE_TIMEOUT_MS,
+            retry_backoff_ms=200,
+        )
+        try:
+            await producer.start()
+        except BaseException:
+            await _stop_quietly(producer)
+            raise
+        self._producer = producer
+
+    async def _stop_producer(self) -> None:
+        producer, self._producer = self._producer, None
+        if producer is not None:
+            await _stop_quietly(producer)
+
+    async def _produce(self, rows: list[outbox.PendingRow]):
+        """Produce a batch and await every acknowledgement. Returns (delivered rows, refused rows with the reason,
+        the first error or None). A row is delivered only if no earlier row with the same topic and key failed, so
+        a retry can never put a key's change logs out of order."""
+        producer = self._producer
+        assert producer is not None
+        refused: list[tuple[outbox.PendingRow, str]] = []
+        sent: list[tuple[outbox.PendingRow, asyncio.Future | BaseException]] = []
+        for row in rows:
+            try:
+                sent.append((row, await producer.send(row.topic, row.payload, key=row.key.encode())))
+            except MessageSizeTooLargeError as error:  # can never be produced with these settings
+                refused.append((row, f"{type(error).__name__}: {error}"))
+            except Exception as error:  # noqa: BLE001 - e.g. metadata timeout: this row and the rest wait
+                sent.append((row, error))
+                break
+        futures = [f for _, f in sent if isinstance(f, asyncio.Future)]
+        if futures:
+            try:
+                await asyncio.wait_for(asyncio.wait(futures), timeout=PRODUCE_TIMEOUT_MS / 1000 + 5)
+            except TimeoutError:
+                pass
+        delivered: list[outbox.PendingRow] = []
+        failed_keys: set[tuple[str, str]] = set()
+        first_error: BaseException | None = None
+        broker_too_large: list[outbox.PendingRow] = []
+        for row, outcome in sent:
+            error = outcome if isinstance(outcome, BaseException) else _future_error(outcome)
+            if error is None and (row.topic, row.key) not in failed_keys:
+                delivered.append(row)
+                continue
+            if isinstance(error, MessageSizeTooLargeError):
+                broker_too_large.append(row)  # the broker refused the whole record batch this row was in
+            failed_keys.add((row.topic, row.key))
+            first_error = first_error or error
+        if broker_too_large and len(broker_too_large) == len(sent) - len(delivered):
+            # Only size refusals: send the rest one by one to find the rows that are too large on their own.
+            return await self._produce_one_by_one(rows, delivered, refused)
+        return delivered, refused, first_error
+
+    async def _produce_one_by_one(self, rows, delivered, refused):
+        done = {row.id for row in delivered} | {row.id for row, _ in refused}
+        failed_keys: set[tuple[str, str]] = set()
+        first_error = None
+        for row in rows:
+            if row.id in done:
+                continue
+            if (row.topic, row.key) in failed_keys:
+                continue
+            try:
+                await (await self._producer.send(row.topic, row.payload, key=row.key.encode()))
+                delivered.append(row)
+            except MessageSizeTooLargeError as error:
+                refused.append((row, f"{type(error).__name__}: {error}"))
+            except Exception as error:  # noqa: BLE001
+                failed_keys.add((row.topic, row.key))
+                first_error = first_error or error
+        delivered.sort(key=lambda r: r.feed_offset)
+        return delivered, refused, first_error
+
+
+def _future_error(future: asyncio.Future) -> BaseException | None:
+    if not future.done():
+        return TimeoutError("no acknowledgement from kafka")
+    if future.cancelled():
+        return asyncio.CancelledError()
+    return future.exception()
+
+
+async def _stop_quietly(producer: AIOKafkaProducer) -> None:
+    try:
+        await asyncio.wait_for(producer.stop(), timeout=5)
+    except Exception as error:  # noqa: BLE001 - stopping a producer whose broker is gone
+        log.debug("relay: producer stop failed", extra={"error": f"{type(error).__name__}: {error}"})
+
+
+async def _close(conn: asyncpg.Connection) -> None:
+    try:
+        await asyncio.wait_for(conn.close(), timeout=5)
+    except Exception:  # noqa: BLE001 - the connection is already broken
+        conn.terminate()

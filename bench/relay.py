@@ -1,0 +1,275 @@
+"""Outbox relay figures, against a real Postgres and a real Kafka-protocol broker (Tansu).
+
+    .venv/bin/python bench/relay.py [--rows 100000] [--rate 500] [--seconds 20]
+
+Prints:
+- relay throughput: `--rows` change logs of ~1 KiB (realistic MCL JSON, 10 versions each of rows/10 URNs) are put in
+  the outbox unsequenced, then one relay (in this process) sequences, publishes (acks=all) and marks them all;
+  MCL/s = rows / time from the relay's start to the last delivered mark. Every message is then read back from the
+  topic and counted.
+- commit -> MCL-on-topic latency at a steady ingest rate: a metaledger server (`uvicorn app.main:app`, one process,
+  the relay inside it as `metaledger serve` runs it) takes `--rate` versioned aspect writes/s (batches of 10 MCPs
+  to /openapi/v1/proposals, sent open-loop on a fixed schedule) for `--seconds`; a consumer in this process takes
+  the arrival time of each MCL. Latency is reported from the write's acknowledgement (the commit happened before it:
+  a lower bound of commit -> topic) and from the request's start (an upper bound).
+
+It starts its own Postgres (fsync on, as the embedded default) under a temporary directory and its own broker.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg
+import httpx
+import orjson
+from aiokafka import AIOKafkaConsumer
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from app.db import create_engine, upgrade_database  # noqa: E402
+from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port  # noqa: E402
+from app.kafka.relay import OutboxRelay  # noqa: E402
+from app.kafka.topics import create_missing_topics  # noqa: E402
+from app.settings import Settings  # noqa: E402
+from tests.kafka_broker import start_broker  # noqa: E402
+
+PLATFORMS = ("hive", "snowflake", "bigquery", "postgres")
+
+
+def percentile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def dataset_urn(i: int, prefix: str = "bench") -> str:
+    return f"urn:li:dataset:(urn:li:dataPlatform:{PLATFORMS[i % 4]},{prefix}.schema_{i % 37}.table_{i},PROD)"
+
+
+def realistic_mcl(urn: str, version: int) -> str:
+    """An MCL as the write path builds it for a datasetProperties update (~1 KiB)."""
+    def props(v: int) -> str:
+        return orjson.dumps({
+            "name": urn.split(",")[1], "description": f"Orders placed through the web shop, revision {v}",
+            "customProperties": {"owner_team": "core", "revision": str(v), "rows": str(v * 1000)}, "tags": [],
+        }).decode()
+
+    def sm(v: int) -> dict:
+        return {"runId": "bench", "lastRunId": "bench", "lastObserved": 1_763_700_000_000 + v, "version": str(v),
+                "aspectCreated": {"time": 1_763_700_000_000, "actor": "urn:li:corpuser:datahub"},
+                "aspectModified": {"time": 1_763_700_000_000 + v, "actor": "urn:li:corpuser:datahub"}}
+
+    mcl = {
+        "entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": "datasetProperties",
+        "aspect": {"value": props(version), "contentType": "application/json"}, "systemMetadata": sm(version),
+        "headers": {"X-DataHub-Database-Aspect-Version": str(version)},
+        "previousAspectValue": {"value": props(version - 1), "contentType": "application/json"},
+        "previousSystemMetadata": sm(version - 1),
+        "created": {"time": 1_763_700_000_000 + version, "actor": "urn:li:corpuser:datahub"},
+    }
+    return orjson.dumps(mcl).decode()
+
+
+async def fill_outbox(dsn: str, rows: int, topic: str) -> float:
+    """`rows` change logs, committed in transactions of 10k rows; returns the mean payload size."""
+    conn = await asyncpg.connect(dsn)
+    urns = max(1, rows // 10)
+    sizes = 0
+    try:
+        chunk = 10_000
+        for start in range(0, rows, chunk):
+            records = []
+            for n in range(start, min(rows, start + chunk)):
+                urn, version = dataset_urn(n % urns), n // urns + 1
+                payload = realistic_mcl(urn, version)
+                sizes += len(payload)
+                records.append((topic, urn, urn, "datasetProperties", version, "UPSERT", payload))
+            await conn.copy_records_to_table(
+                "change_log_outbox", records=records,
+                columns=["topic", "message_key", "urn", "aspect", "version", "change_type", "payload"],
+            )
+    finally:
+        await conn.close()
+    return sizes / rows
+
+
+async def count_topic(bootstrap: str, topic: str, expected: int, timeout: float = 120) -> int:
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                                enable_auto_commit=False, max_partition_fetch_bytes=16 * 1024 * 1024)
+    await consumer.start()
+    count = 0
+    try:
+        deadline = time.monotonic() + timeout
+        while count < expected and time.monotonic() < deadline:
+            for records in (await consumer.getmany(timeout_ms=500, max_records=10_000)).values():
+                count += len(records)
+    finally:
+        await consumer.stop()
+    return count
+
+
+async def throughput(sa_url: str, dsn: str, bootstrap: str, rows: int) -> tuple[float, float, float, int]:
+    topic = f"bench_mcl_{uuid.uuid4().hex[:6]}"
+    settings = Settings(database_url=sa_url, kafka_bootstrap_servers=bootstrap, topic_mcl_versioned=topic)
+    await create_missing_topics(settings)
+    mean_size = await fill_outbox(dsn, rows, topic)
+    engine = create_engine(sa_url, 2)
+    relay = OutboxRelay(settings, engine)
+    stop = asyncio.Event()
+    started = time.perf_counter()
+    task = asyncio.create_task(relay.run(stop))
+    sequenced_at = None
+    while relay.published < rows:
+        await asyncio.sleep(0.005)
+        if sequenced_at is None and relay.sequenced >= rows:
+            sequenced_at = time.perf_counter() - started
+        if time.perf_counter() - started > 600:
+            raise RuntimeError(f"the relay published {relay.published} of {rows} in 600 s")
+    elapsed = time.perf_counter() - started
+    stop.set()
+    await task
+    await engine.dispose()
+    on_topic = await count_topic(bootstrap, topic, rows)
+    return rows / elapsed, sequenced_at or elapsed, mean_size, on_topic
+
+
+async def wait_healthy(base: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient() as http:
+        while time.monotonic() < deadline:
+            try:
+                if (await http.get(f"{base}/health")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.2)
+    raise RuntimeError("metaledger did not become healthy")
+
+
+async def latency(sa_url: str, bootstrap: str, rate: int, seconds: float) -> dict:
+    topic = f"bench_lat_{uuid.uuid4().hex[:6]}"
+    port = free_port()
+    env = dict(os.environ, METALEDGER_DATABASE_URL=sa_url, METALEDGER_APPLY_MIGRATIONS_ON_START="false",
+               METALEDGER_KAFKA_BOOTSTRAP_SERVERS=bootstrap, METALEDGER_TOPIC_MCL_VERSIONED=topic)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning", "--no-access-log"],
+        env=env, cwd=ROOT,
+    )
+    base = f"http://127.0.0.1:{port}"
+    batch = 10
+    sent: dict[tuple[str, str], tuple[float, float]] = {}  # (urn, version) -> (request start, acknowledgement)
+    arrived: dict[tuple[str, str], float] = {}
+    failures = 0
+    try:
+        await wait_healthy(base)
+        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+                                    enable_auto_commit=False, fetch_max_wait_ms=5)
+        await consumer.start()
+        done = asyncio.Event()
+
+        async def consume() -> None:
+            while not done.is_set():
+                for records in (await consumer.getmany(timeout_ms=20)).values():
+                    now = time.perf_counter()
+                    for r in records:
+                        mcl = orjson.loads(r.value)
+                        if mcl["aspectName"] == "datasetProperties":
+                            arrived.setdefault((mcl["entityUrn"], mcl["systemMetadata"]["version"]), now)
+
+        reader = asyncio.create_task(consume())
+        urn_pool = 2000
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64)) as http:
+            async def one(n: int) -> None:
+                nonlocal failures
+                body = [{"entityType": "dataset", "entityUrn": dataset_urn((n * batch + i) % urn_pool, "lat"),
+                         "aspectName": "datasetProperties",
+                         "aspect": {"value": {"description": f"request {n}", "customProperties": {"n": str(n)}}}}
+                        for i in range(batch)]
+                start = time.perf_counter()
+                response = await http.post(f"{base}/openapi/v1/proposals", content=orjson.dumps(body),
+                                           headers={"content-type": "application/json"})
+                ack = time.perf_counter()
+                if response.status_code != 200:
+                    failures += 1
+                    return
+                for result in response.json()["results"]:
+                    sent[(result["urn"], result["version"])] = (start, ack)
+
+            # warm-up (first versions, key aspects, compiled validators), not measured
+            await asyncio.gather(*(one(-1 - k) for k in range(urn_pool // batch)))
+            sent.clear()
+            interval = batch / rate
+            requests = int(seconds * rate / batch)
+            t0 = time.perf_counter()
+            tasks = []
+            for n in range(requests):
+                delay = t0 + n * interval - time.perf_counter()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+                tasks.append(asyncio.create_task(one(n)))
+            await asyncio.gather(*tasks)
+            achieved = len(sent) / (time.perf_counter() - t0)
+        deadline = time.monotonic() + 30
+        while any(key not in arrived for key in sent) and time.monotonic() < deadline:
+            await asyncio.sleep(0.1)
+        done.set()
+        await reader
+        await consumer.stop()
+    finally:
+        server.terminate()
+        server.wait(10)
+    missing = sum(1 for key in sent if key not in arrived)
+    from_ack = [(arrived[k] - ack) * 1000 for k, (_, ack) in sent.items() if k in arrived]
+    from_start = [(arrived[k] - start) * 1000 for k, (start, _) in sent.items() if k in arrived]
+    write_ms = [(ack - start) * 1000 for start, ack in sent.values()]
+    return {"writes": len(sent), "achieved": achieved, "missing": missing, "failures": failures,
+            "from_ack": from_ack, "from_start": from_start, "write_ms": write_ms}
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=100_000, help="outbox rows the relay drains (throughput)")
+    parser.add_argument("--rate", type=int, default=500, help="versioned aspect writes/s (latency)")
+    parser.add_argument("--seconds", type=float, default=20, help="how long the steady ingest runs (latency)")
+    args = parser.parse_args()
+
+    root = Path(tempfile.mkdtemp(prefix="metaledger-bench-relay-"))
+    pg = EmbeddedPostgres(root / "pg", free_port(), database=None, durable=True)
+    pg.start()
+    broker = start_broker()
+    try:
+        ensure_database(pg.admin_dsn, "bench")
+        dsn = pg.admin_dsn.rsplit("/", 1)[0] + "/bench"
+        sa_url = dsn.replace("postgresql://", "postgresql+asyncpg://")
+        upgrade_database(sa_url)
+
+        rate, sequenced_s, mean_size, on_topic = await throughput(sa_url, dsn, broker.bootstrap_servers, args.rows)
+        lat = await latency(sa_url, broker.bootstrap_servers, args.rate, args.seconds)
+
+        print(f"machine: {os.cpu_count()} cores; Postgres fsync on; broker Tansu (memory); acks=all")
+        print(f"relay throughput, 1 relay, {args.rows} rows of {mean_size:.0f} B: {rate:8.0f} MCL/s "
+              f"(sequenced in {sequenced_s:.2f} s; {on_topic} read back from the topic)")
+        print(f"steady ingest: {lat['writes']} versioned writes at {lat['achieved']:.0f}/s (target {args.rate}/s), "
+              f"{lat['failures']} failed requests, {lat['missing']} MCLs missing")
+        print(f"commit -> MCL on topic, from the write's acknowledgement: p50 {percentile(lat['from_ack'], .5):.1f} ms, "
+              f"p99 {percentile(lat['from_ack'], .99):.1f} ms, max {max(lat['from_ack']):.1f} ms")
+        print(f"                        from the request's start        : p50 {percentile(lat['from_start'], .5):.1f} ms, "
+              f"p99 {percentile(lat['from_start'], .99):.1f} ms, max {max(lat['from_start']):.1f} ms")
+        print(f"write request latency (batch of 10)                     : p50 {percentile(lat['write_ms'], .5):.1f} ms, "
+              f"p99 {percentile(lat['write_ms'], .99):.1f} ms")
+    finally:
+        broker.stop()
+        pg.stop()
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

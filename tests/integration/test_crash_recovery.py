@@ -1,0 +1,153 @@
+"""kill -9 of the service while it ingests: every acknowledged write is in Postgres and has exactly one distinct
+change log on the topic after a restart; no change log exists for a write that did not commit.
+
+Runs the real service (`uvicorn app.main:app`) as a process against the real test Postgres and broker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import asyncpg
+import httpx
+import orjson
+from aiokafka import AIOKafkaConsumer
+
+from app.embedded_pg import free_port
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENTS = 6
+BATCH = 50
+
+
+def start_service(env: dict[str, str], port: int) -> subprocess.Popen:
+    return subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning"],
+        cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+
+
+async def wait_healthy(base: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient() as http:
+        while time.monotonic() < deadline:
+            try:
+                if (await http.get(f"{base}/health")).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            await asyncio.sleep(0.1)
+    raise AssertionError("the service did not become healthy")
+
+
+def urn(client: int, i: int) -> str:
+    return f"urn:li:dataset:(urn:li:dataPlatform:hive,crash.c{client}.t{i},PROD)"
+
+
+async def read_topic(bootstrap: str, topic: str, idle_seconds: float = 3.0) -> list[dict]:
+    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None,
+                                enable_auto_commit=False, max_partition_fetch_bytes=8 * 1024 * 1024)
+    await consumer.start()
+    messages: list[dict] = []
+    try:
+        idle_since = time.monotonic()
+        while time.monotonic() - idle_since < idle_seconds:
+            batch = await consumer.getmany(timeout_ms=500)
+            for records in batch.values():
+                for record in records:
+                    messages.append(dict(orjson.loads(record.value), _key=record.key.decode()))
+                idle_since = time.monotonic()
+    finally:
+        await consumer.stop()
+    return messages
+
+
+async def test_kill_9_during_ingestion_loses_and_invents_no_change_log(kafka_broker, make_database, migrated_template):
+    database_url = make_database(template=migrated_template)
+    topic = f"mcl_crash_{uuid.uuid4().hex[:8]}"
+    env = {
+        "METALEDGER_DATABASE_URL": database_url,
+        "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": kafka_broker.bootstrap_servers,
+        "METALEDGER_TOPIC_MCL_VERSIONED": topic,
+        "METALEDGER_TOPIC_PLATFORM_EVENT": f"pe_crash_{uuid.uuid4().hex[:8]}",
+        "METALEDGER_RETENTION_MAX_VERSIONS": "100000",
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+    }
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    service = start_service(env, port)
+    acknowledged: dict[tuple[str, int], str] = {}  # (urn, version) -> the value's sequence number
+    attempted = 0
+    try:
+        await wait_healthy(base)
+        killed = asyncio.Event()
+
+        async def ingest(client: int) -> None:
+            nonlocal attempted
+            async with httpx.AsyncClient(timeout=10) as http:
+                round_no = 0
+                while not killed.is_set():
+                    round_no += 1
+                    body = [
+                        {"entityType": "dataset", "entityUrn": urn(client, i), "aspectName": "datasetProperties",
+                         "aspect": {"value": {"customProperties": {"seq": str(round_no)}}}}
+                        for i in range(BATCH)
+                    ]
+                    attempted += BATCH
+                    try:
+                        response = await http.post(f"{base}/openapi/v1/proposals", json=body)
+                    except httpx.TransportError:
+                        return  # the service died under us: this batch is unacknowledged
+                    assert response.status_code == 200, response.text
+                    for result in response.json()["results"]:
+                        acknowledged[(result["urn"], int(result["version"]))] = str(round_no)
+
+        writers = [asyncio.create_task(ingest(c)) for c in range(CLIENTS)]
+        while len(acknowledged) < 3000:
+            await asyncio.sleep(0.05)
+        service.kill()  # SIGKILL, mid-stream
+        service.wait(10)
+        killed.set()
+        await asyncio.gather(*writers)
+
+        service = start_service(env, port)
+        await wait_healthy(base)
+        conn = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            deadline = time.monotonic() + 60
+            while await conn.fetchval("SELECT count(*) FROM change_log_outbox WHERE delivered_at IS NULL"):
+                assert time.monotonic() < deadline, "the relay did not drain the outbox after the restart"
+                await asyncio.sleep(0.2)
+            stored = {
+                (r["urn"], int(orjson.loads(r["systemmetadata"])["version"])): orjson.loads(r["metadata"])["customProperties"]["seq"]
+                for r in await conn.fetch(
+                    "SELECT urn, metadata, systemmetadata FROM metadata_aspect_v2 WHERE aspect = 'datasetProperties'"
+                )
+            }
+        finally:
+            await conn.close()
+    finally:
+        service.kill()
+        service.wait(10)
+
+    logs = [m for m in await read_topic(kafka_broker.bootstrap_servers, topic) if m["aspectName"] == "datasetProperties"]
+    on_topic: dict[tuple[str, int], set[str]] = {}
+    for mcl in logs:
+        assert mcl["_key"] == mcl["entityUrn"]
+        key = (mcl["entityUrn"], int(mcl["systemMetadata"]["version"]))
+        on_topic.setdefault(key, set()).add(orjson.loads(mcl["aspect"]["value"])["customProperties"]["seq"])
+
+    # every acknowledged write is stored, and has exactly one distinct change log (duplicates carry the same content)
+    for key, seq in acknowledged.items():
+        assert stored.get(key) == seq, key
+        assert on_topic.get(key) == {seq}, key
+    # no change log was invented: each one describes a committed version
+    for key, seqs in on_topic.items():
+        assert key in stored and seqs == {stored[key]}, key
+    assert len(acknowledged) >= 3000

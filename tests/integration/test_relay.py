@@ -1,0 +1,462 @@
+"""The outbox relay against the real Postgres and the real (Tansu) broker: every MCL field on the wire, per-URN order
+under concurrent writers, two relays at once, topics and their configs, refused rows, pruning, sequencing.
+
+Each test gets its own topic names (Tansu keeps every message of the run in memory; unique names keep tests apart).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+import uuid
+from collections import defaultdict
+from typing import Any
+
+import asyncpg
+import orjson
+import pytest
+from aiokafka import AIOKafkaConsumer
+from aiokafka.admin import AIOKafkaAdminClient
+from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+
+from app.db import create_engine
+from app.embedded_pg import free_port
+from app.kafka.relay import OutboxRelay
+from app.kafka.topics import create_missing_topics, ensure_topics
+from app.settings import Settings
+
+DATASET = "urn:li:dataset:(urn:li:dataPlatform:hive,relay.orders,PROD)"
+JSON = "application/json"
+DB_VERSION_HEADER = "X-DataHub-Database-Aspect-Version"
+
+
+# --- helpers (also used by the other relay / feed test modules) -------------------------------------------------
+
+
+def unique_topics() -> dict[str, str]:
+    tag = uuid.uuid4().hex[:10]
+    return {
+        "topic_mcl_versioned": f"mclv_{tag}",
+        "topic_mcl_timeseries": f"mclt_{tag}",
+        "topic_platform_event": f"pe_{tag}",
+        "topic_mcp": f"mcp_{tag}",
+        "topic_fmcp": f"fmcp_{tag}",
+        "topic_mce": f"mce_{tag}",
+        "topic_fmce": f"fmce_{tag}",
+    }
+
+
+def dataset(name: str) -> str:
+    return f"urn:li:dataset:(urn:li:dataPlatform:hive,relay.{name},PROD)"
+
+
+def mcp(aspect: str, value: Any, urn: str = DATASET, change_type: str = "UPSERT", **extra) -> dict[str, Any]:
+    proposal = {"entityType": "dataset", "entityUrn": urn, "changeType": change_type, "aspectName": aspect, **extra}
+    if value is not None:
+        proposal["aspect"] = {"value": value, "contentType": JSON}
+    return proposal
+
+
+async def propose(client, *proposals, expect: int = 200) -> dict[str, Any]:
+    response = await client.post("/openapi/v1/proposals", json=list(proposals))
+    assert response.status_code == expect, response.text
+    return response.json()
+
+
+class TopicReader:
+    """Reads topics from the start (no consumer group: Tansu's group joins are slow and 'latest' is unreliable)."""
+
+    def __init__(self, bootstrap: str, *topics: str) -> None:
+        self.consumer = AIOKafkaConsumer(
+            *topics, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
+            enable_auto_commit=False, fetch_max_wait_ms=50, max_partition_fetch_bytes=8 * 1024 * 1024,
+        )
+        self.records: list[dict[str, Any]] = []
+
+    async def __aenter__(self) -> TopicReader:
+        await self.consumer.start()
+        return self
+
+    async def __aexit__(self, *exc) -> None:
+        await self.consumer.stop()
+
+    async def _poll(self) -> int:
+        batches = await self.consumer.getmany(timeout_ms=100)
+        count = 0
+        for records in batches.values():
+            for r in records:
+                count += 1
+                self.records.append({"topic": r.topic, "key": r.key.decode(), "raw": r.value.decode(),
+                                     "value": orjson.loads(r.value), "partition": r.partition, "offset": r.offset})
+        return count
+
+    async def read_until(self, done, timeout: float = 20.0) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + timeout
+        while not done(self.records):
+            assert time.monotonic() < deadline, f"timed out; {len(self.records)} messages read"
+            await self._poll()
+        return self.records
+
+    async def read_count(self, count: int, timeout: float = 20.0) -> list[dict[str, Any]]:
+        return await self.read_until(lambda records: len(records) >= count, timeout)
+
+    async def settle(self, quiet: float = 0.5) -> list[dict[str, Any]]:
+        """Read until nothing new arrives for `quiet` seconds (to show that no further message comes)."""
+        last_news = time.monotonic()
+        while time.monotonic() - last_news < quiet:
+            if await self._poll():
+                last_news = time.monotonic()
+        return self.records
+
+
+async def wait_delivered(db: asyncpg.Connection, timeout: float = 20.0) -> int:
+    """Wait until every outbox row is sequenced and delivered; returns the row count."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE delivered_at IS NULL OR feed_offset IS NULL")
+        if left == 0:
+            return await db.fetchval("SELECT count(*) FROM change_log_outbox")
+        assert time.monotonic() < deadline, f"{left} outbox rows still undelivered"
+        await asyncio.sleep(0.05)
+
+
+async def outbox_rows(db: asyncpg.Connection, topic: str | None = None) -> list[dict[str, Any]]:
+    query = "SELECT id, feed_offset, topic, message_key, urn, aspect, version, change_type, payload FROM change_log_outbox"
+    args = []
+    if topic is not None:
+        query += " WHERE topic = $1"
+        args.append(topic)
+    return [dict(r) for r in await db.fetch(query + " ORDER BY feed_offset NULLS LAST, id", *args)]
+
+
+# --- fixtures ---------------------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def topics() -> dict[str, str]:
+    return unique_topics()
+
+
+@pytest.fixture
+def settings_overrides(request, kafka_broker, topics) -> dict[str, Any]:
+    """The app with Kafka (the session's broker) and this test's own topics; parametrize to add settings."""
+    return {"kafka_bootstrap_servers": kafka_broker.bootstrap_servers, **topics, **getattr(request, "param", {})}
+
+
+@pytest.fixture
+async def reader(kafka_broker, app, topics):
+    settings = app.state.settings
+    async with TopicReader(kafka_broker.bootstrap_servers, settings.topic_mcl_versioned, settings.topic_mcl_timeseries) as r:
+        yield r
+
+
+def mcls(records, aspect: str | None = None, urn: str | None = None) -> list[dict[str, Any]]:
+    return [r for r in records if (aspect is None or r["value"]["aspectName"] == aspect)
+            and (urn is None or r["value"]["entityUrn"] == urn)]
+
+
+# --- the wire ---------------------------------------------------------------------------------------------------
+
+
+async def test_topics_are_created_with_their_configs_idempotently(kafka_broker, topics):
+    settings = Settings(kafka_bootstrap_servers=kafka_broker.bootstrap_servers, kafka_max_message_bytes=3_000_000, **topics)
+    assert sorted(await create_missing_topics(settings)) == sorted(topics.values())
+    assert await create_missing_topics(settings) == []  # idempotent
+    await ensure_topics(settings)
+    admin = AIOKafkaAdminClient(bootstrap_servers=kafka_broker.bootstrap_servers)
+    await admin.start()
+    try:
+        responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in topics.values()])
+        configs = {
+            resource[3]: {entry[0]: entry[1] for entry in resource[4]}
+            for response in responses for resource in response.resources
+        }
+        described = {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics(list(topics.values()))}
+    finally:
+        await admin.close()
+    assert configs[topics["topic_mcl_versioned"]]["retention.ms"] == "604800000"
+    assert configs[topics["topic_mcl_timeseries"]]["retention.ms"] == "7776000000"
+    for name in topics.values():
+        assert configs[name]["max.message.bytes"] == "3000000", name
+        assert described[name] == 1, name
+
+
+async def test_ensure_topics_tolerates_an_unreachable_broker():
+    settings = Settings(kafka_bootstrap_servers=f"127.0.0.1:{free_port()}")
+    await ensure_topics(settings)  # logged, not raised: the service starts, the relay creates topics later
+
+
+async def test_every_mcl_field_on_the_wire_for_create_update_delete(client, db, reader, topics):
+    created = await propose(client, mcp("status", {"removed": False}, systemMetadata={"runId": "run-1"},
+                                        headers={"X-Custom": "a"}))
+    assert created["results"][0]["status"] == "CREATED"
+    await propose(client, mcp("status", {"removed": True}, systemMetadata={"runId": "run-2"}))
+    await propose(client, mcp("status", {"removed": True}))  # a no-op: no change log
+    await propose(client, mcp("status", None, change_type="DELETE"))
+    await propose(client, mcp("subTypes", {"typeNames": ["Marker"]}))  # arrives after everything above
+
+    records = await reader.read_until(lambda rs: any(r["value"]["aspectName"] == "subTypes" for r in rs))
+    records = await reader.settle(0.3)
+    assert {r["topic"] for r in records} == {topics["topic_mcl_versioned"]}
+    assert all(r["key"] == DATASET for r in records)
+    # the wire carries exactly the committed outbox rows, byte for byte, in order
+    stored = await outbox_rows(db, topics["topic_mcl_versioned"])
+    assert [r["raw"] for r in records] == [row["payload"] for row in stored]
+    assert [(r["value"]["aspectName"], r["value"]["changeType"]) for r in records] == [
+        ("datasetKey", "UPSERT"), ("status", "UPSERT"), ("status", "UPSERT"), ("status", "DELETE"), ("subTypes", "UPSERT"),
+    ]
+    key, create, update, delete, _ = (r["value"] for r in records)
+
+    assert key["entityType"] == "dataset" and key["entityUrn"] == DATASET and key["aspectName"] == "datasetKey"
+    assert orjson.loads(key["aspect"]["value"]) == {"platform": "urn:li:dataPlatform:hive", "name": "relay.orders", "origin": "PROD"}
+    assert key["systemMetadata"]["version"] == "1"
+
+    assert create["entityType"] == "dataset" and create["entityUrn"] == DATASET
+    assert create["aspect"] == {"value": '{"removed":false}', "contentType": JSON}
+    assert create["systemMetadata"]["version"] == "1" and create["systemMetadata"]["runId"] == "run-1"
+    assert "previousAspectValue" not in create and "previousSystemMetadata" not in create
+    assert create["created"]["actor"] == "urn:li:corpuser:datahub" and create["created"]["time"] > 0
+    assert create["headers"] == {"X-Custom": "a", DB_VERSION_HEADER: "1"}
+
+    assert update["changeType"] == "UPSERT"
+    assert orjson.loads(update["aspect"]["value"]) == {"removed": True} and update["aspect"]["contentType"] == JSON
+    assert update["previousAspectValue"] == {"value": '{"removed":false}', "contentType": JSON}
+    assert update["previousSystemMetadata"]["version"] == "1" and update["previousSystemMetadata"]["runId"] == "run-1"
+    assert update["systemMetadata"]["version"] == "2" and update["systemMetadata"]["runId"] == "run-2"
+    assert update["systemMetadata"]["lastRunId"] == "run-1"
+    assert update["headers"] == {DB_VERSION_HEADER: "2"}
+    assert update["created"]["time"] >= create["created"]["time"]
+
+    assert delete["changeType"] == "DELETE" and "aspect" not in delete
+    assert orjson.loads(delete["previousAspectValue"]["value"]) == {"removed": True}
+    assert delete["previousSystemMetadata"]["version"] == "2"
+    assert delete["entityUrn"] == DATASET and delete["aspectName"] == "status" and "created" in delete
+
+
+@pytest.mark.parametrize("settings_overrides", [{"always_emit_change_log": True}], indirect=True)
+async def test_no_op_is_a_restate_when_always_emit_change_log(client, reader, topics):
+    await propose(client, mcp("status", {"removed": False}, systemMetadata={"runId": "a"}))
+    result = await propose(client, mcp("status", {"removed": False}, systemMetadata={"runId": "b"}))
+    assert result["results"][0]["status"] == "UNCHANGED"
+    records = await reader.read_until(lambda rs: len(mcls(rs, "status")) >= 2)
+    first, restate = (r["value"] for r in mcls(records, "status"))
+    assert restate["changeType"] == "RESTATE"
+    assert restate["aspect"] == first["aspect"]
+    assert restate["systemMetadata"]["version"] == "1" and restate["systemMetadata"]["runId"] == "b"
+    assert restate["previousAspectValue"] == first["aspect"]
+    assert restate["previousSystemMetadata"]["runId"] == "a"
+    assert all(r["key"] == DATASET and r["topic"] == topics["topic_mcl_versioned"] for r in records)
+
+
+async def test_timeseries_mcl_goes_to_the_timeseries_topic(client, db, reader, topics):
+    profile = {"timestampMillis": 1_700_000_000_000, "rowCount": 42}
+    assert (await propose(client, mcp("datasetProfile", profile)))["results"][0]["status"] == "APPENDED"
+    records = await reader.read_until(lambda rs: mcls(rs, "datasetProfile"))
+    [record] = mcls(records, "datasetProfile")
+    assert record["topic"] == topics["topic_mcl_timeseries"] and record["key"] == DATASET
+    mcl = record["value"]
+    assert mcl["entityType"] == "dataset" and mcl["entityUrn"] == DATASET and mcl["changeType"] == "UPSERT"
+    value = orjson.loads(mcl["aspect"]["value"])
+    assert value == {**profile, "partitionSpec": {"partition": "FULL_TABLE_SNAPSHOT", "type": "FULL_TABLE"}}
+    assert mcl["aspect"]["contentType"] == JSON
+    assert "previousAspectValue" not in mcl and mcl["created"]["actor"] == "urn:li:corpuser:datahub"
+    assert mcl["systemMetadata"]["runId"] == "no-run-id-provided"
+    # the entity's key aspect went to the versioned topic
+    assert [r["value"]["aspectName"] for r in records if r["topic"] == topics["topic_mcl_versioned"]] == ["datasetKey"]
+    [row] = await outbox_rows(db, topics["topic_mcl_timeseries"])
+    assert row["payload"] == record["raw"] and row["version"] == 1_700_000_000_000
+
+
+# --- order ------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("settings_overrides", [{"retention_max_versions": 1000}], indirect=True)
+async def test_per_urn_order_under_concurrent_writers(client, db, reader, topics):
+    urns = [dataset(f"hot{i}") for i in range(3)]
+    for urn in urns:  # create the entities first: later writes contend on row locks, not on first inserts
+        await propose(client, mcp("status", {"removed": False}, urn=urn))
+    rng = random.Random(7)
+
+    async def writer(w: int) -> None:
+        for n in range(25):
+            urn = rng.choice(urns)
+            body = [mcp("datasetProperties", {"description": f"w{w} n{n}"}, urn=urn)]
+            if n % 3 == 0:
+                body.append(mcp("status", {"removed": n % 2 == 0}, urn=urn))
+            await propose(client, *body)
+
+    await asyncio.gather(*(writer(w) for w in range(8)))
+    total = await wait_delivered(db)
+    stored = await outbox_rows(db, topics["topic_mcl_versioned"])
+    records = await reader.read_count(len(stored))
+    assert len(records) == len(stored) <= total
+
+    def check_order(pairs, where: str) -> None:
+        versions: dict[tuple[str, str], list[int]] = defaultdict(list)
+        for urn, aspect, version in pairs:
+            versions[(urn, aspect)].append(version)
+        for key, seen in versions.items():
+            assert seen == list(range(1, len(seen) + 1)), f"{where}: {key} versions {seen}"
+        return versions
+
+    on_topic = check_order(
+        [(r["key"], r["value"]["aspectName"], int(r["value"]["systemMetadata"]["version"])) for r in records], "topic"
+    )
+    assert sum(len(v) for k, v in on_topic.items() if k[1] == "datasetProperties") == 8 * 25
+    in_feed = check_order([(r["urn"], r["aspect"], r["version"]) for r in stored], "feed")
+    assert in_feed == on_topic
+    # feed offsets are consecutive from 1
+    offsets = [r["feed_offset"] for r in await outbox_rows(db)]
+    assert offsets == list(range(1, len(offsets) + 1))
+
+
+# --- several relays ---------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("settings_overrides", [{"relay_enabled": False, "relay_batch_size": 50}], indirect=True)
+async def test_two_relays_share_the_lanes_and_publish_each_row_once(app, client, db, kafka_broker, topics):
+    settings = app.state.settings
+    relays = [OutboxRelay(settings, app.state.engine), OutboxRelay(settings, app.state.engine)]
+    stop = asyncio.Event()
+    tasks = [asyncio.create_task(relay.run(stop)) for relay in relays]
+    try:
+        deadline = time.monotonic() + 10
+        while sorted(len(r.lanes) for r in relays) != [8, 8]:
+            assert time.monotonic() < deadline, [sorted(r.lanes) for r in relays]
+            await asyncio.sleep(0.05)
+        assert not relays[0].lanes & relays[1].lanes
+
+        async def writer(w: int) -> None:
+            for n in range(10):
+                await propose(client, *[
+                    mcp("datasetProperties", {"description": f"round {n}"}, urn=dataset(f"shared{w}_{i}")) for i in range(5)
+                ])
+
+        await asyncio.gather(*(writer(w) for w in range(6)))
+        total = await wait_delivered(db)
+    finally:
+        stop.set()
+        await asyncio.gather(*tasks)
+
+    stored = await outbox_rows(db)
+    assert len(stored) == total
+    all_topics = sorted({row["topic"] for row in stored})
+    async with TopicReader(kafka_broker.bootstrap_servers, *all_topics) as r:
+        records = await r.read_count(total)
+        records = await r.settle(0.5)
+    # each row once: the multiset of (topic, key, payload) on the wire is exactly the outbox's
+    assert sorted((m["topic"], m["key"], m["raw"]) for m in records) == sorted(
+        (row["topic"], row["message_key"], row["payload"]) for row in stored
+    )
+    assert all(relay.published > 0 for relay in relays), [relay.published for relay in relays]
+    assert sum(relay.published for relay in relays) == total
+    assert sum(relay.sequenced for relay in relays) == total
+
+
+# --- refused rows, no Kafka, pruning (relays on their own, without the app) ------------------------------------
+
+
+INSERT_ROW = """
+INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload)
+VALUES ($1, $2, $2, 'status', $3, 'UPSERT', $4)
+"""
+
+
+async def run_relay(settings: Settings, database_url: str):
+    engine = create_engine(database_url, 2)
+    relay = OutboxRelay(settings, engine)
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+
+    async def finish() -> None:
+        stop.set()
+        await task
+        await engine.dispose()
+
+    return relay, finish
+
+
+async def test_a_row_kafka_refuses_is_kept_with_its_error_and_does_not_block_its_urn(database_url, db, kafka_broker, topics):
+    settings = Settings(database_url=database_url, kafka_bootstrap_servers=kafka_broker.bootstrap_servers,
+                        kafka_max_message_bytes=2000, **topics)
+    topic, urn = topics["topic_mcl_versioned"], dataset("big")
+    for version, size in ((1, 10), (2, 5000), (3, 10)):
+        await db.execute(INSERT_ROW, topic, urn, version, orjson.dumps({"v": version, "pad": "x" * size}).decode())
+    relay, finish = await run_relay(settings, database_url)
+    try:
+        async with TopicReader(kafka_broker.bootstrap_servers, topic) as r:
+            records = await r.read_count(2)
+            records = await r.settle(0.3)
+    finally:
+        await finish()
+    assert [orjson.loads(m["raw"])["v"] for m in records] == [1, 3]
+    rows = await db.fetch("SELECT version, delivered_at IS NOT NULL AS delivered, publish_error FROM change_log_outbox ORDER BY id")
+    assert [(r["version"], r["delivered"]) for r in rows] == [(1, True), (2, False), (3, True)]
+    assert "MessageSizeTooLarge" in rows[1]["publish_error"]
+    assert relay.published == 2
+
+
+async def test_without_kafka_the_relay_sequences_and_prunes_the_feed_window(database_url, db):
+    settings = Settings(database_url=database_url, outbox_retention_hours=1 / 3600)  # a 1 s window
+    for version in (1, 2, 3):
+        await db.execute(INSERT_ROW, "t", dataset("window"), version, "{}")
+    relay, finish = await run_relay(settings, database_url)
+    try:
+        deadline = time.monotonic() + 10
+        while await db.fetchval("SELECT count(*) FROM change_log_outbox"):
+            assert time.monotonic() < deadline, "rows older than the window were not pruned"
+            await asyncio.sleep(0.1)
+        assert relay.sequenced == 3 and relay.pruned == 3
+        # offsets are never reused after pruning: they continue from the last one given
+        await db.execute(INSERT_ROW, "t", dataset("window"), 4, "{}")
+        while (offset := await db.fetchval("SELECT feed_offset FROM change_log_outbox WHERE version = 4")) is None:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        assert offset == 4
+    finally:
+        await finish()
+
+
+async def test_with_kafka_unreachable_rows_are_sequenced_but_never_pruned_undelivered(database_url, db, topics):
+    settings = Settings(database_url=database_url, kafka_bootstrap_servers=f"127.0.0.1:{free_port()}",
+                        outbox_retention_hours=0.1 / 3600, **topics)
+    for version in (1, 2):
+        await db.execute(INSERT_ROW, topics["topic_mcl_versioned"], dataset("stuck"), version, "{}")
+    relay, finish = await run_relay(settings, database_url)
+    try:
+        deadline = time.monotonic() + 10
+        while relay.prune_passes < 1:  # a pruning pass after the rows left the 0.1 s window
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.05)
+        rows = await db.fetch("SELECT feed_offset, delivered_at FROM change_log_outbox ORDER BY id")
+        assert [(r["feed_offset"], r["delivered_at"]) for r in rows] == [(1, None), (2, None)]
+        assert relay.published == 0 and relay.pruned == 0 and len(relay.lanes) == 16
+    finally:
+        await finish()
+
+
+async def test_sequencer_waits_for_open_transactions_and_keeps_per_urn_commit_order(database_url, db):
+    """A row written by a transaction still open blocks the offsets of every later row (it could commit first);
+    ids allocated out of commit order across URNs are sequenced only once nothing older is still running."""
+    settings = Settings(database_url=database_url, relay_poll_interval_ms=10)
+    dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
+    slow = await asyncpg.connect(dsn)
+    relay, finish = await run_relay(settings, database_url)
+    try:
+        tx = slow.transaction()
+        await tx.start()
+        await slow.execute(INSERT_ROW, "t", dataset("slow"), 1, "{}")  # id 1, open
+        await db.execute(INSERT_ROW, "t", dataset("fast"), 1, "{}")  # id 2, committed
+        await asyncio.sleep(0.3)
+        assert await db.fetch("SELECT feed_offset FROM change_log_outbox WHERE feed_offset IS NOT NULL") == []
+        await tx.commit()
+        deadline = time.monotonic() + 5
+        while await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL"):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.02)
+        rows = await db.fetch("SELECT urn, feed_offset FROM change_log_outbox ORDER BY feed_offset")
+        assert [(r["urn"], r["feed_offset"]) for r in rows] == [(dataset("slow"), 1), (dataset("fast"), 2)]
+    finally:
+        await finish()
+        await slow.close()
