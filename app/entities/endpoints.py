@@ -38,11 +38,29 @@ async def upsert_entities(
     system_metadata: Annotated[str | None, Query(alias="systemMetadata")] = None,
     async_: Annotated[str | None, Query(alias="async")] = None,
 ) -> Response:
+    return await _write_entities(entity_name, ChangeType.UPSERT, request, session, writer, audit, system_metadata, async_)
+
+
+@router.patch("/{entity_name}")
+async def patch_entities(
+    entity_name: str, request: Request, session: Session, writer: Writer, audit: Audit,
+    system_metadata: Annotated[str | None, Query(alias="systemMetadata")] = None,
+    async_: Annotated[str | None, Query(alias="async")] = None,
+) -> Response:
+    """Each aspect's `value` is DataHub's `{"patch": [...], "arrayPrimaryKeys"?, "forceGenericPatch"?}`, applied
+    inside the transaction to the locked latest value."""
+    return await _write_entities(entity_name, ChangeType.PATCH, request, session, writer, audit, system_metadata, async_)
+
+
+async def _write_entities(
+    entity_name: str, change_type: ChangeType, request: Request, session: AsyncSession, writer: WriteService,
+    audit: AuditStamp, system_metadata: str | None, async_: str | None,
+) -> Response:
     # `async` defaults to true, as DataHub: validated now, queued on the proposal topic, 202 with the echoed
     # entities. Without Kafka configured the write is applied synchronously (200 means committed).
     body = await read_json(request, writer.settings.max_request_bytes)
     entity = writer.registry.entity(entity_name).name
-    drafts = drafts_from_entity_batch(entity, body, ChangeType.UPSERT)
+    drafts = drafts_from_entity_batch(entity, body, change_type)
     proposals = writer.prepare(drafts)
     with_sm = parse_bool(system_metadata, True)
     if parse_bool(async_, True):
@@ -166,6 +184,20 @@ async def upsert_aspect(
             return json_response(_queued_entities(queued, with_sm)[0], 202)
     result = await writer.apply(session, proposals, audit)
     return json_response(entities_from_results(result.items, with_sm)[0])
+
+
+@router.patch("/{entity_name}/{urn}/{aspect_name}")
+async def patch_aspect(
+    entity_name: str, urn: str, aspect_name: str, request: Request, session: Session, writer: Writer, audit: Audit,
+    system_metadata: Annotated[str | None, Query(alias="systemMetadata")] = None,
+) -> Response:
+    """Body: an RFC 6902 array or DataHub's GenericJsonPatch `{"patch": [...], "arrayPrimaryKeys"?}`."""
+    body = await read_json(request, writer.settings.max_request_bytes)
+    entity = writer.registry.entity(entity_name).name
+    draft = Draft(0, entity, aspect_name, ChangeType.PATCH.value, urn=urn, value=body,
+                  headers=_http_conditional_headers(request))
+    result = await writer.apply(session, writer.prepare([draft]), audit)
+    return json_response(entities_from_results(result.items, parse_bool(system_metadata, True))[0])
 
 
 @router.get("/{entity_name}/{urn}/{aspect_name}")

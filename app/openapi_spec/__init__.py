@@ -84,6 +84,8 @@ ERROR_RESPONSE = "ErrorResponse"
 ERROR_ISSUE = "ErrorIssue"
 BATCH_GET_ASPECT_REQUEST = "BatchGetAspectRequest"
 ASPECT_HEADERS = "AspectHeaders"
+GENERIC_JSON_PATCH = "GenericJsonPatch"
+ASPECT_PATCH_REQUEST = "AspectPatchRequest"
 
 
 def schema_ref(name: str) -> dict[str, str]:
@@ -442,13 +444,15 @@ def _entity_aspects(registry: Any) -> list[tuple[str, Any, list[str]]]:
 
 
 def _synthesized_names(entities: list[tuple[str, Any, list[str]]]) -> list[str]:
-    names = [ERROR_RESPONSE, ERROR_ISSUE, BATCH_GET_ASPECT_REQUEST, ASPECT_HEADERS]
+    names = [ERROR_RESPONSE, ERROR_ISSUE, BATCH_GET_ASPECT_REQUEST, ASPECT_HEADERS, GENERIC_JSON_PATCH, ASPECT_PATCH_REQUEST,
+             "JsonPatchOperation"]
     for aspect in sorted({a for _, _, aspects in entities for a in aspects}):
         names += [f"{_upper_first(aspect)}AspectRequest", f"{_upper_first(aspect)}AspectResponse"]
     for entity, _, _ in entities:
         p = _upper_first(entity)
         names += [
             f"{p}EntityRequest",
+            f"{p}EntityPatchRequest",
             f"{p}EntityResponse",
             f"{p}EntityAspectRequest",
             f"{p}EntityAspectResponse",
@@ -699,6 +703,39 @@ def _base_components(model: _Model) -> dict[str, dict[str, Any]]:
             "additionalProperties": False,
         },
     }
+    out[GENERIC_JSON_PATCH] = {
+        "description": "DataHub's patch document: an RFC 6902 array, or {patch, arrayPrimaryKeys, forceGenericPatch} "
+        "(arrays keyed by the listed fields; nested key fields joined with U+241F)",
+        "anyOf": [
+            {"type": "array", "items": {"$ref": "#/components/schemas/JsonPatchOperation"}},
+            {
+                "type": "object",
+                "properties": {
+                    "patch": {"type": "array", "items": {"$ref": "#/components/schemas/JsonPatchOperation"}},
+                    "arrayPrimaryKeys": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}},
+                    "forceGenericPatch": {"type": "boolean"},
+                },
+                "required": ["patch"],
+                "additionalProperties": False,
+            },
+        ],
+    }
+    out["JsonPatchOperation"] = {
+        "type": "object",
+        "properties": {
+            "op": {"type": "string", "enum": ["add", "remove", "replace", "move", "copy", "test"]},
+            "path": {"type": "string"},
+            "from": {"type": "string"},
+            "value": {},
+        },
+        "required": ["op", "path"],
+    }
+    out[ASPECT_PATCH_REQUEST] = {
+        "type": "object",
+        "properties": {"value": schema_ref(GENERIC_JSON_PATCH), "systemMetadata": sm, "headers": headers},
+        "required": ["value"],
+        "additionalProperties": False,
+    }
     for aspect in sorted({a for _, _, aspects in model.entities for a in aspects}):
         value = schema_ref(model.aspect_component[aspect])
         a = _upper_first(aspect)
@@ -720,6 +757,12 @@ def _base_components(model: _Model) -> dict[str, dict[str, Any]]:
         out[f"{p}EntityRequest"] = {
             "type": "object",
             "properties": {"urn": urn, **{a: schema_ref(f"{_upper_first(a)}AspectRequest") for a in aspects}},
+            "required": ["urn"],
+            "additionalProperties": False,
+        }
+        out[f"{p}EntityPatchRequest"] = {
+            "type": "object",
+            "properties": {"urn": urn, **{a: schema_ref(ASPECT_PATCH_REQUEST) for a in aspects}},
             "required": ["urn"],
             "additionalProperties": False,
         }
@@ -791,7 +834,22 @@ def _entity_paths(entity: str) -> dict[str, dict[str, Any]]:
                     "202": {"description": "Accepted", "content": _json_content(responses)},
                     **_errors("400", "409", "412", "413"),
                 },
-            }
+            },
+            "patch": {
+                "tags": tags,
+                "operationId": f"patch{p}",
+                "summary": f"Patch aspects of {entity} entities (applied to the locked latest values)",
+                "parameters": [_param_ref("AsyncBatch"), system_metadata],
+                "requestBody": {
+                    "required": True,
+                    "content": _json_content({"type": "array", "items": schema_ref(f"{p}EntityPatchRequest")}),
+                },
+                "responses": {
+                    "200": {"description": "Written", "content": _json_content(responses)},
+                    "202": {"description": "Accepted", "content": _json_content(responses)},
+                    **_errors("400", "409", "412", "413"),
+                },
+            },
         },
         f"{base}/batchGet": {
             "post": {
@@ -856,6 +914,17 @@ def _entity_paths(entity: str) -> dict[str, dict[str, Any]]:
                 "responses": {
                     "200": {"description": "Written", "content": _json_content(response)},
                     "202": {"description": "Accepted", "content": _json_content(response)},
+                    **_errors("400", "409", "412"),
+                },
+            },
+            "patch": {
+                "tags": tags,
+                "operationId": f"patch{p}Aspect",
+                "summary": f"Patch one aspect of a {entity} entity",
+                "parameters": [urn, aspect_name, system_metadata],
+                "requestBody": {"required": True, "content": _json_content(schema_ref(GENERIC_JSON_PATCH))},
+                "responses": {
+                    "200": {"description": "Written", "content": _json_content(response)},
                     **_errors("400", "409", "412"),
                 },
             },

@@ -90,3 +90,19 @@ async def test_config_and_health(client):
     assert (major, minor, patch) < (1, 0, 1)  # keeps the Python SDK on Rest.li until the v3 writes match DataHub's
     health = await client.get("/health")
     assert health.status_code == 200 and health.json()["database"] == "ok"
+
+
+async def test_patch_endpoints(client):
+    await client.post("/openapi/v3/entity/dataset?async=false", json=[{"urn": DATASET, "datasetProperties": {"value": {"name": "orders"}}}])
+    batch = [{"urn": DATASET, "datasetProperties": {"value": {"patch": [{"op": "add", "path": "/description", "value": "patched"}]}}}]
+    response = await client.patch("/openapi/v3/entity/dataset?async=false", json=batch)
+    assert response.status_code == 200, response.text
+    assert response.json()[0]["datasetProperties"]["systemMetadata"]["version"] == "2"
+    single = await client.patch(f"{PATH}/datasetProperties", json={"patch": [{"op": "add", "path": "/customProperties/team", "value": "core"}]})
+    assert single.status_code == 200, single.text
+    value = (await client.get(f"{PATH}/datasetProperties")).json()["value"]
+    assert value["description"] == "patched" and value["customProperties"] == {"team": "core"}
+    stale = await client.patch(f"{PATH}/datasetProperties", json=[{"op": "remove", "path": "/description"}], headers={"If-Version-Match": "1"})
+    assert stale.status_code == 412
+    missing = await client.patch("/openapi/v3/entity/dataset?async=false", json=[{"urn": DATASET, "datasetProperties": {"value": {"nopatch": []}}}])
+    assert missing.status_code == 400

@@ -760,3 +760,16 @@ def test_generated_component_name_collisions_are_reported():
     reg.entities["Thing"] = StubEntity("Thing", "thingKey", frozenset({"thingKey"}))
     with pytest.raises(ValueError, match="collide"):
         aspect_components(reg)
+
+
+def test_patch_operations_are_typed(spec, schemas):
+    base = f"{API_PREFIX}/dataset"
+    assert spec["paths"][base]["patch"]["operationId"] == "patchDataset"
+    assert spec["paths"][f"{base}/{{urn}}/{{aspectName}}"]["patch"]["operationId"] == "patchDatasetAspect"
+    item = {
+        "urn": "urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)",
+        "globalTags": {"value": {"patch": [{"op": "add", "path": "/tags/urn:li:tag:x", "value": {"tag": "urn:li:tag:x"}}],
+                                 "arrayPrimaryKeys": {"tags": ["tag"]}}},
+    }
+    assert errors(schemas, "DatasetEntityPatchRequest", item) == []
+    assert not is_valid(schemas, "DatasetEntityPatchRequest", {**item, "globalTags": {"value": {"ops": []}}})
