@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-import jsonpatch
 import orjson
 from sqlalchemy.ext.asyncio import AsyncSession
 
@@ -36,6 +35,7 @@ from app.settings import Settings
 from app.urns import InvalidUrnError, parse_urn, validate_urn
 from app.events.platform import entity_change_events, platform_event, platform_event_key
 from app.write.changelog import build_change_log
+from app.write.patch import PatchDocument, PatchError, apply_patch, parse_patch
 from app.write.proposal import (
     DEFAULT_RUN_ID,
     JSON_PATCH_CONTENT_TYPE,
@@ -247,18 +247,11 @@ class WriteService:
             ) from None
 
     @staticmethod
-    def _parse_patch(draft: Draft, fail: Any) -> list[dict[str, Any]]:
-        patch = draft.value
-        if isinstance(patch, dict):
-            if patch.get("arrayPrimaryKeys") or patch.get("forceGenericPatch"):
-                raise fail(
-                    "keyed array patches (arrayPrimaryKeys / forceGenericPatch) are not supported yet; send an RFC 6902 array",
-                    "$.aspect.value.arrayPrimaryKeys",
-                )
-            patch = patch.get("patch")
-        if not isinstance(patch, list) or not all(isinstance(op, dict) and "op" in op and "path" in op for op in patch):
-            raise fail("a PATCH value must be an RFC 6902 array of {op, path, value?} objects", "$.aspect.value")
-        return patch
+    def _parse_patch(draft: Draft, fail: Any) -> PatchDocument:
+        try:
+            return parse_patch(draft.value)
+        except PatchError as error:
+            raise fail(str(error), "$.aspect.value") from None
 
     # --- the transaction ---------------------------------------------------------------------------------------
     async def apply(self, session: AsyncSession, proposals: Sequence[Proposal], audit: AuditStamp) -> WriteResult:
@@ -308,7 +301,7 @@ class WriteService:
             entity_exists = p.urn in txn.existed_before
 
         if p.change_type is ChangeType.PATCH:
-            if not self._apply_patch(txn, p, previous):
+            if not self._apply_patch(txn, p, previous, audit):
                 return
         verdict = self.rules.run_pre_commit_rules(PendingChange(p, previous, entity_exists))
         if verdict is not None:
@@ -333,11 +326,15 @@ class WriteService:
         else:
             self._upsert(txn, p, previous, audit)
 
-    def _apply_patch(self, txn: _Transaction, p: Proposal, previous: StoredAspect | None) -> bool:
-        base = previous.value if previous is not None else {}
+    def _apply_patch(self, txn: _Transaction, p: Proposal, previous: StoredAspect | None, audit: AuditStamp) -> bool:
+        """DataHub's patch semantics (templates, keyed arrays, RFC 6902) against the locked latest value; the result
+        is validated like an UPSERT."""
         try:
-            patched = jsonpatch.apply_patch(base, p.patch, in_place=False)
-        except (jsonpatch.JsonPatchException, jsonpatch.JsonPointerException) as error:
+            patched = apply_patch(
+                p.aspect_name, previous.value if previous is not None else None, p.patch,
+                schema=self.registry.aspect_spec(p.aspect_name).type, now_ms=audit.time,
+            )
+        except PatchError as error:
             txn.verdicts.append((p, Verdict(VerdictKind.VALIDATION, f"the patch does not apply: {error}", "Patch")))
             return False
         aspect = self.registry.aspect(p.entity_type, p.aspect_name)

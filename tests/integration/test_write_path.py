@@ -316,3 +316,22 @@ async def test_platform_events_commit_with_the_change(client, db):
 async def test_platform_events_can_be_turned_off(client, db, settings_overrides):
     await propose(client, mcp("globalTags", {"tags": [{"tag": "urn:li:tag:pii"}]}))
     assert await platform_events(db) == []
+
+
+async def test_keyed_and_template_patches_as_the_client_sends_them(client, db):
+    add_tag = {"arrayPrimaryKeys": {"tags": ["attribution\u241fsource", "tag"]},
+               "patch": [{"op": "add", "path": "/tags//urn:li:tag:gold", "value": {"tag": "urn:li:tag:gold"}}]}
+    patch_mcp = mcp("globalTags", None, change_type="PATCH")
+    patch_mcp["aspect"] = {"value": orjson.dumps(add_tag).decode(), "contentType": "application/json-patch+json"}
+    await propose(client, patch_mcp)
+    await propose(client, dict(patch_mcp, aspect={"value": orjson.dumps(
+        {**add_tag, "patch": [{"op": "add", "path": "/tags//urn:li:tag:pii", "value": {"tag": "urn:li:tag:pii"}}]}).decode(),
+        "contentType": "application/json-patch+json"}))
+    assert (await rows(db, aspect="globalTags"))[0][2] == {"tags": [{"tag": "urn:li:tag:gold"}, {"tag": "urn:li:tag:pii"}]}
+    # a template patch (no arrayPrimaryKeys) on an absent aspect starts from the template's default
+    owner = [{"op": "add", "path": "/owners/urn:li:corpuser:ann/DATAOWNER", "value": {"owner": "urn:li:corpuser:ann", "type": "DATAOWNER"}}]
+    await propose(client, mcp("ownership", owner, change_type="PATCH"))
+    ownership = (await rows(db, aspect="ownership"))[0][2]
+    assert ownership["owners"] == [{"owner": "urn:li:corpuser:ann", "type": "DATAOWNER"}]
+    bad = await propose(client, mcp("globalTags", [{"op": "remove", "path": "/nothing/here"}], change_type="PATCH"), expect=400)
+    assert "patch" in bad["issues"][0]["message"].lower()
