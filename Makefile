@@ -19,7 +19,7 @@ ARGS            ?=
 INSTALL_KEY := $(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)-$(DATAHUB_VERSION)
 STAMP       := $(VENV)/.metaledger-installed-$(INSTALL_KEY)
 
-.PHONY: help venv postgres-bin run test openapi-check clean-venv
+.PHONY: help venv client-venv postgres-bin run test openapi-check clean-venv
 
 help:
 	@echo "make run            serve on $(HOST):$(PORT) (HOST=, PORT= to change)"
@@ -27,6 +27,7 @@ help:
 	@echo "make venv           create/refresh $(VENV) (python3.11, project + test extras, DataHub models)"
 	@echo "make postgres-bin   install Debian's postgresql if its binaries are missing"
 	@echo "make openapi-check  fail if openapi/ is out of date with the code"
+	@echo "make client-venv    create .venv-client: the real DataHub client for tests/client (the tests create it too)"
 
 venv: $(STAMP)
 
@@ -44,6 +45,16 @@ $(STAMP): pyproject.toml
 	@# dependencies) is never imported, hence --no-deps.
 	$(VENV)/bin/python -m pip install --disable-pip-version-check -q --no-deps 'acryl-datahub==$(DATAHUB_VERSION)'
 	@rm -f $(VENV)/.metaledger-installed-*
+	@touch $@
+
+# The real `datahub` client, for tests/client, in its own virtualenv (its dependencies never touch $(VENV)).
+CLIENT_VENV ?= .venv-client
+client-venv: $(CLIENT_VENV)/.acryl-datahub-$(DATAHUB_VERSION)
+
+$(CLIENT_VENV)/.acryl-datahub-$(DATAHUB_VERSION):
+	test -x $(CLIENT_VENV)/bin/python || $(PYTHON) -m venv $(CLIENT_VENV)
+	$(CLIENT_VENV)/bin/python -m pip install --disable-pip-version-check -q 'acryl-datahub==$(DATAHUB_VERSION)'
+	@rm -f $(CLIENT_VENV)/.acryl-datahub-*
 	@touch $@
 
 postgres-bin:
@@ -70,4 +81,4 @@ openapi-check: venv
 	$(VENV)/bin/metaledger openapi export --check
 
 clean-venv:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(CLIENT_VENV)

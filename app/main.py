@@ -22,7 +22,7 @@ from app.errors import Issue, MetaledgerError, ServiceUnavailable, ValidationFai
 from app.http import json_response
 from app.logs import configure_logging
 from app.proposals.endpoints import router as proposals_router
-from app.proposals.restli import router as restli_router
+from app.restli import router as restli_router
 from app.registry import EntityRegistry, load_registry
 from app.registry.errors import RegistryError
 from app.settings import Settings, get_settings

@@ -111,7 +111,7 @@ async def test_restli_ingest_rejects_bad_events_with_paths_and_writes_nothing(cl
     for url, body in [
         ("/entities?action=ingest", {"entity": snapshot(LEGACY, {"com.linkedin.common.Status": {}})}),  # no `value`
         ("/entities?action=ingest", [1]),
-        ("/entities?action=delete", {"urn": LEGACY}),
+        ("/entities?action=bogus", {"urn": LEGACY}),  # an unknown action
         ("/entities", {"entity": {"value": snapshot(LEGACY, {"com.linkedin.common.Status": {}})}}),
     ]:
         response = await client.post(url, json=body)

@@ -1,0 +1,147 @@
+"""Rest.li `/aspects` as GMS serves it (`AspectResource.java`) and DataHub's Python client calls it.
+
+* `POST /aspects?action=ingestProposal` `{"proposal": MCP, "async": "true"|"false"}` and
+  `POST /aspects?action=ingestProposalBatch` `{"proposals": [MCP, ...], "async": ...}` (also `/aspects/?action=`,
+  which `datahub put` uses): aspect values as JSON strings (`application/json`) or patches
+  (`application/json-patch+json`). A batch is one transaction. Answers `{"value": "success"}`. DataHub skips bad
+  proposals silently and still answers "success"; metaledger answers 400 naming every bad proposal
+  (`$.proposals[i]...` paths) and writes nothing. `async: "true"` with Kafka configured validates now, queues the
+  proposals on the MCP topic and answers 200 `{"value": "success"}` (DataHub's answer; the client accepts any 2xx);
+  without Kafka it is applied synchronously.
+* `POST /aspects?action=getTimeseriesAspectValues` (see app.restli.timeseries: reads the interim store).
+* `GET /aspects/{urn}?aspect=&version=` → `{"aspect": {"<Pegasus record name>": {...}}, "version": n}`; 404 (the
+  project's error body) when absent, which the client reads as "not found".
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.deps import get_registry, get_session, get_settings_dep, get_write_service, request_audit_stamp
+from app.entities.service import EntityReader
+from app.errors import ERROR_RESPONSES, Issue, MetaledgerError, NotFound, ValidationFailed
+from app.http import json_response, read_json
+from app.proposals.endpoints import queue_proposals
+from app.proposals.schemas import parse_proposals
+from app.registry import EntityRegistry
+from app.registry.errors import RegistryError
+from app.restli.common import ACTION_BODY, entity_of, optional_int, relocate, require_object, require_urn
+from app.restli.repository import RestliRepository
+from app.restli.timeseries import DEFAULT_LIMIT, check_filter, timeseries_values
+from app.settings import Settings
+from app.write.proposal import AuditStamp
+from app.write.service import WriteService
+
+router = APIRouter(tags=["rest.li"])
+
+Session = Annotated[AsyncSession, Depends(get_session)]
+Writer = Annotated[WriteService, Depends(get_write_service)]
+Registry = Annotated[EntityRegistry, Depends(get_registry)]
+Audit = Annotated[AuditStamp, Depends(request_audit_stamp)]
+SettingsDep = Annotated[Settings, Depends(get_settings_dep)]
+
+SUCCESS = {"value": "success"}
+ACTIONS = ("ingestProposal", "ingestProposalBatch", "getTimeseriesAspectValues")
+
+
+@router.post(
+    "/aspects",
+    responses=ERROR_RESPONSES,
+    summary="Rest.li aspect actions: ingestProposal, ingestProposalBatch, getTimeseriesAspectValues",
+    description=(
+        '`action=ingestProposal` `{"proposal": MCP, "async": "true"|"false"}`; `action=ingestProposalBatch` '
+        '`{"proposals": [MCP, ...], "async": ...}` (one transaction) → `{"value": "success"}`. '
+        '`action=getTimeseriesAspectValues` `{"urn", "entity", "aspect", "startTimeMillis"?, "endTimeMillis"?, '
+        '"limit"?, "latestValue"?, "filter"?}` → `{"value": {"entityName", "aspectName", "limit", "values": '
+        '[{"aspect": {"value": "<JSON text>", "contentType"}, "systemMetadata"}]}}`, newest first.'
+    ),
+    openapi_extra=ACTION_BODY,
+)
+@router.post("/aspects/", include_in_schema=False)
+async def aspects_action(
+    request: Request, session: Session, writer: Writer, audit: Audit, settings: SettingsDep,
+    action: Annotated[str, Query(description=", ".join(ACTIONS))],
+) -> Response:
+    if action not in ACTIONS:
+        raise ValidationFailed(
+            f"unknown action {action!r} on /aspects", [Issue(f"supported actions: {', '.join(ACTIONS)}", path="$action")]
+        )
+    body = require_object(await read_json(request, writer.settings.max_request_bytes))
+    if action == "getTimeseriesAspectValues":
+        return json_response({"value": await _timeseries(body, session, writer.registry, settings)})
+    batch = action == "ingestProposalBatch"
+    key = "proposals" if batch else "proposal"
+    raw = body.get(key)
+    if batch and not isinstance(raw, list):
+        raise ValidationFailed("`proposals` must be an array of proposals", [Issue("expected an array", path="$.proposals")])
+    if not batch and not isinstance(raw, dict):
+        raise ValidationFailed("`proposal` must be a proposal object", [Issue("expected an object", path="$.proposal")])
+    try:
+        drafts = parse_proposals(raw if batch else [raw])
+        proposals = writer.prepare(drafts)
+    except MetaledgerError as error:
+        raise relocate(error, f"$.{key}", batch=batch) from None
+    if str(body.get("async", "false")).lower() == "true":
+        if await queue_proposals(request, drafts, proposals) is not None:
+            return json_response(SUCCESS)
+    try:
+        await writer.apply(session, proposals, audit)
+    except MetaledgerError as error:
+        raise relocate(error, f"$.{key}", batch=batch) from None
+    return json_response(SUCCESS)
+
+
+async def _timeseries(body: dict[str, Any], session: AsyncSession, registry: EntityRegistry, settings: Settings) -> dict[str, Any]:
+    urn = require_urn(body)
+    entity = entity_of(registry, urn)
+    if isinstance(body.get("entity"), str) and body["entity"].lower() != entity.lower():
+        raise ValidationFailed(
+            f"URN {urn} is of entity type {entity!r}, not {body['entity']!r}", [Issue("entity mismatch", urn=urn, path="$.entity")]
+        )
+    aspect_name = body.get("aspect")
+    if not isinstance(aspect_name, str):
+        raise ValidationFailed("`aspect` is required", [Issue("missing required string field 'aspect'", path="$.aspect")])
+    try:
+        aspect = registry.aspect(entity, aspect_name)
+    except RegistryError as error:
+        raise ValidationFailed(str(error), [Issue(str(error), urn=urn, aspect=aspect_name, path="$.aspect")]) from None
+    if not aspect.is_timeseries:
+        raise ValidationFailed(
+            f"aspect {aspect_name!r} is not a timeseries aspect", [Issue("not a timeseries aspect", urn=urn, aspect=aspect_name, path="$.aspect")]
+        )
+    limit = optional_int(body, "limit")
+    limit = DEFAULT_LIMIT if limit is None else limit
+    if body.get("latestValue") in (True, "true"):
+        limit = min(limit, 1)
+    groups = check_filter(body.get("filter"))
+    values = await timeseries_values(
+        RestliRepository(session), settings.topic_mcl_timeseries, urn, aspect.name,
+        start=optional_int(body, "startTimeMillis"), end=optional_int(body, "endTimeMillis"), limit=limit, groups=groups,
+    )
+    return {"entityName": entity, "aspectName": aspect.name, "limit": limit, "values": values}
+
+
+@router.get(
+    "/aspects/{urn:path}",
+    responses=ERROR_RESPONSES,
+    summary="One aspect of an entity, Rest.li VersionedAspect (404 when absent)",
+    description='`{"aspect": {"<Pegasus record name>": {...}}, "version": n}`; `version=0` (default) is the latest. '
+    "The URN is percent-encoded in the path.",
+)
+async def get_versioned_aspect(
+    urn: str, session: Session, registry: Registry,
+    aspect: Annotated[str, Query(description="Aspect name, e.g. datasetProperties")],
+    version: Annotated[int, Query(ge=0)] = 0,
+) -> Response:
+    entity = entity_of(registry, urn, "$urn")
+    try:
+        spec = registry.aspect(entity, aspect)
+    except RegistryError as error:
+        raise ValidationFailed(str(error), [Issue(str(error), urn=urn, aspect=aspect, path="$aspect")]) from None
+    if spec.is_timeseries:  # never in the aspect store (DataHub: no SQL row either)
+        raise NotFound(f"timeseries aspect {aspect!r} is not versioned", [Issue("not found", urn=urn, aspect=aspect)])
+    row = await EntityReader(session, registry).aspect(entity, urn, aspect, version)
+    return json_response({"aspect": {spec.record_name: row.value}, "version": version})

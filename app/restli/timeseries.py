@@ -1,0 +1,145 @@
+"""Timeseries reads for `POST /aspects?action=getTimeseriesAspectValues`.
+
+INTERIM STORE: metaledger has no timeseries index yet. Until the indexing issue builds one, timeseries points are
+read from the change-log outbox (`change_log_outbox`, topic `settings.topic_mcl_timeseries`, `version` =
+`timestampMillis`, `payload` = the MCL JSON), which holds every timeseries write for `outbox_retention_hours` after
+it was delivered (or, without Kafka, sequenced) and is pruned after that. Points older than the retention are
+therefore not returned. As in DataHub's timeseries index, a point is identified by (urn, timestampMillis,
+partitionSpec.partition, messageId): the newest write of the same point wins.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+
+from app.errors import Issue, ValidationFailed
+from app.restli.repository import RestliRepository
+
+DEFAULT_LIMIT = 10_000  # DataHub's default for this action
+SUPPORTED_CONDITIONS = ("EQUAL", "IN", "NOT_EQUAL", "EXISTS", "GREATER_THAN", "GREATER_THAN_OR_EQUAL_TO", "LESS_THAN", "LESS_THAN_OR_EQUAL_TO")
+
+
+def _field_value(value: dict[str, Any], field: str) -> Any:
+    """A top-level field of the aspect value (a dotted path reaches nested fields)."""
+    node: Any = value
+    for part in field.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return None
+        node = node[part]
+    return node
+
+
+def _as_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return orjson.dumps(value).decode()
+    return str(value)
+
+
+def _number(raw: Any) -> float | None:
+    try:
+        return float(raw)
+    except (TypeError, ValueError):
+        return None
+
+
+def _criterion_matches(value: dict[str, Any], criterion: dict[str, Any]) -> bool:
+    field = criterion.get("field")
+    condition = str(criterion.get("condition") or "EQUAL").upper()
+    values = criterion.get("values")
+    if values is None:
+        values = [criterion["value"]] if "value" in criterion else []
+    wanted = [_as_text(v) for v in values]
+    found = _field_value(value, field) if isinstance(field, str) else None
+    found_texts = [_as_text(v) for v in found] if isinstance(found, list) else ([] if found is None else [_as_text(found)])
+    if condition == "EXISTS":
+        matched = found is not None
+    elif condition in ("EQUAL", "IN"):
+        matched = any(t in wanted for t in found_texts)
+    elif condition == "NOT_EQUAL":
+        matched = not any(t in wanted for t in found_texts)
+    else:
+        left, right = _number(found), _number(wanted[0]) if wanted else None
+        if left is None or right is None:
+            matched = False
+        elif condition == "GREATER_THAN":
+            matched = left > right
+        elif condition == "GREATER_THAN_OR_EQUAL_TO":
+            matched = left >= right
+        elif condition == "LESS_THAN":
+            matched = left < right
+        else:
+            matched = left <= right
+    return not matched if criterion.get("negated") else matched
+
+
+def check_filter(raw: Any) -> list[list[dict[str, Any]]]:
+    """DataHub's Filter: `{"or": [{"and": [criterion, ...]}, ...]}` (or the legacy `{"criteria": [...]}`) as a
+    disjunction of conjunctions. `{}` or no filter matches everything."""
+    if raw is None or raw == {}:
+        return []
+    if not isinstance(raw, dict):
+        raise ValidationFailed("filter must be an object", [Issue("expected {or: [{and: [...]}]}", path="$.filter")])
+    groups: list[list[dict[str, Any]]] = []
+    if raw.get("or") is not None:
+        for i, group in enumerate(raw["or"]):
+            criteria = group.get("and") if isinstance(group, dict) else None
+            if not isinstance(criteria, list):
+                raise ValidationFailed("bad filter", [Issue("expected {and: [...]}", path=f"$.filter.or[{i}]")])
+            groups.append(criteria)
+    if raw.get("criteria") is not None:
+        groups.append(raw["criteria"])
+    for g, criteria in enumerate(groups):
+        for c, criterion in enumerate(criteria):
+            if not isinstance(criterion, dict) or not isinstance(criterion.get("field"), str):
+                raise ValidationFailed("bad filter criterion", [Issue("a criterion needs a `field`", path=f"$.filter.or[{g}].and[{c}]")])
+            condition = str(criterion.get("condition") or "EQUAL").upper()
+            if condition not in SUPPORTED_CONDITIONS:
+                raise ValidationFailed(
+                    f"filter condition {condition!r} is not supported on timeseries reads",
+                    [Issue(f"supported: {', '.join(SUPPORTED_CONDITIONS)}", path=f"$.filter.or[{g}].and[{c}].condition")],
+                )
+    return groups
+
+
+def filter_matches(groups: list[list[dict[str, Any]]], value: dict[str, Any]) -> bool:
+    if not groups:
+        return True
+    return any(all(_criterion_matches(value, c) for c in criteria) for criteria in groups)
+
+
+async def timeseries_values(
+    repo: RestliRepository, topic: str, urn: str, aspect: str, *, start: int | None, end: int | None, limit: int,
+    groups: list[list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """Up to `limit` points, newest first, as `{"aspect": {"value": "<JSON text>", "contentType"}, "systemMetadata"}`."""
+    values: list[dict[str, Any]] = []
+    seen: set[tuple[Any, ...]] = set()
+    if limit <= 0:
+        return values
+    async for page in repo.timeseries_pages(topic, urn, aspect, start, end):
+        for record in page:
+            mcl = orjson.loads(record["payload"])
+            generic = mcl.get("aspect") or {}
+            try:
+                value = orjson.loads(generic.get("value") or "null")
+            except orjson.JSONDecodeError:
+                continue
+            if not isinstance(value, dict):
+                continue
+            identity = (record["version"], (value.get("partitionSpec") or {}).get("partition"), value.get("messageId"))
+            if identity in seen:
+                continue  # an older write of the same point
+            seen.add(identity)
+            if not filter_matches(groups, value):
+                continue
+            item: dict[str, Any] = {"aspect": {"value": generic["value"], "contentType": generic.get("contentType", "application/json")}}
+            if mcl.get("systemMetadata") is not None:
+                item["systemMetadata"] = mcl["systemMetadata"]
+            values.append(item)
+            if len(values) >= limit:
+                return values
+    return values
