@@ -10,9 +10,11 @@ from app.http import json_response
 
 router = APIRouter(tags=["system"])
 
-# The DataHub version metaledger claims. The Python SDK switches to OpenAPI writes at >= 1.0.1; until metaledger's
-# OpenAPI write paths match DataHub's exactly, report a version below that so every client stays on Rest.li.
-REPORTED_DATAHUB_VERSION = "v0.15.0"
+# The DataHub version metaledger claims. At >= 1.0.1 the Python SDK v2 (`DataHubClient`) writes through the OpenAPI
+# v3 endpoints, which metaledger serves as the SDK sends them (POST/PATCH /openapi/v3/entity/{entity}, verified with
+# acryl-datahub 1.7.0.17 in tests/client). Below 1.7.0: from there, ingestion sources send `status` as a PATCH, which
+# works too but is not covered by the client tests yet.
+REPORTED_DATAHUB_VERSION = "v1.3.0"
 
 
 @router.get("/health", summary="Liveness and database reachability")

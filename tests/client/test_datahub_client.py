@@ -181,7 +181,7 @@ def test_graph_reads_timeseries_and_hard_delete(datahub, metaledger):
 
 
 def test_sdk_v2_client_from_env(datahub, metaledger):
-    """SDK v2 (`DataHubClient.from_env()`): stays on Rest.li while /config reports a version below 1.0.1."""
+    """SDK v2 (`DataHubClient.from_env()`): /config reports >= 1.0.1, so it writes through the OpenAPI v3 endpoints."""
     out = datahub.script(
         """
         import json, warnings
@@ -203,7 +203,7 @@ def test_sdk_v2_client_from_env(datahub, metaledger):
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"description": "updated", "tags": ["urn:li:tag:gold"], "owners": ["urn:li:corpuser:jdoe"],
-                      "props": {"a": "b"}, "fields": ["id", "amount"], "openapi": False}
+                      "props": {"a": "b"}, "fields": ["id", "amount"], "openapi": True}
 
 
 GENERATOR = """

@@ -87,7 +87,8 @@ async def test_config_and_health(client):
     config = (await client.get("/config")).json()
     assert config["noCode"] == "true"
     major, minor, patch = (int(x) for x in config["versions"]["acryldata/datahub"]["version"].lstrip("v").split("."))
-    assert (major, minor, patch) < (1, 0, 1)  # keeps the Python SDK on Rest.li until the v3 writes match DataHub's
+    # >= 1.0.1: the Python SDK v2 writes through OpenAPI v3; < 1.7.0: sources keep sending status as an UPSERT
+    assert (1, 0, 1) <= (major, minor, patch) < (1, 7, 0)
     health = await client.get("/health")
     assert health.status_code == 200 and health.json()["database"] == "ok"
 
