@@ -59,6 +59,11 @@ class Settings(BaseSettings):
     # Entity Change Events (tag added, owner removed, ...) computed at write time → PlatformEvent_v1 via the outbox
     platform_events_enabled: bool = True
 
+    # --- search, lineage graph and timeseries indices (unset: the embedded Postgres backend)
+    search_url: str | None = None
+    search_flavor: str = "elasticsearch"  # or "opensearch" (maps the client's vendor media type back to JSON)
+    search_index_prefix: str = ""
+
     # --- the outbox relay (publishes change logs to Kafka; also assigns change-feed offsets in commit order)
     relay_enabled: bool = True  # inside `metaledger serve`; `metaledger relay` runs it standalone
     relay_batch_size: int = 1000

@@ -153,3 +153,13 @@ def kafka_broker():
     broker = start_broker()
     yield broker
     broker.stop()
+
+
+@pytest.fixture(scope="session")
+def search_server():
+    """An OpenSearch-API search server (osmem) on a free loopback port, for the whole run."""
+    from tests.search_server import start_search_server
+
+    server = start_search_server()
+    yield server
+    server.stop()

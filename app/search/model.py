@@ -1,0 +1,160 @@
+"""The index model's contract: what a change log does to the indices, and what every search backend offers.
+
+One module builds these records from change logs (`app.search.documents.changes_from_mcl`), for the service and
+for `spark_indexer` alike; each backend (`app.search.elastic`, `app.search.postgres`) applies them and answers
+the queries. Applying is idempotent and order-safe: every record carries the version of the aspect it comes
+from, and a backend never lets an older version overwrite a newer one (for deletes too: a delete at version v
+removes only what is at version <= v).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+Direction = Literal["OUTGOING", "INCOMING"]
+
+
+@dataclass(frozen=True, slots=True)
+class SearchFieldSpec:
+    """One searchable field of an entity's document, from a `Searchable` annotation of its aspects' schemas
+    (built by `app.search.documents.search_fields`)."""
+
+    name: str  # the document field: the annotation's fieldName, else the schema field's name
+    field_type: str  # DataHub's FieldType: KEYWORD, TEXT, TEXT_PARTIAL, WORD_GRAM, URN, URN_PARTIAL, BOOLEAN, COUNT, DATETIME, DOUBLE, OBJECT, BROWSE_PATH, BROWSE_PATH_V2, ...
+    aspect: str
+    boost: float = 1.0
+    add_to_filters: bool = False
+    filter_name: str | None = None
+    autocomplete: bool = False
+    query_by_default: bool = True
+    has_values_field: str | None = None
+    num_values_field: str | None = None
+
+
+# Fields every entity document has, whatever its aspects.
+URN_FIELD = "urn"
+REMOVED_FIELD = "removed"  # status.removed: soft-deleted entities are flagged, not dropped
+VERSIONS_FIELD = "aspectVersions"  # aspect name -> the version indexed (order-safety, trace, reconcile)
+
+
+@dataclass(frozen=True, slots=True)
+class AspectFields:
+    """The searchable fields one aspect contributes to its entity's document (`fields` replace whatever that
+    aspect contributed before). `deleted`: the aspect was removed, its fields go away."""
+
+    entity_type: str
+    urn: str
+    aspect: str
+    version: int
+    fields: dict[str, Any]
+    deleted: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Edge:
+    source: str
+    destination: str
+    relationship: str  # e.g. "DownstreamOf", "OwnedBy", "TaggedWith"
+    source_type: str
+    destination_type: str
+    via: str | None = None
+    created_on: int | None = None
+    created_actor: str | None = None
+    updated_on: int | None = None
+    updated_actor: str | None = None
+    properties: dict[str, Any] = field(default_factory=dict)
+    is_lineage: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class AspectEdges:
+    """The complete set of edges one aspect of `source` declares (it replaces the previous set from that aspect)."""
+
+    source: str
+    aspect: str
+    version: int
+    edges: tuple[Edge, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class TimeseriesPoint:
+    """One timeseries aspect value. `doc_id` is DataHub's: a hash of timestamp, granularity, urn, partitionSpec and
+    messageId, so re-sending a point overwrites it."""
+
+    aspect: str
+    doc_id: str
+    urn: str
+    entity_type: str
+    timestamp_ms: int
+    fields: dict[str, Any]  # the TimeseriesField values (and timestampMillis, partition, ...)
+    value: dict[str, Any]  # the whole aspect, returned by reads
+    system_metadata: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class EntityRemoval:
+    """Hard delete of an entity (its key aspect deleted at `version`): document, outgoing and incoming edges."""
+
+    entity_type: str
+    urn: str
+    version: int
+
+
+Change = AspectFields | AspectEdges | TimeseriesPoint | EntityRemoval
+
+
+@dataclass
+class SearchHit:
+    urn: str
+    entity_type: str
+    score: float
+    fields: dict[str, Any]
+
+
+@dataclass
+class SearchPage:
+    hits: list[SearchHit]
+    total: int
+    scroll_id: str | None  # opaque; None when there is no next page
+    facets: dict[str, dict[str, int]] = field(default_factory=dict)  # filter field -> value -> count
+
+
+@dataclass
+class TimeseriesQuery:
+    urn: str
+    aspect: str
+    start_ms: int | None = None
+    end_ms: int | None = None
+    limit: int = 10_000
+    equals: dict[str, Any] = field(default_factory=dict)  # top-level field -> value (client filters)
+
+
+class SearchBackend(Protocol):
+    """What the service and the Spark job need from an index store. Elasticsearch/OpenSearch in production;
+    Postgres (tsvector, edge and point tables) in the embedded default. Both pass the same behaviour tests."""
+
+    async def start(self) -> None: ...  # connect; create indices/tables from the registry if missing
+
+    async def close(self) -> None: ...
+
+    async def apply(self, changes: list[Change]) -> None: ...  # idempotent, order-safe, bulk
+
+    async def search(
+        self, entity_type: str, query: str, *, filters: dict[str, list[str]] | None = None, count: int = 10,
+        scroll_id: str | None = None, sort: list[tuple[str, str]] | None = None,
+    ) -> SearchPage: ...
+
+    async def autocomplete(self, entity_type: str, prefix: str, *, limit: int = 10) -> list[SearchHit]: ...
+
+    async def relationships(
+        self, urn: str, *, direction: Direction, types: list[str] | None = None, start: int = 0, count: int = 100,
+    ) -> tuple[list[Edge], int]: ...
+
+    async def lineage(
+        self, urn: str, *, direction: Literal["UPSTREAM", "DOWNSTREAM"], max_hops: int = 3,
+    ) -> list[tuple[Edge, int]]: ...  # (edge, hop) breadth first; upstream = follow DownstreamOf edges outgoing
+
+    async def timeseries(self, query: TimeseriesQuery) -> list[TimeseriesPoint]: ...  # newest first
+
+    async def document_versions(self, urn: str) -> dict[str, int]: ...  # aspect -> version indexed (trace, reconcile)
