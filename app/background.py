@@ -1,5 +1,5 @@
 """The service's background work, started and stopped with the app: Kafka topics, the outbox relay, the
-proposal producer (async writes) and the ingestion consumers."""
+proposal producer (async writes), the ingestion consumers, and (without Kafka) the search indexing worker."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from app.kafka.consumers import MceConsumer, McpConsumer
 from app.kafka.proposals import ProposalProducer
 from app.kafka.relay import OutboxRelay
 from app.kafka.topics import ensure_topics
+from app.search.worker import IndexWorker
 
 log = logging.getLogger("metaledger.background")
 
@@ -39,6 +40,9 @@ class Background:
             workers.append(McpConsumer(settings, app.state.sessionmaker, app.state.write_service))
         if kafka and settings.mce_consumer_enabled:
             workers.append(MceConsumer(settings, app.state.sessionmaker, app.state.write_service))
+        if not kafka and getattr(app.state, "search", None) is not None:
+            # The embedded default: this process indexes the outbox. With Kafka, indexing is the Spark job's.
+            workers.append(IndexWorker(settings, app.state.engine, app.state.search))
         for worker in workers:
             self.tasks.append(asyncio.create_task(self._supervise(worker), name=type(worker).__name__))
 

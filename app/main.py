@@ -23,6 +23,8 @@ from app.http import json_response
 from app.logs import configure_logging
 from app.proposals.endpoints import router as proposals_router
 from app.restli import router as restli_router
+from app.search.endpoints import router as search_router
+from app.search.service import SearchRuntime
 from app.registry import EntityRegistry, load_registry
 from app.registry.errors import RegistryError
 from app.settings import Settings, get_settings
@@ -67,6 +69,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
+    app.state.search = SearchRuntime.create(settings, app.state.registry, engine)
+    await app.state.search.start(force=True)  # a search server that is down does not stop the service
     background = Background()
     await background.start(app)
     log.info("metaledger started", extra={"database": engine.url.render_as_string(hide_password=True)})
@@ -74,6 +78,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         await background.close()
+        await app.state.search.close()
         await engine.dispose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
@@ -122,6 +127,7 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
     app.include_router(entities_router)
     app.include_router(feed_router)
     app.include_router(restli_router)
+    app.include_router(search_router)  # after entities_router: GET /openapi/v3/entity/{entityName} (search)
     _install_error_handlers(app)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
     return app

@@ -63,6 +63,9 @@ class Settings(BaseSettings):
     search_url: str | None = None
     search_flavor: str = "elasticsearch"  # or "opensearch" (maps the client's vendor media type back to JSON)
     search_index_prefix: str = ""
+    search_sync_timeout_s: float = 5.0  # X-DataHub-Sync-Index-Update: longer than this answers PENDING
+    search_worker_poll_ms: int = 50  # the embedded indexing worker (no Kafka): outbox → indices
+    search_worker_batch_size: int = 1000
 
     # --- the outbox relay (publishes change logs to Kafka; also assigns change-feed offsets in commit order)
     relay_enabled: bool = True  # inside `metaledger serve`; `metaledger relay` runs it standalone

@@ -21,7 +21,6 @@ import argparse
 import asyncio
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -36,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.db import upgrade_database  # noqa: E402
 from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port  # noqa: E402
+from tests.processes import start_service, stop_process, wait_healthy  # noqa: E402
 
 PLATFORMS = ("hive", "snowflake", "bigquery", "postgres")
 
@@ -57,19 +57,6 @@ def mcp(urn: str, value: dict) -> dict:
     return {"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": "datasetProperties",
             "aspect": {"value": value, "contentType": "application/json"},
             "systemMetadata": {"runId": "bench", "lastObserved": int(time.time() * 1000)}}
-
-
-async def wait_healthy(base: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient() as http:
-        while time.monotonic() < deadline:
-            try:
-                if (await http.get(f"{base}/health")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.2)
-    raise RuntimeError("metaledger did not become healthy")
 
 
 async def run_batches(base: str, clients: int, batches: int, size: int, endpoint: str, round_offset: int) -> float:
@@ -193,11 +180,8 @@ async def main() -> None:
         sa_url = url.replace("postgresql://", "postgresql+asyncpg://")
         upgrade_database(sa_url)
         port = free_port()
-        env = dict(os.environ, METALEDGER_DATABASE_URL=sa_url, METALEDGER_APPLY_MIGRATIONS_ON_START="false")
-        server = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning", "--no-access-log"],
-            env=env, cwd=Path(__file__).resolve().parent.parent,
-        )
+        server = start_service({"METALEDGER_DATABASE_URL": sa_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false"}, port,
+                               quiet=False)
         base = f"http://127.0.0.1:{port}"
         await wait_healthy(base)
         writes = args.clients * args.batches * args.batch_size
@@ -221,9 +205,7 @@ async def main() -> None:
         print(f"metaledger / raw ceiling                : {v1_rate / raw_rate:8.1%} (v1), {v3_rate / raw_rate:.1%} (v3)")
         print(f"single write latency ({args.singles} sequential)  : p50 {percentile(latencies, .5):.2f} ms, p99 {percentile(latencies, .99):.2f} ms, mean {statistics.mean(latencies):.2f} ms")
     finally:
-        if server is not None:
-            server.terminate()
-            server.wait(10)
+        stop_process(server)
         pg.stop()
 
 

@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +41,7 @@ from app.kafka.relay import OutboxRelay  # noqa: E402
 from app.kafka.topics import create_missing_topics  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from tests.kafka_broker import start_broker  # noqa: E402
+from tests.processes import start_service, stop_process, wait_healthy  # noqa: E402
 
 PLATFORMS = ("hive", "snowflake", "bigquery", "postgres")
 
@@ -142,28 +142,12 @@ async def throughput(sa_url: str, dsn: str, bootstrap: str, rows: int) -> tuple[
     return rows / elapsed, sequenced_at or elapsed, mean_size, on_topic
 
 
-async def wait_healthy(base: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient() as http:
-        while time.monotonic() < deadline:
-            try:
-                if (await http.get(f"{base}/health")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.2)
-    raise RuntimeError("metaledger did not become healthy")
-
-
 async def latency(sa_url: str, bootstrap: str, rate: int, seconds: float) -> dict:
     topic = f"bench_lat_{uuid.uuid4().hex[:6]}"
     port = free_port()
-    env = dict(os.environ, METALEDGER_DATABASE_URL=sa_url, METALEDGER_APPLY_MIGRATIONS_ON_START="false",
-               METALEDGER_KAFKA_BOOTSTRAP_SERVERS=bootstrap, METALEDGER_TOPIC_MCL_VERSIONED=topic)
-    server = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning", "--no-access-log"],
-        env=env, cwd=ROOT,
-    )
+    env = {"METALEDGER_DATABASE_URL": sa_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+           "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "METALEDGER_TOPIC_MCL_VERSIONED": topic}
+    server = start_service(env, port, quiet=False)
     base = f"http://127.0.0.1:{port}"
     batch = 10
     sent: dict[tuple[str, str], tuple[float, float]] = {}  # (urn, version) -> (request start, acknowledgement)
@@ -225,8 +209,7 @@ async def latency(sa_url: str, bootstrap: str, rate: int, seconds: float) -> dic
         await reader
         await consumer.stop()
     finally:
-        server.terminate()
-        server.wait(10)
+        stop_process(server)
     missing = sum(1 for key in sent if key not in arrived)
     from_ack = [(arrived[k] - ack) * 1000 for k, (_, ack) in sent.items() if k in arrived]
     from_start = [(arrived[k] - start) * 1000 for k, (start, _) in sent.items() if k in arrived]

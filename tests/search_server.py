@@ -4,14 +4,12 @@ refresh (real engines are not)."""
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import time
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 
 from app.embedded_pg import free_port
+from tests.processes import LoopbackServer
 
 
 def osmem_binary() -> Path:
@@ -22,35 +20,13 @@ def osmem_binary() -> Path:
 
 
 @dataclass
-class SearchServer:
-    port: int
-    process: subprocess.Popen | None = None
-
+class SearchServer(LoopbackServer):
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, timeout: float = 10) -> None:
-        self.process = subprocess.Popen(
-            [str(osmem_binary()), "-addr", f"127.0.0.1:{self.port}", "-no-stdin-watch"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        )
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                    return
-            except OSError:
-                if self.process.poll() is not None:
-                    raise RuntimeError(f"osmem-server exited with {self.process.returncode}")
-                time.sleep(0.02)
-        raise RuntimeError(f"osmem-server did not listen on {self.port}")
-
-    def stop(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(5)
-        self.process = None
+    def argv(self) -> list[str]:
+        return [str(osmem_binary()), "-addr", f"127.0.0.1:{self.port}", "-no-stdin-watch"]
 
 
 def start_search_server() -> SearchServer:

@@ -21,6 +21,7 @@ from app.errors import Issue, ValidationFailed
 from app.http import json_response, parse_bool, read_json
 from app.proposals.endpoints import queue_proposals
 from app.registry import EntityRegistry
+from app.search.service import sync_index_if_requested
 from app.write.proposal import CONDITIONAL_HEADERS, AuditStamp, ChangeType, Proposal
 from app.write.service import Draft, WriteService
 
@@ -68,7 +69,8 @@ async def _write_entities(
         if queued is not None:
             return json_response(_queued_entities(queued, with_sm), 202)
     result = await writer.apply(session, proposals, audit)
-    return json_response(entities_from_results(result.items, with_sm))
+    index = await sync_index_if_requested(request, proposals, result)
+    return json_response(entities_from_results(result.items, with_sm), headers=index and index.headers())
 
 
 def _queued_entities(queued: list[tuple[Draft, Proposal]], with_system_metadata: bool) -> list[dict[str, Any]]:
@@ -129,7 +131,7 @@ async def entity_exists(entity_name: str, urn: str, session: Session, registry: 
 
 @router.delete("/{entity_name}/{urn}")
 async def delete_entity(
-    entity_name: str, urn: str, session: Session, writer: Writer, audit: Audit,
+    entity_name: str, urn: str, request: Request, session: Session, writer: Writer, audit: Audit,
     aspects: Annotated[list[str] | None, Query()] = None,
     clear: Annotated[str | None, Query()] = None,
 ) -> Response:
@@ -143,7 +145,9 @@ async def delete_entity(
         targets = [spec.key_aspect]  # no aspects, or the key aspect: a hard delete of the entity
     proposals = writer.prepare(delete_drafts(spec.name, urn, targets))
     result = await writer.apply(session, proposals, audit)
-    return json_response({"urn": urn, "deleted": [r.aspect for r in result.items if r.status.value == "DELETED"]})
+    index = await sync_index_if_requested(request, proposals, result)
+    return json_response({"urn": urn, "deleted": [r.aspect for r in result.items if r.status.value == "DELETED"]},
+                         headers=index and index.headers())
 
 
 def _http_conditional_headers(request: Request) -> dict[str, str]:
@@ -183,7 +187,8 @@ async def upsert_aspect(
         if queued is not None:
             return json_response(_queued_entities(queued, with_sm)[0], 202)
     result = await writer.apply(session, proposals, audit)
-    return json_response(entities_from_results(result.items, with_sm)[0])
+    index = await sync_index_if_requested(request, proposals, result)
+    return json_response(entities_from_results(result.items, with_sm)[0], headers=index and index.headers())
 
 
 @router.patch("/{entity_name}/{urn}/{aspect_name}")
@@ -196,8 +201,11 @@ async def patch_aspect(
     entity = writer.registry.entity(entity_name).name
     draft = Draft(0, entity, aspect_name, ChangeType.PATCH.value, urn=urn, value=body,
                   headers=_http_conditional_headers(request))
-    result = await writer.apply(session, writer.prepare([draft]), audit)
-    return json_response(entities_from_results(result.items, parse_bool(system_metadata, True))[0])
+    proposals = writer.prepare([draft])
+    result = await writer.apply(session, proposals, audit)
+    index = await sync_index_if_requested(request, proposals, result)
+    return json_response(entities_from_results(result.items, parse_bool(system_metadata, True))[0],
+                         headers=index and index.headers())
 
 
 @router.get("/{entity_name}/{urn}/{aspect_name}")
@@ -225,6 +233,8 @@ async def delete_aspect(entity_name: str, urn: str, aspect_name: str, request: R
                         writer: Writer, audit: Audit) -> Response:
     entity = writer.registry.entity(entity_name).name
     draft = Draft(0, entity, aspect_name, ChangeType.DELETE.value, urn=urn, headers=_http_conditional_headers(request))
-    result = await writer.apply(session, writer.prepare([draft]), audit)
+    proposals = writer.prepare([draft])
+    result = await writer.apply(session, proposals, audit)
+    index = await sync_index_if_requested(request, proposals, result)
     item = result.items[0]
-    return json_response({"urn": urn, "aspect": aspect_name, "status": item.status.value})
+    return json_response({"urn": urn, "aspect": aspect_name, "status": item.status.value}, headers=index and index.headers())

@@ -137,7 +137,8 @@ async def prune(conn: asyncpg.Connection, retention_s: float, *, kafka: bool, af
     """Delete the oldest sequenced rows created more than `retention_s` seconds ago: with Kafka, delivered ones only, walking the feed
     in offset order and stopping at the first row too young or not yet delivered (rows Kafka refused, marked with a
     publish error, are stepped over and kept). Without Kafka the feed is the only reader: every sequenced row older
-    than the cutoff goes. `after` is where the previous call stopped (an offset below which only kept rows remain).
+    than the cutoff goes, except rows the embedded search indexer (app.search.worker) has not applied yet, once it
+    has registered itself in `search_index_state`. `after` is where the previous call stopped (an offset below which only kept rows remain).
     Returns (rows deleted, new `after`)."""
     deleted = 0
     while deleted < max_rows:
@@ -149,11 +150,14 @@ async def prune(conn: asyncpg.Connection, retention_s: float, *, kafka: bool, af
                 SELECT feed_offset, created_at < now() - make_interval(secs => $2) AS old,
                        delivered_at IS NOT NULL AS delivered,
                        publish_error IS NOT NULL AS refused
-                FROM change_log_outbox WHERE feed_offset > $1 ORDER BY feed_offset LIMIT $3
+                FROM change_log_outbox WHERE feed_offset > $1
+                  AND ($4 OR feed_offset <= COALESCE((SELECT last_offset FROM search_index_state WHERE id = 1), feed_offset))
+                ORDER BY feed_offset LIMIT $3
                 """,
                 after,
                 retention_s,
                 chunk,
+                kafka,
             )
             doomed: list[int] = []
             stopped = False

@@ -13,6 +13,7 @@ from app.errors import ERROR_RESPONSES
 from app.http import json_response, read_json
 from app.kafka.proposals import proposal_to_mcp
 from app.proposals.schemas import MetadataChangeProposal, ProposalsResponse, parse_proposals
+from app.search.service import sync_index_if_requested
 from app.write.proposal import AuditStamp, Proposal
 from app.write.service import Draft, WriteService
 
@@ -76,7 +77,9 @@ async def ingest_proposals(
 ):
     """All proposals commit together or none does. A bad proposal fails the batch with a 400 naming it (DataHub
     skips bad proposals silently); a failed If-* precondition answers 412, an existence conflict 409.
-    With `async=true` the validation still happens now (400), and the 202 lists what was queued."""
+    With `async=true` the validation still happens now (400), and the 202 lists what was queued.
+    A proposal with header `X-DataHub-Sync-Index-Update: true` (or that HTTP request header) is indexed before the
+    response: top-level `"index": {"status": "UPDATED"|"PENDING", "error"?}` (PENDING: the index catches up later)."""
     drafts = parse_proposals(await read_json(request, writer.settings.max_request_bytes))
     proposals = writer.prepare(drafts)
     if async_:
@@ -92,8 +95,10 @@ async def ingest_proposals(
                 202,
             )
     result = await writer.apply(session, proposals, audit)
+    index = await sync_index_if_requested(request, proposals, result)
     return json_response(
         {
+            **({"index": index.to_json()} if index is not None else {}),
             "results": [
                 {
                     "index": r.index,

@@ -8,7 +8,7 @@
   (`$.proposals[i]...` paths) and writes nothing. `async: "true"` with Kafka configured validates now, queues the
   proposals on the MCP topic and answers 200 `{"value": "success"}` (DataHub's answer; the client accepts any 2xx);
   without Kafka it is applied synchronously.
-* `POST /aspects?action=getTimeseriesAspectValues` (see app.restli.timeseries: reads the interim store).
+* `POST /aspects?action=getTimeseriesAspectValues` (reads the search backend's timeseries store, app.restli.timeseries).
 * `GET /aspects/{urn}?aspect=&version=` → `{"aspect": {"<Pegasus record name>": {...}}, "version": n}`; 404 (the
   project's error body) when absent, which the client reads as "not found".
 """
@@ -29,8 +29,10 @@ from app.proposals.schemas import parse_proposals
 from app.registry import EntityRegistry
 from app.registry.errors import RegistryError
 from app.restli.common import ACTION_BODY, entity_of, optional_int, relocate, require_object, require_urn
-from app.restli.repository import RestliRepository
-from app.restli.timeseries import DEFAULT_LIMIT, check_filter, timeseries_values
+from app.restli.timeseries import DEFAULT_LIMIT, check_filter, timeseries_from_backend
+from app.search.endpoints import get_backend
+from app.search.worker import wait_until_indexed
+from app.search.service import sync_index_if_requested
 from app.settings import Settings
 from app.write.proposal import AuditStamp
 from app.write.service import WriteService
@@ -71,7 +73,7 @@ async def aspects_action(
         )
     body = require_object(await read_json(request, writer.settings.max_request_bytes))
     if action == "getTimeseriesAspectValues":
-        return json_response({"value": await _timeseries(body, session, writer.registry, settings)})
+        return json_response({"value": await _timeseries(body, request, writer.registry)})
     batch = action == "ingestProposalBatch"
     key = "proposals" if batch else "proposal"
     raw = body.get(key)
@@ -88,13 +90,14 @@ async def aspects_action(
         if await queue_proposals(request, drafts, proposals) is not None:
             return json_response(SUCCESS)
     try:
-        await writer.apply(session, proposals, audit)
+        result = await writer.apply(session, proposals, audit)
     except MetaledgerError as error:
         raise relocate(error, f"$.{key}", batch=batch) from None
-    return json_response(SUCCESS)
+    index = await sync_index_if_requested(request, proposals, result)
+    return json_response(SUCCESS, headers=index and index.headers())
 
 
-async def _timeseries(body: dict[str, Any], session: AsyncSession, registry: EntityRegistry, settings: Settings) -> dict[str, Any]:
+async def _timeseries(body: dict[str, Any], request: Request, registry: EntityRegistry) -> dict[str, Any]:
     urn = require_urn(body)
     entity = entity_of(registry, urn)
     if isinstance(body.get("entity"), str) and body["entity"].lower() != entity.lower():
@@ -117,8 +120,10 @@ async def _timeseries(body: dict[str, Any], session: AsyncSession, registry: Ent
     if body.get("latestValue") in (True, "true"):
         limit = min(limit, 1)
     groups = check_filter(body.get("filter"))
-    values = await timeseries_values(
-        RestliRepository(session), settings.topic_mcl_timeseries, urn, aspect.name,
+    backend = await get_backend(request)
+    await wait_until_indexed(request.app)  # read-your-writes, as the interim outbox store gave
+    values = await timeseries_from_backend(
+        backend, urn, aspect.name,
         start=optional_int(body, "startTimeMillis"), end=optional_int(body, "endTimeMillis"), limit=limit, groups=groups,
     )
     return {"entityName": entity, "aspectName": aspect.name, "limit": limit, "values": values}

@@ -34,8 +34,10 @@ from app.registry.errors import RegistryError
 from app.restli.common import ACTION_BODY, entity_of, optional_int, parse_restli_list, require_object, require_urn
 from app.restli.references import find_references, relationship_paths
 from app.restli.repository import RestliRepository
+from app.search.service import sync_index_if_requested
 from app.write.proposal import IF_VERSION_MATCH, AuditStamp, ChangeType
 from app.write.repository import AspectRepository
+from app.search.worker import wait_until_indexed
 from app.write.service import Draft, WriteService
 
 import orjson
@@ -73,25 +75,28 @@ async def entities_action(
         )
     body = await read_json(request, writer.settings.max_request_bytes)
     if action == "ingest":
-        return await _ingest(body, session, writer, audit)
+        return await _ingest(body, session, writer, audit, request)
     body = require_object(body)
     if action == "delete":
-        return json_response({"value": await _delete(body, session, writer, audit)})
+        return json_response({"value": await _delete(body, session, writer, audit, request)})
     return json_response({"value": await _delete_references(body, session, writer, audit)})
 
 
-async def _ingest(body: Any, session: AsyncSession, writer: WriteService, audit: AuditStamp) -> Response:
+async def _ingest(body: Any, session: AsyncSession, writer: WriteService, audit: AuditStamp, request: Request | None = None) -> Response:
     """Every aspect of the snapshot is committed together, or none is."""
     event = unbundle_restli_entity(body, writer.registry)
     try:
         proposals = writer.prepare(event.drafts)
     except ValidationFailed as error:
         raise relocate_issues(error, event) from None
-    await writer.apply(session, proposals, audit)
-    return json_response({})
+    result = await writer.apply(session, proposals, audit)
+    index = await sync_index_if_requested(request, proposals, result) if request is not None else None
+    return json_response({}, headers=index and index.headers())
 
 
-async def _delete(body: dict[str, Any], session: AsyncSession, writer: WriteService, audit: AuditStamp) -> dict[str, Any]:
+async def _delete(
+    body: dict[str, Any], session: AsyncSession, writer: WriteService, audit: AuditStamp, request: Request
+) -> dict[str, Any]:
     registry = writer.registry
     urn = require_urn(body)
     entity = registry.entity(entity_of(registry, urn))
@@ -129,7 +134,23 @@ async def _delete(body: dict[str, Any], session: AsyncSession, writer: WriteServ
             if spec is None:  # the whole entity: its timeseries points too
                 series = sorted(a for a in entity.aspect_names if registry.aspects[a].is_timeseries)
                 timeseries_rows = await repo.delete_timeseries(timeseries_topic, urn, series, None, None)
+    if spec is None or spec.is_timeseries:
+        timeseries_rows = max(timeseries_rows, await _delete_indexed_points(request, urn, spec, entity, start, end))
     return {"urn": urn, "rows": rows, "timeseriesRows": timeseries_rows}
+
+
+async def _delete_indexed_points(request: Request, urn: str, spec: Any, entity: Any, start: int | None, end: int | None) -> int:
+    """Points live in the timeseries store; their change logs may still sit in the outbox. Let the embedded worker
+    apply what was committed before this delete (so it cannot index a deleted point afterwards), then delete from
+    the store too. Counted once: a point is in the outbox, the store, or both."""
+    runtime = getattr(request.app.state, "search", None)
+    if runtime is None:
+        return 0
+    await wait_until_indexed(request.app)
+    registry = request.app.state.registry
+    aspects = [spec.name] if spec is not None else sorted(a for a in entity.aspect_names if registry.aspects[a].is_timeseries)
+    backend = await runtime.ready_backend()
+    return await backend.delete_timeseries(urn, aspects, start_ms=start, end_ms=end)
 
 
 async def _delete_references(

@@ -1,6 +1,7 @@
-"""Timeseries reads for `POST /aspects?action=getTimeseriesAspectValues`.
+"""Timeseries reads for `POST /aspects?action=getTimeseriesAspectValues`: `timeseries_from_backend` reads the
+search backend's timeseries store (the endpoint's source). `timeseries_values` below is the former interim reader:
 
-INTERIM STORE: metaledger has no timeseries index yet. Until the indexing issue builds one, timeseries points are
+INTERIM STORE (no longer used by the endpoint): metaledger has no timeseries index yet. Until the indexing issue builds one, timeseries points are
 read from the change-log outbox (`change_log_outbox`, topic `settings.topic_mcl_timeseries`, `version` =
 `timestampMillis`, `payload` = the MCL JSON), which holds every timeseries write for `outbox_retention_hours` after
 it was delivered (or, without Kafka, sequenced) and is pruned after that. Points older than the retention are
@@ -142,4 +143,48 @@ async def timeseries_values(
             values.append(item)
             if len(values) >= limit:
                 return values
+    return values
+
+
+def _simple_equals(groups: list[list[dict[str, Any]]]) -> dict[str, Any] | None:
+    """The filter as the backend's `equals` (one conjunction of single-valued, non-negated EQUAL criteria on
+    top-level fields), or None when it needs the general matcher."""
+    if len(groups) != 1:
+        return None
+    equals: dict[str, Any] = {}
+    for c in groups[0]:
+        values = c.get("values")
+        if values is None:
+            values = [c["value"]] if "value" in c else []
+        if str(c.get("condition") or "EQUAL").upper() != "EQUAL" or c.get("negated") or len(values) != 1 or "." in c["field"]:
+            return None
+        equals[c["field"]] = values[0]
+    return equals
+
+
+async def timeseries_from_backend(
+    backend: Any, urn: str, aspect: str, *, start: int | None, end: int | None, limit: int,
+    groups: list[list[dict[str, Any]]],
+) -> list[dict[str, Any]]:
+    """Up to `limit` points from the search backend's timeseries store (`SearchBackend.timeseries`), newest first,
+    as `{"aspect": {"value": "<JSON text>", "contentType"}, "systemMetadata"}`. Simple equality filters go to the
+    backend; any other filter is applied here over the range's points."""
+    from app.search.model import TimeseriesQuery
+
+    if limit <= 0:
+        return []
+    # Filter values come as strings (DataHub's Criterion); the backends compare typed values, so only an absent
+    # filter goes to the backend as is and every filter is matched here, over the range's points.
+    equals = None if groups else {}
+    if equals is not None:
+        points = await backend.timeseries(TimeseriesQuery(urn=urn, aspect=aspect, start_ms=start, end_ms=end, limit=limit, equals=equals))
+    else:
+        candidates = await backend.timeseries(TimeseriesQuery(urn=urn, aspect=aspect, start_ms=start, end_ms=end, limit=max(limit, DEFAULT_LIMIT) * 10))
+        points = [p for p in candidates if filter_matches(groups, p.value)][:limit]
+    values = []
+    for p in points[:limit]:
+        item: dict[str, Any] = {"aspect": {"value": orjson.dumps(p.value).decode(), "contentType": "application/json"}}
+        if p.system_metadata is not None:
+            item["systemMetadata"] = p.system_metadata
+        values.append(item)
     return values

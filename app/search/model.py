@@ -158,3 +158,7 @@ class SearchBackend(Protocol):
     async def timeseries(self, query: TimeseriesQuery) -> list[TimeseriesPoint]: ...  # newest first
 
     async def document_versions(self, urn: str) -> dict[str, int]: ...  # aspect -> version indexed (trace, reconcile)
+
+    async def delete_timeseries(
+        self, urn: str, aspects: list[str], *, start_ms: int | None = None, end_ms: int | None = None,
+    ) -> int: ...  # points of `urn` in those aspects within the (inclusive) range; returns how many

@@ -101,6 +101,7 @@ class WriteResult:
     items: list[ItemResult]
     change_logs: int = 0
     attempts: int = 1
+    outbox: list[OutboxRow] = field(default_factory=list)  # the committed change logs (sync index update)
 
 
 @dataclass(slots=True)
@@ -270,7 +271,7 @@ class WriteService:
                     ) from error
                 log.info("write transaction retried", extra={"attempt": attempts, "reason": type(error).__name__, "detail": getattr(error, "detail", None) or str(error)})
         log.debug("write committed", extra={"items": len(proposals), "change_logs": len(txn.outbox)})
-        return WriteResult(sorted(txn.results, key=lambda r: r.index), len(txn.outbox), attempts)
+        return WriteResult(sorted(txn.results, key=lambda r: r.index), len(txn.outbox), attempts, txn.outbox)
 
     async def _run_transaction(
         self, repo: AspectRepository, proposals: Sequence[Proposal], audit: AuditStamp

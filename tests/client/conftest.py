@@ -13,7 +13,6 @@ import os
 import subprocess
 import sys
 import textwrap
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 
 from app.db import upgrade_database
 from app.embedded_pg import free_port
+from tests.processes import start_service, stop_process, wait_healthy_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_VERSION = "1.7.0.17"
@@ -96,36 +96,15 @@ def client_template(make_database: Callable[..., str]) -> str:
 def metaledger(make_database: Callable[..., str], client_template: str) -> Iterator[Metaledger]:
     database_url = make_database(template=client_template)
     port = free_port()
-    env = {
-        **os.environ,
-        "METALEDGER_DATABASE_URL": database_url,
-        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-    }
-    env.pop("METALEDGER_KAFKA_BOOTSTRAP_SERVERS", None)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
+    env = {"METALEDGER_DATABASE_URL": database_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+           "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": ""}
+    process = start_service(env, port)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.TransportError:
-                pass
-            if process.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError("metaledger did not become healthy")
-            time.sleep(0.1)
+        wait_healthy_sync(url, process=process)
         yield Metaledger(url, database_url)
     finally:
-        process.terminate()
-        try:
-            process.wait(15)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(5)
+        stop_process(process)
 
 
 @pytest.fixture(scope="session")

@@ -7,12 +7,8 @@ Runs the real service (`uvicorn app.main:app`) as a process against the real tes
 from __future__ import annotations
 
 import asyncio
-import os
-import subprocess
-import sys
 import time
 import uuid
-from pathlib import Path
 
 import asyncpg
 import httpx
@@ -20,30 +16,10 @@ import orjson
 from aiokafka import AIOKafkaConsumer
 
 from app.embedded_pg import free_port
+from tests.processes import start_service, wait_healthy
 
-ROOT = Path(__file__).resolve().parents[2]
 CLIENTS = 6
 BATCH = 50
-
-
-def start_service(env: dict[str, str], port: int) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning"],
-        cwd=ROOT, env={**os.environ, **env}, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-
-
-async def wait_healthy(base: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    async with httpx.AsyncClient() as http:
-        while time.monotonic() < deadline:
-            try:
-                if (await http.get(f"{base}/health")).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            await asyncio.sleep(0.1)
-    raise AssertionError("the service did not become healthy")
 
 
 def urn(client: int, i: int) -> str:

@@ -1,0 +1,803 @@
+"""The index model: turns Metadata Change Logs into index changes (`app.search.model.Change`).
+
+One module for the service (sync indexing, embedded worker) and for `spark_indexer`. Pure Python, no I/O.
+Everything is derived from the registry's schema annotations, following DataHub:
+
+- ``Searchable`` (entity-registry ``SearchableAnnotation``; ``SearchDocumentTransformer``): each annotated path is
+  walked in the aspect value (``*`` = every array element / map value); a field holds the scalar found, or the
+  list of scalars when the path crosses an array/map. ``hasValuesFieldName`` adds a boolean,
+  ``numValuesFieldName`` a count. Map values under ``/*`` are indexed as ``key=value`` (DataHub's form for
+  ``customProperties``). ``BROWSE_PATH_V2`` is DataHub's ``␟``-joined path.
+- ``Relationship`` (``RelationshipAnnotation``; the graph's edge extraction): one edge per URN found at the
+  annotated path, with ``createdOn``/``createdActor``/``updatedOn``/``updatedActor``/``properties``/``via`` read
+  from paths relative to the same array element.
+- ``TimeseriesField`` (``TimeseriesAspectTransformer``): the aspect-level document of a timeseries value, with
+  DataHub's document id (see :func:`timeseries_doc_id`).
+
+Pegasus path overrides on an outer field (``SchemaField.globalTags`` rewriting ``GlobalTags.tags``' ``/*/tag``
+to ``fieldTags`` / ``SchemaFieldTaggedWith``) win over the inner record's own annotation, as in Pegasus; an
+override holding only ``v3`` hints does not replace the inner annotation.
+
+Extractors are compiled once per (registry, aspect) and cached by registry identity.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import weakref
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import orjson
+
+from app.registry.schema import AliasedUnion, Array, Enum, Map, Primitive, Record, Type, Union
+from app.search.model import (
+    REMOVED_FIELD,
+    URN_FIELD,
+    VERSIONS_FIELD,
+    AspectEdges,
+    AspectFields,
+    Change,
+    Edge,
+    EntityRemoval,
+    SearchFieldSpec,
+    TimeseriesPoint,
+)
+
+__all__ = [
+    "search_fields",
+    "filter_fields",
+    "index_mapping",
+    "timeseries_mapping",
+    "changes_from_mcl",
+    "timeseries_doc_id",
+    "index_name",
+    "timeseries_index_name",
+    "merge_aspect_fields",
+    "BROWSE_PATH_V2_DELIMITER",
+]
+
+BROWSE_PATH_V2_DELIMITER = "\u241f"  # DataHub's "␟"
+
+# DataHub's SearchableAnnotation: types matched by the default query when queryByDefault is not given.
+_DEFAULT_QUERY_TYPES = frozenset({"TEXT", "TEXT_PARTIAL", "WORD_GRAM", "URN", "URN_PARTIAL"})
+_TEXT_TYPES = frozenset({"TEXT", "TEXT_PARTIAL", "WORD_GRAM"})
+_UPSERT_TYPES = frozenset({"UPSERT", "CREATE", "RESTATE", "PATCH", "CREATE_ENTITY", "UPDATE"})
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Compiled per-aspect specs
+# ---------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _FieldExtractor:
+    spec: SearchFieldSpec
+    segments: tuple[str, ...]
+    map_leaf: bool  # the path ends in a map's "*": values are indexed as "key=value"
+
+
+@dataclass(frozen=True, slots=True)
+class _EdgeExtractor:
+    name: str
+    segments: tuple[str, ...]
+    is_lineage: bool
+    created_on: tuple[str, ...] | None
+    created_actor: tuple[str, ...] | None
+    updated_on: tuple[str, ...] | None
+    updated_actor: tuple[str, ...] | None
+    properties: tuple[str, ...] | None
+    via: tuple[str, ...] | None
+
+
+@dataclass(frozen=True, slots=True)
+class _TsField:
+    name: str
+    segments: tuple[str, ...]
+    kind: str  # "scalar" | "json"
+
+
+@dataclass(frozen=True, slots=True)
+class _AspectModel:
+    name: str
+    is_timeseries: bool
+    is_key: bool
+    fields: tuple[_FieldExtractor, ...]
+    edges: tuple[_EdgeExtractor, ...]
+    ts_fields: tuple[_TsField, ...]
+
+
+_CACHE: "weakref.WeakKeyDictionary[Any, dict[Any, Any]]" = weakref.WeakKeyDictionary()
+_CACHE_LOCK = threading.Lock()
+
+
+def _registry_cache(registry: Any) -> dict[Any, Any]:
+    c = _CACHE.get(registry)
+    if c is None:
+        with _CACHE_LOCK:
+            c = _CACHE.get(registry)
+            if c is None:
+                c = {}
+                _CACHE[registry] = c
+    return c
+
+
+def _split(path: str) -> tuple[str, ...]:
+    return tuple(p for p in path.strip("/").split("/") if p)
+
+
+def _effective_annotations(aspect_spec: Any) -> dict[str, dict[str, Any]]:
+    """Annotations per path with Pegasus override precedence: the override declared on the outermost field
+    wins (an override made only of ``v3`` hints does not replace anything)."""
+    best: dict[tuple[str, str], tuple[int, Any]] = {}
+    for fa in aspect_spec.field_annotations:
+        depth = len(_split(fa.path))
+        for name, value in fa.annotations.items():
+            if isinstance(value, dict) and value and all(isinstance(k, str) and k.startswith("/") for k in value):
+                targets = [(fa.path + sub, v) for sub, v in value.items()]
+            else:
+                targets = [(fa.path, value)]
+            for target, v in targets:
+                if isinstance(v, dict) and v and set(v) <= {"v3"}:
+                    continue  # search-v3 hints only
+                key = (target, name)
+                prev = best.get(key)
+                if prev is None or depth < prev[0]:
+                    best[key] = (depth, v)
+    out: dict[str, dict[str, Any]] = {}
+    for (target, name), (_, v) in best.items():
+        out.setdefault(target, {})[name] = v
+    return out
+
+
+def _type_at(root: Record, segments: tuple[str, ...]) -> tuple[Type | None, str | None, bool]:
+    """(type at the path, the schema field name the path ends in, whether the last "*" is a map's)."""
+    t: Type | None = root
+    field_name: str | None = None
+    map_leaf = False
+    for seg in segments:
+        map_leaf = False
+        if t is None:
+            return None, field_name, False
+        if seg == "*":
+            if isinstance(t, Array):
+                t = t.items
+            elif isinstance(t, Map):
+                t = t.values
+                map_leaf = True
+            else:
+                return None, field_name, False
+            continue
+        if isinstance(t, Record):
+            f = next((f for f in t.fields if f.name == seg), None)
+            if f is None:
+                return None, field_name, False
+            t, field_name = f.type, seg
+        elif isinstance(t, (Union, AliasedUnion)):
+            t = next((m for k, m in t.members if k == seg), None)
+        else:
+            return None, field_name, False
+    return t, field_name, map_leaf
+
+
+def _default_field_type(t: Type | None) -> str:
+    # DataHub SearchableAnnotation.getDefaultFieldType: INT -> COUNT, MAP -> KEYWORD, FLOAT/DOUBLE -> DOUBLE, else TEXT
+    if isinstance(t, Primitive):
+        if t.kind == "int":
+            return "COUNT"
+        if t.kind in ("float", "double"):
+            return "DOUBLE"
+    if isinstance(t, Map):
+        return "KEYWORD"
+    return "TEXT"
+
+
+def _bool(v: Any, default: bool) -> bool:
+    if v is None:
+        return default
+    if isinstance(v, str):
+        return v.strip().lower() == "true"
+    return bool(v)
+
+
+def _rel_segments(path: Any, dest_segments: tuple[str, ...]) -> tuple[str, ...] | None:
+    if not isinstance(path, str) or not path:
+        return None
+    return _split(path)
+
+
+def _compile_aspect(aspect_spec: Any) -> _AspectModel:
+    root = aspect_spec.type
+    eff = _effective_annotations(aspect_spec)
+    fields: list[_FieldExtractor] = []
+    edges: list[_EdgeExtractor] = []
+    ts: list[_TsField] = []
+    for path in sorted(eff, key=lambda p: (p.count("/"), p)):
+        ann = eff[path]
+        segments = _split(path)
+        if any(s.startswith("$") for s in segments):
+            continue  # "$key" (MAP_ARRAY on map keys): not supported
+        t, schema_field, map_leaf = _type_at(root, segments)
+        s = ann.get("Searchable")
+        if isinstance(s, dict):
+            ftype = s.get("fieldType") or _default_field_type(t)
+            if ftype == "MAP_ARRAY":
+                pass
+            else:
+                name = s.get("fieldName") or schema_field or segments[-1]
+                spec = SearchFieldSpec(
+                    name=name,
+                    field_type=ftype,
+                    aspect=aspect_spec.name,
+                    boost=float(s.get("boostScore", 1.0)),
+                    add_to_filters=_bool(s.get("addToFilters"), False),
+                    filter_name=s.get("filterNameOverride") or None,
+                    autocomplete=_bool(s.get("enableAutocomplete"), False),
+                    query_by_default=_bool(s.get("queryByDefault"), ftype in _DEFAULT_QUERY_TYPES),
+                    has_values_field=s.get("hasValuesFieldName") or None,
+                    num_values_field=s.get("numValuesFieldName") or None,
+                )
+                fields.append(_FieldExtractor(spec, segments, map_leaf and ftype != "OBJECT"))
+        r = ann.get("Relationship")
+        if isinstance(r, dict) and r.get("name"):
+            edges.append(
+                _EdgeExtractor(
+                    name=r["name"],
+                    segments=segments,
+                    is_lineage=_bool(r.get("isLineage"), False),
+                    created_on=_rel_segments(r.get("createdOn"), segments),
+                    created_actor=_rel_segments(r.get("createdActor"), segments),
+                    updated_on=_rel_segments(r.get("updatedOn"), segments),
+                    updated_actor=_rel_segments(r.get("updatedActor"), segments),
+                    properties=_rel_segments(r.get("properties"), segments),
+                    via=_rel_segments(r.get("via"), segments),
+                )
+            )
+        if aspect_spec.is_timeseries and isinstance(ann.get("TimeseriesField"), dict) and "*" not in segments:
+            kind = "scalar" if isinstance(t, (Primitive, Enum)) else "json"
+            ts.append(_TsField(schema_field or segments[-1], segments, kind))
+    return _AspectModel(
+        aspect_spec.name, bool(aspect_spec.is_timeseries), bool(aspect_spec.is_key), tuple(fields), tuple(edges), tuple(ts)
+    )
+
+
+def _aspect_model(registry: Any, aspect: str) -> _AspectModel | None:
+    cache = _registry_cache(registry)
+    key = ("aspect", aspect)
+    m = cache.get(key, _MISSING)
+    if m is _MISSING:
+        spec = registry.aspects.get(aspect)
+        m = _compile_aspect(spec) if spec is not None else None
+        cache[key] = m
+    return m
+
+
+_MISSING = object()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Value walking
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _walk(value: Any, segments: tuple[str, ...], i: int, idx: tuple[Any, ...]) -> Iterator[tuple[Any, tuple[Any, ...], Any]]:
+    """Yield (leaf, indices of each "*" crossed, map key of the last "*" or None)."""
+    n = len(segments)
+    while i < n:
+        if value is None:
+            return
+        seg = segments[i]
+        if seg == "*":
+            if isinstance(value, list):
+                for j, v in enumerate(value):
+                    yield from _walk(v, segments, i + 1, idx + (j,))
+            elif isinstance(value, dict):
+                for k, v in value.items():
+                    if i + 1 == n:
+                        yield v, idx + (k,), k
+                    else:
+                        yield from _walk(v, segments, i + 1, idx + (k,))
+            return
+        if not isinstance(value, dict):
+            return
+        value = value.get(seg)
+        i += 1
+    if value is not None:
+        yield value, idx, None
+
+
+def _get_at(value: Any, segments: tuple[str, ...], idx: tuple[Any, ...]) -> Any:
+    """Value at a path whose "*" are bound, in order, to ``idx`` (the element of the edge's destination)."""
+    k = 0
+    for seg in segments:
+        if value is None:
+            return None
+        if seg == "*":
+            if k >= len(idx):
+                return None
+            key = idx[k]
+            k += 1
+            if isinstance(value, list) and isinstance(key, int) and 0 <= key < len(value):
+                value = value[key]
+            elif isinstance(value, dict):
+                value = value.get(key)
+            else:
+                return None
+        elif isinstance(value, dict):
+            value = value.get(seg)
+        else:
+            return None
+    return value
+
+
+def _scalar(v: Any) -> Any:
+    if isinstance(v, (dict, list)):
+        return orjson.dumps(v).decode()
+    return v
+
+
+def _extract_fields(model: _AspectModel, value: dict[str, Any]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for fx in model.fields:
+        spec = fx.spec
+        many = "*" in fx.segments
+        found: list[Any] = []
+        for leaf, _idx, mkey in _walk(value, fx.segments, 0, ()):
+            if fx.map_leaf and mkey is not None:
+                found.append(f"{mkey}={leaf}")
+            elif isinstance(leaf, list) and spec.field_type != "OBJECT":
+                found.extend(_scalar(x) for x in leaf if x is not None)
+                many = True
+            elif spec.field_type == "OBJECT" or not isinstance(leaf, dict):
+                found.append(leaf if spec.field_type == "OBJECT" else _scalar(leaf))
+            else:
+                found.append(_scalar(leaf))
+        name = spec.name
+        if spec.field_type == "BROWSE_PATH_V2":
+            ids = [str(x) for x in found]
+            found = [BROWSE_PATH_V2_DELIMITER + BROWSE_PATH_V2_DELIMITER.join(ids)] if ids else []
+            many = False
+        if found:
+            if many:
+                prev = out.get(name)
+                if isinstance(prev, list):
+                    prev.extend(x for x in found if x not in prev)
+                elif prev is not None:
+                    out[name] = [prev] + [x for x in found if x != prev]
+                else:
+                    dedup: list[Any] = []
+                    for x in found:
+                        if x not in dedup:
+                            dedup.append(x)
+                    out[name] = dedup
+            elif name not in out:
+                out[name] = found[0]
+        if spec.has_values_field:
+            out[spec.has_values_field] = bool(out.get(spec.has_values_field)) or bool(found)
+        if spec.num_values_field:
+            out[spec.num_values_field] = int(out.get(spec.num_values_field) or 0) + len(found)
+    return out
+
+
+def _entity_type_of(urn: str) -> str:
+    if urn.startswith("urn:li:"):
+        rest = urn[7:]
+        j = rest.find(":")
+        if j > 0:
+            return rest[:j]
+    return ""
+
+
+def _as_int(v: Any) -> int | None:
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return None
+
+
+def _extract_edges(model: _AspectModel, urn: str, entity_type: str, value: dict[str, Any]) -> tuple[Edge, ...]:
+    out: list[Edge] = []
+    seen: set[tuple[str, str, str | None]] = set()
+    for ex in model.edges:
+        for leaf, idx, _ in _walk(value, ex.segments, 0, ()):
+            dests = leaf if isinstance(leaf, list) else [leaf]
+            for dest in dests:
+                if not isinstance(dest, str) or not dest:
+                    continue
+                via = _get_at(value, ex.via, idx) if ex.via else None
+                via = via if isinstance(via, str) else None
+                key = (dest, ex.name, via)
+                if key in seen:
+                    continue
+                seen.add(key)
+                props = _get_at(value, ex.properties, idx) if ex.properties else None
+                ca = _get_at(value, ex.created_actor, idx) if ex.created_actor else None
+                ua = _get_at(value, ex.updated_actor, idx) if ex.updated_actor else None
+                out.append(
+                    Edge(
+                        source=urn,
+                        destination=dest,
+                        relationship=ex.name,
+                        source_type=entity_type,
+                        destination_type=_entity_type_of(dest),
+                        via=via,
+                        created_on=_as_int(_get_at(value, ex.created_on, idx)) if ex.created_on else None,
+                        created_actor=ca if isinstance(ca, str) else None,
+                        updated_on=_as_int(_get_at(value, ex.updated_on, idx)) if ex.updated_on else None,
+                        updated_actor=ua if isinstance(ua, str) else None,
+                        properties=dict(props) if isinstance(props, dict) else {},
+                        is_lineage=ex.is_lineage,
+                    )
+                )
+    return tuple(out)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Timeseries document id (DataHub TimeseriesAspectTransformer.getDocId)
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _java_string_hash(s: str) -> int:
+    b = s.encode("utf-16-be")
+    h = 0
+    for i in range(0, len(b), 2):
+        h = (31 * h + ((b[i] << 8) | b[i + 1])) & 0xFFFFFFFF
+    return h
+
+
+def _java_hashmap_order(d: dict[str, Any]) -> list[str]:
+    """Key order of a java.util.HashMap (as a Pegasus DataMap) holding ``d``, inserted in ``d``'s order."""
+    n = 16
+    while len(d) > n * 0.75:
+        n *= 2
+    keyed = []
+    for pos, k in enumerate(d):
+        h = _java_string_hash(k)
+        h ^= h >> 16
+        keyed.append(((h & (n - 1)), pos, k))
+    keyed.sort()
+    return [k for _, _, k in keyed]
+
+
+def _java_json(v: Any) -> str:
+    """Jackson's writeValueAsString of a Pegasus DataMap/DataList (HashMap key order, compact)."""
+    if isinstance(v, dict):
+        return "{" + ",".join(_json_str(k) + ":" + _java_json(v[k]) for k in _java_hashmap_order(v)) + "}"
+    if isinstance(v, list):
+        return "[" + ",".join(_java_json(x) for x in v) + "]"
+    return orjson.dumps(v).decode() if not isinstance(v, str) else _json_str(v)
+
+
+def _json_str(s: str) -> str:
+    return orjson.dumps(s).decode()
+
+
+def _ts_common(urn: str, value: dict[str, Any]) -> dict[str, Any]:
+    """The common part of DataHub's timeseries document (urn, timestampMillis, eventGranularity as JSON text,
+    partitionSpec, messageId)."""
+    ts = value.get("timestampMillis")
+    if ts is None:
+        raise ValueError("timeseries aspect without timestampMillis")
+    doc: dict[str, Any] = {"urn": urn, "timestampMillis": int(ts)}
+    eg = value.get("eventGranularity")
+    if eg is not None:
+        doc["eventGranularity"] = _java_json(eg)
+    ps = value.get("partitionSpec")
+    if isinstance(ps, dict):
+        partition, time_partition = ps.get("partition"), ps.get("timePartition")
+        if partition is not None and time_partition is not None:
+            raise ValueError("Both partition and timePartition cannot be specified in partitionSpec")
+        if partition is not None:
+            doc["partitionSpec"] = {"partition": str(partition)}
+        elif time_partition is not None:
+            doc["partitionSpec"] = {"timePartition": _java_json(time_partition)}
+    mid = value.get("messageId")
+    if mid is not None:
+        doc["messageId"] = str(mid)
+    return doc
+
+
+def _doc_id_from_common(doc: dict[str, Any], collection_id: str | None = None) -> str:
+    s = str(doc["timestampMillis"])
+    if "eventGranularity" in doc:
+        s += _json_str(doc["eventGranularity"])  # a text node: its toString() is the quoted JSON string
+    s += _json_str(doc["urn"])
+    if collection_id is not None:
+        s += collection_id
+    if "messageId" in doc:
+        s += _json_str(doc["messageId"])
+    ps = doc.get("partitionSpec")
+    if ps is not None:
+        (k, v), = ps.items()
+        s += "{" + _json_str(k) + ":" + _json_str(v) + "}"
+    return hashlib.md5(s.encode("utf-8")).hexdigest()
+
+
+def timeseries_doc_id(urn: str, value: dict) -> str:
+    """DataHub's id of the aspect-level timeseries document: md5 hex (DataHub's default ``ELASTIC_ID_HASH_ALGO``)
+    of ``timestampMillis`` + JSON(eventGranularity text) + JSON(urn) + JSON(messageId) + partitionSpec object,
+    each part only when present (``TimeseriesAspectTransformer.getDocId``)."""
+    return _doc_id_from_common(_ts_common(urn, value))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Changes from a change log
+# ---------------------------------------------------------------------------------------------------------
+
+
+def _aspect_value(container: Any) -> dict[str, Any] | None:
+    if not isinstance(container, dict):
+        return None
+    v = container.get("value")
+    if isinstance(v, (str, bytes)):
+        v = orjson.loads(v)
+    return v if isinstance(v, dict) else None
+
+
+def _version_of(sm: Any) -> int | None:
+    if isinstance(sm, dict):
+        return _as_int(sm.get("version"))
+    return None
+
+
+def changes_from_mcl(mcl: dict, registry) -> list[Change]:
+    """The index changes of one change log: [] for aspects/entities with nothing to index."""
+    entity_type = mcl.get("entityType")
+    urn = mcl.get("entityUrn")
+    aspect = mcl.get("aspectName")
+    if not entity_type or not urn or not aspect:
+        return []
+    espec = registry.entities.get(entity_type)
+    if espec is None:
+        try:
+            espec = registry.entity(entity_type)
+        except Exception:
+            return []
+        entity_type = espec.name
+    if aspect not in espec.aspect_names:
+        return []
+    model = _aspect_model(registry, aspect)
+    if model is None:
+        return []
+    change_type = (mcl.get("changeType") or "UPSERT").upper()
+
+    if model.is_timeseries:
+        if change_type == "DELETE":
+            return []
+        value = _aspect_value(mcl.get("aspect"))
+        if value is None or value.get("timestampMillis") is None:
+            return []
+        ts = int(value["timestampMillis"])
+        sm = mcl.get("systemMetadata") if isinstance(mcl.get("systemMetadata"), dict) else None
+        common = _ts_common(urn, value)
+        fields = dict(common)
+        fields["timestampMillis"] = ts
+        fields["isExploded"] = False
+        if sm and sm.get("runId"):
+            fields["runId"] = sm["runId"]
+        for tf in model.ts_fields:
+            v = _get_at(value, tf.segments, ())
+            if v is not None:
+                fields[tf.name] = v if tf.kind == "scalar" else _java_json(v)
+        out: list[Change] = [
+            TimeseriesPoint(
+                aspect=aspect,
+                doc_id=_doc_id_from_common(common),
+                urn=urn,
+                entity_type=entity_type,
+                timestamp_ms=ts,
+                fields=fields,
+                value=value,
+                system_metadata=sm,
+            )
+        ]
+        if model.fields:  # Searchable fields of a timeseries aspect: the latest point feeds the entity document
+            out.append(AspectFields(entity_type, urn, aspect, ts, _extract_fields(model, value)))
+        return out
+
+    if change_type == "DELETE":
+        version = _version_of(mcl.get("previousSystemMetadata"))
+        if version is None:
+            version = _version_of(mcl.get("systemMetadata")) or 0
+        if model.is_key or aspect == espec.key_aspect:
+            return [EntityRemoval(entity_type, urn, version)]
+        out = [AspectFields(entity_type, urn, aspect, version, {}, deleted=True)]
+        if model.edges:
+            out.append(AspectEdges(urn, aspect, version, ()))
+        return out
+
+    if change_type not in _UPSERT_TYPES:
+        return []
+    if not model.fields and not model.edges and not model.is_key:
+        return []
+    value = _aspect_value(mcl.get("aspect"))
+    if value is None:
+        return []
+    version = _version_of(mcl.get("systemMetadata")) or 0
+    fields = _extract_fields(model, value)
+    if model.is_key or aspect == espec.key_aspect:
+        fields[URN_FIELD] = urn
+        p = value.get("platform")
+        if "platform" not in fields and isinstance(p, str) and p.startswith("urn:li:dataPlatform:"):
+            fields["platform"] = p
+    out = [AspectFields(entity_type, urn, aspect, version, fields)]
+    if model.edges:
+        out.append(AspectEdges(urn, aspect, version, _extract_edges(model, urn, entity_type, value)))
+    return out
+
+
+def merge_aspect_fields(per_aspect: dict[str, dict[str, Any]], versions: dict[str, int] | None = None) -> dict[str, Any]:
+    """One entity document from the fields each aspect contributes (for backends that store whole documents).
+    The same field from several aspects (``hasDescription``, ``tags``, ...) is merged: lists are unioned,
+    booleans OR-ed, counts of ``num*`` fields summed; otherwise the first aspect in key order wins."""
+    doc: dict[str, Any] = {}
+    for aspect in sorted(per_aspect):
+        for k, v in per_aspect[aspect].items():
+            if k not in doc:
+                doc[k] = list(v) if isinstance(v, list) else v
+                continue
+            prev = doc[k]
+            if isinstance(prev, bool) and isinstance(v, bool):
+                doc[k] = prev or v
+            elif isinstance(prev, list) or isinstance(v, list):
+                merged = prev if isinstance(prev, list) else [prev]
+                for x in v if isinstance(v, list) else [v]:
+                    if x not in merged:
+                        merged.append(x)
+                doc[k] = merged
+            elif k.startswith("num") and isinstance(prev, int) and isinstance(v, int):
+                doc[k] = prev + v
+    doc.setdefault(REMOVED_FIELD, False)
+    if versions is not None:
+        doc[VERSIONS_FIELD] = dict(versions)
+    return doc
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Field specs and mappings
+# ---------------------------------------------------------------------------------------------------------
+
+
+def search_fields(registry, entity_type: str) -> list[SearchFieldSpec]:
+    """Every searchable field of an entity's document (key aspect first), one spec per field name: when several
+    aspects declare the same name the first type is kept and the flags are combined (max boost, any filter /
+    autocomplete / default query)."""
+    cache = _registry_cache(registry)
+    key = ("fields", entity_type)
+    got = cache.get(key)
+    if got is not None:
+        return list(got)
+    espec = registry.entity(entity_type)
+    order = list(espec.aspects_in_order) or [espec.key_aspect] + sorted(a for a in espec.aspect_names if a != espec.key_aspect)
+    by_name: dict[str, SearchFieldSpec] = {}
+    for aspect in order:
+        model = _aspect_model(registry, aspect)
+        if model is None:
+            continue
+        for fx in model.fields:
+            s = fx.spec
+            prev = by_name.get(s.name)
+            if prev is None:
+                by_name[s.name] = s
+            else:
+                by_name[s.name] = SearchFieldSpec(
+                    name=prev.name,
+                    field_type=prev.field_type,
+                    aspect=prev.aspect,
+                    boost=max(prev.boost, s.boost),
+                    add_to_filters=prev.add_to_filters or s.add_to_filters,
+                    filter_name=prev.filter_name or s.filter_name,
+                    autocomplete=prev.autocomplete or s.autocomplete,
+                    query_by_default=prev.query_by_default or s.query_by_default,
+                    has_values_field=prev.has_values_field or s.has_values_field,
+                    num_values_field=prev.num_values_field or s.num_values_field,
+                )
+    result = tuple(by_name.values())
+    cache[key] = result
+    return list(result)
+
+
+def filter_fields(registry, entity_type: str) -> dict[str, SearchFieldSpec]:
+    """Filter name (the document field name) -> spec, for the ``addToFilters`` fields."""
+    return {s.name: s for s in search_fields(registry, entity_type) if s.add_to_filters}
+
+
+def _field_mapping(spec: SearchFieldSpec) -> dict[str, Any]:
+    t = spec.field_type
+    if t in _TEXT_TYPES:
+        m: dict[str, Any] = {
+            "type": "text",
+            "fields": {"keyword": {"type": "keyword", "ignore_above": 256}},
+        }
+        if spec.autocomplete:
+            m["fields"]["ngram"] = {"type": "search_as_you_type"}
+        return m
+    if t == "URN":
+        m = {"type": "keyword", "fields": {"text": {"type": "text"}}}
+        if spec.autocomplete:
+            m["fields"]["ngram"] = {"type": "search_as_you_type"}
+        return m
+    if t == "URN_PARTIAL":
+        return {"type": "keyword", "fields": {"text": {"type": "text"}, "ngram": {"type": "search_as_you_type"}}}
+    if t == "BOOLEAN":
+        return {"type": "boolean"}
+    if t == "COUNT":
+        return {"type": "long"}
+    if t == "DATETIME":
+        return {"type": "date", "format": "epoch_millis"}
+    if t == "DOUBLE":
+        return {"type": "double"}
+    if t in ("OBJECT", "MAP_ARRAY"):
+        return {"type": "object", "dynamic": True}
+    if t in ("BROWSE_PATH", "BROWSE_PATH_V2"):
+        return {"type": "keyword", "fields": {"text": {"type": "text"}}}
+    # KEYWORD and anything unknown
+    m = {"type": "keyword"}
+    if spec.autocomplete:
+        m["fields"] = {"ngram": {"type": "search_as_you_type"}}
+    return m
+
+
+def index_mapping(registry, entity_type: str) -> dict:
+    """Elasticsearch/OpenSearch mapping of the entity index: ``{"properties": {...}}``."""
+    props: dict[str, Any] = {
+        URN_FIELD: {"type": "keyword"},
+        REMOVED_FIELD: {"type": "boolean"},
+        VERSIONS_FIELD: {"type": "object", "dynamic": True},
+    }
+    for spec in search_fields(registry, entity_type):
+        if spec.name not in (URN_FIELD, REMOVED_FIELD):
+            props[spec.name] = _field_mapping(spec)
+        if spec.has_values_field and spec.has_values_field not in props:
+            props[spec.has_values_field] = {"type": "boolean"}
+        if spec.num_values_field and spec.num_values_field not in props:
+            props[spec.num_values_field] = {"type": "long"}
+    return {"dynamic": True, "properties": props}
+
+
+def _ts_type_mapping(t: Type | None) -> dict[str, Any]:
+    if isinstance(t, Primitive):
+        if t.kind in ("int", "long"):
+            return {"type": "long"}
+        if t.kind in ("float", "double"):
+            return {"type": "double"}
+        if t.kind == "boolean":
+            return {"type": "boolean"}
+    return {"type": "keyword"}
+
+
+def timeseries_mapping(registry, aspect: str) -> dict:
+    """Mapping of a timeseries aspect's index (DataHub's timeseries MappingsBuilder, aspect-level documents)."""
+    spec = registry.aspect_spec(aspect)
+    model = _aspect_model(registry, aspect)
+    props: dict[str, Any] = {
+        "urn": {"type": "keyword"},
+        "timestampMillis": {"type": "date", "format": "epoch_millis"},
+        "eventGranularity": {"type": "keyword"},
+        "partitionSpec": {"properties": {"partition": {"type": "keyword"}, "timePartition": {"type": "keyword"}}},
+        "messageId": {"type": "keyword"},
+        "runId": {"type": "keyword"},
+        "isExploded": {"type": "boolean"},
+        "event": {"type": "object", "enabled": False},
+        "systemMetadata": {"type": "object", "enabled": False},
+    }
+    if model is not None:
+        for tf in model.ts_fields:
+            if tf.name in props:
+                continue
+            t, _, _ = _type_at(spec.type, tf.segments)
+            props[tf.name] = _ts_type_mapping(t) if tf.kind == "scalar" else {"type": "keyword"}
+    return {"properties": props}
+
+
+def index_name(prefix: str, entity_type: str) -> str:
+    """DataHub's entity index name: ``{prefix}{entity}index_v2`` (lower-cased entity name)."""
+    return f"{prefix}{entity_type.lower()}index_v2"
+
+
+def timeseries_index_name(prefix: str, entity_type: str, aspect: str) -> str:
+    """DataHub's timeseries index name: ``{prefix}{entity}_{aspect}aspect_v1`` (lower-cased)."""
+    return f"{prefix}{entity_type.lower()}_{aspect.lower()}aspect_v1"

