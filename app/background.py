@@ -14,6 +14,7 @@ from app.kafka.proposals import ProposalProducer
 from app.kafka.relay import OutboxRelay
 from app.kafka.topics import ensure_topics
 from app.search.worker import IndexWorker
+from app.workers import pause
 
 log = logging.getLogger("metaledger.background")
 
@@ -53,10 +54,7 @@ class Background:
                 await worker.run(self.stop)
             except Exception:
                 log.exception("background worker failed; restarting", extra={"worker": type(worker).__name__})
-                try:
-                    await asyncio.wait_for(self.stop.wait(), timeout=1.0)
-                except TimeoutError:
-                    pass
+                await pause(self.stop, 1.0)
 
     async def close(self) -> None:
         self.stop.set()

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from concurrent.futures import ThreadPoolExecutor
 
+import asyncpg
 from alembic import command
 from alembic.config import Config
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
@@ -49,3 +51,33 @@ async def session_scope(maker: async_sessionmaker[AsyncSession]) -> AsyncIterato
     async with maker() as session:
         yield session
 
+
+
+async def connect_dedicated(engine: AsyncEngine, application_name: str) -> asyncpg.Connection:
+    """A connection of its own (outside the pool) for a long-running background worker: it holds session-level
+    advisory locks and must not be handed to request handlers."""
+    dsn = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    return await asyncpg.connect(dsn, server_settings={"application_name": application_name})
+
+
+class SessionRepository:
+    """Base of the repositories whose bulk SQL runs on the asyncpg connection under the request's session."""
+
+    def __init__(self, session: AsyncSession) -> None:
+        self._session = session
+        self._raw: asyncpg.Connection | None = None
+
+    async def _conn(self) -> asyncpg.Connection:
+        if self._raw is None:
+            connection = await self._session.connection()
+            raw = await connection.get_raw_connection()
+            self._raw = raw.driver_connection
+        return self._raw
+
+    @asynccontextmanager
+    async def transaction(self) -> AsyncIterator[None]:
+        """A READ COMMITTED transaction on the session's connection. It is opened on the driver connection itself:
+        SQLAlchemy starts its transaction lazily on its own first statement, and these statements bypass it."""
+        conn = await self._conn()
+        async with conn.transaction(isolation="read_committed"):
+            yield

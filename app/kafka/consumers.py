@@ -48,6 +48,7 @@ from app.proposals.schemas import parse_proposals
 from app.settings import Settings
 from app.write.proposal import DEFAULT_RUN_ID, SYSTEM_ACTOR, AuditStamp, Proposal
 from app.write.service import Draft, WriteService
+from app.workers import pause
 
 log = logging.getLogger("metaledger.kafka.consumers")
 
@@ -213,7 +214,7 @@ class McpConsumer:
                     batches = await consumer.getmany(timeout_ms=500, max_records=self.settings.mcp_consumer_batch_size)
                 except KafkaError as error:
                     log.warning("fetch failed; retrying", extra={"topic": self.topic, "error": repr(error)})
-                    await _sleep(stop, 1.0)
+                    await pause(stop, 1.0)
                     continue
                 records = [record for tp_records in batches.values() for record in tp_records]
                 if records:
@@ -249,7 +250,7 @@ class McpConsumer:
             except (KafkaError, OSError) as error:
                 await client.stop()
                 log.warning("Kafka unreachable; retrying", extra={"topic": self.topic, "error": repr(error), "retry_in_s": backoff})
-                await _sleep(stop, backoff)
+                await pause(stop, backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
         return None
 
@@ -279,7 +280,7 @@ class McpConsumer:
                     if not paused:
                         paused = set(consumer.assignment())
                         consumer.pause(*paused)
-                    if await _sleep(stop, backoff):
+                    if await pause(stop, backoff):
                         return  # stopping: uncommitted, the batch is consumed again after a restart
                     backoff = min(backoff * 2, BACKOFF_MAX_S)
                     await _keep_polling(consumer)
@@ -439,7 +440,7 @@ class McpConsumer:
                 if not paused:
                     paused.update(consumer.assignment())
                     consumer.pause(*paused)
-                if await _sleep(stop, backoff):
+                if await pause(stop, backoff):
                     return False
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
                 await _keep_polling(consumer)
@@ -466,15 +467,6 @@ async def _keep_polling(consumer: AIOKafkaConsumer) -> None:
         await consumer.getmany(timeout_ms=0)
     except KafkaError as error:
         log.debug("poll while paused failed", extra={"error": repr(error)})
-
-
-async def _sleep(stop: asyncio.Event, seconds: float) -> bool:
-    """Sleep unless stopped; True if `stop` is set."""
-    try:
-        await asyncio.wait_for(stop.wait(), timeout=seconds)
-    except TimeoutError:
-        return False
-    return True
 
 
 class MceConsumer(McpConsumer):

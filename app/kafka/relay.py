@@ -34,6 +34,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.kafka import outbox
 from app.kafka.topics import create_missing_topics
 from app.settings import Settings
+from app.db import connect_dedicated
+from app.workers import pause
 
 log = logging.getLogger("metaledger.relay")
 
@@ -76,17 +78,6 @@ class OutboxRelay:
         await stop.wait()
         self._wake.set()
 
-    async def _connect(self) -> asyncpg.Connection:
-        dsn = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        return await asyncpg.connect(dsn, server_settings={"application_name": "metaledger-relay"})
-
-    @staticmethod
-    async def _pause(stop: asyncio.Event, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=seconds)
-        except TimeoutError:
-            pass
-
     # --- the sequencer -------------------------------------------------------------------------------------------
     async def _sequencer(self, stop: asyncio.Event) -> None:
         poll = self.settings.relay_poll_interval_ms / 1000
@@ -99,7 +90,7 @@ class OutboxRelay:
         while not stop.is_set():
             conn: asyncpg.Connection | None = None
             try:
-                conn = await self._connect()
+                conn = await connect_dedicated(self.engine, "metaledger-relay")
                 while not stop.is_set():
                     count = await outbox.sequence(conn, batch)
                     failures = 0
@@ -116,11 +107,11 @@ class OutboxRelay:
                             log.info("outbox pruned", extra={"rows": deleted})
                         next_prune = time.monotonic() + prune_every
                     if count < batch:
-                        await self._pause(stop, poll)
+                        await pause(stop, poll)
             except Exception as error:  # noqa: BLE001 - the relay outlives database restarts
                 failures += 1
                 log.warning("relay sequencer: database error; retrying", extra={"error": f"{type(error).__name__}: {error}"})
-                await self._pause(stop, min(MAX_BACKOFF_S, 0.2 * 2**failures))
+                await pause(stop, min(MAX_BACKOFF_S, 0.2 * 2**failures))
             finally:
                 if conn is not None:
                     await _close(conn)
@@ -140,8 +131,8 @@ class OutboxRelay:
                 mark_conn: asyncpg.Connection | None = None
                 marking: asyncio.Task | None = None
                 try:
-                    conn = await self._connect()
-                    mark_conn = await self._connect()
+                    conn = await connect_dedicated(self.engine, "metaledger-relay")
+                    mark_conn = await connect_dedicated(self.engine, "metaledger-relay")
                     await outbox.join_publishers(conn)
                     next_balance = 0.0
                     after = 0  # rows of this relay's lanes up to this offset are produced (marks may be in flight)
@@ -157,12 +148,12 @@ class OutboxRelay:
                             next_balance = time.monotonic() + BALANCE_INTERVAL_S
                         db_failures = 0
                         if not self.lanes:
-                            await self._pause(stop, BALANCE_INTERVAL_S)
+                            await pause(stop, BALANCE_INTERVAL_S)
                             continue
                         if self._producer is None:
                             wait = kafka_retry_at - time.monotonic()
                             if wait > 0:
-                                await self._pause(stop, min(wait, BALANCE_INTERVAL_S))
+                                await pause(stop, min(wait, BALANCE_INTERVAL_S))
                                 continue
                             try:
                                 await self._start_producer()
@@ -206,7 +197,7 @@ class OutboxRelay:
                 except Exception as error:  # noqa: BLE001 - the relay outlives database restarts
                     db_failures += 1
                     log.warning("relay publisher: database error; retrying", extra={"error": f"{type(error).__name__}: {error}"})
-                    await self._pause(stop, min(MAX_BACKOFF_S, 0.2 * 2**db_failures))
+                    await pause(stop, min(MAX_BACKOFF_S, 0.2 * 2**db_failures))
                 finally:
                     if marking is not None:  # a mark that does not land means those rows are published again
                         await asyncio.gather(marking, return_exceptions=True)

@@ -10,21 +10,11 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Sequence
 
 import asyncpg
-from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db import SessionRepository
 
 
-class RestliRepository:
-    def __init__(self, session: AsyncSession) -> None:
-        self._session = session
-        self._raw: asyncpg.Connection | None = None
-
-    async def _conn(self) -> asyncpg.Connection:
-        if self._raw is None:
-            connection = await self._session.connection()
-            raw = await connection.get_raw_connection()
-            self._raw = raw.driver_connection
-        return self._raw
-
+class RestliRepository(SessionRepository):
     # --- the aspect store -----------------------------------------------------------------------------------------
     async def count_rows(self, urn: str, aspect: str | None = None) -> int:
         """Rows (every version) of an entity, or of one of its aspects."""

@@ -31,6 +31,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.search.service import SearchRuntime
 from app.settings import Settings
+from app.db import connect_dedicated
+from app.workers import pause
 
 log = logging.getLogger("metaledger.search.worker")
 
@@ -51,23 +53,12 @@ class IndexWorker:
         self.failures = 0
         self.last_offset = 0
 
-    async def _connect(self) -> asyncpg.Connection:
-        dsn = self.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-        return await asyncpg.connect(dsn, server_settings={"application_name": "metaledger-indexer"})
-
-    @staticmethod
-    async def _pause(stop: asyncio.Event, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(stop.wait(), timeout=seconds)
-        except TimeoutError:
-            pass
-
     async def run(self, stop: asyncio.Event) -> None:
         failures = 0
         while not stop.is_set():
             conn: asyncpg.Connection | None = None
             try:
-                conn = await self._connect()
+                conn = await connect_dedicated(self.engine, "metaledger-indexer")
                 await conn.execute("INSERT INTO search_index_state (id, last_offset) VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
                 while not stop.is_set():
                     if not await self.runtime.start():
@@ -75,13 +66,13 @@ class IndexWorker:
                     count = await self.step(conn)
                     failures = 0
                     if count < self.batch:
-                        await self._pause(stop, self.poll_s)
+                        await pause(stop, self.poll_s)
             except Exception as error:  # noqa: BLE001 - the worker outlives database and search outages
                 failures += 1
                 self.failures += 1
                 if failures == 1 or failures % 20 == 0:
                     log.warning("indexing worker: error; retrying", extra={"attempts": failures, "error": f"{type(error).__name__}: {error}"})
-                await self._pause(stop, min(MAX_BACKOFF_S, 0.1 * 2**failures))
+                await pause(stop, min(MAX_BACKOFF_S, 0.1 * 2**failures))
             finally:
                 if conn is not None:
                     try:

@@ -6,15 +6,15 @@ run on the asyncpg connection under the request's SQLAlchemy session, inside the
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterable, Sequence
-from contextlib import asynccontextmanager
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
 import asyncpg
 import orjson
-from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.db import SessionRepository
 
 LATEST_VERSION = 0
 # Errors after which the whole transaction is retried: a first-insert race lost on the primary key, a deadlock,
@@ -100,26 +100,7 @@ def _columns(rows: Sequence[StoredAspect], row_version: int | None = None) -> tu
     )
 
 
-class AspectRepository:
-    def __init__(self, session: AsyncSession) -> None:
-        self._session = session
-        self._raw: asyncpg.Connection | None = None
-
-    async def _conn(self) -> asyncpg.Connection:
-        if self._raw is None:
-            connection = await self._session.connection()
-            raw = await connection.get_raw_connection()
-            self._raw = raw.driver_connection
-        return self._raw
-
-    @asynccontextmanager
-    async def transaction(self) -> AsyncIterator[None]:
-        """A READ COMMITTED transaction on the session's connection. It is opened on the driver connection itself:
-        SQLAlchemy starts its transaction lazily on its own first statement, and these statements bypass it."""
-        conn = await self._conn()
-        async with conn.transaction(isolation="read_committed"):
-            yield
-
+class AspectRepository(SessionRepository):
     # --- reads -------------------------------------------------------------------------------------------------
     async def latest(self, keys: Iterable[tuple[str, str]], *, for_update: bool = False) -> dict[tuple[str, str], StoredAspect]:
         """Row 0 of each (urn, aspect). With `for_update`, the rows are locked in sorted key order (no deadlocks
