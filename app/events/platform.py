@@ -257,30 +257,31 @@ def _assoc_diff(container: dict | None, target_container: dict | None, list_fiel
     return out
 
 
-def _tag_events(entity_urn: str, base: dict | None, target: dict | None) -> list[Raw]:
+def _association_events(
+    entity_urn: str, base: dict | None, target: dict | None, *, list_field: str, key: Any, urn_field: str,
+    category: str, parameter: str,
+) -> list[Raw]:
+    """ADD / REMOVE per tag or glossary-term association (the two generators differ only in names)."""
     events: list[Raw] = []
-    for op, assoc in _assoc_diff(base, target, "tags", _tag_key):
-        tag = assoc.get("tag")
+    for op, assoc in _assoc_diff(base, target, list_field, key):
+        urn = assoc.get(urn_field)
         params = {
-            "tagUrn": tag,
+            parameter: urn,
             "context": assoc.get("context") if assoc.get("context") is not None else _EMPTY_JSON,
             "sourceDetails": _source_details(assoc.get("attribution")),
         }
-        events.append((entity_urn, "TAG", op, tag, params))
+        events.append((entity_urn, category, op, urn, params))
     return events
+
+
+def _tag_events(entity_urn: str, base: dict | None, target: dict | None) -> list[Raw]:
+    return _association_events(entity_urn, base, target, list_field="tags", key=_tag_key, urn_field="tag",
+                               category="TAG", parameter="tagUrn")
 
 
 def _term_events(entity_urn: str, base: dict | None, target: dict | None) -> list[Raw]:
-    events: list[Raw] = []
-    for op, assoc in _assoc_diff(base, target, "terms", _term_key):
-        term = assoc.get("urn")
-        params = {
-            "termUrn": term,
-            "context": assoc.get("context") if assoc.get("context") is not None else _EMPTY_JSON,
-            "sourceDetails": _source_details(assoc.get("attribution")),
-        }
-        events.append((entity_urn, "GLOSSARY_TERM", op, term, params))
-    return events
+    return _association_events(entity_urn, base, target, list_field="terms", key=_term_key, urn_field="urn",
+                               category="GLOSSARY_TERM", parameter="termUrn")
 
 
 def _description_events(entity_urn: str, base: str | None, target: str | None, modifier=None) -> list[Raw]:
