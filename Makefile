@@ -24,7 +24,7 @@ STAMP       := $(VENV)/.metaledger-installed-$(INSTALL_KEY)
 help:
 	@echo "make run            serve on $(HOST):$(PORT) (HOST=, PORT= to change)"
 	@echo "make test           run the tests (ARGS='-k name -x' to pass pytest arguments)"
-	@echo "make venv           create/refresh $(VENV) (python3.11, project + test extras, DataHub models)"
+	@echo "make venv           create/refresh $(VENV) (python3.11, project + test and spark extras, DataHub models)"
 	@echo "make postgres-bin   install Debian's postgresql if its binaries are missing"
 	@echo "make openapi-check  fail if openapi/ is out of date with the code"
 	@echo "make client-venv    create .venv-client: the real DataHub client for tests/client (the tests create it too)"
@@ -40,7 +40,7 @@ $(STAMP): pyproject.toml
 	    rm -rf $(VENV); \
 	    $(PYTHON) -m venv $(VENV); \
 	fi
-	$(VENV)/bin/python -m pip install --disable-pip-version-check -q -e '.[test]'
+	$(VENV)/bin/python -m pip install --disable-pip-version-check -q -e '.[test,spark]'
 	@# The server reads DataHub's .avsc model files from this package; its code (and its 62
 	@# dependencies) is never imported, hence --no-deps.
 	$(VENV)/bin/python -m pip install --disable-pip-version-check -q --no-deps 'acryl-datahub==$(DATAHUB_VERSION)'

@@ -1,0 +1,69 @@
+"""What a Spark task needs to write index changes: the registry and a search backend, built once per Python worker
+from the job's settings (shipped to executors as plain JSON), and a way to run the backend's coroutines."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+from app.search.model import SearchBackend
+from spark_indexer.config import IndexerSettings
+
+T = TypeVar("T")
+
+_registries: dict[str, Any] = {}
+
+
+def settings_payload(settings: IndexerSettings) -> dict[str, Any]:
+    """The settings as JSON-safe values, for closures shipped to executors."""
+    return settings.model_dump(mode="json")
+
+
+def settings_from_payload(payload: dict[str, Any]) -> IndexerSettings:
+    return IndexerSettings.model_validate(payload)
+
+
+def registry_for(settings: IndexerSettings) -> Any:
+    """The entity registry, loaded once per Python worker (loading and compiling it is the expensive part)."""
+    key = str(settings.registry_path)
+    if key not in _registries:
+        from app.registry import load_registry
+
+        _registries[key] = load_registry(settings.registry_path, trim_unknown_fields=settings.trim_unknown_fields,
+                                         strict_urns=settings.strict_urn_validation)
+    return _registries[key]
+
+
+@asynccontextmanager
+async def opened_backend(settings: IndexerSettings, registry: Any, *, refresh: bool | str = False):
+    """The configured backend, started: Elasticsearch/OpenSearch when `search_url` is set, else the embedded
+    Postgres backend on `database_url`. Bulk writers do not wait for refreshes."""
+    engine = None
+    backend: SearchBackend
+    if settings.search_url:
+        from app.search.elastic import ElasticBackend
+
+        backend = ElasticBackend(settings, registry, refresh=refresh)
+    else:
+        from app.db import create_engine
+        from app.search.postgres import PostgresBackend
+
+        if not settings.database_url:
+            raise RuntimeError("set METALEDGER_SEARCH_URL (Elasticsearch/OpenSearch) or METALEDGER_DATABASE_URL "
+                               "(the embedded Postgres search backend)")
+        engine = create_engine(settings.database_url)
+        backend = PostgresBackend(settings, registry, engine)
+    try:
+        await backend.start()
+        yield backend
+    finally:
+        await backend.close()
+        if engine is not None:
+            await engine.dispose()
+
+
+def run(coroutine_factory: Callable[[], Awaitable[T]]) -> T:
+    """Run one coroutine to completion from synchronous Spark code (a task, a foreachBatch call)."""
+    return asyncio.run(coroutine_factory())  # type: ignore[arg-type]
