@@ -67,3 +67,47 @@ async def opened_backend(settings: IndexerSettings, registry: Any, *, refresh: b
 def run(coroutine_factory: Callable[[], Awaitable[T]]) -> T:
     """Run one coroutine to completion from synchronous Spark code (a task, a foreachBatch call)."""
     return asyncio.run(coroutine_factory())  # type: ignore[arg-type]
+
+
+class WorkerRuntime:
+    """One per Python worker (Spark reuses workers across tasks): an event loop, the registry and a started backend,
+    kept between tasks so a task does not pay for connecting and checking every index mapping again."""
+
+    def __init__(self, settings: IndexerSettings) -> None:
+        self.settings = settings
+        self.registry = registry_for(settings)
+        self.loop = asyncio.new_event_loop()
+        self._backend_cm: Any = None
+        self.backend: SearchBackend | None = None
+
+    def run(self, coroutine: Awaitable[T]) -> T:
+        return self.loop.run_until_complete(coroutine)  # type: ignore[arg-type]
+
+    def started_backend(self) -> SearchBackend:
+        if self.backend is None:
+            cm = opened_backend(self.settings, self.registry)
+            self.backend = self.run(cm.__aenter__())
+            self._backend_cm = cm
+        return self.backend
+
+    def reset_backend(self) -> None:
+        """Drop the backend after a failure (a broken connection pool must not be reused by the next task)."""
+        cm, self._backend_cm, self.backend = self._backend_cm, None, None
+        if cm is not None:
+            try:
+                self.run(cm.__aexit__(None, None, None))
+            except Exception:  # noqa: BLE001 - closing a broken client may fail too
+                pass
+
+
+_runtimes: dict[str, WorkerRuntime] = {}
+
+
+def worker_runtime(payload: dict[str, Any]) -> WorkerRuntime:
+    import orjson
+
+    key = orjson.dumps(payload, option=orjson.OPT_SORT_KEYS).decode()
+    runtime = _runtimes.get(key)
+    if runtime is None:
+        runtime = _runtimes[key] = WorkerRuntime(settings_from_payload(payload))
+    return runtime

@@ -1,0 +1,3 @@
+from spark_indexer.cli import main
+
+main()

@@ -1,0 +1,315 @@
+"""One micro-batch of change logs, inside a Spark task: parse, keep the newest version per (urn, aspect), build the
+index changes with the service's own document module, and write them to the search backend in bulk.
+
+Pure planning (`plan`) is separate from writing (`IndexTask`) so the rules can be tested without Spark or servers.
+
+Why the result is exactly-once although delivery is at least once: the backend's `apply` is idempotent and
+order-safe (every change carries the aspect version; an older or equal version never overwrites a newer one), so a
+micro-batch that is replayed after a crash, or a record the relay published twice, changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from app.search.documents import changes_from_mcl
+from app.search.model import Change
+
+log = logging.getLogger("metaledger.spark_indexer")
+
+TRANSIENT_ATTEMPTS = 6  # a backend that stays unreachable this long fails the task (Spark retries, or the query stops)
+
+
+@dataclass(frozen=True, slots=True)
+class Record:
+    """One Kafka record of a change-log topic (the columns both Kafka sources give)."""
+
+    topic: str
+    partition: int
+    offset: int
+    key: bytes | None
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class DeadLetter:
+    record: Record
+    reason: str
+    urn: str | None = None
+    aspect: str | None = None
+
+
+@dataclass(slots=True)
+class Planned:
+    """A parsed change log and where it came from."""
+
+    record: Record
+    mcl: dict[str, Any]
+    version: int
+    timeseries: bool
+
+
+@dataclass(slots=True)
+class Plan:
+    to_apply: list[Planned] = field(default_factory=list)  # in (partition, offset) order
+    dead: list[DeadLetter] = field(default_factory=list)
+    superseded: int = 0  # older versions of an aspect dropped because a newer one is in the same batch
+
+
+def _version(mcl: dict[str, Any]) -> int:
+    """The aspect version an MCL is about: the deleted version for a DELETE, else the written one."""
+    change_type = str(mcl.get("changeType") or "UPSERT").upper()
+    containers = ("previousSystemMetadata", "systemMetadata") if change_type == "DELETE" else ("systemMetadata",)
+    for name in containers:
+        sm = mcl.get(name)
+        if isinstance(sm, dict) and sm.get("version") is not None:
+            try:
+                return int(sm["version"])
+            except (TypeError, ValueError):
+                return 0
+    return 0
+
+
+def _entity_type_from_urn(urn: str) -> str | None:
+    if urn.startswith("urn:li:"):
+        rest = urn[len("urn:li:"):]
+        head, sep, _ = rest.partition(":")
+        if sep and head:
+            return head
+    return None
+
+
+def parse(record: Record, registry: Any, timeseries_topic: str) -> Planned | DeadLetter:
+    """A record as a change log the registry knows, or the reason it is not one."""
+    if record.value is None:
+        return DeadLetter(record, "empty record (no value)")
+    try:
+        mcl = orjson.loads(record.value)
+    except orjson.JSONDecodeError as error:
+        return DeadLetter(record, f"unparseable change log: {error}")
+    if not isinstance(mcl, dict):
+        return DeadLetter(record, f"unparseable change log: a JSON {type(mcl).__name__}, not an object")
+    urn, aspect = mcl.get("entityUrn"), mcl.get("aspectName")
+    if not isinstance(urn, str) or not urn:
+        return DeadLetter(record, "change log without entityUrn", aspect=aspect if isinstance(aspect, str) else None)
+    if not isinstance(aspect, str) or not aspect:
+        return DeadLetter(record, "change log without aspectName", urn=urn)
+    entity_type = mcl.get("entityType") or _entity_type_from_urn(urn)
+    try:
+        entity = registry.entity(entity_type) if entity_type else None
+    except Exception:  # noqa: BLE001 - the registry's own lookup error; the reason below says it plainly
+        entity = None
+    if entity is None:
+        return DeadLetter(record, f"entity type {entity_type!r} is not in the entity registry", urn, aspect)
+    if aspect not in entity.aspect_names:
+        return DeadLetter(record, f"aspect {aspect!r} is not an aspect of entity {entity.name!r} in the registry", urn, aspect)
+    if mcl.get("entityType") != entity.name:
+        mcl["entityType"] = entity.name
+    return Planned(record, mcl, _version(mcl), record.topic == timeseries_topic)
+
+
+def plan(records: Iterable[Record], registry: Any, timeseries_topic: str) -> Plan:
+    """Parse a task's records; of the versioned change logs keep, per (urn, aspect), only the newest: the highest
+    version, and of equal versions the last on the topic (an upsert then the delete of that same version). A
+    duplicate of an older version published later (the relay is at-least-once) therefore never wins. Timeseries
+    points are all kept: each has its own document id."""
+    result = Plan()
+    newest: dict[tuple[str, str], Planned] = {}
+    kept: list[Planned] = []
+    for record in records:
+        parsed = parse(record, registry, timeseries_topic)
+        if isinstance(parsed, DeadLetter):
+            result.dead.append(parsed)
+            continue
+        if parsed.timeseries:
+            kept.append(parsed)
+            continue
+        key = (parsed.mcl["entityUrn"], parsed.mcl["aspectName"])
+        current = newest.get(key)
+        if current is None:
+            newest[key] = parsed
+        elif (parsed.version, parsed.record.offset) > (current.version, current.record.offset):
+            newest[key] = parsed
+            result.superseded += 1
+        else:
+            result.superseded += 1
+    kept.extend(newest.values())
+    kept.sort(key=lambda p: (p.record.topic, p.record.partition, p.record.offset))
+    result.to_apply = kept
+    return result
+
+
+def is_transient(error: BaseException) -> bool:
+    """A failure of the search server or the network (retry), as opposed to a change it refuses (dead letter)."""
+    if isinstance(error, (OSError, TimeoutError, ConnectionError)):
+        return True
+    try:
+        from elasticsearch import ApiError, ConnectionError as EsConnectionError, ConnectionTimeout
+
+        if isinstance(error, (EsConnectionError, ConnectionTimeout)):
+            return True
+        if isinstance(error, ApiError) and (error.meta.status >= 500 or error.meta.status == 429):
+            return True
+    except ImportError:  # pragma: no cover - the client is a dependency
+        pass
+    try:
+        import asyncpg
+
+        if isinstance(error, (asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.exceptions.InterfaceError,
+                              asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.TooManyConnectionsError)):
+            return True
+    except ImportError:  # pragma: no cover
+        pass
+    return False
+
+
+@dataclass(slots=True)
+class TaskResult:
+    rows: int = 0
+    applied: int = 0  # change logs written to the backend (after the in-batch newest-version filter)
+    changes: int = 0
+    superseded: int = 0
+    dead: list[DeadLetter] = field(default_factory=list)
+    max_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class IndexTask:
+    """Writes one task's plan through a started backend (a `spark_indexer.sink.WorkerRuntime`)."""
+
+    def __init__(self, runtime: Any, chunk: int) -> None:
+        self.runtime = runtime
+        self.chunk = max(1, chunk)
+
+    def changes_of(self, items: list[Planned], dead: list[DeadLetter]) -> list[tuple[Planned, list[Change]]]:
+        out: list[tuple[Planned, list[Change]]] = []
+        for item in items:
+            try:
+                out.append((item, changes_from_mcl(item.mcl, self.runtime.registry)))
+            except Exception as error:  # noqa: BLE001 - one bad change log must not stop the stream
+                dead.append(DeadLetter(item.record, f"index document could not be built: {type(error).__name__}: {error}",
+                                       item.mcl.get("entityUrn"), item.mcl.get("aspectName")))
+        return out
+
+    def _apply(self, changes: list[Change]) -> None:
+        """Apply with retries on transient failures; a refusal is raised to the caller."""
+        for attempt in range(TRANSIENT_ATTEMPTS):
+            try:
+                backend = self.runtime.started_backend()
+                self.runtime.run(backend.apply(changes))
+                return
+            except Exception as error:  # noqa: BLE001
+                if not is_transient(error) or attempt == TRANSIENT_ATTEMPTS - 1:
+                    raise
+                log.warning("search backend unavailable; retrying", extra={"attempt": attempt + 1, "error": f"{type(error).__name__}: {error}"})
+                self.runtime.reset_backend()
+                time.sleep(min(5.0, 0.2 * 2**attempt))
+
+    def write(self, built: list[tuple[Planned, list[Change]]], dead: list[DeadLetter]) -> int:
+        """Apply in bulk chunks (in order); a chunk the backend refuses is retried change log by change log, so
+        only the refused ones go to the dead letter. Returns the number of changes applied."""
+        applied = 0
+        for start in range(0, len(built), self.chunk):
+            part = built[start:start + self.chunk]
+            changes = [c for _, cs in part for c in cs]
+            if not changes:
+                continue
+            try:
+                self._apply(changes)
+                applied += len(changes)
+                continue
+            except Exception as error:  # noqa: BLE001
+                if is_transient(error):
+                    raise
+            for item, item_changes in part:
+                if not item_changes:
+                    continue
+                try:
+                    self._apply(item_changes)
+                    applied += len(item_changes)
+                except Exception as error:  # noqa: BLE001
+                    if is_transient(error):
+                        raise
+                    dead.append(DeadLetter(item.record, f"search backend refused the change: {type(error).__name__}: {error}",
+                                           item.mcl.get("entityUrn"), item.mcl.get("aspectName")))
+        return applied
+
+    def run(self, records: Iterable[Record], timeseries_topic: str) -> TaskResult:
+        t0 = time.perf_counter()
+        records = list(records)
+        result = TaskResult(rows=len(records))
+        for r in records:
+            key = (r.topic, r.partition)
+            if r.offset > result.max_offsets.get(key, -1):
+                result.max_offsets[key] = r.offset
+        planned = plan(records, self.runtime.registry, timeseries_topic)
+        result.dead = planned.dead
+        result.superseded = planned.superseded
+        built = self.changes_of(planned.to_apply, result.dead)
+        result.changes = self.write(built, result.dead)
+        result.applied = len(built)
+        result.seconds = time.perf_counter() - t0
+        return result
+
+
+# --- Arrow in, Arrow out (the `mapInArrow` function of a micro-batch) ---------------------------------------------
+
+RESULT_SCHEMA = (
+    "kind string, topic string, partition int, offset long, key binary, value binary, reason string, "
+    "urn string, aspect string, count long"
+)
+
+
+def records_of(batches: Iterable[Any]) -> Iterator[Record]:
+    for batch in batches:
+        columns = batch.to_pydict()
+        for topic, partition, offset, key, value in zip(columns["topic"], columns["partition"], columns["offset"],
+                                                        columns["key"], columns["value"], strict=True):
+            yield Record(topic, int(partition), int(offset), key, value)
+
+
+def result_batch(result: TaskResult) -> Any:
+    import pyarrow as pa
+
+    rows: dict[str, list[Any]] = {name: [] for name in
+                                  ("kind", "topic", "partition", "offset", "key", "value", "reason", "urn", "aspect", "count")}
+
+    def add(kind: str, *, topic=None, partition=None, offset=None, key=None, value=None, reason=None, urn=None,
+            aspect=None, count=None) -> None:
+        for name, v in (("kind", kind), ("topic", topic), ("partition", partition), ("offset", offset), ("key", key),
+                        ("value", value), ("reason", reason), ("urn", urn), ("aspect", aspect), ("count", count)):
+            rows[name].append(v)
+
+    for name in ("rows", "applied", "changes", "superseded"):
+        add(name, count=getattr(result, name))
+    add("millis", count=int(result.seconds * 1000))
+    for (topic, partition), offset in result.max_offsets.items():
+        add("max_offset", topic=topic, partition=partition, offset=offset)
+    for d in result.dead:
+        add("dead", topic=d.record.topic, partition=d.record.partition, offset=d.record.offset, key=d.record.key,
+            value=d.record.value, reason=d.reason, urn=d.urn, aspect=d.aspect)
+    schema = pa.schema([
+        ("kind", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
+        ("key", pa.binary()), ("value", pa.binary()), ("reason", pa.string()), ("urn", pa.string()),
+        ("aspect", pa.string()), ("count", pa.int64()),
+    ])
+    return pa.RecordBatch.from_pydict(rows, schema=schema)
+
+
+def index_partition_fn(payload: dict[str, Any], timeseries_topic: str, chunk: int):
+    """The function a micro-batch maps over its partitions (closure shipped to the executors)."""
+
+    def index_partition(batches: Iterator[Any]) -> Iterator[Any]:
+        from spark_indexer.sink import worker_runtime
+
+        runtime = worker_runtime(payload)
+        result = IndexTask(runtime, chunk).run(records_of(batches), timeseries_topic)
+        yield result_batch(result)
+
+    return index_partition

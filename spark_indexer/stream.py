@@ -1,0 +1,220 @@
+"""The streaming job: the change-log topics → search documents, lineage edges and timeseries points, continuously.
+
+Per micro-batch (`BatchSink.__call__`, Spark's `foreachBatch`):
+1. index: the batch is spread over `spark_index_partitions` tasks by record key (the URN, so one entity's change
+   logs stay in one task and in topic order) and each task runs `spark_indexer.batch.IndexTask`: parse, newest
+   version per (urn, aspect), build changes with `app.search.documents`, bulk apply;
+2. dead letters: records that are not change logs the registry knows (or that the backend refuses) are appended
+   to a Parquet table (`dead_letter_dir`, by day) with the reason, the record and its topic/partition/offset;
+3. timeseries analytics: the batch's timeseries change logs are appended to a Parquet dataset partitioned by
+   aspect and day (`timeseries_dir`), once per batch (a marker per query and batch id makes a replayed batch a
+   no-op);
+4. a progress line: rows, change logs applied, changes, dead letters, duration, rate and lag (high watermark
+   minus the batch's end offsets).
+
+Offsets live in the checkpoint directory; a restart (after `kill -9` too) resumes from the last committed batch and
+replays at most the batch that was running, which the order-safe apply makes harmless.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from spark_indexer.batch import RESULT_SCHEMA, index_partition_fn
+from spark_indexer.config import IndexerSettings
+from spark_indexer.sink import settings_payload
+
+log = logging.getLogger("metaledger.spark_indexer")
+
+DEAD_LETTER_SCHEMA = (
+    "failed_at timestamp, day string, query_id string, batch_id long, topic string, partition int, offset long, "
+    "urn string, aspect string, reason string, key binary, value string"
+)
+
+
+@dataclass
+class BatchMetrics:
+    batch_id: int
+    rows: int = 0
+    applied: int = 0  # change logs written (after the newest-version-per-aspect filter)
+    superseded: int = 0
+    changes: int = 0
+    dead_letters: int = 0
+    timeseries_rows: int = 0
+    seconds: float = 0.0
+    lag: int | None = None  # records on the topics not yet indexed after this batch (None: unknown)
+
+    def line(self) -> str:
+        rate = self.rows / self.seconds if self.seconds > 0 else 0.0
+        lag = "?" if self.lag is None else f"{self.lag:,}"
+        return (f"batch {self.batch_id}: {self.rows:,} records → {self.applied:,} change logs applied "
+                f"({self.superseded:,} superseded in-batch), {self.changes:,} index changes, "
+                f"{self.timeseries_rows:,} timeseries rows archived, {self.dead_letters:,} dead letters, "
+                f"{self.seconds:.2f} s, {rate:,.0f} records/s, lag {lag}")
+
+
+@dataclass
+class StreamResult:
+    batches: list[BatchMetrics] = field(default_factory=list)
+
+    @property
+    def rows(self) -> int:
+        return sum(b.rows for b in self.batches)
+
+    @property
+    def dead_letters(self) -> int:
+        return sum(b.dead_letters for b in self.batches)
+
+    def summary(self) -> str:
+        seconds = sum(b.seconds for b in self.batches)
+        rate = self.rows / seconds if seconds else 0.0
+        return (f"{len(self.batches)} batches, {self.rows:,} records, {sum(b.changes for b in self.batches):,} index "
+                f"changes, {self.dead_letters:,} dead letters, {seconds:.1f} s in batches ({rate:,.0f} records/s)")
+
+
+class BatchSink:
+    """Spark's `foreachBatch` function for the change-log stream."""
+
+    def __init__(self, spark: SparkSession, settings: IndexerSettings, *, echo: bool = True) -> None:
+        self.spark = spark
+        self.settings = settings
+        self.echo = echo
+        self.payload = settings_payload(settings)
+        self.timeseries_topic = settings.topic_mcl_timeseries
+        self.topics = [settings.topic_mcl_versioned, settings.topic_mcl_timeseries]
+        self.partitions = settings.spark_index_partitions or spark.sparkContext.defaultParallelism
+        self.result = StreamResult()
+        self.positions: dict[tuple[str, int], int] = {}  # next offset to index per topic partition
+
+    def __call__(self, batch: DataFrame, batch_id: int) -> None:
+        t0 = time.perf_counter()
+        metrics = BatchMetrics(batch_id)
+        rows = (
+            batch.select("topic", "partition", "offset", "key", "value")
+            .repartition(self.partitions, "key")
+            .mapInArrow(index_partition_fn(self.payload, self.timeseries_topic, self.settings.spark_apply_chunk), RESULT_SCHEMA)
+            .collect()
+        )
+        dead: list[Any] = []
+        for row in rows:
+            kind = row["kind"]
+            if kind == "dead":
+                dead.append(row)
+            elif kind == "max_offset":
+                key = (row["topic"], row["partition"])
+                self.positions[key] = max(self.positions.get(key, 0), row["offset"] + 1)
+            elif kind in ("rows", "applied", "changes", "superseded"):
+                setattr(metrics, kind, getattr(metrics, kind) + row["count"])
+        metrics.dead_letters = len(dead)
+        if dead:
+            self._write_dead_letters(dead, batch_id)
+        metrics.timeseries_rows = self._archive_timeseries(batch, batch_id)
+        metrics.seconds = time.perf_counter() - t0
+        metrics.lag = self._lag()
+        self.result.batches.append(metrics)
+        log.info(metrics.line(), extra={"batch_id": batch_id, "rows": metrics.rows, "dead_letters": metrics.dead_letters,
+                                        "lag": metrics.lag, "seconds": round(metrics.seconds, 3)})
+        if self.echo:
+            print(metrics.line(), file=sys.stderr, flush=True)
+
+    def _query_id(self) -> str:
+        return self.spark.sparkContext.getLocalProperty("sql.streaming.queryId") or "query"
+
+    def _write_dead_letters(self, dead: list[Any], batch_id: int) -> None:
+        now = datetime.now(timezone.utc)
+        query_id = self._query_id()
+        rows = [
+            (now, now.strftime("%Y-%m-%d"), query_id, batch_id, d["topic"], d["partition"], d["offset"], d["urn"],
+             d["aspect"], d["reason"], d["key"], (d["value"] or b"").decode("utf-8", "replace"))
+            for d in dead
+        ]
+        for d in dead[:20]:
+            log.error("dead letter", extra={"urn": d["urn"], "aspect": d["aspect"], "reason": d["reason"],
+                                            "topic": d["topic"], "partition": d["partition"], "offset": d["offset"]})
+        frame = self.spark.createDataFrame(rows, DEAD_LETTER_SCHEMA)
+        frame.write.mode("append").partitionBy("day").parquet(str(self.settings.dead_letter_dir))
+
+    def _archive_timeseries(self, batch: DataFrame, batch_id: int) -> int:
+        """Append the batch's timeseries change logs to the Parquet dataset (once per query and batch)."""
+        root = Path(self.settings.timeseries_dir)
+        marker = root / "_batches" / f"{self._query_id()}-{batch_id}"
+        if marker.exists():
+            return 0
+        mcl = F.col("value").cast("string")
+        value = F.get_json_object(mcl, "$.aspect.value")
+        points = (
+            batch.where(F.col("topic") == self.timeseries_topic)
+            .select(
+                F.get_json_object(mcl, "$.entityUrn").alias("urn"),
+                F.get_json_object(mcl, "$.entityType").alias("entity_type"),
+                F.get_json_object(mcl, "$.aspectName").alias("aspect"),
+                F.get_json_object(value, "$.timestampMillis").cast("long").alias("timestamp_ms"),
+                value.alias("event"),
+                F.get_json_object(mcl, "$.systemMetadata.runId").alias("run_id"),
+                F.col("partition").alias("kafka_partition"),
+                F.col("offset").alias("kafka_offset"),
+            )
+            .where(F.col("urn").isNotNull() & F.col("aspect").isNotNull() & F.col("timestamp_ms").isNotNull())
+            .withColumn("day", F.date_format(F.timestamp_millis(F.col("timestamp_ms")), "yyyy-MM-dd"))
+            .withColumn("batch_id", F.lit(batch_id).cast("long"))
+        )
+        points = points.persist()
+        try:
+            count = points.count()
+            if count:
+                points.write.mode("append").partitionBy("aspect", "day").parquet(str(root))
+        finally:
+            points.unpersist()
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+        return count
+
+    def _lag(self) -> int | None:
+        if not self.settings.kafka_bootstrap_servers:
+            return None
+        try:
+            from spark_indexer.kafka_source import topic_end_offsets
+
+            ends = topic_end_offsets(self.settings.kafka_bootstrap_servers, self.topics)
+        except Exception as error:  # noqa: BLE001 - lag is a figure, never a reason to fail a batch
+            log.warning("lag unknown", extra={"error": f"{type(error).__name__}: {error}"})
+            return None
+        lag = 0
+        for topic, partitions in ends.items():
+            for partition, end in partitions.items():
+                position = self.positions.get((topic, int(partition)))
+                if position is not None:
+                    lag += max(0, end - position)
+        return lag
+
+
+def run_stream(spark: SparkSession, settings: IndexerSettings, *, checkpoint: str | Path | None = None,
+               once: bool = False, echo: bool = True) -> StreamResult:
+    """Run the streaming job: until stopped, or with `once` until everything on the topics now is indexed."""
+    from spark_indexer.kafka_source import read_stream
+
+    if not settings.kafka_bootstrap_servers:
+        raise RuntimeError("the streaming job reads the change-log topics: set METALEDGER_KAFKA_BOOTSTRAP_SERVERS")
+    sink = BatchSink(spark, settings, echo=echo)
+    source = read_stream(spark, settings, sink.topics)
+    writer = (
+        source.writeStream.foreachBatch(sink)
+        .option("checkpointLocation", str(checkpoint or settings.checkpoint_dir))
+        .queryName("metaledger-indexer")
+    )
+    writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{settings.spark_trigger_interval_s} seconds")
+    query = writer.start()
+    try:
+        query.awaitTermination()
+    except KeyboardInterrupt:
+        query.stop()
+    return sink.result
