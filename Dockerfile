@@ -46,7 +46,6 @@ CMD ["metaledger", "serve", "--host", "0.0.0.0", "--port", "8080"]
 
 FROM runtime AS spark
 
-ARG PYSPARK_VERSION=4.3.0
 USER root
 # openjdk's postinst expects man directories that slim images strip; procps gives Spark's scripts `ps`.
 RUN mkdir -p /usr/share/man/man1 \
@@ -54,8 +53,12 @@ RUN mkdir -p /usr/share/man/man1 \
     && apt-get install -y --no-install-recommends openjdk-17-jre-headless procps \
     && rm -rf /var/lib/apt/lists/*
 # PySpark finds `java` on PATH (JAVA_HOME is arch-specific on Debian, so it is not hard-coded).
-# If pyproject.toml grows a `spark` extra, install that instead of this pin.
-RUN pip install "pyspark==${PYSPARK_VERSION}"
+# The `spark` extra of pyproject.toml (pyspark, pyarrow, pandas); the project itself is already installed.
+RUN python -c "import tomllib; print('\n'.join(tomllib.load(open('pyproject.toml', 'rb'))['project']['optional-dependencies']['spark']))" \
+        > /tmp/requirements-spark.txt \
+    && pip install -r /tmp/requirements-spark.txt \
+    && rm /tmp/requirements-spark.txt
+ENV METALEDGER_SPARK_WORK_DIR=/checkpoints
 USER metaledger
 VOLUME ["/checkpoints"]
 CMD ["python", "-m", "spark_indexer", "stream", "--checkpoint", "/checkpoints"]

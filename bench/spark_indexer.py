@@ -1,0 +1,175 @@
+"""The PySpark indexer's throughput, against the raw bulk ceiling of the same search server in the same run.
+
+    .venv/bin/python bench/spark_indexer.py [--mcls 100000] [--restore 120000] [--partitions 2] [--master local[2]]
+
+Prints:
+- stream: `--mcls` change logs (datasets × datasetKey, datasetProperties, ownership, upstreamLineage, as
+  bench/index.py builds them) produced to a Kafka-protocol topic (Tansu) with `--partitions` partitions, then
+  `python -m spark_indexer stream --once`'s work (metaledger's Kafka source → plan → changes_from_mcl → bulk apply)
+  timed in-process: overall MCL/s (first record read to last batch written) and steady MCL/s (batches after the
+  first, whose time includes Python workers starting and indices being checked);
+- restore-indices: `--restore` latest rows written straight into `metadata_aspect_v2` of a throwaway Postgres,
+  then `restore_indices(clean=True)` into fresh indices with an alias swap, in aspects/s;
+- the raw bulk ceiling: a plain `_bulk` of the same documents (bench/index.py's `raw_ceiling`), one client, and the
+  same split over `--partitions` concurrent clients (what Spark's parallel tasks can use at most);
+- each path as a share of the ceiling.
+
+The search server is osmem (in-memory OpenSearch API, a test double): absolute figures are not Elasticsearch's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import index as index_bench  # noqa: E402  (bench/index.py: the same documents and the raw ceiling)
+from app.db import upgrade_database  # noqa: E402
+from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port  # noqa: E402
+from app.registry import load_registry  # noqa: E402
+from app.search.documents import changes_from_mcl  # noqa: E402
+from app.settings import Settings  # noqa: E402
+from spark_indexer.config import IndexerSettings  # noqa: E402
+from tests.kafka_broker import start_broker  # noqa: E402
+from tests.search_server import start_search_server  # noqa: E402
+
+
+async def produce(bootstrap: str, topic: str, partitions: int, logs: list[dict[str, Any]]) -> float:
+    from aiokafka import AIOKafkaProducer
+    from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+
+    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
+    await admin.start()
+    try:
+        await admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
+    finally:
+        await admin.close()
+    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=1 << 20,
+                                compression_type="lz4")
+    await producer.start()
+    started = time.perf_counter()
+    try:
+        futures = [await producer.send(topic, orjson.dumps(m), key=m["entityUrn"].encode()) for m in logs]
+        await asyncio.gather(*futures)
+    finally:
+        await producer.stop()
+    return time.perf_counter() - started
+
+
+async def write_rows(dsn: str, logs: list[dict[str, Any]]) -> None:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        from datetime import datetime, timezone
+
+        now = datetime.now(timezone.utc).replace(tzinfo=None)
+        rows = [(m["entityUrn"], m["aspectName"], 0, m["aspect"]["value"], orjson.dumps(m["systemMetadata"]).decode(),
+                 now, "urn:li:corpuser:bench", None) for m in logs]
+        await conn.copy_records_to_table(
+            "metadata_aspect_v2", records=rows,
+            columns=["urn", "aspect", "version", "metadata", "systemmetadata", "createdon", "createdby", "createdfor"])
+    finally:
+        await conn.close()
+
+
+async def parallel_raw(settings: Settings, registry: Any, logs: list[dict[str, Any]], batch: int, clients: int) -> float:
+    """The raw ceiling with `clients` concurrent bulk writers (each its own slice of the documents)."""
+    batches = [[c for m in logs[s:s + batch] for c in changes_from_mcl(m, registry)] for s in range(0, len(logs), batch)]
+    slices = [batches[i::clients] for i in range(clients)]
+    started = time.perf_counter()
+    await asyncio.gather(*(index_bench.raw_ceiling(settings.model_copy(update={"search_index_prefix": f"{settings.search_index_prefix}p{i}_"}),
+                                                   registry, part) for i, part in enumerate(slices)))
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mcls", type=int, default=100_000)
+    parser.add_argument("--restore", type=int, default=120_000)
+    parser.add_argument("--partitions", type=int, default=2)
+    parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--batch", type=int, default=2000, help="changes per bulk call (spark_apply_chunk)")
+    args = parser.parse_args()
+
+    search = start_search_server()
+    broker = start_broker()
+    root = Path(tempfile.mkdtemp(prefix="metaledger-bench-spark-"))
+    pg = EmbeddedPostgres(root / "pg", free_port(), database=None, durable=True)
+    try:
+        registry = load_registry(Settings().registry_path)
+        logs = index_bench.change_logs(args.mcls)
+        restore_logs = index_bench.change_logs(args.restore)
+        pg.start()
+        ensure_database(pg.admin_dsn, "bench")
+        dsn = pg.admin_dsn.rsplit("/", 1)[0] + "/bench"
+        sa_url = dsn.replace("postgresql://", "postgresql+asyncpg://")
+        upgrade_database(sa_url)
+        topic = "bench_mclv"
+        produce_s = asyncio.run(produce(broker.bootstrap_servers, topic, args.partitions, logs))
+        asyncio.run(write_rows(dsn, restore_logs))
+
+        from spark_indexer.restore import restore_indices
+        from spark_indexer.session import build_session
+        from spark_indexer.stream import run_stream
+
+        settings = IndexerSettings(
+            database_url=sa_url, kafka_bootstrap_servers=broker.bootstrap_servers, topic_mcl_versioned=topic,
+            topic_mcl_timeseries="bench_mclt", search_url=search.url, search_flavor="opensearch",
+            search_index_prefix="spark_", spark_work_dir=root / "spark", spark_apply_chunk=args.batch,
+            spark_max_offsets_per_trigger=20_000, spark_trigger_interval_s=0.1,
+        )
+        t0 = time.perf_counter()
+        spark = build_session(args.master, conf={"spark.sql.shuffle.partitions": str(args.partitions)})
+        session_s = time.perf_counter() - t0
+
+        t0 = time.perf_counter()
+        result = run_stream(spark, settings, once=True, echo=False)
+        stream_s = time.perf_counter() - t0
+        steady = result.batches[1:] or result.batches
+        steady_rate = sum(b.rows for b in steady) / max(1e-9, sum(b.seconds for b in steady))
+
+        restore_settings = settings.model_copy(update={"search_index_prefix": "restore_"})
+        t0 = time.perf_counter()
+        restored = restore_indices(spark, restore_settings, clean=True, progress=False)
+        restore_s = time.perf_counter() - t0
+        spark.stop()
+
+        raw_settings = Settings(search_url=search.url, search_flavor="opensearch", search_index_prefix="raw_")
+        one_s = asyncio.run(index_bench.raw_ceiling(raw_settings, registry, [
+            [c for m in logs[s:s + args.batch] for c in changes_from_mcl(m, registry)] for s in range(0, len(logs), args.batch)]))
+        many_s = asyncio.run(parallel_raw(raw_settings.model_copy(update={"search_index_prefix": "rawp_"}), registry, logs,
+                                          args.batch, args.partitions))
+        one_rate, many_rate = len(logs) / one_s, len(logs) / many_s
+
+        print(f"machine: {os.cpu_count()} cores; Spark {args.master}; search: osmem at {search.url}; broker: Tansu")
+        print(f"produced {len(logs):,} MCLs to {args.partitions} partition(s) in {produce_s:.1f} s; Spark session start {session_s:.1f} s")
+        print(f"stream --once       : {len(logs) / stream_s:9,.0f} MCL/s overall ({stream_s:.1f} s, {len(result.batches)} batches, "
+              f"{result.dead_letters} dead letters); steady {steady_rate:,.0f} MCL/s")
+        print(f"restore-indices     : {restored.rows / restore_s:9,.0f} aspects/s ({restored.rows:,} rows in {restore_s:.1f} s, --clean, alias swap)")
+        print(f"raw bulk, 1 client  : {one_rate:9,.0f} aspects/s ({one_s:.1f} s)")
+        print(f"raw bulk, {args.partitions} clients : {many_rate:9,.0f} aspects/s ({many_s:.1f} s)")
+        ceiling = max(one_rate, many_rate)
+        print(f"stream steady / best ceiling  : {steady_rate / ceiling:6.1%}")
+        print(f"restore / best ceiling        : {restored.rows / restore_s / ceiling:6.1%}")
+    finally:
+        pg.stop()
+        broker.stop()
+        search.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
