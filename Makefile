@@ -19,7 +19,7 @@ ARGS            ?=
 INSTALL_KEY := $(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)-$(DATAHUB_VERSION)
 STAMP       := $(VENV)/.metaledger-installed-$(INSTALL_KEY)
 
-.PHONY: help venv client-venv postgres-bin run test openapi-check clean-venv
+.PHONY: help venv client-venv postgres-bin java-bin run test openapi-check clean-venv
 
 help:
 	@echo "make run            serve on $(HOST):$(PORT) (HOST=, PORT= to change)"
@@ -69,10 +69,22 @@ postgres-bin:
 	$$SUDO apt-get update -q; \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql
 
+# Spark (the indexer and its tests) needs a Java 17 runtime.
+java-bin:
+	@if command -v java >/dev/null; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then \
+	    echo "java is missing and this is not a Debian/Ubuntu machine: install a Java 17 runtime (Spark needs it)" >&2; \
+	    exit 1; \
+	fi; \
+	SUDO=; if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; \
+	echo "installing Debian's openjdk-17-jre-headless (Spark runs on it)"; \
+	$$SUDO apt-get update -q; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openjdk-17-jre-headless
+
 run: venv postgres-bin
 	$(VENV)/bin/metaledger serve --host $(HOST) --port $(PORT)
 
-test: venv postgres-bin
+test: venv postgres-bin java-bin
 	@rc=0; $(VENV)/bin/python -m pytest $(ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5): treated as a failure" >&2; fi; \
 	exit $$rc
