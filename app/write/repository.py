@@ -17,12 +17,20 @@ import orjson
 from app.db import SessionRepository
 
 LATEST_VERSION = 0
+
+
+class StaleVersionFloor(Exception):
+    """A first insert computed its version from a version floor that a delete committed concurrently has since
+    raised (the lock statement read the floor before the delete's commit): the transaction is retried."""
+
+
 # Errors after which the whole transaction is retried: a first-insert race lost on the primary key, a deadlock,
-# a serialization failure.
+# a serialization failure, a version floor raised under our feet.
 RETRYABLE_DB_ERRORS = (
     asyncpg.exceptions.UniqueViolationError,
     asyncpg.exceptions.DeadlockDetectedError,
     asyncpg.exceptions.SerializationError,
+    StaleVersionFloor,
 )
 
 
@@ -123,6 +131,51 @@ class AspectRepository(SessionRepository):
         )
         return {(r["urn"], r["aspect"]): _to_stored(r) for r in records}
 
+    async def lock_latest(
+        self, keys: Iterable[tuple[str, str]], entity_urns: Iterable[str] = ()
+    ) -> tuple[dict[tuple[str, str], StoredAspect], dict[tuple[str, str], int]]:
+        """The write transaction's lock step, one round trip: row 0 of each (urn, aspect) and of every aspect of
+        `entity_urns` (entities the batch deletes), locked `FOR UPDATE` in sorted key order (no deadlocks between
+        batches that overlap); and, for the requested keys that have no row 0, their version floor (the highest
+        version reached before a delete: a first insert continues from it). The floor is read from this
+        statement's snapshot; `write_changes` re-checks it against the committed one."""
+        ordered = sorted(set(keys))
+        urns = sorted(set(entity_urns))
+        if not ordered and not urns:
+            return {}, {}
+        conn = await self._conn()
+        records = await conn.fetch(
+            f"""
+            WITH keys AS (
+                SELECT * FROM unnest($1::text[], $2::text[]) AS k(urn, aspect)
+                UNION
+                SELECT urn, aspect FROM metadata_aspect_v2 WHERE urn = ANY($3::text[]) AND version = 0
+            ), locked AS (
+                SELECT m.{_ROW_COLUMNS.replace(', ', ', m.')}
+                FROM metadata_aspect_v2 m JOIN keys k ON m.urn = k.urn AND m.aspect = k.aspect
+                WHERE m.version = 0
+                ORDER BY m.urn, m.aspect
+                FOR UPDATE OF m
+            )
+            SELECT l.*, NULL::bigint AS floor FROM locked l
+            UNION ALL
+            SELECT f.urn, f.aspect, NULL, NULL, NULL, NULL, NULL, NULL, f.version
+            FROM metadata_aspect_version_floor f JOIN keys k ON f.urn = k.urn AND f.aspect = k.aspect
+            WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.urn = f.urn AND l.aspect = f.aspect)
+            """,
+            [k[0] for k in ordered],
+            [k[1] for k in ordered],
+            urns,
+        )
+        rows: dict[tuple[str, str], StoredAspect] = {}
+        floors: dict[tuple[str, str], int] = {}
+        for r in records:
+            if r["floor"] is not None:
+                floors[(r["urn"], r["aspect"])] = r["floor"]
+            else:
+                rows[(r["urn"], r["aspect"])] = _to_stored(r[:8])
+        return rows, floors
+
     async def entity_latest(self, urn: str, aspects: Sequence[str] | None = None) -> list[StoredAspect]:
         conn = await self._conn()
         if aspects:
@@ -175,15 +228,19 @@ class AspectRepository(SessionRepository):
         updates: Sequence[StoredAspect],
         prune: Sequence[tuple[str, str, int]],
         outbox: Sequence[OutboxRow],
+        floors: Sequence[tuple[str, str, int]] = (),
     ) -> None:
         """One round trip for everything a batch writes: new rows (latest and history), updated latest rows,
-        retention of history rows (never row 0) and the change logs. A concurrent first insert surfaces as a unique
-        violation, which the caller answers by retrying the transaction."""
-        if not (inserts or updates or prune or outbox):
+        retention of history rows (never row 0), the change logs and the version floors of deleted aspects
+        (GREATEST of the stored one). A concurrent first insert surfaces as a unique violation; a first insert whose
+        version is not above the committed floor (a concurrent delete raised it after our lock step read it) as
+        `StaleVersionFloor`; the caller answers both by retrying the transaction."""
+        if not (inserts or updates or prune or outbox or floors):
             return
         conn = await self._conn()
         u_urn, u_aspect, _, u_metadata, u_sm, u_on, u_by, u_for = _columns(updates)
-        await conn.execute(
+        firsts = [r for r in inserts if r.row_version == LATEST_VERSION]
+        stale = await conn.fetchval(
             f"""
             WITH inserted AS (
                 INSERT INTO metadata_aspect_v2 ({_ROW_COLUMNS})
@@ -200,9 +257,17 @@ class AspectRepository(SessionRepository):
                 DELETE FROM metadata_aspect_v2 m
                 USING unnest($16::text[], $17::text[], $18::bigint[]) AS r(urn, aspect, cutoff)
                 WHERE m.urn = r.urn AND m.aspect = r.aspect AND m.version <> 0 AND m.version <= r.cutoff
+            ), outboxed AS (
+                INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload)
+                SELECT * FROM unnest($19::text[], $20::text[], $21::text[], $22::text[], $23::bigint[], $24::text[], $25::text[])
+            ), floored AS (
+                INSERT INTO metadata_aspect_version_floor AS f (urn, aspect, version)
+                SELECT * FROM unnest($26::text[], $27::text[], $28::bigint[])
+                ON CONFLICT (urn, aspect) DO UPDATE SET version = GREATEST(f.version, EXCLUDED.version)
             )
-            INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload)
-            SELECT * FROM unnest($19::text[], $20::text[], $21::text[], $22::text[], $23::bigint[], $24::text[], $25::text[])
+            SELECT count(*) FROM unnest($29::text[], $30::text[], $31::bigint[]) AS c(urn, aspect, version)
+            JOIN metadata_aspect_version_floor f ON f.urn = c.urn AND f.aspect = c.aspect
+            WHERE f.version >= c.version
             """,
             *_columns(inserts),
             u_urn, u_aspect, u_metadata, u_sm, u_on, u_by, u_for,
@@ -210,7 +275,11 @@ class AspectRepository(SessionRepository):
             [r.topic for r in outbox], [r.message_key for r in outbox], [r.urn for r in outbox],
             [r.aspect for r in outbox], [r.version for r in outbox], [r.change_type for r in outbox],
             [r.payload for r in outbox],
+            [f[0] for f in floors], [f[1] for f in floors], [f[2] for f in floors],
+            [r.urn for r in firsts], [r.aspect for r in firsts], [r.version for r in firsts],
         )  # fmt: skip
+        if stale:
+            raise StaleVersionFloor(f"{stale} first inserts are not above their aspect's version floor")
 
     async def delete_aspects(self, keys: Sequence[tuple[str, str]]) -> int:
         """Delete every version of each (urn, aspect)."""
@@ -228,8 +297,26 @@ class AspectRepository(SessionRepository):
         return int(status.rsplit(" ", 1)[1])
 
     async def delete_entities(self, urns: Sequence[str]) -> int:
+        """Delete every aspect and version of each entity, raising each aspect's version floor to the latest
+        version deleted (also for rows the caller did not lock: a first insert committed in between)."""
         if not urns:
             return 0
         conn = await self._conn()
-        status = await conn.execute("DELETE FROM metadata_aspect_v2 WHERE urn = ANY($1::text[])", list(urns))
-        return int(status.rsplit(" ", 1)[1])
+        return await conn.fetchval(
+            """
+            WITH deleted AS (
+                DELETE FROM metadata_aspect_v2 WHERE urn = ANY($1::text[])
+                RETURNING urn, aspect, version, systemmetadata
+            ), floored AS (
+                INSERT INTO metadata_aspect_version_floor AS f (urn, aspect, version)
+                SELECT urn, aspect, max(CASE WHEN version <> 0 THEN version
+                                             WHEN systemmetadata::jsonb ->> 'version' ~ '^[0-9]{1,18}$'
+                                             THEN (systemmetadata::jsonb ->> 'version')::bigint
+                                             ELSE 1 END)
+                FROM deleted GROUP BY urn, aspect
+                ON CONFLICT (urn, aspect) DO UPDATE SET version = GREATEST(f.version, EXCLUDED.version)
+            )
+            SELECT count(*) FROM deleted
+            """,
+            list(urns),
+        )

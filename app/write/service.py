@@ -10,6 +10,7 @@ transaction (retried whole on a lost first-insert race, a deadlock or a serializ
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import logging
 from collections.abc import Sequence
@@ -115,6 +116,10 @@ class _Transaction:
     history: dict[tuple[str, str], list[StoredAspect]] = field(default_factory=dict)
     deleted_keys: set[tuple[str, str]] = field(default_factory=set)
     deleted_urns: set[str] = field(default_factory=set)
+    # Version floors: the highest version each aspect reached before a delete. `floors` as read (keys without row 0)
+    # and raised by this batch's deletes (a first insert continues from it); `raised_floors` to write.
+    floors: dict[tuple[str, str], int] = field(default_factory=dict)
+    raised_floors: dict[tuple[str, str], int] = field(default_factory=dict)
     outbox: list[OutboxRow] = field(default_factory=list)
     results: list[ItemResult] = field(default_factory=list)
     verdicts: list[tuple[Proposal, Verdict]] = field(default_factory=list)
@@ -281,11 +286,16 @@ class WriteService:
             keys.add((p.urn, self.registry.entity(p.entity_type).key_aspect))
             if not p.is_timeseries:
                 keys.add((p.urn, p.aspect_name))
-        locked = await repo.latest(keys, for_update=True)
         key_aspects = {p.urn: self.registry.entity(p.entity_type).key_aspect for p in proposals}
+        # An entity delete locks (and logs the delete of) every aspect of the entity, not only the key aspect.
+        deleted_entities = {
+            p.urn for p in proposals if p.change_type is ChangeType.DELETE and p.aspect_name == key_aspects[p.urn]
+        }
+        locked, floors = await repo.lock_latest(keys, deleted_entities)
         txn = _Transaction(
-            state={key: locked.get(key) for key in keys},
+            state={key: locked.get(key) for key in keys | locked.keys()},
             existed_before={urn for urn, key_aspect in key_aspects.items() if (urn, key_aspect) in locked},
+            floors=floors,
         )
         for proposal in proposals:
             self._apply_one(txn, proposal, audit)
@@ -379,7 +389,8 @@ class WriteService:
             )
             status = ItemStatus.UNCHANGED
         else:
-            version = previous.version + 1 if previous is not None else 1
+            # after a delete, versions continue from the deleted one: an old change log never looks new
+            version = previous.version + 1 if previous is not None else txn.floors.get(key, 0) + 1
             sm["version"] = str(version)
             first = previous.system_metadata.get("aspectCreated") if previous is not None else None
             sm["aspectCreated"] = first or audit.to_json()
@@ -421,9 +432,20 @@ class WriteService:
             txn.results.append(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.ABSENT))
             return
         if p.aspect_name == key_aspect:
-            # Deleting the key aspect deletes the entity: every aspect and every version.
+            # Deleting the key aspect deletes the entity: every aspect and every version. Each other aspect gets its
+            # own DELETE change log (before the key aspect's), so consumers know the version every aspect was
+            # deleted at (the search index keeps them in its tombstone: an older change log cannot revive it).
             txn.deleted_urns.add(p.urn)
-            for state_key in [k for k in txn.state if k[0] == p.urn]:
+            for state_key in sorted(k for k in txn.state if k[0] == p.urn):
+                row = txn.state[state_key]
+                if row is None:
+                    continue
+                self._raise_floor(txn, state_key, row.version)
+                if state_key[1] != key_aspect:
+                    cascaded = dataclasses.replace(p, aspect_name=state_key[1], system_metadata=dict(p.system_metadata))
+                    sm = dict(row.system_metadata)
+                    sm.update(self._system_metadata(cascaded, row, audit))
+                    self._log_change(txn, cascaded, ChangeType.DELETE, None, row, audit, system_metadata=sm, platform_events=False)
                 txn.state[state_key] = None
             for pending in (txn.dirty, txn.history):
                 for state_key in [k for k in pending if k[0] == p.urn]:
@@ -432,6 +454,7 @@ class WriteService:
         else:
             key = (p.urn, p.aspect_name)
             txn.deleted_keys.add(key)
+            self._raise_floor(txn, key, previous.version)
             txn.state[key] = None
             txn.dirty.pop(key, None)
             txn.history.pop(key, None)
@@ -440,6 +463,11 @@ class WriteService:
         sm.update(self._system_metadata(p, previous, audit))
         self._log_change(txn, p, ChangeType.DELETE, None, previous, audit, system_metadata=sm)
         txn.results.append(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.DELETED, system_metadata=sm))
+
+    @staticmethod
+    def _raise_floor(txn: _Transaction, key: tuple[str, str], version: int) -> None:
+        floor = max(txn.floors.get(key, 0), version)
+        txn.floors[key] = txn.raised_floors[key] = floor
 
     def _log_change(
         self,
@@ -451,6 +479,7 @@ class WriteService:
         audit: AuditStamp,
         *,
         system_metadata: dict[str, Any] | None = None,
+        platform_events: bool = True,
     ) -> None:
         sm = system_metadata if system_metadata is not None else (row.system_metadata if row else {})
         payload = build_change_log(
@@ -465,6 +494,8 @@ class WriteService:
         )
         version = int(sm.get("version", "0"))
         txn.outbox.append(OutboxRow(self.settings.topic_mcl_versioned, p.urn, p.urn, p.aspect_name, version, change_type.value, payload))
+        if not platform_events:
+            return  # an aspect deleted with its entity: the key aspect's delete carries the entity's event
         self._log_platform_events(
             txn, p, change_type, previous.value if previous is not None else None, row.value if row is not None else None, audit, version
         )
@@ -525,4 +556,5 @@ class WriteService:
             cutoff = txn.dirty[(urn, aspect)].version - 1 - kept
             if cutoff >= 1:
                 prune.append((urn, aspect, cutoff))
-        await repo.write_changes(history + inserts, updates, prune, txn.outbox)
+        floors = [(urn, aspect, v) for (urn, aspect), v in sorted(txn.raised_floors.items())]
+        await repo.write_changes(history + inserts, updates, prune, txn.outbox, floors)

@@ -335,3 +335,62 @@ async def test_keyed_and_template_patches_as_the_client_sends_them(client, db):
     assert ownership["owners"] == [{"owner": "urn:li:corpuser:ann", "type": "DATAOWNER"}]
     bad = await propose(client, mcp("globalTags", [{"op": "remove", "path": "/nothing/here"}], change_type="PATCH"), expect=400)
     assert "patch" in bad["issues"][0]["message"].lower()
+
+
+# --- versions are monotonic across hard deletes -----------------------------------------------------------------
+
+
+def _mcl_versions(logs):
+    return [(o["aspect"], o["change_type"], o["version"], o["payload"]["systemMetadata"].get("version")) for o in logs]
+
+
+async def test_recreate_after_an_aspect_delete_continues_the_version(client, db):
+    await propose(client, mcp("status", {"removed": False}))
+    await propose(client, mcp("status", {"removed": True}))
+    await propose(client, mcp("status", None, change_type="DELETE"))
+    result = await propose(client, mcp("status", {"removed": False}))
+    assert result["results"][0]["status"] == "CREATED" and result["results"][0]["version"] == "3"
+    assert [(a, v, sm["version"]) for a, v, _, sm in await rows(db, aspect="status")] == [("status", 0, "3")]
+    assert _mcl_versions(await outbox(db, "status")) == [
+        ("status", "UPSERT", 1, "1"), ("status", "UPSERT", 2, "2"), ("status", "DELETE", 2, "2"), ("status", "UPSERT", 3, "3"),
+    ]
+    # deleted and written again in one batch: the same
+    result = await propose(client, mcp("status", None, change_type="DELETE"), mcp("status", {"removed": True}))
+    assert [r["status"] for r in result["results"]] == ["DELETED", "CREATED"] and result["results"][1]["version"] == "4"
+    # absent after a delete: If-Version-Match -1 (must not exist) holds, a stale version does not
+    await propose(client, mcp("status", None, change_type="DELETE"))
+    await propose(client, mcp("status", {"removed": False}, headers={"If-Version-Match": "4"}), expect=412)
+    result = await propose(client, mcp("status", {"removed": False}, headers={"If-Version-Match": "-1"}))
+    assert result["results"][0]["version"] == "5"
+
+
+async def test_recreate_after_an_entity_delete_continues_every_version(client, db):
+    await propose(client, mcp("status", {"removed": False}), mcp("globalTags", {"tags": [{"tag": "urn:li:tag:a"}]}))
+    await propose(client, mcp("globalTags", {"tags": [{"tag": "urn:li:tag:b"}]}))
+    await propose(client, mcp("status", {"removed": False}, urn=OTHER))
+    await propose(client, mcp("datasetKey", None, change_type="DELETE"))
+    assert await rows(db) == []
+    # every deleted aspect has its DELETE change log at the version it was deleted at, the key aspect's last
+    deletes = [o for o in await outbox(db) if o["change_type"] == "DELETE"]
+    assert _mcl_versions(deletes) == [
+        ("globalTags", "DELETE", 2, "2"), ("status", "DELETE", 1, "1"), ("datasetKey", "DELETE", 1, "1"),
+    ]
+    assert orjson.loads(deletes[0]["payload"]["previousAspectValue"]["value"]) == {"tags": [{"tag": "urn:li:tag:b"}]}
+    # one entity event for the hard delete, not one per aspect
+    assert [e["operation"] for e in await platform_events(db)][-2:] == ["CREATE", "HARD_DELETE"]  # OTHER's, ours
+
+    result = await propose(client, mcp("globalTags", {"tags": [{"tag": "urn:li:tag:c"}]}), mcp("subTypes", {"typeNames": ["View"]}))
+    assert [r["version"] for r in result["results"]] == ["3", "1"]
+    versions = {a: sm["version"] for a, v, _, sm in await rows(db) if v == 0}
+    assert versions == {"datasetKey": "2", "globalTags": "3", "subTypes": "1"}
+    logs = await outbox(db)
+    assert _mcl_versions(logs[-3:]) == [
+        ("datasetKey", "UPSERT", 2, "2"), ("globalTags", "UPSERT", 3, "3"), ("subTypes", "UPSERT", 1, "1"),
+    ]
+    # another entity's versions are its own
+    assert [sm["version"] for _, _, _, sm in await rows(db, urn=OTHER, aspect="status")] == ["1"]
+    # deleted again: the floors only go up
+    await propose(client, mcp("datasetKey", None, change_type="DELETE"))
+    result = await propose(client, mcp("status", {"removed": True}))
+    assert result["results"][0]["version"] == "2"
+    assert {a: sm["version"] for a, v, _, sm in await rows(db) if v == 0} == {"datasetKey": "3", "status": "2"}
