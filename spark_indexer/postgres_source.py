@@ -203,7 +203,7 @@ class LatestAspectsReader(DataSourceReader):
             conn = loop.run_until_complete(asyncpg.connect(self.dsn))
             loop.run_until_complete(conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY"))
             loop.run_until_complete(conn.execute("SET LOCAL jit = off"))
-            cursor = loop.run_until_complete(conn.cursor(sql, *params, prefetch=self.chunk))
+            cursor = loop.run_until_complete(conn.cursor(sql, *params))
             while True:
                 rows = loop.run_until_complete(cursor.fetch(self.chunk))
                 if not rows:

@@ -1,0 +1,352 @@
+"""reconcile: compare what the indices hold with the latest rows of `metadata_aspect_v2`, and optionally repair.
+
+Expected side (Postgres, read in parallel by `postgres_source`, versions only): every latest row of an aspect that
+produces index content (`documents` aspect model: not timeseries, with Searchable fields, Relationship annotations, or
+the key aspect) must be in its entity's document at its logical version (target "document"); an aspect with
+Relationship annotations must also have its edge-set marker at that version (target "edges").
+
+Index side, read in bulk (first, so writes landing meanwhile show up as benign "missing"/"stale" rather than
+"orphan"): Elasticsearch/OpenSearch: `search_after` over each selected entity index (`aspectVersions`; an aspect is
+live when it is in `aspectFields`, a deleted aspect keeps only its version) and over the edge-set index; Postgres
+backend: `search_aspect_fields` (`deleted` flag) and `search_edge_version`. Entity tombstones (`entityRemoved: true`)
+count as no document. Timeseries aspects are ignored on both sides.
+
+Drift kinds: missing (in PG, not live in the index), stale (index version < PG), orphan (live in the index, no PG row;
+for edges: a marker with edges), ahead (index version > PG, or a delete marker at >= the PG version).
+
+`repair=True` (on the driver, through `backend.apply`): missing/stale → the PG rows are re-applied; orphans → aspect
+deletes at the indexed version (an `EntityRemoval` when the entity has no latest row at all); ahead → the entity is
+rebuilt (`EntityRemoval` then all its latest rows, in one apply: order-safety cannot lower a version otherwise).
+Then everything is checked again: `counts` are the drift left, `found` what the first pass saw.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from spark_indexer.config import IndexerSettings
+from spark_indexer.postgres_source import RowFilter, _like_escape, asyncpg_dsn, fetch_latest, read_latest_aspects
+from spark_indexer.restore import _canonical_entities, backend_for_task, backend_label, row_changes
+from spark_indexer.sink import registry_for
+
+KINDS = ("missing", "stale", "orphan", "ahead")
+MAX_EXAMPLES = 20
+PAGE = 1000
+TOMBSTONE_DEFAULT = "entityRemoved"
+INDEX_SCHEMA = "urn string, aspect string, target string, index_version long, live boolean"
+
+
+@dataclass(frozen=True)
+class Drift:
+    kind: str  # missing | stale | orphan | ahead
+    target: str  # "document" (entity document's aspect) | "edges" (edge-set marker of a relationship aspect)
+    urn: str
+    aspect: str
+    pg_version: int | None
+    index_version: int | None
+
+    def __str__(self) -> str:
+        return (f"{self.kind:<7} {self.target:<8} {self.urn} {self.aspect} "
+                f"(postgres {self.pg_version if self.pg_version is not None else '-'}, "
+                f"index {self.index_version if self.index_version is not None else '-'})")
+
+
+@dataclass
+class ReconcileReport:
+    backend: str
+    entities: list[str]
+    pg_rows: int = 0  # latest rows of indexed aspects
+    index_entries: int = 0  # (urn, aspect, target) entries read from the index
+    found: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))  # first pass
+    counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))  # left at the end
+    examples: list[Drift] = field(default_factory=list)  # first pass, at most MAX_EXAMPLES
+    remaining: list[Drift] = field(default_factory=list)  # after repair, at most MAX_EXAMPLES
+    repaired: bool = False
+    repair_changes: int = 0
+    duration_s: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not any(self.counts.values())
+
+    @property
+    def drift(self) -> int:
+        return sum(self.counts.values())
+
+    def summary(self) -> str:
+        found = ", ".join(f"{k} {self.found[k]}" for k in KINDS)
+        lines = [f"reconcile ({self.backend}): {self.pg_rows:,} indexed aspects in Postgres, {self.index_entries:,} "
+                 f"index entries; drift: {found} ({self.duration_s:.1f}s)"]
+        for drift in self.examples:
+            lines.append(f"  {drift}")
+        if self.repaired:
+            left = ", ".join(f"{k} {self.counts[k]}" for k in KINDS)
+            lines.append(f"  repair: {self.repair_changes:,} index changes applied; left after re-check: {left}")
+            for drift in self.remaining:
+                lines.append(f"  still: {drift}")
+        lines.append("OK: no drift" if self.ok else f"DRIFT: {self.drift:,} entries")
+        return "\n".join(lines)
+
+
+# --- what produces index content ------------------------------------------------------------------------------
+
+
+def indexed_aspects(registry: Any, entity_types: Sequence[str]) -> tuple[set[str], set[str]]:
+    """(aspects whose rows go into entity documents, aspects that also declare edges) of these entity types."""
+    from app.search import documents
+
+    doc_aspects: set[str] = set()
+    edge_aspects: set[str] = set()
+    for entity_type in entity_types:
+        spec = registry.entity(entity_type)
+        for aspect in spec.aspect_names:
+            model = documents._aspect_model(registry, aspect)  # the documents module's compiled aspect model
+            if model is None or model.is_timeseries:
+                continue
+            if model.fields or model.edges or model.is_key or aspect == spec.key_aspect:
+                doc_aspects.add(aspect)
+            if model.edges:
+                edge_aspects.add(aspect)
+    return doc_aspects, edge_aspects
+
+
+# --- index side -------------------------------------------------------------------------------------------------
+
+
+def _tombstone_field() -> str:
+    from app.search import model
+
+    return getattr(model, "TOMBSTONE_FIELD", TOMBSTONE_DEFAULT)
+
+
+async def _scan(client: Any, index: str, query: dict[str, Any], sort_fields: list[str], source: list[str]):
+    from elasticsearch import NotFoundError
+
+    after: list[Any] | None = None
+    while True:
+        kwargs: dict[str, Any] = {"search_after": after} if after else {}
+        try:
+            response = await client.search(index=index, query=query, size=PAGE, sort=[{f: "asc"} for f in sort_fields],
+                                           source=source, **kwargs)
+        except NotFoundError:
+            return
+        hits = response["hits"]["hits"]
+        for hit in hits:
+            yield hit
+        if len(hits) < PAGE:
+            return
+        after = hits[-1]["sort"]
+
+
+async def _elastic_index_entries(backend: Any, entity_types: list[str], doc_aspects: set[str],
+                                 timeseries: set[str]) -> list[tuple[str, str, str, int, bool]]:
+    from app.search.elastic import ASPECT_FIELDS_FIELD
+    from app.search.model import URN_FIELD, VERSIONS_FIELD
+
+    tombstone = _tombstone_field()
+    entries: list[tuple[str, str, str, int, bool]] = []
+    for entity_type in entity_types:
+        async for hit in _scan(backend.client, backend.entity_index(entity_type), {"match_all": {}}, [URN_FIELD],
+                               [URN_FIELD, VERSIONS_FIELD, ASPECT_FIELDS_FIELD, tombstone]):
+            source = hit["_source"]
+            if source.get(tombstone) is True:
+                continue  # a tombstone is "no document"
+            urn = source.get(URN_FIELD) or hit["_id"]
+            live = source.get(ASPECT_FIELDS_FIELD) or {}
+            for aspect, version in (source.get(VERSIONS_FIELD) or {}).items():
+                if aspect in timeseries:
+                    continue
+                entries.append((urn, aspect, "document", int(version), aspect in live))
+    prefixes = [{"prefix": {"source": f"urn:li:{e}:"}} for e in entity_types]
+    query = {"bool": {"should": prefixes, "minimum_should_match": 1}}
+    async for hit in _scan(backend.client, backend.edge_set_index, query, ["source", "aspect"], ["source", "aspect", "version", "edges"]):
+        source = hit["_source"]
+        entries.append((source["source"], source["aspect"], "edges", int(source["version"]), bool(source.get("edges"))))
+    return entries
+
+
+async def _postgres_index_entries(settings: IndexerSettings, entity_types: list[str],
+                                  timeseries: set[str]) -> list[tuple[str, str, str, int, bool]]:
+    import asyncpg
+
+    patterns = [f"urn:li:{_like_escape(e)}:%" for e in entity_types]
+    conn = await asyncpg.connect(asyncpg_dsn(settings.database_url))
+    try:
+        docs = await conn.fetch(
+            "SELECT urn, aspect, version, NOT deleted AS live FROM search_aspect_fields WHERE urn LIKE ANY($1::text[])",
+            patterns)
+        edges = await conn.fetch(
+            """SELECT v.source, v.aspect, v.version,
+                      EXISTS (SELECT 1 FROM search_edge e WHERE e.source = v.source AND e.aspect = v.aspect) AS live
+               FROM search_edge_version v WHERE v.source LIKE ANY($1::text[])""", patterns)
+    finally:
+        await conn.close()
+    entries = [(r["urn"], r["aspect"], "document", int(r["version"]), bool(r["live"])) for r in docs
+               if r["aspect"] not in timeseries]
+    entries += [(r["source"], r["aspect"], "edges", int(r["version"]), bool(r["live"])) for r in edges]
+    return entries
+
+
+# --- comparison ---------------------------------------------------------------------------------------------------
+
+
+def _compare(spark: Any, settings: IndexerSettings, registry: Any, entity_types: list[str]) -> tuple[Any, int, int]:
+    """The drift DataFrame (urn, aspect, target, pg_version, index_version, kind), PG rows, index entries."""
+    from pyspark.sql import functions as F
+
+    from app.search.elastic import ElasticBackend
+
+    doc_aspects, edge_aspects = indexed_aspects(registry, entity_types)
+    timeseries = {name for name, a in registry.aspects.items() if a.is_timeseries}
+
+    async def index_side() -> list[tuple[str, str, str, int, bool]]:
+        if settings.search_url:
+            backend = ElasticBackend(settings, registry, refresh=False)  # not started: read only, no index changes
+            try:
+                return await _elastic_index_entries(backend, entity_types, doc_aspects, timeseries)
+            finally:
+                await backend.close()
+        return await _postgres_index_entries(settings, entity_types, timeseries)
+
+    entries = asyncio.run(index_side())  # the index first: writes landing meanwhile look "missing", not "orphan"
+    pg = read_latest_aspects(spark, settings, RowFilter.of(entities=entity_types, aspects=sorted(doc_aspects)),
+                             keys_only=True).select("urn", "aspect", F.col("version").alias("pg_version"))
+    pg = pg.withColumn("target", F.lit("document")).unionByName(
+        pg.where(F.col("aspect").isin(sorted(edge_aspects) or [""])).withColumn("target", F.lit("edges"))
+    ).cache()
+    index = spark.createDataFrame(entries or [], INDEX_SCHEMA)
+    joined = pg.join(index, ["urn", "aspect", "target"], "full_outer")
+    pgv, iv, live = F.col("pg_version"), F.col("index_version"), F.col("live")
+    kind = (
+        F.when(pgv.isNotNull() & iv.isNull(), "missing")
+        .when(pgv.isNotNull() & ~live & (iv < pgv), "missing")
+        .when(pgv.isNotNull() & ~live & (iv >= pgv) & (F.col("target") == "document"), "ahead")
+        .when(pgv.isNotNull() & (iv < pgv), "stale")
+        .when(pgv.isNotNull() & (iv > pgv), "ahead")
+        .when(pgv.isNull() & live, "orphan")
+    )
+    drift = joined.withColumn("kind", kind).where(F.col("kind").isNotNull()).select(
+        "urn", "aspect", "target", "pg_version", "index_version", "kind")
+    return drift, pg, len(entries)
+
+
+def _check(spark: Any, settings: IndexerSettings, registry: Any, entity_types: list[str],
+           collect_all: bool) -> tuple[dict[str, int], list[Drift], list[Drift], int, int]:
+    drift_df, pg, index_entries = _compare(spark, settings, registry, entity_types)
+    try:
+        rows = drift_df.collect() if collect_all else None
+        if rows is None:
+            counts = Counter({r["kind"]: r["count"] for r in drift_df.groupBy("kind").count().collect()})
+            sample = drift_df.orderBy("urn", "aspect", "target").limit(MAX_EXAMPLES).collect()
+        else:
+            counts = Counter(r["kind"] for r in rows)
+            sample = sorted(rows, key=lambda r: (r["urn"], r["aspect"], r["target"]))[:MAX_EXAMPLES]
+        pg_rows = pg.where("target = 'document'").count()
+    finally:
+        pg.unpersist()
+
+    def drift(r: Any) -> Drift:
+        return Drift(r["kind"], r["target"], r["urn"], r["aspect"], r["pg_version"], r["index_version"])
+
+    return ({k: int(counts.get(k, 0)) for k in KINDS}, [drift(r) for r in sample],
+            [drift(r) for r in rows or []], pg_rows, index_entries)
+
+
+# --- repair -------------------------------------------------------------------------------------------------------
+
+
+async def _repair(settings: IndexerSettings, registry: Any, drifts: list[Drift]) -> int:
+    from app.search.model import AspectEdges, AspectFields, EntityRemoval
+
+    import asyncpg
+
+    urns = sorted({d.urn for d in drifts})
+    conn = await asyncpg.connect(asyncpg_dsn(settings.database_url))
+    try:
+        alive = {r["urn"] for r in await conn.fetch(
+            "SELECT DISTINCT urn FROM metadata_aspect_v2 WHERE version = 0 AND urn = ANY($1::text[])", urns)}
+    finally:
+        await conn.close()
+    rebuild = {d.urn for d in drifts if d.kind == "ahead" and d.urn in alive}
+    reapply = {(d.urn, d.aspect) for d in drifts if d.kind in ("missing", "stale") and d.urn not in rebuild}
+    orphans = [d for d in drifts if d.kind == "orphan" and d.urn not in rebuild]
+
+    rows: list[dict[str, Any]] = []
+    if reapply:
+        rows += await fetch_latest(settings.database_url, RowFilter(keys=tuple(sorted(reapply))))
+    if rebuild:
+        rows += await fetch_latest(settings.database_url, _UrnsFilter(urns=tuple(sorted(rebuild))))
+    by_urn: dict[str, list[Any]] = {}
+    for row in rows:
+        by_urn.setdefault(row["urn"], []).extend(
+            row_changes(registry, row["urn"], row["aspect"], row["version"], row["metadata"], row["systemmetadata"]))
+    changes: list[Any] = []
+    for urn in sorted(rebuild):
+        entity_type = registry.entity(urn[7:urn.index(":", 7)]).name
+        changes.append(EntityRemoval(entity_type, urn, 0))
+        changes.extend(by_urn.pop(urn, []))
+    for urn in sorted(by_urn):
+        changes.extend(by_urn[urn])
+    removed: set[str] = set()
+    for d in orphans:
+        entity_type = registry.entity(d.urn[7:d.urn.index(":", 7)]).name
+        if d.urn not in alive:
+            if d.urn not in removed:
+                removed.add(d.urn)
+                changes.append(EntityRemoval(entity_type, d.urn, d.index_version or 0))
+        elif d.target == "document":
+            changes.append(AspectFields(entity_type, d.urn, d.aspect, d.index_version or 0, {}, deleted=True))
+        else:
+            changes.append(AspectEdges(d.urn, d.aspect, d.index_version or 0, ()))
+    if changes:
+        backend, engine = backend_for_task(settings, registry, {})  # not started: the indices exist
+        if settings.search_url:
+            backend.refresh = "wait_for"  # the re-check reads right after
+        try:
+            chunk = max(1, settings.spark_apply_chunk)
+            for start in range(0, len(changes), chunk):
+                await backend.apply(changes[start:start + chunk])
+        finally:
+            await backend.close()
+            if engine is not None:
+                await engine.dispose()
+    return len(changes)
+
+
+@dataclass(frozen=True)
+class _UrnsFilter(RowFilter):
+    """Every latest row of these urns (repair of an entity)."""
+
+    urns: tuple[str, ...] = ()
+
+    def where(self, params: list[Any]) -> str:
+        params.append(list(self.urns))
+        return f"version = 0 AND urn = ANY(${len(params)}::text[])"
+
+
+# --- the command ------------------------------------------------------------------------------------------------
+
+
+def reconcile(spark: Any, settings: IndexerSettings, *, repair: bool = False,
+              entities: Sequence[str] | None = None) -> ReconcileReport:
+    """Compare the indices with Postgres (all entity types, or `entities`); with `repair`, fix and re-check."""
+    if not settings.database_url:
+        raise ValueError("reconcile needs METALEDGER_DATABASE_URL")
+    started = time.monotonic()
+    registry = registry_for(settings)
+    entity_types = _canonical_entities(registry, entities) or sorted(registry.entities)
+    report = ReconcileReport(backend=backend_label(settings), entities=entity_types)
+    counts, examples, drifts, report.pg_rows, report.index_entries = _check(spark, settings, registry, entity_types,
+                                                                           collect_all=repair)
+    report.found, report.counts, report.examples = dict(counts), dict(counts), examples
+    if repair and drifts:
+        report.repaired = True
+        report.repair_changes = asyncio.run(_repair(settings, registry, drifts))
+        report.counts, report.remaining, _, _, _ = _check(spark, settings, registry, entity_types, collect_all=False)
+    report.duration_s = time.monotonic() - started
+    return report
