@@ -603,7 +603,7 @@ def changes_from_mcl(mcl: dict, registry) -> list[Change]:
         if version is None:
             version = _version_of(mcl.get("systemMetadata")) or 0
         if model.is_key or aspect == espec.key_aspect:
-            return [EntityRemoval(entity_type, urn, version)]
+            return [EntityRemoval(entity_type, urn, version, espec.key_aspect)]
         out = [AspectFields(entity_type, urn, aspect, version, {}, deleted=True)]
         if model.edges:
             out.append(AspectEdges(urn, aspect, version, ()))

@@ -19,8 +19,10 @@ documents and edge-set markers (`mget`, with `_seq_no`/`_primary_term`), merges 
 change applies only if its version is >= the version stored for that aspect) and writes them back in ONE `_bulk`
 with `if_seq_no`/`if_primary_term` (`op_type=create` for new documents). Conflicted documents are re-read and
 merged again. An edge set whose marker write lost a race re-projects the winning marker's edges (so stale edges
-written by the loser are overwritten or deleted). Entity removals delete the document and, with `delete_by_query`,
-every edge from or to the entity (and its markers) before the bulk.
+written by the loser are overwritten or deleted). Entity removals turn the document into a tombstone
+(`entityRemoved: true`, `aspectVersions` kept, no searchable content; excluded from every read; a newer change of
+an aspect revives it) and, with `delete_by_query`, delete every edge from or to the entity before the bulk; its
+edge-set markers keep their version with an empty set. At equal versions a delete (an empty edge set) wins.
 
 OpenSearch flavor (`search_flavor="opensearch"`): the client sends `application/vnd.elasticsearch+json;
 compatible-with=8`, which OpenSearch answers with 406, and checks for the `X-Elastic-Product` response header;
@@ -46,6 +48,7 @@ from elasticsearch import AsyncElasticsearch, NotFoundError
 from app.search import documents
 from app.search.model import (
     REMOVED_FIELD,
+    TOMBSTONE_FIELD,
     URN_FIELD,
     VERSIONS_FIELD,
     AspectEdges,
@@ -174,6 +177,7 @@ def _entity_mapping(base: dict[str, Any], specs: list[SearchFieldSpec]) -> dict[
     props = mapping.setdefault("properties", {})
     props.setdefault(URN_FIELD, {"type": "keyword"})
     props.setdefault(REMOVED_FIELD, {"type": "boolean"})
+    props[TOMBSTONE_FIELD] = {"type": "boolean"}
     props[VERSIONS_FIELD] = {"type": "object", "dynamic": True}
     props[ASPECT_FIELDS_FIELD] = {"type": "object", "enabled": False}
     for spec in specs:
@@ -312,9 +316,11 @@ class ElasticBackend:
             current = sorted((await es.indices.get_alias(name=alias)).body)
         except NotFoundError:
             current = []
-        if current == [target]:
+        if current == [target] or (len(current) == 1 and current[0].startswith(f"{target}_")):
+            # the current mapping, possibly in an index built elsewhere and swapped in (a restore job's
+            # `<alias>_<digest>_r<timestamp>`): nothing to do
             self._ready.add(alias)
-            return target
+            return current[0]
         concrete_legacy = not current and bool(await es.indices.exists(index=alias)) and alias != target
         if not await es.indices.exists(index=target):
             body: dict[str, Any] = {"mappings": mapping}
@@ -365,12 +371,17 @@ class ElasticBackend:
         for i, change in enumerate(changes):
             if isinstance(change, EntityRemoval):
                 removal_pos[change.urn] = i
+        pending: list[tuple[int, Change]] = []
+        for i, c in enumerate(changes):
+            if isinstance(c, AspectEdges) and removal_pos.get(c.source, -1) > i:
+                c = AspectEdges(c.source, c.aspect, c.version, ())  # removed with the entity: its version stays
+            pending.append((i, c))
         if removals:
-            await self._delete_edges_of({r.urn for r in removals})
-        pending: list[tuple[int, Change]] = [
-            (i, c) for i, c in enumerate(changes)
-            if not (isinstance(c, AspectEdges) and removal_pos.get(c.source, -1) > i)
-        ]
+            removed = {r.urn for r in removals}
+            # the markers keep their version with an empty set (an older edge set cannot come back)
+            for source, aspect, version in await self._edge_markers_of(removed):
+                pending.append((removal_pos[source], AspectEdges(source, aspect, version, ())))
+            await self._delete_edges_of(removed)
         for attempt in range(MAX_CONFLICT_RETRIES + 1):
             retry = await self._apply_once([c for _, c in pending], repair_edges=attempt > 0)
             if not retry:
@@ -424,9 +435,15 @@ class ElasticBackend:
             marker = found["_source"] if found else None
             stored_version = marker["version"] if marker else -1
             newest = max(c.version for c in group)
-            winner = [c for c in group if c.version == newest][-1]  # the newest set of this call (equal: the later)
+            tied = [c for c in group if c.version == newest]
+            # the newest set of this call; on a tie an empty one (a delete), else the later
+            winner = next((c for c in tied if not c.edges), tied[-1])
             old_edges: dict[str, dict[str, Any]] = (marker or {}).get("edges") or {}
-            if winner.version < stored_version:
+            # an empty set at the stored version (a delete) is never refilled by a change log of that same version
+            stale = winner.version < stored_version or (
+                winner.version == stored_version and marker is not None and not old_edges and bool(winner.edges)
+            )
+            if stale:
                 if repair_edges:  # we may have projected a stale set before losing the race: re-project the truth
                     ours = {edge_doc_id(e.source, e.relationship, e.destination, winner.aspect): {} for e in winner.edges}
                     ops.extend((None, op, body) for op, body in self._project_edges(old_edges, ours, found["_version"]))
@@ -515,10 +532,18 @@ class ElasticBackend:
         changed = False
         for change in group:
             if isinstance(change, EntityRemoval):
-                per_aspect, versions, exists, changed = {}, {}, False, True
+                if change.aspect is not None and versions.get(change.aspect, -1) > change.version:
+                    continue  # the entity was re-created since: an old removal
+                # a tombstone: every aspect deleted at the version indexed, the key aspect at the removal's
+                per_aspect, exists, changed, urn = {}, True, True, urn or change.urn
+                if change.aspect is not None:
+                    versions[change.aspect] = max(versions.get(change.aspect, -1), change.version)
                 continue
-            if change.version < versions.get(change.aspect, -1):
-                continue  # older than what is indexed: never regress
+            stored = versions.get(change.aspect)
+            if stored is not None and (change.version < stored or (
+                change.version == stored and not change.deleted and change.aspect not in per_aspect
+            )):
+                continue  # older than what is indexed (or deleted at this very version): never regress
             exists, changed, urn = True, True, change.urn
             versions[change.aspect] = change.version
             if change.deleted:
@@ -531,10 +556,28 @@ class ElasticBackend:
             return None
         if not changed:
             return doc
+        if not per_aspect:  # no live aspect: a tombstone (versions only, hidden from every read)
+            return {URN_FIELD: urn, TOMBSTONE_FIELD: True, VERSIONS_FIELD: versions, ASPECT_FIELDS_FIELD: {}}
         merged = documents.merge_aspect_fields(per_aspect, versions)
         merged[URN_FIELD] = urn
         merged[ASPECT_FIELDS_FIELD] = per_aspect
         return merged
+
+    async def _edge_markers_of(self, urns: set[str]) -> list[tuple[str, str, int]]:
+        """(source, aspect, version) of every edge-set marker of `urns`."""
+        markers: list[tuple[str, str, int]] = []
+        after: list[Any] | None = None
+        while True:
+            kwargs: dict[str, Any] = {"search_after": after} if after else {}
+            response = await self.client.search(
+                index=self.edge_set_index, query={"terms": {"source": sorted(urns)}}, size=1000,
+                sort=[{"source": "asc"}, {"aspect": "asc"}], source_includes=["source", "aspect", "version"], **kwargs,
+            )
+            hits = response["hits"]["hits"]
+            markers.extend((h["_source"]["source"], h["_source"]["aspect"], int(h["_source"]["version"])) for h in hits)
+            if len(hits) < 1000:
+                return markers
+            after = hits[-1]["sort"]
 
     async def _delete_edges_of(self, urns: set[str]) -> None:
         urn_list = sorted(urns)
@@ -543,8 +586,6 @@ class ElasticBackend:
             query={"bool": {"should": [{"terms": {"source": urn_list}}, {"terms": {"destination": urn_list}}],
                             "minimum_should_match": 1}},
         )
-        await self.client.delete_by_query(index=self.edge_set_index, conflicts="proceed", refresh=True,
-                                          query={"terms": {"source": urn_list}})
 
     # --- search ---------------------------------------------------------------------------------------------------
 
@@ -611,9 +652,10 @@ class ElasticBackend:
             if not values:
                 continue
             filter_clauses.append({"terms": {self._filter_field(entity_type, key): list(values)}})
-        bool_query: dict[str, Any] = {"must": [must], "filter": filter_clauses}
+        bool_query: dict[str, Any] = {"must": [must], "filter": filter_clauses,
+                                      "must_not": [{"term": {TOMBSTONE_FIELD: True}}]}  # never a hit, never counted
         if exclude_removed:
-            bool_query["must_not"] = [{"term": {REMOVED_FIELD: True}}]
+            bool_query["must_not"].append({"term": {REMOVED_FIELD: True}})
         sort_clauses: list[dict[str, Any]] = []
         for name, order in sort or []:
             direction = "desc" if order.lower().startswith("desc") else "asc"
@@ -677,7 +719,7 @@ class ElasticBackend:
             elif "text" in (field.get("fields") or {}):
                 should.append({"match_phrase_prefix": {f"{spec.name}.text": {"query": text, "boost": spec.boost}}})
         should.append({"prefix": {URN_FIELD: {"value": text, "case_insensitive": True}}})
-        query = {"bool": {"should": should, "minimum_should_match": 1, "must_not": [{"term": {REMOVED_FIELD: True}}]}}
+        query = {"bool": {"should": should, "minimum_should_match": 1, "must_not": [{"term": {REMOVED_FIELD: True}}, {"term": {TOMBSTONE_FIELD: True}}]}}
         response = await self.client.search(index=self.entity_index(entity_type), query=query, size=limit,
                                             sort=[{"_score": "desc"}, {URN_FIELD: "asc"}])
         return [self._hit(entity_type, h) for h in response["hits"]["hits"]]
@@ -812,5 +854,7 @@ class ElasticBackend:
         try:
             doc = await self.client.get(index=index, id=entity_doc_id(urn), realtime=True)
         except NotFoundError:
+            return {}
+        if doc["_source"].get(TOMBSTONE_FIELD):
             return {}
         return {k: int(v) for k, v in (doc["_source"].get(VERSIONS_FIELD) or {}).items()}

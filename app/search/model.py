@@ -4,7 +4,14 @@ One module builds these records from change logs (`app.search.documents.changes_
 for `spark_indexer` alike; each backend (`app.search.elastic`, `app.search.postgres`) applies them and answers
 the queries. Applying is idempotent and order-safe: every record carries the version of the aspect it comes
 from, and a backend never lets an older version overwrite a newer one (for deletes too: a delete at version v
-removes only what is at version <= v).
+removes only what is at version <= v; at equal versions a delete wins over an upsert).
+
+Hard deletes leave tombstones: an `EntityRemoval` keeps the entity's per-aspect versions (`aspectVersions`) with
+`entityRemoved: true` and no searchable content; edge-set markers keep their version with an empty set. A tombstone
+is invisible to every read (search, autocomplete, counts and facets, relationships, lineage, `document_versions`);
+a change newer than the version it holds for that aspect revives the document, an older or equal one is ignored.
+A document whose aspects are all deleted is a tombstone too (the write path logs a DELETE for every aspect of a
+deleted entity, so replaying the change logs in any order ends in the same state).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ class SearchFieldSpec:
 URN_FIELD = "urn"
 REMOVED_FIELD = "removed"  # status.removed: soft-deleted entities are flagged, not dropped
 VERSIONS_FIELD = "aspectVersions"  # aspect name -> the version indexed (order-safety, trace, reconcile)
+TOMBSTONE_FIELD = "entityRemoved"  # true: a hard-deleted entity's tombstone (versions only, hidden from reads)
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,11 +102,14 @@ class TimeseriesPoint:
 
 @dataclass(frozen=True, slots=True)
 class EntityRemoval:
-    """Hard delete of an entity (its key aspect deleted at `version`): document, outgoing and incoming edges."""
+    """Hard delete of an entity (its key aspect `aspect` deleted at `version`): the document becomes a tombstone
+    (every aspect deleted at the version indexed), outgoing and incoming edges go, edge-set markers keep their
+    version. Ignored when a newer version of the key aspect is indexed (the entity was re-created since)."""
 
     entity_type: str
     urn: str
     version: int
+    aspect: str | None = None  # the key aspect (None: the entity type's, from the registry)
 
 
 Change = AspectFields | AspectEdges | TimeseriesPoint | EntityRemoval

@@ -13,9 +13,12 @@ Applying changes (`apply`), in one READ COMMITTED transaction:
 3. edges: the (source, aspect) version marker is upserted the same way; for the sets it accepted, the old edges are
    deleted and the new ones inserted;
 4. documents of the touched URNs are rebuilt in one statement from their aspects' rows: merged fields, versions,
-   `removed`, the weighted `search_vector` and `exact_names`; a document with no live aspect left is deleted;
-5. timeseries points are upserted by (aspect, doc_id); entity removals delete document, aspect rows, and edges in
-   both directions.
+   `removed`, the weighted `search_vector` and `exact_names`; a document with no live aspect left becomes a
+   tombstone (`entity_removed`, its versions only, hidden from every read);
+5. timeseries points are upserted by (aspect, doc_id); entity removals (unless the key aspect is indexed at a newer
+   version: re-created since) mark every aspect row deleted at the version it holds (the key aspect's at the
+   removal's version) and delete the edges in both directions; the edge version markers stay, so an older edge set
+   is not projected again. At equal versions a delete (or an empty edge set) wins.
 
 A batch is applied in order: changes up to an `EntityRemoval` are applied before it, the ones after it after it.
 """
@@ -111,7 +114,7 @@ FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::boolean[], $6:
 ON CONFLICT (urn, aspect) DO UPDATE
 SET entity_type = EXCLUDED.entity_type, version = EXCLUDED.version, deleted = EXCLUDED.deleted,
     fields = EXCLUDED.fields, updated_at = EXCLUDED.updated_at
-WHERE s.version <= EXCLUDED.version
+WHERE s.version < EXCLUDED.version OR (s.version = EXCLUDED.version AND (EXCLUDED.deleted OR NOT s.deleted))
 """
 
 def _index_text(column: str) -> str:
@@ -138,7 +141,11 @@ WITH touched AS (
     WHERE NOT r.deleted
     GROUP BY r.urn
 ), versions AS (
-    SELECT urn, jsonb_object_agg(aspect, version) AS aspect_versions FROM rows GROUP BY urn
+    SELECT urn, min(entity_type) AS entity_type, jsonb_object_agg(aspect, version) AS aspect_versions
+    FROM rows GROUP BY urn
+), tombs AS (
+    SELECT v.urn, v.entity_type, v.aspect_versions FROM versions v
+    WHERE NOT EXISTS (SELECT 1 FROM merged m WHERE m.urn = v.urn)
 ), texts AS (
     SELECT m.urn, e.key,
            coalesce(s.weight, CASE WHEN lower(e.key) IN ('name', 'id', 'displayname', 'title', 'qualifiedname') THEN 'A'
@@ -169,19 +176,32 @@ WITH touched AS (
     FROM merged m JOIN versions v ON v.urn = m.urn LEFT JOIN weighted w ON w.urn = m.urn
 ), gone AS (
     DELETE FROM search_document d USING touched t
-    WHERE d.urn = t.urn AND NOT EXISTS (SELECT 1 FROM merged m WHERE m.urn = t.urn)
+    WHERE d.urn = t.urn AND NOT EXISTS (SELECT 1 FROM versions v WHERE v.urn = t.urn)
 )
-INSERT INTO search_document AS d (urn, entity_type, fields, aspect_versions, removed, search_vector, exact_names, updated_at)
-SELECT urn, entity_type, fields, aspect_versions, removed, search_vector, exact_names, now() FROM docs
+INSERT INTO search_document AS d (urn, entity_type, fields, aspect_versions, removed, search_vector, exact_names,
+                                  entity_removed, updated_at)
+SELECT urn, entity_type, fields, aspect_versions, removed, search_vector, exact_names, false, now() FROM docs
+UNION ALL
+SELECT urn, entity_type, '{{"entityRemoved": true}}'::jsonb, aspect_versions, false, ''::tsvector, '{{}}', true, now()
+FROM tombs
 ON CONFLICT (urn) DO UPDATE
 SET entity_type = EXCLUDED.entity_type, fields = EXCLUDED.fields, aspect_versions = EXCLUDED.aspect_versions,
     removed = EXCLUDED.removed, search_vector = EXCLUDED.search_vector, exact_names = EXCLUDED.exact_names,
-    updated_at = EXCLUDED.updated_at
+    entity_removed = EXCLUDED.entity_removed, updated_at = EXCLUDED.updated_at
 """
 
+# An edge set applies when newer than the marker; at an equal version only if it is empty (a delete) or the stored
+# set is not (an idempotent replay): the empty set a delete or an entity removal left is never refilled by an older
+# change log of the same version.
 _UPSERT_EDGE_VERSIONS = """
+WITH c AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::boolean[]) AS c(source, aspect, version, empty)
+)
 INSERT INTO search_edge_version AS s (source, aspect, version)
-SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[])
+SELECT c.source, c.aspect, c.version FROM c
+LEFT JOIN search_edge_version v ON v.source = c.source AND v.aspect = c.aspect
+WHERE v.version IS NULL OR v.version < c.version OR (v.version = c.version AND (
+    c.empty OR EXISTS (SELECT 1 FROM search_edge e WHERE e.source = c.source AND e.aspect = c.aspect)))
 ON CONFLICT (source, aspect) DO UPDATE SET version = EXCLUDED.version
 WHERE s.version <= EXCLUDED.version
 RETURNING source, aspect
@@ -222,13 +242,29 @@ SET urn = EXCLUDED.urn, entity_type = EXCLUDED.entity_type, timestamp_ms = EXCLU
     fields = EXCLUDED.fields, value = EXCLUDED.value, system_metadata = EXCLUDED.system_metadata
 """
 
+# Entity removals ($1 urn, $2 entity type, $3 key aspect, $4 version; one per urn, the newest): skipped when the key
+# aspect is indexed at a newer version; otherwise every aspect row is marked deleted at its version, the key aspect's
+# at least at the removal's, and the edges from and to the entity are deleted (the version markers stay).
 _REMOVE_ENTITIES = """
-WITH urns AS (SELECT DISTINCT u AS urn FROM unnest($1::text[]) AS u),
-docs AS (DELETE FROM search_document d USING urns WHERE d.urn = urns.urn),
-fields AS (DELETE FROM search_aspect_fields a USING urns WHERE a.urn = urns.urn),
-versions AS (DELETE FROM search_edge_version v USING urns WHERE v.source = urns.urn),
-outgoing AS (DELETE FROM search_edge e USING urns WHERE e.source = urns.urn)
-DELETE FROM search_edge e USING urns WHERE e.destination = urns.urn
+WITH r AS (
+    SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[]) AS r(urn, entity_type, aspect, version)
+), live AS (
+    SELECT r.* FROM r WHERE NOT EXISTS (
+        SELECT 1 FROM search_aspect_fields a WHERE a.urn = r.urn AND a.aspect = r.aspect AND a.version > r.version)
+), tombstoned AS (
+    UPDATE search_aspect_fields a SET deleted = true, fields = '{}'::jsonb, updated_at = now()
+    FROM live WHERE a.urn = live.urn AND a.aspect <> live.aspect AND NOT a.deleted
+), keys AS (
+    INSERT INTO search_aspect_fields AS a (urn, aspect, entity_type, version, deleted, fields, updated_at)
+    SELECT urn, aspect, entity_type, version, true, '{}'::jsonb, now() FROM live
+    ON CONFLICT (urn, aspect) DO UPDATE
+    SET version = GREATEST(a.version, EXCLUDED.version), deleted = true, fields = '{}'::jsonb, updated_at = now()
+), outgoing AS (
+    DELETE FROM search_edge e USING live WHERE e.source = live.urn
+), incoming AS (
+    DELETE FROM search_edge e USING live WHERE e.destination = live.urn
+)
+SELECT urn FROM live
 """
 
 
@@ -359,11 +395,17 @@ class PostgresBackend:
         for change in changes:
             if isinstance(change, AspectFields):
                 key = (change.urn, change.aspect)
-                if key not in fields or fields[key].version <= change.version:
+                kept = fields.get(key)
+                if kept is None or kept.version < change.version or (
+                    kept.version == change.version and (change.deleted or not kept.deleted)
+                ):  # the newest, a delete on a tie (as the table's upsert decides)
                     fields[key] = change
             elif isinstance(change, AspectEdges):
                 key = (change.source, change.aspect)
-                if key not in edges or edges[key].version <= change.version:
+                kept_edges = edges.get(key)
+                if kept_edges is None or kept_edges.version < change.version or (
+                    kept_edges.version == change.version and (not change.edges or bool(kept_edges.edges))
+                ):
                     edges[key] = change
             elif isinstance(change, TimeseriesPoint):
                 points[(change.aspect, change.doc_id)] = change
@@ -398,6 +440,7 @@ class PostgresBackend:
             [c.source for c in changes],
             [c.aspect for c in changes],
             [c.version for c in changes],
+            [not c.edges for c in changes],
         )
         keys = {(r["source"], r["aspect"]) for r in accepted}
         if not keys:
@@ -444,7 +487,24 @@ class PostgresBackend:
         )
 
     async def _remove(self, conn: asyncpg.Connection, removals: list[EntityRemoval]) -> None:
-        await conn.execute(_REMOVE_ENTITIES, sorted({r.urn for r in removals}))
+        newest: dict[str, EntityRemoval] = {}
+        for r in removals:
+            if r.urn not in newest or newest[r.urn].version <= r.version:
+                newest[r.urn] = r
+        rows = [newest[u] for u in sorted(newest)]
+        removed = await conn.fetch(
+            _REMOVE_ENTITIES,
+            [r.urn for r in rows],
+            [r.entity_type for r in rows],
+            [r.aspect or self._registry.entity(r.entity_type).key_aspect for r in rows],
+            [r.version for r in rows],
+        )
+        if removed:
+            await conn.execute(
+                _REBUILD_DOCUMENTS,
+                sorted(r["urn"] for r in removed),
+                *self._spec_arrays({r.entity_type for r in rows}),
+            )
 
     # --- search ---------------------------------------------------------------------------------------------------
     def _filter_sql(
@@ -526,6 +586,7 @@ class PostgresBackend:
         conditions += self._filter_sql(entity_type, filters, params)
         if "removed" not in (filters or {}):
             conditions.append("NOT d.removed")
+        conditions.append("NOT d.entity_removed")  # tombstones: never a hit, never counted
         where = " AND ".join(conditions)
         base_params = list(params)
 
@@ -617,7 +678,7 @@ class PostgresBackend:
                        (SELECT min(length(n)) FROM unnest(d.exact_names) n WHERE n LIKE $2 AND n <> lower(d.urn)) AS name_len,
                        {"ts_rank_cd(d.search_vector, to_tsquery('simple', $3))::float8" if tsquery else "0::float8"} AS rank
                 FROM search_document d
-                WHERE d.entity_type = $1 AND NOT d.removed
+                WHERE d.entity_type = $1 AND NOT d.removed AND NOT d.entity_removed
                   AND (EXISTS (SELECT 1 FROM unnest(d.exact_names) n WHERE n LIKE $2 AND n <> lower(d.urn))
                        {"OR d.search_vector @@ to_tsquery('simple', $3)" if tsquery else ""})
                 ORDER BY name_len NULLS LAST, rank DESC, d.urn
@@ -750,5 +811,11 @@ class PostgresBackend:
 
     async def document_versions(self, urn: str) -> dict[str, int]:
         async with self._connection() as conn:
-            rows = await conn.fetch("SELECT aspect, version FROM search_aspect_fields WHERE urn = $1", urn)
+            rows = await conn.fetch(
+                """
+                SELECT aspect, version FROM search_aspect_fields WHERE urn = $1
+                AND NOT EXISTS (SELECT 1 FROM search_document d WHERE d.urn = $1 AND d.entity_removed)
+                """,
+                urn,
+            )
         return {r["aspect"]: r["version"] for r in rows}
