@@ -364,12 +364,13 @@ class ElasticBackend:
         for change in changes:
             if isinstance(change, TimeseriesPoint):
                 await self._ensure_timeseries(change.entity_type, change.aspect)
-        removals = [c for c in changes if isinstance(c, EntityRemoval)]
+        removals = await self._current_removals([c for c in changes if isinstance(c, EntityRemoval)])
         # An entity removal comes before the bulk: it deletes every edge from or to the entity; the edge sets of the
-        # same call that were declared before the removal are dropped, those declared after it are written.
+        # same call that were declared before the removal are emptied (their version stays), those declared after it
+        # are written. A removal older than the key aspect indexed (the entity was re-created since) does nothing.
         removal_pos: dict[str, int] = {}
         for i, change in enumerate(changes):
-            if isinstance(change, EntityRemoval):
+            if isinstance(change, EntityRemoval) and change in removals:
                 removal_pos[change.urn] = i
         pending: list[tuple[int, Change]] = []
         for i, c in enumerate(changes):
@@ -389,6 +390,20 @@ class ElasticBackend:
             pending = [(i, c) for i, c in pending if self._key_of(c) in retry]
             log.debug("search apply: %d documents conflicted, retrying", len(retry))
         raise RuntimeError(f"search apply: {len(pending)} changes still conflict after {MAX_CONFLICT_RETRIES} retries")
+
+    async def _current_removals(self, removals: list[EntityRemoval]) -> list[EntityRemoval]:
+        """The removals not older than the key aspect version indexed for their entity."""
+        if not removals:
+            return []
+        keys = sorted({self._key_of(r) for r in removals})  # type: ignore[type-var]
+        found = await self._mget(keys)  # type: ignore[arg-type]
+        current = []
+        for r in removals:
+            doc = found.get(self._key_of(r))  # type: ignore[arg-type]
+            versions = ((doc or {}).get("_source") or {}).get(VERSIONS_FIELD) or {}
+            if r.aspect is None or int(versions.get(r.aspect, -1)) <= r.version:
+                current.append(r)
+        return current
 
     def _key_of(self, change: Change) -> tuple[str, str] | None:
         if isinstance(change, (AspectFields, EntityRemoval)):

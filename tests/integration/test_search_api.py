@@ -429,3 +429,107 @@ async def test_pruning_keeps_rows_the_indexer_has_not_applied(db):
     await db.execute("UPDATE search_index_state SET last_offset = 3")
     deleted, after = await outbox.prune(db, 3600, kafka=False, after=after)
     assert (deleted, after) == (2, 3)
+
+
+# --- hard delete and re-create: tombstones, order safety -----------------------------------------------------------
+
+
+async def _versioned_mcls(db, urn: str) -> list[dict[str, Any]]:
+    rows = await db.fetch(
+        "SELECT payload FROM change_log_outbox WHERE urn = $1 AND topic = 'MetadataChangeLog_Versioned_v1' ORDER BY id", urn
+    )
+    return [orjson.loads(r["payload"]) for r in rows]
+
+
+async def _index_state(backend, gone: str, neighbour: str) -> dict[str, Any]:
+    """What every read says about a (possibly hard-deleted) entity and its lineage neighbour."""
+    page = await backend.search("dataset", "*", count=50)
+    soft = await backend.search("dataset", "*", count=50, filters={"removed": ["true", "false"]})
+    return {
+        "hits": sorted(h.urn for h in page.hits), "total": page.total,
+        "platform_facet": page.facets.get("platform"), "with_soft_deleted": sorted(h.urn for h in soft.hits),
+        "named": sorted(h.urn for h in (await backend.search("dataset", "tombstoned")).hits),
+        "autocomplete": sorted(h.urn for h in await backend.autocomplete("dataset", "tombstoned")),
+        "versions": await backend.document_versions(gone),
+        "out": sorted((e.relationship, e.destination) for e in (await backend.relationships(gone, direction="OUTGOING"))[0]),
+        "in": sorted((e.relationship, e.source) for e in (await backend.relationships(neighbour, direction="INCOMING"))[0]),
+        "upstream": sorted((e.destination, hop) for e, hop in await backend.lineage(gone, direction="UPSTREAM")),
+        "downstream": sorted((e.source, hop) for e, hop in await backend.lineage(neighbour, direction="DOWNSTREAM")),
+    }
+
+
+async def _replay(indexer, mcls: list[dict[str, Any]]) -> None:
+    for mcl in mcls:  # one apply per change log: the worst reordering (each lands in its own batch)
+        await indexer.apply_mcls([mcl])
+
+
+async def test_a_hard_delete_leaves_a_tombstone_that_older_change_logs_cannot_revive(client, db, registry):
+    from app.search.service import Indexer
+
+    gone, up, other = ds("tomb_a"), ds("tomb_up"), ds("tomb_other")
+    await write(client, up, {"datasetProperties": {"name": "upstream"}})
+    await write(client, other, {"datasetProperties": {"name": "other"}})
+    await write(client, gone, {
+        "datasetProperties": {"name": "tombstoned", "description": "first"},
+        "globalTags": {"tags": [{"tag": "urn:li:tag:pii"}]},
+        "upstreamLineage": {"upstreams": [{"dataset": up, "type": "TRANSFORMED"}]},
+    })
+    await write(client, gone, {"datasetProperties": {"name": "tombstoned", "description": "second"}})
+    await caught_up(db)
+    runtime = client._transport.app.state.search
+    backend = runtime.backend
+    before = await _index_state(backend, gone, up)
+    assert before["named"] == [gone] and before["autocomplete"] == [gone] and before["upstream"] == [(up, 1)]
+    assert before["versions"]["datasetProperties"] == 2
+
+    response = await client.post("/entities?action=delete", json={"urn": gone})
+    assert response.status_code == 200, response.text
+    await caught_up(db)
+    in_order = await _index_state(backend, gone, up)
+    assert in_order == {
+        "hits": sorted([up, other]), "total": 2, "platform_facet": before["platform_facet"] and {"urn:li:dataPlatform:hive": 2},
+        "with_soft_deleted": sorted([up, other]), "named": [], "autocomplete": [], "versions": {}, "out": [], "in": [],
+        "upstream": [], "downstream": [],
+    }
+    mcls = await _versioned_mcls(db, gone)
+    indexer = Indexer(runtime.settings, registry, backend)
+    # replayed in order, backwards, shuffled, one batch: always the in-order state (nothing revived)
+    for order in (mcls, mcls[::-1], mcls[1::2] + mcls[0::2], mcls[2:] + mcls[:2]):
+        await _replay(indexer, order)
+        assert await _index_state(backend, gone, up) == in_order
+    await indexer.apply_mcls(mcls[::-1])
+    assert await _index_state(backend, gone, up) == in_order
+
+    # re-created: versions continue past the deleted ones, so the new values win and the old logs stay stale
+    await write(client, gone, {"datasetProperties": {"name": "tombstoned", "description": "reborn"},
+                               "upstreamLineage": {"upstreams": [{"dataset": other, "type": "TRANSFORMED"}]}})
+    await caught_up(db)
+    reborn = await _index_state(backend, gone, other)
+    assert reborn["named"] == [gone] and reborn["autocomplete"] == [gone] and reborn["total"] == 3
+    assert reborn["versions"]["datasetProperties"] == 3 and reborn["versions"]["datasetKey"] == 2
+    assert "globalTags" not in (await backend.search("dataset", "tombstoned")).hits[0].fields.get("tags", [])
+    assert reborn["upstream"] == [(other, 1)] and reborn["out"] == [("DownstreamOf", other)]
+    hit = (await search(client, query="tombstoned"))["entities"]
+    assert [h["urn"] for h in hit] == [gone]
+    everything = await _versioned_mcls(db, gone)
+    for order in (mcls, mcls[::-1], everything[::-1], everything[1::2] + everything[0::2]):
+        await _replay(indexer, order)
+        assert await _index_state(backend, gone, other) == reborn
+    props = (await backend.search("dataset", "tombstoned")).hits[0].fields
+    assert props.get("description") == "reborn" and not props.get("tags")
+    # the old upstream stays gone from both sides
+    assert (await _index_state(backend, gone, up))["in"] == [] and (await _index_state(backend, gone, up))["downstream"] == []
+
+
+async def test_a_tombstone_is_never_a_search_hit_even_with_soft_deleted_included(client, db):
+    gone = ds("tomb_soft")
+    await write(client, gone, {"datasetProperties": {"name": "tombstoned"}, "status": {"removed": True}})
+    await caught_up(db)
+    assert await urns_of(client, query="tombstoned", includeSoftDelete="true") == [gone]
+    response = await client.post("/entities?action=delete", json={"urn": gone})
+    assert response.status_code == 200, response.text
+    await caught_up(db)
+    assert await urns_of(client, query="tombstoned", includeSoftDelete="true") == []
+    assert (await search(client, query="*", includeSoftDelete="true"))["entities"] == []
+    response = await client.get("/openapi/v1/search/dataset/autocomplete", params={"query": "tombst"})
+    assert response.status_code == 200 and gone not in response.text
