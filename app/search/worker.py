@@ -31,7 +31,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.search.service import SearchRuntime
 from app.settings import Settings
-from app.db import connect_dedicated
+from app.db import SessionRepository, connect_dedicated
 from app.workers import pause
 
 log = logging.getLogger("metaledger.search.worker")
@@ -110,6 +110,27 @@ class IndexWorker:
         return len(rows)
 
 
+class IndexPositionRepository(SessionRepository):
+    """The SQL of read-your-writes waits on the embedded worker's position."""
+
+    async def latest_change_log_id(self) -> int | None:
+        conn = await self._conn()
+        return await conn.fetchval("SELECT max(id) FROM change_log_outbox")
+
+    async def indexed_through(self, target: int) -> bool:
+        """Every outbox row up to id `target` is sequenced and applied by the indexing worker."""
+        conn = await self._conn()
+        return await conn.fetchval(
+            """
+            SELECT NOT EXISTS (
+                SELECT 1 FROM change_log_outbox
+                WHERE id <= $1 AND (feed_offset IS NULL
+                      OR feed_offset > coalesce((SELECT last_offset FROM search_index_state WHERE id = 1), 0)))
+            """,
+            target,
+        )
+
+
 async def wait_until_indexed(app: Any, timeout_s: float = 2.0, poll_s: float = 0.02) -> bool:
     """Read-your-writes for reads that DataHub's clients expect to see their own writes in (the Rest.li timeseries
     action): wait until every change log committed before this call is applied by the embedded worker. Bounded: after
@@ -118,26 +139,16 @@ async def wait_until_indexed(app: Any, timeout_s: float = 2.0, poll_s: float = 0
     settings = app.state.settings
     if settings.kafka_bootstrap_servers or getattr(app.state, "search", None) is None:
         return False
-    from sqlalchemy import text
-
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    async with app.state.engine.connect() as conn:
-        target = (await conn.execute(text("SELECT max(id) FROM change_log_outbox"))).scalar()
+    async with app.state.sessionmaker() as session:
+        repo = IndexPositionRepository(session)
+        target = await repo.latest_change_log_id()
         if target is None:
             return True
-        query = text(
-            """
-            SELECT NOT EXISTS (
-                SELECT 1 FROM change_log_outbox
-                WHERE id <= :target AND (feed_offset IS NULL
-                      OR feed_offset > coalesce((SELECT last_offset FROM search_index_state WHERE id = 1), 0)))
-            """
-        )
-        while True:
-            if (await conn.execute(query, {"target": target})).scalar():
+        while True:  # each statement on its own (no open transaction): every poll sees the latest commits
+            if await repo.indexed_through(target):
                 return True
-            await conn.rollback()
             if loop.time() >= deadline:
                 return False
             await asyncio.sleep(poll_s)

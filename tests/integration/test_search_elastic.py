@@ -353,3 +353,45 @@ async def test_alias_swap_on_mapping_change(search_server, es_registry, monkeypa
         await second.client.indices.delete(index=f"{prefix}*", ignore_unavailable=True)
         await second.close()
 
+
+
+async def test_an_alias_on_a_restored_index_of_the_same_mapping_is_current(search_server, es_registry):
+    """A restore job builds `<alias>_<digest>_r<timestamp>` and swaps the alias onto it: same mapping, no reindex;
+    another digest with a suffix is still a mapping change."""
+    prefix = f"t{uuid.uuid4().hex[:10]}_"
+    first = ElasticBackend(_settings(search_server.url, prefix), es_registry)
+    try:
+        await first.start()
+        alias = first.entity_index("dataset")
+        [built] = list((await first.client.indices.get_alias(name=alias)).body)
+        urn = ds("db.restored")
+        await first.apply(changes(es_registry, mcl(urn, "datasetProperties", props("restored"), 1)))
+        restored = f"{built}_r1767225600000"
+        mapping, index_settings = first.entity_index_body("dataset")
+        await first.client.indices.create(index=restored, mappings=mapping, **({"settings": index_settings} if index_settings else {}))
+        await first.client.reindex(source={"index": built}, dest={"index": restored}, refresh=True, wait_for_completion=True)
+        await first.client.indices.update_aliases(actions=[{"remove": {"index": built, "alias": alias}},
+                                                           {"add": {"index": restored, "alias": alias}}])
+        await first.client.indices.delete(index=built)
+
+        second = ElasticBackend(_settings(search_server.url, prefix), es_registry)
+        try:
+            assert await second.ensure_index(alias, mapping, index_settings) == restored
+            assert list((await second.client.indices.get_alias(name=alias)).body) == [restored]
+            assert not await second.client.indices.exists(index=built)  # nothing was created or reindexed
+            assert (await second.search("dataset", "restored")).total == 1
+            # a suffixed index of another mapping is not current: reindexed into the digest's index
+            other = {**mapping, "properties": {**mapping["properties"], "newField": {"type": "keyword"}}}
+            third = ElasticBackend(_settings(search_server.url, prefix), es_registry)
+            try:
+                target = await third.ensure_index(alias, other, index_settings)
+                assert target != restored and not target.startswith(f"{built}_")
+                assert list((await third.client.indices.get_alias(name=alias)).body) == [target]
+                assert (await third.search("dataset", "restored")).total == 1
+            finally:
+                await third.close()
+        finally:
+            await second.close()
+    finally:
+        await first.client.indices.delete(index=f"{prefix}*", ignore_unavailable=True)
+        await first.close()
