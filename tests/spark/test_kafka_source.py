@@ -253,3 +253,47 @@ def test_options_are_checked(spark) -> None:
     parsed = SourceOptions.parse({"bootstrap.servers": "x:1", "topics": "a, b", "maxOffsetsPerTrigger": "7",
                                   "failOnDataLoss": "false"})
     assert parsed.topics == ("a", "b") and parsed.max_offsets_per_trigger == 7 and not parsed.fail_on_data_loss
+
+
+def test_reader_offsets_limits_and_available_now_target(kafka_broker) -> None:
+    """The stream reader on its own (as Spark's driver-side runner calls it): offsets, read limits, the
+    Trigger.AvailableNow target, planning and reading exact ranges."""
+    from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadMaxRows
+
+    from spark_indexer.kafka_source import KafkaInputPartition, KafkaStreamReader, SourceOptions
+
+    bootstrap = kafka_broker.bootstrap_servers
+    topic, missing = unique(), unique("missing")
+    create_topic(bootstrap, topic, 2)
+    produced = produce(bootstrap, topic, 100)
+    ends = topic_end_offsets(bootstrap, [topic])[topic]
+    reader = KafkaStreamReader(SourceOptions.parse({"bootstrap.servers": bootstrap, "topics": f"{topic},{missing}",
+                                                    "maxOffsetsPerTrigger": "30"}))
+    try:
+        start = reader.initialOffset()
+        assert start == {topic: {"0": 0, "1": 0}}
+        assert reader.getDefaultReadLimit() == ReadMaxRows(30)
+        limited = reader.latestOffset(start, ReadMaxRows(30))
+        assert sum(limited[topic].values()) == 30
+        everything = reader.latestOffset(start, ReadAllAvailable())
+        assert everything == {topic: {str(p): n for p, n in ends.items()}}
+        assert reader.reportLatestOffset() == everything
+
+        reader.prepareForTriggerAvailableNow()
+        produce(bootstrap, topic, 50, start=100)  # after the target: not read by this availableNow run
+        assert reader.latestOffset(everything, ReadAllAvailable()) == everything
+        assert reader.partitions(everything, everything) == []
+
+        parts = reader.partitions(start, limited) + reader.partitions(limited, everything)
+        assert all(isinstance(p, KafkaInputPartition) for p in parts)
+        rows = [row for part in parts for batch in reader.read(part) for row in batch.to_pylist()]
+        received = [(r["topic"], r["partition"], r["offset"], r["key"], r["value"]) for r in rows]
+        assert_exactly(received, produced)
+    finally:
+        reader.stop()
+    # a fresh reader (no target) sees the later records
+    fresh = KafkaStreamReader(SourceOptions.parse({"bootstrap.servers": bootstrap, "topics": topic}))
+    try:
+        assert sum(fresh.latestOffset(everything, fresh.getDefaultReadLimit())[topic].values()) == 150
+    finally:
+        fresh.stop()
