@@ -123,7 +123,7 @@ async def test_ingest_then_stream_makes_it_searchable_with_lineage_and_timeserie
     archive = spark.read.parquet(str(indexer_settings.timeseries_dir))
     rows = archive.where("aspect = 'datasetProfile'").select("urn", "timestamp_ms", "day").collect()
     assert sorted(r["timestamp_ms"] for r in rows) == [1_763_700_000_000 + d * 86_400_000 for d in range(3)]
-    assert {r["day"] for r in rows} == {"2025-11-21", "2025-11-22", "2025-11-23"}
+    assert {str(r["day"]) for r in rows} == {"2025-11-21", "2025-11-22", "2025-11-23"}
 
     await assert_index_current(client, urns[:4])  # PG and the index agree version for version
 
