@@ -215,7 +215,7 @@ def test_delete_without_relationships_has_no_edges(registry):
 
 def test_key_delete_removes_entity(registry):
     m = mcl("datasetKey", None, change_type="DELETE", previousSystemMetadata={"version": "1"})
-    assert d.changes_from_mcl(m, registry) == [EntityRemoval("dataset", U, 1)]
+    assert d.changes_from_mcl(m, registry) == [EntityRemoval("dataset", U, 1, "datasetKey")]  # the key aspect named
 
 
 def test_timeseries_profile(registry):
