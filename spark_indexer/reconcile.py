@@ -15,9 +15,11 @@ Drift kinds: missing (in PG, not live in the index), stale (index version < PG),
 for edges: a marker with edges), ahead (index version > PG, or a delete marker at >= the PG version).
 
 `repair=True` (on the driver, through `backend.apply`): missing/stale → the PG rows are re-applied; orphans → aspect
-deletes at the indexed version (an `EntityRemoval` when the entity has no latest row at all); ahead → the entity is
-rebuilt (`EntityRemoval` then all its latest rows, in one apply: order-safety cannot lower a version otherwise).
-Then everything is checked again: `counts` are the drift left, `found` what the first pass saw.
+deletes at the indexed version (an `EntityRemoval`, i.e. a tombstone, when the entity has no latest row at all).
+"ahead" is reported, not repaired: versions are monotonic (across hard deletes too) and apply never lowers one, so
+only a rebuild into fresh indices (`restore_indices(clean=True, entities=[...])`) resets it. Then everything is
+checked again: `counts` are the drift left (so `ok` stays False while "ahead" entries exist), `found` what the first
+pass saw.
 """
 
 from __future__ import annotations
@@ -272,37 +274,25 @@ async def _repair(settings: IndexerSettings, registry: Any, drifts: list[Drift])
             "SELECT DISTINCT urn FROM metadata_aspect_v2 WHERE version = 0 AND urn = ANY($1::text[])", urns)}
     finally:
         await conn.close()
-    rebuild = {d.urn for d in drifts if d.kind == "ahead" and d.urn in alive}
-    reapply = {(d.urn, d.aspect) for d in drifts if d.kind in ("missing", "stale") and d.urn not in rebuild}
-    orphans = [d for d in drifts if d.kind == "orphan" and d.urn not in rebuild]
-
-    rows: list[dict[str, Any]] = []
-    if reapply:
-        rows += await fetch_latest(settings.database_url, RowFilter(keys=tuple(sorted(reapply))))
-    if rebuild:
-        rows += await fetch_latest(settings.database_url, _UrnsFilter(urns=tuple(sorted(rebuild))))
-    by_urn: dict[str, list[Any]] = {}
-    for row in rows:
-        by_urn.setdefault(row["urn"], []).extend(
-            row_changes(registry, row["urn"], row["aspect"], row["version"], row["metadata"], row["systemmetadata"]))
+    reapply = {(d.urn, d.aspect) for d in drifts if d.kind in ("missing", "stale")}
+    orphans = [d for d in drifts if d.kind == "orphan"]
+    rows = await fetch_latest(settings.database_url, RowFilter(keys=tuple(sorted(reapply)))) if reapply else []
     changes: list[Any] = []
-    for urn in sorted(rebuild):
-        entity_type = registry.entity(urn[7:urn.index(":", 7)]).name
-        changes.append(EntityRemoval(entity_type, urn, 0))
-        changes.extend(by_urn.pop(urn, []))
-    for urn in sorted(by_urn):
-        changes.extend(by_urn[urn])
-    removed: set[str] = set()
+    for row in sorted(rows, key=lambda r: (r["urn"], r["aspect"])):
+        changes.extend(row_changes(registry, row["urn"], row["aspect"], row["version"], row["metadata"],
+                                   row["systemmetadata"]))
+    gone: dict[str, int] = {}  # urn without any latest row -> the highest version indexed
     for d in orphans:
-        entity_type = registry.entity(d.urn[7:d.urn.index(":", 7)]).name
+        entity = registry.entity(d.urn[7:d.urn.index(":", 7)])
         if d.urn not in alive:
-            if d.urn not in removed:
-                removed.add(d.urn)
-                changes.append(EntityRemoval(entity_type, d.urn, d.index_version or 0))
+            gone[d.urn] = max(gone.get(d.urn, 0), d.index_version or 0)
         elif d.target == "document":
-            changes.append(AspectFields(entity_type, d.urn, d.aspect, d.index_version or 0, {}, deleted=True))
+            changes.append(AspectFields(entity.name, d.urn, d.aspect, d.index_version or 0, {}, deleted=True))
         else:
             changes.append(AspectEdges(d.urn, d.aspect, d.index_version or 0, ()))
+    for urn, version in sorted(gone.items()):  # a hard delete: the document becomes a tombstone, its edges go
+        entity = registry.entity(urn[7:urn.index(":", 7)])
+        changes.append(EntityRemoval(entity.name, urn, version, entity.key_aspect))
     if changes:
         backend, engine = backend_for_task(settings, registry, {})  # not started: the indices exist
         if settings.search_url:
@@ -316,17 +306,6 @@ async def _repair(settings: IndexerSettings, registry: Any, drifts: list[Drift])
             if engine is not None:
                 await engine.dispose()
     return len(changes)
-
-
-@dataclass(frozen=True)
-class _UrnsFilter(RowFilter):
-    """Every latest row of these urns (repair of an entity)."""
-
-    urns: tuple[str, ...] = ()
-
-    def where(self, params: list[Any]) -> str:
-        params.append(list(self.urns))
-        return f"version = 0 AND urn = ANY(${len(params)}::text[])"
 
 
 # --- the command ------------------------------------------------------------------------------------------------

@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any
 
@@ -137,8 +137,8 @@ def assert_same_indices(url: str, reference: str, restored: str) -> None:
 def indexer_settings(data: SimpleNamespace, prefix: str | None, **overrides: Any) -> IndexerSettings:
     search = {"search_url": data.search_url, "search_flavor": "opensearch", "search_index_prefix": prefix} if prefix else {
         "search_url": None}
-    return IndexerSettings(database_url=data.database_url, spark_restore_partitions=4, spark_apply_chunk=500,
-                           **search, **overrides)
+    values = {"database_url": data.database_url, "spark_restore_partitions": 4, "spark_apply_chunk": 500, **search}
+    return IndexerSettings(**{**values, **overrides})
 
 
 # --- the shared data set ----------------------------------------------------------------------------------------
@@ -342,7 +342,7 @@ BENCH_ROWS = int(os.environ.get("METALEDGER_RESTORE_BENCH_ROWS", "2000"))  # set
 
 def bench_rows(n_entities: int) -> list[tuple[Any, ...]]:
     rows = []
-    now = datetime.now(timezone.utc).replace(tzinfo=None)
+    now = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(days=1)  # older than the run: no catch-up
     for i in range(n_entities):
         urn = f"urn:li:dataset:(urn:li:dataPlatform:kafka,bench.topic{i:06d},PROD)"
         sm = orjson.dumps({"version": "1", "runId": "bench", "lastObserved": 1}).decode()
