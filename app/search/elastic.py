@@ -321,7 +321,17 @@ class ElasticBackend:
             # `<alias>_<digest>_r<timestamp>`): nothing to do
             self._ready.add(alias)
             return current[0]
-        concrete_legacy = not current and bool(await es.indices.exists(index=alias)) and alias != target
+        concrete_legacy = False
+        if not current and alias != target and await es.indices.exists(index=alias):
+            # `exists` is also true for an alias: another starter (a second worker, a Spark task) may have added it
+            # since we looked. Only a concrete index under the alias's name is a legacy index to copy from.
+            try:
+                current = sorted((await es.indices.get_alias(name=alias)).body)
+            except NotFoundError:
+                concrete_legacy = True
+            if current == [target] or (len(current) == 1 and current[0].startswith(f"{target}_")):
+                self._ready.add(alias)
+                return current[0]
         if not await es.indices.exists(index=target):
             body: dict[str, Any] = {"mappings": mapping}
             if index_settings:

@@ -5,6 +5,7 @@ osmem shows documents before a refresh, so nothing here can (or tries to) check 
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from pathlib import Path
@@ -395,3 +396,22 @@ async def test_an_alias_on_a_restored_index_of_the_same_mapping_is_current(searc
     finally:
         await first.client.indices.delete(index=f"{prefix}*", ignore_unavailable=True)
         await first.close()
+
+
+async def test_starters_racing_on_empty_indices_all_succeed(search_server, es_registry):
+    """Several processes (service workers, Spark tasks) start at once on a fresh cluster: each creates or finds
+    the same indices; an alias that appears between one starter's two looks is not taken for a legacy index."""
+    prefix = f"t{uuid.uuid4().hex[:10]}_"
+    starters = [ElasticBackend(_settings(search_server.url, prefix), es_registry) for _ in range(4)]
+    try:
+        for _ in range(3):
+            await asyncio.gather(*(b.start() for b in starters))
+            for b in starters:
+                b._ready.clear()  # the next round checks the cluster again, as a fresh process would
+        alias = starters[0].entity_index("dataset")
+        indices = list((await starters[0].client.indices.get_alias(name=alias)).body)
+        assert len(indices) == 1 and indices[0].startswith(f"{alias}_")
+    finally:
+        await starters[0].client.indices.delete(index=f"{prefix}*", ignore_unavailable=True)
+        for b in starters:
+            await b.close()
