@@ -101,6 +101,7 @@ def main() -> None:
     parser.add_argument("--restore", type=int, default=120_000)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--master", default="local[2]")
+    parser.add_argument("--index-partitions", type=int, default=0, help="spark_index_partitions (0: the topic's partitions)")
     parser.add_argument("--batch", type=int, default=2000, help="changes per bulk call (spark_apply_chunk)")
     args = parser.parse_args()
 
@@ -119,7 +120,8 @@ def main() -> None:
         upgrade_database(sa_url)
         topic = "bench_mclv"
         produce_s = asyncio.run(produce(broker.bootstrap_servers, topic, args.partitions, logs))
-        asyncio.run(write_rows(dsn, restore_logs))
+        if restore_logs:
+            asyncio.run(write_rows(dsn, restore_logs))
 
         from spark_indexer.restore import restore_indices
         from spark_indexer.session import build_session
@@ -128,7 +130,7 @@ def main() -> None:
         settings = IndexerSettings(
             database_url=sa_url, kafka_bootstrap_servers=broker.bootstrap_servers, topic_mcl_versioned=topic,
             topic_mcl_timeseries="bench_mclt", search_url=search.url, search_flavor="opensearch",
-            search_index_prefix="spark_", spark_work_dir=root / "spark", spark_apply_chunk=args.batch,
+            search_index_prefix="spark_", spark_work_dir=root / "spark", spark_apply_chunk=args.batch, spark_index_partitions=args.index_partitions,
             spark_max_offsets_per_trigger=20_000, spark_trigger_interval_s=0.1,
         )
         t0 = time.perf_counter()
@@ -138,13 +140,20 @@ def main() -> None:
         t0 = time.perf_counter()
         result = run_stream(spark, settings, once=True, echo=False)
         stream_s = time.perf_counter() - t0
+        if result.dead_letters:
+            for row in spark.read.parquet(str(settings.dead_letter_dir)).groupBy("reason").count().collect():
+                print(f"dead letters: {row['count']} x {row['reason'][:300]}")
+        for b in result.batches:
+            print(b.line())
         steady = result.batches[1:] or result.batches
         steady_rate = sum(b.rows for b in steady) / max(1e-9, sum(b.seconds for b in steady))
 
-        restore_settings = settings.model_copy(update={"search_index_prefix": "restore_"})
-        t0 = time.perf_counter()
-        restored = restore_indices(spark, restore_settings, clean=True, progress=False)
-        restore_s = time.perf_counter() - t0
+        restored, restore_s = None, 0.0
+        if args.restore:
+            restore_settings = settings.model_copy(update={"search_index_prefix": "restore_"})
+            t0 = time.perf_counter()
+            restored = restore_indices(spark, restore_settings, clean=True, progress=False)
+            restore_s = time.perf_counter() - t0
         spark.stop()
 
         raw_settings = Settings(search_url=search.url, search_flavor="opensearch", search_index_prefix="raw_")
@@ -158,12 +167,14 @@ def main() -> None:
         print(f"produced {len(logs):,} MCLs to {args.partitions} partition(s) in {produce_s:.1f} s; Spark session start {session_s:.1f} s")
         print(f"stream --once       : {len(logs) / stream_s:9,.0f} MCL/s overall ({stream_s:.1f} s, {len(result.batches)} batches, "
               f"{result.dead_letters} dead letters); steady {steady_rate:,.0f} MCL/s")
-        print(f"restore-indices     : {restored.rows / restore_s:9,.0f} aspects/s ({restored.rows:,} rows in {restore_s:.1f} s, --clean, alias swap)")
+        if restored is not None:
+            print(f"restore-indices     : {restored.rows / restore_s:9,.0f} aspects/s ({restored.rows:,} rows in {restore_s:.1f} s, --clean, alias swap)")
         print(f"raw bulk, 1 client  : {one_rate:9,.0f} aspects/s ({one_s:.1f} s)")
         print(f"raw bulk, {args.partitions} clients : {many_rate:9,.0f} aspects/s ({many_s:.1f} s)")
         ceiling = max(one_rate, many_rate)
         print(f"stream steady / best ceiling  : {steady_rate / ceiling:6.1%}")
-        print(f"restore / best ceiling        : {restored.rows / restore_s / ceiling:6.1%}")
+        if restored is not None:
+            print(f"restore / best ceiling        : {restored.rows / restore_s / ceiling:6.1%}")
     finally:
         pg.stop()
         broker.stop()

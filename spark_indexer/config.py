@@ -23,7 +23,9 @@ class IndexerSettings(Settings):
     spark_timeseries_dir: Path | None = None  # default: <work_dir>/timeseries (Parquet, by aspect and day)
     spark_max_offsets_per_trigger: int = 200_000  # MCLs per micro-batch at most
     spark_trigger_interval_s: float = 1.0
-    spark_index_partitions: int = 0  # partitions a micro-batch is indexed in (0: Spark's default parallelism)
+    # tasks a micro-batch is indexed in: 0 = one per topic partition (no shuffle; scale with the topics' partitions),
+    # N = the batch is shuffled by record key (the URN) into N tasks
+    spark_index_partitions: int = 0
     spark_restore_partitions: int = 8  # parallel readers of metadata_aspect_v2 in restore-indices / reconcile
     spark_apply_chunk: int = 2000  # index changes per bulk call from one task
 

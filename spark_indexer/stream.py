@@ -1,8 +1,8 @@
 """The streaming job: the change-log topics → search documents, lineage edges and timeseries points, continuously.
 
 Per micro-batch (`BatchSink.__call__`, Spark's `foreachBatch`):
-1. index: the batch is spread over `spark_index_partitions` tasks by record key (the URN, so one entity's change
-   logs stay in one task and in topic order) and each task runs `spark_indexer.batch.IndexTask`: parse, newest
+1. index: one task per topic partition with records (the record key is the URN, so one entity's change logs are in
+   one partition, in order), or, with `spark_index_partitions` > 0, that many tasks by record key; each task runs `spark_indexer.batch.IndexTask`: parse, newest
    version per (urn, aspect), build changes with `app.search.documents`, bulk apply;
 2. dead letters: records that are not change logs the registry knows (or that the backend refuses) are appended
    to a Parquet table (`dead_letter_dir`, by day) with the reason, the record and its topic/partition/offset;
@@ -51,6 +51,7 @@ class BatchMetrics:
     dead_letters: int = 0
     timeseries_rows: int = 0
     seconds: float = 0.0
+    task_seconds: float = 0.0  # summed over the batch's tasks: parsing, building and writing (the rest is Spark's)
     lag: int | None = None  # records on the topics not yet indexed after this batch (None: unknown)
 
     def line(self) -> str:
@@ -59,7 +60,7 @@ class BatchMetrics:
         return (f"batch {self.batch_id}: {self.rows:,} records → {self.applied:,} change logs applied "
                 f"({self.superseded:,} superseded in-batch), {self.changes:,} index changes, "
                 f"{self.timeseries_rows:,} timeseries rows archived, {self.dead_letters:,} dead letters, "
-                f"{self.seconds:.2f} s, {rate:,.0f} records/s, lag {lag}")
+                f"{self.seconds:.2f} s ({self.task_seconds:.2f} s in tasks), {rate:,.0f} records/s, lag {lag}")
 
 
 @dataclass
@@ -91,16 +92,18 @@ class BatchSink:
         self.payload = settings_payload(settings)
         self.timeseries_topic = settings.topic_mcl_timeseries
         self.topics = [settings.topic_mcl_versioned, settings.topic_mcl_timeseries]
-        self.partitions = settings.spark_index_partitions or spark.sparkContext.defaultParallelism
+        self.partitions = settings.spark_index_partitions  # 0: index in the topics' own partitions, no shuffle
         self.result = StreamResult()
         self.positions: dict[tuple[str, int], int] = {}  # next offset to index per topic partition
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         t0 = time.perf_counter()
         metrics = BatchMetrics(batch_id)
+        records = batch.select("topic", "partition", "offset", "key", "value")
+        if self.partitions > 0:
+            records = records.repartition(self.partitions, "key")
         rows = (
-            batch.select("topic", "partition", "offset", "key", "value")
-            .repartition(self.partitions, "key")
+            records
             .mapInArrow(index_partition_fn(self.payload, self.timeseries_topic, self.settings.spark_apply_chunk), RESULT_SCHEMA)
             .collect()
         )
@@ -114,6 +117,8 @@ class BatchSink:
                 self.positions[key] = max(self.positions.get(key, 0), row["offset"] + 1)
             elif kind in ("rows", "applied", "changes", "superseded"):
                 setattr(metrics, kind, getattr(metrics, kind) + row["count"])
+            elif kind == "millis":
+                metrics.task_seconds += row["count"] / 1000
         metrics.dead_letters = len(dead)
         if dead:
             self._write_dead_letters(dead, batch_id)
