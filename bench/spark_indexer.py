@@ -168,13 +168,13 @@ def main() -> None:
         print(f"stream --once       : {len(logs) / stream_s:9,.0f} MCL/s overall ({stream_s:.1f} s, {len(result.batches)} batches, "
               f"{result.dead_letters} dead letters); steady {steady_rate:,.0f} MCL/s")
         if restored is not None:
-            print(f"restore-indices     : {restored.rows / restore_s:9,.0f} aspects/s ({restored.rows:,} rows in {restore_s:.1f} s, --clean, alias swap)")
+            print(f"restore-indices     : {restored.rows_read / restore_s:9,.0f} aspects/s ({restored.rows_read:,} rows in {restore_s:.1f} s, --clean, alias swap)")
         print(f"raw bulk, 1 client  : {one_rate:9,.0f} aspects/s ({one_s:.1f} s)")
         print(f"raw bulk, {args.partitions} clients : {many_rate:9,.0f} aspects/s ({many_s:.1f} s)")
         ceiling = max(one_rate, many_rate)
         print(f"stream steady / best ceiling  : {steady_rate / ceiling:6.1%}")
         if restored is not None:
-            print(f"restore / best ceiling        : {restored.rows / restore_s / ceiling:6.1%}")
+            print(f"restore / best ceiling        : {restored.rows_read / restore_s / ceiling:6.1%}")
     finally:
         pg.stop()
         broker.stop()

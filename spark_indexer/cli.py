@@ -70,6 +70,7 @@ def restore_indices(ctx: click.Context, clean: bool, entities: tuple[str, ...], 
     result = run(_session(settings, ctx.obj["master"]), settings, clean=clean, entities=list(entities) or None,
                  aspects=list(aspects) or None, urn_like=urn_like, since=_when(since), until=_when(until))
     click.echo(result.summary(), err=True)
+    sys.exit(0 if result.ok else 1)
 
 
 @main.command()

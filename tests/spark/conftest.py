@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.conftest import app, client, database_url, db, migrated_template, registry, settings_overrides  # noqa: F401
-
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:

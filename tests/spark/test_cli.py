@@ -1,0 +1,43 @@
+"""`python -m spark_indexer` as an operator runs it: settings from METALEDGER_* variables, exit status 0 only when
+the job succeeded (restore-indices) or no drift remains (reconcile). Uses the run's SparkSession (the command reuses
+an active session, as under spark-submit)."""
+
+from __future__ import annotations
+
+import uuid
+from urllib.parse import quote
+
+import httpx
+from click.testing import CliRunner
+
+from spark_indexer.cli import main
+from tests.spark.test_restore import ds, indexer_settings, ingested  # noqa: F401 - the shared data set
+
+
+def env_of(settings) -> dict[str, str]:
+    names = ("database_url", "search_url", "search_flavor", "search_index_prefix", "spark_restore_partitions", "spark_apply_chunk")
+    return {f"METALEDGER_{n.upper()}": str(getattr(settings, n)) for n in names}
+
+
+def test_restore_then_reconcile_exit_status_follows_drift(spark, ingested):  # noqa: F811
+    prefix = f"t{uuid.uuid4().hex[:8]}_"
+    ingested.prefixes.append(prefix)
+    env = env_of(indexer_settings(ingested, prefix))
+    runner = CliRunner()
+
+    restored = runner.invoke(main, ["restore-indices", "--clean"], env=env)
+    assert restored.exit_code == 0, restored.output
+    assert "restore-indices" in restored.output
+
+    clean = runner.invoke(main, ["reconcile"], env=env)
+    assert clean.exit_code == 0, clean.output
+
+    index = f"{prefix}datasetindex_v2"
+    httpx.delete(f"{ingested.search_url}/{index}/_doc/{quote(ds(2), safe='')}", params={"refresh": "true"},
+                 timeout=30).raise_for_status()
+    drift = runner.invoke(main, ["reconcile"], env=env)
+    assert drift.exit_code == 1 and "missing" in drift.output, drift.output
+
+    repaired = runner.invoke(main, ["reconcile", "--repair"], env=env)
+    assert repaired.exit_code == 0, repaired.output
+    assert runner.invoke(main, ["reconcile"], env=env).exit_code == 0
