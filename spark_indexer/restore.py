@@ -43,7 +43,7 @@ import orjson
 
 from spark_indexer.config import IndexerSettings
 from spark_indexer.postgres_source import RowFilter, asyncpg_dsn, count_latest, read_latest_aspects
-from spark_indexer.sink import registry_for, settings_from_payload, settings_payload
+from spark_indexer.sink import build_backend, registry_for, settings_from_payload, settings_payload
 
 CATCH_UP_MARGIN = timedelta(seconds=5)  # clock skew between writers and this job: replays are harmless
 ROWS_PER_APPLY_TASK = 10_000  # apply-stage partitions: at least spark_restore_partitions, ~this many rows each
@@ -201,11 +201,7 @@ def backend_for_task(settings: IndexerSettings, registry: Any, targets: dict[str
     """(backend, engine or None), not started: the driver made sure the indices/tables exist."""
     if settings.search_url:
         return _TargetedElasticBackend.build(settings, registry, targets), None
-    from app.db import create_engine
-    from app.search.postgres import PostgresBackend
-
-    engine = create_engine(settings.database_url, pool_size=IN_FLIGHT_BULKS + 1)
-    return PostgresBackend(settings, registry, engine), engine
+    return build_backend(settings, registry, pool_size=IN_FLIGHT_BULKS + 1)
 
 
 class _LoopThread:

@@ -1,10 +1,10 @@
 """What a Spark task needs to write index changes: the registry and a search backend, built once per Python worker
-from the job's settings (shipped to executors as plain JSON), and a way to run the backend's coroutines."""
+from the job's settings (shipped to executors as plain JSON), with an event loop to run the backend's coroutines."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
@@ -36,25 +36,27 @@ def registry_for(settings: IndexerSettings) -> Any:
     return _registries[key]
 
 
-@asynccontextmanager
-async def opened_backend(settings: IndexerSettings, registry: Any, *, refresh: bool | str = False):
-    """The configured backend, started: Elasticsearch/OpenSearch when `search_url` is set, else the embedded
-    Postgres backend on `database_url`. Bulk writers do not wait for refreshes."""
-    engine = None
-    backend: SearchBackend
-    if settings.search_url:
-        from app.search.elastic import ElasticBackend
+def build_backend(settings: IndexerSettings, registry: Any, *, refresh: bool | str = False,
+                  pool_size: int = 10) -> tuple[SearchBackend, Any]:
+    """(backend, engine or None), not started: the service's choice of backend (`make_backend`), with an engine of
+    its own for the embedded Postgres backend. Bulk writers do not wait for refreshes."""
+    from app.search.service import make_backend
 
-        backend = ElasticBackend(settings, registry, refresh=refresh)
-    else:
+    engine = None
+    if not settings.search_url:
         from app.db import create_engine
-        from app.search.postgres import PostgresBackend
 
         if not settings.database_url:
             raise RuntimeError("set METALEDGER_SEARCH_URL (Elasticsearch/OpenSearch) or METALEDGER_DATABASE_URL "
                                "(the embedded Postgres search backend)")
-        engine = create_engine(settings.database_url)
-        backend = PostgresBackend(settings, registry, engine)
+        engine = create_engine(settings.database_url, pool_size=pool_size)
+    return make_backend(settings, registry, engine, refresh=refresh), engine
+
+
+@asynccontextmanager
+async def opened_backend(settings: IndexerSettings, registry: Any, *, refresh: bool | str = False):
+    """The configured backend, started, and closed (with its engine) on exit."""
+    backend, engine = build_backend(settings, registry, refresh=refresh)
     try:
         await backend.start()
         yield backend
@@ -62,11 +64,6 @@ async def opened_backend(settings: IndexerSettings, registry: Any, *, refresh: b
         await backend.close()
         if engine is not None:
             await engine.dispose()
-
-
-def run(coroutine_factory: Callable[[], Awaitable[T]]) -> T:
-    """Run one coroutine to completion from synchronous Spark code (a task, a foreachBatch call)."""
-    return asyncio.run(coroutine_factory())  # type: ignore[arg-type]
 
 
 class WorkerRuntime:

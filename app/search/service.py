@@ -34,12 +34,13 @@ INDEX_STATUS_HEADER = "X-Metaledger-Index-Update"
 RESTART_INTERVAL_S = 1.0  # a backend that failed to start is retried at most this often (per use)
 
 
-def make_backend(settings: Settings, registry: Any, engine: Any) -> SearchBackend:
-    """Elasticsearch/OpenSearch when `search_url` is set, else the embedded Postgres backend."""
+def make_backend(settings: Settings, registry: Any, engine: Any, *, refresh: bool | str = "wait_for") -> SearchBackend:
+    """Elasticsearch/OpenSearch when `search_url` is set, else the embedded Postgres backend (on `engine`).
+    `refresh`: Elasticsearch's write refresh ("wait_for" for read-your-writes; False for bulk loaders)."""
     if settings.search_url:
         from app.search.elastic import ElasticBackend
 
-        return ElasticBackend(settings, registry)
+        return ElasticBackend(settings, registry, refresh=refresh)
     from app.search.postgres import PostgresBackend
 
     return PostgresBackend(settings, registry, engine)

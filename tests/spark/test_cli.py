@@ -11,18 +11,15 @@ import httpx
 from click.testing import CliRunner
 
 from spark_indexer.cli import main
+from tests.spark.env import metaledger_env
 from tests.spark.test_restore import ds, indexer_settings, ingested  # noqa: F401 - the shared data set
-
-
-def env_of(settings) -> dict[str, str]:
-    names = ("database_url", "search_url", "search_flavor", "search_index_prefix", "spark_restore_partitions", "spark_apply_chunk")
-    return {f"METALEDGER_{n.upper()}": str(getattr(settings, n)) for n in names}
 
 
 def test_restore_then_reconcile_exit_status_follows_drift(spark, ingested):  # noqa: F811
     prefix = f"t{uuid.uuid4().hex[:8]}_"
     ingested.prefixes.append(prefix)
-    env = env_of(indexer_settings(ingested, prefix))
+    env = metaledger_env(indexer_settings(ingested, prefix), "database_url", "search_url", "search_flavor",
+                         "search_index_prefix", "spark_restore_partitions", "spark_apply_chunk")
     runner = CliRunner()
 
     restored = runner.invoke(main, ["restore-indices", "--clean"], env=env)

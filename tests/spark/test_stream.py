@@ -24,6 +24,7 @@ from aiokafka import AIOKafkaProducer
 
 from spark_indexer.config import IndexerSettings
 from tests.integration.test_relay import unique_topics, wait_delivered
+from tests.spark.env import metaledger_env
 
 ROOT = Path(__file__).resolve().parents[2]
 JSON = "application/json"
@@ -67,8 +68,7 @@ def indexer_settings(settings_overrides, database_url, work_dir) -> IndexerSetti
 def env_of(settings: IndexerSettings, **extra: str) -> dict[str, str]:
     names = ("database_url", "kafka_bootstrap_servers", "topic_mcl_versioned", "topic_mcl_timeseries", "search_url",
              "search_flavor", "search_index_prefix", "spark_work_dir", "spark_master")
-    env = {f"METALEDGER_{n.upper()}": str(getattr(settings, n)) for n in names}
-    return {**os.environ, **env, **extra, "PYTHONUNBUFFERED": "1"}
+    return {**os.environ, **metaledger_env(settings, *names), **extra, "PYTHONUNBUFFERED": "1"}
 
 
 async def assert_index_current(client, urns: list[str]) -> None:
