@@ -1,5 +1,5 @@
-"""The service's background work, started and stopped with the app: Kafka topics, the outbox relay, the
-proposal producer (async writes), the ingestion consumers, and (without Kafka) the search indexing worker."""
+"""The service's background work, started and stopped with the app: Kafka topics, the outbox relay, the ingestion
+consumers, and (without Kafka) the search indexing worker."""
 
 from __future__ import annotations
 
@@ -7,13 +7,15 @@ import asyncio
 import logging
 from dataclasses import dataclass, field
 
-from fastapi import FastAPI
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from app.ingest.gateway import IngestGateway
 from app.kafka.consumers import MceConsumer, McpConsumer
-from app.kafka.proposals import ProposalProducer
 from app.kafka.relay import OutboxRelay
 from app.kafka.topics import ensure_topics
+from app.search.service import SearchRuntime
 from app.search.worker import IndexWorker
+from app.settings import Settings
 from app.workers import pause
 
 log = logging.getLogger("metaledger.background")
@@ -23,27 +25,24 @@ log = logging.getLogger("metaledger.background")
 class Background:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task] = field(default_factory=list)
-    producer: ProposalProducer | None = None
 
-    async def start(self, app: FastAPI) -> None:
-        settings = app.state.settings
+    async def start(
+        self, settings: Settings, engine: AsyncEngine, sessionmaker: async_sessionmaker[AsyncSession],
+        gateway: IngestGateway, search: SearchRuntime,
+    ) -> None:
         kafka = bool(settings.kafka_bootstrap_servers)
         if kafka and settings.create_topics_on_start:
             await ensure_topics(settings)
-        if kafka:
-            self.producer = ProposalProducer(settings)
-            await self.producer.start()
-        app.state.proposal_producer = self.producer
         workers = []
         if settings.relay_enabled:
-            workers.append(OutboxRelay(settings, app.state.engine))
+            workers.append(OutboxRelay(settings, engine))
         if kafka and settings.mcp_consumer_enabled:
-            workers.append(McpConsumer(settings, app.state.sessionmaker, app.state.write_service))
+            workers.append(McpConsumer(settings, sessionmaker, gateway))
         if kafka and settings.mce_consumer_enabled:
-            workers.append(MceConsumer(settings, app.state.sessionmaker, app.state.write_service))
-        if not kafka and getattr(app.state, "search", None) is not None:
+            workers.append(MceConsumer(settings, sessionmaker, gateway))
+        if not kafka:
             # The embedded default: this process indexes the outbox. With Kafka, indexing is the Spark job's.
-            workers.append(IndexWorker(settings, app.state.engine, app.state.search))
+            workers.append(IndexWorker(settings, engine, search))
         for worker in workers:
             self.tasks.append(asyncio.create_task(self._supervise(worker), name=type(worker).__name__))
 
@@ -60,5 +59,3 @@ class Background:
         self.stop.set()
         if self.tasks:
             await asyncio.gather(*self.tasks, return_exceptions=True)
-        if self.producer is not None:
-            await self.producer.stop()

@@ -68,14 +68,12 @@ def relay() -> None:
     _run_worker(lambda settings, engine, maker: OutboxRelay(settings, engine))
 
 
-def _writer(settings):
-    from app.registry import load_registry
-    from app.write.plugins import load_rule_chain
-    from app.write.service import WriteService
+def _gateway(settings):
+    """The ingest gateway of a standalone consumer: it applies (never queues) and leaves indexing to the indexer."""
+    from app.ingest.gateway import IngestGateway
+    from app.main import build_write_service
 
-    registry = load_registry(settings.registry_path, trim_unknown_fields=settings.trim_unknown_fields,
-                             strict_urns=settings.strict_urn_validation)
-    return WriteService(registry, load_rule_chain(settings.registry_path), settings)
+    return IngestGateway(build_write_service(settings))
 
 
 @main.command("consume-mcp")
@@ -83,7 +81,7 @@ def consume_mcp() -> None:
     """Apply proposals from the MetadataChangeProposal_v1 topic; failures go to FailedMetadataChangeProposal_v1."""
     from app.kafka.consumers import McpConsumer
 
-    _run_worker(lambda settings, engine, maker: McpConsumer(settings, maker, _writer(settings)))
+    _run_worker(lambda settings, engine, maker: McpConsumer(settings, maker, _gateway(settings)))
 
 
 @main.command("consume-mce")
@@ -91,7 +89,7 @@ def consume_mce() -> None:
     """Apply legacy MetadataChangeEvents from MetadataChangeEvent_v4; failures go to FailedMetadataChangeEvent_v4."""
     from app.kafka.consumers import MceConsumer
 
-    _run_worker(lambda settings, engine, maker: MceConsumer(settings, maker, _writer(settings)))
+    _run_worker(lambda settings, engine, maker: MceConsumer(settings, maker, _gateway(settings)))
 
 
 @main.group()

@@ -60,6 +60,14 @@ async def connect_dedicated(engine: AsyncEngine, application_name: str) -> async
     return await asyncpg.connect(dsn, server_settings={"application_name": application_name})
 
 
+async def close_quietly(conn: asyncpg.Connection) -> None:
+    """Close a dedicated connection; one that is already broken is terminated."""
+    try:
+        await asyncio.wait_for(conn.close(), timeout=5)
+    except Exception:  # noqa: BLE001 - the connection is already broken
+        conn.terminate()
+
+
 class SessionRepository:
     """Base of the repositories whose bulk SQL runs on the asyncpg connection under the request's session."""
 

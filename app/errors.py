@@ -7,7 +7,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
 
@@ -25,6 +25,43 @@ class Issue:
         return {k: v for k, v in asdict(self).items() if v is not None}
 
 
+@dataclass(frozen=True, slots=True)
+class Location:
+    """Where one proposal sits in what the caller sent, so that its issues speak the caller's terms.
+
+    The write pipeline reports paths inside a Metadata Change Proposal (`$.aspect.value.name`, `$.entityUrn`,
+    `$.changeType`) and the proposal's index in the batch. A protocol that received something else (a v3 entity
+    batch, a Rest.li action body, an MCE snapshot, a Kafka record) gives each draft a Location; `place` is the one
+    place where an issue is re-expressed: `index` is the item's position as the caller counts it (None: the
+    document is the item, as a Kafka record), `base` the path of the proposal itself, and `value`, `urn`, `fields`
+    the paths of the aspect value, of the URN and of the other MCP fields where the caller's shape differs from an
+    MCP (a v3 body has no `aspect.value`, only `<aspect>.value`)."""
+
+    index: int | None
+    base: str = "$"
+    value: str | None = None
+    urn: str | None = None
+    fields: str | None = None
+
+    def path(self, mcp_path: str | None) -> str | None:
+        if mcp_path is None or mcp_path == "$":
+            # An issue about the item as a whole points at the item (nowhere when the item is the whole document).
+            where = self.base if self.fields is None else self.fields
+            return mcp_path if where == "$" else where
+        if self.value is not None and mcp_path.startswith("$.aspect.value"):
+            return self.value + mcp_path[len("$.aspect.value"):]
+        if self.urn is not None and mcp_path.startswith(("$.entityUrn", "$.entityKeyAspect")):
+            return self.urn
+        if self.fields is not None and mcp_path.startswith("$."):
+            return self.fields
+        if mcp_path.startswith("$"):
+            return self.base + mcp_path[1:]
+        return mcp_path
+
+    def place(self, issue: Issue) -> Issue:
+        return replace(issue, index=self.index, path=self.path(issue.path))
+
+
 @dataclass
 class MetaledgerError(Exception):
     """Base of every error a client can cause. Never a 500."""
@@ -39,6 +76,10 @@ class MetaledgerError(Exception):
 
     def to_json(self) -> dict[str, Any]:
         return {"error": self.error, "message": self.message, "issues": [i.to_json() for i in self.issues]}
+
+    def with_issues(self, issues: list[Issue], message: str | None = None) -> MetaledgerError:
+        """The same kind of error about other issues (relocated, or a part of a batch's)."""
+        return type(self)(self.message if message is None else message, issues)
 
 
 class ValidationFailed(MetaledgerError):

@@ -16,19 +16,16 @@ from fastapi.openapi.utils import get_openapi
 from app import __version__
 from app.background import Background
 from app.db import create_engine, create_sessionmaker, upgrade_database
-from app.entities.endpoints import router as entities_router
-from app.events.feed import router as feed_router
 from app.errors import Issue, MetaledgerError, ServiceUnavailable, ValidationFailed
-from app.http import json_response
+from app.api import routers
+from app.api.http import json_response
 from app.logs import configure_logging
-from app.proposals.endpoints import router as proposals_router
-from app.restli import router as restli_router
-from app.search.endpoints import router as search_router
 from app.search.service import SearchRuntime
 from app.registry import EntityRegistry, load_registry
 from app.registry.errors import RegistryError
 from app.settings import Settings, get_settings
-from app.system.endpoints import router as system_router
+from app.ingest.gateway import IngestGateway
+from app.kafka.producer import ProposalProducer
 from app.write.plugins import load_rule_chain
 from app.write.service import WriteService
 
@@ -69,16 +66,25 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     gc.collect()
     gc.freeze()
     gc.set_threshold(20_000, 20, 20)
-    app.state.search = SearchRuntime.create(settings, app.state.registry, engine)
-    await app.state.search.start(force=True)  # a search server that is down does not stop the service
+    app.state.search = search = SearchRuntime.create(settings, app.state.registry, engine)
+    await search.start(force=True)  # a search server that is down does not stop the service
+    # Asynchronous writes go to the MCP topic when Kafka is configured (a broker that is down does not stop the
+    # service either: the first queued write connects, or answers 503).
+    producer = ProposalProducer(settings) if settings.kafka_bootstrap_servers else None
+    if producer is not None:
+        await producer.start()
+    app.state.proposal_producer = producer
+    app.state.gateway = IngestGateway(app.state.write_service, search, producer)
     background = Background()
-    await background.start(app)
+    await background.start(settings, engine, app.state.sessionmaker, app.state.gateway, search)
     log.info("metaledger started", extra={"database": engine.url.render_as_string(hide_password=True)})
     try:
         yield
     finally:
         await background.close()
-        await app.state.search.close()
+        if producer is not None:
+            await producer.stop()
+        await search.close()
         await engine.dispose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
@@ -107,28 +113,60 @@ def _install_error_handlers(app: FastAPI) -> None:
         return json_response(ServiceUnavailable(f"the database is unreachable: {error}").to_json(), 503)
 
 
-def create_app(settings: Settings | None = None, registry: EntityRegistry | None = None) -> FastAPI:
-    settings = settings or get_settings()
-    configure_logging()
+def _install_offline_docs(app: FastAPI) -> None:
+    """/docs (Swagger UI) and /redoc from the assets of the installed `fastapi-offline` package: no CDN needed."""
+    from pathlib import Path
+
+    import fastapi_offline
+    from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html
+    from fastapi.staticfiles import StaticFiles
+
+    static = "/docs/static"
+    app.mount(static, StaticFiles(directory=Path(fastapi_offline.__file__).parent / "static"), name="docs-static")
+
+    @app.get("/docs", include_in_schema=False)
+    async def swagger_ui():
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url, title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{static}/swagger-ui-bundle.js", swagger_css_url=f"{static}/swagger-ui.css",
+            swagger_favicon_url=f"{static}/favicon.png",
+        )
+
+    @app.get("/redoc", include_in_schema=False)
+    async def redoc():
+        return get_redoc_html(
+            openapi_url=app.openapi_url, title=f"{app.title} - ReDoc", redoc_js_url=f"{static}/redoc.standalone.js",
+            redoc_favicon_url=f"{static}/favicon.png", with_google_fonts=False,
+        )
+
+
+def build_write_service(settings: Settings, registry: EntityRegistry | None = None) -> WriteService:
+    """The write pipeline of this configuration: the registry (loaded unless given) and the plugins' rule chain."""
     registry = registry or load_registry(
         settings.registry_path, trim_unknown_fields=settings.trim_unknown_fields, strict_urns=settings.strict_urn_validation
     )
+    return WriteService(registry, load_rule_chain(settings.registry_path), settings)
+
+
+def create_app(settings: Settings | None = None, registry: EntityRegistry | None = None) -> FastAPI:
+    settings = settings or get_settings()
+    configure_logging()
+    write_service = build_write_service(settings, registry)
     app = FastAPI(
         title="metaledger",
         version=__version__,
         description="A metadata change service that speaks DataHub's event model.",
         lifespan=lifespan,
+        docs_url=None,  # served by _install_offline_docs, from local assets
+        redoc_url=None,
     )
     app.state.settings = settings
-    app.state.registry = registry
-    app.state.write_service = WriteService(registry, load_rule_chain(settings.registry_path), settings)
-    app.include_router(system_router)
-    app.include_router(proposals_router)
-    app.include_router(entities_router)
-    app.include_router(feed_router)
-    app.include_router(restli_router)
-    app.include_router(search_router)  # after entities_router: GET /openapi/v3/entity/{entityName} (search)
+    app.state.registry = write_service.registry
+    app.state.write_service = write_service
+    for router in routers:
+        app.include_router(router)
     _install_error_handlers(app)
+    _install_offline_docs(app)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
     return app
 

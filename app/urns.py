@@ -77,18 +77,28 @@ def _split_tuple(entity_id: str, urn: str) -> tuple[str, ...]:
 
 
 @lru_cache(maxsize=65536)
+def entity_type_of(urn: str) -> str:
+    """The entity type of ``urn:li:<entityType>:<id>`` without parsing the id; InvalidUrnError as `parse_urn`."""
+    if not isinstance(urn, str):
+        raise InvalidUrnError(f"a URN must be a string, found {type(urn).__name__}")
+    if not urn.startswith(URN_PREFIX):
+        raise InvalidUrnError(f"URN {urn!r} must start with '{URN_PREFIX}'")
+    entity_type, sep, entity_id = urn[len(URN_PREFIX):].partition(":")
+    if not sep or not entity_type:
+        raise InvalidUrnError(f"URN {urn!r} has no entity type: expected 'urn:li:<entityType>:<id>'")
+    if not entity_id:
+        raise InvalidUrnError(f"URN {urn!r} has an empty id")
+    return entity_type
+
+
 def parse_urn(urn: str) -> Urn:
     """Parse ``urn:li:<entityType>:<id>``; raises InvalidUrnError naming the problem."""
     if not isinstance(urn, str):
         raise InvalidUrnError(f"a URN must be a string, found {type(urn).__name__}")
     if not urn.startswith(URN_PREFIX):
         raise InvalidUrnError(f"URN {urn!r} must start with '{URN_PREFIX}'")
-    rest = urn[len(URN_PREFIX):]
-    entity_type, sep, entity_id = rest.partition(":")
-    if not sep or not entity_type:
-        raise InvalidUrnError(f"URN {urn!r} has no entity type: expected 'urn:li:<entityType>:<id>'")
-    if not entity_id:
-        raise InvalidUrnError(f"URN {urn!r} has an empty id")
+    entity_type = entity_type_of(urn)
+    entity_id = urn[len(URN_PREFIX) + len(entity_type) + 1:]
     return Urn(entity_type, entity_id, _split_tuple(entity_id, urn))
 
 

@@ -38,8 +38,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.db import upgrade_database  # noqa: E402
 from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port  # noqa: E402
 from app.registry import load_registry  # noqa: E402
-from app.search.documents import changes_from_mcl, index_mapping  # noqa: E402
+from app.search.documents import changes_from_mcl  # noqa: E402
 from app.search.elastic import ElasticBackend  # noqa: E402
+from app.search.elastic_mappings import index_mapping  # noqa: E402
 from app.search.model import AspectEdges, AspectFields, EntityRemoval, TimeseriesPoint  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from tests.processes import start_service, stop_process, wait_healthy  # noqa: E402

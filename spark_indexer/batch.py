@@ -20,6 +20,7 @@ import orjson
 
 from app.search.documents import changes_from_mcl
 from app.search.model import Change
+from app.urns import InvalidUrnError, entity_type_of
 
 log = logging.getLogger("metaledger.spark_indexer")
 
@@ -77,12 +78,10 @@ def _version(mcl: dict[str, Any]) -> int:
 
 
 def _entity_type_from_urn(urn: str) -> str | None:
-    if urn.startswith("urn:li:"):
-        rest = urn[len("urn:li:"):]
-        head, sep, _ = rest.partition(":")
-        if sep and head:
-            return head
-    return None
+    try:
+        return entity_type_of(urn)
+    except InvalidUrnError:
+        return None  # not an URN: the registry lookup below names it
 
 
 def parse(record: Record, registry: Any, timeseries_topic: str) -> Planned | DeadLetter:

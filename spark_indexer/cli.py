@@ -1,7 +1,9 @@
 """`python -m spark_indexer …` (or `spark-submit spark_indexer/job.py …`): the indexer's command line.
 
 Configuration comes from the service's `METALEDGER_*` settings (database, Kafka, search, topics) plus the job's
-own `METALEDGER_SPARK_*` ones (spark_indexer.config)."""
+own `METALEDGER_SPARK_*` ones (spark_indexer.config). Without `METALEDGER_DATABASE_URL`, the commands use the
+embedded Postgres `make run` is running (under `METALEDGER_DATA_DIR`), or stop with "start `make run` first or set
+METALEDGER_DATABASE_URL" before starting Spark."""
 
 from __future__ import annotations
 
@@ -10,13 +12,20 @@ from datetime import datetime
 
 import click
 
-from spark_indexer.config import IndexerSettings
+from spark_indexer.config import DatabaseNotFoundError, IndexerSettings, with_database
 
 
 def _session(settings: IndexerSettings, master: str | None):
     from spark_indexer.session import build_session
 
     return build_session(master or settings.spark_master)
+
+
+def _database(settings: IndexerSettings) -> IndexerSettings:
+    try:
+        return with_database(settings)
+    except DatabaseNotFoundError as error:
+        raise click.ClickException(str(error)) from error
 
 
 def _when(value: str | None) -> datetime | None:
@@ -49,6 +58,8 @@ def stream(ctx: click.Context, checkpoint: str | None, once: bool) -> None:
     from spark_indexer.stream import run_stream
 
     settings: IndexerSettings = ctx.obj["settings"]
+    if not settings.search_url:  # the embedded Postgres search backend: its tables are in the database
+        settings = _database(settings)
     result = run_stream(_session(settings, ctx.obj["master"]), settings, checkpoint=checkpoint, once=once)
     click.echo(result.summary(), err=True)
 
@@ -66,7 +77,7 @@ def restore_indices(ctx: click.Context, clean: bool, entities: tuple[str, ...], 
     """Rebuild the indices from the latest rows of metadata_aspect_v2."""
     from spark_indexer.restore import restore_indices as run
 
-    settings: IndexerSettings = ctx.obj["settings"]
+    settings = _database(ctx.obj["settings"])
     result = run(_session(settings, ctx.obj["master"]), settings, clean=clean, entities=list(entities) or None,
                  aspects=list(aspects) or None, urn_like=urn_like, since=_when(since), until=_when(until))
     click.echo(result.summary(), err=True)
@@ -81,7 +92,7 @@ def reconcile(ctx: click.Context, repair: bool, entities: tuple[str, ...]) -> No
     """Compare Postgres with the index; exit status 0 only when no drift remains."""
     from spark_indexer.reconcile import reconcile as run
 
-    settings: IndexerSettings = ctx.obj["settings"]
+    settings = _database(ctx.obj["settings"])
     report = run(_session(settings, ctx.obj["master"]), settings, repair=repair, entities=list(entities) or None)
     click.echo(report.summary())
     sys.exit(0 if report.ok else 1)

@@ -1,4 +1,9 @@
-"""The Spark indexer's settings: the service's `METALEDGER_*` settings plus the job's own (`METALEDGER_SPARK_*`)."""
+"""The Spark indexer's settings: the service's `METALEDGER_*` settings plus the job's own (`METALEDGER_SPARK_*`).
+
+The database: `METALEDGER_DATABASE_URL`, or, when it is unset, the embedded Postgres `make run` (`metaledger serve`)
+runs under `METALEDGER_DATA_DIR` (default `./.metaledger`): `with_database` finds it (on the port it really listens
+on) and fails with a clear message when it is not running (the job does not start one of its own).
+"""
 
 from __future__ import annotations
 
@@ -7,6 +12,12 @@ from pathlib import Path
 from pydantic_settings import SettingsConfigDict
 
 from app.settings import PROJECT_ROOT, Settings
+
+NO_DATABASE_HINT = "start `make run` first or set METALEDGER_DATABASE_URL"
+
+
+class DatabaseNotFoundError(RuntimeError):
+    """No database to read from: METALEDGER_DATABASE_URL is unset and the embedded Postgres is not running."""
 
 
 class IndexerSettings(Settings):
@@ -40,3 +51,28 @@ class IndexerSettings(Settings):
     @property
     def timeseries_dir(self) -> Path:
         return self.spark_timeseries_dir or self.spark_work_dir / "timeseries"
+
+
+def embedded_database_url(settings: Settings) -> str | None:
+    """The URL of the embedded Postgres the service runs under `settings.data_dir` (`<data_dir>/pg`, database
+    `metaledger`), or None when it is not running (a server that is not running is not started)."""
+    from app.embedded_pg import EmbeddedPostgres
+
+    server = EmbeddedPostgres.from_settings(settings)
+    if not server.is_running():
+        return None
+    return server.start()  # running: reused as is, on the port it listens on (start() does not start a second one)
+
+
+def with_database(settings: IndexerSettings) -> IndexerSettings:
+    """`settings` with `database_url` set: the configured one, else the running embedded Postgres's. Raises
+    DatabaseNotFoundError ("start `make run` first or set METALEDGER_DATABASE_URL") when there is none."""
+    if settings.database_url:
+        return settings
+    url = embedded_database_url(settings)
+    if url is None:
+        raise DatabaseNotFoundError(
+            f"METALEDGER_DATABASE_URL is unset and the embedded Postgres under {Path(settings.data_dir) / 'pg'} is not "
+            f"running: {NO_DATABASE_HINT}"
+        )
+    return settings.model_copy(update={"database_url": url})

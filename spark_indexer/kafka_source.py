@@ -35,7 +35,6 @@ query start are the target; with `maxOffsetsPerTrigger` it still splits into sev
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
 from collections.abc import Iterator, Mapping

@@ -6,10 +6,9 @@ the key aspect) must be in its entity's document at its logical version (target 
 Relationship annotations must also have its edge-set marker at that version (target "edges").
 
 Index side, read in bulk (first, so writes landing meanwhile show up as benign "missing"/"stale" rather than
-"orphan"): Elasticsearch/OpenSearch: `search_after` over each selected entity index (`aspectVersions`; an aspect is
-live when it is in `aspectFields`, a deleted aspect keeps only its version) and over the edge-set index; Postgres
-backend: `search_aspect_fields` (`deleted` flag) and `search_edge_version`. Entity tombstones (`entityRemoved: true`)
-count as no document. Timeseries aspects are ignored on both sides.
+"orphan"): the backend's `indexed_versions` (Elasticsearch/OpenSearch: `search_after` over each selected entity index
+and the edge-set index; Postgres backend: `search_aspect_fields` and `search_edge_version`). Entity tombstones count
+as no document. Timeseries aspects are ignored on both sides.
 
 Drift kinds: missing (in PG, not live in the index), stale (index version < PG), orphan (live in the index, no PG row;
 for edges: a marker with edges), ahead (index version > PG, or a delete marker at >= the PG version).
@@ -31,15 +30,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spark_indexer.config import IndexerSettings
-from spark_indexer.postgres_source import RowFilter, _like_escape, asyncpg_dsn, fetch_latest, read_latest_aspects
-from spark_indexer.restore import _canonical_entities, backend_for_task, backend_label, row_changes
-from spark_indexer.sink import registry_for
+from app.urns import entity_type_of
+from spark_indexer.config import IndexerSettings, with_database
+from spark_indexer.postgres_source import RowFilter, asyncpg_dsn, fetch_latest, read_latest_aspects
+from spark_indexer.restore import _canonical_entities, backend_label, row_changes
+from spark_indexer.sink import opened_backend, registry_for
 
 KINDS = ("missing", "stale", "orphan", "ahead")
 MAX_EXAMPLES = 20
-PAGE = 1000
-TOMBSTONE_DEFAULT = "entityRemoved"
 INDEX_SCHEMA = "urn string, aspect string, target string, index_version long, live boolean"
 
 
@@ -105,93 +103,19 @@ def indexed_aspects(registry: Any, entity_types: Sequence[str]) -> tuple[set[str
     doc_aspects: set[str] = set()
     edge_aspects: set[str] = set()
     for entity_type in entity_types:
-        spec = registry.entity(entity_type)
-        for aspect in spec.aspect_names:
-            model = documents._aspect_model(registry, aspect)  # the documents module's compiled aspect model
-            if model is None or model.is_timeseries:
-                continue
-            if model.fields or model.edges or model.is_key or aspect == spec.key_aspect:
-                doc_aspects.add(aspect)
-            if model.edges:
-                edge_aspects.add(aspect)
+        docs, edges = documents.indexed_aspects(registry, entity_type)
+        doc_aspects |= docs
+        edge_aspects |= edges
     return doc_aspects, edge_aspects
 
 
-# --- index side -------------------------------------------------------------------------------------------------
-
-
-def _tombstone_field() -> str:
-    from app.search import model
-
-    return getattr(model, "TOMBSTONE_FIELD", TOMBSTONE_DEFAULT)
-
-
-async def _scan(client: Any, index: str, query: dict[str, Any], sort_fields: list[str], source: list[str]):
-    from elasticsearch import NotFoundError
-
-    after: list[Any] | None = None
-    while True:
-        kwargs: dict[str, Any] = {"search_after": after} if after else {}
-        try:
-            response = await client.search(index=index, query=query, size=PAGE, sort=[{f: "asc"} for f in sort_fields],
-                                           source=source, **kwargs)
-        except NotFoundError:
-            return
-        hits = response["hits"]["hits"]
-        for hit in hits:
-            yield hit
-        if len(hits) < PAGE:
-            return
-        after = hits[-1]["sort"]
-
-
-async def _elastic_index_entries(backend: Any, entity_types: list[str], doc_aspects: set[str],
-                                 timeseries: set[str]) -> list[tuple[str, str, str, int, bool]]:
-    from app.search.elastic import ASPECT_FIELDS_FIELD
-    from app.search.model import URN_FIELD, VERSIONS_FIELD
-
-    tombstone = _tombstone_field()
-    entries: list[tuple[str, str, str, int, bool]] = []
-    for entity_type in entity_types:
-        async for hit in _scan(backend.client, backend.entity_index(entity_type), {"match_all": {}}, [URN_FIELD],
-                               [URN_FIELD, VERSIONS_FIELD, ASPECT_FIELDS_FIELD, tombstone]):
-            source = hit["_source"]
-            if source.get(tombstone) is True:
-                continue  # a tombstone is "no document"
-            urn = source.get(URN_FIELD) or hit["_id"]
-            live = source.get(ASPECT_FIELDS_FIELD) or {}
-            for aspect, version in (source.get(VERSIONS_FIELD) or {}).items():
-                if aspect in timeseries:
-                    continue
-                entries.append((urn, aspect, "document", int(version), aspect in live))
-    prefixes = [{"prefix": {"source": f"urn:li:{e}:"}} for e in entity_types]
-    query = {"bool": {"should": prefixes, "minimum_should_match": 1}}
-    async for hit in _scan(backend.client, backend.edge_set_index, query, ["source", "aspect"], ["source", "aspect", "version", "edges"]):
-        source = hit["_source"]
-        entries.append((source["source"], source["aspect"], "edges", int(source["version"]), bool(source.get("edges"))))
-    return entries
-
-
-async def _postgres_index_entries(settings: IndexerSettings, entity_types: list[str],
-                                  timeseries: set[str]) -> list[tuple[str, str, str, int, bool]]:
-    import asyncpg
-
-    patterns = [f"urn:li:{_like_escape(e)}:%" for e in entity_types]
-    conn = await asyncpg.connect(asyncpg_dsn(settings.database_url))
-    try:
-        docs = await conn.fetch(
-            "SELECT urn, aspect, version, NOT deleted AS live FROM search_aspect_fields WHERE urn LIKE ANY($1::text[])",
-            patterns)
-        edges = await conn.fetch(
-            """SELECT v.source, v.aspect, v.version,
-                      EXISTS (SELECT 1 FROM search_edge e WHERE e.source = v.source AND e.aspect = v.aspect) AS live
-               FROM search_edge_version v WHERE v.source LIKE ANY($1::text[])""", patterns)
-    finally:
-        await conn.close()
-    entries = [(r["urn"], r["aspect"], "document", int(r["version"]), bool(r["live"])) for r in docs
-               if r["aspect"] not in timeseries]
-    entries += [(r["source"], r["aspect"], "edges", int(r["version"]), bool(r["live"])) for r in edges]
-    return entries
+async def index_entries(settings: IndexerSettings, registry: Any, entity_types: list[str],
+                        timeseries: set[str]) -> list[tuple[str, str, str, int, bool]]:
+    """(urn, aspect, target, index version, live) of everything the index holds for these entity types (the
+    backend's `indexed_versions`, not started: read only), timeseries aspects left out."""
+    async with opened_backend(settings, registry, start=False) as backend:
+        entries = await backend.indexed_versions(entity_types)
+    return [tuple(e) for e in entries if not (e.target == "document" and e.aspect in timeseries)]
 
 
 # --- comparison ---------------------------------------------------------------------------------------------------
@@ -201,21 +125,10 @@ def _compare(spark: Any, settings: IndexerSettings, registry: Any, entity_types:
     """The drift DataFrame (urn, aspect, target, pg_version, index_version, kind), PG rows, index entries."""
     from pyspark.sql import functions as F
 
-    from app.search.elastic import ElasticBackend
-
     doc_aspects, edge_aspects = indexed_aspects(registry, entity_types)
     timeseries = {name for name, a in registry.aspects.items() if a.is_timeseries}
-
-    async def index_side() -> list[tuple[str, str, str, int, bool]]:
-        if settings.search_url:
-            backend = ElasticBackend(settings, registry, refresh=False)  # not started: read only, no index changes
-            try:
-                return await _elastic_index_entries(backend, entity_types, doc_aspects, timeseries)
-            finally:
-                await backend.close()
-        return await _postgres_index_entries(settings, entity_types, timeseries)
-
-    entries = asyncio.run(index_side())  # the index first: writes landing meanwhile look "missing", not "orphan"
+    # the index first: writes landing meanwhile look "missing", not "orphan"
+    entries = asyncio.run(index_entries(settings, registry, entity_types, timeseries))
     pg = read_latest_aspects(spark, settings, RowFilter.of(entities=entity_types, aspects=sorted(doc_aspects)),
                              keys_only=True).select("urn", "aspect", F.col("version").alias("pg_version"))
     pg = pg.withColumn("target", F.lit("document")).unionByName(
@@ -283,7 +196,7 @@ async def _repair(settings: IndexerSettings, registry: Any, drifts: list[Drift])
                                    row["systemmetadata"]))
     gone: dict[str, int] = {}  # urn without any latest row -> the highest version indexed
     for d in orphans:
-        entity = registry.entity(d.urn[7:d.urn.index(":", 7)])
+        entity = registry.entity(entity_type_of(d.urn))
         if d.urn not in alive:
             gone[d.urn] = max(gone.get(d.urn, 0), d.index_version or 0)
         elif d.target == "document":
@@ -291,20 +204,14 @@ async def _repair(settings: IndexerSettings, registry: Any, drifts: list[Drift])
         else:
             changes.append(AspectEdges(d.urn, d.aspect, d.index_version or 0, ()))
     for urn, version in sorted(gone.items()):  # a hard delete: the document becomes a tombstone, its edges go
-        entity = registry.entity(urn[7:urn.index(":", 7)])
+        entity = registry.entity(entity_type_of(urn))
         changes.append(EntityRemoval(entity.name, urn, version, entity.key_aspect))
     if changes:
-        backend, engine = backend_for_task(settings, registry, {})  # not started: the indices exist
-        if settings.search_url:
-            backend.refresh = "wait_for"  # the re-check reads right after
-        try:
+        # not started: the indices exist; "wait_for": the re-check reads right after
+        async with opened_backend(settings, registry, refresh="wait_for", start=False) as backend:
             chunk = max(1, settings.spark_apply_chunk)
             for start in range(0, len(changes), chunk):
                 await backend.apply(changes[start:start + chunk])
-        finally:
-            await backend.close()
-            if engine is not None:
-                await engine.dispose()
     return len(changes)
 
 
@@ -314,8 +221,7 @@ async def _repair(settings: IndexerSettings, registry: Any, drifts: list[Drift])
 def reconcile(spark: Any, settings: IndexerSettings, *, repair: bool = False,
               entities: Sequence[str] | None = None) -> ReconcileReport:
     """Compare the indices with Postgres (all entity types, or `entities`); with `repair`, fix and re-check."""
-    if not settings.database_url:
-        raise ValueError("reconcile needs METALEDGER_DATABASE_URL")
+    settings = with_database(settings)
     started = time.monotonic()
     registry = registry_for(settings)
     entity_types = _canonical_entities(registry, entities) or sorted(registry.entities)

@@ -8,22 +8,24 @@ entity's aspects go in one bulk) and applied in `spark_apply_chunk`-sized bulks,
 
 Modes:
 
-* **rebuild** (Elasticsearch/OpenSearch, no narrowing filter, or `clean=True`): fresh concrete indices
-  `{alias}_{digest}_r{timestamp}` (`{alias}_{digest}` is the name `ElasticBackend.ensure_index` creates, same
-  mapping) for every selected entity type and for the graph and edge-set indices are built while the aliases keep
-  serving the old ones; then every alias is swapped in ONE `_aliases` call and the old indices are deleted; then rows
-  written during the rebuild (`createdon >= start - margin`) are applied in place (order-safe: replays are no-ops).
-  With `clean=True` and `entities`, only those entity types' indices are rebuilt, and the graph indices keep the edges
-  of the other entity types (copied with `_reindex` before the build).
+* **rebuild** (Elasticsearch/OpenSearch, no narrowing filter, or `clean=True`): `ElasticBackend.create_rebuild_target`
+  creates fresh concrete indices `{alias}_{digest}_r{timestamp}` (`{alias}_{digest}` is the name
+  `ElasticBackend.ensure_index` creates, same mapping) for every selected entity type and for the graph and edge-set
+  indices; the Spark tasks fill them (`writing_into(target)`) while the aliases keep serving the old ones; then
+  `swap_in` swaps every alias in ONE `_aliases` call and deletes the old indices; then rows written during the
+  rebuild (`createdon >= start - margin`) are applied in place (order-safe: replays are no-ops). A failed build is
+  dropped (`drop_rebuild_target`). With `clean=True` and `entities`, only those entity types' indices are rebuilt, and
+  the graph indices keep the edges of the other entity types (copied before the build).
   Limit: an aspect or entity deleted while the rebuild runs may survive in the new indices (a delete leaves no row to
   catch up from); `reconcile(repair=True)` removes such orphans.
 * **in-place** (narrowing filters without `clean`, and always for the embedded Postgres backend): the selected rows are
-  applied to the live indices. Postgres backend with `clean=True`: the selected entity types' rows of the search tables
-  (`search_document`, `search_aspect_fields`, `search_edge`, `search_edge_version`) are deleted first, so search on
-  those types is incomplete until the restore ends (there is no shadow build on Postgres). Timeseries indices/points are
+  applied to the live indices (`create_missing_indices` first). Postgres backend with `clean=True`: the selected entity
+  types' rows of the search tables are deleted first (`PostgresBackend.clear`), so search on those types is incomplete
+  until the restore ends (there is no shadow build on Postgres). Timeseries indices/points are
   never touched (timeseries aspects are not stored in `metadata_aspect_v2`).
 
 `clean=True` rebuilds whole entity types: it combines with `entities` only (other filters raise `ValueError`).
+The index lifecycle is the backends' (public methods); this module only decides the mode and drives Spark.
 """
 
 from __future__ import annotations
@@ -41,9 +43,11 @@ from typing import Any
 
 import orjson
 
-from spark_indexer.config import IndexerSettings
-from spark_indexer.postgres_source import RowFilter, asyncpg_dsn, count_latest, read_latest_aspects
-from spark_indexer.sink import build_backend, registry_for, settings_from_payload, settings_payload
+from app.search.model import RebuildTarget
+from app.urns import InvalidUrnError, entity_type_of
+from spark_indexer.config import IndexerSettings, with_database
+from spark_indexer.postgres_source import RowFilter, count_latest, read_latest_aspects
+from spark_indexer.sink import build_backend, opened_backend, registry_for, settings_from_payload, settings_payload
 
 CATCH_UP_MARGIN = timedelta(seconds=5)  # clock skew between writers and this job: replays are harmless
 ROWS_PER_APPLY_TASK = 10_000  # apply-stage partitions: at least spark_restore_partitions, ~this many rows each
@@ -132,10 +136,10 @@ class Progress:
 
 
 def entity_type_of_urn(urn: str) -> str | None:
-    if not urn.startswith("urn:li:"):
+    try:
+        return entity_type_of(urn)
+    except InvalidUrnError:
         return None
-    end = urn.find(":", 7)
-    return urn[7:end] if end > 7 else None
 
 
 def row_mcl(urn: str, aspect: str, version: int, metadata: str, systemmetadata: str | None,
@@ -168,40 +172,10 @@ def row_changes(registry: Any, urn: str, aspect: str, version: int, metadata: st
     return [c for c in changes if not isinstance(c, TimeseriesPoint)]
 
 
-class _TargetedElasticBackend:
-    """Factory of an `ElasticBackend` whose entity/graph/edge-set names resolve through `targets` (alias → concrete
-    fresh index) during a rebuild. Built lazily so this module imports without the search extra."""
-
-    @staticmethod
-    def build(settings: Any, registry: Any, targets: dict[str, str], refresh: bool | str = False) -> Any:
-        from app.search.elastic import ElasticBackend
-
-        class RebuildBackend(ElasticBackend):
-            @property
-            def graph_index(self) -> str:  # type: ignore[override]
-                name = ElasticBackend.graph_index.fget(self)  # type: ignore[attr-defined]
-                return targets.get(name, name)
-
-            @property
-            def edge_set_index(self) -> str:  # type: ignore[override]
-                name = ElasticBackend.edge_set_index.fget(self)  # type: ignore[attr-defined]
-                return targets.get(name, name)
-
-            def entity_index(self, entity_type: str) -> str:
-                name = ElasticBackend.entity_index(self, entity_type)
-                return targets.get(name, name)
-
-            async def start(self) -> None:  # the driver created the indices
-                return None
-
-        return RebuildBackend(settings, registry, refresh=refresh)
-
-
-def backend_for_task(settings: IndexerSettings, registry: Any, targets: dict[str, str]) -> tuple[Any, Any]:
-    """(backend, engine or None), not started: the driver made sure the indices/tables exist."""
-    if settings.search_url:
-        return _TargetedElasticBackend.build(settings, registry, targets), None
-    return build_backend(settings, registry, pool_size=IN_FLIGHT_BULKS + 1)
+def backend_for_task(settings: IndexerSettings, registry: Any, target: RebuildTarget | None = None) -> tuple[Any, Any]:
+    """(backend, engine or None), not started: the driver made sure the indices/tables exist. With `target`, the
+    backend writes into the rebuild target's fresh indices."""
+    return build_backend(settings, registry, pool_size=IN_FLIGHT_BULKS + 1, target=target)
 
 
 class _LoopThread:
@@ -221,7 +195,7 @@ class _LoopThread:
         self.loop.close()
 
 
-def _apply_partition(payload: dict[str, Any], targets: dict[str, str], chunk_size: int, accumulator: Any):
+def _apply_partition(payload: dict[str, Any], target: RebuildTarget | None, chunk_size: int, accumulator: Any):
     """The mapInArrow function: rows (sorted by urn) → changes → bulks; yields one stats row."""
 
     def apply_rows(batches: Iterator[Any]) -> Iterator[Any]:
@@ -232,7 +206,7 @@ def _apply_partition(payload: dict[str, Any], targets: dict[str, str], chunk_siz
         stats = {"rows": 0, "indexed": 0, "skipped": 0, "failed": 0, "changes": 0, "entities": 0}
         errors: list[str] = []
         runner = _LoopThread()
-        backend, engine = backend_for_task(settings, registry, targets)
+        backend, engine = backend_for_task(settings, registry, target)
         in_flight: list[tuple[Future, int]] = []
         pending: list[Any] = []
         pending_rows = 0
@@ -299,7 +273,7 @@ def _apply_partition(payload: dict[str, Any], targets: dict[str, str], chunk_siz
     return apply_rows
 
 
-def apply_latest_rows(spark: Any, settings: IndexerSettings, row_filter: RowFilter, *, targets: dict[str, str] | None = None,
+def apply_latest_rows(spark: Any, settings: IndexerSettings, row_filter: RowFilter, *, target: RebuildTarget | None = None,
                       total: int | None = None, progress: Progress | None = None) -> dict[str, Any]:
     """Read the selected latest rows and apply their changes from Spark tasks; returns the summed stats."""
     if total is None:
@@ -310,7 +284,7 @@ def apply_latest_rows(spark: Any, settings: IndexerSettings, row_filter: RowFilt
     apply_tasks = min(MAX_APPLY_TASKS, max(partitions, math.ceil(total / ROWS_PER_APPLY_TASK)))
     df = read_latest_aspects(spark, settings, row_filter, partitions=partitions)
     accumulator = spark.sparkContext.accumulator(0)
-    fn = _apply_partition(settings_payload(settings), dict(targets or {}), max(1, settings.spark_apply_chunk), accumulator)
+    fn = _apply_partition(settings_payload(settings), target, max(1, settings.spark_apply_chunk), accumulator)
     applied = df.repartition(apply_tasks, "urn").sortWithinPartitions("urn", "aspect").mapInArrow(fn, STATS_SCHEMA)
 
     result: dict[str, Any] = {}
@@ -340,7 +314,7 @@ def apply_latest_rows(spark: Any, settings: IndexerSettings, row_filter: RowFilt
     return out
 
 
-# --- index lifecycle (driver side) ------------------------------------------------------------------------------
+# --- driver side -------------------------------------------------------------------------------------------------
 
 
 def _canonical_entities(registry: Any, entities: Sequence[str] | None) -> list[str]:
@@ -359,126 +333,15 @@ def backend_label(settings: IndexerSettings) -> str:
     return (settings.search_flavor or "elasticsearch").lower() if settings.search_url else "postgres"
 
 
-async def _create_fresh_indices(backend: Any, entity_types: list[str], stamp: str) -> dict[str, str]:
-    """alias → fresh concrete index (created, same mapping and settings as `ensure_index` would give)."""
-    from app.search.elastic import EDGE_MAPPING, EDGE_SET_MAPPING, mapping_hash
+def _with_backend(settings: IndexerSettings, registry: Any, action: Any) -> Any:
+    """Run `action(backend)` (a coroutine function) with the configured backend, not started (the index lifecycle
+    calls create what they need), closed after."""
 
-    jobs: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
-        (backend.graph_index, EDGE_MAPPING, None), (backend.edge_set_index, EDGE_SET_MAPPING, None),
-    ]
-    for entity_type in entity_types:
-        mapping, index_settings = backend.entity_index_body(entity_type)
-        jobs.append((backend.entity_index(entity_type), mapping, index_settings))
-    targets: dict[str, str] = {}
-    semaphore = asyncio.Semaphore(8)
+    async def run() -> Any:
+        async with opened_backend(settings, registry, start=False) as backend:
+            return await action(backend)
 
-    async def create(alias: str, mapping: dict[str, Any], index_settings: dict[str, Any] | None) -> None:
-        digest = mapping_hash({"mappings": mapping, "settings": index_settings or {}})
-        name = f"{alias}_{digest}_r{stamp}"
-        body: dict[str, Any] = {"mappings": mapping}
-        if index_settings:
-            body["settings"] = index_settings
-        async with semaphore:
-            await backend.client.indices.create(index=name, **body)
-        targets[alias] = name
-
-    try:
-        await asyncio.gather(*(create(*job) for job in jobs))
-    except BaseException:
-        await _delete_indices(backend, list(targets.values()))
-        raise
-    return targets
-
-
-async def _delete_indices(backend: Any, names: list[str]) -> None:
-    for start in range(0, len(names), 50):
-        chunk = names[start:start + 50]
-        if chunk:
-            await backend.client.indices.delete(index=",".join(chunk), ignore_unavailable=True)
-
-
-async def _alias_members(backend: Any, alias: str) -> list[str]:
-    from elasticsearch import NotFoundError
-
-    try:
-        return sorted((await backend.client.indices.get_alias(name=alias)).body)
-    except NotFoundError:
-        return []
-
-
-async def _copy_other_edges(backend: Any, targets: dict[str, str], entity_types: list[str]) -> None:
-    """clean + entities: the fresh graph indices keep the edges (and edge sets) of the other entity types."""
-    prefixes = [{"prefix": {"source": f"urn:li:{e}:"}} for e in entity_types]
-    for alias in (backend.graph_index, backend.edge_set_index):
-        if not await _alias_members(backend, alias):
-            continue
-        await backend.client.reindex(
-            source={"index": alias, "query": {"bool": {"must_not": prefixes}}},
-            # keep `_version`: edge documents are versioned by their marker's `_version` (see ElasticBackend)
-            dest={"index": targets[alias], "version_type": "external"},
-            refresh=True, wait_for_completion=True, conflicts="proceed",
-        )
-
-
-async def _swap_aliases(backend: Any, targets: dict[str, str]) -> list[str]:
-    """Point every alias at its fresh index in ONE `_aliases` call; returns the indices it left (to delete)."""
-    es = backend.client
-    await es.indices.refresh(index=",".join(targets.values()))
-    actions: list[dict[str, Any]] = []
-    old: list[str] = []
-    for alias, fresh in sorted(targets.items()):
-        members = await _alias_members(backend, alias)
-        if not members and await es.indices.exists(index=alias):
-            actions.append({"remove_index": {"index": alias}})  # a concrete index squatting on the alias name
-        for index in members:
-            if index != fresh:
-                actions.append({"remove": {"index": index, "alias": alias}})
-                old.append(index)
-        actions.append({"add": {"index": fresh, "alias": alias}})
-    await es.indices.update_aliases(actions=actions)
-    return old
-
-
-async def _ensure_missing_indices(backend: Any, entity_types: list[str]) -> None:
-    """In place: create the aliases that do not exist yet (existing ones are left exactly as they are)."""
-    from app.search.elastic import EDGE_MAPPING, EDGE_SET_MAPPING
-
-    jobs = [(backend.graph_index, EDGE_MAPPING, None), (backend.edge_set_index, EDGE_SET_MAPPING, None)]
-    for entity_type in entity_types:
-        mapping, index_settings = backend.entity_index_body(entity_type)
-        jobs.append((backend.entity_index(entity_type), mapping, index_settings))
-    for alias, mapping, index_settings in jobs:
-        if not await backend.client.indices.exists(index=alias):
-            await backend.ensure_index(alias, mapping, index_settings)
-
-
-_PG_CLEAR = (
-    ("search_document", "urn"), ("search_aspect_fields", "urn"), ("search_edge", "source"), ("search_edge_version", "source"),
-)
-
-
-async def _clear_postgres(settings: IndexerSettings, entity_types: list[str]) -> dict[str, int]:
-    """Postgres backend, clean: delete the selected entity types' search rows (all when none), in one transaction."""
-    import asyncpg
-
-    from spark_indexer.postgres_source import _like_escape
-
-    conn = await asyncpg.connect(asyncpg_dsn(settings.database_url))
-    cleared: dict[str, int] = {}
-    try:
-        async with conn.transaction():
-            for table, column in _PG_CLEAR:
-                if entity_types:
-                    status = await conn.execute(
-                        f"DELETE FROM {table} WHERE {column} LIKE ANY($1::text[])",
-                        [f"urn:li:{_like_escape(e)}:%" for e in entity_types],
-                    )
-                else:
-                    status = await conn.execute(f"DELETE FROM {table}")
-                cleared[table] = int(status.split()[-1])
-    finally:
-        await conn.close()
-    return cleared
+    return asyncio.run(run())
 
 
 # --- the command ------------------------------------------------------------------------------------------------
@@ -490,8 +353,7 @@ def restore_indices(
     until: datetime | str | None = None, progress: bool = True,
 ) -> RestoreResult:
     """Rebuild the indices from the latest rows (see the module docstring for the modes)."""
-    if not settings.database_url:
-        raise ValueError("restore-indices needs METALEDGER_DATABASE_URL")
+    settings = with_database(settings)
     if clean and (aspects or urn_like or since or until):
         raise ValueError("--clean rebuilds whole entity types: combine it with --entity only")
     started = time.monotonic()
@@ -499,8 +361,8 @@ def restore_indices(
     registry = registry_for(settings)
     entity_types = _canonical_entities(registry, entities)
     row_filter = RowFilter.of(entities=entity_types, aspects=aspects, urn_like=urn_like, since=since, until=until)
-    elastic = bool(settings.search_url)
-    rebuild = elastic and (clean or not row_filter.narrowing)
+    fresh_indices = bool(settings.search_url)  # Elasticsearch/OpenSearch can build fresh indices; Postgres cannot
+    rebuild = fresh_indices and (clean or not row_filter.narrowing)
     result = RestoreResult(backend=backend_label(settings), mode="rebuild" if rebuild else "in-place")
     result.rows_total = asyncio.run(count_latest(settings.database_url, row_filter))
     meter = Progress("restore-indices", result.rows_total, enabled=progress)
@@ -514,39 +376,23 @@ def restore_indices(
         result.entities += stats["entities"]
         result.errors.extend(stats["errors"])
 
-    if not elastic:
-        if clean:
-            result.cleared = asyncio.run(_clear_postgres(settings, entity_types))
-        absorb(apply_latest_rows(spark, settings, row_filter, total=result.rows_total, progress=meter))
-    elif not rebuild:
-        asyncio.run(_with_backend(settings, registry, lambda b: _ensure_missing_indices(
-            b, entity_types or sorted(registry.entities))))
+    if not rebuild:
+        if clean:  # the Postgres backend: the selected entity types' rows go first
+            result.cleared = _with_backend(settings, registry, lambda b: b.clear(entity_types))
+        else:
+            _with_backend(settings, registry, lambda b: b.create_missing_indices(entity_types or sorted(registry.entities)))
         absorb(apply_latest_rows(spark, settings, row_filter, total=result.rows_total, progress=meter))
     else:
-        selected = entity_types or sorted(registry.entities)
         stamp = rebuild_start.strftime("%Y%m%d%H%M%S%f")
-
-        async def prepare(backend: Any) -> dict[str, str]:
-            targets = await _create_fresh_indices(backend, selected, stamp)
-            if entity_types:
-                try:
-                    await _copy_other_edges(backend, targets, entity_types)
-                except BaseException:
-                    await _delete_indices(backend, list(targets.values()))
-                    raise
-            return targets
-
-        targets = asyncio.run(_with_backend(settings, registry, prepare))
+        target = _with_backend(settings, registry, lambda b: b.create_rebuild_target(entity_types, stamp=stamp))
         try:
-            absorb(apply_latest_rows(spark, settings, row_filter, targets=targets, total=result.rows_total,
+            absorb(apply_latest_rows(spark, settings, row_filter, target=target, total=result.rows_total,
                                      progress=meter))
-            old = asyncio.run(_with_backend(settings, registry, lambda b: _swap_aliases(b, targets)))
         except BaseException:
-            asyncio.run(_with_backend(settings, registry, lambda b: _delete_indices(b, list(targets.values()))))
+            _with_backend(settings, registry, lambda b: b.drop_rebuild_target(target))
             raise
-        result.swapped = dict(targets)
-        asyncio.run(_with_backend(settings, registry, lambda b: _delete_indices(b, old)))
-        result.deleted_indices = old
+        result.deleted_indices = _with_backend(settings, registry, lambda b: b.swap_in(target))
+        result.swapped = dict(target.indices)
         # rows written while the new indices were built: the old indices got them, the new ones may not have
         catch_up = RowFilter.of(entities=entity_types, since=rebuild_start - CATCH_UP_MARGIN)
         stats = apply_latest_rows(spark, settings, catch_up, progress=None)
@@ -555,14 +401,3 @@ def restore_indices(
         result.errors.extend(stats["errors"])
     result.duration_s = time.monotonic() - started
     return result
-
-
-async def _with_backend(settings: IndexerSettings, registry: Any, action: Any) -> Any:
-    """Run `action(backend)` with an unstarted ElasticBackend (driver side), closing its client after."""
-    from app.search.elastic import ElasticBackend
-
-    backend = ElasticBackend(settings, registry, refresh=False)
-    try:
-        return await action(backend)
-    finally:
-        await backend.close()

@@ -4,11 +4,11 @@ from the job's settings (shipped to executors as plain JSON), with an event loop
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
-from app.search.model import SearchBackend
+from app.search.model import RebuildTarget, SearchBackend
 from spark_indexer.config import IndexerSettings
 
 T = TypeVar("T")
@@ -36,29 +36,38 @@ def registry_for(settings: IndexerSettings) -> Any:
     return _registries[key]
 
 
-def build_backend(settings: IndexerSettings, registry: Any, *, refresh: bool | str = False,
-                  pool_size: int = 10) -> tuple[SearchBackend, Any]:
+def build_backend(settings: IndexerSettings, registry: Any, *, refresh: bool | str = False, pool_size: int = 10,
+                  target: RebuildTarget | None = None) -> tuple[Any, Any]:
     """(backend, engine or None), not started: the service's choice of backend (`make_backend`), with an engine of
-    its own for the embedded Postgres backend. Bulk writers do not wait for refreshes."""
+    its own for the embedded Postgres backend. Bulk writers do not wait for refreshes. `target`: a restore's fresh
+    indices to write into instead of the live ones (`ElasticBackend.writing_into`; Elasticsearch/OpenSearch only)."""
     from app.search.service import make_backend
 
     engine = None
     if not settings.search_url:
         from app.db import create_engine
 
+        if target is not None:
+            raise ValueError("only the Elasticsearch/OpenSearch backend rebuilds into fresh indices")
         if not settings.database_url:
             raise RuntimeError("set METALEDGER_SEARCH_URL (Elasticsearch/OpenSearch) or METALEDGER_DATABASE_URL "
                                "(the embedded Postgres search backend)")
         engine = create_engine(settings.database_url, pool_size=pool_size)
-    return make_backend(settings, registry, engine, refresh=refresh), engine
+    backend = make_backend(settings, registry, engine, refresh=refresh)
+    if target is not None:
+        backend = backend.writing_into(target)
+    return backend, engine
 
 
 @asynccontextmanager
-async def opened_backend(settings: IndexerSettings, registry: Any, *, refresh: bool | str = False):
-    """The configured backend, started, and closed (with its engine) on exit."""
+async def opened_backend(settings: IndexerSettings, registry: Any, *, refresh: bool | str = False,
+                         start: bool = True) -> AsyncIterator[Any]:
+    """The configured backend, started (unless `start=False`: driver-side index lifecycle and reads, which create
+    no index on their own), and closed (with its engine) on exit."""
     backend, engine = build_backend(settings, registry, refresh=refresh)
     try:
-        await backend.start()
+        if start:
+            await backend.start()
         yield backend
     finally:
         await backend.close()

@@ -30,7 +30,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_indexer.batch import RESULT_SCHEMA, index_partition_fn
-from spark_indexer.config import IndexerSettings
+from spark_indexer.config import IndexerSettings, with_database
 from spark_indexer.sink import settings_payload
 
 log = logging.getLogger("metaledger.spark_indexer")
@@ -209,6 +209,8 @@ def run_stream(spark: SparkSession, settings: IndexerSettings, *, checkpoint: st
 
     if not settings.kafka_bootstrap_servers:
         raise RuntimeError("the streaming job reads the change-log topics: set METALEDGER_KAFKA_BOOTSTRAP_SERVERS")
+    if not settings.search_url:  # the embedded Postgres search backend: its tables are in the database
+        settings = with_database(settings)
     sink = BatchSink(spark, settings, echo=echo)
     source = read_stream(spark, settings, sink.topics)
     writer = (

@@ -3,9 +3,8 @@
 Every committed aspect change wrote its change log into `change_log_outbox` in its own transaction. A relay runs
 two loops, each on its own Postgres connection (so a Kafka outage never stalls the change feed):
 
-* **sequencer** (always, also without Kafka): gives consecutive `feed_offset`s to committed rows in id order
-  (`outbox.sequence`; one relay at a time, by a transaction-level advisory lock), then every few seconds prunes rows
-  past `outbox_retention_hours` (delivered rows with Kafka; every sequenced row without it: the feed's window).
+* **sequencer** (always, also without Kafka; app.changelog.sequencer): gives consecutive `feed_offset`s to committed
+  rows in commit order and prunes the outbox.
 * **publisher** (when `kafka_bootstrap_servers` is set): holds a fair share of the 16 lanes (lane = hash of the URN)
   with session-level advisory locks, reads the lanes' sequenced, undelivered rows in feed order, produces them with
   `acks=all` (key = message key, value = the MCL JSON, topic = the row's topic), awaits every acknowledgement and
@@ -31,10 +30,11 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.kafka import outbox
+from app.changelog import outbox
+from app.changelog.sequencer import Sequencer
+from app.db import close_quietly, connect_dedicated
 from app.kafka.topics import create_missing_topics
 from app.settings import Settings
-from app.db import connect_dedicated
 from app.workers import pause
 
 log = logging.getLogger("metaledger.relay")
@@ -44,26 +44,36 @@ MAX_BACKOFF_S = 5.0  # database reconnects
 MAX_KAFKA_BACKOFF_S = 2.0  # producer restarts (a refused connection costs nothing; the outage should end quickly)
 PRODUCE_TIMEOUT_MS = 15_000  # a batch not acknowledged within this fails, and is retried later
 MAX_KAFKA_BATCH_BYTES = 1024 * 1024
-SEQUENCE_BATCHES = 4  # the sequencer gives offsets to up to this many publishing batches per transaction
 
 
 class OutboxRelay:
     def __init__(self, settings: Settings, engine: AsyncEngine) -> None:
         self.settings = settings
         self.engine = engine
-        # figures, for tests, benchmarks and logs
-        self.sequenced = 0  # rows given a feed offset by this relay
-        self.published = 0  # rows this relay produced and marked delivered
-        self.pruned = 0
-        self.prune_passes = 0
-        self.lanes: set[int] = set()  # lanes this relay holds now
         self._wake = asyncio.Event()  # the sequencer gave offsets: the publisher has work
+        self.sequencer = Sequencer(settings, engine, self._wake)
+        # figures, for tests, benchmarks and logs
+        self.published = 0  # rows this relay produced and marked delivered
+        self.lanes: set[int] = set()  # lanes this relay holds now
         self._producer: AIOKafkaProducer | None = None
+
+    @property
+    def sequenced(self) -> int:
+        """Rows given a feed offset by this relay's sequencer."""
+        return self.sequencer.sequenced
+
+    @property
+    def pruned(self) -> int:
+        return self.sequencer.pruned
+
+    @property
+    def prune_passes(self) -> int:
+        return self.sequencer.prune_passes
 
     # --- lifecycle -----------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
         """Assign change-feed offsets in commit order, publish to Kafka when configured, prune; until `stop`."""
-        loops = [asyncio.create_task(self._sequencer(stop), name="relay-sequencer")]
+        loops = [asyncio.create_task(self.sequencer.run(stop), name="relay-sequencer")]
         if self.settings.kafka_bootstrap_servers:
             loops.append(asyncio.create_task(self._publisher(stop), name="relay-publisher"))
         waker = asyncio.create_task(self._wake_on(stop))
@@ -77,44 +87,6 @@ class OutboxRelay:
     async def _wake_on(self, stop: asyncio.Event) -> None:
         await stop.wait()
         self._wake.set()
-
-    # --- the sequencer -------------------------------------------------------------------------------------------
-    async def _sequencer(self, stop: asyncio.Event) -> None:
-        poll = self.settings.relay_poll_interval_ms / 1000
-        batch = max(1, self.settings.relay_batch_size) * SEQUENCE_BATCHES
-        retention_s = self.settings.outbox_retention_hours * 3600
-        prune_every = min(60.0, max(1.0, retention_s / 4))
-        prune_after = 0  # offsets at or below this are pruned or kept for good (see outbox.prune)
-        next_prune = time.monotonic() + min(prune_every, 5.0)
-        failures = 0
-        while not stop.is_set():
-            conn: asyncpg.Connection | None = None
-            try:
-                conn = await connect_dedicated(self.engine, "metaledger-relay")
-                while not stop.is_set():
-                    count = await outbox.sequence(conn, batch)
-                    failures = 0
-                    if count:
-                        self.sequenced += count
-                        self._wake.set()
-                    if time.monotonic() >= next_prune:
-                        deleted, prune_after = await outbox.prune(
-                            conn, retention_s, kafka=bool(self.settings.kafka_bootstrap_servers), after=prune_after
-                        )
-                        self.prune_passes += 1
-                        if deleted:
-                            self.pruned += deleted
-                            log.info("outbox pruned", extra={"rows": deleted})
-                        next_prune = time.monotonic() + prune_every
-                    if count < batch:
-                        await pause(stop, poll)
-            except Exception as error:  # noqa: BLE001 - the relay outlives database restarts
-                failures += 1
-                log.warning("relay sequencer: database error; retrying", extra={"error": f"{type(error).__name__}: {error}"})
-                await pause(stop, min(MAX_BACKOFF_S, 0.2 * 2**failures))
-            finally:
-                if conn is not None:
-                    await _close(conn)
 
     # --- the publisher -------------------------------------------------------------------------------------------
     async def _publisher(self, stop: asyncio.Event) -> None:
@@ -204,7 +176,7 @@ class OutboxRelay:
                     self.lanes = set()
                     for c in (conn, mark_conn):
                         if c is not None:
-                            await _close(c)  # closing `conn` releases the lane locks
+                            await close_quietly(c)  # closing `conn` releases the lane locks
         finally:
             await self._stop_producer()
 
@@ -338,10 +310,3 @@ async def _stop_quietly(producer: AIOKafkaProducer) -> None:
         await asyncio.wait_for(producer.stop(), timeout=5)
     except Exception as error:  # noqa: BLE001 - stopping a producer whose broker is gone
         log.debug("relay: producer stop failed", extra={"error": f"{type(error).__name__}: {error}"})
-
-
-async def _close(conn: asyncpg.Connection) -> None:
-    try:
-        await asyncio.wait_for(conn.close(), timeout=5)
-    except Exception:  # noqa: BLE001 - the connection is already broken
-        conn.terminate()

@@ -18,7 +18,10 @@ Pegasus path overrides on an outer field (``SchemaField.globalTags`` rewriting `
 to ``fieldTags`` / ``SchemaFieldTaggedWith``) win over the inner record's own annotation, as in Pegasus; an
 override holding only ``v3`` hints does not replace the inner annotation.
 
-Extractors are compiled once per (registry, aspect) and cached by registry identity.
+Extractors are compiled once per (registry, aspect), and the field specs (:func:`search_fields`,
+:func:`filter_fields`) once per (registry, entity type), cached by registry identity: the one cache both backends
+read. Backend-neutral: how a backend stores these (Elasticsearch mappings: `app.search.elastic_mappings`; Postgres
+tables: `app.search.postgres`) is the backend's business.
 """
 
 from __future__ import annotations
@@ -26,8 +29,10 @@ from __future__ import annotations
 import hashlib
 import threading
 import weakref
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any, Iterator
+from types import MappingProxyType
+from typing import Any
 
 import orjson
 
@@ -44,16 +49,15 @@ from app.search.model import (
     SearchFieldSpec,
     TimeseriesPoint,
 )
+from app.urns import InvalidUrnError, entity_type_of
 
 __all__ = [
     "search_fields",
     "filter_fields",
-    "index_mapping",
-    "timeseries_mapping",
+    "timeseries_fields",
+    "indexed_aspects",
     "changes_from_mcl",
     "timeseries_doc_id",
-    "index_name",
-    "timeseries_index_name",
     "merge_aspect_fields",
     "BROWSE_PATH_V2_DELIMITER",
 ]
@@ -62,7 +66,6 @@ BROWSE_PATH_V2_DELIMITER = "\u241f"  # DataHub's "␟"
 
 # DataHub's SearchableAnnotation: types matched by the default query when queryByDefault is not given.
 _DEFAULT_QUERY_TYPES = frozenset({"TEXT", "TEXT_PARTIAL", "WORD_GRAM", "URN", "URN_PARTIAL"})
-_TEXT_TYPES = frozenset({"TEXT", "TEXT_PARTIAL", "WORD_GRAM"})
 _UPSERT_TYPES = frozenset({"UPSERT", "CREATE", "RESTATE", "PATCH", "CREATE_ENTITY", "UPDATE"})
 
 
@@ -381,12 +384,11 @@ def _extract_fields(model: _AspectModel, value: dict[str, Any]) -> dict[str, Any
 
 
 def _entity_type_of(urn: str) -> str:
-    if urn.startswith("urn:li:"):
-        rest = urn[7:]
-        j = rest.find(":")
-        if j > 0:
-            return rest[:j]
-    return ""
+    """An edge destination's entity type ("" when the destination is not an URN)."""
+    try:
+        return entity_type_of(urn)
+    except InvalidUrnError:
+        return ""
 
 
 def _as_int(v: Any) -> int | None:
@@ -657,19 +659,19 @@ def merge_aspect_fields(per_aspect: dict[str, dict[str, Any]], versions: dict[st
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Field specs and mappings
+# Field specs (one cache per registry, shared by both backends)
 # ---------------------------------------------------------------------------------------------------------
 
 
-def search_fields(registry, entity_type: str) -> list[SearchFieldSpec]:
+def search_fields(registry, entity_type: str) -> tuple[SearchFieldSpec, ...]:
     """Every searchable field of an entity's document (key aspect first), one spec per field name: when several
     aspects declare the same name the first type is kept and the flags are combined (max boost, any filter /
-    autocomplete / default query)."""
+    autocomplete / default query). Computed once per (registry, entity type); the result is shared, immutable."""
     cache = _registry_cache(registry)
     key = ("fields", entity_type)
     got = cache.get(key)
     if got is not None:
-        return list(got)
+        return got
     espec = registry.entity(entity_type)
     order = list(espec.aspects_in_order) or [espec.key_aspect] + sorted(a for a in espec.aspect_names if a != espec.key_aspect)
     by_name: dict[str, SearchFieldSpec] = {}
@@ -697,107 +699,43 @@ def search_fields(registry, entity_type: str) -> list[SearchFieldSpec]:
                 )
     result = tuple(by_name.values())
     cache[key] = result
-    return list(result)
+    return result
 
 
-def filter_fields(registry, entity_type: str) -> dict[str, SearchFieldSpec]:
-    """Filter name (the document field name) -> spec, for the ``addToFilters`` fields."""
-    return {s.name: s for s in search_fields(registry, entity_type) if s.add_to_filters}
+def filter_fields(registry, entity_type: str) -> Mapping[str, SearchFieldSpec]:
+    """Filter name (the document field name) -> spec, for the ``addToFilters`` fields (cached and shared like
+    :func:`search_fields`: read-only)."""
+    cache = _registry_cache(registry)
+    key = ("filters", entity_type)
+    got = cache.get(key)
+    if got is None:
+        got = MappingProxyType({s.name: s for s in search_fields(registry, entity_type) if s.add_to_filters})
+        cache[key] = got
+    return got
 
 
-def _field_mapping(spec: SearchFieldSpec) -> dict[str, Any]:
-    t = spec.field_type
-    if t in _TEXT_TYPES:
-        m: dict[str, Any] = {
-            "type": "text",
-            "fields": {"keyword": {"type": "keyword", "ignore_above": 256}},
-        }
-        if spec.autocomplete:
-            m["fields"]["ngram"] = {"type": "search_as_you_type"}
-        return m
-    if t == "URN":
-        m = {"type": "keyword", "fields": {"text": {"type": "text"}}}
-        if spec.autocomplete:
-            m["fields"]["ngram"] = {"type": "search_as_you_type"}
-        return m
-    if t == "URN_PARTIAL":
-        return {"type": "keyword", "fields": {"text": {"type": "text"}, "ngram": {"type": "search_as_you_type"}}}
-    if t == "BOOLEAN":
-        return {"type": "boolean"}
-    if t == "COUNT":
-        return {"type": "long"}
-    if t == "DATETIME":
-        return {"type": "date", "format": "epoch_millis"}
-    if t == "DOUBLE":
-        return {"type": "double"}
-    if t in ("OBJECT", "MAP_ARRAY"):
-        return {"type": "object", "dynamic": True}
-    if t in ("BROWSE_PATH", "BROWSE_PATH_V2"):
-        return {"type": "keyword", "fields": {"text": {"type": "text"}}}
-    # KEYWORD and anything unknown
-    m = {"type": "keyword"}
-    if spec.autocomplete:
-        m["fields"] = {"ngram": {"type": "search_as_you_type"}}
-    return m
+def indexed_aspects(registry, entity_type: str) -> tuple[frozenset[str], frozenset[str]]:
+    """(the aspects of an entity type whose latest value goes into its document: Searchable fields, Relationship
+    annotations or the key aspect; those of them that also declare edges). Timeseries aspects are not in either."""
+    spec = registry.entity(entity_type)
+    doc_aspects: set[str] = set()
+    edge_aspects: set[str] = set()
+    for aspect in spec.aspect_names:
+        model = _aspect_model(registry, aspect)
+        if model is None or model.is_timeseries:
+            continue
+        if model.fields or model.edges or model.is_key or aspect == spec.key_aspect:
+            doc_aspects.add(aspect)
+        if model.edges:
+            edge_aspects.add(aspect)
+    return frozenset(doc_aspects), frozenset(edge_aspects)
 
 
-def index_mapping(registry, entity_type: str) -> dict:
-    """Elasticsearch/OpenSearch mapping of the entity index: ``{"properties": {...}}``."""
-    props: dict[str, Any] = {
-        URN_FIELD: {"type": "keyword"},
-        REMOVED_FIELD: {"type": "boolean"},
-        VERSIONS_FIELD: {"type": "object", "dynamic": True},
-    }
-    for spec in search_fields(registry, entity_type):
-        if spec.name not in (URN_FIELD, REMOVED_FIELD):
-            props[spec.name] = _field_mapping(spec)
-        if spec.has_values_field and spec.has_values_field not in props:
-            props[spec.has_values_field] = {"type": "boolean"}
-        if spec.num_values_field and spec.num_values_field not in props:
-            props[spec.num_values_field] = {"type": "long"}
-    return {"dynamic": True, "properties": props}
-
-
-def _ts_type_mapping(t: Type | None) -> dict[str, Any]:
-    if isinstance(t, Primitive):
-        if t.kind in ("int", "long"):
-            return {"type": "long"}
-        if t.kind in ("float", "double"):
-            return {"type": "double"}
-        if t.kind == "boolean":
-            return {"type": "boolean"}
-    return {"type": "keyword"}
-
-
-def timeseries_mapping(registry, aspect: str) -> dict:
-    """Mapping of a timeseries aspect's index (DataHub's timeseries MappingsBuilder, aspect-level documents)."""
+def timeseries_fields(registry, aspect: str) -> list[tuple[str, str, Type | None]]:
+    """The ``TimeseriesField`` fields of a timeseries aspect's documents: (field name, ``"scalar"`` (the value as
+    is) or ``"json"`` (JSON text), the schema type at its path), in annotation order."""
     spec = registry.aspect_spec(aspect)
     model = _aspect_model(registry, aspect)
-    props: dict[str, Any] = {
-        "urn": {"type": "keyword"},
-        "timestampMillis": {"type": "date", "format": "epoch_millis"},
-        "eventGranularity": {"type": "keyword"},
-        "partitionSpec": {"properties": {"partition": {"type": "keyword"}, "timePartition": {"type": "keyword"}}},
-        "messageId": {"type": "keyword"},
-        "runId": {"type": "keyword"},
-        "isExploded": {"type": "boolean"},
-        "event": {"type": "object", "enabled": False},
-        "systemMetadata": {"type": "object", "enabled": False},
-    }
-    if model is not None:
-        for tf in model.ts_fields:
-            if tf.name in props:
-                continue
-            t, _, _ = _type_at(spec.type, tf.segments)
-            props[tf.name] = _ts_type_mapping(t) if tf.kind == "scalar" else {"type": "keyword"}
-    return {"properties": props}
-
-
-def index_name(prefix: str, entity_type: str) -> str:
-    """DataHub's entity index name: ``{prefix}{entity}index_v2`` (lower-cased entity name)."""
-    return f"{prefix}{entity_type.lower()}index_v2"
-
-
-def timeseries_index_name(prefix: str, entity_type: str, aspect: str) -> str:
-    """DataHub's timeseries index name: ``{prefix}{entity}_{aspect}aspect_v1`` (lower-cased)."""
-    return f"{prefix}{entity_type.lower()}_{aspect.lower()}aspect_v1"
+    if model is None:
+        return []
+    return [(tf.name, tf.kind, _type_at(spec.type, tf.segments)[0]) for tf in model.ts_fields]

@@ -3,7 +3,7 @@
 Indices (all behind aliases: alias `<name>` → index `<name>_<hash of its mapping>`; a changed mapping creates the
 new index, copies the documents (`_reindex`) and swaps the alias in one `_aliases` call):
 
-* one entity index per entity type (`documents.index_name`): one document per entity, id = urn (a hash when the urn
+* one entity index per entity type (`elastic_mappings.index_name`): one document per entity, id = urn (a hash when the urn
   is longer than Elasticsearch's 512-byte id limit), with `aspectVersions.<aspect>` (the version each aspect's
   fields come from) and `aspectFields.<aspect>` (not indexed: the fields each aspect contributed, so an aspect's new
   value or delete replaces exactly its own fields; the searchable top level is `documents.merge_aspect_fields` of
@@ -12,7 +12,9 @@ new index, copies the documents (`_reindex`) and swaps the alias in one `_aliase
   relationship, destination, aspect);
 * the edge-set index `{prefix}graph_service_v1_sets`: one marker per (source, aspect) holding the version and the
   full edge set of that aspect: the truth the edge documents are projected from;
-* timeseries indices (`documents.timeseries_index_name`), created on first use: id = DataHub's point id.
+* timeseries indices (`elastic_mappings.timeseries_index_name`), created on first use: id = DataHub's point id.
+
+Mappings: `app.search.elastic_mappings`. Field specs: `app.search.documents` (one cache per registry).
 
 Order safety without scripts (OpenSearch and the test server have no painless): `apply` reads the current entity
 documents and edge-set markers (`mget`, with `_seq_no`/`_primary_term`), merges the changes in memory (an aspect's
@@ -23,6 +25,13 @@ written by the loser are overwritten or deleted). Entity removals turn the docum
 (`entityRemoved: true`, `aspectVersions` kept, no searchable content; excluded from every read; a newer change of
 an aspect revives it) and, with `delete_by_query`, delete every edge from or to the entity before the bulk; its
 edge-set markers keep their version with an empty set. At equal versions a delete (an empty edge set) wins.
+
+Index lifecycle (restore-indices): `create_rebuild_target` builds fresh concrete indices `<alias>_<digest>_r<stamp>`
+(same mappings as `ensure_index`'s `<alias>_<digest>`) while the aliases keep serving the old ones; backends made by
+`writing_into(target)` (the Spark tasks) fill them; `swap_in(target)` points every alias at its fresh index in ONE
+`_aliases` call and deletes the old indices; `drop_rebuild_target` deletes a target that is abandoned.
+`create_missing_indices` creates only the aliases that do not exist (an in-place restore); `indexed_versions` lists
+what the index holds (reconcile).
 
 OpenSearch flavor (`search_flavor="opensearch"`): the client sends `application/vnd.elasticsearch+json;
 compatible-with=8`, which OpenSearch answers with 406, and checks for the `X-Elastic-Product` response header;
@@ -38,14 +47,16 @@ import copy
 import hashlib
 import logging
 import re
-from collections.abc import Iterable
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+from datetime import datetime, timezone
 from typing import Any, Literal
 
 import orjson
 from elastic_transport import HttpxAsyncHttpNode
 from elasticsearch import AsyncElasticsearch, NotFoundError
 
-from app.search import documents
+from app.search import documents, elastic_mappings
+from app.search.elastic_mappings import ASPECT_FIELDS_FIELD, EDGE_MAPPING, EDGE_SET_MAPPING, mapping_hash
 from app.search.model import (
     REMOVED_FIELD,
     TOMBSTONE_FIELD,
@@ -57,6 +68,8 @@ from app.search.model import (
     Direction,
     Edge,
     EntityRemoval,
+    IndexedVersion,
+    RebuildTarget,
     SearchFieldSpec,
     SearchHit,
     SearchPage,
@@ -67,11 +80,12 @@ from app.urns import parse_urn
 
 log = logging.getLogger("metaledger.search.elastic")
 
-ASPECT_FIELDS_FIELD = "aspectFields"  # aspect -> the fields it contributed (not indexed; the merge input)
 GRAPH_INDEX = "graph_service_v1"
 EDGE_SETS_SUFFIX = "_sets"
 MAX_ID_BYTES = 512
 BULK_CHUNK_OPS = 5_000  # documents per _bulk request (a huge apply is chunked)
+SCAN_PAGE = 1_000  # hits per search_after page of a scan
+INDEX_CREATE_CONCURRENCY = 8
 MAX_CONFLICT_RETRIES = 20
 EXACT_MATCH_MULTIPLIER = 10.0  # a whole-value keyword match counts this many times the field's boost
 TEXT_TYPES = {"TEXT", "TEXT_PARTIAL", "WORD_GRAM", "URN_PARTIAL", "BROWSE_PATH", "BROWSE_PATH_V2"}
@@ -118,10 +132,6 @@ def edge_set_id(source: str, aspect: str) -> str:
     return _hash("edge-set", source, aspect)
 
 
-def mapping_hash(body: dict[str, Any]) -> str:
-    return hashlib.sha256(_json(body)).hexdigest()[:12]
-
-
 def _edge_to_doc(edge: Edge, aspect: str, version: int) -> dict[str, Any]:
     return {
         "source": edge.source, "destination": edge.destination, "relationshipType": edge.relationship,
@@ -142,66 +152,6 @@ def _doc_to_edge(doc: dict[str, Any]) -> Edge:
     )
 
 
-EDGE_MAPPING: dict[str, Any] = {
-    "dynamic": False,
-    "properties": {
-        "source": {"type": "keyword"}, "destination": {"type": "keyword"},
-        "relationshipType": {"type": "keyword"}, "sourceType": {"type": "keyword"},
-        "destinationType": {"type": "keyword"}, "via": {"type": "keyword"},
-        "createdOn": {"type": "date", "format": "epoch_millis"}, "createdActor": {"type": "keyword"},
-        "updatedOn": {"type": "date", "format": "epoch_millis"}, "updatedActor": {"type": "keyword"},
-        "properties": {"type": "object", "enabled": False},
-        "aspect": {"type": "keyword"}, "version": {"type": "long"}, "isLineage": {"type": "boolean"},
-    },
-}
-EDGE_SET_MAPPING: dict[str, Any] = {
-    "dynamic": False,
-    "properties": {
-        "source": {"type": "keyword"}, "aspect": {"type": "keyword"}, "version": {"type": "long"},
-        "edges": {"type": "object", "enabled": False},  # the full edge documents, keyed by edge id
-    },
-}
-
-
-def _split_index_body(body: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any] | None]:
-    """`index_mapping` may give a bare mapping or a create-index body ({"mappings": ..., "settings": ...})."""
-    if "mappings" in body or "settings" in body:
-        return copy.deepcopy(body.get("mappings") or {}), copy.deepcopy(body.get("settings")) or None
-    return copy.deepcopy(body), None
-
-
-def _entity_mapping(base: dict[str, Any], specs: list[SearchFieldSpec]) -> dict[str, Any]:
-    """The documents module's mapping plus the fields this backend relies on: urn, removed, the per-aspect versions
-    and field names, and a `keyword` subfield on text search fields (exact-value matches, sorting, filters)."""
-    mapping = copy.deepcopy(base)
-    props = mapping.setdefault("properties", {})
-    props.setdefault(URN_FIELD, {"type": "keyword"})
-    props.setdefault(REMOVED_FIELD, {"type": "boolean"})
-    props[TOMBSTONE_FIELD] = {"type": "boolean"}
-    props[VERSIONS_FIELD] = {"type": "object", "dynamic": True}
-    props[ASPECT_FIELDS_FIELD] = {"type": "object", "enabled": False}
-    for spec in specs:
-        if "." in spec.name:
-            continue
-        field = props.get(spec.name)
-        if field is None:
-            continue
-        if field.get("type") == "text":
-            subfields = field.setdefault("fields", {})
-            subfields.setdefault("keyword", {"type": "keyword", "ignore_above": 256})
-    return mapping
-
-
-def _timeseries_mapping(base: dict[str, Any]) -> dict[str, Any]:
-    mapping = copy.deepcopy(base)
-    props = mapping.setdefault("properties", {})
-    props.setdefault("urn", {"type": "keyword"})
-    props.setdefault("timestampMillis", {"type": "date", "format": "epoch_millis"})
-    props.setdefault("event", {"type": "object", "enabled": False})  # the whole aspect value (DataHub's field)
-    props.setdefault("systemMetadata", {"type": "object", "enabled": False})
-    return mapping
-
-
 def _encode_cursor(values: list[Any]) -> str:
     return base64.urlsafe_b64encode(orjson.dumps(values)).decode().rstrip("=")
 
@@ -217,10 +167,11 @@ class ElasticBackend:
     """`SearchBackend` on Elasticsearch (`search_flavor="elasticsearch"`) or OpenSearch (`"opensearch"`).
 
     `refresh`: what writes pass as `refresh` ("wait_for": a write is visible to the next search, as sync indexing
-    needs; False for bulk loaders that do not need read-your-writes)."""
+    needs; False for bulk loaders that do not need read-your-writes). `target`: a restore's fresh indices: the entity,
+    graph and edge-set names resolve to them instead of the aliases (see `writing_into`)."""
 
     def __init__(self, settings: Any, registry: Any, *, refresh: bool | str = "wait_for",
-                 client: AsyncElasticsearch | None = None) -> None:
+                 client: AsyncElasticsearch | None = None, target: RebuildTarget | None = None) -> None:
         self.settings = settings
         self.registry = registry
         self.prefix: str = settings.search_index_prefix or ""
@@ -228,14 +179,14 @@ class ElasticBackend:
         if self.flavor not in ("elasticsearch", "opensearch"):
             raise ValueError(f"search_flavor must be 'elasticsearch' or 'opensearch', not {self.flavor!r}")
         self.refresh = refresh
+        self.target = target
+        self._redirect: dict[str, str] = dict(target.indices) if target is not None else {}
         self._client = client
         self._ready: set[str] = set()  # aliases known to point at the current mapping
         self._ensure_lock = asyncio.Lock()
-        self._specs: dict[str, list[SearchFieldSpec]] = {}
-        self._filters: dict[str, dict[str, SearchFieldSpec]] = {}
         self._mappings: dict[str, dict[str, Any]] = {}  # alias -> mapping as created
 
-    # --- client and index lifecycle -------------------------------------------------------------------------------
+    # --- client, names, field specs -------------------------------------------------------------------------------
 
     @property
     def client(self) -> AsyncElasticsearch:
@@ -249,52 +200,67 @@ class ElasticBackend:
         return self._client
 
     @property
-    def graph_index(self) -> str:
+    def graph_alias(self) -> str:
         return f"{self.prefix}{GRAPH_INDEX}"
 
     @property
-    def edge_set_index(self) -> str:
+    def edge_set_alias(self) -> str:
         return f"{self.prefix}{GRAPH_INDEX}{EDGE_SETS_SUFFIX}"
 
+    def entity_alias(self, entity_type: str) -> str:
+        return elastic_mappings.index_name(self.prefix, self._entity_name(entity_type))
+
+    @property
+    def graph_index(self) -> str:
+        """The edge index this backend reads and writes: the alias, or the rebuild target's fresh index."""
+        return self._redirect.get(self.graph_alias, self.graph_alias)
+
+    @property
+    def edge_set_index(self) -> str:
+        return self._redirect.get(self.edge_set_alias, self.edge_set_alias)
+
     def entity_index(self, entity_type: str) -> str:
-        return documents.index_name(self.prefix, self._entity_name(entity_type))
+        alias = self.entity_alias(entity_type)
+        return self._redirect.get(alias, alias)
 
     def timeseries_index(self, entity_type: str, aspect: str) -> str:
-        return documents.timeseries_index_name(self.prefix, self._entity_name(entity_type), aspect)
+        return elastic_mappings.timeseries_index_name(self.prefix, self._entity_name(entity_type), aspect)
 
     def _entity_name(self, entity_type: str) -> str:
         return self.registry.entity(entity_type).name
 
-    def search_specs(self, entity_type: str) -> list[SearchFieldSpec]:
-        name = self._entity_name(entity_type)
-        if name not in self._specs:
-            self._specs[name] = list(documents.search_fields(self.registry, name))
-        return self._specs[name]
+    def search_specs(self, entity_type: str) -> tuple[SearchFieldSpec, ...]:
+        return documents.search_fields(self.registry, self._entity_name(entity_type))
 
-    def filter_specs(self, entity_type: str) -> dict[str, SearchFieldSpec]:
-        name = self._entity_name(entity_type)
-        if name not in self._filters:
-            self._filters[name] = dict(documents.filter_fields(self.registry, name))
-        return self._filters[name]
+    def filter_specs(self, entity_type: str) -> Mapping[str, SearchFieldSpec]:
+        return documents.filter_fields(self.registry, self._entity_name(entity_type))
 
     def entity_index_body(self, entity_type: str) -> tuple[dict[str, Any], dict[str, Any] | None]:
-        base, index_settings = _split_index_body(documents.index_mapping(self.registry, self._entity_name(entity_type)))
-        return _entity_mapping(base, self.search_specs(entity_type)), index_settings
+        return elastic_mappings.entity_index_body(self.registry, self._entity_name(entity_type))
 
-    async def start(self) -> None:
-        await self.client.info()
-        entity_types = sorted(self.registry.entities)
-        jobs = [(self.graph_index, EDGE_MAPPING, None), (self.edge_set_index, EDGE_SET_MAPPING, None)]
+    def _index_specs(self, entity_types: Sequence[str]) -> list[tuple[str, dict[str, Any], dict[str, Any] | None]]:
+        """(alias, mapping, index settings) of the graph, edge-set and these entity types' indices."""
+        specs: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
+            (self.graph_alias, EDGE_MAPPING, None), (self.edge_set_alias, EDGE_SET_MAPPING, None),
+        ]
         for entity_type in entity_types:
             mapping, index_settings = self.entity_index_body(entity_type)
-            jobs.append((self.entity_index(entity_type), mapping, index_settings))
-        semaphore = asyncio.Semaphore(8)
+            specs.append((self.entity_alias(entity_type), mapping, index_settings))
+        return specs
+
+    # --- index lifecycle ------------------------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        if self.target is not None:
+            return  # writing into a rebuild target: its indices exist (create_rebuild_target made them)
+        await self.client.info()
+        semaphore = asyncio.Semaphore(INDEX_CREATE_CONCURRENCY)
 
         async def one(alias: str, mapping: dict[str, Any], index_settings: dict[str, Any] | None) -> None:
             async with semaphore:
                 await self.ensure_index(alias, mapping, index_settings)
 
-        await asyncio.gather(*(one(*job) for job in jobs))
+        await asyncio.gather(*(one(*spec) for spec in self._index_specs(sorted(self.registry.entities))))
 
     async def close(self) -> None:
         if self._client is not None:
@@ -311,11 +277,7 @@ class ElasticBackend:
         if alias in self._ready:
             return target
         es = self.client
-        current: list[str] = []
-        try:
-            current = sorted((await es.indices.get_alias(name=alias)).body)
-        except NotFoundError:
-            current = []
+        current = await self._alias_members(alias)
         if current == [target] or (len(current) == 1 and current[0].startswith(f"{target}_")):
             # the current mapping, possibly in an index built elsewhere and swapped in (a restore job's
             # `<alias>_<digest>_r<timestamp>`): nothing to do
@@ -362,9 +324,154 @@ class ElasticBackend:
         if alias not in self._ready:
             async with self._ensure_lock:
                 if alias not in self._ready:
-                    base, index_settings = _split_index_body(documents.timeseries_mapping(self.registry, aspect))
-                    await self.ensure_index(alias, _timeseries_mapping(base), index_settings)
+                    mapping, index_settings = elastic_mappings.timeseries_index_body(self.registry, aspect)
+                    await self.ensure_index(alias, mapping, index_settings)
         return alias
+
+    async def create_missing_indices(self, entity_types: Sequence[str]) -> None:
+        """Create the graph, edge-set and these entity types' aliases that do not exist yet (`ensure_index`);
+        existing ones are left exactly as they are, even with an older mapping (an in-place restore)."""
+        for alias, mapping, index_settings in self._index_specs(entity_types):
+            if not await self.client.indices.exists(index=alias):
+                await self.ensure_index(alias, mapping, index_settings)
+
+    async def create_rebuild_target(self, entity_types: Sequence[str] = (), *, stamp: str | None = None) -> RebuildTarget:
+        """Fresh concrete indices `<alias>_<digest>_r<stamp>` (the mapping and settings `ensure_index` gives) for the
+        graph and edge-set indices and for the entity indices of `entity_types` (every entity type when empty),
+        while the aliases keep serving the old ones. With `entity_types`, the fresh graph and edge-set indices start
+        with the other entity types' edges (copied with `_reindex`, versions kept). Nothing is left behind when this
+        fails. `stamp`: default now (UTC, to the microsecond)."""
+        stamp = stamp or datetime.now(timezone.utc).strftime("%Y%m%d%H%M%S%f")
+        selected = list(entity_types) or sorted(self.registry.entities)
+        indices: dict[str, str] = {}
+        semaphore = asyncio.Semaphore(INDEX_CREATE_CONCURRENCY)
+
+        async def create(alias: str, mapping: dict[str, Any], index_settings: dict[str, Any] | None) -> None:
+            digest = mapping_hash({"mappings": mapping, "settings": index_settings or {}})
+            name = f"{alias}_{digest}_r{stamp}"
+            body: dict[str, Any] = {"mappings": mapping}
+            if index_settings:
+                body["settings"] = index_settings
+            async with semaphore:
+                await self.client.indices.create(index=name, **body)
+            indices[alias] = name
+
+        try:
+            await asyncio.gather(*(create(*spec) for spec in self._index_specs(selected)))
+            if entity_types:
+                await self._copy_edges_except(indices, entity_types)
+        except BaseException:
+            await self._delete_indices(list(indices.values()))
+            raise
+        return RebuildTarget(indices)
+
+    def writing_into(self, target: RebuildTarget) -> ElasticBackend:
+        """A backend (not started, its own client) that writes and reads the target's fresh indices instead of the
+        aliases: what fills a rebuild target."""
+        return ElasticBackend(self.settings, self.registry, refresh=self.refresh, target=target)
+
+    async def swap_in(self, target: RebuildTarget) -> list[str]:
+        """Make a rebuild target live: refresh it, point every alias at its fresh index in ONE `_aliases` call (a
+        concrete index squatting on an alias's name is removed in that call too), then delete the indices the
+        aliases left; returns those. When the swap fails, the target is dropped and the aliases are unchanged."""
+        try:
+            old = await self._swap_aliases(target.indices)
+        except BaseException:
+            await self.drop_rebuild_target(target)
+            raise
+        await self._delete_indices(old)
+        return old
+
+    async def drop_rebuild_target(self, target: RebuildTarget) -> None:
+        """Delete a rebuild target's fresh indices (an abandoned rebuild)."""
+        await self._delete_indices(list(target.indices.values()))
+
+    async def _alias_members(self, alias: str) -> list[str]:
+        try:
+            return sorted((await self.client.indices.get_alias(name=alias)).body)
+        except NotFoundError:
+            return []
+
+    async def _delete_indices(self, names: list[str]) -> None:
+        for start in range(0, len(names), 50):
+            chunk = names[start:start + 50]
+            if chunk:
+                await self.client.indices.delete(index=",".join(chunk), ignore_unavailable=True)
+
+    async def _copy_edges_except(self, indices: dict[str, str], entity_types: Sequence[str]) -> None:
+        """Copy the edges and edge sets whose source is not of `entity_types` from the live graph indices into the
+        fresh ones (`indices`: alias -> fresh index)."""
+        prefixes = [{"prefix": {"source": f"urn:li:{e}:"}} for e in entity_types]
+        for alias in (self.graph_alias, self.edge_set_alias):
+            if not await self._alias_members(alias):
+                continue
+            await self.client.reindex(
+                source={"index": alias, "query": {"bool": {"must_not": prefixes}}},
+                # keep `_version`: edge documents are versioned by their marker's `_version` (see _project_edges)
+                dest={"index": indices[alias], "version_type": "external"},
+                refresh=True, wait_for_completion=True, conflicts="proceed",
+            )
+
+    async def _swap_aliases(self, indices: dict[str, str]) -> list[str]:
+        """Point every alias at its fresh index in ONE `_aliases` call; returns the indices it left (to delete)."""
+        es = self.client
+        await es.indices.refresh(index=",".join(indices.values()))
+        actions: list[dict[str, Any]] = []
+        old: list[str] = []
+        for alias, fresh in sorted(indices.items()):
+            members = await self._alias_members(alias)
+            if not members and await es.indices.exists(index=alias):
+                actions.append({"remove_index": {"index": alias}})  # a concrete index squatting on the alias name
+            for index in members:
+                if index != fresh:
+                    actions.append({"remove": {"index": index, "alias": alias}})
+                    old.append(index)
+            actions.append({"add": {"index": fresh, "alias": alias}})
+        await es.indices.update_aliases(actions=actions)
+        return old
+
+    # --- reconcile ------------------------------------------------------------------------------------------------
+
+    async def indexed_versions(self, entity_types: Sequence[str]) -> list[IndexedVersion]:
+        """`search_after` over each entity index (`aspectVersions`; an aspect is live when it is in `aspectFields`,
+        a deleted aspect keeps only its version; tombstones are skipped) and over the edge-set index (markers of
+        sources of these entity types; live when the set is not empty)."""
+        entries: list[IndexedVersion] = []
+        for entity_type in entity_types:
+            async for hit in self._scan(self.entity_index(entity_type), {"match_all": {}}, [URN_FIELD],
+                                        [URN_FIELD, VERSIONS_FIELD, ASPECT_FIELDS_FIELD, TOMBSTONE_FIELD]):
+                source = hit["_source"]
+                if source.get(TOMBSTONE_FIELD) is True:
+                    continue  # a tombstone is "no document"
+                urn = source.get(URN_FIELD) or hit["_id"]
+                live = source.get(ASPECT_FIELDS_FIELD) or {}
+                for aspect, version in (source.get(VERSIONS_FIELD) or {}).items():
+                    entries.append(IndexedVersion(urn, aspect, "document", int(version), aspect in live))
+        prefixes = [{"prefix": {"source": f"urn:li:{e}:"}} for e in entity_types]
+        query = {"bool": {"should": prefixes, "minimum_should_match": 1}}
+        async for hit in self._scan(self.edge_set_index, query, ["source", "aspect"], ["source", "aspect", "version", "edges"]):
+            source = hit["_source"]
+            entries.append(IndexedVersion(source["source"], source["aspect"], "edges", int(source["version"]),
+                                          bool(source.get("edges"))))
+        return entries
+
+    async def _scan(self, index: str, query: dict[str, Any], sort_fields: list[str],
+                    source: list[str]) -> AsyncIterator[dict[str, Any]]:
+        """Every hit of `query` in `index` (none when the index does not exist), `SCAN_PAGE` per `search_after` page."""
+        after: list[Any] | None = None
+        while True:
+            kwargs: dict[str, Any] = {"search_after": after} if after else {}
+            try:
+                response = await self.client.search(index=index, query=query, size=SCAN_PAGE,
+                                                    sort=[{f: "asc"} for f in sort_fields], source=source, **kwargs)
+            except NotFoundError:
+                return
+            hits = response["hits"]["hits"]
+            for hit in hits:
+                yield hit
+            if len(hits) < SCAN_PAGE:
+                return
+            after = hits[-1]["sort"]
 
     # --- apply ----------------------------------------------------------------------------------------------------
 

@@ -16,8 +16,9 @@ deleted entity, so replaying the change logs in any order ends in the same state
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 Direction = Literal["OUTGOING", "INCOMING"]
 
@@ -141,6 +142,26 @@ class TimeseriesQuery:
     equals: dict[str, Any] = field(default_factory=dict)  # top-level field -> value (client filters)
 
 
+class IndexedVersion(NamedTuple):
+    """What an index holds for one aspect of an entity, as `SearchBackend.indexed_versions` lists it (reconcile
+    compares these with the latest rows of `metadata_aspect_v2`)."""
+
+    urn: str
+    aspect: str
+    target: Literal["document", "edges"]  # the aspect in its entity's document, or the aspect's edge-set marker
+    version: int  # the version indexed
+    live: bool  # document: the aspect has fields (not deleted); edges: the marker's set is not empty
+
+
+@dataclass(frozen=True)
+class RebuildTarget:
+    """Fresh concrete indices a restore builds while the live ones keep serving (Elasticsearch/OpenSearch):
+    alias -> fresh index. Plain data, shipped to the Spark tasks that fill it (`ElasticBackend.writing_into`);
+    `ElasticBackend.swap_in` makes it live."""
+
+    indices: dict[str, str]
+
+
 class SearchBackend(Protocol):
     """What the service and the Spark job need from an index store. Elasticsearch/OpenSearch in production;
     Postgres (tsvector, edge and point tables) in the embedded default. Both pass the same behaviour tests."""
@@ -173,3 +194,13 @@ class SearchBackend(Protocol):
     async def delete_timeseries(
         self, urn: str, aspects: list[str], *, start_ms: int | None = None, end_ms: int | None = None,
     ) -> int: ...  # points of `urn` in those aspects within the (inclusive) range; returns how many
+
+    # --- index lifecycle (restore-indices, reconcile) ------------------------------------------------------------
+
+    async def create_missing_indices(self, entity_types: Sequence[str]) -> None:
+        """Create the graph indices and these entity types' indices where they do not exist; existing ones are left
+        exactly as they are (no mapping migration). Nothing to do where the schema comes from migrations."""
+
+    async def indexed_versions(self, entity_types: Sequence[str]) -> list[IndexedVersion]:
+        """Every aspect version the index holds for these entity types, in documents and edge-set markers. A deleted
+        aspect is listed with `live=False`; a tombstoned entity's aspects are listed so or not at all."""

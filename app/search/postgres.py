@@ -21,13 +21,16 @@ Applying changes (`apply`), in one READ COMMITTED transaction:
    is not projected again. At equal versions a delete (or an empty edge set) wins.
 
 A batch is applied in order: changes up to an `EntityRemoval` are applied before it, the ones after it after it.
+
+For restore-indices and reconcile: `clear(entity_types)` deletes entity types' rows (there is no shadow build on
+Postgres: a restore is always in place), `indexed_versions` lists what the tables hold per aspect.
 """
 
 from __future__ import annotations
 
 import base64
 import re
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Literal
 
@@ -35,6 +38,7 @@ import asyncpg
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.search import documents
 from app.search.model import (
     AspectEdges,
     AspectFields,
@@ -42,6 +46,7 @@ from app.search.model import (
     Direction,
     Edge,
     EntityRemoval,
+    IndexedVersion,
     SearchFieldSpec,
     SearchHit,
     SearchPage,
@@ -49,7 +54,7 @@ from app.search.model import (
     TimeseriesQuery,
 )
 
-# Advisory lock class of search documents (pg_advisory_xact_lock(class, hashtext(urn))); app.kafka.outbox uses
+# Advisory lock class of search documents (pg_advisory_xact_lock(class, hashtext(urn))); app.changelog.outbox uses
 # 0x4D4C0001..4.
 DOCUMENT_LOCK_CLASS = 0x4D4C0010
 # An exact name/id match outranks any full-text rank (ts_rank_cd is at most a few units).
@@ -60,6 +65,10 @@ REVERSED_LINEAGE = ("Produces",)
 _NAME_FIELDS = ("name", "id", "displayname", "title", "qualifiedname")
 _TEXT_TYPES = {"TEXT", "TEXT_PARTIAL", "WORD_GRAM", "KEYWORD", "URN", "URN_PARTIAL"}
 _NOT_TEXT_TYPES = {"BOOLEAN", "COUNT", "DATETIME", "DOUBLE", "OBJECT", "MAP_ARRAY"}
+# What `clear` deletes: table, URN column.
+_CLEARED_TABLES = (
+    ("search_document", "urn"), ("search_aspect_fields", "urn"), ("search_edge", "source"), ("search_edge_version", "source"),
+)
 _WEBSEARCH_SYNTAX = re.compile(r'"|(^|\s)-\w|\s(or|OR)\s')
 _TOKEN = re.compile(r"\w+")
 
@@ -91,6 +100,10 @@ def _json(value: Any) -> Any:
     if value is None or not isinstance(value, str | bytes):
         return value
     return orjson.loads(value)
+
+
+def _like_escape(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
 
 
 def _prefix_tsquery(text: str) -> str | None:
@@ -291,8 +304,6 @@ class PostgresBackend:
         self._settings = settings
         self._registry = registry
         self._engine = engine
-        self._specs: dict[str, list[SearchFieldSpec]] = {}
-        self._filters: dict[str, dict[str, SearchFieldSpec]] = {}
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -300,6 +311,46 @@ class PostgresBackend:
 
     async def close(self) -> None:
         """The engine belongs to the service, which disposes of it."""
+
+    async def create_missing_indices(self, entity_types: Sequence[str]) -> None:
+        """Nothing to create: the tables come from migration 0003."""
+
+    async def clear(self, entity_types: Sequence[str] = ()) -> dict[str, int]:
+        """Delete these entity types' rows (every row when empty) of `search_document`, `search_aspect_fields`,
+        `search_edge` (edges from them) and `search_edge_version`, in one transaction; returns table -> rows deleted.
+        Timeseries points are not touched. There is no shadow build here: search on those types is incomplete until
+        they are indexed again."""
+        patterns = [f"urn:li:{_like_escape(e)}:%" for e in entity_types]
+        cleared: dict[str, int] = {}
+        async with self._connection(readonly=False) as conn:
+            for table, column in _CLEARED_TABLES:
+                if patterns:
+                    status = await conn.execute(f"DELETE FROM {table} WHERE {column} LIKE ANY($1::text[])", patterns)
+                else:
+                    status = await conn.execute(f"DELETE FROM {table}")
+                cleared[table] = int(status.split()[-1])
+        return cleared
+
+    async def indexed_versions(self, entity_types: Sequence[str]) -> list[IndexedVersion]:
+        """`search_aspect_fields` (live unless `deleted`) and `search_edge_version` (live when the set has edges) of
+        URNs of these entity types. A tombstoned entity's aspects are listed, deleted."""
+        patterns = [f"urn:li:{_like_escape(e)}:%" for e in entity_types]
+        async with self._connection() as conn:
+            docs = await conn.fetch(
+                "SELECT urn, aspect, version, NOT deleted AS live FROM search_aspect_fields WHERE urn LIKE ANY($1::text[])",
+                patterns,
+            )
+            edges = await conn.fetch(
+                """
+                SELECT v.source, v.aspect, v.version,
+                       EXISTS (SELECT 1 FROM search_edge e WHERE e.source = v.source AND e.aspect = v.aspect) AS live
+                FROM search_edge_version v WHERE v.source LIKE ANY($1::text[])
+                """,
+                patterns,
+            )
+        entries = [IndexedVersion(r["urn"], r["aspect"], "document", int(r["version"]), bool(r["live"])) for r in docs]
+        entries += [IndexedVersion(r["source"], r["aspect"], "edges", int(r["version"]), bool(r["live"])) for r in edges]
+        return entries
 
     @asynccontextmanager
     async def _connection(self, *, readonly: bool = True) -> AsyncIterator[asyncpg.Connection]:
@@ -311,32 +362,18 @@ class PostgresBackend:
                 await raw.execute("SET LOCAL jit = off")
                 yield raw
 
-    # --- registry-derived field specs ----------------------------------------------------------------------------
-    def search_fields(self, entity_type: str) -> list[SearchFieldSpec]:
-        if entity_type not in self._specs:
-            try:
-                from app.search import documents
-            except ImportError:  # the document builder has not landed: weights from field names
-                self._specs[entity_type] = []
-            else:
-                try:
-                    self._specs[entity_type] = list(documents.search_fields(self._registry, entity_type))
-                except KeyError:  # an entity type the registry does not know (documents built by hand)
-                    self._specs[entity_type] = []
-        return self._specs[entity_type]
+    # --- registry-derived field specs (`app.search.documents`' cache) ---------------------------------------------
+    def search_fields(self, entity_type: str) -> Sequence[SearchFieldSpec]:
+        try:
+            return documents.search_fields(self._registry, entity_type)
+        except KeyError:  # an entity type the registry does not know (documents built by hand)
+            return ()
 
-    def filter_fields(self, entity_type: str) -> dict[str, SearchFieldSpec]:
-        if entity_type not in self._filters:
-            try:
-                from app.search import documents
-            except ImportError:
-                self._filters[entity_type] = {}
-            else:
-                try:
-                    self._filters[entity_type] = dict(documents.filter_fields(self._registry, entity_type))
-                except KeyError:
-                    self._filters[entity_type] = {}
-        return self._filters[entity_type]
+    def filter_fields(self, entity_type: str) -> Mapping[str, SearchFieldSpec]:
+        try:
+            return documents.filter_fields(self._registry, entity_type)
+        except KeyError:
+            return {}
 
     def _spec_arrays(self, entity_types: set[str]) -> tuple[list[str], list[str], list[str], list[bool]]:
         types: list[str] = []
@@ -670,7 +707,7 @@ class PostgresBackend:
         if not text:
             return []
         tsquery = _prefix_tsquery(text)
-        like = text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        like = _like_escape(text) + "%"
         async with self._connection() as conn:
             rows = await conn.fetch(
                 f"""

@@ -7,9 +7,9 @@
   answer 503, and the runtime retries `start()` on the next use (and the worker keeps trying).
 * `Indexer`: change logs (MCL JSON, versioned and timeseries topics) → `changes_from_mcl` → `backend.apply`. Used by
   the worker (outbox rows in feed order, app.search.worker) and by sync indexing (a write's own change logs).
-* Sync indexing: a proposal carrying `X-DataHub-Sync-Index-Update: true` (its MCP `headers`, case-insensitive, or
-  the HTTP request header of that name, a metaledger extension) has its change logs applied to the backend after
-  the commit and before the response. The outcome is UPDATED or PENDING (backend failed or timed out: the write
+* Sync indexing (called by the ingest gateway): a proposal carrying `X-DataHub-Sync-Index-Update: true` (its MCP
+  `headers`, case-insensitive, or the HTTP request header of that name, a metaledger extension) has its change logs
+  applied to the backend after the commit and before the response. The outcome is UPDATED or PENDING (backend failed or timed out: the write
   stands and the worker catches up), never an error.
 """
 
@@ -180,10 +180,3 @@ async def sync_index(runtime: SearchRuntime | None, outbox_rows: Sequence[Any]) 
         log.warning("sync index update failed; pending", extra={"error": message})
         return IndexOutcome("PENDING", message)
     return IndexOutcome("UPDATED")
-
-
-async def sync_index_if_requested(request: Any, proposals: Iterable[Any], result: Any) -> IndexOutcome | None:
-    """For the write endpoints: None when the write did not ask for a sync index update."""
-    if not wants_sync_index(request.headers, proposals):
-        return None
-    return await sync_index(getattr(request.app.state, "search", None), getattr(result, "outbox", None) or [])

@@ -26,11 +26,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from decimal import Decimal
 from typing import Any, Callable, Iterable, Mapping
 
 import jsonpatch
 import jsonpointer
+
+from app.urns import InvalidUrnError, entity_type_of
+from app.write.java_text import java_double
 
 __all__ = [
     "PatchDocument",
@@ -225,19 +227,6 @@ def _clone(v: Any) -> Any:
     return v
 
 
-def _java_double_text(v: float) -> str:
-    """Double.toString: plain decimal in [1e-3, 1e7), otherwise d.dddE±n."""
-    if v != v or v in (float("inf"), float("-inf")):
-        return "NaN" if v != v else ("Infinity" if v > 0 else "-Infinity")
-    if v == 0 or 1e-3 <= abs(v) < 1e7:
-        return repr(v)
-    sign, digits, exp = Decimal(repr(v)).normalize().as_tuple()
-    ds = "".join(map(str, digits))
-    e = exp + len(ds) - 1  # type: ignore[operator]
-    mant = ds[0] + "." + (ds[1:] or "0")
-    return ("-" if sign else "") + f"{mant}E{e}"
-
-
 def _as_text(v: Any) -> str:
     """JsonNode.asText(): text for scalars, "" for containers."""
     if isinstance(v, str):
@@ -249,7 +238,7 @@ def _as_text(v: Any) -> str:
     if isinstance(v, int):
         return str(v)
     if isinstance(v, float):
-        return _java_double_text(v)
+        return java_double(v)
     return ""
 
 
@@ -442,11 +431,10 @@ _FGL_NONE = "NONE"
 
 
 def _urn_entity_type(value: Any) -> str | None:
-    if isinstance(value, str) and value.startswith("urn:li:"):
-        rest = value[len("urn:li:") :]
-        entity, sep, _ = rest.partition(":")
-        return entity if sep else None
-    return None
+    try:
+        return entity_type_of(value)
+    except InvalidUrnError:
+        return None
 
 
 def _fgl_to_map(lineages: Any) -> dict[str, Any]:

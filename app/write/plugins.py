@@ -22,7 +22,7 @@ from typing import Any
 import yaml
 
 from app.write.proposal import ChangeType
-from app.write.rules import PreCommitRule, ProposalRule, RuleChain, builtin_pre_commit_rules
+from app.write.rules import PreCommitRule, ProposalRule, RuleChain
 
 PLUGIN_SECTIONS = ("aspectPayloadValidators", "mutationHooks")
 
@@ -53,7 +53,7 @@ def _instantiate(entry: dict[str, Any], section: str) -> ProposalRule | PreCommi
 def load_rule_chain(registry_path: Path) -> RuleChain:
     config = yaml.safe_load(registry_path.read_text()) if registry_path.exists() else {}
     plugins = (config or {}).get("plugins") or {}
-    chain = RuleChain(mutators=[], validators=[], pre_commit_rules=builtin_pre_commit_rules())
+    chain = RuleChain()
     for section in PLUGIN_SECTIONS:
         entries = plugins.get(section) or []
         disabled = {e.get("className") for e in entries if e.get("enabled") is False}

@@ -7,6 +7,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.errors import Location
+
 DEFAULT_RUN_ID = "no-run-id-provided"
 DEFAULT_ACTOR = "urn:li:corpuser:datahub"
 SYSTEM_ACTOR = "urn:li:corpuser:__datahub_system"
@@ -18,7 +20,6 @@ IF_VERSION_MATCH = "if-version-match"
 IF_MODIFIED_SINCE = "if-modified-since"
 IF_UNMODIFIED_SINCE = "if-unmodified-since"
 IF_NONE_MATCH = "if-none-match"
-SYNC_INDEX_UPDATE = "x-datahub-sync-index-update"
 CONDITIONAL_HEADERS = (IF_VERSION_MATCH, IF_MODIFIED_SINCE, IF_UNMODIFIED_SINCE, IF_NONE_MATCH)
 
 
@@ -50,6 +51,24 @@ class AuditStamp:
 
 
 @dataclass(slots=True)
+class Draft:
+    """A proposal as an endpoint parsed it, before the registry has seen it. Exactly one of `urn` and
+    `entity_key_aspect` identifies the entity."""
+
+    index: int
+    entity_type: str
+    aspect_name: str
+    change_type: str = ChangeType.UPSERT.value
+    urn: str | None = None
+    entity_key_aspect: dict[str, Any] | None = None
+    value: Any = None
+    content_type: str | None = None
+    system_metadata: dict[str, Any] | None = None
+    headers: dict[str, str] | None = None
+    location: Location | None = None  # where it sits in the caller's request (None: report MCP paths as they are)
+
+
+@dataclass(slots=True)
 class Proposal:
     """One aspect of one entity, after parsing and registry resolution.
 
@@ -68,6 +87,7 @@ class Proposal:
     headers: dict[str, str] = field(default_factory=dict)
     entity_key_aspect: dict[str, Any] | None = None
     is_timeseries: bool = False
+    is_key: bool = False
 
     def header(self, name: str) -> str | None:
         """Case-insensitive lookup; `name` is given lower-case."""

@@ -1,4 +1,5 @@
-"""All SQL of the aspect store and the change-log outbox.
+"""All SQL of the aspect store. The change logs of a write go into the outbox in the same statement, through the
+CTE that app.changelog.outbox provides (`insert_cte`, `insert_params`).
 
 Bulk statements take parallel arrays (`unnest`) so a batch of any size costs one round trip per statement. They
 run on the asyncpg connection under the request's SQLAlchemy session, inside the session's transaction.
@@ -14,6 +15,8 @@ from typing import Any
 import asyncpg
 import orjson
 
+from app.changelog import outbox as changelog_outbox
+from app.changelog.outbox import OutboxRow
 from app.db import SessionRepository
 
 LATEST_VERSION = 0
@@ -76,18 +79,9 @@ class StoredAspect:
         return orjson.dumps(self.system_metadata).decode()
 
 
-@dataclass(slots=True)
-class OutboxRow:
-    topic: str
-    message_key: str
-    urn: str
-    aspect: str
-    version: int
-    change_type: str
-    payload: str
-
-
 _ROW_COLUMNS = "urn, aspect, version, metadata, systemmetadata, createdon, createdby, createdfor"
+_OUTBOX_CTE = changelog_outbox.insert_cte(19)  # parameters $19..$25 of write_changes
+assert changelog_outbox.INSERT_PARAMS == 7, "write_changes numbers its later parameters from $26"
 
 
 def _to_stored(record: asyncpg.Record) -> StoredAspect:
@@ -206,16 +200,27 @@ class AspectRepository(SessionRepository):
         )
         return _to_stored(record) if record else None
 
-    async def history(self, urn: str, aspect: str) -> list[StoredAspect]:
-        """Every stored version of one aspect, newest first (row 0 first)."""
+    async def count_rows(self, urn: str, aspect: str | None = None) -> int:
+        """Rows (every version) of an entity, or of one of its aspects."""
         conn = await self._conn()
-        records = await conn.fetch(
-            f"SELECT {_ROW_COLUMNS} FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = $2 "
-            "ORDER BY (version = 0) DESC, version DESC",
-            urn,
-            aspect,
+        if aspect is None:
+            return await conn.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1", urn)
+        return await conn.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = $2", urn, aspect)
+
+    async def rows_mentioning(self, needle: str, exclude_urn: str, aspects: Sequence[str]) -> list[asyncpg.Record]:
+        """Latest rows of other entities, among `aspects`, whose JSON contains `needle` (a JSON-escaped URN).
+        A scan of the aspect store: there is no reverse index of references in Postgres."""
+        conn = await self._conn()
+        return await conn.fetch(
+            """
+            SELECT urn, aspect, metadata, systemmetadata FROM metadata_aspect_v2
+            WHERE version = 0 AND urn <> $2 AND aspect = ANY($3::text[]) AND strpos(metadata, $1) > 0
+            ORDER BY urn, aspect
+            """,
+            needle,
+            exclude_urn,
+            list(aspects),
         )
-        return [_to_stored(r) for r in records]
 
     async def entity_exists(self, urn: str) -> bool:
         conn = await self._conn()
@@ -257,10 +262,7 @@ class AspectRepository(SessionRepository):
                 DELETE FROM metadata_aspect_v2 m
                 USING unnest($16::text[], $17::text[], $18::bigint[]) AS r(urn, aspect, cutoff)
                 WHERE m.urn = r.urn AND m.aspect = r.aspect AND m.version <> 0 AND m.version <= r.cutoff
-            ), outboxed AS (
-                INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload)
-                SELECT * FROM unnest($19::text[], $20::text[], $21::text[], $22::text[], $23::bigint[], $24::text[], $25::text[])
-            ), floored AS (
+            ), outboxed AS ({_OUTBOX_CTE}), floored AS (
                 INSERT INTO metadata_aspect_version_floor AS f (urn, aspect, version)
                 SELECT * FROM unnest($26::text[], $27::text[], $28::bigint[])
                 ON CONFLICT (urn, aspect) DO UPDATE SET version = GREATEST(f.version, EXCLUDED.version)
@@ -272,9 +274,7 @@ class AspectRepository(SessionRepository):
             *_columns(inserts),
             u_urn, u_aspect, u_metadata, u_sm, u_on, u_by, u_for,
             [c[0] for c in prune], [c[1] for c in prune], [c[2] for c in prune],
-            [r.topic for r in outbox], [r.message_key for r in outbox], [r.urn for r in outbox],
-            [r.aspect for r in outbox], [r.version for r in outbox], [r.change_type for r in outbox],
-            [r.payload for r in outbox],
+            *changelog_outbox.insert_params(outbox),
             [f[0] for f in floors], [f[1] for f in floors], [f[2] for f in floors],
             [r.urn for r in firsts], [r.aspect for r in firsts], [r.version for r in firsts],
         )  # fmt: skip

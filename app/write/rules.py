@@ -13,10 +13,10 @@ A rule declares which change types and which entity/aspect pairs it governs ("*"
 from __future__ import annotations
 
 import enum
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from app.write.proposal import (
     IF_NONE_MATCH,
@@ -45,6 +45,7 @@ class Verdict:
     kind: VerdictKind
     message: str
     rule: str
+    path: str | None = None  # the MCP field at fault (`$.changeType`, `$.aspect.value`), when one is
 
     @property
     def is_fatal(self) -> bool:
@@ -73,8 +74,8 @@ class Rule:
             for entity, aspect in self.entity_aspects
         )
 
-    def verdict(self, kind: VerdictKind, message: str) -> Verdict:
-        return Verdict(kind, message, self.name)
+    def verdict(self, kind: VerdictKind, message: str, path: str | None = None) -> Verdict:
+        return Verdict(kind, message, self.name, path)
 
 
 class ProposalRule(Rule):
@@ -89,6 +90,56 @@ class PreCommitRule(Rule):
 
     def check(self, change: PendingChange) -> Verdict | None:  # pragma: no cover - interface
         raise NotImplementedError
+
+
+class TimeseriesUpsertOnly(ProposalRule):
+    """A timeseries point is appended, never created, updated, patched or deleted one by one."""
+
+    name = "TimeseriesUpsertOnly"
+    change_types = WRITE_CHANGE_TYPES - {ChangeType.UPSERT}
+
+    def apply(self, proposal: Proposal) -> Verdict | None:
+        if not proposal.is_timeseries:
+            return None
+        return self.verdict(
+            VerdictKind.VALIDATION,
+            f"timeseries aspect {proposal.aspect_name!r} accepts UPSERT only, not {proposal.change_type.value}",
+            "$.changeType",
+        )
+
+
+class KeyAspectIsNotPatched(ProposalRule):
+    """A key aspect is the URN's parts: there is nothing to patch."""
+
+    name = "KeyAspectIsNotPatched"
+    change_types = frozenset({ChangeType.PATCH})
+
+    def apply(self, proposal: Proposal) -> Verdict | None:
+        if not proposal.is_key:
+            return None
+        return self.verdict(VerdictKind.VALIDATION, f"key aspect {proposal.aspect_name!r} cannot be patched", "$.changeType")
+
+
+class KeyAspectMatchesUrn(ProposalRule):
+    """A written key aspect must be the one the URN stands for."""
+
+    name = "KeyAspectMatchesUrn"
+    change_types = WRITE_CHANGE_TYPES - {ChangeType.PATCH, ChangeType.DELETE}
+
+    def __init__(self, urn_to_key: Callable[[str, str], dict[str, Any]]) -> None:
+        self.urn_to_key = urn_to_key
+
+    def apply(self, proposal: Proposal) -> Verdict | None:
+        if not proposal.is_key or proposal.value == self.urn_to_key(proposal.entity_type, proposal.urn):
+            return None
+        return self.verdict(
+            VerdictKind.VALIDATION, f"key aspect {proposal.aspect_name!r} does not match the URN {proposal.urn!r}", "$.aspect.value"
+        )
+
+
+def builtin_proposal_rules(urn_to_key: Callable[[str, str], dict[str, Any]]) -> list[ProposalRule]:
+    """The checks every proposal passes before user validators; `urn_to_key` is the registry's."""
+    return [TimeseriesUpsertOnly(), KeyAspectIsNotPatched(), KeyAspectMatchesUrn(urn_to_key)]
 
 
 def _actual_version(change: PendingChange) -> str:
@@ -197,11 +248,15 @@ def builtin_pre_commit_rules() -> list[PreCommitRule]:
 
 @dataclass
 class RuleChain:
-    """mutators → (re-validation) → validators, before the transaction; pre-commit rules inside it."""
+    """mutators → (re-validation) → validators, before the transaction; pre-commit rules inside it. The built-in
+    rules come first in each list (`builtin_proposal_rules` are added by the write service, which has the registry)."""
 
-    mutators: list[ProposalRule]
-    validators: list[ProposalRule]
-    pre_commit_rules: list[PreCommitRule]
+    mutators: list[ProposalRule] = field(default_factory=list)
+    validators: list[ProposalRule] = field(default_factory=list)
+    pre_commit_rules: list[PreCommitRule] = field(default_factory=builtin_pre_commit_rules)
+
+    def with_validators_first(self, rules: Sequence[ProposalRule]) -> RuleChain:
+        return RuleChain(self.mutators, [*rules, *self.validators], self.pre_commit_rules)
 
     def run_mutators(self, proposal: Proposal) -> tuple[bool, Verdict | None]:
         """(whether any mutator governed the proposal, the first fatal verdict)."""

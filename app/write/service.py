@@ -33,9 +33,10 @@ from app.errors import (
 from app.registry import EntityRegistry
 from app.registry.errors import AspectValidationError, RegistryError
 from app.settings import Settings
-from app.urns import InvalidUrnError, parse_urn, validate_urn
-from app.events.platform import entity_change_events, platform_event, platform_event_key
-from app.write.changelog import build_change_log
+from app.urns import InvalidUrnError, entity_type_of, validate_urn
+from app.changelog.outbox import OutboxRow
+from app.write.mcl import build_change_log
+from app.write.entity_change_events import entity_change_events, platform_event, platform_event_key
 from app.write.patch import PatchDocument, PatchError, apply_patch, parse_patch
 from app.write.proposal import (
     DEFAULT_RUN_ID,
@@ -44,31 +45,15 @@ from app.write.proposal import (
     SYSTEM_ACTOR,
     AuditStamp,
     ChangeType,
+    Draft,
     Proposal,
 )
-from app.write.repository import RETRYABLE_DB_ERRORS, AspectRepository, OutboxRow, StoredAspect
-from app.write.rules import PendingChange, RuleChain, Verdict, VerdictKind
+from app.write.repository import RETRYABLE_DB_ERRORS, AspectRepository, StoredAspect
+from app.write.rules import PendingChange, RuleChain, Verdict, VerdictKind, builtin_proposal_rules
 
 log = logging.getLogger("metaledger.write")
 
 MAX_REPORTED_ISSUES = 100
-
-
-@dataclass(slots=True)
-class Draft:
-    """A proposal as an endpoint parsed it, before the registry has seen it. Exactly one of `urn` and
-    `entity_key_aspect` identifies the entity."""
-
-    index: int
-    entity_type: str
-    aspect_name: str
-    change_type: str = ChangeType.UPSERT.value
-    urn: str | None = None
-    entity_key_aspect: dict[str, Any] | None = None
-    value: Any = None
-    content_type: str | None = None
-    system_metadata: dict[str, Any] | None = None
-    headers: dict[str, str] | None = None
 
 
 class ItemStatus(str, enum.Enum):
@@ -136,7 +121,7 @@ def _dumps(value: Any) -> str:
 class WriteService:
     def __init__(self, registry: EntityRegistry, rules: RuleChain, settings: Settings) -> None:
         self.registry = registry
-        self.rules = rules
+        self.rules = rules.with_validators_first(builtin_proposal_rules(registry.urn_to_key))
         self.settings = settings
 
     # --- before the transaction --------------------------------------------------------------------------------
@@ -153,7 +138,7 @@ class WriteService:
                     proposal.value = self._validate_value(aspect, proposal.value, draft.index, proposal.urn)
                 verdict = verdict or self.rules.run_validators(proposal)
                 if verdict is not None:
-                    issue = Issue(f"{verdict.rule}: {verdict.message}", draft.index, proposal.urn, proposal.aspect_name)
+                    issue = Issue(f"{verdict.rule}: {verdict.message}", draft.index, proposal.urn, proposal.aspect_name, verdict.path)
                     raise ValidationFailed(verdict.message, [issue])
                 proposals.append(proposal)
             except MetaledgerError as error:
@@ -164,7 +149,7 @@ class WriteService:
                 break
         if issues:
             bad = len({i.index for i in issues})
-            raise ValidationFailed(f"{bad} of {len(drafts)} proposals are invalid; nothing was written", issues)
+            raise ValidationFailed(f"{bad} of {len(drafts)} aspects are invalid; nothing was written", issues)
         return proposals
 
     def _resolve(self, draft: Draft) -> Proposal:
@@ -207,11 +192,6 @@ class WriteService:
         except RegistryError as error:
             raise fail(str(error), "$.entityUrn" if draft.urn is not None else "$.entityKeyAspect") from None
 
-        if aspect.is_timeseries and change_type is not ChangeType.UPSERT:
-            raise fail(f"timeseries aspect {aspect.name!r} accepts UPSERT only, not {change_type.value}", "$.changeType")
-        if aspect.is_key and change_type is ChangeType.PATCH:
-            raise fail(f"key aspect {aspect.name!r} cannot be patched", "$.changeType")
-
         proposal = Proposal(
             index=draft.index,
             entity_type=entity.name,
@@ -222,6 +202,7 @@ class WriteService:
             headers=dict(draft.headers or {}),
             entity_key_aspect=draft.entity_key_aspect,
             is_timeseries=aspect.is_timeseries,
+            is_key=aspect.is_key,
         )
         if change_type is ChangeType.DELETE:
             return proposal
@@ -236,8 +217,6 @@ class WriteService:
                 expected=aspect.record_name,
             )
         proposal.value = self._validate_value(aspect, draft.value, draft.index, urn)
-        if aspect.is_key and proposal.value != self.registry.urn_to_key(entity.name, urn):
-            raise fail(f"key aspect {aspect.name!r} does not match the URN {urn!r}", "$.aspect.value")
         return proposal
 
     def _validate_value(self, aspect: Any, value: dict[str, Any], index: int, urn: str) -> dict[str, Any]:
@@ -552,7 +531,7 @@ class WriteService:
         updates = [txn.dirty[k] for k in sorted(txn.dirty) if k not in txn.inserted_keys]
         prune = []
         for (urn, aspect) in txn.history:
-            kept = self._history_kept(parse_urn(urn).entity_type, aspect)
+            kept = self._history_kept(entity_type_of(urn), aspect)
             cutoff = txn.dirty[(urn, aspect)].version - 1 - kept
             if cutoff >= 1:
                 prune.append((urn, aspect, cutoff))

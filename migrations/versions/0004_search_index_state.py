@@ -2,7 +2,7 @@
 
 `search_index_state.last_offset`: every outbox row with `feed_offset <= last_offset` has been applied to the search
 backend. The row is created by the worker when it first runs (not here): the outbox pruning keeps rows past
-`last_offset` only on databases where an indexing worker has registered itself (app.kafka.outbox.prune).
+`last_offset` only on databases where an indexing worker has registered itself (app.changelog.outbox.prune).
 
 Revision ID: 0004
 Revises: 0003

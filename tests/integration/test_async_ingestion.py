@@ -8,139 +8,46 @@ consumers here use 3 s sessions and each test joins as few times as it can.
 from __future__ import annotations
 
 import asyncio
-import time
-import uuid
-from collections.abc import Awaitable, Callable
+from functools import partial
 from typing import Any
 
 import httpx
 import orjson
 import pytest
 import pytest_asyncio
-from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.admin import AIOKafkaAdminClient, NewTopic
+from aiokafka import AIOKafkaConsumer, TopicPartition
 
 from app.errors import ServiceUnavailable
+from app.ingest.gateway import IngestGateway
 from app.kafka.consumers import McpConsumer
 from app.main import create_app
 from app.settings import Settings
+from tests import helpers
+from tests.helpers import (
+    create_topics,
+    dead_letter,
+    eventually,
+    fast_groups,
+    kafka_overrides,
+    produce,
+    read_topic,
+    stored,
+    unique_topics,
+)
 
 A = "urn:li:dataset:(urn:li:dataPlatform:hive,db.async_a,PROD)"
 B = "urn:li:dataset:(urn:li:dataPlatform:hive,db.async_b,PROD)"
 C = "urn:li:dataset:(urn:li:dataPlatform:hive,db.async_c,PROD)"
 D = "urn:li:dataset:(urn:li:dataPlatform:hive,db.async_d,PROD)"
 SYSTEM_ACTOR = "urn:li:corpuser:__datahub_system"
-# Short group sessions keep joins quick on Tansu (a join waits about half the session; a re-join after a member left
-# waits for the old member's session to expire first). Heartbeats every 500 ms keep them safe on a busy machine.
-SESSION_MS = 3000
-HEARTBEAT_MS = 500
-
-
-def fast_groups(monkeypatch) -> None:
-    monkeypatch.setattr(McpConsumer, "session_timeout_ms", SESSION_MS)
-    monkeypatch.setattr(McpConsumer, "heartbeat_interval_ms", HEARTBEAT_MS)
-
-
-# --- helpers (also used by test_mce.py) ----------------------------------------------------------------------------
-def unique_topics() -> dict[str, str]:
-    u = uuid.uuid4().hex[:10]
-    return {"topic_mcp": f"mcp-{u}", "topic_fmcp": f"fmcp-{u}", "topic_mce": f"mce-{u}", "topic_fmce": f"fmce-{u}"}
-
-
-async def create_topics(bootstrap: str, *names: str) -> None:
-    admin = AIOKafkaAdminClient(bootstrap_servers=bootstrap)
-    await admin.start()
-    try:
-        await admin.create_topics([NewTopic(name, 1, 1) for name in names])
-    finally:
-        await admin.close()
-
-
-def kafka_overrides(bootstrap: str, topics: dict[str, str]) -> dict[str, Any]:
-    return {
-        "kafka_bootstrap_servers": bootstrap,
-        "create_topics_on_start": False,
-        "relay_enabled": False,
-        "mcp_consumer_group": f"group-{topics['topic_mcp']}",
-        **topics,
-    }
-
-
-async def produce(bootstrap: str, topic: str, records: list[tuple[str | None, Any]]) -> None:
-    """Records as (key, value): a value that is bytes is sent as is, anything else as JSON."""
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, enable_idempotence=False, acks="all")
-    await producer.start()
-    try:
-        for key, value in records:
-            await producer.send_and_wait(
-                topic, value if isinstance(value, bytes) else orjson.dumps(value), key=key.encode() if key else None
-            )
-    finally:
-        await producer.stop()
-
-
-async def read_topic(bootstrap: str, topic: str, expect: int, timeout: float = 20.0, settle: float = 0.3) -> list[Any]:
-    """Every record of a one-partition topic from the start, once at least `expect` are there (then a short wait
-    for any extra). No consumer group: assigned, so no join."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, enable_auto_commit=False, auto_offset_reset="earliest")
-    await consumer.start()
-    try:
-        tp = TopicPartition(topic, 0)
-        consumer.assign([tp])
-        await consumer.seek_to_beginning(tp)
-        records: list[Any] = []
-        deadline = time.monotonic() + timeout
-        while len(records) < expect and time.monotonic() < deadline:
-            batch = await consumer.getmany(tp, timeout_ms=200)
-            records.extend(batch.get(tp, []))
-        batch = await consumer.getmany(tp, timeout_ms=int(settle * 1000))
-        records.extend(batch.get(tp, []))
-        return records
-    finally:
-        await consumer.stop()
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 20.0, interval: float = 0.1) -> Any:
-    """Poll `check` until it returns something truthy."""
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
-        await asyncio.sleep(interval)
-
-
-async def stored(db, urn: str, aspect: str) -> dict[str, Any] | None:
-    row = await db.fetchrow(
-        "SELECT metadata, systemmetadata, createdby FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = $2 AND version = 0",
-        urn, aspect,
-    )
-    if row is None:
-        return None
-    return {"value": orjson.loads(row["metadata"]), "systemMetadata": orjson.loads(row["systemmetadata"]), "createdBy": row["createdby"]}
-
-
-def dead_letter(record) -> tuple[Any, dict[str, Any]]:
-    """(the record as received, the first TraceException) of a FMCP/FMCE record."""
-    value = orjson.loads(record.value)
-    (trace,) = orjson.loads(value["error"])
-    payload = value.get("metadataChangeProposal", value.get("metadataChangeEvent"))
-    return payload, {**trace, "source": value["source"], "key": record.key}
-
-
-def mcp(aspect: str, value: Any, urn: str = A, change_type: str = "UPSERT", **extra) -> dict[str, Any]:
-    proposal = {"entityType": "dataset", "entityUrn": urn, "changeType": change_type, "aspectName": aspect, **extra}
-    if value is not None:
-        proposal["aspect"] = {"value": orjson.dumps(value).decode(), "contentType": "application/json"}
-    return proposal
+# DataHub's wire form (as on the MCP topic): aspect values as JSON strings.
+mcp = partial(helpers.mcp, urn=A, encode=True)
 
 
 # --- fixtures -------------------------------------------------------------------------------------------------------
 @pytest.fixture
 def topics() -> dict[str, str]:
-    return unique_topics()
+    return unique_topics("topic_mcp", "topic_fmcp", "topic_mce", "topic_fmce")
 
 
 @pytest_asyncio.fixture
@@ -293,7 +200,7 @@ async def test_poison_records_go_to_fmcp_and_the_consumer_keeps_going(app, kafka
     ])
 
     stop = asyncio.Event()
-    consumer = McpConsumer(settings, app.state.sessionmaker, writer)
+    consumer = McpConsumer(settings, app.state.sessionmaker, IngestGateway(writer))
     task = asyncio.create_task(consumer.run(stop))
     try:
         failed = await read_topic(bootstrap, topics["topic_fmcp"], expect=5, timeout=30)
@@ -346,7 +253,7 @@ async def test_poison_records_go_to_fmcp_and_the_consumer_keeps_going(app, kafka
     # A restarted consumer neither re-applies (the CREATE would now conflict) nor re-dead-letters anything.
     await produce(bootstrap, topics["topic_mcp"], [(D, mcp("status", {"removed": False}, urn=D))])
     stop = asyncio.Event()
-    restarted = McpConsumer(settings, app.state.sessionmaker, writer)
+    restarted = McpConsumer(settings, app.state.sessionmaker, IngestGateway(writer))
     task = asyncio.create_task(restarted.run(stop))
     try:
         await eventually(lambda: stored(db, D, "status"))
@@ -392,13 +299,13 @@ async def test_isolation_when_most_of_a_batch_fails_and_on_unexpected_errors(app
             records.append(_Record(i, mcp("status", {"removed": False}, urn=urn), urn))
     records.append(_Record(30, mcp("status", {"removed": False}, urn=D), D))  # the buggy one
     writer = BuggyWriter(app.state.write_service, D)
-    consumer = McpConsumer(app.state.settings, app.state.sessionmaker, writer)
-    units = consumer._prepare_units(records)
+    consumer = McpConsumer(app.state.settings, app.state.sessionmaker, IngestGateway(writer))
+    units = consumer.read(records)
     assert all(u.error is None and len(u.proposals) == 1 for u in units)
     applies = writer.calls
-    await consumer._apply_units(units[:-1])  # 10 failures: 8 first-failure rounds, then one by one
+    await consumer.apply(units[:-1])  # 10 failures: 8 first-failure rounds, then one by one
     assert writer.calls - applies > 8
-    await consumer._apply_units(units[-1:])
+    await consumer.apply(units[-1:])
 
     failed = [u.offset for u in units if u.error is not None]
     assert failed == [0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30]
@@ -414,12 +321,12 @@ async def test_isolation_when_most_of_a_batch_fails_and_on_unexpected_errors(app
     assert sorted(r["urn"] for r in written) == sorted(u for i, u in enumerate(urns) if i % 3)
 
     # A conflict and a failed precondition in one batch: each gets its own kind of error (409, 412).
-    mixed = consumer._prepare_units([
+    mixed = consumer.read([
         _Record(40, mcp("status", {"removed": True}, urn=urns[1], change_type="CREATE"), urns[1]),
         _Record(41, mcp("status", {"removed": True}, urn=urns[2], headers={"If-Version-Match": "9"}), urns[2]),
         _Record(42, mcp("subTypes", {"typeNames": ["View"]}, urn=urns[4]), urns[4]),
     ])
-    await consumer._apply_units(mixed)
+    await consumer.apply(mixed)
     assert [dead_letter_trace(u)["status"] if u.error else "applied" for u in mixed] == [409, 412, "applied"]
     assert dead_letter_trace(mixed[0])["exceptionClass"] == "app.errors.ExistenceConflict"
 

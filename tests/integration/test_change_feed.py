@@ -9,7 +9,7 @@ import asyncpg
 import orjson
 import pytest
 
-from tests.integration.test_relay import dataset, mcp, propose
+from tests.helpers import dataset, mcp, propose
 
 FEED = "/openapi/v1/events/mcl"
 
@@ -109,7 +109,7 @@ async def test_feed_never_lets_a_late_commit_slip_behind_a_read_offset(client, d
 
 
 async def test_feed_topic_filter(client, app, db):
-    await propose(client, mcp("datasetProfile", {"timestampMillis": 1_700_000_000_000, "rowCount": 1}))
+    await propose(client, mcp("datasetProfile", {"timestampMillis": 1_700_000_000_000, "rowCount": 1}, dataset("orders")))
     pe_topic = app.state.settings.topic_platform_event
     await db.execute(
         "INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload) "

@@ -11,7 +11,7 @@ import pytest
 import pytest_asyncio
 
 from app.kafka.consumers import MceConsumer
-from tests.integration.test_async_ingestion import (
+from tests.helpers import (
     create_topics,
     dead_letter,
     eventually,
@@ -46,7 +46,7 @@ CAPTURE_ASPECTS = (
 
 @pytest.fixture
 def topics() -> dict[str, str]:
-    return unique_topics()
+    return unique_topics("topic_mcp", "topic_fmcp", "topic_mce", "topic_fmce")
 
 
 @pytest_asyncio.fixture
@@ -135,7 +135,7 @@ async def test_mce_topic_applies_good_events_and_dead_letters_bad_ones(app, kafk
         (OTHER, avro_good),        # 4
     ])
     stop = asyncio.Event()
-    consumer = MceConsumer(app.state.settings, app.state.sessionmaker, app.state.write_service,
+    consumer = MceConsumer(app.state.settings, app.state.sessionmaker, app.state.gateway,
                            group_id=f"mce-{topics['topic_mce']}")
     task = asyncio.create_task(consumer.run(stop))
     try:

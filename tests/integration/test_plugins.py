@@ -7,35 +7,8 @@ import pytest_asyncio
 
 from app.main import create_app
 from app.settings import Settings
-from app.write.rules import PendingChange, PreCommitRule, ProposalRule, Verdict, VerdictKind
 
 DATASET = "urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)"
-
-
-class RejectTodoDescriptions(ProposalRule):
-    name = "RejectTodoDescriptions"
-
-    def apply(self, proposal):
-        if "TODO" in (proposal.value or {}).get("description", ""):
-            return self.verdict(VerdictKind.VALIDATION, "descriptions may not contain TODO")
-        return None
-
-
-class StampReviewer(ProposalRule):
-    name = "StampReviewer"
-
-    def apply(self, proposal):
-        proposal.value["customProperties"]["reviewed_by"] = "plugin"
-        return None
-
-
-class FrozenDatasets(PreCommitRule):
-    name = "FrozenDatasets"
-
-    def check(self, change: PendingChange) -> Verdict | None:
-        if change.previous is not None and change.previous.value.get("customProperties", {}).get("frozen") == "true":
-            return self.verdict(VerdictKind.PRECONDITION, "the dataset is frozen")
-        return None
 
 
 PLUGINS_YML = """
@@ -43,15 +16,15 @@ modelSources:
   - package: acryl-datahub
 plugins:
   aspectPayloadValidators:
-    - className: tests.integration.test_plugins.RejectTodoDescriptions
+    - className: tests.plugins.RejectTodoDescriptions
       supportedOperations: [UPSERT]
       supportedEntityAspectNames: [{entityName: dataset, aspectName: datasetProperties}]
-    - className: tests.integration.test_plugins.FrozenDatasets
+    - className: tests.plugins.FrozenDatasets
       supportedEntityAspectNames: [{entityName: dataset, aspectName: datasetProperties}]
   mutationHooks:
-    - className: tests.integration.test_plugins.StampReviewer
+    - className: tests.plugins.StampReviewer
       supportedEntityAspectNames: [{entityName: "*", aspectName: datasetProperties}]
-    - className: tests.integration.test_plugins.StampReviewer
+    - className: tests.plugins.StampReviewer
       enabled: false
 """
 
@@ -86,23 +59,15 @@ async def test_validators_mutators_and_pre_commit_rules_run_in_order(plugin_clie
     assert frozen.status_code == 412 and "frozen" in frozen.json()["issues"][0]["message"]
 
 
-class BreakTheSchema(ProposalRule):
-    name = "BreakTheSchema"
-
-    def apply(self, proposal):
-        proposal.value["customProperties"] = "not a map"
-        return None
-
-
 async def test_a_mutator_result_is_validated_again(tmp_path, database_url, registry):
     path = tmp_path / "entity_registry.yml"
-    path.write_text("plugins:\n  mutationHooks:\n    - className: tests.integration.test_plugins.BreakTheSchema\n")
+    path.write_text("plugins:\n  mutationHooks:\n    - className: tests.plugins.BreakTheSchema\n")
     app = create_app(Settings(database_url=database_url, apply_migrations_on_start=False, registry_path=path), registry)
     async with app.router.lifespan_context(app):
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m") as http:
             response = await http.post("/openapi/v1/proposals", json=props("ok"))
     assert response.status_code == 400
-    assert response.json()["issues"][0]["path"] == "$.aspect.value.customProperties"
+    assert response.json()["issues"][0]["path"] == "$[0].aspect.value.customProperties"
 
 
 def test_a_later_disabled_entry_disables_a_plugin(tmp_path):

@@ -9,14 +9,12 @@ from __future__ import annotations
 import asyncio
 import random
 import time
-import uuid
 from collections import defaultdict
 from typing import Any
 
 import asyncpg
 import orjson
 import pytest
-from aiokafka import AIOKafkaConsumer
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
@@ -25,100 +23,13 @@ from app.embedded_pg import free_port
 from app.kafka.relay import OutboxRelay
 from app.kafka.topics import create_missing_topics, ensure_topics
 from app.settings import Settings
+from tests.helpers import JSON, TopicReader, dataset, mcp, propose, unique_topics, wait_delivered
 
-DATASET = "urn:li:dataset:(urn:li:dataPlatform:hive,relay.orders,PROD)"
-JSON = "application/json"
+DATASET = dataset("orders")
 DB_VERSION_HEADER = "X-DataHub-Database-Aspect-Version"
 
 
-# --- helpers (also used by the other relay / feed test modules) -------------------------------------------------
-
-
-def unique_topics() -> dict[str, str]:
-    tag = uuid.uuid4().hex[:10]
-    return {
-        "topic_mcl_versioned": f"mclv_{tag}",
-        "topic_mcl_timeseries": f"mclt_{tag}",
-        "topic_platform_event": f"pe_{tag}",
-        "topic_mcp": f"mcp_{tag}",
-        "topic_fmcp": f"fmcp_{tag}",
-        "topic_mce": f"mce_{tag}",
-        "topic_fmce": f"fmce_{tag}",
-    }
-
-
-def dataset(name: str) -> str:
-    return f"urn:li:dataset:(urn:li:dataPlatform:hive,relay.{name},PROD)"
-
-
-def mcp(aspect: str, value: Any, urn: str = DATASET, change_type: str = "UPSERT", **extra) -> dict[str, Any]:
-    proposal = {"entityType": "dataset", "entityUrn": urn, "changeType": change_type, "aspectName": aspect, **extra}
-    if value is not None:
-        proposal["aspect"] = {"value": value, "contentType": JSON}
-    return proposal
-
-
-async def propose(client, *proposals, expect: int = 200) -> dict[str, Any]:
-    response = await client.post("/openapi/v1/proposals", json=list(proposals))
-    assert response.status_code == expect, response.text
-    return response.json()
-
-
-class TopicReader:
-    """Reads topics from the start (no consumer group: Tansu's group joins are slow and 'latest' is unreliable)."""
-
-    def __init__(self, bootstrap: str, *topics: str) -> None:
-        self.consumer = AIOKafkaConsumer(
-            *topics, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
-            enable_auto_commit=False, fetch_max_wait_ms=50, max_partition_fetch_bytes=8 * 1024 * 1024,
-        )
-        self.records: list[dict[str, Any]] = []
-
-    async def __aenter__(self) -> TopicReader:
-        await self.consumer.start()
-        return self
-
-    async def __aexit__(self, *exc) -> None:
-        await self.consumer.stop()
-
-    async def _poll(self) -> int:
-        batches = await self.consumer.getmany(timeout_ms=100)
-        count = 0
-        for records in batches.values():
-            for r in records:
-                count += 1
-                self.records.append({"topic": r.topic, "key": r.key.decode(), "raw": r.value.decode(),
-                                     "value": orjson.loads(r.value), "partition": r.partition, "offset": r.offset})
-        return count
-
-    async def read_until(self, done, timeout: float = 20.0) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while not done(self.records):
-            assert time.monotonic() < deadline, f"timed out; {len(self.records)} messages read"
-            await self._poll()
-        return self.records
-
-    async def read_count(self, count: int, timeout: float = 20.0) -> list[dict[str, Any]]:
-        return await self.read_until(lambda records: len(records) >= count, timeout)
-
-    async def settle(self, quiet: float = 0.5) -> list[dict[str, Any]]:
-        """Read until nothing new arrives for `quiet` seconds (to show that no further message comes)."""
-        last_news = time.monotonic()
-        while time.monotonic() - last_news < quiet:
-            if await self._poll():
-                last_news = time.monotonic()
-        return self.records
-
-
-async def wait_delivered(db: asyncpg.Connection, timeout: float = 20.0) -> int:
-    """Wait until every outbox row is sequenced and delivered; returns the row count."""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE delivered_at IS NULL OR feed_offset IS NULL")
-        if left == 0:
-            return await db.fetchval("SELECT count(*) FROM change_log_outbox")
-        assert time.monotonic() < deadline, f"{left} outbox rows still undelivered"
-        await asyncio.sleep(0.05)
+# --- helpers ---------------------------------------------------------------------------------------------------
 
 
 async def outbox_rows(db: asyncpg.Connection, topic: str | None = None) -> list[dict[str, Any]]:
@@ -188,13 +99,13 @@ async def test_ensure_topics_tolerates_an_unreachable_broker():
 
 
 async def test_every_mcl_field_on_the_wire_for_create_update_delete(client, db, reader, topics):
-    created = await propose(client, mcp("status", {"removed": False}, systemMetadata={"runId": "run-1"},
+    created = await propose(client, mcp("status", {"removed": False}, DATASET, systemMetadata={"runId": "run-1"},
                                         headers={"X-Custom": "a"}))
     assert created["results"][0]["status"] == "CREATED"
-    await propose(client, mcp("status", {"removed": True}, systemMetadata={"runId": "run-2"}))
-    await propose(client, mcp("status", {"removed": True}))  # a no-op: no change log
-    await propose(client, mcp("status", None, change_type="DELETE"))
-    await propose(client, mcp("subTypes", {"typeNames": ["Marker"]}))  # arrives after everything above
+    await propose(client, mcp("status", {"removed": True}, DATASET, systemMetadata={"runId": "run-2"}))
+    await propose(client, mcp("status", {"removed": True}, DATASET))  # a no-op: no change log
+    await propose(client, mcp("status", None, DATASET, change_type="DELETE"))
+    await propose(client, mcp("subTypes", {"typeNames": ["Marker"]}, DATASET))  # arrives after everything above
 
     records = await reader.read_until(lambda rs: any(r["value"]["aspectName"] == "subTypes" for r in rs))
     records = await reader.settle(0.3)
@@ -236,8 +147,8 @@ async def test_every_mcl_field_on_the_wire_for_create_update_delete(client, db, 
 
 @pytest.mark.parametrize("settings_overrides", [{"always_emit_change_log": True}], indirect=True)
 async def test_no_op_is_a_restate_when_always_emit_change_log(client, reader, topics):
-    await propose(client, mcp("status", {"removed": False}, systemMetadata={"runId": "a"}))
-    result = await propose(client, mcp("status", {"removed": False}, systemMetadata={"runId": "b"}))
+    await propose(client, mcp("status", {"removed": False}, DATASET, systemMetadata={"runId": "a"}))
+    result = await propose(client, mcp("status", {"removed": False}, DATASET, systemMetadata={"runId": "b"}))
     assert result["results"][0]["status"] == "UNCHANGED"
     records = await reader.read_until(lambda rs: len(mcls(rs, "status")) >= 2)
     first, restate = (r["value"] for r in mcls(records, "status"))
@@ -251,7 +162,7 @@ async def test_no_op_is_a_restate_when_always_emit_change_log(client, reader, to
 
 async def test_timeseries_mcl_goes_to_the_timeseries_topic(client, db, reader, topics):
     profile = {"timestampMillis": 1_700_000_000_000, "rowCount": 42}
-    assert (await propose(client, mcp("datasetProfile", profile)))["results"][0]["status"] == "APPENDED"
+    assert (await propose(client, mcp("datasetProfile", profile, DATASET)))["results"][0]["status"] == "APPENDED"
     records = await reader.read_until(lambda rs: mcls(rs, "datasetProfile"))
     [record] = mcls(records, "datasetProfile")
     assert record["topic"] == topics["topic_mcl_timeseries"] and record["key"] == DATASET

@@ -16,7 +16,7 @@ from collections import defaultdict
 import orjson
 import pytest
 
-from tests.integration.test_relay import TopicReader, dataset, mcp, propose, unique_topics, wait_delivered
+from tests.helpers import TopicReader, dataset, mcp, propose, unique_topics, wait_delivered
 
 OUTAGE_SECONDS = 30
 

@@ -2,41 +2,21 @@
 
 from __future__ import annotations
 
+from functools import partial
 from urllib.parse import quote
 
 import orjson
 
-DATASET = "urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)"
+from tests import helpers
+from tests.helpers import DATASET, RESTLI_HEADERS, restli_propose
+
 OTHER = "urn:li:dataset:(urn:li:dataPlatform:hive,db.customers,PROD)"
 TAG = "urn:li:tag:pii"
 USER = "urn:li:corpuser:jdoe"
-RESTLI_HEADERS = {
-    "X-RestLi-Protocol-Version": "2.0.0",
-    "X-DataHub-Client-Mode": "SDK",
-    "X-DataHub-Py-Cli-Version": "1.7.0.17",
-    "Authorization": "Bearer some-token",
-    "User-Agent": "DataHub-Client/1.0 (sdk; datahub/terminal; 1.7.0.17) python-requests/2.34.2",
-}
-
-
-def mcp(aspect: str, value, urn: str = DATASET, change_type: str = "UPSERT", content_type: str = "application/json",
-        entity_type: str = "dataset") -> dict:
-    return {
-        "entityType": entity_type, "entityUrn": urn, "changeType": change_type, "aspectName": aspect,
-        "aspect": {"value": orjson.dumps(value).decode(), "contentType": content_type},
-        "systemMetadata": {"lastObserved": 1700000000000, "runId": "restli-test", "lastRunId": "no-run-id-provided",
-                           "properties": {"clientId": "acryl-datahub", "clientVersion": "1.7.0.17"}},
-    }
-
-
-async def propose(client, *mcps, async_: str = "false", path: str = "/aspects"):
-    if len(mcps) == 1:
-        body = {"proposal": mcps[0], "async": async_}
-        response = await client.post(f"{path}?action=ingestProposal", content=orjson.dumps(body), headers=RESTLI_HEADERS)
-    else:
-        body = {"proposals": list(mcps), "async": async_}
-        response = await client.post(f"{path}?action=ingestProposalBatch", content=orjson.dumps(body), headers=RESTLI_HEADERS)
-    return response
+CLIENT_SYSTEM_METADATA = {"lastObserved": 1700000000000, "runId": "restli-test", "lastRunId": "no-run-id-provided",
+                          "properties": {"clientId": "acryl-datahub", "clientVersion": "1.7.0.17"}}
+# As DataHub's Python client sends them: the aspect value as a JSON string, with the client's systemMetadata.
+mcp = partial(helpers.mcp, encode=True, systemMetadata=CLIENT_SYSTEM_METADATA)
 
 
 async def get_aspect(client, urn: str, aspect: str, version: int = 0):
@@ -44,14 +24,14 @@ async def get_aspect(client, urn: str, aspect: str, version: int = 0):
 
 
 async def test_ingest_proposal_and_batch_then_versioned_aspect_reads(client, db):
-    response = await propose(client, mcp("status", {"removed": False}))
+    response = await restli_propose(client, mcp("status", {"removed": False}))
     assert response.status_code == 200 and response.json() == {"value": "success"}
     # `datahub put` posts to /aspects/ (trailing slash) without systemMetadata
     put = mcp("datasetProperties", {"description": "v1"})
     del put["systemMetadata"]
-    response = await propose(client, put, path="/aspects/")
+    response = await restli_propose(client, put, path="/aspects/")
     assert response.status_code == 200, response.text
-    response = await propose(client, mcp("datasetProperties", {"description": "v2"}), mcp("status", {"removed": False}, urn=OTHER),
+    response = await restli_propose(client, mcp("datasetProperties", {"description": "v2"}), mcp("status", {"removed": False}, urn=OTHER),
                              async_="true")  # no Kafka configured: applied synchronously
     assert response.status_code == 200 and response.json() == {"value": "success"}
 
@@ -75,7 +55,7 @@ async def test_ingest_proposal_and_batch_then_versioned_aspect_reads(client, db)
 
 
 async def test_batch_is_one_transaction_and_names_every_bad_proposal(client, db):
-    response = await propose(
+    response = await restli_propose(
         client,
         mcp("status", {"removed": False}),
         mcp("status", {"removed": "yes"}),
@@ -88,7 +68,7 @@ async def test_batch_is_one_transaction_and_names_every_bad_proposal(client, db)
     assert any(i["path"].startswith("$.proposals[2]") for i in error["issues"]), error
     assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2") == 0
 
-    single = await propose(client, mcp("status", {"removed": 3}))
+    single = await restli_propose(client, mcp("status", {"removed": 3}))
     assert single.status_code == 400 and single.json()["issues"][0]["path"].startswith("$.proposal.aspect.value")
     assert (await client.post("/aspects?action=ingestProposal", json={"proposals": []})).status_code == 400
     assert (await client.post("/aspects?action=nope", json={})).status_code == 400
@@ -96,16 +76,16 @@ async def test_batch_is_one_transaction_and_names_every_bad_proposal(client, db)
 
 
 async def test_patch_proposals_with_json_patch_content_type(client):
-    assert (await propose(client, mcp("datasetProperties", {"description": "d"}))).status_code == 200
+    assert (await restli_propose(client, mcp("datasetProperties", {"description": "d"}))).status_code == 200
     patch = [{"op": "add", "path": "/description", "value": "patched"}, {"op": "add", "path": "/customProperties/k", "value": "v"}]
-    response = await propose(client, mcp("datasetProperties", patch, change_type="PATCH", content_type="application/json-patch+json"))
+    response = await restli_propose(client, mcp("datasetProperties", patch, change_type="PATCH", content_type="application/json-patch+json"))
     assert response.status_code == 200, response.text
     value = (await get_aspect(client, DATASET, "datasetProperties")).json()["aspect"]["com.linkedin.dataset.DatasetProperties"]
     assert value["description"] == "patched" and value["customProperties"] == {"k": "v"}
 
 
 async def test_entities_v2(client):
-    await propose(client, mcp("status", {"removed": False}), mcp("datasetProperties", {"description": "d"}))
+    await restli_propose(client, mcp("status", {"removed": False}), mcp("datasetProperties", {"description": "d"}))
     base = f"/entitiesV2/{quote(DATASET, safe='')}"
     everything = (await client.get(base, headers=RESTLI_HEADERS)).json()
     assert everything["urn"] == DATASET and everything["entityName"] == "dataset"
@@ -152,7 +132,7 @@ def row_counts(value) -> list[int]:
 
 
 async def test_timeseries_values_newest_first_filtered_and_deduplicated(client):
-    assert (await propose(client, *[mcp("datasetProfile", profile(1000 * i, i)) for i in range(1, 6)],
+    assert (await restli_propose(client, *[mcp("datasetProfile", profile(1000 * i, i)) for i in range(1, 6)],
                           mcp("datasetProfile", profile(2000, 22)),  # same point as rowCount 2: newest write wins
                           mcp("datasetProfile", profile(3000, 33, partition="p1")),  # another partition: another point
                           mcp("datasetProfile", profile(9000, 99), urn=OTHER))).status_code == 200
@@ -177,7 +157,7 @@ async def test_timeseries_values_newest_first_filtered_and_deduplicated(client):
 
 
 async def test_delete_entity_aspect_and_timeseries_range(client, db):
-    await propose(client, mcp("status", {"removed": False}), mcp("datasetProperties", {"description": "a"}),
+    await restli_propose(client, mcp("status", {"removed": False}), mcp("datasetProperties", {"description": "a"}),
                   mcp("datasetProperties", {"description": "b"}),
                   *[mcp("datasetProfile", profile(1000 * i, i)) for i in range(1, 5)],
                   mcp("status", {"removed": False}, urn=OTHER))
@@ -213,14 +193,14 @@ async def test_delete_entity_aspect_and_timeseries_range(client, db):
 async def test_delete_references(client, db):
     owners = {"owners": [{"owner": USER, "type": "DATAOWNER"}, {"owner": "urn:li:corpuser:other", "type": "DATAOWNER"}],
               "lastModified": {"time": 1, "actor": USER}}
-    await propose(
+    await restli_propose(
         client,
         mcp("globalTags", {"tags": [{"tag": TAG}, {"tag": "urn:li:tag:gold"}]}),
         mcp("ownership", owners),
         mcp("editableSchemaMetadata", {"editableSchemaFieldInfo": [{"fieldPath": "email", "globalTags": {"tags": [{"tag": TAG}]}}]}),
         mcp("globalTags", {"tags": [{"tag": TAG}]}, urn=OTHER),
         mcp("datasetProperties", {"description": f"mentions {TAG} in text only"}, urn=OTHER),
-        mcp("tagProperties", {"name": "pii"}, urn=TAG, entity_type="tag"),
+        mcp("tagProperties", {"name": "pii"}, urn=TAG, entity="tag"),
     )
     dry = await client.post("/entities?action=deleteReferences", json={"urn": TAG, "dryRun": True})
     assert dry.status_code == 200, dry.text
@@ -251,7 +231,7 @@ async def test_delete_references(client, db):
 
     # a container reference outside any array: the aspect cannot live without it and is deleted
     container = "urn:li:container:abc"
-    await propose(client, mcp("container", {"container": container}))
+    await restli_propose(client, mcp("container", {"container": container}))
     done = await client.post("/entities?action=deleteReferences", json={"urn": container, "dryRun": False})
     assert done.json()["value"]["total"] == 1
     assert (await get_aspect(client, DATASET, "container")).status_code == 404

@@ -4,9 +4,9 @@ OpenSearch test server). A backend that cannot be built or started fails its par
 
 from __future__ import annotations
 
-import asyncio
 import time
 import uuid
+from functools import partial
 from typing import Any
 from urllib.parse import quote
 
@@ -15,16 +15,15 @@ import orjson
 import pytest
 
 from app.embedded_pg import free_port
+from tests import helpers
+from tests.helpers import ds, eventually, propose
 
 pytestmark = pytest.mark.asyncio
 
 SYNC = {"X-DataHub-Sync-Index-Update": "true"}
-DATASET = "urn:li:dataset:(urn:li:dataPlatform:{platform},{name},PROD)"
 INDEX_DEADLINE_S = 5.0
-
-
-def ds(name: str, platform: str = "hive") -> str:
-    return DATASET.format(platform=platform, name=name)
+# proposals without `aspect.contentType` (JSON by default)
+mcp = partial(helpers.mcp, content_type=None)
 
 
 def q(urn: str) -> str:
@@ -71,19 +70,6 @@ async def write(client, urn: str, aspects: dict[str, Any], *, sync: bool = False
     return response
 
 
-async def propose(client, proposals: list[dict[str, Any]], **kw):
-    response = await client.post("/openapi/v1/proposals", json=proposals, **kw)
-    assert response.status_code == 200, response.text
-    return response.json()
-
-
-def mcp(urn: str, aspect: str, value: dict[str, Any], *, sync: bool = False, entity: str = "dataset") -> dict[str, Any]:
-    out = {"entityType": entity, "entityUrn": urn, "changeType": "UPSERT", "aspectName": aspect, "aspect": {"value": value}}
-    if sync:
-        out["headers"] = {"x-datahub-sync-index-update": "TRUE"}  # case-insensitive, name and value
-    return out
-
-
 async def search(client, entity: str = "dataset", **params) -> dict[str, Any]:
     response = await client.get(f"/openapi/v3/entity/{entity}", params=params)
     assert response.status_code == 200, response.text
@@ -94,16 +80,6 @@ async def urns_of(client, **params) -> list[str]:
     return [e["urn"] for e in (await search(client, **params))["entities"]]
 
 
-async def eventually(check, timeout: float = INDEX_DEADLINE_S, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while True:
-        result = await check()
-        if result:
-            return result
-        assert time.monotonic() < deadline, f"{what} not reached within {timeout}s"
-        await asyncio.sleep(0.05)
-
-
 async def caught_up(db) -> None:
     """Wait until the indexing worker has applied every sequenced outbox row (and every row is sequenced)."""
     async def done():
@@ -111,7 +87,7 @@ async def caught_up(db) -> None:
         last = await db.fetchval("SELECT last_offset FROM search_index_state WHERE id = 1")
         top = await db.fetchval("SELECT coalesce(max(feed_offset), 0) FROM change_log_outbox")
         return pending == 0 and last is not None and last >= top
-    await eventually(done, timeout=30, what="indexing worker caught up")
+    await eventually(done, timeout=30, interval=0.05, what="indexing worker caught up")
 
 
 # --- search -------------------------------------------------------------------------------------------------------
@@ -121,7 +97,7 @@ async def test_a_write_is_searchable_through_the_worker_within_a_second(client):
     urn = ds("sales.orders")
     started = time.monotonic()
     await write(client, urn, {"datasetProperties": {"name": "orders", "description": "All orders"}})
-    body = await eventually(lambda: _found(client, "orders", urn), timeout=3, what="searchable")
+    body = await eventually(lambda: _found(client, "orders", urn), timeout=3, interval=0.05, what="searchable")
     elapsed = time.monotonic() - started
     assert elapsed < 1.5, f"searchable after {elapsed:.2f}s"
     entity = next(e for e in body["entities"] if e["urn"] == urn)
@@ -136,7 +112,7 @@ async def _found(client, query: str, urn: str):
 
 async def test_sync_header_is_visible_in_the_very_next_search(client):
     urn = ds("sync.one")
-    body = await propose(client, [mcp(urn, "datasetProperties", {"name": "zebracorn", "description": "d"}, sync=True)])
+    body = await propose(client, mcp("datasetProperties", {"name": "zebracorn", "description": "d"}, urn, sync=True))
     assert body["index"] == {"status": "UPDATED"}
     assert urn in await urns_of(client, query="zebracorn")
     # v3 with the HTTP header (extension) answers in a response header
@@ -156,7 +132,7 @@ async def test_sync_header_is_visible_in_the_very_next_search(client):
     assert response.status_code == 200 and response.headers["X-Metaledger-Index-Update"] == "UPDATED"
     assert urn3 in await urns_of(client, query="quokkacorn")
     # without the header: no index field
-    plain = await propose(client, [mcp(ds("sync.four"), "datasetProperties", {"name": "x"})])
+    plain = await propose(client, mcp("datasetProperties", {"name": "x"}, ds("sync.four")))
     assert "index" not in plain
 
 
@@ -193,7 +169,7 @@ async def test_scroll_through_every_document(client, db):
     total = 2_000
     batch = 500
     for start in range(0, total, batch):
-        await propose(client, [mcp(ds(f"scroll.t{i:05d}"), "datasetProperties", {"name": f"scrolly {i}"}) for i in range(start, start + batch)])
+        await propose(client, *[mcp("datasetProperties", {"name": f"scrolly {i}"}, ds(f"scroll.t{i:05d}")) for i in range(start, start + batch)])
     await caught_up(db)
     seen: list[str] = []
     scroll_id = None
@@ -280,7 +256,7 @@ def profile(ts: int, rows: int) -> dict[str, Any]:
 async def test_timeseries_range_query_through_the_restli_action(client):
     urn = ds("ts.profiled")
     points = [(T0 + i * 3_600_000, 100 + i) for i in range(5)] + [(T0 + DAY + 60_000, 500)]
-    await propose(client, [mcp(urn, "datasetProfile", profile(ts, rows), sync=True) for ts, rows in points])
+    await propose(client, *[mcp("datasetProfile", profile(ts, rows), urn, sync=True) for ts, rows in points])
 
     async def action(**body):
         response = await client.post("/aspects?action=getTimeseriesAspectValues",
@@ -299,7 +275,7 @@ async def test_timeseries_range_query_through_the_restli_action(client):
     greater = await action(filter={"or": [{"and": [{"field": "rowCount", "condition": "GREATER_THAN", "values": ["103"]}]}]})
     assert [v["rowCount"] for v in greater] == [500, 104]
     # re-sending a point overwrites it (DataHub's document id)
-    await propose(client, [mcp(urn, "datasetProfile", profile(T0, 999), sync=True)])
+    await propose(client, mcp("datasetProfile", profile(T0, 999), urn, sync=True))
     assert [v["rowCount"] for v in await action(startTimeMillis=T0, endTimeMillis=T0)] == [999]
 
     latest = await client.get("/openapi/v1/timeseries/dataset/datasetProfile/latest", params={"urn": urn})
@@ -333,7 +309,7 @@ async def test_trace_reports_primary_and_search_storage(client):
 
     runtime.backend.apply = failing
     try:
-        body = await propose(client, [mcp(urn, "datasetProperties", {"name": "traced again"}, sync=True)])
+        body = await propose(client, mcp("datasetProperties", {"name": "traced again"}, urn, sync=True))
         assert body["index"]["status"] == "PENDING" and "index down" in body["index"]["error"]
         response = await client.get(f"/openapi/v1/trace/write/{q(urn)}", params={"aspect": "datasetProperties"})
         status = response.json()["aspects"]["datasetProperties"]
@@ -345,7 +321,7 @@ async def test_trace_reports_primary_and_search_storage(client):
     async def active():
         r = await client.get(f"/openapi/v1/trace/write/{q(urn)}", params={"aspect": "datasetProperties"})
         return r.json()["aspects"]["datasetProperties"]["searchStorage"]["writeStatus"] == "ACTIVE_STATE"
-    await eventually(active, what="the worker caught up after the failed sync update")
+    await eventually(active, timeout=INDEX_DEADLINE_S, interval=0.05, what="the worker caught up after the failed sync update")
 
 
 async def test_out_of_order_and_replayed_change_logs_never_regress(client, db):
@@ -400,7 +376,7 @@ async def test_get_entity_by_urn_still_routes_next_to_search(client):
 @pytest.mark.parametrize("settings_overrides", [{"search_url": f"http://127.0.0.1:{free_port()}", "search_flavor": "opensearch"}])
 async def test_sync_index_with_the_backend_down_commits_and_answers_pending(client, db):
     urn = ds("down.one")
-    body = await propose(client, [mcp(urn, "datasetProperties", {"name": "stillwritten"}, sync=True)])
+    body = await propose(client, mcp("datasetProperties", {"name": "stillwritten"}, urn, sync=True))
     assert body["index"]["status"] == "PENDING" and body["index"]["error"]
     assert body["results"][0]["status"] == "CREATED"
     response = await client.post("/openapi/v3/entity/dataset?async=false", headers=SYNC,
@@ -415,7 +391,7 @@ async def test_sync_index_with_the_backend_down_commits_and_answers_pending(clie
 
 @pytest.mark.parametrize("backend_name", ["none"])
 async def test_pruning_keeps_rows_the_indexer_has_not_applied(db):
-    from app.kafka import outbox
+    from app.changelog import outbox
 
     for offset in (1, 2, 3):
         await db.execute(

@@ -17,10 +17,11 @@ import pytest
 import pytest_asyncio
 
 from app.registry import load_registry
-from app.search import documents
+from app.search import documents, elastic_mappings
 from app.search.documents import changes_from_mcl
 from app.search.elastic import ElasticBackend, OpenSearchCompatNode
-from app.search.model import AspectFields, EntityRemoval, TimeseriesQuery
+from app.search.model import AspectFields, EntityRemoval, IndexedVersion, TimeseriesQuery
+from tests.helpers import ds
 
 REGISTRY_PATH = Path("/work/main/entity_registry.yml")
 
@@ -42,10 +43,6 @@ async def backend(search_server, es_registry):
     yield b
     await b.client.indices.delete(index=f"{b.prefix}*", ignore_unavailable=True)
     await b.close()
-
-
-def ds(name: str, platform: str = "hive", env: str = "PROD") -> str:
-    return f"urn:li:dataset:(urn:li:dataPlatform:{platform},{name},{env})"
 
 
 def mcl(urn: str, aspect: str, value: dict[str, Any] | None, version: int, change: str = "UPSERT",
@@ -326,14 +323,14 @@ async def test_alias_swap_on_mapping_change(search_server, es_registry, monkeypa
     old_indices = set((await first.client.indices.get_alias(name=alias)).body)
     await first.close()
 
-    original = documents.index_mapping
+    original = elastic_mappings.index_mapping
 
     def changed_mapping(registry, entity_type):
         mapping = original(registry, entity_type)
         mapping["properties"]["newField"] = {"type": "keyword"}
         return mapping
 
-    monkeypatch.setattr(documents, "index_mapping", changed_mapping)
+    monkeypatch.setattr(elastic_mappings, "index_mapping", changed_mapping)
     second = ElasticBackend(_settings(search_server.url, prefix), es_registry)
     try:
         await second.start()
@@ -415,3 +412,86 @@ async def test_starters_racing_on_empty_indices_all_succeed(search_server, es_re
         await starters[0].client.indices.delete(index=f"{prefix}*", ignore_unavailable=True)
         for b in starters:
             await b.close()
+
+
+async def test_rebuild_target_is_built_aside_then_swapped_in(search_server, es_registry):
+    """The index lifecycle of restore-indices: fresh indices built while the aliases serve the old ones (one entity
+    type: the other types' edges are copied), filled by a backend writing into them, swapped in; or dropped."""
+    prefix = f"t{uuid.uuid4().hex[:10]}_"
+    live = ElasticBackend(_settings(search_server.url, prefix), es_registry)
+    try:
+        await live.start()
+        urn, user = ds("db.rebuilt"), "urn:li:corpuser:rebuilt"
+        owners = {"owners": [{"owner": user, "type": "DATAOWNER"}], "lastModified": {"time": 1, "actor": user}}
+        await live.apply(changes(es_registry, mcl(urn, "datasetProperties", props("rebuilt"), 1),
+                                 mcl(urn, "ownership", owners, 1),
+                                 mcl(user, "corpUserInfo", {"active": True, "displayName": "before"}, 1,
+                                     entity_type="corpuser")))
+        aliases = [live.entity_index("corpuser"), live.graph_index, live.edge_set_index]
+        before = {a: set((await live.client.indices.get_alias(name=a)).body) for a in aliases}
+        dataset_before = set((await live.client.indices.get_alias(name=live.entity_index("dataset"))).body)
+
+        target = await live.create_rebuild_target(["corpuser"])
+        assert sorted(target.indices) == sorted(aliases)
+        assert all(target.indices[a].startswith(f"{a}_") and "_r" in target.indices[a].removeprefix(a) for a in aliases)
+        into = live.writing_into(target)
+        try:
+            await into.apply(changes(es_registry, mcl(user, "corpUserInfo", {"active": True, "displayName": "after"},
+                                                      2, entity_type="corpuser")))
+        finally:
+            await into.close()
+        assert (await live.search("corpuser", "before")).total == 1  # the aliases still serve the old indices
+
+        old = await live.swap_in(target)
+        assert sorted(old) == sorted(i for a in aliases for i in before[a])
+        for alias in aliases:
+            assert list((await live.client.indices.get_alias(name=alias)).body) == [target.indices[alias]]
+            assert not any([await live.client.indices.exists(index=i) for i in before[alias]])
+        assert set((await live.client.indices.get_alias(name=live.entity_index("dataset"))).body) == dataset_before
+        assert (await live.search("corpuser", "after")).total == 1 and (await live.search("corpuser", "before")).total == 0
+        edges, _ = await live.relationships(urn, direction="OUTGOING", types=["OwnedBy"])
+        assert [e.destination for e in edges] == [user]  # another entity type's edges, copied into the fresh index
+
+        assert set(await live.indexed_versions(["dataset"])) >= {
+            IndexedVersion(urn, "datasetProperties", "document", 1, True), IndexedVersion(urn, "ownership", "edges", 1, True),
+        }
+        assert IndexedVersion(user, "corpUserInfo", "document", 2, True) in await live.indexed_versions(["corpuser"])
+
+        dropped = await live.create_rebuild_target()
+        assert set(dropped.indices) >= set(aliases) | {live.entity_index("dataset")}
+        await live.drop_rebuild_target(dropped)
+        assert not any([await live.client.indices.exists(index=i) for i in dropped.indices.values()])
+        assert list((await live.client.indices.get_alias(name=live.graph_index)).body) == [target.indices[live.graph_index]]
+    finally:
+        await live.client.indices.delete(index=f"{prefix}*", ignore_unavailable=True)
+        await live.close()
+
+
+async def test_create_missing_indices_leaves_existing_ones_alone(search_server, es_registry, monkeypatch):
+    prefix = f"t{uuid.uuid4().hex[:10]}_"
+    backend = ElasticBackend(_settings(search_server.url, prefix), es_registry)  # not started
+    try:
+        await backend.create_missing_indices(["dataset"])
+        for alias in (backend.graph_index, backend.edge_set_index, backend.entity_index("dataset")):
+            assert await backend.client.indices.exists_alias(name=alias)
+        assert not await backend.client.indices.exists(index=backend.entity_index("corpuser"))
+        current = list((await backend.client.indices.get_alias(name=backend.entity_index("dataset"))).body)
+
+        original = elastic_mappings.index_mapping
+
+        def changed_mapping(registry, entity_type):
+            mapping = original(registry, entity_type)
+            mapping["properties"]["newField"] = {"type": "keyword"}
+            return mapping
+
+        monkeypatch.setattr(elastic_mappings, "index_mapping", changed_mapping)
+        again = ElasticBackend(_settings(search_server.url, prefix), es_registry)
+        try:
+            await again.create_missing_indices(["dataset", "corpuser"])  # the dataset index exists: not migrated
+            assert list((await again.client.indices.get_alias(name=again.entity_index("dataset"))).body) == current
+            assert await again.client.indices.exists_alias(name=again.entity_index("corpuser"))
+        finally:
+            await again.close()
+    finally:
+        await backend.client.indices.delete(index=f"{prefix}*", ignore_unavailable=True)
+        await backend.close()

@@ -15,15 +15,13 @@ from app.search.model import (
     AspectFields,
     Edge,
     EntityRemoval,
+    IndexedVersion,
     TimeseriesPoint,
     TimeseriesQuery,
 )
 from app.search.postgres import PostgresBackend
 from app.settings import Settings
-
-
-def ds(name: str, platform: str = "hive", env: str = "PROD") -> str:
-    return f"urn:li:dataset:(urn:li:dataPlatform:{platform},{name},{env})"
+from tests.helpers import ds
 
 
 def key(urn: str, version: int = 1) -> AspectFields:
@@ -392,3 +390,29 @@ async def test_concurrent_batches_on_one_entity_lose_nothing(backend):
     hit = (await backend.search("dataset", "*")).hits[0]
     assert all(hit.fields[f"field{i}"] == f"value{i}" for i in range(20))
     assert await urns_of(backend, "value17") == [a]
+
+
+# --- index lifecycle (restore-indices --clean, reconcile) ----------------------------------------------------------
+
+
+async def test_indexed_versions_and_clear_by_entity_type(backend):
+    a, b, user = ds("a"), ds("b"), "urn:li:corpuser:u1"
+    await backend.apply([key(a), props(a, "alpha", version=2), owners(a, "u1"), key(b),
+                         AspectFields("dataset", b, "status", 3, {}, deleted=True),
+                         AspectFields("corpuser", user, "corpUserInfo", 4, {"displayName": "User One"})])
+    assert sorted(await backend.indexed_versions(["dataset"])) == sorted([
+        IndexedVersion(a, "datasetKey", "document", 1, True), IndexedVersion(a, "datasetProperties", "document", 2, True),
+        IndexedVersion(b, "datasetKey", "document", 1, True), IndexedVersion(b, "status", "document", 3, False),
+        IndexedVersion(a, "ownership", "edges", 1, True),
+    ])
+
+    cleared = await backend.clear(["dataset"])
+    assert cleared == {"search_document": 2, "search_aspect_fields": 4, "search_edge": 1, "search_edge_version": 1}
+    assert await backend.indexed_versions(["dataset"]) == []
+    assert (await backend.search("dataset", "*")).total == 0
+    assert await backend.indexed_versions(["corpuser"]) == [IndexedVersion(user, "corpUserInfo", "document", 4, True)]
+    assert [h.urn for h in (await backend.search("corpuser", "User")).hits] == [user]
+
+    assert await backend.clear() == {"search_document": 1, "search_aspect_fields": 1, "search_edge": 0,
+                                     "search_edge_version": 0}
+    assert await backend.indexed_versions(["corpuser", "dataset"]) == []

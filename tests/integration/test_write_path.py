@@ -5,21 +5,9 @@ from __future__ import annotations
 import orjson
 import pytest
 
-DATASET = "urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)"
+from tests.helpers import DATASET, mcp, propose
+
 OTHER = "urn:li:dataset:(urn:li:dataPlatform:hive,db.customers,PROD)"
-
-
-def mcp(aspect: str, value, urn: str = DATASET, change_type: str = "UPSERT", entity: str = "dataset", **extra):
-    proposal = {"entityType": entity, "entityUrn": urn, "changeType": change_type, "aspectName": aspect, **extra}
-    if value is not None:
-        proposal["aspect"] = {"value": value, "contentType": "application/json"}
-    return proposal
-
-
-async def propose(client, *proposals, expect: int = 200):
-    response = await client.post("/openapi/v1/proposals", json=list(proposals))
-    assert response.status_code == expect, response.text
-    return response.json()
 
 
 async def rows(db, urn: str = DATASET, aspect: str | None = None):
@@ -243,9 +231,9 @@ async def test_schema_errors_name_path_expected_and_found_and_nothing_is_written
 
 async def test_unknown_aspect_and_wrong_change_type(client, db):
     body = await propose(client, mcp("chartInfo", {"title": "x"}), expect=400)
-    assert "chartInfo" in body["issues"][0]["message"] and body["issues"][0]["path"] == "$.aspectName"
+    assert "chartInfo" in body["issues"][0]["message"] and body["issues"][0]["path"] == "$[0].aspectName"
     body = await propose(client, mcp("status", {"removed": False}, change_type="RESTATE"), expect=400)
-    assert body["issues"][0]["path"] == "$.changeType"
+    assert body["issues"][0]["path"] == "$[0].changeType"
 
 
 async def test_timeseries_aspects_are_upsert_only_and_go_to_the_change_log(client, db):

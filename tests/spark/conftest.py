@@ -3,11 +3,20 @@ the Kafka-protocol broker and the OpenSearch-API server from the shared fixtures
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
+import asyncpg
+import httpx
 import pytest
+import pytest_asyncio
+
+from app.main import create_app
+from app.settings import Settings
+from tests.spark.dataset import drop_prefix, proposals
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -35,3 +44,37 @@ def index_prefix() -> str:
 @pytest.fixture
 def work_dir(tmp_path: Path) -> Path:
     return tmp_path / "spark"
+
+
+@pytest_asyncio.fixture(scope="module")
+async def ingested(make_database, migrated_template, registry, search_server) -> SimpleNamespace:
+    """The shared data set (tests/spark/dataset.py), once per module: a database and a live index (prefix `reference`)
+    built by the app from ~360 proposals."""
+    database_url = make_database(template=migrated_template)
+    reference = f"t{uuid.uuid4().hex[:8]}_"
+    settings = Settings(database_url=database_url, apply_migrations_on_start=False, search_url=search_server.url,
+                        search_flavor="opensearch", search_index_prefix=reference)
+    application = create_app(settings, registry)
+    async with application.router.lifespan_context(application):
+        assert application.state.search.started, application.state.search.last_error
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://metaledger") as http:
+            for batch in proposals():
+                response = await http.post("/openapi/v1/proposals", json=batch)
+                assert response.status_code == 200, response.text
+        conn = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:  # the embedded worker applies the same change logs again (no-ops): let it finish first
+            for _ in range(200):
+                pending = await conn.fetchval("SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL")
+                last = await conn.fetchval("SELECT last_offset FROM search_index_state WHERE id = 1")
+                top = await conn.fetchval("SELECT coalesce(max(feed_offset), 0) FROM change_log_outbox")
+                if pending == 0 and last is not None and last >= top:
+                    break
+                await asyncio.sleep(0.05)
+            rows = await conn.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE version = 0")
+        finally:
+            await conn.close()
+    data = SimpleNamespace(database_url=database_url, search_url=search_server.url, reference=reference, rows=rows,
+                           prefixes=[reference])
+    yield data
+    for prefix in data.prefixes:
+        drop_prefix(search_server.url, prefix)

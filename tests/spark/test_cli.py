@@ -12,10 +12,10 @@ from click.testing import CliRunner
 
 from spark_indexer.cli import main
 from tests.spark.env import metaledger_env
-from tests.spark.test_restore import ds, indexer_settings, ingested  # noqa: F401 - the shared data set
+from tests.spark.dataset import ds, indexer_settings
 
 
-def test_restore_then_reconcile_exit_status_follows_drift(spark, ingested):  # noqa: F811
+def test_restore_then_reconcile_exit_status_follows_drift(spark, ingested):
     prefix = f"t{uuid.uuid4().hex[:8]}_"
     ingested.prefixes.append(prefix)
     env = metaledger_env(indexer_settings(ingested, prefix), "database_url", "search_url", "search_flavor",

@@ -14,7 +14,7 @@ import pytest
 
 from spark_indexer.reconcile import reconcile
 from spark_indexer.restore import restore_indices
-from tests.spark.test_restore import ds, dump, indexer_settings, ingested, user  # noqa: F401 - the module's data set
+from tests.spark.dataset import ds, dump, indexer_settings
 
 ORPHAN = "urn:li:dataset:(urn:li:dataPlatform:hive,db9.ghost,PROD)"
 
@@ -24,7 +24,7 @@ def _doc_url(url: str, index: str, doc_id: str) -> str:
 
 
 @pytest.fixture(scope="module")
-def own_index(spark, ingested):  # noqa: F811
+def own_index(spark, ingested):
     """An index set of this module's own (restored from Postgres), free to corrupt."""
     prefix = f"t{uuid.uuid4().hex[:8]}_"
     ingested.prefixes.append(prefix)
@@ -32,7 +32,7 @@ def own_index(spark, ingested):  # noqa: F811
     return prefix
 
 
-def test_the_live_index_has_no_drift(spark, ingested):  # noqa: F811
+def test_the_live_index_has_no_drift(spark, ingested):
     report = reconcile(spark, indexer_settings(ingested, ingested.reference))
     assert report.ok, report.summary()
     assert report.pg_rows > 0 and report.index_entries >= report.pg_rows
@@ -40,7 +40,7 @@ def test_the_live_index_has_no_drift(spark, ingested):  # noqa: F811
     assert "OK: no drift" in report.summary()
 
 
-def test_each_kind_of_drift_is_reported_and_repaired(spark, ingested, own_index):  # noqa: F811
+def test_each_kind_of_drift_is_reported_and_repaired(spark, ingested, own_index):
     url, prefix = ingested.search_url, own_index
     index = prefix + "datasetindex_v2"
     # missing: a whole document gone
@@ -87,7 +87,7 @@ def test_each_kind_of_drift_is_reported_and_repaired(spark, ingested, own_index)
     assert dump(url, index)[ds(6)] == reference[ds(6)]
 
 
-def test_edge_set_drift_is_reported_and_repaired(spark, ingested, own_index):  # noqa: F811
+def test_edge_set_drift_is_reported_and_repaired(spark, ingested, own_index):
     url, prefix = ingested.search_url, own_index
     sets = dump(url, prefix + "graph_service_v1_sets")
     marker_id, marker = next((i, m) for i, m in sets.items() if m["source"] == ds(8) and m["aspect"] == "ownership")
@@ -101,7 +101,7 @@ def test_edge_set_drift_is_reported_and_repaired(spark, ingested, own_index):  #
     assert dump(url, prefix + "graph_service_v1_sets")[marker_id] == marker
 
 
-def test_restore_and_reconcile_on_the_embedded_postgres_backend(spark, ingested):  # noqa: F811
+def test_restore_and_reconcile_on_the_embedded_postgres_backend(spark, ingested):
     settings = indexer_settings(ingested, None)  # no search_url: the Postgres backend on the same database
     dsn = ingested.database_url.replace("postgresql+asyncpg://", "postgresql://")
 

@@ -12,7 +12,6 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from types import SimpleNamespace
 from typing import Any
@@ -21,86 +20,15 @@ import asyncpg
 import httpx
 import orjson
 import pytest
-import pytest_asyncio
 
-from app.main import create_app
-from app.settings import Settings
-from spark_indexer.config import IndexerSettings
 from spark_indexer.restore import restore_indices
+from tests.spark.dataset import N_DATASETS, drop_prefix, ds, dump, indexer_settings, indices_with, tag, user
 
-SYNC = {"X-DataHub-Sync-Index-Update": "true"}
-N_DATASETS = 50
 ENTITY_ALIASES = ("datasetindex_v2", "corpuserindex_v2", "tagindex_v2")
 GRAPH_ALIASES = ("graph_service_v1", "graph_service_v1_sets")
 
 
-def ds(i: int) -> str:
-    return f"urn:li:dataset:(urn:li:dataPlatform:hive,db{i % 5}.table{i:02d},PROD)"
-
-
-def user(k: int) -> str:
-    return f"urn:li:corpuser:user{k}"
-
-
-def tag(k: int) -> str:
-    return f"urn:li:tag:tag{k}"
-
-
-def schema(i: int) -> dict[str, Any]:
-    return {
-        "schemaName": f"db{i % 5}.table{i:02d}", "platform": "urn:li:dataPlatform:hive", "version": 0, "hash": "",
-        "platformSchema": {"com.linkedin.schema.MySqlDDL": {"tableSchema": "CREATE TABLE t (id INT)"}},
-        "fields": [
-            {"fieldPath": "id", "nativeDataType": "INT", "type": {"type": {"com.linkedin.schema.NumberType": {}}},
-             "globalTags": {"tags": [{"tag": tag(i % 3)}]}},
-            {"fieldPath": f"col_{i}", "nativeDataType": "VARCHAR", "description": f"column {i}",
-             "type": {"type": {"com.linkedin.schema.StringType": {}}}},
-        ],
-    }
-
-
-def dataset_aspects(i: int, generation: int = 1) -> dict[str, Any]:
-    stamp = {"time": 1_700_000_000_000 + i, "actor": "urn:li:corpuser:admin"}
-    aspects: dict[str, Any] = {
-        "datasetProperties": {"name": f"table{i:02d}", "description": f"table number {i} generation {generation}",
-                              "customProperties": {"team": f"team{i % 4}"}},
-        "schemaMetadata": schema(i),
-        "ownership": {"owners": [{"owner": user(i % 5), "type": "DATAOWNER"}], "lastModified": stamp},
-        "globalTags": {"tags": [{"tag": tag(i % 3)}]},
-        "status": {"removed": i % 10 == 9},
-    }
-    if i > 0:
-        aspects["upstreamLineage"] = {"upstreams": [{"auditStamp": stamp, "dataset": ds(i - 1), "type": "TRANSFORMED"}]}
-    return aspects
-
-
-def proposals() -> Iterator[list[dict[str, Any]]]:
-    def mcp(entity: str, urn: str, aspect: str, value: dict[str, Any]) -> dict[str, Any]:
-        return {"entityType": entity, "entityUrn": urn, "changeType": "UPSERT", "aspectName": aspect,
-                "aspect": {"value": value}, "headers": SYNC}
-
-    batch = [mcp("corpuser", user(k), "corpUserInfo", {"active": True, "displayName": f"User {k}",
-                                                      "fullName": f"User Number{k}", "email": f"u{k}@example.com"})
-             for k in range(5)]
-    batch += [mcp("tag", tag(k), "tagProperties", {"name": f"tag{k}", "description": f"tag {k}"}) for k in range(3)]
-    yield batch
-    for start in range(0, N_DATASETS, 10):
-        yield [mcp("dataset", ds(i), a, v) for i in range(start, start + 10) for a, v in dataset_aspects(i).items()]
-    # a second generation for some: versions > 1
-    yield [mcp("dataset", ds(i), a, v) for i in range(0, 10) for a, v in dataset_aspects(i, 2).items()
-           if a in ("datasetProperties", "ownership")]
-
-
 # --- index helpers (sync: the restore functions run their own event loops) ----------------------------------------
-
-
-def dump(url: str, index: str) -> dict[str, dict[str, Any]]:
-    """Every document of an index/alias: id -> source."""
-    response = httpx.post(f"{url}/{index}/_search", json={"query": {"match_all": {}}, "size": 10_000}, timeout=60)
-    if response.status_code == 404:
-        return {}
-    response.raise_for_status()
-    return {h["_id"]: h["_source"] for h in response.json()["hits"]["hits"]}
 
 
 def alias_targets(url: str, prefix: str) -> dict[str, list[str]]:
@@ -114,17 +42,6 @@ def alias_targets(url: str, prefix: str) -> dict[str, list[str]]:
     return out
 
 
-def indices_with(url: str, prefix: str) -> list[str]:
-    return sorted(i["index"] for i in httpx.get(f"{url}/_cat/indices?format=json", timeout=30).json()
-                  if i["index"].startswith(prefix))
-
-
-def drop_prefix(url: str, prefix: str) -> None:
-    names = indices_with(url, prefix)
-    for start in range(0, len(names), 50):
-        httpx.delete(f"{url}/{','.join(names[start:start + 50])}", timeout=30).raise_for_status()
-
-
 def assert_same_indices(url: str, reference: str, restored: str) -> None:
     for alias in ENTITY_ALIASES + GRAPH_ALIASES:
         expected, actual = dump(url, reference + alias), dump(url, restored + alias)
@@ -132,49 +49,6 @@ def assert_same_indices(url: str, reference: str, restored: str) -> None:
         assert actual.keys() == expected.keys(), f"{alias}: ids differ: {sorted(actual.keys() ^ expected.keys())[:5]}"
         for doc_id, source in expected.items():
             assert actual[doc_id] == source, f"{alias}/{doc_id} differs"
-
-
-def indexer_settings(data: SimpleNamespace, prefix: str | None, **overrides: Any) -> IndexerSettings:
-    search = {"search_url": data.search_url, "search_flavor": "opensearch", "search_index_prefix": prefix} if prefix else {
-        "search_url": None}
-    values = {"database_url": data.database_url, "spark_restore_partitions": 4, "spark_apply_chunk": 500, **search}
-    return IndexerSettings(**{**values, **overrides})
-
-
-# --- the shared data set ----------------------------------------------------------------------------------------
-
-
-@pytest_asyncio.fixture(scope="module")
-async def ingested(make_database, migrated_template, registry, search_server) -> SimpleNamespace:
-    """A database and a live index (prefix `reference`) built by the app from ~360 proposals."""
-    database_url = make_database(template=migrated_template)
-    reference = f"t{uuid.uuid4().hex[:8]}_"
-    settings = Settings(database_url=database_url, apply_migrations_on_start=False, search_url=search_server.url,
-                        search_flavor="opensearch", search_index_prefix=reference)
-    application = create_app(settings, registry)
-    async with application.router.lifespan_context(application):
-        assert application.state.search.started, application.state.search.last_error
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://metaledger") as http:
-            for batch in proposals():
-                response = await http.post("/openapi/v1/proposals", json=batch)
-                assert response.status_code == 200, response.text
-        conn = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
-        try:  # the embedded worker applies the same change logs again (no-ops): let it finish first
-            for _ in range(200):
-                pending = await conn.fetchval("SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL")
-                last = await conn.fetchval("SELECT last_offset FROM search_index_state WHERE id = 1")
-                top = await conn.fetchval("SELECT coalesce(max(feed_offset), 0) FROM change_log_outbox")
-                if pending == 0 and last is not None and last >= top:
-                    break
-                await asyncio.sleep(0.05)
-            rows = await conn.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE version = 0")
-        finally:
-            await conn.close()
-    data = SimpleNamespace(database_url=database_url, search_url=search_server.url, reference=reference, rows=rows,
-                           prefixes=[reference])
-    yield data
-    for prefix in data.prefixes:
-        drop_prefix(search_server.url, prefix)
 
 
 @pytest.fixture(scope="module")

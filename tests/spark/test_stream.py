@@ -23,31 +23,19 @@ import pytest
 from aiokafka import AIOKafkaProducer
 
 from spark_indexer.config import IndexerSettings
-from tests.integration.test_relay import unique_topics, wait_delivered
+from tests.helpers import JSON, mcp, propose, unique_topics, wait_delivered
 from tests.spark.env import metaledger_env
 
 ROOT = Path(__file__).resolve().parents[2]
-JSON = "application/json"
 
 
 def ds(name: str) -> str:
     return f"urn:li:dataset:(urn:li:dataPlatform:hive,stream.{name},PROD)"
 
 
-def mcp(urn: str, aspect: str, value: dict[str, Any], change_type: str = "UPSERT") -> dict[str, Any]:
-    return {"entityType": "dataset", "entityUrn": urn, "changeType": change_type, "aspectName": aspect,
-            "aspect": {"value": value, "contentType": JSON}}
-
-
 def lineage(*upstream: str) -> dict[str, Any]:
     return {"upstreams": [{"auditStamp": {"time": 1, "actor": "urn:li:corpuser:etl"}, "dataset": u, "type": "TRANSFORMED"}
                           for u in upstream]}
-
-
-async def propose(client, proposals: list[dict[str, Any]]) -> None:
-    for start in range(0, len(proposals), 500):
-        response = await client.post("/openapi/v1/proposals", json=proposals[start:start + 500])
-        assert response.status_code == 200, response.text
 
 
 @pytest.fixture
@@ -93,13 +81,13 @@ async def test_ingest_then_stream_makes_it_searchable_with_lineage_and_timeserie
     from spark_indexer.stream import run_stream
 
     urns = [ds(f"orders_{i}") for i in range(20)]
-    proposals = [mcp(u, "datasetProperties", {"name": f"orders_{i}", "description": "daily orders rollup"})
+    proposals = [mcp("datasetProperties", {"name": f"orders_{i}", "description": "daily orders rollup"}, u)
                  for i, u in enumerate(urns)]
-    proposals += [mcp(urns[i], "upstreamLineage", lineage(urns[i - 1])) for i in range(1, 4)]
-    proposals += [mcp(urns[0], "datasetProperties", {"name": "orders_0", "description": "renamed: gold orders"})]
-    proposals += [mcp(urns[0], "datasetProfile", {"timestampMillis": 1_763_700_000_000 + day * 86_400_000, "rowCount": 100 + day})
+    proposals += [mcp("upstreamLineage", lineage(urns[i - 1]), urns[i]) for i in range(1, 4)]
+    proposals += [mcp("datasetProperties", {"name": "orders_0", "description": "renamed: gold orders"}, urns[0])]
+    proposals += [mcp("datasetProfile", {"timestampMillis": 1_763_700_000_000 + day * 86_400_000, "rowCount": 100 + day}, urns[0])
                   for day in range(3)]
-    await propose(client, proposals)
+    await propose(client, *proposals, batch_size=500)
     total = await wait_delivered(db)
     mcls = await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE topic = ANY($1::text[])",
                              [indexer_settings.topic_mcl_versioned, indexer_settings.topic_mcl_timeseries])
@@ -137,7 +125,7 @@ async def test_bad_records_go_to_the_dead_letter_and_the_stream_goes_on(spark, c
     from spark_indexer.stream import run_stream
 
     good = ds("good_one")
-    await propose(client, [mcp(good, "datasetProperties", {"name": "good_one", "description": "survives bad neighbours"})])
+    await propose(client, mcp("datasetProperties", {"name": "good_one", "description": "survives bad neighbours"}, good))
     await wait_delivered(db)
     producer = AIOKafkaProducer(bootstrap_servers=indexer_settings.kafka_bootstrap_servers, acks="all")
     await producer.start()
@@ -169,10 +157,10 @@ def run_job(settings: IndexerSettings, *args: str, log_path: Path) -> subprocess
 
 async def test_kill_9_mid_stream_then_restart_loses_nothing_and_regresses_nothing(client, db, indexer_settings, tmp_path):
     urns = [ds(f"crash_{i}") for i in range(400)]
-    first = [mcp(u, "datasetProperties", {"name": f"crash_{i}", "description": "first"}) for i, u in enumerate(urns)]
-    first += [mcp(u, "globalTags", {"tags": [{"tag": "urn:li:tag:pii"}]}) for u in urns]
-    first += [mcp(urns[i], "upstreamLineage", lineage(urns[i - 1])) for i in range(1, 400, 2)]
-    await propose(client, first)
+    first = [mcp("datasetProperties", {"name": f"crash_{i}", "description": "first"}, u) for i, u in enumerate(urns)]
+    first += [mcp("globalTags", {"tags": [{"tag": "urn:li:tag:pii"}]}, u) for u in urns]
+    first += [mcp("upstreamLineage", lineage(urns[i - 1]), urns[i]) for i in range(1, 400, 2)]
+    await propose(client, *first, batch_size=500)
     await wait_delivered(db)
 
     log_path = tmp_path / "job.log"
@@ -184,15 +172,15 @@ async def test_kill_9_mid_stream_then_restart_loses_nothing_and_regresses_nothin
             assert time.monotonic() < deadline, log_path.read_text()
             await asyncio.sleep(0.05)
         # more versions land while the job runs, then the whole job (driver, JVM, Python workers) is killed mid-stream
-        await propose(client, [mcp(u, "datasetProperties", {"name": f"crash_{i}", "description": "second"})
-                               for i, u in enumerate(urns)])
+        await propose(client, *[mcp("datasetProperties", {"name": f"crash_{i}", "description": "second"}, u)
+                                for i, u in enumerate(urns)], batch_size=500)
         os.killpg(job.pid, signal.SIGKILL)
         job.wait(10)
     finally:
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
-    await propose(client, [mcp(u, "datasetProperties", {"name": f"crash_{i}", "description": "third"})
-                           for i, u in enumerate(urns[:50])])
+    await propose(client, *[mcp("datasetProperties", {"name": f"crash_{i}", "description": "third"}, u)
+                            for i, u in enumerate(urns[:50])], batch_size=500)
     await wait_delivered(db)
 
     restart = run_job(indexer_settings, "stream", "--once", log_path=log_path)

@@ -1,14 +1,14 @@
-"""Unbundling legacy MetadataChangeEvents into drafts (app.proposals.mce): pure, no services."""
+"""Unbundling legacy MetadataChangeEvents into drafts (app.ingest.mce): pure, no services."""
 
 from __future__ import annotations
 
 import pytest
 
 from app.errors import Issue, ValidationFailed
-from app.proposals.mce import (
+from app.ingest.gateway import in_callers_terms
+from app.ingest.mce import (
     aspect_names_by_record,
     canonical_class,
-    relocate_issues,
     unbundle_mce,
     unbundle_restli_entity,
     unbundle_snapshot,
@@ -54,7 +54,7 @@ def test_client_capture_unbundles_into_one_upsert_per_aspect(registry):
     assert event.drafts[1].value == {"customProperties": {"a": "b"}, "description": "legacy mce", "tags": []}
     assert all(d.system_metadata == body["systemMetadata"] for d in event.drafts)
     assert all(d.content_type == "application/json" for d in event.drafts)
-    assert event.aspect_paths[2] == f'$.entity.value["{SNAPSHOT}"].aspects[2]["com.linkedin.dataset.UpstreamLineage"]'
+    assert event.drafts[2].location.value == f'$.entity.value["{SNAPSHOT}"].aspects[2]["com.linkedin.dataset.UpstreamLineage"]'
 
 
 def test_avro_spelling_of_snapshot_aspects_and_nested_unions(registry):
@@ -183,7 +183,7 @@ def test_write_path_issues_are_relocated_into_the_event(registry):
         Issue("expected string", 1, DATASET, "datasetProperties", "$.aspect.value.description", "string", "int 5"),
         Issue("bad urn", 0, DATASET, "status", "$.entityUrn"),
     ])
-    moved = relocate_issues(error, event)
+    moved = in_callers_terms(error, event.drafts)
     assert isinstance(moved, ValidationFailed)
     base = f'$.entity.value["{SNAPSHOT}"]'
     assert [(i.index, i.path) for i in moved.issues] == [

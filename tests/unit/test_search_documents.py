@@ -10,6 +10,7 @@ import pytest
 
 from app.registry import load_registry
 from app.search import documents as d
+from app.search import elastic_mappings as em
 from app.search.model import AspectEdges, AspectFields, EntityRemoval, TimeseriesPoint
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -280,7 +281,7 @@ def test_search_fields_and_filters(registry):
 
 
 def test_index_mapping_shapes(registry):
-    m = d.index_mapping(registry, "dataset")["properties"]
+    m = em.index_mapping(registry, "dataset")["properties"]
     assert m["urn"] == {"type": "keyword"}
     assert m["removed"] == {"type": "boolean"}
     assert m["aspectVersions"]["type"] == "object"
@@ -296,21 +297,21 @@ def test_index_mapping_shapes(registry):
 
 
 def test_timeseries_mapping_and_names(registry):
-    m = d.timeseries_mapping(registry, "datasetUsageStatistics")["properties"]
+    m = em.timeseries_mapping(registry, "datasetUsageStatistics")["properties"]
     assert m["timestampMillis"]["type"] == "date"
     assert m["urn"] == {"type": "keyword"}
     assert m["uniqueUserCount"] == {"type": "long"}
-    assert d.index_name("", "dataset") == "datasetindex_v2"
-    assert d.index_name("p_", "dataJob") == "p_datajobindex_v2"
-    assert d.timeseries_index_name("", "dataset", "datasetProfile") == "dataset_datasetprofileaspect_v1"
+    assert em.index_name("", "dataset") == "datasetindex_v2"
+    assert em.index_name("p_", "dataJob") == "p_datajobindex_v2"
+    assert em.timeseries_index_name("", "dataset", "datasetProfile") == "dataset_datasetprofileaspect_v1"
 
 
 def test_every_aspect_compiles(registry):
     for entity in registry.entities:
         d.search_fields(registry, entity)
-        d.index_mapping(registry, entity)
+        em.index_mapping(registry, entity)
     for aspect in registry.timeseries_aspects:
-        d.timeseries_mapping(registry, aspect)
+        em.timeseries_mapping(registry, aspect)
 
 
 def test_merge_aspect_fields():

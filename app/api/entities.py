@@ -1,0 +1,286 @@
+"""DataHub's OpenAPI v3 entity endpoints: v3 bodies ↔ drafts, outcomes ↔ v3 responses. The handlers are generic
+over `{entityName}`; the typed per-entity paths of the published spec are generated from the registry
+(app.openapi_spec). Issues name paths in the body the client sent (`$[0].datasetProperties.value.name`)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+
+from app.api.deps import Audit, Gateway, Registry, Session
+from app.api.http import aspect_envelope, json_response, parse_bool, read_json, stored_envelope
+from app.errors import Issue, Location, ValidationFailed
+from app.ingest.gateway import Outcome
+from app.write.proposal import CONDITIONAL_HEADERS, ChangeType, Draft
+from app.write.reader import EntityReader
+from app.write.service import ItemResult
+
+router = APIRouter(prefix="/openapi/v3/entity", include_in_schema=False)
+
+ENVELOPE_KEYS = frozenset({"value", "systemMetadata", "headers"})
+SystemMetadataParam = Annotated[str | None, Query(alias="systemMetadata")]
+AsyncParam = Annotated[str | None, Query(alias="async")]
+
+
+@router.post("/{entity_name}")
+async def upsert_entities(
+    entity_name: str, request: Request, session: Session, gateway: Gateway, audit: Audit,
+    system_metadata: SystemMetadataParam = None, async_: AsyncParam = None,
+) -> Response:
+    return await _write_entities(entity_name, ChangeType.UPSERT, request, session, gateway, audit, system_metadata, async_)
+
+
+@router.patch("/{entity_name}")
+async def patch_entities(
+    entity_name: str, request: Request, session: Session, gateway: Gateway, audit: Audit,
+    system_metadata: SystemMetadataParam = None, async_: AsyncParam = None,
+) -> Response:
+    """Each aspect's `value` is DataHub's `{"patch": [...], "arrayPrimaryKeys"?, "forceGenericPatch"?}`, applied
+    inside the transaction to the locked latest value."""
+    return await _write_entities(entity_name, ChangeType.PATCH, request, session, gateway, audit, system_metadata, async_)
+
+
+async def _write_entities(
+    entity_name: str, change_type: ChangeType, request: Request, session: Session, gateway: Gateway, audit: Audit,
+    system_metadata: str | None, async_: str | None,
+) -> Response:
+    # `async` defaults to true, as DataHub: validated now, queued on the proposal topic, 202 with the echoed
+    # entities. Without Kafka configured the write is applied synchronously (200 means committed).
+    body = await read_json(request, gateway.settings.max_request_bytes)
+    entity = gateway.registry.entity(entity_name).name
+    drafts = drafts_from_entity_batch(entity, body, change_type)
+    outcome = await gateway.submit(session, drafts, audit, queue=parse_bool(async_, True), request_headers=request.headers)
+    return _entities_response(outcome, parse_bool(system_metadata, True))
+
+
+@router.post("/{entity_name}/batchGet")
+async def batch_get(entity_name: str, request: Request, session: Session, registry: Registry,
+                    system_metadata: SystemMetadataParam = None) -> Response:
+    body = await read_json(request, 16_000_000)
+    if not isinstance(body, list):
+        raise ValidationFailed("the body must be a JSON array of {urn, <aspect>: {}}", [Issue("expected an array", path="$")])
+    reader = EntityReader(session, registry)
+    with_sm = parse_bool(system_metadata, False)
+    out = []
+    for position, item in enumerate(body):
+        if not isinstance(item, dict) or not isinstance(item.get("urn"), str):
+            raise ValidationFailed("each item needs a `urn`", [Issue("Missing `urn` field", position, path=f"$[{position}].urn")])
+        aspects = [a for a in item if a != "urn"] or None
+        rows = await reader.repo.entity_latest(item["urn"], aspects)
+        if not rows:
+            continue
+        entity = {"urn": item["urn"]}
+        for row in rows:
+            entity[row.aspect] = stored_envelope(row, with_sm)
+        out.append(entity)
+    registry.entity(entity_name)
+    return json_response(out)
+
+
+@router.get("/{entity_name}/{urn}")
+async def get_entity(
+    entity_name: str, urn: str, session: Session, registry: Registry,
+    aspects: Annotated[list[str] | None, Query()] = None, system_metadata: SystemMetadataParam = None,
+) -> Response:
+    rows = await EntityReader(session, registry).entity(entity_name, urn, aspects)
+    with_sm = parse_bool(system_metadata, False)
+    entity = {"urn": urn}
+    for row in rows:
+        entity[row.aspect] = stored_envelope(row, with_sm)
+    return json_response(entity)
+
+
+@router.head("/{entity_name}/{urn}")
+async def entity_exists(entity_name: str, urn: str, session: Session, registry: Registry) -> Response:
+    registry.entity(entity_name)
+    exists = await EntityReader(session, registry).repo.entity_exists(urn)
+    return Response(status_code=204 if exists else 404)
+
+
+@router.delete("/{entity_name}/{urn}")
+async def delete_entity(
+    entity_name: str, urn: str, request: Request, session: Session, gateway: Gateway, audit: Audit,
+    aspects: Annotated[list[str] | None, Query()] = None,
+    clear: Annotated[str | None, Query()] = None,
+) -> Response:
+    spec = gateway.registry.entity(entity_name)
+    if parse_bool(clear, False):
+        rows = await EntityReader(session, gateway.registry).entity(spec.name, urn, None)
+        targets = [row.aspect for row in rows if row.aspect != spec.key_aspect]
+    elif aspects and spec.key_aspect not in aspects:
+        targets = aspects
+    else:
+        targets = [spec.key_aspect]  # no aspects, or the key aspect: a hard delete of the entity
+    drafts = [Draft(i, spec.name, aspect, ChangeType.DELETE.value, urn=urn) for i, aspect in enumerate(targets)]
+    if not drafts:  # `clear` of an entity that has only its key aspect
+        return json_response({"urn": urn, "deleted": []})
+    outcome = await gateway.submit(session, drafts, audit, request_headers=request.headers)
+    assert outcome.result is not None
+    deleted = [r.aspect for r in outcome.result.items if r.status.value == "DELETED"]
+    return json_response({"urn": urn, "deleted": deleted}, headers=outcome.response_headers)
+
+
+def _http_conditional_headers(request: Request) -> dict[str, str]:
+    """Documented extension: the conditional-write headers may also come as HTTP headers on single-aspect writes."""
+    return {name: request.headers[name] for name in CONDITIONAL_HEADERS if name in request.headers}
+
+
+@router.post("/{entity_name}/{urn}/{aspect_name}")
+async def upsert_aspect(
+    entity_name: str, urn: str, aspect_name: str, request: Request, session: Session, gateway: Gateway, audit: Audit,
+    create_if_not_exists: Annotated[str | None, Query(alias="createIfNotExists")] = None,
+    create_if_entity_not_exists: Annotated[str | None, Query(alias="createIfEntityNotExists")] = None,
+    system_metadata: SystemMetadataParam = None, async_: AsyncParam = None,
+) -> Response:
+    body = await read_json(request, gateway.settings.max_request_bytes)
+    if not isinstance(body, dict) or "value" not in body:
+        raise ValidationFailed('the body must be {"value": {...}, "systemMetadata"?, "headers"?}', [Issue("missing value", path="$.value")])
+    headers = {**_http_conditional_headers(request), **(body.get("headers") or {})}
+    # DataHub defaults createIfNotExists to true, which silently turns every write into CREATE and defeats
+    # If-Version-Match (DataHub #19127). metaledger keeps the default but an explicit precondition header wins.
+    has_precondition = any(h.lower() in ("if-version-match", "if-modified-since", "if-unmodified-since") for h in headers)
+    if parse_bool(create_if_entity_not_exists, False):
+        change_type = ChangeType.CREATE_ENTITY
+    elif parse_bool(create_if_not_exists, not has_precondition):
+        change_type = ChangeType.CREATE
+    else:
+        change_type = ChangeType.UPSERT
+    entity = gateway.registry.entity(entity_name).name
+    draft = Draft(0, entity, aspect_name, change_type.value, urn=urn, value=body["value"],
+                  system_metadata=body.get("systemMetadata"), headers=headers, location=SINGLE_ASPECT)
+    # `async=true` (default false here, as DataHub): queued with its change type (CREATE by default), 202.
+    outcome = await gateway.submit(session, [draft], audit, queue=parse_bool(async_, False), request_headers=request.headers)
+    return _entities_response(outcome, parse_bool(system_metadata, True), single=True)
+
+
+@router.patch("/{entity_name}/{urn}/{aspect_name}")
+async def patch_aspect(
+    entity_name: str, urn: str, aspect_name: str, request: Request, session: Session, gateway: Gateway, audit: Audit,
+    system_metadata: SystemMetadataParam = None,
+) -> Response:
+    """Body: an RFC 6902 array or DataHub's GenericJsonPatch `{"patch": [...], "arrayPrimaryKeys"?}`."""
+    body = await read_json(request, gateway.settings.max_request_bytes)
+    entity = gateway.registry.entity(entity_name).name
+    draft = Draft(0, entity, aspect_name, ChangeType.PATCH.value, urn=urn, value=body,
+                  headers=_http_conditional_headers(request), location=SINGLE_PATCH)
+    outcome = await gateway.submit(session, [draft], audit, request_headers=request.headers)
+    return _entities_response(outcome, parse_bool(system_metadata, True), single=True)
+
+
+@router.get("/{entity_name}/{urn}/{aspect_name}")
+async def get_aspect(
+    entity_name: str, urn: str, aspect_name: str, session: Session, registry: Registry,
+    version: Annotated[int, Query(ge=0)] = 0, system_metadata: SystemMetadataParam = None,
+) -> Response:
+    row = await EntityReader(session, registry).aspect(entity_name, urn, aspect_name, version)
+    envelope = stored_envelope(row, parse_bool(system_metadata, False))
+    envelope["version"] = row.system_metadata.get("version", str(row.version))
+    return json_response(envelope)
+
+
+@router.head("/{entity_name}/{urn}/{aspect_name}")
+async def aspect_exists(entity_name: str, urn: str, aspect_name: str, session: Session, registry: Registry) -> Response:
+    reader = EntityReader(session, registry)
+    registry.aspect(registry.entity(entity_name).name, aspect_name)
+    rows = await reader.repo.latest([(urn, aspect_name)])
+    return Response(status_code=204 if rows else 404)
+
+
+@router.delete("/{entity_name}/{urn}/{aspect_name}")
+async def delete_aspect(entity_name: str, urn: str, aspect_name: str, request: Request, session: Session,
+                        gateway: Gateway, audit: Audit) -> Response:
+    entity = gateway.registry.entity(entity_name).name
+    draft = Draft(0, entity, aspect_name, ChangeType.DELETE.value, urn=urn, headers=_http_conditional_headers(request))
+    outcome = await gateway.submit(session, [draft], audit, request_headers=request.headers)
+    assert outcome.result is not None
+    item = outcome.result.items[0]
+    return json_response({"urn": urn, "aspect": aspect_name, "status": item.status.value}, headers=outcome.response_headers)
+
+
+# --- v3 bodies ↔ drafts, outcomes ↔ v3 responses ----------------------------------------------------------------
+
+# Where a single-aspect write's issues point: its body is `{"value", "systemMetadata"?, "headers"?}` (a patch body
+# is the patch itself); the URN is a path parameter.
+SINGLE_ASPECT = Location(0, "$", value="$.value", urn="$urn", fields="$")
+SINGLE_PATCH = Location(0, "$", value="$", urn="$urn", fields="$")
+
+
+def drafts_from_entity_batch(entity_type: str, body: Any, change_type: ChangeType) -> list[Draft]:
+    """`[{"urn": ..., "<aspect>": {"value": {...}, "systemMetadata"?, "headers"?}}, ...]` → one draft per aspect,
+    located at its aspect in the body."""
+    if not isinstance(body, list):
+        raise ValidationFailed("the body must be a JSON array of entities", [Issue("expected an array", path="$")])
+    if not body:
+        raise ValidationFailed("the body is an empty array: send at least one entity", [Issue("empty batch", path="$")])
+    drafts: list[Draft] = []
+    issues: list[Issue] = []
+    for position, item in enumerate(body):
+        path = f"$[{position}]"
+        if not isinstance(item, dict):
+            issues.append(Issue("each entity must be an object with a `urn` field", position, path=path))
+            continue
+        urn = item.get("urn")
+        if not isinstance(urn, str):
+            issues.append(Issue("Missing `urn` field", position, path=f"{path}.urn"))
+            continue
+        for aspect_name, envelope in item.items():
+            if aspect_name == "urn":
+                continue
+            aspect_path = f"{path}.{aspect_name}"
+            if not isinstance(envelope, dict) or "value" not in envelope:
+                issues.append(Issue('an aspect must be {"value": {...}, "systemMetadata"?, "headers"?}', position, urn, aspect_name, aspect_path))
+                continue
+            unknown = set(envelope) - ENVELOPE_KEYS
+            if unknown:
+                issues.append(Issue(f"unknown aspect envelope field(s) {sorted(unknown)}", position, urn, aspect_name, aspect_path))
+                continue
+            drafts.append(
+                Draft(
+                    index=len(drafts),
+                    entity_type=entity_type,
+                    aspect_name=aspect_name,
+                    change_type=change_type.value,
+                    urn=urn,
+                    value=envelope["value"],
+                    system_metadata=envelope.get("systemMetadata"),
+                    headers=envelope.get("headers"),
+                    location=Location(position, aspect_path, value=f"{aspect_path}.value", urn=f"{path}.urn", fields=aspect_path),
+                )
+            )
+    if issues:
+        raise ValidationFailed(f"{len(issues)} entities of the batch are malformed; nothing was written", issues)
+    return drafts
+
+
+def entities_from_results(results: list[ItemResult], with_system_metadata: bool = True) -> list[dict[str, Any]]:
+    """Group written aspects back into the v3 entity shape, in request order."""
+    entities: dict[str, dict[str, Any]] = {}
+    for result in results:
+        entity = entities.setdefault(result.urn, {"urn": result.urn})
+        envelope = aspect_envelope(result.value, result.system_metadata, with_system_metadata)
+        envelope["status"] = result.status.value
+        if result.message:
+            envelope["message"] = result.message
+        entity[result.aspect] = envelope
+    return list(entities.values())
+
+
+def _queued_entities(outcome: Outcome, with_system_metadata: bool) -> list[dict[str, Any]]:
+    """The echo of an accepted asynchronous write: the entities as sent, one per URN, each aspect QUEUED."""
+    entities: dict[str, dict[str, Any]] = {}
+    for draft, proposal in outcome.queued:
+        entity = entities.setdefault(proposal.urn, {"urn": proposal.urn})
+        envelope = aspect_envelope(draft.value, draft.system_metadata, with_system_metadata)
+        envelope["status"] = "QUEUED"
+        entity[proposal.aspect_name] = envelope
+    return list(entities.values())
+
+
+def _entities_response(outcome: Outcome, with_system_metadata: bool, *, single: bool = False) -> Response:
+    """202 with the queued echo, or the written entities (and the sync index status header)."""
+    if outcome.result is None:
+        entities = _queued_entities(outcome, with_system_metadata)
+        return json_response(entities[0] if single else entities, 202)
+    entities = entities_from_results(outcome.result.items, with_system_metadata)
+    return json_response(entities[0] if single else entities, headers=outcome.response_headers)

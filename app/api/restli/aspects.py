@@ -1,0 +1,123 @@
+"""Rest.li `/aspects` as GMS serves it (`AspectResource.java`) and DataHub's Python client calls it.
+
+* `POST /aspects?action=ingestProposal` `{"proposal": MCP, "async": "true"|"false"}` and
+  `POST /aspects?action=ingestProposalBatch` `{"proposals": [MCP, ...], "async": ...}` (also `/aspects/?action=`,
+  which `datahub put` uses): aspect values as JSON strings (`application/json`) or patches
+  (`application/json-patch+json`). A batch is one transaction. Answers `{"value": "success"}`. DataHub skips bad
+  proposals silently and still answers "success"; metaledger answers 400 naming every bad proposal
+  (`$.proposals[i]...` paths) and writes nothing; an empty `proposals` is a 400 too. `async: "true"` with Kafka configured validates now, queues the
+  proposals on the MCP topic and answers 200 `{"value": "success"}` (DataHub's answer; the client accepts any 2xx);
+  without Kafka it is applied synchronously.
+* `POST /aspects?action=getTimeseriesAspectValues` (reads the search backend's timeseries store, app.api.restli.timeseries).
+* `GET /aspects/{urn}?aspect=&version=` → `{"aspect": {"<Pegasus record name>": {...}}, "version": n}`; 404 (the
+  project's error body) when absent, which the client reads as "not found".
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request, Response
+
+from app.api.deps import Audit, Gateway, ReadYourWrites, Registry, Session, get_backend
+from app.api.http import entity_of_urn, invalid_at, json_response, read_json
+from app.api.restli.common import ACTION_BODY, optional_int, require_object, require_urn
+from app.api.restli.timeseries import DEFAULT_LIMIT, check_filter, timeseries_from_backend
+from app.errors import ERROR_RESPONSES, Issue, Location, NotFound, ValidationFailed
+from app.ingest.mcp import parse_mcp, parse_proposals
+from app.registry import EntityRegistry
+from app.write.reader import EntityReader
+
+router = APIRouter(tags=["rest.li"])
+
+SUCCESS = {"value": "success"}
+ACTIONS = ("ingestProposal", "ingestProposalBatch", "getTimeseriesAspectValues")
+
+
+@router.post(
+    "/aspects",
+    responses=ERROR_RESPONSES,
+    summary="Rest.li aspect actions: ingestProposal, ingestProposalBatch, getTimeseriesAspectValues",
+    description=(
+        '`action=ingestProposal` `{"proposal": MCP, "async": "true"|"false"}`; `action=ingestProposalBatch` '
+        '`{"proposals": [MCP, ...], "async": ...}` (one transaction) → `{"value": "success"}`. '
+        '`action=getTimeseriesAspectValues` `{"urn", "entity", "aspect", "startTimeMillis"?, "endTimeMillis"?, '
+        '"limit"?, "latestValue"?, "filter"?}` → `{"value": {"entityName", "aspectName", "limit", "values": '
+        '[{"aspect": {"value": "<JSON text>", "contentType"}, "systemMetadata"}]}}`, newest first.'
+    ),
+    openapi_extra=ACTION_BODY,
+)
+@router.post("/aspects/", include_in_schema=False)
+async def aspects_action(
+    request: Request, session: Session, gateway: Gateway, audit: Audit, caught_up: ReadYourWrites,
+    action: Annotated[str, Query(description=", ".join(ACTIONS))],
+) -> Response:
+    if action not in ACTIONS:
+        raise ValidationFailed(
+            f"unknown action {action!r} on /aspects", [Issue(f"supported actions: {', '.join(ACTIONS)}", path="$action")]
+        )
+    body = require_object(await read_json(request, gateway.settings.max_request_bytes))
+    if action == "getTimeseriesAspectValues":
+        return json_response({"value": await _timeseries(body, request, gateway.registry, caught_up)})
+    if action == "ingestProposalBatch":
+        drafts = parse_proposals(body.get("proposals"), "$.proposals")
+    else:
+        if not isinstance(body.get("proposal"), dict):
+            raise ValidationFailed("`proposal` must be a proposal object", [Issue("expected an object", path="$.proposal")])
+        drafts = [parse_mcp(body["proposal"], Location(0, "$.proposal"))]
+    queue = str(body.get("async", "false")).lower() == "true"
+    outcome = await gateway.submit(session, drafts, audit, queue=queue, request_headers=request.headers)
+    return json_response(SUCCESS, headers=outcome.response_headers)
+
+
+async def _timeseries(
+    body: dict[str, Any], request: Request, registry: EntityRegistry, caught_up: ReadYourWrites
+) -> dict[str, Any]:
+    urn = require_urn(body)
+    entity = entity_of_urn(registry, urn, "$.urn")
+    if isinstance(body.get("entity"), str) and body["entity"].lower() != entity.lower():
+        raise ValidationFailed(
+            f"URN {urn} is of entity type {entity!r}, not {body['entity']!r}", [Issue("entity mismatch", urn=urn, path="$.entity")]
+        )
+    aspect_name = body.get("aspect")
+    if not isinstance(aspect_name, str):
+        raise ValidationFailed("`aspect` is required", [Issue("missing required string field 'aspect'", path="$.aspect")])
+    with invalid_at("$.aspect", urn=urn, aspect=aspect_name):
+        aspect = registry.aspect(entity, aspect_name)
+    if not aspect.is_timeseries:
+        raise ValidationFailed(
+            f"aspect {aspect_name!r} is not a timeseries aspect", [Issue("not a timeseries aspect", urn=urn, aspect=aspect_name, path="$.aspect")]
+        )
+    limit = optional_int(body, "limit")
+    limit = DEFAULT_LIMIT if limit is None else limit
+    if body.get("latestValue") in (True, "true"):
+        limit = min(limit, 1)
+    groups = check_filter(body.get("filter"))
+    backend = await get_backend(request)
+    await caught_up()  # DataHub's clients read their own timeseries writes
+    values = await timeseries_from_backend(
+        backend, urn, aspect.name,
+        start=optional_int(body, "startTimeMillis"), end=optional_int(body, "endTimeMillis"), limit=limit, groups=groups,
+    )
+    return {"entityName": entity, "aspectName": aspect.name, "limit": limit, "values": values}
+
+
+@router.get(
+    "/aspects/{urn:path}",
+    responses=ERROR_RESPONSES,
+    summary="One aspect of an entity, Rest.li VersionedAspect (404 when absent)",
+    description='`{"aspect": {"<Pegasus record name>": {...}}, "version": n}`; `version=0` (default) is the latest. '
+    "The URN is percent-encoded in the path.",
+)
+async def get_versioned_aspect(
+    urn: str, session: Session, registry: Registry,
+    aspect: Annotated[str, Query(description="Aspect name, e.g. datasetProperties")],
+    version: Annotated[int, Query(ge=0)] = 0,
+) -> Response:
+    entity = entity_of_urn(registry, urn)
+    with invalid_at("$aspect", urn=urn, aspect=aspect):
+        spec = registry.aspect(entity, aspect)
+    if spec.is_timeseries:  # never in the aspect store (DataHub: no SQL row either)
+        raise NotFound(f"timeseries aspect {aspect!r} is not versioned", [Issue("not found", urn=urn, aspect=aspect)])
+    row = await EntityReader(session, registry).aspect(entity, urn, aspect, version)
+    return json_response({"aspect": {spec.record_name: row.value}, "version": version})

@@ -1,0 +1,192 @@
+"""Rest.li `/entities` actions and `/entitiesV2` reads, as GMS serves them (`EntityResource.java`,
+`EntityV2Resource.java`) and DataHub's Python client calls them. All `/entities?action=` actions share one route.
+
+* `action=ingest`: the legacy MetadataChangeEvent
+  `{"entity": {"value": {"com.linkedin.metadata.snapshot.<X>Snapshot": {"urn", "aspects": [{FQN: {...}}]}}},
+  "systemMetadata"?}`, unbundled into one UPSERT per aspect (app.ingest.mce), one transaction; answers `{}`.
+* `action=delete` `{"urn", "aspectName"?, "startTimeMillis"?, "endTimeMillis"?}`: without `aspectName` a hard delete
+  of the entity (every aspect, every version) and of its timeseries points; with a timeseries `aspectName` the points
+  of that aspect in the time range (bounds inclusive, optional); with a versioned `aspectName` (metaledger extension:
+  DataHub refuses it) every version of that aspect. → `{"value": {"urn", "rows", "timeseriesRows"}}`. One
+  transaction for the rows and the timeseries change logs not yet indexed; then the points in the timeseries index.
+* `action=deleteReferences` `{"urn", "dryRun"}` → `{"value": {"total", "relatedAspects": [{"relationshipType",
+  "entity", "aspect"}]}}`; see app.ingest.references.
+* `GET /entitiesV2/{urn}?aspects=List(a,b)` → EntityResponse `{"urn", "entityName", "aspects": {name: {"name",
+  "type": "VERSIONED", "version": 0, "value", "created": {"time", "actor"}, "systemMetadata"}}}`. The key aspect is
+  always included (`alwaysIncludeKeyAspect=false` turns that off); for an unknown URN the answer is the key aspect
+  alone, derived from the URN, as GMS does.
+"""
+
+from __future__ import annotations
+
+from datetime import timezone
+from typing import Annotated, Any
+
+import orjson
+from fastapi import APIRouter, Query, Request, Response
+
+from app.api.deps import Audit, Gateway, ReadYourWrites, Registry, Search, Session
+from app.api.http import entity_of_urn, invalid_at, json_response, parse_bool, read_json
+from app.api.restli.common import ACTION_BODY, optional_int, parse_restli_list, require_object, require_urn
+from app.errors import ERROR_RESPONSES, Issue, MetaledgerError, ValidationFailed
+from app.ingest.mce import unbundle_restli_entity
+from app.ingest.references import find_references, relationship_paths, removal_drafts
+from app.changelog.outbox import OutboxRepository
+from app.search.service import SearchRuntime
+from app.write.proposal import ChangeType, Draft
+from app.write.repository import AspectRepository
+
+router = APIRouter(tags=["rest.li"])
+
+ACTIONS = ("ingest", "delete", "deleteReferences")
+
+
+@router.post(
+    "/entities",
+    responses=ERROR_RESPONSES,
+    summary="Rest.li entity actions: ingest (legacy MCE), delete, deleteReferences",
+    description=(
+        '`action=ingest` `{"entity": {"value": {"com.linkedin.metadata.snapshot.<Entity>Snapshot": {"urn", "aspects": '
+        '[{"<Pegasus class>": {...}}]}}}, "systemMetadata"?}` → `{}` (one transaction). '
+        '`action=delete` `{"urn", "aspectName"?, "startTimeMillis"?, "endTimeMillis"?}` → `{"value": {"urn", "rows", '
+        '"timeseriesRows"}}`. `action=deleteReferences` `{"urn", "dryRun"}` → `{"value": {"total", "relatedAspects": '
+        '[{"relationshipType", "entity", "aspect"}]}}`.'
+    ),
+    openapi_extra=ACTION_BODY,
+)
+async def entities_action(
+    request: Request, session: Session, gateway: Gateway, audit: Audit, search: Search, caught_up: ReadYourWrites,
+    action: Annotated[str, Query(description=", ".join(ACTIONS))],
+) -> Response:
+    if action not in ACTIONS:
+        raise ValidationFailed(
+            f"unknown action {action!r} on /entities", [Issue(f"supported actions: {', '.join(ACTIONS)}", path="$action")]
+        )
+    body = await read_json(request, gateway.settings.max_request_bytes)
+    if action == "ingest":
+        # Every aspect of the snapshot is committed together, or none is.
+        event = unbundle_restli_entity(body, gateway.registry)
+        outcome = await gateway.submit(session, event.drafts, audit, request_headers=request.headers)
+        return json_response({}, headers=outcome.response_headers)
+    body = require_object(body)
+    if action == "delete":
+        return json_response({"value": await _delete(body, session, gateway, audit, search, caught_up)})
+    return json_response({"value": await _delete_references(body, session, gateway, audit)})
+
+
+async def _delete(
+    body: dict[str, Any], session: Session, gateway: Gateway, audit: Audit, search: SearchRuntime | None,
+    caught_up: ReadYourWrites,
+) -> dict[str, Any]:
+    registry = gateway.registry
+    urn = require_urn(body)
+    entity = registry.entity(entity_of_urn(registry, urn, "$.urn"))
+    aspect_name = body.get("aspectName")
+    start, end = optional_int(body, "startTimeMillis"), optional_int(body, "endTimeMillis")
+    timeseries_topic = gateway.settings.topic_mcl_timeseries
+    if aspect_name is not None:
+        if not isinstance(aspect_name, str):
+            raise ValidationFailed("`aspectName` must be a string", [Issue("expected a string", path="$.aspectName")])
+        with invalid_at("$.aspectName", urn=urn, aspect=aspect_name):
+            spec = registry.aspect(entity.name, aspect_name)
+    else:
+        spec = None
+    if spec is None or not spec.is_timeseries:
+        if start is not None or end is not None:
+            raise ValidationFailed(
+                "startTimeMillis/endTimeMillis apply to timeseries aspects only",
+                [Issue("a time range needs a timeseries aspectName", urn=urn, path="$.aspectName")],
+            )
+    aspects_repo, outbox = AspectRepository(session), OutboxRepository(session)
+    rows = timeseries_rows = 0
+    # One transaction: the counts, the timeseries points and the rows (the write path's transaction nests as a
+    # savepoint on the same connection).
+    async with aspects_repo.transaction():
+        if spec is not None and spec.is_timeseries:
+            timeseries_rows = await outbox.delete_timeseries(timeseries_topic, urn, [spec.name], start, end)
+        else:
+            target = spec.name if spec is not None else entity.key_aspect
+            rows = await aspects_repo.count_rows(urn, None if target == entity.key_aspect else target)
+            if rows:
+                await gateway.submit(session, [Draft(0, entity.name, target, ChangeType.DELETE.value, urn=urn)], audit)
+            if spec is None:  # the whole entity: its timeseries points too
+                series = sorted(a for a in entity.aspect_names if registry.aspects[a].is_timeseries)
+                timeseries_rows = await outbox.delete_timeseries(timeseries_topic, urn, series, None, None)
+    if (spec is None or spec.is_timeseries) and search is not None:
+        # The points' change logs may still sit in the outbox: let the embedded worker apply what was committed
+        # before this delete (so it cannot index a deleted point afterwards), then delete them from the index too.
+        # Counted once: a point is in the outbox, the index, or both.
+        await caught_up()
+        series = [spec.name] if spec is not None else sorted(a for a in entity.aspect_names if registry.aspects[a].is_timeseries)
+        backend = await search.ready_backend()
+        timeseries_rows = max(timeseries_rows, await backend.delete_timeseries(urn, series, start_ms=start, end_ms=end))
+    return {"urn": urn, "rows": rows, "timeseriesRows": timeseries_rows}
+
+
+async def _delete_references(body: dict[str, Any], session: Session, gateway: Gateway, audit: Audit) -> dict[str, Any]:
+    registry = gateway.registry
+    urn = require_urn(body)
+    entity_of_urn(registry, urn, "$.urn")
+    dry_run = parse_bool(str(body.get("dryRun", "false")), False)
+    needle = orjson.dumps(urn).decode()[1:-1]  # the URN as it appears inside stored JSON text
+    candidates = await AspectRepository(session).rows_mentioning(needle, urn, sorted(relationship_paths(registry)))
+    references = find_references(registry, candidates, urn)
+    related = [
+        {"relationshipType": t, "entity": r.urn, "aspect": r.aspect} for r in references for t in r.relationship_types
+    ]
+    if not dry_run and references:
+        try:
+            await gateway.submit(session, removal_drafts(references), audit)
+        except MetaledgerError as error:
+            error.message = f"removing the references to {urn} failed (retry): {error.message}"
+            raise
+    return {"total": len(references), "relatedAspects": related}
+
+
+def _envelope(name: str, value: dict[str, Any], created_ms: int, actor: str, system_metadata: dict[str, Any] | None) -> dict[str, Any]:
+    envelope: dict[str, Any] = {
+        "name": name, "type": "VERSIONED", "version": 0, "value": value, "created": {"time": created_ms, "actor": actor},
+    }
+    if system_metadata is not None:
+        envelope["systemMetadata"] = system_metadata
+    return envelope
+
+
+@router.get(
+    "/entitiesV2/{urn:path}",
+    responses=ERROR_RESPONSES,
+    summary="An entity's latest aspects, Rest.li EntityResponse",
+    description='`?aspects=List(a,b)` (Rest.li list syntax) selects aspects. Answers `{"urn", "entityName", "aspects": '
+    '{name: {"name", "type": "VERSIONED", "version": 0, "value", "created": {"time", "actor"}, "systemMetadata"}}}`; '
+    "the key aspect is always included unless `alwaysIncludeKeyAspect=false`; an unknown URN gives the key aspect only.",
+)
+async def get_entity_v2(
+    urn: str, request: Request, session: Session, registry: Registry,
+    always_include_key_aspect: Annotated[str | None, Query(alias="alwaysIncludeKeyAspect")] = None,
+) -> Response:
+    entity = registry.entity(entity_of_urn(registry, urn))
+    requested = parse_restli_list(request.query_params.get("aspects"))
+    with_key = parse_bool(always_include_key_aspect, True)
+    if requested is not None:
+        for name in requested:
+            with invalid_at("$aspects", urn=urn, aspect=name):
+                registry.aspect(entity.name, name)
+        wanted = [a for a in requested if not registry.aspects[a].is_timeseries]
+        if with_key and entity.key_aspect not in wanted:
+            wanted.append(entity.key_aspect)
+        rows = await AspectRepository(session).entity_latest(urn, wanted) if wanted else []
+    else:
+        rows = await AspectRepository(session).entity_latest(urn)
+        if not with_key:
+            rows = [r for r in rows if r.aspect != entity.key_aspect]
+    aspects: dict[str, Any] = {}
+    for row in rows:
+        created_on = row.created_on if row.created_on.tzinfo else row.created_on.replace(tzinfo=timezone.utc)
+        created_ms = int(created_on.timestamp() * 1000)
+        aspects[row.aspect] = _envelope(row.aspect, row.value, created_ms, row.created_by, row.system_metadata)
+    if with_key and entity.key_aspect not in aspects:
+        # GMS answers for any URN: at least the key aspect, derived from the URN.
+        aspects[entity.key_aspect] = _envelope(
+            entity.key_aspect, registry.urn_to_key(entity.name, urn), 0, "urn:li:corpuser:unknown", None
+        )
+    return json_response({"urn": urn, "entityName": entity.name, "aspects": aspects})

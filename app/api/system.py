@@ -1,0 +1,51 @@
+"""Service status and DataHub's `/config` (what the `datahub` client reads before it writes)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from sqlalchemy import text
+
+from app import __version__
+from app.api.deps import Engine, Registry
+from app.api.http import json_response
+
+router = APIRouter(tags=["system"])
+
+# The DataHub version metaledger claims. At >= 1.0.1 the Python SDK v2 (`DataHubClient`) writes through the OpenAPI
+# v3 endpoints, which metaledger serves as the SDK sends them (POST/PATCH /openapi/v3/entity/{entity}, verified with
+# acryl-datahub 1.7.0.17 in tests/client). Below 1.7.0: from there, ingestion sources send `status` as a PATCH, which
+# works too but is not covered by the client tests yet.
+REPORTED_DATAHUB_VERSION = "v1.3.0"
+
+
+@router.get("/health", summary="Liveness and database reachability")
+async def health(engine: Engine):
+    try:
+        async with engine.connect() as connection:
+            await connection.execute(text("SELECT 1"))
+        database = "ok"
+    except Exception as error:  # noqa: BLE001 - health reports any failure as a status
+        database = f"unavailable: {type(error).__name__}"
+    status = "ok" if database == "ok" else "degraded"
+    return json_response({"status": status, "database": database, "version": __version__}, 200 if status == "ok" else 503)
+
+
+@router.get("/config", summary="DataHub-style server configuration")
+async def config(registry: Registry):
+    return json_response(
+        {
+            "noCode": "true",
+            "retention": "true",
+            "statefulIngestionCapable": True,
+            "patchCapable": True,
+            "supportsImpactAnalysis": False,
+            "timeZone": "UTC",
+            "versions": {"acryldata/datahub": {"version": REPORTED_DATAHUB_VERSION, "commit": f"metaledger-{__version__}"}},
+            "telemetry": {"enabledCli": False, "enabledIngestion": False},
+            "managedIngestion": {"enabled": False, "defaultCliVersion": "1.7.0.17"},
+            "datahub": {"serverType": "metaledger", "serverEnv": "core"},
+            "datasetUrnNameCasing": False,
+            "models": {},
+            "metaledger": {"version": __version__, "registry": registry.counts()},
+        }
+    )

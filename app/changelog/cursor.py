@@ -1,0 +1,86 @@
+"""Feed readers' positions: how far a reader of the change feed has applied it.
+
+A position is a feed offset: every outbox row with `feed_offset <= position` has been applied by the reader. The
+changelog owns the positions (their SQL lives here, with the outbox's) so that pruning can honour them: without
+Kafka, `outbox.prune` keeps every row past a registered reader's position.
+
+Storage: the table `search_index_state` (migration 0004; one row, `id = 1`, column `last_offset`). It is the
+embedded search indexer's cursor (app.search.worker), today's only registered reader; the table keeps its name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import asyncpg
+
+from app.db import SessionRepository
+
+
+class FeedCursor:
+    """The embedded indexer's position in the feed, on the reader's own connection.
+
+    Several readers sharing the cursor serialise on it: `lock` it in a transaction, `read_after` the locked
+    position, apply, `advance`, commit."""
+
+    def __init__(self, conn: asyncpg.Connection) -> None:
+        self.conn = conn
+
+    def transaction(self) -> asyncpg.transaction.Transaction:
+        """A transaction on the reader's connection: a `lock` taken in it is held until it ends."""
+        return self.conn.transaction()
+
+    async def register(self) -> None:
+        """Create the position (at 0) if it does not exist; from then on pruning keeps the rows past it."""
+        await self.conn.execute("INSERT INTO search_index_state (id, last_offset) VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
+
+    async def position(self) -> int:
+        """The position, without a lock."""
+        return await self.conn.fetchval("SELECT last_offset FROM search_index_state WHERE id = 1")
+
+    async def lock(self) -> int:
+        """The position, locked (`FOR UPDATE`) until the caller's transaction ends."""
+        return await self.conn.fetchval("SELECT last_offset FROM search_index_state WHERE id = 1 FOR UPDATE")
+
+    async def has_rows_after(self, position: int) -> bool:
+        """Whether the feed holds any row past `position` (the idle poll: one round trip, no lock)."""
+        return await self.conn.fetchval("SELECT EXISTS (SELECT 1 FROM change_log_outbox WHERE feed_offset > $1)", position)
+
+    async def read_after(self, position: int, limit: int, topics: Sequence[str]) -> list[asyncpg.Record]:
+        """The next `limit` rows past `position`, in feed order, as records (`feed_offset`, `payload`): the payload
+        (the change log's JSON text) for rows of `topics`, None for the others (counted, not read)."""
+        return await self.conn.fetch(
+            """
+            SELECT feed_offset, CASE WHEN topic = ANY($3::text[]) THEN payload END AS payload
+            FROM change_log_outbox WHERE feed_offset > $1 ORDER BY feed_offset LIMIT $2
+            """,
+            position,
+            limit,
+            list(topics),
+        )
+
+    async def advance(self, position: int) -> None:
+        """Move the position to `position` (every row up to it is applied)."""
+        await self.conn.execute("UPDATE search_index_state SET last_offset = $1, updated_at = now() WHERE id = 1", position)
+
+
+class FeedCursorRepository(SessionRepository):
+    """Read-your-writes checks against the embedded indexer's position, on a request's session."""
+
+    async def latest_change_log_id(self) -> int | None:
+        """The id of the newest change log in the outbox (None when it is empty)."""
+        conn = await self._conn()
+        return await conn.fetchval("SELECT max(id) FROM change_log_outbox")
+
+    async def applied_through(self, target: int) -> bool:
+        """Every outbox row up to id `target` is sequenced and applied by the reader."""
+        conn = await self._conn()
+        return await conn.fetchval(
+            """
+            SELECT NOT EXISTS (
+                SELECT 1 FROM change_log_outbox
+                WHERE id <= $1 AND (feed_offset IS NULL
+                      OR feed_offset > coalesce((SELECT last_offset FROM search_index_state WHERE id = 1), 0)))
+            """,
+            target,
+        )

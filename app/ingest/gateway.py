@@ -1,0 +1,104 @@
+"""The ingest gateway: the one path every write takes, whatever protocol brought it.
+
+    drafts → prepare (registry, schema, URN, proposal rules) → queue (async, with Kafka) | apply (one transaction)
+           → sync index (when a proposal or the request asks for it) → Outcome
+
+The protocols (app.api.*, the Kafka consumers) only turn what they received into drafts and the outcome into
+their answer. Every error leaves here in the caller's terms: each draft's `Location` re-expresses the write
+pipeline's MCP paths and indices as paths into the JSON the caller sent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.errors import MetaledgerError
+from app.ingest.mcp import proposal_to_mcp
+from app.search.service import IndexOutcome, SearchRuntime, sync_index, wants_sync_index
+from app.write.proposal import AuditStamp, Draft, Proposal
+from app.write.service import WriteResult, WriteService
+
+
+class ProposalQueue(Protocol):
+    """Where asynchronous proposals go (app.kafka.producer.ProposalProducer: the MCP topic)."""
+
+    async def send(self, proposals: list[dict[str, Any]]) -> None: ...
+
+
+@dataclass(slots=True)
+class Outcome:
+    """What became of a submission: queued (async, nothing committed yet) or applied, and the sync index outcome."""
+
+    drafts: list[Draft]
+    proposals: list[Proposal]
+    result: WriteResult | None = None  # None when queued
+    index: IndexOutcome | None = None  # None unless a sync index update was asked for
+    queued: list[tuple[Draft, Proposal]] = field(default_factory=list)
+
+    @property
+    def response_headers(self) -> dict[str, str] | None:
+        return self.index.headers() if self.index is not None else None
+
+
+def in_callers_terms(error: MetaledgerError, drafts: Sequence[Draft]) -> MetaledgerError:
+    """The pipeline's issues (MCP paths, draft indices) placed where each draft sits in the caller's request."""
+    where = {draft.index: draft.location for draft in drafts if draft.location is not None}
+    if not where:
+        return error
+    return error.with_issues([where[i.index].place(i) if i.index in where else i for i in error.issues])
+
+
+class IngestGateway:
+    def __init__(self, writer: WriteService, search: SearchRuntime | None = None, queue: ProposalQueue | None = None) -> None:
+        self.writer = writer
+        self.search = search
+        self.queue = queue
+
+    @property
+    def registry(self):
+        return self.writer.registry
+
+    @property
+    def settings(self):
+        return self.writer.settings
+
+    def prepare(self, drafts: Sequence[Draft]) -> list[Proposal]:
+        try:
+            return self.writer.prepare(drafts)
+        except MetaledgerError as error:
+            raise in_callers_terms(error, drafts) from None
+
+    async def apply(
+        self, session: AsyncSession, proposals: Sequence[Proposal], audit: AuditStamp, drafts: Sequence[Draft] = ()
+    ) -> WriteResult:
+        try:
+            return await self.writer.apply(session, proposals, audit)
+        except MetaledgerError as error:
+            raise in_callers_terms(error, drafts) from None
+
+    async def submit(
+        self,
+        session: AsyncSession,
+        drafts: list[Draft],
+        audit: AuditStamp,
+        *,
+        queue: bool = False,
+        request_headers: Mapping[str, str] | None = None,
+    ) -> Outcome:
+        """Prepare, then queue (`queue=True` and a proposal queue configured) or apply and sync-index.
+        Without a queue an asynchronous write is applied now (documented: 200 means committed)."""
+        proposals = self.prepare(drafts)
+        if queue and self.queue is not None:
+            by_index = {draft.index: draft for draft in drafts}
+            pairs = [(by_index[p.index], p) for p in proposals]
+            await self.queue.send([proposal_to_mcp(draft, proposal) for draft, proposal in pairs])
+            return Outcome(drafts, proposals, queued=pairs)
+        result = await self.apply(session, proposals, audit, drafts)
+        index = None
+        if wants_sync_index(request_headers, proposals):
+            index = await sync_index(self.search, result.outbox)
+        return Outcome(drafts, proposals, result, index)

@@ -1,0 +1,110 @@
+"""Kafka producers: the one every producer is made by (`make_producer`), and the proposal queue of asynchronous
+ingestion (`async=true` on the write endpoints).
+
+The ingest gateway validates first (registry, schema, URN, proposal rules), then hands the MCPs (DataHub's JSON
+form, app.ingest.mcp.proposal_to_mcp) to `ProposalProducer.send`, which produces them to `MetadataChangeProposal_v1`
+keyed by the entity URN and returns once the broker acknowledged every record (`acks=all`). The MCP consumer
+(app.kafka.consumers) applies them through the same pipeline.
+
+Delivery is at least once: if the produce fails half-way the client gets a 503 and retries, and the records that
+did reach the topic are applied twice (a no-op the second time for UPSERT).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import orjson
+from aiokafka import AIOKafkaProducer
+from aiokafka.errors import KafkaError
+
+from app.errors import Issue, PayloadTooLarge, ServiceUnavailable
+from app.settings import Settings
+
+log = logging.getLogger("metaledger.kafka.producer")
+
+# How long a request waits for the broker's acknowledgements before answering 503 (the Python client's own
+# timeout is 30 s).
+SEND_TIMEOUT_S = 15.0
+# Room for the record's framing on top of the value and key, when sizing requests.
+RECORD_OVERHEAD = 64 * 1024
+
+
+def make_producer(settings: Settings, client_suffix: str) -> AIOKafkaProducer:
+    """A producer for JSON records: acks=all, not idempotent (aiokafka's idempotent producer needs InitProducerId
+    versions some brokers lack; keys and at-least-once consumers make duplicates harmless)."""
+    return AIOKafkaProducer(
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        client_id=f"{settings.kafka_client_id}-{client_suffix}",
+        acks="all",
+        enable_idempotence=False,
+        max_request_size=settings.kafka_max_message_bytes + RECORD_OVERHEAD,
+        linger_ms=2,
+    )
+
+
+class ProposalProducer:
+    """Produces MCPs to `topic_mcp`. Started with the app when Kafka is configured; if the broker is unreachable at
+    start-up the service still starts, and the first `send` connects (answering 503 while the broker is away)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._producer: AIOKafkaProducer | None = None
+        self._lock = asyncio.Lock()
+
+    async def start(self) -> None:
+        try:
+            await self._ensure_started()
+        except ServiceUnavailable as error:
+            log.warning("proposal producer not connected; will retry on first use", extra={"error": error.message})
+
+    async def _ensure_started(self) -> AIOKafkaProducer:
+        if self._producer is not None:
+            return self._producer
+        async with self._lock:
+            if self._producer is None:
+                producer = make_producer(self.settings, "proposals")
+                try:
+                    await producer.start()
+                except (KafkaError, OSError) as error:
+                    await producer.stop()
+                    raise ServiceUnavailable(f"the Kafka broker is unreachable ({type(error).__name__}: {error}); retry") from error
+                self._producer = producer
+        return self._producer
+
+    async def stop(self) -> None:
+        async with self._lock:
+            if self._producer is not None:
+                await self._producer.stop()
+                self._producer = None
+
+    async def send(self, proposals: list[dict[str, Any]]) -> None:
+        """Produce MCPs (DataHub JSON form) to the MCP topic, keyed by entity URN; returns when acknowledged.
+        Raises PayloadTooLarge (nothing produced) when a record exceeds `kafka_max_message_bytes`, and
+        ServiceUnavailable when the broker does not acknowledge in time."""
+        records = []
+        limit = self.settings.kafka_max_message_bytes
+        for index, mcp in enumerate(proposals):
+            value = orjson.dumps(mcp)
+            if len(value) > limit:
+                raise PayloadTooLarge(
+                    f"proposal {index} is {len(value)} bytes on the proposal topic; the limit is {limit}",
+                    [Issue("proposal too large for the proposal topic", index, mcp.get("entityUrn"), mcp.get("aspectName"))],
+                )
+            key = mcp.get("entityUrn")
+            records.append((key.encode() if isinstance(key, str) else None, value))
+        if not records:
+            return
+        producer = await self._ensure_started()
+        topic = self.settings.topic_mcp
+        try:
+            async with asyncio.timeout(SEND_TIMEOUT_S):
+                futures = [await producer.send(topic, value, key=key) for key, value in records]
+                await asyncio.gather(*futures)
+        except (KafkaError, TimeoutError) as error:
+            log.warning("proposals not acknowledged by the broker", extra={"topic": topic, "records": len(records), "error": repr(error)})
+            raise ServiceUnavailable(
+                f"the proposal topic did not acknowledge the write ({type(error).__name__}); retry, it is idempotent"
+            ) from error

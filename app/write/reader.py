@@ -1,0 +1,37 @@
+"""Reads of the aspect store, with the registry's checks of what is asked for (404 when absent)."""
+
+from __future__ import annotations
+
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.errors import Issue, NotFound
+from app.registry import EntityRegistry
+from app.write.repository import AspectRepository, StoredAspect
+
+
+class EntityReader:
+    def __init__(self, session: AsyncSession, registry: EntityRegistry) -> None:
+        self.repo = AspectRepository(session)
+        self.registry = registry
+
+    async def entity(self, entity_type: str, urn: str, aspects: list[str] | None) -> list[StoredAspect]:
+        spec = self.registry.entity(entity_type)
+        for aspect in aspects or []:
+            self.registry.aspect(spec.name, aspect)
+        rows = await self.repo.entity_latest(urn, aspects)
+        if not rows and not await self.repo.entity_exists(urn):
+            raise NotFound(f"entity {urn} does not exist", [Issue("not found", urn=urn)])
+        return rows
+
+    async def aspect(self, entity_type: str, urn: str, aspect: str, version: int = 0) -> StoredAspect:
+        spec = self.registry.entity(entity_type)
+        self.registry.aspect(spec.name, aspect)
+        if version == 0:
+            rows = await self.repo.latest([(urn, aspect)])
+            row = rows.get((urn, aspect))
+        else:
+            row = await self.repo.versioned(urn, aspect, version)
+        if row is None:
+            what = f"version {version} of aspect" if version else "aspect"
+            raise NotFound(f"{what} {aspect!r} of {urn} does not exist", [Issue("not found", urn=urn, aspect=aspect)])
+        return row
