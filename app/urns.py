@@ -76,7 +76,6 @@ def _split_tuple(entity_id: str, urn: str) -> tuple[str, ...]:
     return tuple(parts)
 
 
-@lru_cache(maxsize=65536)
 def entity_type_of(urn: str) -> str:
     """The entity type of ``urn:li:<entityType>:<id>`` without parsing the id; InvalidUrnError as `parse_urn`."""
     if not isinstance(urn, str):
@@ -91,12 +90,9 @@ def entity_type_of(urn: str) -> str:
     return entity_type
 
 
+@lru_cache(maxsize=65536)
 def parse_urn(urn: str) -> Urn:
     """Parse ``urn:li:<entityType>:<id>``; raises InvalidUrnError naming the problem."""
-    if not isinstance(urn, str):
-        raise InvalidUrnError(f"a URN must be a string, found {type(urn).__name__}")
-    if not urn.startswith(URN_PREFIX):
-        raise InvalidUrnError(f"URN {urn!r} must start with '{URN_PREFIX}'")
     entity_type = entity_type_of(urn)
     entity_id = urn[len(URN_PREFIX) + len(entity_type) + 1:]
     return Urn(entity_type, entity_id, _split_tuple(entity_id, urn))

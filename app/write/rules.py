@@ -31,6 +31,7 @@ WRITE_CHANGE_TYPES = frozenset(
     {ChangeType.UPSERT, ChangeType.CREATE, ChangeType.CREATE_ENTITY, ChangeType.UPDATE, ChangeType.PATCH, ChangeType.DELETE}
 )
 ABSENT_VERSION = "-1"
+EVERY_ENTITY_ASPECT: Sequence[tuple[str, str]] = ((ANY, ANY),)
 
 
 class VerdictKind(str, enum.Enum):
@@ -64,11 +65,13 @@ class PendingChange:
 class Rule:
     name: ClassVar[str]
     change_types: ClassVar[frozenset[ChangeType]] = WRITE_CHANGE_TYPES
-    entity_aspects: ClassVar[Sequence[tuple[str, str]]] = ((ANY, ANY),)
+    entity_aspects: ClassVar[Sequence[tuple[str, str]]] = EVERY_ENTITY_ASPECT
 
     def governs(self, proposal: Proposal) -> bool:
         if proposal.change_type not in self.change_types:
             return False
+        if self.entity_aspects is EVERY_ENTITY_ASPECT:  # the common case, on the hot path of every proposal
+            return True
         return any(
             (entity == ANY or entity == proposal.entity_type) and (aspect == ANY or aspect == proposal.aspect_name)
             for entity, aspect in self.entity_aspects
