@@ -1,21 +1,26 @@
 """The change feed over HTTP: the outbox's change logs in commit order, for readers without Kafka.
 
-    GET /openapi/v1/events/mcl?after=<offset>&limit=<n>[&topic=<name>...]
+    GET /openapi/v1/events/mcl?after=<offset>&limit=<n>[&topic=<name>...]          metaledger's pages
+    GET /openapi/v1/events/poll?topic=&offsetId=&limit=&pollTimeoutSeconds=&lookbackWindowDays=
+                                                                                   DataHub's Events API
 
 The feed itself (offsets, order, retention) is the changelog's: app.changelog.feed.
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta, timezone
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
+from app.api.deps import Engine, SettingsDep
 from app.api.http import json_response
 from app.changelog import feed
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
+from app.settings import Settings
 
 router = APIRouter(prefix="/openapi/v1/events", tags=["events"])
 
@@ -40,9 +45,8 @@ class ChangeFeedPage(BaseModel):
     nextOffset: int = Field(description="The last offset of this page, or `after` when the page is empty")
 
 
-def _feed_topics(request: Request) -> tuple[list[str], list[str]]:
+def _feed_topics(settings: Settings) -> tuple[list[str], list[str]]:
     """(default topics, every topic that may be asked for)."""
-    settings = request.app.state.settings
     default = list(dict.fromkeys([settings.topic_mcl_versioned, settings.topic_mcl_timeseries]))
     allowed = list(dict.fromkeys([*default, settings.topic_platform_event]))
     return default, allowed
@@ -55,7 +59,8 @@ def _feed_topics(request: Request) -> tuple[list[str], list[str]]:
     summary="Read the Metadata Change Logs in commit order (a change feed without Kafka)",
 )
 async def change_feed(
-    request: Request,
+    settings: SettingsDep,
+    engine: Engine,
     after: Annotated[int, Query(description="Return events after this offset (0: from the start)")] = 0,
     limit: Annotated[int, Query(description=f"At most this many events (1..{MAX_LIMIT})")] = DEFAULT_LIMIT,
     topic: Annotated[
@@ -70,7 +75,7 @@ async def change_feed(
         issues.append(Issue("after must be 0 or more", path="$.after", found=str(after)))
     if not 1 <= limit <= MAX_LIMIT:
         issues.append(Issue(f"limit must be between 1 and {MAX_LIMIT}", path="$.limit", found=str(limit)))
-    default, allowed = _feed_topics(request)
+    default, allowed = _feed_topics(settings)
     topics = default
     if topic:
         unknown = [t for t in topic if t not in allowed]
@@ -80,7 +85,7 @@ async def change_feed(
     if issues:
         raise ValidationFailed("invalid change feed parameters", issues)
 
-    page, next_offset = await feed.read_page(request.app.state.engine, after, limit, topics)
+    page, next_offset = await feed.read_page(engine, after, limit, topics)
     events = [
         {
             "offset": e.offset,
@@ -96,3 +101,68 @@ async def change_feed(
         for e in page
     ]
     return json_response({"events": events, "nextOffset": next_offset})
+
+
+# --- DataHub's Events API (ExternalEventsController), what DataHub Actions' HTTP event source polls ------------------
+
+POLL_DEFAULT_LIMIT = 100
+POLL_MAX_LIMIT = 5000  # DataHub's caps
+POLL_DEFAULT_TIMEOUT_S = 10
+POLL_MAX_TIMEOUT_S = 60
+
+
+class ExternalEvent(BaseModel):
+    contentType: str = Field(examples=["application/json"])
+    value: str = Field(description="The event's JSON text: a PlatformEvent or a MetadataChangeLog, as on Kafka in JSON")
+
+
+class ExternalEventsResponse(BaseModel):
+    offsetId: str = Field(description="Pass it back as `offsetId` to continue after these events")
+    count: int
+    events: list[ExternalEvent]
+
+
+@router.get(
+    "/poll",
+    response_model=ExternalEventsResponse,
+    responses=ERROR_RESPONSES,
+    summary="DataHub's Events API: poll one topic's events after an offset (long poll)",
+)
+async def poll_events(
+    settings: SettingsDep,
+    engine: Engine,
+    topic: Annotated[str, Query(description="PlatformEvent_v1, MetadataChangeLog_Versioned_v1 or MetadataChangeLog_Timeseries_v1")],
+    offsetId: Annotated[str | None, Query(description="Continue after this offset (from a previous answer)")] = None,
+    limit: Annotated[int | None, Query(description=f"At most this many events (default {POLL_DEFAULT_LIMIT}, capped at {POLL_MAX_LIMIT})")] = None,
+    pollTimeoutSeconds: Annotated[int | None, Query(description=f"Wait this long for a first event (default {POLL_DEFAULT_TIMEOUT_S}, capped at {POLL_MAX_TIMEOUT_S})")] = None,
+    lookbackWindowDays: Annotated[int | None, Query(description="Without offsetId: start this many days back (default: from now on)")] = None,
+):
+    """DataHub's shape and caps. Without `offsetId` the read starts at the end of the feed (only new events), or
+    `lookbackWindowDays` back. The events of one topic come in commit order; delivery is at least once."""
+    _, allowed = _feed_topics(settings)
+    issues = []
+    if topic not in allowed:
+        issues.append(Issue("unknown topic", path="$.topic", expected=", ".join(allowed), found=topic[:200]))
+    after = None
+    if offsetId is not None:
+        if not offsetId.isdigit() or len(offsetId) > 18:
+            issues.append(Issue("offsetId must be an offset this API returned", path="$.offsetId", found=offsetId[:100]))
+        else:
+            after = int(offsetId)
+    if limit is not None and limit < 1:
+        issues.append(Issue("limit must be 1 or more", path="$.limit", found=str(limit)))
+    if pollTimeoutSeconds is not None and pollTimeoutSeconds < 0:
+        issues.append(Issue("pollTimeoutSeconds must be 0 or more", path="$.pollTimeoutSeconds", found=str(pollTimeoutSeconds)))
+    if lookbackWindowDays is not None and not 0 <= lookbackWindowDays <= 36_500:
+        issues.append(Issue("lookbackWindowDays must be between 0 and 36500", path="$.lookbackWindowDays", found=str(lookbackWindowDays)))
+    if issues:
+        raise ValidationFailed("invalid events poll parameters", issues)
+    if after is None:
+        if lookbackWindowDays is not None:
+            after = await feed.offset_before(engine, datetime.now(timezone.utc) - timedelta(days=lookbackWindowDays))
+        else:
+            after = await feed.last_offset(engine)
+    timeout_s = min(POLL_DEFAULT_TIMEOUT_S if pollTimeoutSeconds is None else pollTimeoutSeconds, POLL_MAX_TIMEOUT_S)
+    page, next_offset = await feed.poll(engine, after, min(limit or POLL_DEFAULT_LIMIT, POLL_MAX_LIMIT), [topic], timeout_s)
+    events = [{"contentType": "application/json", "value": e.payload} for e in page]
+    return json_response({"offsetId": str(next_offset), "count": len(events), "events": events})

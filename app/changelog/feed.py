@@ -1,5 +1,5 @@
 """The change feed: the outbox's change logs in commit order, for readers without Kafka (served over HTTP by
-app.api.change_feed).
+app.api.change_feed: metaledger's page API and DataHub's Events API long poll).
 
 Offsets are assigned by the relay's sequencer (`app.changelog.outbox.sequence`) once a change log's transaction and
 every transaction that could precede it have finished, so the feed only grows at its end: a reader that keeps the
@@ -9,8 +9,10 @@ in one total order for all URNs). Rows leave the feed when the relay prunes them
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
@@ -61,3 +63,35 @@ async def read_page(engine: AsyncEngine, after: int, limit: int, topics: Sequenc
         for r in records
     ]  # fmt: skip
     return events, events[-1].offset if events else after
+
+
+async def last_offset(engine: AsyncEngine) -> int:
+    """The last offset the sequencer gave: a reader starting from it sees only what comes next."""
+    async with engine.connect() as connection:
+        raw = await connection.get_raw_connection()
+        return await raw.driver_connection.fetchval("SELECT last_offset FROM change_log_feed_state WHERE id = 1")
+
+
+async def offset_before(engine: AsyncEngine, since: datetime) -> int:
+    """The offset to continue from to read every change log written since `since` (still in the feed)."""
+    async with engine.connect() as connection:
+        raw = await connection.get_raw_connection()
+        first = await raw.driver_connection.fetchval(
+            "SELECT min(feed_offset) FROM change_log_outbox WHERE feed_offset IS NOT NULL AND created_at >= $1",
+            since.replace(tzinfo=None),
+        )
+        if first is not None:
+            return first - 1
+        return await raw.driver_connection.fetchval("SELECT last_offset FROM change_log_feed_state WHERE id = 1")
+
+
+async def poll(
+    engine: AsyncEngine, after: int, limit: int, topics: Sequence[str], timeout_s: float, interval_s: float = 0.1
+) -> tuple[list[FeedEvent], int]:
+    """`read_page`, waiting up to `timeout_s` for a first change log when there is none yet (a long poll)."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        events, next_offset = await read_page(engine, after, limit, topics)
+        if events or asyncio.get_running_loop().time() >= deadline:
+            return events, next_offset
+        await asyncio.sleep(interval_s)
