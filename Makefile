@@ -19,7 +19,7 @@ ARGS            ?=
 INSTALL_KEY := $(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)-$(DATAHUB_VERSION)
 STAMP       := $(VENV)/.metaledger-installed-$(INSTALL_KEY)
 
-.PHONY: help venv client-venv postgres-bin java-bin run test openapi-check clean-venv
+.PHONY: help venv client-venv actions-venv postgres-bin java-bin run test openapi-check clean-venv
 
 help:
 	@echo "make run            serve on $(HOST):$(PORT) (HOST=, PORT= to change)"
@@ -28,6 +28,7 @@ help:
 	@echo "make postgres-bin   install Debian's postgresql if its binaries are missing"
 	@echo "make openapi-check  fail if openapi/ is out of date with the code"
 	@echo "make client-venv    create .venv-client: the real DataHub client for tests/client (the tests create it too)"
+	@echo "make actions-venv   create .venv-actions: DataHub Actions for tests/client (the tests create it too)"
 
 venv: $(STAMP)
 
@@ -47,14 +48,30 @@ $(STAMP): pyproject.toml
 	@rm -f $(VENV)/.metaledger-installed-*
 	@touch $@
 
-# The real `datahub` client, for tests/client, in its own virtualenv (its dependencies never touch $(VENV)).
-CLIENT_VENV ?= .venv-client
-client-venv: $(CLIENT_VENV)/.acryl-datahub-$(DATAHUB_VERSION)
+# The real `datahub` client (with the `datahub-kafka` sink: confluent-kafka, fastavro), for tests/client, in its own
+# virtualenv (its dependencies never touch $(VENV)). The stamp names what is installed: a change reinstalls.
+CLIENT_VENV    ?= .venv-client
+CLIENT_REQ     := acryl-datahub[datahub-kafka]==$(DATAHUB_VERSION)
+CLIENT_STAMP   := $(CLIENT_VENV)/.acryl-datahub-datahub-kafka-$(DATAHUB_VERSION)
+client-venv: $(CLIENT_STAMP)
 
-$(CLIENT_VENV)/.acryl-datahub-$(DATAHUB_VERSION):
+$(CLIENT_STAMP):
 	test -x $(CLIENT_VENV)/bin/python || $(PYTHON) -m venv $(CLIENT_VENV)
-	$(CLIENT_VENV)/bin/python -m pip install --disable-pip-version-check -q 'acryl-datahub==$(DATAHUB_VERSION)'
+	$(CLIENT_VENV)/bin/python -m pip install --disable-pip-version-check -q '$(CLIENT_REQ)'
 	@rm -f $(CLIENT_VENV)/.acryl-datahub-*
+	@touch $@
+
+# DataHub Actions (`datahub actions -c pipeline.yml`, its Kafka event source), for tests/client, in a virtualenv
+# of its own too.
+ACTIONS_VENV   ?= .venv-actions
+ACTIONS_REQ    := acryl-datahub-actions==$(DATAHUB_VERSION)
+ACTIONS_STAMP  := $(ACTIONS_VENV)/.acryl-datahub-actions-$(DATAHUB_VERSION)
+actions-venv: $(ACTIONS_STAMP)
+
+$(ACTIONS_STAMP):
+	test -x $(ACTIONS_VENV)/bin/python || $(PYTHON) -m venv $(ACTIONS_VENV)
+	$(ACTIONS_VENV)/bin/python -m pip install --disable-pip-version-check -q '$(ACTIONS_REQ)'
+	@rm -f $(ACTIONS_VENV)/.acryl-datahub-actions-*
 	@touch $@
 
 postgres-bin:
@@ -93,4 +110,4 @@ openapi-check: venv
 	$(VENV)/bin/metaledger openapi export --check
 
 clean-venv:
-	rm -rf $(VENV) $(CLIENT_VENV)
+	rm -rf $(VENV) $(CLIENT_VENV) $(ACTIONS_VENV)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from app.avro.wire import ValueCodec
 from app.ingest.gateway import IngestGateway
 from app.kafka.consumers import MceConsumer, McpConsumer
 from app.kafka.relay import OutboxRelay
@@ -28,18 +29,19 @@ class Background:
 
     async def start(
         self, settings: Settings, engine: AsyncEngine, sessionmaker: async_sessionmaker[AsyncSession],
-        gateway: IngestGateway, search: SearchRuntime,
+        gateway: IngestGateway, search: SearchRuntime, codec: ValueCodec | None = None,
     ) -> None:
         kafka = bool(settings.kafka_bootstrap_servers)
+        codec = codec or ValueCodec(settings)  # one per process, shared by the relay and the consumers
         if kafka and settings.create_topics_on_start:
             await ensure_topics(settings)
         workers = []
         if settings.relay_enabled:
-            workers.append(OutboxRelay(settings, engine))
+            workers.append(OutboxRelay(settings, engine, codec))
         if kafka and settings.mcp_consumer_enabled:
-            workers.append(McpConsumer(settings, sessionmaker, gateway))
+            workers.append(McpConsumer(settings, sessionmaker, gateway, codec=codec))
         if kafka and settings.mce_consumer_enabled:
-            workers.append(MceConsumer(settings, sessionmaker, gateway))
+            workers.append(MceConsumer(settings, sessionmaker, gateway, codec=codec))
         if not kafka:
             # The embedded default: this process indexes the outbox. With Kafka, indexing is the Spark job's.
             workers.append(IndexWorker(settings, engine, search))

@@ -14,6 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 
 from app import __version__
+from app.avro.wire import ValueCodec
 from app.background import Background
 from app.db import create_engine, create_sessionmaker, upgrade_database
 from app.errors import Issue, MetaledgerError, ServiceUnavailable, ValidationFailed
@@ -23,6 +24,7 @@ from app.logs import configure_logging
 from app.search.service import SearchRuntime
 from app.registry import EntityRegistry, load_registry
 from app.registry.errors import RegistryError
+from app.schema_registry import make_registry_client
 from app.settings import Settings, get_settings
 from app.ingest.gateway import IngestGateway
 from app.kafka.producer import ProposalProducer
@@ -61,6 +63,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     engine = create_engine(url, settings.db_pool_size)
     app.state.engine = engine
     app.state.sessionmaker = create_sessionmaker(engine)
+    app.state.schema_registry = make_registry_client(settings, engine)
+    # One codec per process: the relay, the proposal producer and the consumers encode and decode Kafka values with it
+    # (writer schemas fetched by id from the registry are cached in it).
+    app.state.value_codec = codec = ValueCodec(settings, app.state.schema_registry)
     # The registry and compiled validators live for the whole process: move them out of the collector's way, and
     # collect the young generation less often (a batch allocates thousands of short-lived dicts).
     gc.collect()
@@ -70,13 +76,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     await search.start(force=True)  # a search server that is down does not stop the service
     # Asynchronous writes go to the MCP topic when Kafka is configured (a broker that is down does not stop the
     # service either: the first queued write connects, or answers 503).
-    producer = ProposalProducer(settings) if settings.kafka_bootstrap_servers else None
+    producer = ProposalProducer(settings, codec) if settings.kafka_bootstrap_servers else None
     if producer is not None:
         await producer.start()
     app.state.proposal_producer = producer
     app.state.gateway = IngestGateway(app.state.write_service, search, producer)
     background = Background()
-    await background.start(settings, engine, app.state.sessionmaker, app.state.gateway, search)
+    await background.start(settings, engine, app.state.sessionmaker, app.state.gateway, search, codec)
     log.info("metaledger started", extra={"database": engine.url.render_as_string(hide_password=True)})
     try:
         yield
@@ -85,6 +91,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if producer is not None:
             await producer.stop()
         await search.close()
+        await app.state.schema_registry.aclose()
         await engine.dispose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)

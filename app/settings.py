@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -55,6 +56,13 @@ class Settings(BaseSettings):
     kafka_compression_type: str = "lz4"
     kafka_topic_partitions: int = 1  # DataHub's default
     kafka_topic_replication_factor: int = 1
+    # Values on every topic metaledger writes: "avro" (DataHub's wire: 0x00 + 4-byte schema id + Avro binary) or
+    # "json" (the JSON text, as before). Consumers read both whatever this says.
+    kafka_value_format: Literal["avro", "json"] = "avro"
+    # An external Confluent-compatible schema registry (DataHub's "KAFKA" type): metaledger registers its schemas
+    # there and resolves every schema id through it. Unset: metaledger's own registry, served at
+    # /schema-registry/api (DataHub's "INTERNAL" type), with DataHub's fixed ids.
+    schema_registry_url: str | None = None
 
     # Entity Change Events (tag added, owner removed, ...) computed at write time → PlatformEvent_v1 via the outbox
     platform_events_enabled: bool = True

@@ -16,8 +16,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-import orjson
-
+from app.avro.wire import ValueCodec, WireFormatError
 from app.search.documents import changes_from_mcl
 from app.search.model import Change
 from app.urns import InvalidUrnError, entity_type_of
@@ -84,16 +83,28 @@ def _entity_type_from_urn(urn: str) -> str | None:
         return None  # not an URN: the registry lookup below names it
 
 
-def parse(record: Record, registry: Any, timeseries_topic: str) -> Planned | DeadLetter:
-    """A record as a change log the registry knows, or the reason it is not one."""
+_local_codec: ValueCodec | None = None
+
+
+def local_decode(raw: bytes | None) -> dict[str, Any]:
+    """JSON, or Avro framed with one of DataHub's schema ids (no registry)."""
+    global _local_codec
+    if _local_codec is None:
+        from app.settings import Settings
+
+        _local_codec = ValueCodec(Settings())
+    return _local_codec.decode_known(raw)[0]
+
+
+def parse(record: Record, registry: Any, timeseries_topic: str, decode: Any = None) -> Planned | DeadLetter:
+    """A record as a change log the registry knows, or the reason it is not one. `decode`: raw value → the MCL's
+    JSON form, WireFormatError when it is neither JSON nor decodable Avro (default: DataHub's ids, no registry)."""
     if record.value is None:
         return DeadLetter(record, "empty record (no value)")
     try:
-        mcl = orjson.loads(record.value)
-    except orjson.JSONDecodeError as error:
+        mcl = (decode or local_decode)(record.value)
+    except WireFormatError as error:
         return DeadLetter(record, f"unparseable change log: {error}")
-    if not isinstance(mcl, dict):
-        return DeadLetter(record, f"unparseable change log: a JSON {type(mcl).__name__}, not an object")
     urn, aspect = mcl.get("entityUrn"), mcl.get("aspectName")
     if not isinstance(urn, str) or not urn:
         return DeadLetter(record, "change log without entityUrn", aspect=aspect if isinstance(aspect, str) else None)
@@ -113,7 +124,7 @@ def parse(record: Record, registry: Any, timeseries_topic: str) -> Planned | Dea
     return Planned(record, mcl, _version(mcl), record.topic == timeseries_topic)
 
 
-def plan(records: Iterable[Record], registry: Any, timeseries_topic: str) -> Plan:
+def plan(records: Iterable[Record], registry: Any, timeseries_topic: str, decode: Any = None) -> Plan:
     """Parse a task's records; of the versioned change logs keep, per (urn, aspect), only the newest: the highest
     version, and of equal versions the last on the topic (an upsert then the delete of that same version). A
     duplicate of an older version published later (the relay is at-least-once) therefore never wins. Timeseries
@@ -122,7 +133,7 @@ def plan(records: Iterable[Record], registry: Any, timeseries_topic: str) -> Pla
     newest: dict[tuple[str, str], Planned] = {}
     kept: list[Planned] = []
     for record in records:
-        parsed = parse(record, registry, timeseries_topic)
+        parsed = parse(record, registry, timeseries_topic, decode)
         if isinstance(parsed, DeadLetter):
             result.dead.append(parsed)
             continue
@@ -247,7 +258,7 @@ class IndexTask:
             key = (r.topic, r.partition)
             if r.offset > result.max_offsets.get(key, -1):
                 result.max_offsets[key] = r.offset
-        planned = plan(records, self.runtime.registry, timeseries_topic)
+        planned = plan(records, self.runtime.registry, timeseries_topic, getattr(self.runtime, "decode", None))
         result.dead = planned.dead
         result.superseded = planned.superseded
         built = self.changes_of(planned.to_apply, result.dead)

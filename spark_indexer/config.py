@@ -39,6 +39,10 @@ class IndexerSettings(Settings):
     spark_index_partitions: int = 0
     spark_restore_partitions: int = 8  # parallel readers of metadata_aspect_v2 in restore-indices / reconcile
     spark_apply_chunk: int = 2000  # index changes per bulk call from one task
+    # metaledger's own schema registry (`http://<metaledger>/schema-registry/api`): Avro change logs framed with an id
+    # that is not one of DataHub's are decoded with the writer schema fetched from it (once per worker). With
+    # METALEDGER_SCHEMA_REGISTRY_URL (an external registry) set, that one answers for every id instead.
+    spark_schema_registry_url: str | None = None
 
     @property
     def checkpoint_dir(self) -> Path:

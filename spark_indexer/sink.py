@@ -80,8 +80,11 @@ class WorkerRuntime:
     kept between tasks so a task does not pay for connecting and checking every index mapping again."""
 
     def __init__(self, settings: IndexerSettings) -> None:
+        from spark_indexer.values import decoder_for
+
         self.settings = settings
         self.registry = registry_for(settings)
+        self.decode = decoder_for(settings)  # Kafka values (Avro or JSON) → the MCL's JSON form
         self.loop = asyncio.new_event_loop()
         self._backend_cm: Any = None
         self.backend: SearchBackend | None = None

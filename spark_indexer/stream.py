@@ -82,6 +82,32 @@ class StreamResult:
                 f"changes, {self.dead_letters:,} dead letters, {seconds:.1f} s in batches ({rate:,.0f} records/s)")
 
 
+def json_text_udf(payload: dict[str, Any]):
+    """A Spark UDF: a change log's Kafka value (Avro or JSON) → its JSON text (null when it decodes to nothing)."""
+    from pyspark.sql.types import StringType
+
+    state: dict[str, Any] = {}  # per deserialized function (per task in a worker): the decoder, built once
+
+    def to_json_text(raw):  # no type hints: Spark would try to read a pandas UDF type from them
+        import orjson
+
+        from spark_indexer.values import WireFormatError, decoder_for
+
+        if raw is None:
+            return None
+        decode = state.get("decode")
+        if decode is None:
+            from spark_indexer.sink import settings_from_payload
+
+            decode = state["decode"] = decoder_for(settings_from_payload(payload))
+        try:
+            return orjson.dumps(decode(bytes(raw))).decode()
+        except WireFormatError:
+            return None
+
+    return F.udf(to_json_text, StringType())
+
+
 class BatchSink:
     """Spark's `foreachBatch` function for the change-log stream."""
 
@@ -154,7 +180,7 @@ class BatchSink:
         marker = root / "_batches" / f"{self._query_id()}-{batch_id}"
         if marker.exists():
             return 0
-        mcl = F.col("value").cast("string")
+        mcl = json_text_udf(self.payload)(F.col("value"))  # Avro or JSON on the topic: the MCL's JSON text
         value = F.get_json_object(mcl, "$.aspect.value")
         points = (
             batch.where(F.col("topic") == self.timeseries_topic)

@@ -123,6 +123,48 @@ async def wait_delivered(db: asyncpg.Connection, timeout: float = 20.0) -> int:
 
 # --- Kafka --------------------------------------------------------------------------------------------------------
 
+_CODEC = None
+
+
+def codec(value_format: str = "avro"):
+    """A ValueCodec without a registry (DataHub's fixed ids decode locally), for reading and building topic values."""
+    from app.avro.wire import ValueCodec
+    from app.settings import Settings
+
+    global _CODEC
+    if value_format != "avro":
+        return ValueCodec(Settings(kafka_value_format=value_format))
+    if _CODEC is None:
+        _CODEC = ValueCodec(Settings())
+    return _CODEC
+
+
+def decode_value(raw: bytes) -> dict[str, Any]:
+    """A topic value (Confluent-framed Avro with one of DataHub's ids, or JSON) in its JSON form."""
+    return codec().decode_known(raw)[0]
+
+
+def wire_value(role: str, payload: Any, value_format: str = "avro") -> bytes:
+    """The bytes metaledger publishes for a JSON form (object or text) on a topic of `role` ("mcl_versioned"...)."""
+    return codec(value_format).encode(role, payload)
+
+
+def published_value(settings, topic: str, payload: Any) -> bytes:
+    """What a relay with these settings publishes for an outbox row (its topic and JSON text)."""
+    from app.avro.wire import ValueCodec
+
+    value_codec = ValueCodec(settings)
+    role = value_codec.role_of(topic)
+    if role is None or not value_codec.avro:
+        return payload.encode() if isinstance(payload, str) else payload
+    return value_codec.encode(role, payload)
+
+
+def wire_form(role: str, obj: dict[str, Any]) -> dict[str, Any]:
+    """The JSON form as it reads back after a trip through Avro: aspect values as JSON text, defaults filled in,
+    fields the schema lacks dropped."""
+    return decode_value(wire_value(role, obj))
+
 # The topic settings and the stem of each test topic's name.
 TOPIC_STEMS = {
     "topic_mcl_versioned": "mclv",
@@ -216,8 +258,9 @@ class TopicReader:
         for records in batches.values():
             for r in records:
                 count += 1
-                self.records.append({"topic": r.topic, "key": r.key.decode(), "raw": r.value.decode(),
-                                     "value": orjson.loads(r.value), "partition": r.partition, "offset": r.offset})
+                value, schema_id = codec().decode_known(r.value)
+                self.records.append({"topic": r.topic, "key": r.key.decode(), "raw": r.value, "value": value,
+                                     "schema_id": schema_id, "partition": r.partition, "offset": r.offset})
         return count
 
     async def read_until(self, done, timeout: float = 20.0) -> list[dict[str, Any]]:
@@ -266,8 +309,29 @@ def kafka_overrides(bootstrap: str, topics: dict[str, str]) -> dict[str, Any]:
 
 
 def dead_letter(record) -> tuple[Any, dict[str, Any]]:
-    """(the record as received, the first TraceException) of a FMCP/FMCE record."""
-    value = orjson.loads(record.value)
+    """(the record as received, the first TraceException with `source` and `key`) of a FMCP/FMCE record, Avro
+    (the default) or JSON. A record carried raw in an Avro placeholder (`rawRecord`) comes back as received: its
+    JSON object, else its text."""
+    value = decode_value(record.value)
     (trace,) = orjson.loads(value["error"])
     payload = value.get("metadataChangeProposal", value.get("metadataChangeEvent"))
-    return payload, {**trace, "source": value["source"], "key": record.key}
+    if trace.get("rawRecord"):
+        payload = raw_record(payload)
+    return payload, {**trace, "source": value.get("source") or trace.get("source"), "key": record.key}
+
+
+def raw_record(placeholder: dict[str, Any]) -> Any:
+    """The record an Avro dead letter's placeholder MCP/MCE carries: its JSON object, else its text."""
+    if "proposedSnapshot" in placeholder:
+        properties = placeholder["systemMetadata"]["properties"]
+        text = properties["metaledger.rawRecord"]
+        if properties.get("metaledger.rawRecordEncoding") == "base64":
+            import base64
+
+            text = base64.b64decode(text).decode("utf-8", errors="backslashreplace")
+    else:
+        text = placeholder["aspect"]["value"]
+    try:
+        return orjson.loads(text)
+    except orjson.JSONDecodeError:
+        return text

@@ -5,8 +5,12 @@ from app.api.change_feed import router as change_feed_router
 from app.api.entities import router as entities_router
 from app.api.proposals import router as proposals_router
 from app.api.restli import router as restli_router
+from app.api.schema_registry import router as schema_registry_router
 from app.api.search import router as search_router
 from app.api.system import router as system_router
 
 # In this order: the search route GET /openapi/v3/entity/{entityName} comes after the v3 entity routes.
-routers = [system_router, proposals_router, entities_router, change_feed_router, restli_router, search_router]
+routers = [
+    system_router, proposals_router, entities_router, change_feed_router, restli_router, search_router,
+    schema_registry_router,
+]

@@ -13,6 +13,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from app.errors import ServiceUnavailable
 from app.ingest.gateway import IngestGateway
 from app.registry import EntityRegistry
+from app.schema_registry import SchemaRegistryClient
 from app.search.model import SearchBackend
 from app.search.service import SearchRuntime, SearchUnavailable
 from app.search.worker import wait_until_indexed
@@ -41,6 +42,10 @@ async def get_settings(request: Request) -> Settings:
 
 async def get_engine(request: Request) -> AsyncEngine:
     return request.app.state.engine
+
+
+async def get_schema_registry(request: Request) -> SchemaRegistryClient | None:
+    return getattr(request.app.state, "schema_registry", None)
 
 
 async def get_search_runtime(request: Request) -> SearchRuntime | None:
@@ -82,6 +87,7 @@ Registry = Annotated[EntityRegistry, Depends(get_registry)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 Engine = Annotated[AsyncEngine, Depends(get_engine)]
 Search = Annotated[SearchRuntime | None, Depends(get_search_runtime)]
+SchemaRegistry = Annotated[SchemaRegistryClient | None, Depends(get_schema_registry)]
 Backend = Annotated[SearchBackend, Depends(get_backend)]
 Audit = Annotated[AuditStamp, Depends(request_audit_stamp)]
 ReadYourWrites = Annotated[Callable[[], Awaitable[bool]], Depends(get_read_your_writes)]

@@ -3,8 +3,9 @@ ingestion (`async=true` on the write endpoints).
 
 The ingest gateway validates first (registry, schema, URN, proposal rules), then hands the MCPs (DataHub's JSON
 form, app.ingest.mcp.proposal_to_mcp) to `ProposalProducer.send`, which produces them to `MetadataChangeProposal_v1`
-keyed by the entity URN and returns once the broker acknowledged every record (`acks=all`). The MCP consumer
-(app.kafka.consumers) applies them through the same pipeline.
+keyed by the entity URN (values encoded by the process's `ValueCodec`: Avro `MetadataChangeProposal` framed with
+its schema id by default, JSON with `kafka_value_format=json`) and returns once the broker acknowledged every
+record (`acks=all`). The MCP consumer (app.kafka.consumers) applies them through the same pipeline.
 
 Delivery is at least once: if the produce fails half-way the client gets a 503 and retries, and the records that
 did reach the topic are applied twice (a no-op the second time for UPSERT).
@@ -16,11 +17,11 @@ import asyncio
 import logging
 from typing import Any
 
-import orjson
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
 
-from app.errors import Issue, PayloadTooLarge, ServiceUnavailable
+from app.avro.wire import ValueCodec
+from app.errors import Issue, PayloadTooLarge, ServiceUnavailable, ValidationFailed
 from app.settings import Settings
 
 log = logging.getLogger("metaledger.kafka.producer")
@@ -49,8 +50,9 @@ class ProposalProducer:
     """Produces MCPs to `topic_mcp`. Started with the app when Kafka is configured; if the broker is unreachable at
     start-up the service still starts, and the first `send` connects (answering 503 while the broker is away)."""
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, codec: ValueCodec | None = None) -> None:
         self.settings = settings
+        self.codec = codec or ValueCodec(settings)
         self._producer: AIOKafkaProducer | None = None
         self._lock = asyncio.Lock()
 
@@ -65,6 +67,10 @@ class ProposalProducer:
             return self._producer
         async with self._lock:
             if self._producer is None:
+                try:
+                    await self.codec.start()  # an external registry: the schemas registered first
+                except Exception as error:  # noqa: BLE001 - the registry is unreachable: the client retries
+                    raise ServiceUnavailable(f"the schema registry is unreachable ({type(error).__name__}: {error}); retry") from error
                 producer = make_producer(self.settings, "proposals")
                 try:
                     await producer.start()
@@ -87,7 +93,13 @@ class ProposalProducer:
         records = []
         limit = self.settings.kafka_max_message_bytes
         for index, mcp in enumerate(proposals):
-            value = orjson.dumps(mcp)
+            try:
+                value = self.codec.encode("mcp", mcp)
+            except ValueError as error:  # validated already: a proposal the MCP record cannot carry
+                raise ValidationFailed(
+                    f"proposal {index} cannot be written as a MetadataChangeProposal: {error}",
+                    [Issue(f"not encodable as a MetadataChangeProposal: {error}", index, mcp.get("entityUrn"), mcp.get("aspectName"))],
+                ) from None
             if len(value) > limit:
                 raise PayloadTooLarge(
                     f"proposal {index} is {len(value)} bytes on the proposal topic; the limit is {limit}",

@@ -7,8 +7,15 @@ two loops, each on its own Postgres connection (so a Kafka outage never stalls t
   rows in commit order and prunes the outbox.
 * **publisher** (when `kafka_bootstrap_servers` is set): holds a fair share of the 16 lanes (lane = hash of the URN)
   with session-level advisory locks, reads the lanes' sequenced, undelivered rows in feed order, produces them with
-  `acks=all` (key = message key, value = the MCL JSON, topic = the row's topic), awaits every acknowledgement and
-  marks the rows delivered. All rows of one URN are in one lane, published by one relay at a time, in order.
+  `acks=all` (key = message key, value = the row's MCL / PlatformEvent encoded by the process's `ValueCodec`:
+  Confluent-framed Avro with the topic's schema id by default, the row's JSON text with
+  `kafka_value_format=json`; topic = the row's topic), awaits every acknowledgement and marks the rows delivered.
+  All rows of one URN are in one lane, published by one relay at a time, in order.
+
+The outbox stores JSON whatever the format: encoding happens here, at publish time (the topic gives the record: the
+MCL topics MetadataChangeLog, the platform event topic PlatformEvent; a topic metaledger does not know gets the JSON
+text). A row that cannot be encoded, like a row Kafka refuses as too large, stays in the outbox with the reason
+(`publish_error`) and does not hold back the rows after it.
 
 Delivery guarantee: **at least once, in per-URN commit order**. A crash (or a lost database connection) between the
 broker's acknowledgement and the delivered mark publishes those rows again; a failed produce is retried with
@@ -30,6 +37,7 @@ from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.avro.wire import ValueCodec
 from app.changelog import outbox
 from app.changelog.sequencer import Sequencer
 from app.db import close_quietly, connect_dedicated
@@ -44,18 +52,22 @@ MAX_BACKOFF_S = 5.0  # database reconnects
 MAX_KAFKA_BACKOFF_S = 2.0  # producer restarts (a refused connection costs nothing; the outage should end quickly)
 PRODUCE_TIMEOUT_MS = 15_000  # a batch not acknowledged within this fails, and is retried later
 MAX_KAFKA_BATCH_BYTES = 1024 * 1024
+READ_AHEAD_CHUNK = 100  # rows the read-ahead encodes between two turns of the event loop
 
 
 class OutboxRelay:
-    def __init__(self, settings: Settings, engine: AsyncEngine) -> None:
+    def __init__(self, settings: Settings, engine: AsyncEngine, codec: ValueCodec | None = None) -> None:
         self.settings = settings
         self.engine = engine
+        # The process's codec (main/background/cli build one); without one, DataHub's fixed ids and no registry.
+        self.codec = codec or ValueCodec(settings)
         self._wake = asyncio.Event()  # the sequencer gave offsets: the publisher has work
         self.sequencer = Sequencer(settings, engine, self._wake)
         # figures, for tests, benchmarks and logs
         self.published = 0  # rows this relay produced and marked delivered
         self.lanes: set[int] = set()  # lanes this relay holds now
         self._producer: AIOKafkaProducer | None = None
+        self._ahead: asyncio.Task | None = None  # the next batch, read (and encoded) while one is in flight
 
     @property
     def sequenced(self) -> int:
@@ -91,7 +103,9 @@ class OutboxRelay:
     # --- the publisher -------------------------------------------------------------------------------------------
     async def _publisher(self, stop: asyncio.Event) -> None:
         """Fetch, produce, mark; the delivered mark of one batch (on a second connection) overlaps the fetch and
-        produce of the next. A lane is only given back, and the read position only reset, once every mark is in."""
+        produce of the next, and the next batch is read (and encoded) while this one is sent and acknowledged
+        (`_read_ahead`: it is only used if this batch went through, and never across a rebalance). A lane is only
+        given back, and the read position only reset, once every mark is in."""
         poll = self.settings.relay_poll_interval_ms / 1000
         batch = max(1, self.settings.relay_batch_size)
         db_failures = 0
@@ -113,8 +127,12 @@ class OutboxRelay:
                             if marking is not None:
                                 await marking
                                 marking = None
+                            if self._ahead is not None:  # `conn` is needed: let the read-ahead's query finish
+                                await asyncio.gather(self._ahead, return_exceptions=True)
                             held = set(self.lanes)
                             await self._balance(conn)
+                            if self.lanes != held:
+                                self._ahead = None  # read for other lanes
                             if self.lanes - held:
                                 after = 0  # a new lane may hold rows below the read position
                             next_balance = time.monotonic() + BALANCE_INTERVAL_S
@@ -136,8 +154,13 @@ class OutboxRelay:
                                     log.warning("relay: kafka unavailable; retrying",
                                                 extra={"attempts": kafka_failures, "error": f"{type(error).__name__}: {error}"})
                                 continue
-                        self._wake.clear()
-                        rows = await outbox.pending(conn, sorted(self.lanes), batch, after)
+                        if self._ahead is not None:
+                            ahead, self._ahead = self._ahead, None
+                            rows, encoded = await ahead
+                        else:
+                            self._wake.clear()
+                            rows = await outbox.pending(conn, sorted(self.lanes), batch, after)
+                            encoded = None
                         if not rows:
                             if marking is not None:
                                 await marking
@@ -147,7 +170,12 @@ class OutboxRelay:
                             except TimeoutError:
                                 pass
                             continue
-                        delivered, refused, error = await self._produce(rows)
+                        # The next batch is read (and encoded) while this one is sent and acknowledged.
+                        self._ahead = asyncio.create_task(
+                            self._read_ahead(conn, sorted(self.lanes), batch, rows[-1].feed_offset))
+                        delivered, refused, error = await self._produce(rows, encoded)
+                        if error is not None:
+                            await self._drop_read_ahead()  # the unpublished rows are read again first
                         if marking is not None:
                             await marking
                         marking = asyncio.create_task(self._mark(mark_conn, delivered, refused))
@@ -173,6 +201,7 @@ class OutboxRelay:
                 finally:
                     if marking is not None:  # a mark that does not land means those rows are published again
                         await asyncio.gather(marking, return_exceptions=True)
+                    await self._drop_read_ahead()
                     self.lanes = set()
                     for c in (conn, mark_conn):
                         if c is not None:
@@ -180,11 +209,29 @@ class OutboxRelay:
         finally:
             await self._stop_producer()
 
+    async def _read_ahead(self, conn: asyncpg.Connection, lanes: list[int], limit: int, after: int):
+        """The next batch and its encoded values, read while the current batch is sent and acknowledged."""
+        self._wake.clear()
+        rows = await outbox.pending(conn, lanes, limit, after)
+        if not rows or not self.codec.avro:
+            return rows, None
+        refused: list[tuple[outbox.PendingRow, str]] = []
+        values: dict[int, bytes] = {}
+        for start in range(0, len(rows), READ_AHEAD_CHUNK):  # between chunks, the batch in flight gets its turn
+            values.update(self._encode(rows[start:start + READ_AHEAD_CHUNK], refused))
+            await asyncio.sleep(0)
+        return rows, (values, refused)
+
+    async def _drop_read_ahead(self) -> None:
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            await asyncio.gather(ahead, return_exceptions=True)  # let its query finish: `conn` is used next
+
     async def _mark(self, conn: asyncpg.Connection, delivered: list[outbox.PendingRow],
                     refused: list[tuple[outbox.PendingRow, str]]) -> None:
         for row, reason in refused:
             await outbox.mark_failed(conn, row.id, reason)
-            log.error("relay: kafka refuses a change log; it stays in the outbox with the error",
+            log.error("relay: a change log cannot be published (refused by kafka, or not encodable); it stays in the outbox with the error",
                       extra={"outbox_id": row.id, "feed_offset": row.feed_offset, "topic": row.topic, "error": reason})
         if delivered:
             await outbox.mark_delivered(conn, [row.id for row in delivered])
@@ -212,6 +259,7 @@ class OutboxRelay:
         settings = self.settings
         if settings.create_topics_on_start:
             await create_missing_topics(settings)  # again: a broker may have come back without them
+        await self.codec.start()  # an external registry: the schemas registered (retried like the broker)
         producer = AIOKafkaProducer(
             bootstrap_servers=settings.kafka_bootstrap_servers,
             client_id=f"{settings.kafka_client_id}-relay",
@@ -236,17 +284,26 @@ class OutboxRelay:
         if producer is not None:
             await _stop_quietly(producer)
 
-    async def _produce(self, rows: list[outbox.PendingRow]):
+    async def _produce(self, rows: list[outbox.PendingRow], encoded=None):
         """Produce a batch and await every acknowledgement. Returns (delivered rows, refused rows with the reason,
         the first error or None). A row is delivered only if no earlier row with the same topic and key failed, so
-        a retry can never put a key's change logs out of order."""
+        a retry can never put a key's change logs out of order. `encoded`: the rows' values and encoding refusals
+        when read ahead."""
         producer = self._producer
         assert producer is not None
         refused: list[tuple[outbox.PendingRow, str]] = []
         sent: list[tuple[outbox.PendingRow, asyncio.Future | BaseException]] = []
+        if encoded is None:
+            values = self._encode(rows, refused)
+        else:
+            values, refused_encoding = encoded
+            refused.extend(refused_encoding)
         for row in rows:
+            value = values.get(row.id)
+            if value is None:
+                continue  # refused: it cannot be encoded
             try:
-                sent.append((row, await producer.send(row.topic, row.payload, key=row.key.encode())))
+                sent.append((row, await producer.send(row.topic, value, key=row.key.encode())))
             except MessageSizeTooLargeError as error:  # can never be produced with these settings
                 refused.append((row, f"{type(error).__name__}: {error}"))
             except Exception as error:  # noqa: BLE001 - e.g. metadata timeout: this row and the rest wait
@@ -273,10 +330,29 @@ class OutboxRelay:
             first_error = first_error or error
         if broker_too_large and len(broker_too_large) == len(sent) - len(delivered):
             # Only size refusals: send the rest one by one to find the rows that are too large on their own.
-            return await self._produce_one_by_one(rows, delivered, refused)
+            return await self._produce_one_by_one(rows, values, delivered, refused)
         return delivered, refused, first_error
 
-    async def _produce_one_by_one(self, rows, delivered, refused):
+    def _encode(self, rows: list[outbox.PendingRow], refused: list[tuple[outbox.PendingRow, str]]) -> dict[int, bytes]:
+        """Each row's value as published (row id → bytes); a row that does not fit its topic's record is refused
+        with the reason."""
+        codec = self.codec
+        if not codec.avro:
+            return {row.id: row.payload for row in rows}
+        values: dict[int, bytes] = {}
+        role_of, encode = codec.role_of, codec.encode
+        for row in rows:
+            role = role_of(row.topic)
+            if role is None:
+                values[row.id] = row.payload  # not one of metaledger's topics: the JSON text as stored
+                continue
+            try:
+                values[row.id] = encode(role, row.payload)
+            except ValueError as error:  # AvroEncodeError, or text that is not JSON
+                refused.append((row, f"AvroEncodeError: the row is not a valid {role} record for Avro: {error}"))
+        return values
+
+    async def _produce_one_by_one(self, rows, values, delivered, refused):
         done = {row.id for row in delivered} | {row.id for row, _ in refused}
         failed_keys: set[tuple[str, str]] = set()
         first_error = None
@@ -286,7 +362,7 @@ class OutboxRelay:
             if (row.topic, row.key) in failed_keys:
                 continue
             try:
-                await (await self._producer.send(row.topic, row.payload, key=row.key.encode()))
+                await (await self._producer.send(row.topic, values[row.id], key=row.key.encode()))
                 delivered.append(row)
             except MessageSizeTooLargeError as error:
                 refused.append((row, f"{type(error).__name__}: {error}"))

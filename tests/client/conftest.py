@@ -5,45 +5,81 @@
 * `metaledger` (session): `uvicorn app.main:app` on a free port, on a fresh database of the test Postgres.
 * `datahub` (session): runs the client (`.script(code)` in its Python, `.cli(*args)` the `datahub` command) as a
   subprocess pointed at that server, telemetry off, with a private HOME (no `~/.datahubenv`).
+
+DataHub's Kafka wire (Avro, the schema registry metaledger serves), with the real Kafka clients:
+
+* The client venv has the `datahub-kafka` extra (confluent-kafka, fastavro); DataHub Actions
+  (`acryl-datahub-actions`, pinned) lives in `<repo>/.venv-actions` (override with `METALEDGER_ACTIONS_VENV`), made
+  the same way. Each venv's stamp names what it holds, so a venv made for less is upgraded in place.
+* `kafka_metaledger` (package): a metaledger process on the test broker (Tansu) with topics of its own, the relay
+  publishing Avro (`METALEDGER_KAFKA_VALUE_FORMAT=avro`) and the MCP and MCE consumers running; its registry is
+  `<url>/schema-registry/api/`. Its log is kept in a file (`.log_tail()`), for failure messages.
+* `kafka_datahub` (package): the `datahub` client (as `datahub`) pointed at that process.
 """
 
 from __future__ import annotations
 
+import fcntl
+import hashlib
+import json
 import os
+import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
+import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 import pytest
+import yaml
 
 from app.db import upgrade_database
 from app.embedded_pg import free_port
+from tests.helpers import unique_topics
 from tests.processes import start_service, stop_process, wait_healthy_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_VERSION = "1.7.0.17"
 CLIENT_VENV = Path(os.environ.get("METALEDGER_CLIENT_VENV", ROOT / ".venv-client"))
+ACTIONS_VENV = Path(os.environ.get("METALEDGER_ACTIONS_VENV", ROOT / ".venv-actions"))
+# What each venv holds (the Makefile's client-venv / actions-venv targets install the same) and its stamp file.
+CLIENT_REQUIREMENT = (f"acryl-datahub[datahub-kafka]=={CLIENT_VERSION}", f".acryl-datahub-datahub-kafka-{CLIENT_VERSION}")
+ACTIONS_REQUIREMENT = (f"acryl-datahub-actions=={CLIENT_VERSION}", f".acryl-datahub-actions-{CLIENT_VERSION}")
+
+
+def _ensure_venv(venv: Path, requirement: str, stamp_name: str) -> Path:
+    """`venv` with `requirement` installed (from PyPI, once: a stamp file records it); returns its python.
+    A lock keeps two test runs from installing into the same venv at once."""
+    python = venv / "bin" / "python"
+    stamp = venv / stamp_name
+    if stamp.exists() and python.exists():
+        return python
+    lock_path = Path(tempfile.gettempdir()) / f"metaledger-venv-{hashlib.sha256(str(venv.resolve()).encode()).hexdigest()[:12]}.lock"
+    with open(lock_path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if stamp.exists() and python.exists():
+            return python
+        if not python.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", requirement], check=True,
+        )
+        for old in venv.glob(".acryl-*"):  # the stamps of what it held before
+            old.unlink()
+        stamp.touch()
+    return python
 
 
 def _ensure_client_venv() -> Path:
-    python = CLIENT_VENV / "bin" / "python"
-    stamp = CLIENT_VENV / f".acryl-datahub-{CLIENT_VERSION}"
-    if stamp.exists() and python.exists():
-        return python
-    if not python.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(CLIENT_VENV)], check=True)
-    subprocess.run(
-        [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", f"acryl-datahub=={CLIENT_VERSION}"],
-        check=True,
-    )
-    for old in CLIENT_VENV.glob(".acryl-datahub-*"):
-        old.unlink()
-    stamp.touch()
-    return python
+    return _ensure_venv(CLIENT_VENV, *CLIENT_REQUIREMENT)
+
+
+def _ensure_actions_venv() -> Path:
+    return _ensure_venv(ACTIONS_VENV, *ACTIONS_REQUIREMENT)
 
 
 @dataclass
@@ -61,10 +97,12 @@ class DataHubClient:
     env: dict[str, str]
     workdir: Path
 
-    def script(self, code: str, timeout: float = 300) -> subprocess.CompletedProcess:
-        """Run `code` in the client's Python; `GMS` is the server URL inside it. Fails on a non-zero exit."""
+    def script(self, code: str, timeout: float = 300, **names: object) -> subprocess.CompletedProcess:
+        """Run `code` in the client's Python; `GMS` is the server URL inside it, and each keyword argument a name
+        bound to its value (a Python literal). Fails on a non-zero exit."""
+        prelude = "".join(f"{name} = {value!r}\n" for name, value in {"GMS": self.env["DATAHUB_GMS_URL"], **names}.items())
         result = subprocess.run(
-            [str(self.python), "-c", f"GMS = {self.env['DATAHUB_GMS_URL']!r}\n" + textwrap.dedent(code)],
+            [str(self.python), "-c", prelude + textwrap.dedent(code)],
             env=self.env, cwd=self.workdir, capture_output=True, text=True, timeout=timeout,
         )
         assert result.returncode == 0, f"client script failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
@@ -110,13 +148,180 @@ def metaledger(make_database: Callable[..., str], client_template: str) -> Itera
 @pytest.fixture(scope="session")
 def datahub(client_python: Path, metaledger: Metaledger, tmp_path_factory: pytest.TempPathFactory) -> DataHubClient:
     home = tmp_path_factory.mktemp("datahub-home")
-    env = {
-        "PATH": f"{client_python.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+    return DataHubClient(client_python, _client_env(client_python, home, metaledger.url), home)
+
+
+def _client_env(python: Path, home: Path, gms: str) -> dict[str, str]:
+    return {
+        "PATH": f"{python.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         "HOME": str(home),
-        "DATAHUB_GMS_URL": metaledger.url,
+        "DATAHUB_GMS_URL": gms,
         "DATAHUB_GMS_TOKEN": "test-token",  # sent as `Authorization: Bearer`, accepted and ignored
         "DATAHUB_TELEMETRY_ENABLED": "false",
         "DATAHUB_SUPPRESS_LOGGING_MANAGER": "1",
         "PYTHONUNBUFFERED": "1",
     }
-    return DataHubClient(client_python, env, home)
+
+
+# --- DataHub's Kafka wire: a metaledger on the test broker, the Kafka clients, DataHub Actions -------------------
+
+
+@dataclass
+class KafkaMetaledger(Metaledger):
+    """A metaledger process publishing to (relay) and consuming from (MCP, MCE consumers) the test broker."""
+
+    bootstrap: str = ""
+    topics: dict[str, str] = field(default_factory=dict)  # setting name ("topic_mcp", ...) -> topic name
+    log_path: Path | None = None
+
+    @property
+    def registry_url(self) -> str:
+        """The schema registry metaledger serves, as DataHub's clients are configured with it."""
+        return f"{self.url}/schema-registry/api/"
+
+    def topic(self, setting: str) -> str:
+        return self.topics[setting]
+
+    def log_tail(self, lines: int = 60) -> str:
+        if self.log_path is None or not self.log_path.exists():
+            return ""
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def kafka_service_env(database_url: str, bootstrap: str, topics: dict[str, str]) -> dict[str, str]:
+    """The whole environment of a metaledger on the test broker (no METALEDGER_* variable of the caller's leaks in:
+    an external registry URL set in a developer's shell would change what is tested)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("METALEDGER_")}
+    env.update({
+        "METALEDGER_DATABASE_URL": database_url,
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+        "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "METALEDGER_KAFKA_VALUE_FORMAT": "avro",
+        "METALEDGER_MCP_CONSUMER_ENABLED": "true",
+        "METALEDGER_MCE_CONSUMER_ENABLED": "true",
+        "METALEDGER_MCP_CONSUMER_GROUP": f"group-{topics['topic_mcp']}",
+        "METALEDGER_RELAY_POLL_INTERVAL_MS": "20",
+        **{f"METALEDGER_{setting.upper()}": name for setting, name in topics.items()},
+    })
+    return env
+
+
+@pytest.fixture(scope="package")
+def kafka_metaledger(make_database: Callable[..., str], client_template: str, kafka_broker,
+                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaMetaledger]:
+    """One process for the package's Kafka tests (its consumer groups join once: joins are slow on Tansu); topics
+    of its own, so nothing another test published reaches it."""
+    database_url = make_database(template=client_template)
+    topics = unique_topics()
+    port = free_port()
+    log_path = tmp_path_factory.mktemp("kafka-metaledger") / "metaledger.log"
+    env = kafka_service_env(database_url, kafka_broker.bootstrap_servers, topics)
+    with open(log_path, "wb") as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning",
+             "--no-access-log"],
+            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}"
+    server = KafkaMetaledger(url, database_url, kafka_broker.bootstrap_servers, topics, log_path)
+    try:
+        try:
+            wait_healthy_sync(url, process=process)
+        except RuntimeError as error:
+            raise RuntimeError(f"{error}\n{server.log_tail()}") from None
+        yield server
+    finally:
+        stop_process(process)
+
+
+@pytest.fixture(scope="package")
+def kafka_datahub(client_python: Path, kafka_metaledger: KafkaMetaledger,
+                  tmp_path_factory: pytest.TempPathFactory) -> DataHubClient:
+    """The `datahub` client (with confluent-kafka) pointed at the Kafka-enabled metaledger."""
+    home = tmp_path_factory.mktemp("datahub-kafka-home")
+    return DataHubClient(client_python, _client_env(client_python, home, kafka_metaledger.url), home)
+
+
+@pytest.fixture(scope="session")
+def actions_python() -> Path:
+    return _ensure_actions_venv()
+
+
+ACTIONS_PLUGIN_DIR = Path(__file__).resolve().parent / "actions_plugin"
+
+
+@dataclass
+class ActionsPipeline:
+    """A running `datahub actions -c pipeline.yml` (DataHub Actions' own CLI) whose action records every event."""
+
+    process: subprocess.Popen
+    record_path: Path
+    log_path: Path
+
+    def events(self) -> list[dict]:
+        if not self.record_path.exists():
+            return []
+        return [json.loads(line) for line in self.record_path.read_text().splitlines() if line.strip()]
+
+    def log_tail(self, lines: int = 60) -> str:
+        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:]) if self.log_path.exists() else ""
+
+    def wait_for(self, check: Callable[[list[dict]], object], timeout: float = 60, what: str = "events") -> object:
+        """Poll the recording until `check(events)` is truthy; returns that. Fails early if the pipeline died."""
+        deadline = time.monotonic() + timeout
+        while True:
+            result = check(self.events())
+            if result:
+                return result
+            if self.process.poll() is not None:
+                raise AssertionError(f"datahub actions exited ({self.process.returncode}) before {what}:\n{self.log_tail()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what} not recorded within {timeout}s; recorded {len(self.events())} events:\n"
+                                     f"{json.dumps(self.events()[-10:], indent=1)}\n--- actions log ---\n{self.log_tail()}")
+            time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(20)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+@pytest.fixture
+def actions_pipeline(actions_python: Path, tmp_path: Path) -> Iterator[Callable[..., ActionsPipeline]]:
+    """`start(name, source_config, **pipeline)` runs a DataHub Actions pipeline with the Kafka (or any) event source
+    and the recording action; stopped at the end of the test."""
+    started: list[ActionsPipeline] = []
+    home = tmp_path / "actions-home"
+    home.mkdir()
+
+    def start(name: str, source: dict, **pipeline: object) -> ActionsPipeline:
+        record_path = tmp_path / f"{name}.events.jsonl"
+        config = {
+            "name": name,
+            "source": source,
+            "action": {"type": "recording_action.RecordingAction", "config": {"path": str(record_path)}},
+            **pipeline,
+        }
+        config_path = tmp_path / f"{name}.yml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        log_path = tmp_path / f"{name}.log"
+        env = {
+            **_client_env(actions_python, home, ""),
+            "PYTHONPATH": str(ACTIONS_PLUGIN_DIR),
+        }
+        with open(log_path, "wb") as log:
+            process = subprocess.Popen(
+                [str(actions_python.parent / "datahub"), "actions", "-c", str(config_path)],
+                env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+            )
+        pipeline_ = ActionsPipeline(process, record_path, log_path)
+        started.append(pipeline_)
+        return pipeline_
+
+    yield start
+    for pipeline_ in started:
+        pipeline_.stop()

@@ -26,6 +26,7 @@ from tests import helpers
 from tests.helpers import (
     create_topics,
     dead_letter,
+    decode_value,
     eventually,
     fast_groups,
     kafka_overrides,
@@ -33,6 +34,7 @@ from tests.helpers import (
     read_topic,
     stored,
     unique_topics,
+    wire_form,
 )
 
 A = "urn:li:dataset:(urn:li:dataPlatform:hive,db.async_a,PROD)"
@@ -106,15 +108,18 @@ async def test_async_writes_are_validated_queued_and_applied_by_the_consumer(kaf
             assert single.status_code == 202, single.text
             assert single.json() == {"urn": C, "status": {"value": {"removed": False}, "status": "QUEUED"}}
 
-            # On the topic: exactly these MCPs, in order, keyed by URN, in DataHub's form (the bad ones never got there).
+            # On the topic: exactly these MCPs, in order, keyed by URN, in DataHub's form (the bad ones never got there):
+            # Avro MetadataChangeProposal framed with DataHub's id 16 (systemMetadata with the Avro record's defaults).
             records = await read_topic(bootstrap, topics["topic_mcp"], expect=5)
             assert [r.key.decode() for r in records] == [A, A, B, B, C]
-            values = [orjson.loads(r.value) for r in records]
+            assert all(r.value[:5] == b"\x00\x00\x00\x00\x10" for r in records)
+            values = [decode_value(r.value) for r in records]
             assert values[0] == {"entityType": "dataset", "entityUrn": A, "changeType": "UPSERT", "aspectName": "status",
-                                 "aspect": {"value": '{"removed":false}', "contentType": "application/json"}, "systemMetadata": sm}
+                                 "aspect": {"value": '{"removed":false}', "contentType": "application/json"},
+                                 "systemMetadata": {**sm, "lastRunId": "no-run-id-provided"}}
             assert values[1]["headers"] == {"X-Test": "1"} and "systemMetadata" not in values[1]
             assert orjson.loads(values[1]["aspect"]["value"]) == {"description": "queued", "customProperties": {}}
-            assert values[2]["systemMetadata"] == {"runId": "v3-run"} and values[3]["aspectName"] == "subTypes"
+            assert values[2]["systemMetadata"]["runId"] == "v3-run" and values[3]["aspectName"] == "subTypes"
             assert values[4]["changeType"] == "CREATE" and values[4]["entityUrn"] == C
             assert all(isinstance(v["aspect"]["value"], str) for v in values)
 
@@ -182,7 +187,7 @@ async def test_poison_records_go_to_fmcp_and_the_consumer_keeps_going(app, kafka
     bootstrap = kafka_broker.bootstrap_servers
     settings = app.state.settings
     writer = FlakyWriter(app.state.write_service)
-    not_json = b"\x00{this is not json"
+    not_json = b"\x00{this is not json"  # 0x00: read as an Avro frame, whose schema id no registry knows
     unknown_aspect = mcp("notAnAspect", {"x": 1}, urn=B, systemMetadata={"runId": "poison-run"})
     stale = mcp("status", {"removed": True}, headers={"If-Version-Match": "7"}, systemMetadata={"runId": "poison-run"})
     not_an_mcp = {"hello": "world"}
@@ -211,16 +216,18 @@ async def test_poison_records_go_to_fmcp_and_the_consumer_keeps_going(app, kafka
 
         (p1, t1), (p3, t3), (p4, t4), (p5, t5), (p8, t8) = letters
         assert p1 == not_json.decode("utf-8", errors="backslashreplace") and t1["key"] is None
-        assert t1["status"] == 400 and "not valid JSON" in t1["message"] and t1["exceptionClass"] == "app.errors.ValidationFailed"
-        assert p3 == unknown_aspect and t3["key"].decode() == B and t3["status"] == 400
+        assert t1["status"] == 400 and "unknown schema id 2071226473" in t1["message"]
+        assert t1["exceptionClass"] == "app.errors.ValidationFailed" and t1["rawRecord"] is True
+        assert p3 == wire_form("mcp", unknown_aspect) and t3["key"].decode() == B and t3["status"] == 400
         assert "Unknown aspect notAnAspect for entity dataset" in t3["message"]
         assert t3["body"]["issues"][0]["path"] == "$.aspectName" and "index" not in t3["body"]["issues"][0]
-        assert p4 == stale and t4["key"].decode() == A
+        assert p4 == wire_form("mcp", stale) and t4["key"].decode() == A
         assert t4["status"] == 412 and t4["exceptionClass"] == "app.errors.PreconditionFailed"
         assert t4["body"]["error"] == "Precondition Error" and t4["body"]["issues"][0]["aspect"] == "status"
         assert t4["message"] == "IfVersionMatch: Expected version 7, actual version 1"
         assert p5 == not_an_mcp and t5["status"] == 400 and "unknown proposal field(s) ['hello']" in t5["message"]
-        assert p8 == schema_bad and t8["status"] == 400 and t8["body"]["issues"][0]["path"] == "$.aspect.value.removed"
+        assert p8 == wire_form("mcp", schema_bad) and t8["status"] == 400
+        assert t8["body"]["issues"][0]["path"] == "$.aspect.value.removed"
         for _, trace in letters:
             assert set(trace) >= {"message", "exceptionClass", "stackTrace", "cause", "status", "body"}
 
@@ -300,7 +307,7 @@ async def test_isolation_when_most_of_a_batch_fails_and_on_unexpected_errors(app
     records.append(_Record(30, mcp("status", {"removed": False}, urn=D), D))  # the buggy one
     writer = BuggyWriter(app.state.write_service, D)
     consumer = McpConsumer(app.state.settings, app.state.sessionmaker, IngestGateway(writer))
-    units = consumer.read(records)
+    units = await consumer.read(records)
     assert all(u.error is None and len(u.proposals) == 1 for u in units)
     applies = writer.calls
     await consumer.apply(units[:-1])  # 10 failures: 8 first-failure rounds, then one by one
@@ -321,7 +328,7 @@ async def test_isolation_when_most_of_a_batch_fails_and_on_unexpected_errors(app
     assert sorted(r["urn"] for r in written) == sorted(u for i, u in enumerate(urns) if i % 3)
 
     # A conflict and a failed precondition in one batch: each gets its own kind of error (409, 412).
-    mixed = consumer.read([
+    mixed = await consumer.read([
         _Record(40, mcp("status", {"removed": True}, urn=urns[1], change_type="CREATE"), urns[1]),
         _Record(41, mcp("status", {"removed": True}, urn=urns[2], headers={"If-Version-Match": "9"}), urns[2]),
         _Record(42, mcp("subTypes", {"typeNames": ["View"]}, urn=urns[4]), urns[4]),

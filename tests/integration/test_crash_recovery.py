@@ -16,6 +16,7 @@ import orjson
 from aiokafka import AIOKafkaConsumer
 
 from app.embedded_pg import free_port
+from tests.helpers import decode_value
 from tests.processes import start_service, wait_healthy
 
 CLIENTS = 6
@@ -37,7 +38,7 @@ async def read_topic(bootstrap: str, topic: str, idle_seconds: float = 3.0) -> l
             batch = await consumer.getmany(timeout_ms=500)
             for records in batch.values():
                 for record in records:
-                    messages.append(dict(orjson.loads(record.value), _key=record.key.decode()))
+                    messages.append(dict(decode_value(record.value), _key=record.key.decode()))
                 idle_since = time.monotonic()
     finally:
         await consumer.stop()

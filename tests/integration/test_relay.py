@@ -23,7 +23,7 @@ from app.embedded_pg import free_port
 from app.kafka.relay import OutboxRelay
 from app.kafka.topics import create_missing_topics, ensure_topics
 from app.settings import Settings
-from tests.helpers import JSON, TopicReader, dataset, mcp, propose, unique_topics, wait_delivered
+from tests.helpers import JSON, TopicReader, dataset, mcp, propose, published_value, unique_topics, wait_delivered
 
 DATASET = dataset("orders")
 DB_VERSION_HEADER = "X-DataHub-Database-Aspect-Version"
@@ -98,7 +98,7 @@ async def test_ensure_topics_tolerates_an_unreachable_broker():
     await ensure_topics(settings)  # logged, not raised: the service starts, the relay creates topics later
 
 
-async def test_every_mcl_field_on_the_wire_for_create_update_delete(client, db, reader, topics):
+async def test_every_mcl_field_on_the_wire_for_create_update_delete(app, client, db, reader, topics):
     created = await propose(client, mcp("status", {"removed": False}, DATASET, systemMetadata={"runId": "run-1"},
                                         headers={"X-Custom": "a"}))
     assert created["results"][0]["status"] == "CREATED"
@@ -111,9 +111,11 @@ async def test_every_mcl_field_on_the_wire_for_create_update_delete(client, db, 
     records = await reader.settle(0.3)
     assert {r["topic"] for r in records} == {topics["topic_mcl_versioned"]}
     assert all(r["key"] == DATASET for r in records)
-    # the wire carries exactly the committed outbox rows, byte for byte, in order
+    # the wire carries exactly the committed outbox rows (Avro-encoded at publish time), byte for byte, in order
     stored = await outbox_rows(db, topics["topic_mcl_versioned"])
-    assert [r["raw"] for r in records] == [row["payload"] for row in stored]
+    assert [r["raw"] for r in records] == [published_value(app.state.settings, row["topic"], row["payload"]) for row in stored]
+    assert {r["schema_id"] for r in records} == {18}  # DataHub's MetadataChangeLog id on the versioned topic
+    assert [r["value"] for r in records] == [orjson.loads(row["payload"]) for row in stored]
     assert [(r["value"]["aspectName"], r["value"]["changeType"]) for r in records] == [
         ("datasetKey", "UPSERT"), ("status", "UPSERT"), ("status", "UPSERT"), ("status", "DELETE"), ("subTypes", "UPSERT"),
     ]
@@ -160,7 +162,7 @@ async def test_no_op_is_a_restate_when_always_emit_change_log(client, reader, to
     assert all(r["key"] == DATASET and r["topic"] == topics["topic_mcl_versioned"] for r in records)
 
 
-async def test_timeseries_mcl_goes_to_the_timeseries_topic(client, db, reader, topics):
+async def test_timeseries_mcl_goes_to_the_timeseries_topic(app, client, db, reader, topics):
     profile = {"timestampMillis": 1_700_000_000_000, "rowCount": 42}
     assert (await propose(client, mcp("datasetProfile", profile, DATASET)))["results"][0]["status"] == "APPENDED"
     records = await reader.read_until(lambda rs: mcls(rs, "datasetProfile"))
@@ -176,7 +178,8 @@ async def test_timeseries_mcl_goes_to_the_timeseries_topic(client, db, reader, t
     # the entity's key aspect went to the versioned topic
     assert [r["value"]["aspectName"] for r in records if r["topic"] == topics["topic_mcl_versioned"]] == ["datasetKey"]
     [row] = await outbox_rows(db, topics["topic_mcl_timeseries"])
-    assert row["payload"] == record["raw"] and row["version"] == 1_700_000_000_000
+    assert published_value(app.state.settings, row["topic"], row["payload"]) == record["raw"]
+    assert record["schema_id"] == 19 and row["version"] == 1_700_000_000_000  # DataHub's timeseries MCL id
 
 
 # --- order ------------------------------------------------------------------------------------------------------
@@ -256,9 +259,9 @@ async def test_two_relays_share_the_lanes_and_publish_each_row_once(app, client,
     async with TopicReader(kafka_broker.bootstrap_servers, *all_topics) as r:
         records = await r.read_count(total)
         records = await r.settle(0.5)
-    # each row once: the multiset of (topic, key, payload) on the wire is exactly the outbox's
+    # each row once: the multiset of (topic, key, value) on the wire is exactly the outbox's
     assert sorted((m["topic"], m["key"], m["raw"]) for m in records) == sorted(
-        (row["topic"], row["message_key"], row["payload"]) for row in stored
+        (row["topic"], row["message_key"], published_value(settings, row["topic"], row["payload"])) for row in stored
     )
     assert all(relay.published > 0 for relay in relays), [relay.published for relay in relays]
     assert sum(relay.published for relay in relays) == total
@@ -293,7 +296,9 @@ async def test_a_row_kafka_refuses_is_kept_with_its_error_and_does_not_block_its
                         kafka_max_message_bytes=2000, **topics)
     topic, urn = topics["topic_mcl_versioned"], dataset("big")
     for version, size in ((1, 10), (2, 5000), (3, 10)):
-        await db.execute(INSERT_ROW, topic, urn, version, orjson.dumps({"v": version, "pad": "x" * size}).decode())
+        mcl = {"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": "status",
+               "aspect": {"value": orjson.dumps({"v": version, "pad": "x" * size}).decode(), "contentType": JSON}}
+        await db.execute(INSERT_ROW, topic, urn, version, orjson.dumps(mcl).decode())
     relay, finish = await run_relay(settings, database_url)
     try:
         async with TopicReader(kafka_broker.bootstrap_servers, topic) as r:
@@ -301,7 +306,7 @@ async def test_a_row_kafka_refuses_is_kept_with_its_error_and_does_not_block_its
             records = await r.settle(0.3)
     finally:
         await finish()
-    assert [orjson.loads(m["raw"])["v"] for m in records] == [1, 3]
+    assert [orjson.loads(m["value"]["aspect"]["value"])["v"] for m in records] == [1, 3]
     rows = await db.fetch("SELECT version, delivered_at IS NOT NULL AS delivered, publish_error FROM change_log_outbox ORDER BY id")
     assert [(r["version"], r["delivered"]) for r in rows] == [(1, True), (2, False), (3, True)]
     assert "MessageSizeTooLarge" in rows[1]["publish_error"]

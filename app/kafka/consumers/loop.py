@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.avro.wire import ValueCodec
 from app.ingest.gateway import IngestGateway
 from app.kafka.consumers.dead_letters import DeadLetterWriter
 from app.kafka.consumers.isolation import IsolatingWriter, is_transient
@@ -46,8 +47,11 @@ class Consumer:
         group_id: str | None = None,
         session_timeout_ms: int | None = None,
         heartbeat_interval_ms: int | None = None,
+        codec: ValueCodec | None = None,
     ) -> None:
         self.format, self.settings, self.gateway = record_format, settings, gateway
+        # The process's codec (main/background/cli build one); without one, DataHub's fixed ids and no registry.
+        self.codec = codec or ValueCodec(settings)
         self.topic = record_format.topic(settings)
         self.group_id = group_id or record_format.default_group(settings)
         if session_timeout_ms is not None:
@@ -55,13 +59,14 @@ class Consumer:
         if heartbeat_interval_ms is not None:
             self.heartbeat_interval_ms = heartbeat_interval_ms
         self.writer = IsolatingWriter(sessionmaker, gateway)
-        self.dead_letters = DeadLetterWriter(settings, record_format)
+        self.dead_letters = DeadLetterWriter(settings, record_format, self.codec)
         self.stats = {"records": 0, "applied": 0, "dead_letters": 0, "batches": 0, "retries": 0}
 
     # --- a batch's steps (also what the tests drive without Kafka) --------------------------------------------------
-    def read(self, records: list[Any]) -> list[Unit]:
-        """The records as units: prepared, or with their error."""
-        return read_batch(records, self.format, self.gateway)
+    async def read(self, records: list[Any]) -> list[Unit]:
+        """The records as units: decoded and prepared, or with their error. ServiceUnavailable when a writer schema
+        is needed from a registry that cannot answer."""
+        return await read_batch(records, self.format, self.gateway, self.codec)
 
     async def apply(self, units: list[Unit]) -> None:
         """The units applied in one transaction, the failing ones isolated; transient errors propagate."""
@@ -128,10 +133,23 @@ class Consumer:
     ) -> None:
         self.stats["batches"] += 1
         self.stats["records"] += len(records)
-        units = self.read(records)
-
         paused: set[TopicPartition] = set()
         try:
+            # Read; a schema registry that cannot be reached holds the batch, like a database outage.
+            wait = _Hold(consumer, stop, paused)
+            while True:
+                try:
+                    units = await self.read(records)
+                    break
+                except Exception as error:
+                    if not is_transient(error):
+                        raise
+                    self.stats["retries"] += 1
+                    log.warning("schema registry unavailable; batch kept and read again",
+                                extra={"topic": self.topic, "records": len(records), "error": repr(error), "retry_in_s": wait.delay})
+                    if not await wait():
+                        return
+
             # Apply; a database outage holds the batch and retries (records already applied are not re-applied).
             wait = _Hold(consumer, stop, paused)
             while True:
@@ -209,9 +227,10 @@ class McpConsumer(Consumer):
     def __init__(
         self, settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], gateway: IngestGateway, *,
         group_id: str | None = None, session_timeout_ms: int | None = None, heartbeat_interval_ms: int | None = None,
+        codec: ValueCodec | None = None,
     ) -> None:
         super().__init__(MCP, settings, sessionmaker, gateway, group_id=group_id,
-                         session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms)
+                         session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms, codec=codec)
 
 
 class MceConsumer(Consumer):
@@ -221,6 +240,7 @@ class MceConsumer(Consumer):
     def __init__(
         self, settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], gateway: IngestGateway, *,
         group_id: str | None = None, session_timeout_ms: int | None = None, heartbeat_interval_ms: int | None = None,
+        codec: ValueCodec | None = None,
     ) -> None:
         super().__init__(MCE, settings, sessionmaker, gateway, group_id=group_id,
-                         session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms)
+                         session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms, codec=codec)

@@ -2,9 +2,13 @@
 
 A record format is a strategy the consumer loop is given, not a subclass of it: the MCP and the MCE consumers run the
 same loop and differ only in their topics, their default group, the field of a dead letter that holds the record,
-and how a record becomes drafts. Reading a batch (`read_batch`) is the same for both: decode the JSON, turn each
-record into drafts (draft indices running on across the batch, each draft located in its record), prepare them
-through the ingest gateway; a record that fails any of it keeps its error, shaped as a record's (`for_record`).
+and how a record becomes drafts. Reading a batch (`read_batch`) is the same for both: decode the value through the
+process's `ValueCodec` (Confluent-framed Avro, writer schema by id, or JSON: both are accepted whatever
+`kafka_value_format` says), turn each record into drafts (draft indices running on across the batch, each draft
+located in its record), prepare them through the ingest gateway; a record that fails any of it keeps its error,
+shaped as a record's (`for_record`). A value that is neither JSON nor decodable Avro (a truncated frame, a wrong
+magic byte, an unknown schema id, bytes that do not decode) is a 400 with that reason; a schema registry that cannot
+be reached is not the record's fault: `read_batch` raises ServiceUnavailable and the batch is read again later.
 """
 
 from __future__ import annotations
@@ -14,9 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Protocol
 
-import orjson
-
-from app.errors import Issue, Location, MetaledgerError, ValidationFailed
+from app.avro.wire import SchemaFetchFailed, ValueCodec, WireFormatError
+from app.errors import Issue, Location, MetaledgerError, ServiceUnavailable, ValidationFailed
 from app.ingest.gateway import IngestGateway
 from app.ingest.mce import unbundle_mce
 from app.ingest.mcp import parse_mcp
@@ -39,7 +42,7 @@ class Unit:
     offset: int
     timestamp: int | None
     key: bytes | None
-    payload: Any  # the record as received: parsed JSON, or the raw text when it was not JSON
+    payload: Any  # the record as received, in its JSON form (decoded from Avro or JSON), or the raw text if neither
     drafts: list[Draft] = field(default_factory=list)
     proposals: list[Proposal] = field(default_factory=list)
     error: BaseException | None = None
@@ -47,6 +50,8 @@ class Unit:
     urn: str | None = None
     aspect: str | None = None
     run_id: str | None = None
+    raw: bytes | None = None  # the value's bytes as consumed
+    schema_id: int | None = None  # the writer schema's id of an Avro value (None: JSON)
 
 
 class RecordFormat(Protocol):
@@ -153,27 +158,43 @@ def for_record(error: MetaledgerError) -> MetaledgerError:
     return error.with_issues(issues, message if len(message) <= 2000 else message[:1997] + "...")
 
 
-def _decode(raw: bytes | None) -> Any:
-    """A record's value as JSON; ValidationFailed (the raw text kept in it) when it is none or not JSON."""
-    if raw is None:
-        raise ValidationFailed("the record has no value", [Issue("empty record", path="$")])
-    return orjson.loads(raw)
+async def decode_values(records: list[Any], codec: ValueCodec) -> list[tuple[Any, int | None] | WireFormatError]:
+    """Each record's value in its JSON form with its schema id, or why it is neither JSON nor decodable Avro.
+    ServiceUnavailable when a writer schema has to be fetched and the registry cannot answer."""
+    out: list[tuple[Any, int | None] | WireFormatError] = []
+    for record in records:
+        if record.value is None:
+            out.append(WireFormatError("the record has no value"))
+            continue
+        try:
+            out.append(await codec.decode(record.value))
+        except WireFormatError as error:
+            out.append(error)
+        except SchemaFetchFailed as error:  # the registry is unreachable: not the record's fault, the batch waits
+            raise ServiceUnavailable(str(error)) from error
+        except Exception as error:  # noqa: BLE001 - a value that breaks the decoder is that value's problem
+            log.exception("unexpected error decoding a record", extra={"topic": record.topic, "offset": record.offset})
+            out.append(WireFormatError(f"undecodable value ({type(error).__name__}: {error})"))
+    return out
 
 
-def read_batch(records: Iterable[Any], record_format: RecordFormat, gateway: IngestGateway) -> list[Unit]:
+async def read_batch(records: Iterable[Any], record_format: RecordFormat, gateway: IngestGateway,
+                     codec: ValueCodec) -> list[Unit]:
     """Each record (as aiokafka gives it) → a unit: decoded, turned into drafts, prepared; or with its error."""
+    records = list(records)
+    decoded = await decode_values(records, codec)
     units: list[Unit] = []
     next_index = 0
-    for record in records:
-        unit = Unit(record.topic, record.partition, record.offset, record.timestamp, record.key, None)
+    for record, value in zip(records, decoded, strict=True):
+        unit = Unit(record.topic, record.partition, record.offset, record.timestamp, record.key, None, raw=record.value)
         units.append(unit)
         try:
-            try:
-                unit.payload = _decode(record.value)
-            except orjson.JSONDecodeError as error:
-                unit.payload = record.value.decode("utf-8", errors="backslashreplace")
-                message = f"the record is not valid JSON: {error}"
-                raise ValidationFailed(message, [Issue(message, path="$")]) from None
+            if isinstance(value, WireFormatError):
+                raw = record.value or b""
+                unit.payload = raw.decode("utf-8", errors="backslashreplace")
+                message = f"the record is neither JSON nor decodable Avro: {value}"
+                raise ValidationFailed(message, [Issue(message, path="$")])
+            unit.payload, unit.schema_id = value
             unit.urn, unit.aspect, unit.run_id = record_format.describe(unit.payload)
             unit.drafts = record_format.drafts(unit.payload, next_index, gateway.registry)
             next_index += len(unit.drafts)
