@@ -26,7 +26,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import Backend, Registry, Session
-from app.api.http import entity_of_urn, invalid_at, parse_bool, stored_envelope
+from app.api.http import entity_of_urn, invalid_at, stored_envelope
 from app.errors import ERROR_RESPONSES, Issue, NotFound, ValidationFailed
 from app.registry import EntityRegistry
 from app.search.model import REMOVED_FIELD, TimeseriesQuery

@@ -40,7 +40,6 @@ Typical use (FastAPI)::
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 from collections import defaultdict

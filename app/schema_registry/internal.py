@@ -113,13 +113,7 @@ class InternalRegistry:
                 text("SELECT pg_advisory_xact_lock(:class, hashtext(:subject))"),
                 {"class": SUBJECT_LOCK_CLASS, "subject": subject},
             )
-            schema_id = self.datahub.id_of(new, subject)
-            if schema_id is None:
-                schema_id = (
-                    await conn.execute(
-                        text("SELECT id FROM schema_registry_schema WHERE fingerprint = :fp"), {"fp": new.fingerprint}
-                    )
-                ).scalar()
+            schema_id = await self._known_id(conn, new, subject)
             rows = await self._stored_versions(conn, subject)
             if schema_id is not None and (
                 any(row_id == schema_id for _, row_id in rows) or (own is not None and schema_id in own.version_ids)
@@ -203,13 +197,7 @@ class InternalRegistry:
             candidates += await self._stored_versions(conn, subject)
             if not candidates:
                 raise SubjectNotFound(f"Subject '{subject}' not found.")
-            schema_id = self.datahub.id_of(new, subject)
-            if schema_id is None:
-                schema_id = (
-                    await conn.execute(
-                        text("SELECT id FROM schema_registry_schema WHERE fingerprint = :fp"), {"fp": new.fingerprint}
-                    )
-                ).scalar()
+            schema_id = await self._known_id(conn, new, subject)
         for number, candidate in candidates:
             if candidate == schema_id:
                 return RegisteredVersion(subject, number, candidate, await self.schema_by_id(candidate))
@@ -273,6 +261,15 @@ class InternalRegistry:
         return compatibility.incompatibilities(new, previous, level)
 
     # --- internals -------------------------------------------------------------------------------------------------
+
+    async def _known_id(self, conn: AsyncConnection, new: NormalSchema, subject: str) -> int | None:
+        """The id this schema already has: DataHub's (for its own schemas), else a stored registration's."""
+        schema_id = self.datahub.id_of(new, subject)
+        if schema_id is None:
+            schema_id = (
+                await conn.execute(text("SELECT id FROM schema_registry_schema WHERE fingerprint = :fp"), {"fp": new.fingerprint})
+            ).scalar()
+        return schema_id
 
     async def _stored_versions(self, conn: AsyncConnection, subject: str) -> list[tuple[int, int]]:
         rows = await conn.execute(

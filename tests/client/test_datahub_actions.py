@@ -17,22 +17,9 @@ import uuid
 
 import pytest
 
+from tests.client.helpers import ECE, MCL, of, propose, warm_up
+
 pytestmark = pytest.mark.client
-
-MCL = "MetadataChangeLogEvent_v1"
-ECE = "EntityChangeEvent_v1"
-
-
-def propose(server, *proposals: dict) -> None:
-    with server.http() as http:
-        response = http.post("/openapi/v1/proposals", json=list(proposals))
-        assert response.status_code == 200, response.text
-
-
-def status(urn: str, removed: bool = False) -> dict:
-    return {"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": "status",
-            "aspect": {"value": {"removed": removed}, "contentType": "application/json"}}
-
 
 def kafka_source(server) -> dict:
     return {"type": "kafka", "config": {
@@ -40,27 +27,6 @@ def kafka_source(server) -> dict:
         "topic_routes": {"mcl": server.topic("topic_mcl_versioned"), "mcl_timeseries": server.topic("topic_mcl_timeseries"),
                          "pe": server.topic("topic_platform_event")},
     }}
-
-
-def warm_up(pipeline, server, tag: str, timeout: float = 90) -> None:
-    """Write a new status aspect every few seconds until the pipeline records one (it then has its partitions and
-    their positions)."""
-    deadline = time.monotonic() + timeout
-    sent: set[str] = set()
-    while True:
-        urn = f"urn:li:dataset:(urn:li:dataPlatform:hive,warmup.{tag}_{len(sent)},PROD)"
-        propose(server, status(urn))
-        sent.add(urn)
-        try:
-            pipeline.wait_for(lambda events: any(e.get("urn") in sent for e in events), timeout=3, what="a warm-up event")
-            return
-        except AssertionError:
-            if pipeline.process.poll() is not None or time.monotonic() > deadline:
-                raise
-
-
-def of(events: list[dict], urn: str, event_type: str) -> list[dict]:
-    return [e for e in events if e["eventType"] == event_type and e.get("urn") == urn]
 
 
 def test_actions_kafka_source_receives_mcls_and_entity_change_events(actions_pipeline, kafka_metaledger, kafka_datahub):

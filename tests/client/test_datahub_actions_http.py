@@ -6,33 +6,15 @@ serves the events, and the source keeps its offset in a `platformResourceInfo` a
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 import asyncpg
 import orjson
 import pytest
 
+from tests.client.helpers import ECE, MCL, mcp, of, propose, warm_up
+
 pytestmark = pytest.mark.client
-
-MCL = "MetadataChangeLogEvent_v1"
-ECE = "EntityChangeEvent_v1"
-
-
-def propose(server, *proposals: dict) -> None:
-    with server.http() as http:
-        response = http.post("/openapi/v1/proposals", json=list(proposals))
-        assert response.status_code == 200, response.text
-
-
-def aspect(urn: str, name: str, value: dict) -> dict:
-    return {"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": name,
-            "aspect": {"value": value, "contentType": "application/json"}}
-
-
-def of(events: list[dict], urn: str, event_type: str) -> list[dict]:
-    return [e for e in events if e["eventType"] == event_type and e.get("urn") == urn]
-
 
 def test_actions_http_event_source_over_the_change_feed(actions_pipeline, metaledger):
     tag = uuid.uuid4().hex[:8]
@@ -41,22 +23,10 @@ def test_actions_http_event_source_over_the_change_feed(actions_pipeline, metale
     source = {"type": "datahub-cloud", "config": {"topics": ["PlatformEvent_v1", "MetadataChangeLog_Versioned_v1"]}}
     pipeline = actions_pipeline(name, source, datahub={"server": metaledger.url})
 
-    # The source starts at the end of the feed: write warm-up changes until one arrives (it is then polling).
-    deadline = time.monotonic() + 90
-    sent: set[str] = set()
-    while True:
-        warm = f"urn:li:dataset:(urn:li:dataPlatform:hive,actions_http.warmup_{tag}_{len(sent)},PROD)"
-        propose(metaledger, aspect(warm, "status", {"removed": False}))
-        sent.add(warm)
-        try:
-            pipeline.wait_for(lambda events: any(e.get("urn") in sent for e in events), timeout=4, what="a warm-up event")
-            break
-        except AssertionError:
-            if pipeline.process.poll() is not None or time.monotonic() > deadline:
-                raise
+    warm_up(pipeline, metaledger, tag, every=4)  # the source starts at the end of the feed
 
-    propose(metaledger, aspect(urn, "globalTags", {"tags": [{"tag": "urn:li:tag:gold"}]}))
-    propose(metaledger, aspect(urn, "datasetProperties", {"description": "over http"}))
+    propose(metaledger, mcp(urn, "globalTags", {"tags": [{"tag": "urn:li:tag:gold"}]}))
+    propose(metaledger, mcp(urn, "datasetProperties", {"description": "over http"}))
 
     def complete(events):
         return of(events, urn, ECE) and len(of(events, urn, MCL)) >= 3

@@ -26,6 +26,7 @@ import yaml
 
 from app.avro.wire import ValueCodec
 from app.settings import Settings
+from tests.client.helpers import mcp, propose
 
 pytestmark = pytest.mark.client
 
@@ -93,20 +94,6 @@ def wait_entity(server, entity_type: str, urn: str, check, timeout: float = 90) 
             raise AssertionError(f"{urn}: not as expected after {timeout}s: {json.dumps(found)[:2000]}\n"
                                  f"--- metaledger log ---\n{server.log_tail()}")
         time.sleep(0.3)
-
-
-def propose(server, *proposals: dict) -> dict:
-    with server.http() as http:
-        response = http.post("/openapi/v1/proposals", json=list(proposals))
-        assert response.status_code == 200, response.text
-        return response.json()
-
-
-def mcp(urn: str, aspect: str, value, change_type: str = "UPSERT", **extra) -> dict:
-    proposal = {"entityType": urn.split(":")[2], "entityUrn": urn, "changeType": change_type, "aspectName": aspect, **extra}
-    if value is not None:
-        proposal["aspect"] = {"value": value, "contentType": "application/json"}
-    return proposal
 
 
 def outbox_payloads(server, urn: str) -> list[tuple[str, str]]:
