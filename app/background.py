@@ -26,6 +26,7 @@ log = logging.getLogger("metaledger.background")
 class Background:
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     tasks: list[asyncio.Task] = field(default_factory=list)
+    workers: list = field(default_factory=list)  # the running workers, for their figures (app.ops)
 
     async def start(
         self, settings: Settings, engine: AsyncEngine, sessionmaker: async_sessionmaker[AsyncSession],
@@ -45,6 +46,7 @@ class Background:
         if not kafka:
             # The embedded default: this process indexes the outbox. With Kafka, indexing is the Spark job's.
             workers.append(IndexWorker(settings, engine, search))
+        self.workers = workers
         for worker in workers:
             self.tasks.append(asyncio.create_task(self._supervise(worker), name=type(worker).__name__))
 

@@ -32,6 +32,11 @@ def serve(host: str, port: int, no_migrate: bool, log_level: str) -> None:
     settings = get_settings()
     if no_migrate:
         settings.apply_migrations_on_start = False
+    if not settings.auth_enabled and host not in ("127.0.0.1", "localhost", "::1"):
+        click.echo(
+            f"WARNING: authentication is off (METALEDGER_AUTH_ENABLED=false) and metaledger listens on {host}: anyone "
+            "who can reach it can write and delete anything.", err=True,
+        )
     uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False)
 
 
@@ -96,6 +101,128 @@ def consume_mce() -> None:
     from app.kafka.consumers import MceConsumer
 
     _run_worker(lambda settings, engine, maker, codec: MceConsumer(settings, maker, _gateway(settings), codec=codec))
+
+
+def _with_auth(operation):
+    """Run `operation(auth)` against the configured (or embedded) database, migrated first, and return its result."""
+    import asyncio
+
+    from app.auth.service import AuthService
+    from app.db import create_engine, upgrade_database
+    from app.main import resolve_database_url
+    from app.registry import load_registry
+
+    settings = get_settings()
+    url = resolve_database_url(settings)
+    if settings.apply_migrations_on_start:
+        upgrade_database(url)
+
+    async def run():
+        engine = create_engine(url, 1)
+        try:
+            return await operation(AuthService(settings, engine, load_registry(settings.registry_path)))
+        finally:
+            await engine.dispose()
+
+    from app.errors import MetaledgerError
+
+    try:
+        return asyncio.run(run())
+    except (MetaledgerError, ValueError) as error:
+        issues = "".join(f"\n  {i.path or ''} {i.message}" for i in getattr(error, "issues", []))
+        raise click.ClickException(f"{error}{issues}") from None
+
+
+CLI_ACTOR = "urn:li:corpuser:__metaledger_cli"  # who created what the CLI creates (whoever can reach the database)
+
+
+@main.group()
+def token() -> None:
+    """Access tokens: `Authorization: Bearer <token>` (the datahub client's DATAHUB_GMS_TOKEN)."""
+
+
+@token.command("create")
+@click.option("--actor", required=True, help="the corpuser the token acts as, e.g. urn:li:corpuser:alice")
+@click.option("--role", required=True, type=click.Choice(["reader", "writer", "admin"]))
+@click.option("--ttl", default=None, help='lifetime: 90d, 12h, 30m, 3600s or "never" [default: METALEDGER_AUTH_TOKEN_DEFAULT_TTL]')
+@click.option("--description", default=None)
+def token_create(actor: str, role: str, ttl: str | None, description: str | None) -> None:
+    """Issue a token. It is printed once, alone on the last line (scripts: `... | tail -n1`); only its hash is kept."""
+    from app.auth.model import Role
+
+    async def create(auth):
+        return await auth.create_token(actor, Role.parse(role), ttl=ttl, description=description, created_by=CLI_ACTOR)
+
+    token_value, info = _with_auth(create)
+    expires = "never" if info.expires_at is None else info.expires_at.isoformat()
+    click.echo(f"token {info.id} for {info.actor} ({info.role.label}), expires {expires}", err=True)
+    click.echo(token_value)
+
+
+@token.command("list")
+@click.option("--actor", default=None)
+@click.option("--all", "include_inactive", is_flag=True, help="include revoked and expired tokens")
+def token_list(actor: str | None, include_inactive: bool) -> None:
+    """Issued tokens, one JSON object per line (never the tokens themselves)."""
+
+    async def listing(auth):
+        return await auth.tokens(actor, include_inactive)
+
+    for info in _with_auth(listing):
+        click.echo(orjson.dumps(info.to_json()).decode())
+
+
+@token.command("revoke")
+@click.argument("token_id")
+def token_revoke(token_id: str) -> None:
+    """Revoke a token by its id: every process refuses it within METALEDGER_AUTH_CACHE_SECONDS."""
+
+    async def revoke(auth):
+        return await auth.revoke_token(token_id, CLI_ACTOR)
+
+    click.echo(f"token {token_id} revoked at {_with_auth(revoke).isoformat()}")
+
+
+@main.group()
+def policy() -> None:
+    """Write policies: an actor with policies may write only the entity types and aspects they grant."""
+
+
+@policy.command("create")
+@click.option("--actor", required=True)
+@click.option("--entity-type", "entity_types", multiple=True, help="repeatable; none: every entity type")
+@click.option("--aspect", "aspects", multiple=True, help="repeatable; none: every aspect")
+@click.option("--description", default=None)
+def policy_create(actor: str, entity_types: tuple[str, ...], aspects: tuple[str, ...], description: str | None) -> None:
+    """Grant `actor` writes of these entity types and aspects."""
+
+    async def create(auth):
+        return await auth.create_policy(
+            actor, entity_types or None, aspects or None, description=description, created_by=CLI_ACTOR
+        )
+
+    click.echo(orjson.dumps(_with_auth(create).to_json()).decode())
+
+
+@policy.command("list")
+def policy_list() -> None:
+    """Every policy, one JSON object per line."""
+
+    async def listing(auth):
+        return await auth.policies()
+
+    for item in _with_auth(listing):
+        click.echo(orjson.dumps(item.to_json()).decode())
+
+
+@policy.command("delete")
+@click.argument("policy_id")
+def policy_delete(policy_id: str) -> None:
+    async def delete(auth):
+        await auth.delete_policy(policy_id, CLI_ACTOR)
+
+    _with_auth(delete)
+    click.echo(f"policy {policy_id} deleted")
 
 
 @main.group()

@@ -17,10 +17,13 @@ from app.settings import PROJECT_ROOT
 MIGRATIONS_DIR = PROJECT_ROOT / "migrations"
 
 
-def create_engine(url: str, pool_size: int = 10) -> AsyncEngine:
+def create_engine(url: str, pool_size: int = 10, pool_timeout: float = 30.0) -> AsyncEngine:
     # READ COMMITTED, as DataHub: row locks (SELECT ... FOR UPDATE) give compare-and-set where it matters.
+    # `pool_timeout`: the longest wait for a connection when all are checked out; then sqlalchemy.exc.TimeoutError,
+    # which the app answers with 503 and Retry-After (app.main).
     return create_async_engine(
-        url, pool_size=pool_size, max_overflow=pool_size, pool_pre_ping=True, isolation_level="READ COMMITTED"
+        url, pool_size=pool_size, max_overflow=pool_size, pool_timeout=pool_timeout, pool_pre_ping=True,
+        isolation_level="READ COMMITTED",
     )
 
 

@@ -77,6 +77,10 @@ class MetaledgerError(Exception):
     def to_json(self) -> dict[str, Any]:
         return {"error": self.error, "message": self.message, "issues": [i.to_json() for i in self.issues]}
 
+    def headers(self) -> dict[str, str] | None:
+        """Response headers this error adds (WWW-Authenticate, Retry-After)."""
+        return None
+
     def with_issues(self, issues: list[Issue], message: str | None = None) -> MetaledgerError:
         """The same kind of error about other issues (relocated, or a part of a batch's)."""
         return type(self)(self.message if message is None else message, issues)
@@ -115,7 +119,44 @@ class UnsupportedMediaType(MetaledgerError):
     error = "Unsupported Media Type"
 
 
-class ServiceUnavailable(MetaledgerError):
+class Unauthorized(MetaledgerError):
+    """No credentials, or credentials that are not valid (unknown, expired, revoked, badly signed)."""
+
+    status_code = 401
+    error = "Unauthorized"
+
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": 'Bearer realm="metaledger"'}
+
+
+class Forbidden(MetaledgerError):
+    """Authenticated, but the actor's role or policies do not grant the permission the request needs."""
+
+    status_code = 403
+    error = "Forbidden"
+
+
+@dataclass
+class Backpressure(MetaledgerError):
+    """Retryable refusals that carry when to retry: the client's retry policy honours `Retry-After`."""
+
+    retry_after_s: int = 1
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(self.retry_after_s)}
+
+    def with_issues(self, issues: list[Issue], message: str | None = None) -> MetaledgerError:
+        return type(self)(self.message if message is None else message, issues, self.retry_after_s)
+
+
+class TooManyRequests(Backpressure):
+    """Too many writes in flight, or a change-log backlog past its limit: the service sheds load instead of queueing."""
+
+    status_code = 429
+    error = "Too Many Requests"
+
+
+class ServiceUnavailable(Backpressure):
     """The database is unreachable or the transaction could not complete after its retries (retryable)."""
 
     status_code = 503
@@ -124,5 +165,8 @@ class ServiceUnavailable(MetaledgerError):
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
     cls.status_code: {"model": None, "description": cls.error}
-    for cls in (ValidationFailed, NotFound, ExistenceConflict, PreconditionFailed, PayloadTooLarge, ServiceUnavailable)
+    for cls in (
+        ValidationFailed, Unauthorized, Forbidden, NotFound, ExistenceConflict, PreconditionFailed, PayloadTooLarge,
+        TooManyRequests, ServiceUnavailable,
+    )
 }

@@ -1,14 +1,30 @@
 """Structured JSON logs for operators: every record is one JSON line carrying its `extra` fields
-(urn, aspect, run_id, ... where the code provides them)."""
+(urn, aspect, run_id, ... where the code provides them), and `request_id` when it is written while a request is
+served (app.ops.middleware sets `REQUEST_ID` for the request's whole context, its tasks included)."""
 
 from __future__ import annotations
 
 import logging
 import sys
+from contextvars import ContextVar
 
 import orjson
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+
+# The id of the HTTP request being served (the X-Request-Id it answers with); None outside a request.
+REQUEST_ID: ContextVar[str | None] = ContextVar("metaledger_request_id", default=None)
+
+
+class RequestIdFilter(logging.Filter):
+    """Stamps `record.request_id` from the context (for handlers other than the JSON one: tests, plain text)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id"):
+            request_id = REQUEST_ID.get()
+            if request_id is not None:
+                record.request_id = request_id
+        return True
 
 
 class JsonFormatter(logging.Formatter):
@@ -19,6 +35,9 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "msg": record.getMessage(),
         }
+        request_id = REQUEST_ID.get()
+        if request_id is not None:
+            entry["request_id"] = request_id
         entry.update({k: v for k, v in vars(record).items() if k not in _STANDARD})
         if record.exc_info:
             entry["exc"] = self.formatException(record.exc_info)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
@@ -12,15 +13,21 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app import __version__
+from app.auth.model import Role
+from app.auth.service import AuthService
 from app.avro.wire import ValueCodec
 from app.background import Background
 from app.db import create_engine, create_sessionmaker, upgrade_database
 from app.errors import Issue, MetaledgerError, ServiceUnavailable, ValidationFailed
 from app.api import routers
+from app.api.deps import ALLOW_PUBLIC, ALLOW_READ
 from app.api.http import json_response
 from app.logs import configure_logging
+from app.ops import Operations
+from app.ops.middleware import OperationsMiddleware
 from app.search.service import SearchRuntime
 from app.registry import EntityRegistry, load_registry
 from app.registry.errors import RegistryError
@@ -29,12 +36,14 @@ from app.settings import Settings, get_settings
 from app.ingest.gateway import IngestGateway
 from app.kafka.producer import ProposalProducer
 from app.write.plugins import load_rule_chain
+from app.write.proposal import DEFAULT_ACTOR, SYSTEM_ACTOR
 from app.write.service import WriteService
 
 if TYPE_CHECKING:
     from app.embedded_pg import EmbeddedPostgres
 
 log = logging.getLogger("metaledger")
+OPENAPI_URL = "/openapi.json"
 
 
 def resolve_database_url(settings: Settings) -> str:
@@ -60,7 +69,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     url, embedded = await asyncio.to_thread(start_database, settings)
     if settings.apply_migrations_on_start:
         await asyncio.to_thread(upgrade_database, url)
-    engine = create_engine(url, settings.db_pool_size)
+    engine = create_engine(url, settings.db_pool_size, settings.db_pool_timeout_s)
     app.state.engine = engine
     app.state.sessionmaker = create_sessionmaker(engine)
     app.state.schema_registry = make_registry_client(settings, engine)
@@ -80,13 +89,18 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if producer is not None:
         await producer.start()
     app.state.proposal_producer = producer
-    app.state.gateway = IngestGateway(app.state.write_service, search, producer)
+    app.state.auth = auth = AuthService(settings, engine, app.state.registry)
+    await _announce_auth(settings, auth)
+    app.state.ops = ops = Operations(settings, engine, app.state.registry, app.state.schema_registry)
+    app.state.gateway = IngestGateway(app.state.write_service, search, producer, auth, admission=ops.admission)
     background = Background()
     await background.start(settings, engine, app.state.sessionmaker, app.state.gateway, search, codec)
+    await ops.start(background)  # the outbox sampler (backpressure, /metrics) and /ready
     log.info("metaledger started", extra={"database": engine.url.render_as_string(hide_password=True)})
     try:
         yield
     finally:
+        await ops.close()
         await background.close()
         if producer is not None:
             await producer.stop()
@@ -97,10 +111,35 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             await asyncio.to_thread(embedded.stop)
 
 
+async def _announce_auth(settings: Settings, auth: AuthService) -> None:
+    """On the first start, create the admin token and print it once (only its hash is kept)."""
+    if not settings.auth_enabled:
+        log.warning("AUTHENTICATION IS OFF (METALEDGER_AUTH_ENABLED=false): anyone who reaches this port is an admin")
+        return
+    await auth.key()  # loaded (or created) now: verifying a token then needs no database round trip for it
+    if not settings.auth_bootstrap_admin_token:
+        return
+    issued = await auth.create_token(
+        DEFAULT_ACTOR, Role.ADMIN, ttl="never", description="the first-start admin token", created_by=SYSTEM_ACTOR,
+        bootstrap=True,
+    )
+    if issued is None:
+        return
+    token = issued[0]
+    print(
+        "\nmetaledger created its first admin token (shown this once; only its hash is stored):\n\n"
+        f"    {token}\n\n"
+        "Use it with the datahub client:  DATAHUB_GMS_TOKEN=<token> datahub ...\n"
+        "or over HTTP:                    curl -H 'Authorization: Bearer <token>' ...\n"
+        "More tokens:  metaledger token create --actor urn:li:corpuser:alice --role writer\n",
+        file=sys.stderr, flush=True,
+    )
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(MetaledgerError)
     async def metaledger_error(request: Request, error: MetaledgerError):
-        return json_response(error.to_json(), error.status_code)
+        return json_response(error.to_json(), error.status_code, error.headers())
 
     @app.exception_handler(RegistryError)
     async def registry_error(request: Request, error: RegistryError):
@@ -117,11 +156,20 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(OSError)
     async def database_unreachable(request: Request, error: OSError):
         log.error("database unreachable", extra={"path": request.url.path, "error": str(error)})
-        return json_response(ServiceUnavailable(f"the database is unreachable: {error}").to_json(), 503)
+        unavailable = ServiceUnavailable(f"the database is unreachable: {error}")
+        return json_response(unavailable.to_json(), 503, unavailable.headers())
+
+    @app.exception_handler(PoolTimeout)
+    async def pool_exhausted(request: Request, error: PoolTimeout):
+        # every pooled connection stayed checked out for db_pool_timeout_s: retryable, never a 500
+        log.warning("database pool exhausted", extra={"path": request.url.path, "error": str(error)})
+        unavailable = ServiceUnavailable("no database connection became free in time (the service is overloaded); retry")
+        return json_response(unavailable.to_json(), 503, unavailable.headers())
 
 
-def _install_offline_docs(app: FastAPI) -> None:
-    """/docs (Swagger UI) and /redoc from the assets of the installed `fastapi-offline` package: no CDN needed."""
+def _install_offline_docs(app: FastAPI, settings: Settings) -> None:
+    """/openapi.json, /docs (Swagger UI) and /redoc, with the assets of the installed `fastapi-offline` package (no CDN
+    needed). They need a reader token unless METALEDGER_AUTH_PUBLIC_DOCS (the static assets are public code)."""
     from pathlib import Path
 
     import fastapi_offline
@@ -130,19 +178,24 @@ def _install_offline_docs(app: FastAPI) -> None:
 
     static = "/docs/static"
     app.mount(static, StaticFiles(directory=Path(fastapi_offline.__file__).parent / "static"), name="docs-static")
+    policy = [ALLOW_PUBLIC if settings.auth_public_docs else ALLOW_READ]
 
-    @app.get("/docs", include_in_schema=False)
+    @app.get(OPENAPI_URL, include_in_schema=False, dependencies=policy)
+    async def openapi_document():
+        return json_response(app.openapi())
+
+    @app.get("/docs", include_in_schema=False, dependencies=policy)
     async def swagger_ui():
         return get_swagger_ui_html(
-            openapi_url=app.openapi_url, title=f"{app.title} - Swagger UI",
+            openapi_url=OPENAPI_URL, title=f"{app.title} - Swagger UI",
             swagger_js_url=f"{static}/swagger-ui-bundle.js", swagger_css_url=f"{static}/swagger-ui.css",
             swagger_favicon_url=f"{static}/favicon.png",
         )
 
-    @app.get("/redoc", include_in_schema=False)
+    @app.get("/redoc", include_in_schema=False, dependencies=policy)
     async def redoc():
         return get_redoc_html(
-            openapi_url=app.openapi_url, title=f"{app.title} - ReDoc", redoc_js_url=f"{static}/redoc.standalone.js",
+            openapi_url=OPENAPI_URL, title=f"{app.title} - ReDoc", redoc_js_url=f"{static}/redoc.standalone.js",
             redoc_favicon_url=f"{static}/favicon.png", with_google_fonts=False,
         )
 
@@ -164,8 +217,9 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
         version=__version__,
         description="A metadata change service that speaks DataHub's event model.",
         lifespan=lifespan,
-        docs_url=None,  # served by _install_offline_docs, from local assets
+        docs_url=None,  # served by _install_offline_docs, from local assets, behind the route policy
         redoc_url=None,
+        openapi_url=None,
     )
     app.state.settings = settings
     app.state.registry = write_service.registry
@@ -173,7 +227,9 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
     for router in routers:
         app.include_router(router)
     _install_error_handlers(app)
-    _install_offline_docs(app)
+    _install_offline_docs(app, settings)
+    # Request ids, per-route metrics and the access log, around everything but Starlette's last-resort error handler.
+    app.add_middleware(OperationsMiddleware, metrics=settings.http_metrics_enabled, access_log=settings.access_log)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
     return app
 
@@ -183,6 +239,11 @@ def build_openapi(app: FastAPI) -> dict:
         from app.openapi_spec import add_registry_paths
 
         spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        # Every operation but the open ones takes DataHub's bearer token (or the system client's Basic credentials).
+        spec.setdefault("components", {})["securitySchemes"] = {
+            "bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
+        }
+        spec["security"] = [{"bearerAuth": []}]
         app.openapi_schema = add_registry_paths(spec, app.state.registry)
     return app.openapi_schema
 

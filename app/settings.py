@@ -63,9 +63,32 @@ class Settings(BaseSettings):
     # there and resolves every schema id through it. Unset: metaledger's own registry, served at
     # /schema-registry/api (DataHub's "INTERNAL" type), with DataHub's fixed ids.
     schema_registry_url: str | None = None
+    # "user:password" for an external registry that wants HTTP Basic (another metaledger's: its system client id:secret)
+    schema_registry_user_info: str | None = None
 
     # Entity Change Events (tag added, owner removed, ...) computed at write time → PlatformEvent_v1 via the outbox
     platform_events_enabled: bool = True
+
+    # --- authentication and authorization (app.auth)
+    # Off only for a trusted loopback set-up: every request then acts as urn:li:corpuser:datahub with the admin role.
+    auth_enabled: bool = True
+    # The HS256 key tokens are signed with. Unset: a random key generated once and kept in Postgres (auth_signing_key),
+    # shared by every process of the deployment.
+    auth_secret: str | None = None
+    # How long a verified token and the policies are trusted before Postgres is asked again: a revocation or a policy
+    # change reaches every process within this time.
+    auth_cache_seconds: float = 5.0
+    auth_token_default_ttl: str = "90d"  # `metaledger token create` without --ttl ("never": no expiry)
+    # On the first start (no token issued yet) create an admin token for urn:li:corpuser:datahub and print it once.
+    auth_bootstrap_admin_token: bool = True
+    auth_public_docs: bool = False  # /docs, /redoc and /openapi.json without a token
+    # Schema registry reads without a token, as DataHub leaves /schema-registry/* open (Kafka clients fetch writer
+    # schemas by id without credentials); registering a new schema and changing compatibility stay admin-only.
+    schema_registry_open_read: bool = True
+    # DataHub's system client (`Authorization: Basic <id>:<secret>`): admin, and may act as another actor
+    # (X-DataHub-Actor). Unset secret: no system client.
+    system_client_id: str = "__datahub_system"
+    system_client_secret: str | None = None
 
     # --- search, lineage graph and timeseries indices (unset: the embedded Postgres backend)
     search_url: str | None = None
@@ -86,6 +109,21 @@ class Settings(BaseSettings):
     mcp_consumer_group: str = "generic-mce-consumer-job-client"
     mcp_consumer_batch_size: int = 500
     mce_consumer_enabled: bool = False
+
+    # --- operations: metrics, readiness, backpressure (app.ops)
+    http_metrics_enabled: bool = True  # request counts and latency histograms per route (the middleware's part)
+    access_log: bool = True  # one INFO line per request on `metaledger.access` (request_id, method, route, status, ms)
+    # Writes in flight per process (0: db_pool_size); a write waits this long for a slot, then answers 429.
+    max_in_flight_writes: int = 0
+    write_queue_timeout_ms: int = 1000
+    # Writes answer 429 while the outbox backlog (change logs not yet published, or without Kafka not yet indexed)
+    # is over this many rows; 0: no limit (a broker outage then only delays publishing).
+    max_outbox_backlog: int = 0
+    backpressure_retry_after_s: int = 1  # Retry-After of the 429s
+    db_pool_timeout_s: float = 5.0  # longest wait for a pooled connection; then 503 with Retry-After
+    ops_sample_interval_s: float = 1.0  # how often the outbox backlog and lags are sampled
+    ready_timeout_s: float = 2.0  # each readiness probe (database, broker, external schema registry) at most
+    ready_cache_s: float = 5.0  # broker and external registry probes are reused this long
 
 
 @lru_cache

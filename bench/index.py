@@ -43,7 +43,7 @@ from app.search.elastic import ElasticBackend  # noqa: E402
 from app.search.elastic_mappings import index_mapping  # noqa: E402
 from app.search.model import AspectEdges, AspectFields, EntityRemoval, TimeseriesPoint  # noqa: E402
 from app.settings import Settings  # noqa: E402
-from tests.processes import start_service, stop_process, wait_healthy  # noqa: E402
+from tests.processes import SYSTEM_AUTH, start_service, stop_process, wait_healthy  # noqa: E402
 from tests.search_server import start_search_server  # noqa: E402
 
 PLATFORMS = ("hive", "snowflake", "bigquery", "postgres")
@@ -146,7 +146,7 @@ def percentile(samples: list[float], q: float) -> float:
 async def write_latencies(base: str, count: int, sync: bool, tag: str) -> list[float]:
     samples = []
     headers = {"X-DataHub-Sync-Index-Update": "true"} if sync else {}
-    async with httpx.AsyncClient(timeout=30) as http:
+    async with httpx.AsyncClient(timeout=30, headers=SYSTEM_AUTH) as http:
         for i in range(count):
             body = [{"entityType": "dataset", "entityUrn": urn_of(i), "changeType": "UPSERT", "aspectName": "datasetProperties",
                      "aspect": {"value": {"name": f"{tag}_{i}", "description": f"latency probe {tag} {i}"}}, "headers": headers}]

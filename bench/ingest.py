@@ -1,6 +1,6 @@
 """Write-path throughput and latency, against a real metaledger process and a real Postgres.
 
-    .venv/bin/python bench/ingest.py [--clients 4] [--batches 40] [--batch-size 100] [--singles 400]
+    .venv/bin/python bench/ingest.py [--clients 4] [--batches 40] [--batch-size 100] [--singles 400] [--auth on|off]
 
 Prints:
 - batch UPSERT throughput: versioned aspect writes/s, `--clients` concurrent HTTP clients each POSTing
@@ -12,7 +12,9 @@ Prints:
   the change log) written with bare asyncpg, same concurrency and batch size, and metaledger's share of it.
 
 It starts its own Postgres (fsync on, as the embedded default) under a temporary directory and its own server
-(`uvicorn app.main:app`, one worker) on a free loopback port.
+(`uvicorn app.main:app`, one worker) on a free loopback port. With `--auth on` (the default, as deployed) every
+request carries a bearer token issued by `metaledger token create`; `--auth off` runs the server with
+METALEDGER_AUTH_ENABLED=false, to measure what verifying a token costs.
 """
 
 from __future__ import annotations
@@ -35,9 +37,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from app.db import upgrade_database  # noqa: E402
 from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port  # noqa: E402
-from tests.processes import start_service, stop_process, wait_healthy  # noqa: E402
+from tests.processes import issue_token, start_service, stop_process, wait_healthy  # noqa: E402
 
 PLATFORMS = ("hive", "snowflake", "bigquery", "postgres")
+HEADERS = {"content-type": "application/json"}  # + the bearer token with --auth on
 
 
 def dataset_urn(client: int, i: int) -> str:
@@ -66,11 +69,11 @@ async def run_batches(base: str, clients: int, batches: int, size: int, endpoint
             if endpoint == "v1":
                 body = [mcp(dataset_urn(c, i), properties(round_no, i)) for i in range(size)]
                 response = await http.post(f"{base}/openapi/v1/proposals", content=orjson.dumps(body),
-                                           headers={"content-type": "application/json"})
+                                           headers=HEADERS)
             else:
                 body = [{"urn": dataset_urn(c, i), "datasetProperties": {"value": properties(round_no, i)}} for i in range(size)]
                 response = await http.post(f"{base}/openapi/v3/entity/dataset?async=false", content=orjson.dumps(body),
-                                           headers={"content-type": "application/json"})
+                                           headers=HEADERS)
             if response.status_code != 200:
                 raise RuntimeError(f"batch failed: {response.status_code} {response.text[:300]}")
 
@@ -87,7 +90,7 @@ async def single_latencies(base: str, count: int) -> list[float]:
         for n in range(count):
             body = orjson.dumps([mcp(dataset_urn(99, n % 50), properties(10_000 + n, n % 50))])
             started = time.perf_counter()
-            response = await http.post(f"{base}/openapi/v1/proposals", content=body, headers={"content-type": "application/json"})
+            response = await http.post(f"{base}/openapi/v1/proposals", content=body, headers=HEADERS)
             samples.append((time.perf_counter() - started) * 1000)
             assert response.status_code == 200, response.text
     return samples
@@ -168,6 +171,7 @@ async def main() -> None:
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--singles", type=int, default=400)
+    parser.add_argument("--auth", choices=("on", "off"), default="on")
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="metaledger-bench-"))
@@ -180,8 +184,11 @@ async def main() -> None:
         sa_url = url.replace("postgresql://", "postgresql+asyncpg://")
         upgrade_database(sa_url)
         port = free_port()
-        server = start_service({"METALEDGER_DATABASE_URL": sa_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false"}, port,
-                               quiet=False)
+        env = {"METALEDGER_DATABASE_URL": sa_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+               "METALEDGER_AUTH_ENABLED": "true" if args.auth == "on" else "false"}
+        if args.auth == "on":
+            HEADERS["authorization"] = f"Bearer {issue_token(env, 'urn:li:corpuser:bench', 'writer')}"
+        server = start_service(env, port, quiet=False)
         base = f"http://127.0.0.1:{port}"
         await wait_healthy(base)
         writes = args.clients * args.batches * args.batch_size
@@ -198,7 +205,7 @@ async def main() -> None:
         raw_elapsed = await raw_ceiling(url, args.clients, args.batches, args.batch_size, 2)
         raw_rate = writes / raw_elapsed
 
-        print(f"machine: {os.cpu_count()} cores; Postgres fsync on; {args.clients} clients x {args.batches} batches x {args.batch_size} MCPs")
+        print(f"machine: {os.cpu_count()} cores; Postgres fsync on; auth {args.auth}; {args.clients} clients x {args.batches} batches x {args.batch_size} MCPs")
         print(f"batch UPSERT via /openapi/v1/proposals : {v1_rate:8.0f} versioned aspect writes/s")
         print(f"batch UPSERT via /openapi/v3/entity     : {v3_rate:8.0f} versioned aspect writes/s")
         print(f"raw asyncpg ceiling (same rows)         : {raw_rate:8.0f} rows/s")

@@ -45,7 +45,7 @@ from app.kafka.relay import OutboxRelay  # noqa: E402
 from app.kafka.topics import create_missing_topics  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from tests.kafka_broker import start_broker  # noqa: E402
-from tests.processes import start_service, stop_process, wait_healthy  # noqa: E402
+from tests.processes import SYSTEM_AUTH, start_service, stop_process, wait_healthy  # noqa: E402
 
 PLATFORMS = ("hive", "snowflake", "bigquery", "postgres")
 
@@ -219,7 +219,7 @@ async def latency(sa_url: str, bootstrap: str, rate: int, seconds: float) -> dic
 
         reader = asyncio.create_task(consume())
         urn_pool = 2000
-        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64)) as http:
+        async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64), headers=SYSTEM_AUTH) as http:
             async def one(n: int) -> None:
                 nonlocal failures
                 body = [{"entityType": "dataset", "entityUrn": dataset_urn((n * batch + i) % urn_pool, "lat"),

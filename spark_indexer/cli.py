@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import sys
 from datetime import datetime
+from pathlib import Path
 
 import click
 
@@ -52,12 +53,16 @@ def main(ctx: click.Context, master: str | None) -> None:
 @click.option("--checkpoint", type=click.Path(file_okay=False), default=None,
               help="Checkpoint directory (default: METALEDGER_SPARK_CHECKPOINT_DIR or <work dir>/checkpoint).")
 @click.option("--once", is_flag=True, help="Index everything on the topics now, then exit (cron-style runs, tests).")
+@click.option("--metrics-file", type=click.Path(dir_okay=False), default=None,
+              help="Write the batch figures to this Prometheus textfile after every batch (default: METALEDGER_SPARK_METRICS_FILE).")
 @click.pass_context
-def stream(ctx: click.Context, checkpoint: str | None, once: bool) -> None:
+def stream(ctx: click.Context, checkpoint: str | None, once: bool, metrics_file: str | None) -> None:
     """Stream the MCL topics into the indices until stopped."""
     from spark_indexer.stream import run_stream
 
     settings: IndexerSettings = ctx.obj["settings"]
+    if metrics_file:
+        settings = settings.model_copy(update={"spark_metrics_file": Path(metrics_file)})
     if not settings.search_url:  # the embedded Postgres search backend: its tables are in the database
         settings = _database(settings)
     result = run_stream(_session(settings, ctx.obj["master"]), settings, checkpoint=checkpoint, once=once)

@@ -43,6 +43,11 @@ class IndexerSettings(Settings):
     # that is not one of DataHub's are decoded with the writer schema fetched from it (once per worker). With
     # METALEDGER_SCHEMA_REGISTRY_URL (an external registry) set, that one answers for every id instead.
     spark_schema_registry_url: str | None = None
+    # The stream's figures per micro-batch (spark_indexer.metrics): a Prometheus textfile (node_exporter's textfile
+    # collector; `stream --metrics-file` sets it too) and/or a Pushgateway, as job `spark_metrics_job`.
+    spark_metrics_file: Path | None = None
+    spark_pushgateway_url: str | None = None
+    spark_metrics_job: str = "metaledger_spark_indexer"
 
     @property
     def checkpoint_dir(self) -> Path:

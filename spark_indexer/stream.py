@@ -10,7 +10,8 @@ Per micro-batch (`BatchSink.__call__`, Spark's `foreachBatch`):
    aspect and day (`timeseries_dir`), once per batch (a marker per query and batch id makes a replayed batch a
    no-op);
 4. a progress line: rows, change logs applied, changes, dead letters, duration, rate and lag (high watermark
-   minus the batch's end offsets).
+   minus the batch's end offsets); the same figures for Prometheus when a textfile or a Pushgateway is configured
+   (spark_indexer.metrics).
 
 Offsets live in the checkpoint directory; a restart (after `kill -9` too) resumes from the last committed batch and
 replays at most the batch that was running, which the order-safe apply makes harmless.
@@ -31,6 +32,7 @@ from pyspark.sql import functions as F
 
 from spark_indexer.batch import RESULT_SCHEMA, index_partition_fn
 from spark_indexer.config import IndexerSettings, with_database
+from spark_indexer.metrics import BatchReporter
 from spark_indexer.sink import settings_payload
 
 log = logging.getLogger("metaledger.spark_indexer")
@@ -121,6 +123,7 @@ class BatchSink:
         self.partitions = settings.spark_index_partitions  # 0: index in the topics' own partitions, no shuffle
         self.result = StreamResult()
         self.positions: dict[tuple[str, int], int] = {}  # next offset to index per topic partition
+        self.reporter = BatchReporter.from_settings(settings)  # Prometheus textfile / Pushgateway, when configured
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         t0 = time.perf_counter()
@@ -154,6 +157,8 @@ class BatchSink:
         self.result.batches.append(metrics)
         log.info(metrics.line(), extra={"batch_id": batch_id, "rows": metrics.rows, "dead_letters": metrics.dead_letters,
                                         "lag": metrics.lag, "seconds": round(metrics.seconds, 3)})
+        if self.reporter is not None:
+            self.reporter.report(metrics)
         if self.echo:
             print(metrics.line(), file=sys.stderr, flush=True)
 

@@ -24,12 +24,18 @@ class ValueDecoder:
     def __init__(self, settings: Any) -> None:
         self.url = settings.schema_registry_url or getattr(settings, "spark_schema_registry_url", None)
         self.codec = ValueCodec(settings, fetch_schema=self._fetch if self.url else None)
+        # Credentials where the registry wants them: its own, or metaledger's system client (a metaledger registry
+        # with METALEDGER_SCHEMA_REGISTRY_OPEN_READ=false).
+        secret = getattr(settings, "system_client_secret", None)
+        self.user_info = getattr(settings, "schema_registry_user_info", None) or (
+            f"{settings.system_client_id}:{secret}" if secret else None
+        )
 
     def _fetch(self, schema_id: int) -> str:
         from app.schema_registry.confluent import ConfluentRegistryClient
 
         async def get() -> str:
-            client = ConfluentRegistryClient(self.url)
+            client = ConfluentRegistryClient(self.url, user_info=self.user_info)
             try:
                 return await client.schema_by_id(schema_id)
             finally:

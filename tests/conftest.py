@@ -179,14 +179,36 @@ def settings_overrides() -> dict[str, Any]:
 
 @pytest_asyncio.fixture
 async def app(database_url: str, registry, settings_overrides: dict[str, Any]):
-    settings = Settings(database_url=database_url, apply_migrations_on_start=False, **settings_overrides)
+    # Authentication is on, as in production; `client` carries an admin token (no first-start token is printed).
+    settings = Settings(
+        database_url=database_url, apply_migrations_on_start=False,
+        **{"auth_bootstrap_admin_token": False, **settings_overrides},
+    )
     application = create_app(settings, registry)
     async with application.router.lifespan_context(application):
         yield application
 
 
 @pytest_asyncio.fixture
-async def client(app) -> AsyncIterator[httpx.AsyncClient]:
+async def admin_token(app) -> str:
+    from tests.helpers import mint_token
+
+    return await mint_token(app, "admin")
+
+
+@pytest_asyncio.fixture
+async def client(app, admin_token: str) -> AsyncIterator[httpx.AsyncClient]:
+    """An admin (urn:li:corpuser:datahub) talking to `app`."""
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app), base_url="http://metaledger",
+        headers={"Authorization": f"Bearer {admin_token}"},
+    ) as http:
+        yield http
+
+
+@pytest_asyncio.fixture
+async def anonymous(app) -> AsyncIterator[httpx.AsyncClient]:
+    """A client of `app` without credentials."""
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://metaledger") as http:
         yield http
 

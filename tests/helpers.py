@@ -69,7 +69,6 @@ RESTLI_HEADERS = {
     "X-RestLi-Protocol-Version": "2.0.0",
     "X-DataHub-Client-Mode": "SDK",
     "X-DataHub-Py-Cli-Version": "1.7.0.17",
-    "Authorization": "Bearer some-token",
     "User-Agent": "DataHub-Client/1.0 (sdk; datahub/terminal; 1.7.0.17) python-requests/2.34.2",
 }
 
@@ -335,3 +334,20 @@ def raw_record(placeholder: dict[str, Any]) -> Any:
         return orjson.loads(text)
     except orjson.JSONDecodeError:
         return text
+
+
+# --- authentication ---------------------------------------------------------------------------------------------
+
+TEST_ACTOR = "urn:li:corpuser:datahub"  # the actor of the default test token (DataHub's root user)
+
+
+async def mint_token(app, role: str = "admin", actor: str = TEST_ACTOR, ttl: str | None = None) -> str:
+    """A real token issued by the app's auth service (signed, stored, verified like any other)."""
+    from app.auth.model import Role
+
+    issued = await app.state.auth.create_token(actor, Role.parse(role), ttl=ttl, created_by="urn:li:corpuser:test")
+    return issued[0]
+
+
+async def bearer(app, role: str = "admin", actor: str = TEST_ACTOR) -> dict[str, str]:
+    return {"Authorization": f"Bearer {await mint_token(app, role, actor)}"}

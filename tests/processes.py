@@ -17,13 +17,38 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 
 
+# The services these tests start accept DataHub's system client with this secret (admin; the Basic scheme, as DataHub's
+# clients send it). Tests of tokens issue real ones with `issue_token`.
+SYSTEM_CLIENT_ID = "__datahub_system"
+SYSTEM_CLIENT_SECRET = "metaledger-tests-system-client-secret"
+SYSTEM_AUTH = {"Authorization": f"Basic {SYSTEM_CLIENT_ID}:{SYSTEM_CLIENT_SECRET}"}
+
+
+def service_env(env: dict[str, str]) -> dict[str, str]:
+    """This process's environment, the system client's secret, and `env` on top."""
+    return {
+        **os.environ, "METALEDGER_SYSTEM_CLIENT_SECRET": SYSTEM_CLIENT_SECRET,
+        "METALEDGER_AUTH_BOOTSTRAP_ADMIN_TOKEN": "false", **env,
+    }
+
+
 def start_service(env: dict[str, str], port: int, *, quiet: bool = True) -> subprocess.Popen:
     """metaledger as its own process (one uvicorn worker) with `env` on top of this process's environment."""
     output = subprocess.DEVNULL if quiet else None
     return subprocess.Popen(
         [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning", "--no-access-log"],
-        cwd=ROOT, env={**os.environ, **env}, stdout=output, stderr=output,
+        cwd=ROOT, env=service_env(env), stdout=output, stderr=output,
     )
+
+
+def issue_token(env: dict[str, str], actor: str = "urn:li:corpuser:datahub", role: str = "admin",
+                ttl: str | None = None) -> str:
+    """`metaledger token create` against the database of `env`: the token is the last line of its output."""
+    argv = [str(Path(sys.executable).with_name("metaledger")), "token", "create", "--actor", actor, "--role", role]
+    if ttl is not None:
+        argv += ["--ttl", ttl]
+    done = subprocess.run(argv, cwd=ROOT, env=service_env(env), capture_output=True, text=True, timeout=120, check=True)
+    return done.stdout.strip().splitlines()[-1]
 
 
 async def wait_healthy(base: str, timeout: float = 60, process: subprocess.Popen | None = None) -> None:

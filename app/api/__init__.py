@@ -1,6 +1,7 @@
 """The protocols metaledger speaks over HTTP, one module each: request bodies → drafts → the ingest gateway, and
 outcomes → responses. Nothing else happens here."""
 
+from app.api.auth import router as auth_router
 from app.api.change_feed import router as change_feed_router
 from app.api.entities import router as entities_router
 from app.api.proposals import router as proposals_router
@@ -12,5 +13,5 @@ from app.api.system import router as system_router
 # In this order: the search route GET /openapi/v3/entity/{entityName} comes after the v3 entity routes.
 routers = [
     system_router, proposals_router, entities_router, change_feed_router, restli_router, search_router,
-    schema_registry_router,
+    schema_registry_router, auth_router,
 ]

@@ -16,13 +16,13 @@ import orjson
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from app.api.deps import Engine, SettingsDep
+from app.api.deps import ALLOW_READ, Engine, SettingsDep
 from app.api.http import json_response
 from app.changelog import feed
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
 from app.settings import Settings
 
-router = APIRouter(prefix="/openapi/v1/events", tags=["events"])
+router = APIRouter(prefix="/openapi/v1/events", tags=["events"], dependencies=[ALLOW_READ])
 
 DEFAULT_LIMIT = 100
 MAX_LIMIT = 1000

@@ -10,7 +10,11 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from app.auth.model import Permission, Principal
+from app.auth.service import AuthService
 from app.errors import ServiceUnavailable
+from app.ops import Operations
+from app.ops.metrics import AUTH_FAILURES
 from app.ingest.gateway import IngestGateway
 from app.registry import EntityRegistry
 from app.schema_registry import SchemaRegistryClient
@@ -18,7 +22,6 @@ from app.search.model import SearchBackend
 from app.search.service import SearchRuntime, SearchUnavailable
 from app.search.worker import wait_until_indexed
 from app.settings import Settings
-from app.write.proposal import DEFAULT_ACTOR, AuditStamp
 
 # All dependencies are `async def`: FastAPI runs plain `def` dependencies in its thread pool, a costly hop per call.
 
@@ -76,9 +79,52 @@ async def get_read_your_writes(request: Request) -> Callable[[], Awaitable[bool]
     return partial(wait_until_indexed, state.sessionmaker)
 
 
-async def request_audit_stamp(request: Request) -> AuditStamp:
-    # Authentication arrives later; until then every request acts as DataHub's default actor.
-    return AuditStamp.now(DEFAULT_ACTOR)
+async def get_operations(request: Request) -> Operations:
+    return request.app.state.ops
+
+
+async def get_auth(request: Request) -> AuthService:
+    return request.app.state.auth
+
+
+async def authenticate(request: Request) -> Principal:
+    """The caller, from the request's credentials (once per request: FastAPI caches a dependency's result)."""
+    return await request.app.state.auth.authenticate(request.headers)
+
+
+class Allow:
+    """A route's policy: the permission it needs. Every route declares exactly one (tests/integration/test_auth.py
+    walks the app's routes and fails on a route without one), as a router or route dependency."""
+
+    def __init__(self, permission: Permission) -> None:
+        self.permission = permission
+
+    async def __call__(self, principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+        if not principal.allows(self.permission):
+            AUTH_FAILURES.labels(reason="forbidden").inc()
+            principal.require(self.permission)
+        return principal
+
+
+async def public() -> None:
+    """The policy of the routes everyone may call (/health, /config, /ready)."""
+
+
+public.permission = Permission.PUBLIC  # type: ignore[attr-defined]
+
+
+class AllowRegistryRead(Allow):
+    """Schema registry reads: open when METALEDGER_SCHEMA_REGISTRY_OPEN_READ (DataHub leaves the registry open)."""
+
+    def __init__(self) -> None:
+        super().__init__(Permission.READ)
+
+    async def __call__(self, request: Request) -> Principal | None:  # type: ignore[override]
+        if request.app.state.settings.schema_registry_open_read and "authorization" not in request.headers:
+            return None
+        principal = await authenticate(request)
+        principal.require(self.permission)
+        return principal
 
 
 Session = Annotated[AsyncSession, Depends(get_session)]
@@ -89,5 +135,14 @@ Engine = Annotated[AsyncEngine, Depends(get_engine)]
 Search = Annotated[SearchRuntime | None, Depends(get_search_runtime)]
 SchemaRegistry = Annotated[SchemaRegistryClient | None, Depends(get_schema_registry)]
 Backend = Annotated[SearchBackend, Depends(get_backend)]
-Audit = Annotated[AuditStamp, Depends(request_audit_stamp)]
+Auth = Annotated[AuthService, Depends(get_auth)]
+Ops = Annotated[Operations, Depends(get_operations)]
+Caller = Annotated[Principal, Depends(authenticate)]  # with a route policy in front of it
+# Route policies, as route or router dependencies; an endpoint that needs the caller takes `Caller` as well.
+ALLOW_PUBLIC = Depends(public)
+ALLOW_READ = Depends(Allow(Permission.READ))
+ALLOW_WRITE = Depends(Allow(Permission.WRITE))
+ALLOW_ADMIN = Depends(Allow(Permission.ADMIN))
+ALLOW_REGISTRY_READ = Depends(AllowRegistryRead())
+RegistryCaller = Annotated[Principal | None, ALLOW_REGISTRY_READ]  # None: an open read without credentials
 ReadYourWrites = Annotated[Callable[[], Awaitable[bool]], Depends(get_read_your_writes)]

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from app.api.deps import Audit, Gateway, Registry, Session
+from app.api.deps import ALLOW_READ, ALLOW_WRITE, Caller, Gateway, Registry, Session
 from app.api.http import aspect_envelope, json_response, parse_bool, read_json, stored_envelope
 from app.errors import Issue, Location, ValidationFailed
 from app.ingest.gateway import Outcome
@@ -23,26 +23,26 @@ SystemMetadataParam = Annotated[str | None, Query(alias="systemMetadata")]
 AsyncParam = Annotated[str | None, Query(alias="async")]
 
 
-@router.post("/{entity_name}")
+@router.post("/{entity_name}", dependencies=[ALLOW_WRITE])
 async def upsert_entities(
-    entity_name: str, request: Request, session: Session, gateway: Gateway, audit: Audit,
+    entity_name: str, request: Request, session: Session, gateway: Gateway, caller: Caller,
     system_metadata: SystemMetadataParam = None, async_: AsyncParam = None,
 ) -> Response:
-    return await _write_entities(entity_name, ChangeType.UPSERT, request, session, gateway, audit, system_metadata, async_)
+    return await _write_entities(entity_name, ChangeType.UPSERT, request, session, gateway, caller, system_metadata, async_)
 
 
-@router.patch("/{entity_name}")
+@router.patch("/{entity_name}", dependencies=[ALLOW_WRITE])
 async def patch_entities(
-    entity_name: str, request: Request, session: Session, gateway: Gateway, audit: Audit,
+    entity_name: str, request: Request, session: Session, gateway: Gateway, caller: Caller,
     system_metadata: SystemMetadataParam = None, async_: AsyncParam = None,
 ) -> Response:
     """Each aspect's `value` is DataHub's `{"patch": [...], "arrayPrimaryKeys"?, "forceGenericPatch"?}`, applied
     inside the transaction to the locked latest value."""
-    return await _write_entities(entity_name, ChangeType.PATCH, request, session, gateway, audit, system_metadata, async_)
+    return await _write_entities(entity_name, ChangeType.PATCH, request, session, gateway, caller, system_metadata, async_)
 
 
 async def _write_entities(
-    entity_name: str, change_type: ChangeType, request: Request, session: Session, gateway: Gateway, audit: Audit,
+    entity_name: str, change_type: ChangeType, request: Request, session: Session, gateway: Gateway, caller: Caller,
     system_metadata: str | None, async_: str | None,
 ) -> Response:
     # `async` defaults to true, as DataHub: validated now, queued on the proposal topic, 202 with the echoed
@@ -50,11 +50,11 @@ async def _write_entities(
     body = await read_json(request, gateway.settings.max_request_bytes)
     entity = gateway.registry.entity(entity_name).name
     drafts = drafts_from_entity_batch(entity, body, change_type)
-    outcome = await gateway.submit(session, drafts, audit, queue=parse_bool(async_, True), request_headers=request.headers)
+    outcome = await gateway.submit(session, drafts, caller, queue=parse_bool(async_, True), request_headers=request.headers)
     return _entities_response(outcome, parse_bool(system_metadata, True))
 
 
-@router.post("/{entity_name}/batchGet")
+@router.post("/{entity_name}/batchGet", dependencies=[ALLOW_READ])
 async def batch_get(entity_name: str, request: Request, session: Session, registry: Registry,
                     system_metadata: SystemMetadataParam = None) -> Response:
     body = await read_json(request, 16_000_000)
@@ -78,7 +78,7 @@ async def batch_get(entity_name: str, request: Request, session: Session, regist
     return json_response(out)
 
 
-@router.get("/{entity_name}/{urn}")
+@router.get("/{entity_name}/{urn}", dependencies=[ALLOW_READ])
 async def get_entity(
     entity_name: str, urn: str, session: Session, registry: Registry,
     aspects: Annotated[list[str] | None, Query()] = None, system_metadata: SystemMetadataParam = None,
@@ -91,16 +91,17 @@ async def get_entity(
     return json_response(entity)
 
 
-@router.head("/{entity_name}/{urn}")
+@router.head("/{entity_name}/{urn}", dependencies=[ALLOW_READ])
 async def entity_exists(entity_name: str, urn: str, session: Session, registry: Registry) -> Response:
     registry.entity(entity_name)
     exists = await EntityReader(session, registry).repo.entity_exists(urn)
     return Response(status_code=204 if exists else 404)
 
 
-@router.delete("/{entity_name}/{urn}")
+# Deleting the whole entity (its key aspect) needs ADMIN: the gateway checks each draft.
+@router.delete("/{entity_name}/{urn}", dependencies=[ALLOW_WRITE])
 async def delete_entity(
-    entity_name: str, urn: str, request: Request, session: Session, gateway: Gateway, audit: Audit,
+    entity_name: str, urn: str, request: Request, session: Session, gateway: Gateway, caller: Caller,
     aspects: Annotated[list[str] | None, Query()] = None,
     clear: Annotated[str | None, Query()] = None,
 ) -> Response:
@@ -115,7 +116,7 @@ async def delete_entity(
     drafts = [Draft(i, spec.name, aspect, ChangeType.DELETE.value, urn=urn) for i, aspect in enumerate(targets)]
     if not drafts:  # `clear` of an entity that has only its key aspect
         return json_response({"urn": urn, "deleted": []})
-    outcome = await gateway.submit(session, drafts, audit, request_headers=request.headers)
+    outcome = await gateway.submit(session, drafts, caller, request_headers=request.headers)
     assert outcome.result is not None
     deleted = [r.aspect for r in outcome.result.items if r.status.value == "DELETED"]
     return json_response({"urn": urn, "deleted": deleted}, headers=outcome.response_headers)
@@ -126,9 +127,9 @@ def _http_conditional_headers(request: Request) -> dict[str, str]:
     return {name: request.headers[name] for name in CONDITIONAL_HEADERS if name in request.headers}
 
 
-@router.post("/{entity_name}/{urn}/{aspect_name}")
+@router.post("/{entity_name}/{urn}/{aspect_name}", dependencies=[ALLOW_WRITE])
 async def upsert_aspect(
-    entity_name: str, urn: str, aspect_name: str, request: Request, session: Session, gateway: Gateway, audit: Audit,
+    entity_name: str, urn: str, aspect_name: str, request: Request, session: Session, gateway: Gateway, caller: Caller,
     create_if_not_exists: Annotated[str | None, Query(alias="createIfNotExists")] = None,
     create_if_entity_not_exists: Annotated[str | None, Query(alias="createIfEntityNotExists")] = None,
     system_metadata: SystemMetadataParam = None, async_: AsyncParam = None,
@@ -150,13 +151,13 @@ async def upsert_aspect(
     draft = Draft(0, entity, aspect_name, change_type.value, urn=urn, value=body["value"],
                   system_metadata=body.get("systemMetadata"), headers=headers, location=SINGLE_ASPECT)
     # `async=true` (default false here, as DataHub): queued with its change type (CREATE by default), 202.
-    outcome = await gateway.submit(session, [draft], audit, queue=parse_bool(async_, False), request_headers=request.headers)
+    outcome = await gateway.submit(session, [draft], caller, queue=parse_bool(async_, False), request_headers=request.headers)
     return _entities_response(outcome, parse_bool(system_metadata, True), single=True)
 
 
-@router.patch("/{entity_name}/{urn}/{aspect_name}")
+@router.patch("/{entity_name}/{urn}/{aspect_name}", dependencies=[ALLOW_WRITE])
 async def patch_aspect(
-    entity_name: str, urn: str, aspect_name: str, request: Request, session: Session, gateway: Gateway, audit: Audit,
+    entity_name: str, urn: str, aspect_name: str, request: Request, session: Session, gateway: Gateway, caller: Caller,
     system_metadata: SystemMetadataParam = None,
 ) -> Response:
     """Body: an RFC 6902 array or DataHub's GenericJsonPatch `{"patch": [...], "arrayPrimaryKeys"?}`."""
@@ -164,11 +165,11 @@ async def patch_aspect(
     entity = gateway.registry.entity(entity_name).name
     draft = Draft(0, entity, aspect_name, ChangeType.PATCH.value, urn=urn, value=body,
                   headers=_http_conditional_headers(request), location=SINGLE_PATCH)
-    outcome = await gateway.submit(session, [draft], audit, request_headers=request.headers)
+    outcome = await gateway.submit(session, [draft], caller, request_headers=request.headers)
     return _entities_response(outcome, parse_bool(system_metadata, True), single=True)
 
 
-@router.get("/{entity_name}/{urn}/{aspect_name}")
+@router.get("/{entity_name}/{urn}/{aspect_name}", dependencies=[ALLOW_READ])
 async def get_aspect(
     entity_name: str, urn: str, aspect_name: str, session: Session, registry: Registry,
     version: Annotated[int, Query(ge=0)] = 0, system_metadata: SystemMetadataParam = None,
@@ -179,7 +180,7 @@ async def get_aspect(
     return json_response(envelope)
 
 
-@router.head("/{entity_name}/{urn}/{aspect_name}")
+@router.head("/{entity_name}/{urn}/{aspect_name}", dependencies=[ALLOW_READ])
 async def aspect_exists(entity_name: str, urn: str, aspect_name: str, session: Session, registry: Registry) -> Response:
     reader = EntityReader(session, registry)
     registry.aspect(registry.entity(entity_name).name, aspect_name)
@@ -187,12 +188,12 @@ async def aspect_exists(entity_name: str, urn: str, aspect_name: str, session: S
     return Response(status_code=204 if rows else 404)
 
 
-@router.delete("/{entity_name}/{urn}/{aspect_name}")
+@router.delete("/{entity_name}/{urn}/{aspect_name}", dependencies=[ALLOW_WRITE])
 async def delete_aspect(entity_name: str, urn: str, aspect_name: str, request: Request, session: Session,
-                        gateway: Gateway, audit: Audit) -> Response:
+                        gateway: Gateway, caller: Caller) -> Response:
     entity = gateway.registry.entity(entity_name).name
     draft = Draft(0, entity, aspect_name, ChangeType.DELETE.value, urn=urn, headers=_http_conditional_headers(request))
-    outcome = await gateway.submit(session, [draft], audit, request_headers=request.headers)
+    outcome = await gateway.submit(session, [draft], caller, request_headers=request.headers)
     assert outcome.result is not None
     item = outcome.result.items[0]
     return json_response({"urn": urn, "aspect": aspect_name, "status": item.status.value}, headers=outcome.response_headers)

@@ -7,14 +7,14 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from app.api.deps import Audit, Gateway, Session
+from app.api.deps import ALLOW_WRITE, Caller, Gateway, Session
 from app.api.http import json_response, read_json
 from app.errors import ERROR_RESPONSES
 from app.ingest.gateway import Outcome
 from app.ingest.mcp import MCP_FIELDS, parse_proposals
 from app.write.proposal import JSON_CONTENT_TYPE
 
-router = APIRouter(prefix="/openapi/v1", tags=["proposals"])
+router = APIRouter(prefix="/openapi/v1", tags=["proposals"], dependencies=[ALLOW_WRITE])
 
 ChangeTypeName = Literal["UPSERT", "CREATE", "CREATE_ENTITY", "UPDATE", "DELETE", "PATCH"]
 
@@ -91,7 +91,7 @@ async def ingest_proposals(
     request: Request,
     session: Session,
     gateway: Gateway,
-    audit: Audit,
+    caller: Caller,
     async_: Annotated[
         bool,
         Query(
@@ -108,7 +108,7 @@ async def ingest_proposals(
     A proposal with header `X-DataHub-Sync-Index-Update: true` (or that HTTP request header) is indexed before the
     response: top-level `"index": {"status": "UPDATED"|"PENDING", "error"?}` (PENDING: the index catches up later)."""
     drafts = parse_proposals(await read_json(request, gateway.settings.max_request_bytes))
-    outcome = await gateway.submit(session, drafts, audit, queue=async_, request_headers=request.headers)
+    outcome = await gateway.submit(session, drafts, caller, queue=async_, request_headers=request.headers)
     if outcome.result is None:
         return json_response(_queued(outcome), 202)
     return json_response(_written(outcome))

@@ -37,7 +37,9 @@ import orjson
 from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
 
-from app.api.deps import SchemaRegistry
+from app.api.deps import ALLOW_ADMIN, ALLOW_REGISTRY_READ, RegistryCaller, SchemaRegistry
+from app.auth.model import Permission
+from app.errors import MetaledgerError, Unauthorized
 from app.schema_registry.errors import (
     InvalidSchema,
     InvalidVersion,
@@ -85,6 +87,10 @@ class _ConfluentRoute(APIRoute):
         async def confluent_errors(request: Request) -> Response:
             try:
                 return await handler(request)
+            except MetaledgerError as error:  # authentication and authorization, in Confluent's error shape
+                response = _answer(request, {"error_code": error.status_code, "message": error.message}, error.status_code)
+                response.headers.update(error.headers() or {})
+                return response
             except SchemaRegistryError as error:
                 if isinstance(error, RegistryUnavailable):
                     log.warning("schema registry unavailable", extra={"path": request.url.path, "error": error.message})
@@ -96,7 +102,10 @@ class _ConfluentRoute(APIRoute):
         return confluent_errors
 
 
-router = APIRouter(prefix="/schema-registry/api", include_in_schema=False, route_class=_ConfluentRoute)
+# Reads are open when METALEDGER_SCHEMA_REGISTRY_OPEN_READ (the default, as DataHub); changes need ADMIN.
+router = APIRouter(
+    prefix="/schema-registry/api", include_in_schema=False, route_class=_ConfluentRoute, dependencies=[ALLOW_REGISTRY_READ]
+)
 
 
 def _internal(registry: Any) -> InternalRegistry:
@@ -220,11 +229,20 @@ async def subject_version_schema(request: Request, subject: str, version: str, r
 
 
 @router.post("/subjects/{subject}/versions")
-async def register(request: Request, subject: str, registry: SchemaRegistry):
-    """Register a schema (Confluent's AvroSerializer calls this once per process with auto-registration on)."""
+async def register(request: Request, subject: str, registry: SchemaRegistry, caller: RegistryCaller):
+    """Register a schema (Confluent's AvroSerializer calls this once per process with auto-registration on).
+    Re-registering what the subject already has is a lookup anyone who may read can make (serializers of DataHub's
+    own schemas do it); a new schema or version needs ADMIN."""
     registry = _internal(registry)
     check_subject(subject)
     schema = await _schema_of(request)
+    if caller is None or not caller.allows(Permission.ADMIN):
+        try:
+            return _answer(request, {"id": (await registry.lookup(subject, schema)).id})
+        except LookupError:
+            if caller is None:
+                raise Unauthorized("registering a new schema needs an admin token") from None
+            caller.require(Permission.ADMIN)
     return _answer(request, {"id": await registry.register(subject, schema)})
 
 
@@ -278,7 +296,7 @@ async def global_config(request: Request, registry: SchemaRegistry):
     return _answer(request, {"compatibilityLevel": await _internal(registry).compatibility_level()})
 
 
-@router.put("/config")
+@router.put("/config", dependencies=[ALLOW_ADMIN])
 async def set_global_config(request: Request, registry: SchemaRegistry):
     registry = _internal(registry)
     level = await registry.set_compatibility_level(await _level_of(request))
@@ -291,14 +309,14 @@ async def subject_config(request: Request, subject: str, registry: SchemaRegistr
     return _answer(request, {"compatibilityLevel": await _internal(registry).compatibility_level(subject)})
 
 
-@router.put("/config/{subject}")
+@router.put("/config/{subject}", dependencies=[ALLOW_ADMIN])
 async def set_subject_config(request: Request, subject: str, registry: SchemaRegistry):
     registry = _internal(registry)
     level = await registry.set_compatibility_level(await _level_of(request), subject)
     return _answer(request, {"compatibility": level})
 
 
-@router.delete("/config/{subject}")
+@router.delete("/config/{subject}", dependencies=[ALLOW_ADMIN])
 async def delete_subject_config(request: Request, subject: str, registry: SchemaRegistry):
     return _answer(request, {"compatibilityLevel": await _internal(registry).delete_compatibility_level(subject)})
 

@@ -25,14 +25,14 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.deps import Backend, Registry, Session
+from app.api.deps import ALLOW_READ, Backend, Registry, Session
 from app.api.http import entity_of_urn, invalid_at, stored_envelope
 from app.errors import ERROR_RESPONSES, Issue, NotFound, ValidationFailed
 from app.registry import EntityRegistry
 from app.search.model import REMOVED_FIELD, TimeseriesQuery
 from app.write.reader import EntityReader
 
-router = APIRouter(tags=["search"])
+router = APIRouter(tags=["search"], dependencies=[ALLOW_READ])
 
 FILTER_PREFIX = "filter_"
 MAX_COUNT = 10_000

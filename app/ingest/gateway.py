@@ -1,6 +1,6 @@
 """The ingest gateway: the one path every write takes, whatever protocol brought it.
 
-    drafts → prepare (registry, schema, URN, proposal rules) → queue (async, with Kafka) | apply (one transaction)
+    drafts → authorize (the caller's role and policies) → prepare (registry, schema, URN, proposal rules) → queue (async, with Kafka) | apply (one transaction)
            → sync index (when a proposal or the request asks for it) → Outcome
 
 The protocols (app.api.*, the Kafka consumers) only turn what they received into drafts and the outcome into
@@ -11,13 +11,17 @@ pipeline's MCP paths and indices as paths into the JSON the caller sent.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.auth.model import Principal
 from app.errors import MetaledgerError
 from app.ingest.mcp import proposal_to_mcp
+from app.ops.backpressure import WriteAdmission
+from app.ops.metrics import count_writes, write_refused
 from app.search.service import IndexOutcome, SearchRuntime, sync_index, wants_sync_index
 from app.write.proposal import AuditStamp, Draft, Proposal
 from app.write.service import WriteResult, WriteService
@@ -52,11 +56,22 @@ def in_callers_terms(error: MetaledgerError, drafts: Sequence[Draft]) -> Metaled
     return error.with_issues([where[i.index].place(i) if i.index in where else i for i in error.issues])
 
 
+class WriteAuthorizer(Protocol):
+    """Whether a caller may make these writes (app.auth.service.AuthService): Forbidden naming the refused ones."""
+
+    async def authorize_writes(self, principal: Principal, drafts: Sequence[Draft]) -> None: ...
+
+
 class IngestGateway:
-    def __init__(self, writer: WriteService, search: SearchRuntime | None = None, queue: ProposalQueue | None = None) -> None:
+    def __init__(
+        self, writer: WriteService, search: SearchRuntime | None = None, queue: ProposalQueue | None = None,
+        authorizer: WriteAuthorizer | None = None, admission: WriteAdmission | None = None,
+    ) -> None:
         self.writer = writer
         self.search = search
         self.queue = queue
+        self.authorizer = authorizer
+        self.admission = admission  # backpressure on `submit` (app.ops.backpressure); None: no limit
 
     @property
     def registry(self):
@@ -70,34 +85,49 @@ class IngestGateway:
         try:
             return self.writer.prepare(drafts)
         except MetaledgerError as error:
+            write_refused(error, drafts)
             raise in_callers_terms(error, drafts) from None
 
     async def apply(
         self, session: AsyncSession, proposals: Sequence[Proposal], audit: AuditStamp, drafts: Sequence[Draft] = ()
     ) -> WriteResult:
         try:
-            return await self.writer.apply(session, proposals, audit)
+            result = await self.writer.apply(session, proposals, audit)
         except MetaledgerError as error:
+            write_refused(error, drafts or proposals)
             raise in_callers_terms(error, drafts) from None
+        count_writes(proposals, result)
+        return result
+
+    async def authorize(self, caller: Principal, drafts: Sequence[Draft]) -> None:
+        if self.authorizer is not None:
+            try:
+                await self.authorizer.authorize_writes(caller, drafts)
+            except MetaledgerError as error:
+                raise in_callers_terms(error, drafts) from None
 
     async def submit(
         self,
         session: AsyncSession,
         drafts: list[Draft],
-        audit: AuditStamp,
+        caller: Principal,
         *,
         queue: bool = False,
         request_headers: Mapping[str, str] | None = None,
     ) -> Outcome:
         """Prepare, then queue (`queue=True` and a proposal queue configured) or apply and sync-index.
         Without a queue an asynchronous write is applied now (documented: 200 means committed)."""
+        await self.authorize(caller, drafts)
+        if self.admission is not None:
+            self.admission.check_backlog()  # 429 while the outbox backlog is over its limit
         proposals = self.prepare(drafts)
         if queue and self.queue is not None:
             by_index = {draft.index: draft for draft in drafts}
             pairs = [(by_index[p.index], p) for p in proposals]
             await self.queue.send([proposal_to_mcp(draft, proposal) for draft, proposal in pairs])
             return Outcome(drafts, proposals, queued=pairs)
-        result = await self.apply(session, proposals, audit, drafts)
+        async with self.admission or nullcontext():  # a write slot, or 429 after a short wait
+            result = await self.apply(session, proposals, caller.audit_stamp(), drafts)
         index = None
         if wants_sync_index(request_headers, proposals):
             index = await sync_index(self.search, result.outbox)

@@ -42,6 +42,7 @@ from app.changelog import outbox
 from app.changelog.sequencer import Sequencer
 from app.db import close_quietly, connect_dedicated
 from app.kafka.topics import create_missing_topics
+from app.ops.metrics import RELAY_PUBLISHED
 from app.settings import Settings
 from app.workers import pause
 
@@ -236,6 +237,7 @@ class OutboxRelay:
         if delivered:
             await outbox.mark_delivered(conn, [row.id for row in delivered])
             self.published += len(delivered)
+            RELAY_PUBLISHED.inc(len(delivered))
 
     async def _balance(self, conn: asyncpg.Connection) -> None:
         """Hold a fair share of the lanes: ceil(lanes / live publishers). Extra lanes are given back (between

@@ -58,7 +58,7 @@ def make_registry_client(settings: Settings, engine: AsyncEngine) -> SchemaRegis
     if url:
         from app.schema_registry.confluent import ConfluentRegistryClient
 
-        return ConfluentRegistryClient(url)
+        return ConfluentRegistryClient(url, user_info=getattr(settings, "schema_registry_user_info", None))
     from app.schema_registry.internal import InternalRegistry
 
     return InternalRegistry(engine, settings)

@@ -24,11 +24,18 @@ class ConfluentRegistryClient:
     """`schema_by_id` and `register` against the registry at `url`. Schemas by id and registrations are cached for
     the life of the client (a registry never changes what an id means), so steady-state decoding costs no call."""
 
-    def __init__(self, url: str, *, timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None) -> None:
+    def __init__(
+        self, url: str, *, timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None,
+        user_info: str | None = None,
+    ) -> None:
+        """`user_info`: "user:password" for HTTP Basic (Confluent's basic.auth.user.info; for another metaledger's
+        registry, its system client's "id:secret")."""
         self.url = url.rstrip("/")
+        user, _, password = (user_info or "").partition(":")
         self._http = httpx.AsyncClient(
             base_url=self.url + "/", timeout=timeout, transport=transport,
             headers={"Accept": ACCEPT, "User-Agent": "metaledger"},
+            auth=httpx.BasicAuth(user, password) if user_info else None,
         )
         self._by_id: dict[int, str] = {}
         self._registered: dict[tuple[str, str], int] = {}

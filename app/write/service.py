@@ -30,6 +30,7 @@ from app.errors import (
     ServiceUnavailable,
     ValidationFailed,
 )
+from app.ops.metrics import TRANSACTION_RETRIES, first_write_fields
 from app.registry import EntityRegistry
 from app.registry.errors import AspectValidationError, RegistryError
 from app.settings import Settings
@@ -253,8 +254,10 @@ class WriteService:
                     raise ServiceUnavailable(
                         f"the write could not be committed after {attempts} attempts ({type(error).__name__}); retry"
                     ) from error
-                log.info("write transaction retried", extra={"attempt": attempts, "reason": type(error).__name__, "detail": getattr(error, "detail", None) or str(error)})
-        log.debug("write committed", extra={"items": len(proposals), "change_logs": len(txn.outbox)})
+                TRANSACTION_RETRIES.labels(type(error).__name__).inc()
+                log.info("write transaction retried", extra={"attempt": attempts, "reason": type(error).__name__, "detail": getattr(error, "detail", None) or str(error), "items": len(proposals), **first_write_fields(proposals)})
+        if log.isEnabledFor(logging.DEBUG):  # not on the hot path unless asked for
+            log.debug("write committed", extra={"items": len(proposals), "change_logs": len(txn.outbox), **first_write_fields(proposals)})
         return WriteResult(sorted(txn.results, key=lambda r: r.index), len(txn.outbox), attempts, txn.outbox)
 
     async def _run_transaction(

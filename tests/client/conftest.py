@@ -40,7 +40,7 @@ import yaml
 from app.db import upgrade_database
 from app.embedded_pg import free_port
 from tests.helpers import unique_topics
-from tests.processes import start_service, stop_process, wait_healthy_sync
+from tests.processes import issue_token, start_service, stop_process, wait_healthy_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_VERSION = "1.7.0.17"
@@ -86,9 +86,10 @@ def _ensure_actions_venv() -> Path:
 class Metaledger:
     url: str
     database_url: str
+    token: str  # an admin token for urn:li:corpuser:datahub, issued by `metaledger token create`
 
     def http(self) -> httpx.Client:
-        return httpx.Client(base_url=self.url, timeout=30)
+        return httpx.Client(base_url=self.url, timeout=30, headers={"Authorization": f"Bearer {self.token}"})
 
 
 @dataclass
@@ -98,9 +99,12 @@ class DataHubClient:
     workdir: Path
 
     def script(self, code: str, timeout: float = 300, **names: object) -> subprocess.CompletedProcess:
-        """Run `code` in the client's Python; `GMS` is the server URL inside it, and each keyword argument a name
+        """Run `code` in the client's Python; `GMS` is the server URL inside it, `TOKEN` its token, each keyword argument a name
         bound to its value (a Python literal). Fails on a non-zero exit."""
-        prelude = "".join(f"{name} = {value!r}\n" for name, value in {"GMS": self.env["DATAHUB_GMS_URL"], **names}.items())
+        prelude = "".join(
+            f"{name} = {value!r}\n"
+            for name, value in {"GMS": self.env["DATAHUB_GMS_URL"], "TOKEN": self.env.get("DATAHUB_GMS_TOKEN"), **names}.items()
+        )
         result = subprocess.run(
             [str(self.python), "-c", prelude + textwrap.dedent(code)],
             env=self.env, cwd=self.workdir, capture_output=True, text=True, timeout=timeout,
@@ -140,7 +144,7 @@ def metaledger(make_database: Callable[..., str], client_template: str) -> Itera
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy_sync(url, process=process)
-        yield Metaledger(url, database_url)
+        yield Metaledger(url, database_url, issue_token(env))
     finally:
         stop_process(process)
 
@@ -148,15 +152,15 @@ def metaledger(make_database: Callable[..., str], client_template: str) -> Itera
 @pytest.fixture(scope="session")
 def datahub(client_python: Path, metaledger: Metaledger, tmp_path_factory: pytest.TempPathFactory) -> DataHubClient:
     home = tmp_path_factory.mktemp("datahub-home")
-    return DataHubClient(client_python, _client_env(client_python, home, metaledger.url), home)
+    return DataHubClient(client_python, _client_env(client_python, home, metaledger.url, metaledger.token), home)
 
 
-def _client_env(python: Path, home: Path, gms: str) -> dict[str, str]:
+def _client_env(python: Path, home: Path, gms: str, token: str | None) -> dict[str, str]:
     return {
         "PATH": f"{python.parent}:{os.environ.get('PATH', '/usr/bin:/bin')}",
         "HOME": str(home),
         "DATAHUB_GMS_URL": gms,
-        "DATAHUB_GMS_TOKEN": "test-token",  # sent as `Authorization: Bearer`, accepted and ignored
+        **({"DATAHUB_GMS_TOKEN": token} if token else {}),  # sent as `Authorization: Bearer`
         "DATAHUB_TELEMETRY_ENABLED": "false",
         "DATAHUB_SUPPRESS_LOGGING_MANAGER": "1",
         "PYTHONUNBUFFERED": "1",
@@ -201,6 +205,7 @@ def kafka_service_env(database_url: str, bootstrap: str, topics: dict[str, str])
         "METALEDGER_MCE_CONSUMER_ENABLED": "true",
         "METALEDGER_MCP_CONSUMER_GROUP": f"group-{topics['topic_mcp']}",
         "METALEDGER_RELAY_POLL_INTERVAL_MS": "20",
+        "METALEDGER_AUTH_BOOTSTRAP_ADMIN_TOKEN": "false",
         **{f"METALEDGER_{setting.upper()}": name for setting, name in topics.items()},
     })
     return env
@@ -223,7 +228,7 @@ def kafka_metaledger(make_database: Callable[..., str], client_template: str, ka
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
-    server = KafkaMetaledger(url, database_url, kafka_broker.bootstrap_servers, topics, log_path)
+    server = KafkaMetaledger(url, database_url, issue_token(env), kafka_broker.bootstrap_servers, topics, log_path)
     try:
         try:
             wait_healthy_sync(url, process=process)
@@ -239,7 +244,7 @@ def kafka_datahub(client_python: Path, kafka_metaledger: KafkaMetaledger,
                   tmp_path_factory: pytest.TempPathFactory) -> DataHubClient:
     """The `datahub` client (with confluent-kafka) pointed at the Kafka-enabled metaledger."""
     home = tmp_path_factory.mktemp("datahub-kafka-home")
-    return DataHubClient(client_python, _client_env(client_python, home, kafka_metaledger.url), home)
+    return DataHubClient(client_python, _client_env(client_python, home, kafka_metaledger.url, kafka_metaledger.token), home)
 
 
 @pytest.fixture(scope="session")
@@ -310,7 +315,7 @@ def actions_pipeline(actions_python: Path, tmp_path: Path) -> Iterator[Callable[
         config_path.write_text(yaml.safe_dump(config, sort_keys=False))
         log_path = tmp_path / f"{name}.log"
         env = {
-            **_client_env(actions_python, home, ""),
+            **_client_env(actions_python, home, "", None),
             "PYTHONPATH": str(ACTIONS_PLUGIN_DIR),
         }
         with open(log_path, "wb") as log:

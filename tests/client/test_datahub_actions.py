@@ -45,7 +45,7 @@ def test_actions_kafka_source_receives_mcls_and_entity_change_events(actions_pip
         from datahub.metadata.schema_classes import (DatasetProfileClass, DatasetPropertiesClass, GlobalTagsClass,
             OwnerClass, OwnershipClass, OwnershipTypeClass, TagAssociationClass)
 
-        emitter = DatahubRestEmitter(GMS)
+        emitter = DatahubRestEmitter(GMS, token=TOKEN)
         emitter.emit(MetadataChangeProposalWrapper(entityUrn=URN, aspect=DatasetPropertiesClass(description="first")))
         emitter.emit(MetadataChangeProposalWrapper(entityUrn=URN, aspect=GlobalTagsClass(tags=[TagAssociationClass("urn:li:tag:gold")])))
         emitter.emit(MetadataChangeProposalWrapper(entityUrn=URN, aspect=OwnershipClass(

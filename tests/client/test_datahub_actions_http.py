@@ -21,7 +21,7 @@ def test_actions_http_event_source_over_the_change_feed(actions_pipeline, metale
     urn = f"urn:li:dataset:(urn:li:dataPlatform:hive,actions_http.orders_{tag},PROD)"
     name = f"metaledger-http-{tag}"
     source = {"type": "datahub-cloud", "config": {"topics": ["PlatformEvent_v1", "MetadataChangeLog_Versioned_v1"]}}
-    pipeline = actions_pipeline(name, source, datahub={"server": metaledger.url})
+    pipeline = actions_pipeline(name, source, datahub={"server": metaledger.url, "token": metaledger.token})
 
     warm_up(pipeline, metaledger, tag, every=4)  # the source starts at the end of the feed
 

@@ -36,7 +36,7 @@ def test_emitter_single_batch_and_legacy_mce(datahub, metaledger):
             StringTypeClass, OtherSchemaClass, UpstreamClass, UpstreamLineageClass, DatasetLineageTypeClass)
 
         ds = lambda n: f"urn:li:dataset:(urn:li:dataPlatform:hive,client.{n},PROD)"
-        emitter = DatahubRestEmitter(GMS, token="t")
+        emitter = DatahubRestEmitter(GMS, token=TOKEN)
         emitter.test_connection()
         emitter.emit(MetadataChangeProposalWrapper(entityUrn=ds("single"), aspect=DatasetPropertiesClass(
             description="Orders table \u00e9\u00e8 \u2713 \U0001F600", customProperties={"k": "v"})))
@@ -76,7 +76,7 @@ PATCH_SCRIPT = """
 
     urn = "urn:li:dataset:(urn:li:dataPlatform:hive,client.patched,PROD)"
     up = "urn:li:dataset:(urn:li:dataPlatform:hive,client.upstream,PROD)"
-    emitter = DatahubRestEmitter(GMS)
+    emitter = DatahubRestEmitter(GMS, token=TOKEN)
     emitter.emit(MetadataChangeProposalWrapper(entityUrn=urn, aspect=DatasetPropertiesClass(description="before")))
     builder = (DatasetPatchBuilder(urn)
         .add_custom_property("team", "growth")
@@ -87,6 +87,42 @@ PATCH_SCRIPT = """
     for mcp in builder.build():
         emitter.emit(mcp)
 """
+
+
+def test_without_a_valid_token_the_client_fails_cleanly(datahub, metaledger):
+    """No token, and a revoked one: the client's connection test (/config) passes, the write fails with the
+    service's 401 message (the client does not retry 401), and nothing is stored."""
+    from tests.processes import issue_token
+
+    revoked = issue_token({"METALEDGER_DATABASE_URL": metaledger.database_url}, "urn:li:corpuser:leaver", "writer")
+    with metaledger.http() as http:
+        token_id = next(t["id"] for t in http.get("/openapi/v1/auth/tokens", params={"actor": "urn:li:corpuser:leaver"}).json()["tokens"])
+        assert http.delete(f"/openapi/v1/auth/tokens/{token_id}").status_code == 200
+    out = datahub.script(
+        """
+        import json
+        from datahub.emitter.mcp import MetadataChangeProposalWrapper
+        from datahub.emitter.rest_emitter import DatahubRestEmitter
+        from datahub.metadata.schema_classes import StatusClass
+
+        outcomes = []
+        for token in (None, REVOKED):
+            emitter = DatahubRestEmitter(GMS, token=token)
+            emitter.test_connection()
+            try:
+                emitter.emit(MetadataChangeProposalWrapper(entityUrn=URN, aspect=StatusClass(removed=False)))
+                outcomes.append("written")
+            except Exception as error:
+                outcomes.append(f"{type(error).__name__}: {error}")
+        print(json.dumps(outcomes))
+        """,
+        URN=DS.format(name="unauthenticated"), REVOKED=revoked,
+    )
+    no_token, revoked_token = json.loads(out.stdout.strip().splitlines()[-1])
+    assert no_token.startswith("OperationalError") and "authentication required" in no_token, no_token
+    assert revoked_token.startswith("OperationalError") and "revoked" in revoked_token, revoked_token
+    with metaledger.http() as http:
+        assert http.get(f"/openapi/v3/entity/dataset/{DS.format(name='unauthenticated')}").status_code == 404
 
 
 def test_dataset_patch_builders(datahub, metaledger):
@@ -149,7 +185,7 @@ def test_graph_reads_timeseries_and_hard_delete(datahub, metaledger):
             PartitionSpecClass, StatusClass)
 
         urn = "urn:li:dataset:(urn:li:dataPlatform:hive,client.graph,PROD)"
-        graph = DataHubGraph(DatahubClientConfig(server=GMS, token="t"))
+        graph = DataHubGraph(DatahubClientConfig(server=GMS, token=TOKEN))
         graph.emit_mcps([
             MetadataChangeProposalWrapper(entityUrn=urn, aspect=DatasetPropertiesClass(description="graph")),
             MetadataChangeProposalWrapper(entityUrn=urn, aspect=StatusClass(removed=False)),
@@ -242,7 +278,8 @@ def _ingest(datahub, tmp_path, data_file, name: str, extra_sink: dict) -> float:
     recipe = tmp_path / f"{name}-recipe.yml"  # JSON is YAML
     recipe.write_text(json.dumps({
         "source": {"type": "file", "config": {"path": str(data_file)}},
-        "sink": {"type": "datahub-rest", "config": {"server": datahub.env["DATAHUB_GMS_URL"], **extra_sink}},
+        "sink": {"type": "datahub-rest", "config": {"server": datahub.env["DATAHUB_GMS_URL"],
+                                                    "token": datahub.env["DATAHUB_GMS_TOKEN"], **extra_sink}},
     }))
     started = time.perf_counter()
     result = datahub.cli("ingest", "-c", str(recipe), check=False, timeout=600)

@@ -24,6 +24,7 @@ from app.main import create_app
 from app.settings import Settings
 from tests import helpers
 from tests.helpers import (
+    bearer,
     create_topics,
     dead_letter,
     decode_value,
@@ -72,7 +73,7 @@ async def test_async_writes_are_validated_queued_and_applied_by_the_consumer(kaf
 
     async with app.router.lifespan_context(app):
         assert app.state.proposal_producer is not None
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://metaledger") as client:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://metaledger", headers=await bearer(app)) as client:
             # A bad proposal is refused now, with its index, and nothing is produced.
             bad = await client.post("/openapi/v1/proposals?async=true", json=[
                 mcp("status", {"removed": False}), mcp("notAnAspect", {"x": 1}, urn=B)])
@@ -154,7 +155,7 @@ async def test_async_without_kafka_applies_synchronously(database_url, registry,
 
     async with app.router.lifespan_context(app):
         assert app.state.proposal_producer is None
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://metaledger") as client:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://metaledger", headers=await bearer(app)) as client:
             v1 = await client.post("/openapi/v1/proposals?async=true", json=[mcp("status", {"removed": False})])
             assert v1.status_code == 200 and v1.json()["results"][0]["status"] == "CREATED"
             v3 = await client.post("/openapi/v3/entity/dataset", json=[{"urn": B, "status": {"value": {"removed": True}}}])

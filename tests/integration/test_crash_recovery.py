@@ -17,7 +17,7 @@ from aiokafka import AIOKafkaConsumer
 
 from app.embedded_pg import free_port
 from tests.helpers import decode_value
-from tests.processes import start_service, wait_healthy
+from tests.processes import SYSTEM_AUTH, start_service, wait_healthy
 
 CLIENTS = 6
 BATCH = 50
@@ -67,7 +67,7 @@ async def test_kill_9_during_ingestion_loses_and_invents_no_change_log(kafka_bro
 
         async def ingest(client: int) -> None:
             nonlocal attempted
-            async with httpx.AsyncClient(timeout=10) as http:
+            async with httpx.AsyncClient(timeout=10, headers=SYSTEM_AUTH) as http:
                 round_no = 0
                 while not killed.is_set():
                     round_no += 1

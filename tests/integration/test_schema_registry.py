@@ -34,7 +34,7 @@ from app.schema_registry.confluent import ConfluentRegistryClient
 from app.schema_registry.internal import InternalRegistry
 from app.schema_registry.normal_form import normalize
 from app.settings import Settings
-from tests.processes import start_service, stop_process, wait_healthy_sync
+from tests.processes import SYSTEM_CLIENT_ID, SYSTEM_CLIENT_SECRET, start_service, stop_process, wait_healthy_sync
 
 API = "/schema-registry/api"
 SR_JSON = "application/vnd.schemaregistry.v1+json"
@@ -492,7 +492,11 @@ class CountingTransport(httpx.AsyncBaseTransport):
 
 async def test_confluent_registry_client_against_metaledgers_routes(app):
     transport = CountingTransport(httpx.ASGITransport(app=app))
-    registry = ConfluentRegistryClient(f"http://metaledger{API}/", transport=transport)
+    # As the system client, which may register (reads would need no credentials).
+    app.state.auth.settings.system_client_secret = "registry-test-secret"
+    registry = ConfluentRegistryClient(
+        f"http://metaledger{API}/", transport=transport, user_info="__datahub_system:registry-test-secret"
+    )
     try:
         assert await registry.schema_by_id(16) == schema_text("MetadataChangeProposal")
         assert await registry.schema_by_id(16) == schema_text("MetadataChangeProposal")
@@ -558,7 +562,8 @@ class Process:
     def registry(self):
         from confluent_kafka.schema_registry import SchemaRegistryClient as ConfluentClient
 
-        return ConfluentClient({"url": f"{self.url}{API}/"})
+        # As the system client (admin): these tests register new schemas.
+        return ConfluentClient({"url": f"{self.url}{API}/", "basic.auth.user.info": f"{SYSTEM_CLIENT_ID}:{SYSTEM_CLIENT_SECRET}"})
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,8 @@ from types import SimpleNamespace
 
 import asyncpg
 import httpx
+
+from tests.helpers import bearer
 import pytest
 import pytest_asyncio
 
@@ -57,7 +59,7 @@ async def ingested(make_database, migrated_template, registry, search_server) ->
     application = create_app(settings, registry)
     async with application.router.lifespan_context(application):
         assert application.state.search.started, application.state.search.last_error
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://metaledger") as http:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://metaledger", headers=await bearer(application)) as http:
             for batch in proposals():
                 response = await http.post("/openapi/v1/proposals", json=batch)
                 assert response.status_code == 200, response.text

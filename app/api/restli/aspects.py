@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from app.api.deps import Audit, Gateway, ReadYourWrites, Registry, Session, get_backend
+from app.api.deps import ALLOW_READ, Caller, Gateway, ReadYourWrites, Registry, Session, get_backend
 from app.api.http import entity_of_urn, invalid_at, json_response, read_json
 from app.api.restli.common import ACTION_BODY, optional_int, require_object, require_urn
 from app.api.restli.timeseries import DEFAULT_LIMIT, check_filter, timeseries_from_backend
@@ -28,7 +28,8 @@ from app.ingest.mcp import parse_mcp, parse_proposals
 from app.registry import EntityRegistry
 from app.write.reader import EntityReader
 
-router = APIRouter(tags=["rest.li"])
+# The actions route needs READ (getTimeseriesAspectValues); the gateway checks WRITE for the ingest actions.
+router = APIRouter(tags=["rest.li"], dependencies=[ALLOW_READ])
 
 SUCCESS = {"value": "success"}
 ACTIONS = ("ingestProposal", "ingestProposalBatch", "getTimeseriesAspectValues")
@@ -49,7 +50,7 @@ ACTIONS = ("ingestProposal", "ingestProposalBatch", "getTimeseriesAspectValues")
 )
 @router.post("/aspects/", include_in_schema=False)
 async def aspects_action(
-    request: Request, session: Session, gateway: Gateway, audit: Audit, caught_up: ReadYourWrites,
+    request: Request, session: Session, gateway: Gateway, caller: Caller, caught_up: ReadYourWrites,
     action: Annotated[str, Query(description=", ".join(ACTIONS))],
 ) -> Response:
     if action not in ACTIONS:
@@ -66,7 +67,7 @@ async def aspects_action(
             raise ValidationFailed("`proposal` must be a proposal object", [Issue("expected an object", path="$.proposal")])
         drafts = [parse_mcp(body["proposal"], Location(0, "$.proposal"))]
     queue = str(body.get("async", "false")).lower() == "true"
-    outcome = await gateway.submit(session, drafts, audit, queue=queue, request_headers=request.headers)
+    outcome = await gateway.submit(session, drafts, caller, queue=queue, request_headers=request.headers)
     return json_response(SUCCESS, headers=outcome.response_headers)
 
 

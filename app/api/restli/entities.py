@@ -25,7 +25,8 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Query, Request, Response
 
-from app.api.deps import Audit, Gateway, ReadYourWrites, Registry, Search, Session
+from app.auth.model import Permission
+from app.api.deps import ALLOW_READ, Caller, Gateway, ReadYourWrites, Registry, Search, Session
 from app.api.http import entity_of_urn, invalid_at, json_response, parse_bool, read_json
 from app.api.restli.common import ACTION_BODY, optional_int, parse_restli_list, require_object, require_urn
 from app.errors import ERROR_RESPONSES, Issue, MetaledgerError, ValidationFailed
@@ -36,7 +37,8 @@ from app.search.service import SearchRuntime
 from app.write.proposal import ChangeType, Draft
 from app.write.repository import AspectRepository
 
-router = APIRouter(tags=["rest.li"])
+# The actions route needs READ; `ingest` is checked per draft by the gateway, the deletes before they look at data.
+router = APIRouter(tags=["rest.li"], dependencies=[ALLOW_READ])
 
 ACTIONS = ("ingest", "delete", "deleteReferences")
 
@@ -55,7 +57,7 @@ ACTIONS = ("ingest", "delete", "deleteReferences")
     openapi_extra=ACTION_BODY,
 )
 async def entities_action(
-    request: Request, session: Session, gateway: Gateway, audit: Audit, search: Search, caught_up: ReadYourWrites,
+    request: Request, session: Session, gateway: Gateway, caller: Caller, search: Search, caught_up: ReadYourWrites,
     action: Annotated[str, Query(description=", ".join(ACTIONS))],
 ) -> Response:
     if action not in ACTIONS:
@@ -66,16 +68,17 @@ async def entities_action(
     if action == "ingest":
         # Every aspect of the snapshot is committed together, or none is.
         event = unbundle_restli_entity(body, gateway.registry)
-        outcome = await gateway.submit(session, event.drafts, audit, request_headers=request.headers)
+        outcome = await gateway.submit(session, event.drafts, caller, request_headers=request.headers)
         return json_response({}, headers=outcome.response_headers)
     body = require_object(body)
     if action == "delete":
-        return json_response({"value": await _delete(body, session, gateway, audit, search, caught_up)})
-    return json_response({"value": await _delete_references(body, session, gateway, audit)})
+        return json_response({"value": await _delete(body, session, gateway, caller, search, caught_up)})
+    caller.require(Permission.ADMIN)
+    return json_response({"value": await _delete_references(body, session, gateway, caller)})
 
 
 async def _delete(
-    body: dict[str, Any], session: Session, gateway: Gateway, audit: Audit, search: SearchRuntime | None,
+    body: dict[str, Any], session: Session, gateway: Gateway, caller: Caller, search: SearchRuntime | None,
     caught_up: ReadYourWrites,
 ) -> dict[str, Any]:
     registry = gateway.registry
@@ -91,6 +94,8 @@ async def _delete(
             spec = registry.aspect(entity.name, aspect_name)
     else:
         spec = None
+    # Before anything is read: a caller who may not delete learns nothing about what exists.
+    await gateway.authorize(caller, [Draft(0, entity.name, spec.name if spec else entity.key_aspect, ChangeType.DELETE.value, urn=urn)])
     if spec is None or not spec.is_timeseries:
         if start is not None or end is not None:
             raise ValidationFailed(
@@ -108,7 +113,7 @@ async def _delete(
             target = spec.name if spec is not None else entity.key_aspect
             rows = await aspects_repo.count_rows(urn, None if target == entity.key_aspect else target)
             if rows:
-                await gateway.submit(session, [Draft(0, entity.name, target, ChangeType.DELETE.value, urn=urn)], audit)
+                await gateway.submit(session, [Draft(0, entity.name, target, ChangeType.DELETE.value, urn=urn)], caller)
             if spec is None:  # the whole entity: its timeseries points too
                 series = sorted(a for a in entity.aspect_names if registry.aspects[a].is_timeseries)
                 timeseries_rows = await outbox.delete_timeseries(timeseries_topic, urn, series, None, None)
@@ -123,7 +128,7 @@ async def _delete(
     return {"urn": urn, "rows": rows, "timeseriesRows": timeseries_rows}
 
 
-async def _delete_references(body: dict[str, Any], session: Session, gateway: Gateway, audit: Audit) -> dict[str, Any]:
+async def _delete_references(body: dict[str, Any], session: Session, gateway: Gateway, caller: Caller) -> dict[str, Any]:
     registry = gateway.registry
     urn = require_urn(body)
     entity_of_urn(registry, urn, "$.urn")
@@ -136,7 +141,7 @@ async def _delete_references(body: dict[str, Any], session: Session, gateway: Ga
     ]
     if not dry_run and references:
         try:
-            await gateway.submit(session, removal_drafts(references), audit)
+            await gateway.submit(session, removal_drafts(references), caller)
         except MetaledgerError as error:
             error.message = f"removing the references to {urn} failed (retry): {error.message}"
             raise

@@ -18,6 +18,7 @@ from app.kafka.consumers.dead_letters import DeadLetterWriter
 from app.kafka.consumers.isolation import IsolatingWriter, is_transient
 from app.kafka.consumers.records import MCE, MCP, RecordFormat, Unit, read_batch
 from app.kafka.producer import RECORD_OVERHEAD, make_producer
+from app.ops.metrics import record_consumer_lag
 from app.settings import Settings
 from app.workers import pause
 
@@ -93,6 +94,7 @@ class Consumer:
                 records = [record for tp_records in batches.values() for record in tp_records]
                 if records:
                     await self._handle_batch(consumer, producer, records, stop)
+                    record_consumer_lag(consumer, batches)
         finally:
             await consumer.stop()
             await producer.stop()

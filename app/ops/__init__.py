@@ -1,0 +1,119 @@
+"""The operator's view of a running service: `/metrics` (app.ops.metrics), `/ready` (app.ops.readiness), request
+ids and access logs (app.ops.middleware), write backpressure (app.ops.backpressure) and the outbox sampler they read
+(app.ops.sampler).
+
+`Operations` is one app's share of it, built by app.main's lifespan: the sampler task, the write admission the ingest
+gateway asks for a slot, the readiness checks, and a collector of the figures read from the app's own objects at
+scrape time (the DB pool, writes in flight, the outbox backlog, indexing lag).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+from sqlalchemy.ext.asyncio import AsyncEngine
+
+from app.ops.backpressure import WriteAdmission
+from app.ops.metrics import REGISTRY
+from app.ops.readiness import Readiness, find_worker
+from app.ops.sampler import OutboxSampler
+from app.settings import Settings
+
+CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the text format generate_latest writes (names escaped to underscores)
+
+
+def in_flight_limit(settings: Settings) -> int:
+    """`max_in_flight_writes`, or the database pool's size when it is 0."""
+    return settings.max_in_flight_writes or settings.db_pool_size
+
+
+class Operations:
+    def __init__(self, settings: Settings, engine: AsyncEngine, registry: Any = None, schema_registry: Any = None) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.sampler = OutboxSampler(settings, engine)
+        self.admission = WriteAdmission(
+            in_flight_limit(settings), settings.write_queue_timeout_ms / 1000,
+            backlog_limit=settings.max_outbox_backlog, backlog=self.sampler.backlog,
+            retry_after_s=settings.backpressure_retry_after_s,
+        )
+        self.readiness = Readiness(settings, self.sampler, registry, schema_registry)
+        self.background: Any = None
+        self.collectors = CollectorRegistry(auto_describe=False)  # this app's figures (the module's are shared)
+        self.collectors.register(_AppCollector(self))
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task | None = None
+
+    async def start(self, background: Any = None) -> None:
+        """Read the migrations' head, start sampling; `background` (app.background.Background) gives the indexing
+        worker's figures."""
+        self.background = self.readiness.background = background
+        await self.readiness.start()
+        self._task = asyncio.create_task(self.sampler.run(self._stop), name="ops-sampler")
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._task is not None:
+            await asyncio.gather(self._task, return_exceptions=True)
+        await self.sampler.close()
+
+    async def metrics(self) -> bytes:
+        """The exposition: the process's series, then this app's (with a fresh outbox sample)."""
+        await self.sampler.refresh()
+        return generate_latest(REGISTRY) + generate_latest(self.collectors)
+
+    async def ready(self) -> tuple[bool, dict[str, Any]]:
+        return await self.readiness.check()
+
+
+class _AppCollector(Collector):
+    def __init__(self, ops: Operations) -> None:
+        self.ops = ops
+
+    def collect(self) -> Iterator[Any]:
+        ops = self.ops
+        pool = ops.engine.pool
+        yield GaugeMetricFamily("metaledger_db_pool_connections_in_use", "Pooled database connections checked out now",
+                                value=pool.checkedout())
+        yield GaugeMetricFamily("metaledger_db_pool_connections_max", "The pool's size plus its overflow",
+                                value=ops.settings.db_pool_size * 2)
+        admission = ops.admission
+        yield GaugeMetricFamily("metaledger_writes_in_flight", "Write transactions holding a slot now", value=admission.in_flight)
+        yield GaugeMetricFamily("metaledger_writes_waiting", "Writes waiting for a slot now", value=admission.waiting)
+        yield GaugeMetricFamily("metaledger_writes_in_flight_limit", "Write slots of this process", value=admission.limit)
+        sample = ops.sampler.latest
+        yield CounterMetricFamily("metaledger_outbox_sample_errors", "Outbox samples that failed (the database could not answer)",
+                                  value=ops.sampler.errors)
+        if sample is not None:
+            yield GaugeMetricFamily("metaledger_outbox_sample_age_seconds", "Age of the outbox figures below", value=sample.age_s)
+            yield GaugeMetricFamily("metaledger_outbox_backlog_rows",
+                                    "Change logs not yet consumed: unsequenced + unpublished (Kafka) or unindexed (embedded)",
+                                    value=sample.backlog)
+            yield GaugeMetricFamily("metaledger_outbox_oldest_age_seconds", "Age of the oldest change log of the backlog",
+                                    value=sample.oldest_age_s)
+            yield GaugeMetricFamily("metaledger_outbox_unsequenced_rows", "Committed change logs without a feed offset yet",
+                                    value=sample.unsequenced)
+            yield GaugeMetricFamily("metaledger_change_feed_offset", "The last feed offset given (commit order)",
+                                    value=sample.feed_end)
+            if sample.relay_lag is not None:
+                yield GaugeMetricFamily("metaledger_relay_lag_rows", "Sequenced change logs not yet published to Kafka",
+                                        value=sample.relay_lag)
+                yield GaugeMetricFamily("metaledger_relay_lag_seconds", "Age of the oldest change log not yet published",
+                                        value=sample.relay_lag_s or 0.0)
+            if sample.indexer_lag is not None:
+                yield GaugeMetricFamily("metaledger_indexer_lag_rows", "Change logs past the embedded indexer's cursor",
+                                        value=sample.indexer_lag)
+                yield GaugeMetricFamily("metaledger_indexer_lag_seconds", "Age of the oldest change log not yet indexed",
+                                        value=sample.indexer_lag_s or 0.0)
+        worker = find_worker(ops.background, "IndexWorker")
+        if worker is not None:
+            yield CounterMetricFamily("metaledger_indexer_failures", "Errors of the embedded indexing worker (retried)",
+                                      value=worker.failures)
+            yield CounterMetricFamily("metaledger_indexer_applied_rows", "Change logs the embedded indexing worker applied",
+                                      value=worker.applied_rows)

@@ -1,0 +1,179 @@
+"""`/ready`: whether this process can serve writes now, and which part cannot.
+
+    {"status": "ready" | "not ready",
+     "checks": {"database": {...}, "migrations": {...}, "broker": {...}, "registry": {...}, "indexing": {...}}}
+
+Every check has `ok`; the answer is ready when all but `indexing` are ok (indexing is informational: its lag and
+failures are reported, a lagging index does not take the service out of rotation). The database and the migrations
+are one statement on the ops connection (`SELECT version_num FROM alembic_version`) within `ready_timeout_s`; the
+broker (when `kafka_bootstrap_servers` is set) and an external schema registry are asked at most every
+`ready_cache_s`, each within `ready_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from functools import cache
+from typing import Any
+
+import httpx
+
+from app.db import MIGRATIONS_DIR
+from app.ops.sampler import OutboxSampler
+from app.settings import Settings
+
+
+@cache
+def migration_heads() -> frozenset[str]:
+    """The head revision(s) of migrations/, read once per process."""
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return frozenset(ScriptDirectory.from_config(config).get_heads())
+
+
+class _Cached:
+    """A check's last result, reused for `ttl_s`."""
+
+    def __init__(self, ttl_s: float, probe: Callable[[], Awaitable[dict[str, Any]]]) -> None:
+        self.ttl_s = ttl_s
+        self.probe = probe
+        self.result: dict[str, Any] | None = None
+        self.expires = 0.0
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> dict[str, Any]:
+        async with self._lock:
+            if self.result is None or time.monotonic() >= self.expires:
+                self.result = await self.probe()
+                self.expires = time.monotonic() + self.ttl_s
+            return self.result
+
+
+def _error(error: BaseException) -> str:
+    if isinstance(error, TimeoutError):
+        return "no answer within the readiness timeout"
+    return f"{type(error).__name__}: {error}"[:300]
+
+
+class Readiness:
+    def __init__(self, settings: Settings, sampler: OutboxSampler, registry: Any, schema_registry: Any) -> None:
+        self.settings = settings
+        self.sampler = sampler
+        self.registry = registry
+        self.schema_registry_url = settings.schema_registry_url
+        self.timeout_s = settings.ready_timeout_s
+        self.heads: frozenset[str] | None = None
+        self.background: Any = None  # app.background.Background, once started (indexing figures)
+        self._broker = _Cached(settings.ready_cache_s, self._probe_broker)
+        self._external_registry = _Cached(settings.ready_cache_s, self._probe_external_registry)
+
+    async def start(self) -> None:
+        self.heads = await asyncio.to_thread(migration_heads)
+
+    async def check(self) -> tuple[bool, dict[str, Any]]:
+        database, migrations = await self._database()
+        checks = {
+            "database": database,
+            "migrations": migrations,
+            "broker": await self._broker_check(),
+            "registry": await self._registry(database["ok"]),
+            "indexing": self._indexing(),
+        }
+        ready = all(check["ok"] for name, check in checks.items() if name != "indexing")
+        return ready, {"status": "ready" if ready else "not ready", "checks": checks}
+
+    async def _database(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        started = time.perf_counter()
+        try:
+            rows = await self.sampler.run_on_connection(lambda conn: conn.fetch("SELECT version_num FROM alembic_version"))
+        except Exception as error:  # noqa: BLE001 - readiness reports every failure
+            message = _error(error)
+            return {"ok": False, "error": message}, {"ok": False, "error": "the database cannot be read"}
+        database = {"ok": True, "latencyMs": round((time.perf_counter() - started) * 1000, 2)}
+        current = sorted(r["version_num"] for r in rows)
+        heads = sorted(self.heads or migration_heads())
+        migrations: dict[str, Any] = {"ok": current == heads, "current": current, "head": heads}
+        if current != heads:
+            migrations["error"] = (f"the database is at revision {', '.join(current) or 'none'}, the code needs "
+                                   f"{', '.join(heads)}: run `metaledger db upgrade`")
+        return database, migrations
+
+    async def _broker_check(self) -> dict[str, Any]:
+        if not self.settings.kafka_bootstrap_servers:
+            return {"ok": True, "configured": False}
+        return await self._broker.get()
+
+    async def _probe_broker(self) -> dict[str, Any]:
+        from aiokafka.client import AIOKafkaClient
+
+        servers = self.settings.kafka_bootstrap_servers
+        client = AIOKafkaClient(bootstrap_servers=servers, client_id=f"{self.settings.kafka_client_id}-ready",
+                                request_timeout_ms=int(self.timeout_s * 1000))
+        try:
+            async with asyncio.timeout(self.timeout_s):
+                await client.bootstrap()
+            brokers = len(client.cluster.brokers())
+            return {"ok": True, "configured": True, "bootstrapServers": servers, "brokers": brokers}
+        except Exception as error:  # noqa: BLE001
+            return {"ok": False, "configured": True, "bootstrapServers": servers, "error": _error(error)}
+        finally:
+            try:
+                await asyncio.wait_for(client.close(), timeout=self.timeout_s)
+            except Exception:  # noqa: BLE001 - closing a client that never connected
+                pass
+
+    async def _registry(self, database_ok: bool) -> dict[str, Any]:
+        result: dict[str, Any] = {"ok": self.registry is not None}
+        if self.registry is None:
+            result["error"] = "the entity registry is not loaded"
+        else:
+            result["counts"] = self.registry.counts()
+        if self.schema_registry_url:
+            schema_registry = await self._external_registry.get()
+        else:  # metaledger's own, in Postgres
+            schema_registry = {"ok": database_ok, "type": "internal"}
+            if not database_ok:
+                schema_registry["error"] = "its tables are in the database, which cannot be read"
+        result["schemaRegistry"] = schema_registry
+        result["ok"] = result["ok"] and schema_registry["ok"]
+        return result
+
+    async def _probe_external_registry(self) -> dict[str, Any]:
+        url = self.schema_registry_url.rstrip("/")
+        try:
+            async with httpx.AsyncClient(timeout=self.timeout_s) as http:
+                response = await http.get(f"{url}/subjects")
+            if response.status_code >= 400:
+                return {"ok": False, "type": "external", "url": url, "error": f"answered {response.status_code}"}
+            return {"ok": True, "type": "external", "url": url}
+        except Exception as error:  # noqa: BLE001
+            return {"ok": False, "type": "external", "url": url, "error": _error(error)}
+
+    def _indexing(self) -> dict[str, Any]:
+        """Informational: never makes the service not ready."""
+        if self.settings.kafka_bootstrap_servers:
+            return {"ok": True, "mode": "spark", "note": "indexing is the Spark job's (it reports its own metrics)"}
+        result: dict[str, Any] = {"ok": True, "mode": "embedded"}
+        sample = self.sampler.latest
+        if sample is not None:
+            result.update(lagRows=sample.indexer_lag, lagSeconds=round(sample.indexer_lag_s or 0.0, 3),
+                          sampleAgeSeconds=round(sample.age_s, 3))
+        worker = find_worker(self.background, "IndexWorker")
+        if worker is not None:
+            result.update(failures=worker.failures, appliedRows=worker.applied_rows)
+            search_error = getattr(getattr(worker, "runtime", None), "last_error", None)
+            if search_error:
+                result["searchError"] = search_error
+        return result
+
+
+def find_worker(background: Any, name: str) -> Any:
+    for worker in getattr(background, "workers", None) or ():
+        if type(worker).__name__ == name:
+            return worker
+    return None
