@@ -10,6 +10,15 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, ClassVar
 
+# What an error body echoes at most: a message, and each of an issue's other fields (a URN, a path, a value found).
+MESSAGE_CHARS = 500
+ECHO_CHARS = 200
+
+
+def clip(text: str, limit: int = ECHO_CHARS) -> str:
+    """`text`, or its first `limit` characters and how long it was."""
+    return text if len(text) <= limit else f"{text[:limit]}…({len(text)} chars)"
+
 
 @dataclass(frozen=True, slots=True)
 class Issue:
@@ -22,7 +31,11 @@ class Issue:
     found: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if v is not None}
+        # Never echo unbounded input: URNs, paths and values a client sent are cut (`…(N chars)` says how long).
+        return {
+            k: (clip(v, MESSAGE_CHARS if k == "message" else ECHO_CHARS) if isinstance(v, str) else v)
+            for k, v in asdict(self).items() if v is not None
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +88,7 @@ class MetaledgerError(Exception):
         Exception.__init__(self, self.message)
 
     def to_json(self) -> dict[str, Any]:
-        return {"error": self.error, "message": self.message, "issues": [i.to_json() for i in self.issues]}
+        return {"error": self.error, "message": clip(self.message, MESSAGE_CHARS), "issues": [i.to_json() for i in self.issues]}
 
     def headers(self) -> dict[str, str] | None:
         """Response headers this error adds (WWW-Authenticate, Retry-After)."""
@@ -164,9 +177,12 @@ class ServiceUnavailable(Backpressure):
 
 
 ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
-    cls.status_code: {"model": None, "description": cls.error}
+    cls.status_code: {
+        "description": cls.error,
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+    }
     for cls in (
         ValidationFailed, Unauthorized, Forbidden, NotFound, ExistenceConflict, PreconditionFailed, PayloadTooLarge,
-        TooManyRequests, ServiceUnavailable,
+        UnsupportedMediaType, TooManyRequests, ServiceUnavailable,
     )
 }

@@ -8,11 +8,16 @@ import logging
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from http import HTTPStatus
 from typing import TYPE_CHECKING
 
+import asyncpg
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app import __version__
@@ -22,7 +27,7 @@ from app.avro.wire import ValueCodec
 from app.background import Background
 from app.db import create_engine, create_sessionmaker, upgrade_database
 from app.errors import Issue, MetaledgerError, ServiceUnavailable, ValidationFailed
-from app.api import routers
+from app.api import documented_models, routers
 from app.api.deps import ALLOW_PUBLIC, ALLOW_READ
 from app.api.http import json_response
 from app.logs import configure_logging
@@ -136,6 +141,21 @@ async def _announce_auth(settings: Settings, auth: AuthService) -> None:
     )
 
 
+_NUL_ERRORS = (asyncpg.exceptions.CharacterNotInRepertoireError, asyncpg.exceptions.UntranslatableCharacterError)
+
+
+def _is_nul_error(error: BaseException) -> bool:
+    """Whether asyncpg's "invalid byte sequence 0x00" / "\\u0000 cannot be converted to text" is behind `error`."""
+    seen = 0
+    cause: BaseException | None = error
+    while cause is not None and seen < 5:
+        if isinstance(cause, _NUL_ERRORS):
+            return True
+        cause = getattr(cause, "orig", None) or cause.__cause__
+        seen += 1
+    return False
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(MetaledgerError)
     async def metaledger_error(request: Request, error: MetaledgerError):
@@ -153,6 +173,19 @@ def _install_error_handlers(app: FastAPI) -> None:
         ]
         return json_response(ValidationFailed("the request is malformed", issues).to_json(), 400)
 
+    @app.exception_handler(asyncpg.exceptions.CharacterNotInRepertoireError)
+    @app.exception_handler(asyncpg.exceptions.UntranslatableCharacterError)
+    @app.exception_handler(DBAPIError)
+    async def nul_character(request: Request, error: Exception):
+        # The last line of defence: text Postgres cannot hold (a NUL, \u0000) that a check upstream let through,
+        # from asyncpg itself or wrapped by SQLAlchemy. Any other database error stays what it was (a 500).
+        if isinstance(error, DBAPIError) and not _is_nul_error(error):
+            raise error
+        log.warning("text Postgres cannot hold", extra={"path": request.url.path, "error": str(error)[:300]})
+        invalid = ValidationFailed("the request contains a NUL character (\\u0000), which cannot be stored or searched",
+                                   [Issue("NUL character", expected="text without \\u0000")])
+        return json_response(invalid.to_json(), 400)
+
     @app.exception_handler(OSError)
     async def database_unreachable(request: Request, error: OSError):
         log.error("database unreachable", extra={"path": request.url.path, "error": str(error)})
@@ -165,6 +198,13 @@ def _install_error_handlers(app: FastAPI) -> None:
         log.warning("database pool exhausted", extra={"path": request.url.path, "error": str(error)})
         unavailable = ServiceUnavailable("no database connection became free in time (the service is overloaded); retry")
         return json_response(unavailable.to_json(), 503, unavailable.headers())
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException):
+        # FastAPI's and Starlette's own answers (an unknown path, a method not served, a body pydantic cannot parse)
+        # in the same error body as every other (the declared ErrorResponse), with their headers (Allow on a 405).
+        body = {"error": HTTPStatus(error.status_code).phrase, "message": str(error.detail), "issues": []}
+        return json_response(body, error.status_code, dict(error.headers or {}))
 
 
 def _install_offline_docs(app: FastAPI, settings: Settings) -> None:
@@ -228,6 +268,13 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
         app.include_router(router)
     _install_error_handlers(app)
     _install_offline_docs(app, settings)
+    if settings.cors_origins:
+        # Off by default (no CORS headers: browsers refuse cross-origin calls); on for the listed origins only. No
+        # cookies are involved (bearer tokens), so no credentials mode.
+        app.add_middleware(
+            CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"], allow_headers=["*"],
+            expose_headers=["X-Request-Id", "Retry-After", "traceparent"], allow_credentials=False, max_age=600,
+        )
     # Request ids, per-route metrics and the access log, around everything but Starlette's last-resort error handler.
     app.add_middleware(OperationsMiddleware, metrics=settings.http_metrics_enabled, access_log=settings.access_log)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]
@@ -236,7 +283,7 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
 
 def build_openapi(app: FastAPI) -> dict:
     if app.openapi_schema is None:
-        from app.openapi_spec import add_registry_paths
+        from app.openapi_spec import add_registry_paths, declare_statuses
 
         spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
         # Every operation but the open ones takes DataHub's bearer token (or the system client's Basic credentials).
@@ -244,7 +291,12 @@ def build_openapi(app: FastAPI) -> dict:
             "bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
         }
         spec["security"] = [{"bearerAuth": []}]
-        app.openapi_schema = add_registry_paths(spec, app.state.registry)
+        schemas = spec["components"].setdefault("schemas", {})
+        for model in documented_models:  # bodies the routes parse themselves (orjson), documented by reference
+            schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
+            schemas.update(schema.pop("$defs", {}))
+            schemas[model.__name__] = schema
+        app.openapi_schema = declare_statuses(add_registry_paths(spec, app.state.registry))
     return app.openapi_schema
 
 

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
-from pydantic_settings import BaseSettings, SettingsConfigDict
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
@@ -97,6 +98,16 @@ class Settings(BaseSettings):
     search_sync_timeout_s: float = 5.0  # X-DataHub-Sync-Index-Update: longer than this answers PENDING
     search_worker_poll_ms: int = 50  # the embedded indexing worker (no Kafka): outbox → indices
     search_worker_batch_size: int = 1000
+    # What the index copy of a value may hold (app.search.documents; the stored aspect is never changed): NUL is
+    # stripped; each string is cut to `search_max_field_chars` (keyword-typed values to at most 8,191: Lucene's
+    # 32,766-byte term limit); the strings of one aspect's contribution, and the text of an entity's Postgres
+    # tsvector, to `search_max_document_chars` in all (100,000 keeps the tsvector well under its 1 MB limit).
+    search_max_field_chars: int = 32_768
+    search_max_document_chars: int = 100_000
+    # A change log the backend refuses is recorded in `search_index_failure`, skipped, and retried after
+    # min * 2^(attempts-1) seconds, at most max (app.search.failures).
+    search_failure_retry_min_s: float = 10.0
+    search_failure_retry_max_s: float = 3600.0
 
     # --- the outbox relay (publishes change logs to Kafka; also assigns change-feed offsets in commit order)
     relay_enabled: bool = True  # inside `metaledger serve`; `metaledger relay` runs it standalone
@@ -124,6 +135,29 @@ class Settings(BaseSettings):
     ops_sample_interval_s: float = 1.0  # how often the outbox backlog and lags are sampled
     ready_timeout_s: float = 2.0  # each readiness probe (database, broker, external schema registry) at most
     ready_cache_s: float = 5.0  # broker and external registry probes are reused this long
+
+    # --- input limits (hostile input: bounded memory, no 500s; the README's "Hostile input")
+    # Items of one batch (v1 proposals, v3 entity batches, Rest.li ingestProposalBatch, batchGet): more answer 413.
+    # DataHub's client sends at most 200. A batch's bytes are bounded by max_request_bytes.
+    max_batch_items: int = 10_000
+    # JSON nesting (a request body, an aspect or system metadata sent as JSON text, a Kafka record): deeper is a 400.
+    max_json_depth: int = 100
+    # A write's response echoes each written aspect (as DataHub does) unless its value is larger than this: then
+    # the aspect comes back without `value`, with a `message` saying so.
+    max_echo_value_bytes: int = 1_048_576
+    # Origins allowed to call the API from a browser (CORS), e.g. '["https://datahub.example.com"]' or
+    # "https://a.example.com,https://b.example.com". Empty: no CORS headers (browsers refuse cross-origin calls).
+    cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)
+
+    @field_validator("cors_origins", mode="before")
+    @classmethod
+    def _origins(cls, raw: Any) -> Any:
+        if isinstance(raw, str):
+            text = raw.strip()
+            if text.startswith("["):
+                return json.loads(text)
+            return [origin.strip() for origin in text.split(",") if origin.strip()]
+        return raw
 
 
 @lru_cache

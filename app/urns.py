@@ -4,6 +4,11 @@ Parsing follows DataHub's ``TupleKey``: an id that starts with ``(`` is a tuple 
 (so nested URNs keep their commas); any other id is one part whose parentheses must balance. Empty parts are
 errors. ``validate_urn`` adds the server-side checks of ``UrnValidationUtil`` (whitespace, the ``␟`` separator,
 512 bytes URL-encoded, reserved characters inside parts), which DataHub only warns about unless strict.
+
+Hostile input: a string longer than ``URN_MAX_CHARS`` (or with a NUL, which Postgres cannot store) is refused before
+it is parsed, and only URNs of at most ``URN_CACHE_MAX_CHARS`` are cached (``URN_CACHE_ENTRIES`` of them: a few
+tens of MB at worst), so rejected or one-off long strings never stay in memory. Messages quote a URN's first
+characters only.
 """
 
 from __future__ import annotations
@@ -13,8 +18,17 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import quote_plus
 
+from app.errors import clip
+
 URN_PREFIX = "urn:li:"
 URN_MAX_ENCODED_BYTES = 512
+# Any URN, of any entity type (schemaField URNs are exempt from the 512-byte limit, not unbounded): longer strings
+# are refused before they are parsed or cached.
+URN_MAX_CHARS = 8192
+# The entity URN of a write: metadata_aspect_v2.urn is varchar(500), as DataHub's.
+URN_MAX_STORED_CHARS = 500
+URN_CACHE_MAX_CHARS = 512  # longer URNs are parsed and validated every time, never cached
+URN_CACHE_ENTRIES = 16_384
 DELIMITER_SEPARATOR = "\u241f"  # ␟, DataHub's browse-path / nested-key separator
 # Entities exempt from the length limit (schemaField URNs nest a whole dataset URN).
 LENGTH_EXEMPT_ENTITY_TYPES = frozenset({"schemaField"})
@@ -22,6 +36,11 @@ LENGTH_EXEMPT_ENTITY_TYPES = frozenset({"schemaField"})
 
 class InvalidUrnError(ValueError):
     """A string that is not a valid URN; the message says why."""
+
+
+def shown(urn: str) -> str:
+    """A URN quoted in a message: its first characters only."""
+    return repr(clip(urn))
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,10 +68,10 @@ def _split_tuple(entity_id: str, urn: str) -> tuple[str, ...]:
                 if depth < 0:
                     break
         if depth != 0:
-            raise InvalidUrnError(f"mismatched paren nesting in URN {urn!r}")
+            raise InvalidUrnError(f"mismatched paren nesting in URN {shown(urn)}")
         return (entity_id,)
     if not entity_id.endswith(")"):
-        raise InvalidUrnError(f"mismatched paren nesting in URN {urn!r}: a tuple id must end with ')'")
+        raise InvalidUrnError(f"mismatched paren nesting in URN {shown(urn)}: a tuple id must end with ')'")
     parts: list[str] = []
     depth = 0
     start = 1
@@ -62,17 +81,17 @@ def _split_tuple(entity_id: str, urn: str) -> tuple[str, ...]:
         elif ch == ")":
             depth -= 1
             if depth == 0 and i != len(entity_id) - 1:
-                raise InvalidUrnError(f"mismatched paren nesting in URN {urn!r}: text after the closing ')'")
+                raise InvalidUrnError(f"mismatched paren nesting in URN {shown(urn)}: text after the closing ')'")
             if depth < 0:
-                raise InvalidUrnError(f"mismatched paren nesting in URN {urn!r}")
+                raise InvalidUrnError(f"mismatched paren nesting in URN {shown(urn)}")
         elif ch == "," and depth == 1:
             parts.append(entity_id[start:i])
             start = i + 1
     if depth != 0:
-        raise InvalidUrnError(f"mismatched paren nesting in URN {urn!r}")
+        raise InvalidUrnError(f"mismatched paren nesting in URN {shown(urn)}")
     parts.append(entity_id[start:-1])
     if any(part == "" for part in parts):
-        raise InvalidUrnError(f"empty part disallowed in URN {urn!r}")
+        raise InvalidUrnError(f"empty part disallowed in URN {shown(urn)}")
     return tuple(parts)
 
 
@@ -80,22 +99,34 @@ def entity_type_of(urn: str) -> str:
     """The entity type of ``urn:li:<entityType>:<id>`` without parsing the id; InvalidUrnError as `parse_urn`."""
     if not isinstance(urn, str):
         raise InvalidUrnError(f"a URN must be a string, found {type(urn).__name__}")
+    if len(urn) > URN_MAX_CHARS:
+        raise InvalidUrnError(f"URN is {len(urn)} characters; the limit is {URN_MAX_CHARS}: {shown(urn)}")
+    if "\x00" in urn:
+        raise InvalidUrnError(f"URN {shown(urn)} contains a NUL character (\\u0000)")
     if not urn.startswith(URN_PREFIX):
-        raise InvalidUrnError(f"URN {urn!r} must start with '{URN_PREFIX}'")
+        raise InvalidUrnError(f"URN {shown(urn)} must start with '{URN_PREFIX}'")
     entity_type, sep, entity_id = urn[len(URN_PREFIX):].partition(":")
     if not sep or not entity_type:
-        raise InvalidUrnError(f"URN {urn!r} has no entity type: expected 'urn:li:<entityType>:<id>'")
+        raise InvalidUrnError(f"URN {shown(urn)} has no entity type: expected 'urn:li:<entityType>:<id>'")
     if not entity_id:
-        raise InvalidUrnError(f"URN {urn!r} has an empty id")
+        raise InvalidUrnError(f"URN {shown(urn)} has an empty id")
     return entity_type
 
 
-@lru_cache(maxsize=65536)
 def parse_urn(urn: str) -> Urn:
-    """Parse ``urn:li:<entityType>:<id>``; raises InvalidUrnError naming the problem."""
-    entity_type = entity_type_of(urn)
+    """Parse ``urn:li:<entityType>:<id>``; raises InvalidUrnError naming the problem. Short URNs are cached."""
+    if isinstance(urn, str) and len(urn) <= URN_CACHE_MAX_CHARS:
+        return _parse_cached(urn)
+    return _parse(urn)
+
+
+def _parse(urn: str) -> Urn:
+    entity_type = entity_type_of(urn)  # the length and NUL checks, before anything is split or cached
     entity_id = urn[len(URN_PREFIX) + len(entity_type) + 1:]
     return Urn(entity_type, entity_id, _split_tuple(entity_id, urn))
+
+
+_parse_cached = lru_cache(maxsize=URN_CACHE_ENTRIES)(_parse)
 
 
 def _java_url_encoded_length(text: str) -> int:
@@ -113,30 +144,42 @@ def _illegal_components(parts: Sequence[str]) -> list[str]:
     return illegal
 
 
-@lru_cache(maxsize=65536)
 def validate_urn(urn: str, strict: bool = True) -> Urn:
-    """Parse and apply DataHub's server-side URN rules. Non-strict mode skips the reserved-character checks."""
+    """Parse and apply DataHub's server-side URN rules. Non-strict mode skips the reserved-character checks.
+    Short URNs are cached (valid ones only: an error is raised anew each time)."""
+    if isinstance(urn, str) and len(urn) <= URN_CACHE_MAX_CHARS:
+        return _validate_cached(urn, strict)
+    return _validate(urn, strict)
+
+
+def _validate(urn: str, strict: bool) -> Urn:
+    if isinstance(urn, str) and len(urn) > URN_MAX_ENCODED_BYTES and entity_type_of(urn) not in LENGTH_EXEMPT_ENTITY_TYPES:
+        # URL-encoding never shortens a string: too long before it is parsed
+        raise InvalidUrnError(f"URN is {len(urn)} characters; the limit is {URN_MAX_ENCODED_BYTES} bytes URL-encoded: {shown(urn)}")
     if isinstance(urn, str) and urn.strip() != urn:
-        raise InvalidUrnError(f"URN {urn!r} has leading or trailing whitespace")
+        raise InvalidUrnError(f"URN {shown(urn)} has leading or trailing whitespace")
     parsed = parse_urn(urn)
     if DELIMITER_SEPARATOR in urn:
-        raise InvalidUrnError(f"URN {urn!r} contains the reserved character '{DELIMITER_SEPARATOR}'")
+        raise InvalidUrnError(f"URN {shown(urn)} contains the reserved character '{DELIMITER_SEPARATOR}'")
     if parsed.entity_type not in LENGTH_EXEMPT_ENTITY_TYPES:
         encoded = _java_url_encoded_length(urn)
         if encoded > URN_MAX_ENCODED_BYTES:
             raise InvalidUrnError(
-                f"URN is {encoded} bytes URL-encoded; the limit is {URN_MAX_ENCODED_BYTES}: {urn[:80]!r}..."
+                f"URN is {encoded} bytes URL-encoded; the limit is {URN_MAX_ENCODED_BYTES}: {shown(urn)}"
             )
     if strict:
         if len(parsed.parts) == 1 and "," in parsed.parts[0]:
-            raise InvalidUrnError(f"simple (non-tuple) URN {urn!r} contains a comma")
+            raise InvalidUrnError(f"simple (non-tuple) URN {shown(urn)} contains a comma")
         illegal = _illegal_components(parsed.parts)
         if illegal:
             raise InvalidUrnError(
-                f"URN {urn!r} has reserved characters '(' ')' ',' inside component(s) {illegal}; "
+                f"URN {shown(urn)} has reserved characters '(' ')' ',' inside component(s) {illegal}; "
                 "percent-encode them (%28 %29 %2C)"
             )
     return parsed
+
+
+_validate_cached = lru_cache(maxsize=URN_CACHE_ENTRIES)(_validate)
 
 
 def make_urn(entity_type: str, parts: Sequence[str]) -> str:

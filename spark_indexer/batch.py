@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.avro.wire import ValueCodec, WireFormatError
-from app.search.documents import changes_from_mcl
+from app.search.documents import IndexLimits, changes_from_mcl
 from app.search.model import Change
 from app.urns import InvalidUrnError, entity_type_of
 
@@ -156,27 +156,11 @@ def plan(records: Iterable[Record], registry: Any, timeseries_topic: str, decode
 
 
 def is_transient(error: BaseException) -> bool:
-    """A failure of the search server or the network (retry), as opposed to a change it refuses (dead letter)."""
-    if isinstance(error, (OSError, TimeoutError, ConnectionError)):
-        return True
-    try:
-        from elasticsearch import ApiError, ConnectionError as EsConnectionError, ConnectionTimeout
+    """A failure of the search server or the network (retry), as opposed to a change it refuses (dead letter): the
+    service's own rule (app.search.failures.is_transient), so the stream and the embedded worker agree."""
+    from app.search.failures import is_transient as search_is_transient
 
-        if isinstance(error, (EsConnectionError, ConnectionTimeout)):
-            return True
-        if isinstance(error, ApiError) and (error.meta.status >= 500 or error.meta.status == 429):
-            return True
-    except ImportError:  # pragma: no cover - the client is a dependency
-        pass
-    try:
-        import asyncpg
-
-        if isinstance(error, (asyncpg.exceptions.ConnectionDoesNotExistError, asyncpg.exceptions.InterfaceError,
-                              asyncpg.exceptions.CannotConnectNowError, asyncpg.exceptions.TooManyConnectionsError)):
-            return True
-    except ImportError:  # pragma: no cover
-        pass
-    return False
+    return search_is_transient(error)
 
 
 @dataclass(slots=True)
@@ -196,12 +180,15 @@ class IndexTask:
     def __init__(self, runtime: Any, chunk: int) -> None:
         self.runtime = runtime
         self.chunk = max(1, chunk)
+        self.limits = IndexLimits.from_settings(getattr(runtime, "settings", None))
 
     def changes_of(self, items: list[Planned], dead: list[DeadLetter]) -> list[tuple[Planned, list[Change]]]:
+        """Each change log's index changes, within the settings' `IndexLimits` (NUL stripped, text capped: the same
+        documents as the service's); one that cannot be built is dead-lettered with the reason."""
         out: list[tuple[Planned, list[Change]]] = []
         for item in items:
             try:
-                out.append((item, changes_from_mcl(item.mcl, self.runtime.registry)))
+                out.append((item, changes_from_mcl(item.mcl, self.runtime.registry, self.limits)))
             except Exception as error:  # noqa: BLE001 - one bad change log must not stop the stream
                 dead.append(DeadLetter(item.record, f"index document could not be built: {type(error).__name__}: {error}",
                                        item.mcl.get("entityUrn"), item.mcl.get("aspectName")))
@@ -222,8 +209,11 @@ class IndexTask:
                 time.sleep(min(5.0, 0.2 * 2**attempt))
 
     def write(self, built: list[tuple[Planned, list[Change]]], dead: list[DeadLetter]) -> int:
-        """Apply in bulk chunks (in order); a chunk the backend refuses is retried change log by change log, so
-        only the refused ones go to the dead letter. Returns the number of changes applied."""
+        """Apply in bulk chunks (in order); a chunk the backend refuses (for its data: a Postgres data error,
+        Elasticsearch item errors as `IndexRefused`) is retried change log by change log, so only the refused ones
+        go to the dead letter, with the backend's reason, and the stream goes on. Transient errors (the backend
+        unreachable or overloaded, items rejected with 429/5xx as `IndexUnavailable`) are retried, then fail the
+        task: nothing is skipped. Returns the number of changes applied."""
         applied = 0
         for start in range(0, len(built), self.chunk):
             part = built[start:start + self.chunk]

@@ -190,10 +190,13 @@ async def _repair(settings: IndexerSettings, registry: Any, drifts: list[Drift])
     reapply = {(d.urn, d.aspect) for d in drifts if d.kind in ("missing", "stale")}
     orphans = [d for d in drifts if d.kind == "orphan"]
     rows = await fetch_latest(settings.database_url, RowFilter(keys=tuple(sorted(reapply)))) if reapply else []
+    from app.search.documents import IndexLimits
+
+    limits = IndexLimits.from_settings(settings)
     changes: list[Any] = []
     for row in sorted(rows, key=lambda r: (r["urn"], r["aspect"])):
         changes.extend(row_changes(registry, row["urn"], row["aspect"], row["version"], row["metadata"],
-                                   row["systemmetadata"]))
+                                   row["systemmetadata"], limits))
     gone: dict[str, int] = {}  # urn without any latest row -> the highest version indexed
     for d in orphans:
         entity = registry.entity(entity_type_of(d.urn))

@@ -160,15 +160,17 @@ def row_mcl(urn: str, aspect: str, version: int, metadata: str, systemmetadata: 
     }
 
 
-def row_changes(registry: Any, urn: str, aspect: str, version: int, metadata: str, systemmetadata: str | None) -> list[Any]:
-    """The index changes of one latest row (timeseries points dropped: restore never touches timeseries indices)."""
-    from app.search.documents import changes_from_mcl
+def row_changes(registry: Any, urn: str, aspect: str, version: int, metadata: str, systemmetadata: str | None,
+                limits: Any = None) -> list[Any]:
+    """The index changes of one latest row (timeseries points dropped: restore never touches timeseries indices),
+    within `limits` (`IndexLimits`; None: the defaults), as live indexing builds them."""
+    from app.search.documents import DEFAULT_LIMITS, changes_from_mcl
     from app.search.model import TimeseriesPoint
 
     spec = registry.aspects.get(aspect)
     if spec is None or spec.is_timeseries:
         return []
-    changes = changes_from_mcl(row_mcl(urn, aspect, version, metadata, systemmetadata), registry)
+    changes = changes_from_mcl(row_mcl(urn, aspect, version, metadata, systemmetadata), registry, limits or DEFAULT_LIMITS)
     return [c for c in changes if not isinstance(c, TimeseriesPoint)]
 
 
@@ -201,8 +203,11 @@ def _apply_partition(payload: dict[str, Any], target: RebuildTarget | None, chun
     def apply_rows(batches: Iterator[Any]) -> Iterator[Any]:
         import pyarrow as pa
 
+        from app.search.documents import IndexLimits
+
         settings = settings_from_payload(payload)
         registry = registry_for(settings)
+        limits = IndexLimits.from_settings(settings)
         stats = {"rows": 0, "indexed": 0, "skipped": 0, "failed": 0, "changes": 0, "entities": 0}
         errors: list[str] = []
         runner = _LoopThread()
@@ -242,7 +247,7 @@ def _apply_partition(payload: dict[str, Any], target: RebuildTarget | None, chun
                     stats["rows"] += 1
                     pending_rows += 1
                     try:
-                        changes = row_changes(registry, urn, aspect, version, metadata, sm)
+                        changes = row_changes(registry, urn, aspect, version, metadata, sm, limits)
                     except Exception as exc:  # noqa: BLE001 - one bad row must not stop the restore
                         stats["failed"] += 1
                         if len(errors) < MAX_ERROR_EXAMPLES:

@@ -65,7 +65,8 @@ async def propose(client, *proposals: dict[str, Any], expect: int = 200, batch_s
     return body
 
 
-RESTLI_HEADERS = {
+RESTLI_HEADERS = {  # what DataHub's Python client sends on every request (Content-Type included, GETs too)
+    "Content-Type": "application/json",
     "X-RestLi-Protocol-Version": "2.0.0",
     "X-DataHub-Client-Mode": "SDK",
     "X-DataHub-Py-Cli-Version": "1.7.0.17",

@@ -4,7 +4,7 @@ outcomes → responses. Nothing else happens here."""
 from app.api.auth import router as auth_router
 from app.api.change_feed import router as change_feed_router
 from app.api.entities import router as entities_router
-from app.api.proposals import router as proposals_router
+from app.api.proposals import MetadataChangeProposal, router as proposals_router
 from app.api.restli import router as restli_router
 from app.api.schema_registry import router as schema_registry_router
 from app.api.search import router as search_router
@@ -15,3 +15,6 @@ routers = [
     system_router, proposals_router, entities_router, change_feed_router, restli_router, search_router,
     schema_registry_router, auth_router,
 ]
+
+# Request bodies parsed by the routes themselves and referenced from the OpenAPI document by name.
+documented_models = [MetadataChangeProposal]

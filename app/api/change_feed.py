@@ -20,6 +20,7 @@ from app.api.deps import ALLOW_READ, Engine, SettingsDep
 from app.api.http import json_response
 from app.changelog import feed
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
+from app.limits import MAX_LONG, clip
 from app.settings import Settings
 
 router = APIRouter(prefix="/openapi/v1/events", tags=["events"], dependencies=[ALLOW_READ])
@@ -71,10 +72,10 @@ async def change_feed(
     """Delivery is at least once across retries of a page and in commit order; readers deduplicate on
     (urn, aspect, version). Only change logs whose place in the order is final are returned."""
     issues = []
-    if after < 0:
-        issues.append(Issue("after must be 0 or more", path="$.after", found=str(after)))
+    if not 0 <= after <= MAX_LONG:
+        issues.append(Issue(f"after must be between 0 and {MAX_LONG}", path="$.after", found=clip(str(after), 40)))
     if not 1 <= limit <= MAX_LIMIT:
-        issues.append(Issue(f"limit must be between 1 and {MAX_LIMIT}", path="$.limit", found=str(limit)))
+        issues.append(Issue(f"limit must be between 1 and {MAX_LIMIT}", path="$.limit", found=clip(str(limit), 40)))
     default, allowed = _feed_topics(settings)
     topics = default
     if topic:
@@ -145,8 +146,8 @@ async def poll_events(
         issues.append(Issue("unknown topic", path="$.topic", expected=", ".join(allowed), found=topic[:200]))
     after = None
     if offsetId is not None:
-        if not offsetId.isdigit() or len(offsetId) > 18:
-            issues.append(Issue("offsetId must be an offset this API returned", path="$.offsetId", found=offsetId[:100]))
+        if not (offsetId.isascii() and offsetId.isdigit()) or len(offsetId) > 18:
+            issues.append(Issue("offsetId must be an offset this API returned", path="$.offsetId", found=clip(offsetId, 100)))
         else:
             after = int(offsetId)
     if limit is not None and limit < 1:

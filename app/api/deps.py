@@ -10,6 +10,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from app.api.http import require_json_content_type
 from app.auth.model import Permission, Principal
 from app.auth.service import AuthService
 from app.errors import ServiceUnavailable
@@ -106,6 +107,12 @@ class Allow:
         return principal
 
 
+async def json_body(request: Request) -> None:
+    """Routes whose body FastAPI parses into a model: 415 unless it is sent as JSON (app.api.http.read_json checks
+    the same for the bodies the handlers read themselves)."""
+    require_json_content_type(request)
+
+
 async def public() -> None:
     """The policy of the routes everyone may call (/health, /config, /ready)."""
 
@@ -144,5 +151,6 @@ ALLOW_READ = Depends(Allow(Permission.READ))
 ALLOW_WRITE = Depends(Allow(Permission.WRITE))
 ALLOW_ADMIN = Depends(Allow(Permission.ADMIN))
 ALLOW_REGISTRY_READ = Depends(AllowRegistryRead())
+JSON_BODY = Depends(json_body)  # with a route that takes a pydantic body model
 RegistryCaller = Annotated[Principal | None, ALLOW_REGISTRY_READ]  # None: an open read without credentials
 ReadYourWrites = Annotated[Callable[[], Awaitable[bool]], Depends(get_read_your_writes)]

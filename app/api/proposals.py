@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from app.api.deps import ALLOW_WRITE, Caller, Gateway, Session
-from app.api.http import json_response, read_json
+from app.api.http import check_batch_size, json_response, read_json
 from app.errors import ERROR_RESPONSES
 from app.ingest.gateway import Outcome
 from app.ingest.mcp import MCP_FIELDS, parse_proposals
@@ -86,6 +86,7 @@ assert frozenset(MetadataChangeProposal.model_fields) == MCP_FIELDS, "the docume
     },
     responses={**ERROR_RESPONSES, 202: {"model": QueuedResponse, "description": "Queued (async=true): validated and on the proposal topic"}},
     summary="Write a batch of Metadata Change Proposals in one transaction",
+    operation_id="ingestProposals",
 )
 async def ingest_proposals(
     request: Request,
@@ -107,7 +108,9 @@ async def ingest_proposals(
     With `async=true` the validation still happens now (400), and the 202 lists what was queued.
     A proposal with header `X-DataHub-Sync-Index-Update: true` (or that HTTP request header) is indexed before the
     response: top-level `"index": {"status": "UPDATED"|"PENDING", "error"?}` (PENDING: the index catches up later)."""
-    drafts = parse_proposals(await read_json(request, gateway.settings.max_request_bytes))
+    body = await read_json(request, gateway.settings)
+    check_batch_size(body, gateway.settings)
+    drafts = parse_proposals(body)
     outcome = await gateway.submit(session, drafts, caller, queue=async_, request_headers=request.headers)
     if outcome.result is None:
         return json_response(_queued(outcome), 202)

@@ -20,9 +20,10 @@
 
 Every error is Confluent's body, `{"error_code": <code>, "message": "..."}` (40401 subject, 40402 version, 40403
 schema not found; 409 incompatible; 42201 invalid schema; 42202 invalid version; 42203 invalid compatibility
-level), never a 5xx for anything a client sends. Bodies are read as JSON whatever their content type
-(`application/vnd.schemaregistry.v1+json`, `application/json`, ...); answers are
-`application/vnd.schemaregistry.v1+json` unless the client asked for `application/json` only.
+level), never a 5xx for anything a client sends. Bodies must say what Confluent's registry consumes:
+`application/vnd.schemaregistry.v1+json`, `application/vnd.schemaregistry+json`, `application/json` (any
+`application/*+json`) or `application/octet-stream`; anything else (a form, `text/plain`, no content type) is a 415.
+Answers are `application/vnd.schemaregistry.v1+json` unless the client asked for `application/json` only.
 
 Not in metaledger's OpenAPI document: this is Confluent's API, documented by Confluent.
 """
@@ -38,19 +39,23 @@ from fastapi import APIRouter, Request, Response
 from fastapi.routing import APIRoute
 
 from app.api.deps import ALLOW_ADMIN, ALLOW_REGISTRY_READ, RegistryCaller, SchemaRegistry
+from app.api.http import is_json_media_type
 from app.auth.model import Permission
 from app.errors import MetaledgerError, Unauthorized
 from app.schema_registry.errors import (
     InvalidSchema,
+    InvalidSubject,
     InvalidVersion,
     MalformedRequest,
     NotFound,
     RegistryUnavailable,
     RequestTooLarge,
     SchemaRegistryError,
+    SubjectNotFound,
     ServedElsewhere,
     UnknownSchema,
     UnprocessableRequest,
+    UnsupportedMediaType,
 )
 from app.schema_registry.internal import InternalRegistry, check_subject
 
@@ -86,6 +91,7 @@ class _ConfluentRoute(APIRoute):
 
         async def confluent_errors(request: Request) -> Response:
             try:
+                _check_subject_param(request)
                 return await handler(request)
             except MetaledgerError as error:  # authentication and authorization, in Confluent's error shape
                 response = _answer(request, {"error_code": error.status_code, "message": error.message}, error.status_code)
@@ -100,6 +106,20 @@ class _ConfluentRoute(APIRoute):
                 return _answer(request, {"error_code": 50001, "message": "Error in the backend data store"}, 500)
 
         return confluent_errors
+
+
+def _check_subject_param(request: Request) -> None:
+    """A `{subject}` that no registration could have made (empty, over 500 characters, not printable: a NUL, ...) is
+    not looked up: a read or a delete answers 40401 (no such subject), a write 42208 (invalid subject)."""
+    subject = request.path_params.get("subject")
+    if subject is None:
+        return
+    try:
+        check_subject(subject)
+    except InvalidSubject:
+        if request.method in ("GET", "HEAD", "DELETE"):
+            raise SubjectNotFound(f"Subject {subject[:100]!r} not found.") from None
+        raise
 
 
 # Reads are open when METALEDGER_SCHEMA_REGISTRY_OPEN_READ (the default, as DataHub); changes need ADMIN.
@@ -120,10 +140,14 @@ def _internal(registry: Any) -> InternalRegistry:
 
 
 async def _read_json(request: Request) -> Any:
+    content_type = request.headers.get("content-type")
+    if not (is_json_media_type(content_type) or (content_type or "").split(";", 1)[0].strip().lower() == "application/octet-stream"):
+        found = "no Content-Type" if not content_type else content_type[:100]
+        raise UnsupportedMediaType(f"HTTP 415 Unsupported Media Type: the body must be {SCHEMA_REGISTRY_V1} (or {JSON}), found {found}")
     declared = request.headers.get("content-length")
-    if declared and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise RequestTooLarge(f"the request body is {declared} bytes; the limit is {MAX_BODY_BYTES}")
-    body = b""
+    if declared and declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise RequestTooLarge(f"the request body is {declared[:40]} bytes; the limit is {MAX_BODY_BYTES}")
+    body = bytearray()
     async for chunk in request.stream():
         body += chunk
         if len(body) > MAX_BODY_BYTES:

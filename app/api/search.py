@@ -18,17 +18,24 @@
 
 from __future__ import annotations
 
+import base64
+import binascii
+import re
 from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
+import orjson
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import ALLOW_READ, Backend, Registry, Session
-from app.api.http import entity_of_urn, invalid_at, stored_envelope
+from app.api.http import UrnPath, UrnQuery, checked_urn, entity_of_urn, invalid_at, stored_envelope
 from app.errors import ERROR_RESPONSES, Issue, NotFound, ValidationFailed
+from app.limits import MAX_LONG, MIN_LONG, check_long, clip, too_deep
 from app.registry import EntityRegistry
+from app.urns import InvalidUrnError, entity_type_of
+from app.search.failures import FailureReader
 from app.search.model import REMOVED_FIELD, TimeseriesQuery
 from app.write.reader import EntityReader
 
@@ -61,8 +68,53 @@ def _filters(request: Request) -> dict[str, list[str]]:
     filters: dict[str, list[str]] = {}
     for key, value in request.query_params.multi_items():
         if key.startswith(FILTER_PREFIX) and len(key) > len(FILTER_PREFIX):
+            if "\x00" in key or "\x00" in value:
+                raise ValidationFailed("a filter contains a NUL character (\\u0000)", [Issue("NUL character", path=f"${clip(key, 100)}")])
             filters.setdefault(key[len(FILTER_PREFIX):], []).append(value)
     return filters
+
+
+_SCROLL_ID = re.compile(r"[A-Za-z0-9_-]*={0,2}")
+MAX_SCROLL_ID_CHARS = 65_536
+
+
+def _checked_scroll_id(scroll_id: str | None, sort: list[tuple[str, str]] | None) -> str | None:
+    """A search `scrollId` is what a previous page returned: URL-safe base64 (padded or not) of the JSON array
+    `[sort key..., urn]` (both backends: one key, or one per sort field). Anything else is a 400 naming `scrollId`
+    before a backend sees it; the answer is the padded form both backends decode."""
+    if not scroll_id:
+        return None
+
+    def bad(reason: str) -> ValidationFailed:
+        return ValidationFailed(
+            f"scrollId is not one this endpoint returned: {reason}",
+            [Issue(reason, path="$scrollId", expected="the scrollId of a previous page", found=clip(scroll_id, 100))],
+        )
+
+    if len(scroll_id) > MAX_SCROLL_ID_CHARS or not _SCROLL_ID.fullmatch(scroll_id):
+        raise bad("not URL-safe base64")
+    stripped = scroll_id.rstrip("=")
+    padded = stripped + "=" * (-len(stripped) % 4)
+    try:
+        raw = base64.urlsafe_b64decode(padded)
+        cursor = orjson.loads(raw)
+    except (binascii.Error, ValueError):
+        raise bad("not base64 of a JSON array") from None
+    if not isinstance(cursor, list) or len(cursor) not in {2, 1 + len(sort or ())}:
+        raise bad("not a [sort key, urn] pair")
+    *keys, urn = cursor
+    try:
+        entity_type_of(urn)
+    except InvalidUrnError:
+        raise bad("its last member is not a URN") from None
+    if b"\\u0000" in raw or too_deep(keys, 8) is not None:
+        raise bad("not a sort key this endpoint gives")
+    for key in keys:
+        if isinstance(key, bool) or (isinstance(key, int) and not MIN_LONG <= key <= MAX_LONG):
+            raise bad("not a sort key this endpoint gives")
+    if not sort and not isinstance(keys[0], (int, float)):
+        raise bad("a relevance-ordered page's key is a number")
+    return padded
 
 
 @router.get(
@@ -98,7 +150,10 @@ async def scroll_entities(
         filters.setdefault(REMOVED_FIELD, [])
     order = "desc" if sortOrder == "DESCENDING" else "asc"
     sort = [(field, order) for field in sortCriteria] if sortCriteria else None
-    page = await backend.search(entity, query or "*", filters=filters, count=count, scroll_id=scrollId or None, sort=sort)
+    if "\x00" in query or any("\x00" in field for field in sortCriteria or ()):
+        raise ValidationFailed("the query contains a NUL character (\\u0000)", [Issue("NUL character", path="$query")])
+    scroll_id = _checked_scroll_id(scrollId, sort)
+    page = await backend.search(entity, query or "*", filters=filters, count=count, scroll_id=scroll_id, sort=sort)
     repo = EntityReader(session, registry).repo
     entities = []
     for hit in page.hits:
@@ -154,6 +209,8 @@ async def autocomplete(
     limit: Annotated[int, Query(ge=1, le=100)] = 10,
 ) -> Any:
     entity = _entity_name(registry, entityName)
+    if "\x00" in query:
+        raise ValidationFailed("the query contains a NUL character (\\u0000)", [Issue("NUL character", path="$query")])
     hits = await backend.autocomplete(entity, query, limit=limit)
     suggestions: list[str] = []
     for hit in hits:
@@ -194,10 +251,14 @@ class RelationshipResponse(BaseModel):
 
 
 def _scroll_start(scroll_id: str | None) -> int:
+    """A relationships `scrollId` is the offset a previous page gave: ASCII digits, within 64 bits."""
     if not scroll_id:
         return 0
-    if not scroll_id.isdigit():
-        raise ValidationFailed("scrollId is not one this endpoint gave", [Issue("bad scrollId", path="$scrollId", found=scroll_id[:100])])
+    if not (scroll_id.isascii() and scroll_id.isdigit()) or len(scroll_id) > 19 or int(scroll_id) > MAX_LONG:
+        raise ValidationFailed(
+            "scrollId is not one this endpoint gave",
+            [Issue("bad scrollId", path="$scrollId", expected="the scrollId of a previous page", found=clip(scroll_id, 100))],
+        )
     return int(scroll_id)
 
 
@@ -209,15 +270,19 @@ def _scroll_start(scroll_id: str | None) -> int:
     summary="Relationships of an entity, OUTGOING (it is the source) or INCOMING (it is the destination)",
 )
 async def relationships(
-    entityName: str, urn: str, registry: Registry, backend: Backend,
+    entityName: str, urn: UrnPath, registry: Registry, backend: Backend,
     relationship_types: Annotated[list[str] | None, Query(alias="relationshipType[]")] = None,
-    relationship_type: Annotated[list[str] | None, Query(alias="relationshipType")] = None,
+    # also accepted without the brackets; documented once (both would be one identifier in a generated client)
+    relationship_type: Annotated[list[str] | None, Query(alias="relationshipType", include_in_schema=False)] = None,
     direction: Annotated[Literal["INCOMING", "OUTGOING"], Query()] = "OUTGOING",
     count: Annotated[int, Query(ge=1, le=MAX_COUNT)] = 100,
     scrollId: Annotated[str | None, Query()] = None,
 ) -> Any:
     _entity_name(registry, entityName)
+    checked_urn(urn)
     types = (relationship_types or []) + (relationship_type or [])
+    if any("\x00" in t for t in types):
+        raise ValidationFailed("relationshipType contains a NUL character (\\u0000)", [Issue("NUL character", path="$relationshipType")])
     start = _scroll_start(scrollId)
     edges, total = await backend.relationships(urn, direction=direction, types=types or None, start=start, count=count)
     results = []
@@ -258,7 +323,7 @@ class LineageResponse(BaseModel):
     summary="Upstream or downstream lineage of an entity, up to maxHops",
 )
 async def lineage(
-    urn: str, registry: Registry, backend: Backend,
+    urn: UrnPath, registry: Registry, backend: Backend,
     direction: Annotated[Literal["UPSTREAM", "DOWNSTREAM"], Query()] = "DOWNSTREAM",
     maxHops: Annotated[int, Query(ge=1, le=20)] = 3,
 ) -> Any:
@@ -306,10 +371,10 @@ class TimeseriesLatest(BaseModel):
     summary="The latest point of a timeseries aspect of an entity (e.g. the latest datasetProfile); 404 when none",
 )
 async def timeseries_latest(
-    entityName: str, aspect: str, registry: Registry, backend: Backend, urn: Annotated[str, Query()],
+    entityName: str, aspect: str, registry: Registry, backend: Backend, urn: UrnQuery,
 ) -> Any:
     _, aspect_name = _timeseries_aspect(registry, entityName, aspect)
-    points = await backend.timeseries(TimeseriesQuery(urn=urn, aspect=aspect_name, limit=1))
+    points = await backend.timeseries(TimeseriesQuery(urn=checked_urn(urn), aspect=aspect_name, limit=1))
     if not points:
         raise NotFound(f"no {aspect_name} points for {urn}", [Issue("not found", urn=urn, aspect=aspect_name)])
     p = points[0]
@@ -367,10 +432,15 @@ async def timeseries_daily(
     end: Annotated[int | None, Query()] = None,
 ) -> Any:
     _, aspect_name = _timeseries_aspect(registry, entityName, aspect)
-    points = await backend.timeseries(TimeseriesQuery(urn=urn, aspect=aspect_name, start_ms=start, end_ms=end, limit=MAX_COUNT * 10))
+    check_long(start, "start")
+    check_long(end, "end")
+    points = await backend.timeseries(TimeseriesQuery(urn=checked_urn(urn), aspect=aspect_name, start_ms=start, end_ms=end, limit=MAX_COUNT * 10))
     days: dict[str, dict[str, Any]] = {}
     for p in sorted(points, key=lambda p: p.timestamp_ms):
-        day = datetime.fromtimestamp(p.timestamp_ms / 1000, tz=timezone.utc).date()
+        try:
+            day = datetime.fromtimestamp(p.timestamp_ms / 1000, tz=timezone.utc).date()
+        except (ValueError, OverflowError, OSError):
+            continue  # a valid long, but not a day of years 1-9999: no bucket holds it
         key = day.isoformat()
         bucket = days.get(key)
         if bucket is None:
@@ -393,6 +463,8 @@ async def timeseries_daily(
 class StorageStatus(BaseModel):
     writeStatus: Literal["ACTIVE_STATE", "PENDING", "NO_OP", "ERROR"]
     version: str | None = None
+    writeMessage: str | None = Field(
+        None, description="ERROR: why the search backend refused this version, its attempts and the next retry")
 
 
 class AspectTrace(BaseModel):
@@ -423,25 +495,36 @@ def _indexed_aspects(registry: EntityRegistry, entity: str) -> set[str] | None:
     summary="Where a write stands: primary storage (the aspect store) and the search index",
     description="Per aspect (`aspect` repeatable; default every stored aspect): `primaryStorage.writeStatus` "
     "ACTIVE_STATE with the stored version; `searchStorage.writeStatus` ACTIVE_STATE when the index holds that "
-    "version (or a newer one), PENDING when it does not yet, NO_OP for an aspect the index does not use.",
+    "version (or a newer one), PENDING when it does not yet, ERROR (with `writeMessage`: the reason, the attempts, "
+    "the next retry) when the search backend refused that version (it is retried later), NO_OP for an aspect the "
+    "index does not use.",
 )
 async def trace_write(
-    urn: str, session: Session, registry: Registry, backend: Backend,
+    urn: UrnPath, session: Session, registry: Registry, backend: Backend,
     aspect: Annotated[list[str] | None, Query()] = None,
 ) -> Any:
     entity = entity_of_urn(registry, urn)
+    if any("\x00" in a for a in aspect or ()):
+        raise ValidationFailed("aspect contains a NUL character (\\u0000)", [Issue("NUL character", path="$aspect")])
     rows = await EntityReader(session, registry).repo.entity_latest(urn, aspect)
     if not rows:
         raise NotFound(f"entity {urn} has no stored aspects" + (f" named {aspect}" if aspect else ""), [Issue("not found", urn=urn)])
     indexed = await backend.document_versions(urn)
+    failing = await FailureReader(session).of_urn(urn)  # change logs the search backend refused (app.search.failures)
     used = _indexed_aspects(registry, entity)
     out: dict[str, Any] = {}
     for row in rows:
         stored = str((row.system_metadata or {}).get("version", "1"))
         primary = {"writeStatus": "ACTIVE_STATE", "version": stored}
         in_index = indexed.get(row.aspect)
+        failure = failing.get(row.aspect)
         if in_index is not None and int(in_index) >= int(stored):
             search = {"writeStatus": "ACTIVE_STATE", "version": str(in_index)}
+        elif failure is not None and failure["version"] >= int(stored):
+            search = {"writeStatus": "ERROR", "version": None if in_index is None else str(in_index),
+                      "writeMessage": (f"the search backend refused version {failure['version']} "
+                                       f"({failure['attempts']} attempts since {failure['first_failed_at'].isoformat()}; "
+                                       f"next retry {failure['next_retry_at'].isoformat()}): {failure['reason']}")}
         elif in_index is None and used is not None and row.aspect not in used:
             search = {"writeStatus": "NO_OP"}
         else:

@@ -11,6 +11,7 @@ from app.api.deps import ALLOW_PUBLIC, ALLOW_READ, Engine, Ops, Registry
 from app.api.http import json_response
 from app.ops import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
+OPEN = {"security": []}  # the spec says these need no credentials
 router = APIRouter(tags=["system"])  # each route declares its policy: the probes and /config are open
 
 # The DataHub version metaledger claims. At >= 1.0.1 the Python SDK v2 (`DataHubClient`) writes through the OpenAPI
@@ -20,7 +21,7 @@ router = APIRouter(tags=["system"])  # each route declares its policy: the probe
 REPORTED_DATAHUB_VERSION = "v1.3.0"
 
 
-@router.get("/health", summary="Liveness and database reachability", dependencies=[ALLOW_PUBLIC])
+@router.get("/health", summary="Liveness and database reachability", dependencies=[ALLOW_PUBLIC], openapi_extra=OPEN)
 async def health(engine: Engine):
     try:
         async with engine.connect() as connection:
@@ -34,7 +35,7 @@ async def health(engine: Engine):
 
 @router.get("/ready", summary="Readiness: database, migrations at head, broker, registries",
             responses={503: {"description": "Not ready: `checks` names the part that is not ready"}},
-            dependencies=[ALLOW_PUBLIC])
+            dependencies=[ALLOW_PUBLIC], openapi_extra=OPEN)
 async def ready(ops: Ops):
     is_ready, body = await ops.ready()
     return json_response(body, 200 if is_ready else 503)
@@ -47,7 +48,7 @@ async def metrics(ops: Ops):
     return Response(await ops.metrics(), media_type=METRICS_CONTENT_TYPE)
 
 
-@router.get("/config", summary="DataHub-style server configuration", dependencies=[ALLOW_PUBLIC])
+@router.get("/config", summary="DataHub-style server configuration", dependencies=[ALLOW_PUBLIC], openapi_extra=OPEN)
 async def config(registry: Registry):
     return json_response(
         {

@@ -47,11 +47,13 @@ class FeedCursor:
         return await self.conn.fetchval("SELECT EXISTS (SELECT 1 FROM change_log_outbox WHERE feed_offset > $1)", position)
 
     async def read_after(self, position: int, limit: int, topics: Sequence[str]) -> list[asyncpg.Record]:
-        """The next `limit` rows past `position`, in feed order, as records (`feed_offset`, `payload`): the payload
-        (the change log's JSON text) for rows of `topics`, None for the others (counted, not read)."""
+        """The next `limit` rows past `position`, in feed order, as records (`feed_offset`, `id`, `topic`, `urn`,
+        `aspect`, `version`, `payload`): the payload (the change log's JSON text) for rows of `topics`, None for the
+        others (counted, not read)."""
         return await self.conn.fetch(
             """
-            SELECT feed_offset, CASE WHEN topic = ANY($3::text[]) THEN payload END AS payload
+            SELECT feed_offset, id, topic, urn, aspect, version,
+                   CASE WHEN topic = ANY($3::text[]) THEN payload END AS payload
             FROM change_log_outbox WHERE feed_offset > $1 ORDER BY feed_offset LIMIT $2
             """,
             position,

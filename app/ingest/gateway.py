@@ -96,7 +96,7 @@ class IngestGateway:
         except MetaledgerError as error:
             write_refused(error, drafts or proposals)
             raise in_callers_terms(error, drafts) from None
-        count_writes(proposals, result)
+        count_writes(proposals, result.items)
         return result
 
     async def authorize(self, caller: Principal, drafts: Sequence[Draft]) -> None:

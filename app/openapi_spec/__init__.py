@@ -53,6 +53,7 @@ __all__ = [
     "API_PREFIX",
     "SYSTEM_METADATA_RECORD",
     "add_registry_paths",
+    "declare_statuses",
     "aspect_components",
     "dumps_spec",
     "schema_ref",
@@ -444,7 +445,7 @@ def _entity_aspects(registry: Any) -> list[tuple[str, Any, list[str]]]:
 
 def _synthesized_names(entities: list[tuple[str, Any, list[str]]]) -> list[str]:
     names = [ERROR_RESPONSE, ERROR_ISSUE, BATCH_GET_ASPECT_REQUEST, ASPECT_HEADERS, GENERIC_JSON_PATCH, ASPECT_PATCH_REQUEST,
-             "JsonPatchOperation"]
+             "JsonPatchOperation", "JsonPatch", "GenericJsonPatchDocument"]
     for aspect in sorted({a for _, _, aspects in entities for a in aspects}):
         names += [f"{_upper_first(aspect)}AspectRequest", f"{_upper_first(aspect)}AspectResponse"]
     for entity, _, _ in entities:
@@ -588,13 +589,6 @@ def _bool_query(name: str, default: bool, description: str) -> dict[str, Any]:
 
 # Shared parameters (components/parameters). Entity-specific ones (aspect enums) are written inline.
 _PARAMETERS: dict[str, dict[str, Any]] = {
-    "Urn": {
-        "name": "urn",
-        "in": "path",
-        "required": True,
-        "description": "URN of the entity (URL-encoded)",
-        "schema": {"type": "string"},
-    },
     "SystemMetadata": _bool_query("systemMetadata", False, "Include the system metadata of each aspect"),
     "AsyncBatch": _bool_query("async", True, "Accept the write asynchronously (202) instead of committing it"),
     "AsyncAspect": _bool_query("async", False, "Accept the write asynchronously (202) instead of committing it"),
@@ -606,18 +600,25 @@ _PARAMETERS: dict[str, dict[str, Any]] = {
         "in": "query",
         "required": False,
         "description": "Aspect version (0: latest)",
-        "schema": {"type": "integer", "format": "int64", "default": 0},
+        "schema": {"type": "integer", "format": "int64", "default": 0, "minimum": 0, "maximum": 2**63 - 1},
     },
 }
 
 # Shared error responses (components/responses), by status code.
 _ERROR_RESPONSES: dict[str, tuple[str, str]] = {
-    "400": ("BadRequest", "Bad Request: invalid payload, unknown aspect or parameter"),
+    "400": ("BadRequest", "Bad Request: invalid payload, unknown aspect or parameter (the issues name the field)"),
+    "401": ("Unauthorized", "Unauthorized: no credentials, or a token that is not valid, expired or revoked"),
+    "403": ("Forbidden", "Forbidden: the caller's role or policies do not grant the permission named"),
     "404": ("NotFound", "Not Found"),
     "409": ("Conflict", "Conflict: CREATE of an existing aspect or entity, UPDATE of a missing aspect"),
     "412": ("PreconditionFailed", "Precondition Failed: a conditional-write header did not hold"),
-    "413": ("PayloadTooLarge", "Payload Too Large"),
+    "413": ("PayloadTooLarge", "Payload Too Large: the body or the batch is over a limit the message names"),
+    "415": ("UnsupportedMediaType", "Unsupported Media Type: the body must be application/json"),
+    "429": ("TooManyRequests", "Too Many Requests: writes are shed under load; retry after Retry-After seconds"),
+    "503": ("ServiceUnavailable", "Service Unavailable: the database or a dependency is unreachable; retry after Retry-After"),
 }
+_WRITE_METHODS = frozenset({"post", "put", "patch", "delete"})
+_METHODS = frozenset({"get", "head", "post", "put", "patch", "delete", "options"})
 
 
 def _responses_components() -> dict[str, dict[str, Any]]:
@@ -688,6 +689,7 @@ def _base_components(model: _Model) -> dict[str, dict[str, Any]]:
                 "error": {"type": "string", "description": "Kind of error, e.g. 'Validation Error'"},
                 "message": {"type": "string"},
                 "issues": {"type": "array", "items": schema_ref(ERROR_ISSUE)},
+                "requestId": {"type": "string", "description": "The request's X-Request-Id (on unexpected errors)"},
             },
             "required": ["error", "message"],
         },
@@ -702,22 +704,27 @@ def _base_components(model: _Model) -> dict[str, dict[str, Any]]:
             "additionalProperties": False,
         },
     }
+    # Both branches are named components: generated clients then make one model of each (inline branches came out
+    # as duplicate models).
     out[GENERIC_JSON_PATCH] = {
         "description": "DataHub's patch document: an RFC 6902 array, or {patch, arrayPrimaryKeys, forceGenericPatch} "
         "(arrays keyed by the listed fields; nested key fields joined with U+241F)",
-        "anyOf": [
-            {"type": "array", "items": {"$ref": "#/components/schemas/JsonPatchOperation"}},
-            {
-                "type": "object",
-                "properties": {
-                    "patch": {"type": "array", "items": {"$ref": "#/components/schemas/JsonPatchOperation"}},
-                    "arrayPrimaryKeys": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}},
-                    "forceGenericPatch": {"type": "boolean"},
-                },
-                "required": ["patch"],
-                "additionalProperties": False,
-            },
-        ],
+        "anyOf": [schema_ref("JsonPatch"), schema_ref("GenericJsonPatchDocument")],
+    }
+    out["JsonPatch"] = {
+        "description": "An RFC 6902 JSON Patch",
+        "type": "array",
+        "items": schema_ref("JsonPatchOperation"),
+    }
+    out["GenericJsonPatchDocument"] = {
+        "type": "object",
+        "properties": {
+            "patch": schema_ref("JsonPatch"),
+            "arrayPrimaryKeys": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}},
+            "forceGenericPatch": {"type": "boolean"},
+        },
+        "required": ["patch"],
+        "additionalProperties": False,
     }
     out["JsonPatchOperation"] = {
         "type": "object",
@@ -800,11 +807,27 @@ def _aspect_response(value: dict[str, Any], sm: dict[str, Any]) -> dict[str, Any
                 "enum": ["CREATED", "UPDATED", "UNCHANGED", "DELETED", "ABSENT", "FILTERED", "APPENDED"],
                 "description": "metaledger extension, on writes: what the write did to this aspect",
             },
-            "message": {"type": "string", "description": "metaledger extension: why a write was FILTERED"},
+            "message": {
+                "type": "string",
+                "description": "metaledger extension: why a write was FILTERED, or why `value` is left out of a write's "
+                "echo (larger than METALEDGER_MAX_ECHO_VALUE_BYTES)",
+            },
         },
-        "required": ["value"],
+        # `value` is always there on reads; a write's echo leaves out a value over METALEDGER_MAX_ECHO_VALUE_BYTES
         "additionalProperties": False,
     }
+
+
+# DataHub's limit: 512 bytes URL-encoded (so never more than 512 characters); schemaField URNs are exempt.
+URN_MAX_CHARS = 512
+
+
+def _urn_param(entity: str) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string", "pattern": f"^urn:li:{entity}:."}
+    if entity != "schemaField":
+        schema["maxLength"] = URN_MAX_CHARS
+    return {"name": "urn", "in": "path", "required": True, "description": f"URN of the {entity} (URL-encoded)",
+            "schema": schema}
 
 
 def _entity_paths(entity: str) -> dict[str, dict[str, Any]]:
@@ -813,7 +836,7 @@ def _entity_paths(entity: str) -> dict[str, dict[str, Any]]:
     response = schema_ref(f"{p}EntityResponse")
     responses = {"type": "array", "items": response}
     base = f"{API_PREFIX}/{entity}"
-    urn = _param_ref("Urn")
+    urn = _urn_param(entity)
     system_metadata = _param_ref("SystemMetadata")
     aspect_enum = schema_ref(f"{p}AspectName")
     aspect_name = _aspect_name_param(aspect_enum)
@@ -956,6 +979,32 @@ def _entity_paths(entity: str) -> dict[str, dict[str, Any]]:
             },
         },
     }
+
+
+def declare_statuses(spec: dict[str, Any]) -> dict[str, Any]:
+    """Every operation declares every status it can answer, with the error body: 400 and 503 everywhere; 401 and 403
+    unless the operation is open (`security: []`); 404 on the rest; 413 and 415 where there is a body; 409, 412 and
+    429 on writes. FastAPI's 422 is dropped (malformed requests answer 400). HEAD answers carry no body."""
+    for item in spec.get("paths", {}).values():
+        for method, op in item.items():
+            if method not in _METHODS or not isinstance(op, dict):
+                continue
+            responses = op.setdefault("responses", {})
+            responses.pop("422", None)
+            codes = ["400", "503"]
+            if op.get("security") != []:
+                codes += ["401", "403", "404"]
+            if "requestBody" in op:
+                codes += ["413", "415"]
+            if method in _WRITE_METHODS:
+                codes += ["409", "412", "429"]
+            for code in codes:
+                if code in responses and "content" in responses[code] and method != "head":
+                    continue
+                name, description = _ERROR_RESPONSES[code]
+                responses[code] = {"description": description} if method == "head" else {"$ref": RESPONSE_PREFIX + name}
+            op["responses"] = dict(sorted(responses.items()))
+    return spec
 
 
 def _merge(target: dict[str, Any], additions: Mapping[str, Any], what: str) -> None:

@@ -111,9 +111,21 @@ class _AppCollector(Collector):
                                         value=sample.indexer_lag)
                 yield GaugeMetricFamily("metaledger_indexer_lag_seconds", "Age of the oldest change log not yet indexed",
                                         value=sample.indexer_lag_s or 0.0)
+            yield GaugeMetricFamily("metaledger_indexer_failing_rows",
+                                    "Change logs the search backend refused, recorded in search_index_failure (retried later)",
+                                    value=sample.failing_rows)
+            yield GaugeMetricFamily("metaledger_indexer_failing_oldest_seconds",
+                                    "Since the oldest change log in search_index_failure first failed (0: none)",
+                                    value=sample.failing_age_s or 0.0)
         worker = find_worker(ops.background, "IndexWorker")
         if worker is not None:
-            yield CounterMetricFamily("metaledger_indexer_failures", "Errors of the embedded indexing worker (retried)",
+            yield CounterMetricFamily("metaledger_indexer_failures",
+                                      "Change logs this process recorded as refused by the search backend (first failures and failed retries)",
+                                      value=worker.rows_failed)
+            yield CounterMetricFamily("metaledger_indexer_retried_rows",
+                                      "Refused change logs a retry of this process indexed", value=worker.retries_indexed)
+            yield CounterMetricFamily("metaledger_indexer_errors",
+                                      "Errors of the embedded indexing worker (backend or database unavailable: the batch is retried whole)",
                                       value=worker.failures)
             yield CounterMetricFamily("metaledger_indexer_applied_rows", "Change logs the embedded indexing worker applied",
                                       value=worker.applied_rows)

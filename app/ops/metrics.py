@@ -21,10 +21,11 @@ from typing import TYPE_CHECKING, Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 
+from app.errors import clip  # app.errors imports nothing of metaledger's
+
 if TYPE_CHECKING:
     from app.errors import Issue, MetaledgerError
     from app.write.proposal import Proposal
-    from app.write.service import WriteResult
 
 _write_log = logging.getLogger("metaledger.write")
 
@@ -98,9 +99,10 @@ def method_label(method: str) -> str:
 # --- the write path's hooks ------------------------------------------------------------------------------------------
 
 
-def count_writes(proposals: Sequence[Proposal], result: WriteResult) -> None:
-    """After a commit: one per applied proposal (a proposal dropped by `If-None-Match: *` is not applied)."""
-    filtered = {item.index for item in result.items if item.status.value == "FILTERED"} if result.items else ()
+def count_writes(proposals: Sequence[Proposal], items: Sequence[Any]) -> None:
+    """After a commit: one per applied proposal (a proposal dropped by `If-None-Match: *` is not applied). `items`: the
+    write's per-proposal results (`index`, `status`)."""
+    filtered = {item.index for item in items if item.status.value == "FILTERED"} if items else ()
     counts: dict[tuple[str, str, str], int] = {}
     for p in proposals:
         if p.index in filtered:
@@ -172,7 +174,9 @@ def write_refused(error: MetaledgerError, items: Sequence[Any]) -> None:
     if _write_log.isEnabledFor(level):
         _write_log.log(level, "write refused", extra={
             "status": error.status_code, "error": error.error, "reason": error.message[:300], "items": len(items),
-            "issues": len(error.issues), **fields,
+            "issues": len(error.issues),
+            # what the client sent, cut: a log line never carries unbounded input
+            **{k: clip(v) if isinstance(v, str) else v for k, v in fields.items()},
         })
 
 

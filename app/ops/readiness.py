@@ -4,7 +4,7 @@
      "checks": {"database": {...}, "migrations": {...}, "broker": {...}, "registry": {...}, "indexing": {...}}}
 
 Every check has `ok`; the answer is ready when all but `indexing` are ok (indexing is informational: its lag and
-failures are reported, a lagging index does not take the service out of rotation). The database and the migrations
+failures are reported, a lagging index or change logs the backend refused do not take the service out of rotation). The database and the migrations
 are one statement on the ops connection (`SELECT version_num FROM alembic_version`) within `ready_timeout_s`; the
 broker (when `kafka_bootstrap_servers` is set) and an external schema registry are asked at most every
 `ready_cache_s`, each within `ready_timeout_s`.
@@ -155,17 +155,23 @@ class Readiness:
             return {"ok": False, "type": "external", "url": url, "error": _error(error)}
 
     def _indexing(self) -> dict[str, Any]:
-        """Informational: never makes the service not ready."""
+        """Informational: never makes the service not ready, however far behind or however many change logs fail.
+        A refused change log is one entity's search copy (recorded, retried; trace says ERROR): refusing traffic
+        would turn it into an outage of reads and writes that are fine. Alert on `metaledger_indexer_failing_rows`
+        and the lag instead."""
         if self.settings.kafka_bootstrap_servers:
             return {"ok": True, "mode": "spark", "note": "indexing is the Spark job's (it reports its own metrics)"}
         result: dict[str, Any] = {"ok": True, "mode": "embedded"}
         sample = self.sampler.latest
         if sample is not None:
             result.update(lagRows=sample.indexer_lag, lagSeconds=round(sample.indexer_lag_s or 0.0, 3),
-                          sampleAgeSeconds=round(sample.age_s, 3))
+                          failingRows=sample.failing_rows, sampleAgeSeconds=round(sample.age_s, 3))
+            if sample.failing_rows:
+                result.update(oldestFailureSeconds=round(sample.failing_age_s or 0.0, 3), lastFailure=sample.last_failure)
         worker = find_worker(self.background, "IndexWorker")
         if worker is not None:
-            result.update(failures=worker.failures, appliedRows=worker.applied_rows)
+            result.update(failures=worker.failures, failedRows=worker.rows_failed, retriedRows=worker.retries_indexed,
+                          appliedRows=worker.applied_rows)
             search_error = getattr(getattr(worker, "runtime", None), "last_error", None)
             if search_error:
                 result["searchError"] = search_error

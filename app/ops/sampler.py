@@ -15,6 +15,9 @@ when `/metrics` is scraped. The statement is a handful of index lookups:
 
 The backlog is unsequenced + undelivered (Kafka) or unsequenced + the indexer's lag (without Kafka; the indexer is
 then the outbox's only consumer), and its age is that of its oldest row.
+
+Indexing failures (app.search.failures): the change logs in `search_index_failure` (counted up to the cap), the age
+of the oldest first failure and the latest reason; the table is small (it holds only refused change logs).
 """
 
 from __future__ import annotations
@@ -45,6 +48,9 @@ _COMMON = """
         (SELECT last_offset FROM search_index_state WHERE id = 1) AS cursor,
         (SELECT max(id) FROM change_log_outbox) AS last_id,
         (SELECT count(*) FROM (SELECT 1 FROM change_log_outbox WHERE feed_offset IS NULL LIMIT $1) c) AS unsequenced,
+        (SELECT count(*) FROM (SELECT 1 FROM search_index_failure LIMIT $1) f) AS failing_rows,
+        (SELECT extract(epoch FROM min(first_failed_at))::float8 FROM search_index_failure) AS failing_since,
+        (SELECT reason FROM search_index_failure ORDER BY last_failed_at DESC LIMIT 1) AS last_failure,
         u.id AS first_unsequenced_id, extract(epoch FROM u.created_at)::float8 AS unsequenced_since,
 """
 _KAFKA = _COMMON + """
@@ -82,6 +88,9 @@ class OutboxSample:
     indexer_lag_s: float | None
     backlog: int
     oldest_age_s: float  # 0 when the backlog is empty
+    failing_rows: int = 0  # change logs in search_index_failure (refused by the search backend, retried later)
+    failing_age_s: float | None = None  # since the oldest of them first failed
+    last_failure: str | None = None  # the reason of the latest failure
 
     @property
     def age_s(self) -> float:
@@ -154,7 +163,8 @@ class OutboxSampler:
         sample = OutboxSample(
             taken_at=time.monotonic(), feed_end=feed_end, unsequenced=unsequenced, relay_lag=relay_lag,
             relay_lag_s=relay_lag_s, indexer_position=cursor, indexer_lag=indexer_lag, indexer_lag_s=indexer_lag_s,
-            backlog=backlog, oldest_age_s=oldest or 0.0,
+            backlog=backlog, oldest_age_s=oldest or 0.0, failing_rows=row["failing_rows"],
+            failing_age_s=_age(now, row["failing_since"]), last_failure=row["last_failure"],
         )
         self.latest = sample
         return sample

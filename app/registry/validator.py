@@ -44,6 +44,8 @@ INT_MIN, INT_MAX = -(2**31), 2**31 - 1
 LONG_MIN, LONG_MAX = -(2**63), 2**63 - 1
 FLOAT_MAX = 3.4028234663852886e38
 URN_CACHE_MAX = 200_000
+URN_CACHE_MAX_CHARS = 16_000_000  # the cached URNs' characters: the cache is bounded in bytes, not only in entries
+URN_CACHED_LENGTH = 512  # longer URNs (schemaField, exempt from the 512-byte limit) are validated every time
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -207,6 +209,7 @@ class UrnChecker:
     def __init__(self, strict: bool) -> None:
         self.strict = strict
         self.cache: dict[str, str] = {}
+        self.cached_chars = 0
 
     def check(self, issues, p, v, entity):
         """Slow path: v is a str not (yet) in the cache, or its entity type did not match."""
@@ -225,9 +228,12 @@ class UrnChecker:
                 _add(issues, p, f"invalid urn {json.dumps(v, ensure_ascii=False)}: {e}", "urn", found)
                 return
             etype = urn.entity_type.lower()
-            if len(self.cache) >= URN_CACHE_MAX:
-                self.cache.clear()
-            self.cache[v] = etype
+            if len(v) <= URN_CACHED_LENGTH:
+                if len(self.cache) >= URN_CACHE_MAX or self.cached_chars >= URN_CACHE_MAX_CHARS:
+                    self.cache.clear()
+                    self.cached_chars = 0
+                self.cache[v] = etype
+                self.cached_chars += len(v)
         if entity and etype != entity.lower():
             expected = f"{entity} urn"
             _add(

@@ -83,6 +83,13 @@ class MalformedRequest(SchemaRegistryError, ValueError):
     error_code = 400
 
 
+class UnsupportedMediaType(SchemaRegistryError, ValueError):
+    """A body whose content type is not one Confluent's registry consumes (Confluent answers 415 with code 415)."""
+
+    status = 415
+    error_code = 415
+
+
 class UnprocessableRequest(SchemaRegistryError, ValueError):
     status = 422
     error_code = 422

@@ -18,6 +18,17 @@ Pegasus path overrides on an outer field (``SchemaField.globalTags`` rewriting `
 to ``fieldTags`` / ``SchemaFieldTaggedWith``) win over the inner record's own annotation, as in Pegasus; an
 override holding only ``v3`` hints does not replace the inner annotation.
 
+What the index can hold (:class:`IndexLimits`, from the settings ``search_max_field_chars`` and
+``search_max_document_chars``): the changes are the index's copy of a value, so values the backends cannot store are
+made storable here, once for every backend and the Spark job (the stored aspect is never touched). NUL characters
+are stripped (Postgres text and jsonb refuse them); each string of a document is cut to ``field_chars``
+(keyword-typed values, whose whole value is one term, to at most :data:`KEYWORD_MAX_CHARS`: Lucene refuses terms
+over 32,766 bytes); the strings of one aspect's contribution count against ``document_chars`` (fields of higher
+boost first; a list stops where the budget ends). Edges whose destination URN is longer than
+:data:`EDGE_URN_MAX_BYTES` are dropped (no index key holds them). Timeseries values (their only store is the index)
+lose their NUL characters only. The fast path costs one substring search per change log: a value whose JSON text
+has no ``\\u0000`` and is shorter than every cap cannot hold anything to clean.
+
 Extractors are compiled once per (registry, aspect), and the field specs (:func:`search_fields`,
 :func:`filter_fields`) once per (registry, entity type), cached by registry identity: the one cache both backends
 read. Backend-neutral: how a backend stores these (Elasticsearch mappings: `app.search.elastic_mappings`; Postgres
@@ -26,11 +37,12 @@ tables: `app.search.postgres`) is the backend's business.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import threading
 import weakref
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
@@ -60,6 +72,9 @@ __all__ = [
     "timeseries_doc_id",
     "merge_aspect_fields",
     "BROWSE_PATH_V2_DELIMITER",
+    "IndexLimits",
+    "DEFAULT_LIMITS",
+    "KEYWORD_MAX_CHARS",
 ]
 
 BROWSE_PATH_V2_DELIMITER = "\u241f"  # DataHub's "␟"
@@ -67,6 +82,41 @@ BROWSE_PATH_V2_DELIMITER = "\u241f"  # DataHub's "␟"
 # DataHub's SearchableAnnotation: types matched by the default query when queryByDefault is not given.
 _DEFAULT_QUERY_TYPES = frozenset({"TEXT", "TEXT_PARTIAL", "WORD_GRAM", "URN", "URN_PARTIAL"})
 _UPSERT_TYPES = frozenset({"UPSERT", "CREATE", "RESTATE", "PATCH", "CREATE_ENTITY", "UPDATE"})
+
+# A keyword-typed value is one term: at most 4 bytes per character in UTF-8, so 8,191 characters stay under Lucene's
+# 32,766-byte term limit (Elasticsearch refuses the whole document otherwise: "immense term").
+KEYWORD_MAX_CHARS = 8_191
+# Field types indexed as one keyword term (elastic_mappings: `keyword` without `ignore_above`).
+_KEYWORD_TYPES = frozenset({"KEYWORD", "URN", "URN_PARTIAL", "BROWSE_PATH", "BROWSE_PATH_V2"})
+# An edge's destination (or via) longer than this (UTF-8) is dropped: it is part of the edge's key (a Postgres btree
+# row holds at most ~2,700 bytes) and no valid URN is this long (DataHub: 512 bytes).
+EDGE_URN_MAX_BYTES = 1_024
+# Keys of OBJECT-typed values become Elasticsearch field names (DataHub caps them at 255 characters): longer keys are cut.
+_MAX_KEY_CHARS = 255
+
+
+@dataclass(frozen=True, slots=True)
+class IndexLimits:
+    """How much of a value the index copy holds (the settings `search_max_field_chars`, `search_max_document_chars`)."""
+
+    field_chars: int = 32_768  # each string of a document
+    document_chars: int = 100_000  # all the strings of one aspect's contribution (every other value counts 1)
+    # A value whose JSON text is at most this long (and has no NUL escape) needs no cleaning: none of its strings,
+    # nor their sum, can be over a cap (derived).
+    clean_below: int = field(init=False, repr=False, compare=False, default=0)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "clean_below", min(self.field_chars, KEYWORD_MAX_CHARS, self.document_chars))
+
+    @classmethod
+    def from_settings(cls, settings: Any) -> IndexLimits:
+        return cls(
+            field_chars=int(getattr(settings, "search_max_field_chars", 32_768)),
+            document_chars=int(getattr(settings, "search_max_document_chars", 100_000)),
+        )
+
+
+DEFAULT_LIMITS = IndexLimits()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -109,6 +159,8 @@ class _AspectModel:
     fields: tuple[_FieldExtractor, ...]
     edges: tuple[_EdgeExtractor, ...]
     ts_fields: tuple[_TsField, ...]
+    keyword_fields: frozenset[str] = frozenset()  # document fields indexed as one keyword term
+    budget_order: tuple[str, ...] = ()  # document fields by boost, highest first: the order the document budget is spent
 
 
 _CACHE: "weakref.WeakKeyDictionary[Any, dict[Any, Any]]" = weakref.WeakKeyDictionary()
@@ -260,8 +312,12 @@ def _compile_aspect(aspect_spec: Any) -> _AspectModel:
         if aspect_spec.is_timeseries and isinstance(ann.get("TimeseriesField"), dict) and "*" not in segments:
             kind = "scalar" if isinstance(t, (Primitive, Enum)) else "json"
             ts.append(_TsField(schema_field or segments[-1], segments, kind))
+    keyword_fields = frozenset(fx.spec.name for fx in fields if fx.spec.field_type in _KEYWORD_TYPES)
+    by_boost = sorted(range(len(fields)), key=lambda i: (-fields[i].spec.boost, i))
+    budget_order = tuple(dict.fromkeys(fields[i].spec.name for i in by_boost))
     return _AspectModel(
-        aspect_spec.name, bool(aspect_spec.is_timeseries), bool(aspect_spec.is_key), tuple(fields), tuple(edges), tuple(ts)
+        aspect_spec.name, bool(aspect_spec.is_timeseries), bool(aspect_spec.is_key), tuple(fields), tuple(edges), tuple(ts),
+        keyword_fields, budget_order,
     )
 
 
@@ -340,6 +396,29 @@ def _scalar(v: Any) -> Any:
     return v
 
 
+def _extend_unique(target: list[Any], items: list[Any]) -> list[Any]:
+    """Append the items not in `target` yet, in order: linear for hashable items (a list of 100,000 field paths must not
+    cost 10^10 comparisons), pairwise only for unhashable ones (OBJECT values)."""
+    seen: set[Any] = set()
+    unhashable: list[Any] = []
+    for x in target:
+        try:
+            seen.add(x)
+        except TypeError:
+            unhashable.append(x)
+    for x in items:
+        try:
+            if x in seen:
+                continue
+            seen.add(x)
+        except TypeError:
+            if x in unhashable:
+                continue
+            unhashable.append(x)
+        target.append(x)
+    return target
+
+
 def _extract_fields(model: _AspectModel, value: dict[str, Any]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for fx in model.fields:
@@ -365,15 +444,11 @@ def _extract_fields(model: _AspectModel, value: dict[str, Any]) -> dict[str, Any
             if many:
                 prev = out.get(name)
                 if isinstance(prev, list):
-                    prev.extend(x for x in found if x not in prev)
+                    _extend_unique(prev, found)
                 elif prev is not None:
-                    out[name] = [prev] + [x for x in found if x != prev]
+                    out[name] = _extend_unique([prev], found)
                 else:
-                    dedup: list[Any] = []
-                    for x in found:
-                        if x not in dedup:
-                            dedup.append(x)
-                    out[name] = dedup
+                    out[name] = _extend_unique([], found)
             elif name not in out:
                 out[name] = found[0]
         if spec.has_values_field:
@@ -526,17 +601,133 @@ def timeseries_doc_id(urn: str, value: dict) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# Index limits: what the backends cannot hold is made storable (module docstring)
+# ---------------------------------------------------------------------------------------------------------
+
+
+class _Budget:
+    __slots__ = ("left",)
+
+    def __init__(self, left: int) -> None:
+        self.left = left
+
+
+def _bounded(value: Any, cap: int, budget: _Budget) -> Any:
+    """`value` with NUL stripped from every string (and key), each string cut to `cap` characters and to what is left
+    of `budget`; a list or object stops where the budget ends. Non-strings count 1."""
+    if isinstance(value, str):
+        if "\x00" in value:
+            value = value.replace("\x00", "")
+        limit = cap if cap < budget.left else max(budget.left, 0)
+        if len(value) > limit:
+            value = value[:limit]
+        budget.left -= max(len(value), 1)
+        return value
+    if isinstance(value, list):
+        out: list[Any] = []
+        for item in value:
+            if budget.left <= 0:
+                break
+            out.append(_bounded(item, cap, budget))
+        return out
+    if isinstance(value, dict):
+        obj: dict[str, Any] = {}
+        for key, item in value.items():
+            if budget.left <= 0:
+                break
+            if isinstance(key, str):
+                key = key.replace("\x00", "")[:_MAX_KEY_CHARS] if "\x00" in key or len(key) > _MAX_KEY_CHARS else key
+                budget.left -= len(key)
+            obj[key] = _bounded(item, cap, budget)
+        return obj
+    budget.left -= 1
+    return value
+
+
+def _bounded_fields(model: _AspectModel, fields: dict[str, Any], limits: IndexLimits) -> dict[str, Any]:
+    """An aspect's document fields within the limits, the budget spent on fields of higher boost first (then the
+    others: the urn, has/num values, ...). The key order stays as extracted."""
+    budget = _Budget(limits.document_chars)
+    keyword_cap = min(limits.field_chars, KEYWORD_MAX_CHARS)
+    bounded: dict[str, Any] = {}
+    for name in (*(n for n in model.budget_order if n in fields), *(n for n in fields if n not in model.budget_order)):
+        if name in bounded:
+            continue
+        cap = keyword_cap if name in model.keyword_fields else limits.field_chars
+        bounded[name] = _bounded(fields[name], cap, budget)
+    return {name: bounded[name] for name in fields}
+
+
+def _without_nul(value: Any) -> Any:
+    """`value` with NUL stripped from every string and key (nothing cut)."""
+    if isinstance(value, str):
+        return value.replace("\x00", "") if "\x00" in value else value
+    if isinstance(value, list):
+        return [_without_nul(v) for v in value]
+    if isinstance(value, dict):
+        return {(k.replace("\x00", "") if isinstance(k, str) else k): _without_nul(v) for k, v in value.items()}
+    return value
+
+
+def _has_nul(value: Any) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, list):
+        return any(_has_nul(v) for v in value)
+    if isinstance(value, dict):
+        return any((isinstance(k, str) and "\x00" in k) or _has_nul(v) for k, v in value.items())
+    return False
+
+
+def _edge_urn(value: str | None) -> str | None:
+    """An edge's URN as the index holds it: NUL stripped; None when it is too long to be a key."""
+    if value is None:
+        return None
+    if "\x00" in value:
+        value = value.replace("\x00", "")
+    if len(value) > EDGE_URN_MAX_BYTES // 4 and len(value.encode("utf-8", "surrogatepass")) > EDGE_URN_MAX_BYTES:
+        return None
+    return value
+
+
+def _bounded_edges(edges: tuple[Edge, ...]) -> tuple[Edge, ...]:
+    out: list[Edge] = []
+    for edge in edges:
+        destination = _edge_urn(edge.destination)
+        if not destination:
+            continue  # not a URN any index can key an edge on
+        out.append(dataclasses.replace(
+            edge, destination=destination, destination_type=_entity_type_of(destination),
+            via=_edge_urn(edge.via), created_actor=_edge_urn(edge.created_actor),
+            updated_actor=_edge_urn(edge.updated_actor), properties=_without_nul(edge.properties),
+        ))
+    return tuple(out)
+
+
+def _json_text_is_clean(text: str | bytes, limits: IndexLimits) -> bool:
+    """Whether an aspect value's JSON text certainly holds nothing to clean: no NUL escape (raw control characters
+    are not valid JSON) and short enough that no string of it, nor their sum, reaches a cap."""
+    if len(text) > limits.clean_below:
+        return False
+    return "\\u0000" not in text if isinstance(text, str) else b"\\u0000" not in text
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Changes from a change log
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _aspect_value(container: Any) -> dict[str, Any] | None:
+def _aspect_value(container: Any, limits: IndexLimits = DEFAULT_LIMITS) -> tuple[dict[str, Any] | None, bool]:
+    """(the aspect value, whether it certainly needs no cleaning: see `_json_text_is_clean`; a value that is not JSON
+    text is walked)."""
     if not isinstance(container, dict):
-        return None
+        return None, True
     v = container.get("value")
+    clean = False
     if isinstance(v, (str, bytes)):
+        clean = _json_text_is_clean(v, limits)
         v = orjson.loads(v)
-    return v if isinstance(v, dict) else None
+    return (v, clean) if isinstance(v, dict) else (None, True)
 
 
 def _version_of(sm: Any) -> int | None:
@@ -545,8 +736,9 @@ def _version_of(sm: Any) -> int | None:
     return None
 
 
-def changes_from_mcl(mcl: dict, registry) -> list[Change]:
-    """The index changes of one change log: [] for aspects/entities with nothing to index."""
+def changes_from_mcl(mcl: dict, registry, limits: IndexLimits = DEFAULT_LIMITS) -> list[Change]:
+    """The index changes of one change log: [] for aspects/entities with nothing to index. Values are the index's
+    copy, within `limits` (NUL stripped, strings capped: module docstring)."""
     entity_type = mcl.get("entityType")
     urn = mcl.get("entityUrn")
     aspect = mcl.get("aspectName")
@@ -569,11 +761,13 @@ def changes_from_mcl(mcl: dict, registry) -> list[Change]:
     if model.is_timeseries:
         if change_type == "DELETE":
             return []
-        value = _aspect_value(mcl.get("aspect"))
+        value, clean = _aspect_value(mcl.get("aspect"), limits)
         if value is None or value.get("timestampMillis") is None:
             return []
         ts = int(value["timestampMillis"])
         sm = mcl.get("systemMetadata") if isinstance(mcl.get("systemMetadata"), dict) else None
+        if sm is not None and _has_nul(sm):
+            sm, clean = _without_nul(sm), False
         common = _ts_common(urn, value)
         fields = dict(common)
         fields["timestampMillis"] = ts
@@ -584,10 +778,17 @@ def changes_from_mcl(mcl: dict, registry) -> list[Change]:
             v = _get_at(value, tf.segments, ())
             if v is not None:
                 fields[tf.name] = v if tf.kind == "scalar" else _java_json(v)
+        doc_id = _doc_id_from_common(common)  # of the value as sent (DataHub's id)
+        searchable = _extract_fields(model, value) if model.fields else None
+        if not clean:  # the point's fields are keyword terms; its value loses NUL only (the index is its only store)
+            fields = _bounded(fields, min(limits.field_chars, KEYWORD_MAX_CHARS), _Budget(limits.document_chars))
+            value = _without_nul(value)
+            if searchable is not None:
+                searchable = _bounded_fields(model, searchable, limits)
         out: list[Change] = [
             TimeseriesPoint(
                 aspect=aspect,
-                doc_id=_doc_id_from_common(common),
+                doc_id=doc_id,
                 urn=urn,
                 entity_type=entity_type,
                 timestamp_ms=ts,
@@ -596,8 +797,8 @@ def changes_from_mcl(mcl: dict, registry) -> list[Change]:
                 system_metadata=sm,
             )
         ]
-        if model.fields:  # Searchable fields of a timeseries aspect: the latest point feeds the entity document
-            out.append(AspectFields(entity_type, urn, aspect, ts, _extract_fields(model, value)))
+        if searchable is not None:  # Searchable fields of a timeseries aspect: the latest point feeds the entity document
+            out.append(AspectFields(entity_type, urn, aspect, ts, searchable))
         return out
 
     if change_type == "DELETE":
@@ -615,7 +816,7 @@ def changes_from_mcl(mcl: dict, registry) -> list[Change]:
         return []
     if not model.fields and not model.edges and not model.is_key:
         return []
-    value = _aspect_value(mcl.get("aspect"))
+    value, clean = _aspect_value(mcl.get("aspect"), limits)
     if value is None:
         return []
     version = _version_of(mcl.get("systemMetadata")) or 0
@@ -625,9 +826,12 @@ def changes_from_mcl(mcl: dict, registry) -> list[Change]:
         p = value.get("platform")
         if "platform" not in fields and isinstance(p, str) and p.startswith("urn:li:dataPlatform:"):
             fields["platform"] = p
+    if not clean:
+        fields = _bounded_fields(model, fields, limits)
     out = [AspectFields(entity_type, urn, aspect, version, fields)]
     if model.edges:
-        out.append(AspectEdges(urn, aspect, version, _extract_edges(model, urn, entity_type, value)))
+        edges = _extract_edges(model, urn, entity_type, value)
+        out.append(AspectEdges(urn, aspect, version, edges if clean else _bounded_edges(edges)))
     return out
 
 
@@ -646,10 +850,7 @@ def merge_aspect_fields(per_aspect: dict[str, dict[str, Any]], versions: dict[st
                 doc[k] = prev or v
             elif isinstance(prev, list) or isinstance(v, list):
                 merged = prev if isinstance(prev, list) else [prev]
-                for x in v if isinstance(v, list) else [v]:
-                    if x not in merged:
-                        merged.append(x)
-                doc[k] = merged
+                doc[k] = _extend_unique(merged, v if isinstance(v, list) else [v])
             elif k.startswith("num") and isinstance(prev, int) and isinstance(v, int):
                 doc[k] = prev + v
     doc.setdefault(REMOVED_FIELD, False)

@@ -25,6 +25,9 @@ written by the loser are overwritten or deleted). Entity removals turn the docum
 (`entityRemoved: true`, `aspectVersions` kept, no searchable content; excluded from every read; a newer change of
 an aspect revives it) and, with `delete_by_query`, delete every edge from or to the entity before the bulk; its
 edge-set markers keep their version with an empty set. At equal versions a delete (an empty edge set) wins.
+Item errors of a bulk: a document refused for its data (mapping conflict, immense term, over a limit) raises
+`IndexRefused` once the whole bulk is sent (the other documents are written; the worker isolates and records the
+change log: app.search.failures); items rejected with 429 or 5xx raise `IndexUnavailable` (the batch is retried).
 
 Index lifecycle (restore-indices): `create_rebuild_target` builds fresh concrete indices `<alias>_<digest>_r<stamp>`
 (same mappings as `ensure_index`'s `<alias>_<digest>`) while the aliases keep serving the old ones; backends made by
@@ -69,6 +72,8 @@ from app.search.model import (
     Edge,
     EntityRemoval,
     IndexedVersion,
+    IndexRefused,
+    IndexUnavailable,
     RebuildTarget,
     SearchFieldSpec,
     SearchHit,
@@ -150,6 +155,17 @@ def _doc_to_edge(doc: dict[str, Any]) -> Edge:
         updated_on=doc.get("updatedOn"), updated_actor=doc.get("updatedActor"),
         properties=doc.get("properties") or {}, is_lineage=bool(doc.get("isLineage")),
     )
+
+
+def _item_error(error: Any) -> str:
+    """A bulk item's error, short: its type and reason (and the cause's), never the document."""
+    if not isinstance(error, dict):
+        return str(error)[:500]
+    text = f"{error.get('type')}: {str(error.get('reason'))[:400]}"
+    cause = error.get("caused_by")
+    if isinstance(cause, dict):
+        text += f" (caused by {cause.get('type')}: {str(cause.get('reason'))[:300]})"
+    return text
 
 
 def _encode_cursor(values: list[Any]) -> str:
@@ -506,7 +522,7 @@ class ElasticBackend:
                 return
             pending = [(i, c) for i, c in pending if self._key_of(c) in retry]
             log.debug("search apply: %d documents conflicted, retrying", len(retry))
-        raise RuntimeError(f"search apply: {len(pending)} changes still conflict after {MAX_CONFLICT_RETRIES} retries")
+        raise IndexUnavailable(f"search apply: {len(pending)} changes still conflict after {MAX_CONFLICT_RETRIES} retries")
 
     async def _current_removals(self, removals: list[EntityRemoval]) -> list[EntityRemoval]:
         """The removals not older than the key aspect version indexed for their entity."""
@@ -612,7 +628,7 @@ class ElasticBackend:
             response = await self.client.bulk(operations=operations, refresh=self.refresh)
             if not response.get("errors"):
                 continue
-            errors = []
+            errors, busy = [], []
             for (key, op, _), item in zip(chunk, response["items"], strict=True):
                 action, result = next(iter(item.items()))
                 status = result.get("status", 200)
@@ -624,10 +640,14 @@ class ElasticBackend:
                     continue  # an edge projection older than the one stored: stale, dropped
                 elif status == 404 and action == "delete":
                     continue  # already gone
-                else:
-                    errors.append(f"{action} {result.get('_index')}/{result.get('_id')}: {result.get('error')}")
+                elif status == 429 or status >= 500:  # the cluster is busy or failing: not this document's fault
+                    busy.append(f"{action} {result.get('_index')}/{result.get('_id')}: {status} {result.get('error')}")
+                else:  # mapping conflicts, immense terms, documents over a limit: the data's
+                    errors.append(f"{action} {result.get('_index')}/{result.get('_id')}: {_item_error(result.get('error'))}")
+            if busy:
+                raise IndexUnavailable(f"search bulk: {len(busy)} documents rejected for now: {busy[:3]}")
             if errors:
-                raise RuntimeError(f"search bulk failed for {len(errors)} documents: {errors[:5]}")
+                raise IndexRefused(f"search bulk refused {len(errors)} documents: {errors[:5]}", errors)
         return conflicts
 
     @staticmethod

@@ -162,6 +162,25 @@ class RebuildTarget:
     indices: dict[str, str]
 
 
+class IndexRefused(Exception):
+    """The backend refused some changes for their data (a document over one of its limits, a value it cannot store).
+    Retrying the same changes gives the same answer: their change logs are recorded as indexing failures and skipped
+    (app.search.failures). `items`: what the backend said about each refused document."""
+
+    def __init__(self, message: str, items: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.items = list(items)
+
+
+class SearchUnavailable(Exception):
+    """The backend is not started (its server is unreachable)."""
+
+
+class IndexUnavailable(Exception):
+    """The backend could not take the changes now (overloaded, rejected for capacity, a conflict storm): transient, the
+    whole batch is retried later and nothing is recorded as failed."""
+
+
 class SearchBackend(Protocol):
     """What the service and the Spark job need from an index store. Elasticsearch/OpenSearch in production;
     Postgres (tsvector, edge and point tables) in the embedded default. Both pass the same behaviour tests."""

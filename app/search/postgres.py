@@ -13,8 +13,10 @@ Applying changes (`apply`), in one READ COMMITTED transaction:
 3. edges: the (source, aspect) version marker is upserted the same way; for the sets it accepted, the old edges are
    deleted and the new ones inserted;
 4. documents of the touched URNs are rebuilt in one statement from their aspects' rows: merged fields, versions,
-   `removed`, the weighted `search_vector` and `exact_names`; a document with no live aspect left becomes a
-   tombstone (`entity_removed`, its versions only, hidden from every read);
+   `removed`, the weighted `search_vector` (from at most `search_max_document_chars` characters of text, weight A
+   first, so that no entity's tsvector reaches Postgres's 1 MB limit however many aspects it has) and
+   `exact_names`; a document with no live aspect left becomes a tombstone (`entity_removed`, its versions only,
+   hidden from every read);
 5. timeseries points are upserted by (aspect, doc_id); entity removals (unless the key aspect is indexed at a newer
    version: re-created since) mark every aspect row deleted at the version it holds (the key aspect's at the
    removal's version) and delete the edges in both directions; the edge version markers stay, so an older edge set
@@ -180,13 +182,19 @@ WITH touched AS (
 ), docs AS (
     SELECT m.urn, m.entity_type, m.fields, v.aspect_versions,
            coalesce(m.fields -> 'removed' = 'true'::jsonb, false) AS removed,
-           setweight(to_tsvector('simple', {_index_text('w.a')}), 'A')
-           || setweight(to_tsvector('simple', {_index_text('w.b')}), 'B')
-           || setweight(to_tsvector('simple', {_index_text('w.c')}), 'C')
-           || setweight(to_tsvector('simple', {_index_text('m.urn')} || ' ' || {_index_text('w.d')}), 'D')
+           setweight(to_tsvector('simple', {_index_text('ta.a')}), 'A')
+           || setweight(to_tsvector('simple', {_index_text('tb.b')}), 'B')
+           || setweight(to_tsvector('simple', {_index_text('tc.c')}), 'C')
+           || setweight(to_tsvector('simple', {_index_text('m.urn')} || ' ' || {_index_text('td.d')}), 'D')
                AS search_vector,
            array_append(coalesce(w.exact_names, '{{}}'), lower(m.urn)) AS exact_names
     FROM merged m JOIN versions v ON v.urn = m.urn LEFT JOIN weighted w ON w.urn = m.urn
+    -- the text of the tsvector: at most $6 characters in all, the heavier weights first (a tsvector holds 1 MB)
+    CROSS JOIN LATERAL (SELECT left(w.a, $6) AS a) ta
+    CROSS JOIN LATERAL (SELECT left(w.b, greatest($6 - coalesce(length(ta.a), 0), 0)) AS b) tb
+    CROSS JOIN LATERAL (SELECT left(w.c, greatest($6 - coalesce(length(ta.a), 0) - coalesce(length(tb.b), 0), 0)) AS c) tc
+    CROSS JOIN LATERAL (SELECT left(w.d, greatest($6 - coalesce(length(ta.a), 0) - coalesce(length(tb.b), 0)
+                                                  - coalesce(length(tc.c), 0), 0)) AS d) td
 ), gone AS (
     DELETE FROM search_document d USING touched t
     WHERE d.urn = t.urn AND NOT EXISTS (SELECT 1 FROM versions v WHERE v.urn = t.urn)
@@ -304,6 +312,8 @@ class PostgresBackend:
         self._settings = settings
         self._registry = registry
         self._engine = engine
+        # the most text an entity's tsvector is built from (the search documents' per-document limit)
+        self._max_text = documents.IndexLimits.from_settings(settings).document_chars
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -469,6 +479,7 @@ class PostgresBackend:
             _REBUILD_DOCUMENTS,
             sorted({c.urn for c in changes}),
             *self._spec_arrays({c.entity_type for c in changes}),
+            self._max_text,
         )
 
     async def _apply_edges(self, conn: asyncpg.Connection, changes: list[AspectEdges]) -> None:
@@ -541,6 +552,7 @@ class PostgresBackend:
                 _REBUILD_DOCUMENTS,
                 sorted(r["urn"] for r in removed),
                 *self._spec_arrays({r.entity_type for r in rows}),
+                self._max_text,
             )
 
     # --- search ---------------------------------------------------------------------------------------------------

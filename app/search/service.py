@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from app.search.model import Change, SearchBackend
+from app.search.model import Change, SearchBackend, SearchUnavailable
 from app.settings import Settings
 
 log = logging.getLogger("metaledger.search")
@@ -44,10 +44,6 @@ def make_backend(settings: Settings, registry: Any, engine: Any, *, refresh: boo
     from app.search.postgres import PostgresBackend
 
     return PostgresBackend(settings, registry, engine)
-
-
-class SearchUnavailable(Exception):
-    """The backend is not started (its server is unreachable)."""
 
 
 class SearchRuntime:
@@ -101,28 +97,70 @@ class SearchRuntime:
             log.warning("search backend close failed", extra={"error": f"{type(error).__name__}: {error}"})
 
 
+@dataclass(slots=True)
+class IndexItem:
+    """One change log's index changes, and the caller's handle on it (the worker's: its outbox row id)."""
+
+    key: Any
+    changes: list[Change]
+
+
 class Indexer:
-    """Change logs → index changes → the backend."""
+    """Change logs → index changes (within the settings' `IndexLimits`) → the backend."""
 
     def __init__(self, settings: Settings, registry: Any, backend: SearchBackend) -> None:
+        from app.search.documents import IndexLimits
+
         self.settings = settings
         self.registry = registry
         self.backend = backend
         self.topics = (settings.topic_mcl_versioned, settings.topic_mcl_timeseries)
+        self.limits = IndexLimits.from_settings(settings)
 
-    def changes(self, mcls: Iterable[dict[str, Any]]) -> list[Change]:
+    def changes_of(self, mcl: dict[str, Any]) -> list[Change]:
+        """One change log's index changes; raises when they cannot be built."""
         from app.search.documents import changes_from_mcl
 
+        return changes_from_mcl(mcl, self.registry, self.limits)
+
+    def changes(self, mcls: Iterable[dict[str, Any]]) -> list[Change]:
         out: list[Change] = []
         for mcl in mcls:
             try:
-                out.extend(changes_from_mcl(mcl, self.registry))
+                out.extend(self.changes_of(mcl))
             except Exception as error:  # noqa: BLE001 - one unindexable change log must not stop the feed
                 log.error(
                     "change log not indexable; skipped",
                     extra={"urn": mcl.get("entityUrn"), "aspect": mcl.get("aspectName"), "error": f"{type(error).__name__}: {error}"},
                 )
         return out
+
+    async def apply_isolating(self, items: Sequence[IndexItem]) -> list[tuple[Any, str]]:
+        """Apply the items' changes in bulk, in order. A bulk the backend refuses for its data is split in halves, down
+        to single items (bulk → one by one, as a consumer isolates a poison record): every other item is applied, in
+        order, and the refused ones are returned as (key, reason). Transient errors (app.search.failures.is_transient)
+        propagate: nothing is a row's fault then, the caller retries the whole."""
+        refused: list[tuple[Any, str]] = []
+        await self._apply_split([item for item in items if item.changes], refused)
+        return refused
+
+    async def _apply_split(self, items: list[IndexItem], refused: list[tuple[Any, str]]) -> None:
+        from app.search.failures import describe, is_transient
+
+        if not items:
+            return
+        try:
+            await self.backend.apply([c for item in items for c in item.changes])
+            return
+        except Exception as error:  # noqa: BLE001 - sorted below: transient (raise) or the data's (isolate)
+            if is_transient(error):
+                raise
+            if len(items) == 1:
+                refused.append((items[0].key, describe(error)))
+                return
+        middle = len(items) // 2
+        await self._apply_split(items[:middle], refused)
+        await self._apply_split(items[middle:], refused)
 
     async def apply_mcls(self, mcls: Sequence[dict[str, Any]]) -> int:
         changes = self.changes(mcls)

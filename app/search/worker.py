@@ -18,12 +18,22 @@ Design:
   poll, a write is searchable well within a second.
 * A backend failure keeps the position and retries with backoff (the database is the queue); the outbox pruning
   keeps rows past `last_offset` (app.changelog.outbox.prune) once this worker has registered its cursor.
+* Data never stops it (app.search.failures): a change log whose changes cannot be built, or that the backend refuses
+  for its data, is isolated (a refused bulk is split in halves down to single change logs: `Indexer.apply_isolating`),
+  recorded in `search_index_failure` in the transaction that advances the cursor past it, and skipped; every other
+  change log of the batch is applied, in order. Only transient errors (`is_transient`: the backend or the database
+  unreachable, overloaded, restarting) hold the position.
+* Retries: at most every `RETRY_CHECK_S`, failures whose retry is due (exponential backoff,
+  `search_failure_retry_min_s` .. `_max_s`) are applied again from the change log they keep; indexed ones leave the
+  table, the others back off further. A batch that indexes a newer version of an aspect drops its older failures.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
+from collections.abc import Sequence
 from typing import Any
 
 import asyncpg
@@ -31,7 +41,8 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.changelog.cursor import FeedCursor, FeedCursorRepository
-from app.search.service import SearchRuntime
+from app.search.failures import IndexFailures, describe
+from app.search.service import IndexItem, SearchRuntime
 from app.settings import Settings
 from app.db import close_quietly, connect_dedicated
 from app.workers import pause
@@ -39,6 +50,9 @@ from app.workers import pause
 log = logging.getLogger("metaledger.search.worker")
 
 MAX_BACKOFF_S = 5.0
+RETRY_CHECK_S = 1.0  # how often the failure table is looked at for due retries (one count when it is empty)
+RETRY_BATCH = 100  # failures retried per look
+LOGGED_FAILURES = 20  # refused change logs logged per batch (all are recorded)
 
 
 class IndexWorker:
@@ -49,11 +63,16 @@ class IndexWorker:
         self.poll_s = settings.search_worker_poll_ms / 1000
         self.batch = settings.search_worker_batch_size
         self.topics = [settings.topic_mcl_versioned, settings.topic_mcl_timeseries]
-        # figures, for tests and logs
+        self.failure_table = IndexFailures(settings.search_failure_retry_min_s, settings.search_failure_retry_max_s)
+        # figures, for tests, logs and app.ops
         self.applied_rows = 0
         self.applied_changes = 0
-        self.failures = 0
+        self.failures = 0  # errors of the worker (a batch retried whole)
+        self.rows_failed = 0  # change logs this worker recorded as failed (first failures and failed retries)
+        self.retries_indexed = 0  # recorded failures a retry indexed
+        self.failing_rows = 0  # rows in the failure table at the last look (every worker's)
         self.last_offset = 0
+        self._next_retry_check = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
         failures = 0
@@ -63,9 +82,11 @@ class IndexWorker:
                 conn = await connect_dedicated(self.engine, "metaledger-indexer")
                 cursor = FeedCursor(conn)
                 await cursor.register()
+                self._next_retry_check = 0.0
                 while not stop.is_set():
                     if not await self.runtime.start():
                         raise RuntimeError(f"search backend unavailable: {self.runtime.last_error}")
+                    await self._retry_quietly(conn)
                     count = await self.step(cursor)
                     failures = 0
                     if count < self.batch:
@@ -92,14 +113,95 @@ class IndexWorker:
             rows = await cursor.read_after(last, self.batch, self.topics)
             if not rows:
                 return 0
-            mcls: list[dict[str, Any]] = [orjson.loads(r["payload"]) for r in rows if r["payload"] is not None]
-            applied = await self.runtime.indexer.apply_mcls(mcls) if mcls else 0
+            items, failed = self._items(rows, "id")
+            failed += await self.runtime.indexer.apply_isolating(items)
+            if failed:
+                await self.failure_table.record(cursor.conn, failed)
+                self._log_failed(rows, "id", failed)
+            if failed or self.failing_rows:
+                failed_ids = {key for key, _ in failed}
+                applied = [(r["urn"], r["aspect"], r["version"]) for r in rows
+                           if r["topic"] == self.topics[0] and r["id"] not in failed_ids]
+                await self.failure_table.superseded(cursor.conn, self.topics[0], applied)
             new_last = rows[-1]["feed_offset"]
             await cursor.advance(new_last)
+        if failed:
+            self.rows_failed += len(failed)
+            self.failing_rows += len(failed)  # until the next look at the table
         self.applied_rows += len(rows)
-        self.applied_changes += applied
+        self.applied_changes += sum(len(item.changes) for item in items)
         self.last_offset = new_last
         return len(rows)
+
+    async def _retry_quietly(self, conn: asyncpg.Connection) -> None:
+        """Retries never hold up the feed: an error while retrying is logged and the next look is a while later (a
+        broken connection then fails the next step, which reconnects)."""
+        try:
+            await self.retry_due(conn)
+        except Exception as error:  # noqa: BLE001
+            self.failures += 1
+            self._next_retry_check = time.monotonic() + MAX_BACKOFF_S
+            log.warning("indexing worker: retrying failures failed; the feed goes on",
+                        extra={"error": f"{type(error).__name__}: {error}"})
+
+    async def retry_due(self, conn: asyncpg.Connection) -> int:
+        """At most every `RETRY_CHECK_S`: look at the failure table and retry the failures that are due (in feed
+        order, isolated as in `step`). Returns how many were indexed."""
+        now = time.monotonic()
+        if now < self._next_retry_check:
+            return 0
+        self._next_retry_check = now + RETRY_CHECK_S
+        self.failing_rows = await IndexFailures.count(conn)
+        if not self.failing_rows:
+            return 0
+        async with conn.transaction():
+            due = await self.failure_table.due(conn, RETRY_BATCH)
+            if not due:
+                return 0
+            items, failed = self._items(due, "outbox_id")
+            failed += await self.runtime.indexer.apply_isolating(items)
+            failed_ids = {key for key, _ in failed}
+            indexed = [r["outbox_id"] for r in due if r["outbox_id"] not in failed_ids]
+            await self.failure_table.retried(conn, indexed, failed)
+        self.rows_failed += len(failed)
+        self.retries_indexed += len(indexed)
+        self.failing_rows -= len(indexed)
+        if indexed:
+            log.info("indexing failures retried: indexed", extra={"indexed": len(indexed), "still_failing": len(failed)})
+        if failed:
+            self._log_failed(due, "outbox_id", failed, retry=True)
+        return len(indexed)
+
+    def _items(self, rows: Sequence[Any], key: str) -> tuple[list[IndexItem], list[tuple[int, str]]]:
+        """Each row's index changes (keyed by its `key` column), and the rows whose changes cannot be built."""
+        indexer = self.runtime.indexer
+        items: list[IndexItem] = []
+        failed: list[tuple[int, str]] = []
+        for row in rows:
+            payload = row["payload"]
+            if payload is None:
+                continue  # a platform event: not indexed
+            try:
+                changes = indexer.changes_of(orjson.loads(payload))
+            except Exception as error:  # noqa: BLE001 - the change log's own fault: recorded, skipped
+                failed.append((row[key], f"index changes could not be built: {describe(error)}"))
+                continue
+            if changes:
+                items.append(IndexItem(row[key], changes))
+        return items, failed
+
+    def _log_failed(self, rows: Sequence[Any], key: str, failed: list[tuple[int, str]], *, retry: bool = False) -> None:
+        by_key = {row[key]: row for row in rows}
+        for row_key, reason in failed[:LOGGED_FAILURES]:
+            row = by_key.get(row_key)
+            log.warning(
+                "change log still refused by the search backend; retried later" if retry else
+                "change log not indexed (refused); recorded in search_index_failure and skipped",
+                extra={"urn": row and row["urn"], "aspect": row and row["aspect"], "version": row and row["version"],
+                       "outbox_id": row_key, "error": reason},
+            )
+        if len(failed) > LOGGED_FAILURES:
+            log.warning("more change logs not indexed", extra={"count": len(failed) - LOGGED_FAILURES})
 
 
 async def wait_until_indexed(

@@ -102,6 +102,13 @@ def _columns(rows: Sequence[StoredAspect], row_version: int | None = None) -> tu
     )
 
 
+# Row 0 of each (urn, aspect) of the arrays $1 (URNs) and $2 (aspect names).
+_ROW0_OF_PAIRS = f"""SELECT m.{_ROW_COLUMNS.replace(', ', ', m.')}
+            FROM metadata_aspect_v2 m
+            JOIN unnest($1::text[], $2::text[]) AS k(urn, aspect) ON m.urn = k.urn AND m.aspect = k.aspect
+            WHERE m.version = 0"""
+
+
 class AspectRepository(SessionRepository):
     # --- reads -------------------------------------------------------------------------------------------------
     async def latest(self, keys: Iterable[tuple[str, str]], *, for_update: bool = False) -> dict[tuple[str, str], StoredAspect]:
@@ -113,10 +120,7 @@ class AspectRepository(SessionRepository):
         conn = await self._conn()
         records = await conn.fetch(
             f"""
-            SELECT m.{_ROW_COLUMNS.replace(', ', ', m.')}
-            FROM metadata_aspect_v2 m
-            JOIN unnest($1::text[], $2::text[]) AS k(urn, aspect) ON m.urn = k.urn AND m.aspect = k.aspect
-            WHERE m.version = 0
+            {_ROW0_OF_PAIRS}
             ORDER BY m.urn, m.aspect
             {"FOR UPDATE OF m" if for_update else ""}
             """,
@@ -184,13 +188,42 @@ class AspectRepository(SessionRepository):
             )
         return [_to_stored(r) for r in records]
 
+    async def entities_latest(
+        self, wanted: Sequence[tuple[str, Sequence[str] | None]]
+    ) -> dict[str, list[StoredAspect]]:
+        """Row 0 of several entities in one round trip (batchGet): each (urn, aspects) asks for those aspects of the
+        entity, or for all of them when `aspects` is None. URN → its rows, by aspect name."""
+        pairs = sorted({(urn, aspect) for urn, aspects in wanted if aspects for aspect in aspects})
+        whole = sorted({urn for urn, aspects in wanted if not aspects})
+        if not pairs and not whole:
+            return {}
+        conn = await self._conn()
+        records = await conn.fetch(
+            f"""
+            {_ROW0_OF_PAIRS}
+            UNION ALL
+            SELECT {_ROW_COLUMNS} FROM metadata_aspect_v2 WHERE urn = ANY($3::text[]) AND version = 0
+            ORDER BY 1, 2
+            """,
+            [p[0] for p in pairs],
+            [p[1] for p in pairs],
+            whole,
+        )
+        out: dict[str, dict[str, StoredAspect]] = {}
+        for record in records:
+            row = _to_stored(record)
+            out.setdefault(row.urn, {})[row.aspect] = row  # an aspect asked for both ways comes back twice
+        return {urn: list(rows.values()) for urn, rows in out.items()}
+
     async def versioned(self, urn: str, aspect: str, version: int) -> StoredAspect | None:
         """The aspect at logical version `version`: a history row, or row 0 when it holds that version."""
         conn = await self._conn()
         record = await conn.fetchrow(
             f"""
             SELECT {_ROW_COLUMNS} FROM metadata_aspect_v2
-            WHERE urn = $1 AND aspect = $2 AND (version = $3 OR (version = 0 AND systemmetadata::jsonb ->> 'version' = $4))
+            WHERE urn = $1 AND aspect = $2 AND (version = $3 OR (version = 0 AND CASE
+                WHEN strpos(systemmetadata, '\\u0000') > 0 THEN false  -- jsonb refuses a NUL escape (a row written before it was refused)
+                ELSE systemmetadata::jsonb ->> 'version' = $4 END))
             ORDER BY version DESC LIMIT 1
             """,
             urn,
@@ -310,6 +343,8 @@ class AspectRepository(SessionRepository):
             ), floored AS (
                 INSERT INTO metadata_aspect_version_floor AS f (urn, aspect, version)
                 SELECT urn, aspect, max(CASE WHEN version <> 0 THEN version
+                                             -- jsonb refuses a NUL escape: such a row (written before it was refused) counts as 1
+                                             WHEN strpos(systemmetadata, '\\u0000') > 0 THEN 1
                                              WHEN systemmetadata::jsonb ->> 'version' ~ '^[0-9]{1,18}$'
                                              THEN (systemmetadata::jsonb ->> 'version')::bigint
                                              ELSE 1 END)

@@ -34,7 +34,8 @@ from app.ops.metrics import TRANSACTION_RETRIES, first_write_fields
 from app.registry import EntityRegistry
 from app.registry.errors import AspectValidationError, RegistryError
 from app.settings import Settings
-from app.urns import InvalidUrnError, entity_type_of, validate_urn
+from app.limits import MAX_LONG, MIN_LONG, clip, too_deep
+from app.urns import URN_MAX_STORED_CHARS, InvalidUrnError, entity_type_of, shown, validate_urn
 from app.changelog.outbox import OutboxRow
 from app.write.mcl import build_change_log
 from app.write.entity_change_events import entity_change_events, platform_event, platform_event_key
@@ -172,6 +173,7 @@ class WriteService:
 
         if (draft.urn is None) == (draft.entity_key_aspect is None):
             raise fail("exactly one of entityUrn and entityKeyAspect must be given", "$.entityUrn")
+        self._check_shapes(draft, change_type, fail)
         try:
             if draft.urn is not None:
                 urn = draft.urn
@@ -182,6 +184,8 @@ class WriteService:
             else:
                 urn = self.registry.key_to_urn(entity.name, draft.entity_key_aspect)
                 validate_urn(urn, self.settings.strict_urn_validation)
+            if len(urn) > URN_MAX_STORED_CHARS:  # schemaField URNs are exempt from the 512 bytes, not from the column
+                raise InvalidUrnError(f"URN is {len(urn)} characters; an entity URN is at most {URN_MAX_STORED_CHARS}: {shown(urn)}")
         except InvalidUrnError as error:
             raise fail(str(error), "$.entityUrn") from None
         except AspectValidationError as error:
@@ -219,6 +223,32 @@ class WriteService:
             )
         proposal.value = self._validate_value(aspect, draft.value, draft.index, urn)
         return proposal
+
+    def _check_shapes(self, draft: Draft, change_type: ChangeType, fail: Any) -> None:
+        """What the schema validators do not see: system metadata and headers are objects, and no JSON that is walked
+        recursively before validation (system metadata, a key aspect, a patch, a value whose unknown fields are
+        trimmed) nests deeper than METALEDGER_MAX_JSON_DEPTH. A validated aspect value is bounded by its schema."""
+        if draft.system_metadata is not None and not isinstance(draft.system_metadata, dict):
+            raise fail("systemMetadata must be an object", "$.systemMetadata")
+        if draft.system_metadata and b"\\u0000" in orjson.dumps(draft.system_metadata):
+            # Stored as JSON text that Postgres reads as jsonb (deletes, versioned reads): jsonb refuses \u0000.
+            raise fail("systemMetadata contains a NUL character (\\u0000)", "$.systemMetadata")
+        last_observed = (draft.system_metadata or {}).get("lastObserved")
+        if last_observed is not None and (type(last_observed) is not int or not MIN_LONG <= last_observed <= MAX_LONG):
+            raise fail("lastObserved must be epoch milliseconds (a 64-bit integer)", "$.systemMetadata.lastObserved",
+                       expected="long", found=clip(repr(last_observed), 40))
+        if draft.headers is not None and not (
+            isinstance(draft.headers, dict) and all(isinstance(v, str) for v in draft.headers.values())
+        ):
+            raise fail("headers must be an object of strings", "$.headers")
+        limit = self.settings.max_json_depth
+        nested = [("$.systemMetadata", draft.system_metadata), ("$.entityKeyAspect", draft.entity_key_aspect)]
+        if change_type is ChangeType.PATCH or draft.content_type == JSON_PATCH_CONTENT_TYPE or self.settings.trim_unknown_fields:
+            nested.append(("$.aspect.value", draft.value))
+        for path, value in nested:
+            where = too_deep(value, limit) if value is not None else None
+            if where is not None:
+                raise fail(f"nested more than {limit} levels deep (METALEDGER_MAX_JSON_DEPTH)", path + where[1:][:200])
 
     def _validate_value(self, aspect: Any, value: dict[str, Any], index: int, urn: str) -> dict[str, Any]:
         try:

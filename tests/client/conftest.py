@@ -49,6 +49,10 @@ ACTIONS_VENV = Path(os.environ.get("METALEDGER_ACTIONS_VENV", ROOT / ".venv-acti
 # What each venv holds (the Makefile's client-venv / actions-venv targets install the same) and its stamp file.
 CLIENT_REQUIREMENT = (f"acryl-datahub[datahub-kafka]=={CLIENT_VERSION}", f".acryl-datahub-datahub-kafka-{CLIENT_VERSION}")
 ACTIONS_REQUIREMENT = (f"acryl-datahub-actions=={CLIENT_VERSION}", f".acryl-datahub-actions-{CLIENT_VERSION}")
+# openapi-python-client: generates a Python client from the committed OpenAPI document (tests/client/test_generated_client.py)
+GENERATOR_VENV = Path(os.environ.get("METALEDGER_OPENAPI_CLIENT_VENV", ROOT / ".venv-openapi-client"))
+GENERATOR_VERSION = "0.29.1"
+GENERATOR_REQUIREMENT = (f"openapi-python-client=={GENERATOR_VERSION}", f".acryl-openapi-python-client-{GENERATOR_VERSION}")
 
 
 def _ensure_venv(venv: Path, requirement: str, stamp_name: str) -> Path:
@@ -80,6 +84,11 @@ def _ensure_client_venv() -> Path:
 
 def _ensure_actions_venv() -> Path:
     return _ensure_venv(ACTIONS_VENV, *ACTIONS_REQUIREMENT)
+
+
+@pytest.fixture(scope="session")
+def generator_python() -> Path:
+    return _ensure_venv(GENERATOR_VENV, *GENERATOR_REQUIREMENT)
 
 
 @dataclass

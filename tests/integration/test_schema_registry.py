@@ -420,7 +420,7 @@ async def test_hostile_requests_get_confluent_4xx_bodies(client):
     name = subject()
     post = f"{API}/subjects/{name}/versions"
     confluent_error(await client.post(post, content=b"{bad json", headers={"Content-Type": SR_JSON}), 400, 400)
-    confluent_error(await client.post(post, content=b""), 400, 400)
+    confluent_error(await client.post(post, content=b"", headers={"Content-Type": SR_JSON}), 400, 400)
     confluent_error(await client.post(post, json=["schema"]), 422, 422)
     confluent_error(await client.post(post, json={}), 422, 42201)
     confluent_error(await client.post(post, json={"schema": {"type": "string"}}), 422, 42201)
@@ -432,7 +432,7 @@ async def test_hostile_requests_get_confluent_4xx_bodies(client):
     )
     too_large = '"' + "x" * (1024 * 1024 + 10) + '"'
     confluent_error(await client.post(post, json={"schema": too_large}), 422, 42201)
-    confluent_error(await client.post(post, content=b" " * (3 * 1024 * 1024)), 413, 413)
+    confluent_error(await client.post(post, content=b" " * (3 * 1024 * 1024), headers={"Content-Type": SR_JSON}), 413, 413)
     # nothing of the above was registered
     confluent_error(await client.get(f"{API}/subjects/{name}/versions"), 404, 40401)
     # a subject name that is too long

@@ -495,3 +495,35 @@ async def test_create_missing_indices_leaves_existing_ones_alone(search_server, 
     finally:
         await backend.client.indices.delete(index=f"{prefix}*", ignore_unavailable=True)
         await backend.close()
+
+
+async def test_a_document_the_server_refuses_raises_index_refused_and_the_others_are_written(backend, es_registry,
+                                                                                               monkeypatch):
+    """Bulk item errors: refused for the data (400: a date the server cannot parse) → `IndexRefused` naming the item,
+    after every other document of the bulk is written; rejected for capacity (429) → `IndexUnavailable` (transient)."""
+    from app.search.failures import is_transient
+    from app.search.model import IndexRefused, IndexUnavailable
+
+    bad, good = ds("db.bad_date"), ds("db.good_date")
+    with pytest.raises(IndexRefused) as refused:
+        await backend.apply(changes(
+            es_registry,
+            mcl(bad, "datasetProperties", props("bad", "x", created={"time": -(2**63)}), 1),
+            mcl(good, "datasetProperties", props("good", "y", created={"time": 1_700_000_000_000}), 1),
+        ))
+    assert len(refused.value.items) == 1 and "date" in refused.value.items[0] and not is_transient(refused.value)
+    assert [h.urn for h in (await backend.search("dataset", "good")).hits] == [good]
+    assert await backend.document_versions(bad) == {}
+
+    real_bulk = backend.client.bulk
+
+    async def busy_bulk(**kwargs):
+        response = await real_bulk(**kwargs)
+        first = next(iter(response["items"][0].values()))
+        first.update(status=429, error={"type": "es_rejected_execution_exception", "reason": "queue full"})
+        return {**response, "errors": True}
+
+    monkeypatch.setattr(backend.client, "bulk", busy_bulk)
+    with pytest.raises(IndexUnavailable) as busy:
+        await backend.apply(changes(es_registry, mcl(ds("db.busy"), "datasetProperties", props("busy", "z"), 1)))
+    assert is_transient(busy.value)

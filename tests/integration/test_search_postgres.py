@@ -416,3 +416,24 @@ async def test_indexed_versions_and_clear_by_entity_type(backend):
     assert await backend.clear() == {"search_document": 1, "search_aspect_fields": 1, "search_edge": 0,
                                      "search_edge_version": 0}
     assert await backend.indexed_versions(["corpuser", "dataset"]) == []
+
+
+async def test_an_entity_with_many_large_aspects_stays_within_the_tsvector_limit(backend, database_url):
+    """Every aspect's contribution is bounded (app.search.documents), but an entity has many aspects: the tsvector is
+    built from at most `search_max_document_chars` of their text, the heavier weights first, so it never reaches
+    Postgres's 1 MB limit ("string is too long for tsvector")."""
+    import asyncpg
+
+    urn = ds("tsv.many")
+    words = lambda prefix: " ".join(f"{prefix}{i:06d}" for i in range(10_000))  # noqa: E731 - 100k chars of distinct words
+    changes = [props(urn, "manyaspects", words("desc"))]
+    changes += [AspectFields("dataset", urn, f"extraAspect{n}", 1, {f"notes{n}": words(f"x{n}q")}) for n in range(15)]
+    await backend.apply(changes)
+    assert await urns_of(backend, "manyaspects") == [urn]  # the name (weight A) is kept whole
+    assert await urns_of(backend, "desc000001") == [urn]
+    conn = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
+    try:
+        size = await conn.fetchval("SELECT pg_column_size(search_vector) FROM search_document WHERE urn = $1", urn)
+    finally:
+        await conn.close()
+    assert size < 1_048_575

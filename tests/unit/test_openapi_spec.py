@@ -579,7 +579,9 @@ def test_dataset_paths(spec, registry):
     }
     assert set(post["responses"]) == {"200", "202", "400", "409", "412"}
     get_aspect = aspect_path["get"]
-    assert params(get_aspect)["version"]["schema"] == {"type": "integer", "format": "int64", "default": 0}
+    assert params(get_aspect)["version"]["schema"] == {
+        "type": "integer", "format": "int64", "default": 0, "minimum": 0, "maximum": 2**63 - 1}
+    assert p["urn"]["schema"] == {"type": "string", "pattern": "^urn:li:dataset:.", "maxLength": 512}
     assert get_aspect["responses"]["200"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/DatasetEntityAspectResponse"
     }
@@ -773,3 +775,22 @@ def test_patch_operations_are_typed(spec, schemas):
     }
     assert errors(schemas, "DatasetEntityPatchRequest", item) == []
     assert not is_valid(schemas, "DatasetEntityPatchRequest", {**item, "globalTags": {"value": {"ops": []}}})
+
+
+def test_every_operation_declares_the_statuses_it_can_answer():
+    from app.openapi_spec import declare_statuses
+
+    spec = {"paths": {
+        "/health": {"get": {"security": [], "responses": {"200": {"description": "ok"}}}},
+        "/x/{urn}": {
+            "head": {"responses": {"204": {"description": "Exists"}}},
+            "post": {"requestBody": {}, "responses": {"200": {"description": "ok"}, "422": {"description": "FastAPI's"}}},
+        },
+    }}
+    paths = declare_statuses(spec)["paths"]
+    assert list(paths["/health"]["get"]["responses"]) == ["200", "400", "503"]
+    head = paths["/x/{urn}"]["head"]["responses"]
+    assert list(head) == ["204", "400", "401", "403", "404", "503"] and all("$ref" not in r for r in head.values())
+    post = paths["/x/{urn}"]["post"]["responses"]
+    assert list(post) == ["200", "400", "401", "403", "404", "409", "412", "413", "415", "429", "503"]
+    assert post["415"] == {"$ref": "#/components/responses/UnsupportedMediaType"}

@@ -322,3 +322,78 @@ def test_merge_aspect_fields():
     )
     assert doc["hasDescription"] is True and sorted(doc["tags"]) == ["a", "b"]
     assert doc["removed"] is False and doc["aspectVersions"] == {"datasetProperties": 2}
+
+
+# --- index limits: what the backends cannot hold is made storable (issue 13) ---------------------------------------
+
+
+def props_fields(registry, value, limits=d.DEFAULT_LIMITS):
+    return one(d.changes_from_mcl(mcl("datasetProperties", value), registry, limits), AspectFields).fields
+
+
+def test_nul_is_stripped_from_the_index_copy_only(registry):
+    m = mcl("datasetProperties", {"name": "a\u0000b", "description": "x\u0000y", "customProperties": {"k\u0000": "v\u0000"}})
+    raw = m["aspect"]["value"]
+    fields = one(d.changes_from_mcl(m, registry), AspectFields).fields
+    assert fields["name"] == "ab" and fields["description"] == "xy" and fields["customProperties"] == ["k=v"]
+    assert m["aspect"]["value"] == raw  # the change log (and the stored aspect) are not touched
+
+
+def test_a_clean_value_is_indexed_as_it_is(registry):
+    value = {"name": "orders", "description": "All orders", "customProperties": {"owner": "sales"}}
+    assert props_fields(registry, value) == props_fields(registry, value, d.IndexLimits(10**9, 10**9))
+
+
+def test_each_string_is_capped_keyword_values_to_a_lucene_term(registry):
+    fields = props_fields(registry, {"name": "n" * 50_000, "description": "d" * 50_000, "externalUrl": "u" * 50_000})
+    assert len(fields["name"]) == len(fields["description"]) == 32_768  # search_max_field_chars
+    assert len(fields["externalUrl"]) == d.KEYWORD_MAX_CHARS == 8_191  # KEYWORD: one term, at most 32,764 bytes
+    small = props_fields(registry, {"name": "n" * 500, "description": "d" * 500}, d.IndexLimits(field_chars=100))
+    assert len(small["name"]) == len(small["description"]) == 100
+
+
+def test_the_document_budget_is_spent_on_the_boosted_fields_first(registry):
+    limits = d.IndexLimits(field_chars=1_000, document_chars=1_500)
+    fields = props_fields(registry, {"description": "d" * 5_000, "name": "n" * 5_000, "customProperties":
+                                     {f"k{i}": "v" for i in range(100)}}, limits)
+    assert len(fields["name"]) == 1_000  # boost 10: spent first
+    assert len(fields["description"]) == 500  # what was left
+    assert fields["customProperties"] == []  # the list stops where the budget ends
+    total = sum(len(v) if isinstance(v, str) else sum(map(len, v)) if isinstance(v, list) else 1 for v in fields.values())
+    assert total <= 1_500 + len(fields)
+
+
+def test_edges_lose_nul_and_urns_too_long_to_be_keys(registry):
+    good, long_urn = "urn:li:dataset:(urn:li:dataPlatform:hive,db.a\u0000,PROD)", "urn:li:dataset:" + "x" * 2_000
+    value = {"upstreams": [{"auditStamp": {"time": 1, "actor": "urn:li:corpuser:x"}, "dataset": u, "type": "COPY"}
+                           for u in (good, long_urn)]}
+    edges = one(d.changes_from_mcl(mcl("upstreamLineage", value), registry), AspectEdges).edges
+    assert [e.destination for e in edges] == ["urn:li:dataset:(urn:li:dataPlatform:hive,db.a,PROD)"]
+    assert edges[0].destination_type == "dataset"
+
+
+def test_timeseries_values_lose_nul_only(registry):
+    value = {"timestampMillis": 1_700_000_000_000, "rowCount": 3, "partitionSpec": {"partition": "p\u0000"},
+             "fieldProfiles": [{"fieldPath": "c\u0000", "sampleValues": ["s" * 50_000]}]}
+    m = mcl("datasetProfile", value, systemMetadata={"version": "1", "runId": "run\u0000"})
+    point = one(d.changes_from_mcl(m, registry), TimeseriesPoint)
+    assert point.value["fieldProfiles"][0]["fieldPath"] == "c"
+    assert len(point.value["fieldProfiles"][0]["sampleValues"][0]) == 50_000  # the only store: nothing cut
+    assert point.fields["partition"] == "p" and point.fields["runId"] == "run" and point.system_metadata["runId"] == "run"
+    # DataHub's document id is the id of the point as sent
+    assert point.doc_id == one(d.changes_from_mcl(mcl("datasetProfile", {**value, "fieldProfiles": []},
+                                                      systemMetadata={"version": "1"}), registry), TimeseriesPoint).doc_id
+
+
+def test_huge_lists_are_extracted_in_linear_time(registry):
+    import time
+
+    fields = [{"fieldPath": f"col_{i}", "nativeDataType": "int", "type": {"type": {"com.linkedin.schema.NumberType": {}}}}
+              for i in range(100_000)]
+    value = {"schemaName": "s", "platform": "urn:li:dataPlatform:hive", "version": 0, "hash": "",
+             "platformSchema": {"com.linkedin.schema.OtherSchema": {"rawSchema": ""}}, "fields": fields}
+    started = time.perf_counter()
+    got = one(d.changes_from_mcl(mcl("schemaMetadata", value), registry), AspectFields).fields
+    assert time.perf_counter() - started < 5  # quadratic de-duplication took minutes
+    assert got["fieldPaths"][:2] == ["col_0", "col_1"]
+    assert sum(len(p) for p in got["fieldPaths"]) <= d.DEFAULT_LIMITS.document_chars

@@ -89,3 +89,67 @@ def test_entity_type_is_taken_from_the_urn_when_missing(registry):
     del body["entityType"]
     parsed = parse(records(body)[0], registry, TIMESERIES)
     assert not isinstance(parsed, DeadLetter) and parsed.mcl["entityType"] == "dataset"
+
+
+# --- writing: what the backend refuses is dead-lettered with its reason, the rest is applied ------------------------
+
+
+class _Runtime:
+    """A `WorkerRuntime` stand-in: runs coroutines, holds a backend that refuses the changes of `refuse` (for their
+    data: IndexRefused) and can be made unavailable (IndexUnavailable: transient)."""
+
+    def __init__(self, registry, refuse: str | None = None) -> None:
+        import asyncio
+
+        from app.settings import Settings
+
+        self.registry, self.settings, self.refuse = registry, Settings(), refuse
+        self.unavailable = False
+        self.applied: list = []
+        self.loop = asyncio.new_event_loop()
+        runtime = self
+
+        class Backend:
+            async def apply(self, changes):
+                from app.search.model import IndexRefused, IndexUnavailable
+
+                if runtime.unavailable:
+                    raise IndexUnavailable("busy (test)")
+                if any(getattr(c, "urn", None) == runtime.refuse for c in changes):
+                    raise IndexRefused("search bulk refused 1 documents (test)")
+                runtime.applied.extend(changes)
+
+        self.backend = Backend()
+
+    def run(self, coroutine):
+        return self.loop.run_until_complete(coroutine)
+
+    def started_backend(self):
+        return self.backend
+
+    def reset_backend(self) -> None:
+        pass
+
+
+def test_a_refused_change_log_is_dead_lettered_and_the_rest_applied(registry):
+    from spark_indexer.batch import IndexTask
+
+    runtime = _Runtime(registry, refuse=OTHER)
+    task = IndexTask(runtime, chunk=100)
+    result = task.run(records(mcl("datasetProperties", 1, value={"name": "a\u0000b"}),
+                              mcl("datasetProperties", 1, urn=OTHER), mcl("status", 1, value={"removed": False})), TIMESERIES)
+    assert [(d.urn, d.aspect) for d in result.dead] == [(OTHER, "datasetProperties")]
+    assert result.dead[0].reason == "search backend refused the change: IndexRefused: search bulk refused 1 documents (test)"
+    assert result.dead[0].record.offset == 1  # the record itself, for the dead-letter table
+    names = [c.fields.get("name") for c in runtime.applied if getattr(c, "aspect", None) == "datasetProperties"]
+    assert names == ["ab"]  # the NUL is stripped in the index copy: nothing refused, nothing dead-lettered
+
+
+def test_a_backend_that_is_unavailable_fails_the_task_instead_of_dead_lettering(registry, monkeypatch):
+    import spark_indexer.batch as batch
+
+    monkeypatch.setattr(batch.time, "sleep", lambda s: None)
+    runtime = _Runtime(registry)
+    runtime.unavailable = True
+    with pytest.raises(Exception, match="busy"):
+        batch.IndexTask(runtime, chunk=100).run(records(mcl("datasetProperties", 1)), TIMESERIES)

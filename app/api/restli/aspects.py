@@ -20,11 +20,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from app.api.deps import ALLOW_READ, Caller, Gateway, ReadYourWrites, Registry, Session, get_backend
-from app.api.http import entity_of_urn, invalid_at, json_response, read_json
+from app.api.http import UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response, read_json
 from app.api.restli.common import ACTION_BODY, optional_int, require_object, require_urn
 from app.api.restli.timeseries import DEFAULT_LIMIT, check_filter, timeseries_from_backend
 from app.errors import ERROR_RESPONSES, Issue, Location, NotFound, ValidationFailed
 from app.ingest.mcp import parse_mcp, parse_proposals
+from app.limits import check_long
 from app.registry import EntityRegistry
 from app.write.reader import EntityReader
 
@@ -57,10 +58,11 @@ async def aspects_action(
         raise ValidationFailed(
             f"unknown action {action!r} on /aspects", [Issue(f"supported actions: {', '.join(ACTIONS)}", path="$action")]
         )
-    body = require_object(await read_json(request, gateway.settings.max_request_bytes))
+    body = require_object(await read_json(request, gateway.settings))
     if action == "getTimeseriesAspectValues":
         return json_response({"value": await _timeseries(body, request, gateway.registry, caught_up)})
     if action == "ingestProposalBatch":
+        check_batch_size(body.get("proposals"), gateway.settings, "$.proposals")
         drafts = parse_proposals(body.get("proposals"), "$.proposals")
     else:
         if not isinstance(body.get("proposal"), dict):
@@ -90,7 +92,7 @@ async def _timeseries(
             f"aspect {aspect_name!r} is not a timeseries aspect", [Issue("not a timeseries aspect", urn=urn, aspect=aspect_name, path="$.aspect")]
         )
     limit = optional_int(body, "limit")
-    limit = DEFAULT_LIMIT if limit is None else limit
+    limit = DEFAULT_LIMIT if limit is None else min(limit, DEFAULT_LIMIT)  # DataHub's search window holds 10,000 at most
     if body.get("latestValue") in (True, "true"):
         limit = min(limit, 1)
     groups = check_filter(body.get("filter"))
@@ -111,11 +113,12 @@ async def _timeseries(
     "The URN is percent-encoded in the path.",
 )
 async def get_versioned_aspect(
-    urn: str, session: Session, registry: Registry,
+    urn: UrnPath, session: Session, registry: Registry,
     aspect: Annotated[str, Query(description="Aspect name, e.g. datasetProperties")],
     version: Annotated[int, Query(ge=0)] = 0,
 ) -> Response:
     entity = entity_of_urn(registry, urn)
+    check_long(version, "version", minimum=0)
     with invalid_at("$aspect", urn=urn, aspect=aspect):
         spec = registry.aspect(entity, aspect)
     if spec.is_timeseries:  # never in the aspect store (DataHub: no SQL row either)

@@ -6,6 +6,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from app.errors import Issue, ValidationFailed
+from app.limits import MAX_LONG, MIN_LONG, clip
 
 # The request body of every Rest.li action is a JSON object; documented per action in the route's description.
 ACTION_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}}
@@ -25,12 +26,22 @@ def require_urn(body: dict[str, Any], key: str = "urn") -> str:
 
 
 def optional_int(body: dict[str, Any], key: str) -> int | None:
+    """An integer field (Rest.li longs may come as strings), within 64 bits; 400 naming it otherwise."""
     raw = body.get(key)
     if raw is None:
         return None
-    if isinstance(raw, bool) or not isinstance(raw, (int, str)) or (isinstance(raw, str) and not raw.lstrip("-").isdigit()):
-        raise ValidationFailed(f"`{key}` must be an integer", [Issue("expected an integer", path=f"$.{key}", found=repr(raw)[:100])])
-    return int(raw)
+    digits = raw.removeprefix("-") if isinstance(raw, str) else ""
+    if isinstance(raw, bool) or not isinstance(raw, (int, str)) or (
+        isinstance(raw, str) and not (digits.isascii() and digits.isdigit() and len(digits) <= 20)
+    ):
+        raise ValidationFailed(f"`{key}` must be an integer", [Issue("expected an integer", path=f"$.{key}", found=clip(repr(raw), 100))])
+    value = int(raw)
+    if not MIN_LONG <= value <= MAX_LONG:
+        raise ValidationFailed(
+            f"`{key}` must be between {MIN_LONG} and {MAX_LONG}",
+            [Issue(f"{key} is out of range", path=f"$.{key}", expected="a 64-bit integer", found=clip(str(value), 40))],
+        )
+    return value
 
 
 def parse_restli_list(raw: str | None) -> list[str] | None:

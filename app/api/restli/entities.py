@@ -27,7 +27,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from app.auth.model import Permission
 from app.api.deps import ALLOW_READ, Caller, Gateway, ReadYourWrites, Registry, Search, Session
-from app.api.http import entity_of_urn, invalid_at, json_response, parse_bool, read_json
+from app.api.http import UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response, parse_bool, read_json
 from app.api.restli.common import ACTION_BODY, optional_int, parse_restli_list, require_object, require_urn
 from app.errors import ERROR_RESPONSES, Issue, MetaledgerError, ValidationFailed
 from app.ingest.mce import unbundle_restli_entity
@@ -64,10 +64,11 @@ async def entities_action(
         raise ValidationFailed(
             f"unknown action {action!r} on /entities", [Issue(f"supported actions: {', '.join(ACTIONS)}", path="$action")]
         )
-    body = await read_json(request, gateway.settings.max_request_bytes)
+    body = await read_json(request, gateway.settings)
     if action == "ingest":
         # Every aspect of the snapshot is committed together, or none is.
         event = unbundle_restli_entity(body, gateway.registry)
+        check_batch_size(None, gateway.settings, "$.entity.value", count=len(event.drafts), what="aspects")
         outcome = await gateway.submit(session, event.drafts, caller, request_headers=request.headers)
         return json_response({}, headers=outcome.response_headers)
     body = require_object(body)
@@ -132,7 +133,7 @@ async def _delete_references(body: dict[str, Any], session: Session, gateway: Ga
     registry = gateway.registry
     urn = require_urn(body)
     entity_of_urn(registry, urn, "$.urn")
-    dry_run = parse_bool(str(body.get("dryRun", "false")), False)
+    dry_run = parse_bool(str(body.get("dryRun", "false")), False, ".dryRun")
     needle = orjson.dumps(urn).decode()[1:-1]  # the URN as it appears inside stored JSON text
     candidates = await AspectRepository(session).rows_mentioning(needle, urn, sorted(relationship_paths(registry)))
     references = find_references(registry, candidates, urn)
@@ -166,12 +167,12 @@ def _envelope(name: str, value: dict[str, Any], created_ms: int, actor: str, sys
     "the key aspect is always included unless `alwaysIncludeKeyAspect=false`; an unknown URN gives the key aspect only.",
 )
 async def get_entity_v2(
-    urn: str, request: Request, session: Session, registry: Registry,
+    urn: UrnPath, request: Request, session: Session, registry: Registry,
     always_include_key_aspect: Annotated[str | None, Query(alias="alwaysIncludeKeyAspect")] = None,
 ) -> Response:
     entity = registry.entity(entity_of_urn(registry, urn))
     requested = parse_restli_list(request.query_params.get("aspects"))
-    with_key = parse_bool(always_include_key_aspect, True)
+    with_key = parse_bool(always_include_key_aspect, True, "alwaysIncludeKeyAspect")
     if requested is not None:
         for name in requested:
             with invalid_at("$aspects", urn=urn, aspect=name):

@@ -23,6 +23,7 @@ from app.errors import Issue, Location, MetaledgerError, ServiceUnavailable, Val
 from app.ingest.gateway import IngestGateway
 from app.ingest.mce import unbundle_mce
 from app.ingest.mcp import parse_mcp
+from app.limits import clip, too_deep
 from app.registry import EntityRegistry
 from app.settings import Settings
 from app.write.proposal import Draft, Proposal
@@ -195,6 +196,11 @@ async def read_batch(records: Iterable[Any], record_format: RecordFormat, gatewa
                 message = f"the record is neither JSON nor decodable Avro: {value}"
                 raise ValidationFailed(message, [Issue(message, path="$")])
             unit.payload, unit.schema_id = value
+            deep = too_deep(unit.payload, gateway.settings.max_json_depth)
+            if deep is not None:  # kept as text: nothing walks it, and its dead letter can still be written
+                unit.payload = (record.value or b"").decode("utf-8", errors="backslashreplace")
+                message = f"the record is nested more than {gateway.settings.max_json_depth} levels deep (METALEDGER_MAX_JSON_DEPTH)"
+                raise ValidationFailed(message, [Issue(message, path=clip(deep))])
             unit.urn, unit.aspect, unit.run_id = record_format.describe(unit.payload)
             unit.drafts = record_format.drafts(unit.payload, next_index, gateway.registry)
             next_index += len(unit.drafts)

@@ -1,0 +1,29 @@
+"""Schemathesis over the committed spec (tests/fuzz.py) against a real metaledger process with a bearer token: no
+server error, no undocumented status, no schema-violating response. A fixed seed and a budget that fits CI;
+`bench/fuzz.py` runs every operation for longer."""
+
+from __future__ import annotations
+
+import asyncio
+
+from app.embedded_pg import free_port
+from tests.fuzz import ci_path_filter, fuzz
+from tests.processes import issue_token, start_service, stop_process, wait_healthy
+
+
+async def test_schemathesis_finds_no_server_error_and_no_undocumented_status(database_url, tmp_path):
+    env = {"METALEDGER_DATABASE_URL": database_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+           "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": "", "METALEDGER_ACCESS_LOG": "false"}
+    port = free_port()
+    service = start_service(env, port)
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}", process=service)
+        token = await asyncio.to_thread(issue_token, env)
+        run = await asyncio.to_thread(
+            fuzz, f"http://127.0.0.1:{port}", token, seed=20261124, max_examples=3, max_time_s=150,
+            path_regex=ci_path_filter(), report_dir=tmp_path,
+        )
+    finally:
+        stop_process(service)
+    assert run.generated >= 800, run.summary
+    assert run.returncode == 0, run.summary
