@@ -6,10 +6,12 @@ Prints:
 - verifying a bearer token that this process has verified in the last AUTH_CACHE_SECONDS (every request but the first
   of a token): µs per request;
 - the first verification of a token (signature + its row in Postgres): µs;
-- µs per request through the whole FastAPI stack with authentication off and on (alternating, best of two): a reader
-  route (GET /openapi/v1/auth/me), one single-aspect write and one batch of 100 writes, and what auth adds.
+- µs per request through the whole FastAPI stack with authentication off and on: a reader route
+  (GET /openapi/v1/auth/me), one single-aspect write and one batch of 100 writes, and what auth adds. Two apps (auth
+  off, auth on) run at once on one database and take turns block by block; the medians of the blocks are compared.
 
-It starts its own Postgres (a temporary directory, fsync on) and runs the app in this process over ASGI.
+It starts its own Postgres (a temporary directory, fsync off: the commit's fsync would hide what is measured) and
+runs the apps in this process over ASGI.
 """
 
 from __future__ import annotations
@@ -34,68 +36,69 @@ from app.settings import Settings  # noqa: E402
 from tests.helpers import mint_token  # noqa: E402
 
 
-async def per_request(http: httpx.AsyncClient, method: str, path: str, count: int, **kw) -> float:
-    """Median over 5 rounds of the mean µs per request."""
-    rounds = []
-    for _ in range(5):
-        started = time.perf_counter()
-        for _ in range(count // 5):
-            response = await http.request(method, path, **kw)
-            assert response.status_code < 300, response.text
-        rounds.append((time.perf_counter() - started) / (count // 5) * 1e6)
-    return statistics.median(rounds)
-
-
-async def measure(url: str, count: int, auth_enabled: bool, tag: str) -> dict[str, float]:
-    """µs per request of a reader route, one single-aspect write and one batch of 100, with auth on or off."""
-    settings = Settings(database_url=url, apply_migrations_on_start=False, auth_bootstrap_admin_token=False,
-                        auth_enabled=auth_enabled, access_log=False)
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        headers = {"authorization": f"Bearer {await mint_token(app, 'admin', 'urn:li:corpuser:bench')}"}
-        figures = {}
-        if auth_enabled:
-            auth = app.state.auth
-            await auth.authenticate(headers)
-            started = time.perf_counter()
-            for _ in range(count * 10):
-                await auth.authenticate(headers)
-            figures["cached"] = (time.perf_counter() - started) / (count * 10) * 1e6
-            cold = []
-            for _ in range(200):
-                auth._tokens.clear()
-                started = time.perf_counter()
-                await auth.authenticate(headers)
-                cold.append((time.perf_counter() - started) * 1e6)
-            figures["cold"] = statistics.median(cold)
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m", headers=headers) as http:
-            urn = f"urn:li:dataset:(urn:li:dataPlatform:hive,bench.{tag},PROD)"
-            single = [{"entityType": "dataset", "entityUrn": urn, "aspectName": "status",
-                       "aspect": {"value": {"removed": False}}}]
-            batch = [{"entityType": "dataset", "entityUrn": urn.replace(tag, f"{tag}{i}"), "aspectName": "status",
-                      "aspect": {"value": {"removed": False}}} for i in range(100)]
-            await per_request(http, "POST", "/openapi/v1/proposals", 50, json=single)  # warm-up
-            figures["me"] = await per_request(http, "GET", "/openapi/v1/auth/me", count)
-            figures["write"] = await per_request(http, "POST", "/openapi/v1/proposals", max(count // 10, 50), json=single)
-            figures["batch"] = await per_request(http, "POST", "/openapi/v1/proposals", 50, json=batch)
-    return figures
+async def timed(http: httpx.AsyncClient, method: str, path: str, count: int, **kw) -> float:
+    """Mean µs per request over `count` requests."""
+    started = time.perf_counter()
+    for _ in range(count):
+        response = await http.request(method, path, **kw)
+        assert response.status_code < 300, response.text
+    return (time.perf_counter() - started) / count * 1e6
 
 
 async def run(url: str, count: int) -> None:
-    runs: dict[bool, list[dict[str, float]]] = {False: [], True: []}
-    for round_no in range(2):  # alternating, so drift in the machine hits both alike
-        for enabled in (False, True):
-            runs[enabled].append(await measure(url, count, enabled, f"r{round_no}{int(enabled)}"))
+    # Both apps run at once on the same database and take turns, block by block (the order swapped every block), so
+    # whatever the machine or the database does meanwhile falls on both alike.
+    apps = {}
+    for enabled in (False, True):
+        apps[enabled] = create_app(Settings(database_url=url, apply_migrations_on_start=False, access_log=False,
+                                            auth_bootstrap_admin_token=False, auth_enabled=enabled))
+    async with apps[False].router.lifespan_context(apps[False]), apps[True].router.lifespan_context(apps[True]):
+        headers = {"authorization": f"Bearer {await mint_token(apps[True], 'admin', 'urn:li:corpuser:bench')}"}
+        clients = {
+            enabled: httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m", headers=headers)
+            for enabled, app in apps.items()
+        }
+        def proposals(enabled: bool, count: int) -> list[dict]:  # each app writes entities of its own
+            return [{"entityType": "dataset", "aspectName": "status", "aspect": {"value": {"removed": False}},
+                     "entityUrn": f"urn:li:dataset:(urn:li:dataPlatform:hive,bench.auth_{enabled}_{i},PROD)"}
+                    for i in range(count)]
 
-    def best(enabled: bool, key: str) -> float:
-        return min(r[key] for r in runs[enabled])
+        cases = [("GET /openapi/v1/auth/me", "GET", "/openapi/v1/auth/me", lambda enabled: {}, 100),
+                 ("one single-aspect write (v1)", "POST", "/openapi/v1/proposals",
+                  lambda enabled: {"json": proposals(enabled, 1)}, 20),
+                 ("one batch of 100 writes (v1)", "POST", "/openapi/v1/proposals",
+                  lambda enabled: {"json": proposals(enabled, 100)}, 4)]
+        results = {}
+        try:
+            for label, method, path, body, per_block in cases:
+                for enabled in (False, True):
+                    await timed(clients[enabled], method, path, per_block, **body(enabled))  # warm-up
+                samples: dict[bool, list[float]] = {False: [], True: []}
+                blocks = max(count // per_block // 10, 10)
+                for block in range(blocks):
+                    for enabled in ((False, True) if block % 2 == 0 else (True, False)):
+                        samples[enabled].append(await timed(clients[enabled], method, path, per_block, **body(enabled)))
+                results[label] = (statistics.median(samples[False]), statistics.median(samples[True]))
+        finally:
+            for http in clients.values():
+                await http.aclose()
 
-    print(f"token verification, cached (every request but a token's first) : {best(True, 'cached'):8.1f} µs")
-    print(f"token verification, first (signature + row in Postgres)      : {best(True, 'cold'):8.1f} µs (median of 200)")
-    print(f"{'µs per request (best of 2)':46} {'auth off':>10} {'auth on':>10} {'cost':>8}")
-    for key, label in (("me", "GET /openapi/v1/auth/me"), ("write", "one single-aspect write (v1)"),
-                       ("batch", "one batch of 100 writes (v1)")):
-        off, on = best(False, key), best(True, key)
+        auth = apps[True].state.auth
+        started = time.perf_counter()
+        for _ in range(count * 10):
+            await auth.authenticate(headers)
+        cached = (time.perf_counter() - started) / (count * 10) * 1e6
+        cold = []
+        for _ in range(200):
+            auth._tokens.clear()
+            started = time.perf_counter()
+            await auth.authenticate(headers)
+            cold.append((time.perf_counter() - started) * 1e6)
+
+    print(f"token verification, cached (every request but a token's first) : {cached:8.1f} µs")
+    print(f"token verification, first (signature + row in Postgres)      : {statistics.median(cold):8.1f} µs (median of 200)")
+    print(f"{'µs per request (median of interleaved blocks)':46} {'auth off':>10} {'auth on':>10} {'cost':>8}")
+    for label, (off, on) in results.items():
         print(f"{label:46} {off:10.1f} {on:10.1f} {(on - off) / off:8.1%}")
 
 
@@ -104,7 +107,8 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=5000)
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="metaledger-bench-"))
-    pg = EmbeddedPostgres(root / "pg", free_port(), database=None, durable=True)
+    # fsync off: a commit's fsync varies by milliseconds and would hide the microseconds measured here
+    pg = EmbeddedPostgres(root / "pg", free_port(), database=None, durable=False)
     pg.start()
     try:
         ensure_database(pg.admin_dsn, "bench")

@@ -46,6 +46,7 @@ def main() -> int:
         asyncio.run(wait_healthy(f"http://127.0.0.1:{port}", process=service))
         run = fuzz(f"http://127.0.0.1:{port}", issue_token(env), seed=args.seed, max_examples=args.max_examples,
                    max_time_s=args.max_time, workers=args.workers, report_dir=root / "report")
+        print(run.failures)
         print(run.summary)
         print(f"requests generated: {run.generated}")
         return run.returncode

@@ -33,6 +33,16 @@ class FuzzRun:
         return int(match.group(1)) if match else 0
 
     @property
+    def failures(self) -> str:
+        """The FAILURES section: each failing operation, the check, the response and a curl line to replay it."""
+        start = self.output.find("= FAILURES =")
+        if start < 0:
+            return ""
+        end = min((i for i in (self.output.find("= WARNINGS =", start), self.output.find("= SUMMARY =", start)) if i > 0),
+                  default=len(self.output))
+        return self.output[self.output.rfind("\n", 0, start) + 1:end]
+
+    @property
     def summary(self) -> str:
         start = self.output.rfind("SUMMARY")
         return self.output[start - 40:] if start >= 0 else self.output[-3000:]

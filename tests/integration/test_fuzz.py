@@ -26,4 +26,4 @@ async def test_schemathesis_finds_no_server_error_and_no_undocumented_status(dat
     finally:
         stop_process(service)
     assert run.generated >= 800, run.summary
-    assert run.returncode == 0, run.summary
+    assert run.returncode == 0, run.failures + run.summary
