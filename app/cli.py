@@ -23,11 +23,14 @@ def main() -> None:
 @click.option("--port", default=8080, show_default=True, type=int)
 @click.option("--no-migrate", is_flag=True, help="Do not apply pending migrations at start.")
 @click.option("--log-level", default="info", show_default=True)
-def serve(host: str, port: int, no_migrate: bool, log_level: str) -> None:
+@click.option(
+    "--workers", type=click.IntRange(min=1), default=None, envvar="METALEDGER_WORKERS", show_envvar=True,
+    help="API processes sharing the port; above 1, the background work (relay, consumers, embedded indexer) runs in "
+         "a process of its own  [default: the machine's cores]",
+)
+def serve(host: str, port: int, no_migrate: bool, log_level: str, workers: int | None) -> None:
     """Run the service. Without METALEDGER_DATABASE_URL it starts its own Postgres under METALEDGER_DATA_DIR."""
-    import uvicorn
-
-    from app.main import create_app
+    from app import supervisor
 
     settings = get_settings()
     if no_migrate:
@@ -37,7 +40,7 @@ def serve(host: str, port: int, no_migrate: bool, log_level: str) -> None:
             f"WARNING: authentication is off (METALEDGER_AUTH_ENABLED=false) and metaledger listens on {host}: anyone "
             "who can reach it can write and delete anything.", err=True,
         )
-    uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False)
+    supervisor.serve(settings, host, port, workers or supervisor.default_workers(), log_level)
 
 
 def _run_worker(make_worker) -> None:

@@ -40,6 +40,7 @@ from app.schema_registry import make_registry_client
 from app.settings import Settings, get_settings
 from app.ingest.gateway import IngestGateway
 from app.kafka.producer import ProposalProducer
+from app.write.combiner import WriteCombiner
 from app.write.plugins import load_rule_chain
 from app.write.proposal import DEFAULT_ACTOR, SYSTEM_ACTOR
 from app.write.service import WriteService
@@ -68,12 +69,34 @@ def start_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
     return url, None if already_running else pg
 
 
+def start_and_migrate(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
+    """`start_database`, then the pending migrations unless turned off."""
+    url, embedded = start_database(settings)
+    if settings.apply_migrations_on_start:
+        upgrade_database(url)
+    return url, embedded
+
+
+def prepare_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
+    """What a supervisor of several processes does once before starting them (app.supervisor): the database started
+    and migrated, and on the first start the admin token created and printed."""
+    url, embedded = start_and_migrate(settings)
+
+    async def announce() -> None:
+        engine = create_engine(url, 1)
+        try:
+            await _announce_auth(settings, AuthService(settings, engine, load_registry(settings.registry_path)))
+        finally:
+            await engine.dispose()
+
+    asyncio.run(announce())
+    return url, embedded
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
-    url, embedded = await asyncio.to_thread(start_database, settings)
-    if settings.apply_migrations_on_start:
-        await asyncio.to_thread(upgrade_database, url)
+    url, embedded = await asyncio.to_thread(start_and_migrate, settings)
     engine = create_engine(url, settings.db_pool_size, settings.db_pool_timeout_s)
     app.state.engine = engine
     app.state.sessionmaker = create_sessionmaker(engine)
@@ -97,9 +120,18 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.auth = auth = AuthService(settings, engine, app.state.registry)
     await _announce_auth(settings, auth)
     app.state.ops = ops = Operations(settings, engine, app.state.registry, app.state.schema_registry)
-    app.state.gateway = IngestGateway(app.state.write_service, search, producer, auth, admission=ops.admission)
+    combiner = None
+    if settings.write_combining:
+        combiner = WriteCombiner(
+            app.state.write_service, app.state.sessionmaker, flushers=settings.write_group_transactions,
+            max_group_proposals=settings.write_group_max_proposals,
+        )
+    app.state.gateway = IngestGateway(
+        app.state.write_service, search, producer, auth, admission=ops.admission, combiner=combiner,
+    )
     background = Background()
-    await background.start(settings, engine, app.state.sessionmaker, app.state.gateway, search, codec)
+    if settings.background_in_process:  # else a process of its own runs them (`serve --workers N`, app.supervisor)
+        await background.start(settings, engine, app.state.sessionmaker, app.state.gateway, search, codec)
     await ops.start(background)  # the outbox sampler (backpressure, /metrics) and /ready
     log.info("metaledger started", extra={"database": engine.url.render_as_string(hide_password=True)})
     try:

@@ -109,6 +109,11 @@ class Settings(BaseSettings):
     search_failure_retry_min_s: float = 10.0
     search_failure_retry_max_s: float = 3600.0
 
+    # --- processes (`metaledger serve --workers N`, app.supervisor)
+    # Whether this process also runs the background workers (relay, consumers, embedded indexer). `serve --workers N`
+    # with N > 1 turns it off in its API processes and runs them in one process of their own.
+    background_in_process: bool = True
+
     # --- the outbox relay (publishes change logs to Kafka; also assigns change-feed offsets in commit order)
     relay_enabled: bool = True  # inside `metaledger serve`; `metaledger relay` runs it standalone
     relay_batch_size: int = 1000
@@ -124,7 +129,12 @@ class Settings(BaseSettings):
     # --- operations: metrics, readiness, backpressure (app.ops)
     http_metrics_enabled: bool = True  # request counts and latency histograms per route (the middleware's part)
     access_log: bool = True  # one INFO line per request on `metaledger.access` (request_id, method, route, status, ms)
-    # Writes in flight per process (0: db_pool_size); a write waits this long for a slot, then answers 429.
+    # Write combining (app.write.combiner): HTTP writes waiting at the same moment share a transaction, up to
+    # `write_group_transactions` transactions at a time per process and `write_group_max_proposals` proposals each.
+    write_combining: bool = True
+    write_group_transactions: int = 2
+    write_group_max_proposals: int = 1000
+    # Writes in flight per process (0: 4 x db_pool_size); a write waits this long for a slot, then answers 429.
     max_in_flight_writes: int = 0
     write_queue_timeout_ms: int = 1000
     # Writes answer 429 while the outbox backlog (change logs not yet published, or without Kafka not yet indexed)

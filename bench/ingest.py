@@ -12,7 +12,8 @@ Prints:
   the change log) written with bare asyncpg, same concurrency and batch size, and metaledger's share of it.
 
 It starts its own Postgres (fsync on, as the embedded default) under a temporary directory and its own server
-(`uvicorn app.main:app`, one worker) on a free loopback port. With `--auth on` (the default, as deployed) every
+(`metaledger serve --workers N`, default the machine's cores; `--workers 0`: `uvicorn app.main:app`, one process) on a
+free loopback port (bench/harness.py). With `--auth on` (the default, as deployed) every
 request carries a bearer token issued by `metaledger token create`; `--auth off` runs the server with
 METALEDGER_AUTH_ENABLED=false, to measure what verifying a token costs.
 """
@@ -24,7 +25,6 @@ import asyncio
 import os
 import statistics
 import sys
-import tempfile
 import time
 from datetime import datetime, timezone
 from pathlib import Path
@@ -33,11 +33,9 @@ import asyncpg
 import httpx
 import orjson
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from app.db import upgrade_database  # noqa: E402
-from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port  # noqa: E402
-from tests.processes import issue_token, start_service, stop_process, wait_healthy  # noqa: E402
+from harness import throwaway_service  # noqa: E402
 
 PLATFORMS = ("hive", "snowflake", "bigquery", "postgres")
 HEADERS = {"content-type": "application/json"}  # + the bearer token with --auth on
@@ -172,25 +170,17 @@ async def main() -> None:
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--singles", type=int, default=400)
     parser.add_argument("--auth", choices=("on", "off"), default="on")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="`serve --workers` (default: the machine's cores); 0: one process, `uvicorn app.main:app`")
+    parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the service (repeatable)")
     args = parser.parse_args()
+    cores = len(os.sched_getaffinity(0))
+    workers = cores if args.workers is None else args.workers
+    env = dict(item.split("=", 1) for item in args.env)
 
-    root = Path(tempfile.mkdtemp(prefix="metaledger-bench-"))
-    pg = EmbeddedPostgres(root / "pg", free_port(), database=None, durable=True)
-    pg.start()
-    server = None
-    try:
-        url = pg.admin_dsn.rsplit("/", 1)[0] + "/bench"
-        ensure_database(pg.admin_dsn, "bench")
-        sa_url = url.replace("postgresql://", "postgresql+asyncpg://")
-        upgrade_database(sa_url)
-        port = free_port()
-        env = {"METALEDGER_DATABASE_URL": sa_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-               "METALEDGER_AUTH_ENABLED": "true" if args.auth == "on" else "false"}
-        if args.auth == "on":
-            HEADERS["authorization"] = f"Bearer {issue_token(env, 'urn:li:corpuser:bench', 'writer')}"
-        server = start_service(env, port, quiet=False)
-        base = f"http://127.0.0.1:{port}"
-        await wait_healthy(base)
+    with throwaway_service(workers=workers or None, auth=args.auth == "on", env=env) as service:
+        HEADERS.update(service.headers)
+        base = service.base
         writes = args.clients * args.batches * args.batch_size
 
         # warm-up round: creates the entities (first versions), compiles validators, fills caches
@@ -201,19 +191,18 @@ async def main() -> None:
         v3_rate = writes / elapsed
         latencies = await single_latencies(base, args.singles)
 
-        await raw_ceiling(url, args.clients, 2, args.batch_size, 0)  # same warm-up: first versions
-        raw_elapsed = await raw_ceiling(url, args.clients, args.batches, args.batch_size, 2)
+        await raw_ceiling(service.dsn, args.clients, 2, args.batch_size, 0)  # same warm-up: first versions
+        raw_elapsed = await raw_ceiling(service.dsn, args.clients, args.batches, args.batch_size, 2)
         raw_rate = writes / raw_elapsed
 
-        print(f"machine: {os.cpu_count()} cores; Postgres fsync on; auth {args.auth}; {args.clients} clients x {args.batches} batches x {args.batch_size} MCPs")
+        serving = f"`metaledger serve --workers {workers}`" if workers else "one process (`uvicorn app.main:app`)"
+        print(f"machine: {cores} cores; {serving}; Postgres fsync on; auth {args.auth}; {args.clients} clients x {args.batches} batches x {args.batch_size} MCPs")
         print(f"batch UPSERT via /openapi/v1/proposals : {v1_rate:8.0f} versioned aspect writes/s")
         print(f"batch UPSERT via /openapi/v3/entity     : {v3_rate:8.0f} versioned aspect writes/s")
         print(f"raw asyncpg ceiling (same rows)         : {raw_rate:8.0f} rows/s")
         print(f"metaledger / raw ceiling                : {v1_rate / raw_rate:8.1%} (v1), {v3_rate / raw_rate:.1%} (v3)")
         print(f"single write latency ({args.singles} sequential)  : p50 {percentile(latencies, .5):.2f} ms, p99 {percentile(latencies, .99):.2f} ms, mean {statistics.mean(latencies):.2f} ms")
-    finally:
-        stop_process(server)
-        pg.stop()
+        print(f"RSS per process (MB): {'/'.join(f'{r:.0f}' for r in service.rss_mb())}")
 
 
 if __name__ == "__main__":

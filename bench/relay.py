@@ -189,12 +189,12 @@ async def throughput(sa_url: str, dsn: str, bootstrap: str, rows: int,
     return rows / elapsed, sequenced_at or elapsed, mean_size, on_topic, cpu / rows * 1e6
 
 
-async def latency(sa_url: str, bootstrap: str, rate: int, seconds: float) -> dict:
+async def latency(sa_url: str, bootstrap: str, rate: int, seconds: float, workers: int | None = None) -> dict:
     topic = f"bench_lat_{uuid.uuid4().hex[:6]}"
     port = free_port()
     env = {"METALEDGER_DATABASE_URL": sa_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
            "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "METALEDGER_TOPIC_MCL_VERSIONED": topic}
-    server = start_service(env, port, quiet=False)
+    server = start_service(env, port, quiet=False, workers=workers)
     base = f"http://127.0.0.1:{port}"
     batch = 10
     sent: dict[tuple[str, str], tuple[float, float]] = {}  # (urn, version) -> (request start, acknowledgement)
@@ -272,6 +272,9 @@ async def main() -> None:
     parser.add_argument("--rate", type=int, default=500, help="versioned aspect writes/s (latency)")
     parser.add_argument("--seconds", type=float, default=20, help="how long the steady ingest runs (latency)")
     parser.add_argument("--repeat", type=int, default=1, help="throughput rounds per value format (best kept)")
+    parser.add_argument("--workers", type=int, default=None,
+                        help="latency: `metaledger serve --workers N` (the relay then in its background process); "
+                             "default: one process, `uvicorn app.main:app`")
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="metaledger-bench-relay-"))
@@ -292,7 +295,7 @@ async def main() -> None:
                 result = await throughput(sa_url, dsn, broker.bootstrap_servers, args.rows, value_format)
                 if value_format not in best or result[0] > best[value_format][0]:
                     best[value_format] = result
-        lat = await latency(sa_url, broker.bootstrap_servers, args.rate, args.seconds)
+        lat = await latency(sa_url, broker.bootstrap_servers, args.rate, args.seconds, args.workers)
 
         print(f"machine: {os.cpu_count()} cores; Postgres fsync on; broker Tansu (memory); acks=all")
         for value_format in ("avro", "json"):

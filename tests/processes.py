@@ -32,13 +32,22 @@ def service_env(env: dict[str, str]) -> dict[str, str]:
     }
 
 
-def start_service(env: dict[str, str], port: int, *, quiet: bool = True) -> subprocess.Popen:
-    """metaledger as its own process (one uvicorn worker) with `env` on top of this process's environment."""
+def start_service(
+    env: dict[str, str], port: int, *, quiet: bool = True, workers: int | None = None, log: Path | None = None,
+) -> subprocess.Popen:
+    """metaledger as its own process with `env` on top of this process's environment: one process (`uvicorn
+    app.main:app`), or with `workers` `metaledger serve --workers N` (N API processes and a background process).
+    Its output: discarded (`quiet`), this process's, or appended to `log`."""
     output = subprocess.DEVNULL if quiet else None
-    return subprocess.Popen(
-        [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning", "--no-access-log"],
-        cwd=ROOT, env=service_env(env), stdout=output, stderr=output,
-    )
+    if log is not None:
+        output = log.open("ab")
+    if workers is None:
+        argv = [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning",
+                "--no-access-log"]
+    else:
+        argv = [str(Path(sys.executable).with_name("metaledger")), "serve", "--port", str(port), "--workers",
+                str(workers), "--log-level", "warning"]
+    return subprocess.Popen(argv, cwd=ROOT, env=service_env(env), stdout=output, stderr=output)
 
 
 def issue_token(env: dict[str, str], actor: str = "urn:li:corpuser:datahub", role: str = "admin",

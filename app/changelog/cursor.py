@@ -44,7 +44,12 @@ class FeedCursor:
 
     async def has_rows_after(self, position: int) -> bool:
         """Whether the feed holds any row past `position` (the idle poll: one round trip, no lock)."""
-        return await self.conn.fetchval("SELECT EXISTS (SELECT 1 FROM change_log_outbox WHERE feed_offset > $1)", position)
+        # ORDER BY ... LIMIT 1 walks the feed_offset index whatever the table's statistics say (an EXISTS was planned
+        # as a sequential scan of the outbox while its statistics were stale, at every idle poll)
+        found = await self.conn.fetchval(
+            "SELECT feed_offset FROM change_log_outbox WHERE feed_offset > $1 ORDER BY feed_offset LIMIT 1", position
+        )
+        return found is not None
 
     async def read_after(self, position: int, limit: int, topics: Sequence[str]) -> list[asyncpg.Record]:
         """The next `limit` rows past `position`, in feed order, as records (`feed_offset`, `id`, `topic`, `urn`,

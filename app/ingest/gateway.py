@@ -24,6 +24,7 @@ from app.ops.backpressure import WriteAdmission
 from app.ops.metrics import count_writes, write_refused
 from app.search.service import IndexOutcome, SearchRuntime, sync_index, wants_sync_index
 from app.write.proposal import AuditStamp, Draft, Proposal
+from app.write.combiner import WriteCombiner
 from app.write.service import WriteResult, WriteService
 
 
@@ -66,8 +67,10 @@ class IngestGateway:
     def __init__(
         self, writer: WriteService, search: SearchRuntime | None = None, queue: ProposalQueue | None = None,
         authorizer: WriteAuthorizer | None = None, admission: WriteAdmission | None = None,
+        combiner: WriteCombiner | None = None,
     ) -> None:
         self.writer = writer
+        self.combiner = combiner  # HTTP writes share transactions with their concurrent ones (app.write.combiner)
         self.search = search
         self.queue = queue
         self.authorizer = authorizer
@@ -89,10 +92,15 @@ class IngestGateway:
             raise in_callers_terms(error, drafts) from None
 
     async def apply(
-        self, session: AsyncSession, proposals: Sequence[Proposal], audit: AuditStamp, drafts: Sequence[Draft] = ()
+        self, session: AsyncSession, proposals: Sequence[Proposal], audit: AuditStamp, drafts: Sequence[Draft] = (),
+        *, combine: bool = False,
     ) -> WriteResult:
+        """The transaction: the session's own, or with `combine` (and a combiner) the next shared one."""
         try:
-            result = await self.writer.apply(session, proposals, audit)
+            if combine and self.combiner is not None:
+                result = await self.combiner.apply(proposals, audit)
+            else:
+                result = await self.writer.apply(session, proposals, audit)
         except MetaledgerError as error:
             write_refused(error, drafts or proposals)
             raise in_callers_terms(error, drafts) from None
@@ -127,7 +135,7 @@ class IngestGateway:
             await self.queue.send([proposal_to_mcp(draft, proposal) for draft, proposal in pairs])
             return Outcome(drafts, proposals, queued=pairs)
         async with self.admission or nullcontext():  # a write slot, or 429 after a short wait
-            result = await self.apply(session, proposals, caller.audit_stamp(), drafts)
+            result = await self.apply(session, proposals, caller.audit_stamp(), drafts, combine=True)
         index = None
         if wants_sync_index(request_headers, proposals):
             index = await sync_index(self.search, result.outbox)

@@ -20,8 +20,8 @@ from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.ops.backpressure import WriteAdmission
-from app.ops.metrics import REGISTRY
-from app.ops.readiness import Readiness, find_worker
+from app.ops.metrics import exposition
+from app.ops.readiness import Readiness
 from app.ops.sampler import OutboxSampler
 from app.settings import Settings
 
@@ -29,8 +29,9 @@ CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the text format generate_latest write
 
 
 def in_flight_limit(settings: Settings) -> int:
-    """`max_in_flight_writes`, or the database pool's size when it is 0."""
-    return settings.max_in_flight_writes or settings.db_pool_size
+    """`max_in_flight_writes`, or when it is 0 four times the database pool's size: writes share transactions
+    (app.write.combiner), so in-flight writes are not connections."""
+    return settings.max_in_flight_writes or 4 * settings.db_pool_size
 
 
 class Operations:
@@ -66,7 +67,7 @@ class Operations:
     async def metrics(self) -> bytes:
         """The exposition: the process's series, then this app's (with a fresh outbox sample)."""
         await self.sampler.refresh()
-        return generate_latest(REGISTRY) + generate_latest(self.collectors)
+        return exposition() + generate_latest(self.collectors)
 
     async def ready(self) -> tuple[bool, dict[str, Any]]:
         return await self.readiness.check()
@@ -117,15 +118,3 @@ class _AppCollector(Collector):
             yield GaugeMetricFamily("metaledger_indexer_failing_oldest_seconds",
                                     "Since the oldest change log in search_index_failure first failed (0: none)",
                                     value=sample.failing_age_s or 0.0)
-        worker = find_worker(ops.background, "IndexWorker")
-        if worker is not None:
-            yield CounterMetricFamily("metaledger_indexer_failures",
-                                      "Change logs this process recorded as refused by the search backend (first failures and failed retries)",
-                                      value=worker.rows_failed)
-            yield CounterMetricFamily("metaledger_indexer_retried_rows",
-                                      "Refused change logs a retry of this process indexed", value=worker.retries_indexed)
-            yield CounterMetricFamily("metaledger_indexer_errors",
-                                      "Errors of the embedded indexing worker (backend or database unavailable: the batch is retried whole)",
-                                      value=worker.failures)
-            yield CounterMetricFamily("metaledger_indexer_applied_rows", "Change logs the embedded indexing worker applied",
-                                      value=worker.applied_rows)

@@ -1,7 +1,7 @@
 """The process's Prometheus series (prefix `metaledger_`), served at `/metrics`.
 
 Counters and histograms that the code increments (requests, writes, rejections, retries, auth failures, relay
-publishes, consumer lag) are module-level, created once at import in `REGISTRY`, a registry of metaledger's own (not
+publishes, consumer lag, indexing) are module-level, created once at import in `REGISTRY`, a registry of metaledger's own (not
 prometheus_client's global default), so that any number of apps in one process (the tests) share them without
 "Duplicated timeseries". Values that are read from a running app (the DB pool, the outbox backlog, indexing lag,
 writes in flight) are not stored here: each app's `Operations` renders them at scrape time from its own objects
@@ -10,6 +10,9 @@ writes in flight) are not stored here: each app's `Operations` renders them at s
 Label values are bounded: routes are templates ("unmatched" when nothing matched), methods a fixed set, entity types
 and aspects come from the registry (a write that names neither is rejected before it is counted), validation
 reasons and conflict kinds are the short lists below.
+
+Under `metaledger serve --workers N` (PROMETHEUS_MULTIPROC_DIR set before this module is imported) prometheus_client
+keeps these values in files shared by every process, and `/metrics` sums them (`exposition`).
 """
 
 from __future__ import annotations
@@ -18,7 +21,9 @@ import logging
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+import os
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
 
 from app.errors import clip  # app.errors imports nothing of metaledger's
@@ -86,8 +91,37 @@ CONSUMER_LAG = Gauge(
     "metaledger_consumer_lag_records",
     "Records on an ingestion topic partition not yet applied by this process's consumer (high watermark - position), "
     "after its last batch",
-    ["topic", "partition"], registry=REGISTRY,
+    ["topic", "partition"], registry=REGISTRY, multiprocess_mode="mostrecent",
 )
+
+# --- the embedded indexing worker (app.search.worker) ----------------------------------------------------------------
+INDEXER_APPLIED = Counter(
+    "metaledger_indexer_applied_rows", "Change logs the embedded indexing worker applied", registry=REGISTRY,
+)
+INDEXER_FAILED_ROWS = Counter(
+    "metaledger_indexer_failures",
+    "Change logs the embedded indexer recorded as refused by the search backend (first failures and failed retries)",
+    registry=REGISTRY,
+)
+INDEXER_RETRIED_ROWS = Counter(
+    "metaledger_indexer_retried_rows", "Refused change logs a retry of the embedded indexer indexed", registry=REGISTRY,
+)
+INDEXER_ERRORS = Counter(
+    "metaledger_indexer_errors",
+    "Errors of the embedded indexing worker (backend or database unavailable: the batch is retried whole)",
+    registry=REGISTRY,
+)
+
+def exposition() -> bytes:
+    """The module's series: this process's, or with several processes (multiprocess mode) every process's summed."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        from prometheus_client import multiprocess
+
+        shared = CollectorRegistry()
+        multiprocess.MultiProcessCollector(shared)
+        return generate_latest(shared)
+    return generate_latest(REGISTRY)
+
 
 _ANY_METHOD = frozenset({"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"})
 

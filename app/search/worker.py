@@ -44,6 +44,7 @@ from app.changelog.cursor import FeedCursor, FeedCursorRepository
 from app.search.failures import IndexFailures, describe
 from app.search.service import IndexItem, SearchRuntime
 from app.settings import Settings
+from app.ops.metrics import INDEXER_APPLIED, INDEXER_ERRORS, INDEXER_FAILED_ROWS, INDEXER_RETRIED_ROWS
 from app.db import close_quietly, connect_dedicated
 from app.workers import pause
 
@@ -94,6 +95,7 @@ class IndexWorker:
             except Exception as error:  # noqa: BLE001 - the worker outlives database and search outages
                 failures += 1
                 self.failures += 1
+                INDEXER_ERRORS.inc()
                 if failures == 1 or failures % 20 == 0:
                     log.warning("indexing worker: error; retrying", extra={"attempts": failures, "error": f"{type(error).__name__}: {error}"})
                 await pause(stop, min(MAX_BACKOFF_S, 0.1 * 2**failures))
@@ -127,8 +129,10 @@ class IndexWorker:
             await cursor.advance(new_last)
         if failed:
             self.rows_failed += len(failed)
+            INDEXER_FAILED_ROWS.inc(len(failed))
             self.failing_rows += len(failed)  # until the next look at the table
         self.applied_rows += len(rows)
+        INDEXER_APPLIED.inc(len(rows))
         self.applied_changes += sum(len(item.changes) for item in items)
         self.last_offset = new_last
         return len(rows)
@@ -140,6 +144,7 @@ class IndexWorker:
             await self.retry_due(conn)
         except Exception as error:  # noqa: BLE001
             self.failures += 1
+            INDEXER_ERRORS.inc()
             self._next_retry_check = time.monotonic() + MAX_BACKOFF_S
             log.warning("indexing worker: retrying failures failed; the feed goes on",
                         extra={"error": f"{type(error).__name__}: {error}"})
@@ -165,6 +170,8 @@ class IndexWorker:
             await self.failure_table.retried(conn, indexed, failed)
         self.rows_failed += len(failed)
         self.retries_indexed += len(indexed)
+        INDEXER_FAILED_ROWS.inc(len(failed))
+        INDEXER_RETRIED_ROWS.inc(len(indexed))
         self.failing_rows -= len(indexed)
         if indexed:
             log.info("indexing failures retried: indexed", extra={"indexed": len(indexed), "still_failing": len(failed)})

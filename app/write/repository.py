@@ -134,7 +134,9 @@ class AspectRepository(SessionRepository):
     ) -> tuple[dict[tuple[str, str], StoredAspect], dict[tuple[str, str], int]]:
         """The write transaction's lock step, one round trip: row 0 of each (urn, aspect) and of every aspect of
         `entity_urns` (entities the batch deletes), locked `FOR UPDATE` in sorted key order (no deadlocks between
-        batches that overlap); and, for the requested keys that have no row 0, their version floor (the highest
+        batches that overlap: the keys in order, each row looked up and locked in its turn; the LATERAL lookup is an
+        index lookup whatever the statistics say, where a join was planned as a scan of every row 0 while a young
+        table's statistics were stale); and, for the requested keys that have no row 0, their version floor (the highest
         version reached before a delete: a first insert continues from it). The floor is read from this
         statement's snapshot; `write_changes` re-checks it against the committed one."""
         ordered = sorted(set(keys))
@@ -149,21 +151,24 @@ class AspectRepository(SessionRepository):
                 UNION
                 SELECT urn, aspect FROM metadata_aspect_v2 WHERE urn = ANY($3::text[]) AND version = 0
             ), locked AS (
-                SELECT m.{_ROW_COLUMNS.replace(', ', ', m.')}
-                FROM metadata_aspect_v2 m JOIN keys k ON m.urn = k.urn AND m.aspect = k.aspect
-                WHERE m.version = 0
-                ORDER BY m.urn, m.aspect
-                FOR UPDATE OF m
+                SELECT m.* FROM (SELECT urn, aspect FROM keys ORDER BY urn, aspect) k
+                CROSS JOIN LATERAL (
+                    SELECT {_ROW_COLUMNS} FROM metadata_aspect_v2 x
+                    WHERE x.urn = k.urn AND x.aspect = k.aspect AND x.version = 0
+                    FOR UPDATE
+                ) m
             )
             SELECT l.*, NULL::bigint AS floor FROM locked l
             UNION ALL
             SELECT f.urn, f.aspect, NULL, NULL, NULL, NULL, NULL, NULL, f.version
             FROM metadata_aspect_version_floor f JOIN keys k ON f.urn = k.urn AND f.aspect = k.aspect
-            WHERE NOT EXISTS (SELECT 1 FROM locked l WHERE l.urn = f.urn AND l.aspect = f.aspect)
+            WHERE f.urn = ANY($4::text[])  -- redundant: lets the planner look the floors up by URN
+              AND NOT EXISTS (SELECT 1 FROM locked l WHERE l.urn = f.urn AND l.aspect = f.aspect)
             """,
             [k[0] for k in ordered],
             [k[1] for k in ordered],
             urns,
+            sorted({k[0] for k in ordered}.union(urns)),
         )
         rows: dict[tuple[str, str], StoredAspect] = {}
         floors: dict[tuple[str, str], int] = {}
@@ -272,7 +277,12 @@ class AspectRepository(SessionRepository):
         retention of history rows (never row 0), the change logs and the version floors of deleted aspects
         (GREATEST of the stored one). A concurrent first insert surfaces as a unique violation; a first insert whose
         version is not above the committed floor (a concurrent delete raised it after our lock step read it) as
-        `StaleVersionFloor`; the caller answers both by retrying the transaction."""
+        `StaleVersionFloor`; the caller answers both by retrying the transaction.
+
+        The rows to update and prune are found by a LATERAL lookup per key (`OFFSET 0` keeps the planner from
+        flattening it into a join) and then reached by ctid: index lookups whatever the table's statistics say. (A
+        plain `UPDATE ... FROM unnest(...)` was planned as a scan of every row 0 while a young table's statistics were
+        stale.) The row-0 ctids are stable: this transaction holds their locks."""
         if not (inserts or updates or prune or outbox or floors):
             return
         conn = await self._conn()
@@ -290,11 +300,19 @@ class AspectRepository(SessionRepository):
                     createdby = u.createdby, createdfor = u.createdfor
                 FROM unnest($9::text[], $10::text[], $11::text[], $12::text[], $13::timestamp[], $14::text[], $15::text[])
                      AS u(urn, aspect, metadata, sm, createdon, createdby, createdfor)
-                WHERE m.urn = u.urn AND m.aspect = u.aspect AND m.version = 0
+                CROSS JOIN LATERAL (
+                    SELECT x.ctid AS row_id FROM metadata_aspect_v2 x
+                    WHERE x.urn = u.urn AND x.aspect = u.aspect AND x.version = 0 OFFSET 0
+                ) x
+                WHERE m.ctid = x.row_id
             ), pruned AS (
                 DELETE FROM metadata_aspect_v2 m
                 USING unnest($16::text[], $17::text[], $18::bigint[]) AS r(urn, aspect, cutoff)
-                WHERE m.urn = r.urn AND m.aspect = r.aspect AND m.version <> 0 AND m.version <= r.cutoff
+                CROSS JOIN LATERAL (
+                    SELECT x.ctid AS row_id FROM metadata_aspect_v2 x
+                    WHERE x.urn = r.urn AND x.aspect = r.aspect AND x.version > 0 AND x.version <= r.cutoff OFFSET 0
+                ) x
+                WHERE m.ctid = x.row_id
             ), outboxed AS ({_OUTBOX_CTE}), floored AS (
                 INSERT INTO metadata_aspect_version_floor AS f (urn, aspect, version)
                 SELECT * FROM unnest($26::text[], $27::text[], $28::bigint[])
@@ -302,7 +320,7 @@ class AspectRepository(SessionRepository):
             )
             SELECT count(*) FROM unnest($29::text[], $30::text[], $31::bigint[]) AS c(urn, aspect, version)
             JOIN metadata_aspect_version_floor f ON f.urn = c.urn AND f.aspect = c.aspect
-            WHERE f.version >= c.version
+            WHERE f.version >= c.version AND f.urn = ANY($29::text[])
             """,
             *_columns(inserts),
             u_urn, u_aspect, u_metadata, u_sm, u_on, u_by, u_for,

@@ -5,7 +5,8 @@
     commit → publish
 
 `prepare` runs the stages before the transaction and reports every bad item of a batch at once; `apply` runs the
-transaction (retried whole on a lost first-insert race, a deadlock or a serialization failure).
+transaction (retried whole on a lost first-insert race, a deadlock or a serialization failure); `apply_group` runs
+several independent writes in one transaction (app.write.combiner).
 """
 
 from __future__ import annotations
@@ -271,13 +272,21 @@ class WriteService:
 
     # --- the transaction ---------------------------------------------------------------------------------------
     async def apply(self, session: AsyncSession, proposals: Sequence[Proposal], audit: AuditStamp) -> WriteResult:
+        return (await self.apply_group(session, [(proposals, audit)]))[0]
+
+    async def apply_group(
+        self, session: AsyncSession, writes: Sequence[tuple[Sequence[Proposal], AuditStamp]]
+    ) -> list[WriteResult]:
+        """Several independent writes (each a batch of proposals and its caller's audit stamp) in one transaction,
+        in order: each sees the rows as the writes before it left them, as if they had been committed one after the
+        other. A refusal of any of them refuses the group (app.write.combiner then applies them one by one)."""
         repo = AspectRepository(session)
         attempts = 0
         while True:
             attempts += 1
             try:
                 async with repo.transaction():
-                    txn = await self._run_transaction(repo, proposals, audit)
+                    txn, spans = await self._run_transaction(repo, writes)
                 break
             except RETRYABLE_DB_ERRORS as error:
                 if attempts > self.settings.transaction_retries:
@@ -285,35 +294,47 @@ class WriteService:
                         f"the write could not be committed after {attempts} attempts ({type(error).__name__}); retry"
                     ) from error
                 TRANSACTION_RETRIES.labels(type(error).__name__).inc()
-                log.info("write transaction retried", extra={"attempt": attempts, "reason": type(error).__name__, "detail": getattr(error, "detail", None) or str(error), "items": len(proposals), **first_write_fields(proposals)})
+                log.info("write transaction retried", extra={"attempt": attempts, "reason": type(error).__name__, "detail": getattr(error, "detail", None) or str(error), "items": sum(len(w[0]) for w in writes), **first_write_fields(writes[0][0])})
         if log.isEnabledFor(logging.DEBUG):  # not on the hot path unless asked for
-            log.debug("write committed", extra={"items": len(proposals), "change_logs": len(txn.outbox), **first_write_fields(proposals)})
-        return WriteResult(sorted(txn.results, key=lambda r: r.index), len(txn.outbox), attempts, txn.outbox)
+            log.debug("write committed", extra={"writes": len(writes), "items": sum(len(w[0]) for w in writes), "change_logs": len(txn.outbox), **first_write_fields(writes[0][0])})
+        results = []
+        for (results_from, results_to), (outbox_from, outbox_to) in spans:
+            outbox = txn.outbox[outbox_from:outbox_to]
+            results.append(WriteResult(sorted(txn.results[results_from:results_to], key=lambda r: r.index), len(outbox), attempts, outbox))
+        return results
 
     async def _run_transaction(
-        self, repo: AspectRepository, proposals: Sequence[Proposal], audit: AuditStamp
-    ) -> _Transaction:
+        self, repo: AspectRepository, writes: Sequence[tuple[Sequence[Proposal], AuditStamp]]
+    ) -> tuple[_Transaction, list[tuple[tuple[int, int], tuple[int, int]]]]:
+        """Lock, apply every write's proposals in order, flush. Returns the transaction and, per write, the span of
+        its results and of its change logs in the transaction's lists."""
         keys: set[tuple[str, str]] = set()
-        for p in proposals:
-            keys.add((p.urn, self.registry.entity(p.entity_type).key_aspect))
-            if not p.is_timeseries:
-                keys.add((p.urn, p.aspect_name))
-        key_aspects = {p.urn: self.registry.entity(p.entity_type).key_aspect for p in proposals}
-        # An entity delete locks (and logs the delete of) every aspect of the entity, not only the key aspect.
-        deleted_entities = {
-            p.urn for p in proposals if p.change_type is ChangeType.DELETE and p.aspect_name == key_aspects[p.urn]
-        }
+        deleted_entities: set[str] = set()
+        for proposals, _ in writes:
+            for p in proposals:
+                key_aspect = self.registry.entity(p.entity_type).key_aspect
+                keys.add((p.urn, key_aspect))
+                if not p.is_timeseries:
+                    keys.add((p.urn, p.aspect_name))
+                # An entity delete locks (and logs the delete of) every aspect of the entity, not only the key aspect.
+                if p.change_type is ChangeType.DELETE and p.aspect_name == key_aspect:
+                    deleted_entities.add(p.urn)
         locked, floors = await repo.lock_latest(keys, deleted_entities)
-        txn = _Transaction(
-            state={key: locked.get(key) for key in keys | locked.keys()},
-            existed_before={urn for urn, key_aspect in key_aspects.items() if (urn, key_aspect) in locked},
-            floors=floors,
-        )
-        for proposal in proposals:
-            self._apply_one(txn, proposal, audit)
-        self._raise_on_fatal_verdicts(txn)
+        txn = _Transaction(state={key: locked.get(key) for key in keys | locked.keys()}, existed_before=set(), floors=floors)
+        spans = []
+        for proposals, audit in writes:
+            # CREATE_ENTITY asks whether the entity existed before this write (not before its own earlier proposals)
+            txn.existed_before = {
+                p.urn for p in proposals if txn.state.get((p.urn, self.registry.entity(p.entity_type).key_aspect)) is not None
+            }
+            results_from, outbox_from = len(txn.results), len(txn.outbox)
+            for proposal in proposals:
+                self._apply_one(txn, proposal, audit)
+            spans.append(((results_from, len(txn.results)), (outbox_from, len(txn.outbox))))
+        # a group's refusal is not logged: the combiner applies its writes again one by one, and the culprit's is
+        self._raise_on_fatal_verdicts(txn, log_refusals=len(writes) == 1)
         await self._flush(repo, txn)
-        return txn
+        return txn, spans
 
     def _apply_one(self, txn: _Transaction, p: Proposal, audit: AuditStamp) -> None:
         entity = self.registry.entity(p.entity_type)
@@ -530,14 +551,14 @@ class WriteService:
                           change_type.value, _dumps(platform_event(event)))
             )
 
-    def _raise_on_fatal_verdicts(self, txn: _Transaction) -> None:
+    def _raise_on_fatal_verdicts(self, txn: _Transaction, *, log_refusals: bool = True) -> None:
         fatal = [(p, v) for p, v in txn.verdicts if v.is_fatal]
         if not fatal:
             return
         issues = [Issue(f"{v.rule}: {v.message}", p.index, p.urn, p.aspect_name) for p, v in fatal]
         kinds = {v.kind for _, v in fatal}
         summary = f"{len(fatal)} of the batch's proposals failed their checks; nothing was written"
-        for p, v in fatal:
+        for p, v in fatal if log_refusals else ():
             log.info(
                 "write rejected",
                 extra={"urn": p.urn, "aspect": p.aspect_name, "run_id": p.run_id, "rule": v.rule, "reason": v.message},

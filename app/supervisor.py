@@ -1,0 +1,162 @@
+"""`metaledger serve --workers N`: the whole machine for one service.
+
+With one worker everything runs in one process (the API, the relay, the consumers, the embedded indexer), as
+`uvicorn app.main:app` does. With N > 1 this process becomes a supervisor:
+- it starts the database (the embedded default) and applies migrations once, and announces the first admin token;
+- N API processes share the listening socket (uvicorn's multiprocess supervisor: a worker that dies is replaced);
+  their event loops serve requests only (`METALEDGER_BACKGROUND_IN_PROCESS=false`);
+- one background process runs what `Background` runs in a single process: the outbox relay (and with it the
+  change-feed sequencer), the Kafka consumers, and without Kafka the search indexing worker; it is restarted if it
+  dies. These already coordinate through Postgres (advisory locks, `FOR UPDATE SKIP LOCKED` lanes), so any number of
+  API processes writing at once is safe.
+- Prometheus counters are shared through files in one directory (prometheus_client's multiprocess mode), so that a
+  scrape of `/metrics`, whichever process takes it, sums every process's.
+Children are spawned (not forked) and read their settings from the environment this process sets up.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import multiprocessing
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+
+from app.settings import Settings, get_settings
+
+log = logging.getLogger("metaledger.supervisor")
+
+BACKGROUND_RESTART_PAUSE_S = 1.0
+
+
+def default_workers() -> int:
+    """The machine's cores (the cores this process may run on)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def serve(settings: Settings, host: str, port: int, workers: int, log_level: str) -> None:
+    import uvicorn
+
+    if workers <= 1:
+        from app.main import create_app
+
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False)
+        return
+
+    from app.logs import configure_logging
+    from app.main import prepare_database
+
+    configure_logging()
+    url, embedded = prepare_database(settings)
+    metrics_dir = Path(tempfile.mkdtemp(prefix="metaledger-metrics-"))
+    # Every child reads these: the database this process resolved (and migrated), no second first-start token, the
+    # shared metrics directory. Settings given on the command line travel the same way.
+    os.environ.update({
+        "METALEDGER_DATABASE_URL": url,
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+        "METALEDGER_AUTH_BOOTSTRAP_ADMIN_TOKEN": "false",
+        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+    })
+    background = BackgroundProcess()
+    background.start()
+    log.info("serving", extra={"workers": workers, "host": host, "port": port})
+    try:
+        os.environ["METALEDGER_BACKGROUND_IN_PROCESS"] = "false"
+        uvicorn.run("app.main:app", host=host, port=port, workers=workers, log_level=log_level, access_log=False)
+    finally:
+        background.stop()
+        shutil.rmtree(metrics_dir, ignore_errors=True)
+        if embedded is not None:
+            embedded.stop()
+
+
+class BackgroundProcess:
+    """The background workers in a process of their own, restarted (after a pause) whenever it exits until `stop`."""
+
+    def __init__(self) -> None:
+        self._context = multiprocessing.get_context("spawn")
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._stopping = threading.Event()
+        self._watcher: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._spawn()
+        self._watcher = threading.Thread(target=self._watch, name="background-watch", daemon=True)
+        self._watcher.start()
+
+    def _spawn(self) -> None:
+        self._process = self._context.Process(target=run_background, name="metaledger-background", daemon=False)
+        self._process.start()
+
+    def _watch(self) -> None:
+        while not self._stopping.is_set():
+            process = self._process
+            if process is not None:
+                process.join(timeout=0.5)
+                if process.exitcode == 0:  # it was told to stop (a Ctrl-C reaches the whole process group)
+                    return
+                if process.exitcode is not None and not self._stopping.is_set():
+                    log.error("the background process exited; restarting it", extra={"exitcode": process.exitcode})
+                    if self._stopping.wait(BACKGROUND_RESTART_PAUSE_S):
+                        return
+                    self._spawn()
+
+    def stop(self, timeout: float = 15) -> None:
+        self._stopping.set()
+        process = self._process
+        if process is None or process.exitcode is not None:
+            return
+        process.terminate()  # SIGTERM: the workers finish their batch and stop
+        process.join(timeout)
+        if process.exitcode is None:
+            process.kill()
+            process.join(5)
+
+
+def run_background() -> None:
+    """The background process: every background worker of this configuration until SIGTERM or SIGINT."""
+    asyncio.run(_background_main())
+
+
+async def _background_main() -> None:
+    from app.avro.wire import ValueCodec
+    from app.background import Background
+    from app.db import create_engine, create_sessionmaker
+    from app.ingest.gateway import IngestGateway
+    from app.logs import configure_logging
+    from app.main import build_write_service
+    from app.schema_registry import make_registry_client
+    from app.search.service import SearchRuntime
+
+    configure_logging()
+    settings = get_settings()
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    engine = create_engine(settings.database_url, settings.db_pool_size, settings.db_pool_timeout_s)
+    schema_registry = make_registry_client(settings, engine)
+    codec = ValueCodec(settings, schema_registry)
+    writer = build_write_service(settings)
+    search = SearchRuntime.create(settings, writer.registry, engine)
+    await search.start(force=True)
+    background = Background()
+    # The consumers apply what they read (never queue it) as the system actor, as in a single process.
+    await background.start(settings, engine, create_sessionmaker(engine), IngestGateway(writer, search), search, codec)
+    log.info("background workers started", extra={"workers": [type(w).__name__ for w in background.workers]})
+    try:
+        await stop.wait()
+    finally:
+        await background.close()
+        await search.close()
+        await schema_registry.aclose()
+        await engine.dispose()
+    sys.exit(0)

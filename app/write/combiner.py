@@ -1,0 +1,127 @@
+"""Write combining: the concurrent writes of one process share transactions.
+
+A single-aspect write costs a transaction: BEGIN, the lock statement, the write statement, COMMIT and its WAL flush
+(fsync on), most of it fixed cost. Under load many such writes are waiting at the same moment; instead of each
+taking a connection and a commit of its own, they queue here and up to `flushers` transactions at a time each take
+every write waiting (up to `max_group_proposals` proposals) and apply them together with
+`WriteService.apply_group`: in arrival order, each seeing the rows as the writes before it left them, as if committed
+one after the other. Nothing waits for a group to fill: a write that arrives while a flusher is free starts a
+transaction at once, so an idle service answers as fast as without combining, and a busy one commits in groups.
+
+A group is all or nothing, but a write's refusal must stay its own: when a group is refused (a precondition, a
+conflict, a rule), its writes are applied again one by one, each answered with its own result or error (the
+bulk-then-one-by-one fallback of Data.Rentgen's consumers). Other errors (the database unavailable) reach every write
+of the group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.errors import MetaledgerError
+from app.write.proposal import AuditStamp, Proposal
+from app.write.service import WriteResult, WriteService
+
+log = logging.getLogger("metaledger.write")
+
+
+@dataclass(slots=True)
+class _Waiting:
+    proposals: Sequence[Proposal]
+    audit: AuditStamp
+    done: asyncio.Future
+
+
+class WriteCombiner:
+    def __init__(
+        self, writer: WriteService, sessionmaker: async_sessionmaker[AsyncSession], *, flushers: int = 2,
+        max_group_proposals: int = 1000,
+    ) -> None:
+        self.writer = writer
+        self.sessionmaker = sessionmaker
+        self.flushers = max(1, flushers)
+        self.max_group_proposals = max_group_proposals
+        self._waiting: deque[_Waiting] = deque()
+        self._running = 0
+        self._tasks: set[asyncio.Task] = set()
+        # figures (tests, bench/): transactions, writes they carried, groups refused and applied one by one
+        self.groups = 0
+        self.writes = 0
+        self.fallbacks = 0
+
+    async def apply(self, proposals: Sequence[Proposal], audit: AuditStamp) -> WriteResult:
+        """Apply one write (a batch of proposals) in the next transaction that has room; its result or its error."""
+        done = asyncio.get_running_loop().create_future()
+        self._waiting.append(_Waiting(proposals, audit, done))
+        if self._running < self.flushers:
+            self._running += 1
+            # A task of its own: a caller that goes away (a client disconnect cancels its request) does not cancel
+            # the transaction that carries other callers' writes.
+            task = asyncio.create_task(self._flush(), name="write-combiner")
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        return await done
+
+    async def _flush(self) -> None:
+        try:
+            while self._waiting:
+                await self._apply(self._take())
+        finally:
+            self._running -= 1
+
+    def _take(self) -> list[_Waiting]:
+        """The waiting writes, oldest first, up to `max_group_proposals` proposals (at least one write)."""
+        group = [self._waiting.popleft()]
+        size = len(group[0].proposals)
+        while self._waiting and size + len(self._waiting[0].proposals) <= self.max_group_proposals:
+            size += len(self._waiting[0].proposals)
+            group.append(self._waiting.popleft())
+        return group
+
+    async def _apply(self, group: list[_Waiting]) -> None:
+        self.groups += 1
+        self.writes += len(group)
+        try:
+            async with self.sessionmaker() as session:
+                results = await self.writer.apply_group(session, [(w.proposals, w.audit) for w in group])
+        except MetaledgerError as error:
+            if len(group) > 1 and error.status_code < 500:  # one write's refusal: find whose
+                self.fallbacks += 1
+                await self._one_by_one(group)
+                return
+            for waiting in group:
+                _settle(waiting.done, error=error)
+            return
+        except BaseException as error:  # the database, or cancellation at shutdown: every write of the group learns it
+            for waiting in group:
+                _settle(waiting.done, error=error)
+            if not isinstance(error, Exception):
+                raise
+            return
+        for waiting, result in zip(group, results):
+            _settle(waiting.done, result=result)
+
+    async def _one_by_one(self, group: list[_Waiting]) -> None:
+        for waiting in group:
+            try:
+                async with self.sessionmaker() as session:
+                    result = await self.writer.apply(session, waiting.proposals, waiting.audit)
+            except Exception as error:  # noqa: BLE001 - the caller's error, raised in the caller's task
+                _settle(waiting.done, error=error)
+            else:
+                _settle(waiting.done, result=result)
+
+
+def _settle(done: asyncio.Future, *, result: WriteResult | None = None, error: BaseException | None = None) -> None:
+    if done.done():  # the caller went away (cancelled); its write was applied or refused all the same
+        return
+    if error is not None:
+        done.set_exception(error)
+    else:
+        done.set_result(result)
