@@ -8,10 +8,9 @@ every write waiting (up to `max_group_proposals` proposals) and apply them toget
 one after the other. Nothing waits for a group to fill: a write that arrives while a flusher is free starts a
 transaction at once, so an idle service answers as fast as without combining, and a busy one commits in groups.
 
-A group is all or nothing, but a write's refusal must stay its own: when a group is refused (a precondition, a
-conflict, a rule), its writes are applied again one by one, each answered with its own result or error (the
-bulk-then-one-by-one fallback of Data.Rentgen's consumers). Other errors (the database unavailable) reach every write
-of the group.
+A group is all or nothing, but a write's refusal must stay its own: when a group fails (a precondition, a conflict,
+a rule, text Postgres cannot store), its writes are applied again one by one, each answered with its own result or
+error (the bulk-then-one-by-one fallback of Data.Rentgen's consumers).
 """
 
 from __future__ import annotations
@@ -24,7 +23,6 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
-from app.errors import MetaledgerError
 from app.write.proposal import AuditStamp, Proposal
 from app.write.service import WriteResult, WriteService
 
@@ -90,20 +88,19 @@ class WriteCombiner:
         try:
             async with self.sessionmaker() as session:
                 results = await self.writer.apply_group(session, [(w.proposals, w.audit) for w in group])
-        except MetaledgerError as error:
-            if len(group) > 1 and error.status_code < 500:  # one write's refusal: find whose
-                self.fallbacks += 1
-                await self._one_by_one(group)
+        except Exception as error:  # noqa: BLE001 - answered write by write below
+            if len(group) == 1:
+                _settle(group[0].done, error=error)
                 return
+            # One write's refusal (a precondition, a rule, text Postgres cannot store) must stay its own: apply the
+            # writes again one by one (when the database itself is down, each learns it on its own, quickly).
+            self.fallbacks += 1
+            await self._one_by_one(group)
+            return
+        except BaseException as error:  # cancelled at shutdown: every write of the group learns it
             for waiting in group:
                 _settle(waiting.done, error=error)
-            return
-        except BaseException as error:  # the database, or cancellation at shutdown: every write of the group learns it
-            for waiting in group:
-                _settle(waiting.done, error=error)
-            if not isinstance(error, Exception):
-                raise
-            return
+            raise
         for waiting, result in zip(group, results):
             _settle(waiting.done, result=result)
 

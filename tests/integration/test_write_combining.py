@@ -108,3 +108,30 @@ async def test_concurrent_create_entity_one_wins(client, db: asyncpg.Connection)
     ))
     statuses = [r.status_code for r in responses]
     assert sum(s in (200, 201) for s in statuses) == 1 and statuses.count(409) == 4, [r.text for r in responses]
+
+
+async def test_a_database_error_of_one_write_stays_its_own(app, db: asyncpg.Connection):
+    """A write the database itself refuses (here a trigger of the test's, as a stand-in for any data error Postgres
+    raises) fails alone; the writes it was grouped with are committed."""
+    refused = dataset("refused-by-postgres")
+    await db.execute(f"""
+        CREATE FUNCTION refuse_one() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.urn = '{refused}' THEN RAISE EXCEPTION 'refused by the test''s trigger'; END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER refuse_one BEFORE INSERT ON metadata_aspect_v2 FOR EACH ROW EXECUTE FUNCTION refuse_one();
+    """)
+    writer = app.state.write_service
+    combiner = WriteCombiner(writer, app.state.sessionmaker, flushers=1)
+    urns = [dataset(f"neighbour{i}") for i in range(2)] + [refused] + [dataset(f"neighbour{i}") for i in range(2, 4)]
+    outcomes = await asyncio.gather(*(
+        combiner.apply(writer.prepare([Draft(0, "dataset", "datasetProperties", "UPSERT", urn=u, value={"name": "n"})]),
+                       AuditStamp.now())
+        for u in urns
+    ), return_exceptions=True)
+    assert combiner.groups == 1 and combiner.fallbacks == 1
+    assert isinstance(outcomes[2], asyncpg.exceptions.RaiseError), outcomes[2]
+    assert all(o.items[0].version == "1" for i, o in enumerate(outcomes) if i != 2), outcomes
+    assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn LIKE '%combine.neighbour%'") == 8
+    assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1", refused) == 0
