@@ -20,6 +20,7 @@ from tests.processes import SYSTEM_AUTH, start_service, stop_process, wait_healt
 
 CLIENTS = 8
 WRITES_PER_CLIENT = 40
+ENTITIES = 10  # every client writes all of them: each aspect gets writes from both API processes at once
 
 
 def urn(client: int, i: int) -> str:
@@ -80,7 +81,7 @@ async def test_serve_with_two_workers(make_database, migrated_template):
                 statuses = []
                 for i in range(WRITES_PER_CLIENT):
                     response = await http.post(
-                        f"/openapi/v3/entity/dataset/{urn(c, i % 5)}/datasetProperties",
+                        f"/openapi/v3/entity/dataset/{urn(0, (c * 3 + i) % ENTITIES)}/datasetProperties",
                         json={"value": {"name": f"t{i}", "description": f"client {c} write {i}"}},
                         params={"createIfNotExists": "false"},
                     )
@@ -93,7 +94,7 @@ async def test_serve_with_two_workers(make_database, migrated_template):
 
             conn = await asyncpg.connect(dsn)
             try:
-                # exactly one versioned change log per acknowledged write; 5 aspects x 8 clients have 8 versions each
+                # exactly one versioned change log per acknowledged write, each a version of its own
                 rows = await conn.fetch(
                     "SELECT urn, version, feed_offset FROM change_log_outbox WHERE topic = 'MetadataChangeLog_Versioned_v1' "
                     "AND aspect = 'datasetProperties'")
@@ -105,17 +106,24 @@ async def test_serve_with_two_workers(make_database, migrated_template):
                 assert await wait_for(sequenced)
                 offsets = [r["feed_offset"] for r in await conn.fetch("SELECT feed_offset FROM change_log_outbox ORDER BY 1")]
                 assert offsets == list(range(1, len(offsets) + 1))
+                # per aspect, the feed has the versions in order (commit order), whichever process wrote them
+                by_urn: dict[str, list[int]] = {}
+                for r in await conn.fetch(
+                        "SELECT urn, version FROM change_log_outbox WHERE topic = 'MetadataChangeLog_Versioned_v1' "
+                        "AND aspect = 'datasetProperties' ORDER BY feed_offset"):
+                    by_urn.setdefault(r["urn"], []).append(r["version"])
+                assert all(versions == sorted(versions) for versions in by_urn.values()), by_urn
                 latest = await conn.fetch(
                     "SELECT urn, systemmetadata::jsonb ->> 'version' AS v FROM metadata_aspect_v2 "
                     "WHERE aspect = 'datasetProperties' AND version = 0")
-                assert sorted(int(r["v"]) for r in latest) == [WRITES_PER_CLIENT // 5] * (CLIENTS * 5)
+                assert sorted(int(r["v"]) for r in latest) == [writes // ENTITIES] * ENTITIES
             finally:
                 await conn.close()
 
             # indexed by the background process (the API processes run no indexer)
             async def indexed() -> bool:
                 found = await http.get("/openapi/v3/entity/dataset", params={"query": "client", "count": 100})
-                return found.status_code == 200 and len(found.json()["entities"]) == CLIENTS * 5
+                return found.status_code == 200 and len(found.json()["entities"]) == ENTITIES
             assert await wait_for(indexed), (await http.get("/openapi/v3/entity/dataset", params={"query": "client"})).text
 
             # /metrics sums the processes: every write counted once, whichever process took it and the scrape
