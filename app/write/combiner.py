@@ -16,7 +16,7 @@ error (the bulk-then-one-by-one fallback of Data.Rentgen's consumers).
 from __future__ import annotations
 
 import asyncio
-import logging
+import contextvars
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,9 +25,6 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.write.proposal import AuditStamp, Proposal
 from app.write.service import WriteResult, WriteService
-
-log = logging.getLogger("metaledger.write")
-
 
 @dataclass(slots=True)
 class _Waiting:
@@ -60,8 +57,9 @@ class WriteCombiner:
         if self._running < self.flushers:
             self._running += 1
             # A task of its own: a caller that goes away (a client disconnect cancels its request) does not cancel
-            # the transaction that carries other callers' writes.
-            task = asyncio.create_task(self._flush(), name="write-combiner")
+            # the transaction that carries other callers' writes. An empty context: its log lines carry no request
+            # id (they are several requests'); each caller logs its own outcome under its own.
+            task = asyncio.create_task(self._flush(), name="write-combiner", context=contextvars.Context())
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
         return await done
