@@ -8,6 +8,8 @@ Prints:
   history row, a change log);
 - the same through DataHub's v3 batch endpoint (POST /openapi/v3/entity/dataset);
 - single-write latency p50/p99 (one MCP per request, sequential);
+- (each timed phase starts once the service's background work has caught up with the previous one: every change
+  log sequenced and indexed; the indexing of a phase's own writes runs during it, as deployed)
 - the raw ceiling: the same rows (lock row 0 and the key row, insert the history row, write row 0, prune, append
   the change log) written with bare asyncpg, same concurrency and batch size, and metaledger's share of it.
 
@@ -158,6 +160,24 @@ async def raw_ceiling(dsn: str, clients: int, batches: int, size: int, round_off
     return elapsed
 
 
+async def settled(dsn: str, timeout_s: float = 180) -> None:
+    """Wait until the service's background work has caught up (every change log sequenced and indexed), so that
+    each timed phase starts from a quiet machine and the previous phase's indexing does not run in it."""
+    conn = await asyncpg.connect(dsn)
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            behind = await conn.fetchval(
+                "SELECT (SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL) + greatest(0, "
+                "(SELECT coalesce(max(feed_offset), 0) FROM change_log_outbox) - "
+                "(SELECT coalesce(max(last_offset), 0) FROM search_index_state))")
+            if behind == 0:
+                return
+            await asyncio.sleep(0.2)
+    finally:
+        await conn.close()
+
+
 def percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -173,6 +193,8 @@ async def main() -> None:
     parser.add_argument("--workers", type=int, default=None,
                         help="`serve --workers` (default: the machine's cores); 0: one process, `uvicorn app.main:app`")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the service (repeatable)")
+    parser.add_argument("--settle-timeout", type=float, default=180,
+                        help="longest wait for the background work to catch up between phases (s)")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     workers = cores if args.workers is None else args.workers
@@ -185,13 +207,17 @@ async def main() -> None:
 
         # warm-up round: creates the entities (first versions), compiles validators, fills caches
         await run_batches(base, args.clients, 2, args.batch_size, "v1", 0)
+        await settled(service.dsn, args.settle_timeout)
         elapsed = await run_batches(base, args.clients, args.batches, args.batch_size, "v1", 2)
         v1_rate = writes / elapsed
+        await settled(service.dsn, args.settle_timeout)
         elapsed = await run_batches(base, args.clients, args.batches, args.batch_size, "v3", 1000)
         v3_rate = writes / elapsed
+        await settled(service.dsn, args.settle_timeout)
         latencies = await single_latencies(base, args.singles)
 
         await raw_ceiling(service.dsn, args.clients, 2, args.batch_size, 0)  # same warm-up: first versions
+        await settled(service.dsn, args.settle_timeout)
         raw_elapsed = await raw_ceiling(service.dsn, args.clients, args.batches, args.batch_size, 2)
         raw_rate = writes / raw_elapsed
 

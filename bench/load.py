@@ -2,16 +2,18 @@
 
     .venv/bin/python bench/load.py [--workers N] [--rates 100,200,300,400,500,600] [--seconds 20]
                                    [--entities 2000] [--connections 128] [--target-p99 100] [--repeat 1]
+                                   [--warmup 10] [--env NAME=VALUE]
 
 A throwaway Postgres (fsync on, as the embedded default) and `metaledger serve --workers N` (default: the machine's
 cores; everything of the embedded default running: the relay's sequencer, the indexing worker, auth with a writer's
 bearer token). `--entities` datasets are created first; then, for each rate in `--rates`, `--seconds` of
-`POST /openapi/v3/entity/dataset/{urn}/datasetProperties?createIfNotExists=false` (existing entities, every write a new version) sent on a
-schedule over up to `--connections` keep-alive connections (bench/loadgen.py). Each step prints the achieved rate,
-latency percentiles counted from each request's scheduled time (a request that waited for a connection is charged
-for the wait), errors by kind (status or exception), and the RSS of each of the service's processes. Last: the
-highest offered rate held with p99 <= `--target-p99` ms and no error. `--repeat 2` runs the steps twice on the same
-service: RSS that grows between the two runs is a leak.
+`POST /openapi/v3/entity/dataset/{urn}/datasetProperties?createIfNotExists=false` (existing entities, every write a
+new version) sent on a schedule over up to `--connections` keep-alive connections (bench/loadgen.py), after
+`--warmup` seconds at the first rate that are not reported. Each step prints the achieved rate, latency percentiles
+counted from each request's scheduled time (a request that waited for a connection is charged for the wait), errors
+by kind (status or exception), and the RSS of each of the service's processes. Last: tracebacks and ERROR/WARNING
+lines in the service's log, and the highest offered rate held with p99 <= `--target-p99` ms and no error.
+`--repeat 2` runs the steps twice on the same service: RSS that grows between the two runs is a leak.
 """
 
 from __future__ import annotations
@@ -113,6 +115,7 @@ async def main() -> None:
     parser.add_argument("--connections", type=int, default=128)
     parser.add_argument("--target-p99", type=float, default=100.0)
     parser.add_argument("--repeat", type=int, default=1)
+    parser.add_argument("--warmup", type=float, default=10, help="seconds at the first rate before measuring")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the service (repeatable)")
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
@@ -127,6 +130,8 @@ async def main() -> None:
         print(f"{cores} cores; {serving}; Postgres fsync on; auth on; "
               f"{args.entities} datasets created in {time.perf_counter() - started:.1f} s; {args.seconds:.0f} s per rate; "
               f"{args.connections} connections")
+        # warm-up, not reported: every process's connections opened, validators compiled, caches filled
+        await open_loop(service.base, service.headers, rates[0], args.warmup, single_writes(args.entities, 99))
         best = []
         for round_no in range(args.repeat):
             if args.repeat > 1:

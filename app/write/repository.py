@@ -149,7 +149,10 @@ class AspectRepository(SessionRepository):
             WITH keys AS (
                 SELECT * FROM unnest($1::text[], $2::text[]) AS k(urn, aspect)
                 UNION
-                SELECT urn, aspect FROM metadata_aspect_v2 WHERE urn = ANY($3::text[]) AND version = 0
+                SELECT x.urn, x.aspect FROM unnest($3::text[]) AS d(urn)
+                CROSS JOIN LATERAL (
+                    SELECT urn, aspect FROM metadata_aspect_v2 x WHERE x.urn = d.urn AND x.version = 0 OFFSET 0
+                ) x
             ), locked AS (
                 SELECT m.* FROM (SELECT urn, aspect FROM keys ORDER BY urn, aspect) k
                 CROSS JOIN LATERAL (
