@@ -12,7 +12,11 @@ Prints:
   then `restore_indices(clean=True)` into fresh indices with an alias swap, in aspects/s;
 - the raw bulk ceiling: a plain `_bulk` of the same documents (bench/index.py's `raw_ceiling`), one client, and the
   same split over `--partitions` concurrent clients (what Spark's parallel tasks can use at most);
-- each path as a share of the ceiling.
+- the raw ceiling for the indexer's own documents: the `_bulk` bodies one in-process indexing task sends for the same
+  change logs (merged entity documents, edges, markers), recorded, then sent again as they are and timed (the raw
+  ceiling above writes four cheap per-aspect documents per entity under one id, of which the server keeps the
+  last: a yardstick the real documents cannot reach);
+- each path as a share of both ceilings.
 
 The search server is osmem (in-memory OpenSearch API, a test double): absolute figures are not Elasticsearch's.
 """
@@ -22,6 +26,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -95,6 +100,55 @@ async def parallel_raw(settings: Settings, registry: Any, logs: list[dict[str, A
     return time.perf_counter() - started
 
 
+def own_documents_ceiling(settings: IndexerSettings, logs: list[dict[str, Any]], chunk: int) -> tuple[float, float]:
+    """The raw ceiling for the documents the indexer itself writes: what one Spark task does (`IndexTask`), run in
+    this process into `rec_` indices while every `_bulk` body it sends is recorded; then the same bodies sent again
+    as they are (index names moved to fresh `rep_` indices with the same mappings), one after the other, timed.
+    Returns (in-process task seconds, replay seconds). The indexer's reads (`_mget`, to merge an entity's current
+    document) are not replayed: they are part of its cost, not of the server's ceiling."""
+    from profile_spark_indexer import records_of  # bench/: the same Kafka records the stream reads
+
+    from spark_indexer import batch
+    from spark_indexer.sink import WorkerRuntime
+
+    rec = settings.model_copy(update={"search_index_prefix": "rec_"})
+    runtime = WorkerRuntime(rec)
+    backend = runtime.started_backend()
+    bodies: list[tuple[str, str, bytes]] = []
+    for node in backend.client.transport.node_pool.all():
+        perform = node.perform_request
+
+        async def recording(method: str, target: str, *args: Any, _perform: Any = perform, **kwargs: Any) -> Any:
+            if "_bulk" in target and kwargs.get("body"):
+                bodies.append((method, target, bytes(kwargs["body"])))
+            return await _perform(method, target, *args, **kwargs)
+
+        node.perform_request = recording
+    t0 = time.perf_counter()
+    batch.IndexTask(runtime, chunk).run(records_of(logs, rec.topic_mcl_versioned, 1), rec.topic_mcl_timeseries)
+    task_s = time.perf_counter() - t0
+
+    async def replay() -> float:
+        client = backend.client
+        names = {name.decode() for _, _, body in bodies for name in re.findall(rb'"_index":"(rec_[^"]+)"', body)}
+        for name in sorted(names):  # an alias or an index: the mappings of what it names
+            mapping = next(iter((await client.indices.get_mapping(index=name)).body.values()))
+            await client.indices.create(index="rep_" + name.removeprefix("rec_"), mappings=mapping.get("mappings") or {})
+        node = backend.client.transport.node_pool.get()
+        headers = {"content-type": "application/x-ndjson", "accept": "application/json"}
+        moved = [(m, t.replace("rec_", "rep_"), b.replace(b'"_index":"rec_', b'"_index":"rep_')) for m, t, b in bodies]
+        started = time.perf_counter()
+        for method, target, body in moved:
+            response, data = await node.perform_request(method, target, body=body, headers=headers)
+            if response.status >= 300 or b'"errors":true' in data[:200]:
+                raise RuntimeError(f"replayed bulk refused: {response.status} {data[:300]!r}")
+        return time.perf_counter() - started
+
+    replay_s = runtime.run(replay())
+    runtime.reset_backend()
+    return task_s, replay_s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--mcls", type=int, default=100_000)
@@ -162,6 +216,8 @@ def main() -> None:
         many_s = asyncio.run(parallel_raw(raw_settings.model_copy(update={"search_index_prefix": "rawp_"}), registry, logs,
                                           args.batch, args.partitions))
         one_rate, many_rate = len(logs) / one_s, len(logs) / many_s
+        task_s, replay_s = own_documents_ceiling(settings, logs, args.batch)
+        own_rate = len(logs) / replay_s
 
         print(f"machine: {os.cpu_count()} cores; Spark {args.master}; search: osmem at {search.url}; broker: Tansu")
         print(f"produced {len(logs):,} MCLs to {args.partitions} partition(s) in {produce_s:.1f} s; Spark session start {session_s:.1f} s")
@@ -171,10 +227,13 @@ def main() -> None:
             print(f"restore-indices     : {restored.rows_read / restore_s:9,.0f} aspects/s ({restored.rows_read:,} rows in {restore_s:.1f} s, --clean, alias swap)")
         print(f"raw bulk, 1 client  : {one_rate:9,.0f} aspects/s ({one_s:.1f} s)")
         print(f"raw bulk, {args.partitions} clients : {many_rate:9,.0f} aspects/s ({many_s:.1f} s)")
+        print(f"raw bulk of the indexer's own bodies: {own_rate:9,.0f} MCL/s ({replay_s:.1f} s; recorded from one "
+              f"in-process task, {len(logs) / task_s:,.0f} MCL/s with its reads and Python)")
         ceiling = max(one_rate, many_rate)
-        print(f"stream steady / best ceiling  : {steady_rate / ceiling:6.1%}")
+        print(f"stream steady / best ceiling  : {steady_rate / ceiling:6.1%}   / own-documents ceiling: {steady_rate / own_rate:6.1%}")
         if restored is not None:
-            print(f"restore / best ceiling        : {restored.rows_read / restore_s / ceiling:6.1%}")
+            print(f"restore / best ceiling        : {restored.rows_read / restore_s / ceiling:6.1%}   / own-documents ceiling: "
+                  f"{restored.rows_read / restore_s / own_rate:6.1%}")
     finally:
         pg.stop()
         broker.stop()

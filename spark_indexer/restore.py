@@ -3,8 +3,10 @@
 Every latest row becomes a synthetic change log (UPSERT of the stored value with its stored system metadata) and goes
 through `app.search.documents.changes_from_mcl`, exactly as live indexing does, then through the backend's `apply`
 (idempotent and order-safe) from Spark tasks: the rows are read in parallel (`postgres_source`, N =
-`spark_restore_partitions` hash buckets), repartitioned by urn (all aspects of an entity in one task, sorted, so an
-entity's aspects go in one bulk) and applied in `spark_apply_chunk`-sized bulks, two in flight per task.
+`spark_restore_partitions` hash buckets of the urn, so all aspects of an entity are in one task), sorted by urn (so an
+entity's aspects go in one bulk) and applied in `spark_apply_chunk`-sized bulks, two in flight per task. When Spark
+has no more cores than N, each bucket is sorted by Postgres and applied by the task that reads it (one stage, no
+shuffle); otherwise the rows are repartitioned by urn into ~`ROWS_PER_APPLY_TASK`-row tasks and sorted by Spark.
 
 Modes:
 
@@ -287,10 +289,17 @@ def apply_latest_rows(spark: Any, settings: IndexerSettings, row_filter: RowFilt
         return {"rows": 0, "indexed": 0, "skipped": 0, "failed": 0, "changes": 0, "entities": 0, "errors": []}
     partitions = settings.spark_restore_partitions
     apply_tasks = min(MAX_APPLY_TASKS, max(partitions, math.ceil(total / ROWS_PER_APPLY_TASK)))
-    df = read_latest_aspects(spark, settings, row_filter, partitions=partitions)
     accumulator = spark.sparkContext.accumulator(0)
     fn = _apply_partition(settings_payload(settings), target, max(1, settings.spark_apply_chunk), accumulator)
-    applied = df.repartition(apply_tasks, "urn").sortWithinPartitions("urn", "aspect").mapInArrow(fn, STATS_SCHEMA)
+    if spark.sparkContext.defaultParallelism <= partitions:
+        # The read buckets already keep every core busy and hold each entity whole: Postgres sorts each bucket
+        # (urn, aspect; byte order, as Spark would) and the rows go from the reader to the apply function in one
+        # stage, without a shuffle and a sort in the JVM.
+        df = read_latest_aspects(spark, settings, row_filter, partitions=partitions, ordered=True)
+        applied = df.mapInArrow(fn, STATS_SCHEMA)
+    else:  # more cores than readers: spread the apply over more, smaller tasks
+        df = read_latest_aspects(spark, settings, row_filter, partitions=partitions)
+        applied = df.repartition(apply_tasks, "urn").sortWithinPartitions("urn", "aspect").mapInArrow(fn, STATS_SCHEMA)
 
     result: dict[str, Any] = {}
     error: list[BaseException] = []

@@ -8,7 +8,7 @@ Per micro-batch (`BatchSink.__call__`, Spark's `foreachBatch`):
    to a Parquet table (`dead_letter_dir`, by day) with the reason, the record and its topic/partition/offset;
 3. timeseries analytics: the batch's timeseries change logs are appended to a Parquet dataset partitioned by
    aspect and day (`timeseries_dir`), once per batch (a marker per query and batch id makes a replayed batch a
-   no-op);
+   no-op); a batch without timeseries records is not read a second time for it;
 4. a progress line: rows, change logs applied, changes, dead letters, duration, rate and lag (high watermark
    minus the batch's end offsets); the same figures for Prometheus when a textfile or a Pushgateway is configured
    (spark_indexer.metrics).
@@ -137,12 +137,14 @@ class BatchSink:
             .collect()
         )
         dead: list[Any] = []
+        topics_seen: set[str] = set()
         for row in rows:
             kind = row["kind"]
             if kind == "dead":
                 dead.append(row)
             elif kind == "max_offset":
                 key = (row["topic"], row["partition"])
+                topics_seen.add(row["topic"])
                 self.positions[key] = max(self.positions.get(key, 0), row["offset"] + 1)
             elif kind in ("rows", "applied", "changes", "superseded"):
                 setattr(metrics, kind, getattr(metrics, kind) + row["count"])
@@ -151,7 +153,9 @@ class BatchSink:
         metrics.dead_letters = len(dead)
         if dead:
             self._write_dead_letters(dead, batch_id)
-        metrics.timeseries_rows = self._archive_timeseries(batch, batch_id)
+        # the index stage saw every record's topic: without a timeseries record there is nothing to archive, and the
+        # batch is not read from the topics a second time
+        metrics.timeseries_rows = self._archive_timeseries(batch, batch_id, self.timeseries_topic in topics_seen)
         metrics.seconds = time.perf_counter() - t0
         metrics.lag = self._lag()
         self.result.batches.append(metrics)
@@ -179,11 +183,16 @@ class BatchSink:
         frame = self.spark.createDataFrame(rows, DEAD_LETTER_SCHEMA)
         frame.write.mode("append").partitionBy("day").parquet(str(self.settings.dead_letter_dir))
 
-    def _archive_timeseries(self, batch: DataFrame, batch_id: int) -> int:
-        """Append the batch's timeseries change logs to the Parquet dataset (once per query and batch)."""
+    def _archive_timeseries(self, batch: DataFrame, batch_id: int, has_points: bool = True) -> int:
+        """Append the batch's timeseries change logs to the Parquet dataset (once per query and batch). `has_points`
+        False: the batch holds no record of the timeseries topic (nothing is read, the batch is marked done)."""
         root = Path(self.settings.timeseries_dir)
         marker = root / "_batches" / f"{self._query_id()}-{batch_id}"
         if marker.exists():
+            return 0
+        if not has_points:
+            marker.parent.mkdir(parents=True, exist_ok=True)
+            marker.touch()
             return 0
         mcl = json_text_udf(self.payload)(F.col("value"))  # Avro or JSON on the topic: the MCL's JSON text
         value = F.get_json_object(mcl, "$.aspect.value")

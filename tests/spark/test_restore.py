@@ -95,6 +95,25 @@ def test_restore_into_deleted_indices_equals_the_live_index(ingested, restored):
     assert owned_count == N_DATASETS // 5
 
 
+def test_restore_with_fewer_readers_than_cores_shuffles_and_gives_the_same_indices(spark, ingested, restored):
+    """One reader on local[2]: the rows are repartitioned by urn and sorted by Spark (the path for clusters with more
+    cores than `spark_restore_partitions`); the indices equal those of the ordered, shuffle-free path."""
+    assert spark.sparkContext.defaultParallelism > 1
+    prefix = f"t{uuid.uuid4().hex[:8]}_"
+    ingested.prefixes.append(prefix)
+    result = restore_indices(spark, indexer_settings(ingested, prefix, spark_restore_partitions=1), progress=False)
+    assert result.rows_read == ingested.rows and result.rows_failed == 0
+    assert_same_indices(ingested.search_url, restored.prefix, prefix)
+
+
+def test_ordered_bucket_query_sorts_in_byte_order():
+    from spark_indexer.postgres_source import RowFilter, latest_query
+
+    sql, params = latest_query(RowFilter(), 4, ordered=True)
+    assert sql.endswith(' ORDER BY urn COLLATE "C", aspect COLLATE "C"') and params[-2:] == [4, 0]
+    assert "ORDER BY" not in latest_query(RowFilter(), 4)[0]
+
+
 def test_clean_rebuild_swaps_aliases_and_search_keeps_serving(spark, ingested, restored):
     url, prefix = ingested.search_url, restored.prefix
     before = alias_targets(url, prefix)
