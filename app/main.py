@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import os
+import signal
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -40,6 +42,7 @@ from app.schema_registry import make_registry_client
 from app.settings import Settings, get_settings
 from app.ingest.gateway import IngestGateway
 from app.kafka.producer import ProposalProducer
+from app.workers import follow_supervisor
 from app.write.combiner import WriteCombiner
 from app.write.plugins import load_rule_chain
 from app.write.proposal import DEFAULT_ACTOR, SYSTEM_ACTOR
@@ -133,10 +136,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if settings.background_in_process:  # else a process of its own runs them (`serve --workers N`, app.supervisor)
         await background.start(settings, engine, app.state.sessionmaker, app.state.gateway, search, codec)
     await ops.start(background)  # the outbox sampler (backpressure, /metrics) and /ready
+    # A worker of `serve --workers N` stops (as on SIGTERM: uvicorn's graceful shutdown) if its supervisor is killed.
+    orphan_watch = asyncio.create_task(follow_supervisor(lambda: os.kill(os.getpid(), signal.SIGTERM)))
     log.info("metaledger started", extra={"database": engine.url.render_as_string(hide_password=True)})
     try:
         yield
     finally:
+        orphan_watch.cancel()
         await ops.close()
         await background.close()
         if producer is not None:

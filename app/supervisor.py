@@ -9,6 +9,7 @@ With one worker everything runs in one process (the API, the relay, the consumer
   change-feed sequencer), the Kafka consumers, and without Kafka the search indexing worker; it is restarted if it
   dies. These already coordinate through Postgres (advisory locks, `FOR UPDATE SKIP LOCKED` lanes), so any number of
   API processes writing at once is safe.
+- every child stops on its own when the supervisor is killed with -9 (app.workers.follow_supervisor);
 - Prometheus counters are shared through files in one directory (prometheus_client's multiprocess mode), so that a
   scrape of `/metrics`, whichever process takes it, sums every process's.
 Children are spawned (not forked) and read their settings from the environment this process sets up.
@@ -28,6 +29,7 @@ import threading
 from pathlib import Path
 
 from app.settings import Settings, get_settings
+from app.workers import SUPERVISOR_PID_ENV, follow_supervisor
 
 log = logging.getLogger("metaledger.supervisor")
 
@@ -64,6 +66,7 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
         "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
         "METALEDGER_AUTH_BOOTSTRAP_ADMIN_TOKEN": "false",
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+        SUPERVISOR_PID_ENV: str(os.getpid()),  # children stop if this process is killed (app.workers)
     })
     background = BackgroundProcess()
     background.start()
@@ -142,6 +145,7 @@ async def _background_main() -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    orphan_watch = asyncio.create_task(follow_supervisor(stop.set))
     engine = create_engine(settings.database_url, settings.db_pool_size, settings.db_pool_timeout_s)
     schema_registry = make_registry_client(settings, engine)
     codec = ValueCodec(settings, schema_registry)
@@ -155,6 +159,7 @@ async def _background_main() -> None:
     try:
         await stop.wait()
     finally:
+        orphan_watch.cancel()
         await background.close()
         await search.close()
         await schema_registry.aclose()

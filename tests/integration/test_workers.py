@@ -173,3 +173,21 @@ async def _count_children(pid: int, expected: int) -> bool:
 
 async def _all_gone(pids: list[int]) -> bool:
     return not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+
+
+async def test_children_stop_when_the_supervisor_is_killed(make_database, migrated_template):
+    """kill -9 of the supervisor leaves no orphan: the API workers and the background process stop on their own
+    (they would otherwise keep the port and run a relay nobody supervises)."""
+    env = {"METALEDGER_DATABASE_URL": make_database(template=migrated_template),
+           "METALEDGER_APPLY_MIGRATIONS_ON_START": "false"}
+    port = free_port()
+    supervisor = start_service(env, port, workers=2)
+    try:
+        await wait_healthy(f"http://127.0.0.1:{port}", 90, supervisor)
+        assert await wait_for(lambda: _count_children(supervisor.pid, 3))
+        pids = [p.pid for p in children(supervisor.pid)]
+        supervisor.kill()
+        supervisor.wait(10)
+        assert await wait_for(lambda: _all_gone(pids), timeout=30), [p for p in pids if psutil.pid_exists(p)]
+    finally:
+        stop_process(supervisor)
