@@ -45,7 +45,8 @@ class FuzzRun:
     @property
     def summary(self) -> str:
         start = self.output.rfind("SUMMARY")
-        return self.output[start - 40:] if start >= 0 else self.output[-3000:]
+        # from the beginning of the "=== SUMMARY ===" line (not 40 characters before it, mid-line)
+        return self.output[self.output.rfind("\n", 0, start) + 1:] if start >= 0 else self.output[-3000:]
 
 
 def fuzz(base_url: str, token: str, *, seed: int, max_examples: int, max_time_s: int, workers: int = 1,
