@@ -43,43 +43,14 @@ def serve(host: str, port: int, no_migrate: bool, log_level: str, workers: int |
     supervisor.serve(settings, host, port, workers or supervisor.default_workers(), log_level)
 
 
-def _run_worker(make_worker) -> None:
-    """Run one background worker standalone until SIGINT/SIGTERM."""
-    import asyncio
-    import signal
-
-    from app.db import create_engine, create_sessionmaker
-    from app.logs import configure_logging
-    from app.main import resolve_database_url
-
-    from app.avro.wire import ValueCodec
-    from app.schema_registry import make_registry_client
-
-    async def run() -> None:
-        configure_logging()
-        settings = get_settings()
-        engine = create_engine(resolve_database_url(settings), settings.db_pool_size)
-        registry = make_registry_client(settings, engine)
-        codec = ValueCodec(settings, registry)  # one per process: Kafka values encoded and decoded with it
-        stop = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, stop.set)
-        try:
-            await make_worker(settings, engine, create_sessionmaker(engine), codec).run(stop)
-        finally:
-            await registry.aclose()
-            await engine.dispose()
-
-    asyncio.run(run())
-
-
 @main.command()
 def relay() -> None:
     """Run the outbox relay standalone (several may run at once)."""
     from app.kafka.relay import OutboxRelay
 
-    _run_worker(lambda settings, engine, maker, codec: OutboxRelay(settings, engine, codec))
+    from app.supervisor import run_standalone
+
+    run_standalone(lambda settings, engine, maker, codec: OutboxRelay(settings, engine, codec))
 
 
 def _gateway(settings):
@@ -95,7 +66,9 @@ def consume_mcp() -> None:
     """Apply proposals from the MetadataChangeProposal_v1 topic; failures go to FailedMetadataChangeProposal_v1."""
     from app.kafka.consumers import McpConsumer
 
-    _run_worker(lambda settings, engine, maker, codec: McpConsumer(settings, maker, _gateway(settings), codec=codec))
+    from app.supervisor import run_standalone
+
+    run_standalone(lambda settings, engine, maker, codec: McpConsumer(settings, maker, _gateway(settings), codec=codec))
 
 
 @main.command("consume-mce")
@@ -103,7 +76,9 @@ def consume_mce() -> None:
     """Apply legacy MetadataChangeEvents from MetadataChangeEvent_v4; failures go to FailedMetadataChangeEvent_v4."""
     from app.kafka.consumers import MceConsumer
 
-    _run_worker(lambda settings, engine, maker, codec: MceConsumer(settings, maker, _gateway(settings), codec=codec))
+    from app.supervisor import run_standalone
+
+    run_standalone(lambda settings, engine, maker, codec: MceConsumer(settings, maker, _gateway(settings), codec=codec))
 
 
 def _with_auth(operation):

@@ -23,7 +23,6 @@ import multiprocessing
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 from pathlib import Path
@@ -124,20 +123,19 @@ class BackgroundProcess:
             process.join(5)
 
 
-def run_background() -> None:
-    """The background process: every background worker of this configuration until SIGTERM or SIGINT."""
-    asyncio.run(_background_main())
+def run_standalone(make_worker) -> None:
+    """A process of background work: `make_worker(settings, engine, sessionmaker, codec).run(stop)` until SIGINT or
+    SIGTERM (or, under `serve --workers N`, until the supervisor is gone). `metaledger relay` and `consume-*` run one
+    worker this way; the background process of `serve --workers N` runs all of them (`run_background`)."""
+    asyncio.run(_standalone(make_worker))
 
 
-async def _background_main() -> None:
+async def _standalone(make_worker) -> None:
     from app.avro.wire import ValueCodec
-    from app.background import Background
     from app.db import create_engine, create_sessionmaker
-    from app.ingest.gateway import IngestGateway
     from app.logs import configure_logging
-    from app.main import build_write_service
+    from app.main import resolve_database_url
     from app.schema_registry import make_registry_client
-    from app.search.service import SearchRuntime
 
     configure_logging()
     settings = get_settings()
@@ -146,22 +144,44 @@ async def _background_main() -> None:
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
     orphan_watch = asyncio.create_task(follow_supervisor(stop.set))
-    engine = create_engine(settings.database_url, settings.db_pool_size, settings.db_pool_timeout_s)
+    engine = create_engine(resolve_database_url(settings), settings.db_pool_size, settings.db_pool_timeout_s)
     schema_registry = make_registry_client(settings, engine)
-    codec = ValueCodec(settings, schema_registry)
-    writer = build_write_service(settings)
-    search = SearchRuntime.create(settings, writer.registry, engine)
-    await search.start(force=True)
-    background = Background()
-    # The consumers apply what they read (never queue it) as the system actor, as in a single process.
-    await background.start(settings, engine, create_sessionmaker(engine), IngestGateway(writer, search), search, codec)
-    log.info("background workers started", extra={"workers": [type(w).__name__ for w in background.workers]})
+    codec = ValueCodec(settings, schema_registry)  # one per process: Kafka values encoded and decoded with it
     try:
-        await stop.wait()
+        await make_worker(settings, engine, create_sessionmaker(engine), codec).run(stop)
     finally:
         orphan_watch.cancel()
-        await background.close()
-        await search.close()
         await schema_registry.aclose()
         await engine.dispose()
-    sys.exit(0)
+
+
+def run_background() -> None:
+    """The background process: every background worker of this configuration until SIGTERM or SIGINT."""
+    run_standalone(_EveryBackgroundWorker)
+
+
+class _EveryBackgroundWorker:
+    """What `Background` runs inside a single-process service, as one worker of its own process."""
+
+    def __init__(self, settings: Settings, engine, sessionmaker, codec) -> None:
+        self.settings, self.engine, self.sessionmaker, self.codec = settings, engine, sessionmaker, codec
+
+    async def run(self, stop: asyncio.Event) -> None:
+        from app.background import Background
+        from app.ingest.gateway import IngestGateway
+        from app.main import build_write_service
+        from app.search.service import SearchRuntime
+
+        writer = build_write_service(self.settings)
+        search = SearchRuntime.create(self.settings, writer.registry, self.engine)
+        await search.start(force=True)
+        background = Background()
+        # The consumers apply what they read (never queue it) as the system actor, as in a single process.
+        await background.start(self.settings, self.engine, self.sessionmaker, IngestGateway(writer, search), search,
+                               self.codec)
+        log.info("background workers started", extra={"workers": [type(w).__name__ for w in background.workers]})
+        try:
+            await stop.wait()
+        finally:
+            await background.close()
+            await search.close()

@@ -10,7 +10,6 @@ import contextlib
 import shutil
 import sys
 import tempfile
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -24,7 +23,7 @@ if str(ROOT) not in sys.path:
 
 from app.db import upgrade_database  # noqa: E402
 from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port  # noqa: E402
-from tests.processes import issue_token, start_service, stop_process  # noqa: E402
+from tests.processes import issue_token, start_service, stop_process, wait_healthy_sync  # noqa: E402
 
 
 @dataclass
@@ -140,7 +139,7 @@ def throwaway_service(
         process = start_service(service_env, port, quiet=quiet, workers=workers, log=None if not quiet else log)
         base = f"http://127.0.0.1:{port}"
         try:
-            _wait_healthy(base, process)
+            wait_healthy_sync(base, 120, process)
             yield Service(base, dsn, headers, process, service_env, pg_data, log)
         finally:
             stop_process(process, 30)
@@ -169,18 +168,3 @@ async def top_statements(dsn: str, limit: int = 15) -> list[tuple[float, int, fl
     finally:
         await conn.close()
     return [(r["ms"], r["calls"], r["rows"], " ".join(r["query"].split())[:110]) for r in rows]
-
-
-def _wait_healthy(base: str, process: subprocess.Popen, timeout: float = 120) -> None:
-    """Blocking (the benchmarks' event loops may already be running)."""
-    import httpx
-
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and process.poll() is None:
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
-        except httpx.TransportError:
-            pass
-        time.sleep(0.1)
-    raise RuntimeError(f"metaledger at {base} did not become healthy")

@@ -76,7 +76,18 @@ async def wait_healthy(base: str, timeout: float = 60, process: subprocess.Popen
 
 
 def wait_healthy_sync(base: str, timeout: float = 60, process: subprocess.Popen | None = None) -> None:
-    asyncio.run(wait_healthy(base, timeout, process))
+    """Blocking, without an event loop of its own (callable where one is already running, as in bench/)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        if process is not None and process.poll() is not None:
+            break
+        time.sleep(0.1)
+    raise RuntimeError(f"metaledger at {base} did not become healthy")
 
 
 def stop_process(process: subprocess.Popen | None, timeout: float = 15) -> None:
