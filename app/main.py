@@ -44,7 +44,7 @@ from app.ingest.gateway import IngestGateway
 from app.kafka.producer import ProposalProducer
 from app.workers import follow_supervisor
 from app.write.combiner import WriteCombiner
-from app.write.plugins import load_rule_chain
+from app.write.plugins import load_pipeline, load_rule_chain
 from app.write.proposal import DEFAULT_ACTOR, SYSTEM_ACTOR
 from app.write.service import WriteService
 
@@ -283,7 +283,7 @@ def build_write_service(settings: Settings, registry: EntityRegistry | None = No
     registry = registry or load_registry(
         settings.registry_path, trim_unknown_fields=settings.trim_unknown_fields, strict_urns=settings.strict_urn_validation
     )
-    return WriteService(registry, load_rule_chain(settings.registry_path), settings)
+    return WriteService(registry, load_rule_chain(settings.registry_path), settings, load_pipeline(settings.registry_path))
 
 
 def create_app(settings: Settings | None = None, registry: EntityRegistry | None = None) -> FastAPI:

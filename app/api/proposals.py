@@ -45,7 +45,7 @@ class ProposalResult(BaseModel):
     index: int
     urn: str
     aspectName: str
-    status: Literal["CREATED", "UPDATED", "UNCHANGED", "DELETED", "ABSENT", "FILTERED", "APPENDED"]
+    status: Literal["CREATED", "UPDATED", "UNCHANGED", "DELETED", "ABSENT", "FILTERED", "IGNORED", "APPENDED"]
     version: str | None = None
     systemMetadata: dict[str, Any] | None = None
     message: str | None = None

@@ -804,7 +804,7 @@ def _aspect_response(value: dict[str, Any], sm: dict[str, Any]) -> dict[str, Any
             "version": {"type": "string", "description": "Logical version of the aspect (systemMetadata.version)"},
             "status": {
                 "type": "string",
-                "enum": ["CREATED", "UPDATED", "UNCHANGED", "DELETED", "ABSENT", "FILTERED", "APPENDED"],
+                "enum": ["CREATED", "UPDATED", "UNCHANGED", "DELETED", "ABSENT", "FILTERED", "IGNORED", "APPENDED"],
                 "description": "metaledger extension, on writes: what the write did to this aspect",
             },
             "message": {

@@ -136,7 +136,7 @@ def method_label(method: str) -> str:
 def count_writes(proposals: Sequence[Proposal], items: Sequence[Any]) -> None:
     """After a commit: one per applied proposal (a proposal dropped by `If-None-Match: *` is not applied). `items`: the
     write's per-proposal results (`index`, `status`)."""
-    filtered = {item.index for item in items if item.status.value == "FILTERED"} if items else ()
+    filtered = {item.index for item in items if item.status.value in ("FILTERED", "IGNORED")} if items else ()
     counts: dict[tuple[str, str, str], int] = {}
     for p in proposals:
         if p.index in filtered:

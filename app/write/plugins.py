@@ -21,6 +21,7 @@ from typing import Any
 
 import yaml
 
+from app.write.processors import Pipeline, PipelineStep
 from app.write.proposal import ChangeType
 from app.write.rules import PreCommitRule, ProposalRule, RuleChain
 
@@ -70,3 +71,13 @@ def load_rule_chain(registry_path: Path) -> RuleChain:
             else:
                 chain.pre_commit_rules.append(rule)
     return chain
+
+
+def load_pipeline(registry_path: Path) -> Pipeline:
+    """The initial change-processor pipeline: entity_registry.yml's `changeProcessors:` list of
+    `{name, enabled, required, scope, config}` (app.write.processors)."""
+    config = yaml.safe_load(registry_path.read_text()) if registry_path.exists() else {}
+    steps = (config or {}).get("changeProcessors") or []
+    if not isinstance(steps, list):
+        raise PluginConfigError("changeProcessors must be a list of {name, enabled, required, scope, config}")
+    return Pipeline([PipelineStep.from_json(step) for step in steps])

@@ -52,6 +52,7 @@ from app.write.proposal import (
     Proposal,
 )
 from app.write.repository import RETRYABLE_DB_ERRORS, AspectRepository, StoredAspect
+from app.write.processors import Change, Phase, Pipeline
 from app.write.rules import PendingChange, RuleChain, Verdict, VerdictKind, builtin_proposal_rules
 
 log = logging.getLogger("metaledger.write")
@@ -66,6 +67,7 @@ class ItemStatus(str, enum.Enum):
     DELETED = "DELETED"
     ABSENT = "ABSENT"  # a DELETE of something that was not there
     FILTERED = "FILTERED"  # dropped by If-None-Match: *
+    IGNORED = "IGNORED"  # dropped by a change processor (app.write.processors): nothing written, no change log
     APPENDED = "APPENDED"  # a timeseries point, appended to the change log
 
 
@@ -122,10 +124,12 @@ def _dumps(value: Any) -> str:
 
 
 class WriteService:
-    def __init__(self, registry: EntityRegistry, rules: RuleChain, settings: Settings) -> None:
+    def __init__(self, registry: EntityRegistry, rules: RuleChain, settings: Settings,
+                 processors: Pipeline | None = None) -> None:
         self.registry = registry
         self.rules = rules.with_validators_first(builtin_proposal_rules(registry.urn_to_key))
         self.settings = settings
+        self.processors = processors if processors is not None and processors.steps else None
 
     # --- before the transaction --------------------------------------------------------------------------------
     def prepare(self, drafts: Sequence[Draft]) -> list[Proposal]:
@@ -353,6 +357,8 @@ class WriteService:
             if not verdict.is_fatal:
                 txn.results.append(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.FILTERED, message=verdict.message))
             return
+        if self.processors is not None and not self._run_before_processors(txn, p, previous, audit):
+            return
         if txn.verdicts and any(v.is_fatal for _, v in txn.verdicts):
             return  # the batch will fail; keep checking the rest only to report every violation
 
@@ -369,6 +375,31 @@ class WriteService:
             self._append_timeseries(txn, p, audit)
         else:
             self._upsert(txn, p, previous, audit)
+
+    def _run_before_processors(self, txn: _Transaction, p: Proposal, previous: StoredAspect | None, audit: AuditStamp) -> bool:
+        """The change processors' before phase, with the locked previous value: False when the proposal goes no
+        further (rejected: a fatal verdict naming the processor; ignored: reported, nothing written). A mutation is
+        validated against the schema again. (Emitted proposals: not applied yet, see app.write.processors NEXT.)"""
+        change = Change(
+            p.urn, p.entity_type, p.aspect_name, p.change_type.value, p.value,
+            previous.value if previous is not None else None,
+            previous.system_metadata if previous is not None else None,
+            p.system_metadata, audit.actor,
+        )
+        result = self.processors.run(Phase.BEFORE, change)
+        if result.rejected is not None:
+            name, reason = result.rejected
+            txn.verdicts.append((p, Verdict(VerdictKind.VALIDATION, reason, f"change processor {name}", "$.aspect.value")))
+            return False
+        if result.ignored is not None:
+            reason = next((r.reason for r in result.reports if r.processor == result.ignored), None)
+            txn.results.append(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.IGNORED,
+                                          message=f"ignored by change processor {result.ignored}: {reason}"))
+            return False
+        if result.value is not p.value and result.value is not None:
+            aspect = self.registry.aspect(p.entity_type, p.aspect_name)
+            p.value = self._validate_value(aspect, result.value, p.index, p.urn)
+        return True
 
     def _apply_patch(self, txn: _Transaction, p: Proposal, previous: StoredAspect | None, audit: AuditStamp) -> bool:
         """DataHub's patch semantics (templates, keyed arrays, RFC 6902) against the locked latest value; the result
