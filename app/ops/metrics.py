@@ -94,6 +94,16 @@ CONSUMER_LAG = Gauge(
     ["topic", "partition"], registry=REGISTRY, multiprocess_mode="mostrecent",
 )
 
+# --- change processors (app.write.processors): labels are the pipeline's steps ---------------------------------------
+PROCESSOR_CALLS = Counter(
+    "metaledger_change_processor_calls", "Changes a change processor decided on, by processor, phase and outcome "
+    "(accepted, mutated, ignored, rejected, failed)", ["processor", "phase", "outcome"], registry=REGISTRY,
+)
+PROCESSOR_SECONDS = Histogram(
+    "metaledger_change_processor_seconds", "Time a change processor took per change", ["processor", "phase"],
+    registry=REGISTRY, buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5),
+)
+
 # --- the embedded indexing worker (app.search.worker) ----------------------------------------------------------------
 INDEXER_APPLIED = Counter(
     "metaledger_indexer_applied_rows", "Change logs the embedded indexing worker applied", registry=REGISTRY,

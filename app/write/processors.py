@@ -32,8 +32,10 @@ NEXT (not done yet)
    in systemMetadata.properties.
 3. The after phase: a feed reader (FeedCursor, as app/search/worker.py) applying emitted proposals in the transaction
    that advances its cursor (exactly once per change log).
-4. Response: per proposal the processors that ran and their outcomes; GET of the pipeline (loaded, package, version).
-5. Metrics per processor (calls, outcomes, time); examples/change_processors package; README; bench/ingest.py cost.
+4. Response: per proposal the processors that ran and their outcomes. (Done: GET /openapi/v1/change-processors;
+   metrics metaledger_change_processor_calls_total / _seconds.)
+5. examples/change_processors package (entry points, installed with pip in the tests); README; bench/ingest.py cost;
+   the MCP consumer path (a rejection to FMCP with the processor's reason).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
+
+from app.ops.metrics import PROCESSOR_CALLS, PROCESSOR_SECONDS
 
 ENTRY_POINT_GROUP = "metaledger.change_processors"
 DEFAULT_BUDGET_MS = 50.0
@@ -253,6 +257,13 @@ class Pipeline:
         return LoadedStep(step, processor, Scope.from_json(step.scope, cls.scope), cls.phase, origin)
 
     def run(self, phase: Phase, change: Change) -> PipelineResult:
+        result = self._run(phase, change)
+        for report in result.reports:  # per processor: calls by outcome, and time
+            PROCESSOR_CALLS.labels(report.processor, phase.value, report.outcome).inc()
+            PROCESSOR_SECONDS.labels(report.processor, phase.value).observe(report.elapsed_ms / 1000)
+        return result
+
+    def _run(self, phase: Phase, change: Change) -> PipelineResult:
         result = PipelineResult(change.proposed)
         current = change
         for loaded in self.steps:

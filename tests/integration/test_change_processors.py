@@ -70,3 +70,15 @@ async def test_before_phase_outcomes_over_http(pipeline_client, db: asyncpg.Conn
     failed = await pipeline_client.post("/openapi/v1/proposals", json=[mcp(DEV, "institutionalMemory", {"elements": []})])
     assert failed.status_code == 400 and "Boom" in failed.text and "kaput" in failed.text
     assert (await pipeline_client.get("/health")).status_code == 200
+
+
+async def test_the_pipeline_is_listed_and_counted(pipeline_client, anonymous):
+    listed = await pipeline_client.get("/openapi/v1/change-processors")
+    assert listed.status_code == 200
+    steps = listed.json()["steps"]
+    assert [s["name"].rsplit(".", 1)[1] for s in steps] == ["NoSecrets", "Lowercase", "NeedsOwner", "Boom"]
+    assert all(s["loaded"] and s["origin"] == P and s["phase"] == "before" for s in steps)
+    assert steps[3]["scope"]["aspects"] == ["institutionalMemory"]
+    await pipeline_client.post("/openapi/v1/proposals", json=[mcp(DEV, "globalTags", {"tags": [{"tag": "urn:li:tag:A"}]})])
+    metrics = (await pipeline_client.get("/metrics")).text
+    assert f'metaledger_change_processor_calls_total{{outcome="mutated",phase="before",processor="{P}.Lowercase"}}' in metrics
