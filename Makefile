@@ -45,6 +45,8 @@ $(STAMP): pyproject.toml
 	@# The server reads DataHub's .avsc model files from this package; its code (and its 62
 	@# dependencies) is never imported, hence --no-deps.
 	$(VENV)/bin/python -m pip install --disable-pip-version-check -q --no-deps 'acryl-datahub==$(DATAHUB_VERSION)'
+	@# The example change processors (examples/change_processors), found through their entry points by the tests.
+	$(VENV)/bin/python -m pip install --disable-pip-version-check -q --no-deps -e examples/change_processors
 	@rm -f $(VENV)/.metaledger-installed-*
 	@touch $@
 

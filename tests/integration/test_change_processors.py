@@ -82,3 +82,34 @@ async def test_the_pipeline_is_listed_and_counted(pipeline_client, anonymous):
     await pipeline_client.post("/openapi/v1/proposals", json=[mcp(DEV, "globalTags", {"tags": [{"tag": "urn:li:tag:A"}]})])
     metrics = (await pipeline_client.get("/metrics")).text
     assert f'metaledger_change_processor_calls_total{{outcome="mutated",phase="before",processor="{P}.Lowercase"}}' in metrics
+
+
+EXAMPLES_YML = """
+modelSources:
+  - package: acryl-datahub
+changeProcessors:
+  - name: ignore-disallowed-words
+    config: {words: [confidential]}
+  - name: lowercase-tags
+  - name: prod-datasets-need-an-owner
+    required: true
+"""
+
+
+async def test_the_example_package_is_loaded_through_its_entry_points(tmp_path, database_url, registry):
+    """examples/change_processors, installed with pip (the Makefile's venv target), found by entry-point name."""
+    path = tmp_path / "entity_registry.yml"
+    path.write_text(EXAMPLES_YML)
+    app = create_app(Settings(database_url=database_url, apply_migrations_on_start=False, registry_path=path), registry)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m", headers=await bearer(app)) as http:
+            steps = (await http.get("/openapi/v1/change-processors")).json()["steps"]
+            assert [(s["name"], s["origin"], s["loaded"]) for s in steps] == [
+                (name, "metaledger-example-processors==0.1.0", True)
+                for name in ("ignore-disallowed-words", "lowercase-tags", "prod-datasets-need-an-owner")
+            ]
+            refused = await http.post("/openapi/v1/proposals", json=[mcp(PROD, "datasetProperties", {"name": "o"})])
+            assert refused.status_code == 400 and "need an owner" in refused.text
+            owned = await http.post("/openapi/v1/proposals", json=[
+                mcp(PROD, "datasetProperties", {"name": "o", "customProperties": {"owner": "alice"}})])
+            assert owned.status_code == 200, owned.text
