@@ -1,5 +1,5 @@
 """The service's background work, started and stopped with the app: Kafka topics, the outbox relay, the ingestion
-consumers, and (without Kafka) the search indexing worker."""
+consumers, the change processors' after phase, and (without Kafka) the search indexing worker."""
 
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from app.search.service import SearchRuntime
 from app.search.worker import IndexWorker
 from app.settings import Settings
 from app.workers import pause
+from app.write.after_processors import AfterProcessorWorker
 
 log = logging.getLogger("metaledger.background")
 
@@ -43,6 +44,7 @@ class Background:
             workers.append(McpConsumer(settings, sessionmaker, gateway, codec=codec))
         if kafka and settings.mce_consumer_enabled:
             workers.append(MceConsumer(settings, sessionmaker, gateway, codec=codec))
+        workers.append(AfterProcessorWorker(settings, engine, sessionmaker, gateway.writer))
         if not kafka:
             # The embedded default: this process indexes the outbox. With Kafka, indexing is the Spark job's.
             workers.append(IndexWorker(settings, engine, search))

@@ -82,6 +82,13 @@ async def close_quietly(conn: asyncpg.Connection) -> None:
         conn.terminate()
 
 
+async def session_connection(session: AsyncSession) -> asyncpg.Connection:
+    """The asyncpg connection under a session (checked out of the pool for the session's life)."""
+    connection = await session.connection()
+    raw = await connection.get_raw_connection()
+    return raw.driver_connection
+
+
 class SessionRepository:
     """Base of the repositories whose bulk SQL runs on the asyncpg connection under the request's session."""
 
@@ -91,9 +98,7 @@ class SessionRepository:
 
     async def _conn(self) -> asyncpg.Connection:
         if self._raw is None:
-            connection = await self._session.connection()
-            raw = await connection.get_raw_connection()
-            self._raw = raw.driver_connection
+            self._raw = await session_connection(self._session)
         return self._raw
 
     @asynccontextmanager

@@ -126,6 +126,11 @@ class Settings(BaseSettings):
     mcp_consumer_batch_size: int = 500
     mce_consumer_enabled: bool = False
 
+    # --- change processors (app.write.processors): each process looks at the stored pipeline at most this often
+    change_processor_refresh_s: float = 2.0
+    after_processor_batch_size: int = 200  # change logs per transaction of the after phase's feed reader
+    after_processor_poll_ms: int = 100
+
     # --- operations: metrics, readiness, backpressure (app.ops)
     http_metrics_enabled: bool = True  # request counts and latency histograms per route (the middleware's part)
     access_log: bool = True  # one INFO line per request on `metaledger.access` (request_id, method, route, status, ms)

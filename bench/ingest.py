@@ -170,7 +170,7 @@ async def settled(dsn: str, timeout_s: float = 180) -> None:
             behind = await conn.fetchval(
                 "SELECT (SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL) + greatest(0, "
                 "(SELECT coalesce(max(feed_offset), 0) FROM change_log_outbox) - "
-                "(SELECT coalesce(max(last_offset), 0) FROM search_index_state))")
+                "(SELECT coalesce(max(last_offset), 0) FROM feed_reader_state WHERE reader = 'search-indexer'))")
             if behind == 0:
                 return
             await asyncio.sleep(0.2)

@@ -333,6 +333,7 @@ def entities_from_results(
         envelope["status"] = result.status.value
         if result.message:
             envelope["message"] = result.message
+        envelope.update(result.processing())
         entity[result.aspect] = envelope
     return list(entities.values())
 

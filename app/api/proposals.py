@@ -41,6 +41,22 @@ class MetadataChangeProposal(BaseModel):
     auditHeader: dict[str, Any] | None = None
 
 
+class ChangeProcessorReport(BaseModel):
+    processor: str
+    outcome: Literal["accepted", "mutated", "ignored", "rejected", "failed"]
+    reason: str | None = None
+    emitted: int | None = Field(None, description="Proposals it emitted")
+    ms: float
+
+
+class EmittedResult(BaseModel):
+    urn: str
+    aspectName: str
+    status: str
+    version: str | None = None
+    changeProcessors: list[ChangeProcessorReport] | None = None
+
+
 class ProposalResult(BaseModel):
     index: int
     urn: str
@@ -49,6 +65,10 @@ class ProposalResult(BaseModel):
     version: str | None = None
     systemMetadata: dict[str, Any] | None = None
     message: str | None = None
+    changeProcessors: list[ChangeProcessorReport] | None = Field(
+        None, description="The change processors' before phase on this proposal, in order (absent: none ran)")
+    emitted: list[EmittedResult] | None = Field(
+        None, description="Proposals the change processors emitted because of this one, written with it")
 
 
 class ProposalsResponse(BaseModel):
@@ -135,6 +155,7 @@ def _written(outcome: Outcome) -> dict[str, Any]:
                 "version": r.version,
                 "systemMetadata": r.system_metadata,
                 **({"message": r.message} if r.message else {}),
+                **r.processing(),
             }
             for r in outcome.result.items
         ],

@@ -40,6 +40,7 @@ from app.registry import EntityRegistry
 from app.settings import Settings
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.proposal import ChangeType, Draft
+from app.write.processors import PIPELINE_ENTITY
 
 log = logging.getLogger("metaledger.auth")
 
@@ -178,15 +179,20 @@ class AuthService:
     # --- authorization
 
     async def authorize_writes(self, principal: Principal, drafts: Sequence[Draft]) -> None:
-        """Every draft must be within the principal's role and policies: deleting a whole entity (its key aspect) needs
-        ADMIN; a writer with policies may write only the entity types and aspects they grant. One 403 names them all."""
+        """Every draft must be within the principal's role and policies: deleting a whole entity (its key aspect) and
+        writing metaledger's own configuration (the change-processor pipeline) need ADMIN; a writer with policies may write only the entity types and aspects they grant. One 403 names them all."""
         if principal.role >= Role.ADMIN:
             return
         principal.require(Permission.WRITE)
         policies = await self._policies_of(principal.actor)
         refused = []
         for draft in drafts:
-            if draft.change_type == ChangeType.DELETE.value and self._is_key_aspect(draft):
+            if str(draft.entity_type).lower() == PIPELINE_ENTITY.lower():
+                refused.append(Issue(
+                    f"writing metaledger's own configuration ({PIPELINE_ENTITY}) needs the ADMIN permission; "
+                    f"{principal.actor} has the {principal.role.label} role", draft.index, draft.urn, draft.aspect_name,
+                ))
+            elif draft.change_type == ChangeType.DELETE.value and self._is_key_aspect(draft):
                 refused.append(Issue(
                     f"deleting a whole entity needs the ADMIN permission; {principal.actor} has the "
                     f"{principal.role.label} role", draft.index, draft.urn, draft.aspect_name,

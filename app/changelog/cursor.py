@@ -4,8 +4,9 @@ A position is a feed offset: every outbox row with `feed_offset <= position` has
 changelog owns the positions (their SQL lives here, with the outbox's) so that pruning can honour them: without
 Kafka, `outbox.prune` keeps every row past a registered reader's position.
 
-Storage: the table `search_index_state` (migration 0004; one row, `id = 1`, column `last_offset`). It is the
-embedded search indexer's cursor (app.search.worker), today's only registered reader; the table keeps its name.
+Storage: the table `feed_reader_state` (migration 0009): one row per reader, by name. The readers are the embedded
+search indexer (app.search.worker, SEARCH_INDEXER) and the change processors' after phase
+(app.write.after_processors, CHANGE_PROCESSORS).
 """
 
 from __future__ import annotations
@@ -16,31 +17,42 @@ import asyncpg
 
 from app.db import SessionRepository
 
+SEARCH_INDEXER = "search-indexer"
+CHANGE_PROCESSORS = "change-processors"
+
 
 class FeedCursor:
-    """The embedded indexer's position in the feed, on the reader's own connection.
+    """A reader's position in the feed, on the reader's own connection.
 
-    Several readers sharing the cursor serialise on it: `lock` it in a transaction, `read_after` the locked
+    Several processes running the same reader serialise on it: `lock` it in a transaction, `read_after` the locked
     position, apply, `advance`, commit."""
 
-    def __init__(self, conn: asyncpg.Connection) -> None:
+    def __init__(self, conn: asyncpg.Connection, reader: str = SEARCH_INDEXER) -> None:
         self.conn = conn
+        self.reader = reader
 
     def transaction(self) -> asyncpg.transaction.Transaction:
         """A transaction on the reader's connection: a `lock` taken in it is held until it ends."""
         return self.conn.transaction()
 
-    async def register(self) -> None:
-        """Create the position (at 0) if it does not exist; from then on pruning keeps the rows past it."""
-        await self.conn.execute("INSERT INTO search_index_state (id, last_offset) VALUES (1, 0) ON CONFLICT (id) DO NOTHING")
+    async def register(self, start: int = 0) -> None:
+        """Create the position (at `start`) if it does not exist; from then on pruning keeps the rows past it."""
+        await self.conn.execute(
+            "INSERT INTO feed_reader_state (reader, last_offset) VALUES ($1, $2) ON CONFLICT (reader) DO NOTHING",
+            self.reader, start,
+        )
 
     async def position(self) -> int:
         """The position, without a lock."""
-        return await self.conn.fetchval("SELECT last_offset FROM search_index_state WHERE id = 1")
+        return await self.conn.fetchval("SELECT last_offset FROM feed_reader_state WHERE reader = $1", self.reader)
 
     async def lock(self) -> int:
         """The position, locked (`FOR UPDATE`) until the caller's transaction ends."""
-        return await self.conn.fetchval("SELECT last_offset FROM search_index_state WHERE id = 1 FOR UPDATE")
+        return await self.conn.fetchval("SELECT last_offset FROM feed_reader_state WHERE reader = $1 FOR UPDATE", self.reader)
+
+    async def feed_end(self) -> int:
+        """The offset of the last sequenced row of the feed."""
+        return await self.conn.fetchval("SELECT last_offset FROM change_log_feed_state WHERE id = 1")
 
     async def has_rows_after(self, position: int) -> bool:
         """Whether the feed holds any row past `position` (the idle poll: one round trip, no lock)."""
@@ -68,7 +80,9 @@ class FeedCursor:
 
     async def advance(self, position: int) -> None:
         """Move the position to `position` (every row up to it is applied)."""
-        await self.conn.execute("UPDATE search_index_state SET last_offset = $1, updated_at = now() WHERE id = 1", position)
+        await self.conn.execute(
+            "UPDATE feed_reader_state SET last_offset = $2, updated_at = now() WHERE reader = $1", self.reader, position
+        )
 
 
 class FeedCursorRepository(SessionRepository):
@@ -87,7 +101,8 @@ class FeedCursorRepository(SessionRepository):
             SELECT NOT EXISTS (
                 SELECT 1 FROM change_log_outbox
                 WHERE id <= $1 AND (feed_offset IS NULL
-                      OR feed_offset > coalesce((SELECT last_offset FROM search_index_state WHERE id = 1), 0)))
+                      OR feed_offset > coalesce((SELECT last_offset FROM feed_reader_state WHERE reader = $2), 0)))
             """,
             target,
+            SEARCH_INDEXER,
         )

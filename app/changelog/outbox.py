@@ -185,8 +185,8 @@ async def prune(conn: asyncpg.Connection, retention_s: float, *, kafka: bool, af
     """Delete the oldest sequenced rows created more than `retention_s` seconds ago: with Kafka, delivered ones only, walking the feed
     in offset order and stopping at the first row too young or not yet delivered (rows Kafka refused, marked with a
     publish error, are stepped over and kept). Without Kafka the feed is the only reader: every sequenced row older
-    than the cutoff goes, except rows past the embedded search indexer's cursor (app.changelog.cursor: rows it has
-    not applied yet), once it has registered itself. `after` is where the previous call stopped (an offset below which only kept rows remain).
+    than the cutoff goes. Either way rows past a registered feed reader's position (app.changelog.cursor: rows it has
+    not applied yet) are kept; with Kafka the search indexer's is not counted (Spark indexes from Kafka). `after` is where the previous call stopped (an offset below which only kept rows remain).
     Returns (rows deleted, new `after`)."""
     deleted = 0
     while deleted < max_rows:
@@ -199,7 +199,8 @@ async def prune(conn: asyncpg.Connection, retention_s: float, *, kafka: bool, af
                        delivered_at IS NOT NULL AS delivered,
                        publish_error IS NOT NULL AS refused
                 FROM change_log_outbox WHERE feed_offset > $1
-                  AND ($4 OR feed_offset <= COALESCE((SELECT last_offset FROM search_index_state WHERE id = 1), feed_offset))
+                  AND feed_offset <= COALESCE((SELECT min(last_offset) FROM feed_reader_state
+                                               WHERE NOT $4 OR reader <> 'search-indexer'), feed_offset)
                 ORDER BY feed_offset LIMIT $3
                 """,
                 after,

@@ -45,7 +45,7 @@ _COMMON = """
     SELECT
         extract(epoch FROM now())::float8 AS now,
         (SELECT last_offset FROM change_log_feed_state WHERE id = 1) AS feed_end,
-        (SELECT last_offset FROM search_index_state WHERE id = 1) AS cursor,
+        (SELECT last_offset FROM feed_reader_state WHERE reader = 'search-indexer') AS cursor,
         (SELECT max(id) FROM change_log_outbox) AS last_id,
         (SELECT count(*) FROM (SELECT 1 FROM change_log_outbox WHERE feed_offset IS NULL LIMIT $1) c) AS unsequenced,
         (SELECT count(*) FROM (SELECT 1 FROM search_index_failure LIMIT $1) f) AS failing_rows,
@@ -71,7 +71,7 @@ _EMBEDDED = _COMMON + """
     FROM (SELECT 1) one
     LEFT JOIN LATERAL (SELECT id, created_at FROM change_log_outbox WHERE feed_offset IS NULL ORDER BY id LIMIT 1) u ON true
     LEFT JOIN LATERAL (SELECT created_at FROM change_log_outbox
-                       WHERE feed_offset > (SELECT last_offset FROM search_index_state WHERE id = 1)
+                       WHERE feed_offset > (SELECT last_offset FROM feed_reader_state WHERE reader = 'search-indexer')
                        ORDER BY feed_offset LIMIT 1) i ON true
 """
 

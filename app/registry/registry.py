@@ -51,6 +51,9 @@ except ImportError:  # pragma: no cover
 
 
 DEFAULT_PACKAGE = "acryl-datahub"
+# metaledger's own entity (metaledgerSystem: its configuration kept as versioned aspects, e.g. the change-processor
+# pipeline). Always loaded, after the configured sources, whatever entity_registry.yml lists.
+SYSTEM_MODELS = Path(__file__).parent / "system_models"
 DEFAULT_PACKAGE_SCHEMAS = "datahub/metadata/schemas"
 # Key aspects carry the entity definition in their @Aspect annotation; these keys are not aspect properties.
 _ENTITY_ANNOTATION_KEYS = ("keyForEntity", "entityCategory", "entityAspects", "entityDoc")
@@ -424,6 +427,7 @@ def _build(path: Path | str, *, trim_unknown_fields: bool = False, strict_urns: 
     if not isinstance(sources, list):
         problems.append("modelSources must be a list")
         sources = []
+    sources = [*sources, {"path": str(SYSTEM_MODELS)}]
 
     aspects: dict[str, AspectSpec] = {}
     documents: list[tuple[str, Any]] = []
@@ -629,7 +633,7 @@ def check_registry(path: Path | str) -> RegistryCheck:
             f"  {c['entities']} entities, {c['aspects']} aspects ({c['timeseries']} timeseries, "
             f"{c['key_aspects']} key aspects), {c['entity_aspect_pairs']} entity/aspect pairs"
         )
-        lines.append(f"  model sources: {', '.join(_describe_source(s) for s in sources)}")
+        lines.append(f"  model sources: {', '.join(_describe_source(s) for s in sources)}, metaledger system models")
         lines.append(
             f"  loaded in {reg.load_seconds * 1000:.0f} ms; all validators compiled in {compile_s * 1000:.0f} ms"
         )

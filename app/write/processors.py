@@ -1,9 +1,6 @@
 """Change processors (issue 15, the "Change processing" RFC): user code that accepts, mutates, ignores, rejects a
 change or emits more, installed as an ordinary Python package and ordered by a pipeline stored in the database.
 
-WORK IN PROGRESS (branch wip/issue-15-change-processors): this module is the contract and the pipeline runner;
-the write path does not call it yet. What is left is listed in NEXT below.
-
 The contract
 ------------
 A processor is a class with a `name`, a `scope` (entity/aspect patterns and change types) and a `phase`:
@@ -22,20 +19,18 @@ Processors are found through the entry-point group `metaledger.change_processors
 The pipeline is an ordered list of `PipelineStep {name, enabled, required, scope overrides, config}`; a required
 step that is missing or fails to load refuses the writes in its scope.
 
-NEXT (not done yet)
--------------------
-1. The pipeline as an aspect of a metaledger system entity (an .avsc in the repo's model source), initial value
-   from entity_registry.yml, read by every process and refreshed within seconds (poll its version).
-2. WriteService._apply_one: run `Pipeline.run_before` after the pre-commit rules; Mutate -> validate against the
-   schema again; Ignore -> an item status IGNORED (no row, no MCL, counted); Reject -> a fatal verdict naming the
-   processor (the batch refused); emitted proposals locked and applied in the same transaction, each with its cause
-   in systemMetadata.properties.
-3. The after phase: a feed reader (FeedCursor, as app/search/worker.py) applying emitted proposals in the transaction
-   that advances its cursor (exactly once per change log).
-4. Response: per proposal the processors that ran and their outcomes. (Done: GET /openapi/v1/change-processors;
-   metrics metaledger_change_processor_calls_total / _seconds.)
-5. examples/change_processors package (entry points, installed with pip in the tests); README; bench/ingest.py cost;
-   the MCP consumer path (a rejection to FMCP with the processor's reason).
+Where it runs
+-------------
+- `before`: app.write.service.WriteService, for every entry (OpenAPI, Rest.li, MCE, the MCP consumer): a rejection is
+  a refusal of the whole batch naming the processor (on the MCP topic: a failed proposal, FMCP, with that reason), an
+  ignored change an item with status IGNORED. Emitted proposals are applied in the same transaction (their rows
+  locked then), each carrying its cause in `systemMetadata.properties` (`cause_properties`).
+- `after`: app.write.after_processors, a reader of the change feed in the background work: the proposals a processor
+  emits are applied in the transaction that moves its position past the change log, so exactly once per change log.
+- Never on metaledger's own entity (PIPELINE_ENTITY): a processor cannot lock the admins out of the pipeline.
+
+The pipeline is the aspect PIPELINE_ASPECT of PIPELINE_URN, written through the ordinary write API (ADMIN only);
+until it is first written, entity_registry.yml's `changeProcessors:` list is the pipeline (version 0).
 """
 
 from __future__ import annotations
@@ -50,10 +45,23 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
+import orjson
+
 from app.ops.metrics import PROCESSOR_CALLS, PROCESSOR_SECONDS
 
 ENTRY_POINT_GROUP = "metaledger.change_processors"
 DEFAULT_BUDGET_MS = 50.0
+PIPELINE_ENTITY = "metaledgerSystem"
+PIPELINE_ASPECT = "changeProcessorPipeline"
+PIPELINE_URN = "urn:li:metaledgerSystem:changeProcessors"
+MAX_CAUSE_DEPTH = 4  # a proposal emitted by one emitted by one ... : past this, refused (a loop of processors)
+
+# What an emitted proposal carries in systemMetadata.properties (DataHub's map<string, string>): what caused it.
+CAUSE_URN = "metaledger.cause.urn"
+CAUSE_ASPECT = "metaledger.cause.aspect"
+CAUSE_VERSION = "metaledger.cause.version"
+CAUSE_PROCESSOR = "metaledger.cause.processor"
+CAUSE_DEPTH = "metaledger.cause.depth"
 
 log = logging.getLogger("metaledger.processors")
 
@@ -105,6 +113,28 @@ class Change:
     actor: str | None = None
     version: int | None = None  # the version written (after phase)
 
+    @classmethod
+    def from_change_log(cls, mcl: Mapping[str, Any]) -> Change:
+        """The after phase's view of a committed change log (DataHub's MCL, JSON form): `proposed` is the value
+        written (None for a DELETE), `previous` the value it replaced, `change_type` the change log's (UPSERT,
+        CREATE, DELETE or RESTATE: a PATCH is logged as the UPSERT it became)."""
+        system_metadata = mcl.get("systemMetadata") or {}
+        version = system_metadata.get("version")
+        return cls(
+            mcl["entityUrn"], mcl["entityType"], mcl["aspectName"], mcl.get("changeType") or "UPSERT",
+            _generic_value(mcl.get("aspect")), _generic_value(mcl.get("previousAspectValue")),
+            mcl.get("previousSystemMetadata"), system_metadata, (mcl.get("created") or {}).get("actor"),
+            int(version) if isinstance(version, str) and version.isdigit() else None,
+        )
+
+
+def _generic_value(aspect: Mapping[str, Any] | None) -> Any:
+    """A GenericAspect's value: JSON text (DataHub's form) or, already decoded, an object."""
+    if not aspect or aspect.get("value") is None:
+        return None
+    value = aspect["value"]
+    return orjson.loads(value) if isinstance(value, (str, bytes)) else value
+
 
 @dataclass(frozen=True, slots=True)
 class EmittedProposal:
@@ -130,6 +160,23 @@ class Outcome:
     value: Any = None  # Mutate's new value
     reason: str | None = None
     emit: tuple[EmittedProposal, ...] = ()
+
+
+def cause_properties(processor: str, urn: str, aspect: str, version: int | str | None,
+                     cause_system_metadata: Mapping[str, Any] | None) -> dict[str, str]:
+    """The `systemMetadata.properties` of a proposal emitted by `processor` because of the change of `aspect` of
+    `urn` written at `version`."""
+    return {CAUSE_URN: urn, CAUSE_ASPECT: aspect, CAUSE_VERSION: str(version if version is not None else ""),
+            CAUSE_PROCESSOR: processor, CAUSE_DEPTH: str(cause_depth(cause_system_metadata) + 1)}
+
+
+def cause_depth(system_metadata: Mapping[str, Any] | None) -> int:
+    """How many emissions led to a change (0: a caller proposed it)."""
+    raw = ((system_metadata or {}).get("properties") or {}).get(CAUSE_DEPTH)
+    try:
+        return int(raw) if raw is not None else 0
+    except (TypeError, ValueError):
+        return 0
 
 
 def Accept(*, emit: Sequence[EmittedProposal] = ()) -> Outcome:  # noqa: N802 - reads as a constructor
@@ -205,8 +252,11 @@ class PipelineStep:
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any]) -> PipelineStep:
+        """A step as stored (PIPELINE_ASPECT) or as entity_registry.yml lists it. `config` is a map of strings, as
+        the stored aspect's schema has it: other YAML values are given as JSON text."""
+        config = {str(k): v if isinstance(v, str) else orjson.dumps(v).decode() for k, v in (raw.get("config") or {}).items()}
         return cls(str(raw["name"]), bool(raw.get("enabled", True)), bool(raw.get("required", False)),
-                   raw.get("scope"), dict(raw.get("config") or {}))
+                   raw.get("scope"), config)
 
 
 @dataclass(slots=True)
@@ -229,13 +279,18 @@ class StepReport:
     emitted: int = 0
     elapsed_ms: float = 0.0
 
+    def to_json(self) -> dict[str, Any]:
+        return {"processor": self.processor, "outcome": self.outcome, **({"reason": self.reason} if self.reason else {}),
+                **({"emitted": self.emitted} if self.emitted else {}), "ms": round(self.elapsed_ms, 3)}
+
 
 @dataclass(slots=True)
 class PipelineResult:
     value: Any
     ignored: str | None = None  # the processor that ignored the change, if one did
     rejected: tuple[str, str] | None = None  # (processor, reason)
-    emitted: list[EmittedProposal] = field(default_factory=list)
+    unavailable: bool = False  # rejected because a required step is missing or failed to load
+    emitted: list[tuple[str, EmittedProposal]] = field(default_factory=list)  # (processor, proposal)
     reports: list[StepReport] = field(default_factory=list)
 
 
@@ -245,6 +300,19 @@ class Pipeline:
     def __init__(self, steps: Sequence[PipelineStep], version: int = 0) -> None:
         self.version = version
         self.steps = [self._load(s) for s in steps if s.enabled]
+        self.phases = frozenset(s.phase for s in self.steps)
+
+    @classmethod
+    def from_aspect(cls, value: Mapping[str, Any], version: int) -> Pipeline:
+        """The pipeline stored as PIPELINE_ASPECT (validated against its schema when it was written)."""
+        return cls([PipelineStep.from_json(step) for step in value.get("steps") or []], version)
+
+    def governs(self, phase: Phase, entity_type: str, aspect: str, change_type: str) -> bool:
+        """Whether any step (or a required one that failed to load) would look at such a change in `phase`."""
+        if entity_type == PIPELINE_ENTITY:
+            return False
+        return any((s.phase is phase or (s.processor is None and s.step.required))
+                   and s.scope.governs(entity_type, aspect, change_type) for s in self.steps)
 
     @staticmethod
     def _load(step: PipelineStep) -> LoadedStep:
@@ -265,6 +333,8 @@ class Pipeline:
 
     def _run(self, phase: Phase, change: Change) -> PipelineResult:
         result = PipelineResult(change.proposed)
+        if change.entity_type == PIPELINE_ENTITY:
+            return result
         current = change
         for loaded in self.steps:
             if not loaded.scope.governs(change.entity_type, change.aspect, change.change_type):
@@ -272,6 +342,7 @@ class Pipeline:
             if loaded.processor is None:
                 if loaded.step.required:  # "the lack of a step terminates processing"
                     result.rejected = (loaded.step.name, f"required change processor is not available: {loaded.error}")
+                    result.unavailable = True
                     result.reports.append(StepReport(loaded.step.name, "failed", loaded.error))
                     return result
                 continue
@@ -297,7 +368,7 @@ class Pipeline:
                 result.rejected = (loaded.step.name, f"change processor returned {type(outcome).__name__}, not an Outcome")
                 result.reports.append(StepReport(loaded.step.name, "failed", "not an Outcome", elapsed_ms=elapsed_ms))
                 return result
-            result.emitted.extend(outcome.emit)
+            result.emitted.extend((loaded.step.name, e) for e in outcome.emit)
             result.reports.append(StepReport(loaded.step.name, outcome.kind.value, outcome.reason, len(outcome.emit), elapsed_ms))
             if outcome.kind is OutcomeKind.REJECTED:
                 result.rejected = (loaded.step.name, outcome.reason or "rejected")

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import logging
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -52,7 +53,19 @@ from app.write.proposal import (
     Proposal,
 )
 from app.write.repository import RETRYABLE_DB_ERRORS, AspectRepository, StoredAspect
-from app.write.processors import Change, Phase, Pipeline
+from app.write.processors import (
+    MAX_CAUSE_DEPTH,
+    PIPELINE_ASPECT,
+    PIPELINE_URN,
+    Change,
+    EmittedProposal,
+    Phase,
+    Pipeline,
+    PipelineResult,
+    StepReport,
+    cause_depth,
+    cause_properties,
+)
 from app.write.rules import PendingChange, RuleChain, Verdict, VerdictKind, builtin_proposal_rules
 
 log = logging.getLogger("metaledger.write")
@@ -81,10 +94,23 @@ class ItemResult:
     value: dict[str, Any] | None = None
     system_metadata: dict[str, Any] | None = None
     message: str | None = None
+    processors: list[StepReport] | None = None  # what the change processors' before phase did to it
+    emitted: list[ItemResult] | None = None  # the proposals they emitted because of it, applied with it
 
     @property
     def version(self) -> str | None:
         return (self.system_metadata or {}).get("version")
+
+    def processing(self) -> dict[str, Any]:
+        """What change processors did, for a write's answer: `changeProcessors` (each that ran, its outcome) and
+        `emitted` (the proposals they emitted because of this item); empty when no processor looked at it."""
+        shown: dict[str, Any] = {}
+        if self.processors:
+            shown["changeProcessors"] = [report.to_json() for report in self.processors]
+        if self.emitted:
+            shown["emitted"] = [{"urn": r.urn, "aspectName": r.aspect, "status": r.status.value, "version": r.version,
+                                 **r.processing()} for r in self.emitted]
+        return shown
 
 
 @dataclass(slots=True)
@@ -113,6 +139,17 @@ class _Transaction:
     outbox: list[OutboxRow] = field(default_factory=list)
     results: list[ItemResult] = field(default_factory=list)
     verdicts: list[tuple[Proposal, Verdict]] = field(default_factory=list)
+    emitted: list[_Emitted] = field(default_factory=list)  # by the before phase, applied at the end of the write
+
+
+@dataclass(slots=True)
+class _Emitted:
+    """A proposal a change processor emitted in the before phase, with what caused it."""
+
+    processor: str
+    proposal: EmittedProposal
+    cause: Proposal
+    cause_result: ItemResult | None
 
 
 def _now_naive_utc(millis: int) -> datetime:
@@ -129,7 +166,33 @@ class WriteService:
         self.registry = registry
         self.rules = rules.with_validators_first(builtin_proposal_rules(registry.urn_to_key))
         self.settings = settings
-        self.processors = processors if processors is not None and processors.steps else None
+        # The change-processor pipeline: entity_registry.yml's until one is stored (refresh_processors)
+        self.initial_processors = processors if processors is not None else Pipeline([])
+        self.processors = self.initial_processors
+        self._processors_checked_at = float("-inf")
+
+    async def refresh_processors(self, repo: AspectRepository, *, force: bool = False) -> Pipeline:
+        """The stored pipeline (PIPELINE_ASPECT of PIPELINE_URN), looked at most every
+        METALEDGER_CHANGE_PROCESSOR_REFRESH_S by each process and loaded again only when its version changed: a
+        pipeline written through any process is in force in every process within that time, without a restart."""
+        now = time.monotonic()
+        if not force and now - self._processors_checked_at < self.settings.change_processor_refresh_s:
+            return self.processors
+        self._processors_checked_at = now
+        row = (await repo.latest([(PIPELINE_URN, PIPELINE_ASPECT)])).get((PIPELINE_URN, PIPELINE_ASPECT))
+        current = self.processors
+        if row is None:
+            self.processors = self.initial_processors
+        elif row.version != current.version:
+            self.processors = Pipeline.from_aspect(row.value, row.version)
+        if self.processors is not current:
+            log.info("change-processor pipeline in force", extra={
+                "version": self.processors.version, "steps": [s.step.name for s in self.processors.steps]})
+        return self.processors
+
+    async def current_processors(self, session: AsyncSession) -> Pipeline:
+        """The pipeline in force now (read from the database, not from this process's copy)."""
+        return await self.refresh_processors(AspectRepository(session), force=True)
 
     # --- before the transaction --------------------------------------------------------------------------------
     def prepare(self, drafts: Sequence[Draft]) -> list[Proposal]:
@@ -290,6 +353,7 @@ class WriteService:
             attempts += 1
             try:
                 async with repo.transaction():
+                    await self.refresh_processors(repo)
                     txn, spans = await self._run_transaction(repo, writes)
                 break
             except RETRYABLE_DB_ERRORS as error:
@@ -301,6 +365,8 @@ class WriteService:
                 log.info("write transaction retried", extra={"attempt": attempts, "reason": type(error).__name__, "detail": getattr(error, "detail", None) or str(error), "items": sum(len(w[0]) for w in writes), **first_write_fields(writes[0][0])})
         if log.isEnabledFor(logging.DEBUG):  # not on the hot path unless asked for
             log.debug("write committed", extra={"writes": len(writes), "items": sum(len(w[0]) for w in writes), "change_logs": len(txn.outbox), **first_write_fields(writes[0][0])})
+        if any(p.urn == PIPELINE_URN for proposals, _ in writes for p in proposals):
+            self._processors_checked_at = float("-inf")  # this process's next write uses the new pipeline
         results = []
         for (results_from, results_to), (outbox_from, outbox_to) in spans:
             outbox = txn.outbox[outbox_from:outbox_to]
@@ -334,6 +400,8 @@ class WriteService:
             results_from, outbox_from = len(txn.results), len(txn.outbox)
             for proposal in proposals:
                 self._apply_one(txn, proposal, audit)
+                if txn.emitted:  # right after their cause: the batch's next proposals see (and may override) them
+                    await self._apply_emitted(repo, txn, audit)
             spans.append(((results_from, len(txn.results)), (outbox_from, len(txn.outbox))))
         # a group's refusal is not logged: the combiner applies its writes again one by one, and the culprit's is
         self._raise_on_fatal_verdicts(txn, log_refusals=len(writes) == 1)
@@ -357,18 +425,29 @@ class WriteService:
             if not verdict.is_fatal:
                 txn.results.append(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.FILTERED, message=verdict.message))
             return
-        if self.processors is not None and not self._run_before_processors(txn, p, previous, audit):
-            return
+        before: PipelineResult | None = None
+        if self.processors.steps and self.processors.governs(Phase.BEFORE, p.entity_type, p.aspect_name, p.change_type.value):
+            before = self._run_before_processors(txn, p, previous, audit)
+            if before is None:
+                return
         if txn.verdicts and any(v.is_fatal for _, v in txn.verdicts):
             return  # the batch will fail; keep checking the rest only to report every violation
+        written_from = len(txn.results)
+        self._write(txn, p, previous, entity.key_aspect, audit)
+        if before is not None:
+            result = next((r for r in txn.results[written_from:] if r.index == p.index), None)
+            if result is not None:
+                result.processors = before.reports
+            txn.emitted.extend(_Emitted(name, e, p, result) for name, e in before.emitted)
 
+    def _write(self, txn: _Transaction, p: Proposal, previous: StoredAspect | None, key_aspect: str, audit: AuditStamp) -> None:
         if p.change_type is ChangeType.DELETE:
-            self._delete(txn, p, previous, entity.key_aspect, audit)
+            self._delete(txn, p, previous, key_aspect, audit)
             return
-        if txn.state.get((p.urn, entity.key_aspect)) is None and p.aspect_name != entity.key_aspect:
+        if txn.state.get((p.urn, key_aspect)) is None and p.aspect_name != key_aspect:
             key_proposal = Proposal(
-                p.index, p.entity_type, p.urn, entity.key_aspect, ChangeType.UPSERT,
-                value=self.registry.urn_to_key(entity.name, p.urn), system_metadata=p.system_metadata,
+                p.index, p.entity_type, p.urn, key_aspect, ChangeType.UPSERT,
+                value=self.registry.urn_to_key(p.entity_type, p.urn), system_metadata=p.system_metadata,
             )
             self._upsert(txn, key_proposal, None, audit, report=False)
         if p.is_timeseries:
@@ -376,10 +455,12 @@ class WriteService:
         else:
             self._upsert(txn, p, previous, audit)
 
-    def _run_before_processors(self, txn: _Transaction, p: Proposal, previous: StoredAspect | None, audit: AuditStamp) -> bool:
-        """The change processors' before phase, with the locked previous value: False when the proposal goes no
-        further (rejected: a fatal verdict naming the processor; ignored: reported, nothing written). A mutation is
-        validated against the schema again. (Emitted proposals: not applied yet, see app.write.processors NEXT.)"""
+    def _run_before_processors(
+        self, txn: _Transaction, p: Proposal, previous: StoredAspect | None, audit: AuditStamp
+    ) -> PipelineResult | None:
+        """The change processors' before phase, with the locked previous value. None when the proposal goes no
+        further: rejected (a fatal verdict naming the processor) or ignored (an IGNORED item, nothing written). A
+        mutation is validated against the schema again."""
         change = Change(
             p.urn, p.entity_type, p.aspect_name, p.change_type.value, p.value,
             previous.value if previous is not None else None,
@@ -390,16 +471,80 @@ class WriteService:
         if result.rejected is not None:
             name, reason = result.rejected
             txn.verdicts.append((p, Verdict(VerdictKind.VALIDATION, reason, f"change processor {name}", "$.aspect.value")))
-            return False
+            return None
         if result.ignored is not None:
             reason = next((r.reason for r in result.reports if r.processor == result.ignored), None)
             txn.results.append(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.IGNORED,
-                                          message=f"ignored by change processor {result.ignored}: {reason}"))
-            return False
+                                          message=f"ignored by change processor {result.ignored}: {reason}",
+                                          processors=result.reports))
+            return None
         if result.value is not p.value and result.value is not None:
             aspect = self.registry.aspect(p.entity_type, p.aspect_name)
-            p.value = self._validate_value(aspect, result.value, p.index, p.urn)
-        return True
+            try:
+                p.value = self._validate_value(aspect, result.value, p.index, p.urn)
+            except ValidationFailed as error:
+                name = next(r.processor for r in reversed(result.reports) if r.outcome == "mutated")
+                messages = "; ".join(f"{i.path}: {i.message}" for i in error.issues)
+                txn.verdicts.append((p, Verdict(VerdictKind.VALIDATION, f"its mutation does not match the schema: {messages}",
+                                                f"change processor {name}", "$.aspect.value")))
+                return None
+        return result
+
+    async def _apply_emitted(self, repo: AspectRepository, txn: _Transaction, audit: AuditStamp) -> None:
+        """The proposals the before phase emitted, in the same transaction: resolved and validated like a caller's,
+        their rows locked now (a lock taken late may deadlock with another writer: Postgres then aborts one of the
+        two, and the transaction is retried whole), applied right after the proposal that caused them. Their results are
+        reported on the item that caused them."""
+        while txn.emitted and not any(v.is_fatal for _, v in txn.verdicts):
+            emitted, txn.emitted = txn.emitted, []
+            ready = [(e, p) for e in emitted if (p := self._emitted_proposal(txn, e)) is not None]
+            if any(v.is_fatal for _, v in txn.verdicts):
+                return
+            keys: set[tuple[str, str]] = set()
+            deleted_entities: set[str] = set()
+            for _, p in ready:
+                key_aspect = self.registry.entity(p.entity_type).key_aspect
+                keys.update({(p.urn, key_aspect)} | (set() if p.is_timeseries else {(p.urn, p.aspect_name)}))
+                if p.change_type is ChangeType.DELETE and p.aspect_name == key_aspect:
+                    deleted_entities.add(p.urn)
+            keys -= txn.state.keys()
+            if keys or deleted_entities:
+                locked, floors = await repo.lock_latest(keys, deleted_entities)
+                for key in keys | locked.keys():
+                    txn.state.setdefault(key, locked.get(key))
+                for key, floor in floors.items():
+                    txn.floors.setdefault(key, floor)
+            for e, p in ready:
+                if txn.state.get((p.urn, self.registry.entity(p.entity_type).key_aspect)) is not None:
+                    txn.existed_before.add(p.urn)
+                results_from = len(txn.results)
+                self._apply_one(txn, p, audit)
+                if e.cause_result is not None:
+                    e.cause_result.emitted = (e.cause_result.emitted or []) + txn.results[results_from:]
+                del txn.results[results_from:]
+
+    def _emitted_proposal(self, txn: _Transaction, e: _Emitted) -> Proposal | None:
+        """An emitted proposal resolved and validated (a fatal verdict naming its processor when it is not valid, or
+        when processors keep emitting because of each other's emissions)."""
+        def refuse(message: str) -> None:
+            txn.verdicts.append((e.cause, Verdict(VerdictKind.VALIDATION, message, f"change processor {e.processor}", "$.aspect.value")))
+
+        if cause_depth(e.cause.system_metadata) >= MAX_CAUSE_DEPTH:
+            refuse(f"emitted a proposal {MAX_CAUSE_DEPTH} emissions deep (processors emitting because of each other)")
+            return None
+        version = e.cause_result.version if e.cause_result is not None else None
+        system_metadata = {"properties": cause_properties(e.processor, e.cause.urn, e.cause.aspect_name, version,
+                                                          e.cause.system_metadata)}
+        if "runId" in e.cause.system_metadata:
+            system_metadata["runId"] = e.cause.system_metadata["runId"]
+        draft = Draft(e.cause.index, e.proposal.entity_type, e.proposal.aspect, e.proposal.change_type, urn=e.proposal.urn,
+                      value=e.proposal.value, system_metadata=system_metadata)
+        try:
+            return self.prepare([draft])[0]
+        except MetaledgerError as error:
+            details = "; ".join(f"{i.path or ''} {i.message}".strip() for i in error.issues or [])
+            refuse(f"emitted an invalid proposal for {e.proposal.aspect} of {e.proposal.urn}: {details or error.message}")
+            return None
 
     def _apply_patch(self, txn: _Transaction, p: Proposal, previous: StoredAspect | None, audit: AuditStamp) -> bool:
         """DataHub's patch semantics (templates, keyed arrays, RFC 6902) against the locked latest value; the result

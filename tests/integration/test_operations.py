@@ -109,11 +109,11 @@ async def test_outbox_backlog_figures_are_the_rows_not_yet_consumed(client, db):
     # once sequenced (as the relay would), the rows are the indexer's backlog until it catches up
     await db.execute("UPDATE change_log_outbox SET feed_offset = id")
     await db.execute("UPDATE change_log_feed_state SET last_offset = (SELECT max(id) FROM change_log_outbox)")
-    await db.execute("UPDATE search_index_state SET last_offset = 0")
+    await db.execute("UPDATE feed_reader_state SET last_offset = 0 WHERE reader = 'search-indexer'")
     samples = await scrape(client)
     assert value(samples, "metaledger_outbox_unsequenced_rows") == 0
     # the worker may already have applied some: the figures are consistent with the cursor
-    cursor = await db.fetchval("SELECT last_offset FROM search_index_state")
+    cursor = await db.fetchval("SELECT last_offset FROM feed_reader_state WHERE reader = 'search-indexer'")
     feed_end = await db.fetchval("SELECT last_offset FROM change_log_feed_state")
     assert value(samples, "metaledger_indexer_lag_rows") >= feed_end - cursor
 

@@ -84,7 +84,7 @@ async def caught_up(db) -> None:
     """Wait until the indexing worker has applied every sequenced outbox row (and every row is sequenced)."""
     async def done():
         pending = await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL")
-        last = await db.fetchval("SELECT last_offset FROM search_index_state WHERE id = 1")
+        last = await db.fetchval("SELECT last_offset FROM feed_reader_state WHERE reader = 'search-indexer'")
         top = await db.fetchval("SELECT coalesce(max(feed_offset), 0) FROM change_log_outbox")
         return pending == 0 and last is not None and last >= top
     await eventually(done, timeout=30, interval=0.05, what="indexing worker caught up")
@@ -340,7 +340,7 @@ async def test_out_of_order_and_replayed_change_logs_never_regress(client, db):
     assert await urns_of(client, query="secondname") == [urn]
     assert await urns_of(client, query="firstname") == []
     # replay the whole feed through the worker
-    await db.execute("UPDATE search_index_state SET last_offset = 0 WHERE id = 1")
+    await db.execute("UPDATE feed_reader_state SET last_offset = 0 WHERE reader = 'search-indexer'")
     await caught_up(db)
     assert await urns_of(client, query="secondname") == [urn]
     assert await urns_of(client, query="firstname") == []
@@ -398,11 +398,11 @@ async def test_pruning_keeps_rows_the_indexer_has_not_applied(db):
             "INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload, created_at, feed_offset)"
             " VALUES ('t', 'k', 'urn:li:corpuser:x', 'a', $1, 'UPSERT', '{}', now() - interval '2 days', $1)", offset)
     # an indexer registered at offset 1: rows 2 and 3 stay until it has applied them
-    await db.execute("INSERT INTO search_index_state (id, last_offset) VALUES (1, 1)")
+    await db.execute("INSERT INTO feed_reader_state (reader, last_offset) VALUES ('search-indexer', 1)")
     deleted, after = await outbox.prune(db, 3600, kafka=False, after=0)
     assert (deleted, after) == (1, 1)
     assert [r[0] for r in await db.fetch("SELECT feed_offset FROM change_log_outbox ORDER BY 1")] == [2, 3]
-    await db.execute("UPDATE search_index_state SET last_offset = 3")
+    await db.execute("UPDATE feed_reader_state SET last_offset = 3 WHERE reader = 'search-indexer'")
     deleted, after = await outbox.prune(db, 3600, kafka=False, after=after)
     assert (deleted, after) == (2, 3)
 

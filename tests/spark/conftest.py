@@ -67,7 +67,7 @@ async def ingested(make_database, migrated_template, registry, search_server) ->
         try:  # the embedded worker applies the same change logs again (no-ops): let it finish first
             for _ in range(200):
                 pending = await conn.fetchval("SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL")
-                last = await conn.fetchval("SELECT last_offset FROM search_index_state WHERE id = 1")
+                last = await conn.fetchval("SELECT last_offset FROM feed_reader_state WHERE reader = 'search-indexer'")
                 top = await conn.fetchval("SELECT coalesce(max(feed_offset), 0) FROM change_log_outbox")
                 if pending == 0 and last is not None and last >= top:
                     break

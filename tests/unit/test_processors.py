@@ -144,7 +144,7 @@ def test_required_steps_that_cannot_load_refuse_the_changes_in_their_scope():
 def test_emitted_proposals_are_collected_and_phases_are_kept_apart():
     result = Pipeline([step(Emits), step(After)]).run(Phase.BEFORE, change())
     assert result.rejected is None
-    assert [(e.aspect, e.value) for e in result.emitted] == [("globalTags", {"tags": []})]
+    assert [(name.rsplit(".", 1)[1], e.aspect, e.value) for name, e in result.emitted] == [("Emits", "globalTags", {"tags": []})]
     assert result.reports[0].emitted == 1
     assert Pipeline([step(After)]).run(Phase.AFTER, change()).rejected[0].endswith("After")
 

@@ -1,11 +1,12 @@
-"""Example change processors (metaledger's app.write.processors contract).
+"""Example change processors for metaledger (the contract: app.write.processors).
 
-- IgnoreDisallowedWords: the RFC's own example: an update that brings in a disallowed string (config `words`) that the
-  previous value did not have is ignored (dropped, not an error).
-- ProdDatasetsNeedAnOwner: a validator: a PROD dataset's properties are refused until the dataset has an owner
-  (config `owners_aspect`, default ownership; here checked on the proposed value's customProperties.owner for brevity).
-- LowercaseTags: a mutator: tag URNs lower-cased.
-- DeprecatedDatasetsGetATag: an `after` side effect: a dataset marked deprecated gets the tag urn:li:tag:deprecated.
+- IgnoreDisallowedWords (before): the RFC's own example. An update of a dataset's properties that brings in a
+  disallowed string (config `words`, comma-separated) the previous value did not have is ignored: dropped, not an
+  error. A value that already had it may keep it.
+- ProdDatasetsNeedAnOwner (before): a validator. A PROD dataset's ownership may not be left without an owner.
+- LowercaseTags (before): a mutator. Tag URNs are lower-cased; the result is validated against the schema again.
+- DeprecatedDatasetsGetATag (after): a side effect. A dataset marked deprecated gets the tag `urn:li:tag:deprecated`
+  (a PATCH, so the dataset's other tags stay), once per change log.
 """
 
 from __future__ import annotations
@@ -22,34 +23,39 @@ from app.write.processors import (
     Scope,
 )
 
+DEPRECATED_TAG = "urn:li:tag:deprecated"
+
 
 class IgnoreDisallowedWords(ChangeProcessor):
     name = "ignore-disallowed-words"
-    scope = Scope(aspects=("datasetProperties", "editableDatasetProperties"), change_types=("UPSERT", "PATCH"))
+    scope = Scope(entity_types=("dataset",), aspects=("datasetProperties", "editableDatasetProperties"),
+                  change_types=("UPSERT", "PATCH", "UPDATE"))
 
     def process(self, change: Change):
-        words = [w.lower() for w in self.config.get("words", ["confidential"])]
-        now, before = str(change.proposed).lower(), str(change.previous or "").lower()
+        words = [w.strip().lower() for w in self.config.get("words", "confidential").split(",") if w.strip()]
+        proposed = str(change.proposed or "").lower()
+        previous = str(change.previous or "").lower()
         for word in words:
-            if word in now and word not in before:
+            if word in proposed and word not in previous:
                 return Ignore(f"the update brings in the disallowed word {word!r}")
         return Accept()
 
 
 class ProdDatasetsNeedAnOwner(ChangeProcessor):
     name = "prod-datasets-need-an-owner"
-    scope = Scope(entity_types=("dataset",), aspects=("datasetProperties",))
+    scope = Scope(entity_types=("dataset",), aspects=("ownership",))
 
     def process(self, change: Change):
         if not change.urn.endswith(",PROD)"):
             return Accept()
-        owner = ((change.proposed or {}).get("customProperties") or {}).get("owner")
-        return Accept() if owner else Reject("datasets in PROD need an owner (customProperties.owner)")
+        if change.change_type == "DELETE" or not (change.proposed or {}).get("owners"):
+            return Reject("a dataset in PROD needs an owner: its ownership cannot be left empty")
+        return Accept()
 
 
 class LowercaseTags(ChangeProcessor):
     name = "lowercase-tags"
-    scope = Scope(aspects=("globalTags",))
+    scope = Scope(aspects=("globalTags",), change_types=("UPSERT", "CREATE", "PATCH", "UPDATE"))
 
     def process(self, change: Change):
         tags = (change.proposed or {}).get("tags") or []
@@ -60,10 +66,11 @@ class LowercaseTags(ChangeProcessor):
 class DeprecatedDatasetsGetATag(ChangeProcessor):
     name = "deprecated-datasets-get-a-tag"
     phase = Phase.AFTER
-    scope = Scope(entity_types=("dataset",), aspects=("deprecation",))
+    scope = Scope(entity_types=("dataset",), aspects=("deprecation",), change_types=("UPSERT", "CREATE", "PATCH", "UPDATE"))
 
     def process(self, change: Change):
-        if not (change.proposed or {}).get("deprecated"):
+        was = bool((change.previous or {}).get("deprecated"))
+        if not (change.proposed or {}).get("deprecated") or was:
             return Accept()
-        return Accept(emit=[EmittedProposal(change.urn, "dataset", "globalTags",
-                                            {"tags": [{"tag": "urn:li:tag:deprecated"}]}, "UPSERT")])
+        patch = [{"op": "add", "path": f"/tags/{DEPRECATED_TAG}", "value": {"tag": DEPRECATED_TAG}}]
+        return Accept(emit=[EmittedProposal(change.urn, "dataset", "globalTags", patch, "PATCH")])
