@@ -1,6 +1,7 @@
 """Write-path throughput and latency, against a real metaledger process and a real Postgres.
 
     .venv/bin/python bench/ingest.py [--clients 4] [--batches 40] [--batch-size 100] [--singles 400] [--auth on|off]
+                                     [--pipeline none|examples]
 
 Prints:
 - batch UPSERT throughput: versioned aspect writes/s, `--clients` concurrent HTTP clients each POSTing
@@ -178,6 +179,26 @@ async def settled(dsn: str, timeout_s: float = 180) -> None:
         await conn.close()
 
 
+def example_pipeline_registry() -> Path:
+    """entity_registry.yml with the example before processors as its pipeline (they must be installed: make venv).
+    ignore-disallowed-words looks at datasetProperties; lowercase-tags is scoped to it too (datasetProperties has a
+    `tags` field); prod-datasets-need-an-owner keeps its own scope (ownership), so it costs its scope check only."""
+    import tempfile
+
+    import yaml
+
+    root = Path(__file__).resolve().parent.parent
+    config = yaml.safe_load((root / "entity_registry.yml").read_text())
+    config["changeProcessors"] = [
+        {"name": "ignore-disallowed-words", "config": {"words": "confidential,secret"}},
+        {"name": "lowercase-tags", "scope": {"aspects": ["globalTags", "datasetProperties"]}},
+        {"name": "prod-datasets-need-an-owner"},
+    ]
+    path = Path(tempfile.mkdtemp(prefix="metaledger-bench-")) / "entity_registry.yml"
+    path.write_text(yaml.safe_dump(config))
+    return path
+
+
 def percentile(samples: list[float], q: float) -> float:
     ordered = sorted(samples)
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
@@ -193,12 +214,17 @@ async def main() -> None:
     parser.add_argument("--workers", type=int, default=None,
                         help="`serve --workers` (default: the machine's cores); 0: one process, `uvicorn app.main:app`")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the service (repeatable)")
+    parser.add_argument("--pipeline", choices=("none", "examples"), default="none",
+                        help="change processors: none (an empty pipeline), or examples: the three before processors of "
+                             "examples/change_processors, two of them in scope of the benchmark's datasetProperties")
     parser.add_argument("--settle-timeout", type=float, default=180,
                         help="longest wait for the background work to catch up between phases (s)")
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     workers = cores if args.workers is None else args.workers
     env = dict(item.split("=", 1) for item in args.env)
+    if args.pipeline == "examples":
+        env["METALEDGER_REGISTRY_PATH"] = str(example_pipeline_registry())
 
     with throwaway_service(workers=workers or None, auth=args.auth == "on", env=env) as service:
         HEADERS.update(service.headers)
@@ -222,7 +248,8 @@ async def main() -> None:
         raw_rate = writes / raw_elapsed
 
         serving = f"`metaledger serve --workers {workers}`" if workers else "one process (`uvicorn app.main:app`)"
-        print(f"machine: {cores} cores; {serving}; Postgres fsync on; auth {args.auth}; {args.clients} clients x {args.batches} batches x {args.batch_size} MCPs")
+        print(f"machine: {cores} cores; {serving}; Postgres fsync on; auth {args.auth}; change processors: {args.pipeline}; "
+              f"{args.clients} clients x {args.batches} batches x {args.batch_size} MCPs")
         print(f"batch UPSERT via /openapi/v1/proposals : {v1_rate:8.0f} versioned aspect writes/s")
         print(f"batch UPSERT via /openapi/v3/entity     : {v3_rate:8.0f} versioned aspect writes/s")
         print(f"raw asyncpg ceiling (same rows)         : {raw_rate:8.0f} rows/s")

@@ -29,7 +29,8 @@ from app.write.processors import (
     Reject,
     Scope,
 )
-from tests.helpers import bearer, eventually, stored
+from tests.helpers import bearer, eventually, restli_propose, stored
+from tests.helpers import mcp as wire_mcp
 from tests.processes import SYSTEM_AUTH, start_service, stop_process, wait_healthy
 
 PROD = "urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)"
@@ -140,6 +141,9 @@ async def test_before_phase_outcomes_over_http(pipeline_client, db: asyncpg.Conn
     assert refused.status_code == 400
     assert "NeedsOwner" in refused.text and "need an owner" in refused.text and refused.json()["issues"][0]["index"] == 1
     assert await stored(db, DEV, "status") is None
+    # the same pipeline for DataHub's Rest.li entry (the `datahub` client's)
+    restli = await restli_propose(pipeline_client, wire_mcp("datasetProperties", {"name": "orders"}, urn=PROD, encode=True))
+    assert restli.status_code == 400 and "NeedsOwner" in restli.text and "need an owner" in restli.text
 
     # ignore, by the previous value: a word the previous description did not have is dropped, not an error
     first = await pipeline_client.post("/openapi/v1/proposals", json=[mcp(DEV, "datasetProperties", {"description": "orders"})])
@@ -375,7 +379,6 @@ async def test_the_mcp_topic_runs_the_same_pipeline(tmp_path, database_url, regi
     from app.ingest.gateway import IngestGateway
     from app.kafka.consumers import McpConsumer
     from tests.helpers import create_topics, dead_letter, fast_groups, kafka_overrides, produce, read_topic, unique_topics
-    from tests.helpers import mcp as wire_mcp
 
     bootstrap = kafka_broker.bootstrap_servers
     topics = unique_topics("topic_mcp", "topic_fmcp", "topic_mce", "topic_fmce")
