@@ -119,6 +119,7 @@ class AfterProcessorWorker:
                     return 0
                 if active:
                     emissions = self._run(pipeline, rows)
+                    pipeline.publish_metrics()
                     if emissions:
                         await self._apply(session, emissions)
                 await cursor.advance(rows[-1]["feed_offset"])

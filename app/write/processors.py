@@ -162,6 +162,9 @@ class Outcome:
     emit: tuple[EmittedProposal, ...] = ()
 
 
+_ACCEPTED = Outcome(OutcomeKind.ACCEPTED)  # outcomes are immutable: the common one is made once
+
+
 def cause_properties(processor: str, urn: str, aspect: str, version: int | str | None,
                      cause_system_metadata: Mapping[str, Any] | None) -> dict[str, str]:
     """The `systemMetadata.properties` of a proposal emitted by `processor` because of the change of `aspect` of
@@ -180,7 +183,7 @@ def cause_depth(system_metadata: Mapping[str, Any] | None) -> int:
 
 
 def Accept(*, emit: Sequence[EmittedProposal] = ()) -> Outcome:  # noqa: N802 - reads as a constructor
-    return Outcome(OutcomeKind.ACCEPTED, emit=tuple(emit))
+    return Outcome(OutcomeKind.ACCEPTED, emit=tuple(emit)) if emit else _ACCEPTED
 
 
 def Mutate(value: Any, *, emit: Sequence[EmittedProposal] = ()) -> Outcome:  # noqa: N802
@@ -301,6 +304,10 @@ class Pipeline:
         self.version = version
         self.steps = [self._load(s) for s in steps if s.enabled]
         self.phases = frozenset(s.phase for s in self.steps)
+        # The steps that look at a kind of change, by (phase, entity type, aspect, change type): the scopes are
+        # matched once per kind, not per change. Bounded by the registry's entity/aspect pairs.
+        self._plans: dict[tuple[Phase, str, str, str], tuple[LoadedStep, ...]] = {}
+        self._tally: dict[tuple[str, Phase, str], list] = {}  # (processor, phase, outcome) -> [calls, ms]
 
     @classmethod
     def from_aspect(cls, value: Mapping[str, Any], version: int) -> Pipeline:
@@ -309,10 +316,19 @@ class Pipeline:
 
     def governs(self, phase: Phase, entity_type: str, aspect: str, change_type: str) -> bool:
         """Whether any step (or a required one that failed to load) would look at such a change in `phase`."""
-        if entity_type == PIPELINE_ENTITY:
-            return False
-        return any((s.phase is phase or (s.processor is None and s.step.required))
-                   and s.scope.governs(entity_type, aspect, change_type) for s in self.steps)
+        return bool(self._plan(phase, entity_type, aspect, change_type))
+
+    def _plan(self, phase: Phase, entity_type: str, aspect: str, change_type: str) -> tuple[LoadedStep, ...]:
+        key = (phase, entity_type, aspect, change_type)
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = () if entity_type == PIPELINE_ENTITY else tuple(
+                s for s in self.steps
+                if ((s.processor is not None and s.phase is phase) or (s.processor is None and s.step.required))
+                and s.scope.governs(entity_type, aspect, change_type)
+            )
+            self._plans[key] = plan
+        return plan
 
     @staticmethod
     def _load(step: PipelineStep) -> LoadedStep:
@@ -326,28 +342,31 @@ class Pipeline:
 
     def run(self, phase: Phase, change: Change) -> PipelineResult:
         result = self._run(phase, change)
-        for report in result.reports:  # per processor: calls by outcome, and time
-            PROCESSOR_CALLS.labels(report.processor, phase.value, report.outcome).inc()
-            PROCESSOR_SECONDS.labels(report.processor, phase.value).observe(report.elapsed_ms / 1000)
+        for report in result.reports:  # tallied here, published once per write (publish_metrics)
+            tally = self._tally.get((report.processor, phase, report.outcome))
+            if tally is None:
+                tally = self._tally[(report.processor, phase, report.outcome)] = [0, 0.0]
+            tally[0] += 1
+            tally[1] += report.elapsed_ms
         return result
+
+    def publish_metrics(self) -> None:
+        """Add what `run` tallied to the Prometheus series (metaledger_change_processor_calls_total and _seconds_total).
+        Once per write, not per change: a series update is a locked write to a shared file under `serve --workers`."""
+        for (processor, phase, outcome), (calls, elapsed_ms) in self._tally.items():
+            PROCESSOR_CALLS.labels(processor, phase.value, outcome).inc(calls)
+            PROCESSOR_SECONDS.labels(processor, phase.value).inc(elapsed_ms / 1000)
+        self._tally.clear()
 
     def _run(self, phase: Phase, change: Change) -> PipelineResult:
         result = PipelineResult(change.proposed)
-        if change.entity_type == PIPELINE_ENTITY:
-            return result
         current = change
-        for loaded in self.steps:
-            if not loaded.scope.governs(change.entity_type, change.aspect, change.change_type):
-                continue
-            if loaded.processor is None:
-                if loaded.step.required:  # "the lack of a step terminates processing"
-                    result.rejected = (loaded.step.name, f"required change processor is not available: {loaded.error}")
-                    result.unavailable = True
-                    result.reports.append(StepReport(loaded.step.name, "failed", loaded.error))
-                    return result
-                continue
-            if loaded.phase is not phase:
-                continue
+        for loaded in self._plan(phase, change.entity_type, change.aspect, change.change_type):
+            if loaded.processor is None:  # a required step: "the lack of a step terminates processing"
+                result.rejected = (loaded.step.name, f"required change processor is not available: {loaded.error}")
+                result.unavailable = True
+                result.reports.append(StepReport(loaded.step.name, "failed", loaded.error))
+                return result
             started = time.perf_counter()
             try:
                 outcome = loaded.processor.process(current)

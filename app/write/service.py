@@ -365,6 +365,7 @@ class WriteService:
                 log.info("write transaction retried", extra={"attempt": attempts, "reason": type(error).__name__, "detail": getattr(error, "detail", None) or str(error), "items": sum(len(w[0]) for w in writes), **first_write_fields(writes[0][0])})
         if log.isEnabledFor(logging.DEBUG):  # not on the hot path unless asked for
             log.debug("write committed", extra={"writes": len(writes), "items": sum(len(w[0]) for w in writes), "change_logs": len(txn.outbox), **first_write_fields(writes[0][0])})
+        self.processors.publish_metrics()
         if any(p.urn == PIPELINE_URN for proposals, _ in writes for p in proposals):
             self._processors_checked_at = float("-inf")  # this process's next write uses the new pipeline
         results = []

@@ -11,6 +11,8 @@
 
 from __future__ import annotations
 
+import orjson
+
 from app.write.processors import (
     Accept,
     Change,
@@ -31,11 +33,17 @@ class IgnoreDisallowedWords(ChangeProcessor):
     scope = Scope(entity_types=("dataset",), aspects=("datasetProperties", "editableDatasetProperties"),
                   change_types=("UPSERT", "PATCH", "UPDATE"))
 
+    def __init__(self, config=None) -> None:
+        super().__init__(config)
+        # configuration is parsed once, when the pipeline is loaded, not per change
+        self.words = [w.strip().lower() for w in self.config.get("words", "confidential").split(",") if w.strip()]
+
     def process(self, change: Change):
-        words = [w.strip().lower() for w in self.config.get("words", "confidential").split(",") if w.strip()]
-        proposed = str(change.proposed or "").lower()
-        previous = str(change.previous or "").lower()
-        for word in words:
+        proposed = orjson.dumps(change.proposed).decode().lower()
+        if not any(word in proposed for word in self.words):
+            return Accept()
+        previous = orjson.dumps(change.previous).decode().lower()
+        for word in self.words:
             if word in proposed and word not in previous:
                 return Ignore(f"the update brings in the disallowed word {word!r}")
         return Accept()
