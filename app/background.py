@@ -12,6 +12,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from app.avro.wire import ValueCodec
 from app.ingest.gateway import IngestGateway
 from app.kafka.consumers import MceConsumer, McpConsumer
+from app.kafka.consumers.per_aspect import PerAspectChangeConsumer
+from app.kafka.per_aspect import DerivedEvents
 from app.kafka.relay import OutboxRelay
 from app.kafka.topics import ensure_topics
 from app.search.service import SearchRuntime
@@ -35,13 +37,16 @@ class Background:
     ) -> None:
         kafka = bool(settings.kafka_bootstrap_servers)
         codec = codec or ValueCodec(settings)  # one per process, shared by the relay and the consumers
+        derived = DerivedEvents(settings, gateway.registry, codec) if kafka else None
         if kafka and settings.create_topics_on_start:
-            await ensure_topics(settings)
+            await ensure_topics(settings, derived.topics())
         workers = []
         if settings.relay_enabled:
-            workers.append(OutboxRelay(settings, engine, codec))
+            workers.append(OutboxRelay(settings, engine, codec, derived))
         if kafka and settings.mcp_consumer_enabled:
             workers.append(McpConsumer(settings, sessionmaker, gateway, codec=codec))
+        if kafka and settings.events_v5_consumer_enabled and derived.routes:
+            workers.append(PerAspectChangeConsumer(settings, sessionmaker, gateway, derived, codec=codec))
         if kafka and settings.mce_consumer_enabled:
             workers.append(MceConsumer(settings, sessionmaker, gateway, codec=codec))
         workers.append(AfterProcessorWorker(settings, engine, sessionmaker, gateway.writer))

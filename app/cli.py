@@ -50,7 +50,13 @@ def relay() -> None:
 
     from app.supervisor import run_standalone
 
-    run_standalone(lambda settings, engine, maker, codec: OutboxRelay(settings, engine, codec))
+    from app.kafka.per_aspect import DerivedEvents
+    from app.main import load_registry_of
+
+    def make(settings, engine, maker, codec):
+        return OutboxRelay(settings, engine, codec, DerivedEvents(settings, load_registry_of(settings), codec))
+
+    run_standalone(make)
 
 
 def _gateway(settings):
@@ -234,6 +240,34 @@ def registry_check(path: Path | None) -> None:
     ok, report = check_registry(path or get_settings().registry_path)
     click.echo(report)
     sys.exit(0 if ok else 1)
+
+
+@main.group()
+def events() -> None:
+    """Per-aspect events ("Metadata Events (v5)")."""
+
+
+@events.command("export-schemas")
+@click.argument("directory", type=click.Path(path_type=Path))
+@click.option("--all", "every_pair", is_flag=True,
+              help="every entity/aspect pair of the registry, not only the routed ones (METALEDGER_EVENTS_V5_ROUTES)")
+def events_export_schemas(directory: Path, every_pair: bool) -> None:
+    """Write the generated MetadataChangeEvent, MetadataAuditEvent and FailedMetadataChangeEvent schemas of the
+    routed pairs as .avsc files (one per record: <com.linkedin.mxe.entity.aspect>.<Record>.avsc)."""
+    from app.kafka.per_aspect import EventRoutingError, export_schemas, pair_routes
+    from app.main import load_registry_of
+
+    settings = get_settings()
+    try:
+        routes = pair_routes(settings, load_registry_of(settings), every_pair=every_pair)
+    except EventRoutingError as error:
+        click.echo(f"METALEDGER_EVENTS_V5_ROUTES is not valid: {error}", err=True)
+        sys.exit(1)
+    if not routes:
+        click.echo("no pair is routed (METALEDGER_EVENTS_V5_ROUTES is empty); --all exports every pair", err=True)
+        sys.exit(1)
+    written = export_schemas(routes, directory)
+    click.echo(f"wrote {len(written)} schemas of {len(routes)} pairs to {directory}")
 
 
 @main.group()

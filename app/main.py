@@ -41,6 +41,7 @@ from app.registry.errors import RegistryError
 from app.schema_registry import make_registry_client
 from app.settings import Settings, get_settings
 from app.ingest.gateway import IngestGateway
+from app.kafka.per_aspect import resolve_routes
 from app.kafka.producer import ProposalProducer
 from app.workers import follow_supervisor
 from app.write.combiner import WriteCombiner
@@ -278,11 +279,16 @@ def _install_offline_docs(app: FastAPI, settings: Settings) -> None:
         )
 
 
-def build_write_service(settings: Settings, registry: EntityRegistry | None = None) -> WriteService:
-    """The write pipeline of this configuration: the registry (loaded unless given) and the plugins' rule chain."""
-    registry = registry or load_registry(
+def load_registry_of(settings: Settings) -> EntityRegistry:
+    """The entity registry of this configuration."""
+    return load_registry(
         settings.registry_path, trim_unknown_fields=settings.trim_unknown_fields, strict_urns=settings.strict_urn_validation
     )
+
+
+def build_write_service(settings: Settings, registry: EntityRegistry | None = None) -> WriteService:
+    """The write pipeline of this configuration: the registry (loaded unless given) and the plugins' rule chain."""
+    registry = registry or load_registry_of(settings)
     return WriteService(registry, load_rule_chain(settings.registry_path), settings, load_pipeline(settings.registry_path))
 
 
@@ -290,6 +296,7 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
     settings = settings or get_settings()
     configure_logging()
     write_service = build_write_service(settings, registry)
+    resolve_routes(settings, write_service.registry)  # a bad METALEDGER_EVENTS_V5_ROUTES stops the start, named
     app = FastAPI(
         title="metaledger",
         version=__version__,

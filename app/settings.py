@@ -52,6 +52,17 @@ class Settings(BaseSettings):
     topic_fmcp: str = "FailedMetadataChangeProposal_v1"
     topic_mce: str = "MetadataChangeEvent_v4"
     topic_fmce: str = "FailedMetadataChangeEvent_v4"
+    # Per-aspect events, "Metadata Events (v5)" (app.kafka.per_aspect): opt-in per entity/aspect pair. Routes:
+    # [{"entityTypes": [...], "aspects": [...], "auditTopic"?, "changeTopic"?, "failedTopic"?, "sharedTopic"?: bool}],
+    # fnmatch patterns; a route's topics default to the templates below ({entity}, {aspect}).
+    events_v5_routes: list[dict[str, Any]] = Field(default_factory=list)
+    events_v5_audit_topic: str = "MetadataAuditEvent_v5.{entity}.{aspect}"
+    events_v5_change_topic: str = "MetadataChangeEvent_v5.{entity}.{aspect}"
+    events_v5_failed_topic: str = "FailedMetadataChangeEvent_v5.{entity}.{aspect}"
+    events_v5_consumer_enabled: bool = False  # the routed pairs' change topics → the write pipeline
+    # The legacy audit event (design doc "MXE"): MetadataAuditEvent_v4 {oldSnapshot, newSnapshot}, off by default
+    mae_v4_enabled: bool = False
+    topic_mae: str = "MetadataAuditEvent_v4"
     create_topics_on_start: bool = True
     kafka_max_message_bytes: int = 5 * 1024 * 1024
     kafka_compression_type: str = "lz4"

@@ -1,6 +1,6 @@
 """Outbox relay figures, against a real Postgres and a real Kafka-protocol broker (Tansu).
 
-    .venv/bin/python bench/relay.py [--rows 100000] [--rate 500] [--seconds 20] [--repeat 1]
+    .venv/bin/python bench/relay.py [--rows 100000] [--rate 500] [--seconds 20] [--repeat 1] [--v5-pairs 10]
 
 Prints:
 - relay throughput, with each value format in the same run (`--repeat` rounds, alternating; the best of each):
@@ -8,7 +8,9 @@ Prints:
   unsequenced, then one relay (in this process) sequences, publishes (acks=all) and marks them all; MCL/s = rows /
   time from the relay's start to the last delivered mark. Every message is then read back from the topic and
   counted. `avro` (the default: DataHub's Confluent-framed Avro, encoded at publish time) against `json` (the
-  outbox's JSON text as is), and what Avro costs (the share of JSON's throughput it loses).
+  outbox's JSON text as is), and what Avro costs (the share of JSON's throughput it loses). Then Avro with the
+  per-aspect audit events (v5) on for `--v5-pairs` routed pairs, every change log of the run of a routed pair (each
+  one also publishes its audit event: the worst case), and what they cost.
 - commit -> MCL-on-topic latency at a steady ingest rate: a metaledger server (`uvicorn app.main:app`, one process,
   the relay inside it as `metaledger serve` runs it) takes `--rate` versioned aspect writes/s (batches of 10 MCPs
   to /openapi/v1/proposals, sent open-loop on a fixed schedule) for `--seconds`; a consumer in this process takes
@@ -41,13 +43,19 @@ sys.path.insert(0, str(ROOT))
 from app.avro.wire import ValueCodec  # noqa: E402
 from app.db import create_engine, upgrade_database  # noqa: E402
 from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port  # noqa: E402
+from app.kafka.per_aspect import DerivedEvents  # noqa: E402
 from app.kafka.relay import OutboxRelay  # noqa: E402
+from app.registry import load_registry  # noqa: E402
+from app.schema_registry import make_registry_client  # noqa: E402
 from app.kafka.topics import create_missing_topics  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from tests.kafka_broker import start_broker  # noqa: E402
 from tests.processes import SYSTEM_AUTH, start_service, stop_process, wait_healthy  # noqa: E402
 
 PLATFORMS = ("hive", "snowflake", "bigquery", "postgres")
+# routed with datasetProperties when --v5-pairs asks for more than one pair
+DATASET_ASPECTS = ("globalTags", "status", "ownership", "schemaMetadata", "editableDatasetProperties",
+                   "institutionalMemory", "glossaryTerms", "deprecation", "subTypes", "browsePathsV2", "container")
 
 
 def machine_busy() -> tuple[int, int]:
@@ -152,15 +160,25 @@ async def count_topic(bootstrap: str, topic: str, expected: int, timeout: float 
     return count
 
 
-async def throughput(sa_url: str, dsn: str, bootstrap: str, rows: int,
-                     value_format: str = "avro") -> tuple[float, float, float, int, float]:
-    topic = f"bench_mcl_{uuid.uuid4().hex[:6]}"
+async def throughput(sa_url: str, dsn: str, bootstrap: str, rows: int, value_format: str = "avro",
+                     v5_pairs: int = 0) -> tuple[float, float, float, int, float]:
+    """With `v5_pairs`, per-aspect audit events are on for that many dataset pairs, datasetProperties among them:
+    every change log of the run is of a routed pair (the worst case: each one also publishes its audit event)."""
+    tag = uuid.uuid4().hex[:6]
+    topic = f"bench_mcl_{tag}"
+    routes = []
+    if v5_pairs:
+        aspects = ["datasetProperties", *[a for a in DATASET_ASPECTS if a != "datasetProperties"]][:v5_pairs]
+        routes = [{"entityTypes": ["dataset"], "aspects": aspects}]
     settings = Settings(database_url=sa_url, kafka_bootstrap_servers=bootstrap, topic_mcl_versioned=topic,
-                        kafka_value_format=value_format)
-    await create_missing_topics(settings)
-    mean_size = await fill_outbox(dsn, rows, topic)
+                        kafka_value_format=value_format, events_v5_routes=routes,
+                        events_v5_audit_topic=f"bench_audit_{tag}.{{entity}}.{{aspect}}")
     engine = create_engine(sa_url, 2)
-    relay = OutboxRelay(settings, engine)
+    codec = ValueCodec(settings, make_registry_client(settings, engine))
+    derived = DerivedEvents(settings, load_registry(settings.registry_path), codec)
+    await create_missing_topics(settings, derived.topics())
+    mean_size = await fill_outbox(dsn, rows, topic)
+    relay = OutboxRelay(settings, engine, codec, derived)
     stop = asyncio.Event()
     started = time.perf_counter()
     cpu_started = time.process_time()
@@ -186,6 +204,10 @@ async def throughput(sa_url: str, dsn: str, bootstrap: str, rows: int,
     await task
     await engine.dispose()
     on_topic = await count_topic(bootstrap, topic, rows)
+    if v5_pairs:
+        audited = await count_topic(bootstrap, f"bench_audit_{tag}.dataset.datasetProperties", rows)
+        print(f"  v5 audit events on the datasetProperties topic: {audited}", file=sys.stderr, flush=True)
+        on_topic = min(on_topic, audited)
     return rows / elapsed, sequenced_at or elapsed, mean_size, on_topic, cpu / rows * 1e6
 
 
@@ -272,6 +294,8 @@ async def main() -> None:
     parser.add_argument("--rate", type=int, default=500, help="versioned aspect writes/s (latency)")
     parser.add_argument("--seconds", type=float, default=20, help="how long the steady ingest runs (latency)")
     parser.add_argument("--repeat", type=int, default=1, help="throughput rounds per value format (best kept)")
+    parser.add_argument("--v5-pairs", type=int, default=10,
+                        help="throughput with per-aspect audit events on for this many routed pairs (0: skip)")
     parser.add_argument("--workers", type=int, default=None,
                         help="latency: `metaledger serve --workers N` (the relay then in its background process); "
                              "default: one process, `uvicorn app.main:app`")
@@ -295,6 +319,11 @@ async def main() -> None:
                 result = await throughput(sa_url, dsn, broker.bootstrap_servers, args.rows, value_format)
                 if value_format not in best or result[0] > best[value_format][0]:
                     best[value_format] = result
+        if args.v5_pairs:
+            for _ in range(max(1, args.repeat)):
+                result = await throughput(sa_url, dsn, broker.bootstrap_servers, args.rows, "avro", args.v5_pairs)
+                if "v5" not in best or result[0] > best["v5"][0]:
+                    best["v5"] = result
         lat = await latency(sa_url, broker.bootstrap_servers, args.rate, args.seconds, args.workers)
 
         print(f"machine: {os.cpu_count()} cores; Postgres fsync on; broker Tansu (memory); acks=all")
@@ -307,6 +336,12 @@ async def main() -> None:
         print(f"Avro costs {100 * (1 - avro_rate / json_rate):.1f} % of the JSON relay's throughput "
               f"({avro_rate:.0f} vs {json_rate:.0f} MCL/s; target: at most 15 %), "
               f"+{best['avro'][4] - best['json'][4]:.1f} µs of relay CPU per MCL")
+        if "v5" in best:
+            v5_rate = best["v5"][0]
+            print(f"per-aspect audit events (v5) on for {args.v5_pairs} routed pairs, every change log of a routed pair: "
+                  f"{v5_rate:.0f} MCL/s, {100 * (1 - v5_rate / avro_rate):.1f} % slower than with them off "
+                  f"({avro_rate:.0f} MCL/s; target: at most 25 %), +{best['v5'][4] - best['avro'][4]:.1f} µs of relay "
+                  "CPU per MCL")
         print(f"steady ingest: {lat['writes']} versioned writes at {lat['achieved']:.0f}/s (target {args.rate}/s), "
               f"{lat['failures']} failed requests, {lat['missing']} MCLs missing")
         print(f"commit -> MCL on topic, from the write's acknowledgement: p50 {percentile(lat['from_ack'], .5):.1f} ms, "

@@ -172,6 +172,15 @@ def _shipped_named() -> dict[str, dict[str, Any]]:
     return _named
 
 
+def self_contained(template: dict[str, Any]) -> dict[str, Any]:
+    """`template` made self-contained: each named type it refers to (by full name) and does not define is defined at
+    its first use, from the types the template defines itself and DataHub's shipped record schemas (which hold every
+    aspect of DataHub's model, through the MCE's snapshots). Raises SchemaNotFound for a name defined nowhere."""
+    own: dict[str, dict[str, Any]] = {}
+    normalized = _normalize(template, None, own)
+    return _resolve(normalized, {**_shipped_named(), **own}, set())
+
+
 def schema(record_name: str) -> dict[str, Any]:
     """The record's schema: a self-contained Avro schema document (do not mutate)."""
     document = _documents.get(record_name)

@@ -93,6 +93,7 @@ def topic_roles(settings: Settings) -> dict[str, str]:
         ("topic_fmcp", "fmcp"),
         ("topic_mce", "mce"),
         ("topic_fmce", "fmce"),
+        ("topic_mae", "mae"),
     ):
         roles.setdefault(getattr(settings, setting), role)
     return roles

@@ -129,6 +129,7 @@ class PendingRow:
     topic: str
     key: str
     payload: bytes
+    aspect: str
 
 
 async def join_publishers(conn: asyncpg.Connection) -> None:
@@ -158,7 +159,7 @@ async def pending(conn: asyncpg.Connection, lanes: Sequence[int], limit: int, af
     """The oldest sequenced, undelivered rows of the given lanes after offset `after`, in feed order."""
     records = await conn.fetch(
         """
-        SELECT id, feed_offset, topic, message_key, convert_to(payload, 'UTF8') FROM change_log_outbox
+        SELECT id, feed_offset, topic, message_key, convert_to(payload, 'UTF8'), aspect FROM change_log_outbox
         WHERE delivered_at IS NULL AND feed_offset > $3 AND publish_error IS NULL AND lane = ANY($1::smallint[])
         ORDER BY feed_offset LIMIT $2
         """,

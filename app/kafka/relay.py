@@ -42,6 +42,7 @@ from app.changelog import outbox
 from app.changelog.sequencer import Sequencer
 from app.db import close_quietly, connect_dedicated
 from app.kafka.topics import create_missing_topics
+from app.kafka.per_aspect import DerivedEvents
 from app.ops.metrics import RELAY_PUBLISHED
 from app.settings import Settings
 from app.workers import pause
@@ -57,11 +58,14 @@ READ_AHEAD_CHUNK = 100  # rows the read-ahead encodes between two turns of the e
 
 
 class OutboxRelay:
-    def __init__(self, settings: Settings, engine: AsyncEngine, codec: ValueCodec | None = None) -> None:
+    def __init__(self, settings: Settings, engine: AsyncEngine, codec: ValueCodec | None = None,
+                 derived: DerivedEvents | None = None) -> None:
         self.settings = settings
         self.engine = engine
         # The process's codec (main/background/cli build one); without one, DataHub's fixed ids and no registry.
         self.codec = codec or ValueCodec(settings)
+        # Per-aspect events and MAE v4 (app.kafka.per_aspect): published with the change log they come from
+        self.derived = derived if derived is not None and derived.enabled else None
         self._wake = asyncio.Event()  # the sequencer gave offsets: the publisher has work
         self.sequencer = Sequencer(settings, engine, self._wake)
         # figures, for tests, benchmarks and logs
@@ -214,14 +218,17 @@ class OutboxRelay:
         """The next batch and its encoded values, read while the current batch is sent and acknowledged."""
         self._wake.clear()
         rows = await outbox.pending(conn, lanes, limit, after)
-        if not rows or not self.codec.avro:
+        if not rows or not (self.codec.avro or self.derived):
             return rows, None
         refused: list[tuple[outbox.PendingRow, str]] = []
         values: dict[int, bytes] = {}
+        derived: dict[int, list[tuple[str, bytes | None]]] = {}
         for start in range(0, len(rows), READ_AHEAD_CHUNK):  # between chunks, the batch in flight gets its turn
-            values.update(self._encode(rows[start:start + READ_AHEAD_CHUNK], refused))
+            chunk = rows[start:start + READ_AHEAD_CHUNK]
+            values.update(self._encode(chunk, refused))
+            derived.update(self._derive(chunk, refused))
             await asyncio.sleep(0)
-        return rows, (values, refused)
+        return rows, (values, derived, refused)
 
     async def _drop_read_ahead(self) -> None:
         ahead, self._ahead = self._ahead, None
@@ -260,8 +267,11 @@ class OutboxRelay:
     async def _start_producer(self) -> None:
         settings = self.settings
         if settings.create_topics_on_start:
-            await create_missing_topics(settings)  # again: a broker may have come back without them
+            # again: a broker may have come back without them
+            await create_missing_topics(settings, self.derived.topics() if self.derived is not None else ())
         await self.codec.start()  # an external registry: the schemas registered (retried like the broker)
+        if self.derived is not None:
+            await self.derived.start()  # the per-aspect event schemas registered
         producer = AIOKafkaProducer(
             bootstrap_servers=settings.kafka_bootstrap_servers,
             client_id=f"{settings.kafka_client_id}-relay",
@@ -297,15 +307,20 @@ class OutboxRelay:
         sent: list[tuple[outbox.PendingRow, asyncio.Future | BaseException]] = []
         if encoded is None:
             values = self._encode(rows, refused)
+            derived = self._derive(rows, refused)
         else:
-            values, refused_encoding = encoded
+            values, derived, refused_encoding = encoded
             refused.extend(refused_encoding)
+        refused_ids = {row.id for row, _ in refused}
         for row in rows:
             value = values.get(row.id)
-            if value is None:
+            if value is None or row.id in refused_ids:
                 continue  # refused: it cannot be encoded
             try:
-                sent.append((row, await producer.send(row.topic, value, key=row.key.encode())))
+                key = row.key.encode()
+                sent.append((row, await producer.send(row.topic, value, key=key)))
+                for topic, event in derived.get(row.id, ()):  # delivered with the change log, or not at all
+                    sent.append((row, await producer.send(topic, event, key=key)))
             except MessageSizeTooLargeError as error:  # can never be produced with these settings
                 refused.append((row, f"{type(error).__name__}: {error}"))
             except Exception as error:  # noqa: BLE001 - e.g. metadata timeout: this row and the rest wait
@@ -317,12 +332,20 @@ class OutboxRelay:
                 await asyncio.wait_for(asyncio.wait(futures), timeout=PRODUCE_TIMEOUT_MS / 1000 + 5)
             except TimeoutError:
                 pass
+        outcomes: dict[int, list[asyncio.Future | BaseException]] = {}  # a row's change log and derived events
+        sent_rows: list[outbox.PendingRow] = []
+        for row, outcome in sent:
+            if row.id not in outcomes:
+                sent_rows.append(row)
+                outcomes[row.id] = []
+            outcomes[row.id].append(outcome)
         delivered: list[outbox.PendingRow] = []
         failed_keys: set[tuple[str, str]] = set()
         first_error: BaseException | None = None
         broker_too_large: list[outbox.PendingRow] = []
-        for row, outcome in sent:
-            error = outcome if isinstance(outcome, BaseException) else _future_error(outcome)
+        for row in sent_rows:
+            errors = [e for o in outcomes[row.id] if (e := o if isinstance(o, BaseException) else _future_error(o))]
+            error = errors[0] if errors else None
             if error is None and (row.topic, row.key) not in failed_keys:
                 delivered.append(row)
                 continue
@@ -330,9 +353,9 @@ class OutboxRelay:
                 broker_too_large.append(row)  # the broker refused the whole record batch this row was in
             failed_keys.add((row.topic, row.key))
             first_error = first_error or error
-        if broker_too_large and len(broker_too_large) == len(sent) - len(delivered):
+        if broker_too_large and len(broker_too_large) == len(sent_rows) - len(delivered):
             # Only size refusals: send the rest one by one to find the rows that are too large on their own.
-            return await self._produce_one_by_one(rows, values, delivered, refused)
+            return await self._produce_one_by_one(rows, values, derived, delivered, refused)
         return delivered, refused, first_error
 
     def _encode(self, rows: list[outbox.PendingRow], refused: list[tuple[outbox.PendingRow, str]]) -> dict[int, bytes]:
@@ -354,7 +377,24 @@ class OutboxRelay:
                 refused.append((row, f"AvroEncodeError: the row is not a valid {role} record for Avro: {error}"))
         return values
 
-    async def _produce_one_by_one(self, rows, values, delivered, refused):
+    def _derive(self, rows: list[outbox.PendingRow],
+                refused: list[tuple[outbox.PendingRow, str]]) -> dict[int, list[tuple[str, bytes | None]]]:
+        """Each row's derived events (row id → [(topic, value; None: a tombstone)]); a row whose events cannot be
+        built is refused with the reason, like a row that cannot be encoded (kept, with its publish error)."""
+        if self.derived is None:
+            return {}
+        derived: dict[int, list[tuple[str, bytes | None]]] = {}
+        for row in rows:
+            try:
+                events = self.derived.for_row(row.topic, row.key, row.aspect, row.payload)
+            except ValueError as error:  # AvroEncodeError: a value its generated record cannot carry
+                refused.append((row, f"the row's derived events cannot be encoded: {error}"))
+                continue
+            if events:
+                derived[row.id] = events
+        return derived
+
+    async def _produce_one_by_one(self, rows, values, derived, delivered, refused):
         done = {row.id for row in delivered} | {row.id for row, _ in refused}
         failed_keys: set[tuple[str, str]] = set()
         first_error = None
@@ -364,7 +404,10 @@ class OutboxRelay:
             if (row.topic, row.key) in failed_keys:
                 continue
             try:
-                await (await self._producer.send(row.topic, values[row.id], key=row.key.encode()))
+                key = row.key.encode()
+                await (await self._producer.send(row.topic, values[row.id], key=key))
+                for topic, event in derived.get(row.id, ()):
+                    await (await self._producer.send(topic, event, key=key))
                 delivered.append(row)
             except MessageSizeTooLargeError as error:
                 refused.append((row, f"{type(error).__name__}: {error}"))

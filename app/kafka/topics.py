@@ -10,6 +10,7 @@ they are (their configs are not altered). Creating is idempotent: a topic create
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from aiokafka.admin import AIOKafkaAdminClient, NewTopic
@@ -31,8 +32,9 @@ class TopicSpec:
     configs: dict[str, str]
 
 
-def topic_specs(settings: Settings) -> list[TopicSpec]:
-    """Every topic metaledger produces to or consumes from, with the configs it is created with."""
+def topic_specs(settings: Settings, extra: Sequence[str] = ()) -> list[TopicSpec]:
+    """Every topic metaledger produces to or consumes from, with the configs it is created with; `extra`: the
+    topics of the configured per-aspect events and MAE v4 (app.kafka.per_aspect.DerivedEvents.topics)."""
     max_bytes = str(settings.kafka_max_message_bytes)
 
     def spec(name: str, retention_ms: int | None = None) -> TopicSpec:
@@ -49,12 +51,13 @@ def topic_specs(settings: Settings) -> list[TopicSpec]:
         spec(settings.topic_fmcp),
         spec(settings.topic_mce),
         spec(settings.topic_fmce),
+        *(spec(name) for name in extra),
     ]
     seen: set[str] = set()
     return [s for s in specs if not (s.name in seen or seen.add(s.name))]  # one spec per name
 
 
-async def create_missing_topics(settings: Settings) -> list[str]:
+async def create_missing_topics(settings: Settings, extra: Sequence[str] = ()) -> list[str]:
     """Create the missing topics; returns the names created. Raises KafkaError when Kafka is unreachable or refuses."""
     partitions = settings.kafka_topic_partitions
     replication = settings.kafka_topic_replication_factor
@@ -66,7 +69,7 @@ async def create_missing_topics(settings: Settings) -> list[str]:
     await admin.start()
     try:
         existing = set(await admin.list_topics())
-        missing = [s for s in topic_specs(settings) if s.name not in existing]
+        missing = [s for s in topic_specs(settings, extra) if s.name not in existing]
         if not missing:
             return []
         response = await admin.create_topics(
@@ -90,13 +93,13 @@ async def create_missing_topics(settings: Settings) -> list[str]:
         await admin.close()
 
 
-async def ensure_topics(settings: Settings) -> None:
+async def ensure_topics(settings: Settings, extra: Sequence[str] = ()) -> None:
     """Create every metaledger topic that is missing, with its configs (retention, max message size).
 
     Kafka being unreachable at start-up does not stop the service (writes only need Postgres): it is logged, and the
     relay creates the missing topics itself when it connects. A broker that refuses a topic (bad config) raises."""
     try:
-        await create_missing_topics(settings)
+        await create_missing_topics(settings, extra)
     except (KafkaConnectionError, KafkaTimeoutError, OSError) as error:
         log.warning(
             "kafka unreachable: topics not checked; the relay creates them when it connects",

@@ -1,5 +1,6 @@
 """kill -9 of the service while it ingests: every acknowledged write is in Postgres and has exactly one distinct
-change log on the topic after a restart; no change log exists for a write that did not commit.
+change log on the topic after a restart, and its per-aspect audit event (v5, routed for datasetProperties); no change
+log or audit event exists for a write that did not commit.
 
 Runs the real service (`uvicorn app.main:app`) as a process against the real test Postgres and broker.
 """
@@ -7,14 +8,19 @@ Runs the real service (`uvicorn app.main:app`) as a process against the real tes
 from __future__ import annotations
 
 import asyncio
+import io
 import time
 import uuid
 
 import asyncpg
 import httpx
+import fastavro
 import orjson
 from aiokafka import AIOKafkaConsumer
 
+from app.avro.per_aspect import event_schemas
+from app.registry import load_registry
+from app.settings import Settings
 from app.embedded_pg import free_port
 from tests.helpers import decode_value
 from tests.processes import SYSTEM_AUTH, start_service, wait_healthy
@@ -27,7 +33,7 @@ def urn(client: int, i: int) -> str:
     return f"urn:li:dataset:(urn:li:dataPlatform:hive,crash.c{client}.t{i},PROD)"
 
 
-async def read_topic(bootstrap: str, topic: str, idle_seconds: float = 3.0) -> list[dict]:
+async def read_topic(bootstrap: str, topic: str, idle_seconds: float = 3.0, decode=decode_value) -> list[dict]:
     consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None,
                                 enable_auto_commit=False, max_partition_fetch_bytes=8 * 1024 * 1024)
     await consumer.start()
@@ -38,7 +44,7 @@ async def read_topic(bootstrap: str, topic: str, idle_seconds: float = 3.0) -> l
             batch = await consumer.getmany(timeout_ms=500)
             for records in batch.values():
                 for record in records:
-                    messages.append(dict(decode_value(record.value), _key=record.key.decode()))
+                    messages.append(dict(decode(record.value), _key=record.key.decode()))
                 idle_since = time.monotonic()
     finally:
         await consumer.stop()
@@ -48,12 +54,15 @@ async def read_topic(bootstrap: str, topic: str, idle_seconds: float = 3.0) -> l
 async def test_kill_9_during_ingestion_loses_and_invents_no_change_log(kafka_broker, make_database, migrated_template):
     database_url = make_database(template=migrated_template)
     topic = f"mcl_crash_{uuid.uuid4().hex[:8]}"
+    audit_topic = f"audit_crash_{uuid.uuid4().hex[:8]}"
     env = {
         "METALEDGER_DATABASE_URL": database_url,
         "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": kafka_broker.bootstrap_servers,
         "METALEDGER_TOPIC_MCL_VERSIONED": topic,
         "METALEDGER_TOPIC_PLATFORM_EVENT": f"pe_crash_{uuid.uuid4().hex[:8]}",
         "METALEDGER_RETENTION_MAX_VERSIONS": "100000",
+        "METALEDGER_EVENTS_V5_ROUTES": orjson.dumps(
+            [{"entityTypes": ["dataset"], "aspects": ["datasetProperties"], "auditTopic": audit_topic}]).decode(),
         "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
     }
     port = free_port()
@@ -128,3 +137,18 @@ async def test_kill_9_during_ingestion_loses_and_invents_no_change_log(kafka_bro
     for key, seqs in on_topic.items():
         assert key in stored and seqs == {stored[key]}, key
     assert len(acknowledged) >= 3000
+
+    # the per-aspect audit events, published with the change logs: one for each acknowledged write, none invented
+    document = event_schemas("dataset", "datasetProperties", load_registry(Settings().registry_path)
+                             .aspect_spec("datasetProperties").schema)["MetadataAuditEvent"]
+    parsed = fastavro.parse_schema(document)
+    audits = await read_topic(kafka_broker.bootstrap_servers, audit_topic,
+                              decode=lambda raw: fastavro.schemaless_reader(io.BytesIO(raw[5:]), parsed))
+    audited: dict[str, set[str]] = {}
+    for event in audits:
+        assert event["_key"] == event["urn"]
+        audited.setdefault(event["urn"], set()).add(event["newValue"]["customProperties"]["seq"])
+    for (urn_, _), seq in acknowledged.items():
+        assert seq in audited.get(urn_, set()), urn_
+    committed = {(u, seq) for (u, _), seq in stored.items()}
+    assert all((u, seq) in committed for u, seqs in audited.items() for seq in seqs)

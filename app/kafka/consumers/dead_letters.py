@@ -177,7 +177,7 @@ class DeadLetterWriter:
         pending = list(records)
         while pending:
             try:
-                futures = [await producer.send(self.topic, value, key=key) for key, value, _ in pending]
+                futures = [await producer.send(self.topic_of(unit), value, key=key) for key, value, unit in pending]
                 outcomes = await asyncio.gather(*futures, return_exceptions=True)
                 failed = [(record, outcome) for record, outcome in zip(pending, outcomes) if isinstance(outcome, BaseException)]
                 for _, outcome in failed:
@@ -195,6 +195,10 @@ class DeadLetterWriter:
             self._log(unit)
         return True
 
+    def topic_of(self, unit: Unit) -> str:
+        """Where the unit's dead letter goes (one topic per format; the per-aspect events have one per pair)."""
+        return self.topic
+
     def _log(self, unit: Unit) -> None:
         assert unit.error is not None
         log.warning(
@@ -202,7 +206,7 @@ class DeadLetterWriter:
             extra={
                 "urn": unit.urn, "aspect": unit.aspect, "run_id": unit.run_id or DEFAULT_RUN_ID,
                 "topic": unit.topic, "partition": unit.partition, "offset": unit.offset,
-                "dead_letter_topic": self.topic,
+                "dead_letter_topic": self.topic_of(unit),
                 "error_class": class_name(unit.error),
                 "reason": unit.error.message if isinstance(unit.error, MetaledgerError) else str(unit.error),
             },

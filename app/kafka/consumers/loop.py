@@ -54,6 +54,7 @@ class Consumer:
         # The process's codec (main/background/cli build one); without one, DataHub's fixed ids and no registry.
         self.codec = codec or ValueCodec(settings)
         self.topic = record_format.topic(settings)
+        self.topics = [self.topic]  # what the consumer subscribes to (the per-aspect consumer: every routed pair's)
         self.group_id = group_id or record_format.default_group(settings)
         if session_timeout_ms is not None:
             self.session_timeout_ms = session_timeout_ms
@@ -103,7 +104,7 @@ class Consumer:
     def _make_consumer(self) -> AIOKafkaConsumer:
         fetch_bytes = self.settings.kafka_max_message_bytes + RECORD_OVERHEAD
         return AIOKafkaConsumer(
-            self.topic,
+            *self.topics,
             bootstrap_servers=self.settings.kafka_bootstrap_servers,
             client_id=f"{self.settings.kafka_client_id}-{self.format.kind}-consumer",
             group_id=self.group_id,

@@ -180,12 +180,13 @@ async def decode_values(records: list[Any], codec: ValueCodec) -> list[tuple[Any
 
 
 async def read_batch(records: Iterable[Any], record_format: RecordFormat, gateway: IngestGateway,
-                     codec: ValueCodec) -> list[Unit]:
-    """Each record (as aiokafka gives it) → a unit: decoded, turned into drafts, prepared; or with its error."""
+                     codec: ValueCodec, first_index: int = 0) -> list[Unit]:
+    """Each record (as aiokafka gives it) → a unit: decoded, turned into drafts, prepared; or with its error. Draft
+    indices run on from `first_index` (unique across the batch applied together)."""
     records = list(records)
     decoded = await decode_values(records, codec)
     units: list[Unit] = []
-    next_index = 0
+    next_index = first_index
     for record, value in zip(records, decoded, strict=True):
         unit = Unit(record.topic, record.partition, record.offset, record.timestamp, record.key, None, raw=record.value)
         units.append(unit)
