@@ -52,10 +52,13 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
         uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False)
         return
 
+    from app.kafka.per_aspect import resolve_routes
     from app.logs import configure_logging
-    from app.main import prepare_database
+    from app.main import load_registry_of, prepare_database
 
     configure_logging()
+    # what every child checks at its start (create_app): a bad route stops here, once, instead of N crash loops
+    resolve_routes(settings, load_registry_of(settings))
     url, embedded = prepare_database(settings)
     metrics_dir = Path(tempfile.mkdtemp(prefix="metaledger-metrics-"))
     # Every child reads these: the database this process resolved (and migrated), no second first-start token, the

@@ -81,7 +81,8 @@ def tags(*names: str) -> dict[str, Any]:
     return {"tags": [{"tag": f"urn:li:tag:{n}"} for n in names]}
 
 
-async def test_audit_events_and_mae_v4_are_published_with_the_change_logs(app, client, db, kafka_broker, topics, tag):
+async def test_audit_events_and_mae_v4_are_published_with_the_change_logs(app, client, anonymous, db, kafka_broker, topics,
+                                                                         tag):
     bootstrap = kafka_broker.bootstrap_servers
     await propose(client, mcp("globalTags", tags("a"), URN))                       # create
     await propose(client, mcp("datasetProperties", {"description": "x"}, URN))     # not routed
@@ -134,6 +135,7 @@ async def test_audit_events_and_mae_v4_are_published_with_the_change_logs(app, c
     # every change log of a dataset aspect its snapshot carries: the key, tags x3, properties, status of OTHER
     assert len(events) == 7
 
+    assert (await anonymous.get("/openapi/v1/events/v5")).status_code == 401  # READ, as every read
     listed = (await client.get("/openapi/v1/events/v5?schemas=true")).json()
     pairs = {(p["entityType"], p["aspectName"]): p for p in listed["pairs"]}
     assert set(pairs) == {("dataset", "globalTags"), ("dataset", "status")}
