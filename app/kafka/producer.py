@@ -19,6 +19,7 @@ from typing import Any
 
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import KafkaError
+from aiokafka.partitioner import DefaultPartitioner, murmur2
 
 from app.avro.wire import ValueCodec
 from app.errors import Issue, PayloadTooLarge, ServiceUnavailable, ValidationFailed
@@ -33,6 +34,30 @@ SEND_TIMEOUT_S = 15.0
 RECORD_OVERHEAD = 64 * 1024
 
 
+class KeyPartitioner:
+    """aiokafka's default partitioner (the Java client's murmur2 of the key: every Kafka client puts a key on the same
+    partition), without its cost where it buys nothing. aiokafka's murmur2 is pure Python, about 20 µs a record, the
+    largest single cost of the relay's publishing: a topic of one partition (DataHub's default) needs no hash, and
+    otherwise a key's hash is computed once for the change log and every record sharing its key (its derived events)."""
+
+    MAX_CACHED = 10_000
+
+    def __init__(self) -> None:
+        self._hashes: dict[bytes, int] = {}
+
+    def __call__(self, key: bytes | None, all_partitions: list[int], available: list[int]) -> int:
+        if len(all_partitions) == 1:
+            return all_partitions[0]
+        if key is None:
+            return DefaultPartitioner()(key, all_partitions, available)
+        hashed = self._hashes.get(key)
+        if hashed is None:
+            if len(self._hashes) >= self.MAX_CACHED:
+                self._hashes.clear()
+            hashed = self._hashes[key] = murmur2(key) & 0x7FFFFFFF
+        return all_partitions[hashed % len(all_partitions)]
+
+
 def make_producer(settings: Settings, client_suffix: str) -> AIOKafkaProducer:
     """A producer for JSON records: acks=all, not idempotent (aiokafka's idempotent producer needs InitProducerId
     versions some brokers lack; keys and at-least-once consumers make duplicates harmless)."""
@@ -43,6 +68,7 @@ def make_producer(settings: Settings, client_suffix: str) -> AIOKafkaProducer:
         enable_idempotence=False,
         max_request_size=settings.kafka_max_message_bytes + RECORD_OVERHEAD,
         linger_ms=2,
+        partitioner=KeyPartitioner(),
     )
 
 

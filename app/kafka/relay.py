@@ -43,6 +43,7 @@ from app.changelog.sequencer import Sequencer
 from app.db import close_quietly, connect_dedicated
 from app.kafka.topics import create_missing_topics
 from app.kafka.per_aspect import DerivedEvents
+from app.kafka.producer import KeyPartitioner
 from app.ops.metrics import RELAY_PUBLISHED
 from app.settings import Settings
 from app.workers import pause
@@ -282,6 +283,7 @@ class OutboxRelay:
             compression_type=settings.kafka_compression_type or None,
             linger_ms=0,
             request_timeout_ms=PRODUCE_TIMEOUT_MS,
+            partitioner=KeyPartitioner(),
             retry_backoff_ms=200,
         )
         try:
