@@ -7,6 +7,10 @@ eventgenerator/*ChangeEventGenerator.java``), and publishes each one on ``Platfo
 ``entity_change_events`` returns the ``EntityChangeEvent`` payloads (``EntityChangeEvent.pdl``), ``platform_event``
 wraps one in the ``PlatformEvent`` envelope, ``platform_event_key`` gives its Kafka key.
 
+One differ, two uses: each generator returns ``Change`` records that also carry DataHub's ``semVerChange`` and
+description; ``aspect_changes`` hands them to the Timeline API (``app.timeline``), which diffs consecutive stored
+versions with the same generators (plus ``institutionalMemory``, which the Timeline diffs and the hook does not).
+
 Eligibility (as ``PlatformEventGeneratorHook.isEligibleForChangeEventProcessing``): change type CREATE, UPSERT or
 DELETE; the aspect in the hook's fixed list (``SUPPORTED_ASPECTS``); the MCL's entity type not in
 ``ECE_ENTITY_EXCLUSIONS`` (DataHub's default ``entityChangeEvents.entityExclusions`` = ``schemaField``). A no-op
@@ -83,7 +87,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import orjson
 
@@ -97,6 +101,9 @@ __all__ = [
     "PLATFORM_EVENT_TOPIC",
     "SUPPORTED_ASPECTS",
     "SUPPORTED_CHANGE_TYPES",
+    "TIMELINE_ASPECTS",
+    "Change",
+    "aspect_changes",
     "entity_change_events",
     "platform_event",
     "platform_event_key",
@@ -129,9 +136,23 @@ _EMPTY_FIELD: dict = {}
 _URN_PREFIX = "urn:li:"
 
 Params = dict[str, Any]
-# A raw change event: (entity urn, category, operation, modifier, parameters).
-Raw = tuple[str, str, str, "str | None", "Params | None"]
-Generator = Callable[[str, "dict | None", "dict | None"], list[Raw]]
+
+
+class Change(NamedTuple):
+    """One semantic change of an aspect value, as DataHub's generators build a ``ChangeEvent``: the first five
+    fields make the Entity Change Event; ``semver`` (DataHub's ``SemanticChangeType``: MAJOR, MINOR, PATCH, NONE)
+    and ``description`` (DataHub's human-readable text) are what the Timeline API adds to them."""
+
+    entity_urn: str
+    category: str
+    operation: str
+    modifier: str | None
+    parameters: Params | None
+    semver: str = "NONE"
+    description: str | None = None
+
+
+Generator = Callable[[str, "dict | None", "dict | None"], list["Change"]]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -174,6 +195,27 @@ def schema_field_urn(parent_urn: str, field_path: str) -> str:
     """``SchemaFieldUtils.generateSchemaFieldUrn``: ``urn:li:schemaField:(<parent>,<fieldPath with ( ) , encoded>)``."""
     encoded = field_path.replace("(", "%28").replace(")", "%29").replace(",", "%2C")
     return f"urn:li:schemaField:({parent_urn},{encoded})"
+
+
+def _urn_id(urn: str | None) -> str | None:
+    """Java ``Urn.getId()``: what follows ``urn:li:<type>:``."""
+    if urn is None:
+        return None
+    if urn.startswith(_URN_PREFIX):
+        end = urn.find(":", len(_URN_PREFIX))
+        if end > 0:
+            return urn[end + 1 :]
+    return urn
+
+
+_FIELD_PATH_V2 = "[version=2.0]"
+
+
+def _downgrade_field_path(path: str) -> str:
+    """``SchemaFieldUtils.downgradeFieldPath``: a v2 field path without its ``[...]`` type components."""
+    if not path.startswith(_FIELD_PATH_V2):
+        return path
+    return ".".join(c for c in path[len(_FIELD_PATH_V2) :].split(".") if c and not (c.startswith("[") and c.endswith("]")))
 
 
 def _entity_type_of(urn: str, default: str) -> str:
@@ -241,10 +283,10 @@ def _assoc_diff(container: dict | None, target_container: dict | None, list_fiel
 
 def _association_events(
     entity_urn: str, base: dict | None, target: dict | None, *, list_field: str, key: Any, urn_field: str,
-    category: str, parameter: str,
-) -> list[Raw]:
+    category: str, parameter: str, noun: str,
+) -> list[Change]:
     """ADD / REMOVE per tag or glossary-term association (the two generators differ only in names)."""
-    events: list[Raw] = []
+    events: list[Change] = []
     for op, assoc in _assoc_diff(base, target, list_field, key):
         urn = assoc.get(urn_field)
         params = {
@@ -252,40 +294,56 @@ def _association_events(
             "context": assoc.get("context") if assoc.get("context") is not None else _EMPTY_JSON,
             "sourceDetails": _source_details(assoc.get("attribution")),
         }
-        events.append((entity_urn, category, op, urn, params))
+        events.append(Change(entity_urn, category, op, urn, params, "MINOR", _association_text(noun, op, urn, entity_urn)))
     return events
 
 
-def _tag_events(entity_urn: str, base: dict | None, target: dict | None) -> list[Raw]:
+def _association_text(noun: str, op: str, urn: str | None, entity_urn: str) -> str:
+    """``TAG_ADDED_FORMAT`` / ``GLOSSARY_TERM_REMOVED_FORMAT`` ...: "Tag 'pii' added to entity '<urn>'."."""
+    if op == "ADD":
+        return f"{noun} '{_urn_id(urn)}' added to entity '{entity_urn}'."
+    return f"{noun} '{_urn_id(urn)}' removed from entity '{entity_urn}'."
+
+
+def _tag_events(entity_urn: str, base: dict | None, target: dict | None) -> list[Change]:
     return _association_events(entity_urn, base, target, list_field="tags", key=_tag_key, urn_field="tag",
-                               category="TAG", parameter="tagUrn")
+                               category="TAG", parameter="tagUrn", noun="Tag")
 
 
-def _term_events(entity_urn: str, base: dict | None, target: dict | None) -> list[Raw]:
+def _term_events(entity_urn: str, base: dict | None, target: dict | None) -> list[Change]:
     return _association_events(entity_urn, base, target, list_field="terms", key=_term_key, urn_field="urn",
-                               category="GLOSSARY_TERM", parameter="termUrn")
+                               category="GLOSSARY_TERM", parameter="termUrn", noun="Term")
 
 
-def _description_events(entity_urn: str, base: str | None, target: str | None, modifier=None) -> list[Raw]:
-    """The ADD / REMOVE / MODIFY description pattern shared by the properties generators."""
+def _description_events(entity_urn: str, base: str | None, target: str | None, modifier=None) -> list[Change]:
+    """The ADD / REMOVE / MODIFY description pattern shared by the properties generators (all MINOR in DataHub)."""
     if base is None and target is not None:
-        return [(entity_urn, "DOCUMENTATION", "ADD", modifier, {"description": target})]
+        return [Change(entity_urn, "DOCUMENTATION", "ADD", modifier, {"description": target}, "MINOR",
+                       _DOC_ADDED.format(entity_urn, target))]
     if base is not None and target is None:
-        return [(entity_urn, "DOCUMENTATION", "REMOVE", modifier, {"description": base})]
+        return [Change(entity_urn, "DOCUMENTATION", "REMOVE", modifier, {"description": base}, "MINOR",
+                       _DOC_REMOVED.format(entity_urn, base))]
     if base is not None and base != target:
-        return [(entity_urn, "DOCUMENTATION", "MODIFY", modifier, {"description": target})]
+        return [Change(entity_urn, "DOCUMENTATION", "MODIFY", modifier, {"description": target}, "MINOR",
+                       _DOC_CHANGED.format(entity_urn, base, target))]
     return []
+
+
+# DocumentationChangeEventGenerator's formats, shared by the properties generators.
+_DOC_ADDED = "Documentation for '{}' has been added: '{}'."
+_DOC_REMOVED = "Documentation for '{}' has been removed: '{}'."
+_DOC_CHANGED = "Documentation of '{}' has been changed from '{}' to '{}'."
 
 
 # --------------------------------------------------------------------------------------------------------------
 # generators: (urn, previous, current) -> raw events
 
 
-def _global_tags(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _global_tags(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     return _tag_events(urn, prev, cur)
 
 
-def _glossary_terms(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _glossary_terms(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     return _term_events(urn, prev, cur)
 
 
@@ -297,16 +355,18 @@ def _ownership_map(ownership: dict | None) -> dict[tuple[str, str], dict[str, di
     return groups
 
 
-def _owner_event(urn: str, op: str, owner: dict) -> Raw:
+def _owner_event(urn: str, op: str, owner: dict) -> Change:
     owner_urn = owner.get("owner")
     params: Params = {"ownerUrn": owner_urn, "ownerType": owner.get("type")}
     if owner.get("typeUrn") is not None:
         params["ownerTypeUrn"] = owner["typeUrn"]
     params["sourceDetails"] = _source_details(owner.get("attribution"))
-    return (urn, "OWNERSHIP", op, owner_urn, params)
+    done = "added" if op == "ADD" else "removed"
+    return Change(urn, "OWNERSHIP", op, owner_urn, params, "MINOR",
+                  f"'{_urn_id(owner_urn)}' {done} as a `{owner.get('type')}` of '{urn}'.")
 
 
-def _ownership(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _ownership(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     old, new = _ownership_map(prev), _ownership_map(cur)
     removed: list[tuple[tuple, dict]] = []
     added: list[tuple[tuple, dict]] = []
@@ -351,17 +411,20 @@ def _domain_params(domains: dict, domain_urn: str) -> Params:
     }
 
 
-def _domains(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _domain_event(urn: str, op: str, domains: dict, domain_urn: str) -> Change:
+    done = "added to" if op == "ADD" else "removed from"
+    return Change(urn, "DOMAIN", op, domain_urn, _domain_params(domains, domain_urn), "MINOR",
+                  f"Domain '{_urn_id(domain_urn)}' {done} entity '{urn}'.")
+
+
+def _domains(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     old, new = _first_domain(prev), _first_domain(cur)
     if old is None and new is not None:
-        return [(urn, "DOMAIN", "ADD", new, _domain_params(cur, new))]
+        return [_domain_event(urn, "ADD", cur, new)]
     if old is not None and new is None:
-        return [(urn, "DOMAIN", "REMOVE", old, _domain_params(prev, old))]
+        return [_domain_event(urn, "REMOVE", prev, old)]
     if old is not None and new is not None and old != new:
-        return [
-            (urn, "DOMAIN", "REMOVE", old, _domain_params(prev, old)),
-            (urn, "DOMAIN", "ADD", new, _domain_params(cur, new)),
-        ]
+        return [_domain_event(urn, "REMOVE", prev, old), _domain_event(urn, "ADD", cur, new)]
     return []
 
 
@@ -369,7 +432,7 @@ def _is_deprecated(value: dict | None) -> bool:
     return bool(value) and bool(value.get("deprecated"))
 
 
-def _deprecation(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _deprecation(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     was, now = _is_deprecated(prev), _is_deprecated(cur)
     if now and not was:
         params: Params = {"status": "DEPRECATED"}
@@ -377,9 +440,10 @@ def _deprecation(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
             params["timestamp"] = str(cur["decommissionTime"])
         if cur.get("note") is not None:
             params["note"] = cur["note"]
-        return [(urn, "DEPRECATION", "MODIFY", None, params)]
+        return [Change(urn, "DEPRECATION", "MODIFY", None, params, "PATCH", f"Entity '{urn}' has been deprecated.")]
     if was and not now:
-        return [(urn, "DEPRECATION", "MODIFY", None, {"status": "ACTIVE"})]
+        return [Change(urn, "DEPRECATION", "MODIFY", None, {"status": "ACTIVE"}, "PATCH",
+                       f"Entity '{urn}' is no longer deprecated.")]
     return []
 
 
@@ -387,19 +451,19 @@ def _is_removed(status: dict | None) -> bool:
     return bool(status) and bool(status.get("removed", False))
 
 
-def _status(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _status(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     if _is_removed(cur):
-        return [(urn, "LIFECYCLE", "SOFT_DELETE", None, None)]
+        return [Change(urn, "LIFECYCLE", "SOFT_DELETE", None, None, "PATCH", f"Entity '{urn}' has been soft-deleted.")]
     if _is_removed(prev):
-        return [(urn, "LIFECYCLE", "REINSTATE", None, None)]
+        return [Change(urn, "LIFECYCLE", "REINSTATE", None, None, "PATCH", f"Entity '{urn}' has been reinstated.")]
     return []
 
 
-def _entity_key(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _entity_key(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     if prev is None and cur is not None:
-        return [(urn, "LIFECYCLE", "CREATE", None, None)]
+        return [Change(urn, "LIFECYCLE", "CREATE", None, None, "PATCH", f"Entity '{urn}' has been created.")]
     if prev is not None and cur is None:
-        return [(urn, "LIFECYCLE", "HARD_DELETE", None, None)]
+        return [Change(urn, "LIFECYCLE", "HARD_DELETE", None, None, "PATCH", f"Entity '{urn}' has been deleted.")]
     return []
 
 
@@ -407,7 +471,7 @@ def _description_of(value: dict | None) -> str | None:
     return value.get("description") if value else None
 
 
-def _dataset_properties(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _dataset_properties(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     return _description_events(urn, _description_of(prev), _description_of(cur))
 
 
@@ -420,17 +484,23 @@ def _documentation_map(documentation: dict | None) -> dict[str | None, dict]:
     return docs
 
 
-def _documentation(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _documentation(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     old, new = _documentation_map(prev), _documentation_map(cur)
-    events: list[Raw] = []
+    events: list[Change] = []
     for key in sorted(old.keys() | new.keys(), key=lambda k: (k is not None, k or "")):
         before, after = old.get(key), new.get(key)
         if before is None:
-            events.append((urn, "DOCUMENTATION", "ADD", key, {"documentation": after.get("documentation")}))
+            text = after.get("documentation")
+            events.append(Change(urn, "DOCUMENTATION", "ADD", key, {"documentation": text}, "MINOR",
+                                 _DOC_ADDED.format(urn, text)))
         elif after is None:
-            events.append((urn, "DOCUMENTATION", "REMOVE", key, {"documentation": before.get("documentation")}))
+            text = before.get("documentation")
+            events.append(Change(urn, "DOCUMENTATION", "REMOVE", key, {"documentation": text}, "MINOR",
+                                 _DOC_REMOVED.format(urn, text)))
         elif before.get("documentation") != after.get("documentation"):
-            events.append((urn, "DOCUMENTATION", "MODIFY", key, {"documentation": after.get("documentation")}))
+            text = after.get("documentation")
+            events.append(Change(urn, "DOCUMENTATION", "MODIFY", key, {"documentation": text}, "PATCH",
+                                 _DOC_CHANGED.format(urn, before.get("documentation"), text)))
     return events
 
 
@@ -442,7 +512,7 @@ def _field_path(field: dict) -> str:
 
 
 def _field_tag_events(field_urn: str, parent_urn: str, field_path: str, base: dict | None, target: dict | None):
-    events: list[Raw] = []
+    events: list[Change] = []
     for op, assoc in _assoc_diff(base, target, "tags", _tag_key):
         tag = assoc.get("tag")
         params = {
@@ -451,12 +521,12 @@ def _field_tag_events(field_urn: str, parent_urn: str, field_path: str, base: di
             "tagUrn": tag,
             "context": assoc.get("context") if assoc.get("context") is not None else _EMPTY_JSON,
         }
-        events.append((field_urn, "TAG", op, tag, params))
+        events.append(Change(field_urn, "TAG", op, tag, params, "MINOR", _association_text("Tag", op, tag, field_urn)))
     return events
 
 
 def _field_term_events(field_urn: str, parent_urn: str, field_path: str, base: dict | None, target: dict | None):
-    events: list[Raw] = []
+    events: list[Change] = []
     for op, assoc in _assoc_diff(base, target, "terms", _term_key):
         term = assoc.get("urn")
         params = {
@@ -465,25 +535,54 @@ def _field_term_events(field_urn: str, parent_urn: str, field_path: str, base: d
             "termUrn": term,
             "context": assoc.get("context") if assoc.get("context") is not None else _EMPTY_JSON,
         }
-        events.append((field_urn, "GLOSSARY_TERM", op, term, params))
+        events.append(Change(field_urn, "GLOSSARY_TERM", op, term, params, "MINOR",
+                             _association_text("Term", op, term, field_urn)))
     return events
 
 
-def _field_doc_event(field_urn: str, parent_urn: str, field_path: str, base, target, modifiers=(None, None, None)):
-    """Field description ADD/REMOVE/MODIFY on the schemaField entity; ``modifiers`` = (add, remove, modify)."""
+def _field_doc_event(
+    field_urn: str, parent_urn: str, field_path: str, base, target, text: Callable[[str, Any, Any], str],
+    modifiers=(None, None, None),
+):
+    """Field description ADD/REMOVE/MODIFY on the schemaField entity; ``modifiers`` = (add, remove, modify), ``text``
+    the generator's description of (operation, old, new). ADD and REMOVE are MINOR, MODIFY PATCH."""
     if base is None and target is not None:
-        op, desc, modifier = "ADD", target, modifiers[0]
+        op, desc, modifier, semver = "ADD", target, modifiers[0], "MINOR"
     elif base is not None and target is None:
-        op, desc, modifier = "REMOVE", base, modifiers[1]
+        op, desc, modifier, semver = "REMOVE", base, modifiers[1], "MINOR"
     elif base is not None and base != target:
-        op, desc, modifier = "MODIFY", target, modifiers[2]
+        op, desc, modifier, semver = "MODIFY", target, modifiers[2], "PATCH"
     else:
         return None
     params = {"description": desc, "fieldPath": field_path, "parentUrn": parent_urn}
-    return (field_urn, "DOCUMENTATION", op, modifier, params)
+    return Change(field_urn, "DOCUMENTATION", op, modifier, params, semver, text(op, base, target))
 
 
-def _field_property_events(parent_urn: str, base: dict | None, target: dict | None) -> list[Raw]:
+def _schema_field_doc_text(base_path: str | None, target_path: str | None) -> Callable[[str, Any, Any], str]:
+    """``SchemaMetadataChangeEventGenerator.getDescriptionChange``'s texts."""
+    def text(op: str, old: Any, new: Any) -> str:
+        if op == "ADD":
+            return f"The description '{new}' for the field '{target_path}' has been added."
+        if op == "REMOVE":
+            return f"The description '{old}' for the field '{base_path}' has been removed."
+        return f"The description for the field '{base_path}' has been changed from '{old}' to '{new}'."
+    return text
+
+
+def _editable_field_doc_text(field_urn: str, base_path: str | None, target_path: str | None) -> Callable[[str, Any, Any], str]:
+    """``EditableSchemaMetadataChangeEventGenerator``'s texts; a removed field's path prints as Java's
+    ``Optional.empty`` (DataHub formats ``Optional.ofNullable(targetFieldInfo).map(getFieldPath)``)."""
+    def text(op: str, old: Any, new: Any) -> str:
+        if op == "ADD":
+            return f"Documentation for the field '{target_path}' of '{field_urn}' has been added: '{new}'"
+        if op == "REMOVE":
+            shown = "Optional.empty" if target_path is None else f"Optional[{target_path}]"
+            return f"Documentation for the field '{shown}' of '{field_urn}' has been removed: '{old}'"
+        return f"Documentation for the field '{target_path}' of '{field_urn}' has been updated from '{old}' to '{new}'."
+    return text
+
+
+def _field_property_events(parent_urn: str, base: dict | None, target: dict | None) -> list[Change]:
     """``getFieldPropertyChangeEvents``: description, tags, terms of one field, on the schemaField entity."""
     empty = _EMPTY_FIELD
     b, t = base or empty, target or empty
@@ -496,8 +595,11 @@ def _field_property_events(parent_urn: str, base: dict | None, target: dict | No
         return []  # fast path: nothing of interest changed (the common case for unchanged fields)
     field_path = _field_path(target if target is not None else base)
     field_urn = schema_field_urn(parent_urn, field_path)
-    events: list[Raw] = []
-    doc = _field_doc_event(field_urn, parent_urn, field_path, b_desc, t_desc)
+    events: list[Change] = []
+    doc = _field_doc_event(
+        field_urn, parent_urn, field_path, b_desc, t_desc,
+        _schema_field_doc_text(base.get("fieldPath") if base else None, target.get("fieldPath") if target else None),
+    )
     if doc is not None:
         events.append(doc)
     events += _field_tag_events(field_urn, parent_urn, field_path, b_tags, t_tags)
@@ -505,10 +607,18 @@ def _field_property_events(parent_urn: str, base: dict | None, target: dict | No
     return events
 
 
-def _schema_field_event(parent_urn: str, op: str, field_path: str, nullable: bool, category: str) -> Raw:
+def _schema_field_event(
+    parent_urn: str, op: str, field_path: str, nullable: bool, category: str, semver: str, description: str,
+) -> Change:
     field_urn = schema_field_urn(parent_urn, field_path)
     params = {"fieldPath": field_path, "fieldUrn": field_urn, "nullable": nullable, "modificationCategory": category}
-    return (parent_urn, "TECHNICAL_SCHEMA", op, field_urn, params)
+    return Change(parent_urn, "TECHNICAL_SCHEMA", op, field_urn, params, semver, description)
+
+
+# SchemaMetadataChangeEventGenerator: removals, type changes and primary-key changes break readers (MAJOR);
+# added and renamed fields do not (MINOR).
+_INCOMPATIBLE = "A backwards incompatible change due to"
+_COMPATIBLE = "A forwards & backwards compatible change due to "
 
 
 def _parents_match(a: str, b: str) -> bool:
@@ -571,19 +681,32 @@ def _find_renamed(cur: dict, same: list, same_paths: list, same_idx: int, other:
     return None
 
 
-def _schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     base = sorted(prev.get("fields") or (), key=_field_path) if prev else []
     target = sorted(cur.get("fields") or (), key=_field_path) if cur else []
     base_paths = [_field_path(f) for f in base]
     target_paths = [_field_path(f) for f in target]
-    events: list[Raw] = []
+    events: list[Change] = []
     renamed = _FieldSet()
     bi = ti = 0
     nb, nt = len(base), len(target)
 
-    def field_event(op: str, field: dict, category: str) -> None:
+    def field_event(op: str, field: dict, category: str, semver: str, description: str) -> None:
         nullable = bool(field.get("nullable", False))
-        events.append(_schema_field_event(urn, op, _field_path(field), nullable, category))
+        events.append(_schema_field_event(urn, op, _field_path(field), nullable, category, semver, description))
+
+    def short(field: dict) -> str:
+        return _downgrade_field_path(_field_path(field))
+
+    def removed(field: dict) -> None:
+        field_event("REMOVE", field, "OTHER", "MAJOR", f"{_INCOMPATIBLE} removal of field: '{short(field)}'.")
+
+    def added(field: dict) -> None:
+        field_event("ADD", field, "OTHER", "MINOR", f"{_COMPATIBLE}the newly added field '{short(field)}'.")
+
+    def renamed_to(old: dict, new: dict) -> None:
+        field_event("MODIFY", old, "RENAME", "MINOR",
+                    f"{_COMPATIBLE}renaming of the field '{short(old)} to {short(new)}'.")
 
     while bi < nb and ti < nt:
         b, t = base[bi], target[ti]
@@ -594,7 +717,9 @@ def _schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]
             ti += 1
         elif bp == tp:
             if b.get("nativeDataType") != t.get("nativeDataType"):
-                field_event("MODIFY", b, "TYPE_CHANGE")
+                field_event("MODIFY", b, "TYPE_CHANGE", "MAJOR",
+                            f"{_INCOMPATIBLE} native datatype of the field '{short(t)}' changed from "
+                            f"'{b.get('nativeDataType')}' to '{t.get('nativeDataType')}'.")
             events.extend(_field_property_events(urn, b, t))
             bi += 1
             ti += 1
@@ -602,10 +727,10 @@ def _schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]
             # removed, or renamed to a field of the target's rest
             match = _find_renamed(b, base, base_paths, bi, target, ti, renamed)
             if match is None:
-                field_event("REMOVE", b, "OTHER")
+                removed(b)
                 events.extend(_field_property_events(urn, b, None))
             else:
-                field_event("MODIFY", b, "RENAME")
+                renamed_to(b, match)
                 events.extend(_field_property_events(urn, b, match))
                 renamed.add(match)
             bi += 1
@@ -613,39 +738,41 @@ def _schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]
             # added, or the new name of a field of the base's rest
             match = _find_renamed(t, target, target_paths, ti, base, bi, renamed)
             if match is None:
-                field_event("ADD", t, "OTHER")
+                added(t)
                 events.extend(_field_property_events(urn, None, t))
             else:
-                field_event("MODIFY", match, "RENAME")
+                renamed_to(match, t)
                 events.extend(_field_property_events(urn, match, t))
                 renamed.add(match)
             ti += 1
     for i in range(bi, nb):
         if not (renamed and base[i] in renamed):
-            field_event("REMOVE", base[i], "OTHER")
+            removed(base[i])
             events.extend(_field_property_events(urn, base[i], None))
     for i in range(ti, nt):
         if not (renamed and target[i] in renamed):
-            field_event("ADD", target[i], "OTHER")
+            added(target[i])
             events.extend(_field_property_events(urn, None, target[i]))
 
     # Primary keys (DataHub iterates HashSets: we sort). Foreign keys: DataHub's diff is a TODO (nothing).
     base_keys = set((prev or {}).get("primaryKeys") or ())
     target_keys = set((cur or {}).get("primaryKeys") or ())
     for key in sorted(base_keys - target_keys):
-        events.append(_schema_field_event(urn, "MODIFY", key, False, "OTHER"))
+        events.append(_schema_field_event(urn, "MODIFY", key, False, "OTHER", "MAJOR",
+                                          f"{_INCOMPATIBLE} removal of the primary key field '{key}'"))
     for key in sorted(target_keys - base_keys):
-        events.append(_schema_field_event(urn, "MODIFY", key, False, "OTHER"))
+        events.append(_schema_field_event(urn, "MODIFY", key, False, "OTHER", "MAJOR",
+                                          f"{_INCOMPATIBLE} addition of the primary key field '{key}'"))
     return events
 
 
-def _editable_schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _editable_schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     base = sorted(prev.get("editableSchemaFieldInfo") or (), key=_field_path) if prev else []
     target = sorted(cur.get("editableSchemaFieldInfo") or (), key=_field_path) if cur else []
     pairs = _sorted_merge(base, target, _field_path)
-    docs: list[Raw] = []
-    tags: list[Raw] = []
-    terms: list[Raw] = []
+    docs: list[Change] = []
+    tags: list[Change] = []
+    terms: list[Change] = []
     for b, t in pairs:
         field_urn = schema_field_urn(urn, _field_path(b if b is not None else t))
         field_path = _field_path(t if t is not None else b)
@@ -655,6 +782,8 @@ def _editable_schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> 
             field_path,
             b.get("description") if b is not None else None,
             t.get("description") if t is not None else None,
+            _editable_field_doc_text(field_urn, b.get("fieldPath") if b is not None else None,
+                                     t.get("fieldPath") if t is not None else None),
             modifiers=(
                 t.get("fieldPath") if t is not None else None,
                 b.get("fieldPath") if b is not None else None,
@@ -681,6 +810,13 @@ def _property_key(assignment: dict) -> str:
     return assignment.get("propertyUrn") or ""
 
 
+def _property_event(urn: str, op: str, key: str, params: Params | None) -> Change:
+    # DataHub describes a MODIFY with the ADDED text.
+    done = "removed from" if op == "REMOVE" else "added to"
+    return Change(urn, "STRUCTURED_PROPERTY", op, key, params, "MINOR",
+                  f"Structured property '{_urn_id(key)}' {done} entity '{urn}'.")
+
+
 def _property_params(assignment: dict) -> Params:
     return {
         "propertyUrn": assignment.get("propertyUrn"),
@@ -689,10 +825,10 @@ def _property_params(assignment: dict) -> Params:
     }
 
 
-def _structured_properties(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _structured_properties(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     base = sorted(prev.get("properties") or (), key=_property_key) if prev else []
     target = sorted(cur.get("properties") or (), key=_property_key) if cur else []
-    events: list[Raw] = []
+    events: list[Change] = []
     bi = ti = 0
     nb, nt = len(base), len(target)
     while bi < nb and ti < nt:
@@ -700,20 +836,20 @@ def _structured_properties(urn: str, prev: dict | None, cur: dict | None) -> lis
         kb, kt = _property_key(b), _property_key(t)
         if kb == kt:
             if b.get("values") != t.get("values"):
-                events.append((urn, "STRUCTURED_PROPERTY", "MODIFY", kt, _property_params(t)))
+                events.append(_property_event(urn, "MODIFY", kt, _property_params(t)))
             bi += 1
             ti += 1
         elif kb < kt:
             # DataHub builds this REMOVE with the plain ChangeEvent builder: no parameters.
-            events.append((urn, "STRUCTURED_PROPERTY", "REMOVE", kb, None))
+            events.append(_property_event(urn, "REMOVE", kb, None))
             bi += 1
         else:
-            events.append((urn, "STRUCTURED_PROPERTY", "ADD", kt, _property_params(t)))
+            events.append(_property_event(urn, "ADD", kt, _property_params(t)))
             ti += 1
     for i in range(bi, nb):
-        events.append((urn, "STRUCTURED_PROPERTY", "REMOVE", _property_key(base[i]), _property_params(base[i])))
+        events.append(_property_event(urn, "REMOVE", _property_key(base[i]), _property_params(base[i])))
     for i in range(ti, nt):
-        events.append((urn, "STRUCTURED_PROPERTY", "ADD", _property_key(target[i]), _property_params(target[i])))
+        events.append(_property_event(urn, "ADD", _property_key(target[i]), _property_params(target[i])))
     return events
 
 
@@ -721,7 +857,7 @@ def _assertion_completed(event: dict | None) -> bool:
     return bool(event) and event.get("status") == "COMPLETE"
 
 
-def _assertion_run_event(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _assertion_run_event(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     if not _assertion_completed(cur) or _assertion_completed(prev):
         return []
     params: Params = {"asserteeUrn": cur.get("asserteeUrn")}
@@ -730,10 +866,10 @@ def _assertion_run_event(urn: str, prev: dict | None, cur: dict | None) -> list[
         params["assertionResult"] = result.get("type")
     params["runId"] = cur.get("runId")
     params["runResult"] = cur.get("status")
-    return [(urn, "RUN", "COMPLETED", None, params)]
+    return [Change(urn, "RUN", "COMPLETED", None, params)]
 
 
-def _data_process_instance_run_event(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _data_process_instance_run_event(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     new_status = cur.get("status") if cur else None
     old_status = prev.get("status") if prev else None
     if new_status is None or new_status == old_status:
@@ -745,27 +881,27 @@ def _data_process_instance_run_event(urn: str, prev: dict | None, cur: dict | No
     if result is not None:
         params["runResult"] = result.get("type")
     operation = "COMPLETED" if new_status == "COMPLETE" else "STARTED"
-    return [(urn, "RUN", operation, None, params)]
+    return [Change(urn, "RUN", operation, None, params)]
 
 
-def _business_attribute_info(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _business_attribute_info(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     base_desc = _description_of(prev)
     target_desc = _description_of(cur)
-    events: list[Raw] = []
+    events: list[Change] = []
     if base_desc is None and target_desc is not None:
-        events.append((urn, "DOCUMENTATION", "ADD", cur.get("fieldPath"), None))
+        events.append(Change(urn, "DOCUMENTATION", "ADD", cur.get("fieldPath"), None))
     if base_desc is not None and target_desc is None:
-        events.append((urn, "DOCUMENTATION", "REMOVE", prev.get("fieldPath"), None))
+        events.append(Change(urn, "DOCUMENTATION", "REMOVE", prev.get("fieldPath"), None))
     if base_desc is not None and base_desc != target_desc:
         if cur is None:
             return []  # DataHub dereferences the missing new value here and the hook drops the whole MCL
-        events.append((urn, "DOCUMENTATION", "MODIFY", cur.get("fieldPath"), None))
+        events.append(Change(urn, "DOCUMENTATION", "MODIFY", cur.get("fieldPath"), None))
     events += _term_events(urn, (prev or {}).get("glossaryTerms"), (cur or {}).get("glossaryTerms"))
     events += _tag_events(urn, (prev or {}).get("globalTags"), (cur or {}).get("globalTags"))
     return events
 
 
-def _business_attributes(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _business_attributes(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     old = (prev or {}).get("businessAttribute")
     new = (cur or {}).get("businessAttribute")
     if old is not None and new is None:
@@ -784,10 +920,37 @@ def _business_attributes(urn: str, prev: dict | None, cur: dict | None) -> list[
         return []  # Urn.getIdAsUrn would throw in DataHub
     attribute_urn = assoc.get("businessAttributeUrn")
     params = {"parentUrn": urn, "businessAttributeUrn": attribute_urn, "datasetUrn": dataset_urn}
-    return [(urn, "BUSINESS_ATTRIBUTE", op, attribute_urn, params)]
+    return [Change(urn, "BUSINESS_ATTRIBUTE", op, attribute_urn, params)]
 
 
-def _no_generator(urn: str, prev: dict | None, cur: dict | None) -> list[Raw]:
+def _memory_url(element: dict) -> str:
+    return element.get("url") or ""
+
+
+def _institutional_memory(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+    """``InstitutionalMemoryChangeEventGenerator`` (the Timeline's only: the platform-event hook does not list the
+    aspect): links sorted-merged by url; a link's description edited is a PATCH, a link added or removed MINOR.
+    No parameters."""
+    base = sorted((prev or {}).get("elements") or (), key=_memory_url)
+    target = sorted((cur or {}).get("elements") or (), key=_memory_url)
+    events: list[Change] = []
+    for b, t in _sorted_merge(base, target, _memory_url):
+        if b is None:
+            events.append(Change(urn, "DOCUMENTATION", "ADD", _memory_url(t), None, "MINOR",
+                                 f"Institutional Memory '{_memory_url(t)}' with documentation of '{urn}' has been "
+                                 f"added: '{t.get('description')}'"))
+        elif t is None:
+            events.append(Change(urn, "DOCUMENTATION", "REMOVE", _memory_url(b), None, "MINOR",
+                                 f"Institutional Memory '{_memory_url(b)}' with documentation of '{urn}' has been "
+                                 f"removed: '{b.get('description')}'"))
+        elif b.get("description") != t.get("description"):
+            events.append(Change(urn, "DOCUMENTATION", "MODIFY", _memory_url(b), None, "PATCH",
+                                 f"Documentation of Institutional Memory '{_memory_url(b)}' of  '{urn}' has been "
+                                 f"changed from '{b.get('description')}' to '{t.get('description')}'."))
+    return events
+
+
+def _no_generator(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
     return []
 
 
@@ -814,6 +977,11 @@ _GENERATORS: dict[str, Generator] = {
 }
 
 SUPPORTED_ASPECTS = frozenset(_GENERATORS)
+
+# The Timeline (app.timeline) diffs these aspects: the hook's, and the ones DataHub's TimelineServiceImpl registers
+# generators for that the hook does not list.
+_TIMELINE_GENERATORS: dict[str, Generator] = {**_GENERATORS, "institutionalMemory": _institutional_memory}
+TIMELINE_ASPECTS = frozenset(_TIMELINE_GENERATORS)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -847,7 +1015,7 @@ def entity_change_events(
     if not raw_events:
         return []
     payloads = []
-    for entity_urn, category, operation, modifier, parameters in raw_events:
+    for entity_urn, category, operation, modifier, parameters, _, _ in raw_events:
         payload: dict[str, Any] = {
             "entityType": entity_type if entity_urn == urn else _entity_type_of(entity_urn, entity_type),
             "entityUrn": entity_urn,
@@ -862,6 +1030,15 @@ def entity_change_events(
         payload["version"] = 0
         payloads.append(payload)
     return payloads
+
+
+def aspect_changes(urn: str, aspect_name: str, previous: dict | None, current: dict | None) -> list[Change]:
+    """The changes from one value of an aspect to the next, with their semantic change and description: what the
+    Timeline API reports per version (``entity_change_events`` makes Entity Change Events of the same changes)."""
+    generator = _TIMELINE_GENERATORS.get(aspect_name)
+    if generator is None or previous == current:
+        return []
+    return generator(urn, previous, current)
 
 
 def platform_event(ece: dict) -> dict:

@@ -8,6 +8,8 @@ from app.write.entity_change_events import (
     ECE_ENTITY_EXCLUSIONS,
     KEY_ASPECTS,
     PLATFORM_EVENT_KEY_PREFIX,
+    SUPPORTED_ASPECTS,
+    aspect_changes,
     entity_change_events,
     platform_event,
     platform_event_key,
@@ -591,3 +593,66 @@ def test_platform_event_envelope_and_key():
 def test_envelope_keeps_non_ascii_text():
     [event] = ece("editableDatasetProperties", {}, {"description": "Café ☕"})
     assert "Café ☕" in platform_event(event)["payload"]["value"]
+
+
+# --- the same differ for the Timeline API: semantic change and description per change -------------------------
+
+
+def changes(aspect_name, previous, current, urn=DATASET):
+    return [(c.category, c.operation, c.semver, c.description) for c in aspect_changes(urn, aspect_name, previous, current)]
+
+
+def test_timeline_changes_carry_datahubs_semantic_change_and_description():
+    assert changes("globalTags", None, {"tags": [{"tag": "urn:li:tag:pii"}]}) == [
+        ("TAG", "ADD", "MINOR", f"Tag 'pii' added to entity '{DATASET}'."),
+    ]
+    assert changes("ownership", {"owners": [{"owner": "urn:li:corpuser:jdoe", "type": "DATAOWNER"}]}, {"owners": []}) == [
+        ("OWNERSHIP", "REMOVE", "MINOR", f"'jdoe' removed as a `DATAOWNER` of '{DATASET}'."),
+    ]
+    assert changes("datasetProperties", {"description": "a"}, {"description": "b"}) == [
+        ("DOCUMENTATION", "MODIFY", "MINOR", f"Documentation of '{DATASET}' has been changed from 'a' to 'b'."),
+    ]
+
+
+def test_timeline_schema_changes_are_major_when_they_break_readers():
+    before = schema(field("id"), field("amount"), field("note", "string"))
+    after = schema(field("id", "bigint"), field("note", "string"), field("created", "string"), primaryKeys=["id"])
+    got = changes("schemaMetadata", before, after)
+    assert ("TECHNICAL_SCHEMA", "REMOVE", "MAJOR", "A backwards incompatible change due to removal of field: 'amount'.") in got
+    assert ("TECHNICAL_SCHEMA", "ADD", "MINOR",
+            "A forwards & backwards compatible change due to the newly added field 'created'.") in got
+    assert ("TECHNICAL_SCHEMA", "MODIFY", "MAJOR",
+            "A backwards incompatible change due to native datatype of the field 'id' changed from 'int' to 'bigint'.") in got
+    assert ("TECHNICAL_SCHEMA", "MODIFY", "MAJOR",
+            "A backwards incompatible change due to addition of the primary key field 'id'") in got
+
+
+def test_timeline_v2_field_paths_are_shown_downgraded():
+    v2 = "[version=2.0].[type=struct].[type=int].total"
+    got = changes("schemaMetadata", schema(), schema(field(v2)))
+    assert got == [("TECHNICAL_SCHEMA", "ADD", "MINOR",
+                    "A forwards & backwards compatible change due to the newly added field 'total'.")]
+
+
+def test_timeline_institutional_memory_is_diffed_but_never_a_platform_event():
+    link = {"url": "https://wiki/orders", "description": "runbook", "createStamp": AUDIT}
+    edited = {**link, "description": "the runbook"}
+    assert changes("institutionalMemory", None, {"elements": [link]}) == [
+        ("DOCUMENTATION", "ADD", "MINOR",
+         f"Institutional Memory 'https://wiki/orders' with documentation of '{DATASET}' has been added: 'runbook'"),
+    ]
+    assert [c[:3] for c in changes("institutionalMemory", {"elements": [link]}, {"elements": [edited]})] == [
+        ("DOCUMENTATION", "MODIFY", "PATCH"),
+    ]
+    assert "institutionalMemory" not in SUPPORTED_ASPECTS
+    assert ece("institutionalMemory", None, {"elements": [link]}) == []
+
+
+def test_timeline_and_platform_events_come_from_the_same_changes():
+    before = schema(field("id", globalTags={"tags": [{"tag": "urn:li:tag:a"}]}))
+    after = schema(field("id", description="the key", globalTags={"tags": [{"tag": "urn:li:tag:b"}]}), field("x"))
+    events = ece("schemaMetadata", before, after)
+    timeline = aspect_changes(DATASET, "schemaMetadata", before, after)
+    assert [(e["entityUrn"], e["category"], e["operation"], e.get("modifier"), e.get("parameters")) for e in events] == [
+        tuple(c[:5]) for c in timeline
+    ]
