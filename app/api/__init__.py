@@ -4,6 +4,7 @@ outcomes → responses. Nothing else happens here."""
 from app.api.auth import router as auth_router
 from app.api.change_feed import router as change_feed_router
 from app.api.entities import router as entities_router
+from app.api.entity_registry import router as entity_registry_router
 from app.api.per_aspect_events import router as per_aspect_events_router
 from app.api.processors import router as processors_router
 from app.api.proposals import MetadataChangeProposal, router as proposals_router
@@ -11,11 +12,13 @@ from app.api.restli import router as restli_router
 from app.api.schema_registry import router as schema_registry_router
 from app.api.search import router as search_router
 from app.api.system import router as system_router
+from app.api.timeline import router as timeline_router
 
 # In this order: the search route GET /openapi/v3/entity/{entityName} comes after the v3 entity routes.
 routers = [
     system_router, proposals_router, entities_router, change_feed_router, restli_router, search_router,
-    schema_registry_router, auth_router, processors_router, per_aspect_events_router,
+    schema_registry_router, auth_router, processors_router, per_aspect_events_router, timeline_router,
+    entity_registry_router,
 ]
 
 # Request bodies parsed by the routes themselves and referenced from the OpenAPI document by name.
