@@ -31,10 +31,12 @@ import logging
 import math
 import random
 import time
+from typing import Any
 
 import asyncpg
 from aiokafka import AIOKafkaProducer
 from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.avro.wire import ValueCodec
@@ -49,6 +51,8 @@ from app.settings import Settings
 from app.workers import pause
 
 log = logging.getLogger("metaledger.relay")
+
+estimate_size = DefaultRecordBatchBuilder.estimate_size_in_bytes
 
 BALANCE_INTERVAL_S = 1.0  # how often a publisher recounts the relays and takes or gives back lanes
 MAX_BACKOFF_S = 5.0  # database reconnects
@@ -67,6 +71,7 @@ class OutboxRelay:
         self.codec = codec or ValueCodec(settings)
         # Per-aspect events and MAE v4 (app.kafka.per_aspect): published with the change log they come from
         self.derived = derived if derived is not None and derived.enabled else None
+        self._partitioner = KeyPartitioner()  # the producer's, and the batches' (the same placement of a key)
         self._wake = asyncio.Event()  # the sequencer gave offsets: the publisher has work
         self.sequencer = Sequencer(settings, engine, self._wake)
         # figures, for tests, benchmarks and logs
@@ -283,7 +288,7 @@ class OutboxRelay:
             compression_type=settings.kafka_compression_type or None,
             linger_ms=0,
             request_timeout_ms=PRODUCE_TIMEOUT_MS,
-            partitioner=KeyPartitioner(),
+            partitioner=self._partitioner,
             retry_backoff_ms=200,
         )
         try:
@@ -306,7 +311,6 @@ class OutboxRelay:
         producer = self._producer
         assert producer is not None
         refused: list[tuple[outbox.PendingRow, str]] = []
-        sent: list[tuple[outbox.PendingRow, asyncio.Future | BaseException]] = []
         if encoded is None:
             values = self._encode(rows, refused)
             derived = self._derive(rows, refused)
@@ -314,26 +318,59 @@ class OutboxRelay:
             values, derived, refused_encoding = encoded
             refused.extend(refused_encoding)
         refused_ids = {row.id for row, _ in refused}
-        for row in rows:
-            value = values.get(row.id)
-            if value is None or row.id in refused_ids:
-                continue  # refused: it cannot be encoded
+        sent: list[tuple[outbox.PendingRow, asyncio.Future | BaseException]] = []
+        # Records go into one batch per topic-partition (aiokafka's batch API: no future and no coroutine per
+        # record); a row's records are delivered when every batch holding one of them is acknowledged.
+        batches: dict[tuple[str, int], tuple[Any, list[outbox.PendingRow]]] = {}
+        partitions: dict[str, list[int]] = {}
+
+        async def submit(tp: tuple[str, int]) -> None:
+            builder, in_batch = batches.pop(tp)
             try:
+                future: asyncio.Future | BaseException = await producer.send_batch(builder, tp[0], partition=tp[1])
+            except Exception as error:  # noqa: BLE001 - e.g. metadata timeout: these rows wait
+                future = error
+            sent.extend((row, future) for row in in_batch)
+
+        try:
+            for row in rows:
+                value = values.get(row.id)
+                if value is None or row.id in refused_ids:
+                    continue  # refused: it cannot be encoded
                 key = row.key.encode()
-                sent.append((row, await producer.send(row.topic, value, key=key)))
-                for topic, event in derived.get(row.id, ()):  # delivered with the change log, or not at all
-                    sent.append((row, await producer.send(topic, event, key=key)))
-            except MessageSizeTooLargeError as error:  # can never be produced with these settings
-                refused.append((row, f"{type(error).__name__}: {error}"))
-            except Exception as error:  # noqa: BLE001 - e.g. metadata timeout: this row and the rest wait
-                sent.append((row, error))
-                break
-        futures = [f for _, f in sent if isinstance(f, asyncio.Future)]
+                records = ((row.topic, value), *derived.get(row.id, ()))  # delivered together, or not at all
+                too_large = next((size for _, record in records
+                                  if (size := estimate_size(key, record, [])) > self.settings.kafka_max_message_bytes), None)
+                if too_large is not None:  # can never be produced with these settings (as `send` would refuse it)
+                    refused.append((row, f"MessageSizeTooLargeError: a record of the row is {too_large} bytes "
+                                         f"serialized, over METALEDGER_KAFKA_MAX_MESSAGE_BYTES"))
+                    continue
+                for topic, record in records:
+                    if topic not in partitions:
+                        partitions[topic] = sorted(await producer.partitions_for(topic))
+                    tp = (topic, self._partitioner(key, partitions[topic], partitions[topic]))
+                    if tp not in batches:
+                        batches[tp] = (producer.create_batch(), [])
+                    if batches[tp][0].append(timestamp=None, key=key, value=record) is None:  # full: send it
+                        await submit(tp)
+                        batches[tp] = (producer.create_batch(), [])
+                        batches[tp][0].append(timestamp=None, key=key, value=record)  # a first record always fits
+                    batches[tp][1].append(row)
+        except Exception as error:  # noqa: BLE001 - e.g. no metadata for a topic: nothing of this batch is sent
+            for builder, in_batch in batches.values():
+                sent.extend((row, error) for row in in_batch)
+            batches.clear()
+            sent.extend((row, error) for row in rows if row.id not in refused_ids and row.id in values)
+        for tp in list(batches):
+            await submit(tp)
+        futures = list({id(f): f for _, f in sent if isinstance(f, asyncio.Future)}.values())
         if futures:
             try:
                 await asyncio.wait_for(asyncio.wait(futures), timeout=PRODUCE_TIMEOUT_MS / 1000 + 5)
             except TimeoutError:
                 pass
+        order = {row.id: n for n, row in enumerate(rows)}
+        sent.sort(key=lambda item: order[item[0].id])  # rows in feed order, whichever batch sent their records
         outcomes: dict[int, list[asyncio.Future | BaseException]] = {}  # a row's change log and derived events
         sent_rows: list[outbox.PendingRow] = []
         for row, outcome in sent:
