@@ -10,16 +10,21 @@ from app.api.processors import router as processors_router
 from app.api.proposals import MetadataChangeProposal, router as proposals_router
 from app.api.restli import router as restli_router
 from app.api.schema_registry import router as schema_registry_router
+from app.api.scroll import (
+    BatchGetUrnRequestV2, ScrollEntitiesBody, ScrollLineageBody, ScrollRelationshipsBody, router as scroll_router,
+)
 from app.api.search import router as search_router
 from app.api.system import router as system_router
 from app.api.timeline import router as timeline_router
 
-# In this order: the search route GET /openapi/v3/entity/{entityName} comes after the v3 entity routes.
+# In this order: the scroll routes (POST /openapi/v3/entity/scroll) before the v3 entity routes, whose
+# POST /openapi/v3/entity/{entityName} would take `scroll` for an entity name; the search route
+# GET /openapi/v3/entity/{entityName} after the v3 entity routes.
 routers = [
-    system_router, proposals_router, entities_router, change_feed_router, restli_router, search_router,
+    system_router, proposals_router, scroll_router, entities_router, change_feed_router, restli_router, search_router,
     schema_registry_router, auth_router, processors_router, per_aspect_events_router, timeline_router,
     entity_registry_router,
 ]
 
 # Request bodies parsed by the routes themselves and referenced from the OpenAPI document by name.
-documented_models = [MetadataChangeProposal]
+documented_models = [MetadataChangeProposal, ScrollEntitiesBody, ScrollRelationshipsBody, ScrollLineageBody, BatchGetUrnRequestV2]

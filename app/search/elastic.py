@@ -70,6 +70,8 @@ from app.search.model import (
     Change,
     Direction,
     Edge,
+    EdgePage,
+    EdgeQuery,
     EntityRemoval,
     IndexedVersion,
     IndexRefused,
@@ -920,6 +922,35 @@ class ElasticBackend:
         )
         edges = [_doc_to_edge(h["_source"]) for h in response["hits"]["hits"]]
         return edges, response["hits"]["total"]["value"]
+
+    async def scroll_edges(self, query: EdgeQuery, *, after: tuple[str, str, str, str] | None = None, count: int = 100) -> EdgePage:
+        """`search_after` on (source, aspect, relationshipType, destination), the edge's identity: a stable total
+        order, so an edge that exists throughout a scroll is returned once whatever is written meanwhile."""
+        filters: list[dict[str, Any]] = []
+        for field, values in (
+            ("relationshipType", query.relationship_types), ("sourceType", query.source_types),
+            ("destinationType", query.destination_types), ("source", query.source_urns),
+            ("destination", query.destination_urns),
+        ):
+            if values:
+                filters.append({"terms": {field: list(values)}})
+        if query.either_urns:
+            either = list(query.either_urns)
+            filters.append({"bool": {"should": [{"terms": {"source": either}}, {"terms": {"destination": either}}],
+                                     "minimum_should_match": 1}})
+        if query.lineage_only:
+            filters.append({"term": {"isLineage": True}})
+        body: dict[str, Any] = {
+            "query": {"bool": {"filter": filters}}, "size": count + 1, "track_total_hits": False,
+            "sort": [{"source": "asc"}, {"aspect": "asc"}, {"relationshipType": "asc"}, {"destination": "asc"}],
+        }
+        if after is not None:
+            body["search_after"] = list(after)
+        response = await self.client.search(index=self.graph_index, **body)
+        raw = response["hits"]["hits"]
+        page = raw[:count]
+        last = page[-1]["sort"] if page and len(raw) > count else None
+        return EdgePage(edges=[_doc_to_edge(h["_source"]) for h in page], after=tuple(last) if last else None)  # type: ignore[arg-type]
 
     async def lineage(
         self, urn: str, *, direction: Literal["UPSTREAM", "DOWNSTREAM"], max_hops: int = 3,

@@ -132,6 +132,29 @@ class SearchPage:
     facets: dict[str, dict[str, int]] = field(default_factory=dict)  # filter field -> value -> count
 
 
+@dataclass(frozen=True)
+class EdgeQuery:
+    """Which edges `SearchBackend.scroll_edges` pages through. Every given constraint must hold (empty: any);
+    `either_urns`: the source or the destination is one of them (lineage anchors)."""
+
+    relationship_types: tuple[str, ...] = ()
+    source_types: tuple[str, ...] = ()
+    destination_types: tuple[str, ...] = ()
+    source_urns: tuple[str, ...] = ()
+    destination_urns: tuple[str, ...] = ()
+    either_urns: tuple[str, ...] = ()
+    lineage_only: bool = False
+
+
+EdgeKey = tuple[str, str, str, str]  # (source, aspect, relationship, destination): an edge's identity and page order
+
+
+@dataclass
+class EdgePage:
+    edges: list[Edge]
+    after: EdgeKey | None  # the last edge's key when there may be more; None on the last page
+
+
 @dataclass
 class TimeseriesQuery:
     urn: str
@@ -204,7 +227,11 @@ class SearchBackend(Protocol):
 
     async def lineage(
         self, urn: str, *, direction: Literal["UPSTREAM", "DOWNSTREAM"], max_hops: int = 3,
-    ) -> list[tuple[Edge, int]]: ...  # (edge, hop) breadth first; upstream = follow DownstreamOf edges outgoing
+    ) -> list[tuple[Edge, int]]: ...
+
+    async def scroll_edges(self, query: EdgeQuery, *, after: EdgeKey | None = None, count: int = 100) -> EdgePage:
+        """Edges matching `query` in key order, the first `count` after `after` (keyset paging: an edge that exists
+        throughout a scroll is seen exactly once, whatever else is written meanwhile)."""  # (edge, hop) breadth first; upstream = follow DownstreamOf edges outgoing
 
     async def timeseries(self, query: TimeseriesQuery) -> list[TimeseriesPoint]: ...  # newest first
 

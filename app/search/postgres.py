@@ -47,6 +47,8 @@ from app.search.model import (
     Change,
     Direction,
     Edge,
+    EdgePage,
+    EdgeQuery,
     EntityRemoval,
     IndexedVersion,
     SearchFieldSpec,
@@ -809,6 +811,48 @@ class PostgresBackend:
         async with self._connection() as conn:
             rows = await conn.fetch(sql, urn, max_hops, list(REVERSED_LINEAGE))
         return [(_edge(r), r["hop"]) for r in rows]
+
+    async def scroll_edges(self, query: EdgeQuery, *, after: tuple[str, str, str, str] | None = None, count: int = 100) -> EdgePage:
+        """Keyset paging in primary-key order (source, aspect, relationship, destination): each page is one index
+        range scan from the previous page's last key, so concurrent writes never shift an existing edge's place."""
+        params: list[Any] = []
+        conditions: list[str] = []
+
+        def any_of(column: str, values: Sequence[str]) -> None:
+            if values:
+                params.append(list(values))
+                conditions.append(f"{column} = ANY(${len(params)}::text[])")
+
+        any_of("relationship", query.relationship_types)
+        any_of("source_type", query.source_types)
+        any_of("destination_type", query.destination_types)
+        any_of("source", query.source_urns)
+        any_of("destination", query.destination_urns)
+        if query.either_urns:
+            params.append(list(query.either_urns))
+            conditions.append(f"(source = ANY(${len(params)}::text[]) OR destination = ANY(${len(params)}::text[]))")
+        if query.lineage_only:
+            conditions.append("is_lineage")
+        if after is not None:
+            params.extend(after)
+            n = len(params)
+            conditions.append(f"(source, aspect, relationship, destination) > (${n - 3}, ${n - 2}, ${n - 1}, ${n})")
+        params.append(count + 1)
+        where = " AND ".join(conditions) or "true"
+        async with self._connection() as conn:
+            rows = await conn.fetch(
+                f"""
+                SELECT {_EDGE_SELECT}, aspect FROM search_edge WHERE {where}
+                ORDER BY source, aspect, relationship, destination LIMIT ${len(params)}
+                """,
+                *params,
+            )
+        page = rows[:count]
+        last = page[-1] if page and len(rows) > count else None
+        return EdgePage(
+            edges=[_edge(r) for r in page],
+            after=(last["source"], last["aspect"], last["relationship"], last["destination"]) if last else None,
+        )
 
     # --- timeseries -----------------------------------------------------------------------------------------------
     async def delete_timeseries(
