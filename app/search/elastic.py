@@ -68,6 +68,7 @@ from app.search.model import (
     AspectEdges,
     AspectFields,
     Change,
+    Criterion,
     Direction,
     Edge,
     EdgePage,
@@ -82,6 +83,7 @@ from app.search.model import (
     SearchPage,
     TimeseriesPoint,
     TimeseriesQuery,
+    names_removed,
 )
 from app.urns import parse_urn
 
@@ -820,24 +822,37 @@ class ElasticBackend:
             should.append({"multi_match": {"query": query, "fields": text_fields, "type": "best_fields"}})
         return {"bool": {"should": should, "minimum_should_match": 1}}
 
+    def _any_of_query(self, entity_type: str, any_of: Sequence[Sequence[Criterion]]) -> dict[str, Any]:
+        """At least one group matches; a group, every criterion (a field with any of its values, or none when
+        negated). A criterion without values never matches."""
+        groups: list[dict[str, Any]] = []
+        for group in any_of:
+            must: list[dict[str, Any]] = []
+            must_not: list[dict[str, Any]] = []
+            for criterion in group:
+                term = ({"terms": {self._filter_field(entity_type, criterion.field): list(criterion.values)}}
+                        if criterion.values else {"match_none": {}})
+                (must_not if criterion.negated else must).append(term)
+            groups.append({"bool": {"filter": must, "must_not": must_not}})
+        return {"bool": {"should": groups, "minimum_should_match": 1}} if groups else {"match_none": {}}
+
     async def search(
         self, entity_type: str, query: str, *, filters: dict[str, list[str]] | None = None, count: int = 10,
         scroll_id: str | None = None, sort: list[tuple[str, str]] | None = None,
+        any_of: Sequence[Sequence[Criterion]] | None = None, facets: bool = True,
     ) -> SearchPage:
         index = self.entity_index(entity_type)
         text = (query or "").strip()
         must = {"match_all": {}} if text in ("", "*") else self._text_query(entity_type, text)
         filter_clauses: list[dict[str, Any]] = []
-        exclude_removed = True
         for key, values in (filters or {}).items():
-            if key == REMOVED_FIELD:
-                exclude_removed = False
-            if not values:
-                continue
-            filter_clauses.append({"terms": {self._filter_field(entity_type, key): list(values)}})
+            if values:
+                filter_clauses.append({"terms": {self._filter_field(entity_type, key): list(values)}})
+        if any_of is not None:
+            filter_clauses.append(self._any_of_query(entity_type, any_of))
         bool_query: dict[str, Any] = {"must": [must], "filter": filter_clauses,
                                       "must_not": [{"term": {TOMBSTONE_FIELD: True}}]}  # never a hit, never counted
-        if exclude_removed:
+        if not names_removed(filters, any_of):
             bool_query["must_not"].append({"term": {REMOVED_FIELD: True}})
         sort_clauses: list[dict[str, Any]] = []
         for name, order in sort or []:
@@ -858,7 +873,7 @@ class ElasticBackend:
         }
         if scroll_id:
             body["search_after"] = _decode_cursor(scroll_id)
-        else:
+        elif facets:
             body["aggs"] = aggs  # facets on the first page only (they do not change while scrolling)
         response = await self.client.search(index=index, **body)
         raw = response["hits"]["hits"]

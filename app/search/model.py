@@ -116,6 +116,21 @@ class EntityRemoval:
 Change = AspectFields | AspectEdges | TimeseriesPoint | EntityRemoval
 
 
+@dataclass(frozen=True, slots=True)
+class Criterion:
+    """One condition of a search's `any_of` groups: the field (a filter name or a document field; `urn` and
+    `removed` included) has one of `values`; `negated`: it has none of them."""
+
+    field: str
+    values: tuple[str, ...]
+    negated: bool = False
+
+
+def names_removed(filters: dict[str, list[str]] | None, any_of: Sequence[Sequence[Criterion]] | None) -> bool:
+    """Whether a search says anything about `removed`: otherwise soft-deleted entities are hidden."""
+    return REMOVED_FIELD in (filters or {}) or any(c.field == REMOVED_FIELD for group in any_of or () for c in group)
+
+
 @dataclass
 class SearchHit:
     urn: str
@@ -217,7 +232,11 @@ class SearchBackend(Protocol):
     async def search(
         self, entity_type: str, query: str, *, filters: dict[str, list[str]] | None = None, count: int = 10,
         scroll_id: str | None = None, sort: list[tuple[str, str]] | None = None,
+        any_of: Sequence[Sequence[Criterion]] | None = None, facets: bool = True,
     ) -> SearchPage: ...
+    # `filters` AND together (any of a filter's values); `any_of`, when given, must hold as well: at least one of its
+    # groups matches (an empty list matches nothing). Soft-deleted entities are hidden unless either names
+    # `removed`. `facets=False`: no facet counts (a scroll that does not show them).
 
     async def autocomplete(self, entity_type: str, prefix: str, *, limit: int = 10) -> list[SearchHit]: ...
 

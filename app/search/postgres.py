@@ -45,6 +45,7 @@ from app.search.model import (
     AspectEdges,
     AspectFields,
     Change,
+    Criterion,
     Direction,
     Edge,
     EdgePage,
@@ -56,6 +57,7 @@ from app.search.model import (
     SearchPage,
     TimeseriesPoint,
     TimeseriesQuery,
+    names_removed,
 )
 
 # Advisory lock class of search documents (pg_advisory_xact_lock(class, hashtext(urn))); app.changelog.outbox uses
@@ -564,43 +566,57 @@ class PostgresBackend:
         """Conditions on `d.fields` (jsonb containment, GIN `jsonb_path_ops`): for each filter, any of its values,
         as a scalar or as an element of an array; "true"/"false" and numbers also match their JSON types."""
         conditions: list[str] = []
-        specs = self.filter_fields(entity_type)
         for name, values in (filters or {}).items():
-            if not values:
-                continue
-            field_name = specs[name].name if name in specs else name
-            if field_name == "urn":
-                params.append(list(values))
-                conditions.append(f"d.urn = ANY(${len(params)}::text[])")
-                continue
-            if field_name == "removed":
-                wanted = {str(v).lower() == "true" for v in values}
-                params.append(list(wanted))
-                conditions.append(f"d.removed = ANY(${len(params)}::boolean[])")
-                continue
-            candidates: list[str] = []
-            for value in values:
-                typed: list[Any] = [value]
-                if isinstance(value, str):
-                    if value.lower() in ("true", "false"):
-                        typed.append(value.lower() == "true")
-                    else:
-                        try:
-                            typed.append(int(value))
-                        except ValueError:
-                            try:
-                                typed.append(float(value))
-                            except ValueError:
-                                pass
-                for v in typed:
-                    candidates.append(orjson.dumps({field_name: v}).decode())
-                    candidates.append(orjson.dumps({field_name: [v]}).decode())
-            ors = []
-            for candidate in candidates:
-                params.append(candidate)
-                ors.append(f"d.fields @> ${len(params)}::jsonb")
-            conditions.append("(" + " OR ".join(ors) + ")")
+            if values:
+                conditions.append(self._field_condition(entity_type, name, values, params))
         return conditions
+
+    def _any_of_sql(self, entity_type: str, any_of: Sequence[Sequence[Criterion]], params: list[Any]) -> str:
+        """One condition: the document matches at least one group, a group when it matches every criterion."""
+        groups: list[str] = []
+        for group in any_of:
+            conditions = []
+            for criterion in group:
+                condition = self._field_condition(entity_type, criterion.field, criterion.values, params)
+                conditions.append(f"NOT {condition}" if criterion.negated else condition)
+            groups.append("(" + " AND ".join(conditions) + ")" if conditions else "true")
+        return "(" + " OR ".join(groups) + ")" if groups else "false"
+
+    def _field_condition(self, entity_type: str, name: str, values: Sequence[str], params: list[Any]) -> str:
+        """The field (by filter or document name) has any of `values`; no values: it never matches."""
+        if not values:
+            return "false"
+        specs = self.filter_fields(entity_type)
+        field_name = specs[name].name if name in specs else name
+        if field_name == "urn":
+            params.append(list(values))
+            return f"d.urn = ANY(${len(params)}::text[])"
+        if field_name == "removed":
+            wanted = {str(v).lower() == "true" for v in values}
+            params.append(list(wanted))
+            return f"d.removed = ANY(${len(params)}::boolean[])"
+        candidates: list[str] = []
+        for value in values:
+            typed: list[Any] = [value]
+            if isinstance(value, str):
+                if value.lower() in ("true", "false"):
+                    typed.append(value.lower() == "true")
+                else:
+                    try:
+                        typed.append(int(value))
+                    except ValueError:
+                        try:
+                            typed.append(float(value))
+                        except ValueError:
+                            pass
+            for v in typed:
+                candidates.append(orjson.dumps({field_name: v}).decode())
+                candidates.append(orjson.dumps({field_name: [v]}).decode())
+        ors = []
+        for candidate in candidates:
+            params.append(candidate)
+            ors.append(f"d.fields @> ${len(params)}::jsonb")
+        return "(" + " OR ".join(ors) + ")"
 
     def _query_sql(self, query: str, params: list[Any]) -> tuple[str | None, str]:
         """(match condition, score expression) for a query; None for all documents ("*" or empty)."""
@@ -628,6 +644,7 @@ class PostgresBackend:
     async def search(
         self, entity_type: str, query: str, *, filters: dict[str, list[str]] | None = None, count: int = 10,
         scroll_id: str | None = None, sort: list[tuple[str, str]] | None = None,
+        any_of: Sequence[Sequence[Criterion]] | None = None, facets: bool = True,
     ) -> SearchPage:  # fmt: skip
         params: list[Any] = [entity_type]
         conditions = ["d.entity_type = $1"]
@@ -635,7 +652,9 @@ class PostgresBackend:
         if match:
             conditions.append(match)
         conditions += self._filter_sql(entity_type, filters, params)
-        if "removed" not in (filters or {}):
+        if any_of is not None:
+            conditions.append(self._any_of_sql(entity_type, any_of, params))
+        if not names_removed(filters, any_of):
             conditions.append("NOT d.removed")
         conditions.append("NOT d.entity_removed")  # tombstones: never a hit, never counted
         where = " AND ".join(conditions)
@@ -673,7 +692,7 @@ class PostgresBackend:
             ORDER BY s.sort_key {"DESC" if descending else "ASC"}, s.urn
             LIMIT ${limit}
         """
-        facet_names = {name: spec.name for name, spec in self.filter_fields(entity_type).items()}
+        facet_names = {name: spec.name for name, spec in self.filter_fields(entity_type).items()} if facets else {}
         async with self._connection() as conn:
             rows = await conn.fetch(sql, *params)
             total = await conn.fetchval(f"SELECT count(*) FROM search_document d WHERE {where}", *base_params)

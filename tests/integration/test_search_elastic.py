@@ -20,7 +20,7 @@ from app.registry import load_registry
 from app.search import documents, elastic_mappings
 from app.search.documents import changes_from_mcl
 from app.search.elastic import ElasticBackend, OpenSearchCompatNode
-from app.search.model import AspectFields, EntityRemoval, IndexedVersion, TimeseriesQuery
+from app.search.model import AspectFields, Criterion, EntityRemoval, IndexedVersion, TimeseriesQuery
 from tests.helpers import ds
 
 REGISTRY_PATH = Path("/work/main/entity_registry.yml")
@@ -140,6 +140,32 @@ async def test_filters_and_facets(backend, es_registry):
     assert page.total == 2 and all("kafka" in h.urn for h in page.hits)
     page = await backend.search("dataset", "*")
     assert page.facets["platform"] == {"urn:li:dataPlatform:hive": 4, "urn:li:dataPlatform:kafka": 2}
+
+
+async def test_any_of_groups_negation_and_removed(backend, es_registry):
+    """`any_of` (GraphQL's orFilters): OR of AND groups, negated criteria, `removed` named in a group."""
+    rows = [("a", "hive", "PROD"), ("b", "kafka", "PROD"), ("c", "hive", "DEV"), ("d", "kafka", "DEV")]
+    mcls = []
+    for name, platform, env in rows:
+        urn = ds(name, platform=platform, env=env)
+        mcls.append(mcl(urn, "datasetKey", {"platform": f"urn:li:dataPlatform:{platform}", "name": name, "origin": env}, 1))
+    mcls.append(mcl(ds("d", platform="kafka", env="DEV"), "status", {"removed": True}, 1))
+    await backend.apply(changes(es_registry, *mcls))
+    a, b, c, d = (ds(n, platform=p, env=e) for n, p, e in rows)
+
+    async def urns(**kwargs: Any) -> set[str]:
+        return {h.urn for h in (await backend.search("dataset", "*", count=100, **kwargs)).hits}
+
+    kafka, dev = Criterion("platform", ("urn:li:dataPlatform:kafka",)), Criterion("origin", ("DEV",))
+    assert await urns(any_of=[[kafka], [dev]]) == {b, c}  # d is soft-deleted
+    assert await urns(any_of=[[kafka, dev]]) == set()
+    assert await urns(any_of=[[Criterion("platform", ("urn:li:dataPlatform:hive",), negated=True)]]) == {b}
+    assert await urns(any_of=[[kafka, Criterion("removed", ("true",), negated=True)]]) == {b}
+    assert await urns(any_of=[[kafka, Criterion("removed", ("true",))]]) == {d}
+    assert await urns(any_of=[]) == set()
+    assert await urns(any_of=[[]]) == {a, b, c}
+    page = await backend.search("dataset", "*", any_of=[[kafka]], facets=False)
+    assert page.total == 1 and page.facets == {}
 
 
 async def test_pagination_through_10k_documents(search_server, es_registry):

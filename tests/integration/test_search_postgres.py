@@ -13,6 +13,7 @@ from app.db import create_engine
 from app.search.model import (
     AspectEdges,
     AspectFields,
+    Criterion,
     Edge,
     EntityRemoval,
     IndexedVersion,
@@ -148,6 +149,23 @@ async def test_filters_and_facets(backend):
     page = await backend.search("dataset", "*", filters={"origin": ["DEV"]})
     assert page.facets["tags"] == {"urn:li:tag:gold": 1}
     assert page.facets["platform"] == {"urn:li:dataPlatform:hive": 1, "urn:li:dataPlatform:kafka": 1}
+
+
+async def test_any_of_groups_negation_and_removed(backend):
+    """`any_of` (GraphQL's orFilters): OR of AND groups, negated criteria, `removed` named in a group."""
+    a, b, c, d = ds("a"), ds("b", "kafka"), ds("c", env="DEV"), ds("d", "kafka", "DEV")
+    await backend.apply([key(a), tags(a, "pii"), key(b), key(c), key(d), tags(d, "pii"), status(d, True)])
+    kafka, dev = Criterion("platform", ("urn:li:dataPlatform:kafka",)), Criterion("origin", ("DEV",))
+    assert set(await urns_of(backend, "*", any_of=[[kafka], [dev]])) == {b, c}  # d is soft-deleted
+    assert await urns_of(backend, "*", any_of=[[kafka, dev]]) == []
+    assert set(await urns_of(backend, "*", any_of=[[Criterion("tags", ("urn:li:tag:pii",), negated=True)]])) == {b, c}
+    not_removed = Criterion("removed", ("true",), negated=True)
+    assert set(await urns_of(backend, "*", any_of=[[kafka, not_removed]])) == {b}
+    assert set(await urns_of(backend, "*", any_of=[[kafka, Criterion("removed", ("true",))]])) == {d}
+    assert await urns_of(backend, "*", any_of=[]) == []  # no group: nothing matches
+    assert set(await urns_of(backend, "*", any_of=[[]])) == {a, b, c}  # an empty group: everything
+    page = await backend.search("dataset", "*", any_of=[[kafka]], facets=False)
+    assert page.total == 1 and page.facets == {}
 
 
 async def test_scroll_through_10k_documents(backend):
