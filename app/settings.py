@@ -171,6 +171,16 @@ class Settings(BaseSettings):
     # A write's response echoes each written aspect (as DataHub does) unless its value is larger than this: then
     # the aspect comes back without `value`, with a `message` saying so.
     max_echo_value_bytes: int = 1_048_576
+    # GraphQL (/api/graphql, app.graphql): a query longer than max_query_chars or of more lexical tokens is refused
+    # before parsing; then per operation, fragments expanded: fields nested deeper than max_depth, more aliased
+    # fields than max_aliases, more fields than max_fields (its complexity) are GraphQL errors. A search's count
+    # is cut to max_count (DataHub's 10,000).
+    graphql_max_query_chars: int = 65_536
+    graphql_max_tokens: int = 15_000
+    graphql_max_depth: int = 20
+    graphql_max_aliases: int = 50
+    graphql_max_fields: int = 5_000
+    graphql_max_count: int = Field(10_000, ge=1, le=10_000)
     # Origins allowed to call the API from a browser (CORS), e.g. '["https://datahub.example.com"]' or
     # "https://a.example.com,https://b.example.com". Empty: no CORS headers (browsers refuse cross-origin calls).
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)

@@ -1,106 +1,186 @@
-"""Scrolling over several entity types with one cursor.
+"""Searching several entity types as one result list (GraphQL's scrollAcrossEntities and searchAcrossEntities).
 
-A backend pages one entity type at a time (`SearchBackend.search`, keyset cursors on (sort key, urn)). A scroll
-across types visits the types in the order given and pages each to its end before the next; its cursor says
-where it stands: the type, that type's own cursor (None: from its start) and the match count of the first page.
+The backends page one entity type at a time, each with a keyset cursor on (sort key, urn). A search across types
+walks them in the order given, one after the other; its cursor is composite: which type it is in, and that type's
+cursor (the position after the last hit returned). Because the per-type cursors are keyset positions, not offsets,
+entities written or deleted between pages never cause an entity that exists throughout to be skipped or returned
+twice. The total is counted once, on the first page, and carried in the cursor: a scroll's pages agree on it.
 
-Cursors stay exact under concurrent writes: each type's cursor is a keyset position, not an offset, so an entity
-that matches throughout the scroll, and whose sort key does not change, is returned exactly once — entities
-written, changed or deleted meanwhile never shift it. (An entity created behind the cursor is not seen; one
-whose sort key changes may move across it.)
+The cursor also carries a fingerprint of the search (types, query, filters, sort): a cursor handed to another
+search is refused rather than silently paging through something else.
 """
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 import orjson
 
-from app.search.model import SearchBackend, SearchHit
+from app.errors import Issue, ValidationFailed
+from app.limits import MAX_LONG, MIN_LONG, clip, too_deep
+from app.search.model import REMOVED_FIELD, Criterion, SearchBackend, SearchHit
 
-CURSOR_VERSION = 1
+# The most hits one page may ask for (DataHub's default `searchService.limits.results.max`).
+MAX_PAGE_SIZE = 10_000
 MAX_CURSOR_CHARS = 65_536
 
 
-class BadCursor(ValueError):
-    """The scroll id is not one `scroll_across` gave (for these entity types)."""
+@dataclass(frozen=True, slots=True)
+class TypeSearch:
+    """What to search in one entity type: its `any_of` groups (None: no such condition). Per type, because the
+    caller resolves type-dependent criteria (DataHub's `_entityType`) before it gets here."""
+
+    entity_type: str
+    any_of: tuple[tuple[Criterion, ...], ...] | None = None
+    include_removed: bool = False  # soft-deleted entities too (unless `any_of` says otherwise about `removed`)
+
+    @property
+    def filters(self) -> dict[str, list[str]] | None:
+        return {REMOVED_FIELD: []} if self.include_removed else None  # an empty list: either value
 
 
-@dataclass(frozen=True)
-class Cursor:
-    entity_type: str  # the type the next page starts in
-    inner: str | None  # that type's backend cursor; None: its first page
-    total: int  # matches over all the types when the scroll began
-
-
-@dataclass
+@dataclass(frozen=True, slots=True)
 class AcrossPage:
     hits: list[SearchHit]
     total: int
-    cursor: Cursor | None  # None: the scroll is over
-
-    @property
-    def scroll_id(self) -> str | None:
-        return encode_cursor(self.cursor) if self.cursor else None
+    scroll_id: str | None  # None: no further page
 
 
-def encode_cursor(cursor: Cursor) -> str:
-    raw = orjson.dumps({"v": CURSOR_VERSION, "t": cursor.entity_type, "c": cursor.inner, "n": cursor.total})
+@dataclass(frozen=True, slots=True)
+class _Cursor:
+    position: int  # index of the type the next page starts in
+    after: str | None  # that type's backend cursor (None: from its start)
+    total: int
+
+
+def _fingerprint(searches: Sequence[TypeSearch], query: str, sort: list[tuple[str, str]] | None) -> str:
+    described = [[s.entity_type, s.include_removed, [[[c.field, list(c.values), c.negated] for c in g] for g in s.any_of]
+                  if s.any_of is not None else None] for s in searches]
+    return hashlib.sha256(orjson.dumps([described, query, sort])).hexdigest()[:16]
+
+
+def _encode(cursor: _Cursor, fingerprint: str) -> str:
+    raw = orjson.dumps({"p": cursor.position, "a": cursor.after, "n": cursor.total, "f": fingerprint})
     return base64.urlsafe_b64encode(raw).decode().rstrip("=")
 
 
-def decode_cursor(scroll_id: str, types: Sequence[str]) -> Cursor:
-    """The cursor in `scroll_id`; BadCursor unless it is one `encode_cursor` made for one of `types`."""
-    if len(scroll_id) > MAX_CURSOR_CHARS:
-        raise BadCursor("too long")
+def _bad(scroll_id: str, reason: str) -> ValidationFailed:
+    return ValidationFailed(
+        f"scrollId is not one this search returned: {reason}",
+        [Issue(reason, path="$scrollId", expected="the nextScrollId of a previous page of the same search",
+               found=clip(scroll_id, 100))],
+    )
+
+
+def _checked_backend_cursor(scroll_id: str, after: object, sort: list[tuple[str, str]] | None) -> str:
+    """The per-type cursor inside a composite one: base64 of `[sort key..., urn]` as both backends make it. It came
+    back from a client, so it is checked before a backend decodes it; returned padded (both backends read that)."""
+    if not isinstance(after, str) or len(after) > MAX_CURSOR_CHARS:
+        raise _bad(scroll_id, "not a type cursor")
+    stripped = after.rstrip("=")
+    padded = stripped + "=" * (-len(stripped) % 4)
     try:
-        data = orjson.loads(base64.urlsafe_b64decode(scroll_id + "=" * (-len(scroll_id) % 4)))
+        keys = orjson.loads(base64.urlsafe_b64decode(padded))
     except (binascii.Error, ValueError):
-        raise BadCursor("not base64 of a JSON object") from None
-    if not isinstance(data, dict) or data.get("v") != CURSOR_VERSION:
-        raise BadCursor("not a scroll cursor")
-    entity_type, inner, total = data.get("t"), data.get("c"), data.get("n")
-    if entity_type not in types:
-        raise BadCursor("its entity type is not one of this scroll's")
-    if not (inner is None or isinstance(inner, str)) or not isinstance(total, int) or isinstance(total, bool) or total < 0:
-        raise BadCursor("not a scroll cursor")
-    return Cursor(entity_type, inner, total)
+        raise _bad(scroll_id, "not a type cursor") from None
+    if not isinstance(keys, list) or len(keys) not in {2, 1 + len(sort or ())}:
+        raise _bad(scroll_id, "not a [sort key, urn] pair")
+    *sort_keys, urn = keys
+    if not isinstance(urn, str) or not urn.startswith("urn:li:") or "\x00" in urn or too_deep(sort_keys, 8):
+        raise _bad(scroll_id, "not a [sort key, urn] pair")
+    for key in sort_keys:
+        if isinstance(key, bool) or (isinstance(key, int) and not MIN_LONG <= key <= MAX_LONG):
+            raise _bad(scroll_id, "not a sort key a backend gives")
+        if isinstance(key, str) and "\x00" in key:
+            raise _bad(scroll_id, "not a sort key a backend gives")
+    if not sort and not isinstance(sort_keys[0], (int, float)):
+        raise _bad(scroll_id, "a relevance-ordered page's key is a number")
+    return padded
+
+
+def _decode(scroll_id: str, fingerprint: str, types: int, sort: list[tuple[str, str]] | None) -> _Cursor:
+    if len(scroll_id) > MAX_CURSOR_CHARS:
+        raise _bad(scroll_id, "too long")
+    try:
+        raw = base64.urlsafe_b64decode(scroll_id + "=" * (-len(scroll_id) % 4))
+        data = orjson.loads(raw)
+    except (binascii.Error, ValueError):
+        raise _bad(scroll_id, "not base64 of a JSON object") from None
+    if not isinstance(data, dict) or set(data) != {"p", "a", "n", "f"}:
+        raise _bad(scroll_id, "not a cursor of this service")
+    if data["f"] != fingerprint:
+        raise _bad(scroll_id, "it belongs to another search (types, query, filters or sort differ)")
+    position, total = data["p"], data["n"]
+    if (not isinstance(position, int) or isinstance(position, bool) or not 0 <= position < types
+            or not isinstance(total, int) or isinstance(total, bool) or not 0 <= total <= MAX_LONG):
+        raise _bad(scroll_id, "not a cursor of this service")
+    after = None if data["a"] is None else _checked_backend_cursor(scroll_id, data["a"], sort)
+    return _Cursor(position, after, total)
+
+
+async def _total(backend: SearchBackend, searches: Sequence[TypeSearch], query: str) -> int:
+    pages = await asyncio.gather(*(
+        backend.search(s.entity_type, query, filters=s.filters, count=0, any_of=s.any_of, facets=False)
+        for s in searches
+    ))
+    return sum(page.total for page in pages)
 
 
 async def scroll_across(
-    backend: SearchBackend, types: Sequence[str], query: str, *, filters: dict[str, list[str]] | None = None,
-    count: int = 10, cursor: Cursor | None = None, sort: list[tuple[str, str]] | None = None,
+    backend: SearchBackend, searches: Sequence[TypeSearch], query: str, *, count: int, scroll_id: str | None = None,
+    sort: list[tuple[str, str]] | None = None,
 ) -> AcrossPage:
-    """Up to `count` (at least 1) hits over `types` from `cursor` (None: the start). The first page also counts the
-    matches of every type (a search of no hits for each type it does not reach); later pages carry that count."""
-    if count < 1:
-        raise ValueError("count must be at least 1")
-    position = types.index(cursor.entity_type) if cursor else 0
-    inner = cursor.inner if cursor else None
+    """One page of at most `count` hits (0..MAX_PAGE_SIZE) across `searches`, in their order, from `scroll_id`
+    (a previous page's; None: the first page). A page may end at a type's end with fewer hits; the last page has
+    no scroll id."""
+    if not 0 <= count <= MAX_PAGE_SIZE:
+        raise ValidationFailed(f"count must be between 0 and {MAX_PAGE_SIZE}",
+                               [Issue("out of range", path="$count", expected=f"0..{MAX_PAGE_SIZE}", found=str(count))])
+    fingerprint = _fingerprint(searches, query, sort)
+    if scroll_id:
+        cursor = _decode(scroll_id, fingerprint, len(searches), sort)
+    else:
+        cursor = _Cursor(0, None, await _total(backend, searches, query))
+    if count == 0 or not searches:
+        return AcrossPage([], cursor.total, None)
     hits: list[SearchHit] = []
-    total = 0
-    next_cursor: Cursor | None = None
-    while position < len(types) and len(hits) < count:
-        page = await backend.search(
-            types[position], query, filters=filters, count=count - len(hits), scroll_id=inner, sort=sort,
-        )
-        total += page.total
+    position, after = cursor.position, cursor.after
+    while position < len(searches) and len(hits) < count:
+        search = searches[position]
+        page = await backend.search(search.entity_type, query, filters=search.filters, count=count - len(hits),
+                                    scroll_id=after, sort=sort, any_of=search.any_of, facets=False)
         hits.extend(page.hits)
-        if page.scroll_id:  # more of this type: the next page resumes inside it
-            next_cursor = Cursor(types[position], page.scroll_id, 0)
+        if page.scroll_id:  # more of this type: the page is full
+            after = page.scroll_id
             break
-        position, inner = position + 1, None
-    else:
-        if position < len(types):  # the page is full at the end of a type: the next page starts the next type
-            next_cursor = Cursor(types[position], None, 0)
-    if cursor is None:
-        for entity_type in types[position + 1:] if next_cursor and next_cursor.inner else types[position:]:
-            total += (await backend.search(entity_type, query, filters=filters, count=0, sort=sort)).total
-    else:
-        total = cursor.total
-    if next_cursor is not None:
-        next_cursor = Cursor(next_cursor.entity_type, next_cursor.inner, total)
-    return AcrossPage(hits=hits, total=total, cursor=next_cursor)
+        position, after = position + 1, None
+    next_id = _encode(_Cursor(position, after, cursor.total), fingerprint) if position < len(searches) else None
+    return AcrossPage(hits, cursor.total, next_id)
+
+
+async def search_across(
+    backend: SearchBackend, searches: Sequence[TypeSearch], query: str, *, start: int, count: int,
+    sort: list[tuple[str, str]] | None = None,
+) -> AcrossPage:
+    """Offset paging (searchAcrossEntities' start/count): the hits `start..start+count` of the same order as
+    `scroll_across`, read through it (start + count is at most MAX_PAGE_SIZE, as DataHub limits it)."""
+    if start < 0 or count < 0 or start + count > MAX_PAGE_SIZE:
+        raise ValidationFailed(f"start + count must be at most {MAX_PAGE_SIZE}",
+                               [Issue("out of range", path="$start", expected=f"start + count <= {MAX_PAGE_SIZE}",
+                                      found=f"{start} + {count}")])
+    hits: list[SearchHit] = []
+    scroll_id: str | None = None
+    page = await scroll_across(backend, searches, query, count=start + count, sort=sort)
+    while True:
+        hits.extend(page.hits)
+        scroll_id = page.scroll_id
+        if len(hits) >= start + count or not scroll_id:
+            break
+        page = await scroll_across(backend, searches, query, count=start + count - len(hits), scroll_id=scroll_id,
+                                   sort=sort)
+    return AcrossPage(hits[start:start + count], page.total, None)

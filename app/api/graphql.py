@@ -1,0 +1,53 @@
+"""DataHub's GraphQL endpoint: `POST /api/graphql` with `{"query", "variables"?, "operationName"?}` (what
+DataHubGraph.execute_graphql sends). Reads need READ (the route's policy); mutations check WRITE themselves, and
+their writes go through the ingest gateway with the caller's principal (which applies the write policies)."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+from fastapi import APIRouter, Request, Response
+
+from app.api.deps import ALLOW_READ, Caller, Gateway, Registry, Session, SettingsDep, get_backend
+from app.api.http import json_response, read_json
+from app.errors import ERROR_RESPONSES
+from app.graphql.resolvers import Context
+from app.graphql.service import read_request, run
+
+router = APIRouter(tags=["graphql"], dependencies=[ALLOW_READ])
+
+_BODY = {
+    "type": "object",
+    "required": ["query"],
+    "properties": {
+        "query": {"type": "string", "description": "A GraphQL document (DataHub's schema, the subset served)"},
+        "variables": {"type": "object", "additionalProperties": True},
+        "operationName": {"type": "string"},
+    },
+}
+_RESULT = {
+    "type": "object",
+    "properties": {
+        "data": {"type": "object", "additionalProperties": True, "nullable": True},
+        "errors": {"type": "array", "items": {"type": "object", "additionalProperties": True}},
+    },
+}
+
+
+@router.post(
+    "/api/graphql",
+    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY}}}},
+    responses={**ERROR_RESPONSES, 200: {"description": "The GraphQL result: `data` and/or `errors` (query errors "
+                                                       "are answered 200, as DataHub does)",
+                                        "content": {"application/json": {"schema": _RESULT}}}},
+    summary="DataHub's GraphQL API: the searches, entity lookups and tag mutations DataHub's client calls",
+    operation_id="graphql",
+)
+async def graphql(
+    request: Request, session: Session, gateway: Gateway, registry: Registry, settings: SettingsDep, caller: Caller,
+) -> Response:
+    body: Any = await read_json(request, settings)
+    context = Context(session, registry, gateway, caller, partial(get_backend, request), settings.graphql_max_count,
+                      request.headers)
+    return json_response(await run(read_request(body), context, settings))

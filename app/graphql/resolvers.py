@@ -1,0 +1,293 @@
+"""The root fields: searches (through app.search.across), entity lookups, and the tag mutations (through the ingest
+gateway, with the caller's principal, as every other write)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+from sqlalchemy.ext.asyncio import AsyncSession
+
+from app.auth.model import Permission, Principal
+from app.errors import Issue, NotFound, ValidationFailed
+from app.graphql.entities import ENTITY_TYPES, GRAPHQL_TYPE_OF_ENTITY, SEARCHABLE_TYPES, EntityRef
+from app.ingest.gateway import IngestGateway
+from app.limits import clip
+from app.registry import EntityRegistry
+from app.search.across import TypeSearch, scroll_across, search_across
+from app.search.model import Criterion, SearchBackend, SearchHit
+from app.urns import InvalidUrnError, entity_type_of
+from app.write.proposal import ChangeType, Draft
+from app.write.reader import EntityReader
+
+log = logging.getLogger("metaledger.graphql")
+
+ENTITY_TYPE_FIELD = "_entityType"  # DataHub's virtual filter field: the entity type (its EntityType value)
+EQUALITY = {None, "EQUAL", "IN"}  # the conditions metaledger's backends answer: the field has one of the values
+
+
+@dataclass
+class Context:
+    """Per request: the caller, the services, and the aspects read so far (one entity's are read once)."""
+
+    session: AsyncSession
+    registry: EntityRegistry
+    gateway: IngestGateway
+    caller: Principal
+    backend: Callable[[], Awaitable[SearchBackend]]  # the started search backend, or ServiceUnavailable
+    max_count: int
+    request_headers: Mapping[str, str]
+    _aspects: dict[str, dict[str, Any]] = field(default_factory=dict)
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    async def aspects(self, urn: str) -> dict[str, Any]:
+        """The latest value of each aspect of `urn`. One session serves the request, and graphql-core resolves
+        sibling fields concurrently: reads take turns."""
+        if urn not in self._aspects:
+            async with self._lock:
+                if urn not in self._aspects:
+                    rows = await EntityReader(self.session, self.registry).repo.entity_latest(urn)
+                    self._aspects[urn] = {row.aspect: row.value for row in rows}
+        return self._aspects[urn]
+
+
+# --- searches -----------------------------------------------------------------------------------------------------
+
+
+def _entity_names(types: list[str] | None, registry: EntityRegistry) -> list[str]:
+    """The registry entities of the EntityType values asked for (DataHub's searchable set when none)."""
+    names = []
+    for value in types or SEARCHABLE_TYPES:
+        entity = ENTITY_TYPES.get(value, (None,))[0]
+        if entity is None or entity not in registry.entities:
+            if types:  # asked for by name: say it is not searchable here
+                raise ValidationFailed(f"entity type {value} is not searchable in this service",
+                                       [Issue("not searchable", path="$input.types", found=value)])
+            continue
+        if entity not in names:
+            names.append(entity)
+    return names
+
+
+def _matches_type(criterion: dict[str, Any], entity: str) -> bool:
+    values = {str(v) for v in criterion.get("values") or ()}
+    hit = GRAPHQL_TYPE_OF_ENTITY[entity] in values or entity.lower() in {v.lower() for v in values}
+    return hit != bool(criterion.get("negated"))
+
+
+def _criterion(raw: dict[str, Any], where: str) -> Criterion:
+    name = raw["field"]
+    condition = raw.get("condition")
+    if condition not in EQUALITY:
+        raise ValidationFailed(
+            f"filter condition {condition} on field {name!r} is not supported (EQUAL and IN are)",
+            [Issue("unsupported condition", path=f"{where}.condition", expected="EQUAL or IN", found=str(condition))],
+        )
+    if name.endswith(".keyword"):  # DataHub's exact sub-field; metaledger's filters are exact already
+        name = name[: -len(".keyword")]
+    if "\x00" in name or any("\x00" in v for v in raw.get("values") or ()):
+        raise ValidationFailed("a filter contains a NUL character (\\u0000)", [Issue("NUL character", path=where)])
+    return Criterion(name, tuple(raw.get("values") or ()), bool(raw.get("negated")))
+
+
+def type_searches(
+    entity_names: list[str], or_filters: list[dict[str, Any]] | None, include_soft_deleted: bool,
+) -> list[TypeSearch]:
+    """orFilters per entity type: `_entityType` criteria decide which groups apply to which type (a type no group
+    applies to is not searched); the other criteria go to the backend."""
+    groups: list[tuple[list[dict[str, Any]], tuple[Criterion, ...]]] = []
+    for i, group in enumerate(or_filters or ()):
+        where = f"$input.orFilters[{i}].and"
+        raws = group.get("and") or []
+        type_criteria = [raw for raw in raws if raw["field"] == ENTITY_TYPE_FIELD]
+        criteria = tuple(_criterion(raw, f"{where}[{j}]") for j, raw in enumerate(raws) if raw["field"] != ENTITY_TYPE_FIELD)
+        groups.append((type_criteria, criteria))
+    searches = []
+    for entity in entity_names:
+        if not or_filters:
+            searches.append(TypeSearch(entity, None, include_soft_deleted))
+            continue
+        applying = tuple(criteria for type_criteria, criteria in groups
+                         if all(_matches_type(c, entity) for c in type_criteria))
+        if applying:
+            searches.append(TypeSearch(entity, applying, include_soft_deleted))
+    return searches
+
+
+def _sort(sort_input: dict[str, Any] | None) -> list[tuple[str, str]] | None:
+    if not sort_input:
+        return None
+    criteria = list(sort_input.get("sortCriteria") or ())
+    if sort_input.get("sortCriterion"):
+        criteria.insert(0, sort_input["sortCriterion"])
+    sort = [(c["field"], "desc" if c["sortOrder"] == "DESCENDING" else "asc") for c in criteria]
+    if any("\x00" in name for name, _ in sort):
+        raise ValidationFailed("a sort field contains a NUL character (\\u0000)", [Issue("NUL character", path="$input.sortInput")])
+    return sort or None
+
+
+def _query(text: str | None) -> str:
+    if text and "\x00" in text:
+        raise ValidationFailed("the query contains a NUL character (\\u0000)", [Issue("NUL character", path="$input.query")])
+    return (text or "*").strip() or "*"
+
+
+def _count(value: int | None, default: int, maximum: int) -> int:
+    if value is None:
+        return default
+    if value < 0:
+        raise ValidationFailed("count must not be negative", [Issue("negative", path="$input.count", found=str(value))])
+    return min(value, maximum)  # as DataHub: a count over the limit is cut to it
+
+
+def _result(hit: SearchHit, extra_fields: list[str] | None) -> dict[str, Any]:
+    extra = [{"name": name, "value": orjson.dumps(hit.fields[name]).decode()}
+             for name in extra_fields or () if name in hit.fields]
+    return {"entity": EntityRef(hit.urn, hit.entity_type), "matchedFields": [], "extraProperties": extra}
+
+
+def _searches_of(context: Context, inputs: dict[str, Any]) -> list[TypeSearch]:
+    flags = inputs.get("searchFlags") or {}
+    or_filters = list(inputs.get("orFilters") or ())
+    if inputs.get("filters"):  # the deprecated AND-only form: one more group
+        or_filters = [{"and": [*(g.get("and") or ()), *inputs["filters"]]} for g in or_filters or [{"and": []}]]
+    return type_searches(_entity_names(inputs.get("types"), context.registry), or_filters,
+                         bool(flags.get("includeSoftDeleted")))
+
+
+async def resolve_scroll_across_entities(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
+    context: Context = info.context
+    searches = _searches_of(context, input)
+    count = _count(input.get("count"), 10, context.max_count)
+    scroll_id = input.get("scrollId")
+    if scroll_id is not None and len(scroll_id) > 65_536:
+        raise ValidationFailed("scrollId is too long", [Issue("too long", path="$input.scrollId", found=clip(scroll_id, 100))])
+    page = await scroll_across(await context.backend(), searches, _query(input.get("query")), count=count,
+                               scroll_id=scroll_id or None, sort=_sort(input.get("sortInput")))
+    extra = (input.get("searchFlags") or {}).get("fetchExtraFields")
+    return {"nextScrollId": page.scroll_id, "count": len(page.hits), "total": page.total,
+            "searchResults": [_result(hit, extra) for hit in page.hits], "facets": None}
+
+
+async def resolve_search_across_entities(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
+    context: Context = info.context
+    searches = _searches_of(context, input)
+    start = input.get("start") or 0
+    count = _count(input.get("count"), 10, context.max_count)
+    page = await search_across(await context.backend(), searches, _query(input.get("query")), start=start,
+                               count=min(count, max(context.max_count - start, 0)), sort=_sort(input.get("sortInput")))
+    extra = (input.get("searchFlags") or {}).get("fetchExtraFields")
+    return {"start": start, "count": len(page.hits), "total": page.total,
+            "searchResults": [_result(hit, extra) for hit in page.hits], "facets": None}
+
+
+# --- entities -----------------------------------------------------------------------------------------------------
+
+
+def _entity_of(urn: str, registry: EntityRegistry) -> str | None:
+    """The registry entity of `urn`, when it is one DataHub's GraphQL has a type for."""
+    try:
+        name = entity_type_of(urn)
+    except InvalidUrnError as error:
+        raise ValidationFailed(f"not a URN: {error}", [Issue("invalid urn", path="$urn", found=clip(urn, 100))]) from None
+    entity = registry.entities.get(name)
+    return entity.name if entity is not None and entity.name in GRAPHQL_TYPE_OF_ENTITY else None
+
+
+async def resolve_entity(_root: Any, info: Any, urn: str) -> EntityRef | None:
+    entity = _entity_of(urn, info.context.registry)
+    if entity is None or not await info.context.aspects(urn):
+        return None
+    return EntityRef(urn, entity)
+
+
+def _typed_lookup(wanted: str):
+    async def resolve(root: Any, info: Any, urn: str) -> EntityRef | None:
+        ref = await resolve_entity(root, info, urn)
+        return ref if ref is not None and ref.entity_name == wanted else None
+    return resolve
+
+
+# --- tag mutations ------------------------------------------------------------------------------------------------
+
+
+async def _write(context: Context, drafts: list[Draft]) -> None:
+    await context.gateway.submit(context.session, drafts, context.caller, request_headers=context.request_headers)
+    context._aspects.clear()  # what this request read before may have changed
+
+
+async def resolve_create_tag(_root: Any, info: Any, input: dict[str, Any]) -> str:
+    """DataHub's CreateTagResolver: `urn:li:tag:<id or a UUID>` with its tagProperties; an existing tag is refused."""
+    context: Context = info.context
+    context.caller.require(Permission.WRITE)
+    tag_id = input.get("id") or str(uuid.uuid4())
+    urn = f"urn:li:tag:{tag_id}"
+    if await context.aspects(urn):
+        raise ValidationFailed("This Tag already exists!", [Issue("exists", path="$input.id", found=clip(tag_id, 100))])
+    properties = {"name": input["name"], **({"description": input["description"]} if input.get("description") else {})}
+    await _write(context, [Draft(0, "tag", "tagProperties", ChangeType.UPSERT.value, urn=urn, value=properties)])
+    log.info("tag created", extra={"urn": urn, "actor": context.caller.actor})
+    return urn
+
+
+def _tag_urn(urn: str, path: str) -> str:
+    try:
+        if entity_type_of(urn) == "tag":
+            return urn
+    except InvalidUrnError:
+        pass
+    raise ValidationFailed(f"{clip(urn, 100)} is not a tag URN", [Issue("not a tag urn", path=path, found=clip(urn, 100))])
+
+
+async def resolve_delete_tag(_root: Any, info: Any, urn: str) -> bool:
+    """Deleting a tag deletes its key aspect: a hard delete of the entity, which metaledger's policy gives to ADMIN
+    (the gateway checks it; DataHub asks for its Manage Tags privilege). References to the tag in other entities'
+    globalTags stay (DataHub removes them in the background)."""
+    context: Context = info.context
+    context.caller.require(Permission.WRITE)
+    _tag_urn(urn, "$urn")
+    if not await context.aspects(urn):
+        raise NotFound(f"tag {clip(urn, 100)} does not exist", [Issue("not found", path="$urn", found=clip(urn, 100))])
+    key_aspect = context.registry.entity("tag").key_aspect
+    await _write(context, [Draft(0, "tag", key_aspect, ChangeType.DELETE.value, urn=urn)])
+    log.info("tag deleted", extra={"urn": urn, "actor": context.caller.actor})
+    return True
+
+
+async def resolve_remove_tag(_root: Any, info: Any, input: dict[str, Any]) -> bool:
+    """DataHub's RemoveTagResolver on the entity's globalTags (a field's tags, `subResource`, are not served)."""
+    context: Context = info.context
+    context.caller.require(Permission.WRITE)
+    tag = _tag_urn(input["tagUrn"], "$input.tagUrn")
+    resource = input["resourceUrn"]
+    if input.get("subResource") or input.get("subResourceType"):
+        raise ValidationFailed("removing a tag from a field (subResource) is not supported",
+                               [Issue("unsupported", path="$input.subResource")])
+    entity = _entity_of(resource, context.registry) or entity_type_of(resource)
+    current = (await context.aspects(resource)).get("globalTags")
+    if current is None:
+        return True
+    kept = [t for t in current.get("tags") or () if t.get("tag") != tag]
+    if len(kept) != len(current.get("tags") or ()):
+        await _write(context, [Draft(0, entity, "globalTags", ChangeType.UPSERT.value, urn=resource,
+                                     value={**current, "tags": kept})])
+    return True
+
+
+QUERY_RESOLVERS = {
+    "scrollAcrossEntities": resolve_scroll_across_entities,
+    "searchAcrossEntities": resolve_search_across_entities,
+    "entity": resolve_entity,
+    "dataset": _typed_lookup("dataset"),
+    "tag": _typed_lookup("tag"),
+}
+MUTATION_RESOLVERS = {
+    "createTag": resolve_create_tag,
+    "deleteTag": resolve_delete_tag,
+    "removeTag": resolve_remove_tag,
+}

@@ -1,0 +1,123 @@
+"""Executing a GraphQL request: size and token limits → parse → depth/alias/field limits → graphql-core's validation
+→ execution against the schema built once from `schema.graphql` (schema-first: the SDL is the contract, resolvers
+are attached to it). Every failure is a GraphQL error in the response body, in DataHub's form (`extensions.code`,
+`extensions.classification`); nothing a client sends ends in a 500."""
+
+from __future__ import annotations
+
+import logging
+from inspect import isawaitable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from graphql import GraphQLError, GraphQLSchema, build_schema, execute, parse, validate
+
+from app.errors import Issue, MetaledgerError, ValidationFailed
+from app.graphql.entities import bind_entities
+from app.graphql.limits import Limits, check_limits
+from app.graphql.resolvers import MUTATION_RESOLVERS, QUERY_RESOLVERS, Context
+from app.settings import Settings
+
+log = logging.getLogger("metaledger.graphql")
+
+SCHEMA_PATH = Path(__file__).with_name("schema.graphql")
+# DataHub's DataHubGraphQLErrorCode names, by status
+ERROR_TYPES = {400: "BAD_REQUEST", 401: "UNAUTHORIZED", 403: "UNAUTHORIZED", 404: "NOT_FOUND", 409: "CONFLICT",
+               412: "BAD_REQUEST", 413: "BAD_REQUEST", 429: "SERVICE_UNAVAILABLE", 503: "SERVICE_UNAVAILABLE"}
+
+
+def build() -> GraphQLSchema:
+    schema = build_schema(SCHEMA_PATH.read_text())
+    bind_entities(schema)
+    for root, resolvers in ((schema.query_type, QUERY_RESOLVERS), (schema.mutation_type, MUTATION_RESOLVERS)):
+        assert root is not None
+        for name, resolver in resolvers.items():
+            root.fields[name].resolve = resolver
+    return schema
+
+
+SCHEMA = build()
+
+
+@dataclass(frozen=True, slots=True)
+class GraphQLRequest:
+    query: str
+    variables: dict[str, Any] | None
+    operation_name: str | None
+
+
+def read_request(body: Any) -> GraphQLRequest:
+    """The POST body `{"query", "variables"?, "operationName"?}`; anything else is a 400 (as DataHub answers it)."""
+    if not isinstance(body, dict):
+        raise ValidationFailed("the body must be a JSON object {\"query\", \"variables\"?, \"operationName\"?}",
+                               [Issue("expected an object", path="$")])
+    query, variables, operation = body.get("query"), body.get("variables"), body.get("operationName")
+    if not isinstance(query, str) or not query.strip():
+        raise ValidationFailed("`query` must be a non-empty string", [Issue("missing query", path="$.query")])
+    if variables is not None and not isinstance(variables, dict):
+        raise ValidationFailed("`variables` must be an object", [Issue("expected an object", path="$.variables")])
+    if operation is not None and not isinstance(operation, str):
+        raise ValidationFailed("`operationName` must be a string", [Issue("expected a string", path="$.operationName")])
+    return GraphQLRequest(query, variables, operation)
+
+
+def _refused(message: str, classification: str = "ValidationError") -> dict[str, Any]:
+    return {"errors": [{"message": message, "extensions": {"code": 400, "type": "BAD_REQUEST",
+                                                             "classification": classification}}]}
+
+
+def _format(error: GraphQLError) -> dict[str, Any]:
+    formatted = error.formatted
+    original = error.original_error
+    if isinstance(original, MetaledgerError):
+        code = original.status_code
+        formatted["message"] = original.message
+        formatted["extensions"] = {"code": code, "type": ERROR_TYPES.get(code, "BAD_REQUEST"),
+                                   "classification": "DataFetchingException",
+                                   **({"issues": [i.to_json() for i in original.issues]} if original.issues else {})}
+    elif original is not None and not isinstance(original, GraphQLError):
+        # A resolver's own failure: logged whole, answered without internals (DataHub's wording)
+        log.error("graphql resolver failed", exc_info=original, extra={"path": formatted.get("path")})
+        formatted["message"] = "An unknown error occurred."
+        formatted["extensions"] = {"code": 500, "type": "SERVER_ERROR", "classification": "DataFetchingException"}
+    else:  # graphql-core's own: input coercion, non-null violations
+        formatted["extensions"] = {"code": 400, "type": "BAD_REQUEST", "classification": "ValidationError"}
+    return formatted
+
+
+def _errors(errors: list[GraphQLError], classification: str) -> dict[str, Any]:
+    return {"errors": [{**e.formatted, "extensions": {"code": 400, "type": "BAD_REQUEST",
+                                                       "classification": classification}} for e in errors]}
+
+
+async def run(request: GraphQLRequest, context: Context, settings: Settings) -> dict[str, Any]:
+    """The GraphQL response body (`data` and/or `errors`)."""
+    if len(request.query) > settings.graphql_max_query_chars:
+        return _refused(f"the query is {len(request.query)} characters; the limit is {settings.graphql_max_query_chars}")
+    try:
+        document = parse(request.query, max_tokens=settings.graphql_max_tokens)
+    except GraphQLError as error:
+        return _errors([error], "InvalidSyntax")
+    except RecursionError:
+        return _refused("the query is nested too deeply to parse", "InvalidSyntax")
+    limits = Limits(settings.graphql_max_depth, settings.graphql_max_aliases, settings.graphql_max_fields)
+    try:
+        refused = check_limits(document, limits)
+        if refused:
+            return _errors(refused, "ValidationError")
+        invalid = validate(SCHEMA, document)
+    except RecursionError:
+        return _refused("the query is nested too deeply")
+    if invalid:
+        return _errors(invalid, "ValidationError")
+    result = execute(SCHEMA, document, variable_values=request.variables, operation_name=request.operation_name,
+                     context_value=context)
+    if isawaitable(result):  # synchronous when no async resolver ran (introspection, variable errors)
+        result = await result
+    body: dict[str, Any] = {"data": result.data}
+    if result.errors:
+        body["errors"] = [_format(e) for e in result.errors]
+        if result.data is None and all(e.path is None for e in result.errors):
+            del body["data"]  # a request error (variables, operation name): no execution started
+    return body
