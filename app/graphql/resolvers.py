@@ -19,7 +19,7 @@ from app.graphql.entities import ENTITY_TYPES, GRAPHQL_TYPE_OF_ENTITY, SEARCHABL
 from app.ingest.gateway import IngestGateway
 from app.limits import clip
 from app.registry import EntityRegistry
-from app.search.across import TypeSearch, scroll_across, search_across
+from app.search.across import TypeSearch, lineage_across, lineage_hops, scroll_across, search_across
 from app.search.model import Criterion, SearchBackend, SearchHit
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.proposal import ChangeType, Draft
@@ -186,6 +186,60 @@ async def resolve_search_across_entities(_root: Any, info: Any, input: dict[str,
             "searchResults": [_result(hit, extra) for hit in page.hits], "facets": None}
 
 
+# --- lineage ------------------------------------------------------------------------------------------------------
+
+MAX_LINEAGE_HOPS = 20  # a walk without a degree bound ("3+", or none) stops here (as /openapi/v1/lineage)
+
+
+def _offset(scroll_id: str | None) -> int:
+    """A lineage scrollId is the offset the previous page gave: ASCII digits."""
+    if not scroll_id:
+        return 0
+    if not (scroll_id.isascii() and scroll_id.isdigit()) or len(scroll_id) > 9:
+        raise ValidationFailed("scrollId is not one this search returned",
+                               [Issue("bad scrollId", path="$input.scrollId", found=clip(scroll_id, 100))])
+    return int(scroll_id)
+
+
+def _path_entity(urn: str, entity_type: str, registry: EntityRegistry) -> EntityRef | None:
+    entity = registry.entities.get(entity_type)
+    return EntityRef(urn, entity.name) if entity is not None and entity.name in GRAPHQL_TYPE_OF_ENTITY else None
+
+
+async def _lineage(context: Context, input: dict[str, Any], start: int, count: int) -> tuple[list[dict[str, Any]], int]:
+    urn = input.get("urn")
+    if not urn:
+        raise ValidationFailed("a lineage search needs the `urn` to start from", [Issue("missing urn", path="$input.urn")])
+    _entity_of(urn, context.registry)  # a URN, or a 400 naming it
+    searches = _searches_of(context, input)
+    hits = await lineage_across(await context.backend(), urn, direction=input["direction"], searches=searches,
+                                query=_query(input.get("query")), max_hops=lineage_hops(searches, MAX_LINEAGE_HOPS))
+    results = [{
+        "entity": EntityRef(hit.urn, hit.entity_type), "matchedFields": [], "degree": hit.degree,
+        "degrees": [hit.degree], "explored": True, "truncatedChildren": False, "ignoredAsHop": False,
+        "paths": [{"path": [_path_entity(u, t, context.registry) for u, t in hit.path]}],
+    } for hit in hits[start:start + count]]
+    return results, len(hits)
+
+
+async def resolve_scroll_across_lineage(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
+    context: Context = info.context
+    start = _offset(input.get("scrollId"))
+    count = _count(input.get("count"), 10, context.max_count)
+    results, total = await _lineage(context, input, start, count)
+    more = start + len(results) < total and results
+    return {"nextScrollId": str(start + len(results)) if more else None, "count": len(results), "total": total,
+            "searchResults": results, "facets": None}
+
+
+async def resolve_search_across_lineage(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
+    context: Context = info.context
+    start = max(input.get("start") or 0, 0)
+    count = _count(input.get("count"), 10, context.max_count)
+    results, total = await _lineage(context, input, start, count)
+    return {"start": start, "count": len(results), "total": total, "searchResults": results, "facets": None}
+
+
 # --- entities -----------------------------------------------------------------------------------------------------
 
 
@@ -282,6 +336,8 @@ async def resolve_remove_tag(_root: Any, info: Any, input: dict[str, Any]) -> bo
 QUERY_RESOLVERS = {
     "scrollAcrossEntities": resolve_scroll_across_entities,
     "searchAcrossEntities": resolve_search_across_entities,
+    "scrollAcrossLineage": resolve_scroll_across_lineage,
+    "searchAcrossLineage": resolve_search_across_lineage,
     "entity": resolve_entity,
     "dataset": _typed_lookup("dataset"),
     "tag": _typed_lookup("tag"),

@@ -1,4 +1,5 @@
-"""Searching several entity types as one result list (GraphQL's scrollAcrossEntities and searchAcrossEntities).
+"""Searching several entity types as one result list (GraphQL's scrollAcrossEntities and searchAcrossEntities), and
+filtering a lineage walk the same way (scrollAcrossLineage, searchAcrossLineage).
 
 The backends page one entity type at a time, each with a keyset cursor on (sort key, urn). A search across types
 walks them in the order given, one after the other; its cursor is composite: which type it is in, and that type's
@@ -16,14 +17,15 @@ import asyncio
 import base64
 import binascii
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import orjson
 
 from app.errors import Issue, ValidationFailed
 from app.limits import MAX_LONG, MIN_LONG, clip, too_deep
-from app.search.model import REMOVED_FIELD, Criterion, SearchBackend, SearchHit
+from app.search.model import REMOVED_FIELD, URN_FIELD, Criterion, SearchBackend, SearchHit
 
 # The most hits one page may ask for (DataHub's default `searchService.limits.results.max`).
 MAX_PAGE_SIZE = 10_000
@@ -184,3 +186,87 @@ async def search_across(
         page = await scroll_across(backend, searches, query, count=start + count - len(hits), scroll_id=scroll_id,
                                    sort=sort)
     return AcrossPage(hits[start:start + count], page.total, None)
+
+
+# --- lineage ------------------------------------------------------------------------------------------------------
+
+DEGREE_FIELD = "degree"  # DataHub's virtual filter of a lineage search: the hop count ("1", "2", "3+")
+
+
+@dataclass(frozen=True, slots=True)
+class LineageHit:
+    urn: str
+    entity_type: str
+    degree: int  # the fewest hops from the start
+    path: tuple[tuple[str, str], ...]  # (urn, entity type) from the start to this entity, along one shortest path
+
+
+def _degree_test(criteria: Sequence[Criterion]) -> tuple[Callable[[int], bool], int | None]:
+    """A predicate on the degree, and the most hops it can accept (None: no bound)."""
+    tests: list[Callable[[int], bool]] = []
+    bound: int | None = 0 if criteria else None
+    for criterion in criteria:
+        exact: set[int] = set()
+        at_least: int | None = None
+        for value in criterion.values:
+            text = value.strip()
+            if text.endswith("+") and text[:-1].isdigit():
+                at_least = min(at_least or int(text[:-1]), int(text[:-1]))
+            elif text.isdigit():
+                exact.add(int(text))
+            else:
+                raise ValidationFailed(f"degree filter value {clip(value, 40)!r} is not a hop count (1, 2, 3+)",
+                                       [Issue("not a degree", path="$input.orFilters", found=clip(value, 40))])
+        tests.append(lambda d, exact=exact, at_least=at_least, negated=criterion.negated:
+                     (d in exact or (at_least is not None and d >= at_least)) != negated)
+        if bound is not None:
+            bound = None if criterion.negated or at_least is not None else max(bound, max(exact, default=0))
+    return (lambda degree: all(test(degree) for test in tests)), bound
+
+
+def lineage_hops(searches: Sequence[TypeSearch], cap: int) -> int:
+    """How far a lineage walk must go for these searches' degree filters (at most `cap`)."""
+    hops = 0
+    for search in searches:
+        for group in search.any_of if search.any_of is not None else ((),):
+            _, bound = _degree_test([c for c in group if c.field == DEGREE_FIELD])
+            hops = max(hops, cap if bound is None else bound)
+    return min(max(hops, 1), cap)
+
+
+async def lineage_across(
+    backend: SearchBackend, urn: str, *, direction: Literal["UPSTREAM", "DOWNSTREAM"], searches: Sequence[TypeSearch],
+    query: str, max_hops: int,
+) -> list[LineageHit]:
+    """The entities `max_hops` or fewer lineage hops from `urn` that the searches accept (each once, at its fewest
+    hops), by degree then urn. A search's groups filter on degree here; the rest of each group, the query and the
+    soft-delete rule are the backend's, asked about the walk's entities by urn (entities without a search
+    document, never ingested, are left out, as DataHub leaves them)."""
+    start_type = urn.split(":", 3)[2] if urn.count(":") >= 3 else ""
+    found: dict[str, LineageHit] = {}
+    for edge, hop in await backend.lineage(urn, direction=direction, max_hops=max_hops):  # breadth first
+        if direction == "UPSTREAM":
+            other, other_type, parent = edge.destination, edge.destination_type, edge.source
+        else:
+            other, other_type, parent = edge.source, edge.source_type, edge.destination
+        if other == urn or other in found:
+            continue
+        before = found[parent].path if parent in found else ((urn, start_type),)
+        found[other] = LineageHit(other, other_type, hop, (*before, (other, other_type)))
+    by_type: dict[str, list[LineageHit]] = {}
+    for hit in found.values():
+        by_type.setdefault(hit.entity_type, []).append(hit)
+    kept: dict[str, LineageHit] = {}
+    for search in searches:
+        candidates = by_type.get(search.entity_type, [])
+        for group in search.any_of if search.any_of is not None else ((),):
+            degree_ok, _ = _degree_test([c for c in group if c.field == DEGREE_FIELD])
+            rest = tuple(c for c in group if c.field != DEGREE_FIELD)
+            urns = [h.urn for h in candidates if degree_ok(h.degree) and h.urn not in kept]
+            for chunk_start in range(0, len(urns), 1_000):
+                chunk = urns[chunk_start:chunk_start + 1_000]
+                filters = {URN_FIELD: chunk, **(search.filters or {})}
+                page = await backend.search(search.entity_type, query, filters=filters, count=len(chunk),
+                                            any_of=(rest,), facets=False)
+                kept.update((hit.urn, found[hit.urn]) for hit in page.hits)
+    return sorted(kept.values(), key=lambda h: (h.degree, h.urn))

@@ -216,6 +216,32 @@ def test_graphql_errors_through_the_client(client, service):
     assert httpx.post(f"{service.url}/api/graphql", json={"query": "{ __typename }"}).status_code == 401
 
 
+def test_sdk_v2_lineage(client, service):
+    """`client.lineage.get_lineage` (scrollAcrossLineage with a degree filter)."""
+    a, b, c = (ds("postgres", f"lin.{n}") for n in "abc")
+    stamp = {"time": 0, "actor": "urn:li:corpuser:unknown"}
+    proposals = [p for name in "abc" for p in dataset("postgres", f"lin.{name}")]
+    proposals += [{"entityType": "dataset", "entityUrn": down, "changeType": "UPSERT", "aspectName": "upstreamLineage",
+                   "aspect": {"value": {"upstreams": [{"dataset": up, "type": "TRANSFORMED", "auditStamp": stamp}]}}}
+                  for down, up in ((b, a), (c, b))]
+    with service.http() as http:
+        http.post("/openapi/v1/proposals", json=proposals, headers=SYNC).raise_for_status()
+    out = client.script(
+        """
+        import json, warnings
+        warnings.simplefilter("ignore")
+        from datahub.sdk import DataHubClient
+        client = DataHubClient(server=GMS, token=TOKEN)
+        down = client.lineage.get_lineage(source_urn=A, direction="downstream", max_hops=2)
+        up = client.lineage.get_lineage(source_urn=C, direction="upstream")
+        print(json.dumps({"down": [[r.urn, r.hops, r.platform] for r in down], "up": [[r.urn, r.hops] for r in up]}))
+        """,
+        A=a, C=c,
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"down": [[b, 1, "postgres"], [c, 2, "postgres"]], "up": [[b, 1]]}
+
+
 def test_datahub_delete_by_filter(client, service, loaded):
     """Runs last in the module: it deletes the hive and some kafka datasets."""
     def remaining(**kwargs: Any) -> list[str]:

@@ -229,3 +229,38 @@ async def test_hostile_input_is_a_graphql_error_never_a_5xx(client, anonymous, b
     assert (await anonymous.post("/api/graphql", json={"query": "{ __typename }"})).status_code == 401
     introspection = await client.post("/api/graphql", json={"query": 'query { __type(name: "SearchFlags") { inputFields { name } } }'})
     assert {"name": "includeSoftDeleted"} in introspection.json()["data"]["__type"]["inputFields"]
+
+
+def upstreams(urn: str, *ups: str) -> dict[str, Any]:
+    stamp = {"time": 0, "actor": "urn:li:corpuser:unknown"}
+    return mcp("upstreamLineage", {"upstreams": [{"dataset": u, "type": "TRANSFORMED", "auditStamp": stamp} for u in ups]}, urn=urn)
+
+
+async def test_scroll_across_lineage_degrees_paths_and_filters(client):
+    a, b, c, d = (ds(n) for n in "abcd")
+    kafka_c = ds("c2", "kafka")
+    await propose(client, key("a"), key("b"), key("c"), key("d"), key("c2", "kafka"),
+                  upstreams(b, a), upstreams(c, b), upstreams(kafka_c, b), upstreams(d, c), headers=SYNC)
+    query = """query($input: ScrollAcrossLineageInput!) { scrollAcrossLineage(input: $input) {
+                 nextScrollId total searchResults { degree entity { urn type ... on Dataset { platform { name } } }
+                 paths { path { urn } } } } }"""
+    degree = {"field": "degree", "condition": "EQUAL", "values": ["1", "2"]}
+    results, scroll_id = [], None
+    while True:
+        body = await gql(client, query, {"input": {"urn": a, "direction": "DOWNSTREAM", "count": 2, "scrollId": scroll_id,
+                                                   "orFilters": [{"and": [degree]}]}})
+        page = body["data"]["scrollAcrossLineage"]
+        results += page["searchResults"]
+        scroll_id = page["nextScrollId"]
+        if not scroll_id:
+            break
+    assert [(r["entity"]["urn"], r["degree"]) for r in results] == [(b, 1), (c, 2), (kafka_c, 2)]  # d is 3 hops
+    assert [p["urn"] for p in results[1]["paths"][0]["path"]] == [a, b, c]
+    assert results[2]["entity"]["platform"] == {"name": "kafka"} and results[0]["entity"]["type"] == "DATASET"
+
+    kafka_only = [{"and": [{"field": "degree", "values": ["3+"]}]},
+                  {"and": [{"field": "platform", "values": ["urn:li:dataPlatform:kafka"]}]}]
+    body = await gql(client, query, {"input": {"urn": a, "direction": "DOWNSTREAM", "orFilters": kafka_only}})
+    assert {r["entity"]["urn"] for r in body["data"]["scrollAcrossLineage"]["searchResults"]} == {d, kafka_c}
+    body = await gql(client, query, {"input": {"urn": d, "direction": "UPSTREAM", "types": ["DATASET"]}})
+    assert [r["entity"]["urn"] for r in body["data"]["scrollAcrossLineage"]["searchResults"]] == [c, b, a]
