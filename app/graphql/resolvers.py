@@ -29,6 +29,10 @@ log = logging.getLogger("metaledger.graphql")
 
 ENTITY_TYPE_FIELD = "_entityType"  # DataHub's virtual filter field: the entity type (its EntityType value)
 EQUALITY = {None, "EQUAL", "IN"}  # the conditions metaledger's backends answer: the field has one of the values
+# Bounds on what variables can carry past the query's own limits: filter values in all (Elasticsearch's default
+# bool clause limit; each value is a few SQL parameters in the Postgres backend) and the query text.
+MAX_FILTER_VALUES = 1_024
+MAX_QUERY_TEXT = 10_000
 
 
 @dataclass
@@ -44,6 +48,10 @@ class Context:
     request_headers: Mapping[str, str]
     _aspects: dict[str, dict[str, Any]] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    def forget_aspects(self) -> None:
+        """After a write: what this request read before may have changed."""
+        self._aspects.clear()
 
     async def aspects(self, urn: str) -> dict[str, Any]:
         """The latest value of each aspect of `urn`. One session serves the request, and graphql-core resolves
@@ -100,6 +108,10 @@ def type_searches(
 ) -> list[TypeSearch]:
     """orFilters per entity type: `_entityType` criteria decide which groups apply to which type (a type no group
     applies to is not searched); the other criteria go to the backend."""
+    values = sum(len(raw.get("values") or ()) for group in or_filters or () for raw in group.get("and") or ())
+    if values > MAX_FILTER_VALUES:
+        raise ValidationFailed(f"orFilters carry {values} values; the limit is {MAX_FILTER_VALUES}",
+                               [Issue("too many filter values", path="$input.orFilters", found=str(values))])
     groups: list[tuple[list[dict[str, Any]], tuple[Criterion, ...]]] = []
     for i, group in enumerate(or_filters or ()):
         where = f"$input.orFilters[{i}].and"
@@ -132,6 +144,9 @@ def _sort(sort_input: dict[str, Any] | None) -> list[tuple[str, str]] | None:
 
 
 def _query(text: str | None) -> str:
+    if text and len(text) > MAX_QUERY_TEXT:
+        raise ValidationFailed(f"the query text is {len(text)} characters; the limit is {MAX_QUERY_TEXT}",
+                               [Issue("too long", path="$input.query", found=clip(text, 100))])
     if text and "\x00" in text:
         raise ValidationFailed("the query contains a NUL character (\\u0000)", [Issue("NUL character", path="$input.query")])
     return (text or "*").strip() or "*"
@@ -272,7 +287,7 @@ def _typed_lookup(wanted: str):
 
 async def _write(context: Context, drafts: list[Draft]) -> None:
     await context.gateway.submit(context.session, drafts, context.caller, request_headers=context.request_headers)
-    context._aspects.clear()  # what this request read before may have changed
+    context.forget_aspects()
 
 
 async def resolve_create_tag(_root: Any, info: Any, input: dict[str, Any]) -> str:

@@ -221,6 +221,13 @@ async def test_hostile_input_is_a_graphql_error_never_a_5xx(client, anonymous, b
     cyclic = "query { ...A } fragment A on Query { ...B } fragment B on Query { ...A }"
     assert "cycle" in (await errors_of(cyclic))[0]["message"].lower() or "spread" in (await errors_of(cyclic))[0]["message"]
 
+    # what variables carry is bounded too
+    many = [{"and": [{"field": "urn", "values": [f"urn:li:tag:{i}" for i in range(600)]}]}] * 2
+    body = (await client.post("/api/graphql", json={"query": SCROLL, "variables": {"query": "*", "count": 1, "orFilters": many}})).json()
+    assert "limit is 1024" in body["errors"][0]["message"]
+    body = (await client.post("/api/graphql", json={"query": SCROLL, "variables": {"query": "x" * 20_000, "count": 1}})).json()
+    assert "limit is 10000" in body["errors"][0]["message"]
+
     # the body itself: a 400 (DataHub answers a request without a query so)
     for body in [[], {"query": 1}, {"query": "{ __typename }", "variables": []}, {}]:
         assert (await client.post("/api/graphql", json=body)).status_code == 400
