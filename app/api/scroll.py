@@ -33,12 +33,12 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import ALLOW_READ, Backend, Registry, Session, SettingsDep
 from app.api.http import check_batch_size, invalid_at, json_response, read_json, stored_envelope
-from app.api.search import RelationshipItem, ScrollEntity, _checked_scroll_id
+from app.api.search import RelationshipItem, ScrollEntity
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed, clip
 from app.registry import EntityRegistry
-from app.search.across import BadCursor, decode_cursor, scroll_across
+from app.search.across import TypeSearch, scroll_across
 from app.search.elastic import DOWNSTREAM_RELATIONSHIPS
-from app.search.model import REMOVED_FIELD, Edge, EdgeQuery
+from app.search.model import Criterion as SearchCriterion, Edge, EdgeQuery
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.reader import EntityReader
 
@@ -249,19 +249,11 @@ async def scroll_entities(
         if field in filters:
             raise _bad(f"field {field!r} is in two criteria: put its values in one", "$.filter", field)
         filters[field] = values
-    if includeSoftDelete:
-        # The backends hide soft-deleted entities unless the filters name `removed`; an empty list means "either".
-        filters.setdefault(REMOVED_FIELD, [])
-    cursor = None
-    if scrollId:
-        try:
-            cursor = decode_cursor(scrollId, types)
-            if cursor.inner is not None:
-                _checked_scroll_id(cursor.inner, sort_by)
-        except (BadCursor, ValidationFailed) as error:
-            reason = str(error) if isinstance(error, BadCursor) else error.issues[0].message
-            raise _bad(f"scrollId is not one this scroll returned: {reason}", "$scrollId", scrollId) from None
-    page = await scroll_across(backend, types, query or "*", filters=filters, count=count, cursor=cursor, sort=sort_by)
+    # One AND group of the body's criteria, the same in every type (the backends hide soft-deleted entities unless
+    # asked: `include_removed`).
+    conjunction = (tuple(SearchCriterion(field, tuple(values)) for field, values in filters.items()),) if filters else None
+    searches = [TypeSearch(entity_type, conjunction, include_removed=includeSoftDelete) for entity_type in types]
+    page = await scroll_across(backend, searches, query or "*", count=count, scroll_id=scrollId or None, sort=sort_by)
     entities: list[dict[str, Any]] = [{"urn": hit.urn} for hit in page.hits]
     if aspects is not None:
         wanted = [(e["urn"], aspects or None) for e in entities]
@@ -269,7 +261,7 @@ async def scroll_entities(
         for entity in entities:
             for row in found.get(entity["urn"], ()):
                 entity[row.aspect] = stored_envelope(row, systemMetadata)
-    log.debug("entity scroll page", extra={"types": len(types), "count": count, "hits": len(entities), "more": page.cursor is not None})
+    log.debug("entity scroll page", extra={"types": len(types), "count": count, "hits": len(entities), "more": page.scroll_id is not None})
     out: dict[str, Any] = {"entities": entities, "totalCount": page.total}
     if page.scroll_id:
         out["scrollId"] = page.scroll_id
