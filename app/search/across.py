@@ -125,7 +125,8 @@ def _decode(scroll_id: str, fingerprint: str, types: int, sort: list[tuple[str, 
     return _Cursor(position, after, total)
 
 
-async def _total(backend: SearchBackend, searches: Sequence[TypeSearch], query: str) -> int:
+async def _count_rest(backend: SearchBackend, searches: Sequence[TypeSearch], query: str) -> int:
+    """The matches of the types a first page did not reach (count-only searches)."""
     pages = await asyncio.gather(*(
         backend.search(s.entity_type, query, filters=s.filters, count=0, any_of=s.any_of, facets=False)
         for s in searches
@@ -144,25 +145,30 @@ async def scroll_across(
         raise ValidationFailed(f"count must be between 0 and {MAX_PAGE_SIZE}",
                                [Issue("out of range", path="$count", expected=f"0..{MAX_PAGE_SIZE}", found=str(count))])
     fingerprint = _fingerprint(searches, query, sort)
-    if scroll_id:
-        cursor = _decode(scroll_id, fingerprint, len(searches), sort)
-    else:
-        cursor = _Cursor(0, None, await _total(backend, searches, query))
+    first = not scroll_id
+    cursor = _Cursor(0, None, 0) if first else _decode(scroll_id, fingerprint, len(searches), sort)
     if count == 0 or not searches:
-        return AcrossPage([], cursor.total, None)
+        total = await _count_rest(backend, searches, query) if first else cursor.total
+        return AcrossPage([], total, None)
     hits: list[SearchHit] = []
+    reached = 0  # first page: the matches of the types it searched (each search counts its type's)
     position, after = cursor.position, cursor.after
     while position < len(searches) and len(hits) < count:
         search = searches[position]
         page = await backend.search(search.entity_type, query, filters=search.filters, count=count - len(hits),
                                     scroll_id=after, sort=sort, any_of=search.any_of, facets=False)
         hits.extend(page.hits)
+        reached += page.total
         if page.scroll_id:  # more of this type: the page is full
             after = page.scroll_id
             break
         position, after = position + 1, None
-    next_id = _encode(_Cursor(position, after, cursor.total), fingerprint) if position < len(searches) else None
-    return AcrossPage(hits, cursor.total, next_id)
+    if first:  # the types the page did not reach are counted apart
+        total = reached + await _count_rest(backend, searches[position + (after is not None):], query)
+    else:
+        total = cursor.total
+    next_id = _encode(_Cursor(position, after, total), fingerprint) if position < len(searches) else None
+    return AcrossPage(hits, total, next_id)
 
 
 async def search_across(

@@ -694,7 +694,7 @@ class PostgresBackend:
         """
         facet_names = {name: spec.name for name, spec in self.filter_fields(entity_type).items()} if facets else {}
         async with self._connection() as conn:
-            rows = await conn.fetch(sql, *params)
+            rows = await conn.fetch(sql, *params) if count > 0 else []  # count 0: the total alone
             total = await conn.fetchval(f"SELECT count(*) FROM search_document d WHERE {where}", *base_params)
             facets: dict[str, dict[str, int]] = {}
             if facet_names:
