@@ -1,7 +1,8 @@
 """Executing a GraphQL request: size and token limits → parse → depth/alias/field limits → graphql-core's validation
 → execution against the schema built once from `schema.graphql` (schema-first: the SDL is the contract, resolvers
 are attached to it). Every failure is a GraphQL error in the response body, in DataHub's form (`extensions.code`,
-`extensions.classification`); nothing a client sends ends in a 500."""
+`extensions.classification`); nothing a client sends ends in a 500. An overloaded or unreachable service is a 503,
+as on every other route."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from graphql import GraphQLError, GraphQLSchema, build_schema, execute, parse, validate
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.errors import Issue, MetaledgerError, ValidationFailed
 from app.graphql.entities import bind_entities
@@ -86,6 +88,15 @@ def _format(error: GraphQLError) -> dict[str, Any]:
     return formatted
 
 
+def _retryable(error: BaseException | None) -> bool:
+    """An overloaded or unreachable service (no free database connection, the database or the search backend
+    unreachable): answered as every route answers it (503 with Retry-After, by the app's handlers), which DataHub's
+    client retries, rather than as a GraphQL error it would not."""
+    if isinstance(error, MetaledgerError):
+        return error.status_code in (429, 503)
+    return isinstance(error, PoolTimeout | OSError)
+
+
 def _errors(errors: list[GraphQLError], classification: str) -> dict[str, Any]:
     return {"errors": [{**e.formatted, "extensions": {"code": 400, "type": "BAD_REQUEST",
                                                        "classification": classification}} for e in errors]}
@@ -115,6 +126,9 @@ async def run(request: GraphQLRequest, context: Context, settings: Settings) -> 
                      context_value=context)
     if isawaitable(result):  # synchronous when no async resolver ran (introspection, variable errors)
         result = await result
+    for error in result.errors or ():
+        if _retryable(error.original_error):
+            raise error.original_error  # type: ignore[misc]
     body: dict[str, Any] = {"data": result.data}
     if result.errors:
         body["errors"] = [_format(e) for e in result.errors]

@@ -271,3 +271,13 @@ async def test_scroll_across_lineage_degrees_paths_and_filters(client):
     assert {r["entity"]["urn"] for r in body["data"]["scrollAcrossLineage"]["searchResults"]} == {d, kafka_c}
     body = await gql(client, query, {"input": {"urn": d, "direction": "UPSTREAM", "types": ["DATASET"]}})
     assert [r["entity"]["urn"] for r in body["data"]["scrollAcrossLineage"]["searchResults"]] == [c, b, a]
+
+
+@pytest.mark.parametrize("backend_name", ["postgres"])
+async def test_no_search_backend_is_a_503_the_client_retries(app, client, backend_name):
+    runtime, app.state.search = app.state.search, None
+    try:
+        response = await client.post("/api/graphql", json={"query": SCROLL, "variables": {"query": "*", "count": 1}})
+    finally:
+        app.state.search = runtime
+    assert response.status_code == 503 and "Retry-After" in response.headers, response.text
