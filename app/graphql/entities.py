@@ -125,6 +125,26 @@ async def _dataset_properties(ref: EntityRef, info: Any) -> dict[str, Any] | Non
             "customProperties": _custom_properties(value)}
 
 
+# SchemaFieldDataType by the Pegasus type of schemaMetadata's field.type (`{"type": {"com.linkedin.schema.<T>": {}}}`)
+FIELD_TYPES = {"BooleanType": "BOOLEAN", "FixedType": "FIXED", "StringType": "STRING", "BytesType": "BYTES",
+               "NumberType": "NUMBER", "DateType": "DATE", "TimeType": "TIME", "EnumType": "ENUM", "NullType": "NULL",
+               "MapType": "MAP", "ArrayType": "ARRAY", "UnionType": "UNION", "RecordType": "STRUCT"}
+
+
+def _schema_field(field: dict[str, Any]) -> dict[str, Any]:
+    pegasus = next(iter(((field.get("type") or {}).get("type") or {"NullType": {}})), "NullType")
+    return {**field, "type": FIELD_TYPES.get(pegasus.rsplit(".", 1)[-1], "NULL"), "nullable": bool(field.get("nullable")),
+            "recursive": bool(field.get("recursive"))}
+
+
+async def _schema_metadata(ref: EntityRef, info: Any, version: int | None = None) -> dict[str, Any] | None:
+    value = await info.context.aspect_version(ref, "schemaMetadata", version or 0)
+    if value is None:
+        return None
+    return {**value, "name": value.get("schemaName", ""), "platformUrn": value.get("platform"), "hash": value.get("hash", ""),
+            "fields": [_schema_field(f) for f in value.get("fields") or ()]}
+
+
 async def _exists(ref: EntityRef, info: Any) -> bool:
     return bool(await info.context.aspects(ref.urn))
 
@@ -196,7 +216,8 @@ def _from_flow_key(field: str):
 
 FIELD_RESOLVERS: dict[str, dict[str, Any]] = {
     "Dataset": {"name": _dataset_name, "platform": _dataset_platform, "origin": _dataset_origin,
-                "properties": _dataset_properties, "dataPlatformInstance": _platform_instance, "exists": _exists},
+                "properties": _dataset_properties, "dataPlatformInstance": _platform_instance, "exists": _exists,
+                "schemaMetadata": _schema_metadata},
     "DataPlatform": {"name": _platform_name, "properties": _platform_properties},
     "DataJob": {"jobId": _job_id, "properties": _info_properties("dataJobInfo", ""),
                 "dataPlatformInstance": _platform_instance, "exists": _exists},

@@ -53,6 +53,17 @@ class Context:
         """After a write: what this request read before may have changed."""
         self._aspects.clear()
 
+    async def aspect_version(self, ref: EntityRef, aspect: str, version: int) -> dict[str, Any] | None:
+        """One version of an aspect (0: the latest), None when there is no such version."""
+        if version == 0:
+            return (await self.aspects(ref.urn)).get(aspect)
+        async with self._lock:
+            try:
+                row = await EntityReader(self.session, self.registry).aspect(ref.entity_name, ref.urn, aspect, version)
+            except NotFound:
+                return None
+        return row.value
+
     async def aspects(self, urn: str) -> dict[str, Any]:
         """The latest value of each aspect of `urn`. One session serves the request, and graphql-core resolves
         sibling fields concurrently: reads take turns."""

@@ -12,13 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graphql import GraphQLError, GraphQLSchema, build_schema, execute, parse, validate
+from graphql import GraphQLError, GraphQLSchema, IntValueNode, ValueNode, build_schema, execute, parse, validate
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.errors import Issue, MetaledgerError, ValidationFailed
 from app.graphql.entities import bind_entities
 from app.graphql.limits import Limits, check_limits
 from app.graphql.resolvers import MUTATION_RESOLVERS, QUERY_RESOLVERS, Context
+from app.limits import MAX_LONG, MIN_LONG, clip
 from app.settings import Settings
 
 log = logging.getLogger("metaledger.graphql")
@@ -29,8 +30,26 @@ ERROR_TYPES = {400: "BAD_REQUEST", 401: "UNAUTHORIZED", 403: "UNAUTHORIZED", 404
                412: "BAD_REQUEST", 413: "BAD_REQUEST", 429: "SERVICE_UNAVAILABLE", 503: "SERVICE_UNAVAILABLE"}
 
 
+def _long(value: Any) -> int:
+    """DataHub's Long: a 64-bit integer (an Int may not hold it; a string or a float is not one)."""
+    if isinstance(value, bool) or not isinstance(value, int) or not MIN_LONG <= value <= MAX_LONG:
+        raise GraphQLError(f"Long cannot represent {clip(repr(value), 60)}: a 64-bit integer is expected")
+    return value
+
+
+def _long_literal(node: ValueNode, _variables: Any = None) -> int:
+    if not isinstance(node, IntValueNode):
+        raise GraphQLError("Long cannot represent a non-integer value", node)
+    return _long(int(node.value))
+
+
 def build() -> GraphQLSchema:
     schema = build_schema(SCHEMA_PATH.read_text())
+    long_type = schema.type_map["Long"]
+    # graphql-core 3.3 coerces through coerce_*; parse_*/serialize are the 3.2 names it still offers
+    for name in ("serialize", "parse_value", "coerce_output_value", "coerce_input_value"):
+        setattr(long_type, name, _long)
+    long_type.parse_literal = _long_literal  # type: ignore[attr-defined]
     bind_entities(schema)
     for root, resolvers in ((schema.query_type, QUERY_RESOLVERS), (schema.mutation_type, MUTATION_RESOLVERS)):
         assert root is not None

@@ -216,6 +216,33 @@ def test_graphql_errors_through_the_client(client, service):
     assert httpx.post(f"{service.url}/api/graphql", json={"query": "{ __typename }"}).status_code == 401
 
 
+def test_schema_resolver_bulk_fetch(client, service):
+    """The SQL parser's schema resolver: schemaMetadata of a platform's datasets through scrollAcrossEntities."""
+    fields = [{"fieldPath": c, "nativeDataType": "varchar", "type": {"type": {"com.linkedin.schema.StringType": {}}}}
+              for c in ("id", "amount")]
+    proposals = []
+    for name in ("shop.orders", "shop.items"):
+        proposals += dataset("mysql", name)
+        proposals.append({"entityType": "dataset", "entityUrn": ds("mysql", name), "changeType": "UPSERT",
+                          "aspectName": "schemaMetadata", "aspect": {"value": {
+                              "schemaName": name, "platform": "urn:li:dataPlatform:mysql", "version": 0, "hash": "",
+                              "platformSchema": {"com.linkedin.schema.MySqlDDL": {"tableSchema": ""}}, "fields": fields}}})
+    with service.http() as http:
+        http.post("/openapi/v1/proposals", json=proposals, headers=SYNC).raise_for_status()
+    out = client.script(
+        """
+        import json
+        from datahub.ingestion.graph.client import DataHubGraph, DatahubClientConfig
+        from datahub.sql_parsing.schema_resolver_provider import SchemaResolverProvider
+        graph = DataHubGraph(DatahubClientConfig(server=GMS, token=TOKEN))
+        resolver = SchemaResolverProvider(graph).get("mysql", None, "PROD")
+        print(json.dumps({"count": resolver.schema_count(), "urns": sorted(resolver.get_urns())}))
+        """
+    )
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert result == {"count": 2, "urns": sorted(ds("mysql", n) for n in ("shop.orders", "shop.items"))}
+
+
 def test_sdk_v2_lineage(client, service):
     """`client.lineage.get_lineage` (scrollAcrossLineage with a degree filter)."""
     a, b, c = (ds("postgres", f"lin.{n}") for n in "abc")

@@ -161,6 +161,20 @@ async def test_search_across_entities_offsets_and_entity_fields(client):
         "urn": urns[0], "type": "DATASET", "name": "o.0", "origin": "PROD", "platform": {"name": "hive"},
         "properties": {"name": "orders", "description": "all orders", "customProperties": [{"key": "team", "value": "sales"}]}}
     assert body["data"]["entity"] == {"urn": urns[0], "type": "DATASET", "name": "o.0"}
+    schema = {"schemaName": "o", "platform": "urn:li:dataPlatform:hive", "version": 0, "hash": "",
+              "platformSchema": {"com.linkedin.schema.OtherSchema": {"rawSchema": ""}},
+              "fields": [{"fieldPath": "id", "nativeDataType": "bigint", "type": {"type": {"com.linkedin.schema.NumberType": {}}}},
+                         {"fieldPath": "name", "nativeDataType": "varchar", "type": {"type": {"com.linkedin.schema.StringType": {}}}}]}
+    await propose(client, mcp("schemaMetadata", schema, urn=urns[0]))
+    fields = """query($urn: String!, $v: Long) { dataset(urn: $urn) { schemaMetadata(version: $v) {
+                  name platformUrn fields { fieldPath nativeDataType type nullable } } } }"""
+    body = await gql(client, fields, {"urn": urns[0], "v": 0})
+    assert body["data"]["dataset"]["schemaMetadata"] == {"name": "o", "platformUrn": "urn:li:dataPlatform:hive", "fields": [
+        {"fieldPath": "id", "nativeDataType": "bigint", "type": "NUMBER", "nullable": False},
+        {"fieldPath": "name", "nativeDataType": "varchar", "type": "STRING", "nullable": False}]}
+    assert (await gql(client, fields, {"urn": urns[0], "v": 7}))["data"]["dataset"]["schemaMetadata"] is None
+    assert "Long" in (await gql(client, fields, {"urn": urns[0], "v": "x"}))["errors"][0]["message"]
+    assert "Long" in (await gql(client, fields.replace("$v)", "1.5)").replace(", $v: Long", ""), {"urn": urns[0]}))["errors"][0]["message"]
     missing = await gql(client, 'query { entity(urn: "urn:li:dataset:(urn:li:dataPlatform:hive,nope,PROD)") { urn } }')
     assert missing == {"data": {"entity": None}}
 
