@@ -105,6 +105,12 @@ async def test_scroll_across_types_with_filters(client):
     urns, _ = await scroll_all(client, 3, types=["DATASET", "CHART"], orFilters=by_type)
     assert sorted(urns) == sorted([p["entityUrn"] for p in charts] + [p["entityUrn"] for p in datasets[6:]])
 
+    # get_results_by_filter: fetchExtraFields as extraProperties (JSON values)
+    extra = await gql(client, """query { scrollAcrossEntities(input: {types: [DATASET], query: "*", count: 1,
+        searchFlags: {fetchExtraFields: ["platform", "nope"]}}) { searchResults { extraProperties { name value } } } }""")
+    assert extra["data"]["scrollAcrossEntities"]["searchResults"][0]["extraProperties"][0]["name"] == "platform"
+    assert extra["data"]["scrollAcrossEntities"]["searchResults"][0]["extraProperties"][0]["value"].startswith('"urn:li:dataPlatform:')
+
     body = await gql(client, SCROLL, {"query": "*", "count": 2, "orFilters": [{"and": [
         {"field": "name", "values": ["x"], "condition": "START_WITH"}]}]})
     assert "START_WITH" in body["errors"][0]["message"] and body["errors"][0]["extensions"]["code"] == 400
