@@ -32,8 +32,10 @@ def test_sdk_scrolls_entities_relationships_and_lineage(datahub, metaledger):
 
         urns, descriptions, scroll_id, pages = [], [], None, 0
         while True:
+            # (the metaledger of the client tests is shared: this test's datasets only)
             page = graph.scroll_entities(entity_names=["dataset"], aspects=["datasetProperties"], count=2,
-                                         scroll_id=scroll_id, with_system_metadata=True, pit_keep_alive="1m")
+                                         scroll_id=scroll_id, with_system_metadata=True, pit_keep_alive="1m",
+                                         filter=[{"and": [{"field": "urn", "values": URNS, "condition": "IN"}]}])
             for urn, aspects in page.entities.items():
                 urns.append(urn)
                 props, system_metadata = aspects["datasetProperties"]
