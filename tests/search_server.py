@@ -4,9 +4,14 @@ refresh (real engines are not)."""
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 from app.embedded_pg import free_port
 from tests.processes import LoopbackServer
@@ -33,3 +38,19 @@ def start_search_server() -> SearchServer:
     server = SearchServer(free_port())
     server.start()
     return server
+
+
+def backend_settings(backend_name: str, request: Any) -> Iterator[dict[str, Any]]:
+    """Settings for an app on one search backend (a test module's `settings_overrides` yields from it): nothing for
+    the embedded Postgres; for OpenSearch, the run's shared server with an index prefix of the test's own, whose
+    indices are deleted afterwards (left behind, they slow every later search)."""
+    if backend_name != "opensearch":
+        yield {}
+        return
+    server = request.getfixturevalue("search_server")
+    prefix = f"t{uuid.uuid4().hex[:10]}_"
+    yield {"search_url": server.url, "search_flavor": "opensearch", "search_index_prefix": prefix}
+    names = [i["index"] for i in httpx.get(f"{server.url}/_cat/indices?format=json", timeout=30).json()
+             if i["index"].startswith(prefix)]
+    for start in range(0, len(names), 50):
+        httpx.delete(f"{server.url}/{','.join(names[start:start + 50])}", timeout=30).raise_for_status()

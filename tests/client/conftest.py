@@ -145,7 +145,11 @@ def client_template(make_database: Callable[..., str]) -> str:
 
 @pytest.fixture(scope="session")
 def metaledger(make_database: Callable[..., str], client_template: str) -> Iterator[Metaledger]:
-    database_url = make_database(template=client_template)
+    yield from metaledger_process(make_database(template=client_template))
+
+
+def metaledger_process(database_url: str) -> Iterator[Metaledger]:
+    """metaledger as its own process on `database_url` (no Kafka), with an admin token, until the caller is done."""
     port = free_port()
     env = {"METALEDGER_DATABASE_URL": database_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
            "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": ""}

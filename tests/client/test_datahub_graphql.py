@@ -17,9 +17,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from app.embedded_pg import free_port
-from tests.client.conftest import DataHubClient, Metaledger, _client_env
-from tests.processes import issue_token, start_service, stop_process, wait_healthy_sync
+from tests.client.conftest import DataHubClient, Metaledger, _client_env, metaledger_process
 
 pytestmark = pytest.mark.client
 
@@ -47,17 +45,7 @@ def dataset(platform: str, name: str, env: str = "PROD", title: str | None = Non
 
 @pytest.fixture(scope="module")
 def service(make_database: Callable[..., str], client_template: str) -> Iterator[Metaledger]:
-    database_url = make_database(template=client_template)
-    env = {"METALEDGER_DATABASE_URL": database_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-           "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": ""}
-    port = free_port()
-    process = start_service(env, port)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        wait_healthy_sync(url, process=process)
-        yield Metaledger(url, database_url, issue_token(env))
-    finally:
-        stop_process(process)
+    yield from metaledger_process(make_database(template=client_template))  # its own: deletes are checked exactly
 
 
 @pytest.fixture(scope="module")

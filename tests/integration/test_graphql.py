@@ -4,13 +4,12 @@ hostile input (GraphQL errors, never a 5xx). The scroll and filter behaviour run
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.helpers import bearer, ds, mcp, propose
+from tests.search_server import backend_settings
 
 pytestmark = pytest.mark.asyncio
 
@@ -33,15 +32,7 @@ def backend_name(request) -> str:
 
 @pytest.fixture
 def settings_overrides(backend_name: str, request):
-    if backend_name != "opensearch":
-        yield {}
-        return
-    server = request.getfixturevalue("search_server")
-    prefix = f"t{uuid.uuid4().hex[:10]}_"
-    yield {"search_url": server.url, "search_flavor": "opensearch", "search_index_prefix": prefix}
-    names = [i["index"] for i in httpx.get(f"{server.url}/_cat/indices?format=json", timeout=30).json() if i["index"].startswith(prefix)]
-    for start in range(0, len(names), 50):
-        httpx.delete(f"{server.url}/{','.join(names[start:start + 50])}", timeout=30).raise_for_status()
+    yield from backend_settings(backend_name, request)
 
 
 async def gql(client, query: str, variables: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:

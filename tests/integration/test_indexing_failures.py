@@ -6,18 +6,17 @@ OpenSearch-API test server), with the embedded indexing worker of the `app` fixt
 from __future__ import annotations
 
 import time
-import uuid
 from typing import Any
 from urllib.parse import quote
 
 import asyncpg
-import httpx
 import orjson
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.search.model import IndexRefused
 from tests.helpers import ds, eventually, mcp, propose
+from tests.search_server import backend_settings
 
 pytestmark = pytest.mark.asyncio
 
@@ -36,16 +35,8 @@ def extra_settings() -> dict[str, Any]:
 
 @pytest.fixture
 def settings_overrides(backend_name: str, extra_settings: dict[str, Any], request):
-    if backend_name != "opensearch":
-        yield dict(extra_settings)
-        return
-    server = request.getfixturevalue("search_server")
-    prefix = f"t{uuid.uuid4().hex[:10]}_"
-    yield {"search_url": server.url, "search_flavor": "opensearch", "search_index_prefix": prefix, **extra_settings}
-    names = [i["index"] for i in httpx.get(f"{server.url}/_cat/indices?format=json", timeout=30).json()
-             if i["index"].startswith(prefix)]
-    for start in range(0, len(names), 50):
-        httpx.delete(f"{server.url}/{','.join(names[start:start + 50])}", timeout=30).raise_for_status()
+    for settings in backend_settings(backend_name, request):
+        yield {**settings, **extra_settings}
 
 
 async def search_urns(client, query: str) -> list[str]:

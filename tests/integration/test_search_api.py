@@ -5,18 +5,17 @@ OpenSearch test server). A backend that cannot be built or started fails its par
 from __future__ import annotations
 
 import time
-import uuid
 from functools import partial
 from typing import Any
 from urllib.parse import quote
 
-import httpx
 import orjson
 import pytest
 
 from app.embedded_pg import free_port
 from tests import helpers
 from tests.helpers import ds, eventually, propose
+from tests.search_server import backend_settings
 
 pytestmark = pytest.mark.asyncio
 
@@ -37,16 +36,7 @@ def backend_name(request) -> str:
 
 @pytest.fixture
 def settings_overrides(backend_name: str, request):
-    if backend_name != "opensearch":
-        yield {}
-        return
-    server = request.getfixturevalue("search_server")
-    prefix = f"t{uuid.uuid4().hex[:10]}_"
-    yield {"search_url": server.url, "search_flavor": "opensearch", "search_index_prefix": prefix}
-    # the search server is shared by the whole run: leave no indices behind (they slow every later search)
-    names = [i["index"] for i in httpx.get(f"{server.url}/_cat/indices?format=json", timeout=30).json() if i["index"].startswith(prefix)]
-    for start in range(0, len(names), 50):
-        httpx.delete(f"{server.url}/{','.join(names[start:start + 50])}", timeout=30).raise_for_status()
+    yield from backend_settings(backend_name, request)
 
 
 @pytest.fixture(autouse=True)
