@@ -9,6 +9,9 @@ from typing import Any
 
 from graphql import GraphQLSchema
 
+from app.registry.errors import RegistryError
+from app.urns import InvalidUrnError, entity_type_of
+
 # EntityType value -> (registry entity name, GraphQL object type), as DataHub's EntityTypeMapper pairs them.
 ENTITY_TYPES: dict[str, tuple[str, str]] = {
     "DOMAIN": ("domain", "Domain"),
@@ -88,40 +91,146 @@ def _id_of(urn: str) -> str:
     return urn.split(":", 3)[3] if urn.count(":") >= 3 else urn
 
 
+def entity_ref(urn: str) -> EntityRef | None:
+    """The entity a URN in an aspect names, when DataHub's GraphQL has a type for it."""
+    try:
+        entity = entity_type_of(urn)
+    except InvalidUrnError:
+        return None
+    return EntityRef(urn, entity) if entity in GRAPHQL_TYPE_OF_ENTITY else None
+
+
+def _key(ref: EntityRef, info: Any) -> dict[str, Any]:
+    """The entity's key, from its URN (no read: every URN holds its key)."""
+    try:
+        return info.context.registry.urn_to_key(ref.entity_name, ref.urn)
+    except RegistryError:  # a URN in an aspect that is no valid key (a lenient registry let it in)
+        return {}
+
+
 def _custom_properties(value: dict[str, Any]) -> list[dict[str, Any]]:
     return [{"key": k, "value": v} for k, v in sorted((value.get("customProperties") or {}).items())]
 
 
-async def _aspect(info: Any, ref: EntityRef, name: str) -> dict[str, Any] | None:
-    return (await info.context.aspects(ref.urn)).get(name)
-
-
 def _platform(urn: str | None) -> EntityRef | None:
-    return EntityRef(urn, "dataPlatform") if urn else None
+    if not urn:
+        return None
+    return EntityRef(urn if urn.startswith("urn:li:dataPlatform:") else f"urn:li:dataPlatform:{urn}", "dataPlatform")
 
 
-# --- field resolvers (obj: the EntityRef) -------------------------------------------------------------------------
+async def _aspect(info: Any, ref: EntityRef, name: str) -> dict[str, Any] | None:
+    return await info.context.aspect(ref.urn, name)
 
 
-async def _dataset_name(ref: EntityRef, info: Any) -> str:
-    key = await _aspect(info, ref, "datasetKey") or {}
-    return key.get("name") or _id_of(ref.urn)
+# --- field resolvers (obj: the EntityRef), and the factories of the ones several types share ------------------------
 
 
-async def _dataset_platform(ref: EntityRef, info: Any) -> EntityRef | None:
-    key = await _aspect(info, ref, "datasetKey") or {}
-    return _platform(key.get("platform"))
+def _from_key(field: str, *, fallback_to_id: bool = True):
+    async def resolve(ref: EntityRef, info: Any) -> Any:
+        value = _key(ref, info).get(field)
+        return value if value is not None or not fallback_to_id else _id_of(ref.urn)
+    return resolve
 
 
-async def _dataset_origin(ref: EntityRef, info: Any) -> str | None:
-    return (await _aspect(info, ref, "datasetKey") or {}).get("origin")
+def _key_platform(field: str):
+    """The platform a key names: a platform URN (datasets, ML entities) or a tool's name (charts, flows)."""
+    async def resolve(ref: EntityRef, info: Any) -> EntityRef | None:
+        return _platform(_key(ref, info).get(field)) or _platform("unknown")
+    return resolve
+
+
+def _instance_platform(default: str):
+    """The platform of the entity's dataPlatformInstance aspect, `default` without one."""
+    async def resolve(ref: EntityRef, info: Any) -> EntityRef | None:
+        value = await _aspect(info, ref, "dataPlatformInstance") or {}
+        return _platform(value.get("platform") or default)
+    return resolve
+
+
+def _properties(aspect: str, *, renamed: dict[str, str] | None = None, name=None, defaults: dict[str, Any] | None = None):
+    """An aspect as a *Properties object: `renamed` maps a GraphQL field to the aspect's field, `name` gives the name
+    when the aspect has none (a function of the key), customProperties become entries."""
+    async def resolve(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+        value = await _aspect(info, ref, aspect)
+        if value is None:
+            return None
+        out = {**(defaults or {}), **value, "customProperties": _custom_properties(value)}
+        for field, source in (renamed or {}).items():
+            out[field] = value.get(source)
+        if name is not None and not out.get("name"):
+            out["name"] = name(_key(ref, info), ref)
+        return out
+    return resolve
+
+
+def _key_name(field: str):
+    return lambda key, ref: key.get(field) or _id_of(ref.urn)
+
+
+async def _tags(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    value = await _aspect(info, ref, "globalTags")
+    if value is None:
+        return None
+    return {"tags": [{"tag": EntityRef(t["tag"], "tag"), "associatedUrn": ref.urn, "context": t.get("context")}
+                     for t in value.get("tags") or () if t.get("tag")]}
+
+
+async def _glossary_terms(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    value = await _aspect(info, ref, "glossaryTerms")
+    if value is None:
+        return None
+    return {"terms": [{"term": EntityRef(t["urn"], "glossaryTerm"), "associatedUrn": ref.urn, "context": t.get("context")}
+                      for t in value.get("terms") or () if t.get("urn")],
+            "auditStamp": value.get("auditStamp")}
+
+
+OWNER_ENTITIES = {"corpuser", "corpGroup"}  # DataHub's OwnerType union
+
+
+async def _ownership(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    value = await _aspect(info, ref, "ownership")
+    if value is None:
+        return None
+    owners = []
+    for owner in value.get("owners") or ():
+        entity = entity_ref(owner.get("owner") or "")
+        if entity is None or entity.entity_name not in OWNER_ENTITIES:
+            continue
+        type_urn = owner.get("typeUrn")
+        owners.append({"owner": entity, "type": owner.get("type"), "associatedUrn": ref.urn,
+                       "ownershipType": EntityRef(type_urn, "ownershipType") if type_urn else None})
+    return {"owners": owners, "lastModified": value.get("lastModified") or {"time": 0, "actor": None}}
+
+
+async def _domain(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    value = await _aspect(info, ref, "domains") or {}
+    domains = value.get("domains") or ()
+    return {"domain": EntityRef(domains[0], "domain"), "associatedUrn": ref.urn} if domains else None
+
+
+async def _container(ref: EntityRef, info: Any) -> EntityRef | None:
+    value = await _aspect(info, ref, "container") or {}
+    return EntityRef(value["container"], "container") if value.get("container") else None
+
+
+async def _sub_type(ref: EntityRef, info: Any) -> str | None:
+    names = (await _aspect(info, ref, "subTypes") or {}).get("typeNames") or ()
+    return names[0] if names else None
+
+
+async def _data_flow(ref: EntityRef, info: Any) -> EntityRef | None:
+    flow = _key(ref, info).get("flow")
+    return EntityRef(flow, "dataFlow") if flow else None
+
+
+ASSOCIATIONS = {"tags": _tags, "glossaryTerms": _glossary_terms, "ownership": _ownership, "domain": _domain}
 
 
 async def _dataset_properties(ref: EntityRef, info: Any) -> dict[str, Any] | None:
     value = await _aspect(info, ref, "datasetProperties")
     if value is None:
         return None
-    return {**value, "name": value.get("name") or await _dataset_name(ref, info),
+    return {**value, "name": value.get("name") or _key(ref, info).get("name") or _id_of(ref.urn),
             "customProperties": _custom_properties(value)}
 
 
@@ -158,37 +267,14 @@ async def _platform_instance(ref: EntityRef, info: Any) -> dict[str, Any] | None
             "platform": _platform(value.get("platform")), "instanceId": _id_of(instance) if instance else ""}
 
 
-async def _platform_name(ref: EntityRef, info: Any) -> str:
-    key = await _aspect(info, ref, "dataPlatformKey") or {}
-    return key.get("platformName") or _id_of(ref.urn)
-
-
 async def _platform_properties(ref: EntityRef, info: Any) -> dict[str, Any] | None:
     value = await _aspect(info, ref, "dataPlatformInfo")
     return None if value is None else {**value, "datasetNameDelimiter": value.get("datasetNameDelimiter", ".")}
 
 
-def _info_properties(aspect: str, key_name: str):
-    async def resolve(ref: EntityRef, info: Any) -> dict[str, Any] | None:
-        value = await _aspect(info, ref, aspect)
-        if value is None:
-            return None
-        return {**value, "name": value.get("name") or key_name, "customProperties": _custom_properties(value)}
-    return resolve
-
-
-async def _job_id(ref: EntityRef, info: Any) -> str:
-    return (await _aspect(info, ref, "dataJobKey") or {}).get("jobId") or _id_of(ref.urn)
-
-
-async def _flow_key(ref: EntityRef, info: Any) -> dict[str, Any]:
-    return await _aspect(info, ref, "dataFlowKey") or {}
-
-
 async def _tag_name(ref: EntityRef, info: Any) -> str:
     props = await _aspect(info, ref, "tagProperties") or {}
-    key = await _aspect(info, ref, "tagKey") or {}
-    return props.get("name") or key.get("name") or _id_of(ref.urn)
+    return props.get("name") or _key(ref, info).get("name") or _id_of(ref.urn)
 
 
 async def _tag_description(ref: EntityRef, info: Any) -> str | None:
@@ -200,33 +286,43 @@ async def _tag_properties(ref: EntityRef, info: Any) -> dict[str, Any] | None:
     return None if value is None else {**value, "name": value.get("name") or await _tag_name(ref, info)}
 
 
-async def _corp_user_name(ref: EntityRef, info: Any) -> str:
-    return (await _aspect(info, ref, "corpUserKey") or {}).get("username") or _id_of(ref.urn)
-
-
-async def _corp_group_name(ref: EntityRef, info: Any) -> str:
-    return (await _aspect(info, ref, "corpGroupKey") or {}).get("name") or _id_of(ref.urn)
-
-
-def _from_flow_key(field: str):
-    async def resolve(ref: EntityRef, info: Any) -> str:
-        return (await _flow_key(ref, info)).get(field) or ""
-    return resolve
-
-
 FIELD_RESOLVERS: dict[str, dict[str, Any]] = {
-    "Dataset": {"name": _dataset_name, "platform": _dataset_platform, "origin": _dataset_origin,
+    "Dataset": {"name": _from_key("name"), "platform": _key_platform("platform"), "origin": _from_key("origin"),
                 "properties": _dataset_properties, "dataPlatformInstance": _platform_instance, "exists": _exists,
-                "schemaMetadata": _schema_metadata},
-    "DataPlatform": {"name": _platform_name, "properties": _platform_properties},
-    "DataJob": {"jobId": _job_id, "properties": _info_properties("dataJobInfo", ""),
-                "dataPlatformInstance": _platform_instance, "exists": _exists},
-    "DataFlow": {"orchestrator": _from_flow_key("orchestrator"), "flowId": _from_flow_key("flowId"),
-                 "cluster": _from_flow_key("cluster"), "properties": _info_properties("dataFlowInfo", ""),
-                 "exists": _exists},
+                "schemaMetadata": _schema_metadata, "container": _container, **ASSOCIATIONS},
+    "DataPlatform": {"name": _from_key("platformName"), "properties": _platform_properties},
+    "DataJob": {"jobId": _from_key("jobId"), "dataFlow": _data_flow, "properties": _properties("dataJobInfo"),
+                "dataPlatformInstance": _platform_instance, "exists": _exists, **ASSOCIATIONS},
+    "DataFlow": {"orchestrator": _from_key("orchestrator"), "flowId": _from_key("flowId"),
+                 "cluster": _from_key("cluster"), "platform": _key_platform("orchestrator"),
+                 "properties": _properties("dataFlowInfo"), "exists": _exists, **ASSOCIATIONS},
     "Tag": {"name": _tag_name, "description": _tag_description, "properties": _tag_properties},
-    "CorpUser": {"username": _corp_user_name},
-    "CorpGroup": {"name": _corp_group_name},
+    "CorpUser": {"username": _from_key("username"), "properties": _properties("corpUserInfo", defaults={"active": False})},
+    "CorpGroup": {"name": _from_key("name"), "properties": _properties("corpGroupInfo")},
+    "Domain": {"id": _from_key("id"), "properties": _properties("domainProperties", name=_key_name("id"))},
+    "Container": {"platform": _instance_platform("unknown"), "container": _container,
+                  "properties": _properties("containerProperties", name=_key_name("guid")), **ASSOCIATIONS},
+    "Chart": {"tool": _from_key("dashboardTool"), "chartId": _from_key("chartId"),
+              "platform": _key_platform("dashboardTool"), "container": _container,
+              "properties": _properties("chartInfo", renamed={"name": "title"}), **ASSOCIATIONS},
+    "Dashboard": {"tool": _from_key("dashboardTool"), "dashboardId": _from_key("dashboardId"),
+                  "platform": _key_platform("dashboardTool"), "container": _container,
+                  "properties": _properties("dashboardInfo", renamed={"name": "title"}), **ASSOCIATIONS},
+    "GlossaryTerm": {"name": _from_key("name"), "hierarchicalName": _from_key("name"),
+                     "properties": _properties("glossaryTermInfo", renamed={"description": "definition"},
+                                               name=_key_name("name"), defaults={"termSource": "INTERNAL"})},
+    "MLModel": {"name": _from_key("name"), "platform": _key_platform("platform"), "origin": _from_key("origin"),
+                "properties": _properties("mlModelProperties"), **ASSOCIATIONS},
+    "MLModelGroup": {"name": _from_key("name"), "platform": _key_platform("platform"), "origin": _from_key("origin"),
+                     "properties": _properties("mlModelGroupProperties"), **ASSOCIATIONS},
+    "MLFeatureTable": {"name": _from_key("name"), "platform": _key_platform("platform"),
+                       "properties": _properties("mlFeatureTableProperties"), **ASSOCIATIONS},
+    "MLFeature": {"name": _from_key("name"), "featureNamespace": _from_key("featureNamespace"),
+                  "properties": _properties("mlFeatureProperties"), **ASSOCIATIONS},
+    "MLPrimaryKey": {"name": _from_key("name"), "featureNamespace": _from_key("featureNamespace"),
+                     "properties": _properties("mlPrimaryKeyProperties"), **ASSOCIATIONS},
+    "Document": {"subType": _sub_type, "platform": _instance_platform("datahub"), "info": _properties("documentInfo"),
+                 **ASSOCIATIONS},
 }
 
 
@@ -238,7 +334,8 @@ def _resolve_entity_type(value: Any, _info: Any, _type: Any) -> str:
 
 def bind_entities(schema: GraphQLSchema) -> None:
     """Attach the interface's type resolver and the aspect-reading field resolvers to the schema built from SDL."""
-    schema.type_map["Entity"].resolve_type = _resolve_entity_type  # type: ignore[attr-defined]
+    for abstract in ("Entity", "OwnerType"):
+        schema.type_map[abstract].resolve_type = _resolve_entity_type  # type: ignore[attr-defined]
     for type_name, fields in FIELD_RESOLVERS.items():
         object_type = schema.type_map[type_name]
         for field_name, resolver in fields.items():

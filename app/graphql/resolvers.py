@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,11 +15,14 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.auth.model import Permission, Principal
 from app.errors import Issue, NotFound, ValidationFailed
-from app.graphql.entities import ENTITY_TYPES, GRAPHQL_TYPE_OF_ENTITY, SEARCHABLE_TYPES, EntityRef
+from app.graphql.entities import ENTITY_TYPES, GRAPHQL_TYPE_OF_ENTITY, SEARCHABLE_TYPES, EntityRef, entity_ref
+from app.graphql.loader import AspectLoader
 from app.ingest.gateway import IngestGateway
 from app.limits import clip
 from app.registry import EntityRegistry
-from app.search.across import TypeSearch, lineage_across, lineage_hops, scroll_across, search_across
+from app.search.across import (
+    TypeSearch, facets_across, lineage_across, lineage_hops, scroll_across, search_across,
+)
 from app.search.model import Criterion, SearchBackend, SearchHit
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.proposal import ChangeType, Draft
@@ -37,7 +40,7 @@ MAX_QUERY_TEXT = 10_000
 
 @dataclass
 class Context:
-    """Per request: the caller, the services, and the aspects read so far (one entity's are read once)."""
+    """Per request: the caller, the services, and the aspects read so far (batched, each read once)."""
 
     session: AsyncSession
     registry: EntityRegistry
@@ -46,33 +49,38 @@ class Context:
     backend: Callable[[], Awaitable[SearchBackend]]  # the started search backend, or ServiceUnavailable
     max_count: int
     request_headers: Mapping[str, str]
-    _aspects: dict[str, dict[str, Any]] = field(default_factory=dict)
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    loader: AspectLoader = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.loader = AspectLoader(self._read_latest, self._lock)
+
+    async def _read_latest(self, wanted: Sequence[tuple[str, Sequence[str] | None]]) -> dict[str, dict[str, Any]]:
+        rows = await EntityReader(self.session, self.registry).repo.entities_latest(wanted)
+        return {urn: {row.aspect: row.value for row in found} for urn, found in rows.items()}
 
     def forget_aspects(self) -> None:
         """After a write: what this request read before may have changed."""
-        self._aspects.clear()
+        self.loader.forget()
+
+    async def aspect(self, urn: str, aspect: str) -> dict[str, Any] | None:
+        """The latest value of one aspect of `urn` (None: absent)."""
+        return await self.loader.aspect(urn, aspect)
+
+    async def aspects(self, urn: str) -> dict[str, Any]:
+        """The latest value of each aspect of `urn` (empty: the entity does not exist)."""
+        return await self.loader.entity(urn)
 
     async def aspect_version(self, ref: EntityRef, aspect: str, version: int) -> dict[str, Any] | None:
         """One version of an aspect (0: the latest), None when there is no such version."""
         if version == 0:
-            return (await self.aspects(ref.urn)).get(aspect)
+            return await self.aspect(ref.urn, aspect)
         async with self._lock:
             try:
                 row = await EntityReader(self.session, self.registry).aspect(ref.entity_name, ref.urn, aspect, version)
             except NotFound:
                 return None
         return row.value
-
-    async def aspects(self, urn: str) -> dict[str, Any]:
-        """The latest value of each aspect of `urn`. One session serves the request, and graphql-core resolves
-        sibling fields concurrently: reads take turns."""
-        if urn not in self._aspects:
-            async with self._lock:
-                if urn not in self._aspects:
-                    rows = await EntityReader(self.session, self.registry).repo.entity_latest(urn)
-                    self._aspects[urn] = {row.aspect: row.value for row in rows}
-        return self._aspects[urn]
 
 
 # --- searches -----------------------------------------------------------------------------------------------------
@@ -177,6 +185,36 @@ def _result(hit: SearchHit, extra_fields: list[str] | None) -> dict[str, Any]:
     return {"entity": EntityRef(hit.urn, hit.entity_type), "matchedFields": [], "extraProperties": extra}
 
 
+# DataHub's display names of the facets its UI and CLI show; any other facet is shown by its field name
+FACET_DISPLAY_NAMES = {ENTITY_TYPE_FIELD: "Type", "platform": "Platform", "origin": "Environment", "tags": "Tag",
+                       "glossaryTerms": "Glossary Term", "owners": "Owned By", "domains": "Domain",
+                       "container": "Container", "typeNames": "Sub Type", "fieldTags": "Column Tag"}
+DEFAULT_AGG_VALUES = 20  # values per facet when searchFlags.maxAggValues is not given (DataHub's default)
+MAX_AGG_VALUES = 1_000
+
+
+def _facets(context: Context, searches: list[TypeSearch], query: str, flags: dict[str, Any]):
+    """The `facets` of a search result, computed only when the query selects them (graphql-core calls a callable
+    field value): `_entityType` first, then each filter field, the most frequent values first."""
+    async def resolve(_info: Any) -> list[dict[str, Any]]:
+        if flags.get("skipAggregates"):
+            return []
+        limit = min(max(flags.get("maxAggValues") or DEFAULT_AGG_VALUES, 1), MAX_AGG_VALUES)
+        found = await facets_across(await context.backend(), searches, query)
+        types = [(GRAPHQL_TYPE_OF_ENTITY[entity], entity, n) for entity, n in found.totals.items() if n]
+        facets = [{"field": ENTITY_TYPE_FIELD, "displayName": FACET_DISPLAY_NAMES[ENTITY_TYPE_FIELD], "aggregations": [
+            {"value": value, "count": n, "displayName": entity, "entity": None}
+            for value, entity, n in sorted(types, key=lambda t: (-t[2], t[0]))[:limit]]}]
+        for name, counts in sorted(found.values.items()):
+            top = sorted(((v, n) for v, n in counts.items() if n), key=lambda vn: (-vn[1], vn[0]))[:limit]
+            if not top:  # a field no match has a value in
+                continue
+            facets.append({"field": name, "displayName": FACET_DISPLAY_NAMES.get(name, name), "aggregations": [
+                {"value": value, "count": n, "displayName": None, "entity": entity_ref(value)} for value, n in top]})
+        return facets
+    return resolve
+
+
 def _searches_of(context: Context, inputs: dict[str, Any]) -> list[TypeSearch]:
     flags = inputs.get("searchFlags") or {}
     or_filters = list(inputs.get("orFilters") or ())
@@ -193,11 +231,13 @@ async def resolve_scroll_across_entities(_root: Any, info: Any, input: dict[str,
     scroll_id = input.get("scrollId")
     if scroll_id is not None and len(scroll_id) > 65_536:
         raise ValidationFailed("scrollId is too long", [Issue("too long", path="$input.scrollId", found=clip(scroll_id, 100))])
-    page = await scroll_across(await context.backend(), searches, _query(input.get("query")), count=count,
+    query = _query(input.get("query"))
+    page = await scroll_across(await context.backend(), searches, query, count=count,
                                scroll_id=scroll_id or None, sort=_sort(input.get("sortInput")))
-    extra = (input.get("searchFlags") or {}).get("fetchExtraFields")
+    flags = input.get("searchFlags") or {}
     return {"nextScrollId": page.scroll_id, "count": len(page.hits), "total": page.total,
-            "searchResults": [_result(hit, extra) for hit in page.hits], "facets": None}
+            "searchResults": [_result(hit, flags.get("fetchExtraFields")) for hit in page.hits],
+            "facets": _facets(context, searches, query, flags)}
 
 
 async def resolve_search_across_entities(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
@@ -205,11 +245,13 @@ async def resolve_search_across_entities(_root: Any, info: Any, input: dict[str,
     searches = _searches_of(context, input)
     start = input.get("start") or 0
     count = _count(input.get("count"), 10, context.max_count)
-    page = await search_across(await context.backend(), searches, _query(input.get("query")), start=start,
+    query = _query(input.get("query"))
+    page = await search_across(await context.backend(), searches, query, start=start,
                                count=min(count, max(context.max_count - start, 0)), sort=_sort(input.get("sortInput")))
-    extra = (input.get("searchFlags") or {}).get("fetchExtraFields")
+    flags = input.get("searchFlags") or {}
     return {"start": start, "count": len(page.hits), "total": page.total,
-            "searchResults": [_result(hit, extra) for hit in page.hits], "facets": None}
+            "searchResults": [_result(hit, flags.get("fetchExtraFields")) for hit in page.hits],
+            "facets": _facets(context, searches, query, flags)}
 
 
 # --- lineage ------------------------------------------------------------------------------------------------------

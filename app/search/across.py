@@ -134,6 +134,30 @@ async def _count_rest(backend: SearchBackend, searches: Sequence[TypeSearch], qu
     return sum(page.total for page in pages)
 
 
+@dataclass(frozen=True, slots=True)
+class AcrossFacets:
+    totals: dict[str, int]  # entity type -> its matches
+    values: dict[str, dict[str, int]]  # filter field -> value -> matches, summed over the types
+
+
+async def facets_across(backend: SearchBackend, searches: Sequence[TypeSearch], query: str) -> AcrossFacets:
+    """The facet counts of a search across types: each type's matches counted by the values of its filter fields
+    (count-only searches, one per type, concurrently), summed field by field."""
+    pages = await asyncio.gather(*(
+        backend.search(s.entity_type, query, filters=s.filters, count=0, any_of=s.any_of, facets=True)
+        for s in searches
+    ))
+    totals: dict[str, int] = {}
+    values: dict[str, dict[str, int]] = {}
+    for search, page in zip(searches, pages, strict=True):
+        totals[search.entity_type] = totals.get(search.entity_type, 0) + page.total
+        for name, counts in page.facets.items():
+            summed = values.setdefault(name, {})
+            for value, n in counts.items():
+                summed[value] = summed.get(value, 0) + n
+    return AcrossFacets(totals, values)
+
+
 async def scroll_across(
     backend: SearchBackend, searches: Sequence[TypeSearch], query: str, *, count: int, scroll_id: str | None = None,
     sort: list[tuple[str, str]] | None = None,
