@@ -1,6 +1,6 @@
-"""`datahub search` (DataHub's CLI, PyPI `acryl-datahub`, pinned) against a running metaledger: the CLI's bundled
-query selects some 90 fields over 16 entity types, the associated tags, terms, owners, domains, containers and
-platforms, and the facets with their entities; metaledger serves every one of them.
+"""`datahub search` and `datahub graphql` (DataHub's CLI, PyPI `acryl-datahub`, pinned) against a running
+metaledger. The bundled search query selects some 90 fields over 16 entity types (the associated tags, terms,
+owners, domains, containers and platforms) and the facets with their entities; metaledger serves every one.
 
 The client tests share one metaledger: every entity here carries the word `zebrafinch`, which nothing else has."""
 
@@ -125,3 +125,23 @@ def test_datahub_search_filters_and_table(datahub, loaded):
     assert "zebrafinch revenue" in table and "looker" in table and "zf.orders" not in table
     urns = datahub.cli("search", "zebrafinch", "--urns-only").stdout.split()
     assert sorted(urns) == sorted([ORDERS, CLICKS, CHART, FLOW, JOB])
+
+
+def test_datahub_graphql_command(datahub, loaded):
+    """`datahub graphql` lists and describes the operations by introspection, runs a query and a named mutation."""
+    listed = json.loads(datahub.cli("graphql", "--list-operations", "--format", "json", "--no-pretty").stdout)
+    names = json.dumps(listed)
+    assert all(name in names for name in ("searchAcrossEntities", "scrollAcrossEntities", "createTag", "removeTag"))
+    described = datahub.cli("graphql", "--describe", "createTag").stdout
+    assert "CreateTagInput!" in described
+
+    query = '{ dataset(urn: "%s") { name tags { tags { tag { urn name } } } domain { domain { urn } } } }' % ORDERS
+    answer = json.loads(datahub.cli("graphql", "--query", query, "--format", "json").stdout)
+    assert answer["dataset"] == {"name": "zf.orders", "tags": {"tags": [{"tag": {"urn": TAG, "name": "PII"}}]},
+                                 "domain": {"domain": {"urn": DOMAIN}}}
+
+    created = datahub.cli("graphql", "--operation", "createTag", "--variables",
+                          json.dumps({"input": {"id": "zf_created", "name": "made by the CLI"}}), "--format", "json")
+    assert json.loads(created.stdout) == {"createTag": "urn:li:tag:zf_created"}
+    unknown = datahub.cli("graphql", "--query", "{ dataset(urn: \"%s\") { nosuchfield } }" % ORDERS, check=False)
+    assert unknown.returncode != 0 and "nosuchfield" in unknown.stdout + unknown.stderr
