@@ -17,6 +17,7 @@ from app.auth.model import Permission, Principal
 from app.errors import Issue, NotFound, ValidationFailed
 from app.graphql.entities import ENTITY_TYPES, GRAPHQL_TYPE_OF_ENTITY, SEARCHABLE_TYPES, EntityRef, entity_ref
 from app.graphql.loader import AspectLoader
+from app.graphql.views import apply_view
 from app.ingest.gateway import IngestGateway
 from app.limits import clip
 from app.registry import EntityRegistry
@@ -215,18 +216,20 @@ def _facets(context: Context, searches: list[TypeSearch], query: str, flags: dic
     return resolve
 
 
-def _searches_of(context: Context, inputs: dict[str, Any]) -> list[TypeSearch]:
+async def _searches_of(context: Context, inputs: dict[str, Any]) -> list[TypeSearch]:
     flags = inputs.get("searchFlags") or {}
     or_filters = list(inputs.get("orFilters") or ())
     if inputs.get("filters"):  # the deprecated AND-only form: one more group
         or_filters = [{"and": [*(g.get("and") or ()), *inputs["filters"]]} for g in or_filters or [{"and": []}]]
-    return type_searches(_entity_names(inputs.get("types"), context.registry), or_filters,
-                         bool(flags.get("includeSoftDeleted")))
+    entity_names = _entity_names(inputs.get("types"), context.registry)
+    if inputs.get("viewUrn"):
+        entity_names, or_filters = await apply_view(context, inputs["viewUrn"], entity_names, or_filters)
+    return type_searches(entity_names, or_filters, bool(flags.get("includeSoftDeleted")))
 
 
 async def resolve_scroll_across_entities(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
     context: Context = info.context
-    searches = _searches_of(context, input)
+    searches = await _searches_of(context, input)
     count = _count(input.get("count"), 10, context.max_count)
     scroll_id = input.get("scrollId")
     if scroll_id is not None and len(scroll_id) > 65_536:
@@ -242,7 +245,7 @@ async def resolve_scroll_across_entities(_root: Any, info: Any, input: dict[str,
 
 async def resolve_search_across_entities(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
     context: Context = info.context
-    searches = _searches_of(context, input)
+    searches = await _searches_of(context, input)
     start = input.get("start") or 0
     count = _count(input.get("count"), 10, context.max_count)
     query = _query(input.get("query"))
@@ -279,7 +282,7 @@ async def _lineage(context: Context, input: dict[str, Any], start: int, count: i
     if not urn:
         raise ValidationFailed("a lineage search needs the `urn` to start from", [Issue("missing urn", path="$input.urn")])
     _entity_of(urn, context.registry)  # a URN, or a 400 naming it
-    searches = _searches_of(context, input)
+    searches = await _searches_of(context, input)
     hits = await lineage_across(await context.backend(), urn, direction=input["direction"], searches=searches,
                                 query=_query(input.get("query")), max_hops=lineage_hops(searches, MAX_LINEAGE_HOPS))
     results = [{
