@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,7 +25,9 @@ from app.registry import EntityRegistry
 from app.search.across import (
     TypeSearch, facets_across, lineage_across, lineage_hops, scroll_across, search_across,
 )
-from app.search.model import Criterion, SearchBackend, SearchHit
+from app.search.model import (
+    REMOVED_FIELD, TOMBSTONE_FIELD, URN_FIELD, VERSIONS_FIELD, Criterion, SearchBackend, SearchHit,
+)
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.proposal import ChangeType, Draft
 from app.write.reader import EntityReader
@@ -180,10 +183,38 @@ def _count(value: int | None, default: int, maximum: int) -> int:
     return min(value, maximum)  # as DataHub: a count over the limit is cut to it
 
 
-def _result(hit: SearchHit, extra_fields: list[str] | None) -> dict[str, Any]:
+MAX_MATCHED_FIELDS = 10
+INTERNAL_FIELDS = {URN_FIELD, REMOVED_FIELD, VERSIONS_FIELD, TOMBSTONE_FIELD}
+_QUERY_TERMS = re.compile(r"[^\W_]+")
+
+
+def _terms(query: str, flags: dict[str, Any]) -> list[str]:
+    """The words of a text query that highlighting looks for (none for `*` or when highlighting is skipped)."""
+    if flags.get("skipHighlighting") or query == "*":
+        return []
+    return [t for t in _QUERY_TERMS.findall(query.lower()) if t not in {"and", "or", "not"}]
+
+
+def _matched_fields(hit: SearchHit, terms: list[str]) -> list[dict[str, str]]:
+    """DataHub's matchedFields: the document fields (text values, or text elements of lists) holding a word of the
+    query, case-insensitively, each value once."""
+    matched: list[dict[str, str]] = []
+    for name, value in hit.fields.items():
+        if name in INTERNAL_FIELDS:
+            continue
+        for text in value if isinstance(value, list) else (value,):
+            if isinstance(text, str) and any(term in text.lower() for term in terms):
+                matched.append({"name": name, "value": clip(text, 500)})
+                if len(matched) == MAX_MATCHED_FIELDS:
+                    return matched
+    return matched
+
+
+def _result(hit: SearchHit, flags: dict[str, Any], terms: list[str]) -> dict[str, Any]:
     extra = [{"name": name, "value": orjson.dumps(hit.fields[name]).decode()}
-             for name in extra_fields or () if name in hit.fields]
-    return {"entity": EntityRef(hit.urn, hit.entity_type), "matchedFields": [], "extraProperties": extra}
+             for name in flags.get("fetchExtraFields") or () if name in hit.fields]
+    return {"entity": EntityRef(hit.urn, hit.entity_type), "extraProperties": extra,
+            "matchedFields": (lambda _info: _matched_fields(hit, terms)) if terms else []}
 
 
 # DataHub's display names of the facets its UI and CLI show; any other facet is shown by its field name
@@ -239,7 +270,7 @@ async def resolve_scroll_across_entities(_root: Any, info: Any, input: dict[str,
                                scroll_id=scroll_id or None, sort=_sort(input.get("sortInput")))
     flags = input.get("searchFlags") or {}
     return {"nextScrollId": page.scroll_id, "count": len(page.hits), "total": page.total,
-            "searchResults": [_result(hit, flags.get("fetchExtraFields")) for hit in page.hits],
+            "searchResults": [_result(hit, flags, _terms(query, flags)) for hit in page.hits],
             "facets": _facets(context, searches, query, flags)}
 
 
@@ -253,7 +284,7 @@ async def resolve_search_across_entities(_root: Any, info: Any, input: dict[str,
                                count=min(count, max(context.max_count - start, 0)), sort=_sort(input.get("sortInput")))
     flags = input.get("searchFlags") or {}
     return {"start": start, "count": len(page.hits), "total": page.total,
-            "searchResults": [_result(hit, flags.get("fetchExtraFields")) for hit in page.hits],
+            "searchResults": [_result(hit, flags, _terms(query, flags)) for hit in page.hits],
             "facets": _facets(context, searches, query, flags)}
 
 
