@@ -435,6 +435,12 @@ async def resolve_remove_tag(_root: Any, info: Any, input: dict[str, Any]) -> bo
     return True
 
 
+async def resolve_app_config(_root: Any, _info: Any) -> dict[str, Any]:
+    """What DataHub's AppConfigResolver answers for the fields served: no third-party telemetry, no semantic search."""
+    return {"telemetryConfig": {"enableThirdPartyLogging": False},
+            "semanticSearchConfig": {"enabled": False, "enabledEntities": [], "embeddingConfig": None}}
+
+
 QUERY_RESOLVERS = {
     "scrollAcrossEntities": resolve_scroll_across_entities,
     "searchAcrossEntities": resolve_search_across_entities,
@@ -443,6 +449,7 @@ QUERY_RESOLVERS = {
     "entity": resolve_entity,
     "dataset": _typed_lookup("dataset"),
     "tag": _typed_lookup("tag"),
+    "appConfig": resolve_app_config,
 }
 MUTATION_RESOLVERS = {
     "createTag": resolve_create_tag,

@@ -145,3 +145,11 @@ def test_datahub_graphql_command(datahub, loaded):
     assert json.loads(created.stdout) == {"createTag": "urn:li:tag:zf_created"}
     unknown = datahub.cli("graphql", "--query", "{ dataset(urn: \"%s\") { nosuchfield } }" % ORDERS, check=False)
     assert unknown.returncode != 0 and "nosuchfield" in unknown.stdout + unknown.stderr
+
+
+def test_datahub_search_diagnose(datahub, loaded):
+    report = json.loads(datahub.cli("search", "diagnose", "--format", "json").stdout)
+    keyword, semantic = report["keyword"], report["semantic"]
+    assert (keyword["connected"], keyword["search_works"], keyword["search_error"]) == (True, True, None)
+    assert keyword["total_entities"] >= 5  # this module's at least (the client tests share one service)
+    assert (semantic["semantic_available"], semantic["config"]["enabled"]) == (False, False)
