@@ -25,7 +25,7 @@ import orjson
 
 from app.errors import Issue, ValidationFailed
 from app.limits import MAX_LONG, MIN_LONG, clip, too_deep
-from app.search.model import REMOVED_FIELD, URN_FIELD, Criterion, SearchBackend, SearchHit
+from app.search.model import EQUALITY_CONDITIONS, REMOVED_FIELD, URN_FIELD, Criterion, SearchBackend, SearchHit
 
 # The most hits one page may ask for (DataHub's default `searchService.limits.results.max`).
 MAX_PAGE_SIZE = 10_000
@@ -61,7 +61,7 @@ class _Cursor:
 
 
 def _fingerprint(searches: Sequence[TypeSearch], query: str, sort: list[tuple[str, str]] | None) -> str:
-    described = [[s.entity_type, s.include_removed, [[[c.field, list(c.values), c.negated] for c in g] for g in s.any_of]
+    described = [[s.entity_type, s.include_removed, [[[c.field, list(c.values), c.negated, c.condition] for c in g] for g in s.any_of]
                   if s.any_of is not None else None] for s in searches]
     return hashlib.sha256(orjson.dumps([described, query, sort])).hexdigest()[:16]
 
@@ -236,6 +236,10 @@ def _degree_test(criteria: Sequence[Criterion]) -> tuple[Callable[[int], bool], 
     tests: list[Callable[[int], bool]] = []
     bound: int | None = 0 if criteria else None
     for criterion in criteria:
+        if criterion.condition not in EQUALITY_CONDITIONS:
+            raise ValidationFailed(f"the degree filter takes EQUAL or IN, not {criterion.condition}",
+                                   [Issue("unsupported condition", path="$input.orFilters", expected="EQUAL or IN",
+                                          found=criterion.condition)])
         exact: set[int] = set()
         at_least: int | None = None
         for value in criterion.values:

@@ -50,17 +50,22 @@ import copy
 import hashlib
 import logging
 import re
+import sys
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
+from decimal import ROUND_CEILING, ROUND_FLOOR
 from typing import Any, Literal
 
 import orjson
 from elastic_transport import HttpxAsyncHttpNode
 from elasticsearch import AsyncElasticsearch, NotFoundError
 
+from app.limits import MAX_LONG, MIN_LONG
 from app.search import documents, elastic_mappings
 from app.search.elastic_mappings import ASPECT_FIELDS_FIELD, EDGE_MAPPING, EDGE_SET_MAPPING, mapping_hash
 from app.search.model import (
+    EQUALITY_CONDITIONS,
+    RANGE_CONDITIONS,
     REMOVED_FIELD,
     TOMBSTONE_FIELD,
     URN_FIELD,
@@ -84,6 +89,8 @@ from app.search.model import (
     TimeseriesPoint,
     TimeseriesQuery,
     names_removed,
+    number,
+    range_bounds,
 )
 from app.urns import parse_urn
 
@@ -199,6 +206,45 @@ def _item_error(error: Any) -> str:
     if isinstance(cause, dict):
         text += f" (caused by {cause.get('type')}: {str(cause.get('reason'))[:300]})"
     return text
+
+
+_INTEGER_KINDS = frozenset({"long", "integer", "short", "byte", "date", "date_nanos"})
+_NUMBER_KINDS = _INTEGER_KINDS | {"double", "float", "half_float", "scaled_float"}
+_MAX_DOUBLE = sys.float_info.max
+_RANGE_KEYS = {"GREATER_THAN": "gt", "GREATER_THAN_OR_EQUAL_TO": "gte", "LESS_THAN": "lt", "LESS_THAN_OR_EQUAL_TO": "lte"}
+
+
+def _wildcard_escape(text: str) -> str:
+    """A value matched literally inside a wildcard pattern (`*`, `?` and the escape character escaped)."""
+    return text.replace("\\", "\\\\").replace("*", "\\*").replace("?", "\\?")
+
+
+def _number_query(name: str, kind: str, condition: str, values: list[str]) -> dict[str, Any]:
+    """A criterion on a number or date field: IEQUAL as EQUAL on the numeric values, a range on the bound any of
+    the values gives; patterns, and values that are no numbers, match nothing (Elasticsearch would refuse them).
+    Integer fields get integer bounds within a long (a fractional or out-of-range bound is refused there too)."""
+    numbers = [n for n in (number(v) for v in values) if n is not None]
+    if condition == "IEQUAL":
+        if kind in _INTEGER_KINDS:
+            wanted: list[Any] = [int(n) for n in numbers if n == n.to_integral_value() and MIN_LONG <= n <= MAX_LONG]
+        else:
+            wanted = [float(n) for n in numbers if abs(n) <= _MAX_DOUBLE]
+        return {"terms": {name: wanted}} if wanted else {"match_none": {}}
+    if condition not in RANGE_CONDITIONS:
+        return {"match_none": {}}
+    bound, _ = range_bounds(condition, values)
+    if bound is None:
+        return {"match_none": {}}
+    if kind not in _INTEGER_KINDS:
+        limited = float(max(min(bound, _MAX_DOUBLE), -_MAX_DOUBLE))
+        return {"range": {name: {_RANGE_KEYS[condition]: limited}}}
+    if condition.startswith("GREATER"):  # as `gte` an integer
+        at_least = int(bound.to_integral_value(ROUND_FLOOR)) + 1 if condition == "GREATER_THAN" else \
+            int(bound.to_integral_value(ROUND_CEILING))
+        return {"match_none": {}} if at_least > MAX_LONG else {"range": {name: {"gte": max(at_least, MIN_LONG)}}}
+    at_most = int(bound.to_integral_value(ROUND_CEILING)) - 1 if condition == "LESS_THAN" else \
+        int(bound.to_integral_value(ROUND_FLOOR))
+    return {"match_none": {}} if at_most < MIN_LONG else {"range": {name: {"lte": min(at_most, MAX_LONG)}}}
 
 
 def _encode_cursor(values: list[Any]) -> str:
@@ -822,6 +868,46 @@ class ElasticBackend:
             should.append({"multi_match": {"query": query, "fields": text_fields, "type": "best_fields"}})
         return {"bool": {"should": should, "minimum_should_match": 1}}
 
+    def _criterion_query(self, entity_type: str, criterion: Criterion) -> dict[str, Any]:
+        """One criterion (app.search.model's CONDITIONS) as DataHub's ESUtils builds it: EQUAL/IN a `terms` query on
+        the exact field; IEQUAL and the patterns case-insensitive `term`/`wildcard` queries on it (any value);
+        EXISTS an `exists` query; comparisons a `range` on the field, numeric for number and date fields (a value
+        that is not a number never matches them), as text for keywords. A condition that cannot apply to the
+        field's type (a pattern on a number, a comparison on a boolean) matches nothing, where Elasticsearch would
+        refuse the query."""
+        condition = criterion.condition
+        if condition in EQUALITY_CONDITIONS:
+            return ({"terms": {self._filter_field(entity_type, criterion.field): list(criterion.values)}}
+                    if criterion.values else {"match_none": {}})
+        specs = self.filter_specs(entity_type)
+        spec = specs.get(criterion.field) or next((s for s in specs.values() if s.name == criterion.field), None)
+        name = spec.name if spec else criterion.field
+        if condition == "EXISTS":
+            return {"exists": {"field": name}}
+        values = [v.strip() for v in criterion.values]
+        kind = self._field_mapping(entity_type, name).get("type")
+        if not values:
+            return {"match_none": {}}
+        if kind == "boolean":
+            wanted = sorted({v.lower() for v in values} & {"true", "false"})
+            return {"terms": {name: wanted}} if condition == "IEQUAL" and wanted else {"match_none": {}}
+        if kind in _NUMBER_KINDS:
+            return _number_query(name, kind, condition, values)
+        exact = self._exact_field(entity_type, name)
+        if exact is None:  # a text field without a keyword subfield, an object: no whole value to test
+            return {"match_none": {}}
+        if condition in RANGE_CONDITIONS:
+            _, bound = range_bounds(condition, values)
+            return {"range": {exact: {_RANGE_KEYS[condition]: bound}}}
+        if condition == "IEQUAL":
+            should = [{"term": {exact: {"value": v, "case_insensitive": True}}} for v in values]
+        else:
+            before = "*" if condition in ("CONTAIN", "END_WITH") else ""
+            after = "*" if condition in ("CONTAIN", "START_WITH") else ""
+            should = [{"wildcard": {exact: {"value": before + _wildcard_escape(v) + after, "case_insensitive": True}}}
+                      for v in values]
+        return {"bool": {"should": should, "minimum_should_match": 1}}
+
     def _any_of_query(self, entity_type: str, any_of: Sequence[Sequence[Criterion]]) -> dict[str, Any]:
         """At least one group matches; a group, every criterion (a field with any of its values, or none when
         negated). A criterion without values never matches."""
@@ -830,9 +916,7 @@ class ElasticBackend:
             must: list[dict[str, Any]] = []
             must_not: list[dict[str, Any]] = []
             for criterion in group:
-                term = ({"terms": {self._filter_field(entity_type, criterion.field): list(criterion.values)}}
-                        if criterion.values else {"match_none": {}})
-                (must_not if criterion.negated else must).append(term)
+                (must_not if criterion.negated else must).append(self._criterion_query(entity_type, criterion))
             groups.append({"bool": {"filter": must, "must_not": must_not}})
         return {"bool": {"should": groups, "minimum_should_match": 1}} if groups else {"match_none": {}}
 

@@ -16,8 +16,10 @@ deleted entity, so replaying the change logs in any order ends in the same state
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal
 from typing import Any, Literal, NamedTuple, Protocol
 
 Direction = Literal["OUTGOING", "INCOMING"]
@@ -116,14 +118,77 @@ class EntityRemoval:
 Change = AspectFields | AspectEdges | TimeseriesPoint | EntityRemoval
 
 
+# DataHub's filter conditions (its FilterOperator / Condition) that the backends answer. A field holds one value or
+# an array of them; a criterion matches when any value of the field matches any of `values` (ESUtils'
+# getQueryBuilderFromCriterion):
+#   EQUAL, IN    the value is one of `values` (exact; "true"/"false" and numbers match their JSON types too)
+#   IEQUAL       the same, case-insensitively for strings
+#   CONTAIN, START_WITH, END_WITH   a string value contains / starts with / ends with one of `values`,
+#                case-insensitively (DataHub's case-insensitive wildcard `*v*`, `v*`, `*v` on the keyword field; no
+#                character of `values` is a wildcard); numbers and booleans never match
+#   EXISTS       the field has a value (`values` are ignored)
+#   GREATER_THAN, GREATER_THAN_OR_EQUAL_TO, LESS_THAN, LESS_THAN_OR_EQUAL_TO   a range: a number compares
+#                numerically with the numeric `values` (datetime fields are epoch milliseconds), a string as text
+#                (by code point) with every value; booleans never match
+# `values` are trimmed for every condition but EQUAL/IN (as DataHub trims them). `negated` inverts any of them.
+EQUALITY_CONDITIONS = frozenset({"EQUAL", "IN"})
+WILDCARD_CONDITIONS = frozenset({"CONTAIN", "START_WITH", "END_WITH"})
+RANGE_CONDITIONS = frozenset({"GREATER_THAN", "GREATER_THAN_OR_EQUAL_TO", "LESS_THAN", "LESS_THAN_OR_EQUAL_TO"})
+CONDITIONS = EQUALITY_CONDITIONS | WILDCARD_CONDITIONS | RANGE_CONDITIONS | {"IEQUAL", "EXISTS"}
+# DataHub conditions that need its graph-walking query rewriters (container/domain hierarchies): refused.
+REFUSED_CONDITIONS = frozenset({"DESCENDANTS_INCL", "ANCESTORS_INCL", "RELATED_INCL"})
+MAX_FILTER_VALUES = 1_024  # values of one search's criteria in all (each value is a clause or a few SQL parameters)
+MAX_PATTERN_CHARS = 256  # a CONTAIN/START_WITH/END_WITH value (DataHub's keyword subfields hold 256 characters)
+_NUMBER = re.compile(r"[+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d{1,3})?")
+
+
 @dataclass(frozen=True, slots=True)
 class Criterion:
     """One condition of a search's `any_of` groups: the field (a filter name or a document field; `urn` and
-    `removed` included) has one of `values`; `negated`: it has none of them."""
+    `removed` included) meets `condition` (one of CONDITIONS, above) with `values`; `negated`: it does not."""
 
     field: str
     values: tuple[str, ...]
     negated: bool = False
+    condition: str = "EQUAL"
+
+
+class CriterionProblem(NamedTuple):
+    message: str
+    expected: str
+    value: int | None = None  # the position of the value at fault; None: the condition is
+
+
+def criterion_problem(condition: str, values: Sequence[str]) -> CriterionProblem | None:
+    """What is wrong with a criterion's condition and values, or None. The API layers call it to name the place
+    in their request."""
+    if condition in REFUSED_CONDITIONS:
+        return CriterionProblem(f"condition {condition} is not supported (it needs DataHub's hierarchy rewriters)",
+                                ", ".join(sorted(CONDITIONS)))
+    if condition not in CONDITIONS:
+        return CriterionProblem(f"unknown condition {condition[:40]}", ", ".join(sorted(CONDITIONS)))
+    if condition in WILDCARD_CONDITIONS:
+        for position, value in enumerate(values):
+            if len(value.strip()) > MAX_PATTERN_CHARS:
+                return CriterionProblem(f"a {condition} value is {len(value.strip())} characters long",
+                                        f"at most {MAX_PATTERN_CHARS} characters", position)
+    return None
+
+
+def number(value: str) -> Decimal | None:
+    """A criterion value as a number, when it is written as one (digits, an optional fraction and exponent)."""
+    text = value.strip()
+    return Decimal(text) if len(text) <= 64 and _NUMBER.fullmatch(text) else None
+
+
+def range_bounds(condition: str, values: Sequence[str]) -> tuple[Decimal | None, str | None]:
+    """The one bound "any of `values`" comes to: (for numbers: the loosest numeric value, None when no value is a
+    number; for strings: the loosest of all the values as text, None when there are none)."""
+    lower = condition.startswith("GREATER")
+    numbers = [n for n in (number(v) for v in values) if n is not None]
+    texts = [v.strip() for v in values]
+    pick = min if lower else max
+    return (pick(numbers) if numbers else None), (pick(texts) if texts else None)
 
 
 def names_removed(filters: dict[str, list[str]] | None, any_of: Sequence[Sequence[Criterion]] | None) -> bool:

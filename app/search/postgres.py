@@ -45,6 +45,11 @@ from app.search.model import (
     AspectEdges,
     AspectFields,
     Change,
+    EQUALITY_CONDITIONS,
+    RANGE_CONDITIONS,
+    REMOVED_FIELD,
+    URN_FIELD,
+    WILDCARD_CONDITIONS,
     Criterion,
     Direction,
     Edge,
@@ -58,6 +63,7 @@ from app.search.model import (
     TimeseriesPoint,
     TimeseriesQuery,
     names_removed,
+    range_bounds,
 )
 
 # Advisory lock class of search documents (pg_advisory_xact_lock(class, hashtext(urn))); app.changelog.outbox uses
@@ -75,6 +81,7 @@ _NOT_TEXT_TYPES = {"BOOLEAN", "COUNT", "DATETIME", "DOUBLE", "OBJECT", "MAP_ARRA
 _CLEARED_TABLES = (
     ("search_document", "urn"), ("search_aspect_fields", "urn"), ("search_edge", "source"), ("search_edge_version", "source"),
 )
+_RANGE_OPERATORS = {"GREATER_THAN": ">", "GREATER_THAN_OR_EQUAL_TO": ">=", "LESS_THAN": "<", "LESS_THAN_OR_EQUAL_TO": "<="}
 _WEBSEARCH_SYNTAX = re.compile(r'"|(^|\s)-\w|\s(or|OR)\s')
 _TOKEN = re.compile(r"\w+")
 
@@ -577,7 +584,10 @@ class PostgresBackend:
         for group in any_of:
             conditions = []
             for criterion in group:
-                condition = self._field_condition(entity_type, criterion.field, criterion.values, params)
+                if criterion.condition in EQUALITY_CONDITIONS:  # the GIN-indexable containment path
+                    condition = self._field_condition(entity_type, criterion.field, criterion.values, params)
+                else:
+                    condition = self._other_condition(entity_type, criterion, params)
                 conditions.append(f"NOT {condition}" if criterion.negated else condition)
             groups.append("(" + " AND ".join(conditions) + ")" if conditions else "true")
         return "(" + " OR ".join(groups) + ")" if groups else "false"
@@ -617,6 +627,59 @@ class PostgresBackend:
             params.append(candidate)
             ors.append(f"d.fields @> ${len(params)}::jsonb")
         return "(" + " OR ".join(ors) + ")"
+
+    def _other_condition(self, entity_type: str, criterion: Criterion, params: list[Any]) -> str:
+        """A criterion other than EQUAL/IN (app.search.model's CONDITIONS) as a condition that is never NULL (it
+        may be negated): on the `urn`/`removed` columns, or on any element of the document field (a scalar is an
+        array of one). Strings compare by code point (COLLATE "C", as Elasticsearch compares keywords); LIKE
+        patterns are escaped (backslash, LIKE's default escape character)."""
+        condition = criterion.condition
+        values = [v.strip() for v in criterion.values]
+        if condition != "EXISTS" and not values:
+            return "false"
+        specs = self.filter_fields(entity_type)
+        name = specs[criterion.field].name if criterion.field in specs else criterion.field
+
+        def param(value: Any, cast: str) -> str:
+            params.append(value)
+            return f"${len(params)}::{cast}"
+
+        def text_test(text: str) -> str:  # a condition on a string (SQL text expression)
+            if condition == "IEQUAL":
+                return f"lower({text}) = ANY({param([v.lower() for v in values], 'text[]')})"
+            if condition in WILDCARD_CONDITIONS:
+                before = "%" if condition in ("CONTAIN", "END_WITH") else ""
+                after = "%" if condition in ("CONTAIN", "START_WITH") else ""
+                patterns = [before + _like_escape(v) + after for v in values]
+                return f"{text} ILIKE ANY({param(patterns, 'text[]')})"
+            _, bound = range_bounds(condition, values)
+            return f'{text} COLLATE "C" {_RANGE_OPERATORS[condition]} {param(bound, "text")}'
+
+        if name == URN_FIELD:
+            return "true" if condition == "EXISTS" else f"coalesce({text_test('d.urn')}, false)"
+        if name == REMOVED_FIELD:
+            if condition == "EXISTS":
+                return "true"
+            if condition == "IEQUAL":
+                return self._field_condition(entity_type, name, values, params)
+            return "false"  # booleans never match a pattern or a range
+        key = param(name, "text")
+        if condition == "EXISTS":
+            return f"coalesce((d.fields -> {key}) NOT IN ('null'::jsonb, '[]'::jsonb), false)"
+        element_text = "(e.v #>> '{}')"
+        # CASE, not AND: the cast must only ever see a value of its type (AND does not fix an evaluation order)
+        tests = [f"CASE WHEN jsonb_typeof(e.v) = 'string' THEN {text_test(element_text)} ELSE false END"]
+        if condition in RANGE_CONDITIONS:
+            bound, _ = range_bounds(condition, values)
+            if bound is not None:
+                tests.append(f"CASE WHEN jsonb_typeof(e.v) = 'number' THEN (e.v)::numeric {_RANGE_OPERATORS[condition]} "
+                             f"{param(str(bound), 'numeric')} ELSE false END")
+        elements = (f"jsonb_array_elements(CASE WHEN jsonb_typeof(d.fields -> {key}) = 'array' THEN d.fields -> {key} "
+                    f"ELSE jsonb_build_array(d.fields -> {key}) END) e(v)")
+        any_element = f"EXISTS (SELECT 1 FROM {elements} WHERE {' OR '.join(tests)})"
+        if condition == "IEQUAL":  # numbers and booleans: as EQUAL
+            return f"({any_element} OR {self._field_condition(entity_type, name, values, params)})"
+        return any_element
 
     def _query_sql(self, query: str, params: list[Any]) -> tuple[str | None, str]:
         """(match condition, score expression) for a query; None for all documents ("*" or empty)."""
