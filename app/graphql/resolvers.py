@@ -26,7 +26,8 @@ from app.search.across import (
     TypeSearch, facets_across, lineage_across, lineage_hops, scroll_across, search_across,
 )
 from app.search.model import (
-    REMOVED_FIELD, TOMBSTONE_FIELD, URN_FIELD, VERSIONS_FIELD, Criterion, SearchBackend, SearchHit,
+    MAX_FILTER_VALUES, REMOVED_FIELD, TOMBSTONE_FIELD, URN_FIELD, VERSIONS_FIELD, Criterion, SearchBackend, SearchHit,
+    criterion_problem,
 )
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.proposal import ChangeType, Draft
@@ -35,10 +36,9 @@ from app.write.reader import EntityReader
 log = logging.getLogger("metaledger.graphql")
 
 ENTITY_TYPE_FIELD = "_entityType"  # DataHub's virtual filter field: the entity type (its EntityType value)
-EQUALITY = {None, "EQUAL", "IN"}  # the conditions metaledger's backends answer: the field has one of the values
-# Bounds on what variables can carry past the query's own limits: filter values in all (Elasticsearch's default
-# bool clause limit; each value is a few SQL parameters in the Postgres backend) and the query text.
-MAX_FILTER_VALUES = 1_024
+EQUALITY = {None, "EQUAL", "IN"}  # the field has one of the values (these and IEQUAL are what `_entityType` takes)
+# Bounds on what variables can carry past the query's own limits: filter values in all (MAX_FILTER_VALUES, from
+# app.search.model: Elasticsearch's default bool clause limit) and the query text.
 MAX_QUERY_TEXT = 10_000
 
 
@@ -112,18 +112,35 @@ def _matches_type(criterion: dict[str, Any], entity: str) -> bool:
 
 
 def _criterion(raw: dict[str, Any], where: str) -> Criterion:
+    """One FacetFilterInput as a backend criterion: any condition of app.search.model's CONDITIONS (EQUAL when
+    absent); the hierarchy conditions (DESCENDANTS_INCL, ...), an over-long pattern or a NUL are refused, naming
+    `where` (`$input.orFilters[i].and[j]`) and the field."""
     name = raw["field"]
-    condition = raw.get("condition")
-    if condition not in EQUALITY:
-        raise ValidationFailed(
-            f"filter condition {condition} on field {name!r} is not supported (EQUAL and IN are)",
-            [Issue("unsupported condition", path=f"{where}.condition", expected="EQUAL or IN", found=str(condition))],
-        )
+    condition = raw.get("condition") or "EQUAL"
+    values = tuple(raw.get("values") or ())
+    problem = criterion_problem(condition, values)
+    if problem is not None:
+        path = f"{where}.condition" if problem.value is None else f"{where}.values[{problem.value}]"
+        found = condition if problem.value is None else clip(values[problem.value], 100)
+        raise ValidationFailed(f"filter on field {clip(name, 100)!r}: {problem.message}",
+                               [Issue(problem.message, path=path, expected=problem.expected, found=found)])
     if name.endswith(".keyword"):  # DataHub's exact sub-field; metaledger's filters are exact already
         name = name[: -len(".keyword")]
-    if "\x00" in name or any("\x00" in v for v in raw.get("values") or ()):
+    if "\x00" in name or any("\x00" in v for v in values):
         raise ValidationFailed("a filter contains a NUL character (\\u0000)", [Issue("NUL character", path=where)])
-    return Criterion(name, tuple(raw.get("values") or ()), bool(raw.get("negated")))
+    return Criterion(name, values, bool(raw.get("negated")), "EQUAL" if condition == "IN" else condition)
+
+
+def _type_criterion(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    """A `_entityType` criterion (resolved here, per type): EQUAL, IN or IEQUAL (type names match in any case)."""
+    condition = raw.get("condition")
+    if condition not in EQUALITY | {"IEQUAL"}:
+        raise ValidationFailed(
+            f"filter condition {condition} on field {ENTITY_TYPE_FIELD!r} is not supported (EQUAL, IN and IEQUAL are)",
+            [Issue("unsupported condition", path=f"{where}.condition", expected="EQUAL, IN or IEQUAL",
+                   found=str(condition))],
+        )
+    return raw
 
 
 def type_searches(
@@ -139,7 +156,8 @@ def type_searches(
     for i, group in enumerate(or_filters or ()):
         where = f"$input.orFilters[{i}].and"
         raws = group.get("and") or []
-        type_criteria = [raw for raw in raws if raw["field"] == ENTITY_TYPE_FIELD]
+        type_criteria = [_type_criterion(raw, f"{where}[{j}]") for j, raw in enumerate(raws)
+                         if raw["field"] == ENTITY_TYPE_FIELD]
         criteria = tuple(_criterion(raw, f"{where}[{j}]") for j, raw in enumerate(raws) if raw["field"] != ENTITY_TYPE_FIELD)
         groups.append((type_criteria, criteria))
     searches = []

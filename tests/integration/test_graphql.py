@@ -102,9 +102,46 @@ async def test_scroll_across_types_with_filters(client):
     assert extra["data"]["scrollAcrossEntities"]["searchResults"][0]["extraProperties"][0]["name"] == "platform"
     assert extra["data"]["scrollAcrossEntities"]["searchResults"][0]["extraProperties"][0]["value"].startswith('"urn:li:dataPlatform:')
 
-    body = await gql(client, SCROLL, {"query": "*", "count": 2, "orFilters": [{"and": [
-        {"field": "name", "values": ["x"], "condition": "START_WITH"}]}]})
-    assert "START_WITH" in body["errors"][0]["message"] and body["errors"][0]["extensions"]["code"] == 400
+
+
+async def test_or_filters_with_patterns_exists_and_comparisons(client):
+    await propose(client, key("sales.orders_2024"), key("sales.Returns", "kafka"), key("ops.Orders", "kafka"),
+                  key("ops.users"), chart("c_orders"), headers=SYNC)
+    # (the id CONTAINS "orders", any case, on kafka) OR (it STARTS WITH "sales." and does not contain "orders")
+    contain = {"field": "id", "values": ["ORDERS"], "condition": "CONTAIN"}
+    kafka = {"field": "platform", "values": ["urn:li:dataPlatform:kafka"], "condition": "IN"}
+    sales = {"field": "id.keyword", "values": ["sales."], "condition": "START_WITH"}
+    urns, _ = await scroll_all(client, 1, types=["DATASET", "CHART"],
+                               orFilters=[{"and": [contain, kafka]}, {"and": [sales, {**contain, "negated": True}]}])
+    assert sorted(urns) == sorted([ds("ops.Orders", "kafka"), ds("sales.Returns", "kafka")])
+    # EXISTS: values are not needed; negated, the entities without the field (charts have no `origin`)
+    urns, _ = await scroll_all(client, 10, types=["DATASET", "CHART"],
+                               orFilters=[{"and": [{"field": "origin", "condition": "EXISTS", "negated": True}]}])
+    assert urns == ["urn:li:chart:(looker,c_orders)"]
+    urns, _ = await scroll_all(client, 10, types=["DATASET"], orFilters=[{"and": [
+        {"field": "origin", "condition": "EXISTS"}, {"field": "id", "values": ["_2024", "users"], "condition": "END_WITH"},
+        {"field": "urn", "values": ["urn:li:dataset:(urn:li:dataPlatform:hive,ops."], "condition": "GREATER_THAN"}]}])
+    assert sorted(urns) == [ds("ops.users"), ds("sales.orders_2024")]
+    body = await gql(client, SCROLL, {"query": "*", "count": 1, "types": ["DATASET"], "orFilters": [{"and": [
+        {"field": "id", "values": ["x"], "condition": "IEQUAL"}]}]})
+    assert body["data"]["scrollAcrossEntities"]["total"] == 0
+
+
+async def test_unsupported_conditions_are_errors_naming_the_place(client):
+    for criterion, where, words in [
+        ({"field": "container", "values": ["urn:li:container:x"], "condition": "DESCENDANTS_INCL"},
+         "$input.orFilters[1].and[1].condition", ["DESCENDANTS_INCL", "'container'"]),
+        ({"field": "id", "values": ["a", "x" * 300], "condition": "CONTAIN"},
+         "$input.orFilters[1].and[1].values[1]", ["300 characters", "'id'"]),
+        ({"field": "_entityType", "values": ["DATA"], "condition": "START_WITH"},
+         "$input.orFilters[1].and[1].condition", ["START_WITH", "_entityType"]),
+    ]:
+        or_filters = [{"and": [{"field": "origin", "values": ["PROD"]}]},
+                      {"and": [{"field": "origin", "values": ["PROD"]}, criterion]}]
+        body = await gql(client, SCROLL, {"query": "*", "count": 2, "orFilters": or_filters})
+        error = body["errors"][0]
+        assert error["extensions"]["code"] == 400 and all(w in error["message"] for w in words), error
+        assert error["extensions"]["issues"][0]["path"] == where, error
 
 
 async def test_scroll_is_stable_under_concurrent_writes(client):
@@ -282,6 +319,9 @@ async def test_scroll_across_lineage_degrees_paths_and_filters(client):
     assert {r["entity"]["urn"] for r in body["data"]["scrollAcrossLineage"]["searchResults"]} == {d, kafka_c}
     body = await gql(client, query, {"input": {"urn": d, "direction": "UPSTREAM", "types": ["DATASET"]}})
     assert [r["entity"]["urn"] for r in body["data"]["scrollAcrossLineage"]["searchResults"]] == [c, b, a]
+    further = [{"and": [{"field": "degree", "values": ["1"], "condition": "GREATER_THAN"}]}]
+    body = await gql(client, query, {"input": {"urn": a, "direction": "DOWNSTREAM", "orFilters": further}})
+    assert "degree filter takes EQUAL or IN" in body["errors"][0]["message"]
 
 
 @pytest.mark.parametrize("backend_name", ["postgres"])
