@@ -876,6 +876,8 @@ class ElasticBackend:
         field's type (a pattern on a number, a comparison on a boolean) matches nothing, where Elasticsearch would
         refuse the query."""
         condition = criterion.condition
+        if not criterion.field or "*" in criterion.field or "?" in criterion.field:
+            return {"match_none": {}}  # no document field has such a name (the engine reads it as a field pattern)
         if condition in EQUALITY_CONDITIONS:
             return ({"terms": {self._filter_field(entity_type, criterion.field): list(criterion.values)}}
                     if criterion.values else {"match_none": {}})

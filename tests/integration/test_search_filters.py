@@ -105,6 +105,10 @@ async def test_exists(backend):
     assert await found(backend, c("customProperties", "EXISTS", "ignored", negated=True)) == {D3, D4, D5}
     assert await found(backend, c("columnCount", "EXISTS")) == {D1, D2, D3}
     assert await found(backend, c("urn", "EXISTS")) == EVERY
+    # names no document field has (Elasticsearch would read `*` as a field pattern, refuse an empty name)
+    assert await found(backend, c("*", "EXISTS")) == set()
+    assert await found(backend, c("na?e", "EXISTS", negated=True)) == EVERY
+    assert await found(backend, c("", "GREATER_THAN", "a")) == set()
 
 
 async def test_an_array_field_matches_when_any_element_does(backend):
