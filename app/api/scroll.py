@@ -38,7 +38,8 @@ from app.errors import ERROR_RESPONSES, Issue, ValidationFailed, clip
 from app.registry import EntityRegistry
 from app.search.across import TypeSearch, scroll_across
 from app.search.elastic import DOWNSTREAM_RELATIONSHIPS
-from app.search.model import Criterion as SearchCriterion, Edge, EdgeQuery
+from app.search.model import CONDITIONS, MAX_FILTER_VALUES, MAX_PATTERN_CHARS, Edge, EdgeQuery, criterion_problem
+from app.search.model import Criterion as SearchCriterion
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.reader import EntityReader
 
@@ -75,40 +76,88 @@ def _object(body: Any, fields: set[str]) -> dict[str, Any]:
     return body
 
 
-def _conjunction(filter_: Any, path: str) -> list[tuple[str, list[str]]]:
-    """DataHub's v3 filter `{"and": [{"criteria": [{"field", "values", "condition"?, "negated"?}]}]}` (an OR of
-    AND clauses, DataHub's naming) as (field, values) pairs: one clause of EQUAL/IN criteria, each matching any
-    of its values; every other form is a 400 naming where it is."""
+# DataHub's OpenAPI v3 spells two conditions its own way (its Criterion.Condition enum); both spellings are taken.
+_CONDITION_ALIASES = {"STARTS_WITH": "START_WITH", "ENDS_WITH": "END_WITH"}
+_FILTER_FORMS = '{"and": [{"criteria": [...]}, ...]}, {"or": [{"and": [...]}, ...]} or {"criteria": [...]}'
+
+
+def _criterion(criterion: Any, where: str) -> SearchCriterion:
+    """One criterion `{"field", "values" (or the deprecated "value"), "condition"?, "negated"?}`."""
+    if not isinstance(criterion, dict):
+        raise _bad("a criterion is {\"field\", \"values\", \"condition\"?, \"negated\"?}", where, criterion)
+    field = criterion.get("field")
+    if not isinstance(field, str) or not _FIELD_NAME.fullmatch(field):
+        raise _bad("not a field name", f"{where}.field", field)
+    condition = criterion.get("condition") or "EQUAL"
+    if not isinstance(condition, str):
+        raise _bad("a condition is a string", f"{where}.condition", condition, ", ".join(sorted(CONDITIONS)))
+    condition = _CONDITION_ALIASES.get(condition, condition)
+    negated = criterion.get("negated") or False
+    if not isinstance(negated, bool):
+        raise _bad("negated must be true or false", f"{where}.negated", negated)
+    values = criterion.get("values")
+    if values is None and isinstance(criterion.get("value"), str):
+        values = [criterion["value"]]
+    elif values is None and condition == "EXISTS":
+        values = []
+    values = _strings(values, f"{where}.values")
+    problem = criterion_problem(condition, values)
+    if problem is not None:
+        if problem.value is None:
+            raise _bad(f"field {clip(field, 100)!r}: {problem.message}", f"{where}.condition", condition, problem.expected)
+        raise _bad(f"field {clip(field, 100)!r}: {problem.message}", f"{where}.values[{problem.value}]",
+                   values[problem.value], problem.expected)
+    if field.endswith(".keyword"):  # DataHub's exact sub-field; metaledger's filters are exact already
+        field = field[: -len(".keyword")]
+    return SearchCriterion(field, tuple(values), negated, "EQUAL" if condition == "IN" else condition)
+
+
+def _filter_groups(filter_: Any, path: str) -> list[list[tuple[str, SearchCriterion]]]:
+    """A filter as an OR of AND groups of (where, criterion). DataHub's OpenAPI v3 filter (what the SDK sends) is
+    `{"and": [{"criteria": [...]}, ...]}`: despite the name, an OR of its clauses, each an AND of its criteria.
+    Its Rest.li `Filter` shapes are taken too: `{"or": [{"and": [...]}, ...]}` and the deprecated
+    `{"criteria": [...]}` (one AND). No groups (`{"and": []}`, no filter): no condition."""
     if filter_ is None:
         return []
-    if not isinstance(filter_, dict) or set(filter_) - {"and"}:
-        raise _bad("a filter is {\"and\": [{\"criteria\": [...]}]}", path, filter_)
-    clauses = filter_.get("and") or []
-    if not isinstance(clauses, list):
-        raise _bad("`and` must be an array of {\"criteria\": [...]}", f"{path}.and", clauses)
-    if len(clauses) > 1:
-        raise _bad("an OR of several clauses is not supported: send one clause", f"{path}.and[1]")
-    out: list[tuple[str, list[str]]] = []
-    for clause in clauses:
-        criteria = clause.get("criteria") if isinstance(clause, dict) else None
-        if not isinstance(criteria, list):
-            raise _bad("a clause is {\"criteria\": [...]}", f"{path}.and[0]", clause)
-        for position, criterion in enumerate(criteria):
-            where = f"{path}.and[0].criteria[{position}]"
-            if not isinstance(criterion, dict):
-                raise _bad("a criterion is {\"field\", \"values\", \"condition\"?}", where, criterion)
-            field = criterion.get("field")
-            if not isinstance(field, str) or not _FIELD_NAME.fullmatch(field):
-                raise _bad("not a field name", f"{where}.field", field)
-            condition = criterion.get("condition") or "EQUAL"
-            if condition not in ("EQUAL", "IN"):
-                raise _bad(f"condition {clip(str(condition), 40)} is not supported", f"{where}.condition", condition, "EQUAL or IN")
-            if criterion.get("negated"):
-                raise _bad("negated criteria are not supported", f"{where}.negated", criterion.get("negated"))
-            values = criterion.get("values")
-            if values is None and isinstance(criterion.get("value"), str):
-                values = [criterion["value"]]
-            out.append((field, _strings(values, f"{where}.values")))
+    if not isinstance(filter_, dict) or len(filter_) != 1 or set(filter_) - {"and", "or", "criteria"}:
+        raise _bad(f"a filter is one of {_FILTER_FORMS}", path, filter_)
+    form, items = next(iter(filter_.items()))
+    if not isinstance(items, list):
+        raise _bad(f"`{form}` must be an array", f"{path}.{form}", items)
+    if form == "criteria":
+        clauses = [(f"{path}.criteria", items)]
+    else:
+        inner = "criteria" if form == "and" else "and"
+        clauses = []
+        for position, clause in enumerate(items):
+            where = f"{path}.{form}[{position}]"
+            criteria = clause.get(inner) if isinstance(clause, dict) else None
+            if not isinstance(criteria, list):
+                raise _bad(f"a clause is {{\"{inner}\": [...]}}", where, clause)
+            clauses.append((f"{where}.{inner}", criteria))
+    values = sum(len(c.get("values") or ()) for _, criteria in clauses for c in criteria
+                 if isinstance(c, dict) and isinstance(c.get("values"), list))
+    if values > MAX_FILTER_VALUES:
+        raise _bad(f"the filter carries {values} values; the limit is {MAX_FILTER_VALUES}", path)
+    return [[(f"{where}[{position}]", _criterion(criterion, f"{where}[{position}]"))
+             for position, criterion in enumerate(criteria)] for where, criteria in clauses]
+
+
+def _conjunction(filter_: Any, path: str) -> list[tuple[str, str, list[str]]]:
+    """A relationship scroll's filter: one clause of EQUAL/IN criteria, as (where, field, values); every other
+    form is a 400 naming where it is."""
+    groups = _filter_groups(filter_, path)
+    if len(groups) > 1:
+        form = next(iter(filter_))
+        raise _bad("an OR of several clauses is not supported here: send one clause", f"{path}.{form}[1]")
+    out: list[tuple[str, str, list[str]]] = []
+    for where, criterion in groups[0] if groups else ():
+        if criterion.condition != "EQUAL":
+            raise _bad(f"condition {criterion.condition} is not supported here", f"{where}.condition",
+                       criterion.condition, "EQUAL or IN")
+        if criterion.negated:
+            raise _bad("negated criteria are not supported here", f"{where}.negated", True)
+        out.append((where, criterion.field, list(criterion.values)))
     return out
 
 
@@ -121,24 +170,48 @@ class SortCriterion(BaseModel):
 
 
 class Criterion(BaseModel):
-    field: str
-    values: list[str]
-    condition: Literal["EQUAL", "IN"] = "EQUAL"
+    field: str = Field(description="A filter or document field (`urn` and `removed` included); a `.keyword` suffix is dropped")
+    values: list[str] | None = Field(None, description="Any one of them matches (not needed for EXISTS)")
+    value: str | None = Field(None, deprecated=True, description="DataHub's deprecated single value, read when `values` is absent")
+    condition: Literal[
+        "EQUAL", "IN", "IEQUAL", "CONTAIN", "START_WITH", "STARTS_WITH", "END_WITH", "ENDS_WITH", "EXISTS",
+        "GREATER_THAN", "GREATER_THAN_OR_EQUAL_TO", "LESS_THAN", "LESS_THAN_OR_EQUAL_TO",
+    ] = Field("EQUAL", description=(
+        "EQUAL/IN: the field has one of the values (exact). IEQUAL: the same, case-insensitively. CONTAIN, "
+        "START_WITH, END_WITH (also spelled STARTS_WITH, ENDS_WITH, as DataHub's v3 enum has them): a string value "
+        "contains, starts or ends with one of the values, case-insensitively, every character literal (at most "
+        f"{MAX_PATTERN_CHARS} characters). EXISTS: the field has a value. GREATER_THAN, ...: a number (datetimes: "
+        "epoch milliseconds) compares numerically with the numeric values, a string as text with every value. A "
+        "field holding an array matches when one of its elements does. Values are trimmed except for EQUAL/IN. "
+        "DESCENDANTS_INCL, ANCESTORS_INCL and RELATED_INCL are a 400."
+    ))
+    negated: bool = Field(False, description="The criterion must not hold (entities without the field included)")
 
 
 class ConjunctiveCriterion(BaseModel):
-    criteria: list[Criterion]
+    criteria: list[Criterion] = Field(description="Every criterion must hold (AND)")
+
+
+class AndCriteria(BaseModel):
+    and_: list[Criterion] = Field(alias="and", description="Every criterion must hold (AND)")
 
 
 class Filter(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"description": "DataHub's v3 filter: one clause of EQUAL/IN criteria (AND)"})
-    and_: list[ConjunctiveCriterion] = Field(alias="and", max_length=1)
+    model_config = ConfigDict(json_schema_extra={"description": (
+        "DataHub's v3 filter, exactly one of: `and` (what DataHub's OpenAPI v3 and its SDK send; despite the name, "
+        "an OR of its clauses, each an AND of its `criteria`), `or` (DataHub's Rest.li Filter: an OR of `and` "
+        f"clauses) or `criteria` (deprecated by DataHub: one AND). At most {MAX_FILTER_VALUES} values in all. The "
+        "relationship scroll's filters take one clause of EQUAL/IN `urn` criteria."
+    )})
+    and_: list[ConjunctiveCriterion] | None = Field(None, alias="and", description="OR of these clauses")
+    or_: list[AndCriteria] | None = Field(None, alias="or", description="OR of these clauses")
+    criteria: list[Criterion] | None = Field(None, deprecated=True, description="One AND clause")
 
 
 class ScrollEntitiesBody(BaseModel):
     entities: list[str] | None = Field(None, description="Entity types; absent: every type")
     aspects: list[str] | None = Field(None, description="Aspects to return; absent: URNs only; []: every aspect")
-    filter: Filter | None = None
+    filter: Filter | None = Field(None, description="Which entities: an OR of AND clauses of criteria (Filter)")
     sortCriteria: list[SortCriterion] | None = None
 
 
@@ -244,15 +317,11 @@ async def scroll_entities(
     types = _entity_types(registry, body.get("entities"))
     aspects = _aspects(registry, types, body["aspects"] if "aspects" in body else body.get("aspectNames"))
     sort_by = _sort(body.get("sortCriteria"), sortCriteria, sort, sortOrder)
-    filters: dict[str, list[str]] = {}
-    for field, values in _conjunction(body.get("filter"), "$.filter"):
-        if field in filters:
-            raise _bad(f"field {field!r} is in two criteria: put its values in one", "$.filter", field)
-        filters[field] = values
-    # One AND group of the body's criteria, the same in every type (the backends hide soft-deleted entities unless
-    # asked: `include_removed`).
-    conjunction = (tuple(SearchCriterion(field, tuple(values)) for field, values in filters.items()),) if filters else None
-    searches = [TypeSearch(entity_type, conjunction, include_removed=includeSoftDelete) for entity_type in types]
+    # The body's OR of AND groups, the same in every type (the backends hide soft-deleted entities unless asked:
+    # `include_removed`, or a criterion on `removed`).
+    groups = _filter_groups(body.get("filter"), "$.filter")
+    any_of = tuple(tuple(criterion for _, criterion in group) for group in groups) or None
+    searches = [TypeSearch(entity_type, any_of, include_removed=includeSoftDelete) for entity_type in types]
     page = await scroll_across(backend, searches, query or "*", count=count, scroll_id=scrollId or None, sort=sort_by)
     entities: list[dict[str, Any]] = [{"urn": hit.urn} for hit in page.hits]
     if aspects is not None:
@@ -272,8 +341,8 @@ async def scroll_entities(
 
 
 class ScrollRelationshipsBody(BaseModel):
-    sourceFilter: Filter | None = Field(None, description="Criteria on the source: `urn` (EQUAL/IN)")
-    destinationFilter: Filter | None = Field(None, description="Criteria on the destination: `urn` (EQUAL/IN)")
+    sourceFilter: Filter | None = Field(None, description="One clause with one `urn` criterion (EQUAL/IN) on the source")
+    destinationFilter: Filter | None = Field(None, description="One clause with one `urn` criterion (EQUAL/IN) on the destination")
     edgeFilter: Filter | None = Field(None, description="Not supported: absent or empty")
 
 
@@ -317,12 +386,14 @@ def _edge_scroll_id(after: tuple[str, str, str, str] | None) -> str | None:
 def _urn_criteria(filter_: Any, path: str) -> list[str]:
     """The URNs a source/destination filter allows (empty: any): its one `urn` criterion's values."""
     criteria = _conjunction(filter_, path)
-    for position, (field, _) in enumerate(criteria):
+    for position, (where, field, _) in enumerate(criteria):
         if field != "urn" or position > 0:
-            raise _bad("only one `urn` criterion is supported here", f"{path}.and[0].criteria[{position}].field", field)
-    urns = criteria[0][1] if criteria else []
+            raise _bad("only one `urn` criterion is supported here", f"{where}.field", field)
+    if not criteria:
+        return []
+    where, _, urns = criteria[0]
     for position, urn in enumerate(urns):
-        with invalid_at(f"{path}.and[0].criteria[0].values[{position}]", urn=urn):
+        with invalid_at(f"{where}.values[{position}]", urn=urn):
             entity_type_of(urn)
     return urns
 
@@ -372,8 +443,9 @@ async def scroll_relationships(
 ) -> Response:
     body = _object(await read_json(request, settings), {"sourceFilter", "destinationFilter", "edgeFilter"})
     _refuse_slices(sliceId, sliceMax)
-    if _conjunction(body.get("edgeFilter"), "$.edgeFilter"):
-        raise _bad("edgeFilter criteria are not supported", "$.edgeFilter.and[0].criteria")
+    edge_criteria = _conjunction(body.get("edgeFilter"), "$.edgeFilter")
+    if edge_criteria:
+        raise _bad("edgeFilter criteria are not supported", edge_criteria[0][0])
     sources = _urn_criteria(body.get("sourceFilter"), "$.sourceFilter")
     destinations = _urn_criteria(body.get("destinationFilter"), "$.destinationFilter")
     check_batch_size(sources + destinations, settings, "$.sourceFilter", what="URNs")

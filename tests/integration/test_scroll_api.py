@@ -99,6 +99,36 @@ async def test_entity_scroll_filters_query_and_soft_delete(client):
     assert set(hive[1:] + kafka) <= {e["urn"] for e in everything}
 
 
+async def test_entity_scroll_or_of_and_clauses_with_conditions(client):
+    a, b, c, d = (ds(f"scrollc.{name}", platform) for name, platform in
+                  (("a", "hive"), ("b", "kafka"), ("c", "kafka"), ("d", "hive")))
+    values = {a: {"name": "Orders_2024", "customProperties": {"tier": "gold"}, "created": {"time": 1_700_000_000_000}},
+              b: {"name": "orders old", "customProperties": {"tier": "silver"}, "created": {"time": 1_600_000_000_000}},
+              c: {"name": "users", "customProperties": {}},
+              d: {"name": "audit%log", "customProperties": {}}}
+    for urn, value in values.items():
+        await write(client, urn, {"datasetProperties": {**props("conditions"), **value}}, sync=True)
+
+    async def urns(filter_: dict[str, Any]) -> list[str]:
+        return sorted(e["urn"] for e in await scroll_all(client, {"entities": ["dataset"], "filter": filter_}, count=1))
+
+    # DataHub's v3 form (what the SDK sends): `and` is an OR of its clauses, each an AND of its criteria
+    kafka = {"field": "platform", "values": ["urn:li:dataPlatform:kafka"], "condition": "EQUAL"}
+    assert await urns({"and": [
+        {"criteria": [{"field": "name", "values": ["ORDERS"], "condition": "START_WITH"}, {**kafka, "negated": True}]},
+        {"criteria": [{"field": "customProperties", "condition": "EXISTS", "negated": True},
+                      {"field": "name", "values": ["%"], "condition": "CONTAIN", "negated": True}]},
+    ]}) == sorted([a, c])
+    # DataHub's Rest.li form and v3 spellings: comparisons on a datetime (epoch ms), ENDS_WITH
+    assert await urns({"or": [{"and": [{"field": "createdAt", "values": ["1650000000000"], "condition": "GREATER_THAN"}]},
+                              {"and": [{"field": "name.keyword", "values": ["LOG"], "condition": "ENDS_WITH"}]}]}) == sorted([a, d])
+    # the deprecated one-clause form, the deprecated single value
+    assert await urns({"criteria": [{"field": "name", "value": "ORDERS OLD", "condition": "IEQUAL"}]}) == [b]
+    assert await urns({"and": [{"criteria": [{"field": "customProperties", "values": ["tier=g"], "condition": "STARTS_WITH"}]},
+                               {"criteria": [kafka, {"field": "name", "values": ["users"], "condition": "LESS_THAN"}]}]}) == sorted([a, b])
+    assert await urns({"and": []}) == sorted(values)  # no clause: no condition
+
+
 async def test_scroll_route_is_not_an_entity_write_nor_a_search(client):
     """POST /openapi/v3/entity/scroll is the scroll, not an upsert of entity type `scroll` (the v3 entity routes
     come after it); GET /openapi/v3/entity/dataset is still the one-type search."""
@@ -247,9 +277,22 @@ async def test_401_without_a_token(anonymous, path, body):
     ("/openapi/v3/entity/scroll", {}, {"sortCriteria": [{"field": "a b"}]}, "$.sortCriteria[0].field"),
     ("/openapi/v3/entity/scroll", {}, {"sortCriteria": [{"field": "urn", "order": "SIDEWAYS"}]}, "$.sortCriteria[0].order"),
     ("/openapi/v3/entity/scroll", {}, {"entities": ["dataset"], "aspects": ["tagProperties"]}, "$.aspects[0]"),
-    ("/openapi/v3/entity/scroll", {}, {"filter": {"and": [{"criteria": [{"field": "x", "values": ["y"], "condition": "CONTAIN"}]}]}},
-     "$.filter.and[0].criteria[0].condition"),
-    ("/openapi/v3/entity/scroll", {}, {"filter": {"and": [{"criteria": []}, {"criteria": []}]}}, "$.filter.and[1]"),
+    ("/openapi/v3/entity/scroll", {}, {"filter": {"and": [{"criteria": []}, {"criteria": [
+        {"field": "container", "values": ["urn:li:container:x"], "condition": "DESCENDANTS_INCL"}]}]}},
+     "$.filter.and[1].criteria[0].condition"),
+    ("/openapi/v3/entity/scroll", {}, {"filter": {"or": [{"and": [{"field": "x", "values": ["y"], "condition": "LIKE"}]}]}},
+     "$.filter.or[0].and[0].condition"),
+    ("/openapi/v3/entity/scroll", {}, {"filter": {"criteria": [{"field": "x", "values": ["y" * 257], "condition": "CONTAIN"}]}},
+     "$.filter.criteria[0].values[0]"),
+    ("/openapi/v3/entity/scroll", {}, {"filter": {"and": [], "or": []}}, "$.filter"),
+    ("/openapi/v3/entity/scroll", {}, {"filter": {"and": [{"criteria": [{"field": "x", "values": ["y"], "negated": "yes"}]}]}},
+     "$.filter.and[0].criteria[0].negated"),
+    ("/openapi/v3/entity/scroll", {}, {"filter": {"and": [{"criteria": [{"field": "urn", "values": ["v"] * 1025}]}]}},
+     "limit is 1024"),
+    ("/openapi/v3/relationship/scroll", {}, {"sourceFilter": {"and": [{"criteria": []}, {"criteria": []}]}},
+     "$.sourceFilter.and[1]"),
+    ("/openapi/v3/relationship/scroll", {}, {"sourceFilter": {"and": [{"criteria": [
+        {"field": "urn", "values": ["urn:li:tag:x"], "condition": "CONTAIN"}]}]}}, "$.sourceFilter.and[0].criteria[0].condition"),
     ("/openapi/v3/entity/scroll", {"sliceId": "0", "sliceMax": "2"}, {}, "$sliceId"),
     ("/openapi/v3/entity/scroll", {}, {"what": 1}, "$.what"),
     ("/openapi/v3/relationship/scroll", {"scrollId": "WyJhIl0"}, {}, "$scrollId"),
