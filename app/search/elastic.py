@@ -911,8 +911,8 @@ class ElasticBackend:
         return {"bool": {"should": should, "minimum_should_match": 1}}
 
     def _any_of_query(self, entity_type: str, any_of: Sequence[Sequence[Criterion]]) -> dict[str, Any]:
-        """At least one group matches; a group, every criterion (a field with any of its values, or none when
-        negated). A criterion without values never matches."""
+        """At least one group matches; a group, every criterion (`_criterion_query`, or its negation). A criterion
+        without values never matches, unless it is an EXISTS."""
         groups: list[dict[str, Any]] = []
         for group in any_of:
             must: list[dict[str, Any]] = []
