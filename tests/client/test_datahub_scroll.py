@@ -68,3 +68,47 @@ def test_sdk_scrolls_entities_relationships_and_lineage(datahub, metaledger):
     assert lines["relationships"] == "True"
     assert lines["lineage"] == "True"
     assert lines["batch"] == "d2"
+
+
+CONDITIONS = [f"urn:li:dataset:(urn:li:dataPlatform:hive,client.cond.{name},PROD)" for name in ("orders_a", "Orders%b", "users")]
+
+
+def test_sdk_filters_with_conditions(datahub, metaledger):
+    """What the SDK sends for conditions beyond EQUAL: `scroll_entities` with an OR of AND clauses (the v3 body's
+    `and`), SDK v2 `client.search.get_urns` with `custom_filter`/`not_` (GraphQL orFilters)."""
+    items = [{"urn": urn, "datasetProperties": {"value": {"name": urn.split(".")[-1].split(",")[0],
+                                                          **({"description": "people"} if "users" in urn else {})}}}
+             for urn in CONDITIONS]
+    with metaledger.http() as http:
+        response = http.post("/openapi/v3/entity/dataset?async=false", json=items, headers=SYNC)
+        assert response.status_code == 200, response.text
+    result = datahub.script(
+        """
+        from datahub.ingestion.graph.client import DataHubGraph, DatahubClientConfig
+        from datahub.sdk import DataHubClient
+        from datahub.sdk.search_filters import FilterDsl as F
+        graph = DataHubGraph(DatahubClientConfig(server=GMS, token=TOKEN))
+        mine = {"field": "urn", "values": [PREFIX], "condition": "START_WITH"}  # the client tests share one metaledger
+        urns, scroll_id = [], None
+        while True:
+            page = graph.scroll_entities(entity_names=["dataset"], count=1, scroll_id=scroll_id, filter=[
+                {"and": [mine, {"field": "name", "values": ["ORDERS"], "condition": "START_WITH"},
+                         {"field": "name", "values": ["%"], "condition": "CONTAIN", "negated": True}]},
+                {"and": [mine, {"field": "description", "values": [], "condition": "EXISTS"}]}])
+            urns += list(page.entities)
+            scroll_id = page.scroll_id
+            if not scroll_id:
+                break
+        print("scroll", ",".join(sorted(urns)))
+
+        client = DataHubClient(server=GMS, token=TOKEN)
+        found = client.search.get_urns(filter=F.and_(
+            F.entity_type("dataset"), F.custom_filter("urn", "START_WITH", [PREFIX]),
+            F.or_(F.custom_filter("name", "END_WITH", ["%B"]), F.not_(F.custom_filter("name", "CONTAIN", ["_"])))))
+        print("search", ",".join(sorted(str(u) for u in found)))
+        """,
+        PREFIX="urn:li:dataset:(urn:li:dataPlatform:hive,client.cond.",
+    )
+    lines = dict(line.split(" ", 1) for line in result.stdout.splitlines() if " " in line)
+    assert lines["scroll"] == ",".join(sorted([CONDITIONS[0], CONDITIONS[2]]))
+    assert lines["search"] == ",".join(sorted([CONDITIONS[1], CONDITIONS[2]]))
