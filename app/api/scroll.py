@@ -116,12 +116,15 @@ def _filter_groups(filter_: Any, path: str) -> list[list[tuple[str, SearchCriter
     """A filter as an OR of AND groups of (where, criterion). DataHub's OpenAPI v3 filter (what the SDK sends) is
     `{"and": [{"criteria": [...]}, ...]}`: despite the name, an OR of its clauses, each an AND of its criteria.
     Its Rest.li `Filter` shapes are taken too: `{"or": [{"and": [...]}, ...]}` and the deprecated
-    `{"criteria": [...]}` (one AND). No groups (`{"and": []}`, no filter): no condition."""
+    `{"criteria": [...]}` (one AND). No groups (`{}`, `{"and": null}`, `{"and": []}`, no filter): no condition."""
     if filter_ is None:
         return []
-    if not isinstance(filter_, dict) or len(filter_) != 1 or set(filter_) - {"and", "or", "criteria"}:
+    given = {key: value for key, value in filter_.items() if value is not None} if isinstance(filter_, dict) else None
+    if given is None or len(given) > 1 or set(given) - {"and", "or", "criteria"}:
         raise _bad(f"a filter is one of {_FILTER_FORMS}", path, filter_)
-    form, items = next(iter(filter_.items()))
+    if not given:
+        return []
+    form, items = next(iter(given.items()))
     if not isinstance(items, list):
         raise _bad(f"`{form}` must be an array", f"{path}.{form}", items)
     if form == "criteria":
@@ -148,7 +151,7 @@ def _conjunction(filter_: Any, path: str) -> list[tuple[str, str, list[str]]]:
     form is a 400 naming where it is."""
     groups = _filter_groups(filter_, path)
     if len(groups) > 1:
-        form = next(iter(filter_))
+        form = next(key for key, value in filter_.items() if value is not None)
         raise _bad("an OR of several clauses is not supported here: send one clause", f"{path}.{form}[1]")
     out: list[tuple[str, str, list[str]]] = []
     for where, criterion in groups[0] if groups else ():

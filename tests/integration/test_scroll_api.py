@@ -126,7 +126,8 @@ async def test_entity_scroll_or_of_and_clauses_with_conditions(client):
     assert await urns({"criteria": [{"field": "name", "value": "ORDERS OLD", "condition": "IEQUAL"}]}) == [b]
     assert await urns({"and": [{"criteria": [{"field": "customProperties", "values": ["tier=g"], "condition": "STARTS_WITH"}]},
                                {"criteria": [kafka, {"field": "name", "values": ["users"], "condition": "LESS_THAN"}]}]}) == sorted([a, b])
-    assert await urns({"and": []}) == sorted(values)  # no clause: no condition
+    for nothing in ({"and": []}, {}, {"and": None}):  # no clause: no condition
+        assert await urns(nothing) == sorted(values)
 
 
 async def test_scroll_route_is_not_an_entity_write_nor_a_search(client):
