@@ -48,8 +48,8 @@ def relationship_paths(registry: EntityRegistry) -> dict[str, list[tuple[list[st
     for name, spec in registry.aspects.items():
         if spec.is_timeseries or spec.is_key:
             continue
-        for path, annotations in spec.annotations_by_path.items():
-            relationship = annotations.get("Relationship")
+        for path, annotated in spec.annotations_by_path.items():
+            relationship = annotated.get("Relationship")
             if isinstance(relationship, dict) and "name" in relationship:
                 out.setdefault(name, []).append(([s for s in path.split("/") if s], relationship["name"]))
     registry._restli_relationship_paths = out  # type: ignore[attr-defined]
