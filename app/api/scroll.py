@@ -37,8 +37,9 @@ from app.api.search import RelationshipItem, ScrollEntity
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed, clip
 from app.registry import EntityRegistry
 from app.search.across import TypeSearch, scroll_across
-from app.search.elastic import DOWNSTREAM_RELATIONSHIPS
-from app.search.model import CONDITIONS, MAX_FILTER_VALUES, MAX_PATTERN_CHARS, Edge, EdgeQuery, criterion_problem
+from app.search.model import (
+    CONDITIONS, MAX_FILTER_VALUES, MAX_PATTERN_CHARS, Edge, EdgeQuery, criterion_problem, upstream_downstream,
+)
 from app.search.model import Criterion as SearchCriterion
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.reader import EntityReader
@@ -467,13 +468,6 @@ async def scroll_relationships(
     return json_response(out)
 
 
-def _upstream_downstream(edge: Edge) -> tuple[str, str]:
-    """DownstreamOf-like edges point from the downstream entity to its upstream; Produces-like ones the other way."""
-    if edge.relationship in DOWNSTREAM_RELATIONSHIPS:
-        return edge.source, edge.destination
-    return edge.destination, edge.source
-
-
 @router.post(
     "/openapi/v3/lineage/scroll",
     response_model=LineagePage,
@@ -513,7 +507,7 @@ async def scroll_lineage(
     anchor_set = set(anchors)
     results = []
     for edge in page.edges:
-        upstream, downstream = _upstream_downstream(edge)
+        upstream, downstream = upstream_downstream(edge)
         if anchor_set and direction == "UPSTREAM" and downstream not in anchor_set:
             continue
         if anchor_set and direction == "DOWNSTREAM" and upstream not in anchor_set:

@@ -64,6 +64,7 @@ from app.limits import MAX_LONG, MIN_LONG
 from app.search import documents, elastic_mappings
 from app.search.elastic_mappings import ASPECT_FIELDS_FIELD, EDGE_MAPPING, EDGE_SET_MAPPING, mapping_hash
 from app.search.model import (
+    DOWNSTREAM_LINEAGE,
     EQUALITY_CONDITIONS,
     RANGE_CONDITIONS,
     REMOVED_FIELD,
@@ -105,8 +106,6 @@ INDEX_CREATE_CONCURRENCY = 8
 MAX_CONFLICT_RETRIES = 20
 EXACT_MATCH_MULTIPLIER = 10.0  # a whole-value keyword match counts this many times the field's boost
 TEXT_TYPES = {"TEXT", "TEXT_PARTIAL", "WORD_GRAM", "URN_PARTIAL", "BROWSE_PATH", "BROWSE_PATH_V2"}
-# Lineage relationships whose outgoing direction points downstream (the others, DownstreamOf first, point upstream).
-DOWNSTREAM_RELATIONSHIPS = frozenset({"Produces", "DataProcessInstanceProduces"})
 _COMPAT = re.compile(r"application/vnd\.elasticsearch\+([\w.-]+)\s*;\s*compatible-with=\d+", re.IGNORECASE)
 
 
@@ -1057,7 +1056,8 @@ class ElasticBackend:
         self, urn: str, *, direction: Literal["UPSTREAM", "DOWNSTREAM"], max_hops: int = 3,
     ) -> list[tuple[Edge, int]]:
         """Breadth first over lineage edges (isLineage). UPSTREAM follows DownstreamOf-like edges outgoing (and
-        Produces-like edges incoming); DOWNSTREAM the opposite. Each edge once, at the hop it is first reached."""
+        Produces-like edges, `DOWNSTREAM_LINEAGE`, incoming); DOWNSTREAM the opposite. Each edge once, at the hop it
+        is first reached."""
         visited = {urn}
         frontier = [urn]
         seen_edges: set[str] = set()
@@ -1071,7 +1071,7 @@ class ElasticBackend:
                     continue
                 seen_edges.add(edge_id)
                 edge = _doc_to_edge(doc)
-                outgoing_is_up = edge.relationship not in DOWNSTREAM_RELATIONSHIPS
+                outgoing_is_up = edge.relationship not in DOWNSTREAM_LINEAGE
                 follows_outgoing = (direction == "UPSTREAM") == outgoing_is_up
                 neighbour = edge.destination if follows_outgoing else edge.source
                 result.append((edge, hop))
@@ -1082,7 +1082,7 @@ class ElasticBackend:
         return result
 
     async def _lineage_edges(self, frontier: list[str], direction: str) -> list[tuple[str, dict[str, Any]]]:
-        up = sorted(DOWNSTREAM_RELATIONSHIPS)
+        up = sorted(DOWNSTREAM_LINEAGE)
         out: list[tuple[str, dict[str, Any]]] = []
         for start in range(0, len(frontier), 1000):
             nodes = frontier[start:start + 1000]

@@ -78,6 +78,22 @@ class Edge:
     is_lineage: bool = False
 
 
+# Lineage edges point upstream (`DownstreamOf`, `Consumes`, `TrainedBy`, ...: the source is downstream of the
+# destination) except these, whose `Relationship` annotations say `isUpstream: false` (a job `Produces` its output
+# dataset, an ML model is `UsedBy` a job): a walk follows them the other way round. Every lineage relationship with
+# `isUpstream: false` in DataHub's model is here (tests/unit/test_search_documents.py checks it against the schemas).
+DOWNSTREAM_LINEAGE: frozenset[str] = frozenset(
+    {"Produces", "DataProcessInstanceProduces", "UsedBy", "MemberOf", "ServiceComposesApi"}
+)
+
+
+def upstream_downstream(edge: Edge) -> tuple[str, str]:
+    """(upstream, downstream) ends of a lineage edge."""
+    if edge.relationship in DOWNSTREAM_LINEAGE:
+        return edge.source, edge.destination
+    return edge.destination, edge.source
+
+
 @dataclass(frozen=True, slots=True)
 class AspectEdges:
     """The complete set of edges one aspect of `source` declares (it replaces the previous set from that aspect)."""

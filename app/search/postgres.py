@@ -42,6 +42,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.search import documents
 from app.search.model import (
+    DOWNSTREAM_LINEAGE,
     AspectEdges,
     AspectFields,
     Change,
@@ -71,8 +72,6 @@ from app.search.model import (
 DOCUMENT_LOCK_CLASS = 0x4D4C0010
 # An exact name/id match outranks any full-text rank (ts_rank_cd is at most a few units).
 EXACT_MATCH_BONUS = 1000.0
-# Lineage relationships whose edge points downstream (job -Produces-> dataset): followed the other way round.
-REVERSED_LINEAGE = ("Produces",)
 # Field weights when the registry gives no spec for a field (documents built by hand, fields outside annotations).
 _NAME_FIELDS = ("name", "id", "displayname", "title", "qualifiedname")
 _TEXT_TYPES = {"TEXT", "TEXT_PARTIAL", "WORD_GRAM", "KEYWORD", "URN", "URN_PARTIAL"}
@@ -858,8 +857,8 @@ class PostgresBackend:
         self, urn: str, *, direction: Literal["UPSTREAM", "DOWNSTREAM"], max_hops: int = 3,
     ) -> list[tuple[Edge, int]]:  # fmt: skip
         """Breadth first over lineage edges: UPSTREAM follows them outgoing (`DownstreamOf` points upstream),
-        DOWNSTREAM incoming; `Produces` (job -> output) the other way round. Each edge once, at its first hop;
-        each node is expanded once (cycles end)."""
+        DOWNSTREAM incoming; the ones that point downstream (`DOWNSTREAM_LINEAGE`: a job `Produces` its output) the
+        other way round. Each edge once, at its first hop; each node is expanded once (cycles end)."""
         upstream = direction == "UPSTREAM"
         # the step from node n: forward edges (source = n -> next = destination), reversed ones the other way.
         forward_from, forward_to = ("source", "destination") if upstream else ("destination", "source")
@@ -891,7 +890,7 @@ class PostgresBackend:
             SELECT {_EDGE_SELECT}, hop FROM edges ORDER BY hop, relationship, source, destination
         """
         async with self._connection() as conn:
-            rows = await conn.fetch(sql, urn, max_hops, list(REVERSED_LINEAGE))
+            rows = await conn.fetch(sql, urn, max_hops, sorted(DOWNSTREAM_LINEAGE))
         return [(_edge(r), r["hop"]) for r in rows]
 
     async def scroll_edges(self, query: EdgeQuery, *, after: tuple[str, str, str, str] | None = None, count: int = 100) -> EdgePage:

@@ -317,6 +317,29 @@ async def test_lineage_three_hops(backend, es_registry):
     assert [(e.destination, h) for e, h in one] == [(n[1], 1)]
 
 
+async def test_lineage_data_process_instance_edges_walk_downstream(backend, es_registry):
+    # a run consumes `raw` and produces `out` (the edges of its input and output aspects): DataProcessInstanceConsumes
+    # points upstream, DataProcessInstanceProduces downstream; `inputs`/`outputs` give edges that are not lineage
+    run = "urn:li:dataProcessInstance:run1"
+    raw, out = ds("db.raw"), ds("db.out")
+    await backend.apply(changes(
+        es_registry,
+        mcl(run, "dataProcessInstanceInput", {"inputs": [raw], "inputEdges": [{"destinationUrn": raw}]}, 1,
+            entity_type="dataProcessInstance"),
+        mcl(run, "dataProcessInstanceOutput", {"outputs": [out], "outputEdges": [{"destinationUrn": out}]}, 1,
+            entity_type="dataProcessInstance"),
+    ))
+    up = await backend.lineage(out, direction="UPSTREAM", max_hops=3)
+    assert [(e.source, e.destination, e.relationship, h) for e, h in up] == [
+        (run, out, "DataProcessInstanceProduces", 1), (run, raw, "DataProcessInstanceConsumes", 2)]
+    down = await backend.lineage(raw, direction="DOWNSTREAM", max_hops=3)
+    assert [(e.source, e.destination, e.relationship, h) for e, h in down] == [
+        (run, raw, "DataProcessInstanceConsumes", 1), (run, out, "DataProcessInstanceProduces", 2)]
+    # nothing is downstream of the output, nothing upstream of the input
+    assert await backend.lineage(out, direction="DOWNSTREAM", max_hops=3) == []
+    assert await backend.lineage(raw, direction="UPSTREAM", max_hops=3) == []
+
+
 async def test_timeseries_range_and_overwrite(backend, es_registry):
     urn = ds("db.profiled")
 

@@ -362,6 +362,30 @@ async def test_lineage_three_hops(backend):
     ])  # fmt: skip
 
 
+async def test_lineage_data_process_instance_edges_walk_downstream(backend):
+    # a run consumes `raw` and produces `out`: DataProcessInstanceConsumes points upstream (run -> its input),
+    # DataProcessInstanceProduces downstream (run -> its output), so `out` is downstream of the run, of `raw` in turn
+    run = "urn:li:dataProcessInstance:run1"
+    raw, out = ds("raw"), ds("out")
+    await backend.apply([
+        AspectEdges(run, "dataProcessInstanceInput", 1, (
+            Edge(run, raw, "DataProcessInstanceConsumes", "dataProcessInstance", "dataset", is_lineage=True),)),
+        AspectEdges(run, "dataProcessInstanceOutput", 1, (
+            Edge(run, out, "DataProcessInstanceProduces", "dataProcessInstance", "dataset", is_lineage=True),)),
+    ])  # fmt: skip
+    up = await backend.lineage(out, direction="UPSTREAM", max_hops=3)
+    assert [(e.source, e.destination, e.relationship, hop) for e, hop in up] == [
+        (run, out, "DataProcessInstanceProduces", 1), (run, raw, "DataProcessInstanceConsumes", 2),
+    ]  # fmt: skip
+    down = await backend.lineage(raw, direction="DOWNSTREAM", max_hops=3)
+    assert [(e.source, e.destination, e.relationship, hop) for e, hop in down] == [
+        (run, raw, "DataProcessInstanceConsumes", 1), (run, out, "DataProcessInstanceProduces", 2),
+    ]  # fmt: skip
+    # nothing is downstream of the output, nothing upstream of the input
+    assert await backend.lineage(out, direction="DOWNSTREAM", max_hops=3) == []
+    assert await backend.lineage(raw, direction="UPSTREAM", max_hops=3) == []
+
+
 # --- timeseries ----------------------------------------------------------------------------------------------------
 
 

@@ -11,7 +11,15 @@ import pytest
 from app.registry import load_registry
 from app.search import documents as d
 from app.search import elastic_mappings as em
-from app.search.model import AspectEdges, AspectFields, EntityRemoval, TimeseriesPoint
+from app.search.model import (
+    DOWNSTREAM_LINEAGE,
+    AspectEdges,
+    AspectFields,
+    Edge,
+    EntityRemoval,
+    TimeseriesPoint,
+    upstream_downstream,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 U = "urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)"
@@ -189,6 +197,31 @@ def test_data_job_input_output(registry):
         ("Consumes", RAW, "dataJob", True),
         ("Produces", U, "dataJob", True),
     }
+
+
+def test_downstream_lineage_is_what_the_relationship_annotations_say(registry):
+    # every lineage relationship of the model points upstream unless its annotation says `isUpstream: false`; the
+    # backends and the lineage scroll go by the relationship's name, so no name may be declared both ways
+    upstream: set[str] = set()
+    downstream: set[str] = set()
+    for aspect in registry.aspects.values():
+        for by_name in d._effective_annotations(aspect).values():
+            r = by_name.get("Relationship")
+            if isinstance(r, dict) and r.get("name") and d._bool(r.get("isLineage"), False):
+                (upstream if d._bool(r.get("isUpstream"), True) else downstream).add(r["name"])
+    assert {"Produces", "DataProcessInstanceProduces"} <= downstream and {"DownstreamOf", "Consumes"} <= upstream
+    assert DOWNSTREAM_LINEAGE == downstream
+    assert not upstream & downstream
+
+
+def test_upstream_downstream_ends_of_lineage_edges():
+    job, instance = "urn:li:dataJob:(urn:li:dataFlow:(airflow,dag,prod),task)", "urn:li:dataProcessInstance:run1"
+    assert upstream_downstream(Edge(U, RAW, "DownstreamOf", "dataset", "dataset", is_lineage=True)) == (RAW, U)
+    assert upstream_downstream(Edge(job, RAW, "Consumes", "dataJob", "dataset", is_lineage=True)) == (RAW, job)
+    assert upstream_downstream(Edge(job, U, "Produces", "dataJob", "dataset", is_lineage=True)) == (job, U)
+    assert upstream_downstream(
+        Edge(instance, U, "DataProcessInstanceProduces", "dataProcessInstance", "dataset", is_lineage=True)
+    ) == (instance, U)
 
 
 def test_status_removed(registry):
