@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from contextlib import asynccontextmanager
 
 import pytest_asyncio
 
@@ -108,6 +109,54 @@ async def test_exact_name_beats_description_match(backend):
     assert (await urns_of(backend, orders))[0] == orders
     # other entity types are not mixed in
     assert (await backend.search("chart", "orders")).total == 0
+
+
+async def test_a_text_query_is_answered_by_indexes(backend, monkeypatch):
+    # Each statement of a text search (the page and its count) can be a BitmapOr of the two GIN indexes, one per arm
+    # of the match (the tsvector, the exact names). An arm no index answers (`x = ANY(exact_names)` was one) leaves
+    # Postgres nothing but reading every document of the type. On a table this small the planner would read it all
+    # anyway: table scans are priced out, and the (entity_type, urn) index, the other way to read every document of
+    # a type, is dropped from this test's database.
+    orders = ds("db.orders")
+    others = [ds(f"db.t{i}") for i in range(200)]
+    await backend.apply([key(orders), props(orders, "orders", "one row per order")]
+                        + [c for u in others for c in (key(u), props(u, u.split(",")[1], "a table"))])
+    async with backend._connection(readonly=False) as conn:
+        await conn.execute("DROP INDEX ix_search_document_type_urn")
+        await conn.execute("ANALYZE search_document")
+    plans: list[str] = []
+    plain = backend._connection
+
+    class Explaining:
+        def __init__(self, conn):
+            self._conn = conn
+
+        async def _explain(self, sql, args):
+            await self._conn.execute("SET LOCAL enable_seqscan = off")
+            plans.append("\n".join(r[0] for r in await self._conn.fetch(f"EXPLAIN {sql}", *args)))
+
+        async def fetch(self, sql, *args):
+            await self._explain(sql, args)
+            return await self._conn.fetch(sql, *args)
+
+        async def fetchval(self, sql, *args):
+            await self._explain(sql, args)
+            return await self._conn.fetchval(sql, *args)
+
+    @asynccontextmanager
+    async def explaining(*, readonly: bool = True):
+        async with plain(readonly=readonly) as conn:
+            yield Explaining(conn)
+
+    monkeypatch.setattr(backend, "_connection", explaining)
+    for query in ("orders", "db.orders", '"one row"', orders):
+        plans.clear()
+        page = await backend.search("dataset", query, facets=False)
+        assert [h.urn for h in page.hits] == [orders] and page.total == 1
+        assert len(plans) == 2  # the page and the count
+        for plan in plans:
+            assert "Seq Scan" not in plan, plan
+            assert "ix_search_document_vector" in plan and "ix_search_document_exact_names" in plan, plan
 
 
 async def test_autocomplete(backend):
