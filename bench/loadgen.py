@@ -26,6 +26,10 @@ class HttpConnection:
         self.writer: asyncio.StreamWriter | None = None
 
     async def request(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, dict[str, str]]:
+        if self.reader is not None and self.reader.at_eof():
+            # the server closed it while it sat idle (uvicorn's keep-alive timeout is 5 s, and at low rates a
+            # connection of the pool waits longer than that): a new one, or the request fails without being sent
+            self.close()
         if self.writer is None:
             self.reader, self.writer = await asyncio.open_connection(self.host, self.port)
         head = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}", f"Content-Length: {len(body)}"]
