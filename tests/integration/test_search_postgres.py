@@ -159,6 +159,16 @@ async def test_a_text_query_is_answered_by_indexes(backend, monkeypatch):
             assert "ix_search_document_vector" in plan and "ix_search_document_exact_names" in plan, plan
 
 
+async def test_reads_are_planned_for_their_parameters(backend):
+    # asyncpg prepares every statement; a generic plan (chosen after five executions) ignores how many documents a
+    # filter value matches, so the backend's reads always get a plan for their own parameters
+    async with backend._connection() as conn:
+        assert await conn.fetchval("SHOW plan_cache_mode") == "force_custom_plan"
+        assert await conn.fetchval("SHOW jit") == "off"
+    async with backend._connection(readonly=False) as conn:
+        assert await conn.fetchval("SHOW plan_cache_mode") == "auto"
+
+
 async def test_autocomplete(backend):
     a, b, c = ds("db.orders"), ds("db.orders_archive"), ds("db.reorders")
     await backend.apply([key(a), props(a, "orders"), key(b), props(b, "orders_archive"), key(c), props(c, "reorders")])
