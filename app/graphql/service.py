@@ -7,12 +7,15 @@ as on every other route."""
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from inspect import isawaitable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from graphql import GraphQLError, GraphQLSchema, IntValueNode, ValueNode, build_schema, execute, parse, validate
+from graphql import (
+    DocumentNode, GraphQLError, GraphQLSchema, IntValueNode, ValueNode, build_schema, execute, parse, validate,
+)
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.errors import Issue, MetaledgerError, ValidationFailed
@@ -121,17 +124,46 @@ def _errors(errors: list[GraphQLError], classification: str) -> dict[str, Any]:
                                                        "classification": classification}} for e in errors]}
 
 
-async def run(request: GraphQLRequest, context: Context, settings: Settings) -> dict[str, Any]:
-    """The GraphQL response body (`data` and/or `errors`)."""
-    if len(request.query) > settings.graphql_max_query_chars:
-        return _refused(f"the query is {len(request.query)} characters; the limit is {settings.graphql_max_query_chars}")
+class ValidatedDocuments:
+    """Documents that passed parsing, the limits and validation, by query text and limits, the most recently used
+    kept. Clients send the same few queries again and again with other variables, and checking a document costs
+    more than running a small one: 2.7 ms for a one-page search, 39 ms for `datahub search`'s bundled query. A
+    document is immutable once parsed, so one serves every request that sends its text."""
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._documents: OrderedDict[tuple[str, Limits, int], DocumentNode] = OrderedDict()
+
+    def get(self, key: tuple[str, Limits, int]) -> DocumentNode | None:
+        document = self._documents.get(key)
+        if document is not None:
+            self._documents.move_to_end(key)
+        return document
+
+    def put(self, key: tuple[str, Limits, int], document: DocumentNode) -> None:
+        self._documents[key] = document
+        if len(self._documents) > self._size:
+            self._documents.popitem(last=False)
+
+
+VALIDATED = ValidatedDocuments(256)
+
+
+def _checked(query: str, settings: Settings) -> DocumentNode | dict[str, Any]:
+    """The document of `query`, or the response refusing it."""
+    if len(query) > settings.graphql_max_query_chars:
+        return _refused(f"the query is {len(query)} characters; the limit is {settings.graphql_max_query_chars}")
+    limits = Limits(settings.graphql_max_depth, settings.graphql_max_aliases, settings.graphql_max_fields)
+    key = (query, limits, settings.graphql_max_tokens)
+    document = VALIDATED.get(key)
+    if document is not None:
+        return document
     try:
-        document = parse(request.query, max_tokens=settings.graphql_max_tokens)
+        document = parse(query, max_tokens=settings.graphql_max_tokens)
     except GraphQLError as error:
         return _errors([error], "InvalidSyntax")
     except RecursionError:
         return _refused("the query is nested too deeply to parse", "InvalidSyntax")
-    limits = Limits(settings.graphql_max_depth, settings.graphql_max_aliases, settings.graphql_max_fields)
     try:
         refused = check_limits(document, limits)
         if refused:
@@ -141,6 +173,15 @@ async def run(request: GraphQLRequest, context: Context, settings: Settings) -> 
         return _refused("the query is nested too deeply")
     if invalid:
         return _errors(invalid, "ValidationError")
+    VALIDATED.put(key, document)
+    return document
+
+
+async def run(request: GraphQLRequest, context: Context, settings: Settings) -> dict[str, Any]:
+    """The GraphQL response body (`data` and/or `errors`)."""
+    document = _checked(request.query, settings)
+    if isinstance(document, dict):
+        return document
     result = execute(SCHEMA, document, variable_values=request.variables, operation_name=request.operation_name,
                      context_value=context)
     if isawaitable(result):  # synchronous when no async resolver ran (introspection, variable errors)
