@@ -14,7 +14,8 @@ Prints:
   call alone, not the client's start-up);
 - one-page searches (`scrollAcrossEntities`, count 10, the first page) sent open-loop at each of `--rates`
   requests/s for `--seconds` (latency from the scheduled send time: a stall is charged to every request it
-  delays): a selective text query (one entity's name) and a filter-only browse (`*`, platform and env filters);
+  delays): a selective text query (one entity's name), a filter-only browse (`*`, platform and env filters),
+  and, when the client is installed, `datahub search`'s bundled query (every field it selects, and the facets);
   p50/p90/p99/max, errors, and how late the generator itself fell behind.
 """
 
@@ -129,7 +130,26 @@ def searches(entities: int):
         body = {"query": SEARCH, "variables": {"query": "*", "orFilters": [{"and": [platform, env, not_removed]}]}}
         return "POST", "/api/graphql", orjson.dumps(body)
 
-    return {"selective text query": selective, "filter-only browse": browse}
+    found = {"selective text query": selective, "filter-only browse": browse}
+    cli_query = datahub_search_query()
+    if cli_query:
+        def cli_search(n: int) -> tuple[str, str, bytes]:
+            variables = {"query": f"t{(n * 7919) % entities:06d}", "count": 10, "start": 0}
+            return "POST", "/api/graphql", orjson.dumps({"query": cli_query, "variables": variables,
+                                                          "operationName": "search"})
+        found["`datahub search` (the CLI's bundled query, every field and the facets), selective"] = cli_search
+    return found
+
+
+def datahub_search_query() -> str | None:
+    """The query `datahub search` sends (fragments + search.gql from the client's package), if the client is here."""
+    python = client_python()
+    if python is None:
+        return None
+    found = list(python.parent.parent.glob("lib/python*/site-packages/datahub/cli/gql"))
+    if not found:
+        return None
+    return (found[0] / "fragments.gql").read_text() + (found[0] / "search.gql").read_text()
 
 
 async def latency(base: str, headers: dict[str, str], entities: int, rates: list[float], seconds: float) -> None:
