@@ -125,13 +125,13 @@ def _decode(scroll_id: str, fingerprint: str, types: int, sort: list[tuple[str, 
     return _Cursor(position, after, total)
 
 
-async def _count_rest(backend: SearchBackend, searches: Sequence[TypeSearch], query: str) -> int:
-    """The matches of the types a first page did not reach (count-only searches)."""
+async def _type_totals(backend: SearchBackend, searches: Sequence[TypeSearch], query: str) -> list[int]:
+    """The matches of each search (count-only searches, concurrently)."""
     pages = await asyncio.gather(*(
         backend.search(s.entity_type, query, filters=s.filters, count=0, any_of=s.any_of, facets=False)
         for s in searches
     ))
-    return sum(page.total for page in pages)
+    return [page.total for page in pages]
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,12 +172,19 @@ async def scroll_across(
     first = not scroll_id
     cursor = _Cursor(0, None, 0) if first else _decode(scroll_id, fingerprint, len(searches), sort)
     if count == 0 or not searches:
-        total = await _count_rest(backend, searches, query) if first else cursor.total
+        total = sum(await _type_totals(backend, searches, query)) if first else cursor.total
         return AcrossPage([], total, None)
+    # A first page across types counts every type at once: the total, and the types it need not walk (a search
+    # for one name across DataHub's 23 searchable types walked 22 empty ones, a page and a count query each, one
+    # after the other). An entity written into a type counted empty while the scroll runs is one written during it.
+    counted = await _type_totals(backend, searches, query) if first and len(searches) > 1 else None
     hits: list[SearchHit] = []
-    reached = 0  # first page: the matches of the types it searched (each search counts its type's)
+    reached = 0  # one type's first page: its matches (the search counts them)
     position, after = cursor.position, cursor.after
     while position < len(searches) and len(hits) < count:
+        if counted is not None and counted[position] == 0:
+            position += 1
+            continue
         search = searches[position]
         page = await backend.search(search.entity_type, query, filters=search.filters, count=count - len(hits),
                                     scroll_id=after, sort=sort, any_of=search.any_of, facets=False)
@@ -187,10 +194,12 @@ async def scroll_across(
             after = page.scroll_id
             break
         position, after = position + 1, None
-    if first:  # the types the page did not reach are counted apart
-        total = reached + await _count_rest(backend, searches[position + (after is not None):], query)
+    if counted is not None:
+        total = sum(counted)
+        while after is None and position < len(searches) and counted[position] == 0:
+            position += 1  # no next page that could only be empty
     else:
-        total = cursor.total
+        total = reached if first else cursor.total
     next_id = _encode(_Cursor(position, after, total), fingerprint) if position < len(searches) else None
     return AcrossPage(hits, total, next_id)
 

@@ -770,8 +770,8 @@ class PostgresBackend:
         async with self._connection() as conn:
             rows = await conn.fetch(sql, *params) if count > 0 else []  # count 0: the total alone
             total = await conn.fetchval(f"SELECT count(*) FROM search_document d WHERE {where}", *base_params)
-            facets: dict[str, dict[str, int]] = {}
-            if facet_names:
+            facets: dict[str, dict[str, int]] = {name: {} for name in facet_names}
+            if facet_names and total:  # no match: nothing to count by value
                 by_field: dict[str, list[str]] = {}
                 for name, field_name in facet_names.items():
                     by_field.setdefault(field_name, []).append(name)
@@ -789,8 +789,6 @@ class PostgresBackend:
                     *base_params,
                     list(by_field),
                 )
-                for name in facet_names:
-                    facets[name] = {}
                 for r in facet_rows:
                     if r["value"] is None:
                         continue

@@ -65,3 +65,32 @@ async def test_cursors_of_other_searches_or_tampered_are_refused(backend):
         if bad:
             with pytest.raises(ValidationFailed):
                 await scroll_across(backend, SEARCHES, "*", count=2, scroll_id=bad)
+
+
+class CountingBackend:
+    """The backend, with the page searches (count > 0) it was asked for, by entity type."""
+
+    def __init__(self, backend):
+        self.backend = backend
+        self.pages: list[str] = []
+
+    async def search(self, entity_type, query, **kw):
+        if kw.get("count", 10) > 0:
+            self.pages.append(entity_type)
+        return await self.backend.search(entity_type, query, **kw)
+
+
+async def test_a_first_page_does_not_walk_the_types_nothing_matches(backend):
+    searches = [TypeSearch("corpuser"), TypeSearch("dataset"), TypeSearch("corpGroup"), TypeSearch("chart"),
+                TypeSearch("tag")]
+    counting = CountingBackend(backend)
+    first = await scroll_across(counting, searches, "*", count=4)
+    assert [h.entity_type for h in first.hits] == ["dataset"] * 4 and first.total == 7
+    assert counting.pages == ["dataset"]  # not corpuser, counted empty with every type at once
+    second = await scroll_across(counting, searches, "*", count=4, scroll_id=first.scroll_id)
+    assert [h.entity_type for h in second.hits] == ["chart"] * 3 and second.total == 7
+    assert second.scroll_id is None
+    # a page that ends at the last type with matches has no next page, though empty types follow
+    every = await scroll_across(counting, searches, "*", count=7)
+    assert len(every.hits) == 7 and every.scroll_id is None
+    assert sorted(h.urn for h in every.hits) == sorted(h.urn for h in first.hits + second.hits)
