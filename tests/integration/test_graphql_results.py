@@ -9,8 +9,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import ds, mcp, propose
-from tests.integration.test_graphql import chart, gql, key
-from tests.search_server import backend_settings
+from tests.integration.test_graphql import backend_name, chart, gql, key, settings_overrides  # noqa: F401 (both backends)
 
 pytestmark = pytest.mark.asyncio
 
@@ -23,16 +22,6 @@ query search($query: String!, $flags: SearchFlags) {
     facets { field displayName aggregations { value count displayName entity { urn type ... on Tag { name } } } }
   }
 }"""
-
-
-@pytest.fixture(params=["postgres", "opensearch"])
-def backend_name(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def settings_overrides(backend_name: str, request):
-    yield from backend_settings(backend_name, request)
 
 
 def tagged(urn: str, *tags: str, entity: str = "dataset") -> dict[str, Any]:
