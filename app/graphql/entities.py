@@ -125,10 +125,15 @@ async def _aspect(info: Any, ref: EntityRef, name: str) -> dict[str, Any] | None
 # --- field resolvers (obj: the EntityRef), and the factories of the ones several types share ------------------------
 
 
-def _from_key(field: str, *, fallback_to_id: bool = True):
+def _key_field(ref: EntityRef, info: Any, field: str) -> Any:
+    """One field of the entity's key (the URN's id when the key has no such value)."""
+    value = _key(ref, info).get(field)
+    return value if value is not None else _id_of(ref.urn)
+
+
+def _from_key(field: str):
     async def resolve(ref: EntityRef, info: Any) -> Any:
-        value = _key(ref, info).get(field)
-        return value if value is not None or not fallback_to_id else _id_of(ref.urn)
+        return _key_field(ref, info, field)
     return resolve
 
 
@@ -147,9 +152,10 @@ def _instance_platform(default: str):
     return resolve
 
 
-def _properties(aspect: str, *, renamed: dict[str, str] | None = None, name=None, defaults: dict[str, Any] | None = None):
-    """An aspect as a *Properties object: `renamed` maps a GraphQL field to the aspect's field, `name` gives the name
-    when the aspect has none (a function of the key), customProperties become entries."""
+def _properties(aspect: str, *, renamed: dict[str, str] | None = None, name_from_key: str | None = None,
+                defaults: dict[str, Any] | None = None):
+    """An aspect as a *Properties object: `renamed` maps a GraphQL field to the aspect's field, `name_from_key`
+    gives the name when the aspect has none, customProperties become entries."""
     async def resolve(ref: EntityRef, info: Any) -> dict[str, Any] | None:
         value = await _aspect(info, ref, aspect)
         if value is None:
@@ -157,14 +163,10 @@ def _properties(aspect: str, *, renamed: dict[str, str] | None = None, name=None
         out = {**(defaults or {}), **value, "customProperties": _custom_properties(value)}
         for field, source in (renamed or {}).items():
             out[field] = value.get(source)
-        if name is not None and not out.get("name"):
-            out["name"] = name(_key(ref, info), ref)
+        if name_from_key is not None and not out.get("name"):
+            out["name"] = _key_field(ref, info, name_from_key)
         return out
     return resolve
-
-
-def _key_name(field: str):
-    return lambda key, ref: key.get(field) or _id_of(ref.urn)
 
 
 async def _tags(ref: EntityRef, info: Any) -> dict[str, Any] | None:
@@ -230,7 +232,7 @@ async def _dataset_properties(ref: EntityRef, info: Any) -> dict[str, Any] | Non
     value = await _aspect(info, ref, "datasetProperties")
     if value is None:
         return None
-    return {**value, "name": value.get("name") or _key(ref, info).get("name") or _id_of(ref.urn),
+    return {**value, "name": value.get("name") or _key_field(ref, info, "name"),
             "customProperties": _custom_properties(value)}
 
 
@@ -274,7 +276,7 @@ async def _platform_properties(ref: EntityRef, info: Any) -> dict[str, Any] | No
 
 async def _tag_name(ref: EntityRef, info: Any) -> str:
     props = await _aspect(info, ref, "tagProperties") or {}
-    return props.get("name") or _key(ref, info).get("name") or _id_of(ref.urn)
+    return props.get("name") or _key_field(ref, info, "name")
 
 
 async def _tag_description(ref: EntityRef, info: Any) -> str | None:
@@ -299,9 +301,9 @@ FIELD_RESOLVERS: dict[str, dict[str, Any]] = {
     "Tag": {"name": _tag_name, "description": _tag_description, "properties": _tag_properties},
     "CorpUser": {"username": _from_key("username"), "properties": _properties("corpUserInfo", defaults={"active": False})},
     "CorpGroup": {"name": _from_key("name"), "properties": _properties("corpGroupInfo")},
-    "Domain": {"id": _from_key("id"), "properties": _properties("domainProperties", name=_key_name("id"))},
+    "Domain": {"id": _from_key("id"), "properties": _properties("domainProperties", name_from_key="id")},
     "Container": {"platform": _instance_platform("unknown"), "container": _container,
-                  "properties": _properties("containerProperties", name=_key_name("guid")), **ASSOCIATIONS},
+                  "properties": _properties("containerProperties", name_from_key="guid"), **ASSOCIATIONS},
     "Chart": {"tool": _from_key("dashboardTool"), "chartId": _from_key("chartId"),
               "platform": _key_platform("dashboardTool"), "container": _container,
               "properties": _properties("chartInfo", renamed={"name": "title"}), **ASSOCIATIONS},
@@ -310,7 +312,7 @@ FIELD_RESOLVERS: dict[str, dict[str, Any]] = {
                   "properties": _properties("dashboardInfo", renamed={"name": "title"}), **ASSOCIATIONS},
     "GlossaryTerm": {"name": _from_key("name"), "hierarchicalName": _from_key("name"),
                      "properties": _properties("glossaryTermInfo", renamed={"description": "definition"},
-                                               name=_key_name("name"), defaults={"termSource": "INTERNAL"})},
+                                               name_from_key="name", defaults={"termSource": "INTERNAL"})},
     "MLModel": {"name": _from_key("name"), "platform": _key_platform("platform"), "origin": _from_key("origin"),
                 "properties": _properties("mlModelProperties"), **ASSOCIATIONS},
     "MLModelGroup": {"name": _from_key("name"), "platform": _key_platform("platform"), "origin": _from_key("origin"),

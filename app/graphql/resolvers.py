@@ -265,6 +265,16 @@ def _facets(context: Context, searches: list[TypeSearch], query: str, flags: dic
     return resolve
 
 
+def _results(
+    context: Context, searches: list[TypeSearch], query: str, inputs: dict[str, Any], hits: list[SearchHit],
+) -> dict[str, Any]:
+    """What both entity searches answer about their hits: the results and the (lazily computed) facets."""
+    flags = inputs.get("searchFlags") or {}
+    terms = _terms(query, flags)
+    return {"searchResults": [_result(hit, flags, terms) for hit in hits],
+            "facets": _facets(context, searches, query, flags)}
+
+
 async def _searches_of(context: Context, inputs: dict[str, Any]) -> list[TypeSearch]:
     flags = inputs.get("searchFlags") or {}
     or_filters = list(inputs.get("orFilters") or ())
@@ -286,10 +296,8 @@ async def resolve_scroll_across_entities(_root: Any, info: Any, input: dict[str,
     query = _query(input.get("query"))
     page = await scroll_across(await context.backend(), searches, query, count=count,
                                scroll_id=scroll_id or None, sort=_sort(input.get("sortInput")))
-    flags = input.get("searchFlags") or {}
     return {"nextScrollId": page.scroll_id, "count": len(page.hits), "total": page.total,
-            "searchResults": [_result(hit, flags, _terms(query, flags)) for hit in page.hits],
-            "facets": _facets(context, searches, query, flags)}
+            **_results(context, searches, query, input, page.hits)}
 
 
 async def resolve_search_across_entities(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
@@ -300,10 +308,8 @@ async def resolve_search_across_entities(_root: Any, info: Any, input: dict[str,
     query = _query(input.get("query"))
     page = await search_across(await context.backend(), searches, query, start=start,
                                count=min(count, max(context.max_count - start, 0)), sort=_sort(input.get("sortInput")))
-    flags = input.get("searchFlags") or {}
     return {"start": start, "count": len(page.hits), "total": page.total,
-            "searchResults": [_result(hit, flags, _terms(query, flags)) for hit in page.hits],
-            "facets": _facets(context, searches, query, flags)}
+            **_results(context, searches, query, input, page.hits)}
 
 
 # --- lineage ------------------------------------------------------------------------------------------------------
