@@ -31,7 +31,7 @@ from app.db import create_engine, create_sessionmaker, upgrade_database
 from app.errors import Issue, MetaledgerError, ServiceUnavailable, ValidationFailed
 from app.api import documented_models, routers
 from app.api.deps import ALLOW_PUBLIC, ALLOW_READ
-from app.api.http import json_response
+from app.api.http import json_response, parameter_path
 from app.logs import configure_logging
 from app.ops import Operations
 from app.ops.middleware import OperationsMiddleware
@@ -207,7 +207,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def request_validation_error(request: Request, error: RequestValidationError):
         issues = [
-            Issue(e["msg"], path="$." + ".".join(str(p) for p in e["loc"]), found=repr(e.get("input"))[:200])
+            Issue(e["msg"], path=parameter_path(e["loc"]), found=repr(e.get("input"))[:200])
             for e in error.errors()
         ]
         return json_response(ValidationFailed("the request is malformed", issues).to_json(), 400)

@@ -143,8 +143,8 @@ async def test_feed_topic_filter(client, app, db):
         ({"limit": -5}, "$.limit"),
         ({"after": -1}, "$.after"),
         ({"topic": "SomethingElse_v1"}, "$.topic"),
-        ({"after": "abc"}, "$.query.after"),
-        ({"limit": "many"}, "$.query.limit"),
+        ({"after": "abc"}, "$after"),
+        ({"limit": "many"}, "$limit"),
     ],
 )
 async def test_feed_rejects_bad_parameters(client, params, path):
