@@ -61,12 +61,6 @@ def upgrade_database(url: str, revision: str = "head") -> None:
         pool.submit(command.upgrade, alembic_config(url), revision).result()
 
 
-async def session_scope(maker: async_sessionmaker[AsyncSession]) -> AsyncIterator[AsyncSession]:
-    async with maker() as session:
-        yield session
-
-
-
 async def connect_dedicated(engine: AsyncEngine, application_name: str) -> asyncpg.Connection:
     """A connection of its own (outside the pool) for a long-running background worker: it holds session-level
     advisory locks and must not be handed to request handlers."""

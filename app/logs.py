@@ -16,17 +16,6 @@ _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 REQUEST_ID: ContextVar[str | None] = ContextVar("metaledger_request_id", default=None)
 
 
-class RequestIdFilter(logging.Filter):
-    """Stamps `record.request_id` from the context (for handlers other than the JSON one: tests, plain text)."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        if not hasattr(record, "request_id"):
-            request_id = REQUEST_ID.get()
-            if request_id is not None:
-                record.request_id = request_id
-        return True
-
-
 class JsonFormatter(logging.Formatter):
     def format(self, record: logging.LogRecord) -> str:
         entry = {

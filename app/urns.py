@@ -52,10 +52,6 @@ class Urn:
     def __str__(self) -> str:
         return f"{URN_PREFIX}{self.entity_type}:{self.entity_id}"
 
-    @property
-    def is_tuple(self) -> bool:
-        return self.entity_id.startswith("(")
-
 
 def _split_tuple(entity_id: str, urn: str) -> tuple[str, ...]:
     if not entity_id.startswith("("):

@@ -199,10 +199,6 @@ def _bad_map_key(issues, p, k):
     _add(issues, p, f"map key {k!r} is not a string", "string", describe_value(k))
 
 
-def _too_deep(issues, p):
-    _add(issues, p, "value is nested too deeply", None, None)
-
-
 class UrnChecker:
     """Validates URN-typed fields with ``app.urns`` and caches the valid ones (string → lower-case entity type)."""
 
