@@ -18,7 +18,7 @@ from typing import Any
 
 from app.avro.wire import ValueCodec, WireFormatError
 from app.search.documents import IndexLimits, changes_from_mcl
-from app.search.model import Change
+from app.search.model import IndexChange
 from app.urns import InvalidUrnError, entity_type_of
 
 log = logging.getLogger("metaledger.spark_indexer")
@@ -182,10 +182,10 @@ class IndexTask:
         self.chunk = max(1, chunk)
         self.limits = IndexLimits.from_settings(getattr(runtime, "settings", None))
 
-    def changes_of(self, items: list[Planned], dead: list[DeadLetter]) -> list[tuple[Planned, list[Change]]]:
+    def changes_of(self, items: list[Planned], dead: list[DeadLetter]) -> list[tuple[Planned, list[IndexChange]]]:
         """Each change log's index changes, within the settings' `IndexLimits` (NUL stripped, text capped: the same
         documents as the service's); one that cannot be built is dead-lettered with the reason."""
-        out: list[tuple[Planned, list[Change]]] = []
+        out: list[tuple[Planned, list[IndexChange]]] = []
         for item in items:
             try:
                 out.append((item, changes_from_mcl(item.mcl, self.runtime.registry, self.limits)))
@@ -194,7 +194,7 @@ class IndexTask:
                                        item.mcl.get("entityUrn"), item.mcl.get("aspectName")))
         return out
 
-    def _apply(self, changes: list[Change]) -> None:
+    def _apply(self, changes: list[IndexChange]) -> None:
         """Apply with retries on transient failures; a refusal is raised to the caller."""
         for attempt in range(TRANSIENT_ATTEMPTS):
             try:
@@ -208,7 +208,7 @@ class IndexTask:
                 self.runtime.reset_backend()
                 time.sleep(min(5.0, 0.2 * 2**attempt))
 
-    def write(self, built: list[tuple[Planned, list[Change]]], dead: list[DeadLetter]) -> int:
+    def write(self, built: list[tuple[Planned, list[IndexChange]]], dead: list[DeadLetter]) -> int:
         """Apply in bulk chunks (in order); a chunk the backend refuses (for its data: a Postgres data error,
         Elasticsearch item errors as `IndexRefused`) is retried change log by change log, so only the refused ones
         go to the dead letter, with the backend's reason, and the stream goes on. Transient errors (the backend

@@ -1,4 +1,4 @@
-"""The index model: turns Metadata Change Logs into index changes (`app.search.model.Change`).
+"""The index model: turns Metadata Change Logs into index changes (`app.search.model.IndexChange`).
 
 One module for the service (sync indexing, embedded worker) and for `spark_indexer`. Pure Python, no I/O.
 Everything is derived from the registry's schema annotations, following DataHub:
@@ -55,9 +55,9 @@ from app.search.model import (
     VERSIONS_FIELD,
     AspectEdges,
     AspectFields,
-    Change,
     Edge,
     EntityRemoval,
+    IndexChange,
     SearchFieldSpec,
     TimeseriesPoint,
 )
@@ -736,7 +736,7 @@ def _version_of(sm: Any) -> int | None:
     return None
 
 
-def changes_from_mcl(mcl: dict, registry, limits: IndexLimits = DEFAULT_LIMITS) -> list[Change]:
+def changes_from_mcl(mcl: dict, registry, limits: IndexLimits = DEFAULT_LIMITS) -> list[IndexChange]:
     """The index changes of one change log: [] for aspects/entities with nothing to index. Values are the index's
     copy, within `limits` (NUL stripped, strings capped: module docstring)."""
     entity_type = mcl.get("entityType")
@@ -785,7 +785,7 @@ def changes_from_mcl(mcl: dict, registry, limits: IndexLimits = DEFAULT_LIMITS) 
             value = _without_nul(value)
             if searchable is not None:
                 searchable = _bounded_fields(model, searchable, limits)
-        out: list[Change] = [
+        out: list[IndexChange] = [
             TimeseriesPoint(
                 aspect=aspect,
                 doc_id=doc_id,

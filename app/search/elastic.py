@@ -73,13 +73,13 @@ from app.search.model import (
     VERSIONS_FIELD,
     AspectEdges,
     AspectFields,
-    Change,
     Criterion,
     Direction,
     Edge,
     EdgePage,
     EdgeQuery,
     EntityRemoval,
+    IndexChange,
     IndexedVersion,
     IndexRefused,
     IndexUnavailable,
@@ -569,7 +569,7 @@ class ElasticBackend:
 
     # --- apply ----------------------------------------------------------------------------------------------------
 
-    async def apply(self, changes: list[Change]) -> None:
+    async def apply(self, changes: list[IndexChange]) -> None:
         if not changes:
             return
         for change in changes:
@@ -583,7 +583,7 @@ class ElasticBackend:
         for i, change in enumerate(changes):
             if isinstance(change, EntityRemoval) and change in removals:
                 removal_pos[change.urn] = i
-        pending: list[tuple[int, Change]] = []
+        pending: list[tuple[int, IndexChange]] = []
         for i, c in enumerate(changes):
             if isinstance(c, AspectEdges) and removal_pos.get(c.source, -1) > i:
                 c = AspectEdges(c.source, c.aspect, c.version, ())  # removed with the entity: its version stays
@@ -616,14 +616,14 @@ class ElasticBackend:
                 current.append(r)
         return current
 
-    def _key_of(self, change: Change) -> tuple[str, str] | None:
+    def _key_of(self, change: IndexChange) -> tuple[str, str] | None:
         if isinstance(change, (AspectFields, EntityRemoval)):
             return (self.entity_index(change.entity_type), entity_doc_id(change.urn))
         if isinstance(change, AspectEdges):
             return (self.edge_set_index, edge_set_id(change.source, change.aspect))
         return None
 
-    async def _apply_once(self, changes: list[Change], *, repair_edges: bool) -> set[tuple[str, str]]:
+    async def _apply_once(self, changes: list[IndexChange], *, repair_edges: bool) -> set[tuple[str, str]]:
         """One read-merge-write round; returns the keys of the documents whose conditional write conflicted."""
         entity_groups: dict[tuple[str, str], list[AspectFields | EntityRemoval]] = {}
         edge_groups: dict[tuple[str, str], list[AspectEdges]] = {}

@@ -131,7 +131,7 @@ class EntityRemoval:
     aspect: str | None = None  # the key aspect (None: the entity type's, from the registry)
 
 
-Change = AspectFields | AspectEdges | TimeseriesPoint | EntityRemoval
+IndexChange = AspectFields | AspectEdges | TimeseriesPoint | EntityRemoval
 
 
 # DataHub's filter conditions (its FilterOperator / Condition) that the backends answer. A field holds one value or
@@ -308,7 +308,7 @@ class SearchBackend(Protocol):
 
     async def close(self) -> None: ...
 
-    async def apply(self, changes: list[Change]) -> None: ...  # idempotent, order-safe, bulk
+    async def apply(self, changes: list[IndexChange]) -> None: ...  # idempotent, order-safe, bulk
 
     async def search(
         self, entity_type: str, query: str, *, filters: dict[str, list[str]] | None = None, count: int = 10,

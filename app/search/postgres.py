@@ -46,7 +46,6 @@ from app.search.model import (
     DOWNSTREAM_LINEAGE,
     AspectEdges,
     AspectFields,
-    Change,
     EQUALITY_CONDITIONS,
     RANGE_CONDITIONS,
     REMOVED_FIELD,
@@ -58,6 +57,7 @@ from app.search.model import (
     EdgePage,
     EdgeQuery,
     EntityRemoval,
+    IndexChange,
     IndexedVersion,
     SearchFieldSpec,
     SearchHit,
@@ -425,7 +425,7 @@ class PostgresBackend:
         return types, names, weights, exact
 
     # --- apply ----------------------------------------------------------------------------------------------------
-    async def apply(self, changes: list[Change]) -> None:
+    async def apply(self, changes: list[IndexChange]) -> None:
         if not changes:
             return
         async with self._connection(readonly=False) as conn:
@@ -434,7 +434,7 @@ class PostgresBackend:
             )
             if touched:
                 await conn.fetchval(_LOCK_URNS, DOCUMENT_LOCK_CLASS, touched)
-            segment: list[Change] = []
+            segment: list[IndexChange] = []
             removals: list[EntityRemoval] = []
             for change in changes:
                 if isinstance(change, EntityRemoval):
@@ -452,7 +452,7 @@ class PostgresBackend:
             if removals:
                 await self._remove(conn, removals)
 
-    async def _apply_segment(self, conn: asyncpg.Connection, changes: Sequence[Change]) -> None:
+    async def _apply_segment(self, conn: asyncpg.Connection, changes: Sequence[IndexChange]) -> None:
         # Within one statement a row can be written once: keep the newest version per key (the later one on a tie,
         # as if applied in order).
         fields: dict[tuple[str, str], AspectFields] = {}

@@ -24,7 +24,7 @@ from typing import Any
 
 import orjson
 
-from app.search.model import Change, SearchBackend, SearchUnavailable
+from app.search.model import IndexChange, SearchBackend, SearchUnavailable
 from app.settings import Settings
 
 log = logging.getLogger("metaledger.search")
@@ -102,7 +102,7 @@ class IndexItem:
     """One change log's index changes, and the caller's handle on it (the worker's: its outbox row id)."""
 
     key: Any
-    changes: list[Change]
+    changes: list[IndexChange]
 
 
 class Indexer:
@@ -117,14 +117,14 @@ class Indexer:
         self.topics = (settings.topic_mcl_versioned, settings.topic_mcl_timeseries)
         self.limits = IndexLimits.from_settings(settings)
 
-    def changes_of(self, mcl: dict[str, Any]) -> list[Change]:
+    def changes_of(self, mcl: dict[str, Any]) -> list[IndexChange]:
         """One change log's index changes; raises when they cannot be built."""
         from app.search.documents import changes_from_mcl
 
         return changes_from_mcl(mcl, self.registry, self.limits)
 
-    def changes(self, mcls: Iterable[dict[str, Any]]) -> list[Change]:
-        out: list[Change] = []
+    def changes(self, mcls: Iterable[dict[str, Any]]) -> list[IndexChange]:
+        out: list[IndexChange] = []
         for mcl in mcls:
             try:
                 out.extend(self.changes_of(mcl))
