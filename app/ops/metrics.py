@@ -17,11 +17,11 @@ keeps these values in files shared by every process, and `/metrics` sums them (`
 
 from __future__ import annotations
 
+import enum
 import logging
-from collections.abc import Iterable, Sequence
-from typing import TYPE_CHECKING, Any
-
 import os
+from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
@@ -30,7 +30,6 @@ from app.errors import clip  # app.errors imports nothing of metaledger's
 
 if TYPE_CHECKING:
     from app.errors import Issue, MetaledgerError
-    from app.write.proposal import Proposal
 
 _write_log = logging.getLogger("metaledger.write")
 
@@ -143,7 +142,20 @@ def method_label(method: str) -> str:
 # --- the write path's hooks ------------------------------------------------------------------------------------------
 
 
-def count_writes(proposals: Sequence[Proposal], items: Sequence[Any]) -> None:
+class CountedWrite(Protocol):
+    """What `count_writes` reads of a proposal (app.write.proposal.Proposal, which stands above app.ops)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def entity_type(self) -> str: ...
+    @property
+    def aspect_name(self) -> str: ...
+    @property
+    def change_type(self) -> enum.Enum: ...
+
+
+def count_writes(proposals: Sequence[CountedWrite], items: Sequence[Any]) -> None:
     """After a commit: one per applied proposal (a proposal dropped by `If-None-Match: *` is not applied). `items`: the
     write's per-proposal results (`index`, `status`)."""
     filtered = {item.index for item in items if item.status.value in ("FILTERED", "IGNORED")} if items else ()
