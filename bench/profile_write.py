@@ -49,7 +49,7 @@ STAGES = [
     ("SQL: SQLAlchemy", r"\(sqlalchemy/"),
     ("schema validation", r"\(app/registry/validator\.py|\(fastjsonschema/|\(jsonschema/"),
     ("PATCH and write rules", r"app/write/(patch|rules|plugins)\.py"),
-    ("change log and entity change events", r"app/write/(mcl|entity_change_events)\.py|app/changelog/"),
+    ("change log and entity change events", r"app/write/mcl\.py|app/changelog/"),
     ("sync search indexing", r"app/search/"),
     ("write pipeline (app/write)", r"app/write/"),
     ("gateway and drafts (app/ingest)", r"app/ingest/"),

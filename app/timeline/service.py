@@ -5,8 +5,8 @@ most RETENTION_MAX_VERSIONS of them per aspect):
 
 * The categories asked for name the aspects read (``CATEGORY_ASPECTS``, DataHub's dataset registry applied to
   every entity type that has the aspects). Each stored version is diffed against the one before it by the differ
-  that also makes the Entity Change Events (``app.write.entity_change_events.aspect_changes``); only the changes of
-  the categories asked for are kept, and a version without any is no transaction.
+  that also makes the Entity Change Events (``app.changelog.entity_change_events.aspect_changes``); only the changes
+  of the categories asked for are kept, and a version without any is no transaction.
 * The range is [startTime, endTime] on the versions' ``createdon`` (endTime 0: now; startTime -1: a week before
   endTime, as DataHub). The first version in range is diffed against the newest one before it; a first version
   (1, or the first after a delete) against nothing.
@@ -28,10 +28,10 @@ from typing import Any
 import jsonpatch
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.changelog.entity_change_events import TIMELINE_ASPECTS, SemanticChange, aspect_changes
 from app.errors import Issue, ValidationFailed
 from app.registry import EntityRegistry
 from app.timeline.repository import TimelineRepository
-from app.write.entity_change_events import TIMELINE_ASPECTS, Change, aspect_changes
 from app.write.repository import StoredAspect
 
 log = logging.getLogger("metaledger.timeline")
@@ -106,7 +106,7 @@ class _Step:
     aspect: str
     row: StoredAspect
     previous: dict[str, Any] | None
-    changes: list[Change]
+    changes: list[SemanticChange]
 
 
 @dataclass
@@ -201,7 +201,7 @@ def _transactions(steps: list[_Step], by_aspect: dict[str, list[StoredAspect]], 
     return out
 
 
-def _event(change: Change, row: StoredAspect) -> dict[str, Any]:
+def _event(change: SemanticChange, row: StoredAspect) -> dict[str, Any]:
     event: dict[str, Any] = {
         "entityUrn": change.entity_urn,
         "category": change.category,

@@ -32,7 +32,7 @@ import jsonpatch
 import jsonpointer
 
 from app.urns import InvalidUrnError, entity_type_of
-from app.write.java_text import java_double
+from app.java_text import java_double
 
 __all__ = [
     "PatchDocument",

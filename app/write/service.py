@@ -40,7 +40,7 @@ from app.limits import MAX_LONG, MIN_LONG, clip, too_deep
 from app.urns import URN_MAX_STORED_CHARS, InvalidUrnError, entity_type_of, shown, validate_urn
 from app.changelog.outbox import OutboxRow
 from app.write.mcl import build_change_log
-from app.write.entity_change_events import entity_change_events, platform_event, platform_event_key
+from app.changelog.entity_change_events import entity_change_events, platform_event, platform_event_key
 from app.write.patch import PatchDocument, PatchError, apply_patch, parse_patch
 from app.write.proposal import (
     DEFAULT_RUN_ID,

@@ -18,7 +18,7 @@ from app.avro.records import AvroEncodeError, from_avro, to_avro
 from app.avro.wire import ValueCodec, WireFormatError, frame, topic_roles, unframe
 from app.ingest.mcp import proposal_to_mcp
 from app.settings import Settings
-from app.write.entity_change_events import platform_event
+from app.changelog.entity_change_events import platform_event
 from app.write.mcl import build_change_log
 from app.write.proposal import AuditStamp, ChangeType, Draft, Proposal
 

@@ -1,10 +1,10 @@
-"""Entity Change Events (app.write.entity_change_events) against DataHub's generator semantics."""
+"""Entity Change Events (app.changelog.entity_change_events) against DataHub's generator semantics."""
 
 import json
 
 import pytest
 
-from app.write.entity_change_events import (
+from app.changelog.entity_change_events import (
     ECE_ENTITY_EXCLUSIONS,
     KEY_ASPECTS,
     PLATFORM_EVENT_KEY_PREFIX,
@@ -15,7 +15,7 @@ from app.write.entity_change_events import (
     platform_event_key,
     schema_field_urn,
 )
-from app.write.java_text import java_double as _java_double
+from app.java_text import java_double as _java_double
 
 DATASET = "urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)"
 AUDIT = {"time": 1700000000123, "actor": "urn:li:corpuser:jdoe"}

@@ -7,9 +7,10 @@ eventgenerator/*ChangeEventGenerator.java``), and publishes each one on ``Platfo
 ``entity_change_events`` returns the ``EntityChangeEvent`` payloads (``EntityChangeEvent.pdl``), ``platform_event``
 wraps one in the ``PlatformEvent`` envelope, ``platform_event_key`` gives its Kafka key.
 
-One differ, two uses: each generator returns ``Change`` records that also carry DataHub's ``semVerChange`` and
-description; ``aspect_changes`` hands them to the Timeline API (``app.timeline``), which diffs consecutive stored
-versions with the same generators (plus ``institutionalMemory``, which the Timeline diffs and the hook does not).
+One differ, two uses: each generator returns ``SemanticChange`` records that also carry DataHub's ``semVerChange``
+and description; ``aspect_changes`` hands them to the Timeline API (``app.timeline``), which diffs consecutive
+stored versions with the same generators (plus ``institutionalMemory``, which the Timeline diffs and the hook does
+not).
 
 Eligibility (as ``PlatformEventGeneratorHook.isEligibleForChangeEventProcessing``): change type CREATE, UPSERT or
 DELETE; the aspect in the hook's fixed list (``SUPPORTED_ASPECTS``); the MCL's entity type not in
@@ -91,18 +92,17 @@ from typing import Any, Callable, NamedTuple
 
 import orjson
 
-from app.write.java_text import java_double
+from app.java_text import java_double
 
 __all__ = [
     "ECE_ENTITY_EXCLUSIONS",
     "KEY_ASPECTS",
     "PLATFORM_EVENT_KEY_PREFIX",
     "PLATFORM_EVENT_NAME",
-    "PLATFORM_EVENT_TOPIC",
     "SUPPORTED_ASPECTS",
     "SUPPORTED_CHANGE_TYPES",
     "TIMELINE_ASPECTS",
-    "Change",
+    "SemanticChange",
     "aspect_changes",
     "entity_change_events",
     "platform_event",
@@ -111,7 +111,6 @@ __all__ = [
 
 PLATFORM_EVENT_NAME = "entityChangeEvent"  # Constants.CHANGE_EVENT_PLATFORM_EVENT_NAME
 PLATFORM_EVENT_KEY_PREFIX = PLATFORM_EVENT_NAME + "-"  # key = "entityChangeEvent-" + ece["entityUrn"]
-PLATFORM_EVENT_TOPIC = "PlatformEvent_v1"
 ECE_ENTITY_EXCLUSIONS = frozenset({"schemaField"})
 SUPPORTED_CHANGE_TYPES = frozenset({"CREATE", "UPSERT", "DELETE"})
 
@@ -138,7 +137,7 @@ _URN_PREFIX = "urn:li:"
 Params = dict[str, Any]
 
 
-class Change(NamedTuple):
+class SemanticChange(NamedTuple):
     """One semantic change of an aspect value, as DataHub's generators build a ``ChangeEvent``: the first five
     fields make the Entity Change Event; ``semver`` (DataHub's ``SemanticChangeType``: MAJOR, MINOR, PATCH, NONE)
     and ``description`` (DataHub's human-readable text) are what the Timeline API adds to them."""
@@ -152,7 +151,7 @@ class Change(NamedTuple):
     description: str | None = None
 
 
-Generator = Callable[[str, "dict | None", "dict | None"], list["Change"]]
+Generator = Callable[[str, "dict | None", "dict | None"], list["SemanticChange"]]
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -284,9 +283,9 @@ def _assoc_diff(container: dict | None, target_container: dict | None, list_fiel
 def _association_events(
     entity_urn: str, base: dict | None, target: dict | None, *, list_field: str, key: Any, urn_field: str,
     category: str, parameter: str, noun: str,
-) -> list[Change]:
+) -> list[SemanticChange]:
     """ADD / REMOVE per tag or glossary-term association (the two generators differ only in names)."""
-    events: list[Change] = []
+    events: list[SemanticChange] = []
     for op, assoc in _assoc_diff(base, target, list_field, key):
         urn = assoc.get(urn_field)
         params = {
@@ -294,7 +293,8 @@ def _association_events(
             "context": assoc.get("context") if assoc.get("context") is not None else _EMPTY_JSON,
             "sourceDetails": _source_details(assoc.get("attribution")),
         }
-        events.append(Change(entity_urn, category, op, urn, params, "MINOR", _association_text(noun, op, urn, entity_urn)))
+        events.append(SemanticChange(entity_urn, category, op, urn, params, "MINOR",
+                                     _association_text(noun, op, urn, entity_urn)))
     return events
 
 
@@ -305,26 +305,26 @@ def _association_text(noun: str, op: str, urn: str | None, entity_urn: str) -> s
     return f"{noun} '{_urn_id(urn)}' removed from entity '{entity_urn}'."
 
 
-def _tag_events(entity_urn: str, base: dict | None, target: dict | None) -> list[Change]:
+def _tag_events(entity_urn: str, base: dict | None, target: dict | None) -> list[SemanticChange]:
     return _association_events(entity_urn, base, target, list_field="tags", key=_tag_key, urn_field="tag",
                                category="TAG", parameter="tagUrn", noun="Tag")
 
 
-def _term_events(entity_urn: str, base: dict | None, target: dict | None) -> list[Change]:
+def _term_events(entity_urn: str, base: dict | None, target: dict | None) -> list[SemanticChange]:
     return _association_events(entity_urn, base, target, list_field="terms", key=_term_key, urn_field="urn",
                                category="GLOSSARY_TERM", parameter="termUrn", noun="Term")
 
 
-def _description_events(entity_urn: str, base: str | None, target: str | None, modifier=None) -> list[Change]:
+def _description_events(entity_urn: str, base: str | None, target: str | None, modifier=None) -> list[SemanticChange]:
     """The ADD / REMOVE / MODIFY description pattern shared by the properties generators (all MINOR in DataHub)."""
     if base is None and target is not None:
-        return [Change(entity_urn, "DOCUMENTATION", "ADD", modifier, {"description": target}, "MINOR",
+        return [SemanticChange(entity_urn, "DOCUMENTATION", "ADD", modifier, {"description": target}, "MINOR",
                        _DOC_ADDED.format(entity_urn, target))]
     if base is not None and target is None:
-        return [Change(entity_urn, "DOCUMENTATION", "REMOVE", modifier, {"description": base}, "MINOR",
+        return [SemanticChange(entity_urn, "DOCUMENTATION", "REMOVE", modifier, {"description": base}, "MINOR",
                        _DOC_REMOVED.format(entity_urn, base))]
     if base is not None and base != target:
-        return [Change(entity_urn, "DOCUMENTATION", "MODIFY", modifier, {"description": target}, "MINOR",
+        return [SemanticChange(entity_urn, "DOCUMENTATION", "MODIFY", modifier, {"description": target}, "MINOR",
                        _DOC_CHANGED.format(entity_urn, base, target))]
     return []
 
@@ -339,11 +339,11 @@ _DOC_CHANGED = "Documentation of '{}' has been changed from '{}' to '{}'."
 # generators: (urn, previous, current) -> raw events
 
 
-def _global_tags(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _global_tags(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     return _tag_events(urn, prev, cur)
 
 
-def _glossary_terms(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _glossary_terms(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     return _term_events(urn, prev, cur)
 
 
@@ -355,18 +355,18 @@ def _ownership_map(ownership: dict | None) -> dict[tuple[str, str], dict[str, di
     return groups
 
 
-def _owner_event(urn: str, op: str, owner: dict) -> Change:
+def _owner_event(urn: str, op: str, owner: dict) -> SemanticChange:
     owner_urn = owner.get("owner")
     params: Params = {"ownerUrn": owner_urn, "ownerType": owner.get("type")}
     if owner.get("typeUrn") is not None:
         params["ownerTypeUrn"] = owner["typeUrn"]
     params["sourceDetails"] = _source_details(owner.get("attribution"))
     done = "added" if op == "ADD" else "removed"
-    return Change(urn, "OWNERSHIP", op, owner_urn, params, "MINOR",
+    return SemanticChange(urn, "OWNERSHIP", op, owner_urn, params, "MINOR",
                   f"'{_urn_id(owner_urn)}' {done} as a `{owner.get('type')}` of '{urn}'.")
 
 
-def _ownership(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _ownership(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     old, new = _ownership_map(prev), _ownership_map(cur)
     removed: list[tuple[tuple, dict]] = []
     added: list[tuple[tuple, dict]] = []
@@ -411,13 +411,13 @@ def _domain_params(domains: dict, domain_urn: str) -> Params:
     }
 
 
-def _domain_event(urn: str, op: str, domains: dict, domain_urn: str) -> Change:
+def _domain_event(urn: str, op: str, domains: dict, domain_urn: str) -> SemanticChange:
     done = "added to" if op == "ADD" else "removed from"
-    return Change(urn, "DOMAIN", op, domain_urn, _domain_params(domains, domain_urn), "MINOR",
+    return SemanticChange(urn, "DOMAIN", op, domain_urn, _domain_params(domains, domain_urn), "MINOR",
                   f"Domain '{_urn_id(domain_urn)}' {done} entity '{urn}'.")
 
 
-def _domains(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _domains(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     old, new = _first_domain(prev), _first_domain(cur)
     if old is None and new is not None:
         return [_domain_event(urn, "ADD", cur, new)]
@@ -432,7 +432,7 @@ def _is_deprecated(value: dict | None) -> bool:
     return bool(value) and bool(value.get("deprecated"))
 
 
-def _deprecation(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _deprecation(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     was, now = _is_deprecated(prev), _is_deprecated(cur)
     if now and not was:
         params: Params = {"status": "DEPRECATED"}
@@ -440,9 +440,10 @@ def _deprecation(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
             params["timestamp"] = str(cur["decommissionTime"])
         if cur.get("note") is not None:
             params["note"] = cur["note"]
-        return [Change(urn, "DEPRECATION", "MODIFY", None, params, "PATCH", f"Entity '{urn}' has been deprecated.")]
+        return [SemanticChange(urn, "DEPRECATION", "MODIFY", None, params, "PATCH",
+                               f"Entity '{urn}' has been deprecated.")]
     if was and not now:
-        return [Change(urn, "DEPRECATION", "MODIFY", None, {"status": "ACTIVE"}, "PATCH",
+        return [SemanticChange(urn, "DEPRECATION", "MODIFY", None, {"status": "ACTIVE"}, "PATCH",
                        f"Entity '{urn}' is no longer deprecated.")]
     return []
 
@@ -451,19 +452,22 @@ def _is_removed(status: dict | None) -> bool:
     return bool(status) and bool(status.get("removed", False))
 
 
-def _status(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _status(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     if _is_removed(cur):
-        return [Change(urn, "LIFECYCLE", "SOFT_DELETE", None, None, "PATCH", f"Entity '{urn}' has been soft-deleted.")]
+        return [SemanticChange(urn, "LIFECYCLE", "SOFT_DELETE", None, None, "PATCH",
+                               f"Entity '{urn}' has been soft-deleted.")]
     if _is_removed(prev):
-        return [Change(urn, "LIFECYCLE", "REINSTATE", None, None, "PATCH", f"Entity '{urn}' has been reinstated.")]
+        return [SemanticChange(urn, "LIFECYCLE", "REINSTATE", None, None, "PATCH",
+                               f"Entity '{urn}' has been reinstated.")]
     return []
 
 
-def _entity_key(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _entity_key(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     if prev is None and cur is not None:
-        return [Change(urn, "LIFECYCLE", "CREATE", None, None, "PATCH", f"Entity '{urn}' has been created.")]
+        return [SemanticChange(urn, "LIFECYCLE", "CREATE", None, None, "PATCH", f"Entity '{urn}' has been created.")]
     if prev is not None and cur is None:
-        return [Change(urn, "LIFECYCLE", "HARD_DELETE", None, None, "PATCH", f"Entity '{urn}' has been deleted.")]
+        return [SemanticChange(urn, "LIFECYCLE", "HARD_DELETE", None, None, "PATCH",
+                               f"Entity '{urn}' has been deleted.")]
     return []
 
 
@@ -471,7 +475,7 @@ def _description_of(value: dict | None) -> str | None:
     return value.get("description") if value else None
 
 
-def _dataset_properties(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _dataset_properties(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     return _description_events(urn, _description_of(prev), _description_of(cur))
 
 
@@ -484,22 +488,22 @@ def _documentation_map(documentation: dict | None) -> dict[str | None, dict]:
     return docs
 
 
-def _documentation(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _documentation(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     old, new = _documentation_map(prev), _documentation_map(cur)
-    events: list[Change] = []
+    events: list[SemanticChange] = []
     for key in sorted(old.keys() | new.keys(), key=lambda k: (k is not None, k or "")):
         before, after = old.get(key), new.get(key)
         if before is None:
             text = after.get("documentation")
-            events.append(Change(urn, "DOCUMENTATION", "ADD", key, {"documentation": text}, "MINOR",
+            events.append(SemanticChange(urn, "DOCUMENTATION", "ADD", key, {"documentation": text}, "MINOR",
                                  _DOC_ADDED.format(urn, text)))
         elif after is None:
             text = before.get("documentation")
-            events.append(Change(urn, "DOCUMENTATION", "REMOVE", key, {"documentation": text}, "MINOR",
+            events.append(SemanticChange(urn, "DOCUMENTATION", "REMOVE", key, {"documentation": text}, "MINOR",
                                  _DOC_REMOVED.format(urn, text)))
         elif before.get("documentation") != after.get("documentation"):
             text = after.get("documentation")
-            events.append(Change(urn, "DOCUMENTATION", "MODIFY", key, {"documentation": text}, "PATCH",
+            events.append(SemanticChange(urn, "DOCUMENTATION", "MODIFY", key, {"documentation": text}, "PATCH",
                                  _DOC_CHANGED.format(urn, before.get("documentation"), text)))
     return events
 
@@ -512,7 +516,7 @@ def _field_path(field: dict) -> str:
 
 
 def _field_tag_events(field_urn: str, parent_urn: str, field_path: str, base: dict | None, target: dict | None):
-    events: list[Change] = []
+    events: list[SemanticChange] = []
     for op, assoc in _assoc_diff(base, target, "tags", _tag_key):
         tag = assoc.get("tag")
         params = {
@@ -521,12 +525,13 @@ def _field_tag_events(field_urn: str, parent_urn: str, field_path: str, base: di
             "tagUrn": tag,
             "context": assoc.get("context") if assoc.get("context") is not None else _EMPTY_JSON,
         }
-        events.append(Change(field_urn, "TAG", op, tag, params, "MINOR", _association_text("Tag", op, tag, field_urn)))
+        events.append(SemanticChange(field_urn, "TAG", op, tag, params, "MINOR",
+                                     _association_text("Tag", op, tag, field_urn)))
     return events
 
 
 def _field_term_events(field_urn: str, parent_urn: str, field_path: str, base: dict | None, target: dict | None):
-    events: list[Change] = []
+    events: list[SemanticChange] = []
     for op, assoc in _assoc_diff(base, target, "terms", _term_key):
         term = assoc.get("urn")
         params = {
@@ -535,7 +540,7 @@ def _field_term_events(field_urn: str, parent_urn: str, field_path: str, base: d
             "termUrn": term,
             "context": assoc.get("context") if assoc.get("context") is not None else _EMPTY_JSON,
         }
-        events.append(Change(field_urn, "GLOSSARY_TERM", op, term, params, "MINOR",
+        events.append(SemanticChange(field_urn, "GLOSSARY_TERM", op, term, params, "MINOR",
                              _association_text("Term", op, term, field_urn)))
     return events
 
@@ -555,7 +560,7 @@ def _field_doc_event(
     else:
         return None
     params = {"description": desc, "fieldPath": field_path, "parentUrn": parent_urn}
-    return Change(field_urn, "DOCUMENTATION", op, modifier, params, semver, text(op, base, target))
+    return SemanticChange(field_urn, "DOCUMENTATION", op, modifier, params, semver, text(op, base, target))
 
 
 def _schema_field_doc_text(base_path: str | None, target_path: str | None) -> Callable[[str, Any, Any], str]:
@@ -582,7 +587,7 @@ def _editable_field_doc_text(field_urn: str, base_path: str | None, target_path:
     return text
 
 
-def _field_property_events(parent_urn: str, base: dict | None, target: dict | None) -> list[Change]:
+def _field_property_events(parent_urn: str, base: dict | None, target: dict | None) -> list[SemanticChange]:
     """``getFieldPropertyChangeEvents``: description, tags, terms of one field, on the schemaField entity."""
     empty = _EMPTY_FIELD
     b, t = base or empty, target or empty
@@ -595,7 +600,7 @@ def _field_property_events(parent_urn: str, base: dict | None, target: dict | No
         return []  # fast path: nothing of interest changed (the common case for unchanged fields)
     field_path = _field_path(target if target is not None else base)
     field_urn = schema_field_urn(parent_urn, field_path)
-    events: list[Change] = []
+    events: list[SemanticChange] = []
     doc = _field_doc_event(
         field_urn, parent_urn, field_path, b_desc, t_desc,
         _schema_field_doc_text(base.get("fieldPath") if base else None, target.get("fieldPath") if target else None),
@@ -609,10 +614,10 @@ def _field_property_events(parent_urn: str, base: dict | None, target: dict | No
 
 def _schema_field_event(
     parent_urn: str, op: str, field_path: str, nullable: bool, category: str, semver: str, description: str,
-) -> Change:
+) -> SemanticChange:
     field_urn = schema_field_urn(parent_urn, field_path)
     params = {"fieldPath": field_path, "fieldUrn": field_urn, "nullable": nullable, "modificationCategory": category}
-    return Change(parent_urn, "TECHNICAL_SCHEMA", op, field_urn, params, semver, description)
+    return SemanticChange(parent_urn, "TECHNICAL_SCHEMA", op, field_urn, params, semver, description)
 
 
 # SchemaMetadataChangeEventGenerator: removals, type changes and primary-key changes break readers (MAJOR);
@@ -681,12 +686,12 @@ def _find_renamed(cur: dict, same: list, same_paths: list, same_idx: int, other:
     return None
 
 
-def _schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     base = sorted(prev.get("fields") or (), key=_field_path) if prev else []
     target = sorted(cur.get("fields") or (), key=_field_path) if cur else []
     base_paths = [_field_path(f) for f in base]
     target_paths = [_field_path(f) for f in target]
-    events: list[Change] = []
+    events: list[SemanticChange] = []
     renamed = _FieldSet()
     bi = ti = 0
     nb, nt = len(base), len(target)
@@ -766,13 +771,13 @@ def _schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> list[Chan
     return events
 
 
-def _editable_schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _editable_schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     base = sorted(prev.get("editableSchemaFieldInfo") or (), key=_field_path) if prev else []
     target = sorted(cur.get("editableSchemaFieldInfo") or (), key=_field_path) if cur else []
     pairs = _sorted_merge(base, target, _field_path)
-    docs: list[Change] = []
-    tags: list[Change] = []
-    terms: list[Change] = []
+    docs: list[SemanticChange] = []
+    tags: list[SemanticChange] = []
+    terms: list[SemanticChange] = []
     for b, t in pairs:
         field_urn = schema_field_urn(urn, _field_path(b if b is not None else t))
         field_path = _field_path(t if t is not None else b)
@@ -810,10 +815,10 @@ def _property_key(assignment: dict) -> str:
     return assignment.get("propertyUrn") or ""
 
 
-def _property_event(urn: str, op: str, key: str, params: Params | None) -> Change:
+def _property_event(urn: str, op: str, key: str, params: Params | None) -> SemanticChange:
     # DataHub describes a MODIFY with the ADDED text.
     done = "removed from" if op == "REMOVE" else "added to"
-    return Change(urn, "STRUCTURED_PROPERTY", op, key, params, "MINOR",
+    return SemanticChange(urn, "STRUCTURED_PROPERTY", op, key, params, "MINOR",
                   f"Structured property '{_urn_id(key)}' {done} entity '{urn}'.")
 
 
@@ -825,10 +830,10 @@ def _property_params(assignment: dict) -> Params:
     }
 
 
-def _structured_properties(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _structured_properties(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     base = sorted(prev.get("properties") or (), key=_property_key) if prev else []
     target = sorted(cur.get("properties") or (), key=_property_key) if cur else []
-    events: list[Change] = []
+    events: list[SemanticChange] = []
     bi = ti = 0
     nb, nt = len(base), len(target)
     while bi < nb and ti < nt:
@@ -857,7 +862,7 @@ def _assertion_completed(event: dict | None) -> bool:
     return bool(event) and event.get("status") == "COMPLETE"
 
 
-def _assertion_run_event(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _assertion_run_event(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     if not _assertion_completed(cur) or _assertion_completed(prev):
         return []
     params: Params = {"asserteeUrn": cur.get("asserteeUrn")}
@@ -866,10 +871,10 @@ def _assertion_run_event(urn: str, prev: dict | None, cur: dict | None) -> list[
         params["assertionResult"] = result.get("type")
     params["runId"] = cur.get("runId")
     params["runResult"] = cur.get("status")
-    return [Change(urn, "RUN", "COMPLETED", None, params)]
+    return [SemanticChange(urn, "RUN", "COMPLETED", None, params)]
 
 
-def _data_process_instance_run_event(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _data_process_instance_run_event(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     new_status = cur.get("status") if cur else None
     old_status = prev.get("status") if prev else None
     if new_status is None or new_status == old_status:
@@ -881,27 +886,27 @@ def _data_process_instance_run_event(urn: str, prev: dict | None, cur: dict | No
     if result is not None:
         params["runResult"] = result.get("type")
     operation = "COMPLETED" if new_status == "COMPLETE" else "STARTED"
-    return [Change(urn, "RUN", operation, None, params)]
+    return [SemanticChange(urn, "RUN", operation, None, params)]
 
 
-def _business_attribute_info(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _business_attribute_info(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     base_desc = _description_of(prev)
     target_desc = _description_of(cur)
-    events: list[Change] = []
+    events: list[SemanticChange] = []
     if base_desc is None and target_desc is not None:
-        events.append(Change(urn, "DOCUMENTATION", "ADD", cur.get("fieldPath"), None))
+        events.append(SemanticChange(urn, "DOCUMENTATION", "ADD", cur.get("fieldPath"), None))
     if base_desc is not None and target_desc is None:
-        events.append(Change(urn, "DOCUMENTATION", "REMOVE", prev.get("fieldPath"), None))
+        events.append(SemanticChange(urn, "DOCUMENTATION", "REMOVE", prev.get("fieldPath"), None))
     if base_desc is not None and base_desc != target_desc:
         if cur is None:
             return []  # DataHub dereferences the missing new value here and the hook drops the whole MCL
-        events.append(Change(urn, "DOCUMENTATION", "MODIFY", cur.get("fieldPath"), None))
+        events.append(SemanticChange(urn, "DOCUMENTATION", "MODIFY", cur.get("fieldPath"), None))
     events += _term_events(urn, (prev or {}).get("glossaryTerms"), (cur or {}).get("glossaryTerms"))
     events += _tag_events(urn, (prev or {}).get("globalTags"), (cur or {}).get("globalTags"))
     return events
 
 
-def _business_attributes(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _business_attributes(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     old = (prev or {}).get("businessAttribute")
     new = (cur or {}).get("businessAttribute")
     if old is not None and new is None:
@@ -920,37 +925,37 @@ def _business_attributes(urn: str, prev: dict | None, cur: dict | None) -> list[
         return []  # Urn.getIdAsUrn would throw in DataHub
     attribute_urn = assoc.get("businessAttributeUrn")
     params = {"parentUrn": urn, "businessAttributeUrn": attribute_urn, "datasetUrn": dataset_urn}
-    return [Change(urn, "BUSINESS_ATTRIBUTE", op, attribute_urn, params)]
+    return [SemanticChange(urn, "BUSINESS_ATTRIBUTE", op, attribute_urn, params)]
 
 
 def _memory_url(element: dict) -> str:
     return element.get("url") or ""
 
 
-def _institutional_memory(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _institutional_memory(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     """``InstitutionalMemoryChangeEventGenerator`` (the Timeline's only: the platform-event hook does not list the
     aspect): links sorted-merged by url; a link's description edited is a PATCH, a link added or removed MINOR.
     No parameters."""
     base = sorted((prev or {}).get("elements") or (), key=_memory_url)
     target = sorted((cur or {}).get("elements") or (), key=_memory_url)
-    events: list[Change] = []
+    events: list[SemanticChange] = []
     for b, t in _sorted_merge(base, target, _memory_url):
         if b is None:
-            events.append(Change(urn, "DOCUMENTATION", "ADD", _memory_url(t), None, "MINOR",
+            events.append(SemanticChange(urn, "DOCUMENTATION", "ADD", _memory_url(t), None, "MINOR",
                                  f"Institutional Memory '{_memory_url(t)}' with documentation of '{urn}' has been "
                                  f"added: '{t.get('description')}'"))
         elif t is None:
-            events.append(Change(urn, "DOCUMENTATION", "REMOVE", _memory_url(b), None, "MINOR",
+            events.append(SemanticChange(urn, "DOCUMENTATION", "REMOVE", _memory_url(b), None, "MINOR",
                                  f"Institutional Memory '{_memory_url(b)}' with documentation of '{urn}' has been "
                                  f"removed: '{b.get('description')}'"))
         elif b.get("description") != t.get("description"):
-            events.append(Change(urn, "DOCUMENTATION", "MODIFY", _memory_url(b), None, "PATCH",
+            events.append(SemanticChange(urn, "DOCUMENTATION", "MODIFY", _memory_url(b), None, "PATCH",
                                  f"Documentation of Institutional Memory '{_memory_url(b)}' of  '{urn}' has been "
                                  f"changed from '{b.get('description')}' to '{t.get('description')}'."))
     return events
 
 
-def _no_generator(urn: str, prev: dict | None, cur: dict | None) -> list[Change]:
+def _no_generator(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     return []
 
 
@@ -1032,7 +1037,7 @@ def entity_change_events(
     return payloads
 
 
-def aspect_changes(urn: str, aspect_name: str, previous: dict | None, current: dict | None) -> list[Change]:
+def aspect_changes(urn: str, aspect_name: str, previous: dict | None, current: dict | None) -> list[SemanticChange]:
     """The changes from one value of an aspect to the next, with their semantic change and description: what the
     Timeline API reports per version (``entity_change_events`` makes Entity Change Events of the same changes)."""
     generator = _TIMELINE_GENERATORS.get(aspect_name)
