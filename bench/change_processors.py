@@ -16,7 +16,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.write.processors import Change, Phase, Pipeline, PipelineStep  # noqa: E402
+from app.write.processors import Phase, Pipeline, PipelineStep, ProposedChange  # noqa: E402
 
 EXAMPLES = [
     PipelineStep("ignore-disallowed-words", config={"words": "confidential,secret"}),
@@ -25,15 +25,15 @@ EXAMPLES = [
 ]
 
 
-def change(i: int) -> Change:
+def change(i: int) -> ProposedChange:
     value = {"name": f"table_{i}", "description": f"Table {i}, revision 3: orders placed through the web shop",
              "customProperties": {"owner_team": "core", "revision": "3", "rows": str(i)}, "tags": []}
     previous = dict(value, description=f"Table {i}, revision 2: orders placed through the web shop")
-    return Change(f"urn:li:dataset:(urn:li:dataPlatform:hive,bench.t{i},PROD)", "dataset", "datasetProperties",
-                  "UPSERT", value, previous)
+    return ProposedChange(f"urn:li:dataset:(urn:li:dataPlatform:hive,bench.t{i},PROD)", "dataset",
+                          "datasetProperties", "UPSERT", value, previous)
 
 
-def per_change_us(pipeline: Pipeline, changes: list[Change]) -> float:
+def per_change_us(pipeline: Pipeline, changes: list[ProposedChange]) -> float:
     started = time.perf_counter()
     for c in changes:
         if pipeline.governs(Phase.BEFORE, c.entity_type, c.aspect, c.change_type):

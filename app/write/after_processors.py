@@ -39,7 +39,7 @@ from app.settings import Settings
 from app.workers import pause
 from app.write.processors import (
     MAX_CAUSE_DEPTH,
-    Change,
+    ProposedChange,
     EmittedProposal,
     Phase,
     Pipeline,
@@ -61,7 +61,7 @@ class RequiredProcessorMissing(RuntimeError):
 
 @dataclass(slots=True)
 class _Emission:
-    cause: Change
+    cause: ProposedChange
     processor: str
     proposal: EmittedProposal
 
@@ -130,7 +130,7 @@ class AfterProcessorWorker:
         for row in rows:
             if row["payload"] is None:
                 continue
-            change = Change.from_change_log(orjson.loads(row["payload"]))
+            change = ProposedChange.from_change_log(orjson.loads(row["payload"]))
             if not pipeline.governs(Phase.AFTER, change.entity_type, change.aspect, change.change_type):
                 continue
             result = pipeline.run(Phase.AFTER, change)

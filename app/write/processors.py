@@ -9,7 +9,7 @@ A processor is a class with a `name`, a `scope` (entity/aspect patterns and chan
   proposed value in hand (the RFC's `updateLambda`);
 - `after`: after commit, from the change log (side effects that must not slow or fail the write).
 
-`process(change) -> Outcome`, where an outcome is one of `Accept()`, `Mutate(value)`, `Ignore(reason)`,
+`process(change) -> ProcessorOutcome`, where an outcome is one of `Accept()`, `Mutate(value)`, `Ignore(reason)`,
 `Reject(reason)`, each optionally carrying `emit=[EmittedProposal, ...]`. A processor that raises, or runs past its
 time budget, is a refusal naming it (fail closed).
 
@@ -42,7 +42,7 @@ import importlib.metadata
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar
 
 import orjson
@@ -98,7 +98,7 @@ class Scope:
 
 
 @dataclass(frozen=True, slots=True)
-class Change:
+class ProposedChange:
     """What a processor sees. `previous_*` are None for a first write; in the after phase `proposed` is the value
     that was committed."""
 
@@ -114,7 +114,7 @@ class Change:
     version: int | None = None  # the version written (after phase)
 
     @classmethod
-    def from_change_log(cls, mcl: Mapping[str, Any]) -> Change:
+    def from_change_log(cls, mcl: Mapping[str, Any]) -> ProposedChange:
         """The after phase's view of a committed change log (DataHub's MCL, JSON form): `proposed` is the value
         written (None for a DELETE), `previous` the value it replaced, `change_type` the change log's (UPSERT,
         CREATE, DELETE or RESTATE: a PATCH is logged as the UPSERT it became)."""
@@ -147,7 +147,7 @@ class EmittedProposal:
     change_type: str = "UPSERT"
 
 
-class OutcomeKind(str, enum.Enum):
+class ProcessorOutcomeKind(str, enum.Enum):
     ACCEPTED = "accepted"
     MUTATED = "mutated"
     IGNORED = "ignored"
@@ -155,14 +155,16 @@ class OutcomeKind(str, enum.Enum):
 
 
 @dataclass(frozen=True, slots=True)
-class Outcome:
-    kind: OutcomeKind
+class ProcessorOutcome:
+    """What `process` returns: made by `Accept`, `Mutate`, `Ignore` or `Reject`."""
+
+    kind: ProcessorOutcomeKind
     value: Any = None  # Mutate's new value
     reason: str | None = None
     emit: tuple[EmittedProposal, ...] = ()
 
 
-_ACCEPTED = Outcome(OutcomeKind.ACCEPTED)  # outcomes are immutable: the common one is made once
+_ACCEPTED = ProcessorOutcome(ProcessorOutcomeKind.ACCEPTED)  # outcomes are immutable: the common one is made once
 
 
 def cause_properties(processor: str, urn: str, aspect: str, version: int | str | None,
@@ -182,20 +184,20 @@ def cause_depth(system_metadata: Mapping[str, Any] | None) -> int:
         return 0
 
 
-def Accept(*, emit: Sequence[EmittedProposal] = ()) -> Outcome:  # noqa: N802 - reads as a constructor
-    return Outcome(OutcomeKind.ACCEPTED, emit=tuple(emit)) if emit else _ACCEPTED
+def Accept(*, emit: Sequence[EmittedProposal] = ()) -> ProcessorOutcome:  # noqa: N802 - reads as a constructor
+    return ProcessorOutcome(ProcessorOutcomeKind.ACCEPTED, emit=tuple(emit)) if emit else _ACCEPTED
 
 
-def Mutate(value: Any, *, emit: Sequence[EmittedProposal] = ()) -> Outcome:  # noqa: N802
-    return Outcome(OutcomeKind.MUTATED, value=value, emit=tuple(emit))
+def Mutate(value: Any, *, emit: Sequence[EmittedProposal] = ()) -> ProcessorOutcome:  # noqa: N802
+    return ProcessorOutcome(ProcessorOutcomeKind.MUTATED, value=value, emit=tuple(emit))
 
 
-def Ignore(reason: str, *, emit: Sequence[EmittedProposal] = ()) -> Outcome:  # noqa: N802
-    return Outcome(OutcomeKind.IGNORED, reason=reason, emit=tuple(emit))
+def Ignore(reason: str, *, emit: Sequence[EmittedProposal] = ()) -> ProcessorOutcome:  # noqa: N802
+    return ProcessorOutcome(ProcessorOutcomeKind.IGNORED, reason=reason, emit=tuple(emit))
 
 
-def Reject(reason: str) -> Outcome:  # noqa: N802
-    return Outcome(OutcomeKind.REJECTED, reason=reason)
+def Reject(reason: str) -> ProcessorOutcome:  # noqa: N802
+    return ProcessorOutcome(ProcessorOutcomeKind.REJECTED, reason=reason)
 
 
 class ChangeProcessor:
@@ -209,7 +211,7 @@ class ChangeProcessor:
     def __init__(self, config: Mapping[str, Any] | None = None) -> None:
         self.config = dict(config or {})
 
-    def process(self, change: Change) -> Outcome:  # pragma: no cover - interface
+    def process(self, change: ProposedChange) -> ProcessorOutcome:  # pragma: no cover - interface
         raise NotImplementedError
 
 
@@ -277,7 +279,7 @@ class StepReport:
     """What one processor did to one change (the write response lists these per proposal)."""
 
     processor: str
-    outcome: str  # an OutcomeKind value, or "failed"
+    outcome: str  # a ProcessorOutcomeKind value, or "failed"
     reason: str | None = None
     emitted: int = 0
     elapsed_ms: float = 0.0
@@ -340,7 +342,7 @@ class Pipeline:
             return LoadedStep(step, None, Scope.from_json(step.scope, Scope()), Phase.BEFORE, error=str(error))
         return LoadedStep(step, processor, Scope.from_json(step.scope, cls.scope), cls.phase, origin)
 
-    def run(self, phase: Phase, change: Change) -> PipelineResult:
+    def run(self, phase: Phase, change: ProposedChange) -> PipelineResult:
         result = self._run(phase, change)
         for report in result.reports:  # tallied here, published once per write (publish_metrics)
             tally = self._tally.get((report.processor, phase, report.outcome))
@@ -358,7 +360,7 @@ class Pipeline:
             PROCESSOR_SECONDS.labels(processor, phase.value).inc(elapsed_ms / 1000)
         self._tally.clear()
 
-    def _run(self, phase: Phase, change: Change) -> PipelineResult:
+    def _run(self, phase: Phase, change: ProposedChange) -> PipelineResult:
         result = PipelineResult(change.proposed)
         current = change
         for loaded in self._plan(phase, change.entity_type, change.aspect, change.change_type):
@@ -383,21 +385,22 @@ class Pipeline:
                 result.rejected = (loaded.step.name, f"change processor ran {elapsed_ms:.0f} ms, past its {budget:.0f} ms budget")
                 result.reports.append(StepReport(loaded.step.name, "failed", "over budget", elapsed_ms=elapsed_ms))
                 return result
-            if not isinstance(outcome, Outcome):
-                result.rejected = (loaded.step.name, f"change processor returned {type(outcome).__name__}, not an Outcome")
-                result.reports.append(StepReport(loaded.step.name, "failed", "not an Outcome", elapsed_ms=elapsed_ms))
+            if not isinstance(outcome, ProcessorOutcome):
+                result.rejected = (loaded.step.name,
+                                   f"change processor returned {type(outcome).__name__}, not a ProcessorOutcome")
+                result.reports.append(StepReport(loaded.step.name, "failed", "not a ProcessorOutcome", elapsed_ms=elapsed_ms))
                 return result
             result.emitted.extend((loaded.step.name, e) for e in outcome.emit)
             result.reports.append(StepReport(loaded.step.name, outcome.kind.value, outcome.reason, len(outcome.emit), elapsed_ms))
-            if outcome.kind is OutcomeKind.REJECTED:
+            if outcome.kind is ProcessorOutcomeKind.REJECTED:
                 result.rejected = (loaded.step.name, outcome.reason or "rejected")
                 return result
-            if outcome.kind is OutcomeKind.IGNORED:
+            if outcome.kind is ProcessorOutcomeKind.IGNORED:
                 result.ignored = loaded.step.name
                 return result
-            if outcome.kind is OutcomeKind.MUTATED:
+            if outcome.kind is ProcessorOutcomeKind.MUTATED:
                 result.value = outcome.value
-                current = Change(**{**{f: getattr(current, f) for f in Change.__slots__}, "proposed": outcome.value})
+                current = replace(current, proposed=outcome.value)
         return result
 
     def describe(self) -> list[dict[str, Any]]:

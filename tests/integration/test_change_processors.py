@@ -22,10 +22,10 @@ from app.write.processors import (
     CAUSE_VERSION,
     PIPELINE_URN,
     Accept,
-    Change,
     ChangeProcessor,
     EmittedProposal,
     Phase,
+    ProposedChange,
     Reject,
     Scope,
 )
@@ -44,7 +44,7 @@ class RejectsUppercaseTags(ChangeProcessor):
     name = "rejects-uppercase-tags"
     scope = Scope(aspects=("globalTags",))
 
-    def process(self, change: Change):
+    def process(self, change: ProposedChange):
         tags = [t["tag"] for t in (change.proposed or {}).get("tags") or []]
         return Reject(f"upper-case tag {tags}") if any(t != t.lower() for t in tags) else Accept()
 
@@ -56,7 +56,7 @@ class TagsNewDatasets(ChangeProcessor):
     name = "tags-new-datasets"
     scope = Scope(entity_types=("dataset",), aspects=("datasetProperties",))
 
-    def process(self, change: Change):
+    def process(self, change: ProposedChange):
         if change.previous is not None:
             return Accept()
         return Accept(emit=[
@@ -73,7 +73,7 @@ class MarksDeprecated(ChangeProcessor):
     phase = Phase.AFTER
     scope = Scope(entity_types=("dataset",), aspects=("deprecation",))
 
-    def process(self, change: Change):
+    def process(self, change: ProposedChange):
         note = (change.proposed or {}).get("note", "")
         return Accept(emit=[EmittedProposal(change.urn, "dataset", "editableDatasetProperties", {"description": f"seen {note}"})])
 

@@ -6,7 +6,6 @@ import time
 
 from app.write.processors import (
     Accept,
-    Change,
     ChangeProcessor,
     EmittedProposal,
     Ignore,
@@ -14,6 +13,7 @@ from app.write.processors import (
     Phase,
     Pipeline,
     PipelineStep,
+    ProposedChange,
     Reject,
     Scope,
 )
@@ -25,7 +25,7 @@ class Lowercase(ChangeProcessor):
     name = "lowercase"
     scope = Scope(aspects=("globalTags",))
 
-    def process(self, change: Change):
+    def process(self, change: ProposedChange):
         return Mutate({"tags": [{"tag": t["tag"].lower()} for t in change.proposed["tags"]]})
 
 
@@ -33,7 +33,7 @@ class SeesValue(ChangeProcessor):
     name = "sees"
     seen: list = []
 
-    def process(self, change: Change):
+    def process(self, change: ProposedChange):
         SeesValue.seen.append((change.proposed, change.previous))
         return Accept()
 
@@ -41,7 +41,7 @@ class SeesValue(ChangeProcessor):
 class NoSecrets(ChangeProcessor):
     name = "no-secrets"
 
-    def process(self, change: Change):
+    def process(self, change: ProposedChange):
         # the RFC's example: ignore an update that introduces a disallowed string the previous value did not have
         text, before = str(change.proposed), str(change.previous)
         if self.config.get("word", "secret") in text and self.config.get("word", "secret") not in before:
@@ -53,14 +53,14 @@ class NeedsOwner(ChangeProcessor):
     name = "needs-owner"
     scope = Scope(entity_types=("dataset",), aspects=("datasetProperties",))
 
-    def process(self, change: Change):
+    def process(self, change: ProposedChange):
         return Reject("datasets in PROD need an owner") if "PROD" in change.urn else Accept()
 
 
 class Boom(ChangeProcessor):
     name = "boom"
 
-    def process(self, change: Change):
+    def process(self, change: ProposedChange):
         raise RuntimeError("kaput")
 
 
@@ -68,7 +68,7 @@ class Slow(ChangeProcessor):
     name = "slow"
     budget_ms = 5
 
-    def process(self, change: Change):
+    def process(self, change: ProposedChange):
         time.sleep(0.02)
         return Accept()
 
@@ -76,7 +76,7 @@ class Slow(ChangeProcessor):
 class Emits(ChangeProcessor):
     name = "emits"
 
-    def process(self, change: Change):
+    def process(self, change: ProposedChange):
         return Accept(emit=[EmittedProposal(change.urn, change.entity_type, "globalTags", {"tags": []})])
 
 
@@ -84,7 +84,7 @@ class After(ChangeProcessor):
     name = "after"
     phase = Phase.AFTER
 
-    def process(self, change: Change):
+    def process(self, change: ProposedChange):
         return Reject("never in the before phase")
 
 
@@ -93,8 +93,8 @@ def step(cls: type, **kwargs) -> PipelineStep:
 
 
 def change(aspect: str = "globalTags", value=None, previous=None, urn="urn:li:dataset:(urn:li:dataPlatform:hive,t,PROD)"):
-    return Change(urn, "dataset", aspect, "UPSERT", value if value is not None else {"tags": [{"tag": "urn:li:tag:PII"}]},
-                  previous)
+    return ProposedChange(urn, "dataset", aspect, "UPSERT",
+                          value if value is not None else {"tags": [{"tag": "urn:li:tag:PII"}]}, previous)
 
 
 def test_mutations_chain_in_order_and_the_next_processor_sees_the_new_value():

@@ -15,12 +15,12 @@ import orjson
 
 from app.write.processors import (
     Accept,
-    Change,
     ChangeProcessor,
     EmittedProposal,
     Ignore,
     Mutate,
     Phase,
+    ProposedChange,
     Reject,
     Scope,
 )
@@ -38,7 +38,7 @@ class IgnoreDisallowedWords(ChangeProcessor):
         # configuration is parsed once, when the pipeline is loaded, not per change
         self.words = [w.strip().lower() for w in self.config.get("words", "confidential").split(",") if w.strip()]
 
-    def process(self, change: Change):
+    def process(self, change: ProposedChange):
         proposed = orjson.dumps(change.proposed).decode().lower()
         if not any(word in proposed for word in self.words):
             return Accept()
@@ -53,7 +53,7 @@ class ProdDatasetsNeedAnOwner(ChangeProcessor):
     name = "prod-datasets-need-an-owner"
     scope = Scope(entity_types=("dataset",), aspects=("ownership",))
 
-    def process(self, change: Change):
+    def process(self, change: ProposedChange):
         if not change.urn.endswith(",PROD)"):
             return Accept()
         if change.change_type == "DELETE" or not (change.proposed or {}).get("owners"):
@@ -65,7 +65,7 @@ class LowercaseTags(ChangeProcessor):
     name = "lowercase-tags"
     scope = Scope(aspects=("globalTags",), change_types=("UPSERT", "CREATE", "PATCH", "UPDATE"))
 
-    def process(self, change: Change):
+    def process(self, change: ProposedChange):
         tags = (change.proposed or {}).get("tags") or []
         lowered = [{**t, "tag": t["tag"].lower()} for t in tags]
         return Accept() if lowered == tags else Mutate({**change.proposed, "tags": lowered})
@@ -76,7 +76,7 @@ class DeprecatedDatasetsGetATag(ChangeProcessor):
     phase = Phase.AFTER
     scope = Scope(entity_types=("dataset",), aspects=("deprecation",), change_types=("UPSERT", "CREATE", "PATCH", "UPDATE"))
 
-    def process(self, change: Change):
+    def process(self, change: ProposedChange):
         was = bool((change.previous or {}).get("deprecated"))
         if not (change.proposed or {}).get("deprecated") or was:
             return Accept()
