@@ -1,7 +1,7 @@
 """The ingest gateway: the one path every write takes, whatever protocol brought it.
 
     drafts → authorize (the caller's role and policies) → prepare (registry, schema, URN, proposal rules) → queue (async, with Kafka) | apply (one transaction)
-           → sync index (when a proposal or the request asks for it) → Outcome
+           → sync index (when a proposal or the request asks for it) → SubmitOutcome
 
 The protocols (app.api.*, the Kafka consumers) only turn what they received into drafts and the outcome into
 their answer. Every error leaves here in the caller's terms: each draft's `Location` re-expresses the write
@@ -35,7 +35,7 @@ class ProposalQueue(Protocol):
 
 
 @dataclass(slots=True)
-class Outcome:
+class SubmitOutcome:
     """What became of a submission: queued (async, nothing committed yet) or applied, and the sync index outcome."""
 
     drafts: list[Draft]
@@ -122,7 +122,7 @@ class IngestGateway:
         *,
         queue: bool = False,
         request_headers: Mapping[str, str] | None = None,
-    ) -> Outcome:
+    ) -> SubmitOutcome:
         """Prepare, then queue (`queue=True` and a proposal queue configured) or apply and sync-index.
         Without a queue an asynchronous write is applied now (documented: 200 means committed)."""
         await self.authorize(caller, drafts)
@@ -133,10 +133,10 @@ class IngestGateway:
             by_index = {draft.index: draft for draft in drafts}
             pairs = [(by_index[p.index], p) for p in proposals]
             await self.queue.send([proposal_to_mcp(draft, proposal) for draft, proposal in pairs])
-            return Outcome(drafts, proposals, queued=pairs)
+            return SubmitOutcome(drafts, proposals, queued=pairs)
         async with self.admission or nullcontext():  # a write slot, or 429 after a short wait
             result = await self.apply(session, proposals, caller.audit_stamp(), drafts, combine=True)
         index = None
         if wants_sync_index(request_headers, proposals):
             index = await sync_index(self.search, result.outbox)
-        return Outcome(drafts, proposals, result, index)
+        return SubmitOutcome(drafts, proposals, result, index)
