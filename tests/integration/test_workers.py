@@ -39,22 +39,30 @@ def children(pid: int) -> list[psutil.Process]:
     return found
 
 
-async def background_pid(dsn: str, supervisor: int) -> int:
-    """The process of the embedded indexing worker: the child holding the database connection named
-    `metaledger-indexer` (found by its client port)."""
+async def background_pid(dsn: str, supervisor: int) -> int | None:
+    """The process of the embedded indexing worker: the child holding a connection named `metaledger-indexer` to this
+    test's database (found by its client port); None while there is none. The test server is shared: other services
+    of the run (a session-scoped one of tests/client) have indexers of their own on other databases, and a killed
+    indexer's connection can outlive it for a moment."""
     conn = await asyncpg.connect(dsn)
     try:
-        port = await conn.fetchval("SELECT client_port FROM pg_stat_activity WHERE application_name = 'metaledger-indexer'")
+        ports = {r["client_port"] for r in await conn.fetch(
+            "SELECT client_port FROM pg_stat_activity "
+            "WHERE datname = current_database() AND application_name = 'metaledger-indexer'")}
     finally:
         await conn.close()
-    assert port is not None, "no indexing worker connected"
     for child in children(supervisor):
-        if any(c.laddr and c.laddr.port == port for c in child.net_connections(kind="tcp")):
-            return child.pid
-    raise AssertionError("no child process holds the indexer's connection")
+        try:
+            if any(c.laddr and c.laddr.port in ports for c in child.net_connections(kind="tcp")):
+                return child.pid
+        except psutil.NoSuchProcess:  # a child that exited since (the killed background process)
+            pass
+    return None
 
 
-async def wait_for(predicate, timeout: float = 30.0, interval: float = 0.2):
+async def wait_for(predicate, timeout: float = 90.0, interval: float = 0.2):
+    """The predicate's first truthy value, or its last one past `timeout`: conditions are waited on, and the deadline
+    is generous (it only matters when the test fails; the machine may be loaded)."""
     deadline = time.monotonic() + timeout
     while True:
         value = await predicate()
@@ -70,6 +78,9 @@ async def test_serve_with_two_workers(make_database, migrated_template):
     base = f"http://127.0.0.1:{port}"
     env = {"METALEDGER_DATABASE_URL": database_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
            "METALEDGER_SEARCH_WORKER_POLL_MS": "20"}
+    # an indexer of another database on the same server, as a full run has (tests/client's session-scoped service)
+    other_indexer = await asyncpg.connect(make_database().replace("postgresql+asyncpg://", "postgresql://"),
+                                          server_settings={"application_name": "metaledger-indexer"})
     supervisor = start_service(env, port, workers=2)
     try:
         await wait_healthy(base, 90, supervisor)
@@ -126,27 +137,33 @@ async def test_serve_with_two_workers(make_database, migrated_template):
                 return found.status_code == 200 and len(found.json()["entities"]) == ENTITIES
             assert await wait_for(indexed), (await http.get("/openapi/v3/entity/dataset", params={"query": "client"})).text
 
-            # /metrics sums the processes: every write counted once, whichever process took it and the scrape
-            for _ in range(3):
-                text = (await http.get("/metrics")).text
-                counted = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+            # /metrics sums the processes: every write counted once, whichever process took it and the scrape; the
+            # rows applied are counted by the background process (which may still be applying the last ones: every
+            # entity found does not mean every version indexed), scraped through an API process
+            async def scrape() -> tuple[float, float]:
+                lines = (await http.get("/metrics")).text.splitlines()
+                counted = sum(float(line.rsplit(" ", 1)[1]) for line in lines
                               if line.startswith("metaledger_writes_total{") and 'aspect="datasetProperties"' in line)
-                assert counted == writes, text[:2000]
-                applied = sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+                applied = sum(float(line.rsplit(" ", 1)[1]) for line in lines
                               if line.startswith("metaledger_indexer_applied_rows_total"))
-                assert applied >= writes  # counted by the background process, scraped through an API process
+                return counted, applied
+
+            async def all_applied() -> bool:
+                return (await scrape())[1] >= writes
+            assert await wait_for(all_applied), await scrape()
+            for _ in range(3):
+                counted, applied = await scrape()
+                assert counted == writes and applied >= writes, (counted, applied)
 
             # kill -9 of the background process: the supervisor starts another, which indexes what comes next
-            old = await background_pid(dsn, supervisor.pid)
+            old = await wait_for(lambda: background_pid(dsn, supervisor.pid))
+            assert old, "no child process holds this database's indexer connection"
             psutil.Process(old).kill()
 
             async def replaced() -> int | None:
-                try:
-                    pid = await background_pid(dsn, supervisor.pid)
-                except AssertionError:
-                    return None
+                pid = await background_pid(dsn, supervisor.pid)
                 return pid if pid != old else None
-            new = await wait_for(replaced, timeout=60)
+            new = await wait_for(replaced)
             assert new, "the background process was not replaced"
             response = await http.post(f"/openapi/v3/entity/dataset/{urn(99, 0)}/datasetProperties",
                                        json={"value": {"name": "after the restart"}})
@@ -155,7 +172,7 @@ async def test_serve_with_two_workers(make_database, migrated_template):
             async def indexed_after() -> bool:
                 found = await http.get("/openapi/v3/entity/dataset", params={"query": "restart"})
                 return found.status_code == 200 and len(found.json()["entities"]) == 1
-            assert await wait_for(indexed_after, timeout=30)
+            assert await wait_for(indexed_after)
         pids = [p.pid for p in children(supervisor.pid)]
     finally:
         supervisor.send_signal(signal.SIGTERM)
@@ -163,8 +180,9 @@ async def test_serve_with_two_workers(make_database, migrated_template):
             supervisor.wait(30)
         finally:
             stop_process(supervisor)
+            await other_indexer.close()
     # SIGTERM to the supervisor stops every process it started
-    assert await wait_for(lambda: _all_gone(pids), timeout=20), [p for p in pids if psutil.pid_exists(p)]
+    assert await wait_for(lambda: _all_gone(pids)), [p for p in pids if _running(p)]
 
 
 async def _count_children(pid: int, expected: int) -> bool:
@@ -172,7 +190,14 @@ async def _count_children(pid: int, expected: int) -> bool:
 
 
 async def _all_gone(pids: list[int]) -> bool:
-    return not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    return not any(_running(p) for p in pids)
+
+
+def _running(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 async def test_children_stop_when_the_supervisor_is_killed(make_database, migrated_template):
@@ -188,6 +213,6 @@ async def test_children_stop_when_the_supervisor_is_killed(make_database, migrat
         pids = [p.pid for p in children(supervisor.pid)]
         supervisor.kill()
         supervisor.wait(10)
-        assert await wait_for(lambda: _all_gone(pids), timeout=30), [p for p in pids if psutil.pid_exists(p)]
+        assert await wait_for(lambda: _all_gone(pids)), [p for p in pids if _running(p)]
     finally:
         stop_process(supervisor)
