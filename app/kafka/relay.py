@@ -31,6 +31,7 @@ import logging
 import math
 import random
 import time
+from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
@@ -55,31 +56,53 @@ log = logging.getLogger("metaledger.relay")
 estimate_size = DefaultRecordBatchBuilder.estimate_size_in_bytes
 
 BALANCE_INTERVAL_S = 1.0  # how often a publisher recounts the relays and takes or gives back lanes
-MAX_BACKOFF_S = 5.0  # database reconnects
-MAX_KAFKA_BACKOFF_S = 2.0  # producer restarts (a refused connection costs nothing; the outage should end quickly)
 PRODUCE_TIMEOUT_MS = 15_000  # a batch not acknowledged within this fails, and is retried later
 MAX_KAFKA_BATCH_BYTES = 1024 * 1024
 READ_AHEAD_CHUNK = 100  # rows the read-ahead encodes between two turns of the event loop
 
+# A batch's values as read ahead: row id → value, row id → derived events [(topic, value; None: a tombstone)], and
+# the rows refused with the reason.
+Encoded = tuple[dict[int, bytes], dict[int, list[tuple[str, bytes | None]]], list[tuple[outbox.PendingRow, str]]]
+
+
+@dataclass(slots=True)
+class Backoff:
+    """Capped exponential backoff, without jitter: after the n-th failure in a row the next attempt waits
+    min(cap, base * 2**n) seconds; a success starts the count again."""
+
+    base: float
+    cap: float
+    failures: int = 0
+
+    def failed(self) -> float:
+        """Count a failure; the wait before the next attempt."""
+        self.failures += 1
+        # past the cap the exponent changes nothing, and 2**n of a long outage would overflow a float
+        return min(self.cap, self.base * 2.0 ** min(self.failures, 64))
+
+    def succeeded(self) -> None:
+        self.failures = 0
+
 
 class OutboxRelay:
+    """The sequencer (always) and, when `kafka_bootstrap_servers` is set, the publisher, each on its own
+    connections; the sequencer wakes the publisher when it gave offsets."""
+
     def __init__(self, settings: Settings, engine: AsyncEngine, codec: ValueCodec | None = None,
                  derived: DerivedEvents | None = None) -> None:
         self.settings = settings
-        self.engine = engine
-        # The process's codec (main/background/cli build one); without one, DataHub's fixed ids and no registry.
-        self.codec = codec or ValueCodec(settings)
-        # Per-aspect events and MAE v4 (app.kafka.per_aspect): published with the change log they come from
-        self.derived = derived if derived is not None and derived.enabled else None
-        self._partitioner = KeyPartitioner()  # the producer's, and the batches' (the same placement of a key)
         self._wake = asyncio.Event()  # the sequencer gave offsets: the publisher has work
         self.sequencer = Sequencer(settings, engine, self._wake)
-        # figures, for tests, benchmarks and logs
-        self.published = 0  # rows this relay produced and marked delivered
-        self.lanes: set[int] = set()  # lanes this relay holds now
-        self._producer: AIOKafkaProducer | None = None
-        self._ahead: asyncio.Task | None = None  # the next batch, read (and encoded) while one is in flight
+        self.publisher = Publisher(
+            settings, engine,
+            # The process's codec (main/background/cli build one); without one, DataHub's fixed ids and no registry.
+            codec or ValueCodec(settings),
+            # Per-aspect events and MAE v4 (app.kafka.per_aspect): published with the change log they come from
+            derived if derived is not None and derived.enabled else None,
+            self._wake,
+        )
 
+    # figures, for tests, benchmarks and logs
     @property
     def sequenced(self) -> int:
         """Rows given a feed offset by this relay's sequencer."""
@@ -93,12 +116,21 @@ class OutboxRelay:
     def prune_passes(self) -> int:
         return self.sequencer.prune_passes
 
-    # --- lifecycle -----------------------------------------------------------------------------------------------
+    @property
+    def published(self) -> int:
+        """Rows this relay produced and marked delivered."""
+        return self.publisher.published
+
+    @property
+    def lanes(self) -> set[int]:
+        """The lanes this relay holds now."""
+        return self.publisher.lanes
+
     async def run(self, stop: asyncio.Event) -> None:
         """Assign change-feed offsets in commit order, publish to Kafka when configured, prune; until `stop`."""
         loops = [asyncio.create_task(self.sequencer.run(stop), name="relay-sequencer")]
         if self.settings.kafka_bootstrap_servers:
-            loops.append(asyncio.create_task(self._publisher(stop), name="relay-publisher"))
+            loops.append(asyncio.create_task(self.publisher.run(stop), name="relay-publisher"))
         waker = asyncio.create_task(self._wake_on(stop))
         try:
             await asyncio.gather(*loops)
@@ -111,119 +143,187 @@ class OutboxRelay:
         await stop.wait()
         self._wake.set()
 
-    # --- the publisher -------------------------------------------------------------------------------------------
-    async def _publisher(self, stop: asyncio.Event) -> None:
-        """Fetch, produce, mark; the delivered mark of one batch (on a second connection) overlaps the fetch and
-        produce of the next, and the next batch is read (and encoded) while this one is sent and acknowledged
-        (`_read_ahead`: it is only used if this batch went through, and never across a rebalance). A lane is only
-        given back, and the read position only reset, once every mark is in."""
-        poll = self.settings.relay_poll_interval_ms / 1000
-        batch = max(1, self.settings.relay_batch_size)
-        db_failures = 0
-        kafka_failures = 0
-        kafka_retry_at = 0.0
+
+class Publisher:
+    """Holds a fair share of the lanes and publishes their sequenced rows in feed order, a batch at a time:
+    rebalance (when due), take the next batch, produce it, settle it (mark what was delivered).
+
+    The delivered mark of one batch (on a second connection) overlaps the fetch and produce of the next, and the
+    next batch is read (and encoded) while this one is sent and acknowledged (`_read_ahead`: it is only used if this
+    batch went through, and never across a rebalance). A lane is only given back, and the read position only reset,
+    once every mark is in."""
+
+    def __init__(self, settings: Settings, engine: AsyncEngine, codec: ValueCodec, derived: DerivedEvents | None,
+                 wake: asyncio.Event) -> None:
+        self.settings = settings
+        self.engine = engine
+        self.codec = codec
+        self.derived = derived
+        self._wake = wake
+        self._poll_s = settings.relay_poll_interval_ms / 1000
+        self._batch_size = max(1, settings.relay_batch_size)
+        self._partitioner = KeyPartitioner()  # the producer's, and the batches' (the same placement of a key)
+        self._database = Backoff(base=0.2, cap=5.0)  # reconnects
+        # producer restarts: a refused connection costs nothing, and the outage should end quickly
+        self._kafka = Backoff(base=0.25, cap=2.0)
+        self._kafka_retry_at = 0.0  # no producer is started before this (time.monotonic)
+        self._producer: AIOKafkaProducer | None = None
+        self.published = 0  # rows produced and marked delivered
+        self.lanes: set[int] = set()  # lanes held now (by advisory locks on `_conn`)
+        # Each database session's (`_session`):
+        self._conn: asyncpg.Connection | None = None  # lane locks, reads
+        self._mark_conn: asyncpg.Connection | None = None  # delivered marks
+        self._marking: asyncio.Task | None = None  # the marks of the last batch, in flight
+        self._ahead: asyncio.Task | None = None  # the next batch, read (and encoded) while one is in flight
+        self._after = 0  # rows of the held lanes up to this offset are produced (marks may be in flight)
+        self._next_balance = 0.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Publish until `stop`; database and broker outages are retried with backoff."""
         try:
             while not stop.is_set():
-                conn: asyncpg.Connection | None = None
-                mark_conn: asyncpg.Connection | None = None
-                marking: asyncio.Task | None = None
                 try:
-                    conn = await connect_dedicated(self.engine, "metaledger-relay")
-                    mark_conn = await connect_dedicated(self.engine, "metaledger-relay")
-                    await outbox.join_publishers(conn)
-                    next_balance = 0.0
-                    after = 0  # rows of this relay's lanes up to this offset are produced (marks may be in flight)
-                    while not stop.is_set():
-                        if time.monotonic() >= next_balance:
-                            if marking is not None:
-                                await marking
-                                marking = None
-                            if self._ahead is not None:  # `conn` is needed: let the read-ahead's query finish
-                                await asyncio.gather(self._ahead, return_exceptions=True)
-                            held = set(self.lanes)
-                            await self._balance(conn)
-                            if self.lanes != held:
-                                self._ahead = None  # read for other lanes
-                            if self.lanes - held:
-                                after = 0  # a new lane may hold rows below the read position
-                            next_balance = time.monotonic() + BALANCE_INTERVAL_S
-                        db_failures = 0
-                        if not self.lanes:
-                            await pause(stop, BALANCE_INTERVAL_S)
-                            continue
-                        if self._producer is None:
-                            wait = kafka_retry_at - time.monotonic()
-                            if wait > 0:
-                                await pause(stop, min(wait, BALANCE_INTERVAL_S))
-                                continue
-                            try:
-                                await self._start_producer()
-                            except Exception as error:  # noqa: BLE001 - Kafka down: retry with backoff
-                                kafka_failures += 1
-                                kafka_retry_at = time.monotonic() + min(MAX_KAFKA_BACKOFF_S, 0.25 * 2**kafka_failures)
-                                if kafka_failures == 1 or kafka_failures % 30 == 0:
-                                    log.warning("relay: kafka unavailable; retrying",
-                                                extra={"attempts": kafka_failures, "error": f"{type(error).__name__}: {error}"})
-                                continue
-                        if self._ahead is not None:
-                            ahead, self._ahead = self._ahead, None
-                            rows, encoded = await ahead
-                        else:
-                            self._wake.clear()
-                            rows = await outbox.pending(conn, sorted(self.lanes), batch, after)
-                            encoded = None
-                        if not rows:
-                            if marking is not None:
-                                await marking
-                                marking = None
-                            try:
-                                await asyncio.wait_for(self._wake.wait(), timeout=poll)
-                            except TimeoutError:
-                                pass
-                            continue
-                        # The next batch is read (and encoded) while this one is sent and acknowledged.
-                        self._ahead = asyncio.create_task(
-                            self._read_ahead(conn, sorted(self.lanes), batch, rows[-1].feed_offset))
-                        delivered, refused, error = await self._produce(rows, encoded)
-                        if error is not None:
-                            await self._drop_read_ahead()  # the unpublished rows are read again first
-                        if marking is not None:
-                            await marking
-                        marking = asyncio.create_task(self._mark(mark_conn, delivered, refused))
-                        if error is None:
-                            kafka_failures = 0
-                            after = rows[-1].feed_offset
-                        else:
-                            await marking
-                            marking = None
-                            after = 0  # read the unpublished rows again, in order
-                            kafka_failures += 1
-                            kafka_retry_at = time.monotonic() + min(MAX_KAFKA_BACKOFF_S, 0.25 * 2**kafka_failures)
-                            log.warning("relay: produce failed; retrying",
-                                        extra={"error": f"{type(error).__name__}: {error}", "unpublished": len(rows) - len(delivered) - len(refused)})
-                            await self._stop_producer()
-                    if marking is not None:
-                        await marking
-                        marking = None
+                    await self._session(stop)
                 except Exception as error:  # noqa: BLE001 - the relay outlives database restarts
-                    db_failures += 1
                     log.warning("relay publisher: database error; retrying", extra={"error": f"{type(error).__name__}: {error}"})
-                    await pause(stop, min(MAX_BACKOFF_S, 0.2 * 2**db_failures))
-                finally:
-                    if marking is not None:  # a mark that does not land means those rows are published again
-                        await asyncio.gather(marking, return_exceptions=True)
-                    await self._drop_read_ahead()
-                    self.lanes = set()
-                    for c in (conn, mark_conn):
-                        if c is not None:
-                            await close_quietly(c)  # closing `conn` releases the lane locks
+                    await pause(stop, self._database.failed())
         finally:
             await self._stop_producer()
 
-    async def _read_ahead(self, conn: asyncpg.Connection, lanes: list[int], limit: int, after: int):
+    async def _session(self, stop: asyncio.Event) -> None:
+        """Publish on one pair of connections until `stop` or a database error. Whatever ends it, the marks in
+        flight land (or fail: those rows are published again) before the connections close, and closing `_conn`
+        gives the lanes back."""
+        try:
+            self._conn = await connect_dedicated(self.engine, "metaledger-relay")
+            self._mark_conn = await connect_dedicated(self.engine, "metaledger-relay")
+            await outbox.join_publishers(self._conn)
+            self._after, self._next_balance = 0, 0.0
+            while not stop.is_set():
+                if time.monotonic() >= self._next_balance:
+                    await self._rebalance()
+                self._database.succeeded()
+                if not self.lanes:
+                    await pause(stop, BALANCE_INTERVAL_S)
+                    continue
+                if not await self._producer_ready(stop):
+                    continue
+                rows, encoded = await self._next_batch()
+                if not rows:
+                    await self._settle_marks()
+                    try:
+                        await asyncio.wait_for(self._wake.wait(), timeout=self._poll_s)
+                    except TimeoutError:
+                        pass
+                    continue
+                # The next batch is read (and encoded) while this one is sent and acknowledged.
+                self._ahead = asyncio.create_task(
+                    self._read_ahead(self._conn, sorted(self.lanes), rows[-1].feed_offset))
+                await self._settle(rows, *await self._produce(rows, encoded))
+            await self._settle_marks()
+        finally:
+            if self._marking is not None:
+                await asyncio.gather(self._marking, return_exceptions=True)
+                self._marking = None
+            await self._drop_read_ahead()
+            self.lanes = set()
+            conns, self._conn, self._mark_conn = (self._conn, self._mark_conn), None, None
+            for conn in conns:
+                if conn is not None:
+                    await close_quietly(conn)
+
+    async def _rebalance(self) -> None:
+        """Take or give back lanes with every mark in and no read in flight (`_conn` is needed)."""
+        await self._settle_marks()
+        if self._ahead is not None:
+            await asyncio.gather(self._ahead, return_exceptions=True)
+        held = set(self.lanes)
+        await self._balance()
+        if self.lanes != held:
+            self._ahead = None  # read for other lanes
+        if self.lanes - held:
+            self._after = 0  # a new lane may hold rows below the read position
+        self._next_balance = time.monotonic() + BALANCE_INTERVAL_S
+
+    async def _balance(self) -> None:
+        """Hold a fair share of the lanes: ceil(lanes / live publishers). Extra lanes are given back (between
+        batches, so never with rows in flight); missing ones are taken if free."""
+        conn = self._conn
+        members = max(1, await outbox.count_publishers(conn))
+        target = math.ceil(outbox.LANES / members)
+        if len(self.lanes) > target:
+            for lane in sorted(self.lanes, reverse=True)[: len(self.lanes) - target]:
+                await outbox.unlock_lane(conn, lane)
+                self.lanes.discard(lane)
+        elif len(self.lanes) < target:
+            start = random.randrange(outbox.LANES)
+            for i in range(outbox.LANES):
+                lane = (start + i) % outbox.LANES
+                if lane not in self.lanes and await outbox.try_lock_lane(conn, lane):
+                    self.lanes.add(lane)
+                    if len(self.lanes) >= target:
+                        break
+
+    async def _producer_ready(self, stop: asyncio.Event) -> bool:
+        """Whether a producer is up: one is started when the Kafka backoff allows. A wait is cut at
+        BALANCE_INTERVAL_S, so that the lanes stay balanced meanwhile."""
+        if self._producer is not None:
+            return True
+        wait = self._kafka_retry_at - time.monotonic()
+        if wait > 0:
+            await pause(stop, min(wait, BALANCE_INTERVAL_S))
+            return False
+        try:
+            await self._start_producer()
+        except Exception as error:  # noqa: BLE001 - Kafka down: retry with backoff
+            self._kafka_retry_at = time.monotonic() + self._kafka.failed()
+            attempts = self._kafka.failures
+            if attempts == 1 or attempts % 30 == 0:
+                log.warning("relay: kafka unavailable; retrying",
+                            extra={"attempts": attempts, "error": f"{type(error).__name__}: {error}"})
+            return False
+        return True
+
+    async def _next_batch(self) -> tuple[list[outbox.PendingRow], Encoded | None]:
+        """The held lanes' rows after the read position (a batch at most), with their encoded values when they were
+        read ahead (None: encoded when produced)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None:
+            return await ahead
+        self._wake.clear()
+        return await outbox.pending(self._conn, sorted(self.lanes), self._batch_size, self._after), None
+
+    async def _settle(self, rows: list[outbox.PendingRow], delivered: list[outbox.PendingRow],
+                      refused: list[tuple[outbox.PendingRow, str]], error: BaseException | None) -> None:
+        """Mark the delivered and refused rows of a produced batch (in flight while the next batch goes out). After
+        a failed produce, the read position goes back to the first unpublished row and the producer is stopped,
+        to be restarted when the Kafka backoff allows."""
+        if error is not None:
+            await self._drop_read_ahead()  # the unpublished rows are read again first
+        await self._settle_marks()
+        self._marking = asyncio.create_task(self._mark(self._mark_conn, delivered, refused))
+        if error is None:
+            self._kafka.succeeded()
+            self._after = rows[-1].feed_offset
+            return
+        await self._settle_marks()
+        self._after = 0  # read the unpublished rows again, in order
+        self._kafka_retry_at = time.monotonic() + self._kafka.failed()
+        log.warning("relay: produce failed; retrying",
+                    extra={"error": f"{type(error).__name__}: {error}", "unpublished": len(rows) - len(delivered) - len(refused)})
+        await self._stop_producer()
+
+    async def _settle_marks(self) -> None:
+        """Wait for the marks in flight (a failed mark raises here: a database error)."""
+        if self._marking is not None:
+            await self._marking
+            self._marking = None
+
+    async def _read_ahead(self, conn: asyncpg.Connection, lanes: list[int],
+                          after: int) -> tuple[list[outbox.PendingRow], Encoded | None]:
         """The next batch and its encoded values, read while the current batch is sent and acknowledged."""
         self._wake.clear()
-        rows = await outbox.pending(conn, lanes, limit, after)
+        rows = await outbox.pending(conn, lanes, self._batch_size, after)
         if not rows or not (self.codec.avro or self.derived):
             return rows, None
         refused: list[tuple[outbox.PendingRow, str]] = []
@@ -239,7 +339,7 @@ class OutboxRelay:
     async def _drop_read_ahead(self) -> None:
         ahead, self._ahead = self._ahead, None
         if ahead is not None:
-            await asyncio.gather(ahead, return_exceptions=True)  # let its query finish: `conn` is used next
+            await asyncio.gather(ahead, return_exceptions=True)  # let its query finish: `_conn` is used next
 
     async def _mark(self, conn: asyncpg.Connection, delivered: list[outbox.PendingRow],
                     refused: list[tuple[outbox.PendingRow, str]]) -> None:
@@ -251,24 +351,6 @@ class OutboxRelay:
             await outbox.mark_delivered(conn, [row.id for row in delivered])
             self.published += len(delivered)
             RELAY_PUBLISHED.inc(len(delivered))
-
-    async def _balance(self, conn: asyncpg.Connection) -> None:
-        """Hold a fair share of the lanes: ceil(lanes / live publishers). Extra lanes are given back (between
-        batches, so never with rows in flight); missing ones are taken if free."""
-        members = max(1, await outbox.count_publishers(conn))
-        target = math.ceil(outbox.LANES / members)
-        if len(self.lanes) > target:
-            for lane in sorted(self.lanes, reverse=True)[: len(self.lanes) - target]:
-                await outbox.unlock_lane(conn, lane)
-                self.lanes.discard(lane)
-        elif len(self.lanes) < target:
-            start = random.randrange(outbox.LANES)
-            for i in range(outbox.LANES):
-                lane = (start + i) % outbox.LANES
-                if lane not in self.lanes and await outbox.try_lock_lane(conn, lane):
-                    self.lanes.add(lane)
-                    if len(self.lanes) >= target:
-                        break
 
     async def _start_producer(self) -> None:
         settings = self.settings
@@ -303,7 +385,7 @@ class OutboxRelay:
         if producer is not None:
             await _stop_quietly(producer)
 
-    async def _produce(self, rows: list[outbox.PendingRow], encoded=None):
+    async def _produce(self, rows: list[outbox.PendingRow], encoded: Encoded | None = None):
         """Produce a batch and await every acknowledgement. Returns (delivered rows, refused rows with the reason,
         the first error or None). A row is delivered only if no earlier row with the same topic and key failed, so
         a retry can never put a key's change logs out of order. `encoded`: the rows' values and encoding refusals
