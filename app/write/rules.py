@@ -53,7 +53,7 @@ class Verdict:
         return self.kind is not VerdictKind.FILTER
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class PendingChange:
     """What a pre-commit rule sees: the proposal and the locked state it would change."""
 

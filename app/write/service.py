@@ -25,7 +25,7 @@ from app.ops.metrics import TRANSACTION_RETRIES, first_write_fields
 from app.registry import EntityRegistry
 from app.settings import Settings
 from app.changelog.outbox import OutboxRow
-from app.write.decision import Decision, ItemResult, ItemStatus, Locked, WriteCore
+from app.write.decision import Decision, ItemResult, Locked, WriteCore
 from app.write.proposal import AuditStamp, Draft, Proposal
 from app.write.repository import RETRYABLE_DB_ERRORS, AspectRepository
 from app.write.processors import PIPELINE_ASPECT, PIPELINE_URN, Pipeline
@@ -33,7 +33,7 @@ from app.write.rules import RuleChain, Verdict, VerdictKind
 
 log = logging.getLogger("metaledger.write")
 
-__all__ = ["ItemResult", "ItemStatus", "WriteResult", "WriteService"]  # the item types are app.write.decision's
+__all__ = ["ItemResult", "WriteResult", "WriteService"]  # ItemResult is app.write.decision's, re-exported
 
 
 @dataclass(slots=True)

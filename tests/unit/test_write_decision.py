@@ -12,7 +12,7 @@ import pytest
 from app.settings import Settings
 from app.write.decision import Decision, ItemStatus, Key, LockRequest, Locked, WriteCore
 from app.write.processors import Accept, ChangeProcessor, EmittedProposal, Pipeline, PipelineStep, ProposedChange
-from app.write.proposal import AuditStamp, Draft, Proposal
+from app.write.proposal import AuditStamp, Draft
 from app.write.repository import StoredAspect
 from app.write.rules import RuleChain, VerdictKind
 
