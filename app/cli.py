@@ -41,6 +41,9 @@ def serve(host: str, port: int, no_migrate: bool, log_level: str, workers: int |
             "who can reach it can write and delete anything.", err=True,
         )
     supervisor.serve(settings, host, port, workers or supervisor.default_workers(), log_level)
+    # uvicorn's own last words are about its workers; a newcomer wants to know that all of it has stopped (an
+    # embedded Postgres this start found running is left running, as the README says).
+    click.echo("metaledger stopped", err=True)
 
 
 @main.command()

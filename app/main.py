@@ -242,8 +242,27 @@ def _install_error_handlers(app: FastAPI) -> None:
     async def http_error(request: Request, error: StarletteHTTPException):
         # FastAPI's and Starlette's own answers (an unknown path, a method not served, a body pydantic cannot parse)
         # in the same error body as every other (the declared ErrorResponse), with their headers (Allow on a 405).
+        unknown_entity = _unknown_entity_type(request) if error.status_code in (404, 405) else None
+        if unknown_entity is not None:
+            return json_response(ValidationFailed(unknown_entity, [Issue(unknown_entity, path="$entityName")]).to_json(), 400)
         body = {"error": HTTPStatus(error.status_code).phrase, "message": str(error.detail), "issues": []}
         return json_response(body, error.status_code, dict(error.headers or {}))
+
+
+def _unknown_entity_type(request: Request) -> str | None:
+    """The v3 entity routes exist per entity type: a path under them that no route matched names an entity type the
+    registry does not have, which is a 400 naming it (as for every unknown name in a request), not a bare 404/405."""
+    from app.openapi_spec import API_PREFIX
+
+    path = request.url.path
+    if not path.startswith(API_PREFIX + "/"):
+        return None
+    name = path[len(API_PREFIX) + 1:].split("/", 1)[0]
+    try:
+        request.app.state.registry.entity(name)
+    except RegistryError as error:
+        return str(error)
+    return None
 
 
 def _install_offline_docs(app: FastAPI, settings: Settings) -> None:
@@ -309,7 +328,7 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
     app.state.settings = settings
     app.state.registry = write_service.registry
     app.state.write_service = write_service
-    for router in routers:
+    for router in routers(app.state.registry):
         app.include_router(router)
     _install_error_handlers(app)
     _install_offline_docs(app, settings)
@@ -327,10 +346,13 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
 
 
 def build_openapi(app: FastAPI) -> dict:
+    """The OpenAPI document: FastAPI's, from the routes' declarations, with the registry's components they
+    reference (app.openapi_spec) and the statuses every operation can answer."""
     if app.openapi_schema is None:
-        from app.openapi_spec import add_registry_paths, declare_statuses
+        from app.openapi_spec import add_registry_components, declare_statuses, entity_tags
 
-        spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes,
+                           tags=entity_tags(app.state.registry))
         # Every operation but the open ones takes DataHub's bearer token (or the system client's Basic credentials).
         spec.setdefault("components", {})["securitySchemes"] = {
             "bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},
@@ -341,7 +363,7 @@ def build_openapi(app: FastAPI) -> dict:
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema
-        app.openapi_schema = declare_statuses(add_registry_paths(spec, app.state.registry))
+        app.openapi_schema = declare_statuses(add_registry_components(spec, app.state.registry))
     return app.openapi_schema
 
 

@@ -93,7 +93,9 @@ class Settings(BaseSettings):
     auth_token_default_ttl: str = "90d"  # `metaledger token create` without --ttl ("never": no expiry)
     # On the first start (no token issued yet) create an admin token for urn:li:corpuser:datahub and print it once.
     auth_bootstrap_admin_token: bool = True
-    auth_public_docs: bool = False  # /docs, /redoc and /openapi.json without a token
+    # /docs, /redoc and /openapi.json without a token: a browser cannot send a bearer header, and the description of
+    # DataHub's public model is no secret. false puts them behind a reader token.
+    auth_public_docs: bool = True
     # Schema registry reads without a token, as DataHub leaves /schema-registry/* open (Kafka clients fetch writer
     # schemas by id without credentials); registering a new schema and changing compatibility stay admin-only.
     schema_registry_open_read: bool = True

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import ALLOW_ADMIN, ALLOW_READ, JSON_BODY, Auth, Caller
-from app.api.http import json_response
+from app.api.http import Flag, json_response
 from app.auth.model import Role, parse_ttl
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
 
@@ -59,7 +59,7 @@ async def create_token(body: TokenRequest, auth: Auth, caller: Caller) -> Any:
 @router.get("/tokens", dependencies=[ALLOW_ADMIN], summary="Issued tokens (never the tokens themselves)")
 async def list_tokens(
     auth: Auth, actor: Annotated[str | None, Query(max_length=500)] = None,
-    include_inactive: Annotated[bool, Query(alias="includeInactive")] = False,
+    include_inactive: Annotated[Flag, Query(alias="includeInactive")] = False,
 ) -> Any:
     return json_response({"tokens": [t.to_json() for t in await auth.tokens(actor, include_inactive)]})
 

@@ -1,76 +1,284 @@
-"""DataHub's OpenAPI v3 entity endpoints: v3 bodies ↔ drafts, outcomes ↔ v3 responses. The handlers are generic
-over `{entityName}`; the typed per-entity paths of the published spec are generated from the registry
-(app.openapi_spec). Issues name paths in the body the client sent (`$[0].datasetProperties.value.name`)."""
+"""DataHub's OpenAPI v3 entity endpoints: v3 bodies ↔ drafts, outcomes ↔ v3 responses. One set of routes per
+entity type of the registry (`/openapi/v3/entity/dataset/{urn}` ...), declared here with their parameters, bodies and
+answers: the OpenAPI document is generated from these declarations, the body and answer schemas are the registry's
+components (app.openapi_spec). Issues name paths in the body the client sent (`$[0].datasetProperties.value.name`)."""
 
-from __future__ import annotations
+# No `from __future__ import annotations`: the parameter types of each entity's routes (its URN pattern, its
+# aspect names) are built per entity, and FastAPI reads them from the handlers' signatures when they are registered.
 
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi.routing import APIRoute
+from pydantic import WithJsonSchema
+from starlette.routing import Match
+from starlette.types import Scope
 
 from app.api.deps import ALLOW_READ, ALLOW_WRITE, Caller, Gateway, Registry, Session, SettingsDep
 from app.api.http import (
-    aspect_envelope, check_batch_size, checked_urn, invalid_at, json_response, parse_bool, read_json, stored_envelope,
+    Flag, aspect_envelope, check_batch_size, checked_urn, invalid_at, json_response, read_json, stored_envelope,
 )
 from app.errors import Issue, Location, ValidationFailed
-from app.ingest.gateway import Outcome
+from app.ingest.gateway import SubmitOutcome
 from app.limits import check_long
+from app.openapi_spec import (
+    API_PREFIX, URN_MAX_CHARS, aspect_name_component, entity_component, json_body, schema_ref, upper_first,
+)
+from app.registry.registry import EntitySpec
 from app.urns import InvalidUrnError, entity_type_of
-from app.write.proposal import CONDITIONAL_HEADERS, ChangeType, Draft
+from app.write.proposal import CONDITIONAL_HEADERS, PRECONDITION_HEADERS, ChangeType, Draft
 from app.write.reader import EntityReader
-from app.write.service import ItemResult
-
-router = APIRouter(prefix="/openapi/v3/entity", include_in_schema=False)
+from app.write.decision import ItemResult
 
 ENVELOPE_KEYS = frozenset({"value", "systemMetadata", "headers"})
-SystemMetadataParam = Annotated[str | None, Query(alias="systemMetadata")]
-AsyncParam = Annotated[str | None, Query(alias="async")]
+
+SystemMetadataFlag = Annotated[Flag, Query(alias="systemMetadata", description="Include the system metadata of each aspect")]
+AsyncFlag = Annotated[Flag, Query(alias="async", description="Accept the write asynchronously (202: validated, queued on "
+                                   "the proposal topic) instead of committing it; without Kafka it is committed (200)")]
+Version = Annotated[int, Query(description="Aspect version (0: latest)", ge=0, le=2**63 - 1)]
 
 
-@router.post("/{entity_name}", dependencies=[ALLOW_WRITE])
-async def upsert_entities(
-    entity_name: str, request: Request, session: Session, gateway: Gateway, caller: Caller,
-    system_metadata: SystemMetadataParam = None, async_: AsyncParam = None,
-) -> Response:
-    return await _write_entities(entity_name, ChangeType.UPSERT, request, session, gateway, caller, system_metadata, async_)
+class EntityRoute(APIRoute):
+    """A route of one entity type. Its literal prefix (`/openapi/v3/entity/dataset/`) is compared before the path
+    regex: a request then passes the routes of the other entity types at the cost of a string comparison each."""
+
+    def __init__(self, path: str, *args: Any, **kwargs: Any) -> None:
+        super().__init__(path, *args, **kwargs)
+        self.literal_prefix = self.path.split("{", 1)[0]
+
+    def matches(self, scope: Scope) -> tuple[Match, Scope]:
+        path = scope.get("path", "")
+        root = scope.get("root_path", "")
+        if root and path.startswith(root):  # Starlette matches routes on the path below the app's root path
+            path = path[len(root):]
+        if not path.startswith(self.literal_prefix):
+            return Match.NONE, {}
+        return super().matches(scope)
 
 
-@router.patch("/{entity_name}", dependencies=[ALLOW_WRITE])
-async def patch_entities(
-    entity_name: str, request: Request, session: Session, gateway: Gateway, caller: Caller,
-    system_metadata: SystemMetadataParam = None, async_: AsyncParam = None,
-) -> Response:
-    """Each aspect's `value` is DataHub's `{"patch": [...], "arrayPrimaryKeys"?, "forceGenericPatch"?}`, applied
-    inside the transaction to the locked latest value."""
-    return await _write_entities(entity_name, ChangeType.PATCH, request, session, gateway, caller, system_metadata, async_)
+def entity_router(registry: Any) -> APIRouter:
+    """The v3 routes of every entity type of `registry`."""
+    router = APIRouter(prefix=API_PREFIX, route_class=EntityRoute)
+    for name in sorted(registry.entities):
+        _add_entity_routes(router, registry.entities[name])
+    return router
+
+
+def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
+    entity = spec.name
+    p = upper_first(entity)
+    tags: list[str | Any] = [entity]
+    urn_schema: dict[str, Any] = {"type": "string", "pattern": f"^urn:li:{entity}:."}
+    if entity != "schemaField":  # DataHub exempts schemaField URNs from its length limit
+        urn_schema["maxLength"] = URN_MAX_CHARS
+    # The handlers check URNs and aspect names themselves (a 400 naming the parameter and the reason, or a 404 for
+    # an aspect the entity does not have): the schemas document those checks.
+    Urn = Annotated[str, WithJsonSchema(urn_schema), Path(description=f"URN of the {entity} (URL-encoded)")]
+    aspect_names = schema_ref(aspect_name_component(entity))
+    AspectName = Annotated[str, WithJsonSchema(aspect_names), Path(alias="aspectName", description="Name of the aspect")]
+
+    def aspects_query(description: str) -> Any:
+        return Annotated[list[str] | None, WithJsonSchema({"type": "array", "items": aspect_names}),
+                         Query(description=description)]
+
+    entity_response = schema_ref(entity_component(entity, "EntityResponse"))
+    entities_response = {"type": "array", "items": entity_response}
+    aspect_response = schema_ref(entity_component(entity, "EntityAspectResponse"))
+
+    def answers(description: str, schema: dict[str, Any], *, accepted: bool = False) -> dict[int | str, Any]:
+        out: dict[int | str, Any] = {200: {"description": description, **json_body(schema)}}
+        if accepted:
+            out[202] = {"description": "Accepted: validated and queued (async=true)", **json_body(schema)}
+        return out
+
+    exists_answers: dict[int | str, Any] = {404: {"description": "Not found"}}
+
+    @router.post(f"/{entity}", dependencies=[ALLOW_WRITE], operation_id=f"create{p}", tags=tags,
+                 summary=f"Create or upsert {entity} entities",
+                 openapi_extra={"requestBody": {"required": True, **json_body(
+                     {"type": "array", "items": schema_ref(entity_component(entity, "EntityRequest"))})}},
+                 responses=answers("Written", entities_response, accepted=True))
+    async def upsert_entities(request: Request, session: Session, gateway: Gateway, caller: Caller,
+                              system_metadata: SystemMetadataFlag = True, async_: AsyncFlag = True) -> Response:
+        # `async` defaults to true, as DataHub's: validated now, queued on the proposal topic, 202 with the echo.
+        return await _write_entities(entity, ChangeType.UPSERT, request, session, gateway, caller, system_metadata, async_)
+
+    @router.patch(f"/{entity}", dependencies=[ALLOW_WRITE], operation_id=f"patch{p}", tags=tags,
+                  summary=f"Patch aspects of {entity} entities (applied to the locked latest values)",
+                  description="Each aspect's `value` is DataHub's `{\"patch\": [...], \"arrayPrimaryKeys\"?, "
+                              "\"forceGenericPatch\"?}`, applied inside the transaction to the locked latest value.",
+                  openapi_extra={"requestBody": {"required": True, **json_body(
+                      {"type": "array", "items": schema_ref(entity_component(entity, "EntityPatchRequest"))})}},
+                  responses=answers("Written", entities_response, accepted=True))
+    async def patch_entities(request: Request, session: Session, gateway: Gateway, caller: Caller,
+                             system_metadata: SystemMetadataFlag = True, async_: AsyncFlag = True) -> Response:
+        return await _write_entities(entity, ChangeType.PATCH, request, session, gateway, caller, system_metadata, async_)
+
+    @router.post(f"/{entity}/batchGet", dependencies=[ALLOW_READ], operation_id=f"batchGet{p}", tags=tags,
+                 summary=f"Get several {entity} entities",
+                 openapi_extra={"requestBody": {"required": True, **json_body(
+                     {"type": "array", "items": schema_ref(entity_component(entity, "BatchGetRequest"))})}},
+                 responses=answers("Found entities (absent ones left out)", entities_response))
+    async def batch_get(request: Request, session: Session, registry: Registry, settings: SettingsDep,
+                        system_metadata: SystemMetadataFlag = False) -> Response:
+        return await _batch_get(entity, request, session, registry, settings, system_metadata)
+
+    @router.get(f"/{entity}/{{urn}}", dependencies=[ALLOW_READ], operation_id=f"get{p}", tags=tags,
+                summary=f"Get a {entity} entity", responses=answers("The entity", entity_response))
+    async def get_entity(urn: Urn, session: Session, registry: Registry,
+                         aspects: aspects_query("Aspects to return (default: all)") = None,
+                         system_metadata: SystemMetadataFlag = False) -> Response:
+        rows = await EntityReader(session, registry).entity(entity, checked_urn(urn), aspects)
+        found = {"urn": urn}
+        for row in rows:
+            found[row.aspect] = stored_envelope(row, system_metadata)
+        return json_response(found)
+
+    @router.head(f"/{entity}/{{urn}}", dependencies=[ALLOW_READ], operation_id=f"head{p}", tags=tags,
+                 summary=f"Check that a {entity} entity exists", status_code=204, response_description="Exists",
+                 responses=exists_answers)
+    async def entity_exists(urn: Urn, session: Session, registry: Registry) -> Response:
+        exists = await EntityReader(session, registry).exists(checked_urn(urn))
+        return Response(status_code=204 if exists else 404)
+
+    # Deleting the whole entity (its key aspect) needs ADMIN: the gateway checks each draft.
+    @router.delete(f"/{entity}/{{urn}}", dependencies=[ALLOW_WRITE], operation_id=f"delete{p}", tags=tags,
+                   summary=f"Delete a {entity} entity or some of its aspects",
+                   responses=answers("Deleted", _DELETED_ASPECTS))
+    async def delete_entity(urn: Urn, request: Request, session: Session, gateway: Gateway, caller: Caller,
+                            aspects: aspects_query("Aspects to delete (default: the whole entity)") = None,
+                            clear: Annotated[Flag, Query(description="Delete every aspect except the key aspect")] = False,
+                            ) -> Response:
+        if clear:
+            rows = await EntityReader(session, gateway.registry).entity(entity, checked_urn(urn), None)
+            targets = [row.aspect for row in rows if row.aspect != spec.key_aspect]
+        elif aspects and spec.key_aspect not in aspects:
+            targets = aspects
+        else:
+            targets = [spec.key_aspect]  # no aspects, or the key aspect: a hard delete of the entity
+        drafts = [Draft(i, entity, aspect, ChangeType.DELETE.value, urn=urn) for i, aspect in enumerate(targets)]
+        if not drafts:  # `clear` of an entity that has only its key aspect
+            return json_response({"urn": urn, "deleted": []})
+        outcome = await gateway.submit(session, drafts, caller, request_headers=request.headers)
+        assert outcome.result is not None
+        deleted = [r.aspect for r in outcome.result.items if r.status.value == "DELETED"]
+        return json_response({"urn": urn, "deleted": deleted}, headers=outcome.response_headers)
+
+    @router.post(f"/{entity}/{{urn}}/{{aspectName}}", dependencies=[ALLOW_WRITE], operation_id=f"create{p}Aspect",
+                 tags=tags, summary=f"Create or upsert one aspect of a {entity} entity",
+                 openapi_extra={"requestBody": {"required": True, **json_body(
+                     schema_ref(entity_component(entity, "EntityAspectRequest")))}},
+                 responses=answers("Written", entity_response, accepted=True))
+    async def upsert_aspect(
+        urn: Urn, aspect_name: AspectName, request: Request, session: Session, gateway: Gateway, caller: Caller,
+        create_if_not_exists: Annotated[Flag | None, WithJsonSchema({"type": "boolean"}), Query(
+            alias="createIfNotExists",
+            description="Create the aspect only if it does not exist (a 409 otherwise). Default: true, as DataHub's, "
+                        "unless the request carries a precondition (If-Version-Match, If-Modified-Since, "
+                        "If-Unmodified-Since): then false, so that the precondition decides")] = None,
+        create_if_entity_not_exists: Annotated[Flag, Query(
+            alias="createIfEntityNotExists", description="Create the entity only if it does not exist")] = False,
+        system_metadata: SystemMetadataFlag = True, async_: AsyncFlag = False,
+    ) -> Response:
+        body = await read_json(request, gateway.settings)
+        if not isinstance(body, dict) or "value" not in body:
+            raise ValidationFailed('the body must be {"value": {...}, "systemMetadata"?, "headers"?}', [Issue("missing value", path="$.value")])
+        envelope_issues = _envelope_issues(body, "$")
+        if envelope_issues:
+            raise ValidationFailed(envelope_issues[0].message, envelope_issues)
+        headers = {**_http_conditional_headers(request), **(body.get("headers") or {})}
+        # DataHub defaults createIfNotExists to true, which silently turns every write into CREATE and defeats
+        # If-Version-Match (DataHub #19127): an explicit precondition header makes the default false.
+        if create_if_not_exists is None:
+            create_if_not_exists = not any(h.lower() in PRECONDITION_HEADERS for h in headers)
+        if create_if_entity_not_exists:
+            change_type = ChangeType.CREATE_ENTITY
+        elif create_if_not_exists:
+            change_type = ChangeType.CREATE
+        else:
+            change_type = ChangeType.UPSERT
+        draft = Draft(0, entity, aspect_name, change_type.value, urn=urn, value=body["value"],
+                      system_metadata=body.get("systemMetadata"), headers=headers, location=SINGLE_ASPECT)
+        outcome = await gateway.submit(session, [draft], caller, queue=async_, request_headers=request.headers)
+        return _entities_response(outcome, system_metadata, single=True, echo_limit=gateway.settings.max_echo_value_bytes)
+
+    @router.patch(f"/{entity}/{{urn}}/{{aspectName}}", dependencies=[ALLOW_WRITE], operation_id=f"patch{p}Aspect",
+                  tags=tags, summary=f"Patch one aspect of a {entity} entity",
+                  description="Body: an RFC 6902 array or DataHub's GenericJsonPatch `{\"patch\": [...], "
+                              "\"arrayPrimaryKeys\"?}`.",
+                  openapi_extra={"requestBody": {"required": True, **json_body(schema_ref("GenericJsonPatch"))}},
+                  responses=answers("Written", entity_response))
+    async def patch_aspect(urn: Urn, aspect_name: AspectName, request: Request, session: Session, gateway: Gateway,
+                           caller: Caller, system_metadata: SystemMetadataFlag = True) -> Response:
+        body = await read_json(request, gateway.settings)
+        draft = Draft(0, entity, aspect_name, ChangeType.PATCH.value, urn=urn, value=body,
+                      headers=_http_conditional_headers(request), location=SINGLE_PATCH)
+        outcome = await gateway.submit(session, [draft], caller, request_headers=request.headers)
+        return _entities_response(outcome, system_metadata, single=True, echo_limit=gateway.settings.max_echo_value_bytes)
+
+    @router.get(f"/{entity}/{{urn}}/{{aspectName}}", dependencies=[ALLOW_READ], operation_id=f"get{p}Aspect",
+                tags=tags, summary=f"Get one aspect of a {entity} entity",
+                responses=answers("The aspect", aspect_response))
+    async def get_aspect(urn: Urn, aspect_name: AspectName, session: Session, registry: Registry,
+                         version: Version = 0, system_metadata: SystemMetadataFlag = False) -> Response:
+        check_long(version, "version", minimum=0)
+        row = await EntityReader(session, registry).aspect(entity, checked_urn(urn), aspect_name, version)
+        envelope = stored_envelope(row, system_metadata)
+        envelope["version"] = row.system_metadata.get("version", str(row.version))
+        return json_response(envelope)
+
+    @router.head(f"/{entity}/{{urn}}/{{aspectName}}", dependencies=[ALLOW_READ], operation_id=f"head{p}Aspect",
+                 tags=tags, summary=f"Check that an aspect of a {entity} entity exists", status_code=204,
+                 response_description="Exists", responses=exists_answers)
+    async def aspect_exists(urn: Urn, aspect_name: AspectName, session: Session, registry: Registry) -> Response:
+        exists = await EntityReader(session, registry).has_aspect(entity, checked_urn(urn), aspect_name)
+        return Response(status_code=204 if exists else 404)
+
+    @router.delete(f"/{entity}/{{urn}}/{{aspectName}}", dependencies=[ALLOW_WRITE], operation_id=f"delete{p}Aspect",
+                   tags=tags, summary=f"Delete one aspect of a {entity} entity",
+                   responses=answers("Deleted (or already absent: status ABSENT)", _DELETED_ASPECT))
+    async def delete_aspect(urn: Urn, aspect_name: AspectName, request: Request, session: Session, gateway: Gateway,
+                            caller: Caller) -> Response:
+        draft = Draft(0, entity, aspect_name, ChangeType.DELETE.value, urn=urn, headers=_http_conditional_headers(request))
+        outcome = await gateway.submit(session, [draft], caller, request_headers=request.headers)
+        assert outcome.result is not None
+        item = outcome.result.items[0]
+        return json_response({"urn": urn, "aspect": aspect_name, "status": item.status.value}, headers=outcome.response_headers)
+
+
+_DELETED_ASPECTS = {
+    "type": "object",
+    "properties": {"urn": {"type": "string"}, "deleted": {"type": "array", "items": {"type": "string"}}},
+    "required": ["urn", "deleted"],
+}
+_DELETED_ASPECT = {
+    "type": "object",
+    "properties": {"urn": {"type": "string"}, "aspect": {"type": "string"}, "status": {"type": "string"}},
+    "required": ["urn", "aspect", "status"],
+}
 
 
 async def _write_entities(
-    entity_name: str, change_type: ChangeType, request: Request, session: Session, gateway: Gateway, caller: Caller,
-    system_metadata: str | None, async_: str | None,
+    entity: str, change_type: ChangeType, request: Request, session: Session, gateway: Gateway, caller: Caller,
+    system_metadata: bool, queue: bool,
 ) -> Response:
-    # `async` defaults to true, as DataHub: validated now, queued on the proposal topic, 202 with the echoed
-    # entities. Without Kafka configured the write is applied synchronously (200 means committed).
     body = await read_json(request, gateway.settings)
     check_batch_size(body, gateway.settings)
     if isinstance(body, list):  # and its aspects, before a draft is made of each
         aspects = sum(len(item) - ("urn" in item) for item in body if isinstance(item, dict))
         check_batch_size(body, gateway.settings, count=aspects, what="aspects")
-    entity = gateway.registry.entity(entity_name).name
     drafts = drafts_from_entity_batch(entity, body, change_type)
-    outcome = await gateway.submit(session, drafts, caller, queue=parse_bool(async_, True, "async"), request_headers=request.headers)
-    return _entities_response(outcome, parse_bool(system_metadata, True, "systemMetadata"), echo_limit=gateway.settings.max_echo_value_bytes)
+    outcome = await gateway.submit(session, drafts, caller, queue=queue, request_headers=request.headers)
+    return _entities_response(outcome, system_metadata, echo_limit=gateway.settings.max_echo_value_bytes)
 
 
-@router.post("/{entity_name}/batchGet", dependencies=[ALLOW_READ])
-async def batch_get(entity_name: str, request: Request, session: Session, registry: Registry, settings: SettingsDep,
-                    system_metadata: SystemMetadataParam = None) -> Response:
+async def _batch_get(entity: str, request: Request, session: Session, registry: Registry, settings: SettingsDep,
+                     system_metadata: bool) -> Response:
     body = await read_json(request, settings)
     if not isinstance(body, list):
         raise ValidationFailed("the body must be a JSON array of {urn, <aspect>: {}}", [Issue("expected an array", path="$")])
     check_batch_size(body, settings)
-    entity_name = registry.entity(entity_name).name
     wanted: list[tuple[str, list[str] | None]] = []
     issues: list[Issue] = []
     for position, item in enumerate(body):
@@ -86,150 +294,28 @@ async def batch_get(entity_name: str, request: Request, session: Session, regist
         for aspect in aspects or ():
             try:
                 with invalid_at(f"$[{position}]", urn=urn, aspect=aspect):
-                    registry.aspect(entity_name, aspect)
+                    registry.aspect(entity, aspect)
             except ValidationFailed as error:
                 issues.extend(Issue(i.message, position, urn, aspect, i.path) for i in error.issues)
         wanted.append((urn, aspects))
     if issues:
         raise ValidationFailed(f"{len({i.index for i in issues})} of {len(body)} items are invalid", issues)
-    found = await EntityReader(session, registry).repo.entities_latest(wanted)  # one query for the whole batch
-    with_sm = parse_bool(system_metadata, False, "systemMetadata")
+    found = await EntityReader(session, registry).latest_of_many(wanted)  # one query for the whole batch
     out = []
     for urn, aspects in wanted:
         rows = [r for r in found.get(urn, ()) if aspects is None or r.aspect in aspects]
         if not rows:
             continue
-        entity = {"urn": urn}
+        entity_out = {"urn": urn}
         for row in rows:
-            entity[row.aspect] = stored_envelope(row, with_sm)
-        out.append(entity)
+            entity_out[row.aspect] = stored_envelope(row, system_metadata)
+        out.append(entity_out)
     return json_response(out)
-
-
-@router.get("/{entity_name}/{urn}", dependencies=[ALLOW_READ])
-async def get_entity(
-    entity_name: str, urn: str, session: Session, registry: Registry,
-    aspects: Annotated[list[str] | None, Query()] = None, system_metadata: SystemMetadataParam = None,
-) -> Response:
-    checked_urn(urn)
-    rows = await EntityReader(session, registry).entity(entity_name, urn, aspects)
-    with_sm = parse_bool(system_metadata, False, "systemMetadata")
-    entity = {"urn": urn}
-    for row in rows:
-        entity[row.aspect] = stored_envelope(row, with_sm)
-    return json_response(entity)
-
-
-@router.head("/{entity_name}/{urn}", dependencies=[ALLOW_READ])
-async def entity_exists(entity_name: str, urn: str, session: Session, registry: Registry) -> Response:
-    registry.entity(entity_name)
-    exists = await EntityReader(session, registry).repo.entity_exists(checked_urn(urn))
-    return Response(status_code=204 if exists else 404)
-
-
-# Deleting the whole entity (its key aspect) needs ADMIN: the gateway checks each draft.
-@router.delete("/{entity_name}/{urn}", dependencies=[ALLOW_WRITE])
-async def delete_entity(
-    entity_name: str, urn: str, request: Request, session: Session, gateway: Gateway, caller: Caller,
-    aspects: Annotated[list[str] | None, Query()] = None,
-    clear: Annotated[str | None, Query()] = None,
-) -> Response:
-    spec = gateway.registry.entity(entity_name)
-    if parse_bool(clear, False, "clear"):
-        rows = await EntityReader(session, gateway.registry).entity(spec.name, checked_urn(urn), None)
-        targets = [row.aspect for row in rows if row.aspect != spec.key_aspect]
-    elif aspects and spec.key_aspect not in aspects:
-        targets = aspects
-    else:
-        targets = [spec.key_aspect]  # no aspects, or the key aspect: a hard delete of the entity
-    drafts = [Draft(i, spec.name, aspect, ChangeType.DELETE.value, urn=urn) for i, aspect in enumerate(targets)]
-    if not drafts:  # `clear` of an entity that has only its key aspect
-        return json_response({"urn": urn, "deleted": []})
-    outcome = await gateway.submit(session, drafts, caller, request_headers=request.headers)
-    assert outcome.result is not None
-    deleted = [r.aspect for r in outcome.result.items if r.status.value == "DELETED"]
-    return json_response({"urn": urn, "deleted": deleted}, headers=outcome.response_headers)
 
 
 def _http_conditional_headers(request: Request) -> dict[str, str]:
     """Documented extension: the conditional-write headers may also come as HTTP headers on single-aspect writes."""
     return {name: request.headers[name] for name in CONDITIONAL_HEADERS if name in request.headers}
-
-
-@router.post("/{entity_name}/{urn}/{aspect_name}", dependencies=[ALLOW_WRITE])
-async def upsert_aspect(
-    entity_name: str, urn: str, aspect_name: str, request: Request, session: Session, gateway: Gateway, caller: Caller,
-    create_if_not_exists: Annotated[str | None, Query(alias="createIfNotExists")] = None,
-    create_if_entity_not_exists: Annotated[str | None, Query(alias="createIfEntityNotExists")] = None,
-    system_metadata: SystemMetadataParam = None, async_: AsyncParam = None,
-) -> Response:
-    body = await read_json(request, gateway.settings)
-    if not isinstance(body, dict) or "value" not in body:
-        raise ValidationFailed('the body must be {"value": {...}, "systemMetadata"?, "headers"?}', [Issue("missing value", path="$.value")])
-    envelope_issues = _envelope_issues(body, "$")
-    if envelope_issues:
-        raise ValidationFailed(envelope_issues[0].message, envelope_issues)
-    headers = {**_http_conditional_headers(request), **(body.get("headers") or {})}
-    # DataHub defaults createIfNotExists to true, which silently turns every write into CREATE and defeats
-    # If-Version-Match (DataHub #19127). metaledger keeps the default but an explicit precondition header wins.
-    has_precondition = any(h.lower() in ("if-version-match", "if-modified-since", "if-unmodified-since") for h in headers)
-    if parse_bool(create_if_entity_not_exists, False, "createIfEntityNotExists"):
-        change_type = ChangeType.CREATE_ENTITY
-    elif parse_bool(create_if_not_exists, not has_precondition, "createIfNotExists"):
-        change_type = ChangeType.CREATE
-    else:
-        change_type = ChangeType.UPSERT
-    entity = gateway.registry.entity(entity_name).name
-    draft = Draft(0, entity, aspect_name, change_type.value, urn=urn, value=body["value"],
-                  system_metadata=body.get("systemMetadata"), headers=headers, location=SINGLE_ASPECT)
-    # `async=true` (default false here, as DataHub): queued with its change type (CREATE by default), 202.
-    outcome = await gateway.submit(session, [draft], caller, queue=parse_bool(async_, False, "async"), request_headers=request.headers)
-    return _entities_response(outcome, parse_bool(system_metadata, True, "systemMetadata"), single=True, echo_limit=gateway.settings.max_echo_value_bytes)
-
-
-@router.patch("/{entity_name}/{urn}/{aspect_name}", dependencies=[ALLOW_WRITE])
-async def patch_aspect(
-    entity_name: str, urn: str, aspect_name: str, request: Request, session: Session, gateway: Gateway, caller: Caller,
-    system_metadata: SystemMetadataParam = None,
-) -> Response:
-    """Body: an RFC 6902 array or DataHub's GenericJsonPatch `{"patch": [...], "arrayPrimaryKeys"?}`."""
-    body = await read_json(request, gateway.settings)
-    entity = gateway.registry.entity(entity_name).name
-    draft = Draft(0, entity, aspect_name, ChangeType.PATCH.value, urn=urn, value=body,
-                  headers=_http_conditional_headers(request), location=SINGLE_PATCH)
-    outcome = await gateway.submit(session, [draft], caller, request_headers=request.headers)
-    return _entities_response(outcome, parse_bool(system_metadata, True, "systemMetadata"), single=True, echo_limit=gateway.settings.max_echo_value_bytes)
-
-
-@router.get("/{entity_name}/{urn}/{aspect_name}", dependencies=[ALLOW_READ])
-async def get_aspect(
-    entity_name: str, urn: str, aspect_name: str, session: Session, registry: Registry,
-    version: Annotated[int, Query(ge=0)] = 0, system_metadata: SystemMetadataParam = None,
-) -> Response:
-    check_long(version, "version", minimum=0)
-    row = await EntityReader(session, registry).aspect(entity_name, checked_urn(urn), aspect_name, version)
-    envelope = stored_envelope(row, parse_bool(system_metadata, False, "systemMetadata"))
-    envelope["version"] = row.system_metadata.get("version", str(row.version))
-    return json_response(envelope)
-
-
-@router.head("/{entity_name}/{urn}/{aspect_name}", dependencies=[ALLOW_READ])
-async def aspect_exists(entity_name: str, urn: str, aspect_name: str, session: Session, registry: Registry) -> Response:
-    reader = EntityReader(session, registry)
-    registry.aspect(registry.entity(entity_name).name, aspect_name)
-    rows = await reader.repo.latest([(checked_urn(urn), aspect_name)])
-    return Response(status_code=204 if rows else 404)
-
-
-@router.delete("/{entity_name}/{urn}/{aspect_name}", dependencies=[ALLOW_WRITE])
-async def delete_aspect(entity_name: str, urn: str, aspect_name: str, request: Request, session: Session,
-                        gateway: Gateway, caller: Caller) -> Response:
-    entity = gateway.registry.entity(entity_name).name
-    draft = Draft(0, entity, aspect_name, ChangeType.DELETE.value, urn=urn, headers=_http_conditional_headers(request))
-    outcome = await gateway.submit(session, [draft], caller, request_headers=request.headers)
-    assert outcome.result is not None
-    item = outcome.result.items[0]
-    return json_response({"urn": urn, "aspect": aspect_name, "status": item.status.value}, headers=outcome.response_headers)
 
 
 # --- v3 bodies ↔ drafts, outcomes ↔ v3 responses ----------------------------------------------------------------
@@ -338,7 +424,7 @@ def entities_from_results(
     return list(entities.values())
 
 
-def _queued_entities(outcome: Outcome, with_system_metadata: bool, echo_limit: int | None) -> list[dict[str, Any]]:
+def _queued_entities(outcome: SubmitOutcome, with_system_metadata: bool, echo_limit: int | None) -> list[dict[str, Any]]:
     """The echo of an accepted asynchronous write: the entities as sent, one per URN, each aspect QUEUED."""
     entities: dict[str, dict[str, Any]] = {}
     for draft, proposal in outcome.queued:
@@ -352,7 +438,7 @@ def _queued_entities(outcome: Outcome, with_system_metadata: bool, echo_limit: i
 
 
 def _entities_response(
-    outcome: Outcome, with_system_metadata: bool, *, single: bool = False, echo_limit: int | None = None,
+    outcome: SubmitOutcome, with_system_metadata: bool, *, single: bool = False, echo_limit: int | None = None,
 ) -> Response:
     """202 with the queued echo, or the written entities (and the sync index status header)."""
     if outcome.result is None:

@@ -8,7 +8,7 @@ from typing import Annotated
 from fastapi import APIRouter, Query
 
 from app.api.deps import ALLOW_READ, Registry, SettingsDep
-from app.api.http import json_response
+from app.api.http import Flag, json_response
 from app.avro import per_aspect
 from app.kafka.per_aspect import pair_routes
 
@@ -19,7 +19,7 @@ router = APIRouter(prefix="/openapi/v1/events/v5", tags=["per-aspect events"])
             dependencies=[ALLOW_READ])
 async def routed_pairs(
     settings: SettingsDep, registry: Registry,
-    schemas: Annotated[bool, Query(description="include each pair's three generated Avro schemas")] = False,
+    schemas: Annotated[Flag, Query(description="include each pair's three generated Avro schemas")] = False,
 ):
     pairs = []
     for route in pair_routes(settings, registry):

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
 from app.api.deps import ALLOW_WRITE, Caller, Gateway, Session
-from app.api.http import check_batch_size, json_response, read_json
+from app.api.http import Flag, check_batch_size, json_response, read_json
 from app.errors import ERROR_RESPONSES
 from app.ingest.gateway import SubmitOutcome
 from app.ingest.mcp import MCP_FIELDS, parse_proposals
@@ -114,7 +114,7 @@ async def ingest_proposals(
     gateway: Gateway,
     caller: Caller,
     async_: Annotated[
-        bool,
+        Flag,
         Query(
             alias="async",
             description="Validate now, queue on the proposal topic and answer 202. The MCP consumer applies the "

@@ -16,7 +16,7 @@ from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import ALLOW_READ, Registry, Session
-from app.api.http import UrnPath, entity_of_urn, json_response, parse_bool
+from app.api.http import Flag, UrnPath, entity_of_urn, json_response
 from app.errors import ERROR_RESPONSES
 from app.timeline.service import CATEGORY_ASPECTS, TimelineService, parse_categories, time_range
 
@@ -66,12 +66,12 @@ async def timeline(
     categories: Annotated[list[str], Query(description="Change categories: TAG, OWNERSHIP, TECHNICAL_SCHEMA, ...")],
     startTime: Annotated[int, Query(ge=-1, le=MAX_EPOCH_MS, description="Epoch ms; -1: a week before endTime")] = -1,
     endTime: Annotated[int, Query(ge=0, le=MAX_EPOCH_MS, description="Epoch ms; 0: now")] = 0,
-    raw: Annotated[str | None, Query(description="true: each transaction carries its rawDiff")] = None,
+    raw: Annotated[Flag, Query(description="true: each transaction carries its rawDiff")] = False,
 ) -> Any:
     entity_type = entity_of_urn(registry, urn)
     wanted = parse_categories(categories)
     start, end = time_range(startTime, endTime)
-    result = await TimelineService(session, registry).timeline(urn, entity_type, wanted, start, end, parse_bool(raw, False, "raw"))
+    result = await TimelineService(session, registry).timeline(urn, entity_type, wanted, start, end, raw)
     headers = None
     if result.truncated:
         headers = {

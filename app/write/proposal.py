@@ -21,6 +21,8 @@ IF_MODIFIED_SINCE = "if-modified-since"
 IF_UNMODIFIED_SINCE = "if-unmodified-since"
 IF_NONE_MATCH = "if-none-match"
 CONDITIONAL_HEADERS = (IF_VERSION_MATCH, IF_MODIFIED_SINCE, IF_UNMODIFIED_SINCE, IF_NONE_MATCH)
+# The ones that make the v3 single-aspect route's `createIfNotExists` default false (If-None-Match asks for a create).
+PRECONDITION_HEADERS = (IF_VERSION_MATCH, IF_MODIFIED_SINCE, IF_UNMODIFIED_SINCE)
 
 
 class ChangeType(str, enum.Enum):

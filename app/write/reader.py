@@ -14,6 +14,18 @@ class EntityReader:
         self.repo = AspectRepository(session)
         self.registry = registry
 
+    async def latest_of_many(self, wanted: list[tuple[str, list[str] | None]]) -> dict[str, list[StoredAspect]]:
+        """The latest rows of several entities (each with its aspects, None: all) in one query, by URN; absent
+        entities are left out."""
+        return await self.repo.entities_latest(wanted)
+
+    async def exists(self, urn: str) -> bool:
+        return await self.repo.entity_exists(urn)
+
+    async def has_aspect(self, entity_type: str, urn: str, aspect: str) -> bool:
+        self.registry.aspect(self.registry.entity(entity_type).name, aspect)
+        return bool(await self.repo.latest([(urn, aspect)]))
+
     async def entity(self, entity_type: str, urn: str, aspects: list[str] | None) -> list[StoredAspect]:
         spec = self.registry.entity(entity_type)
         for aspect in aspects or []:

@@ -359,6 +359,7 @@ async def test_schema_registry_reads_can_require_a_token(anonymous, client):
     assert (await client.get("/schema-registry/api/subjects")).status_code == 200
 
 
+@pytest.mark.parametrize("settings_overrides", [{"auth_public_docs": False}])
 async def test_docs_follow_the_policy(anonymous, client):
     for path in ("/docs", "/redoc", "/openapi.json"):
         assert (await anonymous.get(path)).status_code == 401
@@ -368,7 +369,6 @@ async def test_docs_follow_the_policy(anonymous, client):
     assert spec["components"]["securitySchemes"]["bearerAuth"]["scheme"] == "bearer"
 
 
-@pytest.mark.parametrize("settings_overrides", [{"auth_public_docs": True}])
-async def test_docs_can_be_public(anonymous):
+async def test_docs_are_public_by_default(anonymous):
     assert (await anonymous.get("/openapi.json")).status_code == 200
     assert (await anonymous.get("/docs")).status_code == 200

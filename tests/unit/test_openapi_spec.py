@@ -1,7 +1,8 @@
-"""The OpenAPI document generated from the entity registry (app.openapi_spec).
+"""The OpenAPI document: the app's routes as declared (app.api) with the components generated from the entity registry
+(app.openapi_spec).
 
-Uses the real registry (entity_registry.yml + the .avsc files of acryl-datahub) and small stand-in registries built
-from hand-written .avsc dicts for edge cases. No services. Needs ``jsonschema`` and ``openapi-spec-validator``.
+Uses the real app and registry (entity_registry.yml + the .avsc files of acryl-datahub) and small stand-in registries
+built from hand-written .avsc dicts for edge cases. No services. Needs ``jsonschema`` and ``openapi-spec-validator``.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from referencing.jsonschema import DRAFT202012
 
 from app.openapi_spec import (
     API_PREFIX,
-    add_registry_paths,
+    add_registry_components,
     aspect_components,
     dumps_spec,
 )
@@ -55,8 +56,19 @@ def _fastapi_spec() -> dict[str, Any]:
 
 
 @pytest.fixture(scope="module")
-def spec(registry) -> dict[str, Any]:
-    return add_registry_paths(_fastapi_spec(), registry)
+def app(registry):
+    from app.main import create_app
+    from app.settings import Settings
+
+    return create_app(Settings(), registry)
+
+
+@pytest.fixture(scope="module")
+def spec(app) -> dict[str, Any]:
+    """The document the app serves and `metaledger openapi export` commits."""
+    from app.main import build_openapi
+
+    return build_openapi(app)
 
 
 @pytest.fixture(scope="module")
@@ -152,22 +164,62 @@ KEY = record("ThingKey", [{"name": "id", "type": "string"}], aspect="thingKey")
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def test_subset_document_is_valid_openapi_31(registry):
+def test_document_is_valid_openapi_31(spec):
     from openapi_spec_validator import validate
 
-    @dataclass
-    class Subset:
-        entities: dict
-        aspects: dict
+    assert spec["openapi"].startswith("3.1")
+    validate(spec)  # raises on an invalid document
 
-    names = ["dataset", "tag", "corpuser"]
-    subset = Subset(
-        entities={n: registry.entities[n] for n in names},
-        aspects={a: registry.aspects[a] for n in names for a in registry.entities[n].aspect_names},
-    )
-    doc = add_registry_paths(_fastapi_spec(), subset)
-    assert doc["openapi"].startswith("3.1")
-    validate(doc)  # raises on an invalid document
+
+def operations(app):
+    """(path, method, route) of every documented operation, through included routers."""
+    from fastapi.routing import APIRoute
+
+    def walk(route):
+        contexts = getattr(route, "effective_route_contexts", None)
+        if contexts is not None:  # an included router (FastAPI >= 0.160 includes lazily)
+            for context in contexts():
+                yield from walk(context)
+        elif isinstance(getattr(route, "original_route", route), APIRoute) and route.include_in_schema:
+            for method in sorted(route.methods):
+                yield route.path_format, method.lower(), route
+
+    for route in app.router.routes:
+        yield from walk(route)
+
+
+def test_parameter_defaults_are_the_handlers_defaults(app, spec):
+    """The document is derived from the declarations: every query parameter's documented default is the default of
+    the handler's parameter, and a parameter without a default in the handler has none in the document."""
+    checked = 0
+    for path, method, route in operations(app):
+        documented = {p["name"]: p for p in spec["paths"][path][method].get("parameters", []) if p.get("in") == "query"}
+        for field in route.dependant.query_params:
+            if not field.field_info.include_in_schema:
+                continue  # an alias kept for old clients
+            default = field.field_info.default
+            schema = documented[field.alias]["schema"]
+            if field.field_info.is_required() or default is None:
+                assert "default" not in schema, (path, method, field.alias)
+            else:
+                assert schema.get("default") == default, (path, method, field.alias)
+            checked += 1
+    assert checked > 500  # the entity routes of every entity type among them
+
+
+def test_boolean_parameters_refuse_anything_but_true_and_false(app, spec):
+    """One boolean convention: every boolean query parameter is documented `boolean` and parsed by the one Flag."""
+    from app.api.http import strict_flag
+
+    booleans = 0
+    for path, method, route in operations(app):
+        for field in route.dependant.query_params:
+            annotation = field.field_info.annotation
+            if annotation is bool or annotation == bool | None:
+                validators = [getattr(m, "func", None) for m in field.field_info.metadata]
+                assert strict_flag in validators, (path, method, field.alias)
+                booleans += 1
+    assert booleans > 300
 
 
 def test_every_component_schema_is_valid_and_every_ref_resolves(spec, schemas):
@@ -176,7 +228,7 @@ def test_every_component_schema_is_valid_and_every_ref_resolves(spec, schemas):
     for ref in all_refs(spec):
         section, _, name = ref.removeprefix("#/components/").partition("/")
         assert name in spec["components"][section], ref
-    # and nothing is emitted that nothing uses (except the components FastAPI made for its own routes)
+    # and nothing is emitted that nothing uses
     referenced = {r.rpartition("/")[2] for r in all_refs(spec)}
     unused = {n for n in schemas if n not in referenced}
     assert unused <= {"HTTPValidationError", "ValidationError"}
@@ -208,7 +260,7 @@ def test_operation_ids_are_unique_and_stable(spec, registry):
 
 def test_deterministic_idempotent_fast_and_small(registry):
     t0 = time.perf_counter()
-    first = dumps_spec(add_registry_paths(_fastapi_spec(), registry))
+    first = dumps_spec(add_registry_components(_fastapi_spec(), registry))
     elapsed = time.perf_counter() - t0
     assert elapsed < 2.0, f"generation took {elapsed:.2f}s"
 
@@ -219,19 +271,19 @@ def test_deterministic_idempotent_fast_and_small(registry):
         aspects: dict
 
     shuffled = Shuffled(dict(reversed(list(registry.entities.items()))), dict(reversed(list(registry.aspects.items()))))
-    doc = add_registry_paths(_fastapi_spec(), shuffled)
+    doc = add_registry_components(_fastapi_spec(), shuffled)
     assert dumps_spec(doc) == first
     # a second call on the same document changes nothing
-    assert dumps_spec(add_registry_paths(doc, registry)) == first
+    assert dumps_spec(add_registry_components(doc, registry)) == first
     # a few MB at most
     assert len(first.encode()) < 4_000_000
-    # components and paths are sorted
+    # components are sorted
     parsed = json.loads(first)
-    assert list(parsed["paths"]) == sorted(parsed["paths"])
     assert list(parsed["components"]["schemas"]) == sorted(parsed["components"]["schemas"])
 
 
-def test_fastapi_parts_are_kept(spec):
+def test_fastapi_parts_are_kept(registry):
+    spec = add_registry_components(_fastapi_spec(), registry)
     assert "/health" in spec["paths"]
     assert "HTTPValidationError" in spec["components"]["schemas"]
     assert spec["info"]["title"] == "metaledger"
@@ -546,8 +598,8 @@ def test_dataset_paths(spec, registry):
     create = paths[base]["post"]
     assert create["tags"] == ["dataset"] and create["operationId"] == "createDataset"
     p = params(create)
-    assert p["async"]["schema"] == {"type": "boolean", "default": True}
-    assert p["systemMetadata"]["schema"] == {"type": "boolean", "default": False}
+    assert p["async"]["schema"]["type"] == "boolean" and p["async"]["schema"]["default"] is True
+    assert p["systemMetadata"]["schema"]["default"] is True  # a write echoes its system metadata
     body = create["requestBody"]["content"]["application/json"]["schema"]
     assert body == {"type": "array", "items": {"$ref": "#/components/schemas/DatasetEntityRequest"}}
     for code in ("200", "202"):
@@ -561,32 +613,37 @@ def test_dataset_paths(spec, registry):
     p = params(get)
     assert p["urn"]["in"] == "path" and p["urn"]["required"] is True
     assert p["aspects"]["schema"] == {"type": "array", "items": {"$ref": "#/components/schemas/DatasetAspectName"}}
-    assert set(get["responses"]) == {"200", "404"}
-    assert set(paths[f"{base}/{{urn}}"]["head"]["responses"]) == {"204", "404"}
+    assert p["systemMetadata"]["schema"]["default"] is False  # a read leaves it out unless asked
+    assert set(get["responses"]) == {"200", "400", "401", "403", "404", "503"}
+    assert set(paths[f"{base}/{{urn}}"]["head"]["responses"]) == {"204", "400", "401", "403", "404", "503"}
     delete = paths[f"{base}/{{urn}}"]["delete"]
     assert set(params(delete)) == {"urn", "aspects", "clear"}
-    assert set(delete["responses"]) == {"200", "404"}
+    assert delete["responses"]["200"]["content"]["application/json"]["schema"]["required"] == ["urn", "deleted"]
 
     aspect_path = paths[f"{base}/{{urn}}/{{aspectName}}"]
     post = aspect_path["post"]
     p = params(post)
     assert p["aspectName"]["schema"] == {"$ref": "#/components/schemas/DatasetAspectName"}
     assert p["async"]["schema"]["default"] is False
-    assert p["createIfNotExists"]["schema"]["default"] is True
+    # true unless a precondition header is present: no single default, and the description says so
+    assert "default" not in p["createIfNotExists"]["schema"] and p["createIfNotExists"]["schema"]["type"] == "boolean"
+    assert "If-Version-Match" in p["createIfNotExists"]["description"]
     assert p["createIfEntityNotExists"]["schema"]["default"] is False
     assert post["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/DatasetEntityAspectRequest"
     }
-    assert set(post["responses"]) == {"200", "202", "400", "409", "412"}
+    assert {"200", "202", "400", "409", "412", "413", "415", "429", "503"} <= set(post["responses"])
     get_aspect = aspect_path["get"]
-    assert params(get_aspect)["version"]["schema"] == {
-        "type": "integer", "format": "int64", "default": 0, "minimum": 0, "maximum": 2**63 - 1}
-    assert p["urn"]["schema"] == {"type": "string", "pattern": "^urn:li:dataset:.", "maxLength": 512}
+    version = params(get_aspect)["version"]["schema"]
+    assert (version["type"], version["default"], version["minimum"], version["maximum"]) == ("integer", 0, 0, 2**63 - 1)
+    assert {k: p["urn"]["schema"][k] for k in ("type", "pattern", "maxLength")} == {
+        "type": "string", "pattern": "^urn:li:dataset:.", "maxLength": 512}
     assert get_aspect["responses"]["200"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/DatasetEntityAspectResponse"
     }
-    assert set(aspect_path["head"]["responses"]) == {"204", "404"}
-    assert set(aspect_path["delete"]["responses"]) == {"200", "404"}
+    assert "204" in aspect_path["head"]["responses"] and "404" in aspect_path["head"]["responses"]
+    assert aspect_path["delete"]["responses"]["200"]["content"]["application/json"]["schema"]["required"] == [
+        "urn", "aspect", "status"]
 
     batch = paths[f"{base}/batchGet"]["post"]
     assert batch["requestBody"]["content"]["application/json"]["schema"] == {
@@ -637,7 +694,7 @@ def test_clash_with_a_fastapi_component_qualifies_ours():
     clash = record("ValidationError", [{"name": "x", "type": "string"}], aspect="validationError")
     base = _fastapi_spec()
     fastapi_validation_error = copy.deepcopy(base["components"]["schemas"]["ValidationError"])
-    doc = add_registry_paths(base, stub_registry(KEY, clash))
+    doc = add_registry_components(base, stub_registry(KEY, clash))
     assert doc["components"]["schemas"]["ValidationError"] == fastapi_validation_error
     assert doc["components"]["schemas"]["test.ValidationError"]["required"] == ["x"]
 

@@ -27,7 +27,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from app.auth.model import Permission
 from app.api.deps import ALLOW_READ, Caller, Gateway, ReadYourWrites, Registry, Search, Session
-from app.api.http import UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response, parse_bool, read_json
+from app.api.http import Flag, UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response, parse_bool, read_json
 from app.api.restli.common import ACTION_BODY, optional_int, parse_restli_list, require_object, require_urn
 from app.errors import ERROR_RESPONSES, Issue, MetaledgerError, ValidationFailed
 from app.ingest.mce import unbundle_restli_entity
@@ -168,29 +168,28 @@ def _envelope(name: str, value: dict[str, Any], created_ms: int, actor: str, sys
 )
 async def get_entity_v2(
     urn: UrnPath, request: Request, session: Session, registry: Registry,
-    always_include_key_aspect: Annotated[str | None, Query(alias="alwaysIncludeKeyAspect")] = None,
+    always_include_key_aspect: Annotated[Flag, Query(alias="alwaysIncludeKeyAspect")] = True,
 ) -> Response:
     entity = registry.entity(entity_of_urn(registry, urn))
     requested = parse_restli_list(request.query_params.get("aspects"))
-    with_key = parse_bool(always_include_key_aspect, True, "alwaysIncludeKeyAspect")
     if requested is not None:
         for name in requested:
             with invalid_at("$aspects", urn=urn, aspect=name):
                 registry.aspect(entity.name, name)
         wanted = [a for a in requested if not registry.aspects[a].is_timeseries]
-        if with_key and entity.key_aspect not in wanted:
+        if always_include_key_aspect and entity.key_aspect not in wanted:
             wanted.append(entity.key_aspect)
         rows = await AspectRepository(session).entity_latest(urn, wanted) if wanted else []
     else:
         rows = await AspectRepository(session).entity_latest(urn)
-        if not with_key:
+        if not always_include_key_aspect:
             rows = [r for r in rows if r.aspect != entity.key_aspect]
     aspects: dict[str, Any] = {}
     for row in rows:
         created_on = row.created_on if row.created_on.tzinfo else row.created_on.replace(tzinfo=timezone.utc)
         created_ms = int(created_on.timestamp() * 1000)
         aspects[row.aspect] = _envelope(row.aspect, row.value, created_ms, row.created_by, row.system_metadata)
-    if with_key and entity.key_aspect not in aspects:
+    if always_include_key_aspect and entity.key_aspect not in aspects:
         # GMS answers for any URN: at least the key aspect, derived from the URN.
         aspects[entity.key_aspect] = _envelope(
             entity.key_aspect, registry.urn_to_key(entity.name, urn), 0, "urn:li:corpuser:unknown", None
