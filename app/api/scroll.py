@@ -21,27 +21,26 @@ partitioned cursor).
 
 from __future__ import annotations
 
-import base64
-import binascii
 import logging
-import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, TypeVar
 
 import orjson
 from fastapi import APIRouter, Query, Request, Response
-from pydantic import BaseModel, ConfigDict, Field
+from fastapi.exceptions import RequestValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from app.api.deps import ALLOW_READ, Backend, Registry, Session, SettingsDep
-from app.api.http import check_batch_size, invalid_at, json_response, read_json, stored_envelope
-from app.api.search import RelationshipItem, ScrollEntity
+from app.api.http import Flag, check_batch_size, invalid_at, json_response, read_json, stored_envelope
+from app.api.search_models import RelationshipItem, ScrollEntity
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed, clip
 from app.registry import EntityRegistry
 from app.search.across import TypeSearch, scroll_across
-from app.search.model import (
-    CONDITIONS, MAX_FILTER_VALUES, MAX_PATTERN_CHARS, Edge, EdgeQuery, criterion_problem, upstream_downstream,
+from app.search.cursors import InvalidCursor, decode_edge, edge_cursor
+from app.search.filters import (
+    CONDITION_NAMES, FIELD_NAME, InvalidFilter, Placed, filter_groups, json_path, single_clause,
 )
-from app.search.model import Criterion as SearchCriterion
-from app.urns import InvalidUrnError, entity_type_of
+from app.search.model import MAX_FILTER_VALUES, MAX_PATTERN_CHARS, Edge, EdgeQuery, upstream_downstream
+from app.urns import entity_type_of
 from app.write.reader import EntityReader
 
 log = logging.getLogger("metaledger.api.scroll")
@@ -51,7 +50,7 @@ router = APIRouter(tags=["scroll"], dependencies=[ALLOW_READ])
 # DataHub's ceiling on a search page (Elasticsearch's index.max_result_window, 10,000); over it is a 400 naming it.
 MAX_SCROLL_COUNT = 10_000
 Count = Annotated[int, Query(ge=1, le=MAX_SCROLL_COUNT, description=f"Page size, 1..{MAX_SCROLL_COUNT}")]
-_FIELD_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.@]{0,199}")
+Body = TypeVar("Body", bound=BaseModel)
 
 
 def _bad(message: str, path: str, found: Any = None, expected: str | None = None) -> ValidationFailed:
@@ -59,128 +58,42 @@ def _bad(message: str, path: str, found: Any = None, expected: str | None = None
     return ValidationFailed(message, [Issue(message, path=path, expected=expected, found=shown)])
 
 
-def _strings(value: Any, path: str) -> list[str]:
-    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-        raise _bad(f"{path[2:] or path} must be an array of strings", path, value)
-    for position, item in enumerate(value):
-        if "\x00" in item:
-            raise _bad("a NUL character (\\u0000)", f"{path}[{position}]")
-    return value
+def _body(model: type[Body], document: Any) -> Body:
+    """The request body (read by `read_json`: media type, size and depth checked) as its model, the one declaration
+    the OpenAPI document shows too. What does not fit is answered as the framework's own validation errors are
+    (app.main): a 400 naming each place, `$.a[0].b`."""
+    try:
+        return model.model_validate(document)
+    except ValidationError as error:
+        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors(include_url=False)]) from None
 
 
-def _object(body: Any, fields: set[str]) -> dict[str, Any]:
-    if not isinstance(body, dict):
-        raise _bad("the body must be a JSON object", "$", body)
-    unknown = sorted(set(body) - fields)
-    if unknown:
-        raise _bad(f"unknown field {unknown[0]!r}", f"$.{unknown[0]}", expected=", ".join(sorted(fields)))
-    return body
+def _criteria(filter_: Filter | None, path: str) -> list[Placed]:
+    """A filter that must be one AND clause, its criteria placed; a filter error is a 400 naming its place."""
+    try:
+        return single_clause(_filter_json(filter_))
+    except InvalidFilter as error:
+        raise error.at(path) from None
 
 
-# DataHub's OpenAPI v3 spells two conditions its own way (its Criterion.Condition enum); both spellings are taken.
-_CONDITION_ALIASES = {"STARTS_WITH": "START_WITH", "ENDS_WITH": "END_WITH"}
-_FILTER_FORMS = '{"and": [{"criteria": [...]}, ...]}, {"or": [{"and": [...]}, ...]} or {"criteria": [...]}'
+def _filter_json(filter_: Filter | None) -> dict[str, Any] | None:
+    return None if filter_ is None else filter_.model_dump(by_alias=True, exclude_none=True)
 
 
-def _criterion(criterion: Any, where: str) -> SearchCriterion:
-    """One criterion `{"field", "values" (or the deprecated "value"), "condition"?, "negated"?}`."""
-    if not isinstance(criterion, dict):
-        raise _bad("a criterion is {\"field\", \"values\", \"condition\"?, \"negated\"?}", where, criterion)
-    field = criterion.get("field")
-    if not isinstance(field, str) or not _FIELD_NAME.fullmatch(field):
-        raise _bad("not a field name", f"{where}.field", field)
-    condition = criterion.get("condition") or "EQUAL"
-    if not isinstance(condition, str):
-        raise _bad("a condition is a string", f"{where}.condition", condition, ", ".join(sorted(CONDITIONS)))
-    condition = _CONDITION_ALIASES.get(condition, condition)
-    negated = criterion.get("negated") or False
-    if not isinstance(negated, bool):
-        raise _bad("negated must be true or false", f"{where}.negated", negated)
-    values = criterion.get("values")
-    if values is None and isinstance(criterion.get("value"), str):
-        values = [criterion["value"]]
-    elif values is None and condition == "EXISTS":
-        values = []
-    values = _strings(values, f"{where}.values")
-    problem = criterion_problem(condition, values)
-    if problem is not None:
-        if problem.value is None:
-            raise _bad(f"field {clip(field, 100)!r}: {problem.message}", f"{where}.condition", condition, problem.expected)
-        raise _bad(f"field {clip(field, 100)!r}: {problem.message}", f"{where}.values[{problem.value}]",
-                   values[problem.value], problem.expected)
-    if field.endswith(".keyword"):  # DataHub's exact sub-field; metaledger's filters are exact already
-        field = field[: -len(".keyword")]
-    return SearchCriterion(field, tuple(values), negated, "EQUAL" if condition == "IN" else condition)
+def _refuse_slices(slice_id: int | None, slice_max: int | None) -> None:
+    if slice_id is not None or slice_max is not None:
+        raise _bad("sliced scrolls are not supported: scroll without sliceId/sliceMax",
+                   "$sliceId" if slice_id is not None else "$sliceMax")
 
 
-def _filter_groups(filter_: Any, path: str) -> list[list[tuple[str, SearchCriterion]]]:
-    """A filter as an OR of AND groups of (where, criterion). DataHub's OpenAPI v3 filter (what the SDK sends) is
-    `{"and": [{"criteria": [...]}, ...]}`: despite the name, an OR of its clauses, each an AND of its criteria.
-    Its Rest.li `Filter` shapes are taken too: `{"or": [{"and": [...]}, ...]}` and the deprecated
-    `{"criteria": [...]}` (one AND). No groups (`{}`, `{"and": null}`, `{"and": []}`, no filter): no condition."""
-    if filter_ is None:
-        return []
-    given = {key: value for key, value in filter_.items() if value is not None} if isinstance(filter_, dict) else None
-    if given is None or len(given) > 1 or set(given) - {"and", "or", "criteria"}:
-        raise _bad(f"a filter is one of {_FILTER_FORMS}", path, filter_)
-    if not given:
-        return []
-    form, items = next(iter(given.items()))
-    if not isinstance(items, list):
-        raise _bad(f"`{form}` must be an array", f"{path}.{form}", items)
-    if form == "criteria":
-        clauses = [(f"{path}.criteria", items)]
-    else:
-        inner = "criteria" if form == "and" else "and"
-        clauses = []
-        for position, clause in enumerate(items):
-            where = f"{path}.{form}[{position}]"
-            criteria = clause.get(inner) if isinstance(clause, dict) else None
-            if not isinstance(criteria, list):
-                raise _bad(f"a clause is {{\"{inner}\": [...]}}", where, clause)
-            clauses.append((f"{where}.{inner}", criteria))
-    values = sum(len(c.get("values") or ()) for _, criteria in clauses for c in criteria
-                 if isinstance(c, dict) and isinstance(c.get("values"), list))
-    if values > MAX_FILTER_VALUES:
-        raise _bad(f"the filter carries {values} values; the limit is {MAX_FILTER_VALUES}", path)
-    return [[(f"{where}[{position}]", _criterion(criterion, f"{where}[{position}]"))
-             for position, criterion in enumerate(criteria)] for where, criteria in clauses]
+# --- filters ------------------------------------------------------------------------------------------------------
 
 
-def _conjunction(filter_: Any, path: str) -> list[tuple[str, str, list[str]]]:
-    """A relationship scroll's filter: one clause of EQUAL/IN criteria, as (where, field, values); every other
-    form is a 400 naming where it is."""
-    groups = _filter_groups(filter_, path)
-    if len(groups) > 1:
-        form = next(key for key, value in filter_.items() if value is not None)
-        raise _bad("an OR of several clauses is not supported here: send one clause", f"{path}.{form}[1]")
-    out: list[tuple[str, str, list[str]]] = []
-    for where, criterion in groups[0] if groups else ():
-        if criterion.condition != "EQUAL":
-            raise _bad(f"condition {criterion.condition} is not supported here", f"{where}.condition",
-                       criterion.condition, "EQUAL or IN")
-        if criterion.negated:
-            raise _bad("negated criteria are not supported here", f"{where}.negated", True)
-        out.append((where, criterion.field, list(criterion.values)))
-    return out
-
-
-# --- entities -----------------------------------------------------------------------------------------------------
-
-
-class SortCriterion(BaseModel):
-    field: str
-    order: Literal["ASCENDING", "DESCENDING"] = "ASCENDING"
-
-
-class Criterion(BaseModel):
+class CriterionBody(BaseModel):
     field: str = Field(description="A filter or document field (`urn` and `removed` included); a `.keyword` suffix is dropped")
     values: list[str] | None = Field(None, description="Any one of them matches (not needed for EXISTS)")
     value: str | None = Field(None, deprecated=True, description="DataHub's deprecated single value, read when `values` is absent")
-    condition: Literal[
-        "EQUAL", "IN", "IEQUAL", "CONTAIN", "START_WITH", "STARTS_WITH", "END_WITH", "ENDS_WITH", "EXISTS",
-        "GREATER_THAN", "GREATER_THAN_OR_EQUAL_TO", "LESS_THAN", "LESS_THAN_OR_EQUAL_TO",
-    ] = Field("EQUAL", description=(
+    condition: Literal[CONDITION_NAMES] = Field("EQUAL", description=(  # type: ignore[valid-type]
         "EQUAL/IN: the field has one of the values (exact). IEQUAL: the same, case-insensitively. CONTAIN, "
         "START_WITH, END_WITH (also spelled STARTS_WITH, ENDS_WITH, as DataHub's v3 enum has them): a string value "
         "contains, starts or ends with one of the values, case-insensitively, every character literal (at most "
@@ -189,15 +102,15 @@ class Criterion(BaseModel):
         "field holding an array matches when one of its elements does. Values are trimmed except for EQUAL/IN. "
         "DESCENDANTS_INCL, ANCESTORS_INCL and RELATED_INCL are a 400."
     ))
-    negated: bool = Field(False, description="The criterion must not hold (entities without the field included)")
+    negated: bool = Field(False, strict=True, description="The criterion must not hold (entities without the field included)")
 
 
 class ConjunctiveCriterion(BaseModel):
-    criteria: list[Criterion] = Field(description="Every criterion must hold (AND)")
+    criteria: list[CriterionBody] = Field(description="Every criterion must hold (AND)")
 
 
 class AndCriteria(BaseModel):
-    and_: list[Criterion] = Field(alias="and", description="Every criterion must hold (AND)")
+    and_: list[CriterionBody] = Field(alias="and", description="Every criterion must hold (AND)")
 
 
 class Filter(BaseModel):
@@ -209,12 +122,22 @@ class Filter(BaseModel):
     )})
     and_: list[ConjunctiveCriterion] | None = Field(None, alias="and", description="OR of these clauses")
     or_: list[AndCriteria] | None = Field(None, alias="or", description="OR of these clauses")
-    criteria: list[Criterion] | None = Field(None, deprecated=True, description="One AND clause")
+    criteria: list[CriterionBody] | None = Field(None, deprecated=True, description="One AND clause")
+
+
+# --- entities -----------------------------------------------------------------------------------------------------
+
+
+class SortCriterion(BaseModel):
+    field: str
+    order: Literal["ASCENDING", "DESCENDING"] = "ASCENDING"
 
 
 class ScrollEntitiesBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     entities: list[str] | None = Field(None, description="Entity types; absent: every type")
     aspects: list[str] | None = Field(None, description="Aspects to return; absent: URNs only; []: every aspect")
+    aspectNames: list[str] | None = Field(None, description="DataHub's older name of `aspects`, read when `aspects` is absent")
     filter: Filter | None = Field(None, description="Which entities: an OR of AND clauses of criteria (Filter)")
     sortCriteria: list[SortCriterion] | None = None
 
@@ -225,11 +148,11 @@ class ScrollEntitiesResponse(BaseModel):
     totalCount: int
 
 
-def _entity_types(registry: EntityRegistry, names: Any) -> list[str]:
+def _entity_types(registry: EntityRegistry, names: list[str] | None) -> list[str]:
     if names is None:
         return list(registry.entities)
     types: list[str] = []
-    for position, name in enumerate(_strings(names, "$.entities")):
+    for position, name in enumerate(names):
         with invalid_at(f"$.entities[{position}]"):
             resolved = registry.entity(name).name
         if resolved not in types:
@@ -239,48 +162,31 @@ def _entity_types(registry: EntityRegistry, names: Any) -> list[str]:
     return types
 
 
-def _aspects(registry: EntityRegistry, types: list[str], names: Any) -> list[str] | None:
+def _aspects(registry: EntityRegistry, types: list[str], names: list[str] | None) -> list[str] | None:
     if names is None:
         return None
     known = {a for t in types for a in registry.entities[t].aspect_names}
-    for position, name in enumerate(_strings(names, "$.aspects")):
+    for position, name in enumerate(names):
         if name not in known:
             raise _bad(f"aspect {clip(name, 100)!r} is not an aspect of {', '.join(types[:5])}"
                        f"{'...' if len(types) > 5 else ''}", f"$.aspects[{position}]", name)
-    return list(names)
+    return names
 
 
-def _sort(body_criteria: Any, fields: list[str] | None, sort: str, order: str) -> list[tuple[str, str]]:
+def _sort(body_criteria: list[SortCriterion] | None, fields: list[str] | None, sort: str, order: str) -> list[tuple[str, str]]:
     """DataHub's precedence: the body's `sortCriteria`, else the `sortCriteria` parameters (each in `sortOrder`),
-    else `sort` (default `urn`). Each as (field, order, where the field is, where the order is)."""
-    given: list[tuple[Any, Any, str, str]]
+    else `sort` (default `urn`). Each as (field, order, where the field is)."""
+    given: list[tuple[str, str, str]]
     if body_criteria is not None:
-        if not isinstance(body_criteria, list):
-            raise _bad("sortCriteria must be an array of {\"field\", \"order\"?}", "$.sortCriteria", body_criteria)
-        given = []
-        for position, item in enumerate(body_criteria):
-            where = f"$.sortCriteria[{position}]"
-            if not isinstance(item, dict):
-                raise _bad("a sort criterion is {\"field\", \"order\"?}", where, item)
-            given.append((item.get("field"), item.get("order") or "ASCENDING", f"{where}.field", f"{where}.order"))
+        given = [(c.field, c.order, f"$.sortCriteria[{position}].field") for position, c in enumerate(body_criteria)]
     elif fields:
-        given = [(field, order, f"$sortCriteria[{position}]", "$sortOrder") for position, field in enumerate(fields)]
+        given = [(field, order, f"$sortCriteria[{position}]") for position, field in enumerate(fields)]
     else:
-        given = [(sort, order, "$sort", "$sortOrder")]
-    out = []
-    for field, direction, field_path, order_path in given:
-        if not isinstance(field, str) or not _FIELD_NAME.fullmatch(field):
-            raise _bad("not a field to sort on", field_path, field)
-        if direction not in ("ASCENDING", "DESCENDING"):
-            raise _bad("a sort order is ASCENDING or DESCENDING", order_path, direction, "ASCENDING or DESCENDING")
-        out.append((field, "desc" if direction == "DESCENDING" else "asc"))
-    return out
-
-
-def _refuse_slices(slice_id: int | None, slice_max: int | None) -> None:
-    if slice_id is not None or slice_max is not None:
-        raise _bad("sliced scrolls are not supported: scroll without sliceId/sliceMax",
-                   "$sliceId" if slice_id is not None else "$sliceMax")
+        given = [(sort, order, "$sort")]
+    for field, _, where in given:
+        if not FIELD_NAME.fullmatch(field):
+            raise _bad("not a field to sort on", where, field)
+    return [(field, "desc" if direction == "DESCENDING" else "asc") for field, direction, _ in given]
 
 
 @router.post(
@@ -304,29 +210,34 @@ async def scroll_entities(
     scrollId: Annotated[str | None, Query()] = None,
     sort: Annotated[str, Query(description="Deprecated by DataHub: use sortCriteria")] = "urn",
     sortCriteria: Annotated[list[str] | None, Query()] = None,
-    sortOrder: Annotated[str, Query()] = "ASCENDING",
-    systemMetadata: Annotated[bool, Query()] = False,
-    includeSoftDelete: Annotated[bool, Query()] = False,
-    skipCache: Annotated[bool, Query(description="Accepted; there is no cache")] = False,
-    skipAggregation: Annotated[bool, Query(description="Accepted; scrolls never aggregate")] = True,
-    scrollIdPerEntity: Annotated[bool, Query(description="Accepted; ignored")] = False,
+    sortOrder: Annotated[Literal["ASCENDING", "DESCENDING"], Query()] = "ASCENDING",
+    systemMetadata: Annotated[Flag, Query()] = False,
+    includeSoftDelete: Annotated[Flag, Query()] = False,
+    skipCache: Annotated[Flag, Query(description="Accepted; there is no cache")] = False,
+    skipAggregation: Annotated[Flag, Query(description="Accepted; scrolls never aggregate")] = True,
+    scrollIdPerEntity: Annotated[Flag, Query(description="Accepted; ignored")] = False,
     sliceId: Annotated[int | None, Query(description="Not supported")] = None,
     sliceMax: Annotated[int | None, Query(description="Not supported")] = None,
     pitKeepAlive: Annotated[str | None, Query(description="Accepted; ignored: cursors need no point in time")] = "5m",
 ) -> Response:
-    body = _object(await read_json(request, settings), {"entities", "aspects", "aspectNames", "filter", "sortCriteria"})
+    body = _body(ScrollEntitiesBody, await read_json(request, settings))
     _refuse_slices(sliceId, sliceMax)
     if "\x00" in query:
         raise _bad("a NUL character (\\u0000)", "$query")
-    types = _entity_types(registry, body.get("entities"))
-    aspects = _aspects(registry, types, body["aspects"] if "aspects" in body else body.get("aspectNames"))
-    sort_by = _sort(body.get("sortCriteria"), sortCriteria, sort, sortOrder)
+    types = _entity_types(registry, body.entities)
+    aspects = _aspects(registry, types, body.aspects if "aspects" in body.model_fields_set else body.aspectNames)
+    sort_by = _sort(body.sortCriteria, sortCriteria, sort, sortOrder)
     # The body's OR of AND groups, the same in every type (the backends hide soft-deleted entities unless asked:
     # `include_removed`, or a criterion on `removed`).
-    groups = _filter_groups(body.get("filter"), "$.filter")
-    any_of = tuple(tuple(criterion for _, criterion in group) for group in groups) or None
+    try:
+        any_of = filter_groups(_filter_json(body.filter)) or None
+    except InvalidFilter as error:
+        raise error.at("$.filter") from None
     searches = [TypeSearch(entity_type, any_of, include_removed=includeSoftDelete) for entity_type in types]
-    page = await scroll_across(backend, searches, query or "*", count=count, scroll_id=scrollId or None, sort=sort_by)
+    try:
+        page = await scroll_across(backend, searches, query or "*", count=count, scroll_id=scrollId or None, sort=sort_by)
+    except InvalidCursor as error:
+        raise error.at("$scrollId") from None
     entities: list[dict[str, Any]] = [{"urn": hit.urn} for hit in page.hits]
     if aspects is not None:
         wanted = [(e["urn"], aspects or None) for e in entities]
@@ -345,12 +256,14 @@ async def scroll_entities(
 
 
 class ScrollRelationshipsBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     sourceFilter: Filter | None = Field(None, description="One clause with one `urn` criterion (EQUAL/IN) on the source")
     destinationFilter: Filter | None = Field(None, description="One clause with one `urn` criterion (EQUAL/IN) on the destination")
     edgeFilter: Filter | None = Field(None, description="Not supported: absent or empty")
 
 
 class ScrollLineageBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     urns: list[str] | None = Field(None, description="Anchors: edges with one of them at either end; absent: every lineage edge")
 
 
@@ -369,33 +282,28 @@ class LineagePage(BaseModel):
     results: list[LineageItem]
 
 
-def _edge_cursor(scroll_id: str | None) -> tuple[str, str, str, str] | None:
-    """An edge scroll id is URL-safe base64 of the last edge's key [source, aspect, relationship, destination]."""
-    if not scroll_id:
-        return None
+def _edge_after(scroll_id: str | None) -> tuple[str, str, str, str] | None:
     try:
-        key = orjson.loads(base64.urlsafe_b64decode(scroll_id + "=" * (-len(scroll_id) % 4)))
-    except (binascii.Error, ValueError):
-        key = None
-    if (len(scroll_id) > 16_384 or not isinstance(key, list) or len(key) != 4
-            or not all(isinstance(k, str) and "\x00" not in k for k in key)):
-        raise _bad("scrollId is not one this scroll returned", "$scrollId", scroll_id, "the scrollId of a previous page")
-    return tuple(key)  # type: ignore[return-value]
+        return decode_edge(scroll_id) if scroll_id else None
+    except InvalidCursor as error:
+        raise error.at("$scrollId") from None
 
 
-def _edge_scroll_id(after: tuple[str, str, str, str] | None) -> str | None:
-    return base64.urlsafe_b64encode(orjson.dumps(list(after))).decode().rstrip("=") if after else None
-
-
-def _urn_criteria(filter_: Any, path: str) -> list[str]:
-    """The URNs a source/destination filter allows (empty: any): its one `urn` criterion's values."""
-    criteria = _conjunction(filter_, path)
-    for position, (where, field, _) in enumerate(criteria):
-        if field != "urn" or position > 0:
-            raise _bad("only one `urn` criterion is supported here", f"{where}.field", field)
+def _urns_of(filter_: Filter | None, path: str) -> list[str]:
+    """The URNs a source/destination filter allows (empty: any): its one `urn` criterion's values (EQUAL or IN)."""
+    criteria = _criteria(filter_, path)
+    for position, placed in enumerate(criteria):
+        where, criterion = json_path(path, placed.loc), placed.criterion
+        if criterion.condition != "EQUAL":
+            raise _bad(f"condition {criterion.condition} is not supported here", f"{where}.condition",
+                       criterion.condition, "EQUAL or IN")
+        if criterion.negated:
+            raise _bad("negated criteria are not supported here", f"{where}.negated", True)
+        if criterion.field != "urn" or position > 0:
+            raise _bad("only one `urn` criterion is supported here", f"{where}.field", criterion.field)
     if not criteria:
         return []
-    where, _, urns = criteria[0]
+    where, urns = json_path(path, criteria[0].loc), list(criteria[0].criterion.values)
     for position, urn in enumerate(urns):
         with invalid_at(f"{where}.values[{position}]", urn=urn):
             entity_type_of(urn)
@@ -416,7 +324,10 @@ def _edge_item(edge: Edge) -> dict[str, Any]:
 
 
 def _types(values: list[str] | None, path: str) -> tuple[str, ...]:
-    return tuple(_strings(values or [], path))
+    for position, value in enumerate(values or ()):
+        if "\x00" in value:
+            raise _bad("a NUL character (\\u0000)", f"{path}[{position}]")
+    return tuple(values or ())
 
 
 @router.post(
@@ -440,18 +351,18 @@ async def scroll_relationships(
     direction: Annotated[Literal["OUTGOING", "INCOMING"], Query()] = "OUTGOING",
     count: Count = 10,
     scrollId: Annotated[str | None, Query()] = None,
-    includeSoftDelete: Annotated[bool, Query(description="Accepted; edges of soft-deleted entities are kept")] = False,
+    includeSoftDelete: Annotated[Flag, Query(description="Accepted; edges of soft-deleted entities are kept")] = False,
     sliceId: Annotated[int | None, Query(description="Not supported")] = None,
     sliceMax: Annotated[int | None, Query(description="Not supported")] = None,
     pitKeepAlive: Annotated[str | None, Query(description="Accepted; ignored")] = "5m",
 ) -> Response:
-    body = _object(await read_json(request, settings), {"sourceFilter", "destinationFilter", "edgeFilter"})
+    body = _body(ScrollRelationshipsBody, await read_json(request, settings))
     _refuse_slices(sliceId, sliceMax)
-    edge_criteria = _conjunction(body.get("edgeFilter"), "$.edgeFilter")
+    edge_criteria = _criteria(body.edgeFilter, "$.edgeFilter")
     if edge_criteria:
-        raise _bad("edgeFilter criteria are not supported", edge_criteria[0][0])
-    sources = _urn_criteria(body.get("sourceFilter"), "$.sourceFilter")
-    destinations = _urn_criteria(body.get("destinationFilter"), "$.destinationFilter")
+        raise _bad("edgeFilter criteria are not supported", json_path("$.edgeFilter", edge_criteria[0].loc))
+    sources = _urns_of(body.sourceFilter, "$.sourceFilter")
+    destinations = _urns_of(body.destinationFilter, "$.destinationFilter")
     check_batch_size(sources + destinations, settings, "$.sourceFilter", what="URNs")
     source_types, destination_types = _types(sourceTypes, "$sourceTypes"), _types(destinationTypes, "$destinationTypes")
     if direction == "INCOMING":  # the filters' source is the entity the edge comes into
@@ -461,10 +372,10 @@ async def scroll_relationships(
         relationship_types=_types(relationshipTypes, "$relationshipTypes"), source_types=source_types,
         destination_types=destination_types, source_urns=tuple(sources), destination_urns=tuple(destinations),
     )
-    page = await backend.scroll_edges(edge_query, after=_edge_cursor(scrollId), count=count)
+    page = await backend.scroll_edges(edge_query, after=_edge_after(scrollId), count=count)
     out: dict[str, Any] = {"results": [_edge_item(e) for e in page.edges]}
     if page.after:
-        out["scrollId"] = _edge_scroll_id(page.after)
+        out["scrollId"] = edge_cursor(page.after)
     return json_response(out)
 
 
@@ -488,14 +399,14 @@ async def scroll_lineage(
     direction: Annotated[Literal["UPSTREAM", "DOWNSTREAM"] | None, Query()] = None,
     count: Count = 10,
     scrollId: Annotated[str | None, Query()] = None,
-    includeSoftDelete: Annotated[bool, Query(description="Accepted; edges of soft-deleted entities are kept")] = False,
+    includeSoftDelete: Annotated[Flag, Query(description="Accepted; edges of soft-deleted entities are kept")] = False,
     sliceId: Annotated[int | None, Query(description="Not supported")] = None,
     sliceMax: Annotated[int | None, Query(description="Not supported")] = None,
     pitKeepAlive: Annotated[str | None, Query(description="Accepted; ignored")] = "5m",
 ) -> Response:
-    body = _object(await read_json(request, settings), {"urns"})
+    body = _body(ScrollLineageBody, await read_json(request, settings))
     _refuse_slices(sliceId, sliceMax)
-    anchors = _strings(body.get("urns") or [], "$.urns")
+    anchors = body.urns or []
     check_batch_size(anchors, settings, "$.urns", what="URNs")
     for position, urn in enumerate(anchors):
         with invalid_at(f"$.urns[{position}]", urn=urn):
@@ -503,7 +414,7 @@ async def scroll_lineage(
     edge_query = EdgeQuery(
         relationship_types=_types(relationshipTypes, "$relationshipTypes"), either_urns=tuple(anchors), lineage_only=True,
     )
-    page = await backend.scroll_edges(edge_query, after=_edge_cursor(scrollId), count=count)
+    page = await backend.scroll_edges(edge_query, after=_edge_after(scrollId), count=count)
     anchor_set = set(anchors)
     results = []
     for edge in page.edges:
@@ -515,7 +426,7 @@ async def scroll_lineage(
         results.append({**_edge_item(edge), "upstream": upstream, "downstream": downstream})
     out: dict[str, Any] = {"results": results}
     if page.after:
-        out["scrollId"] = _edge_scroll_id(page.after)
+        out["scrollId"] = edge_cursor(page.after)
     return json_response(out)
 
 
@@ -523,9 +434,10 @@ async def scroll_lineage(
 
 
 class BatchGetUrnRequestV2(BaseModel):
+    model_config = ConfigDict(extra="forbid")
     urns: list[str]
     aspectNames: list[str] = Field(default_factory=list, description="Aspects to return; empty: every aspect")
-    withSystemMetadata: bool = False
+    withSystemMetadata: bool = Field(False, strict=True)
 
 
 class GenericEntityV2(BaseModel):
@@ -547,28 +459,21 @@ class BatchGetUrnResponseV2(BaseModel):
     "`aspectNames` is empty) it has; `aspects` is empty for an entity with none of them.",
 )
 async def batch_get_v2(entityName: str, request: Request, session: Session, registry: Registry, settings: SettingsDep) -> Response:
-    body = _object(await read_json(request, settings), {"urns", "aspectNames", "withSystemMetadata"})
+    body = _body(BatchGetUrnRequestV2, await read_json(request, settings))
     with invalid_at("$entityName"):
         entity = registry.entity(entityName).name
-    if "urns" not in body:
-        raise _bad("urns is required", "$.urns")
-    urns = list(dict.fromkeys(_strings(body["urns"], "$.urns")))
+    urns = list(dict.fromkeys(body.urns))
     check_batch_size(urns, settings, "$.urns", what="URNs")
     for position, urn in enumerate(urns):
-        try:
+        with invalid_at(f"$.urns[{position}]", urn=urn):
             entity_type_of(urn)
-        except InvalidUrnError as error:
-            raise ValidationFailed(str(error), [Issue(str(error), urn=urn, path=f"$.urns[{position}]")]) from None
-    aspects = _strings(body.get("aspectNames") or [], "$.aspectNames")
-    for position, aspect in enumerate(aspects):
+    for position, aspect in enumerate(body.aspectNames):
         with invalid_at(f"$.aspectNames[{position}]", aspect=aspect):
             registry.aspect(entity, aspect)
-    with_sm = body.get("withSystemMetadata", False)
-    if not isinstance(with_sm, bool):
-        raise _bad("withSystemMetadata must be true or false", "$.withSystemMetadata", with_sm)
-    found = await EntityReader(session, registry).repo.entities_latest([(urn, aspects or None) for urn in urns])
+    wanted = [(urn, body.aspectNames or None) for urn in urns]
+    found = await EntityReader(session, registry).repo.entities_latest(wanted)
     entities = [
-        {"urn": urn, "aspects": {row.aspect: stored_envelope(row, with_sm) for row in found.get(urn, ())}}
+        {"urn": urn, "aspects": {row.aspect: stored_envelope(row, body.withSystemMetadata) for row in found.get(urn, ())}}
         for urn in urns
     ]
     return json_response({"entities": entities})

@@ -18,23 +18,20 @@
 
 from __future__ import annotations
 
-import base64
-import binascii
-import re
 from collections import OrderedDict
 from datetime import datetime, timezone
 from typing import Annotated, Any, Literal
 
-import orjson
 from fastapi import APIRouter, Query, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from app.api.deps import ALLOW_READ, Backend, Registry, Session
-from app.api.http import UrnPath, UrnQuery, checked_urn, entity_of_urn, invalid_at, stored_envelope
+from app.api.http import Flag, UrnPath, UrnQuery, checked_urn, entity_of_urn, invalid_at, stored_envelope
+from app.api.search_models import RelationshipItem, ScrollEntity
 from app.errors import ERROR_RESPONSES, Issue, NotFound, ValidationFailed
-from app.limits import MAX_LONG, MIN_LONG, check_long, clip, too_deep
+from app.limits import check_long, clip
 from app.registry import EntityRegistry
-from app.urns import InvalidUrnError, entity_type_of
+from app.search.cursors import InvalidCursor, decode_offset, offset_cursor
 from app.search.failures import FailureReader
 from app.search.model import REMOVED_FIELD, TimeseriesQuery
 from app.write.reader import EntityReader
@@ -53,11 +50,6 @@ def _entity_name(registry: EntityRegistry, name: str, path: str = "$entityName")
 # --- search -----------------------------------------------------------------------------------------------------
 
 
-class ScrollEntity(BaseModel):
-    model_config = ConfigDict(extra="allow", json_schema_extra={"description": "`urn` and the entity's aspects as in GET entity: `{<aspect>: {\"value\", \"systemMetadata\"?}}`"})
-    urn: str
-
-
 class ScrollResponse(BaseModel):
     scrollId: str | None = Field(None, description="Pass back as `scrollId` for the next page; absent on the last page")
     entities: list[ScrollEntity]
@@ -72,49 +64,6 @@ def _filters(request: Request) -> dict[str, list[str]]:
                 raise ValidationFailed("a filter contains a NUL character (\\u0000)", [Issue("NUL character", path=f"${clip(key, 100)}")])
             filters.setdefault(key[len(FILTER_PREFIX):], []).append(value)
     return filters
-
-
-_SCROLL_ID = re.compile(r"[A-Za-z0-9_-]*={0,2}")
-MAX_SCROLL_ID_CHARS = 65_536
-
-
-def _checked_scroll_id(scroll_id: str | None, sort: list[tuple[str, str]] | None) -> str | None:
-    """A search `scrollId` is what a previous page returned: URL-safe base64 (padded or not) of the JSON array
-    `[sort key..., urn]` (both backends: one key, or one per sort field). Anything else is a 400 naming `scrollId`
-    before a backend sees it; the answer is the padded form both backends decode."""
-    if not scroll_id:
-        return None
-
-    def bad(reason: str) -> ValidationFailed:
-        return ValidationFailed(
-            f"scrollId is not one this endpoint returned: {reason}",
-            [Issue(reason, path="$scrollId", expected="the scrollId of a previous page", found=clip(scroll_id, 100))],
-        )
-
-    if len(scroll_id) > MAX_SCROLL_ID_CHARS or not _SCROLL_ID.fullmatch(scroll_id):
-        raise bad("not URL-safe base64")
-    stripped = scroll_id.rstrip("=")
-    padded = stripped + "=" * (-len(stripped) % 4)
-    try:
-        raw = base64.urlsafe_b64decode(padded)
-        cursor = orjson.loads(raw)
-    except (binascii.Error, ValueError):
-        raise bad("not base64 of a JSON array") from None
-    if not isinstance(cursor, list) or len(cursor) not in {2, 1 + len(sort or ())}:
-        raise bad("not a [sort key, urn] pair")
-    *keys, urn = cursor
-    try:
-        entity_type_of(urn)
-    except InvalidUrnError:
-        raise bad("its last member is not a URN") from None
-    if b"\\u0000" in raw or too_deep(keys, 8) is not None:
-        raise bad("not a sort key this endpoint gives")
-    for key in keys:
-        if isinstance(key, bool) or (isinstance(key, int) and not MIN_LONG <= key <= MAX_LONG):
-            raise bad("not a sort key this endpoint gives")
-    if not sort and not isinstance(keys[0], (int, float)):
-        raise bad("a relevance-ordered page's key is a number")
-    return padded
 
 
 @router.get(
@@ -137,8 +86,8 @@ async def scroll_entities(
     sortCriteria: Annotated[list[str] | None, Query()] = None,
     sortOrder: Annotated[Literal["ASCENDING", "DESCENDING"], Query()] = "ASCENDING",
     aspects: Annotated[list[str] | None, Query()] = None,
-    systemMetadata: Annotated[bool, Query()] = False,
-    includeSoftDelete: Annotated[bool, Query()] = False,
+    systemMetadata: Annotated[Flag, Query()] = False,
+    includeSoftDelete: Annotated[Flag, Query()] = False,
 ) -> Any:
     entity = _entity_name(registry, entityName)
     for aspect in aspects or []:
@@ -152,8 +101,11 @@ async def scroll_entities(
     sort = [(field, order) for field in sortCriteria] if sortCriteria else None
     if "\x00" in query or any("\x00" in field for field in sortCriteria or ()):
         raise ValidationFailed("the query contains a NUL character (\\u0000)", [Issue("NUL character", path="$query")])
-    scroll_id = _checked_scroll_id(scrollId, sort)
-    page = await backend.search(entity, query or "*", filters=filters, count=count, scroll_id=scroll_id, sort=sort)
+    try:
+        page = await backend.search(entity, query or "*", filters=filters, count=count, scroll_id=scrollId or None,
+                                    sort=sort)
+    except InvalidCursor as error:
+        raise error.at("$scrollId") from None
     repo = EntityReader(session, registry).repo
     entities = []
     for hit in page.hits:
@@ -227,39 +179,10 @@ async def autocomplete(
 # --- relationships and lineage ------------------------------------------------------------------------------------
 
 
-class EntityRef(BaseModel):
-    urn: str
-    entityType: str
-
-
-class RelationshipItem(BaseModel):
-    source: EntityRef
-    destination: EntityRef
-    relationshipType: str
-    createdOn: int | None = None
-    createdActor: str | None = None
-    updatedOn: int | None = None
-    updatedActor: str | None = None
-    via: str | None = None
-    properties: dict[str, Any] | None = None
-
-
 class RelationshipResponse(BaseModel):
     scrollId: str | None = None
     results: list[RelationshipItem]
     totalCount: int | None = None
-
-
-def _scroll_start(scroll_id: str | None) -> int:
-    """A relationships `scrollId` is the offset a previous page gave: ASCII digits, within 64 bits."""
-    if not scroll_id:
-        return 0
-    if not (scroll_id.isascii() and scroll_id.isdigit()) or len(scroll_id) > 19 or int(scroll_id) > MAX_LONG:
-        raise ValidationFailed(
-            "scrollId is not one this endpoint gave",
-            [Issue("bad scrollId", path="$scrollId", expected="the scrollId of a previous page", found=clip(scroll_id, 100))],
-        )
-    return int(scroll_id)
 
 
 @router.get(
@@ -283,7 +206,10 @@ async def relationships(
     types = (relationship_types or []) + (relationship_type or [])
     if any("\x00" in t for t in types):
         raise ValidationFailed("relationshipType contains a NUL character (\\u0000)", [Issue("NUL character", path="$relationshipType")])
-    start = _scroll_start(scrollId)
+    try:
+        start = decode_offset(scrollId) if scrollId else 0
+    except InvalidCursor as error:
+        raise error.at("$scrollId") from None
     edges, total = await backend.relationships(urn, direction=direction, types=types or None, start=start, count=count)
     results = []
     for e in edges:
@@ -298,7 +224,7 @@ async def relationships(
         results.append(item)
     body: dict[str, Any] = {"results": results, "totalCount": total}
     if start + len(edges) < total and edges:
-        body["scrollId"] = str(start + len(edges))
+        body["scrollId"] = offset_cursor(start + len(edges))
     return body
 
 

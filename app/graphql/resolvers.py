@@ -18,16 +18,17 @@ from app.auth.model import Permission, Principal
 from app.errors import Issue, NotFound, ValidationFailed
 from app.graphql.entities import ENTITY_TYPES, GRAPHQL_TYPE_OF_ENTITY, SEARCHABLE_TYPES, EntityRef, entity_ref
 from app.graphql.loader import AspectLoader
-from app.graphql.views import apply_view
+from app.graphql.views import VIEW_PATH, apply_view
 from app.ingest.gateway import IngestGateway
 from app.limits import clip
 from app.registry import EntityRegistry
 from app.search.across import (
     TypeSearch, facets_across, lineage_across, lineage_hops, scroll_across, search_across,
 )
+from app.search.cursors import InvalidCursor, decode_offset, offset_cursor
+from app.search.filters import Groups, InvalidFilter, both, criteria_groups, json_path, placed_or_filters
 from app.search.model import (
-    MAX_FILTER_VALUES, REMOVED_FIELD, TOMBSTONE_FIELD, URN_FIELD, VERSIONS_FIELD, Criterion, SearchBackend, SearchHit,
-    criterion_problem,
+    REMOVED_FIELD, TOMBSTONE_FIELD, URN_FIELD, VERSIONS_FIELD, Criterion, SearchBackend, SearchHit,
 )
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.proposal import ChangeType, Draft
@@ -36,9 +37,10 @@ from app.write.reader import EntityReader
 log = logging.getLogger("metaledger.graphql")
 
 ENTITY_TYPE_FIELD = "_entityType"  # DataHub's virtual filter field: the entity type (its EntityType value)
-EQUALITY = {None, "EQUAL", "IN"}  # the field has one of the values (these and IEQUAL are what `_entityType` takes)
-# Bounds on what variables can carry past the query's own limits: filter values in all (MAX_FILTER_VALUES, from
-# app.search.model: Elasticsearch's default bool clause limit) and the query text.
+TYPE_CONDITIONS = frozenset({"EQUAL", "IEQUAL"})  # what `_entityType` takes (IN is EQUAL)
+OR_FILTERS_PATH = "$input.orFilters"
+SCROLL_ID_PATH = "$input.scrollId"
+# Bounds on what variables carry past the query's own limits: the query text (filter values: app.search.filters).
 MAX_QUERY_TEXT = 10_000
 
 
@@ -105,67 +107,47 @@ def _entity_names(types: list[str] | None, registry: EntityRegistry) -> list[str
     return names
 
 
-def _matches_type(criterion: dict[str, Any], entity: str) -> bool:
-    values = {str(v) for v in criterion.get("values") or ()}
-    hit = GRAPHQL_TYPE_OF_ENTITY[entity] in values or entity.lower() in {v.lower() for v in values}
-    return hit != bool(criterion.get("negated"))
+def _matches_type(criterion: Criterion, entity: str) -> bool:
+    hit = GRAPHQL_TYPE_OF_ENTITY[entity] in criterion.values or entity.lower() in {v.lower() for v in criterion.values}
+    return hit != criterion.negated
 
 
-def _criterion(raw: dict[str, Any], where: str) -> Criterion:
-    """One FacetFilterInput as a backend criterion: any condition of app.search.model's CONDITIONS (EQUAL when
-    absent); the hierarchy conditions (DESCENDANTS_INCL, ...), an over-long pattern or a NUL are refused, naming
-    `where` (`$input.orFilters[i].and[j]`) and the field."""
-    name = raw["field"]
-    condition = raw.get("condition") or "EQUAL"
-    values = tuple(raw.get("values") or ())
-    problem = criterion_problem(condition, values)
-    if problem is not None:
-        path = f"{where}.condition" if problem.value is None else f"{where}.values[{problem.value}]"
-        found = condition if problem.value is None else clip(values[problem.value], 100)
-        raise ValidationFailed(f"filter on field {clip(name, 100)!r}: {problem.message}",
-                               [Issue(problem.message, path=path, expected=problem.expected, found=found)])
-    if name.endswith(".keyword"):  # DataHub's exact sub-field; metaledger's filters are exact already
-        name = name[: -len(".keyword")]
-    if "\x00" in name or any("\x00" in v for v in values):
-        raise ValidationFailed("a filter contains a NUL character (\\u0000)", [Issue("NUL character", path=where)])
-    return Criterion(name, values, bool(raw.get("negated")), "EQUAL" if condition == "IN" else condition)
-
-
-def _type_criterion(raw: dict[str, Any], where: str) -> dict[str, Any]:
-    """A `_entityType` criterion (resolved here, per type): EQUAL, IN or IEQUAL (type names match in any case)."""
-    condition = raw.get("condition")
-    if condition not in EQUALITY | {"IEQUAL"}:
+def _check_type_criterion(criterion: Criterion, path: str) -> None:
+    """A `_entityType` criterion is resolved here, per type: EQUAL, IN or IEQUAL (type names match in any case).
+    `path`: where its condition is."""
+    if criterion.field == ENTITY_TYPE_FIELD and criterion.condition not in TYPE_CONDITIONS:
         raise ValidationFailed(
-            f"filter condition {condition} on field {ENTITY_TYPE_FIELD!r} is not supported (EQUAL, IN and IEQUAL are)",
-            [Issue("unsupported condition", path=f"{where}.condition", expected="EQUAL, IN or IEQUAL",
-                   found=str(condition))],
+            f"filter condition {criterion.condition} on field {ENTITY_TYPE_FIELD!r} is not supported "
+            "(EQUAL, IN and IEQUAL are)",
+            [Issue("unsupported condition", path=path, expected="EQUAL, IN or IEQUAL", found=criterion.condition)],
         )
-    return raw
 
 
-def type_searches(
-    entity_names: list[str], or_filters: list[dict[str, Any]] | None, include_soft_deleted: bool,
-) -> list[TypeSearch]:
-    """orFilters per entity type: `_entityType` criteria decide which groups apply to which type (a type no group
-    applies to is not searched); the other criteria go to the backend."""
-    values = sum(len(raw.get("values") or ()) for group in or_filters or () for raw in group.get("and") or ())
-    if values > MAX_FILTER_VALUES:
-        raise ValidationFailed(f"orFilters carry {values} values; the limit is {MAX_FILTER_VALUES}",
-                               [Issue("too many filter values", path="$input.orFilters", found=str(values))])
-    groups: list[tuple[list[dict[str, Any]], tuple[Criterion, ...]]] = []
-    for i, group in enumerate(or_filters or ()):
-        where = f"$input.orFilters[{i}].and"
-        raws = group.get("and") or []
-        type_criteria = [_type_criterion(raw, f"{where}[{j}]") for j, raw in enumerate(raws)
-                         if raw["field"] == ENTITY_TYPE_FIELD]
-        criteria = tuple(_criterion(raw, f"{where}[{j}]") for j, raw in enumerate(raws) if raw["field"] != ENTITY_TYPE_FIELD)
-        groups.append((type_criteria, criteria))
+def _or_filters(inputs: dict[str, Any]) -> Groups:
+    """The search's orFilters (the deprecated AND-only `filters` joined to each of their groups) as criteria."""
+    or_filters = list(inputs.get("orFilters") or ())
+    if inputs.get("filters"):
+        or_filters = [{"and": [*(g.get("and") or ()), *inputs["filters"]]} for g in or_filters or [{"and": []}]]
+    try:
+        placed = placed_or_filters(or_filters)
+    except InvalidFilter as error:
+        raise error.at(OR_FILTERS_PATH) from None
+    for group in placed:
+        for criterion in group:
+            _check_type_criterion(criterion.criterion, json_path(OR_FILTERS_PATH, (*criterion.loc, "condition")))
+    return criteria_groups(placed)
+
+
+def type_searches(entity_names: list[str], groups: Groups, include_soft_deleted: bool) -> list[TypeSearch]:
+    """The search's OR of AND groups per entity type: `_entityType` criteria decide which groups apply to which type
+    (a type no group applies to is not searched); the other criteria go to the backend."""
+    if not groups:
+        return [TypeSearch(entity, None, include_soft_deleted) for entity in entity_names]
+    split = [([c for c in group if c.field == ENTITY_TYPE_FIELD], tuple(c for c in group if c.field != ENTITY_TYPE_FIELD))
+             for group in groups]
     searches = []
     for entity in entity_names:
-        if not or_filters:
-            searches.append(TypeSearch(entity, None, include_soft_deleted))
-            continue
-        applying = tuple(criteria for type_criteria, criteria in groups
+        applying = tuple(criteria for type_criteria, criteria in split
                          if all(_matches_type(c, entity) for c in type_criteria))
         if applying:
             searches.append(TypeSearch(entity, applying, include_soft_deleted))
@@ -277,25 +259,30 @@ def _results(
 
 async def _searches_of(context: Context, inputs: dict[str, Any]) -> list[TypeSearch]:
     flags = inputs.get("searchFlags") or {}
-    or_filters = list(inputs.get("orFilters") or ())
-    if inputs.get("filters"):  # the deprecated AND-only form: one more group
-        or_filters = [{"and": [*(g.get("and") or ()), *inputs["filters"]]} for g in or_filters or [{"and": []}]]
+    groups = _or_filters(inputs)
     entity_names = _entity_names(inputs.get("types"), context.registry)
     if inputs.get("viewUrn"):
-        entity_names, or_filters = await apply_view(context, inputs["viewUrn"], entity_names, or_filters)
-    return type_searches(entity_names, or_filters, bool(flags.get("includeSoftDeleted")))
+        entity_names, view_groups = await apply_view(context, inputs["viewUrn"], entity_names)
+        for group in view_groups:
+            for criterion in group:
+                _check_type_criterion(criterion, VIEW_PATH)
+        try:
+            groups = both(groups, view_groups)
+        except InvalidFilter as error:
+            raise error.at(OR_FILTERS_PATH) from None
+    return type_searches(entity_names, groups, bool(flags.get("includeSoftDeleted")))
 
 
 async def resolve_scroll_across_entities(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
     context: Context = info.context
     searches = await _searches_of(context, input)
     count = _count(input.get("count"), 10, context.max_count)
-    scroll_id = input.get("scrollId")
-    if scroll_id is not None and len(scroll_id) > 65_536:
-        raise ValidationFailed("scrollId is too long", [Issue("too long", path="$input.scrollId", found=clip(scroll_id, 100))])
     query = _query(input.get("query"))
-    page = await scroll_across(await context.backend(), searches, query, count=count,
-                               scroll_id=scroll_id or None, sort=_sort(input.get("sortInput")))
+    try:
+        page = await scroll_across(await context.backend(), searches, query, count=count,
+                                   scroll_id=input.get("scrollId") or None, sort=_sort(input.get("sortInput")))
+    except InvalidCursor as error:
+        raise error.at(SCROLL_ID_PATH) from None
     return {"nextScrollId": page.scroll_id, "count": len(page.hits), "total": page.total,
             **_results(context, searches, query, input, page.hits)}
 
@@ -318,13 +305,11 @@ MAX_LINEAGE_HOPS = 20  # a walk without a degree bound ("3+", or none) stops her
 
 
 def _offset(scroll_id: str | None) -> int:
-    """A lineage scrollId is the offset the previous page gave: ASCII digits."""
-    if not scroll_id:
-        return 0
-    if not (scroll_id.isascii() and scroll_id.isdigit()) or len(scroll_id) > 9:
-        raise ValidationFailed("scrollId is not one this search returned",
-                               [Issue("bad scrollId", path="$input.scrollId", found=clip(scroll_id, 100))])
-    return int(scroll_id)
+    """A lineage scrollId is the offset the previous page gave (the walk is computed whole)."""
+    try:
+        return decode_offset(scroll_id) if scroll_id else 0
+    except InvalidCursor as error:
+        raise error.at(SCROLL_ID_PATH) from None
 
 
 def _path_entity(urn: str, entity_type: str, registry: EntityRegistry) -> EntityRef | None:
@@ -354,7 +339,7 @@ async def resolve_scroll_across_lineage(_root: Any, info: Any, input: dict[str, 
     count = _count(input.get("count"), 10, context.max_count)
     results, total = await _lineage(context, input, start, count)
     more = start + len(results) < total and results
-    return {"nextScrollId": str(start + len(results)) if more else None, "count": len(results), "total": total,
+    return {"nextScrollId": offset_cursor(start + len(results)) if more else None, "count": len(results), "total": total,
             "searchResults": results, "facets": None}
 
 

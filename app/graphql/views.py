@@ -14,6 +14,7 @@ from typing import Any
 from app.auth.model import Permission
 from app.errors import Issue, NotFound, ValidationFailed
 from app.limits import clip
+from app.search.filters import Groups, InvalidFilter, stored_filter_groups
 from app.urns import InvalidUrnError, entity_type_of
 
 VIEW_PATH = "$input.viewUrn"
@@ -29,36 +30,9 @@ def _view_urn(urn: str) -> str:
                            [Issue("not a view urn", path=VIEW_PATH, found=clip(urn, 100))])
 
 
-def _criterion(raw: dict[str, Any]) -> dict[str, Any]:
-    """A stored criterion in the form of the GraphQL input's FacetFilterInput."""
-    return {"field": raw.get("field", ""), "values": list(raw.get("values") or ()), "condition": raw.get("condition") or "EQUAL",
-            "negated": bool(raw.get("negated"))}
-
-
-def _view_groups(filter_: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """The view's filter as orFilters: `or` of `and` groups (the deprecated `criteria` list is one group)."""
-    if not filter_:
-        return []
-    if filter_.get("or"):
-        return [{"and": [_criterion(c) for c in group.get("and") or ()]} for group in filter_["or"]]
-    if filter_.get("criteria"):
-        return [{"and": [_criterion(c) for c in filter_["criteria"]]}]
-    return []
-
-
-def combine(or_filters: list[dict[str, Any]], view_groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Both hold: each group of one ANDed with each group of the other (either empty: the other alone)."""
-    if not view_groups:
-        return or_filters
-    if not or_filters:
-        return view_groups
-    return [{"and": [*(mine.get("and") or ()), *(theirs.get("and") or ())]} for mine in or_filters for theirs in view_groups]
-
-
-async def apply_view(
-    context: Any, view_urn: str, entity_names: list[str], or_filters: list[dict[str, Any]],
-) -> tuple[list[str], list[dict[str, Any]]]:
-    """The entity types and orFilters of a search inside the view `view_urn`."""
+async def apply_view(context: Any, view_urn: str, entity_names: list[str]) -> tuple[list[str], Groups]:
+    """The entity types of a search inside the view `view_urn` (those of `entity_names` it allows), and the view's
+    filter, which the search's own must be ANDed with (`app.search.filters.both`)."""
     urn = _view_urn(view_urn)
     info = await context.aspect(urn, "dataHubViewInfo")
     if info is None:
@@ -70,4 +44,9 @@ async def apply_view(
     allowed = {name.lower() for name in definition.get("entityTypes") or ()}
     if allowed:
         entity_names = [name for name in entity_names if name.lower() in allowed]
-    return entity_names, combine(or_filters, _view_groups(definition.get("filter")))
+    try:
+        groups = stored_filter_groups(definition.get("filter"))
+    except InvalidFilter as error:  # the stored view is at fault, wherever in its filter
+        message = f"view {clip(urn, 100)}: {error}"
+        raise ValidationFailed(message, [Issue(message, path=VIEW_PATH, expected=error.expected, found=error.found)]) from None
+    return entity_names, groups

@@ -14,8 +14,6 @@ search is refused rather than silently paging through something else.
 from __future__ import annotations
 
 import asyncio
-import base64
-import binascii
 import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -24,12 +22,12 @@ from typing import Literal
 import orjson
 
 from app.errors import Issue, ValidationFailed
-from app.limits import MAX_LONG, MIN_LONG, clip, too_deep
+from app.limits import clip
+from app.search.cursors import AcrossCursor, InvalidCursor, across_cursor, decode_across
 from app.search.model import EQUALITY_CONDITIONS, REMOVED_FIELD, URN_FIELD, Criterion, SearchBackend, SearchHit
 
 # The most hits one page may ask for (DataHub's default `searchService.limits.results.max`).
 MAX_PAGE_SIZE = 10_000
-MAX_CURSOR_CHARS = 65_536
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,76 +51,10 @@ class AcrossPage:
     scroll_id: str | None  # None: no further page
 
 
-@dataclass(frozen=True, slots=True)
-class _Cursor:
-    position: int  # index of the type the next page starts in
-    after: str | None  # that type's backend cursor (None: from its start)
-    total: int
-
-
 def _fingerprint(searches: Sequence[TypeSearch], query: str, sort: list[tuple[str, str]] | None) -> str:
     described = [[s.entity_type, s.include_removed, [[[c.field, list(c.values), c.negated, c.condition] for c in g] for g in s.any_of]
                   if s.any_of is not None else None] for s in searches]
     return hashlib.sha256(orjson.dumps([described, query, sort])).hexdigest()[:16]
-
-
-def _encode(cursor: _Cursor, fingerprint: str) -> str:
-    raw = orjson.dumps({"p": cursor.position, "a": cursor.after, "n": cursor.total, "f": fingerprint})
-    return base64.urlsafe_b64encode(raw).decode().rstrip("=")
-
-
-def _bad(scroll_id: str, reason: str) -> ValidationFailed:
-    return ValidationFailed(
-        f"scrollId is not one this search returned: {reason}",
-        [Issue(reason, path="$scrollId", expected="the nextScrollId of a previous page of the same search",
-               found=clip(scroll_id, 100))],
-    )
-
-
-def _checked_backend_cursor(scroll_id: str, after: object, sort: list[tuple[str, str]] | None) -> str:
-    """The per-type cursor inside a composite one: base64 of `[sort key..., urn]` as both backends make it. It came
-    back from a client, so it is checked before a backend decodes it; returned padded (both backends read that)."""
-    if not isinstance(after, str) or len(after) > MAX_CURSOR_CHARS:
-        raise _bad(scroll_id, "not a type cursor")
-    stripped = after.rstrip("=")
-    padded = stripped + "=" * (-len(stripped) % 4)
-    try:
-        keys = orjson.loads(base64.urlsafe_b64decode(padded))
-    except (binascii.Error, ValueError):
-        raise _bad(scroll_id, "not a type cursor") from None
-    if not isinstance(keys, list) or len(keys) not in {2, 1 + len(sort or ())}:
-        raise _bad(scroll_id, "not a [sort key, urn] pair")
-    *sort_keys, urn = keys
-    if not isinstance(urn, str) or not urn.startswith("urn:li:") or "\x00" in urn or too_deep(sort_keys, 8):
-        raise _bad(scroll_id, "not a [sort key, urn] pair")
-    for key in sort_keys:
-        if isinstance(key, bool) or (isinstance(key, int) and not MIN_LONG <= key <= MAX_LONG):
-            raise _bad(scroll_id, "not a sort key a backend gives")
-        if isinstance(key, str) and "\x00" in key:
-            raise _bad(scroll_id, "not a sort key a backend gives")
-    if not sort and not isinstance(sort_keys[0], (int, float)):
-        raise _bad(scroll_id, "a relevance-ordered page's key is a number")
-    return padded
-
-
-def _decode(scroll_id: str, fingerprint: str, types: int, sort: list[tuple[str, str]] | None) -> _Cursor:
-    if len(scroll_id) > MAX_CURSOR_CHARS:
-        raise _bad(scroll_id, "too long")
-    try:
-        raw = base64.urlsafe_b64decode(scroll_id + "=" * (-len(scroll_id) % 4))
-        data = orjson.loads(raw)
-    except (binascii.Error, ValueError):
-        raise _bad(scroll_id, "not base64 of a JSON object") from None
-    if not isinstance(data, dict) or set(data) != {"p", "a", "n", "f"}:
-        raise _bad(scroll_id, "not a cursor of this service")
-    if data["f"] != fingerprint:
-        raise _bad(scroll_id, "it belongs to another search (types, query, filters or sort differ)")
-    position, total = data["p"], data["n"]
-    if (not isinstance(position, int) or isinstance(position, bool) or not 0 <= position < types
-            or not isinstance(total, int) or isinstance(total, bool) or not 0 <= total <= MAX_LONG):
-        raise _bad(scroll_id, "not a cursor of this service")
-    after = None if data["a"] is None else _checked_backend_cursor(scroll_id, data["a"], sort)
-    return _Cursor(position, after, total)
 
 
 async def _type_totals(backend: SearchBackend, searches: Sequence[TypeSearch], query: str) -> list[int]:
@@ -163,14 +95,15 @@ async def scroll_across(
     sort: list[tuple[str, str]] | None = None,
 ) -> AcrossPage:
     """One page of at most `count` hits (0..MAX_PAGE_SIZE) across `searches`, in their order, from `scroll_id`
-    (a previous page's; None: the first page). A page may end at a type's end with fewer hits; the last page has
-    no scroll id."""
+    (a previous page's; None: the first page; InvalidCursor when it is not one). A page may end at a type's end with
+    fewer hits; the last page has no scroll id."""
     if not 0 <= count <= MAX_PAGE_SIZE:
         raise ValidationFailed(f"count must be between 0 and {MAX_PAGE_SIZE}",
                                [Issue("out of range", path="$count", expected=f"0..{MAX_PAGE_SIZE}", found=str(count))])
     fingerprint = _fingerprint(searches, query, sort)
     first = not scroll_id
-    cursor = _Cursor(0, None, 0) if first else _decode(scroll_id, fingerprint, len(searches), sort)
+    cursor = AcrossCursor(0, None, 0, fingerprint) if not scroll_id else \
+        decode_across(scroll_id, fingerprint=fingerprint, types=len(searches))
     if count == 0 or not searches:
         total = sum(await _type_totals(backend, searches, query)) if first else cursor.total
         return AcrossPage([], total, None)
@@ -186,8 +119,11 @@ async def scroll_across(
             position += 1
             continue
         search = searches[position]
-        page = await backend.search(search.entity_type, query, filters=search.filters, count=count - len(hits),
-                                    scroll_id=after, sort=sort, any_of=search.any_of, facets=False)
+        try:
+            page = await backend.search(search.entity_type, query, filters=search.filters, count=count - len(hits),
+                                        scroll_id=after, sort=sort, any_of=search.any_of, facets=False)
+        except InvalidCursor as error:  # the type's cursor inside this one: the client gave this one
+            raise InvalidCursor(scroll_id or "", error.reason) from None
         hits.extend(page.hits)
         reached += page.total
         if page.scroll_id:  # more of this type: the page is full
@@ -200,7 +136,7 @@ async def scroll_across(
             position += 1  # no next page that could only be empty
     else:
         total = reached if first else cursor.total
-    next_id = _encode(_Cursor(position, after, total), fingerprint) if position < len(searches) else None
+    next_id = across_cursor(AcrossCursor(position, after, total, fingerprint)) if position < len(searches) else None
     return AcrossPage(hits, total, next_id)
 
 

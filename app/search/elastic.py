@@ -45,7 +45,6 @@ it as much as the test server does.
 from __future__ import annotations
 
 import asyncio
-import base64
 import copy
 import hashlib
 import logging
@@ -62,6 +61,7 @@ from elasticsearch import AsyncElasticsearch, NotFoundError
 
 from app.limits import MAX_LONG, MIN_LONG
 from app.search import documents, elastic_mappings
+from app.search.cursors import decode_keyset, keyset_cursor
 from app.search.elastic_mappings import ASPECT_FIELDS_FIELD, EDGE_MAPPING, EDGE_SET_MAPPING, mapping_hash
 from app.search.model import (
     DOWNSTREAM_LINEAGE,
@@ -244,17 +244,6 @@ def _number_query(name: str, kind: str, condition: str, values: list[str]) -> di
     at_most = int(bound.to_integral_value(ROUND_CEILING)) - 1 if condition == "LESS_THAN" else \
         int(bound.to_integral_value(ROUND_FLOOR))
     return {"match_none": {}} if at_most < MIN_LONG else {"range": {name: {"lte": min(at_most, MAX_LONG)}}}
-
-
-def _encode_cursor(values: list[Any]) -> str:
-    return base64.urlsafe_b64encode(orjson.dumps(values)).decode().rstrip("=")
-
-
-def _decode_cursor(cursor: str) -> list[Any]:
-    try:
-        return orjson.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
-    except Exception as exc:  # noqa: BLE001
-        raise ValueError(f"invalid scrollId {cursor!r}") from exc
 
 
 class ElasticBackend:
@@ -956,14 +945,15 @@ class ElasticBackend:
         body: dict[str, Any] = {
             "query": {"bool": bool_query}, "sort": sort_clauses, "size": count + 1, "track_total_hits": True,
         }
-        if scroll_id:
-            body["search_after"] = _decode_cursor(scroll_id)
+        if scroll_id:  # the values of the sort clauses, the urn's last
+            after = decode_keyset(scroll_id, keys=len(sort_clauses) - 1, by_relevance=not sort)
+            body["search_after"] = [*after.keys, after.urn]
         elif facets:
             body["aggs"] = aggs  # facets on the first page only (they do not change while scrolling)
         response = await self.client.search(index=index, **body)
         raw = response["hits"]["hits"]
         hits = [self._hit(entity_type, h) for h in raw[:count]]
-        next_id = _encode_cursor(raw[count - 1]["sort"]) if len(raw) > count and count > 0 else None
+        next_id = keyset_cursor(raw[count - 1]["sort"][:-1], raw[count - 1]["sort"][-1]) if len(raw) > count and count > 0 else None
         facets: dict[str, dict[str, int]] = {}
         for key, agg in (response.get("aggregations") or {}).items():
             facets[key] = {self._bucket_key(b): b["doc_count"] for b in agg.get("buckets", [])}

@@ -176,8 +176,7 @@ class CriterionProblem(NamedTuple):
 
 
 def criterion_problem(condition: str, values: Sequence[str]) -> CriterionProblem | None:
-    """What is wrong with a criterion's condition and values, or None. The API layers call it to name the place
-    in their request."""
+    """What is wrong with a criterion's condition and values, or None (app.search.filters names the place)."""
     if condition in REFUSED_CONDITIONS:
         return CriterionProblem(f"condition {condition} is not supported (it needs DataHub's hierarchy rewriters)",
                                 ", ".join(sorted(CONDITIONS)))
@@ -317,7 +316,8 @@ class SearchBackend(Protocol):
     ) -> SearchPage: ...
     # `filters` AND together (any of a filter's values); `any_of`, when given, must hold as well: at least one of its
     # groups matches (an empty list matches nothing). Soft-deleted entities are hidden unless either names
-    # `removed`. `facets=False`: no facet counts (a scroll that does not show them).
+    # `removed`. `facets=False`: no facet counts (a scroll that does not show them). `scroll_id`: a previous page's
+    # (a keyset cursor, app.search.cursors; anything else is an InvalidCursor, raised before any query).
 
     async def autocomplete(self, entity_type: str, prefix: str, *, limit: int = 10) -> list[SearchHit]: ...
 

@@ -31,7 +31,6 @@ Postgres: a restore is always in place), `indexed_versions` lists what the table
 
 from __future__ import annotations
 
-import base64
 import re
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
@@ -42,6 +41,7 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.search import documents
+from app.search.cursors import decode_keyset, keyset_cursor
 from app.search.model import (
     DOWNSTREAM_LINEAGE,
     AspectEdges,
@@ -99,14 +99,6 @@ def field_weight(spec: SearchFieldSpec) -> tuple[str, bool]:
     if spec.field_type.upper() in {"TEXT", "TEXT_PARTIAL", "WORD_GRAM"} and spec.boost >= 1:
         return "C", False
     return "D", False
-
-
-def _b64(value: Any) -> str:
-    return base64.urlsafe_b64encode(orjson.dumps(value)).decode()
-
-
-def _unb64(value: str) -> Any:
-    return orjson.loads(base64.urlsafe_b64decode(value.encode()))
 
 
 def _json(value: Any) -> Any:
@@ -749,7 +741,8 @@ class PostgresBackend:
             key_cast = "float8"
         keyset = ""
         if scroll_id:
-            key, after_urn = _unb64(scroll_id)
+            after = decode_keyset(scroll_id, keys=1, by_relevance=not sort)
+            key, after_urn = after.keys[0], after.urn
             params.append(orjson.dumps(key).decode() if key_cast == "jsonb" else float(key))
             k = f"${len(params)}::text::jsonb" if key_cast == "jsonb" else f"${len(params)}::float8"
             params.append(after_urn)
@@ -802,7 +795,7 @@ class PostgresBackend:
         if len(rows) > count and hits:
             last = rows[count - 1]
             key = orjson.loads(last["sort_key"]) if key_cast == "jsonb" else float(last["sort_key"])
-            next_scroll = _b64([key, last["urn"]])
+            next_scroll = keyset_cursor([key], last["urn"])
         return SearchPage(hits=hits, total=total, scroll_id=next_scroll, facets=facets)
 
     async def autocomplete(self, entity_type: str, prefix: str, *, limit: int = 10) -> list[SearchHit]:

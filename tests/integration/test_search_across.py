@@ -9,6 +9,7 @@ import pytest_asyncio
 from app.db import create_engine
 from app.errors import ValidationFailed
 from app.search.across import MAX_PAGE_SIZE, TypeSearch, scroll_across, search_across
+from app.search.cursors import InvalidCursor
 from app.search.model import AspectFields
 from app.search.postgres import PostgresBackend
 from app.settings import Settings
@@ -57,13 +58,13 @@ async def test_count_only_offsets_and_empty(backend):
 
 async def test_cursors_of_other_searches_or_tampered_are_refused(backend):
     page = await scroll_across(backend, SEARCHES, "*", count=2)
-    with pytest.raises(ValidationFailed, match="another search"):
+    with pytest.raises(InvalidCursor, match="another search"):
         await scroll_across(backend, SEARCHES[:2], "*", count=2, scroll_id=page.scroll_id)
-    with pytest.raises(ValidationFailed, match="another search"):
+    with pytest.raises(InvalidCursor, match="another search"):
         await scroll_across(backend, SEARCHES, "other", count=2, scroll_id=page.scroll_id)
     for bad in ["", "!!", "eyJwIjo5OTksImEiOm51bGwsIm4iOjAsImYiOiJ4In0", page.scroll_id[:-4]]:
         if bad:
-            with pytest.raises(ValidationFailed):
+            with pytest.raises(InvalidCursor):
                 await scroll_across(backend, SEARCHES, "*", count=2, scroll_id=bad)
 
 
