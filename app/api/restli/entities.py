@@ -29,13 +29,12 @@ from app.auth.model import Permission
 from app.api.deps import ALLOW_READ, Caller, Gateway, ReadYourWrites, Registry, Search, Session
 from app.api.http import Flag, UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response, parse_bool, read_json
 from app.api.restli.common import ACTION_BODY, optional_int, parse_restli_list, require_object, require_urn
-from app.errors import ERROR_RESPONSES, Issue, MetaledgerError, ValidationFailed
+from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
+from app.ingest.deletion import delete_entity, delete_references
 from app.ingest.mce import unbundle_restli_entity
-from app.ingest.references import find_references, relationship_paths, removal_drafts
-from app.changelog.outbox import OutboxRepository
 from app.search.service import SearchRuntime
 from app.write.proposal import ChangeType, Draft
-from app.write.repository import AspectRepository
+from app.write.reader import EntityReader
 
 # The actions route needs READ; `ingest` is checked per draft by the gateway, the deletes before they look at data.
 router = APIRouter(tags=["rest.li"], dependencies=[ALLOW_READ])
@@ -87,7 +86,6 @@ async def _delete(
     entity = registry.entity(entity_of_urn(registry, urn, "$.urn"))
     aspect_name = body.get("aspectName")
     start, end = optional_int(body, "startTimeMillis"), optional_int(body, "endTimeMillis")
-    timeseries_topic = gateway.settings.topic_mcl_timeseries
     if aspect_name is not None:
         if not isinstance(aspect_name, str):
             raise ValidationFailed("`aspectName` must be a string", [Issue("expected a string", path="$.aspectName")])
@@ -103,49 +101,18 @@ async def _delete(
                 "startTimeMillis/endTimeMillis apply to timeseries aspects only",
                 [Issue("a time range needs a timeseries aspectName", urn=urn, path="$.aspectName")],
             )
-    aspects_repo, outbox = AspectRepository(session), OutboxRepository(session)
-    rows = timeseries_rows = 0
-    # One transaction: the counts, the timeseries points and the rows (the write path's transaction nests as a
-    # savepoint on the same connection).
-    async with aspects_repo.transaction():
-        if spec is not None and spec.is_timeseries:
-            timeseries_rows = await outbox.delete_timeseries(timeseries_topic, urn, [spec.name], start, end)
-        else:
-            target = spec.name if spec is not None else entity.key_aspect
-            rows = await aspects_repo.count_rows(urn, None if target == entity.key_aspect else target)
-            if rows:
-                await gateway.submit(session, [Draft(0, entity.name, target, ChangeType.DELETE.value, urn=urn)], caller)
-            if spec is None:  # the whole entity: its timeseries points too
-                series = sorted(a for a in entity.aspect_names if registry.aspects[a].is_timeseries)
-                timeseries_rows = await outbox.delete_timeseries(timeseries_topic, urn, series, None, None)
-    if (spec is None or spec.is_timeseries) and search is not None:
-        # The points' change logs may still sit in the outbox: let the embedded worker apply what was committed
-        # before this delete (so it cannot index a deleted point afterwards), then delete them from the index too.
-        # Counted once: a point is in the outbox, the index, or both.
-        await caught_up()
-        series = [spec.name] if spec is not None else sorted(a for a in entity.aspect_names if registry.aspects[a].is_timeseries)
-        backend = await search.ready_backend()
-        timeseries_rows = max(timeseries_rows, await backend.delete_timeseries(urn, series, start_ms=start, end_ms=end))
-    return {"urn": urn, "rows": rows, "timeseriesRows": timeseries_rows}
+    deleted = await delete_entity(session, gateway, caller, entity, spec, urn, start, end, search=search, caught_up=caught_up)
+    return {"urn": urn, "rows": deleted.rows, "timeseriesRows": deleted.timeseries_rows}
 
 
 async def _delete_references(body: dict[str, Any], session: Session, gateway: Gateway, caller: Caller) -> dict[str, Any]:
-    registry = gateway.registry
     urn = require_urn(body)
-    entity_of_urn(registry, urn, "$.urn")
+    entity_of_urn(gateway.registry, urn, "$.urn")
     dry_run = parse_bool(str(body.get("dryRun", "false")), False, ".dryRun")
-    needle = orjson.dumps(urn).decode()[1:-1]  # the URN as it appears inside stored JSON text
-    candidates = await AspectRepository(session).rows_mentioning(needle, urn, sorted(relationship_paths(registry)))
-    references = find_references(registry, candidates, urn)
+    references = await delete_references(session, gateway, caller, urn, dry_run=dry_run)
     related = [
         {"relationshipType": t, "entity": r.urn, "aspect": r.aspect} for r in references for t in r.relationship_types
     ]
-    if not dry_run and references:
-        try:
-            await gateway.submit(session, removal_drafts(references), caller)
-        except MetaledgerError as error:
-            error.message = f"removing the references to {urn} failed (retry): {error.message}"
-            raise
     return {"total": len(references), "relatedAspects": related}
 
 
@@ -179,11 +146,11 @@ async def get_entity_v2(
         wanted = [a for a in requested if not registry.aspects[a].is_timeseries]
         if always_include_key_aspect and entity.key_aspect not in wanted:
             wanted.append(entity.key_aspect)
-        rows = await AspectRepository(session).entity_latest(urn, wanted) if wanted else []
     else:
-        rows = await AspectRepository(session).entity_latest(urn)
-        if not always_include_key_aspect:
-            rows = [r for r in rows if r.aspect != entity.key_aspect]
+        wanted = None
+    rows = (await EntityReader(session, registry).latest_of_many([(urn, wanted)])).get(urn, []) if wanted != [] else []
+    if requested is None and not always_include_key_aspect:
+        rows = [r for r in rows if r.aspect != entity.key_aspect]
     aspects: dict[str, Any] = {}
     for row in rows:
         created_on = row.created_on if row.created_on.tzinfo else row.created_on.replace(tzinfo=timezone.utc)
