@@ -13,10 +13,11 @@
 * `POST /openapi/v2/entity/batch/{entityName}` with body `{"urns", "aspectNames"?, "withSystemMetadata"?}` →
   `{"entities": [{"urn", "aspects": {<aspect>: {"value", "systemMetadata"?}}}]}`, one per requested URN.
 
-Scroll ids are keyset cursors (app.search.across for entities, the edge's key for edges): exact under concurrent
-writes. Accepted and ignored (meaningless without Elasticsearch's point in time and cache): `pitKeepAlive`,
-`skipCache`, `skipAggregation`, `scrollIdPerEntity`. `sliceId`/`sliceMax` are a 400 (slices would need a
-partitioned cursor).
+Scroll ids are keyset cursors (app.search.cursors: across types for entities, the edge's key for edges): exact
+under concurrent writes. Bodies are read by their models, the declarations the OpenAPI document shows; filters
+become criteria in app.search.filters. Accepted and ignored (meaningless without Elasticsearch's point in time and
+cache): `pitKeepAlive`, `skipCache`, `skipAggregation`, `scrollIdPerEntity`. `sliceId`/`sliceMax` are a 400 (slices
+would need a partitioned cursor).
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ def _body(model: type[Body], document: Any) -> Body:
         raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors(include_url=False)]) from None
 
 
-def _criteria(filter_: Filter | None, path: str) -> list[Placed]:
+def _criteria(filter_: FilterBody | None, path: str) -> list[Placed]:
     """A filter that must be one AND clause, its criteria placed; a filter error is a 400 naming its place."""
     try:
         return single_clause(_filter_json(filter_))
@@ -76,7 +77,7 @@ def _criteria(filter_: Filter | None, path: str) -> list[Placed]:
         raise error.at(path) from None
 
 
-def _filter_json(filter_: Filter | None) -> dict[str, Any] | None:
+def _filter_json(filter_: FilterBody | None) -> dict[str, Any] | None:
     return None if filter_ is None else filter_.model_dump(by_alias=True, exclude_none=True)
 
 
@@ -105,23 +106,23 @@ class CriterionBody(BaseModel):
     negated: bool = Field(False, strict=True, description="The criterion must not hold (entities without the field included)")
 
 
-class ConjunctiveCriterion(BaseModel):
+class ConjunctiveCriterionBody(BaseModel):
     criteria: list[CriterionBody] = Field(description="Every criterion must hold (AND)")
 
 
-class AndCriteria(BaseModel):
+class AndCriteriaBody(BaseModel):
     and_: list[CriterionBody] = Field(alias="and", description="Every criterion must hold (AND)")
 
 
-class Filter(BaseModel):
+class FilterBody(BaseModel):
     model_config = ConfigDict(json_schema_extra={"description": (
         "DataHub's v3 filter, exactly one of: `and` (what DataHub's OpenAPI v3 and its SDK send; despite the name, "
         "an OR of its clauses, each an AND of its `criteria`), `or` (DataHub's Rest.li Filter: an OR of `and` "
         f"clauses) or `criteria` (deprecated by DataHub: one AND). At most {MAX_FILTER_VALUES} values in all. The "
         "relationship scroll's filters take one clause of EQUAL/IN `urn` criteria."
     )})
-    and_: list[ConjunctiveCriterion] | None = Field(None, alias="and", description="OR of these clauses")
-    or_: list[AndCriteria] | None = Field(None, alias="or", description="OR of these clauses")
+    and_: list[ConjunctiveCriterionBody] | None = Field(None, alias="and", description="OR of these clauses")
+    or_: list[AndCriteriaBody] | None = Field(None, alias="or", description="OR of these clauses")
     criteria: list[CriterionBody] | None = Field(None, deprecated=True, description="One AND clause")
 
 
@@ -138,7 +139,7 @@ class ScrollEntitiesBody(BaseModel):
     entities: list[str] | None = Field(None, description="Entity types; absent: every type")
     aspects: list[str] | None = Field(None, description="Aspects to return; absent: URNs only; []: every aspect")
     aspectNames: list[str] | None = Field(None, description="DataHub's older name of `aspects`, read when `aspects` is absent")
-    filter: Filter | None = Field(None, description="Which entities: an OR of AND clauses of criteria (Filter)")
+    filter: FilterBody | None = Field(None, description="Which entities: an OR of AND clauses of criteria (Filter)")
     sortCriteria: list[SortCriterion] | None = None
 
 
@@ -257,9 +258,9 @@ async def scroll_entities(
 
 class ScrollRelationshipsBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    sourceFilter: Filter | None = Field(None, description="One clause with one `urn` criterion (EQUAL/IN) on the source")
-    destinationFilter: Filter | None = Field(None, description="One clause with one `urn` criterion (EQUAL/IN) on the destination")
-    edgeFilter: Filter | None = Field(None, description="Not supported: absent or empty")
+    sourceFilter: FilterBody | None = Field(None, description="One clause with one `urn` criterion (EQUAL/IN) on the source")
+    destinationFilter: FilterBody | None = Field(None, description="One clause with one `urn` criterion (EQUAL/IN) on the destination")
+    edgeFilter: FilterBody | None = Field(None, description="Not supported: absent or empty")
 
 
 class ScrollLineageBody(BaseModel):
@@ -289,7 +290,7 @@ def _edge_after(scroll_id: str | None) -> tuple[str, str, str, str] | None:
         raise error.at("$scrollId") from None
 
 
-def _urns_of(filter_: Filter | None, path: str) -> list[str]:
+def _urns_of(filter_: FilterBody | None, path: str) -> list[str]:
     """The URNs a source/destination filter allows (empty: any): its one `urn` criterion's values (EQUAL or IN)."""
     criteria = _criteria(filter_, path)
     for position, placed in enumerate(criteria):
