@@ -159,8 +159,10 @@ def stored_filter_groups(filter_: Mapping[str, Any] | None) -> Groups:
 
 
 def placed_or_filters(or_filters: Sequence[Any]) -> list[list[Placed]]:
-    """GraphQL's orFilters (`[{"and": [FacetFilterInput, ...]}, ...]`), each criterion with its place."""
-    return _within_limit(_disjunction(list(or_filters), "and", ()))
+    """GraphQL's orFilters (`[{"and": [FacetFilterInput, ...]}, ...]`; `and` may be null, an empty group), each
+    criterion with its place."""
+    clauses = [{"and": clause.get("and") or []} if isinstance(clause, Mapping) else clause for clause in or_filters]
+    return _within_limit(_disjunction(clauses, "and", ()))
 
 
 def single_clause(filter_: Any) -> list[Placed]:

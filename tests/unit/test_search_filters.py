@@ -84,6 +84,7 @@ def test_places_follow_the_form():
     assert [[p.loc for p in group] for group in placed] == [[], [("and", 1, "criteria", 0)]]
     placed = placed_or_filters([{"and": [{"field": "a", "values": ["1"]}, {"field": "b", "values": ["1"]}]}])
     assert [p.loc for p in placed[0]] == [(0, "and", 0), (0, "and", 1)]
+    assert placed_or_filters([{"and": None}, {}]) == [[], []]  # GraphQL's AndFilterInput.and is nullable
 
 
 @pytest.mark.parametrize(("filter_", "loc"), [
