@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 
 import asyncpg
 
@@ -130,6 +131,15 @@ class PendingRow:
     key: str
     payload: bytes
     aspect: str
+    lane: int
+
+
+@dataclass(slots=True)
+class LaneFront:
+    """A lane's first sequenced, undelivered row: its feed offset and when it was written."""
+
+    feed_offset: int
+    created_at: datetime
 
 
 async def join_publishers(conn: asyncpg.Connection) -> None:
@@ -159,7 +169,7 @@ async def pending(conn: asyncpg.Connection, lanes: Sequence[int], limit: int, af
     """The oldest sequenced, undelivered rows of the given lanes after offset `after`, in feed order."""
     records = await conn.fetch(
         """
-        SELECT id, feed_offset, topic, message_key, convert_to(payload, 'UTF8'), aspect FROM change_log_outbox
+        SELECT id, feed_offset, topic, message_key, convert_to(payload, 'UTF8'), aspect, lane FROM change_log_outbox
         WHERE delivered_at IS NULL AND feed_offset > $3 AND publish_error IS NULL AND lane = ANY($1::smallint[])
         ORDER BY feed_offset LIMIT $2
         """,
@@ -168,6 +178,25 @@ async def pending(conn: asyncpg.Connection, lanes: Sequence[int], limit: int, af
         after,
     )
     return [PendingRow(*r) for r in records]
+
+
+async def lane_fronts(conn: asyncpg.Connection, lanes: Sequence[int]) -> tuple[dict[int, LaneFront], int]:
+    """The first sequenced, undelivered row of each given lane that has one, and the last feed offset given so far
+    (no relay can have published a row after it)."""
+    records = await conn.fetch(
+        """
+        SELECT l.lane, o.feed_offset, o.created_at, (SELECT last_offset FROM change_log_feed_state WHERE id = 1)
+        FROM unnest($1::smallint[]) AS l(lane)
+        LEFT JOIN LATERAL (
+            SELECT feed_offset, created_at FROM change_log_outbox
+            WHERE delivered_at IS NULL AND feed_offset IS NOT NULL AND publish_error IS NULL AND lane = l.lane
+            ORDER BY feed_offset LIMIT 1
+        ) o ON true
+        """,
+        list(lanes),
+    )
+    fronts = {r[0]: LaneFront(r[1], r[2]) for r in records if r[1] is not None}
+    return fronts, records[0][3] if records else 0
 
 
 async def mark_delivered(conn: asyncpg.Connection, ids: Sequence[int]) -> None:

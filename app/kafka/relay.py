@@ -17,11 +17,19 @@ MCL topics MetadataChangeLog, the platform event topic PlatformEvent; a topic me
 text). A row that cannot be encoded, like a row Kafka refuses as too large, stays in the outbox with the reason
 (`publish_error`) and does not hold back the rows after it.
 
-Delivery guarantee: **at least once, in per-URN commit order**. A crash (or a lost database connection) between the
-broker's acknowledgement and the delivered mark publishes those rows again; a failed produce is retried with
-backoff, and a row whose earlier rows with the same key failed in that batch is never marked ahead of them.
-Consumers deduplicate on (urn, aspect, version) — `systemMetadata.version` for versioned aspects. Writes never wait
-for Kafka: they only insert into the outbox.
+Every record carries its row's feed offset and lane in two headers (`FEED_OFFSET_HEADER`, `LANE_HEADER`).
+
+Delivery guarantee: **exactly once per topic-partition under database and relay restarts, in per-URN commit
+order**. A relay that stops between the broker's acknowledgement and the delivered mark (a lost database connection,
+a crash) leaves rows that are on the broker but not marked. Whoever takes their lane next (this relay once the
+database is back, or another one) reads back the tail of each partition before it first publishes a row there
+(`PartitionTails`) and does not produce again a record whose feed offset it finds. The tail is read once per
+partition when lanes are taken, not per batch. **At least once** where the relay cannot see what the broker did: a
+produce that timed out but landed is sent again, and so is a record older than the tail read (a clock skewed by
+more than `TAIL_CLOCK_SKEW_MS`). A failed produce is retried with backoff, and a row whose earlier rows with the same
+key failed in that batch is never marked ahead of them. Consumers that must not see a duplicate deduplicate on
+(urn, aspect, version) — `systemMetadata.version` for versioned aspects. Writes never wait for Kafka: they only
+insert into the outbox.
 """
 
 from __future__ import annotations
@@ -35,8 +43,8 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
-from aiokafka import AIOKafkaProducer
-from aiokafka.errors import MessageSizeTooLargeError
+from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
+from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
 from sqlalchemy.ext.asyncio import AsyncEngine
 
@@ -46,7 +54,7 @@ from app.changelog.sequencer import Sequencer
 from app.db import close_quietly, connect_dedicated
 from app.kafka.topics import create_missing_topics
 from app.kafka.per_aspect import DerivedEvents
-from app.kafka.producer import KeyPartitioner
+from app.kafka.producer import RECORD_OVERHEAD, KeyPartitioner
 from app.ops.metrics import RELAY_PUBLISHED
 from app.settings import Settings
 from app.workers import pause
@@ -59,6 +67,17 @@ BALANCE_INTERVAL_S = 1.0  # how often a publisher recounts the relays and takes 
 PRODUCE_TIMEOUT_MS = 15_000  # a batch not acknowledged within this fails, and is retried later
 MAX_KAFKA_BATCH_BYTES = 1024 * 1024
 READ_AHEAD_CHUNK = 100  # rows the read-ahead encodes between two turns of the event loop
+
+# The headers every published record carries: its outbox row's feed offset and lane (decimal ASCII).
+FEED_OFFSET_HEADER = "metaledger-feed-offset"
+LANE_HEADER = "metaledger-lane"
+LANE_HEADERS = tuple((LANE_HEADER, b"%d" % lane) for lane in range(outbox.LANES))
+# Reading a partition's tail back stops, for a lane, at a record older than the lane's first unmarked row was
+# written, less this much (the relay's and the database's clocks may differ), or at a record of the lane that is
+# marked delivered.
+TAIL_CLOCK_SKEW_MS = 5_000
+TAIL_CHUNK = 500  # records read back first; each step further back reads twice as many
+TAIL_READ_TIMEOUT_S = PRODUCE_TIMEOUT_MS / 1000  # a tail not read within this fails the batch, like a produce
 
 # A batch's values as read ahead: row id → value, row id → derived events [(topic, value; None: a tombstone)], and
 # the rows refused with the reason.
@@ -169,6 +188,7 @@ class Publisher:
         self._kafka_retry_at = 0.0  # no producer is started before this (time.monotonic)
         self._producer: AIOKafkaProducer | None = None
         self.published = 0  # rows produced and marked delivered
+        self.found_published = 0  # rows of lanes just taken that were on the broker already: marked, not produced
         self.lanes: set[int] = set()  # lanes held now (by advisory locks on `_conn`)
         # Each database session's (`_session`):
         self._conn: asyncpg.Connection | None = None  # lane locks, reads
@@ -176,6 +196,12 @@ class Publisher:
         self._marking: asyncio.Task | None = None  # the marks of the last batch, in flight
         self._ahead: asyncio.Task | None = None  # the next batch, read (and encoded) while one is in flight
         self._after = 0  # rows of the held lanes up to this offset are produced (marks may be in flight)
+        # Lanes taken with unmarked rows, that may be on the broker already (`_resume`): their first unmarked row,
+        # the last feed offset given when they were taken (no row after it can be on the broker), and the feed
+        # offsets of theirs found on each partition read back so far.
+        self._resuming: dict[int, outbox.LaneFront] = {}
+        self._resume_until = 0
+        self._on_broker: dict[tuple[str, int], set[int]] = {}
         self._next_balance = 0.0
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -227,6 +253,7 @@ class Publisher:
                 self._marking = None
             await self._drop_read_ahead()
             self.lanes = set()
+            self._resuming, self._on_broker = {}, {}
             conns, self._conn, self._mark_conn = (self._conn, self._mark_conn), None, None
             for conn in conns:
                 if conn is not None:
@@ -243,7 +270,15 @@ class Publisher:
             self._ahead = None  # read for other lanes
         if self.lanes - held:
             self._after = 0  # a new lane may hold rows below the read position
+            await self._resume(self.lanes - held)
         self._next_balance = time.monotonic() + BALANCE_INTERVAL_S
+
+    async def _resume(self, taken: set[int]) -> None:
+        """Lanes just taken may hold rows their last publisher produced but could not mark (it crashed, or lost the
+        database): their partitions' tails are read again before the first row goes there (`_produce`)."""
+        lanes = (self._resuming.keys() & self.lanes) | taken
+        self._resuming, self._resume_until = await outbox.lane_fronts(self._conn, sorted(lanes))
+        self._on_broker = {}  # read back again, for every lane now resuming
 
     async def _balance(self) -> None:
         """Hold a fair share of the lanes: ceil(lanes / live publishers). Extra lanes are given back (between
@@ -305,6 +340,8 @@ class Publisher:
         if error is None:
             self._kafka.succeeded()
             self._after = rows[-1].feed_offset
+            if self._resuming and self._after >= self._resume_until:
+                self._resuming, self._on_broker = {}, {}  # every row that may have been on the broker is settled
             return
         await self._settle_marks()
         self._after = 0  # read the unpublished rows again, in order
@@ -388,8 +425,9 @@ class Publisher:
     async def _produce(self, rows: list[outbox.PendingRow], encoded: Encoded | None = None):
         """Produce a batch and await every acknowledgement. Returns (delivered rows, refused rows with the reason,
         the first error or None). A row is delivered only if no earlier row with the same topic and key failed, so
-        a retry can never put a key's change logs out of order. `encoded`: the rows' values and encoding refusals
-        when read ahead."""
+        a retry can never put a key's change logs out of order. A record found on its partition when its lane was
+        taken (`_resume`) is not produced again; a row whose records are all there is delivered as it is.
+        `encoded`: the rows' values and encoding refusals when read ahead."""
         producer = self._producer
         assert producer is not None
         refused: list[tuple[outbox.PendingRow, str]] = []
@@ -405,6 +443,17 @@ class Publisher:
         # record); a row's records are delivered when every batch holding one of them is acknowledged.
         batches: dict[tuple[str, int], tuple[Any, list[outbox.PendingRow]]] = {}
         partitions: dict[str, list[int]] = {}
+        resuming, resume_until = self._resuming, self._resume_until
+        tails: PartitionTails | None = None
+        on_broker = asyncio.get_running_loop().create_future()  # the outcome of a row found on the broker
+        on_broker.set_result(None)
+
+        async def found(tp: tuple[str, int]) -> set[int]:
+            nonlocal tails
+            if tp not in self._on_broker:
+                tails = tails or PartitionTails(self.settings)
+                self._on_broker[tp] = await tails.feed_offsets(tp, resuming)
+            return self._on_broker[tp]
 
         async def submit(tp: tuple[str, int]) -> None:
             builder, in_batch = batches.pop(tp)
@@ -420,29 +469,41 @@ class Publisher:
                 if value is None or row.id in refused_ids:
                     continue  # refused: it cannot be encoded
                 key = row.key.encode()
+                headers = [(FEED_OFFSET_HEADER, b"%d" % row.feed_offset), LANE_HEADERS[row.lane]]
                 records = ((row.topic, value), *derived.get(row.id, ()))  # delivered together, or not at all
                 too_large = next((size for _, record in records
-                                  if (size := estimate_size(key, record, [])) > self.settings.kafka_max_message_bytes), None)
+                                  if (size := estimate_size(key, record, headers)) > self.settings.kafka_max_message_bytes), None)
                 if too_large is not None:  # can never be produced with these settings (as `send` would refuse it)
                     refused.append((row, f"MessageSizeTooLargeError: a record of the row is {too_large} bytes "
                                          f"serialized, over METALEDGER_KAFKA_MAX_MESSAGE_BYTES"))
                     continue
+                resumed = row.lane in resuming and row.feed_offset <= resume_until
+                produced = 0
                 for topic, record in records:
                     if topic not in partitions:
                         partitions[topic] = sorted(await producer.partitions_for(topic))
                     tp = (topic, self._partitioner(key, partitions[topic], partitions[topic]))
+                    if resumed and row.feed_offset in await found(tp):
+                        continue
+                    produced += 1
                     if tp not in batches:
                         batches[tp] = (producer.create_batch(), [])
-                    if batches[tp][0].append(timestamp=None, key=key, value=record) is None:  # full: send it
+                    if batches[tp][0].append(timestamp=None, key=key, value=record, headers=headers) is None:  # full: send it
                         await submit(tp)
                         batches[tp] = (producer.create_batch(), [])
-                        batches[tp][0].append(timestamp=None, key=key, value=record)  # a first record always fits
+                        batches[tp][0].append(timestamp=None, key=key, value=record, headers=headers)  # a first record always fits
                     batches[tp][1].append(row)
+                if not produced:
+                    sent.append((row, on_broker))
+                    self.found_published += 1
         except Exception as error:  # noqa: BLE001 - e.g. no metadata for a topic: nothing of this batch is sent
             for builder, in_batch in batches.values():
                 sent.extend((row, error) for row in in_batch)
             batches.clear()
             sent.extend((row, error) for row in rows if row.id not in refused_ids and row.id in values)
+        finally:
+            if tails is not None:
+                await tails.close()
         for tp in list(batches):
             await submit(tp)
         futures = list({id(f): f for _, f in sent if isinstance(f, asyncio.Future)}.values())
@@ -526,9 +587,10 @@ class Publisher:
                 continue
             try:
                 key = row.key.encode()
-                await (await self._producer.send(row.topic, values[row.id], key=key))
+                headers = [(FEED_OFFSET_HEADER, b"%d" % row.feed_offset), LANE_HEADERS[row.lane]]
+                await (await self._producer.send(row.topic, values[row.id], key=key, headers=headers))
                 for topic, event in derived.get(row.id, ()):
-                    await (await self._producer.send(topic, event, key=key))
+                    await (await self._producer.send(topic, event, key=key, headers=headers))
                 delivered.append(row)
             except MessageSizeTooLargeError as error:
                 refused.append((row, f"{type(error).__name__}: {error}"))
@@ -537,6 +599,98 @@ class Publisher:
                 first_error = first_error or error
         delivered.sort(key=lambda r: r.feed_offset)
         return delivered, refused, first_error
+
+
+class PartitionTails:
+    """Reads back the tail of a partition for the feed offsets of the given lanes' rows that are on it already.
+
+    Going back from the end a chunk at a time, a lane is done at one of its records below its first unmarked row
+    (the lane's records on a partition are in feed order, one publisher at a time), or at a record older than that
+    row (less `TAIL_CLOCK_SKEW_MS`): its publisher produced nothing of it before it was written."""
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self._consumer: AIOKafkaConsumer | None = None
+
+    async def feed_offsets(self, tp: tuple[str, int], fronts: dict[int, outbox.LaneFront]) -> set[int]:
+        consumer = await self._started()
+        partition = TopicPartition(*tp)
+        consumer.assign([partition])
+        start = (await consumer.beginning_offsets([partition]))[partition]
+        end = await self._high_watermark(consumer, partition)
+        since = {lane: int(front.created_at.timestamp() * 1000) - TAIL_CLOCK_SKEW_MS for lane, front in fronts.items()}
+        open_lanes = {lane: front.feed_offset for lane, front in fronts.items()}
+        found: set[int] = set()
+        size = TAIL_CHUNK
+        while open_lanes and end > start:
+            position = max(start, end - size)
+            consumer.seek(partition, position)
+            done: set[int] = set()
+            oldest = None
+            deadline = time.monotonic() + TAIL_READ_TIMEOUT_S
+            while await consumer.position(partition) < end:
+                if time.monotonic() > deadline:
+                    raise KafkaTimeoutError(f"the tail of {tp[0]}-{tp[1]} could not be read back")
+                for record in (await consumer.getmany(partition, timeout_ms=100)).get(partition, ()):
+                    if record.offset >= end:
+                        break
+                    if oldest is None or record.timestamp < oldest:
+                        oldest = record.timestamp
+                    lane = offset = None
+                    for name, value in record.headers:
+                        if name == FEED_OFFSET_HEADER:
+                            offset = int(value)
+                        elif name == LANE_HEADER:
+                            lane = int(value)
+                    first = open_lanes.get(lane)
+                    if first is None or offset is None:
+                        continue
+                    if offset >= first:
+                        found.add(offset)
+                    else:
+                        done.add(lane)
+            done.update(lane for lane in open_lanes if oldest is not None and oldest < since[lane])
+            for lane in done:
+                open_lanes.pop(lane, None)
+            end, size = position, size * 2
+        return found
+
+    async def _high_watermark(self, consumer: AIOKafkaConsumer, partition: TopicPartition) -> int:
+        """The partition's end from a Fetch answer: ListOffsets "latest" can be short of it (on Tansu, after batched
+        produce), and a Fetch from there (or, out of range, from the start) answers with the right one."""
+        consumer.seek(partition, (await consumer.end_offsets([partition]))[partition])
+        deadline = time.monotonic() + TAIL_READ_TIMEOUT_S
+        while (end := consumer.highwater(partition)) is None:
+            if time.monotonic() > deadline:
+                raise KafkaTimeoutError(f"no high watermark for {partition.topic}-{partition.partition}")
+            await consumer.getmany(partition, timeout_ms=20)
+        return end
+
+    async def _started(self) -> AIOKafkaConsumer:
+        if self._consumer is None:
+            settings = self.settings
+            consumer = AIOKafkaConsumer(
+                bootstrap_servers=settings.kafka_bootstrap_servers,
+                client_id=f"{settings.kafka_client_id}-relay-tail",
+                group_id=None,
+                enable_auto_commit=False,
+                auto_offset_reset="earliest",
+                fetch_max_wait_ms=10,
+                max_partition_fetch_bytes=max(1024 * 1024, settings.kafka_max_message_bytes + RECORD_OVERHEAD),
+                request_timeout_ms=PRODUCE_TIMEOUT_MS,
+            )
+            try:
+                await consumer.start()
+            except BaseException:
+                await consumer.stop()
+                raise
+            self._consumer = consumer
+        return self._consumer
+
+    async def close(self) -> None:
+        consumer, self._consumer = self._consumer, None
+        if consumer is not None:
+            await consumer.stop()
 
 
 def _future_error(future: asyncio.Future) -> BaseException | None:
