@@ -17,6 +17,8 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from app.settings import PROJECT_ROOT
 
 MIGRATIONS_DIR = PROJECT_ROOT / "migrations"
+# A session's `info` key: the event loop's time by which its write transactions must be over (app.ops.backpressure)
+WRITE_DEADLINE = "write_deadline"
 
 
 def create_engine(url: str, pool_size: int = 10, pool_timeout: float = 30.0) -> AsyncEngine:
@@ -101,4 +103,8 @@ class SessionRepository:
         SQLAlchemy starts its transaction lazily on its own first statement, and these statements bypass it."""
         conn = await self._conn()
         async with conn.transaction(isolation="read_committed"):
+            deadline = self._session.info.get(WRITE_DEADLINE)
+            if deadline is not None:  # a statement past it fails (QueryCanceledError): rolled back, not committed
+                left_ms = max(1, int((deadline - asyncio.get_running_loop().time()) * 1000))
+                await conn.execute(f"SET LOCAL statement_timeout = {left_ms}")
             yield

@@ -158,7 +158,17 @@ class Settings(BaseSettings):
     # Writes answer 429 while the outbox backlog (change logs not yet published, or without Kafka not yet indexed)
     # is over this many rows; 0: no limit (a broker outage then only delays publishing).
     max_outbox_backlog: int = 0
-    backpressure_retry_after_s: int = 1  # Retry-After of the 429s
+    backpressure_retry_after_s: int = 1  # Retry-After of the 429s (the least one: app.ops.backpressure)
+    # Write admission by cost (app.ops.backpressure): a write costs its proposals plus one per `write_cost_bytes` of
+    # its request body; the writes in flight per process may cost `write_budget` in all (0: write_group_transactions
+    # x write_group_max_proposals, what the combiner's transactions take at once), and one caller (the token's actor;
+    # the client address without auth) may hold at most `write_caller_share` of it and of max_in_flight_writes.
+    write_budget: int = 0
+    write_caller_share: float = Field(0.5, gt=0, le=1)
+    write_cost_bytes: int = Field(65_536, ge=1)
+    # An admitted write's transaction finishes or fails within this (its statements run under a `statement_timeout`
+    # of what is left); one that does not answers 503 with Retry-After, nothing committed. 0: no deadline.
+    write_deadline_ms: int = Field(10_000, ge=0)
     db_pool_timeout_s: float = 5.0  # longest wait for a pooled connection; then 503 with Retry-After
     ops_sample_interval_s: float = 1.0  # how often the outbox backlog and lags are sampled
     ready_timeout_s: float = 2.0  # each readiness probe (database, broker, external schema registry) at most

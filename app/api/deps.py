@@ -16,6 +16,7 @@ from app.auth.model import Permission, Principal
 from app.auth.service import AuthService
 from app.errors import ServiceUnavailable
 from app.ops import Operations
+from app.ops.backpressure import CLIENT_ADDRESS
 from app.ops.metrics import AUTH_FAILURES
 from app.ingest.gateway import IngestGateway
 from app.registry import EntityRegistry
@@ -97,7 +98,10 @@ async def get_auth(request: Request) -> AuthService:
 
 async def authenticate(request: Request) -> Principal:
     """The caller, from the request's credentials (once per request: FastAPI caches a dependency's result)."""
-    return await request.app.state.auth.authenticate(request.headers)
+    principal = await request.app.state.auth.authenticate(request.headers)
+    if request.client is not None:  # whose share of the write admission a caller without a token is charged
+        CLIENT_ADDRESS.set(request.client.host)
+    return principal
 
 
 class Allow:

@@ -10,17 +10,20 @@ pipeline's MCP paths and indices as paths into the JSON the caller sent.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping, Sequence
-from contextlib import nullcontext
+from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import asyncpg
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.auth.model import Principal
-from app.errors import MetaledgerError
+from app.db import WRITE_DEADLINE
+from app.errors import MetaledgerError, ServiceUnavailable
 from app.ingest.mcp import proposal_to_mcp
-from app.ops.backpressure import WriteAdmission
+from app.ops.backpressure import WriteAdmission, caller_key
 from app.ops.metrics import count_writes, write_refused
 from app.search.service import IndexOutcome, SearchRuntime, sync_index, wants_sync_index
 from app.write.proposal import AuditStamp, Draft, Proposal
@@ -93,17 +96,26 @@ class IngestGateway:
 
     async def apply(
         self, session: AsyncSession, proposals: Sequence[Proposal], audit: AuditStamp, drafts: Sequence[Draft] = (),
-        *, combine: bool = False,
+        *, combine: bool = False, deadline: float | None = None,
     ) -> WriteResult:
-        """The transaction: the session's own, or with `combine` (and a combiner) the next shared one."""
+        """The transaction: the session's own, or with `combine` (and a combiner) the next shared one. With a
+        `deadline` (the event loop's time) the transaction is over by then: committed, or 503 and nothing committed."""
         try:
             if combine and self.combiner is not None:
-                result = await self.combiner.apply(proposals, audit)
+                result = await self.combiner.apply(proposals, audit, deadline)
             else:
+                if deadline is not None:
+                    session.info[WRITE_DEADLINE] = deadline
                 result = await self.writer.apply(session, proposals, audit)
         except MetaledgerError as error:
             write_refused(error, drafts or proposals)
             raise in_callers_terms(error, drafts) from None
+        except asyncpg.exceptions.QueryCanceledError as error:  # the deadline's statement_timeout (app.db)
+            raise ServiceUnavailable(
+                f"the write of {len(proposals)} proposals did not finish within its deadline of "
+                f"{self.settings.write_deadline_ms} ms; nothing was committed, retry",
+                retry_after_s=self.settings.backpressure_retry_after_s,
+            ) from error
         count_writes(proposals, result.items)
         return result
 
@@ -134,9 +146,23 @@ class IngestGateway:
             pairs = [(by_index[p.index], p) for p in proposals]
             await self.queue.send([proposal_to_mcp(draft, proposal) for draft, proposal in pairs])
             return SubmitOutcome(drafts, proposals, queued=pairs)
-        async with self.admission or nullcontext():  # a write slot, or 429 after a short wait
-            result = await self.apply(session, proposals, caller.audit_stamp(), drafts, combine=True)
+        async with self._admit(caller, proposals, request_headers):  # 429 when the caller is over its share
+            result = await self.apply(session, proposals, caller.audit_stamp(), drafts, combine=True,
+                                      deadline=self._deadline())
         index = None
         if wants_sync_index(request_headers, proposals):
             index = await sync_index(self.search, result.outbox)
         return SubmitOutcome(drafts, proposals, result, index)
+
+    def _admit(
+        self, caller: Principal, proposals: Sequence[Proposal], request_headers: Mapping[str, str] | None,
+    ) -> AbstractAsyncContextManager[object]:
+        if self.admission is None:
+            return nullcontext()
+        body_bytes = int((request_headers or {}).get("content-length") or 0)  # the HTTP server checked it is a number
+        return self.admission.admit(caller_key(caller), self.admission.cost(len(proposals), body_bytes))
+
+    def _deadline(self) -> float | None:
+        if not self.settings.write_deadline_ms:
+            return None
+        return asyncio.get_running_loop().time() + self.settings.write_deadline_ms / 1000

@@ -41,6 +41,8 @@ class Operations:
         self.sampler = OutboxSampler(settings, engine)
         self.admission = WriteAdmission(
             in_flight_limit(settings), settings.write_queue_timeout_ms / 1000,
+            budget=settings.write_budget or settings.write_group_transactions * settings.write_group_max_proposals,
+            caller_share=settings.write_caller_share, cost_bytes=settings.write_cost_bytes,
             backlog_limit=settings.max_outbox_backlog, backlog=self.sampler.backlog,
             retry_after_s=settings.backpressure_retry_after_s,
         )

@@ -4,9 +4,17 @@ requests queue until they time out.
 Two limits, checked by the ingest gateway (`IngestGateway.submit`, which every HTTP write goes through; the Kafka
 consumers have their own flow control and are not refused):
 
-- **writes in flight** per process (`max_in_flight_writes`; 0: the database pool's size, `db_pool_size`): a write
-  transaction needs a pooled connection, so at most that many run at once. A write waits up to
-  `write_queue_timeout_ms` for a slot (first come, first served), then gets 429.
+- **admission by cost, fair between callers.** A write costs its proposals plus one per `write_cost_bytes` of its
+  request body (`WriteAdmission.cost`), not one slot. The writes in flight in a process may cost `write_budget` in
+  all and number `max_in_flight_writes`; one caller (`caller_key`: the token's actor, or the client's address
+  without auth) may hold at most `write_caller_share` of each, so the rest stays free for everyone else. A write
+  costlier than a caller's share is charged the share: it runs, alone for its caller. Waiting writes are granted
+  the caller with the least cost in flight first (among equals the one served longest ago, then the oldest write;
+  first come, first served within a caller), so a caller with many writes queued takes turns with the others.
+  A write waits up to `write_queue_timeout_ms`; one whose caller's own queue would not drain within that time is
+  refused at once. A 429's `Retry-After` is when the caller's turn would come: its queue, and the writes it was
+  refused before and told to bring back, at the pace its writes went so far (at least `backpressure_retry_after_s`,
+  at most `MAX_RETRY_AFTER_S`), so a flood's clients come back one after the other, not all at once.
 - **the outbox backlog** (`max_outbox_backlog` rows; 0, the default: off): while the change logs not yet published
   (with Kafka) or not yet indexed (without) exceed it, writes get 429. The backlog is the sampler's last figure
   (app.ops.sampler, every `ops_sample_interval_s`), never queried per request.
@@ -15,35 +23,90 @@ consumers have their own flow control and are not refused):
 from __future__ import annotations
 
 import asyncio
+import math
 from collections import deque
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass, field
 
+from app.auth.model import Principal
 from app.errors import TooManyRequests
 from app.ops.metrics import WRITE_REJECTIONS
+
+MAX_RETRY_AFTER_S = 60  # a client told to come back later than this has likely given up on the write anyway
+_EWMA_WEIGHT = 0.2  # of the newest write in a caller's seconds-per-unit estimate
+
+# The client's address, for `caller_key` when authentication is off (every request is then the same principal).
+CLIENT_ADDRESS: ContextVar[str | None] = ContextVar("metaledger_client_address", default=None)
+
+
+def caller_key(principal: Principal) -> str:
+    """Whose share a write is charged to: the token's actor, or without authentication the client's address."""
+    if principal.via == "disabled":
+        return f"address:{CLIENT_ADDRESS.get() or 'unknown'}"
+    return principal.actor
+
+
+@dataclass(slots=True, eq=False)
+class Grant:
+    """A write admitted: what it holds until `WriteAdmission.release`."""
+
+    caller: str
+    cost: int
+    started: float
+
+
+@dataclass(slots=True, eq=False)
+class _Waiting:
+    cost: int
+    arrived: float
+    granted: asyncio.Future[Grant]
+
+
+@dataclass(slots=True, eq=False)
+class _Caller:
+    in_flight: int = 0  # writes
+    cost_in_flight: int = 0
+    waiting: deque[_Waiting] = field(default_factory=deque)
+    seconds_per_unit: float | None = None  # how long its writes held their admission, per unit of cost (EWMA)
+    last_granted: float = -math.inf  # loop time: among callers with as much in flight, the one served longest ago goes
+
+    @property
+    def cost_waiting(self) -> int:
+        return sum(w.cost for w in self.waiting)
 
 
 class WriteAdmission:
     def __init__(
-        self, limit: int, wait_s: float, *, backlog_limit: int = 0, backlog: Callable[[], int | None] | None = None,
+        self, limit: int, wait_s: float, *, budget: int | None = None, caller_share: float = 1.0,
+        cost_bytes: int = 65_536, backlog_limit: int = 0, backlog: Callable[[], int | None] | None = None,
         retry_after_s: int = 1,
     ) -> None:
-        self.limit = max(1, limit)
+        self.limit = max(1, limit)  # writes in flight
+        self.budget = max(1, budget if budget is not None else self.limit)  # their cost
+        self.caller_limit = max(1, math.floor(self.limit * caller_share))
+        self.caller_budget = max(1, math.floor(self.budget * caller_share))
+        self.cost_bytes = max(1, cost_bytes)
         self.wait_s = max(0.0, wait_s)
         self.backlog_limit = backlog_limit
         self.backlog = backlog
         self.retry_after_s = retry_after_s
-        self._free = self.limit
-        self._waiters: deque[asyncio.Future[None]] = deque()
+        self.in_flight = 0
+        self.cost_in_flight = 0
+        self._callers: dict[str, _Caller] = {}  # callers with writes in flight or waiting
+        self._seconds_per_unit: float | None = None  # over every caller: the estimate for a caller new to the queue
+        self._promised: dict[str, float] = {}  # caller → the loop time its refused writes were told to wait for
         # figures, for /metrics and tests
         self.rejected = 0
 
     @property
-    def in_flight(self) -> int:
-        return self.limit - self._free
-
-    @property
     def waiting(self) -> int:
-        return sum(1 for w in self._waiters if not w.done())
+        return sum(len(c.waiting) for c in self._callers.values())
+
+    def cost(self, items: int, body_bytes: int = 0) -> int:
+        """What a write of `items` proposals in a request body of `body_bytes` costs."""
+        return max(1, items) + body_bytes // self.cost_bytes
 
     def check_backlog(self) -> None:
         """429 while the sampled outbox backlog is over its limit (a no-op when the limit is 0)."""
@@ -58,47 +121,114 @@ class WriteAdmission:
                 retry_after_s=self.retry_after_s,
             )
 
-    async def acquire(self) -> None:
-        """A write slot, or TooManyRequests after waiting `wait_s` for one."""
-        if self._free > 0 and not self._waiters:
-            self._free -= 1
-            return
-        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
+    @asynccontextmanager
+    async def admit(self, caller: str, cost: int) -> AsyncIterator[Grant]:
+        """Hold admission for one write (released however the write ends: done, failed or cancelled)."""
+        grant = await self.acquire(caller, cost)
+        try:
+            yield grant
+        finally:
+            self.release(grant)
+
+    async def acquire(self, caller: str, cost: int) -> Grant:
+        """Admission for a write of `cost` by `caller`, or TooManyRequests: at once when the caller's own queue
+        would not drain within `wait_s`, else after waiting `wait_s` without being granted."""
+        loop = asyncio.get_running_loop()
+        state = self._callers.setdefault(caller, _Caller())
+        cost = min(max(1, cost), self.caller_budget)
+        # No waiting write fits (`_dispatch` grants every one that does), so taking what fits jumps no one.
+        if not state.waiting and self._fits(state, cost):
+            return self._grant(caller, state, cost, loop.time())
+        ahead = state.cost_in_flight + state.cost_waiting
+        if self._drain_s(state, ahead) > self.wait_s:
+            self._forget_if_idle(caller, state)
+            raise self._refusal(caller, state, cost)
+        waiting = _Waiting(cost, loop.time(), loop.create_future())
+        state.waiting.append(waiting)
+        self._dispatch()
         try:
             async with asyncio.timeout(self.wait_s):
-                await waiter
+                return await waiting.granted
         except (TimeoutError, asyncio.CancelledError) as error:
-            if waiter.done() and not waiter.cancelled():
-                self.release()  # the slot was handed over as the wait ended: hand it on
+            if waiting.granted.done() and not waiting.granted.cancelled():
+                self.release(waiting.granted.result())  # granted as the wait ended: hand it on
             else:
-                waiter.cancel()
-            try:
-                self._waiters.remove(waiter)
-            except ValueError:
-                pass
+                waiting.granted.cancel()
+                state.waiting.remove(waiting)
+                self._forget_if_idle(caller, state)
+                self._dispatch()  # a big write that gave up may have held back smaller ones behind it
             if isinstance(error, asyncio.CancelledError):
                 raise
-            self.rejected += 1
-            WRITE_REJECTIONS.labels("in_flight").inc()
-            raise TooManyRequests(
-                f"{self.limit} writes are in flight in this process and none finished within "
-                f"{self.wait_s * 1000:.0f} ms; retry",
-                retry_after_s=self.retry_after_s,
-            ) from None
+            raise self._refusal(caller, state, cost) from None
 
-    def release(self) -> None:
-        """Give the slot to the oldest waiter, or back to the pool."""
-        while self._waiters:
-            waiter = self._waiters.popleft()
-            if not waiter.done():
-                waiter.set_result(None)
+    def release(self, grant: Grant) -> None:
+        """Give back what `grant` held, learn how long it took, and grant the waiting writes that now fit."""
+        state = self._callers[grant.caller]
+        state.in_flight -= 1
+        state.cost_in_flight -= grant.cost
+        self.in_flight -= 1
+        self.cost_in_flight -= grant.cost
+        per_unit = (asyncio.get_running_loop().time() - grant.started) / grant.cost
+        state.seconds_per_unit = _ewma(state.seconds_per_unit, per_unit)
+        self._seconds_per_unit = _ewma(self._seconds_per_unit, per_unit)
+        self._forget_if_idle(grant.caller, state)
+        self._dispatch()
+
+    # --- policy ---------------------------------------------------------------------------------------------------
+
+    def _fits(self, state: _Caller, cost: int) -> bool:
+        return (self.in_flight < self.limit and self.cost_in_flight + cost <= self.budget
+                and state.in_flight < self.caller_limit and state.cost_in_flight + cost <= self.caller_budget)
+
+    def _dispatch(self) -> None:
+        """Grant waiting writes while one fits: the caller with the least cost in flight first, then the one served
+        longest ago (callers take turns), then the oldest write."""
+        now = asyncio.get_running_loop().time()
+        while True:
+            ready = [(state.cost_in_flight, state.last_granted, state.waiting[0].arrived, caller, state)
+                     for caller, state in self._callers.items()
+                     if state.waiting and self._fits(state, state.waiting[0].cost)]
+            if not ready:
                 return
-        self._free += 1
+            *_, caller, state = min(ready, key=lambda r: r[:3])
+            waiting = state.waiting.popleft()
+            waiting.granted.set_result(self._grant(caller, state, waiting.cost, now))
 
-    async def __aenter__(self) -> WriteAdmission:
-        await self.acquire()
-        return self
+    def _grant(self, caller: str, state: _Caller, cost: int, now: float) -> Grant:
+        state.last_granted = now
+        state.in_flight += 1
+        state.cost_in_flight += cost
+        self.in_flight += 1
+        self.cost_in_flight += cost
+        return Grant(caller, cost, now)
 
-    async def __aexit__(self, *exc: object) -> None:
-        self.release()
+    def _forget_if_idle(self, caller: str, state: _Caller) -> None:
+        if not state.in_flight and not state.waiting:
+            del self._callers[caller]
+
+    def _drain_s(self, state: _Caller, cost: int) -> float:
+        """How long `cost` of the caller's writes takes, at the pace its writes (or anyone's) went so far."""
+        per_unit = state.seconds_per_unit if state.seconds_per_unit is not None else self._seconds_per_unit
+        return cost * (per_unit or 0.0)
+
+    def _refusal(self, caller: str, state: _Caller, cost: int) -> TooManyRequests:
+        """A 429 for a write of `cost`, with the time its caller's turn would come: after its writes in flight and
+        waiting, and after the refused ones it was told to bring back before this one."""
+        self.rejected += 1
+        WRITE_REJECTIONS.labels("in_flight").inc()
+        now = asyncio.get_running_loop().time()
+        self._promised = {c: t for c, t in self._promised.items() if t > now}
+        turn = max(now + self._drain_s(state, state.cost_in_flight + state.cost_waiting), self._promised.get(caller, now))
+        turn = min(turn + self._drain_s(state, cost), now + MAX_RETRY_AFTER_S)
+        self._promised[caller] = turn
+        retry_after = max(self.retry_after_s, math.ceil(turn - now))
+        return TooManyRequests(
+            f"{caller} has writes of cost {state.cost_in_flight} in flight and {state.cost_waiting} waiting in this "
+            f"process (its share: {self.caller_budget} of {self.budget}, {self.caller_limit} of {self.limit} "
+            f"writes); this one would not start within {self.wait_s * 1000:.0f} ms; retry",
+            retry_after_s=retry_after,
+        )
+
+
+def _ewma(previous: float | None, value: float) -> float:
+    return value if previous is None else previous + _EWMA_WEIGHT * (value - previous)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.db import WRITE_DEADLINE
 from app.write.proposal import AuditStamp, Proposal
 from app.write.service import WriteResult, WriteService
 
@@ -31,6 +32,7 @@ class _Waiting:
     proposals: Sequence[Proposal]
     audit: AuditStamp
     done: asyncio.Future
+    deadline: float | None  # the event loop's time by which its transaction must be over (app.db.WRITE_DEADLINE)
 
 
 class WriteCombiner:
@@ -50,10 +52,10 @@ class WriteCombiner:
         self.writes = 0
         self.fallbacks = 0
 
-    async def apply(self, proposals: Sequence[Proposal], audit: AuditStamp) -> WriteResult:
+    async def apply(self, proposals: Sequence[Proposal], audit: AuditStamp, deadline: float | None = None) -> WriteResult:
         """Apply one write (a batch of proposals) in the next transaction that has room; its result or its error."""
         done = asyncio.get_running_loop().create_future()
-        self._waiting.append(_Waiting(proposals, audit, done))
+        self._waiting.append(_Waiting(proposals, audit, done, deadline))
         if self._running < self.flushers:
             self._running += 1
             # A task of its own: a caller that goes away (a client disconnect cancels its request) does not cancel
@@ -85,6 +87,9 @@ class WriteCombiner:
         self.writes += len(group)
         try:
             async with self.sessionmaker() as session:
+                deadlines = [w.deadline for w in group]
+                if None not in deadlines:  # the group's transaction runs until its latest write's deadline
+                    session.info[WRITE_DEADLINE] = max(deadlines)
                 results = await self.writer.apply_group(session, [(w.proposals, w.audit) for w in group])
         except Exception as error:  # noqa: BLE001 - answered write by write below
             if len(group) == 1:
@@ -106,6 +111,8 @@ class WriteCombiner:
         for waiting in group:
             try:
                 async with self.sessionmaker() as session:
+                    if waiting.deadline is not None:
+                        session.info[WRITE_DEADLINE] = waiting.deadline
                     result = await self.writer.apply(session, waiting.proposals, waiting.audit)
             except Exception as error:  # noqa: BLE001 - the caller's error, raised in the caller's task
                 _settle(waiting.done, error=error)

@@ -1,8 +1,8 @@
-"""app.ops without a database: write admission, the request-id middleware, bounded labels."""
+"""app.ops without a database: the backlog limit, the request-id middleware, bounded labels (write admission:
+tests/unit/test_admission.py)."""
 
 from __future__ import annotations
 
-import asyncio
 
 import pytest
 
@@ -11,48 +11,6 @@ from app.logs import REQUEST_ID
 from app.ops.backpressure import WriteAdmission
 from app.ops.metrics import method_label, validation_reason
 from app.ops.middleware import OperationsMiddleware
-
-
-async def test_admission_is_first_come_first_served_and_refuses_after_the_wait():
-    admission = WriteAdmission(2, 0.2)
-    await admission.acquire()
-    await admission.acquire()
-    assert admission.in_flight == 2
-    order: list[int] = []
-
-    async def wait(n: int) -> None:
-        await admission.acquire()
-        order.append(n)
-
-    waiters = [asyncio.create_task(wait(n)) for n in range(2)]
-    await asyncio.sleep(0.01)
-    assert admission.waiting == 2
-    admission.release()
-    admission.release()
-    await asyncio.gather(*waiters)
-    assert order == [0, 1] and admission.in_flight == 2
-    with pytest.raises(TooManyRequests) as refused:
-        await admission.acquire()  # nobody releases within 0.2 s
-    assert refused.value.status_code == 429 and refused.value.headers() == {"Retry-After": "1"}
-    assert admission.waiting == 0 and admission.in_flight == 2
-    admission.release()
-    admission.release()
-    assert admission.in_flight == 0
-
-
-async def test_a_cancelled_waiter_does_not_leak_its_slot():
-    admission = WriteAdmission(1, 5.0)
-    await admission.acquire()
-    waiter = asyncio.create_task(admission.acquire())
-    await asyncio.sleep(0.01)
-    admission.release()  # handed to the waiter ...
-    waiter.cancel()  # ... which is cancelled before it runs: the slot goes back
-    with pytest.raises(asyncio.CancelledError):
-        await waiter
-    assert admission.in_flight == 0
-    async with admission:
-        assert admission.in_flight == 1
-    assert admission.in_flight == 0
 
 
 def test_backlog_limit():

@@ -1,0 +1,229 @@
+"""A flood of large batches from one caller beside single writes from another (issue 25, "the crowd"): does admission
+keep the single writers served, refuse the flood with 429 and `Retry-After`, and give the memory back afterwards?
+
+    .venv/bin/python bench/flood.py [--flooders 50] [--batch 1000] [--single-rate 20] [--single-clients 4]
+                                    [--seconds 60] [--settle 60] [--workers N] [--url URL --flood-token T
+                                    --single-token T] [--ignore-retry-after] [--env NAME=VALUE]
+
+Without `--url`: a throwaway Postgres (fsync on) and `metaledger serve` with its defaults (`--workers`: the machine's
+cores), auth on, two writer tokens (two callers: `urn:li:corpuser:flood` and `urn:li:corpuser:single`). With
+`--url`: that service, and the two tokens given (RSS is then not measured).
+
+For `--seconds`: `--flooders` clients each loop `POST /openapi/v1/proposals` with `--batch` MCPs (datasetProperties
+of new datasets) back to back, sleeping a 429's `Retry-After` as DataHub's clients do (`--ignore-retry-after`: they
+retry at once); beside them `--single-clients` connections carry single writes (`POST
+/openapi/v3/entity/dataset/{urn}/datasetProperties`) open-loop at `--single-rate`/s (bench/loadgen.py: latency from
+each request's scheduled time). Printed: the single writes' p50/p99/max and the share accepted (2xx of sent) with
+their errors by kind; the batches by status, how many 429s carried `Retry-After`, the 5xx and dropped connections;
+the RSS of the service's processes (sum) before the flood, at its peak and `--settle` seconds after it ended; the
+service's log problems. The issue's targets: single writes p99 <= 100 ms and >= 95 % accepted; batches refused
+with 429 and Retry-After, no 5xx; RSS within 50 MB of its pre-flood value `--settle` seconds after.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import os
+import sys
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from harness import Service, throwaway_service  # noqa: E402
+from load import create_entities, dataset_urn, single_writes  # noqa: E402
+from loadgen import HttpConnection, StepResult, open_loop  # noqa: E402
+
+from tests.processes import issue_token  # noqa: E402
+
+ENTITIES = 500  # the single writers' datasets (each write a new version of one of them)
+
+
+@dataclass
+class FloodResult:
+    statuses: Counter = field(default_factory=Counter)  # by status, or the exception's name
+    retry_after: Counter = field(default_factory=Counter)  # the 429s' Retry-After values ("-" when missing)
+    latencies_ms: list[float] = field(default_factory=list)  # of the accepted batches
+
+
+def flood_batch(client: int, n: int, size: int) -> bytes:
+    """`size` MCPs: datasetProperties of datasets no other batch names (each batch a transaction of new rows)."""
+    return orjson.dumps([
+        {"entityType": "dataset", "changeType": "UPSERT", "aspectName": "datasetProperties",
+         "entityUrn": f"urn:li:dataset:(urn:li:dataPlatform:hive,flood.c{client}.b{n}.t{i},PROD)",
+         "aspect": {"contentType": "application/json",
+                    "value": {"name": f"t{i}", "description": f"flooded table {i} of batch {n} from client {client}",
+                              "customProperties": {"batch": str(n)}}}}
+        for i in range(size)])
+
+
+async def flood(base: str, headers: dict[str, str], clients: int, size: int, stop: asyncio.Event,
+                honour_retry_after: bool) -> FloodResult:
+    url = urlsplit(base)
+    result = FloodResult()
+
+    async def client(c: int) -> None:
+        conn = HttpConnection(url.hostname or "127.0.0.1", url.port or 80)
+        try:
+            for n in itertools.count():
+                if stop.is_set():
+                    return
+                body = flood_batch(c, n, size)
+                started = time.perf_counter()
+                try:
+                    status, _, answer = await asyncio.wait_for(
+                        conn.request("POST", "/openapi/v1/proposals", body, headers), 120)
+                except (OSError, ConnectionError, asyncio.IncompleteReadError, TimeoutError) as error:
+                    conn.close()
+                    result.statuses[type(error).__name__] += 1
+                    continue
+                result.statuses[str(status)] += 1
+                if 200 <= status < 300:
+                    result.latencies_ms.append((time.perf_counter() - started) * 1000)
+                elif status == 429:
+                    retry_after = answer.get("retry-after", "-")
+                    result.retry_after[retry_after] += 1
+                    if honour_retry_after and retry_after != "-":
+                        with contextlib.suppress(TimeoutError):
+                            await asyncio.wait_for(stop.wait(), float(retry_after))
+        finally:
+            conn.close()
+
+    await asyncio.gather(*(client(c) for c in range(clients)))
+    return result
+
+
+class RssSampler:
+    """The service's RSS (the sum over its processes), sampled every `interval` s while running: the peak."""
+
+    def __init__(self, rss: Callable[[], float], interval: float = 0.25) -> None:
+        self.rss, self.interval, self.peak = rss, interval, 0.0
+        self._task: asyncio.Task | None = None
+
+    async def _run(self) -> None:
+        while True:
+            self.peak = max(self.peak, self.rss())
+            await asyncio.sleep(self.interval)
+
+    def __enter__(self) -> RssSampler:
+        self._task = asyncio.get_running_loop().create_task(self._run())
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+
+
+def pct(values: list[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def report(args, single: StepResult, flooded: FloodResult, rss: tuple[float, float, float] | None,
+           log_problems: dict[str, int] | None) -> None:
+    accepted = 100 * single.ok / max(1, single.sent)
+    errors = ", ".join(f"{k}: {v}" for k, v in sorted(single.errors.items())) or "none"
+    print(f"single writes ({args.single_clients} connections, {args.single_rate:.0f}/s open-loop): sent {single.sent}, "
+          f"p50 {single.percentile(.5):.0f} ms, p99 {single.percentile(.99):.0f} ms, "
+          f"max {max(single.latencies_ms, default=float('nan')):.0f} ms, accepted {accepted:.1f} %; errors: {errors}")
+    total = sum(flooded.statuses.values())
+    statuses = ", ".join(f"{k}: {v}" for k, v in sorted(flooded.statuses.items()))
+    refused = flooded.statuses["429"]
+    with_header = refused - flooded.retry_after["-"]
+    server_errors = sum(v for k, v in flooded.statuses.items() if k.isdigit() and int(k) >= 500)
+    dropped = sum(v for k, v in flooded.statuses.items() if not k.isdigit())
+    print(f"batches ({args.flooders} clients x {args.batch} MCPs): {total} answered ({statuses}); "
+          f"429: {refused}, {with_header} with Retry-After "
+          f"({', '.join(f'{k} s: {v}' for k, v in sorted(flooded.retry_after.items())) or '-'}); "
+          f"accepted p50 {pct(flooded.latencies_ms, .5):.0f} ms, p99 {pct(flooded.latencies_ms, .99):.0f} ms")
+    single_5xx = sum(v for k, v in single.errors.items() if k.isdigit() and int(k) >= 500)
+    print(f"5xx: {server_errors + single_5xx} (batches {server_errors}, single writes {single_5xx}); "
+          f"connections dropped: batches {dropped}, single writes "
+          f"{sum(v for k, v in single.errors.items() if not k.isdigit())}")
+    if rss is not None:
+        before, peak, after = rss
+        print(f"RSS of the service's processes: before {before:.0f} MB, peak {peak:.0f} MB, {args.settle:.0f} s after "
+              f"{after:.0f} MB ({after - before:+.0f} MB)")
+    if log_problems is not None:
+        print(f"the service's log: {log_problems or 'no traceback, no ERROR or WARNING line'}")
+    p99_ok = single.percentile(.99) <= 100 and accepted >= 95
+    flood_ok = refused > 0 and with_header == refused and server_errors + single_5xx == 0
+    rss_ok = rss is None or rss[2] - rss[0] <= 50
+    print(f"targets: single writes p99 <= 100 ms and >= 95 % accepted: {'met' if p99_ok else 'NOT met'}; "
+          f"batches 429 with Retry-After, no 5xx: {'met' if flood_ok else 'NOT met'}; "
+          f"RSS within 50 MB after {args.settle:.0f} s: {'met' if rss_ok else 'NOT met'}")
+
+
+async def run(args, base: str, flood_headers: dict[str, str], single_headers: dict[str, str],
+              service: Service | None) -> None:
+    def rss() -> float:
+        return sum(service.rss_mb()) if service is not None else 0.0
+
+    await create_entities(Service(base, "", single_headers, None), ENTITIES)  # type: ignore[arg-type]
+    # warm-up, not reported: every process's connections opened, validators compiled, caches filled
+    await open_loop(base, single_headers, args.single_rate, 5, single_writes(ENTITIES, 99), connections=args.single_clients)
+    await asyncio.sleep(2)
+    before = rss()
+    stop = asyncio.Event()
+    with RssSampler(rss) as sampler:
+        flooding = asyncio.create_task(flood(base, flood_headers, args.flooders, args.batch, stop,
+                                             not args.ignore_retry_after))
+        await asyncio.sleep(2)  # the flood is on before the single writes are measured
+        single = await open_loop(base, single_headers, args.single_rate, args.seconds, single_writes(ENTITIES, 1),
+                                 connections=args.single_clients)
+        stop.set()
+        flooded = await flooding
+    print(f"flood over; waiting {args.settle:.0f} s for the memory to settle", flush=True)
+    await asyncio.sleep(args.settle)
+    after = rss()
+    report(args, single, flooded, (before, sampler.peak, after) if service is not None else None,
+           service.log_problems() if service is not None else None)
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--flooders", type=int, default=50)
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--single-rate", type=float, default=20)
+    parser.add_argument("--single-clients", type=int, default=4)
+    parser.add_argument("--seconds", type=float, default=60)
+    parser.add_argument("--settle", type=float, default=60)
+    parser.add_argument("--workers", type=int, default=None, help="`serve --workers` (default: the machine's cores)")
+    parser.add_argument("--url", default=None, help="a running service instead of a throwaway one")
+    parser.add_argument("--flood-token", default=None)
+    parser.add_argument("--single-token", default=None)
+    parser.add_argument("--ignore-retry-after", action="store_true")
+    parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the service (repeatable)")
+    args = parser.parse_args()
+
+    def headers(token: str | None) -> dict[str, str]:
+        return {"content-type": "application/json", **({"authorization": f"Bearer {token}"} if token else {})}
+
+    if args.url:
+        await run(args, args.url.rstrip("/"), headers(args.flood_token), headers(args.single_token), None)
+        return
+    workers = args.workers or len(os.sched_getaffinity(0))
+    env = dict(item.split("=", 1) for item in args.env)
+    with throwaway_service(workers=workers, env=env) as service:
+        flood_token = issue_token(service.env, "urn:li:corpuser:flood", "writer")
+        single_token = issue_token(service.env, "urn:li:corpuser:single", "writer")
+        print(f"`metaledger serve --workers {workers}`; Postgres fsync on; auth on; {args.flooders} flooders x "
+              f"{args.batch} MCPs ({'ignoring' if args.ignore_retry_after else 'honouring'} Retry-After) beside "
+              f"{args.single_clients} single-write connections at {args.single_rate:.0f}/s for {args.seconds:.0f} s",
+              flush=True)
+        await run(args, service.base, headers(flood_token), headers(single_token), service)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

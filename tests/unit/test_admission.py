@@ -1,0 +1,170 @@
+"""Write admission (app.ops.backpressure) without a database: cost accounting, fair shares between callers,
+Retry-After from the caller's own queue, and admission given back however a write ends."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from app.auth.model import SYSTEM_PRINCIPAL, UNAUTHENTICATED_ADMIN
+from app.errors import TooManyRequests
+from app.ops.backpressure import CLIENT_ADDRESS, WriteAdmission, caller_key
+
+
+async def settle() -> None:
+    """Let every task that can run, run (waiters wake up on the next turns of the loop)."""
+    for _ in range(5):
+        await asyncio.sleep(0)
+
+
+def test_a_write_costs_its_proposals_and_its_bytes():
+    admission = WriteAdmission(10, 1.0, budget=2000, cost_bytes=65_536)
+    assert admission.cost(1000) == 1000
+    assert admission.cost(1, body_bytes=3 * 65_536 + 5) == 4
+    assert admission.cost(0) == 1  # a write costs something, whatever it carries
+
+
+async def test_the_budget_counts_cost_not_writes():
+    admission = WriteAdmission(100, 5.0, budget=1000)
+    first = await admission.acquire("a", 600)
+    second = await admission.acquire("b", 400)
+    assert admission.cost_in_flight == 1000 and admission.in_flight == 2
+    third = asyncio.create_task(admission.acquire("c", 1))  # two writes of 100 allowed, but no cost left
+    await settle()
+    assert not third.done() and admission.waiting == 1
+    admission.release(second)
+    grant = await third
+    assert admission.cost_in_flight == 601 and grant.cost == 1
+    admission.release(first)
+    admission.release(grant)
+    assert (admission.in_flight, admission.cost_in_flight, admission.waiting) == (0, 0, 0)
+
+
+async def test_a_write_costlier_than_a_share_is_charged_the_share_and_runs():
+    admission = WriteAdmission(10, 0.05, budget=1000, caller_share=0.5)
+    grant = await admission.acquire("flood", 10_000)
+    assert grant.cost == 500 and admission.cost_in_flight == 500
+    with pytest.raises(TooManyRequests):  # its caller's share is used: the next one waits, and gives up
+        await admission.acquire("flood", 1)
+    other = await admission.acquire("single", 1)  # the other half is everyone else's
+    admission.release(other)
+    admission.release(grant)
+
+
+async def test_one_caller_holds_at_most_its_share_and_another_is_admitted_at_once():
+    admission = WriteAdmission(40, 2.0, budget=2000, caller_share=0.5)
+    held = [await admission.acquire("flood", 1000)]
+    flood = [asyncio.create_task(admission.acquire("flood", 1000)) for _ in range(3)]
+    await settle()
+    assert admission.waiting == 3 and admission.cost_in_flight == 1000  # the share (1000) is used; the rest waits
+    singles = [await admission.acquire("single", 1) for _ in range(20)]  # none of them waits for the flood
+    assert admission.cost_in_flight == 1020
+    for grant in singles:
+        admission.release(grant)
+    admission.release(held.pop())
+    held.append(await flood[0])  # first come, first served within a caller
+    assert not flood[1].done()
+    for task in flood[1:]:
+        task.cancel()
+    await asyncio.gather(*flood[1:], return_exceptions=True)
+    admission.release(held.pop())
+    assert (admission.in_flight, admission.cost_in_flight, admission.waiting) == (0, 0, 0)
+
+
+async def test_a_flood_does_not_starve_another_caller_waiting_with_it():
+    # no share held back (the whole budget to one caller): the other still goes first when the budget frees,
+    # as it has less in flight, though the flood's writes waited longer
+    admission = WriteAdmission(10, 5.0, budget=100, caller_share=1.0)
+    held = await admission.acquire("flood", 100)
+    flood = [asyncio.create_task(admission.acquire("flood", 100)) for _ in range(3)]
+    await settle()
+    single = asyncio.create_task(admission.acquire("single", 1))
+    await settle()
+    admission.release(held)
+    await settle()
+    assert single.done() and not any(t.done() for t in flood)
+    admission.release(single.result())
+    await settle()
+    assert flood[0].done() and not flood[1].done()  # then the flood, in its own order
+    for task in flood[1:]:
+        task.cancel()
+    await asyncio.gather(*flood[1:], return_exceptions=True)
+    admission.release(flood[0].result())
+    assert (admission.in_flight, admission.cost_in_flight, admission.waiting) == (0, 0, 0)
+
+
+async def test_retry_after_reflects_the_callers_own_queue():
+    admission = WriteAdmission(10, 0.05, budget=10, caller_share=1.0, retry_after_s=1)
+    paced = await admission.acquire("flood", 10)
+    await asyncio.sleep(0.1)  # the flood's pace: at least 10 ms a unit
+    admission.release(paced)
+    held = await admission.acquire("flood", 10)
+    retry_afters = []
+    for _ in range(30):  # its queue would not drain within the wait: refused at once, each told a later turn
+        with pytest.raises(TooManyRequests) as refused:
+            await admission.acquire("flood", 10)
+        retry_afters.append(int(refused.value.headers()["Retry-After"]))
+    assert retry_afters == sorted(retry_afters) and retry_afters[-1] >= 3 > retry_afters[0]
+    with pytest.raises(TooManyRequests) as other:  # another caller, nothing of its own queued: the least wait
+        await admission.acquire("single", 1)
+    assert other.value.headers() == {"Retry-After": "1"}
+    assert admission.rejected == 31
+    admission.release(held)
+
+
+async def test_admission_is_given_back_when_the_write_fails_or_is_cancelled():
+    admission = WriteAdmission(2, 5.0, budget=10)
+    with pytest.raises(RuntimeError):
+        async with admission.admit("a", 10):
+            raise RuntimeError("the transaction failed")
+    assert admission.in_flight == 0 and admission.cost_in_flight == 0
+
+    started = asyncio.Event()
+
+    async def write() -> None:
+        async with admission.admit("a", 10):
+            started.set()
+            await asyncio.sleep(10)
+
+    task = asyncio.create_task(write())
+    await started.wait()
+    task.cancel()  # the client went away
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert admission.in_flight == 0 and admission.cost_in_flight == 0
+
+
+async def test_a_waiter_cancelled_as_it_is_granted_hands_its_admission_on():
+    admission = WriteAdmission(1, 5.0, budget=10)
+    held = await admission.acquire("a", 10)
+    waiter = asyncio.create_task(admission.acquire("a", 10))
+    await settle()
+    admission.release(held)  # granted to the waiter ...
+    waiter.cancel()  # ... which is cancelled before it runs: given back
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    assert (admission.in_flight, admission.cost_in_flight, admission.waiting) == (0, 0, 0)
+    async with admission.admit("b", 10):
+        assert admission.in_flight == 1
+
+
+async def test_a_write_that_gives_up_waiting_leaves_nothing_behind():
+    admission = WriteAdmission(10, 0.05, budget=10)
+    held = await admission.acquire("a", 10)
+    with pytest.raises(TooManyRequests) as refused:
+        await admission.acquire("b", 5)
+    assert refused.value.status_code == 429 and "b has writes" in refused.value.message
+    assert admission.waiting == 0 and admission.in_flight == 1
+    admission.release(held)
+    assert admission.in_flight == 0 and not admission._callers
+
+
+def test_the_caller_is_the_actor_or_without_auth_the_client_address():
+    assert caller_key(SYSTEM_PRINCIPAL) == SYSTEM_PRINCIPAL.actor
+    token = CLIENT_ADDRESS.set("10.0.0.7")
+    try:
+        assert caller_key(UNAUTHENTICATED_ADMIN) == "address:10.0.0.7"
+        assert caller_key(SYSTEM_PRINCIPAL) == SYSTEM_PRINCIPAL.actor  # a token's actor, wherever it calls from
+    finally:
+        CLIENT_ADDRESS.reset(token)
