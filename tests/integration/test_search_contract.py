@@ -5,8 +5,9 @@ documents and text queries, filters and facets, sorting and paging, soft and har
 and lineage, timeseries, what the index holds. Records are the model's dataclasses, shaped as `changes_from_mcl`
 builds them. What one backend alone can show is in its own module (test_search_postgres.py, test_search_elastic.py).
 
-A behaviour one backend lacks is tested here all the same, as a strict expected failure on that backend
-(`except_on`, with the reason): the gap shows in every run, and the mark must go when the backend gains it."""
+A behaviour one backend lacks (or its test server cannot show) is tested here all the same, as a strict expected
+failure on that backend (`except_on`, with the reason): the gap shows in every run, and the mark must go when it is
+closed."""
 
 from __future__ import annotations
 
