@@ -75,7 +75,7 @@ LANE_HEADERS = tuple((LANE_HEADER, b"%d" % lane) for lane in range(outbox.LANES)
 # Reading a partition's tail back stops, for a lane, at a record older than the lane's first unmarked row was
 # written, less this much (the relay's and the database's clocks may differ), or at a record of the lane that is
 # marked delivered.
-TAIL_CLOCK_SKEW_MS = 5_000
+TAIL_CLOCK_SKEW_MS = 1_000
 TAIL_CHUNK = 500  # records read back first; each step further back reads twice as many
 TAIL_READ_TIMEOUT_S = PRODUCE_TIMEOUT_MS / 1000  # a tail not read within this fails the batch, like a produce
 
@@ -170,7 +170,8 @@ class Publisher:
     The delivered mark of one batch (on a second connection) overlaps the fetch and produce of the next, and the
     next batch is read (and encoded) while this one is sent and acknowledged (`_read_ahead`: it is only used if this
     batch went through, and never across a rebalance). A lane is only given back, and the read position only reset,
-    once every mark is in."""
+    once every mark is in. A lane taken may hold rows its last publisher produced but did not mark: they are looked
+    up on the broker (`_resume`, `PartitionTails`) before they are produced."""
 
     def __init__(self, settings: Settings, engine: AsyncEngine, codec: ValueCodec, derived: DerivedEvents | None,
                  wake: asyncio.Event) -> None:
@@ -188,7 +189,7 @@ class Publisher:
         self._kafka_retry_at = 0.0  # no producer is started before this (time.monotonic)
         self._producer: AIOKafkaProducer | None = None
         self.published = 0  # rows produced and marked delivered
-        self.found_published = 0  # rows of lanes just taken that were on the broker already: marked, not produced
+        self.found_published = 0  # rows of lanes just taken that were on the broker already: not produced again
         self.lanes: set[int] = set()  # lanes held now (by advisory locks on `_conn`)
         # Each database session's (`_session`):
         self._conn: asyncpg.Connection | None = None  # lane locks, reads
@@ -495,7 +496,6 @@ class Publisher:
                     batches[tp][1].append(row)
                 if not produced:
                     sent.append((row, on_broker))
-                    self.found_published += 1
         except Exception as error:  # noqa: BLE001 - e.g. no metadata for a topic: nothing of this batch is sent
             for builder, in_batch in batches.values():
                 sent.extend((row, error) for row in in_batch)
@@ -530,6 +530,8 @@ class Publisher:
             error = errors[0] if errors else None
             if error is None and (row.topic, row.key) not in failed_keys:
                 delivered.append(row)
+                if outcomes[row.id] == [on_broker]:
+                    self.found_published += 1
                 continue
             if isinstance(error, MessageSizeTooLargeError):
                 broker_too_large.append(row)  # the broker refused the whole record batch this row was in
