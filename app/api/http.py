@@ -51,8 +51,9 @@ def require_json_content_type(request: Request) -> None:
 async def read_json(request: Request, settings: Settings) -> Any:
     """The request body as JSON: 415 unless its content type is JSON, 413 past `MAX_REQUEST_BYTES` (the body is
     streamed: a chunked body is refused as soon as it passes the limit, without buffering more), 400 when it is
-    not JSON or nests deeper than `MAX_JSON_DEPTH`. Bodies are parsed here (orjson) rather than by pydantic: the
-    registry's compiled validators check aspects, and the declared OpenAPI schemas document the shapes."""
+    not JSON or nests deeper than `MAX_JSON_DEPTH`. The JSON is parsed here (orjson) with these limits for every body;
+    what checks its shape is the body's one declaration: a pydantic model's `model_validate` (the scroll bodies) or the
+    registry's compiled validators (aspects), which the OpenAPI document also describes."""
     require_json_content_type(request)
     max_bytes = settings.max_request_bytes
     declared = request.headers.get("content-length")
