@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -11,9 +12,54 @@ import orjson
 from app.settings import PROJECT_ROOT, get_settings
 
 OPENAPI_PATH = PROJECT_ROOT / "openapi" / "openapi.json"
+EX_CONFIG = 78  # sysexits.h: a configuration error
 
 
-@click.group()
+def refusal(error: BaseException) -> str | None:
+    """The one line naming the setting and its problem, when `error` is a setting the service cannot start with."""
+    from pydantic import ValidationError
+    from pydantic_settings import SettingsError
+
+    from app.kafka.per_aspect import EventRoutingError
+    from app.registry.errors import RegistryConfigError
+    from app.supervisor import StartupRefused
+
+    if isinstance(error, ValidationError):
+        text = "; ".join(f"{_env_name(e['loc'][0]) if e['loc'] else 'METALEDGER_*'}: {e['msg']} (found {e['input']!r})"
+                         for e in error.errors())
+    elif isinstance(error, SettingsError):
+        field = re.search(r'field "(\w+)"', str(error))
+        cause = error.__cause__
+        problem = f"cannot be parsed: {cause}" if cause is not None else str(error)
+        text = f"{_env_name(field.group(1)) if field else 'METALEDGER_*'}: {problem}"
+    elif isinstance(error, RegistryConfigError):
+        text = f"METALEDGER_REGISTRY_PATH: {error}"
+    elif isinstance(error, (EventRoutingError, StartupRefused)):
+        text = str(error)  # it names the setting
+    else:
+        return None
+    return "; ".join(line.strip() for line in text.splitlines() if line.strip())
+
+
+def _env_name(field: str | int) -> str:
+    return f"METALEDGER_{str(field).upper()}"
+
+
+class _Commands(click.Group):
+    """Every command: a setting it cannot start with is one line on stderr and exit code 78, no traceback."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except Exception as error:
+            line = refusal(error)
+            if line is None:
+                raise
+            click.echo(f"metaledger cannot start: {line}", err=True)
+            sys.exit(EX_CONFIG)
+
+
+@click.group(cls=_Commands)
 def main() -> None:
     """metaledger: a metadata change service that speaks DataHub's event model."""
 
@@ -99,7 +145,10 @@ def _with_auth(operation):
     from app.main import resolve_database_url
     from app.registry import load_registry
 
+    from app.supervisor import check_database_url
+
     settings = get_settings()
+    check_database_url(settings)
     url = resolve_database_url(settings)
     if settings.apply_migrations_on_start:
         upgrade_database(url)
@@ -223,7 +272,9 @@ def db_upgrade(revision: str) -> None:
     """Apply pending migrations (to the embedded database when METALEDGER_DATABASE_URL is unset)."""
     from app.db import upgrade_database
     from app.main import resolve_database_url
+    from app.supervisor import check_database_url
 
+    check_database_url(get_settings())
     url = resolve_database_url(get_settings())
     upgrade_database(url, revision)
     click.echo(f"database at {revision}")

@@ -34,6 +34,7 @@ from app.api.deps import ALLOW_PUBLIC, ALLOW_READ
 from app.api.http import json_response, parameter_path
 from app.logs import configure_logging
 from app.ops import Operations
+from app.ops.drain import Drain, DrainMiddleware
 from app.ops.middleware import OperationsMiddleware
 from app.search.service import SearchRuntime
 from app.registry import EntityRegistry, load_registry
@@ -137,6 +138,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if settings.background_in_process:  # else a process of its own runs them (`serve --workers N`, app.supervisor)
         await background.start(settings, engine, app.state.sessionmaker, app.state.gateway, search, codec)
     await ops.start(background)  # the outbox sampler (backpressure, /metrics) and /ready
+    app.state.drain.take_over_sigterm(ops.readiness)  # SIGTERM drains, then stops (app.ops.drain)
     # A worker of `serve --workers N` stops (as on SIGTERM: uvicorn's graceful shutdown) if its supervisor is killed.
     orphan_watch = asyncio.create_task(follow_supervisor(lambda: os.kill(os.getpid(), signal.SIGTERM)))
     log.info("metaledger started", extra={"database": engine.url.render_as_string(hide_password=True)})
@@ -144,6 +146,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         orphan_watch.cancel()
+        app.state.drain.close()
         await ops.close()
         await background.close()
         if producer is not None:
@@ -328,6 +331,7 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
     app.state.settings = settings
     app.state.registry = write_service.registry
     app.state.write_service = write_service
+    app.state.drain = Drain(settings)
     for router in routers(app.state.registry):
         app.include_router(router)
     _install_error_handlers(app)
@@ -339,6 +343,7 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
             CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"], allow_headers=["*"],
             expose_headers=["X-Request-Id", "Retry-After", "traceparent"], allow_credentials=False, max_age=600,
         )
+    app.add_middleware(DrainMiddleware, drain=app.state.drain)
     # Request ids, per-route metrics and the access log, around everything but Starlette's last-resort error handler.
     app.add_middleware(OperationsMiddleware, metrics=settings.http_metrics_enabled, access_log=settings.access_log)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]

@@ -126,6 +126,11 @@ class Settings(BaseSettings):
     # Whether this process also runs the background workers (relay, consumers, embedded indexer). `serve --workers N`
     # with N > 1 turns it off in its API processes and runs them in one process of their own.
     background_in_process: bool = True
+    # SIGTERM (app.ops.drain): for `shutdown_drain_s` new requests are answered 503 with Retry-After and /ready says
+    # not ready (a load balancer takes the process out); then no new connection is taken and the requests in flight
+    # get `shutdown_timeout_s` to finish.
+    shutdown_drain_s: float = Field(5.0, ge=0)
+    shutdown_timeout_s: float = Field(20.0, gt=0)
 
     # --- the outbox relay (publishes change logs to Kafka; also assigns change-feed offsets in commit order)
     relay_enabled: bool = True  # inside `metaledger serve`; `metaledger relay` runs it standalone

@@ -10,6 +10,10 @@ With one worker everything runs in one process (the API, the relay, the consumer
   dies. These already coordinate through Postgres (advisory locks, `FOR UPDATE SKIP LOCKED` lanes), so any number of
   API processes writing at once is safe.
 - every child stops on its own when the supervisor is killed with -9 (app.workers.follow_supervisor);
+- on SIGTERM (to the supervisor or its whole process group) the API processes drain (app.ops.drain): after
+  `shutdown_drain_s` the supervisor makes the shared socket take no new connection, they answer what they accepted and
+  exit, and only then is the background process stopped (its relay gives its lanes back with the last writes
+  published);
 - Prometheus counters are shared through files in one directory (prometheus_client's multiprocess mode), so that a
   scrape of `/metrics`, whichever process takes it, sums every process's.
 Children are spawned (not forked) and read their settings from the environment this process sets up.
@@ -25,8 +29,12 @@ import shutil
 import signal
 import tempfile
 import threading
+import time
 from pathlib import Path
 
+from uvicorn.supervisors import Multiprocess
+
+from app.ops.drain import refuse_new_connections
 from app.settings import Settings, get_settings
 from app.workers import SUPERVISOR_PID_ENV, follow_supervisor
 
@@ -46,10 +54,12 @@ def default_workers() -> int:
 def serve(settings: Settings, host: str, port: int, workers: int, log_level: str) -> None:
     import uvicorn
 
+    check_database_url(settings)
     if workers <= 1:
         from app.main import create_app
 
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False)
+        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False,
+                    timeout_graceful_shutdown=settings.shutdown_timeout_s)
         return
 
     from app.kafka.per_aspect import resolve_routes
@@ -75,12 +85,73 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
     log.info("serving", extra={"workers": workers, "host": host, "port": port})
     try:
         os.environ["METALEDGER_BACKGROUND_IN_PROCESS"] = "false"
-        uvicorn.run("app.main:app", host=host, port=port, workers=workers, log_level=log_level, access_log=False)
+        config = uvicorn.Config("app.main:app", host=host, port=port, workers=workers, log_level=log_level,
+                                access_log=False, timeout_graceful_shutdown=settings.shutdown_timeout_s)
+        _ApiProcesses(config, [config.bind_socket()], settings.shutdown_drain_s).run()
     finally:
         background.stop()
         shutil.rmtree(metrics_dir, ignore_errors=True)
         if embedded is not None:
             embedded.stop()
+
+
+class StartupRefused(Exception):
+    """A setting the service cannot start with: `metaledger` prints one line naming it and exits (app.cli)."""
+
+    def __init__(self, setting: str, problem: str) -> None:
+        super().__init__(f"{setting}: {problem}")
+        self.setting = setting
+
+
+def check_database_url(settings: Settings) -> None:
+    """METALEDGER_DATABASE_URL, when set, is an asyncpg URL of a database that answers."""
+    url = settings.database_url
+    if not url:
+        return
+    import asyncpg
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    setting = "METALEDGER_DATABASE_URL"
+    try:
+        parsed = make_url(url)
+    except ArgumentError:
+        raise StartupRefused(setting, "not a URL (postgresql+asyncpg://user:password@host:port/database)") from None
+    if parsed.drivername != "postgresql+asyncpg":
+        raise StartupRefused(setting, f"{parsed.drivername}:// is not supported: postgresql+asyncpg://user:password@"
+                                      "host:port/database")
+    dsn = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
+
+    async def connect() -> None:
+        conn = await asyncpg.connect(dsn, timeout=settings.ready_timeout_s * 5)
+        await conn.close()
+
+    try:
+        asyncio.run(connect())
+    except (OSError, TimeoutError, asyncpg.PostgresError) as error:
+        where = parsed.render_as_string(hide_password=True)
+        raise StartupRefused(setting, f"cannot connect to {where}: {type(error).__name__}: {error}") from None
+
+
+class _ApiProcesses(Multiprocess):
+    """uvicorn's manager of the API processes, which on SIGTERM lets them drain (app.ops.drain) before the shared
+    socket takes no new connection, and then waits for them."""
+
+    def __init__(self, config, sockets, drain_s: float) -> None:
+        super().__init__(config, sockets)
+        self.drain_s = drain_s
+        self._drain_until: float | None = None
+
+    def handle_term(self) -> None:
+        self._drain_until = time.monotonic() + self.drain_s
+        super().handle_term()
+
+    def terminate_all(self) -> None:
+        super().terminate_all()  # SIGTERM each: it drains (or it already is: the process group's SIGTERM)
+        if self._drain_until is not None:  # not on SIGINT: uvicorn's immediate stop
+            time.sleep(max(0.0, self._drain_until - time.monotonic()))
+        for sock in self.sockets:
+            refuse_new_connections(sock)  # the API processes answer what the kernel accepted, then exit
 
 
 class BackgroundProcess:
@@ -119,21 +190,23 @@ class BackgroundProcess:
         process = self._process
         if process is None or process.exitcode is not None:
             return
-        process.terminate()  # SIGTERM: the workers finish their batch and stop
+        # SIGINT: the workers finish their batch and stop (SIGTERM, the process group's, is for the API processes)
+        os.kill(process.pid, signal.SIGINT)
         process.join(timeout)
         if process.exitcode is None:
             process.kill()
             process.join(5)
 
 
-def run_standalone(make_worker) -> None:
-    """A process of background work: `make_worker(settings, engine, sessionmaker, codec).run(stop)` until SIGINT or
-    SIGTERM (or, under `serve --workers N`, until the supervisor is gone). `metaledger relay` and `consume-*` run one
+def run_standalone(make_worker, stop_on: tuple[signal.Signals, ...] = (signal.SIGINT, signal.SIGTERM)) -> None:
+    """A process of background work: `make_worker(settings, engine, sessionmaker, codec).run(stop)` until one of
+    `stop_on` (or, under `serve --workers N`, until the supervisor is gone). `metaledger relay` and `consume-*` run one
     worker this way; the background process of `serve --workers N` runs all of them (`run_background`)."""
-    asyncio.run(_standalone(make_worker))
+    check_database_url(get_settings())
+    asyncio.run(_standalone(make_worker, stop_on))
 
 
-async def _standalone(make_worker) -> None:
+async def _standalone(make_worker, stop_on: tuple[signal.Signals, ...]) -> None:
     from app.avro.wire import ValueCodec
     from app.db import create_engine, create_sessionmaker
     from app.logs import configure_logging
@@ -145,7 +218,10 @@ async def _standalone(make_worker) -> None:
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+        if sig in stop_on:
+            loop.add_signal_handler(sig, stop.set)
+        else:
+            signal.signal(sig, signal.SIG_IGN)
     orphan_watch = asyncio.create_task(follow_supervisor(stop.set))
     engine = create_engine(resolve_database_url(settings), settings.db_pool_size, settings.db_pool_timeout_s)
     schema_registry = make_registry_client(settings, engine)
@@ -159,8 +235,9 @@ async def _standalone(make_worker) -> None:
 
 
 def run_background() -> None:
-    """The background process: every background worker of this configuration until SIGTERM or SIGINT."""
-    run_standalone(_EveryBackgroundWorker)
+    """The background process: every background worker of this configuration until SIGINT, which the supervisor
+    sends once the API processes are gone (they may still be writing while they drain after a SIGTERM)."""
+    run_standalone(_EveryBackgroundWorker, stop_on=(signal.SIGINT,))
 
 
 class _EveryBackgroundWorker:

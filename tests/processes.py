@@ -28,7 +28,7 @@ def service_env(env: dict[str, str]) -> dict[str, str]:
     """This process's environment, the system client's secret, and `env` on top."""
     return {
         **os.environ, "METALEDGER_SYSTEM_CLIENT_SECRET": SYSTEM_CLIENT_SECRET,
-        "METALEDGER_AUTH_BOOTSTRAP_ADMIN_TOKEN": "false", **env,
+        "METALEDGER_AUTH_BOOTSTRAP_ADMIN_TOKEN": "false", "METALEDGER_SHUTDOWN_DRAIN_S": "0", **env,
     }
 
 

@@ -7,7 +7,8 @@ Every check has `ok`; the answer is ready when all but `indexing` are ok (indexi
 failures are reported, a lagging index or change logs the backend refused do not take the service out of rotation). The database and the migrations
 are one statement on the ops connection (`SELECT version_num FROM alembic_version`) within `ready_timeout_s`; the
 broker (when `kafka_bootstrap_servers` is set) and an external schema registry are asked at most every
-`ready_cache_s`, each within `ready_timeout_s`.
+`ready_cache_s`, each within `ready_timeout_s`. A process stopping on SIGTERM (app.ops.drain) adds
+`"process": {"ok": false, "error": ...}`: a load balancer takes it out of rotation.
 """
 
 from __future__ import annotations
@@ -69,6 +70,7 @@ class Readiness:
         self.timeout_s = settings.ready_timeout_s
         self.heads: frozenset[str] | None = None
         self.background: Any = None  # app.background.Background, once started (indexing figures)
+        self.stopping: str | None = None  # why the process is going away (app.ops.drain): then it is not ready
         self._broker = _Cached(settings.ready_cache_s, self._probe_broker)
         self._external_registry = _Cached(settings.ready_cache_s, self._probe_external_registry)
 
@@ -84,6 +86,8 @@ class Readiness:
             "registry": await self._registry(database["ok"]),
             "indexing": self._indexing(),
         }
+        if self.stopping is not None:
+            checks["process"] = {"ok": False, "error": self.stopping}
         ready = all(check["ok"] for name, check in checks.items() if name != "indexing")
         return ready, {"status": "ready" if ready else "not ready", "checks": checks}
 
