@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from concurrent.futures import ThreadPoolExecutor
@@ -14,11 +15,13 @@ from sqlalchemy import event
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
+from app.db_faults import DatabaseFault, classify
 from app.settings import PROJECT_ROOT
 
 MIGRATIONS_DIR = PROJECT_ROOT / "migrations"
 # A session's `info` key: the event loop's time by which its write transactions must be over (app.ops.backpressure)
 WRITE_DEADLINE = "write_deadline"
+_STATUS_POLL_S = 0.2  # between two questions to a database that is coming back
 
 
 def create_engine(url: str, pool_size: int = 10, pool_timeout: float = 30.0) -> AsyncEngine:
@@ -100,11 +103,46 @@ class SessionRepository:
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
         """A READ COMMITTED transaction on the session's connection. It is opened on the driver connection itself:
-        SQLAlchemy starts its transaction lazily on its own first statement, and these statements bypass it."""
+        SQLAlchemy starts its transaction lazily on its own first statement, and these statements bypass it. A fault
+        of the database during COMMIT raises `CommitInterrupted`: the transaction may have committed."""
         conn = await self._conn()
-        async with conn.transaction(isolation="read_committed"):
-            deadline = self._session.info.get(WRITE_DEADLINE)
-            if deadline is not None:  # a statement past it fails (QueryCanceledError): rolled back, not committed
-                left_ms = max(1, int((deadline - asyncio.get_running_loop().time()) * 1000))
-                await conn.execute(f"SET LOCAL statement_timeout = {left_ms}")
-            yield
+        committing = False
+        try:
+            async with conn.transaction(isolation="read_committed"):
+                deadline = self._session.info.get(WRITE_DEADLINE)
+                if deadline is not None:  # a statement past it fails (QueryCanceledError): rolled back, not committed
+                    left_ms = max(1, int((deadline - asyncio.get_running_loop().time()) * 1000))
+                    await conn.execute(f"SET LOCAL statement_timeout = {left_ms}")
+                yield
+                committing = True
+        except Exception as error:
+            if committing and classify(error) is DatabaseFault.UNAVAILABLE:
+                raise CommitInterrupted(f"the connection failed during COMMIT ({type(error).__name__}: {error})") from error
+            raise
+
+
+class CommitInterrupted(Exception):
+    """The database failed while committing: whether the transaction committed is for `transaction_status` to say."""
+
+
+async def transaction_status(engine: AsyncEngine, txid: str, wait_s: float) -> str | None:
+    """'committed' or 'aborted': what became of transaction `txid` (`pg_current_xact_id()`), asked on a connection of
+    its own (the pool's may be dead) until the database answers, for at most `wait_s` seconds; None if it did not. A
+    transaction whose backend is still going away is 'in progress' for a moment: asked again."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = deadline - time.monotonic()
+        try:
+            conn = await asyncio.wait_for(connect_dedicated(engine, "metaledger-commit-check"), max(left, 0.1))
+            try:
+                status = await conn.fetchval("SELECT pg_xact_status($1::text::xid8)", txid)
+            finally:
+                await close_quietly(conn)
+            if status in ("committed", "aborted"):
+                return status
+        except Exception as error:  # noqa: BLE001 - anything but a fault of the database is a bug: raised
+            if classify(error) is not DatabaseFault.UNAVAILABLE:
+                raise
+        if time.monotonic() + _STATUS_POLL_S >= deadline:
+            return None
+        await asyncio.sleep(_STATUS_POLL_S)

@@ -19,8 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from fastapi.openapi.utils import get_openapi
-from sqlalchemy.exc import DBAPIError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from sqlalchemy.exc import SQLAlchemyError
 
 from app import __version__
 from app.auth.model import Role
@@ -28,7 +27,8 @@ from app.auth.service import AuthService
 from app.avro.wire import ValueCodec
 from app.background import Background
 from app.db import create_engine, create_sessionmaker, upgrade_database
-from app.errors import Issue, MetaledgerError, ServiceUnavailable, ValidationFailed
+from app.db_faults import DatabaseFault, classify, database_unavailable
+from app.errors import Issue, MetaledgerError, ValidationFailed
 from app.api import documented_models, routers
 from app.api.deps import ALLOW_PUBLIC, ALLOW_READ
 from app.api.http import json_response, parameter_path
@@ -183,21 +183,6 @@ async def _announce_auth(settings: Settings, auth: AuthService) -> None:
     )
 
 
-_NUL_ERRORS = (asyncpg.exceptions.CharacterNotInRepertoireError, asyncpg.exceptions.UntranslatableCharacterError)
-
-
-def _is_nul_error(error: BaseException) -> bool:
-    """Whether asyncpg's "invalid byte sequence 0x00" / "\\u0000 cannot be converted to text" is behind `error`."""
-    seen = 0
-    cause: BaseException | None = error
-    while cause is not None and seen < 5:
-        if isinstance(cause, _NUL_ERRORS):
-            return True
-        cause = getattr(cause, "orig", None) or cause.__cause__
-        seen += 1
-    return False
-
-
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(MetaledgerError)
     async def metaledger_error(request: Request, error: MetaledgerError):
@@ -215,31 +200,25 @@ def _install_error_handlers(app: FastAPI) -> None:
         ]
         return json_response(ValidationFailed("the request is malformed", issues).to_json(), 400)
 
-    @app.exception_handler(asyncpg.exceptions.CharacterNotInRepertoireError)
-    @app.exception_handler(asyncpg.exceptions.UntranslatableCharacterError)
-    @app.exception_handler(DBAPIError)
-    async def nul_character(request: Request, error: Exception):
-        # The last line of defence: text Postgres cannot hold (a NUL, \u0000) that a check upstream let through,
-        # from asyncpg itself or wrapped by SQLAlchemy. Any other database error stays what it was (a 500).
-        if isinstance(error, DBAPIError) and not _is_nul_error(error):
-            raise error
-        log.warning("text Postgres cannot hold", extra={"path": request.url.path, "error": str(error)[:300]})
-        invalid = ValidationFailed("the request contains a NUL character (\\u0000), which cannot be stored or searched",
-                                   [Issue("NUL character", expected="text without \\u0000")])
-        return json_response(invalid.to_json(), 400)
-
+    @app.exception_handler(SQLAlchemyError)
+    @app.exception_handler(asyncpg.PostgresError)
+    @app.exception_handler(asyncpg.InterfaceError)
     @app.exception_handler(OSError)
-    async def database_unreachable(request: Request, error: OSError):
-        log.error("database unreachable", extra={"path": request.url.path, "error": str(error)})
-        unavailable = ServiceUnavailable(f"the database is unreachable: {error}")
-        return json_response(unavailable.to_json(), 503, unavailable.headers())
-
-    @app.exception_handler(PoolTimeout)
-    async def pool_exhausted(request: Request, error: PoolTimeout):
-        # every pooled connection stayed checked out for db_pool_timeout_s: retryable, never a 500
-        log.warning("database pool exhausted", extra={"path": request.url.path, "error": str(error)})
-        unavailable = ServiceUnavailable("no database connection became free in time (the service is overloaded); retry")
-        return json_response(unavailable.to_json(), 503, unavailable.headers())
+    async def database_error(request: Request, error: Exception):
+        # Wherever it was raised (pool checkout, a statement, COMMIT) and however it was wrapped: a fault of the
+        # database is a 503 with Retry-After, text Postgres cannot hold (a NUL that a check upstream let through) a
+        # 400; anything else stays what it is (a bug: the 500 of app.ops.middleware).
+        fault = classify(error)
+        if fault is DatabaseFault.NUL_TEXT:
+            log.warning("text Postgres cannot hold", extra={"path": request.url.path, "error": str(error)[:300]})
+            invalid = ValidationFailed("the request contains a NUL character (\\u0000), which cannot be stored or searched",
+                                       [Issue("NUL character", expected="text without \\u0000")])
+            return json_response(invalid.to_json(), 400)
+        if fault is DatabaseFault.UNAVAILABLE:
+            log.warning("database unavailable", extra={"path": request.url.path, "error": f"{type(error).__name__}: {error}"[:300]})
+            unavailable = database_unavailable(error)
+            return json_response(unavailable.to_json(), unavailable.status_code, unavailable.headers())
+        raise error
 
     @app.exception_handler(StarletteHTTPException)
     async def http_error(request: Request, error: StarletteHTTPException):

@@ -9,8 +9,9 @@
 - one INFO access line per request (`request_id`, `method`, `route`, `status`, `duration_ms`), on the logger
   `metaledger.access` (`METALEDGER_ACCESS_LOG=false` turns it off).
 
-An exception that escapes the app is answered here with a 500 carrying the request id (then re-raised, so the server
-still reports it); Starlette's error middleware sees the response started and sends nothing more.
+An exception that escapes the app is logged and answered here with a 500 carrying the request id, or a 503 with
+Retry-After when a database fault is behind it (app.db_faults); it is not re-raised (the server would close the
+connection), unless a response had already started.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from typing import Any
 
 import orjson
 
+from app.db_faults import DatabaseFault, classify, database_unavailable
 from app.logs import REQUEST_ID
 from app.ops.metrics import HTTP_DURATION, HTTP_REQUESTS, method_label
 
@@ -84,19 +86,29 @@ class OperationsMiddleware:
 
         try:
             await self.app(scope, receive, send_with_id)
-        except Exception:
-            if status == 0:
-                status = 500
-                log.exception("unhandled error", extra={"method": scope["method"], "route": route_template(scope)})
-                body = orjson.dumps({"error": "Internal Server Error", "message": "an unexpected error; see the logs",
-                                     "issues": [], "requestId": request_id})
-                try:
-                    await send({"type": "http.response.start", "status": 500, "headers": [
-                        (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), id_header]})
-                    await send({"type": "http.response.body", "body": body})
-                except Exception:  # noqa: BLE001 - the client is gone
-                    pass
-            raise
+        except Exception as error:
+            # Answered here and not re-raised: uvicorn closes the connection of an app that raises once a response
+            # has started, and a keep-alive client then finds its next request unanswered. Re-raised only when a
+            # response had already started (there is nothing left to answer with).
+            if status != 0:
+                raise
+            log.exception("unhandled error", extra={"method": scope["method"], "route": route_template(scope)})
+            if classify(error) is DatabaseFault.UNAVAILABLE:  # raised outside the app's handlers: still a 503
+                unavailable = database_unavailable(error)
+                status, extra = unavailable.status_code, [(b"retry-after", str(unavailable.retry_after_s).encode())]
+                answer = {**unavailable.to_json(), "requestId": request_id}
+            else:
+                status, extra = 500, []
+                answer = {"error": "Internal Server Error", "message": "an unexpected error; see the logs",
+                          "issues": [], "requestId": request_id}
+            body = orjson.dumps(answer)
+            try:
+                await send({"type": "http.response.start", "status": status, "headers": [
+                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), id_header,
+                    *extra]})
+                await send({"type": "http.response.body", "body": body})
+            except Exception:  # noqa: BLE001 - the client is gone
+                pass
         finally:
             if status == 0:
                 status = CLIENT_CLOSED  # cancelled (the client went away) before any response

@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db import WRITE_DEADLINE
 from app.write.proposal import AuditStamp, Proposal
-from app.write.service import WriteResult, WriteService
+from app.write.service import CommitOutcomeUnknown, WriteResult, WriteService
 
 @dataclass(slots=True)
 class _Waiting:
@@ -92,8 +92,11 @@ class WriteCombiner:
                     session.info[WRITE_DEADLINE] = max(deadlines)
                 results = await self.writer.apply_group(session, [(w.proposals, w.audit) for w in group])
         except Exception as error:  # noqa: BLE001 - answered write by write below
-            if len(group) == 1:
-                _settle(group[0].done, error=error)
+            if len(group) == 1 or isinstance(error, CommitOutcomeUnknown):
+                # An unknown outcome is every write's: applied again one by one, a write that landed would be
+                # answered as if it had not (a CREATE as a conflict).
+                for waiting in group:
+                    _settle(waiting.done, error=error)
                 return
             # One write's refusal (a precondition, a rule, text Postgres cannot store) must stay its own: apply the
             # writes again one by one (when the database itself is down, each learns it on its own, quickly).

@@ -275,23 +275,25 @@ class AspectRepository(SessionRepository):
         prune: Sequence[tuple[str, str, int]],
         outbox: Sequence[OutboxRow],
         floors: Sequence[tuple[str, str, int]] = (),
-    ) -> None:
+    ) -> str | None:
         """One round trip for everything a batch writes: new rows (latest and history), updated latest rows,
         retention of history rows (never row 0), the change logs and the version floors of deleted aspects
         (GREATEST of the stored one). A concurrent first insert surfaces as a unique violation; a first insert whose
         version is not above the committed floor (a concurrent delete raised it after our lock step read it) as
-        `StaleVersionFloor`; the caller answers both by retrying the transaction.
+        `StaleVersionFloor`; the caller answers both by retrying the transaction. Returns the transaction's id
+        (`pg_current_xact_id()`, None when there was nothing to write): if COMMIT is interrupted, it says whether the
+        write landed (app.db.transaction_status).
 
         The rows to update and prune are found by a LATERAL lookup per key (`OFFSET 0` keeps the planner from
         flattening it into a join) and then reached by ctid: index lookups whatever the table's statistics say. (A
         plain `UPDATE ... FROM unnest(...)` was planned as a scan of every row 0 while a young table's statistics were
         stale.) The row-0 ctids are stable: this transaction holds their locks."""
         if not (inserts or updates or prune or outbox or floors):
-            return
+            return None
         conn = await self._conn()
         u_urn, u_aspect, _, u_metadata, u_sm, u_on, u_by, u_for = _columns(updates)
         firsts = [r for r in inserts if r.row_version == LATEST_VERSION]
-        stale = await conn.fetchval(
+        stale, txid = await conn.fetchrow(
             f"""
             WITH inserted AS (
                 INSERT INTO metadata_aspect_v2 ({_ROW_COLUMNS})
@@ -321,9 +323,10 @@ class AspectRepository(SessionRepository):
                 SELECT * FROM unnest($26::text[], $27::text[], $28::bigint[])
                 ON CONFLICT (urn, aspect) DO UPDATE SET version = GREATEST(f.version, EXCLUDED.version)
             )
-            SELECT count(*) FROM unnest($29::text[], $30::text[], $31::bigint[]) AS c(urn, aspect, version)
-            JOIN metadata_aspect_version_floor f ON f.urn = c.urn AND f.aspect = c.aspect
-            WHERE f.version >= c.version AND f.urn = ANY($29::text[])
+            SELECT (SELECT count(*) FROM unnest($29::text[], $30::text[], $31::bigint[]) AS c(urn, aspect, version)
+                    JOIN metadata_aspect_version_floor f ON f.urn = c.urn AND f.aspect = c.aspect
+                    WHERE f.version >= c.version AND f.urn = ANY($29::text[])),
+                   pg_current_xact_id()::text
             """,
             *_columns(inserts),
             u_urn, u_aspect, u_metadata, u_sm, u_on, u_by, u_for,
@@ -334,6 +337,7 @@ class AspectRepository(SessionRepository):
         )  # fmt: skip
         if stale:
             raise StaleVersionFloor(f"{stale} first inserts are not above their aspect's version floor")
+        return txid
 
     async def delete_aspects(self, keys: Sequence[tuple[str, str]]) -> int:
         """Delete every version of each (urn, aspect)."""

@@ -9,6 +9,12 @@ transaction and reports every bad item of a batch at once; `apply` runs the tran
 asks for, decide, write what it decided in one statement (after the deletes, when there are any); retried whole on a
 lost first-insert race, a deadlock or a serialization failure. `apply_group` runs several independent writes in one
 transaction (app.write.combiner).
+
+A connection lost during COMMIT leaves the outcome open: the transaction may have committed. The service then asks the
+database, once it is back (for at most COMMIT_CHECK_S), what became of the transaction's id and answers the truth:
+the results if it committed, a 503 saying nothing was written if it did not, and `CommitOutcomeUnknown` (a 503 too)
+if the database did not answer in time. Retrying is safe either way: an identical value is answered UNCHANGED,
+with no new version and no change log.
 """
 
 from __future__ import annotations
@@ -20,6 +26,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.db import CommitInterrupted, transaction_status
 from app.errors import ExistenceConflict, Issue, PreconditionFailed, ServiceUnavailable, ValidationFailed
 from app.ops.metrics import TRANSACTION_RETRIES, first_write_fields
 from app.registry import EntityRegistry
@@ -33,7 +40,13 @@ from app.write.rules import RuleChain, Verdict, VerdictKind
 
 log = logging.getLogger("metaledger.write")
 
-__all__ = ["ItemResult", "WriteResult", "WriteService"]  # ItemResult is app.write.decision's, re-exported
+__all__ = ["CommitOutcomeUnknown", "ItemResult", "WriteResult", "WriteService"]  # ItemResult: app.write.decision's
+
+COMMIT_CHECK_S = 5.0  # how long an interrupted COMMIT waits for the database to say whether it committed
+
+
+class CommitOutcomeUnknown(ServiceUnavailable):
+    """The connection was lost during COMMIT and the database did not come back in time to say whether it committed."""
 
 
 @dataclass(slots=True)
@@ -96,10 +109,16 @@ class WriteService:
         attempts = 0
         while True:
             attempts += 1
+            txid = None
             try:
                 async with repo.transaction():
                     await self.refresh_processors(repo)
-                    decision = await self._run_transaction(repo, writes)
+                    decision, txid = await self._run_transaction(repo, writes)
+                break
+            except CommitInterrupted as interrupted:
+                if txid is None:  # nothing was written: the results hold either way
+                    break
+                await self._settle_interrupted_commit(session, txid, interrupted, writes)
                 break
             except RETRYABLE_DB_ERRORS as error:
                 if attempts > self.settings.transaction_retries:
@@ -115,11 +134,33 @@ class WriteService:
             self._processors_checked_at = float("-inf")  # this process's next write uses the new pipeline
         return [WriteResult(list(w.items), len(w.outbox), attempts, list(w.outbox)) for w in decision.writes]
 
+    async def _settle_interrupted_commit(
+        self, session: AsyncSession, txid: str, interrupted: CommitInterrupted,
+        writes: Sequence[tuple[Sequence[Proposal], AuditStamp]],
+    ) -> None:
+        """Returns if transaction `txid` committed; raises the 503 that tells what is known otherwise."""
+        status = await transaction_status(session.bind, txid, COMMIT_CHECK_S)
+        log.warning("write commit interrupted", extra={
+            "txid": txid, "outcome": status or "unknown", "error": str(interrupted),
+            "items": sum(len(w[0]) for w in writes), **first_write_fields(writes[0][0])})
+        if status == "committed":
+            return
+        if status == "aborted":
+            raise ServiceUnavailable(
+                "the connection to the database was lost during COMMIT and the write was not committed; retry"
+            ) from interrupted
+        raise CommitOutcomeUnknown(
+            f"the connection to the database was lost during COMMIT and the database did not answer within "
+            f"{COMMIT_CHECK_S:g} s: the write may or may not be stored; retrying it is safe (a write that landed is not "
+            "applied twice: the same value is answered UNCHANGED)"
+        ) from interrupted
+
     async def _run_transaction(
         self, repo: AspectRepository, writes: Sequence[tuple[Sequence[Proposal], AuditStamp]]
-    ) -> Decision:
+    ) -> tuple[Decision, str | None]:
         """Lock what the decision asks for (the group's rows, then those of the proposals change processors emit),
-        refuse the group on a fatal verdict, write the decision."""
+        refuse the group on a fatal verdict, write the decision; the decision and the transaction's id (None: it
+        wrote nothing)."""
         deciding = self.core.decide(writes, self.processors)
         locked = None
         try:
@@ -133,8 +174,8 @@ class WriteService:
         # Deletes go first and alone: a batch may delete an aspect and write it again.
         await repo.delete_entities(decision.deleted_urns)
         await repo.delete_aspects(decision.deleted_keys)
-        await repo.write_changes(decision.inserts, decision.updates, decision.prune, decision.outbox, decision.floors)
-        return decision
+        txid = await repo.write_changes(decision.inserts, decision.updates, decision.prune, decision.outbox, decision.floors)
+        return decision, txid
 
 
 def _raise_on_fatal_verdicts(refused: Sequence[tuple[Proposal, Verdict]], *, log_refusals: bool) -> None:
