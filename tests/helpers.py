@@ -352,3 +352,21 @@ async def mint_token(app, role: str = "admin", actor: str = TEST_ACTOR, ttl: str
 
 async def bearer(app, role: str = "admin", actor: str = TEST_ACTOR) -> dict[str, str]:
     return {"Authorization": f"Bearer {await mint_token(app, role, actor)}"}
+
+
+async def run_relay(settings, database_url: str | None = None):
+    """An outbox relay running in this process on its own small engine; returns it and an awaitable that stops it."""
+    from app.db import create_engine
+    from app.kafka.relay import OutboxRelay
+
+    engine = create_engine(database_url or settings.database_url, 2)
+    relay = OutboxRelay(settings, engine)
+    stop = asyncio.Event()
+    task = asyncio.create_task(relay.run(stop))
+
+    async def finish() -> None:
+        stop.set()
+        await task
+        await engine.dispose()
+
+    return relay, finish

@@ -82,9 +82,18 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         return Annotated[list[str] | None, WithJsonSchema({"type": "array", "items": aspect_names}),
                          Query(description=description)]
 
-    entity_response = schema_ref(entity_component(entity, "EntityResponse"))
-    entities_response = {"type": "array", "items": entity_response}
-    aspect_response = schema_ref(entity_component(entity, "EntityAspectResponse"))
+    AspectsToRead = aspects_query("Aspects to return (default: all)")
+    AspectsToDelete = aspects_query("Aspects to delete (default: the whole entity)")
+
+    def component(suffix: str) -> dict[str, str]:
+        return schema_ref(entity_component(entity, suffix))
+
+    def array_of(schema: dict[str, Any]) -> dict[str, Any]:
+        return {"type": "array", "items": schema}
+
+    entity_response = component("EntityResponse")
+    entities_response = array_of(entity_response)
+    aspect_response = component("EntityAspectResponse")
 
     def answers(description: str, schema: dict[str, Any], *, accepted: bool = False) -> dict[int | str, Any]:
         out: dict[int | str, Any] = {200: {"description": description, **json_body(schema)}}
@@ -94,10 +103,14 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
 
     exists_answers: dict[int | str, Any] = {404: {"description": "Not found"}}
 
+    def request_body(schema: dict[str, Any]) -> dict[str, Any]:
+        # The body is read as JSON by the handler and checked by the registry's validators: its schema is the
+        # registry's component, declared here.
+        return {"requestBody": {"required": True, **json_body(schema)}}
+
     @router.post(f"/{entity}", dependencies=[ALLOW_WRITE], operation_id=f"create{p}", tags=tags,
                  summary=f"Create or upsert {entity} entities",
-                 openapi_extra={"requestBody": {"required": True, **json_body(
-                     {"type": "array", "items": schema_ref(entity_component(entity, "EntityRequest"))})}},
+                 openapi_extra=request_body(array_of(component("EntityRequest"))),
                  responses=answers("Written", entities_response, accepted=True))
     async def upsert_entities(request: Request, session: Session, gateway: Gateway, caller: Caller,
                               system_metadata: SystemMetadataFlag = True, async_: AsyncFlag = True) -> Response:
@@ -108,8 +121,7 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
                   summary=f"Patch aspects of {entity} entities (applied to the locked latest values)",
                   description="Each aspect's `value` is DataHub's `{\"patch\": [...], \"arrayPrimaryKeys\"?, "
                               "\"forceGenericPatch\"?}`, applied inside the transaction to the locked latest value.",
-                  openapi_extra={"requestBody": {"required": True, **json_body(
-                      {"type": "array", "items": schema_ref(entity_component(entity, "EntityPatchRequest"))})}},
+                  openapi_extra=request_body(array_of(component("EntityPatchRequest"))),
                   responses=answers("Written", entities_response, accepted=True))
     async def patch_entities(request: Request, session: Session, gateway: Gateway, caller: Caller,
                              system_metadata: SystemMetadataFlag = True, async_: AsyncFlag = True) -> Response:
@@ -117,8 +129,7 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
 
     @router.post(f"/{entity}/batchGet", dependencies=[ALLOW_READ], operation_id=f"batchGet{p}", tags=tags,
                  summary=f"Get several {entity} entities",
-                 openapi_extra={"requestBody": {"required": True, **json_body(
-                     {"type": "array", "items": schema_ref(entity_component(entity, "BatchGetRequest"))})}},
+                 openapi_extra=request_body(array_of(component("BatchGetRequest"))),
                  responses=answers("Found entities (absent ones left out)", entities_response))
     async def batch_get(request: Request, session: Session, registry: Registry, settings: SettingsDep,
                         system_metadata: SystemMetadataFlag = False) -> Response:
@@ -127,7 +138,7 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
     @router.get(f"/{entity}/{{urn}}", dependencies=[ALLOW_READ], operation_id=f"get{p}", tags=tags,
                 summary=f"Get a {entity} entity", responses=answers("The entity", entity_response))
     async def get_entity(urn: Urn, session: Session, registry: Registry,
-                         aspects: aspects_query("Aspects to return (default: all)") = None,
+                         aspects: AspectsToRead = None,
                          system_metadata: SystemMetadataFlag = False) -> Response:
         rows = await EntityReader(session, registry).entity(entity, checked_urn(urn), aspects)
         found = {"urn": urn}
@@ -147,7 +158,7 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
                    summary=f"Delete a {entity} entity or some of its aspects",
                    responses=answers("Deleted", _DELETED_ASPECTS))
     async def delete_entity(urn: Urn, request: Request, session: Session, gateway: Gateway, caller: Caller,
-                            aspects: aspects_query("Aspects to delete (default: the whole entity)") = None,
+                            aspects: AspectsToDelete = None,
                             clear: Annotated[Flag, Query(description="Delete every aspect except the key aspect")] = False,
                             ) -> Response:
         if clear:
@@ -167,8 +178,7 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
 
     @router.post(f"/{entity}/{{urn}}/{{aspectName}}", dependencies=[ALLOW_WRITE], operation_id=f"create{p}Aspect",
                  tags=tags, summary=f"Create or upsert one aspect of a {entity} entity",
-                 openapi_extra={"requestBody": {"required": True, **json_body(
-                     schema_ref(entity_component(entity, "EntityAspectRequest")))}},
+                 openapi_extra=request_body(component("EntityAspectRequest")),
                  responses=answers("Written", entity_response, accepted=True))
     async def upsert_aspect(
         urn: Urn, aspect_name: AspectName, request: Request, session: Session, gateway: Gateway, caller: Caller,
@@ -207,7 +217,7 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
                   tags=tags, summary=f"Patch one aspect of a {entity} entity",
                   description="Body: an RFC 6902 array or DataHub's GenericJsonPatch `{\"patch\": [...], "
                               "\"arrayPrimaryKeys\"?}`.",
-                  openapi_extra={"requestBody": {"required": True, **json_body(schema_ref("GenericJsonPatch"))}},
+                  openapi_extra=request_body(schema_ref("GenericJsonPatch")),
                   responses=answers("Written", entity_response))
     async def patch_aspect(urn: Urn, aspect_name: AspectName, request: Request, session: Session, gateway: Gateway,
                            caller: Caller, system_metadata: SystemMetadataFlag = True) -> Response:

@@ -18,12 +18,11 @@ import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
 
-from app.db import create_engine
 from app.embedded_pg import free_port
 from app.kafka.relay import OutboxRelay
 from app.kafka.topics import create_missing_topics, ensure_topics
 from app.settings import Settings
-from tests.helpers import JSON, TopicReader, dataset, mcp, propose, published_value, unique_topics, wait_delivered
+from tests.helpers import JSON, TopicReader, dataset, mcp, propose, published_value, run_relay, unique_topics, wait_delivered
 
 DATASET = dataset("orders")
 DB_VERSION_HEADER = "X-DataHub-Database-Aspect-Version"
@@ -275,20 +274,6 @@ INSERT_ROW = """
 INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload)
 VALUES ($1, $2, $2, 'status', $3, 'UPSERT', $4)
 """
-
-
-async def run_relay(settings: Settings, database_url: str):
-    engine = create_engine(database_url, 2)
-    relay = OutboxRelay(settings, engine)
-    stop = asyncio.Event()
-    task = asyncio.create_task(relay.run(stop))
-
-    async def finish() -> None:
-        stop.set()
-        await task
-        await engine.dispose()
-
-    return relay, finish
 
 
 async def test_a_row_kafka_refuses_is_kept_with_its_error_and_does_not_block_its_urn(database_url, db, kafka_broker, topics):

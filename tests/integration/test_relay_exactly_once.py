@@ -25,11 +25,11 @@ import orjson
 import pytest
 from aiokafka import AIOKafkaConsumer, TopicPartition
 
-from app.db import create_engine, upgrade_database
+from app.db import upgrade_database
 from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port
-from app.kafka.relay import FEED_OFFSET_HEADER, LANE_HEADER, OutboxRelay
+from app.kafka.relay import FEED_OFFSET_HEADER, LANE_HEADER
 from app.settings import Settings
-from tests.helpers import unique_topics, wait_delivered
+from tests.helpers import run_relay, unique_topics, wait_delivered
 from tests.processes import service_env
 
 URNS = 40
@@ -134,20 +134,6 @@ def relay_settings(database_url: str, bootstrap: str, topics: dict[str, str]) ->
                     relay_batch_size=BATCH, **topics)
 
 
-async def start_relay(settings: Settings):
-    engine = create_engine(settings.database_url, 2)
-    relay = OutboxRelay(settings, engine)
-    stop = asyncio.Event()
-    task = asyncio.create_task(relay.run(stop))
-
-    async def finish() -> None:
-        stop.set()
-        await task
-        await engine.dispose()
-
-    return relay, finish
-
-
 @pytest.fixture
 def topics() -> dict[str, str]:
     return unique_topics()
@@ -157,7 +143,7 @@ async def test_a_connection_lost_at_the_mark_publishes_nothing_twice(database_ur
     topic = topics["topic_mcl_versioned"]
     await install_fault(db, "terminate")
     await fill_outbox(db, topic)
-    relay, finish = await start_relay(relay_settings(database_url, kafka_broker.bootstrap_servers, topics))
+    relay, finish = await run_relay(relay_settings(database_url, kafka_broker.bootstrap_servers, topics))
     try:
         await assert_exactly_once(db, kafka_broker.bootstrap_servers, topic)
         assert await db.fetchval("SELECT last_value FROM fault_once") > 1  # the fault fired, and marks went on
@@ -188,7 +174,7 @@ async def test_a_database_restart_between_produce_and_mark_publishes_nothing_twi
     await install_fault(db, "park")
     await db.fetchval("SELECT pg_advisory_lock($1::bigint)", FAULT_LOCK)
     await fill_outbox(db, topic)
-    relay, finish = await start_relay(relay_settings(database_url, kafka_broker.bootstrap_servers, topics))
+    relay, finish = await run_relay(relay_settings(database_url, kafka_broker.bootstrap_servers, topics))
     try:
         await wait_for(lambda: parked_marks(db), "a mark parked after its batch was produced")
         await asyncio.to_thread(own_postgres.stop)  # pg_ctl stop -m fast: every session is terminated
@@ -224,7 +210,7 @@ async def test_a_relay_killed_between_produce_and_mark_is_taken_over_without_dup
     await db.execute("SELECT pg_terminate_backend(pid) FROM unnest($1::int[]) AS pid", await parked_marks(db))
     await db.fetchval("SELECT pg_advisory_unlock($1::bigint)", FAULT_LOCK)
     assert await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE delivered_at IS NOT NULL") == 0
-    relay, finish = await start_relay(relay_settings(database_url, kafka_broker.bootstrap_servers, topics))
+    relay, finish = await run_relay(relay_settings(database_url, kafka_broker.bootstrap_servers, topics))
     try:
         await assert_exactly_once(db, kafka_broker.bootstrap_servers, topic)
         assert relay.publisher.found_published >= BATCH
