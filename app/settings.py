@@ -36,6 +36,10 @@ class Settings(BaseSettings):
     always_emit_change_log: bool = False
 
     max_request_bytes: int = 16_000_000
+    # A request's head (request line and headers; app.http_server): more bytes or header lines answer 431 before more
+    # is read, and the connection is closed. max_request_bytes bounds the body.
+    max_header_bytes: int = Field(65_536, ge=1_024)
+    max_headers: int = Field(100, ge=1)
     max_aspect_bytes: int = 16_000_000
     transaction_retries: int = 5
     db_pool_size: int = 10
@@ -174,6 +178,9 @@ class Settings(BaseSettings):
     # An admitted write's transaction finishes or fails within this (its statements run under a `statement_timeout`
     # of what is left); one that does not answers 503 with Retry-After, nothing committed. 0: no deadline.
     write_deadline_ms: int = Field(10_000, ge=0)
+    # Read transactions on the search backend's Postgres (searches, facets, scrolls, lineage) run under this
+    # `statement_timeout`: a statement past it is cancelled and the request answers 503 with Retry-After. 0: none.
+    read_timeout_s: float = Field(10.0, ge=0)
     db_pool_timeout_s: float = 5.0  # longest wait for a pooled connection; then 503 with Retry-After
     ops_sample_interval_s: float = 1.0  # how often the outbox backlog and lags are sampled
     ready_timeout_s: float = 2.0  # each readiness probe (database, broker, external schema registry) at most
@@ -191,13 +198,15 @@ class Settings(BaseSettings):
     # GraphQL (/api/graphql, app.graphql): a query longer than max_query_chars or of more lexical tokens is refused
     # before parsing; then per operation, fragments expanded: fields nested deeper than max_depth, more aliased
     # fields than max_aliases, more fields than max_fields (its complexity) are GraphQL errors. A search's count
-    # is cut to max_count (DataHub's 10,000).
+    # is cut to max_count (DataHub's 10,000). An operation costing more than max_cost (app.graphql.limits.query_cost:
+    # each field once per result it is resolved for) is refused with a 400 before it runs.
     graphql_max_query_chars: int = 65_536
     graphql_max_tokens: int = 15_000
     graphql_max_depth: int = 20
     graphql_max_aliases: int = 50
     graphql_max_fields: int = 5_000
     graphql_max_count: int = Field(10_000, ge=1, le=10_000)
+    graphql_max_cost: int = Field(100_000, ge=1)
     # Origins allowed to call the API from a browser (CORS), e.g. '["https://datahub.example.com"]' or
     # "https://a.example.com,https://b.example.com". Empty: no CORS headers (browsers refuse cross-origin calls).
     cors_origins: Annotated[list[str], NoDecode] = Field(default_factory=list)

@@ -30,10 +30,12 @@ import signal
 import tempfile
 import threading
 import time
+from functools import partial
 from pathlib import Path
 
 from uvicorn.supervisors import Multiprocess
 
+from app.http_server import HeadLimitedProtocol
 from app.ops.drain import refuse_new_connections
 from app.settings import Settings, get_settings
 from app.workers import SUPERVISOR_PID_ENV, follow_supervisor
@@ -59,7 +61,7 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
         from app.main import create_app
 
         uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False,
-                    timeout_graceful_shutdown=settings.shutdown_timeout_s)
+                    timeout_graceful_shutdown=settings.shutdown_timeout_s, http=http_protocol(settings))
         return
 
     from app.kafka.per_aspect import resolve_routes
@@ -86,13 +88,19 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
     try:
         os.environ["METALEDGER_BACKGROUND_IN_PROCESS"] = "false"
         config = uvicorn.Config("app.main:app", host=host, port=port, workers=workers, log_level=log_level,
-                                access_log=False, timeout_graceful_shutdown=settings.shutdown_timeout_s)
+                                access_log=False, timeout_graceful_shutdown=settings.shutdown_timeout_s,
+                                http=http_protocol(settings))
         _ApiProcesses(config, [config.bind_socket()], settings.shutdown_drain_s).run()
     finally:
         background.stop()
         shutil.rmtree(metrics_dir, ignore_errors=True)
         if embedded is not None:
             embedded.stop()
+
+
+def http_protocol(settings: Settings) -> partial[HeadLimitedProtocol]:
+    """uvicorn's `http=` for every API process: requests' heads bounded (app.http_server)."""
+    return partial(HeadLimitedProtocol, max_header_bytes=settings.max_header_bytes, max_headers=settings.max_headers)
 
 
 class StartupRefused(Exception):

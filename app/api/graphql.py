@@ -39,7 +39,8 @@ _RESULT = {
     "/api/graphql",
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY}}}},
     responses={**ERROR_RESPONSES, 200: {"description": "The GraphQL result: `data` and/or `errors` (query errors "
-                                                       "are answered 200, as DataHub does)",
+                                                       "are answered 200, as DataHub does; an operation over "
+                                                       "METALEDGER_GRAPHQL_MAX_COST is a 400 in the same form)",
                                         "content": {"application/json": {"schema": _RESULT}}}},
     summary="DataHub's GraphQL API: the searches, entity lookups and tag mutations DataHub's client calls",
     operation_id="graphql",
@@ -50,4 +51,4 @@ async def graphql(
     body: Any = await read_json(request, settings)
     context = Context(session, registry, gateway, caller, partial(get_backend, request), settings.graphql_max_count,
                       request.headers)
-    return json_response(await run(read_request(body), context, settings))
+    return json_response(*await run(read_request(body), context, settings))

@@ -175,6 +175,9 @@ def _query(text: str | None) -> str:
     return (text or "*").strip() or "*"
 
 
+DEFAULT_COUNT = 10  # a search's page size when its input has no `count` (DataHub's)
+
+
 def _count(value: int | None, default: int, maximum: int) -> int:
     if value is None:
         return default
@@ -276,7 +279,7 @@ async def _searches_of(context: Context, inputs: dict[str, Any]) -> list[TypeSea
 async def resolve_scroll_across_entities(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
     context: Context = info.context
     searches = await _searches_of(context, input)
-    count = _count(input.get("count"), 10, context.max_count)
+    count = _count(input.get("count"), DEFAULT_COUNT, context.max_count)
     query = _query(input.get("query"))
     try:
         page = await scroll_across(await context.backend(), searches, query, count=count,
@@ -291,7 +294,7 @@ async def resolve_search_across_entities(_root: Any, info: Any, input: dict[str,
     context: Context = info.context
     searches = await _searches_of(context, input)
     start = input.get("start") or 0
-    count = _count(input.get("count"), 10, context.max_count)
+    count = _count(input.get("count"), DEFAULT_COUNT, context.max_count)
     query = _query(input.get("query"))
     page = await search_across(await context.backend(), searches, query, start=start,
                                count=min(count, max(context.max_count - start, 0)), sort=_sort(input.get("sortInput")))
@@ -336,7 +339,7 @@ async def _lineage(context: Context, input: dict[str, Any], start: int, count: i
 async def resolve_scroll_across_lineage(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
     context: Context = info.context
     start = _offset(input.get("scrollId"))
-    count = _count(input.get("count"), 10, context.max_count)
+    count = _count(input.get("count"), DEFAULT_COUNT, context.max_count)
     results, total = await _lineage(context, input, start, count)
     more = start + len(results) < total and results
     return {"nextScrollId": offset_cursor(start + len(results)) if more else None, "count": len(results), "total": total,
@@ -346,7 +349,7 @@ async def resolve_scroll_across_lineage(_root: Any, info: Any, input: dict[str, 
 async def resolve_search_across_lineage(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
     context: Context = info.context
     start = max(input.get("start") or 0, 0)
-    count = _count(input.get("count"), 10, context.max_count)
+    count = _count(input.get("count"), DEFAULT_COUNT, context.max_count)
     results, total = await _lineage(context, input, start, count)
     return {"start": start, "count": len(results), "total": total, "searchResults": results, "facets": None}
 

@@ -1,8 +1,9 @@
 """Executing a GraphQL request: size and token limits → parse → depth/alias/field limits → graphql-core's validation
-→ execution against the schema built once from `schema.graphql` (schema-first: the SDL is the contract, resolvers
-are attached to it). Every failure is a GraphQL error in the response body, in DataHub's form (`extensions.code`,
-`extensions.classification`); nothing a client sends ends in a 500. An overloaded or unreachable service is a 503,
-as on every other route."""
+→ the cost of the operation with its variables → execution against the schema built once from `schema.graphql`
+(schema-first: the SDL is the contract, resolvers are attached to it). Every failure is a GraphQL error in the
+response body, in DataHub's form (`extensions.code`, `extensions.classification`); nothing a client sends ends in a
+500. A query over the cost limit is answered 400 (it is refused whole, before it runs). An overloaded or unreachable
+service (a read past its timeout included) is a 503, as on every other route."""
 
 from __future__ import annotations
 
@@ -16,11 +17,11 @@ from typing import Any
 from graphql import (
     DocumentNode, GraphQLError, GraphQLSchema, IntValueNode, ValueNode, build_schema, execute, parse, validate,
 )
-from sqlalchemy.exc import TimeoutError as PoolTimeout
 
+from app.db_faults import DatabaseFault, classify
 from app.errors import Issue, MetaledgerError, ValidationFailed
 from app.graphql.entities import bind_entities
-from app.graphql.limits import Limits, check_limits
+from app.graphql.limits import Limits, check_limits, query_cost
 from app.graphql.resolvers import MUTATION_RESOLVERS, QUERY_RESOLVERS, Context
 from app.limits import MAX_LONG, MIN_LONG, clip
 from app.settings import Settings
@@ -112,11 +113,11 @@ def _format(error: GraphQLError) -> dict[str, Any]:
 
 def _retryable(error: BaseException | None) -> bool:
     """An overloaded or unreachable service (no free database connection, the database or the search backend
-    unreachable): answered as every route answers it (503 with Retry-After, by the app's handlers), which DataHub's
-    client retries, rather than as a GraphQL error it would not."""
+    unreachable, a read cancelled by METALEDGER_READ_TIMEOUT_S): answered as every route answers it (503 with
+    Retry-After, by the app's handlers), which DataHub's client retries, rather than as a GraphQL error it would not."""
     if isinstance(error, MetaledgerError):
         return error.status_code in (429, 503)
-    return isinstance(error, PoolTimeout | OSError)
+    return error is not None and classify(error) is DatabaseFault.UNAVAILABLE
 
 
 def _errors(errors: list[GraphQLError], classification: str) -> dict[str, Any]:
@@ -177,11 +178,27 @@ def _checked(query: str, settings: Settings) -> DocumentNode | dict[str, Any]:
     return document
 
 
-async def run(request: GraphQLRequest, context: Context, settings: Settings) -> dict[str, Any]:
-    """The GraphQL response body (`data` and/or `errors`)."""
+def _too_costly(document: DocumentNode, request: GraphQLRequest, settings: Settings) -> dict[str, Any] | None:
+    """The response refusing the request's operation when it costs more than METALEDGER_GRAPHQL_MAX_COST."""
+    measured = query_cost(document, request.operation_name, request.variables, settings.graphql_max_count)
+    if measured is None or measured[0] <= settings.graphql_max_cost:
+        return None
+    cost, operation = measured
+    name = f"operation {operation.name.value!r}" if operation.name else "the operation"
+    return _refused(f"{name} costs {cost} (each field counted once per result it is resolved for: a search's "
+                    f"`searchResults` selection once per result of its page, facets as an aggregation); the limit "
+                    f"is {settings.graphql_max_cost} (METALEDGER_GRAPHQL_MAX_COST)")
+
+
+async def run(request: GraphQLRequest, context: Context, settings: Settings) -> tuple[dict[str, Any], int]:
+    """The GraphQL response body (`data` and/or `errors`) and its HTTP status: 200, or 400 for an operation over the
+    cost limit (refused before it runs, as a request too large is)."""
     document = _checked(request.query, settings)
     if isinstance(document, dict):
-        return document
+        return document, 200
+    refused = _too_costly(document, request, settings)
+    if refused is not None:
+        return refused, 400
     result = execute(SCHEMA, document, variable_values=request.variables, operation_name=request.operation_name,
                      context_value=context)
     if isawaitable(result):  # synchronous when no async resolver ran (introspection, variable errors)
@@ -194,4 +211,4 @@ async def run(request: GraphQLRequest, context: Context, settings: Settings) -> 
         body["errors"] = [_format(e) for e in result.errors]
         if result.data is None and all(e.path is None for e in result.errors):
             del body["data"]  # a request error (variables, operation name): no execution started
-    return body
+    return body, 200

@@ -380,7 +380,10 @@ class PostgresBackend:
             raw = (await connection.get_raw_connection()).driver_connection
             async with raw.transaction(isolation="read_committed", readonly=readonly):
                 custom_plans = "; SET LOCAL plan_cache_mode = force_custom_plan" if readonly else ""
-                await raw.execute(f"SET LOCAL jit = off{custom_plans}")
+                # a read past METALEDGER_READ_TIMEOUT_S is cancelled (QueryCanceledError: a 503 with Retry-After)
+                timeout_ms = int(self._settings.read_timeout_s * 1000) if readonly else 0
+                deadline = f"; SET LOCAL statement_timeout = {timeout_ms}" if timeout_ms else ""
+                await raw.execute(f"SET LOCAL jit = off{custom_plans}{deadline}")
                 yield raw
 
     # --- registry-derived field specs (`app.search.documents`' cache) ---------------------------------------------
