@@ -40,7 +40,7 @@ from app.search.cursors import InvalidCursor, decode_edge, edge_cursor
 from app.search.filters import (
     CONDITION_NAMES, FIELD_NAME, InvalidFilter, Placed, filter_groups, json_path, single_clause,
 )
-from app.search.model import MAX_FILTER_VALUES, MAX_PATTERN_CHARS, Edge, EdgeQuery, upstream_downstream
+from app.search.model import MAX_FILTER_VALUES, MAX_PAGE_SIZE, MAX_PATTERN_CHARS, Edge, EdgeQuery, upstream_downstream
 from app.urns import entity_type_of
 from app.write.reader import EntityReader
 
@@ -48,9 +48,7 @@ log = logging.getLogger("metaledger.api.scroll")
 
 router = APIRouter(tags=["scroll"], dependencies=[ALLOW_READ])
 
-# DataHub's ceiling on a search page (Elasticsearch's index.max_result_window, 10,000); over it is a 400 naming it.
-MAX_SCROLL_COUNT = 10_000
-Count = Annotated[int, Query(ge=1, le=MAX_SCROLL_COUNT, description=f"Page size, 1..{MAX_SCROLL_COUNT}")]
+Count = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description=f"Page size, 1..{MAX_PAGE_SIZE}")]
 Body = TypeVar("Body", bound=BaseModel)
 
 
@@ -200,7 +198,7 @@ def _sort(body_criteria: list[SortCriterion] | None, fields: list[str] | None, s
         "Pages through the entities of the body's `entities` types (default: every type) matching `query` and "
         "`filter`, type after type, each in `sortCriteria` order (default: by URN). `scrollId` is a keyset cursor: "
         "an entity that matches throughout the scroll and keeps its sort key is returned exactly once, whatever is "
-        f"written meanwhile. `count` is at most {MAX_SCROLL_COUNT}. Soft-deleted entities are left out unless "
+        f"written meanwhile. `count` is at most {MAX_PAGE_SIZE}. Soft-deleted entities are left out unless "
         "`includeSoftDelete=true`."
     ),
 )

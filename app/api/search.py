@@ -33,13 +33,12 @@ from app.limits import check_long, clip
 from app.registry import EntityRegistry
 from app.search.cursors import InvalidCursor, decode_offset, offset_cursor
 from app.search.failures import FailureReader
-from app.search.model import REMOVED_FIELD, TimeseriesQuery
+from app.search.model import MAX_PAGE_SIZE, REMOVED_FIELD, TimeseriesQuery
 from app.write.reader import EntityReader
 
 router = APIRouter(tags=["search"], dependencies=[ALLOW_READ])
 
 FILTER_PREFIX = "filter_"
-MAX_COUNT = 10_000
 
 
 def _entity_name(registry: EntityRegistry, name: str, path: str = "$entityName") -> str:
@@ -81,7 +80,7 @@ def _filters(request: Request) -> dict[str, list[str]]:
 async def scroll_entities(
     entityName: str, request: Request, session: Session, registry: Registry, backend: Backend,
     query: Annotated[str, Query()] = "*",
-    count: Annotated[int, Query(ge=0, le=MAX_COUNT)] = 10,
+    count: Annotated[int, Query(ge=0, le=MAX_PAGE_SIZE)] = 10,
     scrollId: Annotated[str | None, Query()] = None,
     sortCriteria: Annotated[list[str] | None, Query()] = None,
     sortOrder: Annotated[Literal["ASCENDING", "DESCENDING"], Query()] = "ASCENDING",
@@ -198,7 +197,7 @@ async def relationships(
     # also accepted without the brackets; documented once (both would be one identifier in a generated client)
     relationship_type: Annotated[list[str] | None, Query(alias="relationshipType", include_in_schema=False)] = None,
     direction: Annotated[Literal["INCOMING", "OUTGOING"], Query()] = "OUTGOING",
-    count: Annotated[int, Query(ge=1, le=MAX_COUNT)] = 100,
+    count: Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE)] = 100,
     scrollId: Annotated[str | None, Query()] = None,
 ) -> Any:
     _entity_name(registry, entityName)
@@ -360,7 +359,7 @@ async def timeseries_daily(
     _, aspect_name = _timeseries_aspect(registry, entityName, aspect)
     check_long(start, "start")
     check_long(end, "end")
-    points = await backend.timeseries(TimeseriesQuery(urn=checked_urn(urn), aspect=aspect_name, start_ms=start, end_ms=end, limit=MAX_COUNT * 10))
+    points = await backend.timeseries(TimeseriesQuery(urn=checked_urn(urn), aspect=aspect_name, start_ms=start, end_ms=end, limit=MAX_PAGE_SIZE * 10))
     days: dict[str, dict[str, Any]] = {}
     for p in sorted(points, key=lambda p: p.timestamp_ms):
         try:

@@ -24,10 +24,8 @@ import orjson
 from app.errors import Issue, ValidationFailed
 from app.limits import clip
 from app.search.cursors import AcrossCursor, InvalidCursor, across_cursor, decode_across
-from app.search.model import EQUALITY_CONDITIONS, REMOVED_FIELD, URN_FIELD, Criterion, SearchBackend, SearchHit
+from app.search.model import EQUALITY_CONDITIONS, MAX_PAGE_SIZE, REMOVED_FIELD, URN_FIELD, Criterion, SearchBackend, SearchHit
 
-# The most hits one page may ask for (DataHub's default `searchService.limits.results.max`).
-MAX_PAGE_SIZE = 10_000
 
 
 @dataclass(frozen=True, slots=True)

@@ -250,6 +250,11 @@ class EdgePage:
     after: EdgeKey | None  # the last edge's key when there may be more; None on the last page
 
 
+# The most hits one page may ask for: DataHub's `searchService.limits.results.max` (Elasticsearch's
+# index.max_result_window). Every protocol's page size is checked against it (over it: a 400 naming it).
+MAX_PAGE_SIZE = 10_000
+
+
 @dataclass
 class TimeseriesQuery:
     urn: str

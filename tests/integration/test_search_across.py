@@ -8,7 +8,8 @@ import pytest_asyncio
 
 from app.db import create_engine
 from app.errors import ValidationFailed
-from app.search.across import MAX_PAGE_SIZE, TypeSearch, scroll_across, search_across
+from app.search.across import TypeSearch, scroll_across, search_across
+from app.search.model import MAX_PAGE_SIZE
 from app.search.cursors import InvalidCursor
 from app.search.model import AspectFields
 from app.search.postgres import PostgresBackend
