@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from functools import partial
 from typing import Annotated
 
@@ -16,7 +17,7 @@ from app.auth.model import Permission, Principal
 from app.auth.service import AuthService
 from app.errors import ServiceUnavailable
 from app.ops import Operations
-from app.ops.backpressure import CLIENT_ADDRESS
+from app.ops.backpressure import CLIENT_ADDRESS, caller_key
 from app.ops.metrics import AUTH_FAILURES
 from app.ingest.gateway import IngestGateway
 from app.registry import EntityRegistry
@@ -118,6 +119,33 @@ class Allow:
         return principal
 
 
+def admit_before_body(request: Request, principal: Principal) -> AbstractAsyncContextManager[object]:
+    """The write admission (app.ops.backpressure) of a request whose body is not read yet, on its Content-Length:
+    a write refused with 429 costs its headers only. The HTTP server (uvicorn) reads and discards what a client
+    still sends of a body answered before it was read, so the connection stays usable; closing it instead with the
+    body unread would reset it, and a client still sending could lose the 429."""
+    admission = request.app.state.gateway.admission
+    if admission is None:
+        return nullcontext()
+    body_bytes = int(request.headers.get("content-length") or 0)  # the HTTP server checked it is a number
+    return admission.admit_before_body(caller_key(principal), body_bytes)
+
+
+class AllowWrite(Allow):
+    """The write routes' policy: WRITE, then the write's admission, taken before the route reads the body and held
+    until it is done."""
+
+    def __init__(self) -> None:
+        super().__init__(Permission.WRITE)
+
+    async def __call__(  # type: ignore[override]
+        self, request: Request, principal: Annotated[Principal, Depends(authenticate)],
+    ) -> AsyncIterator[Principal]:
+        await super().__call__(principal)
+        async with admit_before_body(request, principal):
+            yield principal
+
+
 async def json_body(request: Request) -> None:
     """Routes whose body FastAPI parses into a model: 415 unless it is sent as JSON (app.api.http.read_json checks
     the same for the bodies the handlers read themselves)."""
@@ -159,7 +187,7 @@ Caller = Annotated[Principal, Depends(authenticate)]  # with a route policy in f
 # Route policies, as route or router dependencies; an endpoint that needs the caller takes `Caller` as well.
 ALLOW_PUBLIC = Depends(public)
 ALLOW_READ = Depends(Allow(Permission.READ))
-ALLOW_WRITE = Depends(Allow(Permission.WRITE))
+ALLOW_WRITE = Depends(AllowWrite())
 ALLOW_ADMIN = Depends(Allow(Permission.ADMIN))
 ALLOW_REGISTRY_READ = Depends(AllowRegistryRead())
 JSON_BODY = Depends(json_body)  # with a route that takes a pydantic body model

@@ -23,12 +23,17 @@ from app.auth.model import Principal
 from app.db import WRITE_DEADLINE
 from app.errors import MetaledgerError, ServiceUnavailable
 from app.ingest.mcp import proposal_to_mcp
-from app.ops.backpressure import WriteAdmission, caller_key
+from app.ops.backpressure import REQUEST_GRANT, WriteAdmission, caller_key
 from app.ops.metrics import count_writes, write_refused
 from app.search.service import IndexOutcome, SearchRuntime, sync_index, wants_sync_index
 from app.write.proposal import AuditStamp, Draft, Proposal
 from app.write.combiner import WriteCombiner
 from app.write.service import WriteResult, WriteService
+
+
+# Drafts validated between two turns of the event loop when a write prepares many (a few ms of CPU): the writes
+# beside a large batch are served while it is validated, not after.
+PREPARE_CHUNK = 100
 
 
 class ProposalQueue(Protocol):
@@ -94,6 +99,20 @@ class IngestGateway:
             write_refused(error, drafts)
             raise in_callers_terms(error, drafts) from None
 
+    async def prepare_in_turns(self, drafts: Sequence[Draft]) -> list[Proposal]:
+        """`prepare`, `PREPARE_CHUNK` drafts at a time with a turn of the event loop between them. A chunk with a
+        bad draft prepares the whole batch again at once, for `prepare`'s one error naming every bad draft."""
+        if len(drafts) <= PREPARE_CHUNK:
+            return self.prepare(drafts)
+        proposals: list[Proposal] = []
+        for start in range(0, len(drafts), PREPARE_CHUNK):
+            await asyncio.sleep(0)
+            try:
+                proposals.extend(self.writer.prepare(drafts[start:start + PREPARE_CHUNK]))
+            except MetaledgerError:
+                return self.prepare(drafts)
+        return proposals
+
     async def apply(
         self, session: AsyncSession, proposals: Sequence[Proposal], audit: AuditStamp, drafts: Sequence[Draft] = (),
         *, combine: bool = False, deadline: float | None = None,
@@ -140,7 +159,7 @@ class IngestGateway:
         await self.authorize(caller, drafts)
         if self.admission is not None:
             self.admission.check_backlog()  # 429 while the outbox backlog is over its limit
-        proposals = self.prepare(drafts)
+        proposals = await self.prepare_in_turns(drafts)
         if queue and self.queue is not None:
             by_index = {draft.index: draft for draft in drafts}
             pairs = [(by_index[p.index], p) for p in proposals]
@@ -160,7 +179,12 @@ class IngestGateway:
         if self.admission is None:
             return nullcontext()
         body_bytes = int((request_headers or {}).get("content-length") or 0)  # the HTTP server checked it is a number
-        return self.admission.admit(caller_key(caller), self.admission.cost(len(proposals), body_bytes))
+        cost = self.admission.cost(len(proposals), body_bytes)
+        held = REQUEST_GRANT.get()
+        if held is not None:  # admitted before its body was read (app.api.deps): now charged what it carries
+            self.admission.resize(held, cost)
+            return nullcontext()
+        return self.admission.admit(caller_key(caller), cost)
 
     def _deadline(self) -> float | None:
         if not self.settings.write_deadline_ms:

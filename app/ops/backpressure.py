@@ -12,9 +12,11 @@ consumers have their own flow control and are not refused):
   the caller with the least cost in flight first (among equals the one served longest ago, then the oldest write;
   first come, first served within a caller), so a caller with many writes queued takes turns with the others.
   A write waits up to `write_queue_timeout_ms`; one whose caller's own queue would not drain within that time is
-  refused at once. A 429's `Retry-After` is when the caller's turn would come: its queue, and the writes it was
-  refused before and told to bring back, at the pace its writes went so far (at least `backpressure_retry_after_s`,
-  at most `MAX_RETRY_AFTER_S`), so a flood's clients come back one after the other, not all at once.
+  refused at once. A 429's `Retry-After` is when the caller's queue as it is now would have drained, at the pace its
+  writes went so far (at least `backpressure_retry_after_s`, at most `MAX_RETRY_AFTER_S`).
+  An HTTP write is admitted before its body is read (`admit_before_body`, app.api.deps), on the cost its
+  Content-Length suggests (`estimate`), so a refused write costs its headers only, not the reading, parsing and
+  validation of its body; once the body is parsed the gateway corrects the cost to what the write carries (`resize`).
 - **the outbox backlog** (`max_outbox_backlog` rows; 0, the default: off): while the change logs not yet published
   (with Kafka) or not yet indexed (without) exceed it, writes get 429. The backlog is the sampler's last figure
   (app.ops.sampler, every `ops_sample_interval_s`), never queried per request.
@@ -36,6 +38,9 @@ from app.ops.metrics import WRITE_REJECTIONS
 
 MAX_RETRY_AFTER_S = 60  # a client told to come back later than this has likely given up on the write anyway
 _EWMA_WEIGHT = 0.2  # of the newest write in a caller's seconds-per-unit estimate
+# Bytes per proposal assumed before a body is parsed (a v1 MCP takes from about 150 to many thousands): estimates err
+# high more often than low. Either way the gateway corrects the cost once the body is parsed.
+ESTIMATED_PROPOSAL_BYTES = 200
 
 # The client's address, for `caller_key` when authentication is off (every request is then the same principal).
 CLIENT_ADDRESS: ContextVar[str | None] = ContextVar("metaledger_client_address", default=None)
@@ -55,6 +60,10 @@ class Grant:
     caller: str
     cost: int
     started: float
+
+
+# The admission an HTTP request took before its body was read (`admit_before_body`): the gateway resizes it.
+REQUEST_GRANT: ContextVar[Grant | None] = ContextVar("metaledger_request_grant", default=None)
 
 
 @dataclass(slots=True, eq=False)
@@ -96,7 +105,6 @@ class WriteAdmission:
         self.cost_in_flight = 0
         self._callers: dict[str, _Caller] = {}  # callers with writes in flight or waiting
         self._seconds_per_unit: float | None = None  # over every caller: the estimate for a caller new to the queue
-        self._promised: dict[str, float] = {}  # caller → the loop time its refused writes were told to wait for
         # figures, for /metrics and tests
         self.rejected = 0
 
@@ -107,6 +115,10 @@ class WriteAdmission:
     def cost(self, items: int, body_bytes: int = 0) -> int:
         """What a write of `items` proposals in a request body of `body_bytes` costs."""
         return max(1, items) + body_bytes // self.cost_bytes
+
+    def estimate(self, body_bytes: int) -> int:
+        """What a write of a `body_bytes` request body is taken to cost before it is parsed."""
+        return self.cost(body_bytes // ESTIMATED_PROPOSAL_BYTES, body_bytes)
 
     def check_backlog(self) -> None:
         """429 while the sampled outbox backlog is over its limit (a no-op when the limit is 0)."""
@@ -129,6 +141,18 @@ class WriteAdmission:
             yield grant
         finally:
             self.release(grant)
+
+    @asynccontextmanager
+    async def admit_before_body(self, caller: str, body_bytes: int) -> AsyncIterator[Grant]:
+        """Hold admission for an HTTP write whose body (of `body_bytes`, as its Content-Length says) is not read
+        yet, at its `estimate`; the gateway's `submit` then `resize`s this grant (REQUEST_GRANT) to the write's cost
+        instead of taking another."""
+        async with self.admit(caller, self.estimate(body_bytes)) as grant:
+            REQUEST_GRANT.set(grant)
+            try:
+                yield grant
+            finally:
+                REQUEST_GRANT.set(None)
 
     async def acquire(self, caller: str, cost: int) -> Grant:
         """Admission for a write of `cost` by `caller`, or TooManyRequests: at once when the caller's own queue
@@ -160,6 +184,17 @@ class WriteAdmission:
             if isinstance(error, asyncio.CancelledError):
                 raise
             raise self._refusal(caller, state, cost) from None
+
+    def resize(self, grant: Grant, cost: int) -> None:
+        """Charge `grant` `cost` instead of what it was admitted at: at once, waiting for nothing (its write is
+        admitted already); a smaller cost frees the rest for the waiting writes."""
+        cost = min(max(1, cost), self.caller_budget)
+        state = self._callers[grant.caller]
+        state.cost_in_flight += cost - grant.cost
+        self.cost_in_flight += cost - grant.cost
+        shrunk, grant.cost = cost < grant.cost, cost
+        if shrunk:
+            self._dispatch()
 
     def release(self, grant: Grant) -> None:
         """Give back what `grant` held, learn how long it took, and grant the waiting writes that now fit."""
@@ -212,20 +247,18 @@ class WriteAdmission:
         return cost * (per_unit or 0.0)
 
     def _refusal(self, caller: str, state: _Caller, cost: int) -> TooManyRequests:
-        """A 429 for a write of `cost`, with the time its caller's turn would come: after its writes in flight and
-        waiting, and after the refused ones it was told to bring back before this one."""
+        """A 429 for a write of `cost`, with the time its caller's queue as it is now (its writes in flight and
+        waiting) would take to drain. Not the writes refused before: a client told to come back competes with the
+        others again then, and counting a turn for every refused write would tell a flood's clients ever longer waits
+        than its queue has."""
         self.rejected += 1
         WRITE_REJECTIONS.labels("in_flight").inc()
-        now = asyncio.get_running_loop().time()
-        self._promised = {c: t for c, t in self._promised.items() if t > now}
-        turn = max(now + self._drain_s(state, state.cost_in_flight + state.cost_waiting), self._promised.get(caller, now))
-        turn = min(turn + self._drain_s(state, cost), now + MAX_RETRY_AFTER_S)
-        self._promised[caller] = turn
-        retry_after = max(self.retry_after_s, math.ceil(turn - now))
+        drain_s = self._drain_s(state, state.cost_in_flight + state.cost_waiting)
+        retry_after = max(self.retry_after_s, min(MAX_RETRY_AFTER_S, math.ceil(drain_s)))
         return TooManyRequests(
             f"{caller} has writes of cost {state.cost_in_flight} in flight and {state.cost_waiting} waiting in this "
             f"process (its share: {self.caller_budget} of {self.budget}, {self.caller_limit} of {self.limit} "
-            f"writes); this one would not start within {self.wait_s * 1000:.0f} ms; retry",
+            f"writes); this one, of cost {cost}, would not start within {self.wait_s * 1000:.0f} ms; retry",
             retry_after_s=retry_after,
         )
 

@@ -19,7 +19,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from app.api.deps import ALLOW_READ, Caller, Gateway, ReadYourWrites, Registry, Session, get_backend
+from app.api.deps import ALLOW_READ, Caller, Gateway, ReadYourWrites, Registry, Session, admit_before_body, get_backend
 from app.api.http import UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response, read_json
 from app.api.restli.common import ACTION_BODY, optional_int, require_object, require_urn
 from app.api.restli.timeseries import DEFAULT_LIMIT, check_filter, timeseries_from_backend
@@ -58,18 +58,20 @@ async def aspects_action(
         raise ValidationFailed(
             f"unknown action {action!r} on /aspects", [Issue(f"supported actions: {', '.join(ACTIONS)}", path="$action")]
         )
-    body = require_object(await read_json(request, gateway.settings))
     if action == "getTimeseriesAspectValues":
+        body = require_object(await read_json(request, gateway.settings))
         return json_response({"value": await _timeseries(body, request, gateway.registry, caught_up)})
-    if action == "ingestProposalBatch":
-        check_batch_size(body.get("proposals"), gateway.settings, "$.proposals")
-        drafts = parse_proposals(body.get("proposals"), "$.proposals")
-    else:
-        if not isinstance(body.get("proposal"), dict):
-            raise ValidationFailed("`proposal` must be a proposal object", [Issue("expected an object", path="$.proposal")])
-        drafts = [parse_mcp(body["proposal"], Location(0, "$.proposal"))]
-    queue = str(body.get("async", "false")).lower() == "true"
-    outcome = await gateway.submit(session, drafts, caller, queue=queue, request_headers=request.headers)
+    async with admit_before_body(request, caller):  # a write refused with 429 costs its headers only
+        body = require_object(await read_json(request, gateway.settings))
+        if action == "ingestProposalBatch":
+            check_batch_size(body.get("proposals"), gateway.settings, "$.proposals")
+            drafts = parse_proposals(body.get("proposals"), "$.proposals")
+        else:
+            if not isinstance(body.get("proposal"), dict):
+                raise ValidationFailed("`proposal` must be a proposal object", [Issue("expected an object", path="$.proposal")])
+            drafts = [parse_mcp(body["proposal"], Location(0, "$.proposal"))]
+        queue = str(body.get("async", "false")).lower() == "true"
+        outcome = await gateway.submit(session, drafts, caller, queue=queue, request_headers=request.headers)
     return json_response(SUCCESS, headers=outcome.response_headers)
 
 
