@@ -170,11 +170,23 @@ async def run(args, base: str, flood_headers: dict[str, str], single_headers: di
     def rss() -> float:
         return sum(service.rss_mb()) if service is not None else 0.0
 
+    def rss_by_process() -> str:
+        """Which of the service's processes hold the memory."""
+        if service is None:
+            return "-"
+        return ", ".join(f"{p.pid}: {p.memory_info().rss / 1e6:.0f}" for p in service.processes())
+
     await create_entities(Service(base, "", single_headers, None), ENTITIES)  # type: ignore[arg-type]
-    # warm-up, not reported: every process's connections opened, validators compiled, caches filled
-    await open_loop(base, single_headers, args.single_rate, 5, single_writes(ENTITIES, 99), connections=args.single_clients)
+    # warm-up, not reported: every process's connections opened, validators compiled, caches filled, and its routes'
+    # state built (FastAPI builds a route's on the process's first request to it: seconds for the v3 routes); on
+    # many connections, so that every process takes some (the single writer's token: the flood's pace in admission
+    # is learned from its own batches)
+    await open_loop(base, single_headers, args.single_rate, 5, single_writes(ENTITIES, 99),
+                    connections=4 * args.single_clients)
+    warm_up = flood_batch(-1, 0, 10)
+    await open_loop(base, single_headers, 10, 2, lambda i: ("POST", "/openapi/v1/proposals", warm_up), connections=8)
     await asyncio.sleep(2)
-    before = rss()
+    before, before_by_process = rss(), rss_by_process()
     stop = asyncio.Event()
     with RssSampler(rss) as sampler:
         flooding = asyncio.create_task(flood(base, flood_headers, args.flooders, args.batch, stop,
@@ -187,6 +199,7 @@ async def run(args, base: str, flood_headers: dict[str, str], single_headers: di
     print(f"flood over; waiting {args.settle:.0f} s for the memory to settle", flush=True)
     await asyncio.sleep(args.settle)
     after = rss()
+    print(f"RSS by process (pid: MB): before {before_by_process}; after {rss_by_process()}")
     report(args, single, flooded, (before, sampler.peak, after) if service is not None else None,
            service.log_problems() if service is not None else None)
 

@@ -141,6 +141,22 @@ async def test_retry_after_is_when_the_callers_queue_as_it_is_now_drains():
         admission.release(grant)
 
 
+async def test_a_callers_pace_is_its_own_and_kept_while_it_has_nothing_in_flight():
+    admission = WriteAdmission(10, 0.05, budget=100, caller_share=0.5, retry_after_s=1)
+    paced = await admission.acquire("flood", 10)
+    await asyncio.sleep(0.2)  # at least 20 ms a unit
+    admission.release(paced)  # nothing in flight or waiting now: its queue is gone, its pace is not
+    held = [await admission.acquire("flood", 50), await admission.acquire("single", 50)]
+    with pytest.raises(TooManyRequests) as flood:
+        await admission.acquire("flood", 1)
+    assert int(flood.value.headers()["Retry-After"]) >= 2  # 50 units at its own pace
+    with pytest.raises(TooManyRequests) as single:  # as much in flight, no pace of its own yet: not the flood's
+        await admission.acquire("single", 1)
+    assert single.value.headers() == {"Retry-After": "1"}
+    for grant in held:
+        admission.release(grant)
+
+
 async def test_admission_is_given_back_when_the_write_fails_or_is_cancelled():
     admission = WriteAdmission(2, 5.0, budget=10)
     with pytest.raises(RuntimeError):
