@@ -17,9 +17,9 @@ from app.auth.model import Permission, Principal
 from app.auth.service import AuthService
 from app.errors import ServiceUnavailable
 from app.ops import Operations
-from app.ops.backpressure import CLIENT_ADDRESS, caller_key
+from app.ops.backpressure import CLIENT_ADDRESS
 from app.ops.metrics import AUTH_FAILURES
-from app.ingest.gateway import IngestGateway
+from app.ingest.gateway import IngestGateway, caller_key
 from app.registry import EntityRegistry
 from app.schema_registry import SchemaRegistryClient
 from app.search.model import SearchBackend

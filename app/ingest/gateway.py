@@ -23,7 +23,7 @@ from app.auth.model import Principal
 from app.db import WRITE_DEADLINE
 from app.errors import MetaledgerError, ServiceUnavailable
 from app.ingest.mcp import proposal_to_mcp
-from app.ops.backpressure import REQUEST_GRANT, WriteAdmission, caller_key
+from app.ops.backpressure import CLIENT_ADDRESS, REQUEST_GRANT, WriteAdmission
 from app.ops.metrics import count_writes, write_refused
 from app.search.service import IndexOutcome, SearchRuntime, sync_index, wants_sync_index
 from app.write.proposal import AuditStamp, Draft, Proposal
@@ -69,6 +69,13 @@ class WriteAuthorizer(Protocol):
     """Whether a caller may make these writes (app.auth.service.AuthService): Forbidden naming the refused ones."""
 
     async def authorize_writes(self, principal: Principal, drafts: Sequence[Draft]) -> None: ...
+
+
+def caller_key(principal: Principal) -> str:
+    """Whose share a write is charged to: the token's actor, or without authentication the client's address."""
+    if principal.via == "disabled":
+        return f"address:{CLIENT_ADDRESS.get() or 'unknown'}"
+    return principal.actor
 
 
 class IngestGateway:

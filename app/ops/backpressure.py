@@ -35,7 +35,6 @@ from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
-from app.auth.model import Principal
 from app.errors import TooManyRequests
 from app.ops.metrics import WRITE_REJECTIONS
 
@@ -63,13 +62,6 @@ MALLOC_TRIM = _malloc_trim()
 
 # The client's address, for `caller_key` when authentication is off (every request is then the same principal).
 CLIENT_ADDRESS: ContextVar[str | None] = ContextVar("metaledger_client_address", default=None)
-
-
-def caller_key(principal: Principal) -> str:
-    """Whose share a write is charged to: the token's actor, or without authentication the client's address."""
-    if principal.via == "disabled":
-        return f"address:{CLIENT_ADDRESS.get() or 'unknown'}"
-    return principal.actor
 
 
 @dataclass(slots=True, eq=False)

@@ -59,7 +59,7 @@ def _flatten(dependant):
 
 
 SAMPLE_PARAMS = {
-    "entity_name": "dataset", "entityName": "dataset", "urn": URN, "aspect_name": "status", "aspect": "status",
+    "entity_name": "dataset", "entityName": "dataset", "urn": URN, "aspect_name": "status", "aspectName": "status", "aspect": "status",
     "subject": "auth-test-value", "version": "1", "schema_id": "1", "rest": "nothing-here", "token_id": "0" * 32,
     "policy_id": "0" * 32,
 }

@@ -9,7 +9,8 @@ import pytest
 
 from app.auth.model import SYSTEM_PRINCIPAL, UNAUTHENTICATED_ADMIN
 from app.errors import TooManyRequests
-from app.ops.backpressure import CLIENT_ADDRESS, ESTIMATED_PROPOSAL_BYTES, REQUEST_GRANT, WriteAdmission, caller_key
+from app.ingest.gateway import caller_key
+from app.ops.backpressure import CLIENT_ADDRESS, ESTIMATED_PROPOSAL_BYTES, REQUEST_GRANT, WriteAdmission
 
 
 async def settle() -> None:
