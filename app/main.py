@@ -101,6 +101,7 @@ def prepare_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
+    _build_routes(app)
     url, embedded = await asyncio.to_thread(start_and_migrate, settings)
     engine = create_engine(url, settings.db_pool_size, settings.db_pool_timeout_s)
     app.state.engine = engine
@@ -181,6 +182,16 @@ async def _announce_auth(settings: Settings, auth: AuthService) -> None:
         "More tokens:  metaledger token create --actor urn:li:corpuser:alice --role writer\n",
         file=sys.stderr, flush=True,
     )
+
+
+def _build_routes(app: FastAPI) -> None:
+    """FastAPI (0.160+) builds an included router's routes on the first request that reaches them: ~2 s for the
+    entity routes of 72 entity types, which the first caller of a process would wait. Built at start-up instead."""
+    for route in app.router.routes:
+        contexts = getattr(route, "effective_route_contexts", None)
+        if contexts is not None:
+            for _ in contexts():
+                pass
 
 
 def _install_error_handlers(app: FastAPI) -> None:
