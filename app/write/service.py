@@ -19,6 +19,7 @@ with no new version and no change log.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import Sequence
@@ -32,7 +33,7 @@ from app.ops.metrics import TRANSACTION_RETRIES, first_write_fields
 from app.registry import EntityRegistry
 from app.settings import Settings
 from app.changelog.outbox import OutboxRow
-from app.write.decision import Decision, ItemResult, Locked, WriteCore
+from app.write.decision import Decision, ItemResult, Locked, Turn, WriteCore
 from app.write.proposal import AuditStamp, Draft, Proposal
 from app.write.repository import RETRYABLE_DB_ERRORS, AspectRepository
 from app.write.processors import PIPELINE_ASPECT, PIPELINE_URN, Pipeline
@@ -166,7 +167,11 @@ class WriteService:
         try:
             while True:
                 request = deciding.send(locked)
-                locked = Locked(*await repo.lock_latest(request.keys, request.entity_urns))
+                if isinstance(request, Turn):
+                    await asyncio.sleep(0)  # a large batch lets the event loop's other requests run
+                    locked = None
+                else:
+                    locked = Locked(*await repo.lock_latest(request.keys, request.entity_urns))
         except StopIteration as done:
             decision: Decision = done.value
         # a group's refusal is not logged: the combiner applies its writes again one by one, and the culprit's is

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from app.settings import Settings
-from app.write.decision import Decision, ItemStatus, Key, LockRequest, Locked, WriteCore
+from app.write.decision import PROPOSALS_PER_TURN, Decision, ItemStatus, Key, LockRequest, Locked, Turn, WriteCore
 from app.write.processors import Accept, ChangeProcessor, EmittedProposal, Pipeline, PipelineStep, ProposedChange
 from app.write.proposal import AuditStamp, Draft
 from app.write.repository import StoredAspect
@@ -64,6 +64,9 @@ def decide(
     try:
         while True:
             request = deciding.send(locked)
+            if isinstance(request, Turn):
+                locked = None
+                continue
             requests.append(request)
             wanted = {k for k in rows if k in request.keys or k[0] in request.entity_urns}
             locked = Locked({k: rows[k] for k in wanted}, {k: v for k, v in floors.items() if k in request.keys and k not in rows})
@@ -292,3 +295,30 @@ def test_an_emitted_proposal_is_locked_then_applied_and_reported_on_its_cause(co
     assert [(e.urn, e.aspect, e.status) for e in item.emitted] == [(OTHER, "status", ItemStatus.CREATED)]
     assert {(r.urn, r.aspect) for r in decision.inserts} == {PROPS, (OTHER, "datasetKey"), (OTHER, "status")}
     assert (OTHER, "status", 1, "UPSERT") in versioned(decision)
+
+
+# --- turns ------------------------------------------------------------------------------------------------------------
+def test_a_large_batch_offers_a_turn_every_hundred_proposals_and_decides_the_same(core):
+    drafts = [make_draft(index=i, urn=f"urn:li:dataset:(urn:li:dataPlatform:hive,db.t{i},PROD)")
+              for i in range(2 * PROPOSALS_PER_TURN + 50)]
+    deciding = core.decide([(core.prepare(drafts), AUDIT)], NO_PROCESSORS)
+    turns, locks, locked = 0, 0, None
+    try:
+        while True:
+            request = deciding.send(locked)
+            if isinstance(request, Turn):
+                turns, locked = turns + 1, None
+            else:
+                locks, locked = locks + 1, Locked({}, {})
+    except StopIteration as done:
+        decision = done.value
+    assert (turns, locks) == (2, 1)  # the rows are locked once, before the first proposal is decided
+    assert len(decision.inserts) == len(drafts) * 2  # each dataset's properties and its key aspect
+    assert decision.refused == ()
+
+
+def test_a_small_batch_never_pauses(core):
+    deciding = core.decide([(core.prepare([make_draft()]), AUDIT)], NO_PROCESSORS)
+    assert isinstance(deciding.send(None), LockRequest)
+    with pytest.raises(StopIteration):
+        deciding.send(Locked({KEY: key_row()}, {}))
