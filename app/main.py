@@ -30,6 +30,7 @@ from app.db import create_engine, create_sessionmaker, upgrade_database
 from app.db_faults import DatabaseFault, classify, database_unavailable
 from app.errors import Issue, MetaledgerError, ValidationFailed
 from app.api import documented_models, routers
+from app.api.entities import entity_routes
 from app.api.deps import ALLOW_PUBLIC, ALLOW_READ
 from app.api.http import json_response, parameter_path
 from app.logs import configure_logging
@@ -185,8 +186,8 @@ async def _announce_auth(settings: Settings, auth: AuthService) -> None:
 
 
 def _build_routes(app: FastAPI) -> None:
-    """FastAPI (0.160+) builds an included router's routes on the first request that reaches them: ~2 s for the
-    entity routes of 72 entity types, which the first caller of a process would wait. Built at start-up instead."""
+    """FastAPI (0.160+) builds an included router's routes on the first request that reaches them, which the first
+    caller of a process would wait for. Built at start-up instead."""
     for route in app.router.routes:
         contexts = getattr(route, "effective_route_contexts", None)
         if contexts is not None:
@@ -322,8 +323,9 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
     app.state.registry = write_service.registry
     app.state.write_service = write_service
     app.state.drain = Drain(settings)
-    for router in routers(app.state.registry):
+    for router in routers:
         app.include_router(router)
+    app.router.routes.extend(entity_routes(app.state.registry))
     _install_error_handlers(app)
     _install_offline_docs(app, settings)
     if settings.cors_origins:

@@ -1,13 +1,8 @@
 """The protocols metaledger speaks over HTTP, one module each: request bodies → drafts → the ingest gateway, and
 outcomes → responses. Nothing else happens here."""
 
-from typing import Any
-
-from fastapi import APIRouter
-
 from app.api.auth import router as auth_router
 from app.api.change_feed import router as change_feed_router
-from app.api.entities import entity_router
 from app.api.entity_registry import router as entity_registry_router
 from app.api.graphql import router as graphql_router
 from app.api.per_aspect_events import router as per_aspect_events_router
@@ -24,15 +19,15 @@ from app.api.timeline import router as timeline_router
 
 
 
-def routers(registry: Any) -> list[APIRouter]:
-    """Every router of the app, the v3 entity routes of `registry`'s entity types included. The entity routes come
-    last: each has a literal entity path (`/openapi/v3/entity/dataset`) and skips other paths at the cost of a
-    string comparison, so every other route is matched first and none of them pays for the 72 entity types."""
-    return [
-        system_router, proposals_router, scroll_router, change_feed_router, restli_router, search_router,
-        schema_registry_router, auth_router, processors_router, per_aspect_events_router, timeline_router,
-        entity_registry_router, graphql_router, entity_router(registry),
-    ]
+# Every router of the app but the v3 entity routes (app.api.entities.entity_routes: one set per entity type of the
+# registry), which come after them: each has a literal entity path (`/openapi/v3/entity/dataset`) and skips other
+# paths at the cost of a string comparison, so every other route is matched first and none of them pays for the 72
+# entity types.
+routers = [
+    system_router, proposals_router, scroll_router, change_feed_router, restli_router, search_router,
+    schema_registry_router, auth_router, processors_router, per_aspect_events_router, timeline_router,
+    entity_registry_router, graphql_router,
+]
 
 # Request bodies parsed by the routes themselves and referenced from the OpenAPI document by name.
 documented_models = [MetadataChangeProposal, ScrollEntitiesBody, ScrollRelationshipsBody, ScrollLineageBody, BatchGetUrnRequestV2]

@@ -12,7 +12,7 @@ import orjson
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.routing import APIRoute
 from pydantic import WithJsonSchema
-from starlette.routing import Match
+from starlette.routing import BaseRoute, Match
 from starlette.types import Scope
 
 from app.api.deps import ALLOW_READ, ALLOW_WRITE, Caller, Gateway, Registry, Session, SettingsDep
@@ -57,12 +57,21 @@ class EntityRoute(APIRoute):
         return super().matches(scope)
 
 
-def entity_router(registry: Any) -> APIRouter:
-    """The v3 routes of every entity type of `registry`."""
-    router = APIRouter(prefix=API_PREFIX, route_class=EntityRoute)
-    for name in sorted(registry.entities):
-        _add_entity_routes(router, registry.entities[name])
-    return router
+# Routes built per registry (a few seconds for 72 entity types: FastAPI analyses each handler's signature) and kept
+# for the process: an app made again with the same registry (the tests make one per test) takes them as they are.
+_ROUTES: dict[int, tuple[Any, list[BaseRoute]]] = {}
+
+
+def entity_routes(registry: Any) -> list[BaseRoute]:
+    """The v3 routes of every entity type of `registry`, for the app's own router (not an included router: FastAPI
+    would build every route a second time for the inclusion)."""
+    cached = _ROUTES.get(id(registry))
+    if cached is None or cached[0] is not registry:
+        router = APIRouter(prefix=API_PREFIX, route_class=EntityRoute)
+        for name in sorted(registry.entities):
+            _add_entity_routes(router, registry.entities[name])
+        cached = _ROUTES[id(registry)] = (registry, list(router.routes))
+    return cached[1]
 
 
 def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:

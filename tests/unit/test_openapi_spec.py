@@ -612,7 +612,8 @@ def test_dataset_paths(spec, registry):
     get = paths[f"{base}/{{urn}}"]["get"]
     p = params(get)
     assert p["urn"]["in"] == "path" and p["urn"]["required"] is True
-    assert p["aspects"]["schema"] == {"type": "array", "items": {"$ref": "#/components/schemas/DatasetAspectName"}}
+    aspects = p["aspects"]["schema"]
+    assert (aspects["type"], aspects["items"]) == ("array", {"$ref": "#/components/schemas/DatasetAspectName"})
     assert p["systemMetadata"]["schema"]["default"] is False  # a read leaves it out unless asked
     assert set(get["responses"]) == {"200", "400", "401", "403", "404", "503"}
     assert set(paths[f"{base}/{{urn}}"]["head"]["responses"]) == {"204", "400", "401", "403", "404", "503"}
@@ -681,7 +682,7 @@ def test_short_name_collisions_are_qualified_deterministically():
 
 def test_names_reserved_for_generated_components_are_qualified():
     clash = record("ErrorResponse", [{"name": "x", "type": "string"}], aspect="errorResponse")
-    doc = add_registry_paths(_fastapi_spec(), stub_registry(KEY, clash))
+    doc = add_registry_components(_fastapi_spec(), stub_registry(KEY, clash))
     schemas = doc["components"]["schemas"]
     assert schemas["ErrorResponse"]["required"] == ["error", "message"]
     assert schemas["test.ErrorResponse"]["required"] == ["x"]
@@ -810,7 +811,7 @@ def test_unknown_aspect_of_an_entity_is_an_error():
     reg = stub_registry(KEY)
     reg.entities["thing"] = StubEntity("thing", "thingKey", frozenset({"thingKey", "nope"}))
     with pytest.raises(ValueError, match="nope"):
-        add_registry_paths(_fastapi_spec(), reg)
+        add_registry_components(_fastapi_spec(), reg)
 
 
 def test_generated_component_name_collisions_are_reported():
