@@ -53,6 +53,12 @@ def default_workers() -> int:
         return max(1, os.cpu_count() or 1)
 
 
+# How long an idle keep-alive connection is kept (uvicorn's default is 5 s). Longer than the longest Retry-After
+# metaledger answers (60 s): a client that waits as told and reuses its pooled connection must not meet it closing
+# at that very moment (a POST is never retried by the client: it would see a connection closed without an answer).
+KEEP_ALIVE_S = 75
+
+
 def serve(settings: Settings, host: str, port: int, workers: int, log_level: str) -> None:
     import uvicorn
 
@@ -61,7 +67,8 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
         from app.main import create_app
 
         uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False,
-                    timeout_graceful_shutdown=settings.shutdown_timeout_s, http=http_protocol(settings))
+                    timeout_graceful_shutdown=settings.shutdown_timeout_s, http=http_protocol(settings),
+                    timeout_keep_alive=KEEP_ALIVE_S)
         return
 
     from app.kafka.per_aspect import resolve_routes
@@ -89,7 +96,7 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
         os.environ["METALEDGER_BACKGROUND_IN_PROCESS"] = "false"
         config = uvicorn.Config("app.main:app", host=host, port=port, workers=workers, log_level=log_level,
                                 access_log=False, timeout_graceful_shutdown=settings.shutdown_timeout_s,
-                                http=http_protocol(settings))
+                                http=http_protocol(settings), timeout_keep_alive=KEEP_ALIVE_S)
         _ApiProcesses(config, [config.bind_socket()], settings.shutdown_drain_s).run()
     finally:
         background.stop()

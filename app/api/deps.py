@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AbstractAsyncContextManager, nullcontext
+from contextlib import AsyncExitStack, asynccontextmanager
 from functools import partial
 from typing import Annotated
 
@@ -15,7 +15,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from app.api.http import require_json_content_type
 from app.auth.model import Permission, Principal
 from app.auth.service import AuthService
-from app.errors import ServiceUnavailable
+from app.errors import ServiceUnavailable, TooManyRequests
 from app.ops import Operations
 from app.ops.backpressure import CLIENT_ADDRESS
 from app.ops.metrics import AUTH_FAILURES
@@ -119,16 +119,33 @@ class Allow:
         return principal
 
 
-def admit_before_body(request: Request, principal: Principal) -> AbstractAsyncContextManager[object]:
+@asynccontextmanager
+async def admit_before_body(request: Request, principal: Principal) -> AsyncIterator[None]:
     """The write admission (app.ops.backpressure) of a request whose body is not read yet, on its Content-Length:
-    a write refused with 429 costs its headers only. The HTTP server (uvicorn) reads and discards what a client
-    still sends of a body answered before it was read, so the connection stays usable; closing it instead with the
-    body unread would reset it, and a client still sending could lose the 429."""
+    a write refused with 429 costs its bytes' arrival (received and dropped, see `_discard_body`), never their
+    parsing."""
     admission = request.app.state.gateway.admission
     if admission is None:
-        return nullcontext()
+        yield
+        return
     body_bytes = int(request.headers.get("content-length") or 0)  # the HTTP server checked it is a number
-    return admission.admit_before_body(caller_key(principal), body_bytes)
+    async with AsyncExitStack() as stack:
+        try:
+            await stack.enter_async_context(admission.admit_before_body(caller_key(principal), body_bytes))
+        except TooManyRequests:
+            await _discard_body(request)
+            raise
+        yield
+
+
+async def _discard_body(request: Request) -> None:
+    """Receive (and drop, unparsed) what the client sends of a body refused before it was read, up to the body
+    limit: the 429 then comes after the whole request, as every HTTP client expects, on a connection still usable."""
+    limit, received = request.app.state.settings.max_request_bytes, 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > limit:
+            break
 
 
 class AllowWrite(Allow):

@@ -178,7 +178,8 @@ class WriteAdmission:
         if not state.waiting and self._fits(state, cost):
             return self._grant(caller, state, cost, loop.time())
         ahead = state.cost_in_flight + state.cost_waiting
-        if self._drain_s(caller, ahead) > self.wait_s:
+        # Refused at once only under contention: alone, a caller waits its turn up to `wait_s`, first come first served.
+        if self._others_active(state) and self._drain_s(caller, ahead) > self.wait_s:
             self._forget_if_idle(caller, state)
             raise self._refusal(caller, state, cost)
         waiting = _Waiting(cost, loop.time(), loop.create_future())
@@ -231,8 +232,16 @@ class WriteAdmission:
     # --- policy ---------------------------------------------------------------------------------------------------
 
     def _fits(self, state: _Caller, cost: int) -> bool:
-        return (self.in_flight < self.limit and self.cost_in_flight + cost <= self.budget
-                and state.in_flight < self.caller_limit and state.cost_in_flight + cost <= self.caller_budget)
+        if not (self.in_flight < self.limit and self.cost_in_flight + cost <= self.budget):
+            return False
+        if state.cost_in_flight + cost > self.caller_budget:
+            return False  # always: the rest of the budget stays free for a caller who comes next
+        # The count share is for contention only: a caller alone (an ingestion job with many threads of small
+        # writes) may hold every slot.
+        return state.in_flight < self.caller_limit or not self._others_active(state)
+
+    def _others_active(self, state: _Caller) -> bool:
+        return any((other.in_flight or other.waiting) for other in self._callers.values() if other is not state)
 
     def _dispatch(self) -> None:
         """Grant waiting writes while one fits: the caller with the least cost in flight first, then the one served

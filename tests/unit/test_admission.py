@@ -68,22 +68,41 @@ async def test_the_budget_counts_cost_not_writes():
 
 async def test_a_write_costlier_than_a_share_is_charged_the_share_and_runs():
     admission = WriteAdmission(10, 0.05, budget=1000, caller_share=0.5)
+    other = await admission.acquire("single", 1)  # another caller is active: the shares apply
     grant = await admission.acquire("flood", 10_000)
-    assert grant.cost == 500 and admission.cost_in_flight == 500
+    assert grant.cost == 500 and admission.cost_in_flight == 501
     with pytest.raises(TooManyRequests):  # its caller's share is used: the next one waits, and gives up
         await admission.acquire("flood", 1)
-    other = await admission.acquire("single", 1)  # the other half is everyone else's
     admission.release(other)
     admission.release(grant)
 
 
+async def test_a_caller_alone_may_hold_every_slot_but_never_more_than_its_share_of_the_budget():
+    admission = WriteAdmission(40, 0.5, budget=2000, caller_share=0.5)
+    grants = [await admission.acquire("ingestion", 1) for _ in range(40)]  # every slot: twice its share, nobody else
+    assert admission.in_flight == 40
+    late = asyncio.create_task(admission.acquire("ingestion", 1))  # waits its turn (no early refusal alone)
+    await settle()
+    assert admission.waiting == 1
+    admission.release(grants.pop())
+    grants.append(await late)
+    for grant in grants:
+        admission.release(grant)
+    big = await admission.acquire("ingestion", 1000)
+    with pytest.raises(TooManyRequests):  # the other half of the budget is kept for whoever comes next
+        await admission.acquire("ingestion", 1000)
+    admission.release(big)
+    assert (admission.in_flight, admission.cost_in_flight, admission.waiting) == (0, 0, 0)
+
+
 async def test_one_caller_holds_at_most_its_share_and_another_is_admitted_at_once():
     admission = WriteAdmission(40, 2.0, budget=2000, caller_share=0.5)
+    anchor = await admission.acquire("single", 1)  # another caller is active: the shares apply
     held = [await admission.acquire("flood", 1000)]
     flood = [asyncio.create_task(admission.acquire("flood", 1000)) for _ in range(3)]
     await settle()
-    assert admission.waiting == 3 and admission.cost_in_flight == 1000  # the share (1000) is used; the rest waits
-    singles = [await admission.acquire("single", 1) for _ in range(20)]  # none of them waits for the flood
+    assert admission.waiting == 3 and admission.cost_in_flight == 1001  # the share (1000) is used; the rest waits
+    singles = [await admission.acquire("single", 1) for _ in range(19)]  # none of them waits for the flood
     assert admission.cost_in_flight == 1020
     for grant in singles:
         admission.release(grant)
@@ -94,6 +113,7 @@ async def test_one_caller_holds_at_most_its_share_and_another_is_admitted_at_onc
         task.cancel()
     await asyncio.gather(*flood[1:], return_exceptions=True)
     admission.release(held.pop())
+    admission.release(anchor)
     assert (admission.in_flight, admission.cost_in_flight, admission.waiting) == (0, 0, 0)
 
 

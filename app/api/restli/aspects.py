@@ -61,7 +61,7 @@ async def aspects_action(
     if action == "getTimeseriesAspectValues":
         body = require_object(await read_json(request, gateway.settings))
         return json_response({"value": await _timeseries(body, request, gateway.registry, caught_up)})
-    async with admit_before_body(request, caller):  # a write refused with 429 costs its headers only
+    async with admit_before_body(request, caller):  # a write refused with 429 is never parsed
         body = require_object(await read_json(request, gateway.settings))
         if action == "ingestProposalBatch":
             check_batch_size(body.get("proposals"), gateway.settings, "$.proposals")
