@@ -79,9 +79,9 @@ async def test_metrics_count_writes_requests_rejections_and_the_outbox(client, d
     assert delta("metaledger_http_requests_total", route="/openapi/v1/proposals", method="POST", status="200") == 1
     assert delta("metaledger_http_requests_total", route="/openapi/v1/proposals", method="POST", status="400") == 1
     assert delta("metaledger_http_requests_total", route="/openapi/v1/proposals", method="POST", status="412") == 1
-    assert delta("metaledger_http_requests_total", route="/openapi/v3/entity/{entity_name}/{urn}/{aspect_name}",
+    assert delta("metaledger_http_requests_total", route="/openapi/v3/entity/dataset/{urn}/{aspectName}",
                  method="POST", status="200") == 1
-    assert delta("metaledger_http_requests_total", route="/openapi/v3/entity/{entity_name}/{urn}",
+    assert delta("metaledger_http_requests_total", route="/openapi/v3/entity/dataset/{urn}",
                  method="GET", status="200") == 1
     assert delta("metaledger_http_requests_total", route="unmatched", method="GET", status="404") == 1
     assert delta("metaledger_http_request_duration_seconds_count", route="/openapi/v1/proposals", method="POST") == 3

@@ -12,7 +12,7 @@ import pytest
 import pytest_asyncio
 
 from app.db import create_engine
-from app.errors import ValidationFailed
+from app.search.cursors import InvalidCursor
 from app.search.across import TypeSearch, scroll_across
 from app.search.elastic import ElasticBackend
 from app.search.model import AspectFields, Criterion, criterion_problem
@@ -155,7 +155,7 @@ async def test_conditions_combine_in_groups_and_cursors_are_per_condition(backen
     first = await scroll_across(backend, contain, "*", count=1, sort=[("urn", "asc")])
     assert first.total == 3 and first.scroll_id
     starts = [TypeSearch("dataset", ((c("name", "START_WITH", "orders"),),))]
-    with pytest.raises(ValidationFailed, match="another search"):
+    with pytest.raises(InvalidCursor, match="another search"):
         await scroll_across(backend, starts, "*", count=1, scroll_id=first.scroll_id, sort=[("urn", "asc")])
     second = await scroll_across(backend, contain, "*", count=5, scroll_id=first.scroll_id, sort=[("urn", "asc")])
     assert [hit.urn for hit in first.hits + second.hits] == sorted([D1, D2, D4])
