@@ -92,9 +92,16 @@ async def test_sigterm_under_load_answers_every_request(make_database, migrated_
     unexpected = {o for o in counts if o not in ("acknowledged", "503", "not connected")}
     assert not unexpected, counts
     assert counts.get("503", 0) > 0, counts  # the drain answered
-    # the process group is gone: none of its processes is left
-    with pytest.raises(ProcessLookupError):
-        os.killpg(service.pid, 0)
+    # the process group is gone: none of its processes is left (a child that outlives the supervisor by a moment,
+    # still exiting, is waited for: the condition, with a deadline)
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            os.killpg(service.pid, 0)
+        except ProcessLookupError:
+            break
+        assert time.monotonic() < deadline, "a process of the group outlived the stop by 20 s"
+        await asyncio.sleep(0.1)
 
     acknowledged = sorted(i for i, outcome in outcomes.items() if outcome == "acknowledged")
     conn = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
