@@ -11,7 +11,7 @@ cores), auth on, two writer tokens (two callers: `urn:li:corpuser:flood` and `ur
 
 For `--seconds`: `--flooders` clients each loop `POST /openapi/v1/proposals` with `--batch` MCPs (datasetProperties
 of new datasets) back to back, sleeping a 429's `Retry-After` as DataHub's clients do (`--ignore-retry-after`: they
-retry at once); beside them `--single-clients` connections carry single writes (`POST
+retry at once); beside them, from a process of their own, `--single-clients` connections carry single writes (`POST
 /openapi/v3/entity/dataset/{urn}/datasetProperties`) open-loop at `--single-rate`/s (bench/loadgen.py: latency from
 each request's scheduled time). Printed: the single writes' p50/p99/max and the share accepted (2xx of sent) with
 their errors by kind; the batches by status, how many 429s carried `Retry-After`, the 5xx and dropped connections;
@@ -26,11 +26,14 @@ import argparse
 import asyncio
 import contextlib
 import itertools
+import multiprocessing
 import os
+import shutil
 import sys
 import time
 from collections import Counter
 from collections.abc import Callable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -130,8 +133,35 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
+async def loop_lag(base: str, headers: dict[str, str]) -> dict[str, float]:
+    """The service's event-loop lag histogram (`metaledger_event_loop_lag_seconds`, every API process summed):
+    cumulative counts by bucket bound."""
+    url = urlsplit(base)
+    conn = HttpConnection(url.hostname or "127.0.0.1", url.port or 80)
+    try:
+        status, text, _ = await conn.request("GET", "/metrics", b"", headers)
+    finally:
+        conn.close()
+    buckets: dict[str, float] = {}
+    for line in text.decode().splitlines() if status == 200 else ():
+        if line.startswith("metaledger_event_loop_lag_seconds_bucket{"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets[bound] = buckets.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
+    return buckets
+
+
+def lag_summary(before: dict[str, float], after: dict[str, float]) -> str:
+    """The share of the flood's loop-lag samples over each bound (from two cumulative scrapes)."""
+    total = after.get("+Inf", 0.0) - before.get("+Inf", 0.0)
+    if total <= 0:
+        return "no samples"
+    over = [f"> {float(b) * 1000:g} ms: {100 * (1 - (after[b] - before.get(b, 0.0)) / total):.1f} %"
+            for b in after if b != "+Inf" and float(b) >= 0.005]
+    return f"{total:.0f} samples; " + ", ".join(over)
+
+
 def report(args, single: StepResult, flooded: FloodResult, rss: tuple[float, float, float] | None,
-           log_problems: dict[str, int] | None) -> None:
+           log_problems: dict[str, int] | None, lag: str) -> None:
     accepted = 100 * single.ok / max(1, single.sent)
     errors = ", ".join(f"{k}: {v}" for k, v in sorted(single.errors.items())) or "none"
     print(f"single writes ({args.single_clients} connections, {args.single_rate:.0f}/s open-loop): sent {single.sent}, "
@@ -151,6 +181,7 @@ def report(args, single: StepResult, flooded: FloodResult, rss: tuple[float, flo
     print(f"5xx: {server_errors + single_5xx} (batches {server_errors}, single writes {single_5xx}); "
           f"connections dropped: batches {dropped}, single writes "
           f"{sum(v for k, v in single.errors.items() if not k.isdigit())}")
+    print(f"event-loop lag of the API processes during the flood (samples every 20 ms): {lag}")
     if rss is not None:
         before, peak, after = rss
         print(f"RSS of the service's processes: before {before:.0f} MB, peak {peak:.0f} MB, {args.settle:.0f} s after "
@@ -165,8 +196,25 @@ def report(args, single: StepResult, flooded: FloodResult, rss: tuple[float, flo
           f"RSS within 50 MB after {args.settle:.0f} s: {'met' if rss_ok else 'NOT met'}")
 
 
+def measure_single_writes(base: str, headers: dict[str, str], rate: float, seconds: float, clients: int) -> StepResult:
+    """The single writers, in a process of their own (as they would be on another machine): the flood's 50 clients
+    in this process keep its event loop busy, and a single write's latency would count their turns too."""
+    return asyncio.run(open_loop(base, headers, rate, seconds, single_writes(ENTITIES, 1), connections=clients))
+
+
+def _started() -> None:
+    """Nothing: the single writers' process is started (Python and the bench's imports loaded) before the flood."""
+
+
 async def run(args, base: str, flood_headers: dict[str, str], single_headers: dict[str, str],
               service: Service | None) -> None:
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as single_writer:
+        await asyncio.get_running_loop().run_in_executor(single_writer, _started)
+        await _run(args, base, flood_headers, single_headers, service, single_writer)
+
+
+async def _run(args, base: str, flood_headers: dict[str, str], single_headers: dict[str, str],
+               service: Service | None, single_writer: ProcessPoolExecutor) -> None:
     def rss() -> float:
         return sum(service.rss_mb()) if service is not None else 0.0
 
@@ -187,21 +235,24 @@ async def run(args, base: str, flood_headers: dict[str, str], single_headers: di
     await open_loop(base, single_headers, 10, 2, lambda i: ("POST", "/openapi/v1/proposals", warm_up), connections=8)
     await asyncio.sleep(2)
     before, before_by_process = rss(), rss_by_process()
+    lag_before = await loop_lag(base, single_headers)
     stop = asyncio.Event()
     with RssSampler(rss) as sampler:
         flooding = asyncio.create_task(flood(base, flood_headers, args.flooders, args.batch, stop,
                                              not args.ignore_retry_after))
         await asyncio.sleep(2)  # the flood is on before the single writes are measured
-        single = await open_loop(base, single_headers, args.single_rate, args.seconds, single_writes(ENTITIES, 1),
-                                 connections=args.single_clients)
+        single = await asyncio.get_running_loop().run_in_executor(
+            single_writer, measure_single_writes, base, single_headers, args.single_rate, args.seconds,
+            args.single_clients)
         stop.set()
         flooded = await flooding
+    lag = lag_summary(lag_before, await loop_lag(base, single_headers))
     print(f"flood over; waiting {args.settle:.0f} s for the memory to settle", flush=True)
     await asyncio.sleep(args.settle)
     after = rss()
     print(f"RSS by process (pid: MB): before {before_by_process}; after {rss_by_process()}")
     report(args, single, flooded, (before, sampler.peak, after) if service is not None else None,
-           service.log_problems() if service is not None else None)
+           service.log_problems() if service is not None else None, lag)
 
 
 async def main() -> None:
@@ -218,6 +269,7 @@ async def main() -> None:
     parser.add_argument("--single-token", default=None)
     parser.add_argument("--ignore-retry-after", action="store_true")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the service (repeatable)")
+    parser.add_argument("--keep-log", type=Path, default=None, help="copy the service's log there at the end")
     args = parser.parse_args()
 
     def headers(token: str | None) -> dict[str, str]:
@@ -235,7 +287,11 @@ async def main() -> None:
               f"{args.batch} MCPs ({'ignoring' if args.ignore_retry_after else 'honouring'} Retry-After) beside "
               f"{args.single_clients} single-write connections at {args.single_rate:.0f}/s for {args.seconds:.0f} s",
               flush=True)
-        await run(args, service.base, headers(flood_token), headers(single_token), service)
+        try:
+            await run(args, service.base, headers(flood_token), headers(single_token), service)
+        finally:
+            if args.keep_log is not None and service.log is not None and service.log.exists():
+                shutil.copyfile(service.log, args.keep_log)
 
 
 if __name__ == "__main__":

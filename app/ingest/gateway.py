@@ -23,17 +23,19 @@ from app.auth.model import Principal
 from app.db import WRITE_DEADLINE
 from app.errors import MetaledgerError, ServiceUnavailable
 from app.ingest.mcp import proposal_to_mcp
+from app.ingest.trace import stamp_trace
 from app.ops.backpressure import CLIENT_ADDRESS, REQUEST_GRANT, WriteAdmission
 from app.ops.metrics import count_writes, write_refused
 from app.search.service import IndexOutcome, SearchRuntime, sync_index, wants_sync_index
+from app.turns import TimeSlice
 from app.write.proposal import AuditStamp, Draft, Proposal
 from app.write.combiner import WriteCombiner
 from app.write.service import WriteResult, WriteService
 
 
-# Drafts validated between two turns of the event loop when a write prepares many (a few ms of CPU): the writes
-# beside a large batch are served while it is validated, not after.
-PREPARE_CHUNK = 100
+# Drafts validated between two looks at the time slice when a write prepares many (~1 ms of CPU): the writes beside
+# a large batch are served while it is validated, not after.
+PREPARE_CHUNK = 10
 
 
 class ProposalQueue(Protocol):
@@ -107,13 +109,15 @@ class IngestGateway:
             raise in_callers_terms(error, drafts) from None
 
     async def prepare_in_turns(self, drafts: Sequence[Draft]) -> list[Proposal]:
-        """`prepare`, `PREPARE_CHUNK` drafts at a time with a turn of the event loop between them. A chunk with a
-        bad draft prepares the whole batch again at once, for `prepare`'s one error naming every bad draft."""
+        """`prepare`, `PREPARE_CHUNK` drafts at a time with a turn of the event loop whenever its time slice is over
+        (app.turns). A chunk with a bad draft prepares the whole batch again at once, for `prepare`'s one error
+        naming every bad draft."""
         if len(drafts) <= PREPARE_CHUNK:
             return self.prepare(drafts)
         proposals: list[Proposal] = []
+        cpu = TimeSlice()
         for start in range(0, len(drafts), PREPARE_CHUNK):
-            await asyncio.sleep(0)
+            await cpu.pause_if_over()
             try:
                 proposals.extend(self.writer.prepare(drafts[start:start + PREPARE_CHUNK]))
             except MetaledgerError:
@@ -163,6 +167,7 @@ class IngestGateway:
     ) -> SubmitOutcome:
         """Prepare, then queue (`queue=True` and a proposal queue configured) or apply and sync-index.
         Without a queue an asynchronous write is applied now (documented: 200 means committed)."""
+        stamp_trace(drafts)  # the request's trace id kept with each write (app.ingest.trace)
         await self.authorize(caller, drafts)
         if self.admission is not None:
             self.admission.check_backlog()  # 429 while the outbox backlog is over its limit

@@ -20,12 +20,13 @@ from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.ops.backpressure import WriteAdmission
-from app.ops.metrics import exposition
+from app.ops.metrics import EVENT_LOOP_LAG, exposition
 from app.ops.readiness import Readiness
 from app.ops.sampler import OutboxSampler
 from app.settings import Settings
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the text format generate_latest writes (names escaped to underscores)
+LOOP_PROBE_S = 0.02  # how often the event loop's lag is sampled
 
 
 def in_flight_limit(settings: Settings) -> int:
@@ -51,20 +52,28 @@ class Operations:
         self.collectors = CollectorRegistry(auto_describe=False)  # this app's figures (the module's are shared)
         self.collectors.register(_AppCollector(self))
         self._stop = asyncio.Event()
-        self._task: asyncio.Task | None = None
+        self._tasks: list[asyncio.Task] = []
 
     async def start(self, background: Any = None) -> None:
         """Read the migrations' head, start sampling; `background` (app.background.Background) gives the indexing
         worker's figures."""
         self.background = self.readiness.background = background
         await self.readiness.start()
-        self._task = asyncio.create_task(self.sampler.run(self._stop), name="ops-sampler")
+        self._tasks = [asyncio.create_task(self.sampler.run(self._stop), name="ops-sampler"),
+                       asyncio.create_task(self._probe_loop(), name="ops-loop-probe")]
 
     async def close(self) -> None:
         self._stop.set()
-        if self._task is not None:
-            await asyncio.gather(self._task, return_exceptions=True)
+        await asyncio.gather(*self._tasks, return_exceptions=True)
         await self.sampler.close()
+
+    async def _probe_loop(self) -> None:
+        """Observe how late each LOOP_PROBE_S timer fires (EVENT_LOOP_LAG) until closed."""
+        loop = asyncio.get_running_loop()
+        while not self._stop.is_set():
+            due = loop.time() + LOOP_PROBE_S
+            await asyncio.sleep(LOOP_PROBE_S)
+            EVENT_LOOP_LAG.observe(max(0.0, loop.time() - due))
 
     async def metrics(self) -> bytes:
         """The exposition: the process's series, then this app's (with a fresh outbox sample)."""

@@ -193,7 +193,8 @@ class WriteAdmission:
                 self.release(waiting.granted.result())  # granted as the wait ended: hand it on
             else:
                 waiting.granted.cancel()
-                state.waiting.remove(waiting)
+                if waiting in state.waiting:  # else `_dispatch` dropped it already (its wait was over)
+                    state.waiting.remove(waiting)
                 self._forget_if_idle(caller, state)
                 self._dispatch()  # a big write that gave up may have held back smaller ones behind it
             if isinstance(error, asyncio.CancelledError):
@@ -247,6 +248,11 @@ class WriteAdmission:
         """Grant waiting writes while one fits: the caller with the least cost in flight first, then the one served
         longest ago (callers take turns), then the oldest write."""
         now = asyncio.get_running_loop().time()
+        for state in self._callers.values():
+            # A wait that is over but not yet handled (its task cancelled on the same turn: a timeout, a client
+            # gone) is granted nothing: its task cleans up after itself when it runs.
+            while state.waiting and state.waiting[0].granted.done():
+                state.waiting.popleft()
         while True:
             ready = [(state.cost_in_flight, state.last_granted, state.waiting[0].arrived, caller, state)
                      for caller, state in self._callers.items()
@@ -266,7 +272,7 @@ class WriteAdmission:
         return Grant(caller, cost, now)
 
     def _forget_if_idle(self, caller: str, state: _Caller) -> None:
-        if not state.in_flight and not state.waiting:
+        if not state.in_flight and not state.waiting and self._callers.get(caller) is state:
             del self._callers[caller]
 
     def _drain_s(self, caller: str, cost: int) -> float:

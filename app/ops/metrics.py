@@ -49,6 +49,13 @@ HTTP_DURATION = Histogram(
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 
+# How late the event loop ran a timer (app.ops.Operations' probe): the longest a request waits behind CPU work of
+# others in its process (a batch's parsing, decision, encoding). Not per route: every request of the process shares it.
+EVENT_LOOP_LAG = Histogram(
+    "metaledger_event_loop_lag_seconds", "How late this process's event loop ran a timer set every 20 ms",
+    registry=REGISTRY, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+)
+
 # --- the write path (app.ingest.gateway, app.write.service) ----------------------------------------------------------
 WRITES = Counter(
     "metaledger_writes", "Proposals applied in a committed transaction, by entity type, aspect and change type",

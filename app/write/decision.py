@@ -31,6 +31,7 @@ from app.limits import MAX_LONG, MIN_LONG, clip, too_deep
 from app.registry import EntityRegistry
 from app.registry.errors import AspectValidationError, RegistryError
 from app.settings import Settings
+from app.turns import TimeSlice
 from app.urns import URN_MAX_STORED_CHARS, InvalidUrnError, entity_type_of, shown, validate_urn
 from app.changelog.entity_change_events import entity_change_events, platform_event, platform_event_key
 from app.write.mcl import build_change_log
@@ -112,13 +113,12 @@ class LockRequest(NamedTuple):
 
 
 class Turn(NamedTuple):
-    """A pause the decision offers between proposals: a large batch is CPU work in one stretch (~0.2 ms a proposal),
-    and the caller lets other requests of its event loop run before sending None back."""
+    """A pause the decision offers between proposals once its time slice is over (app.turns): a large batch is CPU
+    work in one stretch (~0.2 ms a proposal), and the caller lets other requests of its event loop run before
+    sending None back."""
 
 
 TURN = Turn()
-# Proposals decided between two turns: ~20 ms of CPU, the longest a single write waits behind a batch's decision.
-PROPOSALS_PER_TURN = 100
 
 
 class Locked(NamedTuple):
@@ -457,9 +457,9 @@ class WriteCore:
     ) -> Generator[LockRequest | Turn, Locked | None, Decision]:
         """Several independent writes (each a batch of proposals and its caller's audit stamp) decided in order, each
         seeing the rows as the writes before it left them. Yields what to lock, is sent what was locked; yields a
-        `TURN` every PROPOSALS_PER_TURN proposals, is sent None."""
+        `TURN` whenever its time slice is over (app.turns), is sent None."""
         fold = _Fold()
-        decided = 0
+        cpu = TimeSlice()
 
         def lock(proposals: Iterable[Proposal]) -> Generator[LockRequest, Locked, None]:
             request = self.lock_request(proposals, fold.rows.keys())
@@ -474,9 +474,9 @@ class WriteCore:
             items: list[ItemResult] = []
             outbox: list[OutboxRow] = []
             for proposal in proposals:
-                decided += 1
-                if decided % PROPOSALS_PER_TURN == 0:
+                if cpu.over():
                     yield TURN
+                    cpu.restart()
                 step = self.decide_proposal(fold.view(existed_before), proposal, audit, processors)
                 fold.take(proposal, step)
                 outbox.extend(step.outbox)

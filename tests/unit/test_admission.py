@@ -214,6 +214,24 @@ async def test_a_waiter_cancelled_as_it_is_granted_hands_its_admission_on():
         assert admission.in_flight == 1
 
 
+async def test_waiters_that_give_up_together_as_one_is_granted_leave_nothing_behind():
+    # Both waits end on the same turn (their timeouts, or their clients gone): the first hands its admission on
+    # while the second's wait is already over but not yet handled; nothing is granted to it.
+    admission = WriteAdmission(2, 5.0, budget=10)
+    held = await admission.acquire("a", 10)
+    first = asyncio.create_task(admission.acquire("b", 10))
+    second = asyncio.create_task(admission.acquire("c", 10))
+    await settle()
+    admission.release(held)  # granted to the first
+    first.cancel()
+    second.cancel()
+    for waiter in (first, second):
+        with pytest.raises(asyncio.CancelledError):
+            await waiter
+    assert (admission.in_flight, admission.cost_in_flight, admission.waiting) == (0, 0, 0)
+    assert not admission._callers
+
+
 async def test_a_write_that_gives_up_waiting_leaves_nothing_behind():
     admission = WriteAdmission(10, 0.05, budget=10)
     held = await admission.acquire("a", 10)

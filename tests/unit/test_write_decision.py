@@ -9,8 +9,9 @@ from typing import Any
 import orjson
 import pytest
 
+from app import turns
 from app.settings import Settings
-from app.write.decision import PROPOSALS_PER_TURN, Decision, ItemStatus, Key, LockRequest, Locked, Turn, WriteCore
+from app.write.decision import Decision, ItemStatus, Key, LockRequest, Locked, Turn, WriteCore
 from app.write.processors import Accept, ChangeProcessor, EmittedProposal, Pipeline, PipelineStep, ProposedChange
 from app.write.proposal import AuditStamp, Draft
 from app.write.repository import StoredAspect
@@ -298,10 +299,8 @@ def test_an_emitted_proposal_is_locked_then_applied_and_reported_on_its_cause(co
 
 
 # --- turns ------------------------------------------------------------------------------------------------------------
-def test_a_large_batch_offers_a_turn_every_hundred_proposals_and_decides_the_same(core):
-    drafts = [make_draft(index=i, urn=f"urn:li:dataset:(urn:li:dataPlatform:hive,db.t{i},PROD)")
-              for i in range(2 * PROPOSALS_PER_TURN + 50)]
-    deciding = core.decide([(core.prepare(drafts), AUDIT)], NO_PROCESSORS)
+def drive(deciding) -> tuple[Decision, int, int]:
+    """Run a decision to its end: the decision, the turns it offered and the lock requests it made."""
     turns, locks, locked = 0, 0, None
     try:
         while True:
@@ -311,10 +310,20 @@ def test_a_large_batch_offers_a_turn_every_hundred_proposals_and_decides_the_sam
             else:
                 locks, locked = locks + 1, Locked({}, {})
     except StopIteration as done:
-        decision = done.value
-    assert (turns, locks) == (2, 1)  # the rows are locked once, before the first proposal is decided
-    assert len(decision.inserts) == len(drafts) * 2  # each dataset's properties and its key aspect
-    assert decision.refused == ()
+        return done.value, turns, locks
+
+
+def test_a_batch_offers_a_turn_whenever_its_time_slice_is_over_and_decides_the_same(core, monkeypatch):
+    drafts = [make_draft(index=i, urn=f"urn:li:dataset:(urn:li:dataPlatform:hive,db.t{i},PROD)") for i in range(250)]
+    monkeypatch.setattr(turns, "SLICE_S", 3600.0)  # never over
+    unsliced, no_turns, _ = drive(core.decide([(core.prepare(drafts), AUDIT)], NO_PROCESSORS))
+    monkeypatch.setattr(turns, "SLICE_S", 0.0)  # always over
+    sliced, every_proposal, locks = drive(core.decide([(core.prepare(drafts), AUDIT)], NO_PROCESSORS))
+    assert (no_turns, every_proposal) == (0, len(drafts))
+    assert locks == 1  # the rows are locked once, before the first proposal is decided
+    assert len(sliced.inserts) == len(drafts) * 2  # each dataset's properties and its key aspect
+    assert [(r.urn, r.aspect, r.row_version) for r in sliced.inserts] == [(r.urn, r.aspect, r.row_version) for r in unsliced.inserts]
+    assert sliced.refused == ()
 
 
 def test_a_small_batch_never_pauses(core):
