@@ -225,6 +225,9 @@ async def test_deleting_whole_entities_and_references_is_admin_only(app, anonymo
         ("POST", "/entities?action=delete", {"urn": URN}),
         ("POST", "/entities?action=deleteReferences", {"urn": "urn:li:tag:t", "dryRun": False}),
         ("POST", "/openapi/v1/proposals", [mcp("datasetKey", None, URN, change_type="DELETE")]),
+        ("POST", "/runs?action=rollback", {"runId": "r", "dryRun": False, "safe": False}),
+        ("POST", "/runs?action=describe", {"runId": "r"}),
+        ("POST", "/runs?action=list", {}),
     ]:
         response = await anonymous.request(method, url, json=body, headers=writer)
         assert response.status_code == 403, (url, response.text)
