@@ -33,6 +33,7 @@ from app.api import documented_models, routers
 from app.api.entities import entity_routes
 from app.api.deps import ALLOW_PUBLIC, ALLOW_READ
 from app.api.http import json_response, parameter_path
+from app.api.trace_write import TraceparentMiddleware
 from app.logs import configure_logging
 from app.ops import Operations
 from app.ops.drain import Drain, DrainMiddleware
@@ -43,6 +44,7 @@ from app.registry.errors import RegistryError
 from app.schema_registry import make_registry_client
 from app.settings import Settings, get_settings
 from app.ingest.gateway import IngestGateway
+from app.ingest.telemetry import ensure_telemetry_client_id
 from app.kafka.per_aspect import resolve_routes
 from app.kafka.producer import ProposalProducer
 from app.workers import follow_supervisor
@@ -136,6 +138,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.gateway = IngestGateway(
         app.state.write_service, search, producer, auth, admission=ops.admission, combiner=combiner,
     )
+    await ensure_telemetry_client_id(app.state.sessionmaker, app.state.gateway)  # DataHub's, read by every CLI call
     background = Background()
     if settings.background_in_process:  # else a process of its own runs them (`serve --workers N`, app.supervisor)
         await background.start(settings, engine, app.state.sessionmaker, app.state.gateway, search, codec)
@@ -336,6 +339,7 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
             expose_headers=["X-Request-Id", "Retry-After", "traceparent"], allow_credentials=False, max_age=600,
         )
     app.add_middleware(DrainMiddleware, drain=app.state.drain)
+    app.add_middleware(TraceparentMiddleware)  # every response's traceparent; the writes keep its trace id
     # Request ids, per-route metrics and the access log, around everything but Starlette's last-resort error handler.
     app.add_middleware(OperationsMiddleware, metrics=settings.http_metrics_enabled, access_log=settings.access_log)
     app.openapi = lambda: build_openapi(app)  # type: ignore[method-assign]

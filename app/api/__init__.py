@@ -14,6 +14,7 @@ from app.api.scroll import (
     BatchGetUrnRequestV2, ScrollEntitiesBody, ScrollLineageBody, ScrollRelationshipsBody, router as scroll_router,
 )
 from app.api.search import router as search_router
+from app.api.trace_write import router as trace_write_router
 from app.api.system import router as system_router
 from app.api.timeline import router as timeline_router
 
@@ -24,7 +25,7 @@ from app.api.timeline import router as timeline_router
 # paths at the cost of a string comparison, so every other route is matched first and none of them pays for the 72
 # entity types.
 routers = [
-    system_router, proposals_router, scroll_router, change_feed_router, restli_router, search_router,
+    system_router, proposals_router, scroll_router, change_feed_router, restli_router, search_router, trace_write_router,
     schema_registry_router, auth_router, processors_router, per_aspect_events_router, timeline_router,
     entity_registry_router, graphql_router,
 ]

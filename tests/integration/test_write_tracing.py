@@ -1,0 +1,183 @@
+"""Write tracing, DataHub's protocol (app.api.trace_write): every response's `traceparent`, the trace id kept in each
+write's system metadata (`telemetryTraceId`), and `POST /openapi/v1/trace/write/{traceId}` per aspect — synchronous
+writes, replaced ones, timeseries, and asynchronous ones on the real broker (PENDING, then ACTIVE_STATE, or ERROR
+with the MCP consumer's reason). Also the telemetry client id DataHub creates at start-up."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+
+import httpx
+import pytest
+
+from app.ingest.trace import trace_time_ms
+from app.main import create_app
+from app.settings import Settings
+from tests.helpers import bearer, create_topics, eventually, fast_groups, kafka_overrides, mcp, stored, unique_topics
+
+URN = "urn:li:dataset:(urn:li:dataPlatform:hive,db.traced,PROD)"
+TRACEPARENT = re.compile(r"00-([0-9a-f]{32})-[0-9a-f]{16}-01")
+
+
+def trace_id_of(response: httpx.Response) -> str:
+    match = TRACEPARENT.fullmatch(response.headers["traceparent"])
+    assert match, response.headers.get("traceparent")
+    return match.group(1)
+
+
+async def trace(client: httpx.AsyncClient, trace_id: str, wanted: dict[str, list[str]], **params: Any) -> dict:
+    response = await client.post(f"/openapi/v1/trace/write/{trace_id}",
+                                 params={"onlyIncludeErrors": "false", **params}, json=wanted)
+    assert response.status_code == 200, response.text
+    return response.json()
+
+
+def statuses(answer: dict, urn: str, aspect: str) -> tuple[str, str, bool]:
+    status = answer[urn][aspect]
+    return status["primaryStorage"]["writeStatus"], status["searchStorage"]["writeStatus"], status["success"]
+
+
+async def test_every_write_answers_a_traceparent_and_keeps_its_trace_id(client, db):
+    theirs = "4bf92f3577b34da6a3ce929d0e0e4736"
+    v3 = await client.post("/openapi/v3/entity/dataset?async=false",
+                           headers={"traceparent": f"00-{theirs}-00f067aa0ba902b7-01"},
+                           json=[{"urn": URN, "status": {"value": {"removed": False}}}])
+    assert v3.status_code == 200, v3.text
+    assert trace_id_of(v3) == theirs  # the caller's trace continues
+    assert (await stored(db, URN, "status"))["systemMetadata"]["properties"]["telemetryTraceId"] == theirs
+
+    restli = await client.post("/aspects?action=ingestProposal", json={"proposal": mcp(
+        "datasetProperties", {"description": "x"}, URN, encode=True,
+        systemMetadata={"runId": "r1", "properties": {"clientId": "acryl-datahub"}})})
+    assert restli.status_code == 200, restli.text
+    ours = trace_id_of(restli)
+    assert ours != theirs and trace_time_ms(ours) is not None  # DataHub's form: its time comes first
+    properties = (await stored(db, URN, "datasetProperties"))["systemMetadata"]["properties"]
+    assert properties == {"clientId": "acryl-datahub", "telemetryTraceId": ours}  # the caller's properties kept
+
+    batch = await client.post("/aspects?action=ingestProposalBatch", json={"proposals": [
+        mcp("subTypes", {"typeNames": ["Table"]}, URN, encode=True)]})
+    v1 = await client.post("/openapi/v1/proposals", json=[mcp("globalTags", {"tags": []}, URN)])
+    assert batch.status_code == 200 and v1.status_code == 200
+    assert (await stored(db, URN, "subTypes"))["systemMetadata"]["properties"]["telemetryTraceId"] == trace_id_of(batch)
+    assert (await stored(db, URN, "globalTags"))["systemMetadata"]["properties"]["telemetryTraceId"] == trace_id_of(v1)
+    assert trace_id_of(batch) != trace_id_of(v1)
+
+
+async def test_a_synchronous_write_is_active_then_searchable_then_historic(client):
+    first = await client.post("/openapi/v3/entity/dataset?async=false", json=[
+        {"urn": URN, "datasetProperties": {"value": {"description": "first"}}}])
+    assert first.status_code == 200, first.text
+    first_id = trace_id_of(first)
+    wanted = {URN: ["datasetProperties"]}
+
+    answer = await trace(client, first_id, wanted)
+    assert statuses(answer, URN, "datasetProperties")[0] == "ACTIVE_STATE"
+
+    async def searchable():
+        return statuses(await trace(client, first_id, wanted), URN, "datasetProperties")[1] == "ACTIVE_STATE"
+
+    await eventually(searchable, what="the embedded indexer's ACTIVE_STATE")
+    # Only errors by default (DataHub's onlyIncludeErrors=true): a write that landed answers nothing.
+    quiet = await client.post(f"/openapi/v1/trace/write/{first_id}", json=wanted)
+    assert quiet.status_code == 200 and quiet.json() == {}
+
+    second = await client.post("/openapi/v3/entity/dataset?async=false", json=[
+        {"urn": URN, "datasetProperties": {"value": {"description": "second"}}}])
+    assert statuses(await trace(client, first_id, wanted), URN, "datasetProperties") == ("HISTORIC_STATE", "HISTORIC_STATE", True)
+    assert statuses(await trace(client, trace_id_of(second), wanted), URN, "datasetProperties")[0] == "ACTIVE_STATE"
+    # The whole traceparent is accepted in the path too (DataHub's extractTraceId).
+    assert (await trace(client, second.headers["traceparent"], wanted))[URN]["datasetProperties"]["success"] is True
+
+    # A trace that never wrote this aspect (and older than its write): UNKNOWN, not an error.
+    stranger = await trace(client, "0" * 31 + "1", {URN: ["datasetProperties", "status"]})
+    assert statuses(stranger, URN, "status") == ("UNKNOWN", "UNKNOWN", True)
+    # Timeseries points are not traced (DataHub's answer).
+    profile = await trace(client, first_id, {URN: ["datasetProfile"]})
+    assert statuses(profile, URN, "datasetProfile") == ("NO_OP", "TRACE_NOT_IMPLEMENTED", True)
+
+
+async def test_a_trace_request_naming_what_does_not_exist_is_a_400(client):
+    unknown_aspect = await client.post(f"/openapi/v1/trace/write/{'a' * 32}", json={URN: ["notAnAspect"]})
+    assert unknown_aspect.status_code == 400 and "notAnAspect" in unknown_aspect.text
+    bad_urn = await client.post(f"/openapi/v1/trace/write/{'a' * 32}", json={"urn:li:nope:x": ["status"]})
+    assert bad_urn.status_code == 400
+    bad_id = await client.post("/openapi/v1/trace/write/not-a-trace", json={URN: ["status"]})
+    assert bad_id.status_code == 400 and "$traceId" in bad_id.text
+
+
+async def test_the_telemetry_client_id_exists_from_the_first_start(client, app):
+    response = await client.get("/aspects/urn%3Ali%3Atelemetry%3AclientId", params={"aspect": "telemetryClientId", "version": 0})
+    assert response.status_code == 200, response.text
+    client_id = response.json()["aspect"]["com.linkedin.telemetry.TelemetryClientId"]["clientId"]
+    assert uuid.UUID(client_id)
+    # A second start keeps it.
+    again = create_app(app.state.settings, app.state.registry)
+    async with again.router.lifespan_context(again):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=again), base_url="http://m",
+                                     headers=client.headers) as other:
+            kept = await other.get("/aspects/urn%3Ali%3Atelemetry%3AclientId", params={"aspect": "telemetryClientId"})
+    assert kept.json()["aspect"]["com.linkedin.telemetry.TelemetryClientId"]["clientId"] == client_id
+
+
+async def test_async_writes_are_pending_on_the_topic_then_active_or_refused(kafka_broker, database_url, registry, db,
+                                                                           monkeypatch):
+    bootstrap = kafka_broker.bootstrap_servers
+    topics = unique_topics("topic_mcp", "topic_fmcp", "topic_mce", "topic_fmce")
+    await create_topics(bootstrap, *topics.values())
+    fast_groups(monkeypatch)
+    base = {"database_url": database_url, "apply_migrations_on_start": False, **kafka_overrides(bootstrap, topics)}
+    wanted = {URN: ["status", "datasetProperties"]}
+
+    # No consumer yet: the writes wait on the MCP topic.
+    queued_app = create_app(Settings(**base), registry)
+    async with queued_app.router.lifespan_context(queued_app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=queued_app), base_url="http://m",
+                                     headers=await bearer(queued_app)) as client:
+            queued = await client.post("/openapi/v3/entity/dataset", json=[
+                {"urn": URN, "status": {"value": {"removed": False}}},
+                {"urn": URN, "datasetProperties": {"value": {"description": "async"}}}])
+            assert queued.status_code == 202, queued.text
+            trace_id = trace_id_of(queued)
+            answer = await trace(client, trace_id, wanted)
+            for aspect in wanted[URN]:
+                assert statuses(answer, URN, aspect) == ("PENDING", "PENDING", True)
+                assert answer[URN][aspect]["searchStorage"]["writeMessage"] == "Pending primary storage write."
+
+    # The consumer applies them; a CREATE of an existing aspect is refused (FMCP) with its reason.
+    consuming_app = create_app(Settings(**base, mcp_consumer_enabled=True), registry)
+    async with consuming_app.router.lifespan_context(consuming_app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=consuming_app), base_url="http://m",
+                                     headers=await bearer(consuming_app)) as client:
+            async def applied():
+                answer = await trace(client, trace_id, wanted)
+                return all(statuses(answer, URN, a)[0] == "ACTIVE_STATE" for a in wanted[URN]) and answer
+
+            answer = await eventually(applied, timeout=60, what="the consumer's writes")
+            # With Kafka, indexing is the Spark job's (not running here): searchable later.
+            assert statuses(answer, URN, "status") == ("ACTIVE_STATE", "PENDING", True)
+            row = await stored(db, URN, "status")
+            assert row["systemMetadata"]["properties"]["telemetryTraceId"] == trace_id  # carried through the topic
+
+            refused = await client.post(f"/openapi/v3/entity/dataset/{URN}/status?async=true&createIfNotExists=true",
+                                        json={"value": {"removed": True}})
+            assert refused.status_code == 202, refused.text
+            refused_id = trace_id_of(refused)
+
+            async def failed():
+                answer = await trace(client, refused_id, {URN: ["status"]}, detailed="true")
+                return statuses(answer, URN, "status")[0] == "ERROR" and answer
+
+            answer = await eventually(failed, timeout=60, what="the refused write's ERROR")
+            status = answer[URN]["status"]
+            assert status["success"] is False
+            assert status["searchStorage"] == {"writeStatus": "ERROR", "writeMessage": "Primary storage write failed."}
+            (exception,) = status["primaryStorage"]["writeExceptions"]
+            assert exception["exceptionClass"] == "app.errors.ExistenceConflict"
+            assert exception["message"] == "CreateIfNotExists: Cannot perform CREATE since the aspect already exists."
+            # Errors only, by default: the refused aspect and nothing else.
+            only_errors = await client.post(f"/openapi/v1/trace/write/{refused_id}", json={URN: ["status"]})
+            assert list(only_errors.json()[URN]) == ["status"]
+            assert (await stored(db, URN, "status"))["value"] == {"removed": False}
