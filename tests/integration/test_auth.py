@@ -61,7 +61,7 @@ def _flatten(dependant):
 SAMPLE_PARAMS = {
     "entity_name": "dataset", "entityName": "dataset", "urn": URN, "aspect_name": "status", "aspectName": "status", "aspect": "status",
     "subject": "auth-test-value", "version": "1", "schema_id": "1", "rest": "nothing-here", "token_id": "0" * 32,
-    "policy_id": "0" * 32,
+    "policy_id": "0" * 32, "traceId": "0" * 32,
 }
 
 
@@ -83,6 +83,8 @@ def _enforcement_sample(path: str) -> bool:
 
 async def test_every_route_declares_a_policy_and_enforces_it(app, anonymous, client):
     every_route = routes_with_policies(app)  # each declares a policy, or this fails
+    # Tracing a write reads what it traces: a reader's (DataHub's TraceController checks READ on the URNs).
+    assert ("POST", "/openapi/v1/trace/write/{traceId}", Permission.READ) in every_route
     assert len(every_route) > 500
     routes = [r for r in every_route if _enforcement_sample(r[1])]
     reader = {"Authorization": f"Bearer {await mint_token(app, 'reader', ALICE)}"}
