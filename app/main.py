@@ -133,7 +133,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     if settings.write_combining:
         combiner = WriteCombiner(
             app.state.write_service, app.state.sessionmaker, flushers=settings.write_group_transactions,
-            max_group_proposals=settings.write_group_max_proposals,
+            max_group_proposals=settings.write_group_max_proposals, contended=ops.admission.contended,
         )
     app.state.gateway = IngestGateway(
         app.state.write_service, search, producer, auth, admission=ops.admission, combiner=combiner,

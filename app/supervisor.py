@@ -43,6 +43,9 @@ from app.workers import SUPERVISOR_PID_ENV, follow_supervisor
 log = logging.getLogger("metaledger.supervisor")
 
 BACKGROUND_RESTART_PAUSE_S = 1.0
+# The background process (indexing, relay, after-processors) is work that may lag: under load it yields the CPU to
+# the API processes, whose callers wait on every request.
+BACKGROUND_NICENESS = 10
 
 
 def default_workers() -> int:
@@ -252,6 +255,7 @@ async def _standalone(make_worker, stop_on: tuple[signal.Signals, ...]) -> None:
 def run_background() -> None:
     """The background process: every background worker of this configuration until SIGINT, which the supervisor
     sends once the API processes are gone (they may still be writing while they drain after a SIGTERM)."""
+    os.nice(BACKGROUND_NICENESS)
     run_standalone(_EveryBackgroundWorker, stop_on=(signal.SIGINT,))
 
 

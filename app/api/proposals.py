@@ -11,7 +11,7 @@ from app.api.deps import ALLOW_WRITE, Caller, Gateway, Session
 from app.api.http import Flag, check_batch_size, json_response, read_json
 from app.errors import ERROR_RESPONSES
 from app.ingest.gateway import SubmitOutcome
-from app.ingest.mcp import MCP_FIELDS, parse_proposals
+from app.ingest.mcp import MCP_FIELDS
 from app.write.proposal import JSON_CONTENT_TYPE
 
 router = APIRouter(prefix="/openapi/v1", tags=["proposals"], dependencies=[ALLOW_WRITE])
@@ -130,7 +130,7 @@ async def ingest_proposals(
     response: top-level `"index": {"status": "UPDATED"|"PENDING", "error"?}` (PENDING: the index catches up later)."""
     body = await read_json(request, gateway.settings)
     check_batch_size(body, gateway.settings)
-    drafts = parse_proposals(body)
+    drafts = await gateway.parse_in_turns(body)
     outcome = await gateway.submit(session, drafts, caller, queue=async_, request_headers=request.headers)
     if outcome.result is None:
         return json_response(_queued(outcome), 202)

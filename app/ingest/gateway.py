@@ -11,7 +11,7 @@ pipeline's MCP paths and indices as paths into the JSON the caller sent.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -22,7 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.auth.model import Principal
 from app.db import WRITE_DEADLINE
 from app.errors import MetaledgerError, ServiceUnavailable
-from app.ingest.mcp import proposal_to_mcp
+from app.ingest.mcp import parse_proposals_in_turns, proposal_to_mcp
 from app.ingest.trace import stamp_trace
 from app.ops.backpressure import CLIENT_ADDRESS, REQUEST_GRANT, WriteAdmission
 from app.ops.metrics import count_writes, write_refused
@@ -108,6 +108,15 @@ class IngestGateway:
             write_refused(error, drafts)
             raise in_callers_terms(error, drafts) from None
 
+    async def parse_in_turns(self, body: Any, base: str = "$") -> list[Draft]:
+        """A JSON array of MCPs (at `base` in the request's body) → drafts (app.ingest.mcp.parse_proposals), in the
+        event loop's turns."""
+        return await parse_proposals_in_turns(body, base, self._contended)
+
+    @property
+    def _contended(self) -> Callable[[], bool] | None:
+        return self.admission.contended if self.admission is not None else None
+
     async def prepare_in_turns(self, drafts: Sequence[Draft]) -> list[Proposal]:
         """`prepare`, `PREPARE_CHUNK` drafts at a time with a turn of the event loop whenever its time slice is over
         (app.turns). A chunk with a bad draft prepares the whole batch again at once, for `prepare`'s one error
@@ -117,7 +126,7 @@ class IngestGateway:
         proposals: list[Proposal] = []
         cpu = TimeSlice()
         for start in range(0, len(drafts), PREPARE_CHUNK):
-            await cpu.pause_if_over()
+            await cpu.pause_if_over(self._contended)
             try:
                 proposals.extend(self.writer.prepare(drafts[start:start + PREPARE_CHUNK]))
             except MetaledgerError:

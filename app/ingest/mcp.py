@@ -8,11 +8,13 @@ Every protocol that carries MCPs parses them here: the v1 proposals endpoint (a 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
 
 from app.errors import Issue, Location, ValidationFailed
+from app.turns import TimeSlice
 from app.write.proposal import JSON_CONTENT_TYPE, JSON_PATCH_CONTENT_TYPE, ChangeType, Draft, Proposal
 
 MCP_FIELDS = frozenset(
@@ -86,17 +88,44 @@ def parse_mcp(mcp: Any, location: Location, draft_index: int = 0) -> Draft:
 
 def parse_proposals(body: Any, base: str = "$") -> list[Draft]:
     """A JSON array of MCPs (at `base` in the caller's document) → drafts; one error listing every bad item."""
+    _check_batch(body, base)
+    drafts: list[Draft] = []
+    issues: list[Issue] = []
+    _parse_items(body, base, range(len(body)), drafts, issues)
+    return _parsed(body, drafts, issues)
+
+
+async def parse_proposals_in_turns(body: Any, base: str = "$", contended: Callable[[], bool] | None = None) -> list[Draft]:
+    """`parse_proposals`, `PARSE_CHUNK` items at a time with the event loop's turns between them (app.turns)."""
+    _check_batch(body, base)
+    drafts: list[Draft] = []
+    issues: list[Issue] = []
+    cpu = TimeSlice()
+    for start in range(0, len(body), PARSE_CHUNK):
+        await cpu.pause_if_over(contended)
+        _parse_items(body, base, range(start, min(start + PARSE_CHUNK, len(body))), drafts, issues)
+    return _parsed(body, drafts, issues)
+
+
+PARSE_CHUNK = 20  # MCPs parsed between two looks at the time slice (~0.3 ms)
+
+
+def _check_batch(body: Any, base: str) -> None:
     if not isinstance(body, list):
         raise ValidationFailed(f"{base} must be a JSON array of proposals", [Issue("expected an array", path=base)])
     if not body:
         raise ValidationFailed(f"{base} is an empty array: send at least one proposal", [Issue("empty batch", path=base)])
-    drafts: list[Draft] = []
-    issues: list[Issue] = []
-    for index, mcp in enumerate(body):
+
+
+def _parse_items(body: list[Any], base: str, indexes: range, drafts: list[Draft], issues: list[Issue]) -> None:
+    for index in indexes:
         try:
-            drafts.append(parse_mcp(mcp, Location(index, f"{base}[{index}]"), index))
+            drafts.append(parse_mcp(body[index], Location(index, f"{base}[{index}]"), index))
         except ValidationFailed as error:
             issues.extend(error.issues)
+
+
+def _parsed(body: list[Any], drafts: list[Draft], issues: list[Issue]) -> list[Draft]:
     if issues:
         raise ValidationFailed(f"{len({i.index for i in issues})} of {len(body)} proposals are malformed; nothing was written", issues)
     return drafts

@@ -122,6 +122,16 @@ class WriteAdmission:
         self.rejected = 0
         self._cost_since_trim = 0  # the cost of the writes released since the heap was last trimmed
 
+    def contended(self) -> bool:
+        """Whether writes of more than one caller are in flight in this process: a large write's turns of the event
+        loop then give the others time (app.turns)."""
+        busy = 0
+        for state in self._callers.values():
+            busy += state.in_flight > 0
+            if busy > 1:
+                return True
+        return False
+
     @property
     def waiting(self) -> int:
         return sum(len(c.waiting) for c in self._callers.values())

@@ -18,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
@@ -38,9 +38,10 @@ class _Waiting:
 class WriteCombiner:
     def __init__(
         self, writer: WriteService, sessionmaker: async_sessionmaker[AsyncSession], *, flushers: int = 2,
-        max_group_proposals: int = 1000,
+        max_group_proposals: int = 1000, contended: Callable[[], bool] | None = None,
     ) -> None:
         self.writer = writer
+        self.contended = contended  # other callers' writes in flight: a large group's decision gives them time
         self.sessionmaker = sessionmaker
         self.flushers = max(1, flushers)
         self.max_group_proposals = max_group_proposals
@@ -90,7 +91,7 @@ class WriteCombiner:
                 deadlines = [w.deadline for w in group]
                 if None not in deadlines:  # the group's transaction runs until its latest write's deadline
                     session.info[WRITE_DEADLINE] = max(deadlines)
-                results = await self.writer.apply_group(session, [(w.proposals, w.audit) for w in group])
+                results = await self.writer.apply_group(session, [(w.proposals, w.audit) for w in group], self.contended)
         except Exception as error:  # noqa: BLE001 - answered write by write below
             if len(group) == 1 or isinstance(error, CommitOutcomeUnknown):
                 # An unknown outcome is every write's: applied again one by one, a write that landed would be

@@ -535,7 +535,6 @@ class WriteCore:
                 return Step(verdict=verdict)
             return Step(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.FILTERED, message=verdict.message), verdict)
         reports: list[StepReport] | None = None
-        emitted: tuple[Emitted, ...] = ()
         if processors.steps and processors.governs(Phase.BEFORE, p.entity_type, p.aspect_name, p.change_type.value):
             before = self._run_before_processors(p, previous, audit, processors)
             if isinstance(before, Step):

@@ -19,10 +19,9 @@ with no new version and no change log.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -32,6 +31,7 @@ from app.errors import ExistenceConflict, Issue, PreconditionFailed, ServiceUnav
 from app.ops.metrics import TRANSACTION_RETRIES, first_write_fields
 from app.registry import EntityRegistry
 from app.settings import Settings
+from app.turns import turn
 from app.changelog.outbox import OutboxRow
 from app.write.decision import Decision, ItemResult, Locked, Turn, WriteCore
 from app.write.proposal import AuditStamp, Draft, Proposal
@@ -101,11 +101,14 @@ class WriteService:
         return (await self.apply_group(session, [(proposals, audit)]))[0]
 
     async def apply_group(
-        self, session: AsyncSession, writes: Sequence[tuple[Sequence[Proposal], AuditStamp]]
+        self, session: AsyncSession, writes: Sequence[tuple[Sequence[Proposal], AuditStamp]],
+        contended: Callable[[], bool] | None = None,
     ) -> list[WriteResult]:
         """Several independent writes (each a batch of proposals and its caller's audit stamp) in one transaction,
         in order: each sees the rows as the writes before it left them, as if they had been committed one after the
-        other. A refusal of any of them refuses the group (app.write.combiner then applies them one by one)."""
+        other. A refusal of any of them refuses the group (app.write.combiner then applies them one by one).
+        `contended`: whether other callers' writes are in flight, when the decision's turns give them time
+        (app.turns)."""
         repo = AspectRepository(session)
         attempts = 0
         while True:
@@ -114,7 +117,7 @@ class WriteService:
             try:
                 async with repo.transaction():
                     await self.refresh_processors(repo)
-                    decision, txid = await self._run_transaction(repo, writes)
+                    decision, txid = await self._run_transaction(repo, writes, contended)
                 break
             except CommitInterrupted as interrupted:
                 if txid is None:  # nothing was written: the results hold either way
@@ -157,7 +160,8 @@ class WriteService:
         ) from interrupted
 
     async def _run_transaction(
-        self, repo: AspectRepository, writes: Sequence[tuple[Sequence[Proposal], AuditStamp]]
+        self, repo: AspectRepository, writes: Sequence[tuple[Sequence[Proposal], AuditStamp]],
+        contended: Callable[[], bool] | None = None,
     ) -> tuple[Decision, str | None]:
         """Lock what the decision asks for (the group's rows, then those of the proposals change processors emit),
         refuse the group on a fatal verdict, write the decision; the decision and the transaction's id (None: it
@@ -168,7 +172,7 @@ class WriteService:
             while True:
                 request = deciding.send(locked)
                 if isinstance(request, Turn):
-                    await asyncio.sleep(0)  # a large batch lets the event loop's other requests run
+                    await turn(contended)  # a large batch lets the event loop's other requests run
                     locked = None
                 else:
                     locked = Locked(*await repo.lock_latest(request.keys, request.entity_urns))

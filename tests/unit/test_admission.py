@@ -243,6 +243,25 @@ async def test_a_write_that_gives_up_waiting_leaves_nothing_behind():
     assert admission.in_flight == 0 and not admission._callers
 
 
+async def test_contended_while_writes_of_two_callers_are_in_flight_not_while_one_caller_has_many():
+    admission = WriteAdmission(10, 5.0, budget=100)
+    assert not admission.contended()
+    first, second = await admission.acquire("a", 10), await admission.acquire("a", 10)
+    assert not admission.contended()  # one caller's many writes (an ingestion job's threads) run at full speed
+    other = await admission.acquire("b", 1)
+    assert admission.contended()
+    admission.release(other)
+    assert not admission.contended()
+    waiter = asyncio.create_task(admission.acquire("c", 90))  # waiting, not in flight: its turn comes when one ends
+    await settle()
+    assert not admission.contended()
+    admission.release(first)
+    await settle()
+    assert admission.contended()
+    admission.release(second)
+    admission.release(await waiter)
+
+
 def test_the_caller_is_the_actor_or_without_auth_the_client_address():
     assert caller_key(SYSTEM_PRINCIPAL) == SYSTEM_PRINCIPAL.actor
     token = CLIENT_ADDRESS.set("10.0.0.7")

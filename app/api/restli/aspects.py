@@ -24,7 +24,7 @@ from app.api.http import UrnPath, check_batch_size, entity_of_urn, invalid_at, j
 from app.api.restli.common import ACTION_BODY, optional_int, require_object, require_urn
 from app.api.restli.timeseries import DEFAULT_LIMIT, check_filter, timeseries_from_backend
 from app.errors import ERROR_RESPONSES, Issue, Location, NotFound, ValidationFailed
-from app.ingest.mcp import parse_mcp, parse_proposals
+from app.ingest.mcp import parse_mcp
 from app.limits import check_long
 from app.registry import EntityRegistry
 from app.write.reader import EntityReader
@@ -65,7 +65,7 @@ async def aspects_action(
         body = require_object(await read_json(request, gateway.settings))
         if action == "ingestProposalBatch":
             check_batch_size(body.get("proposals"), gateway.settings, "$.proposals")
-            drafts = parse_proposals(body.get("proposals"), "$.proposals")
+            drafts = await gateway.parse_in_turns(body.get("proposals"), "$.proposals")
         else:
             if not isinstance(body.get("proposal"), dict):
                 raise ValidationFailed("`proposal` must be a proposal object", [Issue("expected an object", path="$.proposal")])
