@@ -261,6 +261,19 @@ async def test_versions_within_one_batch_apply_in_order(client, db):
     assert [(v, value) for _, v, value, _ in await rows(db, aspect="status")] == [(0, {"removed": True}), (1, {"removed": False})]
 
 
+async def test_a_batch_of_more_change_logs_than_one_statement_takes_stores_them_all_in_order(client, db):
+    from app.write.repository import OUTBOX_ROWS_PER_STATEMENT
+
+    count = OUTBOX_ROWS_PER_STATEMENT + 50  # each dataset: its properties' and its key aspect's change logs
+    urns = [f"urn:li:dataset:(urn:li:dataPlatform:hive,db.t{i},PROD)" for i in range(count)]
+    await propose(client, *(mcp("datasetProperties", {"name": f"t{i}"}, urn=urn) for i, urn in enumerate(urns)))
+    logged = [(row["payload"]["entityUrn"], row["aspect"]) for row in await outbox(db) if row["payload"]["entityUrn"] in urns]
+    assert len(logged) == 2 * count
+    assert [urn for urn, aspect in logged if aspect == "datasetProperties"] == urns  # the batch's order
+    # one transaction
+    assert await db.fetchval("SELECT count(DISTINCT xmin::text) FROM change_log_outbox WHERE urn = ANY($1)", urns) == 1
+
+
 async def test_request_limits(client, app):
     big = {"name": "x" * (app.state.settings.max_request_bytes + 10)}
     response = await client.post("/openapi/v1/proposals", json=[mcp("datasetProperties", big)])
