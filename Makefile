@@ -19,7 +19,7 @@ ARGS            ?=
 INSTALL_KEY := $(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)-$(DATAHUB_VERSION)
 STAMP       := $(VENV)/.metaledger-installed-$(INSTALL_KEY)
 
-.PHONY: help venv client-venv actions-venv postgres-bin java-bin run test openapi-check clean-venv
+.PHONY: help venv client-venv actions-venv postgres-bin java-bin run test openapi-check clean-venv spark-dist
 
 help:
 	@echo "make run            serve on $(HOST):$(PORT) (HOST=, PORT= to change)"
@@ -29,6 +29,7 @@ help:
 	@echo "make openapi-check  fail if openapi/ is out of date with the code"
 	@echo "make client-venv    create .venv-client: the real DataHub client for tests/client (the tests create it too)"
 	@echo "make actions-venv   create .venv-actions: DataHub Actions for tests/client (the tests create it too)"
+	@echo "make spark-dist     build $(SPARK_DIST)/: the Spark indexer's wheel and the dependency archive for --archives"
 
 venv: $(STAMP)
 
@@ -74,6 +75,44 @@ $(ACTIONS_STAMP):
 	test -x $(ACTIONS_VENV)/bin/python || $(PYTHON) -m venv $(ACTIONS_VENV)
 	$(ACTIONS_VENV)/bin/python -m pip install --disable-pip-version-check -q '$(ACTIONS_REQ)'
 	@rm -f $(ACTIONS_VENV)/.acryl-datahub-actions-*
+	@touch $@
+
+# The Spark indexer on a cluster (README "The indexer on a Spark cluster"): what spark-submit ships to executors whose
+# Python has PySpark, pyarrow and pandas but not metaledger.
+#   $(SPARK_WHEEL)  the project with its package data (system models, the GraphQL schema)
+#   $(SPARK_DEPS)   that wheel, every runtime dependency and DataHub's model files, installed into one folder and
+#                   zipped: `--archives $(SPARK_DEPS)#metaledger_deps` with PYTHONPATH=metaledger_deps on executors.
+#                   Compiled wheels are those of $(VENV)'s Python: the executors' must be the same version and platform.
+# Keyed on content: the third-party part on pyproject.toml (about a minute to install), the project part on its sources
+# (seconds); the archive's name does not change, so spark-submit lines stay as written.
+SPARK_DIST       ?= dist/spark
+SPARK_VERSION    := $(shell sed -n 's/^version = "\(.*\)"/\1/p' pyproject.toml)
+SPARK_WHEEL      := $(SPARK_DIST)/metaledger-$(SPARK_VERSION)-py3-none-any.whl
+SPARK_DEPS       := $(SPARK_DIST)/metaledger-spark-deps.zip
+SPARK_SOURCES    := pyproject.toml $(sort $(shell find app spark_indexer -type f \( -name '*.py' -o -name '*.avsc' -o -name '*.graphql' \) -not -path '*/__pycache__/*' 2>/dev/null))
+SPARK_KEY        := $(shell cat $(SPARK_SOURCES) | sha256sum | cut -c1-16)
+SPARK_STAMP      := $(SPARK_DIST)/.built-$(SPARK_KEY)
+SPARK_THIRDPARTY := build/spark-thirdparty-$(shell cat pyproject.toml | sha256sum | cut -c1-16)-$(DATAHUB_VERSION).zip
+spark-dist: $(SPARK_STAMP)
+
+$(SPARK_THIRDPARTY): pyproject.toml | $(STAMP)
+	rm -rf build/spark-thirdparty build/spark-thirdparty-*.zip
+	$(VENV)/bin/python -m pip wheel --disable-pip-version-check -q --no-deps -w build/spark-thirdparty-wheel .
+	$(VENV)/bin/python -m pip install --disable-pip-version-check -q --target build/spark-thirdparty build/spark-thirdparty-wheel/*.whl
+	$(VENV)/bin/python -m pip install --disable-pip-version-check -q --target build/spark-thirdparty --no-deps 'acryl-datahub==$(DATAHUB_VERSION)'
+	rm -rf build/spark-thirdparty-wheel build/spark-thirdparty/{bin,app,spark_indexer,metaledger-*.dist-info}
+	cd build/spark-thirdparty && zip -q -1 -r -X ../../$@.tmp . -x '*/__pycache__/*'
+	mv $@.tmp $@
+
+$(SPARK_STAMP): $(SPARK_THIRDPARTY)
+	@mkdir -p $(SPARK_DIST)
+	rm -rf build/lib build/bdist.* build/spark-project $(SPARK_DIST)/metaledger-*.whl  # setuptools reuses build/lib: a removed file would stay
+	$(VENV)/bin/python -m pip wheel --disable-pip-version-check -q --no-deps -w $(SPARK_DIST) .
+	unzip -q $(SPARK_WHEEL) -d build/spark-project
+	cp $(SPARK_THIRDPARTY) $(SPARK_DEPS).tmp
+	cd build/spark-project && zip -q -1 -r -X -g ../../$(SPARK_DEPS).tmp .
+	mv $(SPARK_DEPS).tmp $(SPARK_DEPS)
+	@rm -f $(SPARK_DIST)/.built-*
 	@touch $@
 
 postgres-bin:

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.avro.wire import ValueCodec, WireFormatError
+from app.registry.errors import RegistryConfigError
 from app.search.documents import IndexLimits, changes_from_mcl
 from app.search.model import IndexChange
 from app.urns import InvalidUrnError, entity_type_of
@@ -24,6 +25,10 @@ from app.urns import InvalidUrnError, entity_type_of
 log = logging.getLogger("metaledger.spark_indexer")
 
 TRANSIENT_ATTEMPTS = 6  # a backend that stays unreachable this long fails the task (Spark retries, or the query stops)
+# A broken installation or configuration on the executor (a module missing from the shipped environment, a registry
+# that does not load) is no record's fault: it fails the task, hence the batch (the stream stops, its offsets are not
+# committed), and never becomes a dead letter. Dead letters are for records only.
+INSTALLATION_ERRORS: tuple[type[BaseException], ...] = (ImportError, RegistryConfigError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +194,8 @@ class IndexTask:
         for item in items:
             try:
                 out.append((item, changes_from_mcl(item.mcl, self.runtime.registry, self.limits)))
+            except INSTALLATION_ERRORS:
+                raise
             except Exception as error:  # noqa: BLE001 - one bad change log must not stop the stream
                 dead.append(DeadLetter(item.record, f"index document could not be built: {type(error).__name__}: {error}",
                                        item.mcl.get("entityUrn"), item.mcl.get("aspectName")))
@@ -201,6 +208,8 @@ class IndexTask:
                 backend = self.runtime.started_backend()
                 self.runtime.run(backend.apply(changes))
                 return
+            except INSTALLATION_ERRORS:
+                raise
             except Exception as error:  # noqa: BLE001
                 if not is_transient(error) or attempt == TRANSIENT_ATTEMPTS - 1:
                     raise
@@ -213,7 +222,8 @@ class IndexTask:
         Elasticsearch item errors as `IndexRefused`) is retried change log by change log, so only the refused ones
         go to the dead letter, with the backend's reason, and the stream goes on. Transient errors (the backend
         unreachable or overloaded, items rejected with 429/5xx as `IndexUnavailable`) are retried, then fail the
-        task: nothing is skipped. Returns the number of changes applied."""
+        task: nothing is skipped, and so does a broken installation (`INSTALLATION_ERRORS`). Returns the number of
+        changes applied."""
         applied = 0
         for start in range(0, len(built), self.chunk):
             part = built[start:start + self.chunk]
@@ -225,7 +235,7 @@ class IndexTask:
                 applied += len(changes)
                 continue
             except Exception as error:  # noqa: BLE001
-                if is_transient(error):
+                if is_transient(error) or isinstance(error, INSTALLATION_ERRORS):
                     raise
             for item, item_changes in part:
                 if not item_changes:
@@ -234,7 +244,7 @@ class IndexTask:
                     self._apply(item_changes)
                     applied += len(item_changes)
                 except Exception as error:  # noqa: BLE001
-                    if is_transient(error):
+                    if is_transient(error) or isinstance(error, INSTALLATION_ERRORS):
                         raise
                     dead.append(DeadLetter(item.record, f"search backend refused the change: {type(error).__name__}: {error}",
                                            item.mcl.get("entityUrn"), item.mcl.get("aspectName")))

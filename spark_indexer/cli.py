@@ -50,8 +50,8 @@ def main(ctx: click.Context, master: str | None) -> None:
 
 
 @main.command()
-@click.option("--checkpoint", type=click.Path(file_okay=False), default=None,
-              help="Checkpoint directory (default: METALEDGER_SPARK_CHECKPOINT_DIR or <work dir>/checkpoint).")
+@click.option("--checkpoint", default=None,
+              help="Checkpoint location, a Hadoop filesystem URI or path (default: METALEDGER_SPARK_CHECKPOINT_DIR or <work dir>/checkpoint).")
 @click.option("--once", is_flag=True, help="Index everything on the topics now, then exit (cron-style runs, tests).")
 @click.option("--metrics-file", type=click.Path(dir_okay=False), default=None,
               help="Write the batch figures to this Prometheus textfile after every batch (default: METALEDGER_SPARK_METRICS_FILE).")

@@ -7,13 +7,29 @@ on) and fails with a clear message when it is not running (the job does not star
 
 from __future__ import annotations
 
-from pathlib import Path
+from pathlib import Path, PurePath
+from typing import Annotated, Any
 
+from pydantic import BeforeValidator
 from pydantic_settings import SettingsConfigDict
 
 from app.settings import PROJECT_ROOT, Settings
 
 NO_DATABASE_HINT = "start `make run` first or set METALEDGER_DATABASE_URL"
+
+
+def _storage_uri(value: Any) -> Any:
+    """A `Path` (from Python callers) becomes its string; a string is kept as it is (no normalisation: a `Path` would
+    turn `s3a://bucket/x` into `s3a:/bucket/x`)."""
+    return str(value) if isinstance(value, PurePath) else value
+
+
+StorageUri = Annotated[str, BeforeValidator(_storage_uri)]
+
+
+def storage_join(base: str, *parts: str) -> str:
+    """`base`/`parts`, for a URI or a path alike."""
+    return "/".join([base.rstrip("/"), *parts])
 
 
 class DatabaseNotFoundError(RuntimeError):
@@ -28,10 +44,13 @@ class IndexerSettings(Settings):
     # "python": metaledger's Kafka source (PySpark Python Data Source API, no jars needed);
     # "native": Spark's `format("kafka")` (needs the spark-sql-kafka package on the cluster).
     spark_source: str = "python"
-    spark_work_dir: Path = PROJECT_ROOT / ".metaledger" / "spark"
-    spark_checkpoint_dir: Path | None = None  # default: <work_dir>/checkpoint
-    spark_dead_letter_dir: Path | None = None  # default: <work_dir>/dead_letter (Parquet, by day)
-    spark_timeseries_dir: Path | None = None  # default: <work_dir>/timeseries (Parquet, by aspect and day)
+    # Storage: Hadoop filesystem URIs (file:///, s3a://, hdfs://, abfss://; a path without a scheme is on Spark's
+    # default filesystem), passed to Spark exactly as given. Everything the job keeps lives under them: on a cluster,
+    # a location every node and the next driver can reach.
+    spark_work_dir: StorageUri = (PROJECT_ROOT / ".metaledger" / "spark").as_uri()
+    spark_checkpoint_dir: StorageUri | None = None  # default: <work_dir>/checkpoint
+    spark_dead_letter_dir: StorageUri | None = None  # default: <work_dir>/dead_letter (Parquet, by day)
+    spark_timeseries_dir: StorageUri | None = None  # default: <work_dir>/timeseries (Parquet, by aspect and day)
     spark_max_offsets_per_trigger: int = 200_000  # MCLs per micro-batch at most
     spark_trigger_interval_s: float = 1.0
     # tasks a micro-batch is indexed in: 0 = one per topic partition (no shuffle; scale with the topics' partitions),
@@ -50,16 +69,16 @@ class IndexerSettings(Settings):
     spark_metrics_job: str = "metaledger_spark_indexer"
 
     @property
-    def checkpoint_dir(self) -> Path:
-        return self.spark_checkpoint_dir or self.spark_work_dir / "checkpoint"
+    def checkpoint_dir(self) -> str:
+        return self.spark_checkpoint_dir or storage_join(self.spark_work_dir, "checkpoint")
 
     @property
-    def dead_letter_dir(self) -> Path:
-        return self.spark_dead_letter_dir or self.spark_work_dir / "dead_letter"
+    def dead_letter_dir(self) -> str:
+        return self.spark_dead_letter_dir or storage_join(self.spark_work_dir, "dead_letter")
 
     @property
-    def timeseries_dir(self) -> Path:
-        return self.spark_timeseries_dir or self.spark_work_dir / "timeseries"
+    def timeseries_dir(self) -> str:
+        return self.spark_timeseries_dir or storage_join(self.spark_work_dir, "timeseries")
 
 
 def embedded_database_url(settings: Settings) -> str | None:

@@ -1,12 +1,19 @@
 """What a Spark task needs to write index changes: the registry and a search backend, built once per Python worker
-from the job's settings (shipped to executors as plain JSON), with an event loop to run the backend's coroutines."""
+from the job's settings (shipped to executors as plain JSON, the registry by value), with an event loop to run the backend's coroutines."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
+import shutil
+import tempfile
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, TypeVar
+
+import orjson
+import yaml
 
 from app.search.model import RebuildTarget, SearchBackend
 from spark_indexer.config import IndexerSettings
@@ -16,13 +23,58 @@ T = TypeVar("T")
 _registries: dict[str, Any] = {}
 
 
+REGISTRY_KEY = "registry_by_value"
+
+
+def registry_bundle(path: Path) -> dict[str, Any]:
+    """The entity registry as values: the file's text and the `.avsc` files of the `path:` model sources it names
+    (each source rewritten to a folder inside the bundle). `package:` sources are read from the packages installed
+    where the registry is loaded (the shipped environment carries acryl-datahub's model files). Raises when the
+    file cannot be read: on the driver, before any task runs."""
+    text = path.read_text(encoding="utf-8")
+    config = yaml.safe_load(text) or {}
+    sources = config.get("modelSources") if isinstance(config, dict) else None
+    models: dict[str, str] = {}
+    if isinstance(sources, list) and any(isinstance(src, dict) and "path" in src for src in sources):
+        for i, source in enumerate(sources):
+            if not isinstance(source, dict) or "path" not in source:
+                continue
+            folder = Path(str(source["path"]))
+            folder = folder if folder.is_absolute() else path.parent / folder
+            for file in sorted(folder.rglob("*.avsc")):
+                models[f"models/{i}/{file.relative_to(folder)}"] = file.read_text(encoding="utf-8")
+            source["path"] = f"models/{i}"
+        text = yaml.safe_dump(config, sort_keys=False)
+    return {"file": path.name, "text": text, "models": models}
+
+
+def materialize_registry(bundle: dict[str, Any]) -> Path:
+    """The bundle's registry file on this node's local disk (one folder per content, shared by the node's Python
+    workers; written to a private folder first, then renamed into place whole)."""
+    digest = hashlib.sha256(orjson.dumps(bundle, option=orjson.OPT_SORT_KEYS)).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / f"metaledger-registry-{digest}"
+    if not folder.is_dir():
+        staging = Path(tempfile.mkdtemp(prefix=f"{folder.name}.", dir=folder.parent))
+        for name, text in {bundle["file"]: bundle["text"], **bundle["models"]}.items():
+            (staging / name).parent.mkdir(parents=True, exist_ok=True)
+            (staging / name).write_text(text, encoding="utf-8")
+        try:
+            staging.rename(folder)
+        except OSError:  # another worker of this node was first: its copy is the same content
+            shutil.rmtree(staging, ignore_errors=True)
+    return folder / bundle["file"]
+
+
 def settings_payload(settings: IndexerSettings) -> dict[str, Any]:
-    """The settings as JSON-safe values, for closures shipped to executors."""
-    return settings.model_dump(mode="json")
+    """The settings as JSON-safe values, for closures shipped to executors, with the entity registry by value:
+    `registry_path` is a path on the driver's disk, which executors cannot read."""
+    return {**settings.model_dump(mode="json"), REGISTRY_KEY: registry_bundle(Path(settings.registry_path))}
 
 
 def settings_from_payload(payload: dict[str, Any]) -> IndexerSettings:
-    return IndexerSettings.model_validate(payload)
+    """The settings on an executor, their registry written to this node's disk from the payload."""
+    fields = {k: v for k, v in payload.items() if k != REGISTRY_KEY}
+    return IndexerSettings.model_validate({**fields, "registry_path": materialize_registry(payload[REGISTRY_KEY])})
 
 
 def registry_for(settings: IndexerSettings) -> Any:

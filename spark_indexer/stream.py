@@ -7,8 +7,8 @@ Per micro-batch (`BatchSink.__call__`, Spark's `foreachBatch`):
 2. dead letters: records that are not change logs the registry knows (or that the backend refuses) are appended
    to a Parquet table (`dead_letter_dir`, by day) with the reason, the record and its topic/partition/offset;
 3. timeseries analytics: the batch's timeseries change logs are appended to a Parquet dataset partitioned by
-   aspect and day (`timeseries_dir`), once per batch (a marker per query and batch id makes a replayed batch a
-   no-op); a batch without timeseries records is not read a second time for it;
+   aspect and day (`timeseries_dir`), once per batch (a marker per query and batch id, under `timeseries_dir`,
+   makes a replayed batch a no-op); a batch without timeseries records is not read a second time for it;
 4. a progress line: rows, change logs applied, changes, dead letters, duration, rate and lag (high watermark
    minus the batch's end offsets); the same figures for Prometheus when a textfile or a Pushgateway is configured
    (spark_indexer.metrics).
@@ -24,14 +24,13 @@ import sys
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_indexer.batch import RESULT_SCHEMA, index_partition_fn
-from spark_indexer.config import IndexerSettings, with_database
+from spark_indexer.config import IndexerSettings, storage_join, with_database
 from spark_indexer.metrics import BatchReporter
 from spark_indexer.sink import settings_payload
 
@@ -82,6 +81,23 @@ class StreamResult:
         rate = self.rows / seconds if seconds else 0.0
         return (f"{len(self.batches)} batches, {self.rows:,} records, {sum(b.changes for b in self.batches):,} index "
                 f"changes, {self.dead_letters:,} dead letters, {seconds:.1f} s in batches ({rate:,.0f} records/s)")
+
+
+class StorageFile:
+    """A file at a Hadoop filesystem URI (the job's storage settings), through the driver JVM's Hadoop FileSystem:
+    it lives where the Parquet data it marks lives (s3a://, hdfs://, file://), never on the driver's local disk."""
+
+    def __init__(self, spark: SparkSession, uri: str) -> None:
+        jvm = spark.sparkContext._jvm
+        self.uri = uri
+        self.path = jvm.org.apache.hadoop.fs.Path(uri)
+        self.fs = self.path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+    def exists(self) -> bool:
+        return bool(self.fs.exists(self.path))
+
+    def touch(self) -> None:
+        self.fs.create(self.path, True).close()  # parents are created as needed
 
 
 def json_text_udf(payload: dict[str, Any]):
@@ -181,17 +197,16 @@ class BatchSink:
             log.error("dead letter", extra={"urn": d["urn"], "aspect": d["aspect"], "reason": d["reason"],
                                             "topic": d["topic"], "partition": d["partition"], "offset": d["offset"]})
         frame = self.spark.createDataFrame(rows, DEAD_LETTER_SCHEMA)
-        frame.write.mode("append").partitionBy("day").parquet(str(self.settings.dead_letter_dir))
+        frame.write.mode("append").partitionBy("day").parquet(self.settings.dead_letter_dir)
 
     def _archive_timeseries(self, batch: DataFrame, batch_id: int, has_points: bool = True) -> int:
         """Append the batch's timeseries change logs to the Parquet dataset (once per query and batch). `has_points`
         False: the batch holds no record of the timeseries topic (nothing is read, the batch is marked done)."""
-        root = Path(self.settings.timeseries_dir)
-        marker = root / "_batches" / f"{self._query_id()}-{batch_id}"
+        root = self.settings.timeseries_dir
+        marker = StorageFile(self.spark, storage_join(root, "_batches", f"{self._query_id()}-{batch_id}"))
         if marker.exists():
             return 0
         if not has_points:
-            marker.parent.mkdir(parents=True, exist_ok=True)
             marker.touch()
             return 0
         mcl = json_text_udf(self.payload)(F.col("value"))  # Avro or JSON on the topic: the MCL's JSON text
@@ -216,10 +231,9 @@ class BatchSink:
         try:
             count = points.count()
             if count:
-                points.write.mode("append").partitionBy("aspect", "day").parquet(str(root))
+                points.write.mode("append").partitionBy("aspect", "day").parquet(root)
         finally:
             points.unpersist()
-        marker.parent.mkdir(parents=True, exist_ok=True)
         marker.touch()
         return count
 
@@ -242,7 +256,7 @@ class BatchSink:
         return lag
 
 
-def run_stream(spark: SparkSession, settings: IndexerSettings, *, checkpoint: str | Path | None = None,
+def run_stream(spark: SparkSession, settings: IndexerSettings, *, checkpoint: str | None = None,
                once: bool = False, echo: bool = True) -> StreamResult:
     """Run the streaming job: until stopped, or with `once` until everything on the topics now is indexed."""
     from spark_indexer.kafka_source import read_stream
@@ -255,7 +269,7 @@ def run_stream(spark: SparkSession, settings: IndexerSettings, *, checkpoint: st
     source = read_stream(spark, settings, sink.topics)
     writer = (
         source.writeStream.foreachBatch(sink)
-        .option("checkpointLocation", str(checkpoint or settings.checkpoint_dir))
+        .option("checkpointLocation", checkpoint or settings.checkpoint_dir)
         .queryName("metaledger-indexer")
     )
     writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{settings.spark_trigger_interval_s} seconds")
