@@ -22,11 +22,10 @@ from __future__ import annotations
 from datetime import timezone
 from typing import Annotated, Any
 
-import orjson
 from fastapi import APIRouter, Query, Request, Response
 
 from app.auth.model import Permission
-from app.api.deps import ALLOW_READ, Caller, Gateway, ReadYourWrites, Registry, Search, Session
+from app.api.deps import ALLOW_READ, Caller, Gateway, ReadYourWrites, Registry, Search, Session, admit_before_body
 from app.api.http import Flag, UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response, parse_bool, read_json
 from app.api.restli.common import ACTION_BODY, optional_int, parse_restli_list, require_object, require_urn
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
@@ -63,14 +62,14 @@ async def entities_action(
         raise ValidationFailed(
             f"unknown action {action!r} on /entities", [Issue(f"supported actions: {', '.join(ACTIONS)}", path="$action")]
         )
-    body = await read_json(request, gateway.settings)
     if action == "ingest":
-        # Every aspect of the snapshot is committed together, or none is.
-        event = unbundle_restli_entity(body, gateway.registry)
-        check_batch_size(None, gateway.settings, "$.entity.value", count=len(event.drafts), what="aspects")
-        outcome = await gateway.submit(session, event.drafts, caller, request_headers=request.headers)
+        async with admit_before_body(request, caller):  # a write refused with 429 is never parsed
+            # Every aspect of the snapshot is committed together, or none is.
+            event = unbundle_restli_entity(await read_json(request, gateway.settings), gateway.registry)
+            check_batch_size(None, gateway.settings, "$.entity.value", count=len(event.drafts), what="aspects")
+            outcome = await gateway.submit(session, event.drafts, caller, request_headers=request.headers)
         return json_response({}, headers=outcome.response_headers)
-    body = require_object(body)
+    body = require_object(await read_json(request, gateway.settings))
     if action == "delete":
         return json_response({"value": await _delete(body, session, gateway, caller, search, caught_up)})
     caller.require(Permission.ADMIN)
