@@ -87,3 +87,18 @@ def test_the_answer_names_the_cause_not_its_wrapper() -> None:
     assert answer.status_code == 503
     assert answer.headers() == {"Retry-After": "1"}
     assert "CannotConnectNowError: the database system is starting up" in answer.message
+
+
+def test_the_kafka_consumers_retry_a_batch_on_every_database_fault_and_on_nothing_else() -> None:
+    # A batch applied while the database restarts is retried whole, never dead-lettered: the consumers ask the same
+    # classification as the HTTP answers (a fault missing from a list of their own sent records to the FMCP topic).
+    from app.errors import ServiceUnavailable, ValidationFailed
+    from app.kafka.consumers import is_transient
+
+    for fault in (wrapped(asyncpg.exceptions.ConnectionDoesNotExistError("closed in the middle of operation")),
+                  asyncpg.exceptions.InternalClientError("cannot switch to state 12; another operation (2) is in progress"),
+                  asyncpg.exceptions.QueryCanceledError("canceling statement due to statement timeout"),
+                  ServiceUnavailable("the write may or may not be stored; retry"), ConnectionResetError(104, "reset")):
+        assert is_transient(fault), fault
+    for record_error in (ValidationFailed("bad aspect", []), asyncpg.exceptions.DataError("invalid input"), ValueError("a bug")):
+        assert not is_transient(record_error), record_error

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 import logging
 
-import asyncpg
-import sqlalchemy.exc
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.db_faults import DatabaseFault, classify
 from app.errors import MetaledgerError, ServiceUnavailable
 from app.ingest.gateway import IngestGateway, in_callers_terms
 from app.kafka.consumers.records import Unit, for_record
@@ -26,26 +25,16 @@ from app.write.proposal import SYSTEM_ACTOR, AuditStamp
 
 log = logging.getLogger("metaledger.kafka.consumers")
 
-# Errors after which a batch is retried (never dead-lettered): the database is down, restarting or overloaded.
-TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
-    ServiceUnavailable,
-    OSError,  # includes ConnectionRefusedError and TimeoutError
-    asyncpg.exceptions.PostgresConnectionError,
-    asyncpg.exceptions.OperatorInterventionError,  # shutdown, cannot connect now, statement cancelled
-    asyncpg.exceptions.InsufficientResourcesError,  # too many connections, disk full
-    sqlalchemy.exc.OperationalError,
-    sqlalchemy.exc.TimeoutError,  # pool exhausted
-)
-
 # After this many "commit the prefix, drop the first failure, retry the rest" rounds in one batch, the rest of the
 # batch is applied one record at a time (bounds the work when most of a batch fails).
 MAX_ISOLATION_ROUNDS = 8
 
 
 def is_transient(error: BaseException) -> bool:
-    if isinstance(error, TRANSIENT_ERRORS):
-        return True
-    return isinstance(error, sqlalchemy.exc.DBAPIError) and bool(error.connection_invalidated)
+    """Whether the batch is retried (never dead-lettered): the database is down, restarting, failing over or
+    overloaded (app.db_faults decides, as for every HTTP answer), or a 503 was raised on the way. Never the record's
+    fault."""
+    return isinstance(error, (ServiceUnavailable, OSError)) or classify(error) is DatabaseFault.UNAVAILABLE
 
 
 class IsolatingWriter:
