@@ -27,6 +27,7 @@ from app.settings import Settings
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the text format generate_latest writes (names escaped to underscores)
 LOOP_PROBE_S = 0.02  # how often the event loop's lag is sampled
+MEMORY_SETTLE_S = 5.0  # how often memory is given back once writes are over
 
 
 def in_flight_limit(settings: Settings) -> int:
@@ -68,12 +69,17 @@ class Operations:
         await self.sampler.close()
 
     async def _probe_loop(self) -> None:
-        """Observe how late each LOOP_PROBE_S timer fires (EVENT_LOOP_LAG) until closed."""
+        """Observe how late each LOOP_PROBE_S timer fires (EVENT_LOOP_LAG), and every MEMORY_SETTLE_S give memory
+        back after writes (`WriteAdmission.settle_memory`), until closed."""
         loop = asyncio.get_running_loop()
+        settle_at = loop.time() + MEMORY_SETTLE_S
         while not self._stop.is_set():
             due = loop.time() + LOOP_PROBE_S
             await asyncio.sleep(LOOP_PROBE_S)
             EVENT_LOOP_LAG.observe(max(0.0, loop.time() - due))
+            if loop.time() >= settle_at:
+                settle_at = loop.time() + MEMORY_SETTLE_S
+                self.admission.settle_memory()
 
     async def metrics(self) -> bytes:
         """The exposition: the process's series, then this app's (with a fresh outbox sample)."""

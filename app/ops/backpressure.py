@@ -28,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import ctypes.util
+import gc
 import math
 from collections import deque
 from collections.abc import AsyncIterator, Callable
@@ -57,8 +58,16 @@ def _malloc_trim() -> Callable[[], object] | None:
 
 
 # Large writes leave the C heap fragmented with free pages glibc does not give back on its own (RSS stayed ~100 MB
-# up after a flood of 1,000-MCP batches); trimming returns them, at a few ms, when the writes are over.
+# up after a flood of 1,000-MCP batches); trimming returns them, at a few ms, once the writes are over.
 MALLOC_TRIM = _malloc_trim()
+
+def give_memory_back() -> None:
+    """Collect the cyclic garbage a flood leaves (refused writes' exceptions and their frames: app.main raises the
+    collector's thresholds, so the oldest generation may wait a long time for its next collection), then trim."""
+    gc.collect()
+    if MALLOC_TRIM is not None:
+        MALLOC_TRIM()
+
 
 # The client's address, for `caller_key` when authentication is off (every request is then the same principal).
 CLIENT_ADDRESS: ContextVar[str | None] = ContextVar("metaledger_client_address", default=None)
@@ -120,7 +129,7 @@ class WriteAdmission:
         self._pace: dict[str, float] = {}
         # figures, for /metrics and tests
         self.rejected = 0
-        self._cost_since_trim = 0  # the cost of the writes released since the heap was last trimmed
+        self._since_settled = False  # writes ended or were refused since `settle_memory` last gave memory back
 
     def contended(self) -> bool:
         """Whether writes of more than one caller are in flight in this process: a large write's turns of the event
@@ -235,10 +244,17 @@ class WriteAdmission:
             del self._pace[next(iter(self._pace))]
         self._forget_if_idle(grant.caller, state)
         self._dispatch()
-        self._cost_since_trim += grant.cost
-        if not self.in_flight and self._cost_since_trim >= self.budget and MALLOC_TRIM is not None:
-            self._cost_since_trim = 0  # a budget's worth of writes done and none running: give the heap back
-            MALLOC_TRIM()
+        self._since_settled = True
+
+    def settle_memory(self) -> bool:
+        """Give the heap back (`give_memory_back`) if writes ended or were refused since the last time and none is in
+        flight or waiting now: what a flood allocated goes back once it is over. Called every few seconds
+        (app.ops); whether it did."""
+        if not self._since_settled or self.in_flight or self._callers:
+            return False
+        self._since_settled = False
+        give_memory_back()
+        return True
 
     # --- policy ---------------------------------------------------------------------------------------------------
 
@@ -295,6 +311,7 @@ class WriteAdmission:
         client told to come back competes with the others again then, and counting a turn for every refused write
         would tell a flood's clients ever longer waits than its queue has."""
         self.rejected += 1
+        self._since_settled = True
         WRITE_REJECTIONS.labels("in_flight").inc()
         drain_s = self._drain_s(caller, state.cost_in_flight) + min(self._drain_s(caller, state.cost_waiting), self.wait_s)
         retry_after = max(self.retry_after_s, min(MAX_RETRY_AFTER_S, math.ceil(drain_s)))

@@ -262,6 +262,22 @@ async def test_contended_while_writes_of_two_callers_are_in_flight_not_while_one
     admission.release(await waiter)
 
 
+async def test_memory_is_given_back_once_after_writes_and_never_while_one_runs(monkeypatch):
+    from app.ops import backpressure
+
+    given_back = []
+    monkeypatch.setattr(backpressure, "give_memory_back", lambda: given_back.append(1))
+    admission = WriteAdmission(2, 0.01, budget=10)
+    assert not admission.settle_memory()  # nothing happened yet
+    held = await admission.acquire("a", 10)
+    with pytest.raises(TooManyRequests):
+        await admission.acquire("b", 10)
+    assert not admission.settle_memory() and given_back == []  # a write is in flight
+    admission.release(held)
+    assert admission.settle_memory() and given_back == [1]
+    assert not admission.settle_memory() and given_back == [1]  # once: nothing since
+
+
 def test_the_caller_is_the_actor_or_without_auth_the_client_address():
     assert caller_key(SYSTEM_PRINCIPAL) == SYSTEM_PRINCIPAL.actor
     token = CLIENT_ADDRESS.set("10.0.0.7")
