@@ -95,12 +95,15 @@ SPARK_STAMP      := $(SPARK_DIST)/.built-$(SPARK_KEY)
 SPARK_THIRDPARTY := build/spark-thirdparty-$(shell cat pyproject.toml | sha256sum | cut -c1-16)-$(DATAHUB_VERSION).zip
 spark-dist: $(SPARK_STAMP)
 
-$(SPARK_THIRDPARTY): pyproject.toml | $(STAMP)
+$(SPARK_THIRDPARTY): | $(STAMP)
 	rm -rf build/spark-thirdparty build/spark-thirdparty-*.zip
 	$(VENV)/bin/python -m pip wheel --disable-pip-version-check -q --no-deps -w build/spark-thirdparty-wheel .
 	$(VENV)/bin/python -m pip install --disable-pip-version-check -q --target build/spark-thirdparty build/spark-thirdparty-wheel/*.whl
 	$(VENV)/bin/python -m pip install --disable-pip-version-check -q --target build/spark-thirdparty --no-deps 'acryl-datahub==$(DATAHUB_VERSION)'
 	rm -rf build/spark-thirdparty-wheel build/spark-thirdparty/{bin,app,spark_indexer,metaledger-*.dist-info}
+	@# of acryl-datahub only its model files are read (the registry), never its code
+	find build/spark-thirdparty/datahub -mindepth 1 -not -path 'build/spark-thirdparty/datahub/metadata' \
+	    -not -path 'build/spark-thirdparty/datahub/metadata/schemas*' -prune -exec rm -rf {} +
 	cd build/spark-thirdparty && zip -q -1 -r -X ../../$@.tmp . -x '*/__pycache__/*'
 	mv $@.tmp $@
 

@@ -50,6 +50,7 @@ def submit(cluster: Cluster, settings: IndexerSettings, *args: str, log: Path, d
         "--conf", "spark.executorEnv.PYTHONPATH=metaledger_deps",
         "--conf", f"spark.pyspark.python={cluster.python}",
         "--conf", f"spark.pyspark.driver.python={ROOT / '.venv' / 'bin' / 'python'}",
+        "--conf", "spark.sql.shuffle.partitions=4",
         "--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
         *[arg for key, value in (conf or {}).items() for arg in ("--conf", f"{key}={value}")],
         "spark_indexer/job.py", *args,
