@@ -3,7 +3,8 @@ the aspects' own rows through the primary key: none reads the aspect store beyon
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -28,6 +29,17 @@ class RunInfo:
 
 
 class RunRepository(SessionRepository):
+    @asynccontextmanager
+    async def _in_run_order(self) -> AsyncIterator[asyncpg.Connection]:
+        """A connection whose statements read a run's rows by walking ix_metadata_aspect_v2_run in order. Left to
+        its estimates (a run's share of the store is unknown until ANALYZE has seen it), the planner reads every row
+        of the run in a bitmap scan, parsing each one's system metadata again to recheck it, and sorts them: per page,
+        the cost of the whole run."""
+        conn = await self._conn()
+        async with conn.transaction(readonly=True):
+            await conn.execute("SET LOCAL enable_bitmapscan = off; SET LOCAL enable_seqscan = off")
+            yield conn
+
     async def run(self, run_id: str) -> RunInfo | None:
         conn = await self._conn()
         row = await conn.fetchrow("SELECT first_seen, first_change FROM ingestion_run WHERE run_id = $1", run_id)
@@ -36,46 +48,47 @@ class RunRepository(SessionRepository):
     async def list_runs(self, offset: int, limit: int, include_rolled_back: bool) -> list[RunSummary]:
         """A page of runs, newest first, each with its count of latest rows (the aspects whose current value or
         observation is the run's)."""
-        conn = await self._conn()
-        records = await conn.fetch(
-            f"""
-            SELECT r.run_id, r.first_seen,
-                   (SELECT count(*) FROM metadata_aspect_v2 m
-                    WHERE metadata_run_id(m.systemmetadata) = r.run_id AND m.version = 0) AS rows
-            FROM (SELECT run_id, first_seen FROM ingestion_run WHERE $3 OR rolled_back_at IS NULL
-                  ORDER BY first_seen DESC, run_id OFFSET $1 LIMIT $2) r
-            ORDER BY r.first_seen DESC, r.run_id
-            """,
-            offset, limit, include_rolled_back,
-        )
+        async with self._in_run_order() as conn:
+            records = await conn.fetch(
+                """
+                SELECT r.run_id, r.first_seen,
+                       (SELECT count(*) FROM metadata_aspect_v2 m
+                        -- in the index's collation (the run table's is "C"): else the index cannot answer it
+                        WHERE metadata_run_id(m.systemmetadata) = r.run_id COLLATE "default" AND m.version = 0) AS rows
+                FROM (SELECT run_id, first_seen FROM ingestion_run WHERE $3 OR rolled_back_at IS NULL
+                      ORDER BY first_seen DESC, run_id OFFSET $1 LIMIT $2) r
+                ORDER BY r.first_seen DESC, r.run_id
+                """,
+                offset, limit, include_rolled_back,
+            )
         return [RunSummary(r["run_id"], r["first_seen"], r["rows"]) for r in records]
 
     async def describe(self, run_id: str, offset: int, limit: int, include_superseded: bool) -> list[asyncpg.Record]:
         """A page, in (urn, aspect) order, of the aspects whose latest row the run wrote; with `include_superseded`,
         of every aspect it wrote a row of (its latest row, or its earliest history row when a later write or a
         rollback superseded it)."""
-        conn = await self._conn()
         where = f"{RUN_OF} = $1" + ("" if include_superseded else " AND version = 0")
-        return await conn.fetch(
-            f"""
-            SELECT DISTINCT ON (urn, aspect) urn, aspect, metadata, systemmetadata, createdon
-            FROM metadata_aspect_v2 WHERE {where}
-            ORDER BY urn, aspect, version OFFSET $2 LIMIT $3
-            """,
-            run_id, offset, limit,
-        )
+        async with self._in_run_order() as conn:
+            return await conn.fetch(
+                f"""
+                SELECT DISTINCT ON (urn, aspect) urn, aspect, metadata, systemmetadata, createdon
+                FROM metadata_aspect_v2 WHERE {where}
+                ORDER BY urn, aspect, version OFFSET $2 LIMIT $3
+                """,
+                run_id, offset, limit,
+            )
 
     async def written_after(self, run_id: str, after: tuple[str, str], limit: int) -> list[tuple[str, str]]:
         """The next `limit` (urn, aspect) the run wrote a row of, after `after` in (urn, aspect) order."""
-        conn = await self._conn()
-        records = await conn.fetch(
-            f"""
-            SELECT DISTINCT ON (urn, aspect) urn, aspect FROM metadata_aspect_v2
-            WHERE {RUN_OF} = $1 AND (urn, aspect) > ($2::text COLLATE "C", $3::text COLLATE "C")
-            ORDER BY urn, aspect, version LIMIT $4
-            """,
-            run_id, after[0], after[1], limit,
-        )
+        async with self._in_run_order() as conn:
+            records = await conn.fetch(
+                f"""
+                SELECT DISTINCT ON (urn, aspect) urn, aspect FROM metadata_aspect_v2
+                WHERE {RUN_OF} = $1 AND (urn, aspect) > ($2::text COLLATE "C", $3::text COLLATE "C")
+                ORDER BY urn, aspect, version LIMIT $4
+                """,
+                run_id, after[0], after[1], limit,
+            )
         return [(r["urn"], r["aspect"]) for r in records]
 
     async def aspect_states(
@@ -95,7 +108,10 @@ class RunRepository(SessionRepository):
                    p.metadata AS prev_metadata, p.systemmetadata AS prev_sm,
                    a.oldest, a.run_wrote, a.foreign
             FROM unnest($4::text[], $5::text[]) AS k(urn, aspect)
-            LEFT JOIN metadata_aspect_v2 c ON c.urn = k.urn AND c.aspect = k.aspect AND c.version = 0
+            LEFT JOIN LATERAL (  -- a lookup per key whatever the statistics say (OFFSET 0: not flattened into a join)
+                SELECT x.metadata, x.systemmetadata, x.createdon FROM metadata_aspect_v2 x
+                WHERE x.urn = k.urn AND x.aspect = k.aspect AND x.version = 0 OFFSET 0
+            ) c ON true
             LEFT JOIN LATERAL (
                 SELECT h.metadata, h.systemmetadata FROM metadata_aspect_v2 h
                 WHERE h.urn = k.urn AND h.aspect = k.aspect AND h.version > 0 AND h.createdon < $3
