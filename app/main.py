@@ -44,7 +44,6 @@ from app.registry.errors import RegistryError
 from app.schema_registry import make_registry_client
 from app.settings import Settings, get_settings
 from app.ingest.gateway import IngestGateway
-from app.ingest.telemetry import ensure_telemetry_client_id
 from app.kafka.per_aspect import resolve_routes
 from app.kafka.producer import ProposalProducer
 from app.workers import follow_supervisor
@@ -138,7 +137,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.gateway = IngestGateway(
         app.state.write_service, search, producer, auth, admission=ops.admission, combiner=combiner,
     )
-    await ensure_telemetry_client_id(app.state.sessionmaker, app.state.gateway)  # DataHub's, read by every CLI call
     background = Background()
     if settings.background_in_process:  # else a process of its own runs them (`serve --workers N`, app.supervisor)
         await background.start(settings, engine, app.state.sessionmaker, app.state.gateway, search, codec)

@@ -18,6 +18,18 @@ JSON = "application/json"
 DATASET = "urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)"
 
 
+class _TraceId(str):
+    """Equal to any W3C trace id (32 hex digits): what every write stores as `telemetryTraceId` (app.ingest.trace)."""
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, str) and len(other) == 32 and all(c in "0123456789abcdef" for c in other)
+
+    __hash__ = str.__hash__
+
+
+ANY_TRACE_ID = _TraceId("<any trace id>")
+
+
 # --- proposals ---------------------------------------------------------------------------------------------------
 
 

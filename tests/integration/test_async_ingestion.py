@@ -24,6 +24,7 @@ from app.main import create_app
 from app.settings import Settings
 from tests import helpers
 from tests.helpers import (
+    ANY_TRACE_ID,
     bearer,
     create_topics,
     dead_letter,
@@ -100,14 +101,16 @@ async def test_async_writes_are_validated_queued_and_applied_by_the_consumer(kaf
                 {"urn": B, "subTypes": {"value": {"typeNames": ["Table"]}}},
             ])
             assert v3.status_code == 202, v3.text
+            traced = {"properties": {"telemetryTraceId": ANY_TRACE_ID}}  # every write carries its trace (app.ingest.trace)
             assert v3.json() == [{"urn": B,
-                                  "status": {"value": {"removed": True}, "systemMetadata": {"runId": "v3-run"}, "status": "QUEUED"},
-                                  "subTypes": {"value": {"typeNames": ["Table"]}, "status": "QUEUED"}}]
+                                  "status": {"value": {"removed": True}, "systemMetadata": {"runId": "v3-run", **traced},
+                                             "status": "QUEUED"},
+                                  "subTypes": {"value": {"typeNames": ["Table"]}, "systemMetadata": traced, "status": "QUEUED"}}]
 
             # v3 single aspect: CREATE by default travels in the MCP; a second CREATE fails later, in FMCP.
             single = await client.post(f"/openapi/v3/entity/dataset/{C}/status?async=true", json={"value": {"removed": False}})
             assert single.status_code == 202, single.text
-            assert single.json() == {"urn": C, "status": {"value": {"removed": False}, "status": "QUEUED"}}
+            assert single.json() == {"urn": C, "status": {"value": {"removed": False}, "systemMetadata": traced, "status": "QUEUED"}}
 
             # On the topic: exactly these MCPs, in order, keyed by URN, in DataHub's form (the bad ones never got there):
             # Avro MetadataChangeProposal framed with DataHub's id 16 (systemMetadata with the Avro record's defaults).
@@ -117,8 +120,8 @@ async def test_async_writes_are_validated_queued_and_applied_by_the_consumer(kaf
             values = [decode_value(r.value) for r in records]
             assert values[0] == {"entityType": "dataset", "entityUrn": A, "changeType": "UPSERT", "aspectName": "status",
                                  "aspect": {"value": '{"removed":false}', "contentType": "application/json"},
-                                 "systemMetadata": {**sm, "lastRunId": "no-run-id-provided"}}
-            assert values[1]["headers"] == {"X-Test": "1"} and "systemMetadata" not in values[1]
+                                 "systemMetadata": {**sm, "lastRunId": "no-run-id-provided", **traced}}
+            assert values[1]["headers"] == {"X-Test": "1"} and values[1]["systemMetadata"]["properties"] == traced["properties"]
             assert orjson.loads(values[1]["aspect"]["value"]) == {"description": "queued", "customProperties": {}}
             assert values[2]["systemMetadata"]["runId"] == "v3-run" and values[3]["aspectName"] == "subTypes"
             assert values[4]["changeType"] == "CREATE" and values[4]["entityUrn"] == C

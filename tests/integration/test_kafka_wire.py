@@ -20,6 +20,7 @@ from aiokafka import AIOKafkaConsumer, TopicPartition
 from app.avro.schemas import package_schema_dir, schema_text
 from app.kafka.consumers import McpConsumer
 from tests.helpers import (
+    ANY_TRACE_ID,
     JSON,
     TopicReader,
     create_topics,
@@ -98,7 +99,7 @@ async def test_the_relay_publishes_datahubs_avro_by_default(app, client, db, kaf
     assert create["aspect"] == {"value": b'{"removed":false}', "contentType": JSON}
     assert create["previousAspectValue"] is None and create["previousSystemMetadata"] is None
     sm = create["systemMetadata"]
-    assert sm["runId"] == "run-1" and sm["version"] == "1" and sm["properties"] == {"a": "b"} and sm["lastObserved"] > 0
+    assert sm["runId"] == "run-1" and sm["version"] == "1" and sm["properties"] == {"a": "b", "telemetryTraceId": ANY_TRACE_ID} and sm["lastObserved"] > 0
     assert sm["aspectCreated"]["actor"] == "urn:li:corpuser:datahub"
     assert create["headers"] == {"X-Custom": "a", DB_VERSION_HEADER: "1"}
     assert create["created"]["actor"] == "urn:li:corpuser:datahub" and create["created"]["time"] > 0

@@ -12,6 +12,7 @@ import pytest_asyncio
 
 from app.kafka.consumers import MceConsumer
 from tests.helpers import (
+    ANY_TRACE_ID,
     create_topics,
     dead_letter,
     decode_value,
@@ -72,7 +73,9 @@ async def test_restli_ingest_of_the_client_capture(client, db):
     assert aspects["upstreamLineage"]["value"]["upstreams"][0]["type"] == "TRANSFORMED"
     assert "datasetKey" in aspects
     row = await stored(db, LEGACY, "datasetProperties")
-    assert row["systemMetadata"]["properties"] == CLIENT_SM["properties"] and row["createdBy"] == "urn:li:corpuser:datahub"
+    # the client's properties, and the write's trace id (app.ingest.trace)
+    assert row["systemMetadata"]["properties"] == {**CLIENT_SM["properties"], "telemetryTraceId": ANY_TRACE_ID}
+    assert row["createdBy"] == "urn:li:corpuser:datahub"
 
     # Re-sending the same event is a no-op; the Avro spelling of the classes is accepted too.
     avro = {"entity": {"value": snapshot(LEGACY, {"com.linkedin.pegasus2avro.common.Status": {"removed": True}},
@@ -107,7 +110,7 @@ async def test_restli_ingest_rejects_bad_events_with_paths_and_writes_nothing(cl
         error = response.json()
         assert error["error"] == "Validation Error"
         assert [i["path"] for i in error["issues"]] == paths, error
-    assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2") == 0
+    assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn LIKE 'urn:li:dataset:%'") == 0
 
     for url, body in [
         ("/entities?action=ingest", {"entity": snapshot(LEGACY, {"com.linkedin.common.Status": {}})}),  # no `value`

@@ -43,7 +43,7 @@ async def test_ingest_proposal_and_batch_then_versioned_aspect_reads(client, db)
     assert first["version"] == 1 and first["aspect"]["com.linkedin.dataset.DatasetProperties"]["description"] == "v1"
     key = (await get_aspect(client, DATASET, "datasetKey")).json()
     assert key["aspect"] == {"com.linkedin.metadata.key.DatasetKey": {"platform": "urn:li:dataPlatform:hive", "name": "db.orders", "origin": "PROD"}}
-    assert await db.fetchval("SELECT count(DISTINCT urn) FROM metadata_aspect_v2") == 2
+    assert await db.fetchval("SELECT count(DISTINCT urn) FROM metadata_aspect_v2 WHERE urn LIKE 'urn:li:dataset:%'") == 2
 
     missing = await get_aspect(client, DATASET, "ownership")
     assert missing.status_code == 404 and set(missing.json()) == {"error", "message", "issues"}
@@ -51,7 +51,8 @@ async def test_ingest_proposal_and_batch_then_versioned_aspect_reads(client, db)
     assert (await get_aspect(client, DATASET, "datasetProfile")).status_code == 404  # timeseries: never versioned
     assert (await get_aspect(client, DATASET, "noSuchAspect")).status_code == 400
     # telemetry, as the client's test_connection asks (404 means "not there")
-    assert (await get_aspect(client, "urn:li:telemetry:clientId", "telemetryClientId")).status_code == 404
+    telemetry = await get_aspect(client, "urn:li:telemetry:clientId", "telemetryClientId")
+    assert telemetry.status_code == 200 and telemetry.json()["aspect"]["com.linkedin.telemetry.TelemetryClientId"]["clientId"]
 
 
 async def test_batch_is_one_transaction_and_names_every_bad_proposal(client, db):
@@ -66,7 +67,7 @@ async def test_batch_is_one_transaction_and_names_every_bad_proposal(client, db)
     assert sorted({i["index"] for i in error["issues"]}) == [1, 2]
     assert any(i["path"].startswith("$.proposals[1].aspect.value") for i in error["issues"]), error
     assert any(i["path"].startswith("$.proposals[2]") for i in error["issues"]), error
-    assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2") == 0
+    assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn LIKE 'urn:li:dataset:%'") == 0
 
     single = await restli_propose(client, mcp("status", {"removed": 3}))
     assert single.status_code == 400 and single.json()["issues"][0]["path"].startswith("$.proposal.aspect.value")
