@@ -19,7 +19,7 @@ from typing import Any
 from app.avro.wire import ValueCodec, WireFormatError
 from app.registry.errors import RegistryConfigError
 from app.search.documents import IndexLimits, changes_from_mcl
-from app.search.model import IndexChange
+from app.search.model import IndexChange, SearchBackend
 from app.urns import InvalidUrnError, entity_type_of
 
 log = logging.getLogger("metaledger.spark_indexer")
@@ -28,7 +28,12 @@ TRANSIENT_ATTEMPTS = 6  # a backend that stays unreachable this long fails the t
 # A broken installation or configuration on the executor (a module missing from the shipped environment, a registry
 # that does not load) is no record's fault: it fails the task, hence the batch (the stream stops, its offsets are not
 # committed), and never becomes a dead letter. Dead letters are for records only.
-INSTALLATION_ERRORS: tuple[type[BaseException], ...] = (ImportError, RegistryConfigError)
+class BackendSetupError(RuntimeError):
+    """The search backend could not be built or started on this executor for a reason that is not an outage (a
+    client library missing, e.g. elastic_transport's "You must have 'httpx' installed", or a bad setting)."""
+
+
+INSTALLATION_ERRORS: tuple[type[BaseException], ...] = (ImportError, RegistryConfigError, BackendSetupError)
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,11 +206,20 @@ class IndexTask:
                                        item.mcl.get("entityUrn"), item.mcl.get("aspectName")))
         return out
 
+    def _started_backend(self) -> SearchBackend:
+        try:
+            return self.runtime.started_backend()
+        except Exception as error:  # noqa: BLE001
+            if is_transient(error) or isinstance(error, INSTALLATION_ERRORS):
+                raise
+            raise BackendSetupError(f"the search backend could not be set up on this executor: "
+                                    f"{type(error).__name__}: {error}") from error
+
     def _apply(self, changes: list[IndexChange]) -> None:
         """Apply with retries on transient failures; a refusal is raised to the caller."""
         for attempt in range(TRANSIENT_ATTEMPTS):
             try:
-                backend = self.runtime.started_backend()
+                backend = self._started_backend()
                 self.runtime.run(backend.apply(changes))
                 return
             except INSTALLATION_ERRORS:

@@ -100,7 +100,7 @@ class Cluster:
                 state = self.state()
                 if ready(state):
                     return state
-            except httpx.HTTPError:
+            except (httpx.HTTPError, ValueError):  # not up yet, or its JSON cut short while it starts
                 pass
             for name, process in self.processes.items():
                 assert process.poll() is None or name.startswith("worker"), (self.base / f"{name}.log").read_text()
