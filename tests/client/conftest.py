@@ -219,6 +219,7 @@ def kafka_service_env(database_url: str, bootstrap: str, topics: dict[str, str])
         "METALEDGER_MCP_CONSUMER_GROUP": f"group-{topics['topic_mcp']}",
         "METALEDGER_RELAY_POLL_INTERVAL_MS": "20",
         "METALEDGER_AUTH_BOOTSTRAP_ADMIN_TOKEN": "false",
+        "METALEDGER_SHUTDOWN_DRAIN_S": "0",  # no load balancer to drain from: stopped at once at the end
         **{f"METALEDGER_{setting.upper()}": name for setting, name in topics.items()},
     })
     return env
