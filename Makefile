@@ -19,7 +19,7 @@ ARGS            ?=
 INSTALL_KEY := $(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)-$(DATAHUB_VERSION)
 STAMP       := $(VENV)/.metaledger-installed-$(INSTALL_KEY)
 
-.PHONY: help venv client-venv actions-venv postgres-bin java-bin run test openapi-check clean-venv spark-dist
+.PHONY: help venv client-venv actions-venv postgres-bin java-bin zip-bin run test openapi-check clean-venv spark-dist
 
 help:
 	@echo "make run            serve on $(HOST):$(PORT) (HOST=, PORT= to change)"
@@ -93,7 +93,7 @@ SPARK_SOURCES    := pyproject.toml $(sort $(shell find app spark_indexer -type f
 SPARK_KEY        := $(shell cat $(SPARK_SOURCES) | sha256sum | cut -c1-16)
 SPARK_STAMP      := $(SPARK_DIST)/.built-$(SPARK_KEY)
 SPARK_THIRDPARTY := build/spark-thirdparty-$(shell cat pyproject.toml | sha256sum | cut -c1-16)-$(DATAHUB_VERSION).zip
-spark-dist: $(SPARK_STAMP)
+spark-dist: zip-bin $(SPARK_STAMP)
 
 $(SPARK_THIRDPARTY): | $(STAMP)
 	rm -rf build/spark-thirdparty build/spark-thirdparty-*.zip
@@ -142,10 +142,21 @@ java-bin:
 	$$SUDO apt-get update -q; \
 	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openjdk-17-jre-headless
 
+zip-bin:
+	@if command -v zip >/dev/null && command -v unzip >/dev/null; then exit 0; fi; \
+	if ! command -v apt-get >/dev/null; then \
+	    echo "zip/unzip are missing and this is not a Debian/Ubuntu machine: install them (make spark-dist uses them)" >&2; \
+	    exit 1; \
+	fi; \
+	SUDO=; if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; \
+	echo "installing Debian's zip and unzip (make spark-dist packs the Spark job's archive with them)"; \
+	$$SUDO apt-get update -q; \
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends zip unzip
+
 run: venv postgres-bin
 	$(VENV)/bin/metaledger serve --host $(HOST) --port $(PORT)
 
-test: venv postgres-bin java-bin
+test: venv postgres-bin java-bin zip-bin
 	@rc=0; $(VENV)/bin/python -m pytest $(ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5): treated as a failure" >&2; fi; \
 	exit $$rc
