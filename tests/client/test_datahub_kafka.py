@@ -27,6 +27,7 @@ import yaml
 from app.avro.wire import ValueCodec
 from app.settings import Settings
 from tests.client.helpers import mcp, propose
+from tests.helpers import ANY_TRACE_ID
 
 pytestmark = pytest.mark.client
 
@@ -339,7 +340,7 @@ print(json.dumps({"versioned": [fields(r) for r in versioned], "timeseries": [fi
     assert update["previousAspectValue"] == {"value": {"removed": False}, "contentType": "application/json"}
     assert update["previousSystemMetadata"]["version"] == "1" and update["previousSystemMetadata"]["runId"] == "run-1"
     assert update["systemMetadata"]["version"] == "2" and update["systemMetadata"]["runId"] == "run-2"
-    assert update["systemMetadata"]["lastRunId"] == "run-1" and update["systemMetadata"]["properties"] == {"p": "q"}
+    assert update["systemMetadata"]["lastRunId"] == "run-1" and update["systemMetadata"]["properties"] == {"p": "q", "telemetryTraceId": ANY_TRACE_ID}
     assert update["systemMetadata"]["lastObserved"] > 0
     assert update["headers"] == {DB_VERSION_HEADER: "2"}
     assert update["created"]["time"] >= create["created"]["time"]

@@ -1,16 +1,14 @@
 """Write tracing, DataHub's protocol (app.api.trace_write): every response's `traceparent`, the trace id kept in each
 write's system metadata (`telemetryTraceId`), and `POST /openapi/v1/trace/write/{traceId}` per aspect — synchronous
 writes, replaced ones, timeseries, and asynchronous ones on the real broker (PENDING, then ACTIVE_STATE, or ERROR
-with the MCP consumer's reason). Also the telemetry client id DataHub creates at start-up."""
+with the MCP consumer's reason)."""
 
 from __future__ import annotations
 
 import re
-import uuid
 from typing import Any
 
 import httpx
-import pytest
 
 from app.ingest.trace import trace_time_ms
 from app.main import create_app
@@ -106,20 +104,6 @@ async def test_a_trace_request_naming_what_does_not_exist_is_a_400(client):
     assert bad_urn.status_code == 400
     bad_id = await client.post("/openapi/v1/trace/write/not-a-trace", json={URN: ["status"]})
     assert bad_id.status_code == 400 and "$traceId" in bad_id.text
-
-
-async def test_the_telemetry_client_id_exists_from_the_first_start(client, app):
-    response = await client.get("/aspects/urn%3Ali%3Atelemetry%3AclientId", params={"aspect": "telemetryClientId", "version": 0})
-    assert response.status_code == 200, response.text
-    client_id = response.json()["aspect"]["com.linkedin.telemetry.TelemetryClientId"]["clientId"]
-    assert uuid.UUID(client_id)
-    # A second start keeps it.
-    again = create_app(app.state.settings, app.state.registry)
-    async with again.router.lifespan_context(again):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=again), base_url="http://m",
-                                     headers=client.headers) as other:
-            kept = await other.get("/aspects/urn%3Ali%3Atelemetry%3AclientId", params={"aspect": "telemetryClientId"})
-    assert kept.json()["aspect"]["com.linkedin.telemetry.TelemetryClientId"]["clientId"] == client_id
 
 
 async def test_async_writes_are_pending_on_the_topic_then_active_or_refused(kafka_broker, database_url, registry, db,
