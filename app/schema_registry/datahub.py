@@ -28,7 +28,9 @@ VERSION_IDS: dict[str, tuple[int, ...]] = {
     "mae": (7, 15, 22),
 }
 
-# The setting naming each role's topic (MetadataAuditEvent has no topic in metaledger: its ids are served, no subject).
+# The setting naming each role's topic. MetadataAuditEvent_v4's subject is served whether or not
+# METALEDGER_MAE_V4_ENABLED publishes to its topic, as DataHub's registry serves it: a client that looks schemas up
+# by subject finds it before the first event.
 TOPIC_SETTINGS: dict[str, str] = {
     "mcp": "topic_mcp",
     "fmcp": "topic_fmcp",
@@ -37,6 +39,7 @@ TOPIC_SETTINGS: dict[str, str] = {
     "platform_event": "topic_platform_event",
     "mce": "topic_mce",
     "fmce": "topic_fmce",
+    "mae": "topic_mae",
 }
 
 # Ids at and above this are the registry's own (schemas producers register), never one of DataHub's.

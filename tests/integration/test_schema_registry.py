@@ -47,6 +47,7 @@ DATAHUB_SUBJECTS = {
     "PlatformEvent_v1-value": ("PlatformEvent", [4]),
     "MetadataChangeEvent_v4-value": ("MetadataChangeEvent", [5, 13, 20]),
     "FailedMetadataChangeEvent_v4-value": ("FailedMetadataChangeEvent", [6, 14, 21]),
+    "MetadataAuditEvent_v4-value": ("MetadataAuditEvent", [7, 15, 22]),
 }
 
 
@@ -109,8 +110,7 @@ async def test_datahub_subjects_versions_and_fixed_ids(client):
             response = await client.get(f"{API}/schemas/ids/{schema_id}", params={"subject": name})
             assert response.status_code == 200, response.text
             assert response.json() == {"schema": schema_text(record_name)}
-    # MetadataAuditEvent has ids but no topic here
-    assert (await client.get(f"{API}/schemas/ids/22")).json() == {"schema": schema_text("MetadataAuditEvent")}
+    assert (await client.get(f"{API}/schemas/ids/22/subjects")).json() == ["MetadataAuditEvent_v4-value"]
     assert (await client.get(f"{API}/schemas/ids/16/versions")).json() == [{"subject": MCP_SUBJECT, "version": 3}]
     assert (await client.get(f"{API}/schemas/ids/19/subjects")).json() == ["MetadataChangeLog_Timeseries_v1-value"]
     raw = await client.get(f"{API}/schemas/ids/4/schema")
