@@ -118,40 +118,30 @@ $(SPARK_STAMP): $(SPARK_THIRDPARTY)
 	@rm -f $(SPARK_DIST)/.built-*
 	@touch $@
 
-postgres-bin:
-	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then exit 0; fi; \
-	if ! command -v apt-get >/dev/null; then \
-	    echo "PostgreSQL server binaries are missing and this is not a Debian/Ubuntu machine:" \
-	         "install PostgreSQL (initdb, pg_ctl) or set METALEDGER_DATABASE_URL" >&2; \
+# `$(call apt_install,PACKAGES,WHAT THEY ARE FOR,ELSEWHERE)`: the shell that installs Debian's PACKAGES once a
+# target's own check found them missing; on a machine without apt-get it says ELSEWHERE and fails. (No commas in the
+# arguments: make would split them there.)
+apt_install = if ! command -v apt-get >/dev/null; then \
+	    echo "$(1): missing and this is not a Debian/Ubuntu machine: $(3)" >&2; \
 	    exit 1; \
 	fi; \
 	SUDO=; if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; \
-	echo "installing Debian's postgresql (server binaries for the embedded and test databases)"; \
+	echo "installing Debian's $(1) ($(2))"; \
 	$$SUDO apt-get update -q; \
-	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends postgresql
+	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $(1)
+
+postgres-bin:
+	@if ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then exit 0; fi; \
+	$(call apt_install,postgresql,server binaries for the embedded and test databases,install PostgreSQL (initdb and pg_ctl) or set METALEDGER_DATABASE_URL)
 
 # Spark (the indexer and its tests) needs a Java 17 runtime.
 java-bin:
 	@if command -v java >/dev/null; then exit 0; fi; \
-	if ! command -v apt-get >/dev/null; then \
-	    echo "java is missing and this is not a Debian/Ubuntu machine: install a Java 17 runtime (Spark needs it)" >&2; \
-	    exit 1; \
-	fi; \
-	SUDO=; if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; \
-	echo "installing Debian's openjdk-17-jre-headless (Spark runs on it)"; \
-	$$SUDO apt-get update -q; \
-	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends openjdk-17-jre-headless
+	$(call apt_install,openjdk-17-jre-headless,Spark runs on it,install a Java 17 runtime)
 
 zip-bin:
 	@if command -v zip >/dev/null && command -v unzip >/dev/null; then exit 0; fi; \
-	if ! command -v apt-get >/dev/null; then \
-	    echo "zip/unzip are missing and this is not a Debian/Ubuntu machine: install them (make spark-dist uses them)" >&2; \
-	    exit 1; \
-	fi; \
-	SUDO=; if [ "$$(id -u)" -ne 0 ]; then SUDO=sudo; fi; \
-	echo "installing Debian's zip and unzip (make spark-dist packs the Spark job's archive with them)"; \
-	$$SUDO apt-get update -q; \
-	$$SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends zip unzip
+	$(call apt_install,zip unzip,make spark-dist packs the Spark job's archive with them,install zip and unzip)
 
 run: venv postgres-bin
 	$(VENV)/bin/metaledger serve --host $(HOST) --port $(PORT)
