@@ -13,6 +13,7 @@ DATAHUB_VERSION := 1.7.0.17
 HOST            ?= 127.0.0.1
 PORT            ?= 8080
 ARGS            ?=
+TEST_WORKERS    ?= 2
 
 # The install stamp is keyed on the content of pyproject.toml and the DataHub model version: editing
 # either reinstalls, anything else (a re-run, a branch switch that only touches mtimes) costs nothing.
@@ -23,7 +24,7 @@ STAMP       := $(VENV)/.metaledger-installed-$(INSTALL_KEY)
 
 help:
 	@echo "make run            serve on $(HOST):$(PORT) (HOST=, PORT= to change)"
-	@echo "make test           run the tests (ARGS='-k name -x' to pass pytest arguments)"
+	@echo "make test           run the tests on TEST_WORKERS=2 workers (ARGS='-k name -x' to pass pytest arguments)"
 	@echo "make venv           create/refresh $(VENV) (python3.11, project + test and spark extras, DataHub models)"
 	@echo "make postgres-bin   install Debian's postgresql if its binaries are missing"
 	@echo "make openapi-check  fail if openapi/ is out of date with the code"
@@ -147,7 +148,7 @@ run: venv postgres-bin
 	$(VENV)/bin/metaledger serve --host $(HOST) --port $(PORT)
 
 test: venv postgres-bin java-bin zip-bin
-	@rc=0; $(VENV)/bin/python -m pytest $(ARGS) || rc=$$?; \
+	@rc=0; $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5): treated as a failure" >&2; fi; \
 	exit $$rc
 

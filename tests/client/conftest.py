@@ -37,7 +37,6 @@ import httpx
 import pytest
 import yaml
 
-from app.db import upgrade_database
 from app.embedded_pg import free_port
 from tests.helpers import unique_topics
 from tests.processes import issue_token, start_service, stop_process, wait_healthy_sync
@@ -137,15 +136,8 @@ def client_python() -> Path:
 
 
 @pytest.fixture(scope="session")
-def client_template(make_database: Callable[..., str]) -> str:
-    name = "metaledger_client_template"
-    upgrade_database(make_database(name))
-    return name
-
-
-@pytest.fixture(scope="session")
-def metaledger(make_database: Callable[..., str], client_template: str) -> Iterator[Metaledger]:
-    yield from metaledger_process(make_database(template=client_template))
+def metaledger(make_database: Callable[..., str], migrated_template: str) -> Iterator[Metaledger]:
+    yield from metaledger_process(make_database(template=migrated_template))
 
 
 def metaledger_process(database_url: str) -> Iterator[Metaledger]:
@@ -226,11 +218,11 @@ def kafka_service_env(database_url: str, bootstrap: str, topics: dict[str, str])
 
 
 @pytest.fixture(scope="package")
-def kafka_metaledger(make_database: Callable[..., str], client_template: str, kafka_broker,
+def kafka_metaledger(make_database: Callable[..., str], migrated_template: str, kafka_broker,
                      tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaMetaledger]:
     """One process for the package's Kafka tests (its consumer groups join once: joins are slow on Tansu); topics
     of its own, so nothing another test published reaches it."""
-    database_url = make_database(template=client_template)
+    database_url = make_database(template=migrated_template)
     topics = unique_topics()
     port = free_port()
     log_path = tmp_path_factory.mktemp("kafka-metaledger") / "metaledger.log"

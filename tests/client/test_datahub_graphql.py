@@ -44,8 +44,8 @@ def dataset(platform: str, name: str, env: str = "PROD", title: str | None = Non
 
 
 @pytest.fixture(scope="module")
-def service(make_database: Callable[..., str], client_template: str) -> Iterator[Metaledger]:
-    yield from metaledger_process(make_database(template=client_template))  # its own: deletes are checked exactly
+def service(make_database: Callable[..., str], migrated_template: str) -> Iterator[Metaledger]:
+    yield from metaledger_process(make_database(template=migrated_template))  # its own: deletes are checked exactly
 
 
 @pytest.fixture(scope="module")
