@@ -1,0 +1,430 @@
+"""OpenLineage events → DataHub aspects, as DataHub's `OpenLineageToDataHub` and `DatahubJob` map them, plus what
+they miss (ownership and tags facets, JobEvent and DatasetEvent, unknown producers).
+
+    job namespace + name          → DataFlow  urn:li:dataFlow:(<orchestrator>,<flow>,<job namespace>)
+                                    flow: the parent facet's job name, else the job name up to its first dot
+                                  → DataJob   urn:li:dataJob:(<flow urn>,<job name>): dataJobInfo,
+                                    dataJobInputOutput (dataset edges, the parent job's edge, column lineage)
+    run.runId                     → DataProcessInstance urn:li:dataProcessInstance:<runId>: properties, input,
+                                    output, relationships (job, parent run), dataProcessInstanceRunEvent
+    inputs / outputs / dataset    → Dataset urn:li:dataset:(urn:li:dataPlatform:<platform>,<name>,PROD): status,
+                                    schema → schemaMetadata, documentation → datasetProperties.description,
+                                    ownership → ownership, tags → globalTags
+
+Orchestrator: the `processing_engine` run facet's name, else what the producer URI names (`…/integration/<x>`,
+apache/airflow, trinodb/trino), else the job namespace: an unknown producer is never refused.
+
+Lineage edges merge: every event PATCHes `dataJobInputOutput` (DataHub's template: edges keyed by URN, column
+lineage keyed by downstream and upstream), so an event that carries fewer edges (a RUNNING event with none) erases
+nothing. The one exception is a COMPLETE RunEvent with inputs or outputs: its datasets and column lineage are the
+job's final ones and replace the dataset edges and column lineage (parent-job edges still merge). Aspects that are a
+run's own (DataProcessInstance input and output) merge with what the run stored. Replaying an event writes the same
+values: every versioned aspect comes back UNCHANGED.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from urllib.parse import urlsplit
+
+SYSTEM_ACTOR = "urn:li:corpuser:datahub"  # DataHub's OpenLineage converter stamps runs with it
+ENV = "PROD"
+NATIVE_RESULT_TYPE = "openlineage"
+
+# Dataset namespace scheme (or bare namespace) → DataHub platform. Any other scheme is the platform as it is.
+PLATFORMS = {
+    "postgres": "postgres", "postgresql": "postgres", "redshift": "redshift", "mysql": "mysql", "mariadb": "mariadb",
+    "sqlserver": "mssql", "mssql": "mssql", "oracle": "oracle", "db2": "db2", "teradata": "teradata",
+    "snowflake": "snowflake", "bigquery": "bigquery", "awsathena": "athena", "athena": "athena", "trino": "trino",
+    "presto": "presto", "hive": "hive", "spark": "spark", "databricks": "databricks", "clickhouse": "clickhouse",
+    "kafka": "kafka", "mongodb": "mongodb", "cassandra": "cassandra", "glue": "glue", "iceberg": "iceberg",
+    "s3": "s3", "s3a": "s3", "s3n": "s3", "gs": "gcs", "gcs": "gcs", "abfs": "abs", "abfss": "abs", "wasb": "abs",
+    "wasbs": "abs", "hdfs": "hdfs", "dbfs": "dbfs", "file": "file",
+}
+# Platforms whose namespace authority (a bucket, a container) is part of the dataset's path: s3://bucket + key/x
+# is DataHub's `bucket/key/x`. For the others (a database server) the name alone names the dataset.
+PATH_PLATFORMS = frozenset({"s3", "gcs", "abs", "hdfs", "dbfs"})
+# The producer URIs of the OpenLineage integrations that name their orchestrator.
+_PRODUCER_ORCHESTRATORS = (
+    (re.compile(r"github\.com/apache/airflow(/|$)", re.I), "airflow"),
+    (re.compile(r"github\.com/trinodb/trino(/|$)", re.I), "trino"),
+    (re.compile(r"github\.com/openlineage/openlineage/(?:(?:blob|tree)/[^/]+/)?integration/([a-z0-9_-]+)", re.I), None),
+)
+_RUN_STATUS = {  # eventType → (DataProcessRunStatus, RunResultType)
+    "START": ("STARTED", None), "RUNNING": ("STARTED", None), "COMPLETE": ("COMPLETE", "SUCCESS"),
+    "FAIL": ("COMPLETE", "FAILURE"), "ABORT": ("COMPLETE", "SKIPPED"),
+}
+_OWNERSHIP_TYPES = frozenset({"TECHNICAL_OWNER", "BUSINESS_OWNER", "DATA_STEWARD", "NONE", "DATAOWNER", "DEVELOPER",
+                              "PRODUCER", "DELEGATE", "CONSUMER", "STAKEHOLDER"})
+_NOT_URN_SAFE = re.compile(r"[^A-Za-z0-9_.\-]+")
+# Native type (its leading word, lower case) → DataHub's SchemaFieldDataType; anything else is a StringType.
+_FIELD_TYPES = {
+    **dict.fromkeys(("int", "integer", "int2", "int4", "int8", "smallint", "bigint", "tinyint", "long", "short",
+                     "byte", "float", "float4", "float8", "double", "real", "decimal", "numeric", "number",
+                     "serial", "bigserial", "money"), "NumberType"),
+    **dict.fromkeys(("bool", "boolean"), "BooleanType"),
+    **dict.fromkeys(("date",), "DateType"),
+    **dict.fromkeys(("timestamp", "timestamptz", "datetime", "time", "timetz", "interval"), "TimeType"),
+    **dict.fromkeys(("bytes", "binary", "bytea", "blob", "varbinary"), "BytesType"),
+    **dict.fromkeys(("array", "list"), "ArrayType"),
+    **dict.fromkeys(("map",), "MapType"),
+    **dict.fromkeys(("struct", "record", "row", "object", "json", "jsonb"), "RecordType"),
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One aspect write an event makes: `value` is the aspect (UPSERT) or DataHub's patch document (PATCH)."""
+
+    entity_type: str
+    urn: str
+    aspect: str
+    value: Any
+    change_type: str = "UPSERT"
+
+
+@dataclass(slots=True)
+class RunState:
+    """What is stored (or written earlier in the same request) of the runs an event touches: the run's own aspects
+    merge with it, by DataProcessInstance URN and aspect name."""
+
+    aspects: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
+
+    def get(self, urn: str, aspect: str) -> dict[str, Any] | None:
+        return self.aspects.get(urn, {}).get(aspect)
+
+    def put(self, urn: str, aspect: str, value: dict[str, Any]) -> None:
+        self.aspects.setdefault(urn, {})[aspect] = value
+
+
+def run_urn(run_id: str) -> str:
+    return f"urn:li:dataProcessInstance:{run_id}"
+
+
+RUN_ASPECTS = ("dataProcessInstanceProperties", "dataProcessInstanceInput", "dataProcessInstanceOutput")
+
+
+def run_ids(event: dict[str, Any]) -> list[str]:
+    run = event.get("run")
+    return [run["runId"]] if isinstance(run, dict) else []
+
+
+def map_event(event: dict[str, Any], runs: RunState) -> list[Change]:
+    """The aspect writes of one event (already checked against the spec: app.openlineage.validation)."""
+    if "job" not in event:  # a DatasetEvent
+        datasets = _Datasets()
+        datasets.add(event["dataset"])
+        return datasets.changes
+    return _JobEvent(event, runs).changes()
+
+
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def dataset_urn(namespace: str, name: str) -> str:
+    platform, path = dataset_platform_and_name(namespace, name)
+    return f"urn:li:dataset:(urn:li:dataPlatform:{platform},{path},{ENV})"
+
+
+def dataset_platform_and_name(namespace: str, name: str) -> tuple[str, str]:
+    """The DataHub platform and dataset name of an OpenLineage dataset (PLATFORMS, PATH_PLATFORMS)."""
+    if "://" in namespace:
+        parts = urlsplit(namespace)
+        scheme = parts.scheme.lower()
+        platform = PLATFORMS.get(scheme, _urn_safe(scheme))
+        if platform in PATH_PLATFORMS and parts.netloc:
+            return platform, f"{parts.netloc}/{name.lstrip('/')}"
+        return platform, name
+    bare = namespace.split(":", 1)[0].lower()  # `bigquery`, `hive`, `arn:aws:glue:…` spelt as a scheme
+    return PLATFORMS.get(bare, _urn_safe(bare) or "openlineage"), name
+
+
+def schema_field_urn(dataset: str, field_path: str) -> str:
+    return f"urn:li:schemaField:({dataset},{field_path})"
+
+
+def orchestrator(event: dict[str, Any]) -> str:
+    engine = ((event.get("run") or {}).get("facets") or {}).get("processing_engine") or {}
+    if isinstance(engine.get("name"), str) and engine["name"].strip():
+        return _urn_safe(engine["name"].strip().lower())
+    producer = event.get("producer", "")
+    for pattern, name in _PRODUCER_ORCHESTRATORS:
+        found = pattern.search(producer)
+        if found:
+            return name or found.group(1).lower()
+    return _urn_safe(event["job"]["namespace"].lower()) or "openlineage"
+
+
+def _urn_safe(text: str) -> str:
+    """A platform-like URN part: DataHub parses `,` `(` `)` as URN structure."""
+    return _NOT_URN_SAFE.sub("_", text).strip("_")
+
+
+def _tuple_part(text: str) -> str:
+    """A free-text URN tuple part (a namespace, a job name): DataHub's URN syntax has no escape for `,()`."""
+    return text.replace(",", "%2C").replace("(", "%28").replace(")", "%29")
+
+
+def _millis(timestamp: str) -> int:
+    return int(datetime.fromisoformat(timestamp).timestamp() * 1000)
+
+
+def _pointer(token: str) -> str:
+    return token.replace("~", "~0").replace("/", "~1")
+
+
+class _Datasets:
+    """The aspects of the datasets an event names."""
+
+    def __init__(self) -> None:
+        self.changes: list[Change] = []
+
+    def add(self, dataset: dict[str, Any]) -> str:
+        urn = dataset_urn(dataset["namespace"], dataset["name"])
+        facets = dataset.get("facets") or {}
+        self.changes.append(Change("dataset", urn, "status", {"removed": False}))
+        schema = facets.get("schema")
+        if isinstance(schema, dict) and isinstance(schema.get("fields"), list) and not schema.get("_deleted"):
+            platform, name = dataset_platform_and_name(dataset["namespace"], dataset["name"])
+            self.changes.append(Change("dataset", urn, "schemaMetadata", _schema_metadata(schema, platform, name)))
+        doc = facets.get("documentation")
+        if isinstance(doc, dict) and isinstance(doc.get("description"), str):
+            self.changes.append(_patch("dataset", urn, "datasetProperties",
+                                       [{"op": "add", "path": "/description", "value": doc["description"]}]))
+        self.changes.extend(_ownership_and_tags("dataset", urn, facets))
+        return urn
+
+
+def _schema_metadata(schema: dict[str, Any], platform: str, name: str) -> dict[str, Any]:
+    fields: list[dict[str, Any]] = []
+    _schema_fields(schema["fields"], "", fields)
+    return {
+        "schemaName": name, "platform": f"urn:li:dataPlatform:{platform}", "version": 0, "hash": "",
+        "platformSchema": {"com.linkedin.schema.OtherSchema": {"rawSchema": ""}}, "fields": fields,
+    }
+
+
+def _schema_fields(items: list[Any], prefix: str, out: list[dict[str, Any]]) -> None:
+    for item in items:
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            continue
+        native = item.get("type") if isinstance(item.get("type"), str) else ""
+        word = re.split(r"[^a-z0-9]", native.lower(), maxsplit=1)[0]
+        kind = "RecordType" if item.get("fields") else _FIELD_TYPES.get(word, "StringType")
+        described = {"description": item["description"]} if isinstance(item.get("description"), str) else {}
+        path = f"{prefix}{item['name']}"
+        out.append({"fieldPath": path, "nativeDataType": native or "unknown", "nullable": True,
+                    "type": {"type": {f"com.linkedin.schema.{kind}": {}}}, **described})
+        if isinstance(item.get("fields"), list):
+            _schema_fields(item["fields"], f"{path}.", out)
+
+
+def _owner_urn(name: str) -> str:
+    if name.startswith("urn:li:"):
+        return name
+    kind, _, rest = name.partition(":")
+    if rest and kind.lower() in ("team", "group"):
+        return f"urn:li:corpGroup:{rest}"
+    return f"urn:li:corpuser:{rest if rest and kind.lower() == 'user' else name}"
+
+
+def _ownership_and_tags(entity_type: str, urn: str, facets: dict[str, Any]) -> list[Change]:
+    changes = []
+    owners = (facets.get("ownership") or {}).get("owners") or []
+    ops = []
+    for owner in owners:
+        if isinstance(owner, dict) and isinstance(owner.get("name"), str) and owner["name"]:
+            kind = str(owner.get("type") or "").upper().replace(" ", "_")
+            kind = kind if kind in _OWNERSHIP_TYPES else "TECHNICAL_OWNER"
+            owner_urn = _owner_urn(owner["name"])
+            ops.append({"op": "add", "path": f"/owners/{_pointer(owner_urn)}/{kind}",
+                        "value": {"owner": owner_urn, "type": kind}})
+    if ops:
+        changes.append(_patch(entity_type, urn, "ownership", ops))
+    ops = []
+    for tag in (facets.get("tags") or {}).get("tags") or []:
+        if isinstance(tag, dict) and isinstance(tag.get("key"), str) and tag["key"] and not tag.get("field"):
+            value = tag.get("value")
+            name = tag["key"] if value in (None, "", tag["key"]) else f"{tag['key']}:{value}"
+            tag_urn = f"urn:li:tag:{name}"
+            ops.append({"op": "add", "path": f"/tags/{_pointer(tag_urn)}", "value": {"tag": tag_urn}})
+    if ops:
+        changes.append(_patch(entity_type, urn, "globalTags", ops))
+    return changes
+
+
+def _patch(entity_type: str, urn: str, aspect: str, ops: list[dict[str, Any]]) -> Change:
+    return Change(entity_type, urn, aspect, ops, "PATCH")
+
+
+class _JobEvent:
+    """A RunEvent or a JobEvent: the DataFlow, the DataJob, its datasets, and for a RunEvent the run."""
+
+    def __init__(self, event: dict[str, Any], runs: RunState) -> None:
+        self.event = event
+        self.runs = runs
+        job = event["job"]
+        self.job_facets = job.get("facets") or {}
+        self.run = event.get("run")
+        self.run_facets = (self.run or {}).get("facets") or {}
+        self.orchestrator = orchestrator(event)
+        parent = self.run_facets.get("parent") if isinstance(self.run_facets.get("parent"), dict) else {}
+        self.parent_job = parent.get("job") if isinstance(parent.get("job"), dict) else None
+        self.parent_run = (parent.get("run") or {}).get("runId") if isinstance(parent.get("run"), dict) else None
+        flow_name = self.parent_job["name"] if self.parent_job else job["name"].split(".", 1)[0]
+        self.flow = self._flow_urn(flow_name, job["namespace"])
+        self.job = f"urn:li:dataJob:({self.flow},{_tuple_part(job['name'])})"
+        self.datasets = _Datasets()
+
+    def _flow_urn(self, flow_name: str, namespace: str) -> str:
+        return f"urn:li:dataFlow:({self.orchestrator},{_tuple_part(flow_name)},{_tuple_part(namespace)})"
+
+    def changes(self) -> list[Change]:
+        job = self.event["job"]
+        inputs = [(self.datasets.add(d), d) for d in self.event.get("inputs") or []]
+        outputs = [(self.datasets.add(d), d) for d in self.event.get("outputs") or []]
+        flow_name = self.flow[len("urn:li:dataFlow:("):].split(",")[1]
+        changes = [
+            _patch("dataFlow", self.flow, "dataFlowInfo", [{"op": "add", "path": "/name", "value": flow_name}]),
+            Change("dataFlow", self.flow, "status", {"removed": False}),
+            _patch("dataJob", self.job, "dataJobInfo", self._job_info_ops(job)),
+            Change("dataJob", self.job, "status", {"removed": False}),
+            *_ownership_and_tags("dataJob", self.job, self.job_facets),
+        ]
+        io = self._input_output_ops(inputs, outputs)
+        if io:
+            changes.append(_patch("dataJob", self.job, "dataJobInputOutput", io))
+        changes.extend(self.datasets.changes)
+        if self.run is not None:
+            changes.extend(self._run_changes([u for u, _ in inputs], [u for u, _ in outputs]))
+        return changes
+
+    def _job_info_ops(self, job: dict[str, Any]) -> list[dict[str, Any]]:
+        ops = [
+            {"op": "add", "path": "/name", "value": job["name"]},
+            {"op": "add", "path": "/type", "value": {"string": "COMMAND"}},
+            {"op": "add", "path": "/flowUrn", "value": self.flow},
+        ]
+        doc = self.job_facets.get("documentation")
+        if isinstance(doc, dict) and isinstance(doc.get("description"), str):
+            ops.append({"op": "add", "path": "/description", "value": doc["description"]})
+        properties = {"openlineage.namespace": job["namespace"]}
+        job_type = self.job_facets.get("jobType")
+        if isinstance(job_type, dict):
+            properties.update({f"openlineage.jobType.{k}": str(job_type[k])
+                               for k in ("processingType", "integration", "jobType") if job_type.get(k)})
+        sql = self.job_facets.get("sql")
+        if isinstance(sql, dict) and isinstance(sql.get("query"), str):
+            properties["sql"] = sql["query"]
+        location = self.job_facets.get("sourceCodeLocation")
+        if isinstance(location, dict) and isinstance(location.get("url"), str):
+            properties["sourceCodeLocation"] = location["url"]
+        ops.extend({"op": "add", "path": f"/customProperties/{_pointer(k)}", "value": v} for k, v in properties.items())
+        return ops
+
+    def _input_output_ops(self, inputs: list[tuple[str, dict[str, Any]]],
+                          outputs: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        final = self.event.get("eventType") == "COMPLETE" and bool(inputs or outputs)
+        edges = {side: {urn: {"destinationUrn": urn} for urn, _ in datasets}
+                 for side, datasets in (("inputDatasetEdges", inputs), ("outputDatasetEdges", outputs))}
+        lineage = _fine_grained(outputs)
+        ops: list[dict[str, Any]] = []
+        if final:  # the job's final datasets and column lineage (module docstring)
+            ops.extend({"op": "add", "path": f"/{side}", "value": value} for side, value in edges.items())
+            ops.append({"op": "add", "path": "/fineGrainedLineages", "value": {"TRANSFORM": {
+                downstream: {"NONE": {upstream: _FGL_INFO for upstream in upstreams}}
+                for downstream, upstreams in lineage.items()}}})
+        else:
+            ops.extend({"op": "add", "path": f"/{side}/{_pointer(urn)}", "value": edge}
+                       for side, value in edges.items() for urn, edge in value.items())
+            ops.extend({"op": "add", "path": f"/fineGrainedLineages/TRANSFORM/{_pointer(downstream)}/NONE/{_pointer(upstream)}",
+                        "value": _FGL_INFO}
+                       for downstream, upstreams in lineage.items() for upstream in upstreams)
+        if self.parent_job is not None:
+            parent = f"urn:li:dataJob:({self._flow_urn(self.parent_job['name'], self.parent_job['namespace'])}," \
+                     f"{_tuple_part(self.parent_job['name'])})"
+            if parent != self.job:
+                ops.append({"op": "add", "path": f"/inputDatajobEdges/{_pointer(parent)}", "value": {"destinationUrn": parent}})
+        return ops
+
+    def _run_changes(self, inputs: list[str], outputs: list[str]) -> list[Change]:
+        run_id = self.run["runId"]
+        urn = run_urn(run_id)
+        event_type = self.event.get("eventType")
+        properties = self._run_properties(urn, run_id)
+        changes = [Change("dataProcessInstance", urn, "dataProcessInstanceProperties", properties)]
+        for aspect, side, datasets in (("dataProcessInstanceInput", "inputs", inputs),
+                                       ("dataProcessInstanceOutput", "outputs", outputs)):
+            stored = self.runs.get(urn, aspect)
+            merged = list(dict.fromkeys([*(stored or {}).get(side, []), *datasets]))
+            if merged or stored is None:
+                value = {side: merged, f"{side[:-1]}Edges": [{"destinationUrn": u} for u in merged]}
+                self.runs.put(urn, aspect, value)
+                changes.append(Change("dataProcessInstance", urn, aspect, value))
+        relationships: dict[str, Any] = {"parentTemplate": self.job, "upstreamInstances": []}
+        if self.parent_run:
+            relationships.update(parentInstance=run_urn(self.parent_run), upstreamInstances=[run_urn(self.parent_run)])
+        changes.append(Change("dataProcessInstance", urn, "dataProcessInstanceRelationships", relationships))
+        if event_type in _RUN_STATUS:
+            status, result = _RUN_STATUS[event_type]
+            point: dict[str, Any] = {"timestampMillis": _millis(self.event["eventTime"]), "status": status}
+            if result is not None:
+                point["result"] = {"type": result, "nativeResultType": NATIVE_RESULT_TYPE}
+            changes.append(Change("dataProcessInstance", urn, "dataProcessInstanceRunEvent", point))
+        return changes
+
+    def _run_properties(self, urn: str, run_id: str) -> dict[str, Any]:
+        """The run's properties: created when the run started (its nominal start, else its START event, else the
+        first event seen of it), custom properties merged over the run's events."""
+        stored = self.runs.get(urn, "dataProcessInstanceProperties")
+        nominal = (self.run_facets.get("nominalTime") or {}).get("nominalStartTime")
+        if nominal:
+            created = _millis(nominal)
+        elif stored is None or self.event.get("eventType") == "START":
+            created = _millis(self.event["eventTime"])
+        else:
+            created = stored["created"]["time"]
+        custom = dict((stored or {}).get("customProperties") or {})
+        custom.update(self._run_custom_properties())
+        value = {"name": run_id, "created": {"time": created, "actor": SYSTEM_ACTOR}, "customProperties": custom,
+                 "type": "BATCH_SCHEDULED" if nominal else "BATCH_AD_HOC"}
+        self.runs.put(urn, "dataProcessInstanceProperties", value)
+        return value
+
+    def _run_custom_properties(self) -> dict[str, str]:
+        custom = {"openlineage.producer": self.event["producer"]}
+        nominal = self.run_facets.get("nominalTime")
+        if isinstance(nominal, dict):
+            custom.update({k: str(nominal[k]) for k in ("nominalStartTime", "nominalEndTime") if nominal.get(k)})
+        error = self.run_facets.get("errorMessage")
+        if isinstance(error, dict):
+            custom.update({k: str(error[k]) for k in ("message", "programmingLanguage", "stackTrace") if error.get(k)})
+            if "message" in custom:
+                custom["errorMessage"] = custom.pop("message")
+        engine = self.run_facets.get("processing_engine")
+        if isinstance(engine, dict):
+            custom.update({f"processingEngine.{k}": str(engine[k]) for k in ("name", "version", "openlineageAdapterVersion")
+                           if engine.get(k)})
+        return custom
+
+
+_FGL_INFO = {"confidenceScore": 1.0, "upstreamType": "FIELD_SET", "downstreamType": "FIELD"}
+
+
+def _fine_grained(outputs: list[tuple[str, dict[str, Any]]]) -> dict[str, list[str]]:
+    """The outputs' columnLineage facets: downstream schema field URN → its upstream schema field URNs."""
+    lineage: dict[str, list[str]] = {}
+    for urn, dataset in outputs:
+        facet = (dataset.get("facets") or {}).get("columnLineage")
+        if not isinstance(facet, dict) or not isinstance(facet.get("fields"), dict):
+            continue
+        for column, spec in facet["fields"].items():
+            upstreams = lineage.setdefault(schema_field_urn(urn, column), [])
+            for source in spec.get("inputFields") or []:
+                upstream = schema_field_urn(dataset_urn(source["namespace"], source["name"]), source["field"])
+                if upstream not in upstreams:
+                    upstreams.append(upstream)
+    return {downstream: upstreams for downstream, upstreams in lineage.items() if upstreams}

@@ -1,0 +1,188 @@
+"""DataHub's OpenLineage endpoint against the real Postgres: the spec check, the mapping to DataFlow / DataJob /
+DataProcessInstance / datasets, merged edges, replays (app.api.openlineage, app.openlineage)."""
+
+from __future__ import annotations
+
+import copy
+import uuid
+
+import orjson
+
+from tests.helpers import stored
+
+PATH = "/openapi/openlineage/api/v1/lineage"
+PRODUCER = "https://github.com/OpenLineage/OpenLineage/tree/1.30.0/client/python"
+SCHEMA_URL = "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent"
+PG = "postgres://db.example:5432"
+ORDERS = "urn:li:dataset:(urn:li:dataPlatform:postgres,shop.public.orders,PROD)"
+CUSTOMERS = "urn:li:dataset:(urn:li:dataPlatform:postgres,shop.public.customers,PROD)"
+REPORT = "urn:li:dataset:(urn:li:dataPlatform:s3,reports/daily/revenue,PROD)"
+FLOW = "urn:li:dataFlow:(spark,etl,analytics)"
+JOB = f"urn:li:dataJob:({FLOW},etl.revenue)"
+
+
+def facet(**fields):
+    return {"_producer": PRODUCER, "_schemaURL": "https://openlineage.io/spec/facets/1-0-0/X.json", **fields}
+
+
+def run_event(event_type, run_id, *, inputs=(), outputs=(), time="2024-05-01T10:00:00.000Z", **run_facets):
+    return {
+        "eventType": event_type, "eventTime": time, "producer": PRODUCER, "schemaURL": SCHEMA_URL,
+        "run": {"runId": run_id, "facets": {"processing_engine": facet(name="Spark", version="3.5.1"), **run_facets}},
+        "job": {"namespace": "analytics", "name": "etl.revenue",
+                "facets": {"documentation": facet(description="Daily revenue"),
+                           "ownership": facet(owners=[{"name": "user:alice", "type": "TECHNICAL_OWNER"}])}},
+        "inputs": list(inputs), "outputs": list(outputs),
+    }
+
+
+def orders(**facets):
+    return {"namespace": PG, "name": "shop.public.orders", "facets": facets}
+
+
+def customers():
+    return {"namespace": PG, "name": "shop.public.customers"}
+
+
+def report():
+    return {"namespace": "s3://reports", "name": "/daily/revenue", "facets": {
+        "schema": facet(fields=[{"name": "day", "type": "DATE"}, {"name": "total", "type": "DECIMAL(12,2)"}]),
+        "columnLineage": facet(fields={"total": {"inputFields": [
+            {"namespace": PG, "name": "shop.public.orders", "field": "amount"}]}}),
+        "tags": facet(tags=[{"key": "pii", "value": "false"}]),
+    }}
+
+
+async def post(client, body, path=PATH):
+    return await client.post(path, json=body)
+
+
+async def versions(db, urn, aspect):
+    return await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = $2", urn, aspect)
+
+
+def edges(value, side):
+    return sorted(e["destinationUrn"] for e in value[side])
+
+
+async def test_a_run_becomes_flow_job_run_and_datasets(client, db):
+    run_id = str(uuid.uuid4())
+    start = run_event("START", run_id, inputs=[orders(schema=facet(fields=[{"name": "amount", "type": "numeric"}]))],
+                      outputs=[report()])
+    complete = run_event("COMPLETE", run_id, inputs=[orders()], outputs=[report()], time="2024-05-01T10:05:00.000Z")
+    response = await post(client, start)
+    assert response.status_code == 200, response.text
+    assert (await post(client, complete)).status_code == 200
+
+    assert (await stored(db, FLOW, "dataFlowInfo"))["value"]["name"] == "etl"
+    info = (await stored(db, JOB, "dataJobInfo"))["value"]
+    assert info["name"] == "etl.revenue" and info["description"] == "Daily revenue" and info["flowUrn"] == FLOW
+    io = (await stored(db, JOB, "dataJobInputOutput"))["value"]
+    assert edges(io, "inputDatasetEdges") == [ORDERS] and edges(io, "outputDatasetEdges") == [REPORT]
+    assert io["fineGrainedLineages"] == [{
+        "upstreamType": "FIELD_SET", "upstreams": [f"urn:li:schemaField:({ORDERS},amount)"],
+        "downstreamType": "FIELD", "downstreams": [f"urn:li:schemaField:({REPORT},total)"],
+        "transformOperation": "TRANSFORM", "confidenceScore": 1.0,
+    }]
+    owners = (await stored(db, JOB, "ownership"))["value"]["owners"]
+    assert [(o["owner"], o["type"]) for o in owners] == [("urn:li:corpuser:alice", "TECHNICAL_OWNER")]
+
+    schema = (await stored(db, REPORT, "schemaMetadata"))["value"]
+    assert [(f["fieldPath"], f["nativeDataType"], next(iter(f["type"]["type"]))) for f in schema["fields"]] == [
+        ("day", "DATE", "com.linkedin.schema.DateType"), ("total", "DECIMAL(12,2)", "com.linkedin.schema.NumberType")]
+    assert (await stored(db, REPORT, "globalTags"))["value"]["tags"] == [{"tag": "urn:li:tag:pii:false"}]
+    assert (await stored(db, ORDERS, "schemaMetadata"))["value"]["platform"] == "urn:li:dataPlatform:postgres"
+
+    run = f"urn:li:dataProcessInstance:{run_id}"
+    properties = (await stored(db, run, "dataProcessInstanceProperties"))["value"]
+    assert properties["name"] == run_id and properties["created"]["time"] == 1714557600000  # START's time, kept
+    assert properties["customProperties"]["processingEngine.version"] == "3.5.1"
+    assert (await stored(db, run, "dataProcessInstanceInput"))["value"]["inputs"] == [ORDERS]
+    assert (await stored(db, run, "dataProcessInstanceOutput"))["value"]["outputs"] == [REPORT]
+    assert (await stored(db, run, "dataProcessInstanceRelationships"))["value"]["parentTemplate"] == JOB
+    points = await db.fetch("SELECT payload FROM change_log_outbox WHERE urn = $1 AND aspect = 'dataProcessInstanceRunEvent' "
+                            "AND topic = 'MetadataChangeLog_Timeseries_v1' ORDER BY id", run)
+    assert [orjson.loads(orjson.loads(p["payload"])["aspect"]["value"]) for p in points] == [
+        {"timestampMillis": 1714557600000, "partitionSpec": {"partition": "FULL_TABLE_SNAPSHOT", "type": "FULL_TABLE"},
+         "status": "STARTED"},
+        {"timestampMillis": 1714557900000, "partitionSpec": {"partition": "FULL_TABLE_SNAPSHOT", "type": "FULL_TABLE"},
+         "status": "COMPLETE", "result": {"type": "SUCCESS", "nativeResultType": "openlineage"}},
+    ]
+
+
+async def test_edges_merge_and_a_running_event_without_datasets_erases_nothing(client, db):
+    run_id = str(uuid.uuid4())
+    assert (await post(client, run_event("START", run_id, inputs=[orders()], outputs=[report()]))).status_code == 200
+    assert (await post(client, run_event("RUNNING", run_id, inputs=[customers()]))).status_code == 200
+    io = (await stored(db, JOB, "dataJobInputOutput"))["value"]
+    assert edges(io, "inputDatasetEdges") == sorted([ORDERS, CUSTOMERS])  # merged, not replaced
+    assert edges(io, "outputDatasetEdges") == [REPORT]
+    assert (await stored(db, f"urn:li:dataProcessInstance:{run_id}", "dataProcessInstanceInput"))["value"]["inputs"] == [ORDERS, CUSTOMERS]
+
+    # COMPLETE carries the job's final datasets: they replace the edges
+    assert (await post(client, run_event("COMPLETE", run_id, inputs=[orders()], outputs=[report()]))).status_code == 200
+    final = (await stored(db, JOB, "dataJobInputOutput"))["value"]
+    assert edges(final, "inputDatasetEdges") == [ORDERS] and edges(final, "outputDatasetEdges") == [REPORT]
+    assert len(final["fineGrainedLineages"]) == 1
+
+    # a later RUNNING event (another run) without datasets leaves every edge and the column lineage in place
+    assert (await post(client, run_event("RUNNING", str(uuid.uuid4())))).status_code == 200
+    assert (await stored(db, JOB, "dataJobInputOutput"))["value"] == final
+
+
+async def test_replaying_an_event_writes_no_new_version(client, db):
+    run_id = str(uuid.uuid4())
+    events = [run_event("START", run_id, inputs=[orders()], outputs=[report()]),
+              run_event("COMPLETE", run_id, inputs=[orders()], outputs=[report()], time="2024-05-01T10:05:00.000Z")]
+    assert (await post(client, events)).status_code == 200
+    counted = [(urn, aspect, await versions(db, urn, aspect)) for urn, aspect in (
+        (JOB, "dataJobInputOutput"), (JOB, "dataJobInfo"), (FLOW, "dataFlowInfo"), (REPORT, "schemaMetadata"),
+        (f"urn:li:dataProcessInstance:{run_id}", "dataProcessInstanceProperties"))]
+    for event in events:
+        replay = await post(client, event)
+        assert replay.status_code == 200, replay.text
+        statuses = {r["status"] for r in replay.json()["results"] if r["aspectName"] != "dataProcessInstanceRunEvent"}
+        assert statuses == {"UNCHANGED"}, replay.json()
+    assert [(urn, aspect, await versions(db, urn, aspect)) for urn, aspect, _ in counted] == counted
+
+
+async def test_openlineage_path_job_event_dataset_event_and_unknown_producer_are_accepted(client, db):
+    job_event = {"eventTime": "2024-05-01T10:00:00Z", "producer": "https://example.com/my-own-tool",
+                 "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/JobEvent",
+                 "job": {"namespace": "homegrown", "name": "nightly.load", "facets": {"myFacet": facet(anything=[1])}},
+                 "inputs": [customers()], "outputs": [orders()]}
+    dataset_event = {"eventTime": "2024-05-01T10:00:00Z", "producer": "https://example.com/my-own-tool",
+                     "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/DatasetEvent",
+                     "dataset": {"namespace": "bigquery", "name": "proj.ds.events",
+                                 "facets": {"documentation": facet(description="raw events"),
+                                            "ownership": facet(owners=[{"name": "team:data", "type": "owner"}])}}}
+    response = await post(client, [job_event, dataset_event], path="/api/v1/lineage")
+    assert response.status_code == 200, response.text
+    job = "urn:li:dataJob:(urn:li:dataFlow:(homegrown,nightly,homegrown),nightly.load)"  # orchestrator: the namespace
+    io = (await stored(db, job, "dataJobInputOutput"))["value"]
+    assert edges(io, "inputDatasetEdges") == [CUSTOMERS] and edges(io, "outputDatasetEdges") == [ORDERS]
+    bq = "urn:li:dataset:(urn:li:dataPlatform:bigquery,proj.ds.events,PROD)"
+    assert (await stored(db, bq, "datasetProperties"))["value"]["description"] == "raw events"
+    assert (await stored(db, bq, "ownership"))["value"]["owners"][0]["owner"] == "urn:li:corpGroup:data"
+
+
+async def test_malformed_events_are_400s_naming_the_field(client, db):
+    good = run_event("START", str(uuid.uuid4()))
+    bad_run_id, no_name, bad_facet = copy.deepcopy(good), copy.deepcopy(good), copy.deepcopy(good)
+    bad_run_id["run"]["runId"] = "not-a-uuid"
+    del no_name["job"]["name"]
+    bad_facet["run"]["facets"]["processing_engine"]["version"] = 3
+    response = await post(client, [good, good, no_name, bad_run_id, bad_facet])
+    assert response.status_code == 400, response.text
+    issues = {(i["index"], i["path"]) for i in response.json()["issues"]}
+    assert issues == {(2, "$[2].job.name"), (3, "$[3].run.runId"), (4, "$[4].run.facets.processing_engine.version")}
+    single = await post(client, {**good, "eventTime": "yesterday"})
+    assert single.status_code == 400 and [i["path"] for i in single.json()["issues"]] == ["$.eventTime"]
+    for body in ([1], "event", {}):
+        assert (await post(client, body)).status_code == 400
+    assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn LIKE 'urn:li:data%'") == 0
+
+
+async def test_writing_lineage_needs_a_writer(anonymous):
+    for path in (PATH, "/api/v1/lineage"):
+        assert (await anonymous.post(path, json=run_event("START", str(uuid.uuid4())))).status_code == 401
