@@ -336,3 +336,16 @@ def actions_pipeline(actions_python: Path, tmp_path: Path) -> Iterator[Callable[
     yield start
     for pipeline_ in started:
         pipeline_.stop()
+
+
+# --- OpenLineage's own Python client (tests/client/test_openlineage_client.py) ------------------------------------
+
+OPENLINEAGE_VERSION = "1.54.0"
+OPENLINEAGE_VENV = Path(os.environ.get("METALEDGER_OPENLINEAGE_VENV", ROOT / ".venv-openlineage"))
+OPENLINEAGE_REQUIREMENT = (f"openlineage-python=={OPENLINEAGE_VERSION}", f".acryl-openlineage-python-{OPENLINEAGE_VERSION}")
+
+
+@pytest.fixture(scope="session")
+def openlineage_python() -> Path:
+    """The Python of a virtualenv with `openlineage-python` (HTTP transport), apart from DataHub's client."""
+    return _ensure_venv(OPENLINEAGE_VENV, *OPENLINEAGE_REQUIREMENT)
