@@ -49,6 +49,7 @@ from app.kafka.producer import ProposalProducer
 from app.workers import follow_supervisor
 from app.write.combiner import WriteCombiner
 from app.write.plugins import load_pipeline, load_rule_chain
+from app.telemetry import ensure_client_id
 from app.write.proposal import DEFAULT_ACTOR, SYSTEM_ACTOR
 from app.write.service import WriteService
 
@@ -137,6 +138,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.gateway = IngestGateway(
         app.state.write_service, search, producer, auth, admission=ops.admission, combiner=combiner,
     )
+    if settings.telemetry_client_id:
+        await ensure_client_id(app.state.write_service, app.state.sessionmaker)
     background = Background()
     if settings.background_in_process:  # else a process of its own runs them (`serve --workers N`, app.supervisor)
         await background.start(settings, engine, app.state.sessionmaker, app.state.gateway, search, codec)

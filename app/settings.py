@@ -84,6 +84,8 @@ class Settings(BaseSettings):
 
     # Entity Change Events (tag added, owner removed, ...) computed at write time → PlatformEvent_v1 via the outbox
     platform_events_enabled: bool = True
+    # At start-up, create DataHub's server id (urn:li:telemetry:clientId) unless it exists (app.telemetry)
+    telemetry_client_id: bool = True
 
     # --- authentication and authorization (app.auth)
     # Off only for a trusted loopback set-up: every request then acts as urn:li:corpuser:datahub with the admin role.

@@ -53,6 +53,9 @@ from app.embedded_pg import (
 )
 
 TEST_DATABASE_URL_ENV = "METALEDGER_TEST_DATABASE_URL"
+# The tests count the change logs of a fresh database: the server id's write at start-up (app.telemetry) is off for the
+# apps and processes they start, unless one asks for it (tests/integration/test_telemetry.py, the real CLI's tests).
+os.environ.setdefault("METALEDGER_TELEMETRY_CLIENT_ID", "false")
 
 # The modules that take minutes, longest first. `make test` gives each xdist worker whole modules in collection order:
 # collected first, they start at once and the other worker runs the thousand short tests around them; collected in

@@ -144,7 +144,7 @@ def metaledger_process(database_url: str) -> Iterator[Metaledger]:
     """metaledger as its own process on `database_url` (no Kafka), with an admin token, until the caller is done."""
     port = free_port()
     env = {"METALEDGER_DATABASE_URL": database_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-           "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": ""}
+           "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": "", "METALEDGER_TELEMETRY_CLIENT_ID": "true"}  # as the CLI meets it
     process = start_service(env, port)
     url = f"http://127.0.0.1:{port}"
     try:

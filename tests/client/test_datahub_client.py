@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from urllib.parse import quote
 
 import pytest
@@ -182,7 +183,7 @@ def test_graph_reads_timeseries_and_hard_delete(datahub, metaledger):
         from datahub.emitter.mcp import MetadataChangeProposalWrapper
         from datahub.ingestion.graph.client import DataHubGraph, DatahubClientConfig
         from datahub.metadata.schema_classes import (DatasetKeyClass, DatasetProfileClass, DatasetPropertiesClass,
-            PartitionSpecClass, StatusClass)
+            PartitionSpecClass, StatusClass, TelemetryClientIdClass)
 
         urn = "urn:li:dataset:(urn:li:dataPlatform:hive,client.graph,PROD)"
         graph = DataHubGraph(DatahubClientConfig(server=GMS, token=TOKEN))
@@ -204,11 +205,13 @@ def test_graph_reads_timeseries_and_hard_delete(datahub, metaledger):
             "latest": graph.get_latest_timeseries_value(urn, DatasetProfileClass, {"rowCount": "2"}).rowCount,
             "deleted": list(graph.hard_delete_entity(urn)),
             "after": graph.exists(urn),
+            "server_id": graph.get_aspect("urn:li:telemetry:clientId", TelemetryClientIdClass).clientId,
         }
         print(json.dumps(result))
         """
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
+    assert uuid.UUID(result.pop("server_id"))  # what the CLI reads as the server's id when it connects (app.telemetry)
     assert result == {
         "props": "graph", "key": "client.graph", "absent": None, "exists": True, "not_exists": False,
         "raw": ["datasetKey", "datasetProperties", "status"], "raw_all": ["datasetKey", "datasetProperties", "status"],
