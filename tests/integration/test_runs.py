@@ -123,3 +123,39 @@ async def test_rollback_pages_through_a_large_run(client, db, monkeypatch):
     assert len(done["aspectRowSummaries"]) == 40  # a soft-removed entity's key aspect is not listed (DataHub's)
     assert await db.fetchval(
         "SELECT count(*) FROM metadata_aspect_v2 WHERE version = 0 AND aspect = 'datasetProperties' AND metadata LIKE '%big%'") == 0
+
+
+async def test_an_interrupted_rollback_resumes_where_it_stopped(client, db, monkeypatch):
+    """The database lost mid-rollback (after two pages committed): the caller gets a 503, and the same rollback
+    again does the rest — each aspect rolled back once, one change log each, nothing reverted twice."""
+    from app.errors import ServiceUnavailable
+    from app.runs import service
+
+    monkeypatch.setattr(service, "PAGE", 5)
+    urns = [helpers.ds(f"db.r{i:02d}") for i in range(20)]
+    assert (await restli_propose(client, *[mcp("datasetProperties", {"description": "old"}, urn=u, run="seed")
+                                           for u in urns])).status_code == 200
+    assert (await restli_propose(client, *[mcp("datasetProperties", {"description": "bad"}, urn=u, run="bad")
+                                           for u in urns])).status_code == 200
+    pages, page = 0, service.Rollback._page
+
+    async def lost_on_the_third_page(self, keys):
+        nonlocal pages
+        pages += 1
+        if pages == 3:
+            raise ServiceUnavailable("the connection to the database was lost; retry", retry_after_s=1)
+        await page(self, keys)
+
+    monkeypatch.setattr(service.Rollback, "_page", lost_on_the_third_page)
+    response = await client.post("/runs?action=rollback", content=orjson.dumps({"runId": "bad"}), headers=RESTLI_HEADERS)
+    assert response.status_code == 503 and response.headers["Retry-After"] == "1"
+    bad_left = "SELECT count(*) FROM metadata_aspect_v2 WHERE version = 0 AND metadata LIKE '%bad%'"
+    assert await db.fetchval(bad_left) == 10  # two pages of five rolled back, committed
+
+    resumed = await runs(client, "rollback", runId="bad")
+    assert resumed["aspectsReverted"] == 10  # the rest; the first ten are not reverted again
+    assert await db.fetchval(bad_left) == 0
+    logs = [(u, a) for u, a, _, payload in await change_logs(db)
+            if payload["systemMetadata"].get("runId") == "__rollback:bad"]
+    assert sorted(logs) == sorted((u, "datasetProperties") for u in urns)  # one change log per aspect
+    assert (await runs(client, "rollback", runId="bad"))["aspectsReverted"] == 0  # and again: nothing left
