@@ -1,7 +1,7 @@
 """A large run rolled back (issue 27): how long it takes, whether the service's memory grows with the run's size, and
 what single writes of another caller see meanwhile.
 
-    .venv/bin/python bench/rollback.py [--aspects 100000] [--single-rate 20] [--workers N]
+    .venv/bin/python bench/rollback.py [--aspects 100000] [--single-rate 20] [--workers N] [--statements]
 
 A throwaway Postgres (fsync on) and `metaledger serve` with its defaults (`--workers`: one process when unset). Seeded:
 `--aspects` datasets written by run `seed`, then each one changed by run `big` (batches of 1,000 over
@@ -9,7 +9,8 @@ A throwaway Postgres (fsync on) and `metaledger serve` with its defaults (`--wor
 from a process of its own, single writes open-loop at `--single-rate`/s to other datasets (bench/loadgen.py: latency
 from each request's scheduled time). Printed: the rollback's time and aspects/s, its answer's counts, the RSS of the
 service's processes (sum) before, at its peak during the rollback and after; the single writes' p50/p99/max and
-errors; the service's log problems.
+errors; the service's log problems. `--statements`: the Postgres statements that took the rollback's time
+(pg_stat_statements).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import throwaway_service  # noqa: E402
+from harness import reset_statements, throwaway_service, top_statements  # noqa: E402
 from load import create_entities, single_writes  # noqa: E402
 from loadgen import StepResult, open_loop  # noqa: E402
 
@@ -61,9 +62,10 @@ async def main() -> None:
     parser.add_argument("--aspects", type=int, default=100_000)
     parser.add_argument("--single-rate", type=float, default=20.0)
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--statements", action="store_true")
     args = parser.parse_args()
 
-    with throwaway_service(workers=args.workers) as service:
+    with throwaway_service(workers=args.workers, statements=args.statements) as service:
         admin = {"authorization": f"Bearer {issue_token(service.env, 'urn:li:corpuser:admin', 'admin')}"}
         await create_entities(service, SINGLE_ENTITIES)
         async with httpx.AsyncClient(base_url=service.base, headers=service.headers, timeout=600) as http:
@@ -72,6 +74,8 @@ async def main() -> None:
             await write_run(http, args.aspects, "big", "by the bad run")
             print(f"seeded: {args.aspects:,} aspects written twice in {time.perf_counter() - started:.1f} s")
         rss_before = sum(service.rss_mb())
+        if args.statements:
+            await reset_statements(service.dsn)
 
         # The single writer runs for about as long as the rollback: a first guess, then stopped with it.
         seconds = max(10.0, args.aspects / 2_000)
@@ -101,6 +105,10 @@ async def main() -> None:
               f"{step.percentile(.5):.1f} ms, p99 {step.percentile(.99):.1f} ms, max "
               f"{max(step.latencies_ms, default=float('nan')):.1f} ms; errors: {errors}")
         print(f"service log problems: {service.log_problems() or 'none'}")
+        if args.statements:
+            print("Postgres statements during the rollback (total ms, calls, rows, statement):")
+            for ms, calls, rows, query in await top_statements(service.dsn, 10):
+                print(f"  {ms:9.0f} {calls:7d} {rows:9.0f}  {query}")
 
 
 if __name__ == "__main__":
