@@ -58,6 +58,13 @@ from app.write.proposal import (
 )
 from app.write.repository import StoredAspect
 from app.write.rules import PendingChange, RuleChain, Verdict, VerdictKind, builtin_proposal_rules
+from app.write.structured_properties import (
+    PropertyDefinitionChange,
+    StoredValueCheck,
+    StructuredPropertyValues,
+    definition_keys,
+    stored_value_check,
+)
 
 MAX_REPORTED_ISSUES = 100
 
@@ -106,10 +113,12 @@ class ItemResult:
 
 class LockRequest(NamedTuple):
     """Rows to lock: row 0 of each key (and its version floor when it has none), and of every aspect of each entity
-    in `entity_urns` (entities deleted: their every aspect is logged as deleted)."""
+    in `entity_urns` (entities deleted: their every aspect is logged as deleted); row 0 of each `shared` key is read
+    FOR SHARE (the structured property definitions values are checked against: app.write.structured_properties)."""
 
     keys: frozenset[Key]
     entity_urns: frozenset[str]
+    shared: frozenset[Key] = frozenset()
 
 
 class Turn(NamedTuple):
@@ -165,12 +174,14 @@ class Step:
     floors: tuple[tuple[Key, int], ...] = ()
     outbox: tuple[OutboxRow, ...] = ()
     emitted: tuple[Emitted, ...] = ()
+    stored_checks: tuple[StoredValueCheck, ...] = ()  # run once the transaction's rows are written
 
     def then(self, later: Step) -> Step:
         """Both steps as one (a key aspect created before the aspect that needs it); the later one's result."""
         return Step(
             later.result, later.verdict, self.rows + later.rows, self.superseded + later.superseded,
             later.deleted_urn, later.deleted_key, self.floors + later.floors, self.outbox + later.outbox, later.emitted,
+            self.stored_checks + later.stored_checks,
         )
 
 
@@ -196,6 +207,7 @@ class Decision:
     updates: tuple[StoredAspect, ...] = ()  # row 0s that exist
     prune: tuple[tuple[str, str, int], ...] = ()  # (urn, aspect, highest history version removed)
     floors: tuple[tuple[str, str, int], ...] = ()  # raised version floors
+    stored_checks: tuple[StoredValueCheck, ...] = ()  # definition changes checked against the stored values, once written
 
     @property
     def outbox(self) -> list[OutboxRow]:
@@ -223,6 +235,7 @@ class _Fold:
         self.deleted_keys: set[Key] = set()
         self.deleted_urns: set[str] = set()
         self.refused: list[tuple[Proposal, Verdict]] = []
+        self.stored_checks: list[StoredValueCheck] = []
         # read-only views of the evolving rows, for `View`
         self.rows_view = MappingProxyType(self.rows)
         self.floors_view = MappingProxyType(self.floors)
@@ -231,7 +244,7 @@ class _Fold:
         return View(self.rows_view, self.floors_view, existed_before, bool(self.refused))
 
     def lock(self, request: LockRequest, locked: Locked) -> None:
-        for key in request.keys.union(locked.rows):
+        for key in request.keys.union(request.shared, locked.rows):
             self.rows.setdefault(key, locked.rows.get(key))
         for key, floor in locked.floors.items():
             self.floors.setdefault(key, floor)
@@ -252,6 +265,7 @@ class _Fold:
             self.dirty.pop(key, None)
             self.history.pop(key, None)
             self.inserted.discard(key)
+        self.stored_checks.extend(step.stored_checks)
         for key, floor in step.floors:
             self.floors[key] = self.raised_floors[key] = floor
         for row in step.superseded:
@@ -280,6 +294,7 @@ class _Fold:
             updates=tuple(self.dirty[k] for k in sorted(self.dirty) if k not in self.inserted),
             prune=tuple(prune),
             floors=tuple((urn, aspect, v) for (urn, aspect), v in sorted(self.raised_floors.items())),
+            stored_checks=tuple(self.stored_checks),
         )
 
 
@@ -289,7 +304,9 @@ class WriteCore:
 
     def __init__(self, registry: EntityRegistry, rules: RuleChain, settings: Settings) -> None:
         self.registry = registry
-        self.rules = rules.with_validators_first(builtin_proposal_rules(registry.urn_to_key))
+        chain = rules.with_validators_first(builtin_proposal_rules(registry.urn_to_key))
+        self.rules = RuleChain(chain.mutators, chain.validators,
+                               [*chain.pre_commit_rules, StructuredPropertyValues(), PropertyDefinitionChange()])
         self.settings = settings
 
     # --- before the transaction --------------------------------------------------------------------------------
@@ -440,7 +457,9 @@ class WriteCore:
     # --- inside the transaction --------------------------------------------------------------------------------
     def lock_request(self, proposals: Iterable[Proposal], locked: Set[Key] = frozenset()) -> LockRequest:
         """The rows `proposals` need that are not in `locked`: each entity's key aspect (whether the entity exists),
-        the aspect itself (not for a timeseries point: appended, never read), every aspect of an entity deleted."""
+        the aspect itself (not for a timeseries point: appended, never read), every aspect of an entity deleted; and,
+        shared, the structured property definitions their values name."""
+        proposals = list(proposals)
         keys: set[Key] = set()
         deleted_entities: set[str] = set()
         for p in proposals:
@@ -450,7 +469,8 @@ class WriteCore:
                 keys.add((p.urn, p.aspect_name))
             if p.change_type is ChangeType.DELETE and p.aspect_name == key_aspect:
                 deleted_entities.add(p.urn)
-        return LockRequest(frozenset(keys.difference(locked)), frozenset(deleted_entities))
+        shared = definition_keys(proposals, {}).difference(keys, locked)
+        return LockRequest(frozenset(keys.difference(locked)), frozenset(deleted_entities), frozenset(shared))
 
     def decide(
         self, writes: Sequence[tuple[Sequence[Proposal], AuditStamp]], processors: Pipeline
@@ -462,9 +482,14 @@ class WriteCore:
         cpu = TimeSlice()
 
         def lock(proposals: Iterable[Proposal]) -> Generator[LockRequest, Locked, None]:
+            proposals = list(proposals)
             request = self.lock_request(proposals, fold.rows.keys())
-            if request.keys or request.entity_urns:
+            if request.keys or request.entity_urns or request.shared:
                 fold.lock(request, (yield request))
+            # the definitions of the structured property values these proposals replace, known once locked
+            shared = frozenset(definition_keys(proposals, fold.rows).difference(fold.rows))
+            if shared:
+                fold.lock(LockRequest(frozenset(), frozenset(), shared), (yield LockRequest(frozenset(), frozenset(), shared)))
 
         yield from lock(p for proposals, _ in writes for p in proposals)
         outcomes = []
@@ -529,7 +554,7 @@ class WriteCore:
             if isinstance(patched, Verdict):
                 return Step(verdict=patched)
             p = patched
-        verdict = self.rules.run_pre_commit_rules(PendingChange(p, previous, entity_exists))
+        verdict = self.rules.run_pre_commit_rules(PendingChange(p, previous, entity_exists, view.rows))
         if verdict is not None:
             if verdict.is_fatal:
                 return Step(verdict=verdict)
@@ -543,6 +568,10 @@ class WriteCore:
         if view.refused:
             return Step()  # the batch will fail; this proposal was checked only to report every violation
         step = self._write(view, p, previous, entity.key_aspect, audit)
+        if step.result is not None and step.result.status in (ItemStatus.CREATED, ItemStatus.UPDATED):
+            check = stored_value_check(p, previous)
+            if check is not None:
+                step = dataclasses.replace(step, stored_checks=(check,))
         if reports is not None:
             assert step.result is not None
             step.result.processors = reports

@@ -113,9 +113,11 @@ _ROW0_OF_PAIRS = f"""SELECT m.{_ROW_COLUMNS.replace(', ', ', m.')}
 
 class AspectRepository(SessionRepository):
     # --- reads -------------------------------------------------------------------------------------------------
-    async def latest(self, keys: Iterable[tuple[str, str]], *, for_update: bool = False) -> dict[tuple[str, str], StoredAspect]:
-        """Row 0 of each (urn, aspect). With `for_update`, the rows are locked in sorted key order (no deadlocks
-        between batches that overlap)."""
+    async def latest(
+        self, keys: Iterable[tuple[str, str]], *, for_update: bool = False, for_share: bool = False,
+    ) -> dict[tuple[str, str], StoredAspect]:
+        """Row 0 of each (urn, aspect). With `for_update` (`for_share`), the rows are locked (share-locked) in sorted
+        key order (no deadlocks between batches that overlap)."""
         ordered = sorted(set(keys))
         if not ordered:
             return {}
@@ -124,7 +126,7 @@ class AspectRepository(SessionRepository):
             f"""
             {_ROW0_OF_PAIRS}
             ORDER BY m.urn, m.aspect
-            {"FOR UPDATE OF m" if for_update else ""}
+            {"FOR UPDATE OF m" if for_update else "FOR SHARE OF m" if for_share else ""}
             """,
             [k[0] for k in ordered],
             [k[1] for k in ordered],

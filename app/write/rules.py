@@ -13,7 +13,7 @@ A rule declares which change types and which entity/aspect pairs it governs ("*"
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, ClassVar
@@ -60,6 +60,8 @@ class PendingChange:
     proposal: Proposal
     previous: StoredAspect | None
     entity_exists: bool
+    # every row the transaction read, as the proposals before this one left them (definitions read FOR SHARE)
+    rows: Mapping[tuple[str, str], StoredAspect | None] = field(default_factory=dict)
 
 
 class Rule:

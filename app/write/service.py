@@ -38,6 +38,12 @@ from app.write.proposal import AuditStamp, Draft, Proposal
 from app.write.repository import RETRYABLE_DB_ERRORS, AspectRepository
 from app.write.processors import PIPELINE_ASPECT, PIPELINE_URN, Pipeline
 from app.write.rules import RuleChain, Verdict, VerdictKind
+from app.write.structured_properties import (
+    PROPERTY_DEFINITION,
+    PropertyDefinitionChange,
+    StoredValueCheck,
+    stored_value_violations,
+)
 
 log = logging.getLogger("metaledger.write")
 
@@ -175,7 +181,10 @@ class WriteService:
                     await turn(contended)  # a large batch lets the event loop's other requests run
                     locked = None
                 else:
-                    locked = Locked(*await repo.lock_latest(request.keys, request.entity_urns))
+                    rows, floors = await repo.lock_latest(request.keys, request.entity_urns)
+                    if request.shared:  # read FOR SHARE: value writes of one property do not queue on each other
+                        rows = {**rows, **await repo.latest(request.shared, for_share=True)}
+                    locked = Locked(rows, floors)
         except StopIteration as done:
             decision: Decision = done.value
         # a group's refusal is not logged: the combiner applies its writes again one by one, and the culprit's is
@@ -184,13 +193,28 @@ class WriteService:
         await repo.delete_entities(decision.deleted_urns)
         await repo.delete_aspects(decision.deleted_keys)
         txid = await repo.write_changes(decision.inserts, decision.updates, decision.prune, decision.outbox, decision.floors)
+        # after the writes: the check sees this transaction's own values too; a refusal rolls it all back
+        await _raise_on_invalidated_values(repo, decision.stored_checks)
         return decision, txid
+
+
+async def _raise_on_invalidated_values(repo: AspectRepository, checks: Sequence[StoredValueCheck]) -> None:
+    issues = []
+    for check in checks:
+        violations = await stored_value_violations(repo, check)
+        if violations:
+            message = (f"{PropertyDefinitionChange.name}: the change of {check.definition.urn} would invalidate stored "
+                       f"values: {'; '.join(violations)}")
+            issues.append(Issue(message, check.index, check.definition.urn, PROPERTY_DEFINITION, "$.aspect.value"))
+    if issues:
+        raise ValidationFailed(f"{len(issues)} structured property definition changes would invalidate stored values; "
+                               "nothing was written", issues)
 
 
 def _raise_on_fatal_verdicts(refused: Sequence[tuple[Proposal, Verdict]], *, log_refusals: bool) -> None:
     if not refused:
         return
-    issues = [Issue(f"{v.rule}: {v.message}", p.index, p.urn, p.aspect_name) for p, v in refused]
+    issues = [Issue(f"{v.rule}: {v.message}", p.index, p.urn, p.aspect_name, v.path) for p, v in refused]
     kinds = {v.kind for _, v in refused}
     summary = f"{len(refused)} of the batch's proposals failed their checks; nothing was written"
     for p, v in refused if log_refusals else ():

@@ -1,0 +1,145 @@
+"""Structured properties over HTTP against the real Postgres: values checked against their definitions on every
+entry (OpenAPI proposals, v3 entities, Rest.li, PATCH), definition changes checked against DataHub's rules and the
+stored values, and a soft-deleted definition's values hidden on read."""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from tests.helpers import DATASET, mcp, propose, restli_propose, stored
+
+TIER = "urn:li:structuredProperty:io.acryl.tier"
+OTHER = "urn:li:dataset:(urn:li:dataPlatform:hive,db.customers,PROD)"
+
+
+async def stored_value(db, urn: str, aspect: str) -> dict[str, Any]:
+    return (await stored(db, urn, aspect))["value"]
+
+
+def definition(**overrides: Any) -> dict[str, Any]:
+    return {"qualifiedName": "io.acryl.tier", "valueType": "urn:li:dataType:datahub.string",
+            "entityTypes": ["urn:li:entityType:datahub.dataset"],
+            "allowedValues": [{"value": {"string": "gold"}}, {"value": {"string": "silver"}}], **overrides}
+
+
+def define(**overrides: Any) -> dict[str, Any]:
+    return mcp("propertyDefinition", definition(**overrides), urn=TIER, entity="structuredProperty")
+
+
+def values(*assigned: tuple[str, list[dict[str, Any]]], urn: str = DATASET, **kw: Any) -> dict[str, Any]:
+    return mcp("structuredProperties", {"properties": [{"propertyUrn": p, "values": v} for p, v in assigned]}, urn=urn, **kw)
+
+
+def gold(urn: str = DATASET) -> dict[str, Any]:
+    return values((TIER, [{"string": "gold"}]), urn=urn)
+
+
+async def test_a_valid_value_is_stored_and_a_bad_one_is_a_400_naming_the_property_and_field(client, db):
+    await propose(client, define())
+    await propose(client, gold())
+    assert (await stored_value(db, DATASET, "structuredProperties"))["properties"][0]["values"] == [{"string": "gold"}]
+
+    body = await propose(client, mcp("status", {"removed": False}), values((TIER, [{"string": "bronze"}])), expect=400)
+    (issue,) = body["issues"]
+    assert issue["index"] == 1 and issue["path"] == "$[1].aspect.value.properties[0].values[0]"
+    assert TIER in issue["message"] and "should be one of" in issue["message"]
+    # nothing of the batch was written
+    assert (await stored_value(db, DATASET, "structuredProperties"))["properties"][0]["values"] == [{"string": "gold"}]
+
+
+async def test_wrong_type_two_values_for_single_other_entity_type_and_no_definition_are_400s(client):
+    await propose(client, define())
+    cases = [
+        (values((TIER, [{"double": 1.0}])), "should be a string"),
+        (values((TIER, [{"string": "gold"}, {"string": "silver"}])), "has cardinality 1, but multiple values were assigned"),
+        (values((TIER, [{"string": "gold"}]), urn="urn:li:chart:(looker,c1)", entity="chart"), "cannot be applied to entity type chart"),
+        (values(("urn:li:structuredProperty:nope", [{"string": "x"}])), "Unexpected null value found for urn:li:structuredProperty:nope"),
+    ]
+    for proposal, reason in cases:
+        (issue,) = (await propose(client, proposal, expect=400))["issues"]
+        assert reason in issue["message"] and "urn:li:structuredProperty:" in issue["message"], issue
+
+
+async def test_v3_entities_and_restli_take_the_same_checks(client):
+    await propose(client, define())
+    bad = {"properties": [{"propertyUrn": TIER, "values": [{"string": "bronze"}]}]}
+    response = await client.post("/openapi/v3/entity/dataset?async=false",
+                                  json=[{"urn": DATASET, "structuredProperties": {"value": bad}}])
+    assert response.status_code == 400, response.text
+    (issue,) = response.json()["issues"]
+    assert TIER in issue["message"] and issue["path"] == "$[0].structuredProperties.value.properties[0].values[0]"
+
+    response = await restli_propose(client, mcp("structuredProperties", bad, encode=True))
+    assert response.status_code in (400, 422) and TIER in response.text
+    assert (await restli_propose(client, gold())).status_code == 200
+
+
+async def test_a_patch_goes_through_the_same_checks(client, db):
+    await propose(client, define())
+    path = f"/properties/{TIER}"
+
+    def patch(value: str) -> dict[str, Any]:
+        return mcp("structuredProperties", [{"op": "add", "path": path, "value": {"propertyUrn": TIER, "values": [{"string": value}]}}],
+                   change_type="PATCH")
+
+    (issue,) = (await propose(client, patch("bronze"), expect=400))["issues"]
+    assert TIER in issue["message"] and "should be one of" in issue["message"]
+    await propose(client, patch("silver"))
+    assert (await stored_value(db, DATASET, "structuredProperties"))["properties"][0]["values"] == [{"string": "silver"}]
+
+
+async def test_a_definition_and_its_values_in_one_batch_are_checked_in_order(client):
+    assert [r["status"] for r in (await propose(client, define(), gold()))["results"]] == ["CREATED", "CREATED"]
+
+
+async def test_definition_changes_follow_datahubs_rules(client):
+    await propose(client, define())
+    for change, reason in [
+        (define(valueType="urn:li:dataType:datahub.number"), "Value type cannot be changed"),
+        (define(allowedValues=[{"value": {"string": "gold"}}]), "Cannot restrict values that were previously allowed"),
+        (define(qualifiedName="io.acryl.renamed"), "Cannot change the fully qualified name"),
+    ]:
+        (issue,) = (await propose(client, change, expect=400))["issues"]
+        assert reason in issue["message"]
+    widened = definition(allowedValues=[*definition()["allowedValues"], {"value": {"string": "bronze"}}])
+    await propose(client, mcp("propertyDefinition", widened, urn=TIER, entity="structuredProperty"))
+    await propose(client, values((TIER, [{"string": "bronze"}])))
+
+
+async def test_a_version_bump_may_narrow_only_when_no_stored_value_breaks(client, db):
+    await propose(client, define(version="20240101000000"))
+    await propose(client, gold())
+    await propose(client, values((TIER, [{"string": "silver"}]), urn=OTHER))
+    narrowed = define(version="20250101000000", allowedValues=[{"value": {"string": "gold"}}])
+    (issue,) = (await propose(client, narrowed, expect=400))["issues"]
+    assert "would invalidate stored values" in issue["message"] and OTHER in issue["message"]
+    assert DATASET not in issue["message"] and issue["urn"] == TIER
+    assert (await stored_value(db, TIER, "propertyDefinition"))["version"] == "20240101000000"  # rolled back
+
+    await propose(client, values((TIER, [{"string": "gold"}]), urn=OTHER))
+    await propose(client, narrowed)
+    assert (await stored_value(db, TIER, "propertyDefinition"))["version"] == "20250101000000"
+
+
+async def test_a_soft_deleted_definition_hides_its_values_on_read_and_refuses_new_ones(client):
+    await propose(client, define())
+    kept = "urn:li:structuredProperty:io.acryl.kept"
+    await propose(client, mcp("propertyDefinition", definition(qualifiedName="io.acryl.kept", allowedValues=None),
+                              urn=kept, entity="structuredProperty"))
+    await propose(client, values((TIER, [{"string": "gold"}]), (kept, [{"string": "x"}])))
+    await propose(client, mcp("status", {"removed": True}, urn=TIER, entity="structuredProperty"))
+
+    def shown(properties: dict[str, Any]) -> list[str]:
+        return [a["propertyUrn"] for a in properties["properties"]]
+
+    aspect = await client.get(f"/openapi/v3/entity/dataset/{quote(DATASET, safe='')}/structuredProperties")
+    assert shown(aspect.json()["value"]) == [kept]
+    entity = await client.get(f"/openapi/v3/entity/dataset/{quote(DATASET, safe='')}")
+    assert shown(entity.json()["structuredProperties"]["value"]) == [kept]
+    restli = await client.get(f"/aspects/{quote(DATASET, safe='')}?aspect=structuredProperties&version=0",
+                              headers={"X-RestLi-Protocol-Version": "2.0.0"})
+    assert shown(restli.json()["aspect"]["com.linkedin.structured.StructuredProperties"]) == [kept]
+
+    (issue,) = (await propose(client, values((TIER, [{"string": "gold"}])), expect=400))["issues"]
+    assert f"Cannot apply a soft deleted Structured Property value: {TIER}" in issue["message"]
