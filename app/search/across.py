@@ -24,7 +24,7 @@ import orjson
 from app.errors import Issue, ValidationFailed
 from app.limits import clip
 from app.search.cursors import AcrossCursor, InvalidCursor, across_cursor, decode_across
-from app.search.model import EQUALITY_CONDITIONS, MAX_PAGE_SIZE, REMOVED_FIELD, URN_FIELD, Criterion, SearchBackend, SearchHit
+from app.search.model import DOWNSTREAM_LINEAGE, EQUALITY_CONDITIONS, MAX_PAGE_SIZE, REMOVED_FIELD, URN_FIELD, Criterion, SearchBackend, SearchHit
 
 
 
@@ -222,10 +222,12 @@ async def lineage_across(
     start_type = urn.split(":", 3)[2] if urn.count(":") >= 3 else ""
     found: dict[str, LineageHit] = {}
     for edge, hop in await backend.lineage(urn, direction=direction, max_hops=max_hops):  # breadth first
-        if direction == "UPSTREAM":
-            other, other_type, parent = edge.destination, edge.destination_type, edge.source
-        else:
+        # the far end of the step: a job's `Produces` edge leads downstream from its source, as the walk followed it
+        far_is_source = (direction == "UPSTREAM") == (edge.relationship in DOWNSTREAM_LINEAGE)
+        if far_is_source:
             other, other_type, parent = edge.source, edge.source_type, edge.destination
+        else:
+            other, other_type, parent = edge.destination, edge.destination_type, edge.source
         if other == urn or other in found:
             continue
         before = found[parent].path if parent in found else ((urn, start_type),)
