@@ -9,13 +9,12 @@ from typing import Any
 import orjson
 from fastapi import APIRouter, Request
 
-from app.api.deps import ALLOW_WRITE, Caller, Gateway, Registry, Session
+from app.api.deps import ALLOW_WRITE, Caller, Gateway, Session
 from app.api.http import check_batch_size, json_response, read_json
 from app.errors import ERROR_RESPONSES, Issue, Location
-from app.openlineage.mapping import RUN_ASPECTS, Change, RunState, map_event, run_ids, run_urn
+from app.openlineage.mapping import Change, map_event
 from app.openlineage.validation import validate_events
 from app.write.proposal import Draft
-from app.write.reader import EntityReader
 
 router = APIRouter(tags=["openlineage"], dependencies=[ALLOW_WRITE])
 
@@ -34,12 +33,11 @@ class EventLocation(Location):
         return replace(issue, index=self.index, path=self.base)
 
 
-async def _ingest(request: Request, session: Session, gateway: Gateway, registry: Registry, caller: Caller):
+async def _ingest(request: Request, session: Session, gateway: Gateway, caller: Caller):
     body = await read_json(request, gateway.settings)
     check_batch_size(body, gateway.settings)
     events, batch = validate_events(body)
-    runs = await _stored_runs(session, registry, events)
-    drafts = _drafts(events, batch, runs)
+    drafts = _drafts(events, batch)
     outcome = await gateway.submit(session, drafts, caller, request_headers=request.headers)
     assert outcome.result is not None
     return json_response({
@@ -50,36 +48,27 @@ async def _ingest(request: Request, session: Session, gateway: Gateway, registry
     })
 
 
-async def _stored_runs(session: Session, registry: Registry, events: list[dict[str, Any]]) -> RunState:
-    """The stored aspects of the runs the events report, that each event's run aspects merge with."""
-    urns = list(dict.fromkeys(run_urn(run_id) for event in events for run_id in run_ids(event)))
-    state = RunState()
-    if urns:
-        stored = await EntityReader(session, registry).latest_of_many([(urn, list(RUN_ASPECTS)) for urn in urns])
-        for urn, rows in stored.items():
-            for row in rows:
-                state.put(urn, row.aspect, row.value)
-    return state
-
-
-def _drafts(events: list[dict[str, Any]], batch: bool, runs: RunState) -> list[Draft]:
-    """The events' aspect writes, one draft per aspect: the writes of several events to one aspect become one (the
-    last value, or the patches one after the other), a timeseries point is written once."""
+def _drafts(events: list[dict[str, Any]], batch: bool) -> list[Draft]:
+    """The events' aspect writes, one draft per aspect and change type: the writes of several events to one aspect
+    become one (the last value, the first create-if-absent, or the patches one after the other), a timeseries point is
+    written once. Every merge of an event with what is stored happens in the write transaction (patches)."""
     merged: dict[tuple[str, ...], tuple[int, Change]] = {}
     for index, event in enumerate(events):
-        for change in map_event(event, runs):
+        for change in map_event(event):
             if change.aspect == "dataProcessInstanceRunEvent":
                 key: tuple[str, ...] = (change.urn, change.aspect, orjson.dumps(change.value).decode())
             else:
-                key = (change.urn, change.aspect)
+                key = (change.urn, change.aspect, change.change_type)
             first = merged.get(key)
-            if first is not None and change.change_type == "PATCH":
-                change = replace(change, value=[*first[1].value, *change.value])
-            merged[key] = (first[0] if first is not None else index, change)
+            if first is None or change.change_type == "UPSERT":
+                merged[key] = (first[0] if first is not None else index, change)
+            elif change.change_type == "PATCH":
+                merged[key] = (first[0], replace(change, value=[*first[1].value, *change.value]))
     return [
         Draft(
             index=n, entity_type=change.entity_type, aspect_name=change.aspect, change_type=change.change_type,
-            urn=change.urn, value=change.value, location=EventLocation(index if batch else None, f"$[{index}]" if batch else "$"),
+            urn=change.urn, value=change.document(), headers=change.headers,
+            location=EventLocation(index if batch else None, f"$[{index}]" if batch else "$"),
         )
         for n, (index, change) in enumerate(merged.values())
     ]

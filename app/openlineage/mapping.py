@@ -17,15 +17,17 @@ apache/airflow, trinodb/trino), else the job namespace: an unknown producer is n
 Lineage edges merge: every event PATCHes `dataJobInputOutput` (DataHub's template: edges keyed by URN, column
 lineage keyed by downstream and upstream), so an event that carries fewer edges (a RUNNING event with none) erases
 nothing. The one exception is a COMPLETE RunEvent with inputs or outputs: its datasets and column lineage are the
-job's final ones and replace the dataset edges and column lineage (parent-job edges still merge). Aspects that are a
-run's own (DataProcessInstance input and output) merge with what the run stored. Replaying an event writes the same
-values: every versioned aspect comes back UNCHANGED.
+job's final ones and replace the dataset edges and column lineage (parent-job edges still merge). A run's own aspects
+merge the same way, inside the write transaction (a keyed PATCH of DataProcessInstance input, output and relationships,
+a generic PATCH of its properties after a create-if-absent), so that events of one run written at the same moment lose
+none of each other's additions. Replaying an event writes the same values: every versioned aspect comes back
+UNCHANGED (or, for the create-if-absent, FILTERED).
 """
 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
@@ -75,50 +77,44 @@ _FIELD_TYPES = {
 }
 
 
+# A create-if-absent: DataHub's CREATE with `If-None-Match: *` is dropped (FILTERED) when the aspect exists.
+IF_ABSENT = {"If-None-Match": "*"}
+
+
 @dataclass(frozen=True, slots=True)
 class Change:
-    """One aspect write an event makes: `value` is the aspect (UPSERT) or DataHub's patch document (PATCH)."""
+    """One aspect write an event makes: `value` is the aspect (UPSERT, CREATE) or the patch operations (PATCH).
+    `array_keys` makes a PATCH DataHub's generic keyed patch (`arrayPrimaryKeys`; empty: `forceGenericPatch`), for
+    aspects DataHub has no patch template for; None, the aspect's template."""
 
     entity_type: str
     urn: str
     aspect: str
     value: Any
     change_type: str = "UPSERT"
+    array_keys: dict[str, list[str]] | None = None
+    headers: dict[str, str] | None = None
 
-
-@dataclass(slots=True)
-class RunState:
-    """What is stored (or written earlier in the same request) of the runs an event touches: the run's own aspects
-    merge with it, by DataProcessInstance URN and aspect name."""
-
-    aspects: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
-
-    def get(self, urn: str, aspect: str) -> dict[str, Any] | None:
-        return self.aspects.get(urn, {}).get(aspect)
-
-    def put(self, urn: str, aspect: str, value: dict[str, Any]) -> None:
-        self.aspects.setdefault(urn, {})[aspect] = value
+    def document(self) -> Any:
+        """The value a proposal carries: the aspect, or the patch document."""
+        if self.change_type != "PATCH" or self.array_keys is None:
+            return self.value
+        if self.array_keys:
+            return {"patch": self.value, "arrayPrimaryKeys": self.array_keys}
+        return {"patch": self.value, "forceGenericPatch": True}
 
 
 def run_urn(run_id: str) -> str:
     return f"urn:li:dataProcessInstance:{run_id}"
 
 
-RUN_ASPECTS = ("dataProcessInstanceProperties", "dataProcessInstanceInput", "dataProcessInstanceOutput")
-
-
-def run_ids(event: dict[str, Any]) -> list[str]:
-    run = event.get("run")
-    return [run["runId"]] if isinstance(run, dict) else []
-
-
-def map_event(event: dict[str, Any], runs: RunState) -> list[Change]:
+def map_event(event: dict[str, Any]) -> list[Change]:
     """The aspect writes of one event (already checked against the spec: app.openlineage.validation)."""
     if "job" not in event:  # a DatasetEvent
         datasets = _Datasets()
         datasets.add(event["dataset"])
         return datasets.changes
-    return _JobEvent(event, runs).changes()
+    return _JobEvent(event).changes()
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -263,9 +259,8 @@ def _patch(entity_type: str, urn: str, aspect: str, ops: list[dict[str, Any]]) -
 class _JobEvent:
     """A RunEvent or a JobEvent: the DataFlow, the DataJob, its datasets, and for a RunEvent the run."""
 
-    def __init__(self, event: dict[str, Any], runs: RunState) -> None:
+    def __init__(self, event: dict[str, Any]) -> None:
         self.event = event
-        self.runs = runs
         job = event["job"]
         self.job_facets = job.get("facets") or {}
         self.run = event.get("run")
@@ -353,21 +348,24 @@ class _JobEvent:
     def _run_changes(self, inputs: list[str], outputs: list[str]) -> list[Change]:
         run_id = self.run["runId"]
         urn = run_urn(run_id)
-        event_type = self.event.get("eventType")
-        properties = self._run_properties(urn, run_id)
-        changes = [Change("dataProcessInstance", urn, "dataProcessInstanceProperties", properties)]
+        changes = [*self._run_properties(urn, run_id)]
         for aspect, side, datasets in (("dataProcessInstanceInput", "inputs", inputs),
                                        ("dataProcessInstanceOutput", "outputs", outputs)):
-            stored = self.runs.get(urn, aspect)
-            merged = list(dict.fromkeys([*(stored or {}).get(side, []), *datasets]))
-            if merged or stored is None:
-                value = {side: merged, f"{side[:-1]}Edges": [{"destinationUrn": u} for u in merged]}
-                self.runs.put(urn, aspect, value)
-                changes.append(Change("dataProcessInstance", urn, aspect, value))
-        relationships: dict[str, Any] = {"parentTemplate": self.job, "upstreamInstances": []}
+            edges = f"{side[:-1]}Edges"
+            # no datasets: no operation, the aspect is created empty if the run has none yet
+            ops = [op for u in datasets for op in (
+                {"op": "add", "path": f"/{side}/{_pointer(u)}", "value": u},
+                {"op": "add", "path": f"/{edges}/{_pointer(u)}", "value": {"destinationUrn": u}})]
+            changes.append(Change("dataProcessInstance", urn, aspect, ops, "PATCH",
+                                  array_keys={side: [], edges: ["destinationUrn"]}))
+        ops = [{"op": "add", "path": "/parentTemplate", "value": self.job}]
         if self.parent_run:
-            relationships.update(parentInstance=run_urn(self.parent_run), upstreamInstances=[run_urn(self.parent_run)])
-        changes.append(Change("dataProcessInstance", urn, "dataProcessInstanceRelationships", relationships))
+            parent = run_urn(self.parent_run)
+            ops += [{"op": "add", "path": "/parentInstance", "value": parent},
+                    {"op": "add", "path": f"/upstreamInstances/{_pointer(parent)}", "value": parent}]
+        changes.append(Change("dataProcessInstance", urn, "dataProcessInstanceRelationships", ops, "PATCH",
+                              array_keys={"upstreamInstances": []}))
+        event_type = self.event.get("eventType")
         if event_type in _RUN_STATUS:
             status, result = _RUN_STATUS[event_type]
             point: dict[str, Any] = {"timestampMillis": _millis(self.event["eventTime"]), "status": status}
@@ -376,23 +374,23 @@ class _JobEvent:
             changes.append(Change("dataProcessInstance", urn, "dataProcessInstanceRunEvent", point))
         return changes
 
-    def _run_properties(self, urn: str, run_id: str) -> dict[str, Any]:
+    def _run_properties(self, urn: str, run_id: str) -> list[Change]:
         """The run's properties: created when the run started (its nominal start, else its START event, else the
-        first event seen of it), custom properties merged over the run's events."""
-        stored = self.runs.get(urn, "dataProcessInstanceProperties")
+        first event written of it: the create-if-absent), custom properties merged over the run's events."""
         nominal = (self.run_facets.get("nominalTime") or {}).get("nominalStartTime")
-        if nominal:
-            created = _millis(nominal)
-        elif stored is None or self.event.get("eventType") == "START":
-            created = _millis(self.event["eventTime"])
-        else:
-            created = stored["created"]["time"]
-        custom = dict((stored or {}).get("customProperties") or {})
-        custom.update(self._run_custom_properties())
-        value = {"name": run_id, "created": {"time": created, "actor": SYSTEM_ACTOR}, "customProperties": custom,
+        time = _millis(nominal or self.event["eventTime"])
+        custom = self._run_custom_properties()
+        created = {"time": time, "actor": SYSTEM_ACTOR}
+        first = {"name": run_id, "created": created, "customProperties": custom,
                  "type": "BATCH_SCHEDULED" if nominal else "BATCH_AD_HOC"}
-        self.runs.put(urn, "dataProcessInstanceProperties", value)
-        return value
+        ops = [{"op": "add", "path": "/name", "value": run_id}]
+        if nominal or self.event.get("eventType") == "START":
+            ops.append({"op": "add", "path": "/created", "value": created})
+        if nominal:
+            ops.append({"op": "add", "path": "/type", "value": "BATCH_SCHEDULED"})
+        ops.extend({"op": "add", "path": f"/customProperties/{_pointer(k)}", "value": v} for k, v in custom.items())
+        return [Change("dataProcessInstance", urn, "dataProcessInstanceProperties", first, "CREATE", headers=IF_ABSENT),
+                Change("dataProcessInstance", urn, "dataProcessInstanceProperties", ops, "PATCH", array_keys={})]
 
     def _run_custom_properties(self) -> dict[str, str]:
         custom = {"openlineage.producer": self.event["producer"]}
