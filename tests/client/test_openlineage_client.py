@@ -1,5 +1,6 @@
 """OpenLineage's own Python client (`openlineage-python`, HTTP transport, its own virtualenv) writes a run to a running
-metaledger; DataHub's SDK (acryl-datahub, pinned) reads the DataFlow, DataJob, run and datasets back."""
+metaledger; DataHub's SDK (acryl-datahub, pinned) reads the DataFlow, DataJob, run and datasets back, and
+`datahub lineage` walks the lineage the events wrote."""
 
 from __future__ import annotations
 
@@ -86,3 +87,9 @@ def test_openlineage_client_run_is_read_back_by_datahub_sdk(openlineage_python, 
         "states": [["COMPLETE", "SUCCESS"], ["STARTED", None]],
         "schemas": {SOURCE: ["id", "amount"], TARGET: ["total"]},
     }, read
+
+    # `datahub lineage` (the CLI, over GraphQL searchAcrossLineage): the target's upstream is the job, then the source
+    upstream = json.loads(datahub.cli("lineage", "--urn", TARGET, "--direction", "upstream", "--format", "json").stdout)
+    assert [(r["urn"], r["hops"]) for r in upstream["results"] if r["urn"] != run] == [(JOB, 1), (SOURCE, 2)], upstream
+    downstream = json.loads(datahub.cli("lineage", "--urn", SOURCE, "--direction", "downstream", "--hops", "2", "--format", "json").stdout)
+    assert TARGET in {r["urn"] for r in downstream["results"]}, downstream
