@@ -29,8 +29,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 from datetime import datetime
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
+
+from app.urns import InvalidUrnError, validate_urn
 
 SYSTEM_ACTOR = "urn:li:corpuser:datahub"  # DataHub's OpenLineage converter stamps runs with it
 ENV = "PROD"
@@ -110,6 +113,7 @@ def run_urn(run_id: str) -> str:
 
 def map_event(event: dict[str, Any]) -> list[Change]:
     """The aspect writes of one event (already checked against the spec: app.openlineage.validation)."""
+    event = _live(event)
     if "job" not in event:  # a DatasetEvent
         datasets = _Datasets()
         datasets.add(event["dataset"])
@@ -117,12 +121,72 @@ def map_event(event: dict[str, Any]) -> list[Change]:
     return _JobEvent(event).changes()
 
 
+def _live(event: dict[str, Any]) -> dict[str, Any]:
+    """The event without its deleted facets (`{"_deleted": true}`: the spec check skips them, the mapping too)."""
+    def kept(holder: dict[str, Any], *members: str) -> dict[str, Any]:
+        holder = dict(holder)
+        for member in members:
+            if isinstance(holder.get(member), dict):
+                holder[member] = {k: v for k, v in holder[member].items()
+                                  if not (isinstance(v, dict) and v.get("_deleted") is True)}
+        return holder
+
+    event = dict(event)
+    for member in ("run", "job"):
+        if isinstance(event.get(member), dict):
+            event[member] = kept(event[member], "facets")
+    for side, extra in (("inputs", "inputFacets"), ("outputs", "outputFacets")):
+        if isinstance(event.get(side), list):
+            event[side] = [kept(dataset, "facets", extra) for dataset in event[side]]
+    if isinstance(event.get("dataset"), dict):
+        event["dataset"] = kept(event["dataset"], "facets")
+    return event
+
+
+Place = tuple[str | int, ...]  # a place in an event: its members and indexes, outermost first
+
+
+def urn_errors(event: dict[str, Any]) -> Iterator[tuple[Place, str]]:
+    """The places of a spec-conforming event whose names make no DataHub URN (empty, too long, a NUL or ␟ in them),
+    with why: the event is refused naming them rather than the aspects it would have become."""
+    def checked(place: Place, urn: str) -> Iterator[tuple[Place, str]]:
+        try:
+            validate_urn(urn)
+        except InvalidUrnError as error:
+            yield place, f"names no DataHub URN: {error}"[:300]
+
+    def datasets(place: Place, dataset: dict[str, Any]) -> Iterator[tuple[Place, str]]:
+        urn = dataset_urn(dataset["namespace"], dataset["name"])
+        yield from checked(place, urn)
+        lineage = (dataset.get("facets") or {}).get("columnLineage")
+        for column, spec in (lineage.get("fields") or {}).items() if isinstance(lineage, dict) else ():
+            where = (*place, "facets", "columnLineage", "fields", column)
+            yield from checked(where, schema_field_urn(urn, column))
+            for j, source in enumerate(spec.get("inputFields") or []):
+                upstream = schema_field_urn(dataset_urn(source["namespace"], source["name"]), source["field"])
+                yield from checked((*where, "inputFields", j), upstream)
+
+    event = _live(event)
+    if "job" not in event:
+        yield from datasets(("dataset",), event["dataset"])
+        return
+    job = _JobEvent(event)
+    yield from checked(("job",), job.flow)
+    yield from checked(("job",), job.job)
+    parent = job.parent_job_urn()
+    if parent is not None:
+        yield from checked(("run", "facets", "parent", "job"), parent)
+    for side in ("inputs", "outputs"):
+        for i, dataset in enumerate(event.get(side) or []):
+            yield from datasets((side, i), dataset)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 
 
 def dataset_urn(namespace: str, name: str) -> str:
     platform, path = dataset_platform_and_name(namespace, name)
-    return f"urn:li:dataset:(urn:li:dataPlatform:{platform},{path},{ENV})"
+    return f"urn:li:dataset:(urn:li:dataPlatform:{platform},{_tuple_part(path)},{ENV})"
 
 
 def dataset_platform_and_name(namespace: str, name: str) -> tuple[str, str]:
@@ -139,7 +203,7 @@ def dataset_platform_and_name(namespace: str, name: str) -> tuple[str, str]:
 
 
 def schema_field_urn(dataset: str, field_path: str) -> str:
-    return f"urn:li:schemaField:({dataset},{field_path})"
+    return f"urn:li:schemaField:({dataset},{_tuple_part(field_path)})"
 
 
 def orchestrator(event: dict[str, Any]) -> str:
@@ -269,21 +333,27 @@ class _JobEvent:
         parent = self.run_facets.get("parent") if isinstance(self.run_facets.get("parent"), dict) else {}
         self.parent_job = parent.get("job") if isinstance(parent.get("job"), dict) else None
         self.parent_run = (parent.get("run") or {}).get("runId") if isinstance(parent.get("run"), dict) else None
-        flow_name = self.parent_job["name"] if self.parent_job else job["name"].split(".", 1)[0]
-        self.flow = self._flow_urn(flow_name, job["namespace"])
+        # a job name with no text before its first dot is its own flow
+        self.flow_name = self.parent_job["name"] if self.parent_job else job["name"].split(".", 1)[0] or job["name"]
+        self.flow = self._flow_urn(self.flow_name, job["namespace"])
         self.job = f"urn:li:dataJob:({self.flow},{_tuple_part(job['name'])})"
         self.datasets = _Datasets()
 
     def _flow_urn(self, flow_name: str, namespace: str) -> str:
         return f"urn:li:dataFlow:({self.orchestrator},{_tuple_part(flow_name)},{_tuple_part(namespace)})"
 
+    def parent_job_urn(self) -> str | None:
+        if self.parent_job is None:
+            return None
+        flow = self._flow_urn(self.parent_job["name"], self.parent_job["namespace"])
+        return f"urn:li:dataJob:({flow},{_tuple_part(self.parent_job['name'])})"
+
     def changes(self) -> list[Change]:
         job = self.event["job"]
         inputs = [(self.datasets.add(d), d) for d in self.event.get("inputs") or []]
         outputs = [(self.datasets.add(d), d) for d in self.event.get("outputs") or []]
-        flow_name = self.flow[len("urn:li:dataFlow:("):].split(",")[1]
         changes = [
-            _patch("dataFlow", self.flow, "dataFlowInfo", [{"op": "add", "path": "/name", "value": flow_name}]),
+            _patch("dataFlow", self.flow, "dataFlowInfo", [{"op": "add", "path": "/name", "value": self.flow_name}]),
             Change("dataFlow", self.flow, "status", {"removed": False}),
             _patch("dataJob", self.job, "dataJobInfo", self._job_info_ops(job)),
             Change("dataJob", self.job, "status", {"removed": False}),
@@ -338,11 +408,9 @@ class _JobEvent:
             ops.extend({"op": "add", "path": f"/fineGrainedLineages/TRANSFORM/{_pointer(downstream)}/NONE/{_pointer(upstream)}",
                         "value": _FGL_INFO}
                        for downstream, upstreams in lineage.items() for upstream in upstreams)
-        if self.parent_job is not None:
-            parent = f"urn:li:dataJob:({self._flow_urn(self.parent_job['name'], self.parent_job['namespace'])}," \
-                     f"{_tuple_part(self.parent_job['name'])})"
-            if parent != self.job:
-                ops.append({"op": "add", "path": f"/inputDatajobEdges/{_pointer(parent)}", "value": {"destinationUrn": parent}})
+        parent = self.parent_job_urn()
+        if parent is not None and parent != self.job:
+            ops.append({"op": "add", "path": f"/inputDatajobEdges/{_pointer(parent)}", "value": {"destinationUrn": parent}})
         return ops
 
     def _run_changes(self, inputs: list[str], outputs: list[str]) -> list[Change]:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from datetime import datetime
 from functools import cache
 from pathlib import Path
@@ -26,6 +26,7 @@ from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
 
 from app.errors import Issue, ValidationFailed
+from app.openlineage.mapping import urn_errors
 
 SPEC_DIR = Path(__file__).parent / "spec"
 CORE_ID = "https://openlineage.io/spec/2-0-2/OpenLineage.json"
@@ -134,6 +135,13 @@ def _event_errors(event: Any) -> Iterator[tuple[str, str]]:
     yield from (_described(e) for e in sorted(core, key=lambda e: list(e.absolute_path)))
     if core:
         return  # the facets of a malformed event are not looked at: where they sit may be wrong too
+    facets = list(_all_facet_errors(spec, event))
+    yield from facets
+    if not facets:  # the names are looked at in a conforming event only: the mapping relies on the spec's shapes
+        yield from ((_path(place), message) for place, message in urn_errors(event))
+
+
+def _all_facet_errors(spec: _Spec, event: dict[str, Any]) -> Iterator[tuple[str, str]]:
     run, job = event.get("run") or {}, event.get("job") or {}
     yield from _facet_errors(spec, run.get("facets"), "RunFacet", ".run.facets")
     yield from _facet_errors(spec, job.get("facets"), "JobFacet", ".job.facets")
@@ -159,7 +167,7 @@ def _described(error: ValidationError) -> tuple[str, str]:
     """The JSON path of an error (in the caller's terms) and a message that does not echo large values."""
     while error.validator in ("anyOf", "oneOf") and error.context:
         error = best_match(error.context)  # the facets maps' one-branch anyOf: the branch's own error
-    path = "".join(f"[{p}]" if isinstance(p, int) else _member(p) for p in error.absolute_path)
+    path = _path(error.absolute_path)
     if error.validator == "required":
         missing = error.message.split("'")[1] if "'" in error.message else error.message
         return path + _member(missing), "required"
@@ -172,6 +180,10 @@ def _described(error: ValidationError) -> tuple[str, str]:
     if error.validator == "enum":
         return path, f"expected one of {', '.join(map(str, error.validator_value))}"
     return path, error.message[:200]
+
+
+def _path(place: Iterable[str | int]) -> str:
+    return "".join(f"[{p}]" if isinstance(p, int) else _member(p) for p in place)
 
 
 def _member(name: str) -> str:
