@@ -111,9 +111,10 @@ class Cluster:
         """A node lost: the worker's JVM and its executors, SIGKILL."""
         os.killpg(self.processes[f"worker-{i}"].pid, signal.SIGKILL)
 
-    def worker_ran_tasks(self, i: int) -> bool:
-        """Whether an executor of worker i ran a Python task (its work directory holds the unpacked archive)."""
-        return any((self.base / f"worker-{i}").glob("app-*/*/metaledger_deps"))
+    def worker_ran_tasks(self, i: int, app: str) -> bool:
+        """Whether an executor of worker i ran a Python task of application `app` (its work directory holds the
+        unpacked archive)."""
+        return any((self.base / f"worker-{i}" / app).glob("*/metaledger_deps"))
 
     def stop(self) -> None:
         for process in self.processes.values():
