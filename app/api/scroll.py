@@ -38,11 +38,12 @@ from app.registry import EntityRegistry
 from app.search.across import TypeSearch, scroll_across
 from app.search.cursors import InvalidCursor, decode_edge, edge_cursor
 from app.search.filters import (
-    CONDITION_NAMES, FIELD_NAME, InvalidFilter, Placed, filter_groups, json_path, single_clause,
+    CONDITION_NAMES, FIELD_NAME, InvalidFilter, Placed, criteria_groups, json_path, placed_filter_groups, single_clause,
 )
 from app.search.model import MAX_FILTER_VALUES, MAX_PAGE_SIZE, MAX_PATTERN_CHARS, Edge, EdgeQuery, upstream_downstream
 from app.urns import entity_type_of
 from app.write.reader import EntityReader
+from app.write.structured_properties import refuse_deleted_property_filters
 
 log = logging.getLogger("metaledger.api.scroll")
 
@@ -229,9 +230,11 @@ async def scroll_entities(
     # The body's OR of AND groups, the same in every type (the backends hide soft-deleted entities unless asked:
     # `include_removed`, or a criterion on `removed`).
     try:
-        any_of = filter_groups(_filter_json(body.filter)) or None
+        placed = placed_filter_groups(_filter_json(body.filter))
+        await refuse_deleted_property_filters(EntityReader(session, registry).repo, (p for g in placed for p in g))
     except InvalidFilter as error:
         raise error.at("$.filter") from None
+    any_of = criteria_groups(placed) or None
     searches = [TypeSearch(entity_type, any_of, include_removed=includeSoftDelete) for entity_type in types]
     try:
         page = await scroll_across(backend, searches, query or "*", count=count, scroll_id=scrollId or None, sort=sort_by)
@@ -240,7 +243,7 @@ async def scroll_entities(
     entities: list[dict[str, Any]] = [{"urn": hit.urn} for hit in page.hits]
     if aspects is not None:
         wanted = [(e["urn"], aspects or None) for e in entities]
-        found = await EntityReader(session, registry).repo.entities_latest(wanted)
+        found = await EntityReader(session, registry).latest_of_many(wanted)
         for entity in entities:
             for row in found.get(entity["urn"], ()):
                 entity[row.aspect] = stored_envelope(row, systemMetadata)
@@ -470,7 +473,7 @@ async def batch_get_v2(entityName: str, request: Request, session: Session, regi
         with invalid_at(f"$.aspectNames[{position}]", aspect=aspect):
             registry.aspect(entity, aspect)
     wanted = [(urn, body.aspectNames or None) for urn in urns]
-    found = await EntityReader(session, registry).repo.entities_latest(wanted)
+    found = await EntityReader(session, registry).latest_of_many(wanted)
     entities = [
         {"urn": urn, "aspects": {row.aspect: stored_envelope(row, body.withSystemMetadata) for row in found.get(urn, ())}}
         for urn in urns

@@ -33,8 +33,10 @@ from app.limits import check_long, clip
 from app.registry import EntityRegistry
 from app.search.cursors import InvalidCursor, decode_offset, offset_cursor
 from app.search.failures import FailureReader
-from app.search.model import MAX_PAGE_SIZE, REMOVED_FIELD, TimeseriesQuery
+from app.search.filters import InvalidFilter, Placed
+from app.search.model import MAX_PAGE_SIZE, REMOVED_FIELD, Criterion, TimeseriesQuery
 from app.write.reader import EntityReader
+from app.write.structured_properties import refuse_deleted_property_filters
 
 router = APIRouter(tags=["search"], dependencies=[ALLOW_READ])
 
@@ -100,18 +102,23 @@ async def scroll_entities(
     sort = [(field, order) for field in sortCriteria] if sortCriteria else None
     if "\x00" in query or any("\x00" in field for field in sortCriteria or ()):
         raise ValidationFailed("the query contains a NUL character (\\u0000)", [Issue("NUL character", path="$query")])
+    reader = EntityReader(session, registry)
+    try:
+        await refuse_deleted_property_filters(reader.repo, (Placed((), Criterion(name, tuple(values)))
+                                                            for name, values in filters.items()))
+    except InvalidFilter as error:
+        raise ValidationFailed(str(error), [Issue(str(error), path=f"${FILTER_PREFIX}{error.found}")]) from None
     try:
         page = await backend.search(entity, query or "*", filters=filters, count=count, scroll_id=scrollId or None,
                                     sort=sort)
     except InvalidCursor as error:
         raise error.at("$scrollId") from None
-    repo = EntityReader(session, registry).repo
+    shown = [hit for hit in page.hits if includeSoftDelete or hit.fields.get(REMOVED_FIELD) is not True]
+    found = await reader.latest_of_many([(hit.urn, aspects) for hit in shown])
     entities = []
-    for hit in page.hits:
-        if not includeSoftDelete and hit.fields.get(REMOVED_FIELD) is True:
-            continue
+    for hit in shown:
         row_entity: dict[str, Any] = {"urn": hit.urn}
-        for row in await repo.entity_latest(hit.urn, aspects):
+        for row in found.get(hit.urn, ()):
             row_entity[row.aspect] = stored_envelope(row, systemMetadata)
         entities.append(row_entity)
     body: dict[str, Any] = {"entities": entities, "totalCount": page.total}

@@ -26,13 +26,14 @@ from app.search.across import (
     TypeSearch, facets_across, lineage_across, lineage_hops, scroll_across, search_across,
 )
 from app.search.cursors import InvalidCursor, decode_offset, offset_cursor
-from app.search.filters import Groups, InvalidFilter, both, criteria_groups, json_path, placed_or_filters
+from app.search.filters import Groups, InvalidFilter, Placed, both, criteria_groups, json_path, placed_or_filters
 from app.search.model import (
     REMOVED_FIELD, TOMBSTONE_FIELD, URN_FIELD, VERSIONS_FIELD, Criterion, SearchBackend, SearchHit,
 )
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.proposal import ChangeType, Draft
 from app.write.reader import EntityReader
+from app.write.structured_properties import refuse_deleted_property_filters
 
 log = logging.getLogger("metaledger.graphql")
 
@@ -62,8 +63,20 @@ class Context:
         self.loader = AspectLoader(self._read_latest, self._lock)
 
     async def _read_latest(self, wanted: Sequence[tuple[str, Sequence[str] | None]]) -> dict[str, dict[str, Any]]:
-        rows = await EntityReader(self.session, self.registry).repo.entities_latest(wanted)
+        rows = await EntityReader(self.session, self.registry).latest_of_many(list(wanted))
         return {urn: {row.aspect: row.value for row in found} for urn, found in rows.items()}
+
+    async def refuse_deleted_property_filters(self, placed: list[list[Placed]], base: str) -> None:
+        """A 400 when the filter names a soft-deleted structured property (app.write.structured_properties): at the
+        criterion's field below `base`, or at `base` for criteria without a place in the request (a view's)."""
+        async with self._lock:
+            try:
+                await refuse_deleted_property_filters(EntityReader(self.session, self.registry).repo,
+                                                      (p for group in placed for p in group))
+            except InvalidFilter as error:
+                if error.loc[:-1]:
+                    raise error.at(base) from None
+                raise ValidationFailed(str(error), [Issue(str(error), path=base, found=error.found)]) from None
 
     def forget_aspects(self) -> None:
         """After a write: what this request read before may have changed."""
@@ -123,8 +136,8 @@ def _check_type_criterion(criterion: Criterion, path: str) -> None:
         )
 
 
-def _or_filters(inputs: dict[str, Any]) -> Groups:
-    """The search's orFilters (the deprecated AND-only `filters` joined to each of their groups) as criteria."""
+def _or_filters(inputs: dict[str, Any]) -> list[list[Placed]]:
+    """The search's orFilters (the deprecated AND-only `filters` joined to each of their groups), placed."""
     or_filters = list(inputs.get("orFilters") or ())
     if inputs.get("filters"):
         or_filters = [{"and": [*(g.get("and") or ()), *inputs["filters"]]} for g in or_filters or [{"and": []}]]
@@ -135,7 +148,7 @@ def _or_filters(inputs: dict[str, Any]) -> Groups:
     for group in placed:
         for criterion in group:
             _check_type_criterion(criterion.criterion, json_path(OR_FILTERS_PATH, (*criterion.loc, "condition")))
-    return criteria_groups(placed)
+    return placed
 
 
 def type_searches(entity_names: list[str], groups: Groups, include_soft_deleted: bool) -> list[TypeSearch]:
@@ -262,13 +275,17 @@ def _results(
 
 async def _searches_of(context: Context, inputs: dict[str, Any]) -> list[TypeSearch]:
     flags = inputs.get("searchFlags") or {}
-    groups = _or_filters(inputs)
+    placed = _or_filters(inputs)
+    await context.refuse_deleted_property_filters(placed, OR_FILTERS_PATH)
+    groups = criteria_groups(placed)
     entity_names = _entity_names(inputs.get("types"), context.registry)
     if inputs.get("viewUrn"):
         entity_names, view_groups = await apply_view(context, inputs["viewUrn"], entity_names)
         for group in view_groups:
             for criterion in group:
                 _check_type_criterion(criterion, VIEW_PATH)
+        await context.refuse_deleted_property_filters([[Placed((), c) for c in group] for group in view_groups],
+                                                      VIEW_PATH)
         try:
             groups = both(groups, view_groups)
         except InvalidFilter as error:

@@ -11,6 +11,8 @@ Everything is derived from the registry's schema annotations, following DataHub:
 - ``Relationship`` (``RelationshipAnnotation``; the graph's edge extraction): one edge per URN found at the
   annotated path, with ``createdOn``/``createdActor``/``updatedOn``/``updatedActor``/``properties``/``via`` read
   from paths relative to the same array element.
+- ``structuredProperties`` (``setStructuredPropertiesSearchValue``): a field per property held,
+  ``structuredProperties.<id>`` (app.search.structured_properties).
 - ``TimeseriesField`` (``TimeseriesAspectTransformer``): the aspect-level document of a timeseries value, with
   DataHub's document id (see :func:`timeseries_doc_id`).
 
@@ -61,6 +63,7 @@ from app.search.model import (
     SearchFieldSpec,
     TimeseriesPoint,
 )
+from app.search import structured_properties
 from app.urns import InvalidUrnError, entity_type_of
 
 __all__ = [
@@ -814,13 +817,16 @@ def changes_from_mcl(mcl: dict, registry, limits: IndexLimits = DEFAULT_LIMITS) 
 
     if change_type not in _UPSERT_TYPES:
         return []
-    if not model.fields and not model.edges and not model.is_key:
+    holds_properties = aspect == structured_properties.STRUCTURED_PROPERTIES_ASPECT
+    if not model.fields and not model.edges and not model.is_key and not holds_properties:
         return []
     value, clean = _aspect_value(mcl.get("aspect"), limits)
     if value is None:
         return []
     version = _version_of(mcl.get("systemMetadata")) or 0
     fields = _extract_fields(model, value)
+    if holds_properties:
+        fields.update(structured_properties.document_fields(value))
     if model.is_key or aspect == espec.key_aspect:
         fields[URN_FIELD] = urn
         p = value.get("platform")
@@ -925,7 +931,7 @@ def indexed_aspects(registry, entity_type: str) -> tuple[frozenset[str], frozens
         model = _aspect_model(registry, aspect)
         if model is None or model.is_timeseries:
             continue
-        if model.fields or model.edges or model.is_key or aspect == spec.key_aspect:
+        if model.fields or model.edges or model.is_key or aspect in (spec.key_aspect, structured_properties.STRUCTURED_PROPERTIES_ASPECT):
             doc_aspects.add(aspect)
         if model.edges:
             edge_aspects.add(aspect)

@@ -63,6 +63,7 @@ from app.limits import MAX_LONG, MIN_LONG
 from app.search import documents, elastic_mappings
 from app.search.cursors import decode_keyset, keyset_cursor
 from app.search.elastic_mappings import ASPECT_FIELDS_FIELD, EDGE_MAPPING, EDGE_SET_MAPPING, mapping_hash
+from app.search.structured_properties import document_field
 from app.search.model import (
     DOWNSTREAM_LINEAGE,
     EQUALITY_CONDITIONS,
@@ -830,10 +831,15 @@ class ElasticBackend:
         return None
 
     def _filter_field(self, entity_type: str, key: str) -> str:
+        name = self._document_field(entity_type, key)
+        return self._exact_field(entity_type, name) or name
+
+    def _document_field(self, entity_type: str, key: str) -> str:
+        """The document field a filter or sort name is answered on: a filter's field, a structured property's
+        (app.search.structured_properties), or the name itself."""
         specs = self.filter_specs(entity_type)
         spec = specs.get(key) or next((s for s in specs.values() if s.name == key), None)
-        name = spec.name if spec else key
-        return self._exact_field(entity_type, name) or name
+        return spec.name if spec else document_field(key)
 
     def _text_query(self, entity_type: str, query: str) -> dict[str, Any]:
         should: list[dict[str, Any]] = []
@@ -869,9 +875,7 @@ class ElasticBackend:
         if condition in EQUALITY_CONDITIONS:
             return ({"terms": {self._filter_field(entity_type, criterion.field): list(criterion.values)}}
                     if criterion.values else {"match_none": {}})
-        specs = self.filter_specs(entity_type)
-        spec = specs.get(criterion.field) or next((s for s in specs.values() if s.name == criterion.field), None)
-        name = spec.name if spec else criterion.field
+        name = self._document_field(entity_type, criterion.field)
         if condition == "EXISTS":
             return {"exists": {"field": name}}
         values = [v.strip() for v in criterion.values]
@@ -934,6 +938,7 @@ class ElasticBackend:
             if name in ("_score", "score"):
                 sort_clauses.append({"_score": direction})
             else:
+                name = self._document_field(entity_type, name)
                 field = self._exact_field(entity_type, name) or name
                 sort_clauses.append({field: {"order": direction, "unmapped_type": "keyword"}})
         if not sort_clauses:

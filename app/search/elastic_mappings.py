@@ -20,6 +20,7 @@ import orjson
 from app.registry.schema import Primitive, Type
 from app.search import documents
 from app.search.model import REMOVED_FIELD, TOMBSTONE_FIELD, URN_FIELD, VERSIONS_FIELD, SearchFieldSpec
+from app.search.structured_properties import FIELD_PREFIX, STRUCTURED_PROPERTIES_ASPECT
 
 ASPECT_FIELDS_FIELD = "aspectFields"  # aspect -> the fields it contributed (not indexed; the merge input)
 _TEXT_TYPES = frozenset({"TEXT", "TEXT_PARTIAL", "WORD_GRAM"})
@@ -115,7 +116,17 @@ def index_mapping(registry, entity_type: str) -> dict:
             props[spec.has_values_field] = {"type": "boolean"}
         if spec.num_values_field and spec.num_values_field not in props:
             props[spec.num_values_field] = {"type": "long"}
-    return {"dynamic": True, "properties": props}
+    mapping: dict[str, Any] = {"dynamic": True, "properties": props}
+    if STRUCTURED_PROPERTIES_ASPECT in registry.entity(entity_type).aspect_names:
+        # DataHub's dynamic object of structured property values (app.search.structured_properties): a string is one
+        # keyword (a date too: no date detection), a number a double, whatever the first value seen was
+        props[STRUCTURED_PROPERTIES_ASPECT] = {"type": "object", "dynamic": True}
+        mapping["dynamic_templates"] = [
+            {f"structured_property_{kind}": {"path_match": f"{FIELD_PREFIX}*", "match_mapping_type": kind,
+                                              "mapping": {"type": "double" if kind in ("long", "double") else "keyword"}}}
+            for kind in ("string", "date", "long", "double")
+        ]
+    return mapping
 
 
 def _ts_type_mapping(t: Type | None) -> dict[str, Any]:

@@ -41,6 +41,7 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.search import documents
+from app.search.structured_properties import FIELD_PREFIX as PROPERTY_FIELD_PREFIX, document_field
 from app.search.cursors import decode_keyset, keyset_cursor
 from app.search.model import (
     DOWNSTREAM_LINEAGE,
@@ -174,6 +175,8 @@ WITH touched AS (
     FROM merged m
     CROSS JOIN LATERAL jsonb_each(m.fields) e
     LEFT JOIN spec s ON s.entity_type = m.entity_type AND s.field = e.key
+    -- structured property values are found by their filters, which leave out soft-deleted properties' values
+    WHERE NOT starts_with(e.key, '{PROPERTY_FIELD_PREFIX}')
 ), weighted AS (
     SELECT urn,
            string_agg(txt, ' ') FILTER (WHERE weight = 'A') AS a,
@@ -570,6 +573,12 @@ class PostgresBackend:
             )
 
     # --- search ---------------------------------------------------------------------------------------------------
+    def _document_field(self, entity_type: str, name: str) -> str:
+        """The document field a filter or sort name is answered on: a filter's field, a structured property's
+        (app.search.structured_properties), or the name itself."""
+        specs = self.filter_fields(entity_type)
+        return specs[name].name if name in specs else document_field(name)
+
     def _filter_sql(
         self, entity_type: str, filters: dict[str, list[str]] | None, params: list[Any]
     ) -> list[str]:
@@ -599,8 +608,7 @@ class PostgresBackend:
         """The field (by filter or document name) has any of `values`; no values: it never matches."""
         if not values:
             return "false"
-        specs = self.filter_fields(entity_type)
-        field_name = specs[name].name if name in specs else name
+        field_name = self._document_field(entity_type, name)
         if field_name == "urn":
             params.append(list(values))
             return f"d.urn = ANY(${len(params)}::text[])"
@@ -640,8 +648,7 @@ class PostgresBackend:
         values = [v.strip() for v in criterion.values]
         if condition != "EXISTS" and not values:
             return "false"
-        specs = self.filter_fields(entity_type)
-        name = specs[criterion.field].name if criterion.field in specs else criterion.field
+        name = self._document_field(entity_type, criterion.field)
 
         def param(value: Any, cast: str) -> str:
             params.append(value)
@@ -732,9 +739,7 @@ class PostgresBackend:
         # Sort: by one document field (jsonb order) or by score, then urn; the page key is (sort key, urn).
         if sort:
             field_name, order = sort[0]
-            specs = self.filter_fields(entity_type)
-            field_name = specs[field_name].name if field_name in specs else field_name
-            params.append(field_name)
+            params.append(self._document_field(entity_type, field_name))
             key_expr = f"coalesce(d.fields -> ${len(params)}::text, 'null'::jsonb)"
             descending = order.upper().startswith("DESC")
             key_cast = "jsonb"

@@ -18,8 +18,9 @@ write needs, which the write's lock step reads `FOR SHARE` (app.write.decision).
 change of the same property therefore serialise on the definition row: the definition's writer holds it `FOR
 UPDATE` while it checks the stored values, and a value writer waiting on it reads the new definition.
 
-`hide_soft_deleted` is DataHub's StructuredPropertiesSoftDelete read hook: values of a property whose definition
-entity has `status.removed` are left out of what entity reads return.
+`soft_deleted` decides which properties are soft-deleted (their definition entity has `status.removed`) for every
+read: `hide_soft_deleted` (DataHub's StructuredPropertiesSoftDelete read hook) leaves their values out of what entity
+reads return, `refuse_deleted_property_filters` refuses a search filtering on one (DataHub's validateFilter).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from typing import Any
 
 import orjson
 
+from app.search.filters import InvalidFilter, Placed
+from app.search.structured_properties import is_property_field, property_urn_of
 from app.urns import InvalidUrnError, entity_type_of, parse_urn
 from app.write.proposal import ChangeType, Proposal
 from app.write.repository import AspectRepository, StoredAspect
@@ -400,16 +403,22 @@ async def stored_value_violations(repo: AspectRepository, check: StoredValueChec
 
 
 # --- reads -----------------------------------------------------------------------------------------------------------
+async def soft_deleted(repo: AspectRepository, property_urns: Iterable[str]) -> set[str]:
+    """The properties among `property_urns` whose definition entity is soft-deleted (`status.removed`): what every
+    read decides by (entity reads, searches). One query."""
+    urns = set(property_urns)
+    if not urns:
+        return set()
+    statuses = await repo.latest((urn, STATUS) for urn in urns)
+    return {urn for (urn, _), status in statuses.items() if status.value.get("removed")}
+
+
 async def hide_soft_deleted(repo: AspectRepository, rows: Iterable[StoredAspect]) -> dict[int, StoredAspect]:
     """DataHub's StructuredPropertiesSoftDelete read hook: for each `structuredProperties` row among `rows` holding
-    a value of a property whose definition entity is soft-deleted (`status.removed`), a copy without those values,
-    by the position of the row in `rows`. One query for the status of every property named."""
+    a value of a property whose definition entity is soft-deleted, a copy without those values, by the position of
+    the row in `rows`."""
     held = [(i, row) for i, row in enumerate(rows) if row.aspect == STRUCTURED_PROPERTIES]
-    urns = {urn for _, row in held for urn in assigned_urns(row.value)}
-    if not urns:
-        return {}
-    statuses = await repo.latest((urn, STATUS) for urn in urns)
-    removed = {urn for (urn, _), status in statuses.items() if status.value.get("removed")}
+    removed = await soft_deleted(repo, (urn for _, row in held for urn in assigned_urns(row.value)))
     if not removed:
         return {}
     hidden: dict[int, StoredAspect] = {}
@@ -419,3 +428,16 @@ async def hide_soft_deleted(repo: AspectRepository, rows: Iterable[StoredAspect]
             value = {**row.value, "properties": kept}
             hidden[i] = dataclasses.replace(row, metadata=orjson.dumps(value).decode(), _value=value)
     return hidden
+
+
+async def refuse_deleted_property_filters(repo: AspectRepository, placed: Iterable[Placed]) -> None:
+    """DataHub's StructuredPropertyUtils.validateFilter: a search filtering on a property whose definition is
+    soft-deleted is refused (InvalidFilter at the criterion's field), so its values are never found; decided when
+    the search is asked, a soft delete or an undelete holds for the next search."""
+    placed = [p for p in placed if is_property_field(p.criterion.field)]
+    removed = await soft_deleted(repo, (property_urn_of(p.criterion.field) for p in placed))
+    for p in placed:
+        urn = property_urn_of(p.criterion.field)
+        if urn in removed:
+            raise InvalidFilter(f"Cannot filter on deleted Structured Property {urn}", (*p.loc, "field"),
+                                found=p.criterion.field)

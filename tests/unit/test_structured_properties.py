@@ -277,3 +277,54 @@ def test_a_widening_change_reads_no_stored_value(new):
 
 def test_a_definition_written_where_there_was_none_is_checked():
     assert stored_check(make_definition(), None) is not None
+
+
+# --- search documents and filter names (app/search/structured_properties.py) ------------------------------------------
+def test_a_structured_properties_change_log_indexes_a_field_per_property_named_as_datahub_names_it():
+    from app.search.structured_properties import document_fields
+
+    value = {"properties": [
+        {"propertyUrn": TIER, "values": [{"string": "gold"}]},
+        {"propertyUrn": "urn:li:structuredProperty:retention", "values": [{"double": 30.0}, {"double": 90.0}]},
+        {"propertyUrn": "urn:li:structuredProperty:empty", "values": [{"string": ""}]},
+    ]}
+    assert document_fields(value) == {
+        "structuredProperties.io_acryl_tier": ["gold"],
+        "structuredProperties.retention": [30.0, 90.0],
+        "structuredProperties.empty": [],
+    }
+
+
+@pytest.mark.parametrize(("given", "field", "urn"), [
+    ("structuredProperties.io.acryl.tier", "structuredProperties.io_acryl_tier", TIER),
+    ("structuredProperties.io.acryl.tier.keyword", "structuredProperties.io_acryl_tier", TIER),
+    ("structuredProperties.retention", "structuredProperties.retention", "urn:li:structuredProperty:retention"),
+])
+def test_a_filter_on_a_property_is_answered_on_its_document_field(given: str, field: str, urn: str):
+    from app.search.structured_properties import document_field, property_urns_filtered
+
+    assert document_field(given) == field
+    assert property_urns_filtered([given, "platform", "structuredProperties."]) == {urn}
+    assert document_field("platform") == "platform" and document_field("structuredProperties.") == "structuredProperties."
+
+
+def test_the_change_log_of_a_dataset_s_values_gives_its_document_fields_and_the_index_maps_them(registry):
+    from app.search.documents import changes_from_mcl, indexed_aspects
+    from app.search.elastic_mappings import entity_index_body
+
+    value = {"properties": [{"propertyUrn": TIER, "values": [{"string": "gold"}]}]}
+    mcl = {"entityType": "dataset", "entityUrn": DATASET, "aspectName": "structuredProperties", "changeType": "UPSERT",
+           "aspect": {"value": orjson.dumps(value).decode(), "contentType": "application/json"},
+           "systemMetadata": {"version": "3"}}
+    (change,) = changes_from_mcl(mcl, registry)
+    assert change.aspect == "structuredProperties" and change.version == 3
+    assert change.fields["structuredProperties.io_acryl_tier"] == ["gold"]
+    (deleted,) = changes_from_mcl({**mcl, "changeType": "DELETE", "previousSystemMetadata": {"version": "3"}}, registry)
+    assert deleted.deleted and deleted.fields == {}
+    assert "structuredProperties" in indexed_aspects(registry, "dataset")[0]
+
+    mapping, _ = entity_index_body(registry, "dataset")
+    assert mapping["properties"]["structuredProperties"] == {"type": "object", "dynamic": True}
+    kinds = {next(iter(t.values()))["match_mapping_type"]: next(iter(t.values()))["mapping"]["type"]
+             for t in mapping["dynamic_templates"]}
+    assert kinds == {"string": "keyword", "date": "keyword", "long": "double", "double": "double"}
