@@ -182,6 +182,11 @@ class IngestGateway:
             self.admission.check_backlog()  # 429 while the outbox backlog is over its limit
         proposals = await self.prepare_in_turns(drafts)
         if queue and self.queue is not None:
+            try:
+                await self.writer.check_before_queueing(session, proposals)
+            except MetaledgerError as error:
+                write_refused(error, drafts)
+                raise in_callers_terms(error, drafts) from None
             by_index = {draft.index: draft for draft in drafts}
             pairs = [(by_index[p.index], p) for p in proposals]
             await self.queue.send([proposal_to_mcp(draft, proposal) for draft, proposal in pairs])

@@ -42,6 +42,7 @@ from app.write.structured_properties import (
     PROPERTY_DEFINITION,
     PropertyDefinitionChange,
     StoredValueCheck,
+    refusals_before_queueing,
     stored_value_violations,
 )
 
@@ -101,6 +102,11 @@ class WriteService:
     def prepare(self, drafts: Sequence[Draft]) -> list[Proposal]:
         """Resolve, validate and run the proposal rules on every draft; one error listing every bad item."""
         return self.core.prepare(drafts)
+
+    async def check_before_queueing(self, session: AsyncSession, proposals: Sequence[Proposal]) -> None:
+        """What an asynchronous write's transaction will refuse that the stored rows tell now (structured property
+        values against their definitions): the same error, before the write is queued."""
+        _raise_on_fatal_verdicts(await refusals_before_queueing(AspectRepository(session), proposals), log_refusals=True)
 
     # --- the transaction ---------------------------------------------------------------------------------------
     async def apply(self, session: AsyncSession, proposals: Sequence[Proposal], audit: AuditStamp) -> WriteResult:

@@ -6,7 +6,8 @@ allowedValues, entityTypes, typeQualifier, immutable) governs the values entitie
 
 - `StructuredPropertyValues` (DataHub's StructuredPropertiesValidator), a pre-commit rule on every write of
   `structuredProperties` (UPSERT, CREATE, UPDATE, the result of a PATCH, DELETE for immutable values): each
-  assignment against its definition as the transaction sees it;
+  assignment against its definition as the transaction sees it; an asynchronous write's values are checked against
+  the stored definitions before it is queued too (`refusals_before_queueing`), for the caller's 400;
 - `PropertyDefinitionChange` (DataHub's PropertyDefinitionValidator), a pre-commit rule on `propertyDefinition`:
   the parts that cannot change, allowedValues only widening, unless the definition's `version` goes up;
 - `StoredValueCheck`: a definition change that could invalidate values already stored (anything narrowing, a
@@ -346,6 +347,34 @@ class PropertyDefinitionChange(PreCommitRule):
 
     def _refuse(self, message: str, path: str = "$.aspect.value") -> Verdict:
         return self.verdict(VerdictKind.VALIDATION, message, path)
+
+
+async def refusals_before_queueing(repo: AspectRepository, proposals: Sequence[Proposal]) -> list[tuple[Proposal, Verdict]]:
+    """The verdicts of `StructuredPropertyValues` on the `structuredProperties` values of an asynchronous write, against
+    the definitions and values stored now (read outside any transaction): DataHub's answer at proposal time, before
+    the write is queued. The consumer's transaction checks them again against what it locks. Left to it: a PATCH
+    (its value is known only once applied), a value of a property the batch itself defines or (un)deletes, and a
+    later write of an entity's values in the batch (each is checked against the rows the batch left before it)."""
+    rule = StructuredPropertyValues()
+    defined_here = {p.urn for p in proposals if p.entity_type == PROPERTY_ENTITY}
+    checked: list[Proposal] = []
+    seen: set[Key] = set()
+    for p in proposals:
+        key = (p.urn, p.aspect_name)
+        if p.aspect_name == STRUCTURED_PROPERTIES and key not in seen and p.patch is None and rule.governs(p) \
+                and defined_here.isdisjoint(assigned_urns(p.value)):
+            checked.append(p)
+        seen.add(key)
+    if not checked:
+        return []
+    rows: dict[Key, StoredAspect | None] = dict(await repo.latest((p.urn, p.aspect_name) for p in checked))
+    rows.update(await repo.latest(definition_keys(checked, rows)))
+    refused = []
+    for p in checked:
+        verdict = rule.check(PendingChange(p, rows.get((p.urn, p.aspect_name)), True, rows))
+        if verdict is not None:
+            refused.append((p, verdict))
+    return refused
 
 
 # --- a definition change against the stored values -------------------------------------------------------------------

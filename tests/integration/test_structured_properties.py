@@ -143,3 +143,46 @@ async def test_a_soft_deleted_definition_hides_its_values_on_read_and_refuses_ne
 
     (issue,) = (await propose(client, values((TIER, [{"string": "gold"}])), expect=400))["issues"]
     assert f"Cannot apply a soft deleted Structured Property value: {TIER}" in issue["message"]
+
+
+async def test_an_asynchronous_write_s_values_are_checked_before_it_is_queued(kafka_broker, database_url, registry):
+    """With Kafka, `async=true` queues the write for the MCP consumer; a bad value is a 400 now, as DataHub answers
+    at proposal time, not a failed-MCP record later. What the stored rows cannot tell yet (a property the batch itself
+    defines) is queued and left to the consumer's transaction."""
+    import httpx
+
+    from app.main import create_app
+    from app.settings import Settings
+    from tests.helpers import bearer, create_topics, decode_value, kafka_overrides, read_topic, unique_topics
+
+    topics = unique_topics("topic_mcp", "topic_fmcp", "topic_mce", "topic_fmce")
+    await create_topics(kafka_broker.bootstrap_servers, *topics.values())
+    settings = Settings(database_url=database_url, apply_migrations_on_start=False,
+                        **kafka_overrides(kafka_broker.bootstrap_servers, topics))
+    app = create_app(settings, registry)
+    async with app.router.lifespan_context(app):
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://metaledger",
+                                     headers=await bearer(app)) as client:
+            assert (await client.post("/openapi/v1/proposals?async=false", json=[define()])).status_code == 200
+            bad = await client.post("/openapi/v1/proposals?async=true",
+                                    json=[mcp("status", {"removed": False}), values((TIER, [{"string": "bronze"}]))])
+            assert bad.status_code == 400, bad.text
+            (issue,) = bad.json()["issues"]
+            assert issue["index"] == 1 and issue["path"] == "$[1].aspect.value.properties[0].values[0]"
+            assert TIER in issue["message"] and "should be one of" in issue["message"]
+            bad_v3 = await client.post("/openapi/v3/entity/dataset", json=[
+                {"urn": DATASET, "structuredProperties": {"value": {"properties": [
+                    {"propertyUrn": TIER, "values": [{"string": "gold"}, {"string": "silver"}]}]}}}])
+            assert bad_v3.status_code == 400 and "has cardinality 1" in bad_v3.text, bad_v3.text
+
+            fresh = "urn:li:structuredProperty:io.acryl.fresh"
+            queued = await client.post("/openapi/v1/proposals?async=true", json=[
+                gold(),
+                mcp("propertyDefinition", definition(qualifiedName="io.acryl.fresh", allowedValues=None), urn=fresh,
+                    entity="structuredProperty"),
+                values((fresh, [{"string": "anything"}]), urn=OTHER),
+            ])
+            assert queued.status_code == 202, queued.text
+            records = await read_topic(kafka_broker.bootstrap_servers, topics["topic_mcp"], expect=3)
+            assert [decode_value(r.value)["aspectName"] for r in records] == [
+                "structuredProperties", "propertyDefinition", "structuredProperties"]  # the refused ones never got there
