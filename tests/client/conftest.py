@@ -54,8 +54,8 @@ GENERATOR_VERSION = "0.29.1"
 GENERATOR_REQUIREMENT = (f"openapi-python-client=={GENERATOR_VERSION}", f".acryl-openapi-python-client-{GENERATOR_VERSION}")
 
 
-def _ensure_venv(venv: Path, requirement: str, stamp_name: str) -> Path:
-    """`venv` with `requirement` installed (from PyPI, once: a stamp file records it); returns its python.
+def _ensure_venv(venv: Path, requirement: str | tuple[str, ...], stamp_name: str) -> Path:
+    """`venv` with `requirement` (one, or several) installed (from PyPI, once: a stamp file records it); returns its python.
     A lock keeps two test runs from installing into the same venv at once."""
     python = venv / "bin" / "python"
     stamp = venv / stamp_name
@@ -69,7 +69,8 @@ def _ensure_venv(venv: Path, requirement: str, stamp_name: str) -> Path:
         if not python.exists():
             subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run(
-            [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q", requirement], check=True,
+            [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q",
+             *([requirement] if isinstance(requirement, str) else requirement)], check=True,
         )
         for old in venv.glob(".acryl-*"):  # the stamps of what it held before
             old.unlink()
@@ -349,3 +350,16 @@ OPENLINEAGE_REQUIREMENT = (f"openlineage-python=={OPENLINEAGE_VERSION}", f".acry
 def openlineage_python() -> Path:
     """The Python of a virtualenv with `openlineage-python` (HTTP transport), apart from DataHub's client."""
     return _ensure_venv(OPENLINEAGE_VENV, *OPENLINEAGE_REQUIREMENT)
+
+
+# --- dbt with OpenLineage's `dbt-ol` wrapper (tests/client/test_openlineage_dbt.py) --------------------------------
+
+DBT_VENV = Path(os.environ.get("METALEDGER_DBT_VENV", ROOT / ".venv-dbt"))
+DBT_REQUIREMENT = ((f"openlineage-dbt=={OPENLINEAGE_VERSION}", "dbt-core==1.10.15", "dbt-postgres==1.9.1"),
+                   f".acryl-openlineage-dbt-{OPENLINEAGE_VERSION}-dbt-1.10.15-postgres-1.9.1")
+
+
+@pytest.fixture(scope="session")
+def dbt_python() -> Path:
+    """The Python of a virtualenv with dbt (Postgres adapter) and OpenLineage's `dbt-ol` beside it (its bin/)."""
+    return _ensure_venv(DBT_VENV, *DBT_REQUIREMENT)
