@@ -12,15 +12,19 @@ shipped 2-0-x schema is the one applied: the 1-x and 2-x RunEvent shapes are the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import uuid
+from collections import OrderedDict
 from collections.abc import Iterable, Iterator
 from datetime import datetime
 from functools import cache
 from pathlib import Path
+from urllib.parse import urljoin
 from typing import Any
 
+import orjson
 from jsonschema import Draft202012Validator, FormatChecker
 from jsonschema.exceptions import ValidationError, best_match
 from referencing import Registry, Resource
@@ -61,9 +65,9 @@ class _Spec:
     def __init__(self) -> None:
         core = json.loads((SPEC_DIR / "OpenLineage.json").read_text())
         facet_files = [json.loads(p.read_text()) for p in sorted((SPEC_DIR / "facets").glob("*.json"))]
-        registry = Registry().with_resources(
-            (doc["$id"], Resource.from_contents(doc)) for doc in [core, *facet_files]
-        )
+        docs = {doc["$id"]: doc for doc in [core, *facet_files]}
+        registry = Registry().with_resources((uri, Resource.from_contents(doc)) for uri, doc in docs.items())
+        self._inliner = _Inliner(docs)
         self.events = {
             kind: self._validator({"$ref": f"{CORE_ID}#/$defs/{kind}"}, registry)
             for kind in ("RunEvent", "JobEvent", "DatasetEvent")
@@ -78,9 +82,36 @@ class _Spec:
                     for kind in _extended_kinds(definition):
                         self.facets[kind][name] = self._validator({"$ref": f"{doc['$id']}{ref}"}, registry)
 
-    @staticmethod
-    def _validator(schema: dict[str, Any], registry: Registry) -> Draft202012Validator:
-        return Draft202012Validator(schema, registry=registry, format_checker=_FORMATS)
+    def _validator(self, schema: dict[str, Any], registry: Registry) -> Draft202012Validator:
+        return Draft202012Validator(self._inliner.inlined(schema, ""), registry=registry, format_checker=_FORMATS)
+
+
+class _Inliner:
+    """A schema with its references replaced by what they name (a third of a check's time went to looking them up),
+    except a reference back into a definition being inlined (the subset conditions nest): it stays, made absolute,
+    for the registry to resolve."""
+
+    def __init__(self, docs: dict[str, dict[str, Any]]) -> None:
+        self.docs = docs
+
+    def inlined(self, node: Any, base: str, within: tuple[str, ...] = ()) -> Any:
+        if isinstance(node, list):
+            return [self.inlined(item, base, within) for item in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: self.inlined(v, base, within) for k, v in node.items() if k != "$ref"}
+        if "$ref" not in node:
+            return out
+        target = urljoin(base, node["$ref"]) if base else node["$ref"]
+        if target in within:
+            return {**out, "$ref": target}
+        uri, _, pointer = target.partition("#")
+        resolved = self.docs[uri]
+        for token in filter(None, pointer.split("/")):
+            resolved = resolved[token]
+        inlined = self.inlined(resolved, uri, (*within, target))
+        siblings = {k: v for k, v in out.items() if k not in ("description", "example")}
+        return {"allOf": [inlined], **siblings} if siblings else inlined
 
 
 def _extended_kinds(definition: dict[str, Any]) -> list[str]:
@@ -131,7 +162,7 @@ def _event_errors(event: Any) -> Iterator[tuple[str, str]]:
         yield "", f"an OpenLineage event is a JSON object, not {_json_type(event)}"
         return
     spec = _spec()
-    core = list(spec.events[event_kind(event)].iter_errors(event))
+    core = list(spec.events[event_kind(event)].iter_errors(_without_facets(event)))
     yield from (_described(e) for e in sorted(core, key=lambda e: list(e.absolute_path)))
     if core:
         return  # the facets of a malformed event are not looked at: where they sit may be wrong too
@@ -139,6 +170,24 @@ def _event_errors(event: Any) -> Iterator[tuple[str, str]]:
     yield from facets
     if not facets:  # the names are looked at in a conforming event only: the mapping relies on the spec's shapes
         yield from ((_path(place), message) for place, message in urn_errors(event))
+
+
+def _without_facets(event: dict[str, Any]) -> dict[str, Any]:
+    """The event with its facets maps emptied (a map that is no object is kept, for the core check to name): each facet
+    is checked once, by its own schema, which holds the core's facet rules too (`allOf` the core's facet kind)."""
+    def emptied(holder: Any, *members: str) -> Any:
+        if not isinstance(holder, dict) or not any(isinstance(holder.get(m), dict) for m in members):
+            return holder
+        return {**holder, **{m: {} for m in members if isinstance(holder.get(m), dict)}}
+
+    core = dict(event)
+    for member in ("run", "job", "dataset"):
+        if member in core:
+            core[member] = emptied(core[member], "facets")
+    for side, extra in (("inputs", "inputFacets"), ("outputs", "outputFacets")):
+        if isinstance(core.get(side), list):
+            core[side] = [emptied(dataset, "facets", extra) for dataset in core[side]]
+    return core
 
 
 def _all_facet_errors(spec: _Spec, event: dict[str, Any]) -> Iterator[tuple[str, str]]:
@@ -157,10 +206,32 @@ def _facet_errors(spec: _Spec, facets: dict[str, Any] | None, kind: str, base: s
     for name, facet in (facets or {}).items():
         if isinstance(facet, dict) and facet.get("_deleted") is True:
             continue  # a deleted facet is only `{"_deleted": true}`
-        validator = spec.facets[kind].get(name) or spec.base_facets[kind]
-        for error in validator.iter_errors(facet):
-            path, message = _described(error)
-            yield f"{base}{_member(name)}{path}", message
+        yield from ((f"{base}{_member(name)}{path}", message) for path, message in _checked_facet(spec, kind, name, facet))
+
+
+# How many facets' outcomes are remembered: a run's events carry the same facets again (a START's schema, its
+# COMPLETE's), a batch its datasets' facets once per event that names them.
+FACET_MEMO_SIZE = 4096
+_facet_memo: OrderedDict[bytes, tuple[tuple[str, str], ...]] = OrderedDict()
+
+
+def _checked_facet(spec: _Spec, kind: str, name: str, facet: Any) -> tuple[tuple[str, str], ...]:
+    """The errors of one facet (paths inside it), remembered by a digest of its kind, name and JSON text."""
+    try:
+        text = orjson.dumps([kind, name, facet])
+    except (orjson.JSONEncodeError, TypeError):  # an integer past 64 bits: checked every time
+        text = None
+    key = hashlib.blake2b(text, digest_size=16).digest() if text is not None else None
+    if key is not None and key in _facet_memo:
+        _facet_memo.move_to_end(key)
+        return _facet_memo[key]
+    validator = spec.facets[kind].get(name) or spec.base_facets[kind]
+    errors = tuple(_described(error) for error in validator.iter_errors(facet))
+    if key is not None:
+        _facet_memo[key] = errors
+        if len(_facet_memo) > FACET_MEMO_SIZE:
+            _facet_memo.popitem(last=False)
+    return errors
 
 
 def _described(error: ValidationError) -> tuple[str, str]:

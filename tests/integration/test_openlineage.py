@@ -211,6 +211,9 @@ async def test_malformed_events_are_400s_naming_the_field(client, db):
     assert response.status_code == 400, response.text
     issues = {(i["index"], i["path"]) for i in response.json()["issues"]}
     assert issues == {(2, "$[2].job.name"), (3, "$[3].run.runId"), (4, "$[4].run.facets.processing_engine.version")}
+    # a facet refused once is refused again, at its place in the new request (facets' outcomes are remembered)
+    again = await post(client, [copy.deepcopy(bad_facet), good])
+    assert [i["path"] for i in again.json()["issues"]] == ["$[0].run.facets.processing_engine.version"], again.text
     single = await post(client, {**good, "eventTime": "yesterday"})
     assert single.status_code == 400 and [i["path"] for i in single.json()["issues"]] == ["$.eventTime"]
     for body in ([1], "event", {}):
