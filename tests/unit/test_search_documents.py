@@ -425,8 +425,8 @@ def test_huge_lists_are_extracted_in_linear_time(registry):
               for i in range(100_000)]
     value = {"schemaName": "s", "platform": "urn:li:dataPlatform:hive", "version": 0, "hash": "",
              "platformSchema": {"com.linkedin.schema.OtherSchema": {"rawSchema": ""}}, "fields": fields}
-    started = time.perf_counter()
+    started = time.process_time()  # this process's CPU time: other processes on the machine do not count
     got = one(d.changes_from_mcl(mcl("schemaMetadata", value), registry), AspectFields).fields
-    assert time.perf_counter() - started < 5  # quadratic de-duplication took minutes
+    assert time.process_time() - started < 5  # quadratic de-duplication took minutes
     assert got["fieldPaths"][:2] == ["col_0", "col_1"]
     assert sum(len(p) for p in got["fieldPaths"]) <= d.DEFAULT_LIMITS.document_chars
