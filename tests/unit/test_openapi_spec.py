@@ -259,10 +259,10 @@ def test_operation_ids_are_unique_and_stable(spec, registry):
 
 
 def test_deterministic_idempotent_fast_and_small(registry):
-    t0 = time.perf_counter()
+    t0 = time.process_time()  # CPU time: a loaded machine does not make it slow
     first = dumps_spec(add_registry_components(_fastapi_spec(), registry))
-    elapsed = time.perf_counter() - t0
-    assert elapsed < 2.0, f"generation took {elapsed:.2f}s"
+    elapsed = time.process_time() - t0
+    assert elapsed < 2.0, f"generation took {elapsed:.2f}s of CPU"
 
     # a registry whose dicts are in another order gives the same document
     @dataclass
