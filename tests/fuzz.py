@@ -33,6 +33,13 @@ class FuzzRun:
         return int(match.group(1)) if match else 0
 
     @property
+    def operations(self) -> tuple[int, int]:
+        """(operations selected, operations tested): a run cut short by its time budget tests fewer."""
+        selected = re.search(r"Selected: (\d+)/", self.output)
+        tested = re.search(r"Tested: (\d+)", self.output)
+        return (int(selected.group(1)) if selected else 0), (int(tested.group(1)) if tested else 0)
+
+    @property
     def failures(self) -> str:
         """The FAILURES section: each failing operation, the check, the response and a curl line to replay it."""
         start = self.output.find("= FAILURES =")

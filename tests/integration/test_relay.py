@@ -164,7 +164,8 @@ async def test_no_op_is_a_restate_when_always_emit_change_log(client, reader, to
 async def test_timeseries_mcl_goes_to_the_timeseries_topic(app, client, db, reader, topics):
     profile = {"timestampMillis": 1_700_000_000_000, "rowCount": 42}
     assert (await propose(client, mcp("datasetProfile", profile, DATASET)))["results"][0]["status"] == "APPENDED"
-    records = await reader.read_until(lambda rs: mcls(rs, "datasetProfile"))
+    # both topics' records: the reader may fetch the timeseries topic's before the versioned one's
+    records = await reader.read_until(lambda rs: mcls(rs, "datasetProfile") and mcls(rs, "datasetKey"))
     [record] = mcls(records, "datasetProfile")
     assert record["topic"] == topics["topic_mcl_timeseries"] and record["key"] == DATASET
     mcl = record["value"]
