@@ -148,7 +148,7 @@ run: venv postgres-bin
 	$(VENV)/bin/metaledger serve --host $(HOST) --port $(PORT)
 
 test: venv postgres-bin java-bin zip-bin
-	@rc=0; $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile $(ARGS) || rc=$$?; \
+	@rc=0; $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5): treated as a failure" >&2; fi; \
 	exit $$rc
 

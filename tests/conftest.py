@@ -14,7 +14,8 @@ Fixtures (see the end of this file for the place where app/client fixtures go):
 ``database_url`` and ``fresh_database_url`` drop their database after the test: a run makes over a thousand of them
 (8 MB each), and removing the cluster's directory at the end of the run took 20-40 s when they were kept.
 
-``make test`` runs the tests on two pytest-xdist workers (``-n 2 --dist loadfile``): each worker has its own Postgres,
+``make test`` runs the tests on two pytest-xdist workers (``-n 2 --dist loadfile --no-loadscope-reorder``: xdist's
+default puts the modules with the most tests first): each worker has its own Postgres,
 broker and search server (the session fixtures), a module never spans workers, and the modules that take minutes are
 collected first (``LONG_MODULES``) so that the other worker runs the short ones around them.
 
@@ -68,6 +69,7 @@ LONG_MODULES = (
     "tests/spark/test_cli.py",
     "tests/client/test_datahub_client.py",
     "tests/client/test_datahub_graphql.py",
+    "tests/client/test_openlineage_dbt.py",  # its virtualenv: about 100 s the first time
 )
 
 
