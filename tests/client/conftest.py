@@ -56,7 +56,7 @@ GENERATOR_REQUIREMENT = (f"openapi-python-client=={GENERATOR_VERSION}", f".acryl
 
 def _ensure_venv(venv: Path, requirement: str | tuple[str, ...], stamp_name: str) -> Path:
     """`venv` with `requirement` (one, or several) installed (from PyPI, once: a stamp file records it); returns its python.
-    A lock keeps two test runs from installing into the same venv at once."""
+    uv (in the test extras) makes it in seconds. A lock keeps two test runs from installing into the same venv at once."""
     python = venv / "bin" / "python"
     stamp = venv / stamp_name
     if stamp.exists() and python.exists():
@@ -66,10 +66,12 @@ def _ensure_venv(venv: Path, requirement: str | tuple[str, ...], stamp_name: str
         fcntl.flock(lock, fcntl.LOCK_EX)
         if stamp.exists() and python.exists():
             return python
+        uv = Path(sys.executable).parent / "uv"
         if not python.exists():
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            # --seed: pip too, for what the client's own tools may install at run time
+            subprocess.run([str(uv), "venv", "-q", "--seed", "--python", sys.executable, str(venv)], check=True)
         subprocess.run(
-            [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q",
+            [str(uv), "pip", "install", "-q", "--python", str(python),
              *([requirement] if isinstance(requirement, str) else requirement)], check=True,
         )
         for old in venv.glob(".acryl-*"):  # the stamps of what it held before
