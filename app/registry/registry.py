@@ -6,9 +6,10 @@ See the package docstring (``app/registry/__init__.py``) for the file format and
 from __future__ import annotations
 
 import importlib.metadata
+import logging
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -55,6 +56,9 @@ DEFAULT_PACKAGE = "acryl-datahub"
 # pipeline). Always loaded, after the configured sources, whatever entity_registry.yml lists.
 SYSTEM_MODELS = Path(__file__).parent / "system_models"
 DEFAULT_PACKAGE_SCHEMAS = "datahub/metadata/schemas"
+# The `source` of an aspect registered at run time (app.registry.runtime): "runtime model <name>".
+RUNTIME_SOURCE = "runtime model"
+log = logging.getLogger("metaledger.registry")
 # Key aspects carry the entity definition in their @Aspect annotation; these keys are not aspect properties.
 _ENTITY_ANNOTATION_KEYS = ("keyForEntity", "entityCategory", "entityAspects", "entityDoc")
 
@@ -212,11 +216,42 @@ class EntityRegistry:
     _by_lower: dict[str, EntitySpec] = field(default_factory=dict, repr=False)
     _documents: list[tuple[str, Any]] = field(default_factory=list, repr=False)
     _named_index: dict[str, tuple[dict[str, Any], str | None]] | None = field(default=None, repr=False)
+    # Models registered at run time (app.registry.runtime): the stored version in force (0: none), and a counter
+    # bumped by every `replace_with`, for holders of state derived from the registry.
+    runtime_version: int = 0
+    generation: int = 0
+    _listeners: list[Callable[[EntityRegistry], None]] = field(default_factory=list, repr=False)
 
     def __post_init__(self) -> None:
         self._by_lower = {name.lower(): spec for name, spec in self.entities.items()}
         for a in self.aspects.values():
             a._registry = self
+
+    # -- models registered at run time ------------------------------------------------------------------------
+    def on_change(self, listener: Callable[[EntityRegistry], None]) -> None:
+        """Call `listener(registry)` after every `replace_with` (state derived from the entities and aspects:
+        routes, documents, mappings). A listener that raises is logged; the others still run."""
+        self._listeners.append(listener)
+
+    def replace_with(self, other: EntityRegistry, runtime_version: int) -> None:
+        """Take `other`'s entities and aspects (this registry's base models plus a runtime model set) in place, so
+        every holder of this object sees them. Called on the event loop: no coroutine sees half of the swap."""
+        for a in other.aspects.values():
+            a._registry = self
+        self.entities, self.aspects, self._by_lower = other.entities, other.aspects, other._by_lower
+        self._documents, self._named_index, self.warnings = other._documents, other._named_index, other.warnings
+        self.runtime_version = runtime_version
+        self.generation += 1
+        for listener in list(self._listeners):
+            try:
+                listener(self)
+            except Exception:
+                log.exception("a registry listener failed", extra={"generation": self.generation})
+
+    def is_runtime(self, aspect: str) -> bool:
+        """Whether `aspect` was registered at run time (not by the base models)."""
+        spec = self.aspects.get(aspect)
+        return spec is not None and spec.source.startswith(RUNTIME_SOURCE)
 
     # -- lookups ------------------------------------------------------------------------------------------
     def entity(self, name: str) -> EntitySpec:
@@ -407,7 +442,12 @@ def _source_files(source: Any, base: Path, problems: list[str]) -> tuple[str, li
     return label, files
 
 
-def _build(path: Path | str, *, trim_unknown_fields: bool = False, strict_urns: bool = True) -> _Loaded:
+def _build(
+    path: Path | str, *, trim_unknown_fields: bool = False, strict_urns: bool = True,
+    runtime_documents: Sequence[tuple[str, Any]] = (), runtime_entities: Sequence[dict[str, Any]] = (),
+) -> _Loaded:
+    """The registry of `path`, plus (app.registry.runtime) `runtime_documents` ((aspect name, .avsc document)) and
+    `runtime_entities` (entries in the yml's `entities:` format), after the yml's."""
     t0 = time.perf_counter()
     path = Path(path)
     problems: list[str] = []
@@ -432,6 +472,33 @@ def _build(path: Path | str, *, trim_unknown_fields: bool = False, strict_urns: 
     aspects: dict[str, AspectSpec] = {}
     documents: list[tuple[str, Any]] = []
     key_defs: list[tuple[AspectSpec, dict[str, Any], bool]] = []  # (spec, annotation, from package)
+
+    def add_document(source_name: str, doc: Any, from_package: bool) -> None:
+        documents.append((source_name, doc))
+        if not isinstance(doc, dict) or not isinstance(doc.get("Aspect"), dict):
+            return  # shared named types (or an event schema): usable by reference only
+        ann = doc["Aspect"]
+        name = ann.get("name")
+        if not isinstance(name, str) or doc.get("type") != "record" or not isinstance(doc.get("name"), str):
+            problems.append(f"{source_name}: the Aspect annotation needs a name, on a named record schema")
+            return
+        if name in aspects:
+            problems.append(f"aspect {name} is defined twice: {aspects[name].source} and {source_name}")
+            return
+        ns = doc.get("namespace")
+        full = doc["name"] if "." in doc["name"] or not ns else f"{ns}.{doc['name']}"
+        spec = AspectSpec(
+            name=name,
+            record_name=canonical_name(full),
+            is_timeseries=ann.get("type") == "timeseries",
+            schema=doc,
+            annotation=ann,
+            source=source_name,
+        )
+        aspects[name] = spec
+        if "keyForEntity" in ann:
+            key_defs.append((spec, ann, from_package))
+
     for source in sources:
         label, files = _source_files(source, path.parent, problems)
         from_package = isinstance(source, dict) and "package" in source
@@ -441,30 +508,9 @@ def _build(path: Path | str, *, trim_unknown_fields: bool = False, strict_urns: 
             except Exception as e:  # noqa: BLE001 - report any unreadable file as a problem
                 problems.append(f"{f}: not valid JSON: {e}")
                 continue
-            documents.append((str(f), doc))
-            if not isinstance(doc, dict) or not isinstance(doc.get("Aspect"), dict):
-                continue  # shared named types (or an event schema): usable by reference only
-            ann = doc["Aspect"]
-            name = ann.get("name")
-            if not isinstance(name, str) or doc.get("type") != "record":
-                problems.append(f"{f}: the Aspect annotation needs a name, on a record schema")
-                continue
-            if name in aspects:
-                problems.append(f"aspect {name} is defined twice: {aspects[name].source} and {f}")
-                continue
-            ns = doc.get("namespace")
-            full = doc["name"] if "." in doc["name"] or not ns else f"{ns}.{doc['name']}"
-            spec = AspectSpec(
-                name=name,
-                record_name=canonical_name(full),
-                is_timeseries=ann.get("type") == "timeseries",
-                schema=doc,
-                annotation=ann,
-                source=str(f),
-            )
-            aspects[name] = spec
-            if "keyForEntity" in ann:
-                key_defs.append((spec, ann, from_package))
+            add_document(str(f), doc, from_package)
+    for name, doc in runtime_documents:
+        add_document(f"{RUNTIME_SOURCE} {name}", doc, False)
 
     # Entities from key aspects (DataHub's generated @Aspect carries keyForEntity / entityAspects).
     entities: dict[str, dict[str, Any]] = {}
@@ -498,6 +544,7 @@ def _build(path: Path | str, *, trim_unknown_fields: bool = False, strict_urns: 
     if not isinstance(yml_entities, list):
         problems.append("entities must be a list")
         yml_entities = []
+    yml_entities = [*yml_entities, *runtime_entities]
     for i, ent in enumerate(yml_entities):
         if not isinstance(ent, dict) or not isinstance(ent.get("name"), str):
             problems.append(f"entities[{i}] needs a name")
