@@ -22,6 +22,7 @@ from app.settings import Settings
 from app.workers import pause
 from app.write.after_processors import AfterProcessorWorker
 
+from app.write.runtime_models import ModelWatcher
 log = logging.getLogger("metaledger.background")
 
 
@@ -40,7 +41,8 @@ class Background:
         derived = DerivedEvents(settings, gateway.registry, codec) if kafka else None
         if kafka and settings.create_topics_on_start:
             await ensure_topics(settings, derived.topics())
-        workers = []
+        # first: the registry follows the models registered at run time (what the other workers validate and publish)
+        workers: list = [ModelWatcher(settings, sessionmaker, gateway.registry)]
         if settings.relay_enabled:
             workers.append(OutboxRelay(settings, engine, codec, derived))
         if kafka and settings.mcp_consumer_enabled:

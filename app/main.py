@@ -30,7 +30,7 @@ from app.db import create_engine, create_sessionmaker, upgrade_database
 from app.db_faults import DatabaseFault, classify, database_unavailable
 from app.errors import Issue, MetaledgerError, ValidationFailed
 from app.api import documented_models, routers
-from app.api.entities import entity_routes
+from app.api.entities import EntityRoute, entity_routes, routes_of_entity
 from app.api.deps import ALLOW_PUBLIC, ALLOW_READ
 from app.api.http import json_response, parameter_path
 from app.api.trace_write import TraceparentMiddleware
@@ -53,6 +53,7 @@ from app.telemetry import ensure_client_id
 from app.write.proposal import DEFAULT_ACTOR, SYSTEM_ACTOR
 from app.write.service import WriteService
 
+from app.write.runtime_models import ModelWatcher
 if TYPE_CHECKING:
     from app.embedded_pg import EmbeddedPostgres
 
@@ -112,6 +113,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.schema_registry = make_registry_client(settings, engine)
     # One codec per process: the relay, the proposal producer and the consumers encode and decode Kafka values with it
     # (writer schemas fetched by id from the registry are cached in it).
+    # The models registered at run time, taken up before the first request; then followed by this process's
+    # background work, or by a watcher of its own in an API process of `serve --workers N`.
+    stop_following = app.state.registry.on_change(lambda registry: follow_registry(app, registry))
+    watcher = ModelWatcher(settings, app.state.sessionmaker, app.state.registry)
+    await watcher.refresh()
+    model_stop = asyncio.Event()
+    model_watch = None if settings.background_in_process else asyncio.create_task(watcher.run(model_stop))
     app.state.value_codec = codec = ValueCodec(settings, app.state.schema_registry)
     # The registry and compiled validators live for the whole process: move them out of the collector's way, and
     # collect the young generation less often (a batch allocates thousands of short-lived dicts).
@@ -154,6 +162,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         orphan_watch.cancel()
         app.state.drain.close()
         await ops.close()
+        model_stop.set()
+        if model_watch is not None:
+            await model_watch
+        stop_following()
         await background.close()
         if producer is not None:
             await producer.stop()
@@ -201,6 +213,21 @@ def _build_routes(app: FastAPI) -> None:
 
 def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(MetaledgerError)
+def follow_registry(app: FastAPI, registry: EntityRegistry) -> None:
+    """After the registry took up a runtime model set: the v3 routes of entity types added (removed), and the OpenAPI
+    document made again on its next request."""
+    def entity_of(route: EntityRoute) -> str:
+        return route.literal_prefix.split("/")[4]  # /openapi/v3/entity/<entity>/...
+
+    served = {entity_of(r) for r in app.router.routes if isinstance(r, EntityRoute)}
+    gone = served - registry.entities.keys()
+    if gone:
+        app.router.routes[:] = [r for r in app.router.routes if not (isinstance(r, EntityRoute) and entity_of(r) in gone)]
+    for name in sorted(registry.entities.keys() - served):
+        app.router.routes.extend(routes_of_entity(registry.entities[name]))
+    app.openapi_schema = None
+
+
     async def metaledger_error(request: Request, error: MetaledgerError):
         return json_response(error.to_json(), error.status_code, error.headers())
 

@@ -152,6 +152,8 @@ class Settings(BaseSettings):
 
     # --- change processors (app.write.processors): each process looks at the stored pipeline at most this often
     change_processor_refresh_s: float = 2.0
+    # --- models registered at run time (app.write.runtime_models): each process looks for a new stored set this often
+    model_refresh_s: float = 1.0
     after_processor_batch_size: int = 200  # change logs per transaction of the after phase's feed reader
     after_processor_poll_ms: int = 100
 

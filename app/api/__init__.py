@@ -5,6 +5,7 @@ from app.api.auth import router as auth_router
 from app.api.change_feed import router as change_feed_router
 from app.api.entity_registry import router as entity_registry_router
 from app.api.graphql import router as graphql_router
+from app.api.models import router as models_router
 from app.api.openlineage import router as openlineage_router
 from app.api.per_aspect_events import router as per_aspect_events_router
 from app.api.processors import router as processors_router
@@ -28,7 +29,7 @@ from app.api.timeline import router as timeline_router
 routers = [
     system_router, proposals_router, scroll_router, change_feed_router, restli_router, search_router, trace_write_router,
     schema_registry_router, auth_router, processors_router, per_aspect_events_router, timeline_router,
-    entity_registry_router, graphql_router, openlineage_router,
+    entity_registry_router, graphql_router, openlineage_router, models_router,
 ]
 
 # Request bodies parsed by the routes themselves and referenced from the OpenAPI document by name.

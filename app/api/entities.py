@@ -75,6 +75,13 @@ def entity_routes(registry: Any) -> list[BaseRoute]:
 
 
 def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
+def routes_of_entity(spec: EntitySpec) -> list[BaseRoute]:
+    """The v3 routes of one entity type: one registered at run time (app.main follows the registry)."""
+    router = APIRouter(prefix=API_PREFIX, route_class=EntityRoute)
+    _add_entity_routes(router, spec)
+    return list(router.routes)
+
+
     entity = spec.name
     p = upper_first(entity)
     tags: list[str | Any] = [entity]

@@ -228,10 +228,12 @@ class EntityRegistry:
             a._registry = self
 
     # -- models registered at run time ------------------------------------------------------------------------
-    def on_change(self, listener: Callable[[EntityRegistry], None]) -> None:
+    def on_change(self, listener: Callable[[EntityRegistry], None]) -> Callable[[], None]:
         """Call `listener(registry)` after every `replace_with` (state derived from the entities and aspects:
-        routes, documents, mappings). A listener that raises is logged; the others still run."""
+        routes, documents, mappings). A listener that raises is logged; the others still run. Returns the function
+        that removes it (for holders that live shorter than the registry)."""
         self._listeners.append(listener)
+        return lambda: self._listeners.remove(listener)
 
     def replace_with(self, other: EntityRegistry, runtime_version: int) -> None:
         """Take `other`'s entities and aspects (this registry's base models plus a runtime model set) in place, so

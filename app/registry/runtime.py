@@ -164,8 +164,3 @@ def build_registry(base: EntityRegistry, models: RuntimeModelSet) -> EntityRegis
         except Exception as error:  # noqa: BLE001 - any compile error names the aspect
             raise RegistryConfigError([f"aspect {name} does not compile: {error}"]) from None
     return loaded.registry
-
-
-def take_up(registry: EntityRegistry, models: RuntimeModelSet, version: int) -> None:
-    """Make `registry` (the object every holder shares) its base models plus `models`, stored at `version`."""
-    registry.replace_with(build_registry(registry, models), version)

@@ -1,0 +1,252 @@
+"""The runtime model set (app.registry.runtime) in the database: stored as the aspect MODELS_ASPECT of MODELS_URN,
+metaledger's own entity, through the ordinary write path (ADMIN only, versioned, with its change log), after the
+checks of app.registry.compatibility and the checks against stored data here; and taken up by every process
+(`ModelWatcher`: one cheap query every METALEDGER_MODEL_REFRESH_S).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import orjson
+from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
+
+from app.auth.model import Principal
+from app.db import session_connection
+from app.errors import ExistenceConflict, Issue, PreconditionFailed, ValidationFailed
+from app.ingest.gateway import IngestGateway
+from app.registry import AspectValidationError, EntityRegistry
+from app.registry.compatibility import Refusal, check_models
+from app.registry.runtime import EMPTY, RuntimeModelSet, build_registry
+from app.settings import Settings
+from app.workers import pause
+from app.write.processors import PIPELINE_ENTITY
+from app.write.proposal import IF_VERSION_MATCH, Draft
+
+log = logging.getLogger("metaledger.models")
+
+MODELS_URN = f"urn:li:{PIPELINE_ENTITY}:models"
+MODELS_ASPECT = "runtimeModels"
+STORED_FAILURES_REPORTED = 10  # a changed schema that stored values break: the first ones, with their URN
+STORED_PAGE_ROWS = 500
+
+_VERSION_OF_LATEST = """SELECT systemmetadata::jsonb ->> 'version' FROM metadata_aspect_v2
+                        WHERE urn = $1 AND aspect = $2 AND version = 0"""
+
+
+@dataclass(frozen=True, slots=True)
+class StoredModels:
+    models: RuntimeModelSet
+    version: int  # 0: none stored yet
+    created_on: datetime | None = None
+    created_by: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {"urn": MODELS_URN, "aspectName": MODELS_ASPECT, "version": self.version,
+                "createdOn": int(self.created_on.timestamp() * 1000) if self.created_on else None,
+                "createdBy": self.created_by, **self.models.to_stored()}
+
+
+async def stored_models(session: AsyncSession, version: int | None = None) -> StoredModels:
+    """The stored set (its latest version, or `version`)."""
+    conn = await session_connection(session)
+    rows = await conn.fetch(
+        """SELECT metadata, systemmetadata, createdon, createdby FROM metadata_aspect_v2
+           WHERE urn = $1 AND aspect = $2 ORDER BY version = 0 DESC, version DESC""", MODELS_URN, MODELS_ASPECT)
+    for row in rows:
+        stored = _stored(row)
+        if version is None or stored.version == version:
+            return stored
+    return StoredModels(EMPTY, 0)
+
+
+async def model_history(session: AsyncSession) -> list[dict[str, Any]]:
+    """Every stored version, newest first: when, by whom, which aspects and entities."""
+    conn = await session_connection(session)
+    rows = await conn.fetch(
+        """SELECT metadata, systemmetadata, createdon, createdby FROM metadata_aspect_v2
+           WHERE urn = $1 AND aspect = $2""", MODELS_URN, MODELS_ASPECT)
+    versions = sorted((_stored(row) for row in rows), key=lambda s: s.version, reverse=True)
+    return [{"version": s.version, "createdOn": int(s.created_on.timestamp() * 1000), "createdBy": s.created_by,
+             "aspects": {name: a.compatibility.value for name, a in sorted(s.models.aspects.items())},
+             "entities": [e.name for e in s.models.entities]} for s in versions if s.created_on is not None]
+
+
+def _stored(row) -> StoredModels:
+    system_metadata = orjson.loads(row["systemmetadata"] or "{}")
+    return StoredModels(RuntimeModelSet.from_json(orjson.loads(row["metadata"])),
+                        int(system_metadata.get("version") or 1), row["createdon"], row["createdby"])
+
+
+def model_diff(previous: RuntimeModelSet, proposed: RuntimeModelSet) -> dict[str, Any]:
+    """What an apply of `proposed` changes: aspects and entities added, changed (schema, mode or definition),
+    removed."""
+    def changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, list[str]]:
+        return {"added": sorted(new.keys() - old.keys()), "removed": sorted(old.keys() - new.keys()),
+                "changed": sorted(k for k in old.keys() & new.keys() if old[k] != new[k])}
+
+    return {"aspects": changes(dict(previous.aspects), dict(proposed.aspects)),
+            "entities": changes({e.name: e for e in previous.entities}, {e.name: e for e in proposed.entities})}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Checks against stored data
+# ----------------------------------------------------------------------------------------------------------------
+async def stored_data_refusals(session: AsyncSession, in_force: EntityRegistry, built: EntityRegistry,
+                               previous: RuntimeModelSet, proposed: RuntimeModelSet) -> list[Refusal]:
+    """An aspect or entity removed while it has stored values (`RemovedAspectHasValues`, `RemovedEntityHasValues`,
+    with the count); a changed aspect schema that stored latest values do not pass (`StoredValueInvalid`, the first
+    ones with their URN, paging through every stored value)."""
+    conn = await session_connection(session)
+    refusals: list[Refusal] = []
+    for entity, spec in sorted(in_force.entities.items()):
+        if built.has_entity(entity):
+            kept = built.entity(entity).aspect_names
+            for aspect in sorted(spec.aspect_names - kept):
+                count = await conn.fetchval(
+                    "SELECT count(*) FROM metadata_aspect_v2 WHERE version = 0 AND aspect = $1 AND urn LIKE $2",
+                    aspect, _urn_prefix(entity))
+                if count:
+                    refusals.append(Refusal("RemovedAspectHasValues", f"aspect {aspect} of entity {entity} is removed "
+                                            f"but {count} {entity} entities have a stored value of it", aspect))
+        else:
+            count = await conn.fetchval(
+                "SELECT count(DISTINCT urn) FROM metadata_aspect_v2 WHERE version = 0 AND urn LIKE $1",
+                _urn_prefix(entity))
+            if count:
+                refusals.append(Refusal("RemovedEntityHasValues",
+                                        f"entity {entity} is removed but {count} of its entities are stored"))
+    for name, aspect in sorted(proposed.aspects.items()):
+        old = previous.aspects.get(name)
+        if old is None or old.schema == aspect.schema or built.aspects[name].is_timeseries:
+            continue
+        refusals.extend(await _invalid_stored_values(conn, built, name))
+    return refusals
+
+
+def _urn_prefix(entity: str) -> str:
+    escaped = entity.replace("%", "\\%").replace("_", "\\_")
+    return f"urn:li:{escaped}:%"
+
+
+async def _invalid_stored_values(conn, built: EntityRegistry, aspect: str) -> list[Refusal]:
+    validator = built.aspects[aspect].validator()
+    refusals: list[Refusal] = []
+    after = ""
+    while len(refusals) < STORED_FAILURES_REPORTED:
+        rows = await conn.fetch(
+            """SELECT urn, metadata FROM metadata_aspect_v2 WHERE version = 0 AND aspect = $1 AND urn > $2
+               ORDER BY urn LIMIT $3""", aspect, after, STORED_PAGE_ROWS)
+        for row in rows:
+            try:
+                validator(orjson.loads(row["metadata"]))
+            except AspectValidationError as error:
+                issue = error.issues[0] if error.issues else None
+                refusals.append(Refusal(
+                    "StoredValueInvalid", f"the stored value of {row['urn']} does not pass the new schema: "
+                    f"{issue.message if issue else error}", aspect, issue.path if issue else "$"))
+                if len(refusals) == STORED_FAILURES_REPORTED:
+                    break
+        if len(rows) < STORED_PAGE_ROWS:
+            break
+        after = rows[-1]["urn"]
+    return refusals
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Apply
+# ----------------------------------------------------------------------------------------------------------------
+def refused(refusals: Sequence[Refusal]) -> ValidationFailed:
+    return ValidationFailed(
+        f"the model set is refused ({len(refusals)} problems); nothing was stored: "
+        + "; ".join(r.describe() for r in refusals[:5]),
+        [Issue(f"{r.rule}: {r.message}", aspect=r.aspect, path=r.path) for r in refusals])
+
+
+async def apply_models(gateway: IngestGateway, session: AsyncSession, caller: Principal, proposed: RuntimeModelSet,
+                       *, dry_run: bool = False, if_version: int | None = None) -> dict[str, Any]:
+    """Check `proposed` (against the set in force, the base models and the stored data), then store it as the next
+    version, conditional on the version it was checked against (a concurrent apply: 409), and take it up in this
+    process at once (the others within METALEDGER_MODEL_REFRESH_S). `dry_run`: the checks and the diff only."""
+    current = await stored_models(session)
+    if if_version is not None and if_version != current.version:
+        raise ExistenceConflict(f"the stored model set is at version {current.version}, not {if_version}; "
+                                "another apply came first", [Issue("version mismatch", urn=MODELS_URN,
+                                                                   aspect=MODELS_ASPECT, path="$ifVersion")])
+    registry = gateway.registry
+    checked = check_models(registry, current.models, proposed)
+    refusals = checked.refusals
+    if not refusals:
+        assert checked.built is not None
+        refusals = await stored_data_refusals(session, registry, checked.built, current.models, proposed)
+    if refusals:
+        raise refused(refusals)
+    answer: dict[str, Any] = {"previousVersion": current.version, "diff": model_diff(current.models, proposed)}
+    if dry_run:
+        return {**answer, "dryRun": True, "version": current.version}
+    draft = Draft(0, PIPELINE_ENTITY, MODELS_ASPECT, urn=MODELS_URN, value=proposed.to_stored(),
+                  headers={IF_VERSION_MATCH: str(current.version) if current.version else "-1"})
+    try:
+        outcome = await gateway.submit(session, [draft], caller)
+    except PreconditionFailed as error:
+        raise ExistenceConflict(f"another apply stored a model set since version {current.version} was read; "
+                                "nothing was stored, apply again", error.issues) from None
+    assert outcome.result is not None
+    item = outcome.result.items[0]
+    version = int(item.version or current.version)
+    if version != registry.runtime_version:
+        assert checked.built is not None
+        registry.replace_with(checked.built, version)
+    return {**answer, "dryRun": False, "version": version, "status": item.status.value}
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Take-up in every process
+# ----------------------------------------------------------------------------------------------------------------
+class ModelWatcher:
+    """Keeps a process's registry at the stored runtime model set: one indexed single-row query every
+    `model_refresh_s`; a new version is read, built and swapped into the registry in place (listeners follow).
+    A stored set that does not build (written around the checks) is logged once and the registry left as it is."""
+
+    def __init__(self, settings: Settings, sessionmaker: async_sessionmaker[AsyncSession],
+                 registry: EntityRegistry) -> None:
+        self.settings = settings
+        self.sessionmaker = sessionmaker
+        self.registry = registry
+        self._failed_version: int | None = None
+
+    async def refresh(self) -> bool:
+        """Take up the stored set if its version is not the registry's; True when it did."""
+        async with self.sessionmaker() as session:
+            conn = await session_connection(session)
+            raw = await conn.fetchval(_VERSION_OF_LATEST, MODELS_URN, MODELS_ASPECT)
+            version = int(raw) if raw else 0
+            if version in (self.registry.runtime_version, self._failed_version):
+                return False
+            stored = await stored_models(session) if version else StoredModels(EMPTY, 0)
+        try:  # built in a thread (a few hundred ms), swapped on the event loop
+            built = await asyncio.to_thread(build_registry, self.registry, stored.models)
+        except Exception:
+            self._failed_version = stored.version
+            log.exception("the stored runtime model set does not build; the models in force are kept",
+                          extra={"version": stored.version, "in_force": self.registry.runtime_version})
+            return False
+        self.registry.replace_with(built, stored.version)
+        log.info("runtime models taken up", extra={
+            "version": stored.version, "aspects": sorted(stored.models.aspects),
+            "entities": [e.name for e in stored.models.entities], "generation": self.registry.generation})
+        return True
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # noqa: BLE001 - a database outage: the next poll tries again
+                log.warning("runtime models not checked", exc_info=True)
+            if await pause(stop, self.settings.model_refresh_s):
+                return
