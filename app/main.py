@@ -51,9 +51,9 @@ from app.write.combiner import WriteCombiner
 from app.write.plugins import load_pipeline, load_rule_chain
 from app.telemetry import ensure_client_id
 from app.write.proposal import DEFAULT_ACTOR, SYSTEM_ACTOR
+from app.write.runtime_models import ModelWatcher
 from app.write.service import WriteService
 
-from app.write.runtime_models import ModelWatcher
 if TYPE_CHECKING:
     from app.embedded_pg import EmbeddedPostgres
 
@@ -111,8 +111,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.engine = engine
     app.state.sessionmaker = create_sessionmaker(engine)
     app.state.schema_registry = make_registry_client(settings, engine)
-    # One codec per process: the relay, the proposal producer and the consumers encode and decode Kafka values with it
-    # (writer schemas fetched by id from the registry are cached in it).
     # The models registered at run time, taken up before the first request; then followed by this process's
     # background work, or by a watcher of its own in an API process of `serve --workers N`.
     stop_following = app.state.registry.on_change(lambda registry: follow_registry(app, registry))
@@ -120,6 +118,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     await watcher.refresh()
     model_stop = asyncio.Event()
     model_watch = None if settings.background_in_process else asyncio.create_task(watcher.run(model_stop))
+    # One codec per process: the relay, the proposal producer and the consumers encode and decode Kafka values with it
+    # (writer schemas fetched by id from the registry are cached in it).
     app.state.value_codec = codec = ValueCodec(settings, app.state.schema_registry)
     # The registry and compiled validators live for the whole process: move them out of the collector's way, and
     # collect the young generation less often (a batch allocates thousands of short-lived dicts).
@@ -160,12 +160,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         yield
     finally:
         orphan_watch.cancel()
-        app.state.drain.close()
-        await ops.close()
         model_stop.set()
         if model_watch is not None:
             await model_watch
         stop_following()
+        app.state.drain.close()
+        await ops.close()
         await background.close()
         if producer is not None:
             await producer.stop()
@@ -211,8 +211,6 @@ def _build_routes(app: FastAPI) -> None:
                 pass
 
 
-def _install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(MetaledgerError)
 def follow_registry(app: FastAPI, registry: EntityRegistry) -> None:
     """After the registry took up a runtime model set: the v3 routes of entity types added (removed), and the OpenAPI
     document made again on its next request."""
@@ -228,6 +226,8 @@ def follow_registry(app: FastAPI, registry: EntityRegistry) -> None:
     app.openapi_schema = None
 
 
+def _install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(MetaledgerError)
     async def metaledger_error(request: Request, error: MetaledgerError):
         return json_response(error.to_json(), error.status_code, error.headers())
 

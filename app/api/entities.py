@@ -74,7 +74,6 @@ def entity_routes(registry: Any) -> list[BaseRoute]:
     return cached[1]
 
 
-def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
 def routes_of_entity(spec: EntitySpec) -> list[BaseRoute]:
     """The v3 routes of one entity type: one registered at run time (app.main follows the registry)."""
     router = APIRouter(prefix=API_PREFIX, route_class=EntityRoute)
@@ -82,6 +81,7 @@ def routes_of_entity(spec: EntitySpec) -> list[BaseRoute]:
     return list(router.routes)
 
 
+def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
     entity = spec.name
     p = upper_first(entity)
     tags: list[str | Any] = [entity]
