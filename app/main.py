@@ -34,6 +34,7 @@ from app.api.entities import EntityRoute, entity_routes, routes_of_entity
 from app.api.deps import ALLOW_PUBLIC, ALLOW_READ
 from app.api.http import json_response, parameter_path
 from app.api.trace_write import TraceparentMiddleware
+from app.api.urn_paths import EncodedSlashMiddleware
 from app.logs import configure_logging
 from app.ops import Operations
 from app.ops.drain import Drain, DrainMiddleware
@@ -366,6 +367,7 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
             CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"], allow_headers=["*"],
             expose_headers=["X-Request-Id", "Retry-After", "traceparent"], allow_credentials=False, max_age=600,
         )
+    app.add_middleware(EncodedSlashMiddleware)  # an s3 URN's `%2F` stays in its path segment (app.api.urn_paths)
     app.add_middleware(DrainMiddleware, drain=app.state.drain)
     app.add_middleware(TraceparentMiddleware)  # every response's traceparent; the writes keep its trace id
     # Request ids, per-route metrics and the access log, around everything but Starlette's last-resort error handler.

@@ -11,11 +11,12 @@ from typing import Annotated, Any
 import orjson
 from fastapi import APIRouter, Path, Query, Request, Response
 from fastapi.routing import APIRoute
-from pydantic import WithJsonSchema
+from pydantic import AfterValidator, WithJsonSchema
 from starlette.routing import BaseRoute, Match
 from starlette.types import Scope
 
 from app.api.deps import ALLOW_READ, ALLOW_WRITE, Caller, Gateway, Registry, Session, SettingsDep
+from app.api.urn_paths import restore_slashes
 from app.api.http import (
     Flag, aspect_envelope, check_batch_size, checked_urn, invalid_at, json_response, read_json, stored_envelope,
 )
@@ -90,7 +91,8 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         urn_schema["maxLength"] = URN_MAX_CHARS
     # The handlers check URNs and aspect names themselves (a 400 naming the parameter and the reason, or a 404 for
     # an aspect the entity does not have): the schemas document those checks.
-    Urn = Annotated[str, WithJsonSchema(urn_schema), Path(description=f"URN of the {entity} (URL-encoded)")]
+    Urn = Annotated[str, AfterValidator(restore_slashes), WithJsonSchema(urn_schema),
+                    Path(description=f"URN of the {entity} (URL-encoded)")]
     aspect_names = schema_ref(aspect_name_component(entity))
     AspectName = Annotated[str, WithJsonSchema(aspect_names), Path(alias="aspectName", description="Name of the aspect")]
 

@@ -8,8 +8,9 @@ from typing import Annotated, Any
 
 import orjson
 from fastapi import Path, Query, Request, Response
-from pydantic import BeforeValidator
+from pydantic import AfterValidator, BeforeValidator
 
+from app.api.urn_paths import restore_slashes
 from app.errors import Issue, PayloadTooLarge, UnsupportedMediaType, ValidationFailed
 from app.limits import check_depth, clip
 from app.registry import EntityRegistry
@@ -23,7 +24,8 @@ from app.write.repository import StoredAspect
 # parameter), so the pattern documents the check rather than adding a second one.
 URN_PATTERN = r"^urn:li:[A-Za-z][A-Za-z0-9_]*:."
 _URN_SCHEMA = {"pattern": URN_PATTERN, "examples": ["urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)"]}
-UrnPath = Annotated[str, Path(description="An entity URN (URL-encoded)", json_schema_extra=_URN_SCHEMA)]
+UrnPath = Annotated[str, AfterValidator(restore_slashes),
+                    Path(description="An entity URN (URL-encoded)", json_schema_extra=_URN_SCHEMA)]
 UrnQuery = Annotated[str, Query(description="An entity URN", json_schema_extra=_URN_SCHEMA)]
 
 

@@ -1,0 +1,60 @@
+"""URNs whose names hold a `/` (an s3 dataset's key), URL-encoded as `%2F` in a path segment: every `{urn}` route
+finds the entity (before app.api.urn_paths, the router split the URN at the decoded `/` and answered 404)."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import pytest
+
+from app.api.urn_paths import ROUTING_SLASH, restore_slashes
+
+S3 = "urn:li:dataset:(urn:li:dataPlatform:s3,bucket/raw/orders,PROD)"
+UPSTREAM = "urn:li:dataset:(urn:li:dataPlatform:s3,bucket/raw/customers,PROD)"
+ENCODED = quote(S3, safe="")
+SYNC = {"X-DataHub-Sync-Index-Update": "true"}
+
+
+def test_restore_slashes_turns_only_the_routing_placeholder_back():
+    assert restore_slashes(f"a{ROUTING_SLASH}b%2Fc") == "a/b%2Fc"
+    assert restore_slashes("urn:li:corpuser:jdoe") == "urn:li:corpuser:jdoe"
+
+
+@pytest.fixture
+async def s3_dataset(client):
+    response = await client.post("/openapi/v3/entity/dataset", json=[{
+        "urn": S3,
+        # indexed before the answer: the lineage and relationship reads see the edge at once
+        "datasetProperties": {"value": {"name": "orders", "description": "raw orders"}, "headers": SYNC},
+        "upstreamLineage": {"value": {"upstreams": [{"dataset": UPSTREAM, "type": "TRANSFORMED"}]}, "headers": SYNC},
+    }])
+    assert response.status_code == 200, response.text
+    return S3
+
+
+@pytest.mark.parametrize("path", [
+    f"/openapi/v3/entity/dataset/{ENCODED}",
+    f"/openapi/v3/entity/dataset/{ENCODED}/datasetProperties",
+    f"/openapi/v2/timeline/v1/{ENCODED}?categories=DOCUMENTATION",
+    f"/openapi/v1/lineage/{ENCODED}?direction=UPSTREAM",
+    f"/openapi/v3/relationship/dataset/{ENCODED}?relationshipType[]=DownstreamOf&direction=OUTGOING",
+    f"/aspects/{ENCODED}?aspect=datasetProperties&version=0",
+])
+async def test_every_urn_route_reads_an_s3_dataset(client, s3_dataset, path):
+    response = await client.get(path)
+    assert response.status_code == 200, response.text
+    assert S3 in response.text or "raw orders" in response.text, response.text
+
+
+async def test_the_v3_aspect_routes_write_and_delete_an_s3_dataset(client, s3_dataset):
+    written = await client.post(f"/openapi/v3/entity/dataset/{ENCODED}/status", json={"value": {"removed": False}})
+    assert written.status_code == 200, written.text
+    assert written.json()["urn"] == S3
+    assert (await client.head(f"/openapi/v3/entity/dataset/{ENCODED}/status")).status_code == 204
+    assert (await client.delete(f"/openapi/v3/entity/dataset/{ENCODED}/status")).status_code == 200
+    assert (await client.head(f"/openapi/v3/entity/dataset/{ENCODED}/status")).status_code == 404
+
+
+async def test_an_encoded_slash_outside_a_urn_is_still_not_a_route(client):
+    response = await client.get("/openapi/v3/entity/data%2Fset/urn%3Ali%3Acorpuser%3Ajdoe")
+    assert response.status_code in (400, 404), response.text
