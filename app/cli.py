@@ -297,6 +297,62 @@ def registry_check(path: Path | None) -> None:
 
 
 @main.group()
+@click.option("--url", envvar="METALEDGER_URL", default="http://127.0.0.1:8080", show_default=True, show_envvar=True,
+              help="the metaledger server")
+@click.option("--token", envvar="DATAHUB_GMS_TOKEN", default=None, show_envvar=True, help="an admin token")
+@click.pass_context
+def model(ctx: click.Context, url: str, token: str | None) -> None:
+    """Models registered at run time (POST /openapi/v1/models): <dir> holds .avsc aspect schemas and an optional
+    models.yml (entities: as in entity_registry.yml, compatibility: {aspect: BACKWARD|FULL|NONE})."""
+    ctx.obj = (url.rstrip("/"), {"Authorization": f"Bearer {token}"} if token else {})
+
+
+def _model_call(ctx: click.Context, method: str, path: str, **kwargs) -> dict:
+    import httpx
+
+    url, headers = ctx.obj
+    response = httpx.request(method, f"{url}/openapi/v1/models{path}", headers=headers, timeout=60, **kwargs)
+    if response.status_code != 200:
+        click.echo(f"{response.status_code}: {response.text}", err=True)
+        sys.exit(1)
+    return response.json()
+
+
+def _model_body(directory: Path) -> dict:
+    from app.registry.runtime import RuntimeModelSet
+
+    models = RuntimeModelSet.from_directory(directory)
+    return {"aspects": [{"schema": a.schema, "compatibility": a.compatibility.value} for a in models.aspects.values()],
+            "entities": [e.to_yml() for e in models.entities]}
+
+
+@model.command("apply")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.pass_context
+def model_apply(ctx: click.Context, directory: Path) -> None:
+    """Check and store the whole runtime model set of DIRECTORY; print the new version and what changed."""
+    click.echo(orjson.dumps(_model_call(ctx, "POST", "", json=_model_body(directory)), option=orjson.OPT_INDENT_2))
+
+
+@model.command("diff")
+@click.argument("directory", type=click.Path(exists=True, file_okay=False, path_type=Path))
+@click.pass_context
+def model_diff(ctx: click.Context, directory: Path) -> None:
+    """What applying DIRECTORY would change (checked, nothing stored)."""
+    answer = _model_call(ctx, "POST", "", params={"dryRun": "true"}, json=_model_body(directory))
+    click.echo(orjson.dumps(answer, option=orjson.OPT_INDENT_2))
+
+
+@model.command("history")
+@click.pass_context
+def model_history(ctx: click.Context) -> None:
+    """Every stored version of the runtime model set, newest first."""
+    for v in _model_call(ctx, "GET", "/history")["versions"]:
+        click.echo(f"{v['version']}\t{v['createdOn']}\t{v['createdBy']}\taspects: {', '.join(v['aspects']) or '-'}"
+                   f"\tentities: {', '.join(v['entities']) or '-'}")
+
+
+@main.group()
 def events() -> None:
     """Per-aspect events ("Metadata Events (v5)")."""
 
