@@ -1,7 +1,7 @@
 """Write-path throughput and latency, against a real metaledger process and a real Postgres.
 
     .venv/bin/python bench/ingest.py [--clients 4] [--batches 40] [--batch-size 100] [--singles 400] [--auth on|off]
-                                     [--pipeline none|examples]
+                                     [--pipeline none|examples] [--indexer on|off|both] [--fsync on|off] [--statements]
 
 Prints:
 - batch UPSERT throughput: versioned aspect writes/s, `--clients` concurrent HTTP clients each POSTing
@@ -12,9 +12,17 @@ Prints:
 - (each timed phase starts once the service's background work has caught up with the previous one: every change
   log sequenced and indexed; the indexing of a phase's own writes runs during it, as deployed)
 - the raw ceiling: the same rows (lock row 0 and the key row, insert the history row, write row 0, prune, append
-  the change log) written with bare asyncpg, same concurrency and batch size, and metaledger's share of it.
+  the change log) written with bare asyncpg, same concurrency and batch size, and metaledger's share of it;
+- CPU per v3 aspect write, from the start of the v3 phase until its writes are indexed: the service's processes and
+  the Postgres server (whose difference between indexer on and off is what indexing costs the database).
 
-It starts its own Postgres (fsync on, as the embedded default) under a temporary directory and its own server
+`--indexer` (default both: two services, one after the other, each with its own Postgres and its own raw ceiling):
+on is the embedded default (the Postgres search backend, indexed by the service's own worker); off points
+METALEDGER_SEARCH_URL at a closed loopback port, so the worker's backend never starts and nothing is indexed (it
+holds its position and retries, at most every 5 s). `--fsync off` measures Python and SQL rather than the disk.
+`--statements`: the v3 phase's top statements (pg_stat_statements on the bench's own Postgres).
+
+It starts its own Postgres (fsync on by default, as the embedded default) under a temporary directory and its own server
 (`metaledger serve --workers N`, default the machine's cores; `--workers 0`: `uvicorn app.main:app`, one process) on a
 free loopback port (bench/harness.py). With `--auth on` (the default, as deployed) every
 request carries a bearer token issued by `metaledger token create`; `--auth off` runs the server with
@@ -38,7 +46,8 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import throwaway_service  # noqa: E402
+from harness import reset_statements, throwaway_service, top_statements  # noqa: E402
+from app.embedded_pg import free_port  # noqa: E402
 
 PLATFORMS = ("hive", "snowflake", "bigquery", "postgres")
 HEADERS = {"content-type": "application/json"}  # + the bearer token with --auth on
@@ -161,9 +170,10 @@ async def raw_ceiling(dsn: str, clients: int, batches: int, size: int, round_off
     return elapsed
 
 
-async def settled(dsn: str, timeout_s: float = 180) -> None:
-    """Wait until the service's background work has caught up (every change log sequenced and indexed), so that
-    each timed phase starts from a quiet machine and the previous phase's indexing does not run in it."""
+async def settled(dsn: str, timeout_s: float = 180, indexed: bool = True) -> None:
+    """Wait until the service's background work has caught up (every change log sequenced, and indexed unless the
+    indexer is off), so that each timed phase starts from a quiet machine and the previous phase's indexing does not
+    run in it."""
     conn = await asyncpg.connect(dsn)
     try:
         deadline = time.monotonic() + timeout_s
@@ -171,7 +181,8 @@ async def settled(dsn: str, timeout_s: float = 180) -> None:
             behind = await conn.fetchval(
                 "SELECT (SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL) + greatest(0, "
                 "(SELECT coalesce(max(feed_offset), 0) FROM change_log_outbox) - "
-                "(SELECT coalesce(max(last_offset), 0) FROM feed_reader_state WHERE reader = 'search-indexer'))")
+                "(SELECT coalesce(max(last_offset), 0) FROM feed_reader_state WHERE reader = 'search-indexer'))"
+                if indexed else "SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL")
             if behind == 0:
                 return
             await asyncio.sleep(0.2)
@@ -217,6 +228,11 @@ async def main() -> None:
     parser.add_argument("--pipeline", choices=("none", "examples"), default="none",
                         help="change processors: none (an empty pipeline), or examples: the three before processors of "
                              "examples/change_processors, two of them in scope of the benchmark's datasetProperties")
+    parser.add_argument("--indexer", choices=("on", "off", "both"), default="both",
+                        help="the embedded indexer: on (the default a newcomer gets), off (nothing indexed), or both")
+    parser.add_argument("--fsync", choices=("on", "off"), default="on", help="the bench's Postgres fsync")
+    parser.add_argument("--statements", action="store_true",
+                        help="print the v3 phase's top statements (pg_stat_statements)")
     parser.add_argument("--settle-timeout", type=float, default=180,
                         help="longest wait for the background work to catch up between phases (s)")
     args = parser.parse_args()
@@ -226,36 +242,55 @@ async def main() -> None:
     if args.pipeline == "examples":
         env["METALEDGER_REGISTRY_PATH"] = str(example_pipeline_registry())
 
-    with throwaway_service(workers=workers or None, auth=args.auth == "on", env=env) as service:
+    modes = ("on", "off") if args.indexer == "both" else (args.indexer,)
+    serving = f"`metaledger serve --workers {workers}`" if workers else "one process (`uvicorn app.main:app`)"
+    print(f"machine: {cores} cores; {serving}; Postgres fsync {args.fsync}; auth {args.auth}; change processors: "
+          f"{args.pipeline}; {args.clients} clients x {args.batches} batches x {args.batch_size} MCPs", flush=True)
+    for indexer in modes:
+        await measure(args, workers, indexer == "on", env)
+
+
+async def measure(args: argparse.Namespace, workers: int, indexed: bool, env: dict[str, str]) -> None:
+    if not indexed:  # nothing listens there: the worker's backend never starts
+        env = {**env, "METALEDGER_SEARCH_URL": f"http://127.0.0.1:{free_port()}"}
+    with throwaway_service(workers=workers or None, auth=args.auth == "on", env=env, durable=args.fsync == "on",
+                           statements=args.statements) as service:
         HEADERS.update(service.headers)
         base = service.base
         writes = args.clients * args.batches * args.batch_size
 
         # warm-up round: creates the entities (first versions), compiles validators, fills caches
         await run_batches(base, args.clients, 2, args.batch_size, "v1", 0)
-        await settled(service.dsn, args.settle_timeout)
+        await settled(service.dsn, args.settle_timeout, indexed)
         elapsed = await run_batches(base, args.clients, args.batches, args.batch_size, "v1", 2)
         v1_rate = writes / elapsed
-        await settled(service.dsn, args.settle_timeout)
+        await settled(service.dsn, args.settle_timeout, indexed)
+        if args.statements:
+            await reset_statements(service.dsn)
+        cpu, pg_cpu = service.cpu_seconds(), service.postgres_cpu_seconds()
         elapsed = await run_batches(base, args.clients, args.batches, args.batch_size, "v3", 1000)
         v3_rate = writes / elapsed
-        await settled(service.dsn, args.settle_timeout)
+        await settled(service.dsn, args.settle_timeout, indexed)
+        cpu, pg_cpu = service.cpu_seconds() - cpu, service.postgres_cpu_seconds() - pg_cpu
+        statements = await top_statements(service.dsn, 12) if args.statements else []
         latencies = await single_latencies(base, args.singles)
 
         await raw_ceiling(service.dsn, args.clients, 2, args.batch_size, 0)  # same warm-up: first versions
-        await settled(service.dsn, args.settle_timeout)
+        await settled(service.dsn, args.settle_timeout, indexed)
         raw_elapsed = await raw_ceiling(service.dsn, args.clients, args.batches, args.batch_size, 2)
         raw_rate = writes / raw_elapsed
 
-        serving = f"`metaledger serve --workers {workers}`" if workers else "one process (`uvicorn app.main:app`)"
-        print(f"machine: {cores} cores; {serving}; Postgres fsync on; auth {args.auth}; change processors: {args.pipeline}; "
-              f"{args.clients} clients x {args.batches} batches x {args.batch_size} MCPs")
+        print(f"--- embedded indexer {'on (the default)' if indexed else 'off'}")
         print(f"batch UPSERT via /openapi/v1/proposals : {v1_rate:8.0f} versioned aspect writes/s")
         print(f"batch UPSERT via /openapi/v3/entity     : {v3_rate:8.0f} versioned aspect writes/s")
         print(f"raw asyncpg ceiling (same rows)         : {raw_rate:8.0f} rows/s")
         print(f"metaledger / raw ceiling                : {v1_rate / raw_rate:8.1%} (v1), {v3_rate / raw_rate:.1%} (v3)")
+        print(f"CPU per v3 aspect write (until indexed) : service {cpu / writes * 1e6:.0f} us, Postgres {pg_cpu / writes * 1e6:.0f} us")
         print(f"single write latency ({args.singles} sequential)  : p50 {percentile(latencies, .5):.2f} ms, p99 {percentile(latencies, .99):.2f} ms, mean {statistics.mean(latencies):.2f} ms")
         print(f"RSS per process (MB): {'/'.join(f'{r:.0f}' for r in service.rss_mb())}")
+        for ms, calls, _, query in statements:
+            print(f"  {ms:9.0f} ms {calls:7d} calls  {query}")
+        sys.stdout.flush()
 
 
 if __name__ == "__main__":

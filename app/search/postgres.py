@@ -102,6 +102,67 @@ def field_weight(spec: SearchFieldSpec) -> tuple[str, bool]:
     return "D", False
 
 
+def field_weights(specs: Sequence[SearchFieldSpec]) -> dict[str, tuple[str, bool]]:
+    """Document field -> (weight, exact name) of an entity type's specs: one field may come from several annotations,
+    the strongest wins."""
+    weights: dict[str, tuple[str, bool]] = {}
+    for spec in specs:
+        weight, is_exact = field_weight(spec)
+        previous = weights.get(spec.name)
+        if previous is None or (weight, not is_exact) < (previous[0], not previous[1]):
+            weights[spec.name] = (weight, is_exact)
+    return weights
+
+
+def _unspecified_weight(name: str) -> tuple[str, bool]:
+    """(weight, exact name) of a field no spec names (documents built by hand, fields outside annotations)."""
+    lowered = name.lower()
+    if lowered in _NAME_FIELDS:
+        return "A", True
+    return ("C" if "description" in lowered else "D"), False
+
+
+def _strings(value: Any, out: list[str]) -> None:
+    if isinstance(value, str):
+        out.append(value)
+    elif isinstance(value, dict):
+        for item in value.values():
+            _strings(item, out)
+    elif isinstance(value, list):
+        for item in value:
+            _strings(item, out)
+
+
+def aspect_text(
+    fields: Mapping[str, Any], weights: Mapping[str, tuple[str, bool]], max_chars: int,
+) -> tuple[list[str | None], list[str], int]:  # fmt: skip
+    """An aspect's pieces of its entity's text search: (its text by weight A..D, at most `max_chars` characters in
+    all, the heavier weights first; the lower-cased text of its exact-name fields; the characters of text kept).
+    A field's text is every string in its value; structured property values are left out (they are found by their
+    filters, which leave out soft-deleted properties' values)."""
+    groups: dict[str, list[str]] = {"A": [], "B": [], "C": [], "D": []}
+    exact: list[str] = []
+    for name, value in fields.items():
+        if name.startswith(PROPERTY_FIELD_PREFIX):
+            continue
+        strings: list[str] = []
+        _strings(value, strings)
+        if not strings:
+            continue
+        text = " ".join(strings)
+        weight, is_exact = weights.get(name) or _unspecified_weight(name)
+        groups[weight].append(text)
+        if is_exact:
+            exact.append(text.lower())
+    left = max_chars
+    texts: list[str | None] = []
+    for weight in "ABCD":
+        text = " ".join(groups[weight])[:left] if groups[weight] else None
+        left -= len(text or "")
+        texts.append(text)
+    return texts, exact, max_chars - left
+
+
 def _json(value: Any) -> Any:
     if value is None or not isinstance(value, str | bytes):
         return value
@@ -125,92 +186,66 @@ SELECT count(pg_advisory_xact_lock($1::int, h)) FROM (
 ) s
 """
 
-_UPSERT_ASPECT_FIELDS = """
-INSERT INTO search_aspect_fields AS s (urn, aspect, entity_type, version, deleted, fields, updated_at)
-SELECT urn, aspect, entity_type, version, deleted, fields::jsonb, now()
-FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::boolean[], $6::text[])
-     AS c(urn, aspect, entity_type, version, deleted, fields)
-ON CONFLICT (urn, aspect) DO UPDATE
-SET entity_type = EXCLUDED.entity_type, version = EXCLUDED.version, deleted = EXCLUDED.deleted,
-    fields = EXCLUDED.fields, updated_at = EXCLUDED.updated_at
-WHERE s.version < EXCLUDED.version OR (s.version = EXCLUDED.version AND (EXCLUDED.deleted OR NOT s.deleted))
-"""
-
 def _index_text(column: str) -> str:
     """SQL text to index for a column: as written (the parser keeps `db.orders`, e-mails, ...) and split on every
     non-alphanumeric character (so `orders` finds `db.orders`)."""
     return f"coalesce({column} || ' ' || regexp_replace({column}, '[^[:alnum:]]+', ' ', 'g'), '')"
 
 
-# Rebuild the documents of the touched urns ($1) from their aspects' rows. $2..$5: the field specs of the entity
-# types involved (entity type, field, weight, exact name); fields without a spec get a weight from their name.
+# An aspect's weighted tsvector, from its text in four weight groups (columns text_a..text_d: `aspect_text`).
+ASPECT_VECTOR_SQL = " || ".join(
+    f"setweight(to_tsvector('simple', {_index_text(f'text_{w}')}), '{w.upper()}')" for w in "abcd"
+)
+
+# An aspect's row holds its pieces of the document, derived from its fields alone: the fields, the weighted
+# tsvector of its text and its exact names (`aspect_text`). $7..$10: its text by weight, $11: exact names (a JSON
+# array), $12: the characters of text the vector is built from.
+_UPSERT_ASPECT_FIELDS = f"""
+INSERT INTO search_aspect_fields AS s (urn, aspect, entity_type, version, deleted, fields, search_vector, exact_names,
+                                       text_chars, updated_at)
+SELECT urn, aspect, entity_type, version, deleted, fields::jsonb, {ASPECT_VECTOR_SQL},
+       ARRAY(SELECT jsonb_array_elements_text(exact::jsonb)), text_chars, now()
+FROM unnest($1::text[], $2::text[], $3::text[], $4::bigint[], $5::boolean[], $6::text[],
+            $7::text[], $8::text[], $9::text[], $10::text[], $11::text[], $12::int[])
+     AS x(urn, aspect, entity_type, version, deleted, fields, text_a, text_b, text_c, text_d, exact, text_chars)
+ON CONFLICT (urn, aspect) DO UPDATE
+SET entity_type = EXCLUDED.entity_type, version = EXCLUDED.version, deleted = EXCLUDED.deleted,
+    fields = EXCLUDED.fields, search_vector = EXCLUDED.search_vector, exact_names = EXCLUDED.exact_names,
+    text_chars = EXCLUDED.text_chars, updated_at = EXCLUDED.updated_at
+WHERE s.version < EXCLUDED.version OR (s.version = EXCLUDED.version AND (EXCLUDED.deleted OR NOT s.deleted))
+"""
+
+# Rebuild the documents of the touched urns ($1) by combining their aspects' rows, in aspect order (a field two
+# aspects hold: the later one's value), with no text to parse but the URN's: fields merged, versions, the
+# concatenated tsvectors of the aspects whose text, counted in aspect order, is within $2 characters (a tsvector
+# holds 1 MB), exact names. The aggregates come from migration 0013.
 _REBUILD_DOCUMENTS = rf"""
-WITH touched AS (
-    SELECT DISTINCT u AS urn FROM unnest($1::text[]) AS u
-), spec AS (
-    SELECT * FROM unnest($2::text[], $3::text[], $4::text[], $5::boolean[]) AS s(entity_type, field, weight, exact)
-), rows AS (
-    SELECT a.* FROM search_aspect_fields a JOIN touched t ON t.urn = a.urn
-), merged AS (
-    SELECT r.urn,
-           min(r.entity_type) AS entity_type,
-           coalesce(jsonb_object_agg(e.key, e.value ORDER BY r.aspect) FILTER (WHERE e.key IS NOT NULL), '{{}}'::jsonb)
-               AS fields
-    FROM rows r LEFT JOIN LATERAL jsonb_each(r.fields) e ON true
-    WHERE NOT r.deleted
-    GROUP BY r.urn
-), versions AS (
-    SELECT urn, min(entity_type) AS entity_type, jsonb_object_agg(aspect, version) AS aspect_versions
-    FROM rows GROUP BY urn
-), tombs AS (
-    SELECT v.urn, v.entity_type, v.aspect_versions FROM versions v
-    WHERE NOT EXISTS (SELECT 1 FROM merged m WHERE m.urn = v.urn)
-), texts AS (
-    SELECT m.urn, e.key,
-           coalesce(s.weight, CASE WHEN lower(e.key) IN ('name', 'id', 'displayname', 'title', 'qualifiedname') THEN 'A'
-                                   WHEN lower(e.key) LIKE '%description%' THEN 'C' ELSE 'D' END) AS weight,
-           coalesce(s.exact, lower(e.key) IN ('name', 'id', 'displayname', 'title', 'qualifiedname')) AS exact,
-           (SELECT string_agg(x #>> '{{}}', ' ') FROM jsonb_path_query(e.value, 'strict $.**') AS x
-            WHERE jsonb_typeof(x) = 'string') AS txt
-    FROM merged m
-    CROSS JOIN LATERAL jsonb_each(m.fields) e
-    LEFT JOIN spec s ON s.entity_type = m.entity_type AND s.field = e.key
-    -- structured property values are found by their filters, which leave out soft-deleted properties' values
-    WHERE NOT starts_with(e.key, '{PROPERTY_FIELD_PREFIX}')
-), weighted AS (
-    SELECT urn,
-           string_agg(txt, ' ') FILTER (WHERE weight = 'A') AS a,
-           string_agg(txt, ' ') FILTER (WHERE weight = 'B') AS b,
-           string_agg(txt, ' ') FILTER (WHERE weight = 'C') AS c,
-           string_agg(txt, ' ') FILTER (WHERE weight = 'D') AS d,
-           array_agg(DISTINCT lower(txt)) FILTER (WHERE exact AND txt IS NOT NULL) AS exact_names
-    FROM texts GROUP BY urn
+WITH rows AS (
+    SELECT a.urn, a.aspect, a.entity_type, a.version, a.deleted, a.fields, a.search_vector, a.exact_names,
+           sum(a.text_chars) FILTER (WHERE NOT a.deleted) OVER (PARTITION BY a.urn ORDER BY a.aspect) AS text_upto
+    FROM search_aspect_fields a WHERE a.urn = ANY($1::text[])
 ), docs AS (
-    SELECT m.urn, m.entity_type, m.fields, v.aspect_versions,
-           coalesce(m.fields -> 'removed' = 'true'::jsonb, false) AS removed,
-           setweight(to_tsvector('simple', {_index_text('ta.a')}), 'A')
-           || setweight(to_tsvector('simple', {_index_text('tb.b')}), 'B')
-           || setweight(to_tsvector('simple', {_index_text('tc.c')}), 'C')
-           || setweight(to_tsvector('simple', {_index_text('m.urn')} || ' ' || {_index_text('td.d')}), 'D')
+    SELECT urn, min(entity_type) AS entity_type, jsonb_object_agg(aspect, version) AS aspect_versions,
+           bool_or(NOT deleted) AS live,
+           search_jsonb_merge(fields ORDER BY aspect) FILTER (WHERE NOT deleted) AS fields,
+           search_tsvector_concat(search_vector ORDER BY aspect) FILTER (WHERE NOT deleted AND text_upto <= $2)
                AS search_vector,
-           array_append(coalesce(w.exact_names, '{{}}'), lower(m.urn)) AS exact_names
-    FROM merged m JOIN versions v ON v.urn = m.urn LEFT JOIN weighted w ON w.urn = m.urn
-    -- the text of the tsvector: at most $6 characters in all, the heavier weights first (a tsvector holds 1 MB)
-    CROSS JOIN LATERAL (SELECT left(w.a, $6) AS a) ta
-    CROSS JOIN LATERAL (SELECT left(w.b, greatest($6 - coalesce(length(ta.a), 0), 0)) AS b) tb
-    CROSS JOIN LATERAL (SELECT left(w.c, greatest($6 - coalesce(length(ta.a), 0) - coalesce(length(tb.b), 0), 0)) AS c) tc
-    CROSS JOIN LATERAL (SELECT left(w.d, greatest($6 - coalesce(length(ta.a), 0) - coalesce(length(tb.b), 0)
-                                                  - coalesce(length(tc.c), 0), 0)) AS d) td
+           search_array_concat(exact_names ORDER BY aspect) FILTER (WHERE NOT deleted) AS exact_names
+    FROM rows GROUP BY urn
 ), gone AS (
-    DELETE FROM search_document d USING touched t
-    WHERE d.urn = t.urn AND NOT EXISTS (SELECT 1 FROM versions v WHERE v.urn = t.urn)
+    DELETE FROM search_document d USING unnest($1::text[]) AS t(urn)
+    WHERE d.urn = t.urn AND NOT EXISTS (SELECT 1 FROM docs WHERE docs.urn = t.urn)
 )
 INSERT INTO search_document AS d (urn, entity_type, fields, aspect_versions, removed, search_vector, exact_names,
                                   entity_removed, updated_at)
-SELECT urn, entity_type, fields, aspect_versions, removed, search_vector, exact_names, false, now() FROM docs
+SELECT urn, entity_type, fields, aspect_versions, coalesce(fields -> 'removed' = 'true'::jsonb, false),
+       coalesce(search_vector, ''::tsvector) || setweight(to_tsvector('simple', {_index_text('urn')}), 'D'),
+       array_append(coalesce(exact_names, '{{}}'), lower(urn)), false, now()
+FROM docs WHERE live
 UNION ALL
+-- a document with no live aspect left: a tombstone (its versions only, hidden from every read)
 SELECT urn, entity_type, '{{"entityRemoved": true}}'::jsonb, aspect_versions, false, ''::tsvector, '{{}}', true, now()
-FROM tombs
+FROM docs WHERE NOT live
 ON CONFLICT (urn) DO UPDATE
 SET entity_type = EXCLUDED.entity_type, fields = EXCLUDED.fields, aspect_versions = EXCLUDED.aspect_versions,
     removed = EXCLUDED.removed, search_vector = EXCLUDED.search_vector, exact_names = EXCLUDED.exact_names,
@@ -279,13 +314,16 @@ WITH r AS (
     SELECT r.* FROM r WHERE NOT EXISTS (
         SELECT 1 FROM search_aspect_fields a WHERE a.urn = r.urn AND a.aspect = r.aspect AND a.version > r.version)
 ), tombstoned AS (
-    UPDATE search_aspect_fields a SET deleted = true, fields = '{}'::jsonb, updated_at = now()
+    UPDATE search_aspect_fields a
+    SET deleted = true, fields = '{}'::jsonb, search_vector = ''::tsvector, exact_names = '{}', text_chars = 0,
+        updated_at = now()
     FROM live WHERE a.urn = live.urn AND a.aspect <> live.aspect AND NOT a.deleted
 ), keys AS (
     INSERT INTO search_aspect_fields AS a (urn, aspect, entity_type, version, deleted, fields, updated_at)
     SELECT urn, aspect, entity_type, version, true, '{}'::jsonb, now() FROM live
     ON CONFLICT (urn, aspect) DO UPDATE
-    SET version = GREATEST(a.version, EXCLUDED.version), deleted = true, fields = '{}'::jsonb, updated_at = now()
+    SET version = GREATEST(a.version, EXCLUDED.version), deleted = true, fields = '{}'::jsonb,
+        search_vector = ''::tsvector, exact_names = '{}', text_chars = 0, updated_at = now()
 ), outgoing AS (
     DELETE FROM search_edge e USING live WHERE e.source = live.urn
 ), incoming AS (
@@ -320,6 +358,7 @@ class PostgresBackend:
         self._engine = engine
         # the most text an entity's tsvector is built from (the search documents' per-document limit)
         self._max_text = documents.IndexLimits.from_settings(settings).document_chars
+        self._weights: dict[str, dict[str, tuple[str, bool]]] = {}  # entity type -> `field_weights`
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -402,25 +441,11 @@ class PostgresBackend:
         except KeyError:
             return {}
 
-    def _spec_arrays(self, entity_types: set[str]) -> tuple[list[str], list[str], list[str], list[bool]]:
-        types: list[str] = []
-        names: list[str] = []
-        weights: list[str] = []
-        exact: list[bool] = []
-        for entity_type in sorted(entity_types):
-            seen: dict[str, tuple[str, bool]] = {}
-            for spec in self.search_fields(entity_type):
-                weight, is_exact = field_weight(spec)
-                previous = seen.get(spec.name)
-                # one document field may come from several annotations: the strongest wins
-                if previous is None or (weight, not is_exact) < (previous[0], not previous[1]):
-                    seen[spec.name] = (weight, is_exact)
-            for name, (weight, is_exact) in seen.items():
-                types.append(entity_type)
-                names.append(name)
-                weights.append(weight)
-                exact.append(is_exact)
-        return types, names, weights, exact
+    def _field_weights(self, entity_type: str) -> dict[str, tuple[str, bool]]:
+        weights = self._weights.get(entity_type)
+        if weights is None:
+            weights = self._weights[entity_type] = field_weights(self.search_fields(entity_type))
+        return weights
 
     # --- apply ----------------------------------------------------------------------------------------------------
     async def apply(self, changes: list[IndexChange]) -> None:
@@ -483,6 +508,16 @@ class PostgresBackend:
             await self._apply_points(conn, list(points.values()))
 
     async def _apply_fields(self, conn: asyncpg.Connection, changes: list[AspectFields]) -> None:
+        texts: list[list[str | None]] = [[], [], [], []]
+        exact: list[str] = []
+        chars: list[int] = []
+        for c in changes:
+            by_weight, names, kept = aspect_text({} if c.deleted else c.fields, self._field_weights(c.entity_type),
+                                                 self._max_text)
+            for column, text in zip(texts, by_weight):
+                column.append(text)
+            exact.append(orjson.dumps(names).decode())
+            chars.append(kept)
         await conn.execute(
             _UPSERT_ASPECT_FIELDS,
             [c.urn for c in changes],
@@ -491,13 +526,11 @@ class PostgresBackend:
             [c.version for c in changes],
             [c.deleted for c in changes],
             ["{}" if c.deleted else orjson.dumps(c.fields, default=str).decode() for c in changes],
+            *texts,
+            exact,
+            chars,
         )
-        await conn.execute(
-            _REBUILD_DOCUMENTS,
-            sorted({c.urn for c in changes}),
-            *self._spec_arrays({c.entity_type for c in changes}),
-            self._max_text,
-        )
+        await conn.execute(_REBUILD_DOCUMENTS, sorted({c.urn for c in changes}), self._max_text)
 
     async def _apply_edges(self, conn: asyncpg.Connection, changes: list[AspectEdges]) -> None:
         accepted = await conn.fetch(
@@ -565,12 +598,7 @@ class PostgresBackend:
             [r.version for r in rows],
         )
         if removed:
-            await conn.execute(
-                _REBUILD_DOCUMENTS,
-                sorted(r["urn"] for r in removed),
-                *self._spec_arrays({r.entity_type for r in rows}),
-                self._max_text,
-            )
+            await conn.execute(_REBUILD_DOCUMENTS, sorted(r["urn"] for r in removed), self._max_text)
 
     # --- search ---------------------------------------------------------------------------------------------------
     def _document_field(self, entity_type: str, name: str) -> str:
