@@ -147,19 +147,17 @@ async def trace_writes(
     wanted = _checked(registry, body)
     primary: dict[str, dict[str, dict]] = {}
     versions: dict[tuple[str, str], int] = {}
-    unresolved: dict[str, list[str]] = {}
     replaced: set[tuple[str, str]] = set()
     reader = EntityReader(session, registry).repo
     history = TraceHistory(session)
     trace_ms = trace_time_ms(trace_id)
-    for urn, aspects in wanted.items():
-        statuses = primary[urn] = {}
-        stored = [a for a in aspects if not registry.aspect_spec(a).is_timeseries]
+
+    async def look_up(urn: str, aspects: list[str]) -> list[str]:
+        """Settles what the rows tell about `aspects` of `urn` (ACTIVE_STATE, HISTORIC_STATE, or replaced by a later
+        write); returns the aspects they tell nothing about."""
+        statuses = primary[urn]
+        latest = {row.aspect: row for row in await reader.entity_latest(urn, aspects)} if aspects else {}
         for aspect in aspects:
-            if aspect not in stored:
-                statuses[aspect] = _status("NO_OP")
-        latest = {row.aspect: row for row in await reader.entity_latest(urn, stored)} if stored else {}
-        for aspect in stored:
             row = latest.get(aspect)
             if row is not None and trace_id_in(row.system_metadata) == trace_id:
                 statuses[aspect] = _status("ACTIVE_STATE")
@@ -168,19 +166,27 @@ async def trace_writes(
                 later = trace_time_ms(trace_id_in(row.system_metadata))
                 if trace_ms is not None and later is not None and later >= trace_ms:
                     replaced.add((urn, aspect))
-        remaining = [a for a in stored if a not in statuses]
+        remaining = [a for a in aspects if a not in statuses]
         for aspect in await history.traced(urn, remaining, trace_id):
             statuses[aspect] = _status("HISTORIC_STATE")
-        remaining = [a for a in remaining if a not in statuses]
-        if remaining:
+        return [a for a in remaining if a not in statuses]
+
+    unresolved: dict[str, list[str]] = {}
+    for urn, aspects in wanted.items():
+        primary[urn] = {a: _status("NO_OP") for a in aspects if registry.aspect_spec(a).is_timeseries}
+        if remaining := await look_up(urn, [a for a in aspects if a not in primary[urn]]):
             unresolved[urn] = remaining
     if unresolved:
         queued = await _queue_statuses(request.app.state.settings, request.app.state.value_codec, unresolved,
                                        trace_id, trace_ms, detailed)
         for urn, aspects in unresolved.items():
+            # Neither pending nor failed on the topics: the consumer may have applied the write since the rows were
+            # read (a busy consumer does so while the topic is read), so they are asked again before UNKNOWN.
+            for aspect in await look_up(urn, [a for a in aspects if (urn, a) not in queued]):
+                primary[urn][aspect] = _status("HISTORIC_STATE" if (urn, aspect) in replaced else "UNKNOWN")
             for aspect in aspects:
-                found = queued.get((urn, aspect))
-                primary[urn][aspect] = found or _status("HISTORIC_STATE" if (urn, aspect) in replaced else "UNKNOWN")
+                if (urn, aspect) in queued:
+                    primary[urn][aspect] = queued[urn, aspect]
     out: dict[str, dict[str, Any]] = {}
     for urn, statuses in primary.items():
         search = await _search_statuses(session, registry, backend, urn, statuses, versions)
