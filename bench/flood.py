@@ -3,7 +3,7 @@ keep the single writers served, refuse the flood with 429 and `Retry-After`, and
 
     .venv/bin/python bench/flood.py [--flooders 50] [--batch 1000] [--single-rate 20] [--single-clients 4]
                                     [--seconds 60] [--settle 60] [--workers N] [--url URL --flood-token T
-                                    --single-token T] [--ignore-retry-after] [--env NAME=VALUE]
+                                    --single-token T] [--ignore-retry-after] [--env NAME=VALUE] [--statements]
 
 Without `--url`: a throwaway Postgres (fsync on) and `metaledger serve` with its defaults (`--workers`: the machine's
 cores), auth on, two writer tokens (two callers: `urn:li:corpuser:flood` and `urn:li:corpuser:single`). With
@@ -16,7 +16,9 @@ retry at once); beside them, from a process of their own, `--single-clients` con
 each request's scheduled time). Printed: the single writes' p50/p99/max and the share accepted (2xx of sent) with
 their errors by kind; the batches by status, how many 429s carried `Retry-After`, the 5xx and dropped connections;
 the RSS of the service's processes (sum) before the flood, at its peak and `--settle` seconds after it ended; the
-service's log problems. The issue's targets: single writes p99 <= 100 ms and >= 95 % accepted; batches refused
+service's log problems; the CPU seconds of the service's processes and of Postgres during the flood and, with
+`--statements` (pg_stat_statements on the throwaway Postgres), the statements that took the most of its time. The
+issue's targets: single writes p99 <= 100 ms and >= 95 % accepted; batches refused
 with 429 and Retry-After, no 5xx; RSS within 50 MB of its pre-flood value `--settle` seconds after.
 """
 
@@ -42,7 +44,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import Service, throwaway_service  # noqa: E402
+from harness import Service, reset_statements, throwaway_service, top_statements  # noqa: E402
 from load import create_entities, dataset_urn, single_writes  # noqa: E402
 from loadgen import HttpConnection, StepResult, open_loop  # noqa: E402
 
@@ -236,6 +238,10 @@ async def _run(args, base: str, flood_headers: dict[str, str], single_headers: d
     await asyncio.sleep(2)
     before, before_by_process = rss(), rss_by_process()
     lag_before = await loop_lag(base, single_headers)
+    if args.statements:
+        await reset_statements(service.dsn)
+    cpu_before = (service.cpu_seconds(), service.postgres_cpu_seconds()) if service is not None else None
+    flood_started = time.perf_counter()
     stop = asyncio.Event()
     with RssSampler(rss) as sampler:
         flooding = asyncio.create_task(flood(base, flood_headers, args.flooders, args.batch, stop,
@@ -246,6 +252,16 @@ async def _run(args, base: str, flood_headers: dict[str, str], single_headers: d
             args.single_clients)
         stop.set()
         flooded = await flooding
+    if service is not None:
+        assert cpu_before is not None
+        wall = time.perf_counter() - flood_started
+        print(f"CPU during the flood ({wall:.0f} s, in cores): service "
+              f"{(service.cpu_seconds() - cpu_before[0]) / wall:.2f}, Postgres "
+              f"{(service.postgres_cpu_seconds() - cpu_before[1]) / wall:.2f}")
+    if args.statements:
+        print("Postgres statements during the flood (total ms, calls, rows, statement):")
+        for ms, calls, rows, query in await top_statements(service.dsn):
+            print(f"  {ms:9.0f} {calls:7d} {rows:9.0f}  {query}")
     lag = lag_summary(lag_before, await loop_lag(base, single_headers))
     print(f"flood over; waiting {args.settle:.0f} s for the memory to settle", flush=True)
     await asyncio.sleep(args.settle)
@@ -269,6 +285,8 @@ async def main() -> None:
     parser.add_argument("--single-token", default=None)
     parser.add_argument("--ignore-retry-after", action="store_true")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the service (repeatable)")
+    parser.add_argument("--statements", action="store_true",
+                        help="pg_stat_statements on the throwaway Postgres: print the flood's costliest statements")
     parser.add_argument("--keep-log", type=Path, default=None, help="copy the service's log there at the end")
     args = parser.parse_args()
 
@@ -276,11 +294,13 @@ async def main() -> None:
         return {"content-type": "application/json", **({"authorization": f"Bearer {token}"} if token else {})}
 
     if args.url:
+        if args.statements:
+            parser.error("--statements needs the throwaway service (no --url)")
         await run(args, args.url.rstrip("/"), headers(args.flood_token), headers(args.single_token), None)
         return
     workers = args.workers or len(os.sched_getaffinity(0))
     env = dict(item.split("=", 1) for item in args.env)
-    with throwaway_service(workers=workers, env=env) as service:
+    with throwaway_service(workers=workers, env=env, statements=args.statements) as service:
         flood_token = issue_token(service.env, "urn:li:corpuser:flood", "writer")
         single_token = issue_token(service.env, "urn:li:corpuser:single", "writer")
         print(f"`metaledger serve --workers {workers}`; Postgres fsync on; auth on; {args.flooders} flooders x "

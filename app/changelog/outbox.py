@@ -79,34 +79,42 @@ def insert_params(rows: Sequence[OutboxRow]) -> tuple[list, ...]:
 # --- the sequencer ---------------------------------------------------------------------------------------------
 
 
-async def sequence(conn: asyncpg.Connection, limit: int) -> int:
+async def sequence(conn: asyncpg.Connection, limit: int, horizon: int = 0) -> tuple[int, int]:
     """Give feed offsets to up to `limit` committed rows, in id order, continuing after the last offset given.
 
     Only rows whose transaction id is below the snapshot's xmin are taken: their transactions have finished, and any
     transaction still running has a txid at or above xmin, so it can only add rows that get later offsets. For one
-    URN, the write path's row locks serialise writers, so id order is commit order. Returns the number of rows
-    sequenced, 0 also when another relay holds the sequencer lock."""
-    # The idle poll: one round trip, no transaction.
-    if not await conn.fetchval(
-        "SELECT EXISTS (SELECT 1 FROM change_log_outbox WHERE feed_offset IS NULL"
-        " AND txid < pg_snapshot_xmin(pg_current_snapshot()))"
-    ):
-        return 0
+    URN, the write path's row locks serialise writers, so id order is commit order.
+
+    `horizon`: a transaction id below which every committed row already has an offset (0: not known), as returned
+    by the previous call on the same database. A call that takes every row it may (fewer than `limit`) returns the
+    xmin of the snapshot it read them with: no row without an offset is left below it, and no transaction running or
+    still to come can add one there. While the database's xmin has not moved past the horizon, no row can be due and
+    the call reads nothing but the xmin: the outbox's partial index of unsequenced rows is not scanned (under a
+    flood it holds thousands of entries of rows already sequenced that cannot be vacuumed yet). The sequencing
+    statement reads only `txid >= horizon`, which an index on `(txid) WHERE feed_offset IS NULL` can serve.
+    Returns (rows sequenced, the horizon for the next call); 0 rows also when another relay holds the lock."""
+    # The poll: one round trip, no transaction, no scan. (The xmin never decreases: transactions only end, and new
+    # ones get ids above every running one.)
+    if await conn.fetchval("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint") <= horizon:
+        return 0, horizon
     async with conn.transaction():
         if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1::bigint)", SEQUENCER_LOCK):
-            return 0
-        ids = await conn.fetch(
+            return 0, horizon  # another relay is sequencing: nothing learnt
+        xmin, row_ids = await conn.fetchrow(
             """
-            SELECT id FROM change_log_outbox
-            WHERE feed_offset IS NULL AND txid < pg_snapshot_xmin(pg_current_snapshot())
-            ORDER BY id LIMIT $1
+            SELECT x::text::bigint, ARRAY(
+                SELECT id FROM change_log_outbox
+                WHERE feed_offset IS NULL AND txid >= $2::text::xid8 AND txid < x
+                ORDER BY id LIMIT $1)
+            FROM pg_snapshot_xmin(pg_current_snapshot()) AS x
             """,
             limit,
+            str(horizon),
         )
-        if not ids:
-            return 0
+        if not row_ids:
+            return 0, xmin
         last = await conn.fetchval("SELECT last_offset FROM change_log_feed_state WHERE id = 1 FOR UPDATE")
-        row_ids = [r[0] for r in ids]
         offsets = list(range(last + 1, last + 1 + len(row_ids)))  # assigned here, in id order
         await conn.execute(
             """
@@ -117,7 +125,8 @@ async def sequence(conn: asyncpg.Connection, limit: int) -> int:
             offsets,
         )
         await conn.execute("UPDATE change_log_feed_state SET last_offset = $1 WHERE id = 1", offsets[-1])
-        return len(row_ids)
+        # with `limit` rows taken, more may be due below this xmin: the horizon stays until a pass takes them all
+        return len(row_ids), xmin if len(row_ids) < limit else horizon
 
 
 # --- the publisher ---------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The sequencer: change-feed offsets in commit order, and pruning of the outbox.
 
 It gives consecutive `feed_offset`s to committed outbox rows in id order (`outbox.sequence`: one sequencer at a time,
-by a transaction-level advisory lock, so several may run), then every few seconds prunes rows past
+by a transaction-level advisory lock, so several may run; its poll reads only the database's xmin until a
+transaction has ended since the last pass), then every few seconds prunes rows past
 `outbox_retention_hours` (`outbox.prune`: delivered rows with Kafka; every sequenced row without it, except those
 the embedded indexer has not applied yet). It runs inside the outbox relay (app.kafka.relay), with or without Kafka:
 the change feed and the embedded indexer read rows by their offsets.
@@ -50,8 +51,11 @@ class Sequencer:
             conn: asyncpg.Connection | None = None
             try:
                 conn = await connect_dedicated(self.engine, "metaledger-sequencer")
+                # learnt again on every connection: after a reconnect the database may be another one (a restored
+                # copy) whose transaction ids are below the old horizon
+                horizon = 0
                 while not stop.is_set():
-                    count = await outbox.sequence(conn, batch)
+                    count, horizon = await outbox.sequence(conn, batch, horizon)
                     failures = 0
                     if count:
                         self.sequenced += count

@@ -1,0 +1,80 @@
+"""The sequencer's statement (`app.changelog.outbox.sequence`) and its horizon, call by call: rows of transactions
+still open are left for later and then taken, a pass stopped by its limit keeps the horizon, and a poll while no
+transaction has ended reads no table."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import asyncpg
+import pytest_asyncio
+
+from app.changelog import outbox
+from tests.helpers import dataset
+
+INSERT_ROW = """
+INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload)
+VALUES ('t', $1, $1, 'status', $2, 'UPSERT', '{}')
+RETURNING txid::text::bigint
+"""
+
+
+@pytest_asyncio.fixture
+async def connect(database_url: str) -> AsyncIterator:
+    opened: list[asyncpg.Connection] = []
+
+    async def open_one() -> asyncpg.Connection:
+        opened.append(await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://")))
+        return opened[-1]
+
+    yield open_one
+    for conn in opened:
+        await conn.close()
+
+
+async def offsets(db: asyncpg.Connection) -> list[tuple[str, int | None]]:
+    return [(r["urn"], r["feed_offset"]) for r in await db.fetch("SELECT urn, feed_offset FROM change_log_outbox ORDER BY id")]
+
+
+async def test_rows_of_a_transaction_open_at_a_pass_are_taken_once_it_ends(db, connect):
+    sequencer, slow = await connect(), await connect()
+    async with slow.transaction():
+        slow_txid = await slow.fetchval(INSERT_ROW, dataset("slow"), 1)  # id 1, open
+        await db.fetchval(INSERT_ROW, dataset("fast"), 1)  # id 2, committed, txid above the open one
+        count, horizon = await outbox.sequence(sequencer, 10)
+        assert count == 0 and 0 < horizon <= slow_txid
+        assert await outbox.sequence(sequencer, 10, horizon) == (0, horizon)
+    count, after = await outbox.sequence(sequencer, 10, horizon)
+    assert count == 2 and after > slow_txid
+    assert await offsets(db) == [(dataset("slow"), 1), (dataset("fast"), 2)]
+
+
+async def test_a_pass_stopped_by_its_limit_keeps_the_horizon(db, connect):
+    sequencer = await connect()
+    for version in (1, 2, 3):
+        await db.fetchval(INSERT_ROW, dataset("limited"), version)
+    assert await outbox.sequence(sequencer, 2, 1) == (2, 1)
+    count, horizon = await outbox.sequence(sequencer, 2, 1)
+    assert count == 1 and horizon > 1
+    assert [offset for _, offset in await offsets(db)] == [1, 2, 3]
+
+
+async def test_a_poll_while_no_transaction_ended_reads_no_table(db, connect):
+    sequencer, locker = await connect(), await connect()
+    await db.fetchval(INSERT_ROW, dataset("idle"), 1)
+    count, horizon = await outbox.sequence(sequencer, 10)
+    while count:  # the sequencer's own commit ends a transaction: the next pass finds nothing and moves the horizon
+        count, horizon = await outbox.sequence(sequencer, 10, horizon)
+    await sequencer.execute("SET lock_timeout = '200ms'")
+    async with locker.transaction():  # no transaction id: the xmin stays where it is
+        await locker.execute("LOCK TABLE change_log_outbox IN ACCESS EXCLUSIVE MODE")
+        try:
+            polled = await outbox.sequence(sequencer, 10, horizon)
+        except asyncpg.LockNotAvailableError:
+            polled = None
+        ended_meanwhile = await db.fetchval("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint") > horizon
+    # (another database of the same server may end a transaction meanwhile: the pass is then due, and waits)
+    assert polled == (0, horizon) or ended_meanwhile
+    await db.fetchval(INSERT_ROW, dataset("idle"), 2)
+    count, _ = await outbox.sequence(sequencer, 10, horizon)
+    assert count == 1 and [offset for _, offset in await offsets(db)] == [1, 2]
