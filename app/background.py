@@ -1,5 +1,6 @@
 """The service's background work, started and stopped with the app: Kafka topics, the outbox relay, the ingestion
-consumers, the change processors' after phase, and (without Kafka) the search indexing worker."""
+consumers, the change processors' after phase, the removal of deleted structured properties' values, and (without
+Kafka) the search indexing worker."""
 
 from __future__ import annotations
 
@@ -21,8 +22,9 @@ from app.search.worker import IndexWorker
 from app.settings import Settings
 from app.workers import pause
 from app.write.after_processors import AfterProcessorWorker
-
 from app.write.runtime_models import ModelWatcher
+from app.write.structured_property_deletes import PropertyValueRemoval
+
 log = logging.getLogger("metaledger.background")
 
 
@@ -52,6 +54,7 @@ class Background:
         if kafka and settings.mce_consumer_enabled:
             workers.append(MceConsumer(settings, sessionmaker, gateway, codec=codec))
         workers.append(AfterProcessorWorker(settings, engine, sessionmaker, gateway.writer))
+        workers.append(PropertyValueRemoval(settings, engine, sessionmaker, gateway.writer))
         if not kafka:
             # The embedded default: this process indexes the outbox. With Kafka, indexing is the Spark job's.
             workers.append(IndexWorker(settings, engine, search))

@@ -5,8 +5,9 @@ changelog owns the positions (their SQL lives here, with the outbox's) so that p
 Kafka, `outbox.prune` keeps every row past a registered reader's position.
 
 Storage: the table `feed_reader_state` (migration 0009): one row per reader, by name. The readers are the embedded
-search indexer (app.search.worker, SEARCH_INDEXER) and the change processors' after phase
-(app.write.after_processors, CHANGE_PROCESSORS).
+search indexer (app.search.worker, SEARCH_INDEXER), the change processors' after phase
+(app.write.after_processors, CHANGE_PROCESSORS) and the removal of deleted structured properties' values
+(app.write.structured_property_deletes, STRUCTURED_PROPERTY_DELETES).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from app.db import SessionRepository
 
 SEARCH_INDEXER = "search-indexer"
 CHANGE_PROCESSORS = "change-processors"
+STRUCTURED_PROPERTY_DELETES = "structured-property-deletes"
 
 
 class FeedCursor:
@@ -65,11 +67,11 @@ class FeedCursor:
 
     async def read_after(self, position: int, limit: int, topics: Sequence[str]) -> list[asyncpg.Record]:
         """The next `limit` rows past `position`, in feed order, as records (`feed_offset`, `id`, `topic`, `urn`,
-        `aspect`, `version`, `payload`): the payload (the change log's JSON text) for rows of `topics`, None for the
-        others (counted, not read)."""
+        `aspect`, `version`, `change_type`, `payload`): the payload (the change log's JSON text) for rows of `topics`,
+        None for the others (counted, not read)."""
         return await self.conn.fetch(
             """
-            SELECT feed_offset, id, topic, urn, aspect, version,
+            SELECT feed_offset, id, topic, urn, aspect, version, change_type,
                    CASE WHEN topic = ANY($3::text[]) THEN payload END AS payload
             FROM change_log_outbox WHERE feed_offset > $1 ORDER BY feed_offset LIMIT $2
             """,

@@ -67,6 +67,8 @@ class _Emission:
 
 
 class AfterProcessorWorker:
+    reader = CHANGE_PROCESSORS  # the feed position it moves
+
     def __init__(self, settings: Settings, engine: AsyncEngine, sessionmaker: async_sessionmaker[AsyncSession],
                  writer: WriteService) -> None:
         self.settings = settings
@@ -86,7 +88,7 @@ class AfterProcessorWorker:
             try:
                 # the idle poll on a connection of its own; a batch takes a pooled session (the writer needs one)
                 poll = await connect_dedicated(self.engine, "metaledger-change-processors")
-                cursor = FeedCursor(poll, CHANGE_PROCESSORS)
+                cursor = FeedCursor(poll, self.reader)
                 await cursor.register(start=await cursor.feed_end())  # a new reader starts at the feed's end
                 while not stop.is_set():
                     count = 0
@@ -99,7 +101,7 @@ class AfterProcessorWorker:
                 failures += 1
                 if failures == 1 or failures % 20 == 0:
                     log.warning("change processors' after phase: error; retrying",
-                                extra={"attempts": failures, "error": f"{type(error).__name__}: {error}"})
+                                extra={"reader": self.reader, "attempts": failures, "error": f"{type(error).__name__}: {error}"})
                 await pause(stop, min(MAX_BACKOFF_S, 0.1 * 2**failures))
             finally:
                 if poll is not None:
@@ -109,7 +111,7 @@ class AfterProcessorWorker:
         """One batch, in one transaction; returns the change logs consumed (0 when caught up)."""
         async with self.sessionmaker() as session:
             conn = await session_connection(session)
-            cursor = FeedCursor(conn, CHANGE_PROCESSORS)
+            cursor = FeedCursor(conn, self.reader)
             async with conn.transaction(isolation="read_committed"):
                 pipeline = await self.writer.refresh_processors(AspectRepository(session))
                 active = Phase.AFTER in pipeline.phases or any(

@@ -235,12 +235,19 @@ class StructuredPropertyValues(PreCommitRule):
     def check(self, change: PendingChange) -> Verdict | None:
         p = change.proposal
         assignments = (p.value or {}).get("properties", ()) if p.change_type is not ChangeType.DELETE else ()
+        # A PATCH answers for what it adds (DataHub checks a patch's `add` operations only): the assignments it
+        # leaves as they were are not checked again, so removing one value is never refused for another's sake
+        # (a soft-deleted property's, or one whose definition is being deleted: app.write.structured_property_deletes).
+        kept = ({a["propertyUrn"]: a.get("values") for a in change.previous.value.get("properties", ())}
+                if p.change_type is ChangeType.PATCH and change.previous is not None else {})
         seen: set[str] = set()
         for i, assignment in enumerate(assignments):
             urn, path = assignment["propertyUrn"], f"$.aspect.value.properties[{i}]"
             if urn in seen:
                 return self._refuse(f"Property: {urn} has multiple entries", f"{path}.propertyUrn")
             seen.add(urn)
+            if urn in kept and kept[urn] == assignment.get("values"):
+                continue
             if not urn.startswith(PROPERTY_URN_PREFIX):
                 return self._refuse(f"Unexpected entity type. Expected: {PROPERTY_ENTITY} Found: {_entity_type(urn)}",
                                     f"{path}.propertyUrn")
@@ -399,7 +406,8 @@ def stored_value_check(p: Proposal, previous: StoredAspect | None) -> StoredValu
 
 
 # The entities holding a value of a property: row 0 of `structuredProperties`, found through the GIN index on the
-# property URNs of each such row (migration 0012), in URN order from $2, a page at a time.
+# property URNs of each such row (migration 0012), in URN order from $2, a page at a time (the stored-value check;
+# `holders`, which the removal of a deleted property's values pages through).
 _HOLDERS = """
     SELECT urn, metadata FROM metadata_aspect_v2
     WHERE aspect = 'structuredProperties' AND version = 0
@@ -408,6 +416,13 @@ _HOLDERS = """
     ORDER BY urn
     LIMIT $3
 """
+
+
+async def holders(repo: AspectRepository, property_urn: str, after: str, limit: int) -> list[str]:
+    """The next `limit` entities after `after` (URN order) whose latest `structuredProperties` holds a value of
+    `property_urn`."""
+    conn = await repo._conn()
+    return [r["urn"] for r in await conn.fetch(_HOLDERS, property_urn, after, limit)]
 
 
 async def stored_value_violations(repo: AspectRepository, check: StoredValueCheck) -> list[str]:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
-from tests.helpers import DATASET, mcp, propose, restli_propose, stored
+from tests.helpers import DATASET, eventually, mcp, propose, restli_propose, stored
 
 TIER = "urn:li:structuredProperty:io.acryl.tier"
 OTHER = "urn:li:dataset:(urn:li:dataPlatform:hive,db.customers,PROD)"
@@ -186,3 +186,107 @@ async def test_an_asynchronous_write_s_values_are_checked_before_it_is_queued(ka
             records = await read_topic(kafka_broker.bootstrap_servers, topics["topic_mcp"], expect=3)
             assert [decode_value(r.value)["aspectName"] for r in records] == [
                 "structuredProperties", "propertyDefinition", "structuredProperties"]  # the refused ones never got there
+
+
+# --- deleting a definition removes its values (DataHub's PropertyDefinitionDeleteSideEffect) --------------------------
+def named(name: str, **overrides: Any) -> tuple[str, dict[str, Any]]:
+    urn = f"urn:li:structuredProperty:io.acryl.{name}"
+    return urn, mcp("propertyDefinition", definition(qualifiedName=f"io.acryl.{name}", allowedValues=None, **overrides),
+                    urn=urn, entity="structuredProperty")
+
+
+def held(row: dict[str, Any] | None) -> dict[str, list[dict[str, Any]]]:
+    return {a["propertyUrn"]: a["values"] for a in row["value"]["properties"]} if row else {}
+
+
+async def test_hard_deleting_a_definition_removes_its_values_from_every_entity_a_version_and_change_log_each(client, db):
+    """Each entry deletes one property: v3 DELETE of the entity, v3 DELETE of its definition aspect, Rest.li delete.
+    A soft-deleted property's values stay (hidden on read), and do not stop the removal of another's."""
+    (by_entity, d1), (by_aspect, d2), (by_restli, d3), (soft, d4), (kept, d5) = (
+        named(n) for n in ("entity", "aspect", "restli", "soft", "kept"))
+    await propose(client, d1, d2, d3, d4, d5)
+    x = [{"string": "x"}]
+    await propose(client, values((by_entity, x), (by_aspect, x), (by_restli, x), (soft, x), (kept, x)),
+                  values((by_entity, x), (by_restli, x), urn=OTHER))
+    await propose(client, mcp("status", {"removed": True}, urn=soft, entity="structuredProperty"))
+    before = {urn: (await stored(db, urn, "structuredProperties"))["systemMetadata"]["version"] for urn in (DATASET, OTHER)}
+    assert before == {DATASET: "1", OTHER: "1"}
+
+    assert (await client.delete(f"/openapi/v3/entity/structuredProperty/{by_entity}")).status_code == 200
+    assert (await client.delete(f"/openapi/v3/entity/structuredProperty/{by_aspect}/propertyDefinition")).status_code == 200
+    response = await client.post("/entities?action=delete", json={"urn": by_restli},
+                                 headers={"X-RestLi-Protocol-Version": "2.0.0"})
+    assert response.status_code == 200 and response.json()["value"]["rows"] > 0, response.text
+
+    async def removed() -> bool:
+        return (set(held(await stored(db, DATASET, "structuredProperties"))) == {soft, kept}
+                and held(await stored(db, OTHER, "structuredProperties")) == {})
+
+    await eventually(removed, what="the deleted properties' values removed")
+    rows = {urn: await stored(db, urn, "structuredProperties") for urn in (DATASET, OTHER)}
+    assert held(rows[DATASET]) == {soft: x, kept: x}
+    # one PATCH per entity and deleted property, each a version with its change log, naming its cause
+    assert rows[DATASET]["systemMetadata"]["version"] == "4" and rows[OTHER]["systemMetadata"]["version"] == "3"
+    cause = rows[DATASET]["systemMetadata"]["properties"]
+    assert cause["metaledger.cause.processor"] == "PropertyDefinitionDeleteSideEffect"
+    assert cause["metaledger.cause.urn"] in (by_entity, by_aspect, by_restli)
+    logged = await db.fetch("SELECT DISTINCT urn, version FROM change_log_outbox WHERE aspect = 'structuredProperties'"
+                            " AND change_type = 'UPSERT'")  # one per version, whatever the topics
+    assert sorted((r["urn"], r["version"]) for r in logged) == [(OTHER, 1), (OTHER, 2), (OTHER, 3),
+                                                                (DATASET, 1), (DATASET, 2), (DATASET, 3), (DATASET, 4)]
+    # the soft-deleted property's value is still stored, hidden on read
+    aspect = await client.get(f"/openapi/v3/entity/dataset/{quote(DATASET, safe='')}/structuredProperties")
+    assert [a["propertyUrn"] for a in aspect.json()["value"]["properties"]] == [kept]
+
+
+async def test_a_write_committed_while_the_values_are_removed_is_kept(client, db, monkeypatch):
+    """The removal is a PATCH applied to the row as it is locked: a value written between the moment the holders
+    are read and the removal stays."""
+    from app.write import structured_property_deletes
+
+    (gone, d1), (kept, d2) = named("gone"), named("kept")
+    await propose(client, d1, d2)
+    await propose(client, values((gone, [{"string": "old"}]), (kept, [{"string": "before"}])))
+    real_holders = structured_property_deletes.holders
+    raced: list[str] = []
+
+    async def holders_then_a_concurrent_write(repo, property_urn, after, limit):
+        found = await real_holders(repo, property_urn, after, limit)
+        if found and not raced:
+            raced.append(property_urn)
+            change = [{"op": "add", "path": f"/properties/{kept}", "value": {"propertyUrn": kept, "values": [{"string": "after"}]}}]
+            await propose(client, mcp("structuredProperties", change, change_type="PATCH"))
+        return found
+
+    monkeypatch.setattr(structured_property_deletes, "holders", holders_then_a_concurrent_write)
+    assert (await client.delete(f"/openapi/v3/entity/structuredProperty/{gone}")).status_code == 200
+
+    async def removed() -> bool:
+        return gone not in held(await stored(db, DATASET, "structuredProperties"))
+
+    await eventually(removed, what="the deleted property's value removed")
+    assert raced == [gone]
+    row = await stored(db, DATASET, "structuredProperties")
+    assert held(row) == {kept: [{"string": "after"}]} and row["systemMetadata"]["version"] == "3"
+
+
+async def test_a_soft_delete_keeps_the_values_and_a_hard_delete_of_it_then_removes_them(client, db):
+    (soft, d1), (other, d2) = named("soft"), named("other")
+    await propose(client, d1, d2)
+    await propose(client, values((soft, [{"string": "x"}])), values((other, [{"string": "y"}]), urn=OTHER))
+    await propose(client, mcp("status", {"removed": True}, urn=soft, entity="structuredProperty"))
+    # a later hard delete of another property is removed: the reader went past the soft delete
+    assert (await client.delete(f"/openapi/v3/entity/structuredProperty/{other}")).status_code == 200
+
+    async def other_removed() -> bool:
+        return held(await stored(db, OTHER, "structuredProperties")) == {}
+
+    await eventually(other_removed)
+    assert held(await stored(db, DATASET, "structuredProperties")) == {soft: [{"string": "x"}]}
+
+    assert (await client.delete(f"/openapi/v3/entity/structuredProperty/{soft}")).status_code == 200
+
+    async def soft_removed() -> bool:
+        return held(await stored(db, DATASET, "structuredProperties")) == {}
+
+    await eventually(soft_removed)
