@@ -917,7 +917,7 @@ class ElasticBackend:
     async def search(
         self, entity_type: str, query: str, *, filters: dict[str, list[str]] | None = None, count: int = 10,
         scroll_id: str | None = None, sort: list[tuple[str, str]] | None = None,
-        any_of: Sequence[Sequence[Criterion]] | None = None, facets: bool = True,
+        any_of: Sequence[Sequence[Criterion]] | None = None, facets: bool = True, property_facets: Sequence[str] = (),
     ) -> SearchPage:
         index = self.entity_index(entity_type)
         text = (query or "").strip()
@@ -947,6 +947,8 @@ class ElasticBackend:
         aggs = {}
         for key, spec in self.filter_specs(entity_type).items():
             aggs[key] = {"terms": {"field": self._filter_field(entity_type, key), "size": 20}}
+        for key in property_facets:  # a dynamic field: a keyword, or a double for numbers (none until a value is indexed)
+            aggs[key] = {"terms": {"field": document_field(key), "size": 20}}
         body: dict[str, Any] = {
             "query": {"bool": bool_query}, "sort": sort_clauses, "size": count + 1, "track_total_hits": True,
         }

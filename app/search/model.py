@@ -317,11 +317,13 @@ class SearchBackend(Protocol):
     async def search(
         self, entity_type: str, query: str, *, filters: dict[str, list[str]] | None = None, count: int = 10,
         scroll_id: str | None = None, sort: list[tuple[str, str]] | None = None,
-        any_of: Sequence[Sequence[Criterion]] | None = None, facets: bool = True,
+        any_of: Sequence[Sequence[Criterion]] | None = None, facets: bool = True, property_facets: Sequence[str] = (),
     ) -> SearchPage: ...
     # `filters` AND together (any of a filter's values); `any_of`, when given, must hold as well: at least one of its
     # groups matches (an empty list matches nothing). Soft-deleted entities are hidden unless either names
-    # `removed`. `facets=False`: no facet counts (a scroll that does not show them). `scroll_id`: a previous page's
+    # `removed`. `facets=False`: no facet counts (a scroll that does not show them); with facets, each filter field's
+    # and each of `property_facets`' (`structuredProperties.<qualified name>`, counted under that name, as DataHub
+    # names a requested facet: app.search.structured_properties). `scroll_id`: a previous page's
     # (a keyset cursor, app.search.cursors; anything else is an InvalidCursor, raised before any query).
 
     async def autocomplete(self, entity_type: str, prefix: str, *, limit: int = 10) -> list[SearchHit]: ...

@@ -748,7 +748,7 @@ class PostgresBackend:
     async def search(
         self, entity_type: str, query: str, *, filters: dict[str, list[str]] | None = None, count: int = 10,
         scroll_id: str | None = None, sort: list[tuple[str, str]] | None = None,
-        any_of: Sequence[Sequence[Criterion]] | None = None, facets: bool = True,
+        any_of: Sequence[Sequence[Criterion]] | None = None, facets: bool = True, property_facets: Sequence[str] = (),
     ) -> SearchPage:  # fmt: skip
         params: list[Any] = [entity_type]
         conditions = ["d.entity_type = $1"]
@@ -795,7 +795,8 @@ class PostgresBackend:
             ORDER BY s.sort_key {"DESC" if descending else "ASC"}, s.urn
             LIMIT ${limit}
         """
-        facet_names = {name: spec.name for name, spec in self.filter_fields(entity_type).items()} if facets else {}
+        facet_names = ({name: spec.name for name, spec in self.filter_fields(entity_type).items()}
+                       | {name: document_field(name) for name in property_facets}) if facets else {}
         async with self._connection() as conn:
             rows = await conn.fetch(sql, *params) if count > 0 else []  # count 0: the total alone
             total = await conn.fetchval(f"SELECT count(*) FROM search_document d WHERE {where}", *base_params)
