@@ -2,7 +2,7 @@
 
 Tables come from migration 0003 (`search_aspect_fields`, `search_document`, `search_edge`, `search_edge_version`,
 `timeseries_point`), the index of `search_document.exact_names` from 0010 (a text query is answered by two GIN
-indexes). All statements run on the asyncpg connection under a SQLAlchemy `AsyncEngine` connection; bulk statements
+indexes), each aspect's pieces of the document and the aggregates that combine them from 0013. All statements run on the asyncpg connection under a SQLAlchemy `AsyncEngine` connection; bulk statements
 take parallel arrays (`unnest`), so a batch of any size costs a fixed number of round trips.
 
 Applying changes (`apply`), in one READ COMMITTED transaction:
@@ -10,14 +10,17 @@ Applying changes (`apply`), in one READ COMMITTED transaction:
 1. transaction-level advisory locks on every URN the batch touches (sorted: no deadlocks between batches), so two
    batches that touch one entity rebuild its document one after the other (no lost update of the merged fields);
 2. aspect fields: `INSERT ... ON CONFLICT (urn, aspect) DO UPDATE ... WHERE stored.version <= EXCLUDED.version`:
-   an older version never overwrites a newer one; a delete keeps the row as a version marker (`deleted`, no fields);
+   an older version never overwrites a newer one; a delete keeps the row as a version marker (`deleted`, no fields).
+   With its fields the row holds the aspect's pieces of the document, derived from them alone (`aspect_text`): the
+   weighted tsvector of its text (at most `search_max_document_chars` characters, weight A first), its exact names
+   and how much text the vector holds;
 3. edges: the (source, aspect) version marker is upserted the same way; for the sets it accepted, the old edges are
    deleted and the new ones inserted;
-4. documents of the touched URNs are rebuilt in one statement from their aspects' rows: merged fields, versions,
-   `removed`, the weighted `search_vector` (from at most `search_max_document_chars` characters of text, weight A
-   first, so that no entity's tsvector reaches Postgres's 1 MB limit however many aspects it has) and
-   `exact_names`; a document with no live aspect left becomes a tombstone (`entity_removed`, its versions only,
-   hidden from every read);
+4. documents of the touched URNs are rebuilt in one statement by combining their aspects' rows, parsing no text
+   but the URN: merged fields, versions, `removed`, `search_vector` (the aspects' vectors concatenated in aspect
+   order while their text is within `search_max_document_chars` in all, so that no entity's tsvector reaches
+   Postgres's 1 MB limit however many aspects it has, then the URN's) and `exact_names`; a document with no live
+   aspect left becomes a tombstone (`entity_removed`, its versions only, hidden from every read);
 5. timeseries points are upserted by (aspect, doc_id); entity removals (unless the key aspect is indexed at a newer
    version: re-created since) mark every aspect row deleted at the version it holds (the key aspect's at the
    removal's version) and delete the edges in both directions; the edge version markers stay, so an older edge set
