@@ -142,3 +142,31 @@ async def test_an_entity_with_many_large_aspects_stays_within_the_tsvector_limit
     finally:
         await conn.close()
     assert size < 1_048_575
+
+
+async def test_a_write_replaces_only_its_aspects_pieces_of_the_document(backend):
+    """Each aspect's row keeps its own text pieces (migration 0013): a new version of one aspect replaces its words
+    and exact name, the other aspects' stay searchable, a deleted aspect takes its words with it, and the last live
+    aspect gone leaves a tombstone."""
+    urn = ds("pieces.t1")
+    await backend.apply([key(urn), props(urn, "orders", "placed through the webshop"),
+                         AspectFields("dataset", urn, "editableDatasetProperties", 1, {"editedDescription": "curated"})])
+    assert await urns_of(backend, "webshop") == [urn]
+    assert await urns_of(backend, "curated") == [urn]
+
+    await backend.apply([props(urn, "invoices", "billed monthly", version=2)])
+    assert await urns_of(backend, "webshop") == []
+    assert await urns_of(backend, "orders") == []
+    assert await urns_of(backend, "billed") == [urn]
+    assert await urns_of(backend, "curated") == [urn]  # the aspect not written keeps its words
+    page = await backend.search("dataset", "invoices")
+    assert [(h.urn, h.fields["name"]) for h in page.hits] == [(urn, "invoices")]
+    assert page.hits[0].score >= 1000  # still an exact name
+
+    await backend.apply([AspectFields("dataset", urn, "editableDatasetProperties", 2, {}, deleted=True)])
+    assert await urns_of(backend, "curated") == []
+    assert await urns_of(backend, "billed") == [urn]
+
+    await backend.apply([AspectFields("dataset", urn, a, 3, {}, deleted=True) for a in ("datasetKey", "datasetProperties")])
+    assert (await backend.search("dataset", "*")).total == 0
+    assert await backend.document_versions(urn) == {}
