@@ -104,7 +104,8 @@ def check_limits(document: DocumentNode, limits: Limits) -> list[GraphQLError]:
 
 
 # The root fields that answer a page of results, and what their cost depends on (app.graphql.resolvers)
-PAGED_FIELDS = frozenset({"searchAcrossEntities", "scrollAcrossEntities", "searchAcrossLineage", "scrollAcrossLineage"})
+PAGED_FIELDS = frozenset({"searchAcrossEntities", "scrollAcrossEntities", "searchAcrossLineage", "scrollAcrossLineage",
+                          "aggregateAcrossEntities"})
 RESULTS_FIELD, FACETS_FIELD, AGGREGATIONS_FIELD = "searchResults", "facets", "aggregations"
 # Facets: one aggregation over every match of the search, weighed as reading this many results, answering
 # `_entityType` and the searched types' filter fields that have values (about this many), each with up to

@@ -33,13 +33,15 @@ from app.search.model import (
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.proposal import ChangeType, Draft
 from app.write.reader import EntityReader
-from app.write.structured_properties import refuse_deleted_property_filters
+from app.search.structured_properties import is_property_field
+from app.write.structured_properties import refuse_deleted_property_facets, refuse_deleted_property_filters
 
 log = logging.getLogger("metaledger.graphql")
 
 ENTITY_TYPE_FIELD = "_entityType"  # DataHub's virtual filter field: the entity type (its EntityType value)
 TYPE_CONDITIONS = frozenset({"EQUAL", "IEQUAL"})  # what `_entityType` takes (IN is EQUAL)
 OR_FILTERS_PATH = "$input.orFilters"
+FACETS_PATH = "$input.facets"
 SCROLL_ID_PATH = "$input.scrollId"
 # Bounds on what variables carry past the query's own limits: the query text (filter values: app.search.filters).
 MAX_QUERY_TEXT = 10_000
@@ -65,6 +67,14 @@ class Context:
     async def _read_latest(self, wanted: Sequence[tuple[str, Sequence[str] | None]]) -> dict[str, dict[str, Any]]:
         rows = await EntityReader(self.session, self.registry).latest_of_many(list(wanted))
         return {urn: {row.aspect: row.value for row in found} for urn, found in rows.items()}
+
+    async def refuse_deleted_property_facets(self, facets: Sequence[str], base: str) -> None:
+        """A 400 when a requested facet names a soft-deleted structured property, at its index below `base`."""
+        async with self._lock:
+            try:
+                await refuse_deleted_property_facets(EntityReader(self.session, self.registry).repo, facets)
+            except InvalidFilter as error:
+                raise error.at(base) from None
 
     async def refuse_deleted_property_filters(self, placed: list[list[Placed]], base: str) -> None:
         """A 400 when the filter names a soft-deleted structured property (app.write.structured_properties): at the
@@ -241,19 +251,26 @@ DEFAULT_AGG_VALUES = 20  # values per facet when searchFlags.maxAggValues is not
 MAX_AGG_VALUES = 1_000
 
 
-def _facets(context: Context, searches: list[TypeSearch], query: str, flags: dict[str, Any]):
+def _facets(context: Context, searches: list[TypeSearch], query: str, flags: dict[str, Any],
+            wanted: Sequence[str] = ()):
     """The `facets` of a search result, computed only when the query selects them (graphql-core calls a callable
-    field value): `_entityType` first, then each filter field, the most frequent values first."""
+    field value): `_entityType` first, then each filter field, the most frequent values first; only the `wanted`
+    ones when any is named (structured properties' among them: `structuredProperties.<qualified name>`)."""
     async def resolve(_info: Any) -> list[dict[str, Any]]:
         if flags.get("skipAggregates"):
             return []
         limit = min(max(flags.get("maxAggValues") or DEFAULT_AGG_VALUES, 1), MAX_AGG_VALUES)
-        found = await facets_across(await context.backend(), searches, query)
+        found = await facets_across(await context.backend(), searches, query,
+                                    [name for name in wanted if is_property_field(name)])
         types = [(GRAPHQL_TYPE_OF_ENTITY[entity], entity, n) for entity, n in found.totals.items() if n]
         facets = [{"field": ENTITY_TYPE_FIELD, "displayName": FACET_DISPLAY_NAMES[ENTITY_TYPE_FIELD], "aggregations": [
             {"value": value, "count": n, "displayName": entity, "entity": None}
             for value, entity, n in sorted(types, key=lambda t: (-t[2], t[0]))[:limit]]}]
+        if wanted:
+            facets = [f for f in facets if f["field"] in wanted]
         for name, counts in sorted(found.values.items()):
+            if wanted and name not in wanted:
+                continue
             top = sorted(((v, n) for v, n in counts.items() if n), key=lambda vn: (-vn[1], vn[0]))[:limit]
             if not top:  # a field no match has a value in
                 continue
@@ -305,6 +322,16 @@ async def resolve_scroll_across_entities(_root: Any, info: Any, input: dict[str,
         raise error.at(SCROLL_ID_PATH) from None
     return {"nextScrollId": page.scroll_id, "count": len(page.hits), "total": page.total,
             **_results(context, searches, query, input, page.hits)}
+
+
+async def resolve_aggregate_across_entities(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
+    """DataHub's aggregateAcrossEntities: a search's facets and no results. A soft-deleted property's facet is
+    refused, as its filters are."""
+    context: Context = info.context
+    searches = await _searches_of(context, input)
+    wanted = [name for name in input.get("facets") or () if name]
+    await context.refuse_deleted_property_facets(wanted, FACETS_PATH)
+    return {"facets": _facets(context, searches, _query(input.get("query")), input.get("searchFlags") or {}, wanted)}
 
 
 async def resolve_search_across_entities(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
@@ -473,6 +500,7 @@ async def resolve_app_config(_root: Any, _info: Any) -> dict[str, Any]:
 QUERY_RESOLVERS = {
     "scrollAcrossEntities": resolve_scroll_across_entities,
     "searchAcrossEntities": resolve_search_across_entities,
+    "aggregateAcrossEntities": resolve_aggregate_across_entities,
     "scrollAcrossLineage": resolve_scroll_across_lineage,
     "searchAcrossLineage": resolve_search_across_lineage,
     "entity": resolve_entity,

@@ -70,11 +70,13 @@ class AcrossFacets:
     values: dict[str, dict[str, int]]  # filter field -> value -> matches, summed over the types
 
 
-async def facets_across(backend: SearchBackend, searches: Sequence[TypeSearch], query: str) -> AcrossFacets:
+async def facets_across(backend: SearchBackend, searches: Sequence[TypeSearch], query: str,
+                        property_facets: Sequence[str] = ()) -> AcrossFacets:
     """The facet counts of a search across types: each type's matches counted by the values of its filter fields
-    (count-only searches, one per type, concurrently), summed field by field."""
+    and of `property_facets` (count-only searches, one per type, concurrently), summed field by field."""
     pages = await asyncio.gather(*(
-        backend.search(s.entity_type, query, filters=s.filters, count=0, any_of=s.any_of, facets=True)
+        backend.search(s.entity_type, query, filters=s.filters, count=0, any_of=s.any_of, facets=True,
+                       property_facets=property_facets)
         for s in searches
     ))
     totals: dict[str, int] = {}

@@ -474,6 +474,16 @@ async def hide_soft_deleted(repo: AspectRepository, rows: Iterable[StoredAspect]
     return hidden
 
 
+async def refuse_deleted_property_facets(repo: AspectRepository, facets: Sequence[str]) -> None:
+    """DataHub's validateStructuredPropertyFQN on a requested facet: one naming a soft-deleted property is refused
+    (InvalidFilter at its index in `facets`)."""
+    named = {i: property_urn_of(name) for i, name in enumerate(facets) if is_property_field(name)}
+    removed = await soft_deleted(repo, named.values())
+    for i, urn in named.items():
+        if urn in removed:
+            raise InvalidFilter(f"Cannot aggregate on deleted Structured Property {urn}", (i,), found=facets[i])
+
+
 async def refuse_deleted_property_filters(repo: AspectRepository, placed: Iterable[Placed]) -> None:
     """DataHub's StructuredPropertyUtils.validateFilter: a search filtering on a property whose definition is
     soft-deleted is refused (InvalidFilter at the criterion's field), so its values are never found; decided when

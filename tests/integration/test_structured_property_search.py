@@ -127,3 +127,45 @@ async def test_a_soft_deleted_definition_s_filters_are_refused_and_its_values_hi
     assert await graphql_urns(client, {"field": TIER_FIELD, "values": ["gold"]}) == [GOLD]
     response = await client.get("/openapi/v3/entity/dataset", params={"aspects": ["structuredProperties"], "count": 10})
     assert shown(response.json()["entities"]) == {GOLD: [TIER, RETENTION], SILVER: [TIER, RETENTION]}
+
+
+AGGREGATE = """query($facets: [String], $orFilters: [AndFilterInput!]) {
+  aggregateAcrossEntities(input: {types: [DATASET], query: "*", facets: $facets, orFilters: $orFilters}) {
+    facets { field aggregations { value count } } } }"""
+
+
+async def aggregate(client, facets: list[str], *criteria: dict[str, Any]) -> dict[str, dict[str, int]] | dict[str, Any]:
+    """The facets aggregateAcrossEntities answers (field → value → count), or the GraphQL errors."""
+    response = await client.post("/api/graphql", json={"query": AGGREGATE, "variables": {
+        "facets": facets, "orFilters": [{"and": list(criteria)}] if criteria else None}})
+    assert response.status_code == 200, response.text
+    body = response.json()
+    if body.get("errors"):
+        return body
+    return {f["field"]: {a["value"]: a["count"] for a in f["aggregations"]}
+            for f in body["data"]["aggregateAcrossEntities"]["facets"]}
+
+
+async def test_facets_count_a_property_s_values_under_its_qualified_name(client):
+    await given_values(client)
+    await propose(client, assigned(ds("more"), (TIER, [{"string": "gold"}])), headers=SYNC)
+    retention = "structuredProperties.retention"
+    assert await aggregate(client, [TIER_FIELD, retention, "platform"]) == {
+        TIER_FIELD: {"gold": 2, "silver": 1}, retention: {"30.0": 1, "90.0": 1},
+        "platform": {"urn:li:dataPlatform:hive": 4}}  # only the facets asked for
+    # over the search's matches only
+    assert await aggregate(client, [TIER_FIELD], {"field": retention, "values": ["45"], "condition": "GREATER_THAN"}) == {
+        TIER_FIELD: {"silver": 1}}
+    # a property no match holds a value of has no facet; without `facets`, the filter fields' (no property's)
+    assert await aggregate(client, ["structuredProperties.unused"]) == {}
+    default = await aggregate(client, [])
+    assert "_entityType" in default and "platform" in default and not any(f.startswith("structuredProperties") for f in default)
+
+
+async def test_a_soft_deleted_property_s_facet_is_refused(client):
+    await given_values(client)
+    await propose(client, removed(TIER, True))
+    errors = await aggregate(client, ["platform", TIER_FIELD])
+    assert isinstance(errors, dict) and f"Cannot aggregate on deleted Structured Property {TIER}" in str(errors["errors"])
+    assert "$input.facets[1]" in str(errors["errors"])
+    assert await aggregate(client, ["structuredProperties.retention"]) == {"structuredProperties.retention": {"30.0": 1, "90.0": 1}}
