@@ -1,6 +1,6 @@
 """Structured properties with the real client: `datahub properties upsert -f` defines them, the SDK's patch helpers
-set a dataset's values (stored and read back), bad values are refused naming the property, and narrowing a
-definition that stored values rely on is refused."""
+set a dataset's values (stored and read back), bad values are refused naming the property, narrowing a
+definition that stored values rely on is refused, and `datahub delete --hard` of the property removes its values."""
 
 from __future__ import annotations
 
@@ -66,6 +66,21 @@ READ_DEFINITION = """
     print(graph.get_aspect(TIER, StructuredPropertyDefinitionClass).version)
 """
 
+VALUES_GONE = """
+    import time
+    from datahub.ingestion.graph.client import DataHubGraph, DatahubClientConfig
+    from datahub.metadata.schema_classes import StructuredPropertiesClass
+
+    graph = DataHubGraph(DatahubClientConfig(server=GMS, token=TOKEN))
+    deadline = time.monotonic() + 20
+    while True:  # the removal follows the delete asynchronously
+        held = [p.propertyUrn for p in graph.get_aspect(DATASET, StructuredPropertiesClass).properties]
+        if TIER not in held or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    print(held)
+"""
+
 
 def test_properties_upsert_then_sdk_values_checked_against_the_definition(datahub, tmp_path):
     definitions = tmp_path / "properties.yaml"
@@ -89,3 +104,7 @@ def test_properties_upsert_then_sdk_values_checked_against_the_definition(datahu
     assert "would invalidate stored values" in shown and DATASET in shown, shown[-3000:]
     kept = datahub.script(READ_DEFINITION, TIER=TIER).stdout.strip().splitlines()[-1]
     assert kept == "20240101000000"
+
+    # a hard delete of the property removes its values (a new version of the dataset's aspect, read back)
+    datahub.cli("delete", "--urn", TIER, "--hard", "--force")
+    assert datahub.script(VALUES_GONE, DATASET=DATASET, TIER=TIER).stdout.strip().splitlines()[-1] == "[]"
