@@ -102,6 +102,21 @@ def test_a_value_of_a_soft_deleted_definition_is_refused():
     assert message == f"Cannot apply a soft deleted Structured Property value: {TIER}"
 
 
+def test_a_patch_answers_for_what_it_adds_not_for_the_values_it_leaves_as_they_were():
+    soft_deleted = definitions(removed=True, owner=make_definition(qualifiedName="io.acryl.owner"))
+    rows = {**definitions(tier=make_definition()), **soft_deleted}
+    kept = assignment(OWNER, {"string": "bob"})
+    # OWNER's soft-deleted value stays untouched: the patch (which removed another) passes; an UPSERT of the same
+    # value does not, nor a patch that changes OWNER's value
+    assert check(VALUES, values_change(kept, rows=rows, previous=[assignment(), kept], change_type=ChangeType.PATCH)) is None
+    assert refusal(VALUES, values_change(kept, rows=rows, previous=[assignment(), kept]))[0].startswith("Cannot apply a soft")
+    changed = assignment(OWNER, {"string": "alice"})
+    assert refusal(VALUES, values_change(changed, rows=rows, previous=[kept], change_type=ChangeType.PATCH))[1] == \
+        "$.aspect.value.properties[0].propertyUrn"
+    # a value whose definition is gone (being deleted) left as it was does not stop the patch either
+    assert check(VALUES, values_change(kept, rows={}, previous=[kept, assignment()], change_type=ChangeType.PATCH)) is None
+
+
 @pytest.mark.parametrize(("value_type", "value", "reason"), [
     ("string", {"double": 1.0}, "should be a string"),
     ("rich_text", {"double": 1.0}, "should be a string"),
