@@ -30,6 +30,7 @@ from app.db import create_engine, create_sessionmaker, upgrade_database
 from app.db_faults import DatabaseFault, classify, database_unavailable
 from app.errors import Issue, MetaledgerError, ValidationFailed
 from app.api import documented_models, routers
+from app.api import route_index
 from app.api.entities import EntityRoute, entity_routes, routes_of_entity
 from app.api.deps import ALLOW_PUBLIC, ALLOW_READ
 from app.api.http import json_response, parameter_path
@@ -358,6 +359,7 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
     for router in routers:
         app.include_router(router)
     app.router.routes.extend(entity_routes(app.state.registry))
+    route_index.install(app.router)  # the routes along a request's path asked, not all thousand (app.api.route_index)
     _install_error_handlers(app)
     _install_offline_docs(app, settings)
     if settings.cors_origins:
