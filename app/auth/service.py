@@ -8,16 +8,19 @@ process within that time. Policies are re-read on the same schedule.
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import binascii
+import functools
 import hashlib
 import hmac
 import logging
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import jwt
 from sqlalchemy.exc import DBAPIError
@@ -50,6 +53,7 @@ ALGORITHM = "HS256"
 ACTOR_HEADER = "x-datahub-actor"
 _MAX_CACHED_TOKENS = 10_000
 _MAX_TOKEN_CHARS = 4096
+_POLICIES = ("policies",)  # the policies' key among the reads in flight (a token's is the token)
 
 
 def token_hash(token: str) -> str:
@@ -69,6 +73,22 @@ class AuthService:
         self._tokens: OrderedDict[str, tuple[Principal | str, float]] = OrderedDict()
         self._policies: dict[str, list[Policy]] = {}
         self._policies_loaded_at = float("-inf")
+        # Re-reads in flight (a token's row, the policies), shared by every request that finds the cache entry
+        # expired meanwhile: one query when it expires, not one per request in flight then.
+        self._reading: dict[Hashable, asyncio.Future] = {}
+
+    async def _read_once(self, key: Hashable, read: Callable[[], Awaitable[Any]]) -> Any:
+        pending = self._reading.get(key)
+        if pending is None:
+            pending = self._reading[key] = asyncio.ensure_future(read())
+            pending.add_done_callback(functools.partial(self._read_done, key))
+        return await asyncio.shield(pending)  # a request cancelled while it waits leaves the read to the others
+
+    def _read_done(self, key: Hashable, read: asyncio.Future) -> None:
+        if self._reading.get(key) is read:
+            del self._reading[key]
+        if not read.cancelled():
+            read.exception()  # retrieved: when every waiter was cancelled, no "never retrieved" warning
 
     async def key(self) -> bytes:
         if self._key is None:
@@ -132,19 +152,23 @@ class AuthService:
         raise Unauthorized("the system client credentials are not valid")
 
     async def _bearer(self, token: str) -> Principal:
-        now = time.monotonic()
         cached = self._tokens.get(token)
-        if cached is not None and now - cached[1] < self._ttl:
+        if cached is not None and time.monotonic() - cached[1] < self._ttl:
             verdict = cached[0]
         else:
-            verdict = await self._verify(token)
-            self._tokens[token] = (verdict, now)
-            self._tokens.move_to_end(token)
-            if len(self._tokens) > _MAX_CACHED_TOKENS:
-                self._tokens.popitem(last=False)
+            verdict = await self._read_once(token, functools.partial(self._verify_and_cache, token))
         if isinstance(verdict, str):
             self._failed("refused_token")
             raise Unauthorized(verdict)
+        return verdict
+
+    async def _verify_and_cache(self, token: str) -> Principal | str:
+        now = time.monotonic()
+        verdict = await self._verify(token)
+        self._tokens[token] = (verdict, now)
+        self._tokens.move_to_end(token)
+        if len(self._tokens) > _MAX_CACHED_TOKENS:
+            self._tokens.popitem(last=False)
         return verdict
 
     async def _verify(self, token: str) -> Principal | str:
@@ -213,16 +237,28 @@ class AuthService:
             return False
 
     async def _policies_of(self, actor: str) -> list[Policy]:
+        policies = self._policies
         if time.monotonic() - self._policies_loaded_at >= self._ttl:
-            grouped: dict[str, list[Policy]] = {}
-            try:
-                policies = await self.repository.policies()
-            except (DBAPIError, OSError) as error:
-                raise ServiceUnavailable(f"the database is unreachable, policies cannot be read: {type(error).__name__}") from None
-            for policy in policies:
-                grouped.setdefault(policy.actor, []).append(policy)
+            policies = await self._read_once(_POLICIES, self._load_policies)
+        return policies.get(actor, [])
+
+    async def _load_policies(self) -> dict[str, list[Policy]]:
+        """The policies by actor, as read now; kept for the next requests unless they changed meanwhile."""
+        grouped: dict[str, list[Policy]] = {}
+        try:
+            policies = await self.repository.policies()
+        except (DBAPIError, OSError) as error:
+            raise ServiceUnavailable(f"the database is unreachable, policies cannot be read: {type(error).__name__}") from None
+        for policy in policies:
+            grouped.setdefault(policy.actor, []).append(policy)
+        if self._reading.get(_POLICIES) is asyncio.current_task():
             self._policies, self._policies_loaded_at = grouped, time.monotonic()
-        return self._policies.get(actor, [])
+        return grouped
+
+    def _forget_policies(self) -> None:
+        """After a change: the next write reads the policies again, without joining a read begun before it."""
+        self._policies_loaded_at = float("-inf")
+        self._reading.pop(_POLICIES, None)
 
     # --- tokens
 
@@ -287,7 +323,7 @@ class AuthService:
         policy = await self.repository.insert_policy(
             Policy(uuid.uuid4().hex, actor, entity_types, aspects, description, created_by)
         )
-        self._policies_loaded_at = float("-inf")
+        self._forget_policies()
         log.info("policy created", extra={"policy_id": policy.id, "actor": actor, "by": created_by})
         return policy
 
@@ -297,7 +333,7 @@ class AuthService:
     async def delete_policy(self, policy_id: str, by: str) -> None:
         if not await self.repository.delete_policy(policy_id):
             raise NotFound(f"no policy with id {policy_id[:64]!r}")
-        self._policies_loaded_at = float("-inf")
+        self._forget_policies()
         log.info("policy deleted", extra={"policy_id": policy_id, "by": by})
 
     @staticmethod
