@@ -15,11 +15,12 @@ retry at once); beside them, from a process of their own, `--single-clients` con
 /openapi/v3/entity/dataset/{urn}/datasetProperties`) open-loop at `--single-rate`/s (bench/loadgen.py: latency from
 each request's scheduled time). Printed: the single writes' p50/p99/max and the share accepted (2xx of sent) with
 their errors by kind; the batches by status, how many 429s carried `Retry-After`, the 5xx and dropped connections;
-the RSS of the service's processes (sum) before the flood, at its peak and `--settle` seconds after it ended; the
-service's log problems; the CPU seconds of the service's processes and of Postgres during the flood and, with
-`--statements` (pg_stat_statements on the throwaway Postgres), the statements that took the most of its time. The
-issue's targets: single writes p99 <= 100 ms and >= 95 % accepted; batches refused
-with 429 and Retry-After, no 5xx; RSS within 50 MB of its pre-flood value `--settle` seconds after.
+the RSS of the service's processes (sum) before the flood, at its peak and `--settle` seconds after it ended; how far
+the embedded indexer is behind at the flood's end and `--settle` seconds after; the service's log problems; the CPU
+seconds of the service's processes and of Postgres during the flood and, with `--statements` (pg_stat_statements on
+the throwaway Postgres), the statements that took the most of its time. The issue's targets: single writes p99
+<= 100 ms and >= 95 % accepted; batches refused with 429 and Retry-After, no 5xx; RSS within 50 MB of its pre-flood
+value `--settle` seconds after.
 """
 
 from __future__ import annotations
@@ -135,17 +136,32 @@ def pct(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
 
 
-async def loop_lag(base: str, headers: dict[str, str]) -> dict[str, float]:
-    """The service's event-loop lag histogram (`metaledger_event_loop_lag_seconds`, every API process summed):
-    cumulative counts by bucket bound."""
+async def metrics(base: str, headers: dict[str, str]) -> list[str]:
+    """The lines of one `/metrics` scrape (of whichever API process answers)."""
     url = urlsplit(base)
     conn = HttpConnection(url.hostname or "127.0.0.1", url.port or 80)
     try:
         status, text, _ = await conn.request("GET", "/metrics", b"", headers)
     finally:
         conn.close()
+    return text.decode().splitlines() if status == 200 else []
+
+
+async def indexer_lag(base: str, headers: dict[str, str]) -> str:
+    """The embedded indexer's lag (`metaledger_indexer_lag_rows`, `_seconds`): how far search is behind the feed."""
+    found = {line.split(" ", 1)[0]: float(line.rsplit(" ", 1)[1]) for line in await metrics(base, headers)
+             if line.startswith(("metaledger_indexer_lag_rows ", "metaledger_indexer_lag_seconds "))}
+    if not found:
+        return "not reported"
+    return (f"{found.get('metaledger_indexer_lag_rows', float('nan')):.0f} change logs, "
+            f"{found.get('metaledger_indexer_lag_seconds', float('nan')):.1f} s")
+
+
+async def loop_lag(base: str, headers: dict[str, str]) -> dict[str, float]:
+    """The service's event-loop lag histogram (`metaledger_event_loop_lag_seconds`, every API process summed):
+    cumulative counts by bucket bound."""
     buckets: dict[str, float] = {}
-    for line in text.decode().splitlines() if status == 200 else ():
+    for line in await metrics(base, headers):
         if line.startswith("metaledger_event_loop_lag_seconds_bucket{"):
             bound = line.split('le="', 1)[1].split('"', 1)[0]
             buckets[bound] = buckets.get(bound, 0.0) + float(line.rsplit(" ", 1)[1])
@@ -263,8 +279,10 @@ async def _run(args, base: str, flood_headers: dict[str, str], single_headers: d
         for ms, calls, rows, query in await top_statements(service.dsn):
             print(f"  {ms:9.0f} {calls:7d} {rows:9.0f}  {query}")
     lag = lag_summary(lag_before, await loop_lag(base, single_headers))
-    print(f"flood over; waiting {args.settle:.0f} s for the memory to settle", flush=True)
+    print(f"flood over; search behind the feed: {await indexer_lag(base, single_headers)}; waiting "
+          f"{args.settle:.0f} s for the memory to settle", flush=True)
     await asyncio.sleep(args.settle)
+    print(f"search behind the feed {args.settle:.0f} s after: {await indexer_lag(base, single_headers)}")
     after = rss()
     print(f"RSS by process (pid: MB): before {before_by_process}; after {rss_by_process()}")
     report(args, single, flooded, (before, sampler.peak, after) if service is not None else None,

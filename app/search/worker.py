@@ -16,6 +16,11 @@ Design:
   batches are applied once each in the normal case and never out of order.
 * Idle: polls every `search_worker_poll_ms` (a setting, 50 ms by default) — with the relay's 20 ms sequencing
   poll, a write is searchable well within a second.
+* Under write load it yields: while other sessions of the database run statements (`writes_running`: the API's
+  writes; metaledger's background connections, named `metaledger-*`, are not counted), a batch is followed by a
+  pause `1 / YIELD_SHARE - 1` times as long as it took (at most `MAX_YIELD_S`, which bounds the delay to search),
+  so the worker holds the database and its CPU about `YIELD_SHARE` of the time and the writes get the rest. It
+  catches up at full speed once the load ends; alone it never waits.
 * A backend failure keeps the position and retries with backoff (the database is the queue); the outbox pruning
   keeps rows past `last_offset` (app.changelog.outbox.prune) once this worker has registered its cursor.
 * Data never stops it (app.search.failures): a change log whose changes cannot be built, or that the backend refuses
@@ -54,6 +59,20 @@ MAX_BACKOFF_S = 5.0
 RETRY_CHECK_S = 1.0  # how often the failure table is looked at for due retries (one count when it is empty)
 RETRY_BATCH = 100  # failures retried per look
 LOGGED_FAILURES = 20  # refused change logs logged per batch (all are recorded)
+YIELD_SHARE = 0.25  # under write load: the share of its time the worker spends applying batches
+MAX_YIELD_S = 1.0  # the longest pause after a batch under write load (the feed's delay to search stays bounded)
+
+
+async def writes_running(conn: asyncpg.Connection) -> bool:
+    """Whether another session of this database (not one of metaledger's background connections) is running a
+    statement: the write load the worker yields to."""
+    return await conn.fetchval(
+        """
+        SELECT EXISTS (SELECT 1 FROM pg_stat_activity
+                       WHERE datname = current_database() AND state = 'active' AND backend_type = 'client backend'
+                         AND pid <> pg_backend_pid() AND application_name NOT LIKE 'metaledger-%')
+        """
+    )
 
 
 class IndexWorker:
@@ -72,6 +91,7 @@ class IndexWorker:
         self.rows_failed = 0  # change logs this worker recorded as failed (first failures and failed retries)
         self.retries_indexed = 0  # recorded failures a retry indexed
         self.failing_rows = 0  # rows in the failure table at the last look (every worker's)
+        self.yields = 0  # batches followed by a pause for the write load
         self.last_offset = 0
         self._next_retry_check = 0.0
 
@@ -88,10 +108,16 @@ class IndexWorker:
                     if not await self.runtime.start():
                         raise RuntimeError(f"search backend unavailable: {self.runtime.last_error}")
                     await self._retry_quietly(conn)
+                    started = time.monotonic()
                     count = await self.step(cursor)
                     failures = 0
-                    if count < self.batch:
-                        await pause(stop, self.poll_s)
+                    wait = self.poll_s if count < self.batch else 0.0
+                    if count and await writes_running(conn):
+                        took = time.monotonic() - started
+                        wait = max(wait, min(MAX_YIELD_S, took * (1 / YIELD_SHARE - 1)))
+                        self.yields += 1
+                    if wait:
+                        await pause(stop, wait)
             except Exception as error:  # noqa: BLE001 - the worker outlives database and search outages
                 failures += 1
                 self.failures += 1
