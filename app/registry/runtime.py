@@ -25,6 +25,7 @@ import yaml
 from app.registry.errors import RegistryConfigError
 from app.registry.registry import EntityRegistry, _build
 
+MODELS_ASPECT = "runtimeModels"  # the aspect of metaledger's own entity that holds the set (app.write.runtime_models)
 MODELS_FILE = "models.yml"  # in a `metaledger model apply <dir>` directory, beside the .avsc files
 
 

@@ -16,11 +16,15 @@ import enum
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from contextvars import ContextVar
 from typing import Any, ClassVar
 
+from app.registry.runtime import MODELS_ASPECT
+from app.write.processors import PIPELINE_ENTITY
 from app.write.proposal import (
     IF_NONE_MATCH,
     IF_VERSION_MATCH,
+    PROPOSABLE_CHANGE_TYPES,
     ChangeType,
     Proposal,
 )
@@ -142,9 +146,31 @@ class KeyAspectMatchesUrn(ProposalRule):
         )
 
 
+# Set by the models API's own write (app.write.runtime_models.apply_models), in its task only: no caller can set it.
+MODELS_API_WRITE: ContextVar[bool] = ContextVar("metaledger_models_api_write", default=False)
+
+
+class RuntimeModelsThroughModelsApi(ProposalRule):
+    """The runtime model set is written only by the models API (POST /openapi/v1/models, `metaledger model apply`),
+    after its compatibility and stored-data checks: a v3 or MCP write of it would store a set no process can build."""
+
+    name = "RuntimeModelsThroughModelsApi"
+    change_types = PROPOSABLE_CHANGE_TYPES
+    entity_aspects = ((PIPELINE_ENTITY, MODELS_ASPECT),)
+
+    def apply(self, proposal: Proposal) -> Verdict | None:
+        if MODELS_API_WRITE.get():
+            return None
+        return self.verdict(
+            VerdictKind.VALIDATION, f"{MODELS_ASPECT} of {proposal.urn} is written only through POST "
+            "/openapi/v1/models (metaledger model apply), which checks it first", "$.aspectName",
+        )
+
+
 def builtin_proposal_rules(urn_to_key: Callable[[str, str], dict[str, Any]]) -> list[ProposalRule]:
     """The checks every proposal passes before user validators; `urn_to_key` is the registry's."""
-    return [TimeseriesUpsertOnly(), KeyAspectIsNotPatched(), KeyAspectMatchesUrn(urn_to_key)]
+    return [TimeseriesUpsertOnly(), KeyAspectIsNotPatched(), KeyAspectMatchesUrn(urn_to_key),
+            RuntimeModelsThroughModelsApi()]
 
 
 def _actual_version(change: PendingChange) -> str:

@@ -22,16 +22,16 @@ from app.errors import ExistenceConflict, Issue, PreconditionFailed, ValidationF
 from app.ingest.gateway import IngestGateway
 from app.registry import AspectValidationError, EntityRegistry
 from app.registry.compatibility import Refusal, check_models
-from app.registry.runtime import EMPTY, RuntimeModelSet, build_registry
+from app.registry.runtime import EMPTY, MODELS_ASPECT, RuntimeModelSet, build_registry
 from app.settings import Settings
 from app.workers import pause
 from app.write.processors import PIPELINE_ENTITY
 from app.write.proposal import IF_VERSION_MATCH, Draft
+from app.write.rules import MODELS_API_WRITE
 
 log = logging.getLogger("metaledger.models")
 
 MODELS_URN = f"urn:li:{PIPELINE_ENTITY}:models"
-MODELS_ASPECT = "runtimeModels"
 STORED_FAILURES_REPORTED = 10  # a changed schema that stored values break: the first ones, with their URN
 STORED_PAGE_ROWS = 500
 
@@ -191,11 +191,14 @@ async def apply_models(gateway: IngestGateway, session: AsyncSession, caller: Pr
         return {**answer, "dryRun": True, "version": current.version}
     draft = Draft(0, PIPELINE_ENTITY, MODELS_ASPECT, urn=MODELS_URN, value=proposed.to_stored(),
                   headers={IF_VERSION_MATCH: str(current.version) if current.version else "-1"})
+    checked_write = MODELS_API_WRITE.set(True)  # the rule that refuses any other write of the set lets it pass
     try:
         outcome = await gateway.submit(session, [draft], caller)
     except PreconditionFailed as error:
         raise ExistenceConflict(f"another apply stored a model set since version {current.version} was read; "
                                 "nothing was stored, apply again", error.issues) from None
+    finally:
+        MODELS_API_WRITE.reset(checked_write)
     assert outcome.result is not None
     item = outcome.result.items[0]
     version = int(item.version or current.version)

@@ -12,7 +12,7 @@ from app.main import create_app
 from app.registry import load_registry
 from app.settings import Settings
 from app.write.runtime_models import MODELS_ASPECT, MODELS_URN, ModelWatcher
-from tests.helpers import mint_token
+from tests.helpers import mcp, mint_token
 
 MODELS = "/openapi/v1/models"
 DATASET = "urn:li:dataset:(urn:li:dataPlatform:hive,models.orders,PROD)"
@@ -136,6 +136,26 @@ async def test_base_aspects_keys_and_schemas_are_checked(client):
     assert refused.status_code == 400 and refused.json()["issues"][0]["message"].startswith("DoesNotCompile")
     unnamed = await client.post(MODELS, json={"aspects": [{"schema": {"type": "record", "name": "X", "fields": []}}]})
     assert unnamed.status_code == 400 and unnamed.json()["issues"][0]["path"] == "$.aspects[0].schema.Aspect.name"
+
+
+async def test_the_set_is_written_only_through_the_models_api(client):
+    """A v3 or MCP write of the stored set would skip the checks (and leave every process's watcher with a set that
+    does not build): refused naming the rule, and the set in force stays as the models API stored it."""
+    assert (await client.post(MODELS, json=MODEL_SET)).status_code == 200
+    unchecked = {"aspects": [{"name": "acmeRating", "schema": "{}", "compatibility": "BACKWARD"}], "entities": []}
+    writes = [
+        client.post(f"/openapi/v3/entity/metaledgerSystem/{MODELS_URN}/{MODELS_ASPECT}", json={"value": unchecked}),
+        client.post("/aspects?action=ingestProposal",
+                    json={"proposal": mcp(MODELS_ASPECT, unchecked, MODELS_URN, entity="metaledgerSystem")}),
+        client.post("/aspects?action=ingestProposal",
+                    json={"proposal": mcp(MODELS_ASPECT, None, MODELS_URN, "DELETE", entity="metaledgerSystem")}),
+    ]
+    for write in writes:
+        refused = await write
+        assert refused.status_code == 400, refused.text
+        assert "RuntimeModelsThroughModelsApi" in refused.text
+    current = (await client.get(MODELS)).json()
+    assert current["version"] == 1 and [a["name"] for a in current["aspects"]] == ["acmeRating", "acmeWidgetKey"]
 
 
 async def test_a_concurrent_apply_is_a_conflict(client):
