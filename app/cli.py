@@ -101,19 +101,26 @@ def relay() -> None:
 
     from app.kafka.per_aspect import DerivedEvents
     from app.main import load_registry_of
+    from app.write.runtime_models import ModelWatcher, WithModelWatcher
 
     def make(settings, engine, maker, codec):
-        return OutboxRelay(settings, engine, codec, DerivedEvents(settings, load_registry_of(settings), codec))
+        registry = load_registry_of(settings)
+        return WithModelWatcher(OutboxRelay(settings, engine, codec, DerivedEvents(settings, registry, codec)),
+                                ModelWatcher(settings, maker, registry))
 
     run_standalone(make)
 
 
-def _gateway(settings):
-    """The ingest gateway of a standalone consumer: it applies (never queues) and leaves indexing to the indexer."""
+def _consumer(consumer_class, settings, maker, codec):
+    """A standalone consumer: its gateway applies (never queues) and leaves indexing to the indexer, with the runtime
+    model set taken up (app.write.runtime_models.WithModelWatcher)."""
     from app.ingest.gateway import IngestGateway
     from app.main import build_write_service
+    from app.write.runtime_models import ModelWatcher, WithModelWatcher
 
-    return IngestGateway(build_write_service(settings))
+    gateway = IngestGateway(build_write_service(settings))
+    return WithModelWatcher(consumer_class(settings, maker, gateway, codec=codec),
+                            ModelWatcher(settings, maker, gateway.registry))
 
 
 @main.command("consume-mcp")
@@ -123,7 +130,7 @@ def consume_mcp() -> None:
 
     from app.supervisor import run_standalone
 
-    run_standalone(lambda settings, engine, maker, codec: McpConsumer(settings, maker, _gateway(settings), codec=codec))
+    run_standalone(lambda settings, engine, maker, codec: _consumer(McpConsumer, settings, maker, codec))
 
 
 @main.command("consume-mce")
@@ -133,7 +140,7 @@ def consume_mce() -> None:
 
     from app.supervisor import run_standalone
 
-    run_standalone(lambda settings, engine, maker, codec: MceConsumer(settings, maker, _gateway(settings), codec=codec))
+    run_standalone(lambda settings, engine, maker, codec: _consumer(MceConsumer, settings, maker, codec))
 
 
 def _with_auth(operation):

@@ -33,6 +33,7 @@ import orjson
 
 from app.avro import per_aspect, records, schemas
 from app.avro.wire import ValueCodec, frame
+from app.kafka.topics import create_missing_topics
 from app.registry import EntityRegistry
 from app.settings import Settings
 from app.urns import InvalidUrnError, entity_type_of
@@ -189,19 +190,43 @@ def _value(generic_aspect: Any) -> Any:
 
 class DerivedEvents:
     """What the relay publishes besides a change log row: `for_row(row)` → [(topic, value or None for a
-    tombstone)]. `start` registers the per-aspect schemas (once per process, retried by the caller)."""
+    tombstone)]. `start` registers the per-aspect schemas not registered yet (once per process, and again for the
+    pairs of a runtime model set; retried by the caller).
+
+    The routes follow the registry (`EntityRegistry.on_change`): a runtime model set's new aspects and entities that
+    METALEDGER_EVENTS_V5_ROUTES matches get their pairs, a changed aspect schema its pair's new records. A set whose
+    pairs the routes cannot take (two pairs on one topic) is logged and the routes in force are kept. Whether the
+    per-aspect events or MAE v4 are published at all is decided at start."""
 
     def __init__(self, settings: Settings, registry: EntityRegistry, codec: ValueCodec) -> None:
+        self.settings = settings
         self.codec = codec
         self.versioned_topic = settings.topic_mcl_versioned
-        self.routes = resolve_routes(settings, registry)
-        for route in self.routes.values():  # generated from the aspect's own schema, as the registry has it now
-            route.schemas = per_aspect.event_schemas(route.entity, route.aspect, registry.aspect_spec(route.aspect).schema)
-        self.legacy = LegacyAuditEvents(registry) if settings.mae_v4_enabled else None
         self.mae_topic = settings.topic_mae
+        self.routes: dict[tuple[str, str], PairRoute] = {}
+        self._route(registry)
         self.enabled = bool(self.routes) or self.legacy is not None
-        self.registered = not (self.routes and codec.avro)
         self.skipped_mae = 0
+        self.started = False  # registered once: later pairs come from a runtime model set
+        self.stop_following = registry.on_change(self._follow)
+
+    def _route(self, registry: EntityRegistry) -> None:
+        routes = resolve_routes(self.settings, registry)
+        for pair, route in routes.items():  # generated from the aspect's own schema, as the registry has it now
+            route.schemas = per_aspect.event_schemas(route.entity, route.aspect, registry.aspect_spec(route.aspect).schema)
+            kept = self.routes.get(pair)
+            if kept is not None and kept.schemas == route.schemas:
+                route.ids = kept.ids
+        self.routes = routes
+        self.legacy = LegacyAuditEvents(registry) if self.settings.mae_v4_enabled else None
+        self.registered = not self.codec.avro or all(len(r.ids) == len(per_aspect.FAMILY) for r in routes.values())
+
+    def _follow(self, registry: EntityRegistry) -> None:
+        try:
+            self._route(registry)
+        except EventRoutingError as error:
+            log.error("the runtime model set's pairs cannot be routed; the routes in force are kept",
+                      extra={"generation": registry.generation, "error": str(error)})
 
     def topics(self) -> list[str]:
         """The topics these events use: each routed pair's three, and MAE v4's when it is on."""
@@ -210,18 +235,22 @@ class DerivedEvents:
 
     async def start(self) -> None:
         """Register each routed pair's three schemas under `<topic>-value` (the ids the audit events are framed with
-        and the consumers read by). Raises while the registry cannot answer."""
+        and the consumers read by), for the pairs not registered yet; after start-up (a runtime model set's pairs),
+        their topics are created first when the service creates topics. Raises while the registry cannot answer."""
         if self.registered:
             return
         register = getattr(self.codec.registry, "register", None)
         if register is None:
             raise RuntimeError("per-aspect events need a schema registry to register their schemas in")
-        for route in self.routes.values():
+        pending = [route for route in self.routes.values() if len(route.ids) < len(per_aspect.FAMILY)]
+        if self.started and self.settings.create_topics_on_start:  # at start-up, the relay created them
+            await create_missing_topics(self.settings, [route.topic(r) for route in pending for r in per_aspect.FAMILY])
+        for route in pending:
             for record in per_aspect.FAMILY:
                 text = orjson.dumps(route.schemas[record]).decode()
                 route.ids[record] = await register(f"{route.topic(record)}-value", text)
-        self.registered = True
-        log.info("per-aspect event schemas registered", extra={"pairs": len(self.routes)})
+        self.registered = self.started = True
+        log.info("per-aspect event schemas registered", extra={"pairs": len(pending)})
 
     def for_row(self, topic: str, key: str, aspect: str, payload: bytes) -> list[tuple[str, bytes | None]]:
         if topic != self.versioned_topic:

@@ -235,6 +235,8 @@ class Publisher:
                     continue
                 if not await self._producer_ready(stop):
                     continue
+                if self.derived is not None:
+                    await self.derived.start()  # a runtime model set's new pairs (app.kafka.per_aspect)
                 rows, encoded = await self._next_batch()
                 if not rows:
                     await self._settle_marks()
@@ -364,6 +366,8 @@ class Publisher:
         rows = await outbox.pending(conn, lanes, self._batch_size, after)
         if not rows or not (self.codec.avro or self.derived):
             return rows, None
+        if self.derived is not None:
+            await self.derived.start()
         refused: list[tuple[outbox.PendingRow, str]] = []
         values: dict[int, bytes] = {}
         derived: dict[int, list[tuple[str, bytes | None]]] = {}

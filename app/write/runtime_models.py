@@ -253,3 +253,25 @@ class ModelWatcher:
                 log.warning("runtime models not checked", exc_info=True)
             if await pause(stop, self.settings.model_refresh_s):
                 return
+
+
+class WithModelWatcher:
+    """A standalone worker (`metaledger relay`, `metaledger consume-*`) with a ModelWatcher of the registry it
+    validates and publishes with, so that it takes up the runtime model set as the service's processes do: the set
+    in force before its first record, then every new version within METALEDGER_MODEL_REFRESH_S."""
+
+    def __init__(self, worker, watcher: ModelWatcher) -> None:
+        self.worker = worker
+        self.watcher = watcher
+
+    async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await self.watcher.refresh()
+        except Exception:  # noqa: BLE001 - a database outage: the watcher's polls try again, the worker waits on it
+            log.warning("runtime models not checked at start", exc_info=True)
+        watching = asyncio.create_task(self.watcher.run(stop), name="ModelWatcher")
+        try:
+            await self.worker.run(stop)
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
