@@ -18,6 +18,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
+from starlette.routing import BaseRoute
 from fastapi.openapi.utils import get_openapi
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -203,6 +204,22 @@ async def _announce_auth(settings: Settings, auth: AuthService) -> None:
     )
 
 
+# The protocol modules' routers as included by the first app of the process, kept (as app.api.entities keeps the
+# entity routes): FastAPI builds an included router's routes once per inclusion (0.4 s for these), and an app made
+# again (the tests make one per test) takes them built. Their routes read the app from the request, never from here.
+_INCLUDED: list[BaseRoute] = []
+
+
+def _included_routers(app: FastAPI) -> list[BaseRoute]:
+    if not _INCLUDED:
+        start = len(app.router.routes)
+        for router in routers:
+            app.include_router(router)
+        _INCLUDED.extend(app.router.routes[start:])
+        del app.router.routes[start:]
+    return _INCLUDED
+
+
 def _build_routes(app: FastAPI) -> None:
     """FastAPI (0.160+) builds an included router's routes on the first request that reaches them, which the first
     caller of a process would wait for. Built at start-up instead."""
@@ -356,8 +373,7 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
     app.state.registry = write_service.registry
     app.state.write_service = write_service
     app.state.drain = Drain(settings)
-    for router in routers:
-        app.include_router(router)
+    app.router.routes.extend(_included_routers(app))
     app.router.routes.extend(entity_routes(app.state.registry))
     route_index.install(app.router)  # the routes along a request's path asked, not all thousand (app.api.route_index)
     _install_error_handlers(app)
