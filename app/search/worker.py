@@ -16,11 +16,12 @@ Design:
   batches are applied once each in the normal case and never out of order.
 * Idle: polls every `search_worker_poll_ms` (a setting, 50 ms by default) — with the relay's 20 ms sequencing
   poll, a write is searchable well within a second.
-* Under write load it yields: while other sessions of the database run statements (`writes_running`: the API's
-  writes; metaledger's background connections, named `metaledger-*`, are not counted), a batch is followed by a
-  pause `1 / YIELD_SHARE - 1` times as long as it took (at most `MAX_YIELD_S`, which bounds the delay to search),
+* Under write load it yields: when it is a full batch behind (a flood of writes) while other sessions of the
+  database run statements (`writes_running`: the API's writes; metaledger's background connections, named
+  `metaledger-*`, are not counted), a batch is followed by a pause `1 / YIELD_SHARE - 1` times as long as it took (at most `MAX_YIELD_S`, which bounds the delay to search),
   so the worker holds the database and its CPU about `YIELD_SHARE` of the time and the writes get the rest. It
-  catches up at full speed once the load ends; alone it never waits.
+  catches up at full speed once the load ends; alone, or not behind (a write searchable within a second), it never
+  waits.
 * A backend failure keeps the position and retries with backoff (the database is the queue); the outbox pruning
   keeps rows past `last_offset` (app.changelog.outbox.prune) once this worker has registered its cursor.
 * Data never stops it (app.search.failures): a change log whose changes cannot be built, or that the backend refuses
@@ -112,7 +113,7 @@ class IndexWorker:
                     count = await self.step(cursor)
                     failures = 0
                     wait = self.poll_s if count < self.batch else 0.0
-                    if count and await writes_running(conn):
+                    if count == self.batch and await writes_running(conn):
                         took = time.monotonic() - started
                         wait = max(wait, min(MAX_YIELD_S, took * (1 / YIELD_SHARE - 1)))
                         self.yields += 1
