@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -102,23 +103,34 @@ class SessionRepository:
 
     @asynccontextmanager
     async def transaction(self) -> AsyncIterator[None]:
-        """A READ COMMITTED transaction on the session's connection. It is opened on the driver connection itself:
-        SQLAlchemy starts its transaction lazily on its own first statement, and these statements bypass it. A fault
-        of the database during COMMIT raises `CommitInterrupted`: the transaction may have committed."""
+        """A READ COMMITTED transaction on the session's connection (a savepoint inside one already open there). It is
+        opened on the driver connection itself: SQLAlchemy starts its transaction lazily on its own first statement,
+        and these statements bypass it. With the session's write deadline its `SET LOCAL statement_timeout` goes in
+        the same message as the BEGIN: one round trip, not two (asyncpg's `Connection.transaction` sends its BEGIN
+        alone). A fault of the database during COMMIT raises `CommitInterrupted`: the transaction may have committed."""
         conn = await self._conn()
-        committing = False
+        savepoint = f"metaledger_{next(_savepoints)}" if conn.is_in_transaction() else None
+        begin = f"SAVEPOINT {savepoint}" if savepoint else "BEGIN ISOLATION LEVEL READ COMMITTED"
+        deadline = self._session.info.get(WRITE_DEADLINE)
+        if deadline is not None:  # a statement past it fails (QueryCanceledError): rolled back, not committed
+            left_ms = max(1, int((deadline - asyncio.get_running_loop().time()) * 1000))
+            begin += f"; SET LOCAL statement_timeout = {left_ms}"
         try:
-            async with conn.transaction(isolation="read_committed"):
-                deadline = self._session.info.get(WRITE_DEADLINE)
-                if deadline is not None:  # a statement past it fails (QueryCanceledError): rolled back, not committed
-                    left_ms = max(1, int((deadline - asyncio.get_running_loop().time()) * 1000))
-                    await conn.execute(f"SET LOCAL statement_timeout = {left_ms}")
-                yield
-                committing = True
+            await conn.execute(begin)
+            yield
+        except BaseException:
+            if not conn.is_closed():  # a closed connection took its transaction with it
+                await conn.execute(f"ROLLBACK TO SAVEPOINT {savepoint}" if savepoint else "ROLLBACK")
+            raise
+        try:
+            await conn.execute(f"RELEASE SAVEPOINT {savepoint}" if savepoint else "COMMIT")
         except Exception as error:
-            if committing and classify(error) is DatabaseFault.UNAVAILABLE:
+            if not savepoint and classify(error) is DatabaseFault.UNAVAILABLE:
                 raise CommitInterrupted(f"the connection failed during COMMIT ({type(error).__name__}: {error})") from error
             raise
+
+
+_savepoints = itertools.count()  # savepoint names, unique in the process (one connection may nest several)
 
 
 class CommitInterrupted(Exception):
