@@ -194,7 +194,9 @@ class DerivedEvents:
     pairs of a runtime model set; retried by the caller).
 
     The routes follow the registry (`EntityRegistry.on_change`): a runtime model set's new aspects and entities that
-    METALEDGER_EVENTS_V5_ROUTES matches get their pairs, a changed aspect schema its pair's new records. A set whose
+    METALEDGER_EVENTS_V5_ROUTES matches get their pairs, a changed aspect schema its pair's new records. The new routes
+    take effect in the next `start` (the relay calls it before each batch), once their schemas are registered: between
+    two batches, and never under a row being encoded (a route without its ids cannot frame its records). A set whose
     pairs the routes cannot take (two pairs on one topic) is logged and the routes in force are kept. Whether the
     per-aspect events or MAE v4 are published at all is decided at start."""
 
@@ -203,30 +205,27 @@ class DerivedEvents:
         self.codec = codec
         self.versioned_topic = settings.topic_mcl_versioned
         self.mae_topic = settings.topic_mae
-        self.routes: dict[tuple[str, str], PairRoute] = {}
-        self._route(registry)
+        self.routes: dict[tuple[str, str], PairRoute] = self._routes_of(registry)
+        self.legacy = LegacyAuditEvents(registry) if settings.mae_v4_enabled else None
         self.enabled = bool(self.routes) or self.legacy is not None
         self.skipped_mae = 0
         self.started = False  # registered once: later pairs come from a runtime model set
+        self._taken_up: EntityRegistry | None = None  # a registry swapped since: its routes wait for `start`
+        self.registered = not (self.routes and codec.avro)
         self.stop_following = registry.on_change(self._follow)
 
-    def _route(self, registry: EntityRegistry) -> None:
+    def _routes_of(self, registry: EntityRegistry) -> dict[tuple[str, str], PairRoute]:
         routes = resolve_routes(self.settings, registry)
         for pair, route in routes.items():  # generated from the aspect's own schema, as the registry has it now
             route.schemas = per_aspect.event_schemas(route.entity, route.aspect, registry.aspect_spec(route.aspect).schema)
-            kept = self.routes.get(pair)
+            kept = getattr(self, "routes", {}).get(pair)
             if kept is not None and kept.schemas == route.schemas:
-                route.ids = kept.ids
-        self.routes = routes
-        self.legacy = LegacyAuditEvents(registry) if self.settings.mae_v4_enabled else None
-        self.registered = not self.codec.avro or all(len(r.ids) == len(per_aspect.FAMILY) for r in routes.values())
+                route.ids = dict(kept.ids)
+        return routes
 
     def _follow(self, registry: EntityRegistry) -> None:
-        try:
-            self._route(registry)
-        except EventRoutingError as error:
-            log.error("the runtime model set's pairs cannot be routed; the routes in force are kept",
-                      extra={"generation": registry.generation, "error": str(error)})
+        self._taken_up = registry
+        self.registered = False
 
     def topics(self) -> list[str]:
         """The topics these events use: each routed pair's three, and MAE v4's when it is on."""
@@ -236,21 +235,35 @@ class DerivedEvents:
     async def start(self) -> None:
         """Register each routed pair's three schemas under `<topic>-value` (the ids the audit events are framed with
         and the consumers read by), for the pairs not registered yet; after start-up (a runtime model set's pairs),
-        their topics are created first when the service creates topics. Raises while the registry cannot answer."""
-        if self.registered:
-            return
-        register = getattr(self.codec.registry, "register", None)
-        if register is None:
-            raise RuntimeError("per-aspect events need a schema registry to register their schemas in")
-        pending = [route for route in self.routes.values() if len(route.ids) < len(per_aspect.FAMILY)]
-        if self.started and self.settings.create_topics_on_start:  # at start-up, the relay created them
-            await create_missing_topics(self.settings, [route.topic(r) for route in pending for r in per_aspect.FAMILY])
-        for route in pending:
-            for record in per_aspect.FAMILY:
-                text = orjson.dumps(route.schemas[record]).decode()
-                route.ids[record] = await register(f"{route.topic(record)}-value", text)
-        self.registered = self.started = True
-        log.info("per-aspect event schemas registered", extra={"pairs": len(pending)})
+        their topics are created first when the service creates topics, then the new routes take effect. Raises
+        while the registry cannot answer."""
+        while not self.registered:
+            taken_up, self._taken_up = self._taken_up, None
+            routes, legacy = self.routes, self.legacy
+            if taken_up is not None:
+                try:
+                    routes = self._routes_of(taken_up)
+                    legacy = LegacyAuditEvents(taken_up) if self.settings.mae_v4_enabled else None
+                except EventRoutingError as error:
+                    log.error("the runtime model set's pairs cannot be routed; the routes in force are kept",
+                              extra={"generation": taken_up.generation, "error": str(error)})
+            pending = [route for route in routes.values() if len(route.ids) < len(per_aspect.FAMILY)]
+            if pending and self.codec.avro:
+                register = getattr(self.codec.registry, "register", None)
+                if register is None:
+                    raise RuntimeError("per-aspect events need a schema registry to register their schemas in")
+                if self.started and self.settings.create_topics_on_start:  # at start-up, the relay created them
+                    await create_missing_topics(self.settings,
+                                                [route.topic(r) for route in pending for r in per_aspect.FAMILY])
+                for route in pending:
+                    for record in per_aspect.FAMILY:
+                        text = orjson.dumps(route.schemas[record]).decode()
+                        route.ids[record] = await register(f"{route.topic(record)}-value", text)
+                log.info("per-aspect event schemas registered", extra={"pairs": len(pending)})
+            self.routes, self.legacy = routes, legacy
+            # a set taken up while these were registered: its routes in the next turn of the loop
+            self.registered = self._taken_up is None
+            self.started = True
 
     def for_row(self, topic: str, key: str, aspect: str, payload: bytes) -> list[tuple[str, bytes | None]]:
         if topic != self.versioned_topic:
