@@ -6,23 +6,26 @@ of an s3 dataset failed). Rest.li's `{urn:path}` routes are unaffected, but a `:
 another segment (`/{urn}/{aspectName}` would split at the URN's last `/`).
 
 `EncodedSlashMiddleware` routes on the path decoded from `raw_path` with each `%2F` turned into NUL instead, which
-no URN may contain (Postgres text cannot hold it) and no route template matches across; `restore_slashes`, the
-validator of every URN path parameter, turns it back into `/`.
+no route template matches across; `restore_slashes`, the validator of every URN path parameter, turns it back into
+`/` in the requests it rewrote (a context variable says so). A path that holds an encoded NUL of its own is left as
+it was: its NUL stays an invalid URN (a 400 naming the parameter), never a `/`.
 """
 
 from __future__ import annotations
 
 import re
+from contextvars import ContextVar
 from urllib.parse import unquote
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 ROUTING_SLASH = "\x00"
 _ENCODED_SLASH = re.compile(rb"%2f", re.IGNORECASE)
+_REWRITTEN: ContextVar[bool] = ContextVar("metaledger_encoded_slashes", default=False)
 
 
 def restore_slashes(value: str) -> str:
-    return value.replace(ROUTING_SLASH, "/")
+    return value.replace(ROUTING_SLASH, "/") if _REWRITTEN.get() else value
 
 
 class EncodedSlashMiddleware:
@@ -31,9 +34,15 @@ class EncodedSlashMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         raw_path: bytes | None = scope.get("raw_path") if scope["type"] == "http" else None
-        if raw_path and _ENCODED_SLASH.search(raw_path):
-            # some ASGI servers (httpx's test transport) leave the query on raw_path
-            path = _ENCODED_SLASH.sub(b"%00", raw_path.split(b"?", 1)[0])
-            # in place: the router records the matched route on this scope, which the metrics middleware reads
-            scope["path"] = unquote(path.decode("latin-1"))
-        await self.app(scope, receive, send)
+        # some ASGI servers (httpx's test transport) leave the query on raw_path
+        path = raw_path.split(b"?", 1)[0] if raw_path else b""
+        if not (_ENCODED_SLASH.search(path) and b"%00" not in path):
+            await self.app(scope, receive, send)
+            return
+        # in place: the router records the matched route on this scope, which the metrics middleware reads
+        scope["path"] = unquote(_ENCODED_SLASH.sub(b"%00", path).decode("latin-1"))
+        token = _REWRITTEN.set(True)
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            _REWRITTEN.reset(token)

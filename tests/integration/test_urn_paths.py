@@ -7,7 +7,7 @@ from urllib.parse import quote
 
 import pytest
 
-from app.api.urn_paths import ROUTING_SLASH, restore_slashes
+from app.api.urn_paths import _REWRITTEN, ROUTING_SLASH, restore_slashes
 
 S3 = "urn:li:dataset:(urn:li:dataPlatform:s3,bucket/raw/orders,PROD)"
 UPSTREAM = "urn:li:dataset:(urn:li:dataPlatform:s3,bucket/raw/customers,PROD)"
@@ -15,9 +15,20 @@ ENCODED = quote(S3, safe="")
 SYNC = {"X-DataHub-Sync-Index-Update": "true"}
 
 
-def test_restore_slashes_turns_only_the_routing_placeholder_back():
-    assert restore_slashes(f"a{ROUTING_SLASH}b%2Fc") == "a/b%2Fc"
-    assert restore_slashes("urn:li:corpuser:jdoe") == "urn:li:corpuser:jdoe"
+def test_restore_slashes_turns_the_placeholder_back_only_in_a_rewritten_request():
+    assert restore_slashes(f"a{ROUTING_SLASH}b") == f"a{ROUTING_SLASH}b"  # a NUL the client sent stays one
+    token = _REWRITTEN.set(True)
+    try:
+        assert restore_slashes(f"a{ROUTING_SLASH}b%2Fc") == "a/b%2Fc"
+    finally:
+        _REWRITTEN.reset(token)
+
+
+async def test_an_encoded_nul_beside_an_encoded_slash_is_never_read_as_a_slash(client, s3_dataset):
+    # routed as before (the decoded / splits the segment): not found, rather than the s3 dataset
+    nul = f"/openapi/v3/entity/dataset/{ENCODED.replace('%2F', '%00%2F', 1)}"
+    response = await client.get(nul)
+    assert response.status_code == 404, response.text
 
 
 @pytest.fixture
