@@ -205,7 +205,7 @@ class DerivedEvents:
         self.codec = codec
         self.versioned_topic = settings.topic_mcl_versioned
         self.mae_topic = settings.topic_mae
-        self.routes: dict[tuple[str, str], PairRoute] = self._routes_of(registry)
+        self.routes: dict[tuple[str, str], PairRoute] = self._routes_of(registry, {})
         self.legacy = LegacyAuditEvents(registry) if settings.mae_v4_enabled else None
         self.enabled = bool(self.routes) or self.legacy is not None
         self.skipped_mae = 0
@@ -214,11 +214,13 @@ class DerivedEvents:
         self.registered = not (self.routes and codec.avro)
         self.stop_following = registry.on_change(self._follow)
 
-    def _routes_of(self, registry: EntityRegistry) -> dict[tuple[str, str], PairRoute]:
+    def _routes_of(self, registry: EntityRegistry,
+                   kept_routes: dict[tuple[str, str], PairRoute]) -> dict[tuple[str, str], PairRoute]:
+        """The registry's routes; a pair whose schemas did not change keeps the ids `kept_routes` registered."""
         routes = resolve_routes(self.settings, registry)
         for pair, route in routes.items():  # generated from the aspect's own schema, as the registry has it now
             route.schemas = per_aspect.event_schemas(route.entity, route.aspect, registry.aspect_spec(route.aspect).schema)
-            kept = getattr(self, "routes", {}).get(pair)
+            kept = kept_routes.get(pair)
             if kept is not None and kept.schemas == route.schemas:
                 route.ids = dict(kept.ids)
         return routes
@@ -242,7 +244,7 @@ class DerivedEvents:
             routes, legacy = self.routes, self.legacy
             if taken_up is not None:
                 try:
-                    routes = self._routes_of(taken_up)
+                    routes = self._routes_of(taken_up, self.routes)
                     legacy = LegacyAuditEvents(taken_up) if self.settings.mae_v4_enabled else None
                 except EventRoutingError as error:
                     log.error("the runtime model set's pairs cannot be routed; the routes in force are kept",
