@@ -90,8 +90,12 @@ async def sequence(conn: asyncpg.Connection, limit: int, horizon: int = 0) -> tu
     by the previous call on the same database. A call that takes every row it may (fewer than `limit`) returns the
     xmin of the snapshot it read them with: no row without an offset is left below it, and no transaction running or
     still to come can add one there. While the database's xmin has not moved past the horizon, no row can be due and
-    the call reads nothing but the xmin: the outbox's partial index of unsequenced rows is not scanned (under a
-    flood it holds thousands of entries of rows already sequenced that cannot be vacuumed yet).
+    the call reads nothing but the xmin. A pass walks the unsequenced rows from the horizon on (the partial index
+    `ix_change_log_outbox_unsequenced_txid`): under a flood that index holds thousands of entries of rows already
+    sequenced that cannot be vacuumed yet, all of them below it.
+    The horizon is also kept in `change_log_feed_state.sequenced_below` by the passes that sequence rows, for a
+    sequencer that starts and for the sampler (app.ops.sampler). A stored horizon above the database's xmin is not this
+    database's (a logical copy of another one: its transaction ids restarted lower) and is not used.
     Returns (rows sequenced, the horizon for the next call); 0 rows also when another relay holds the lock."""
     # The poll: one round trip, no transaction, no scan. (The xmin never decreases: transactions only end, and new
     # ones get ids above every running one.)
@@ -100,18 +104,22 @@ async def sequence(conn: asyncpg.Connection, limit: int, horizon: int = 0) -> tu
     async with conn.transaction():
         if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1::bigint)", SEQUENCER_LOCK):
             return 0, horizon  # another relay is sequencing: nothing learnt
-        # No `txid >= horizon` here: without an index on txid, that range's default estimate (0.5 % of the rows)
-        # makes the planner prefer a sequential scan and a sort to the walk of the unsequenced index
-        xmin, row_ids = await conn.fetchrow(
+        xmin, below, row_ids = await conn.fetchrow(
             """
-            SELECT x::text::bigint, ARRAY(
-                SELECT id FROM change_log_outbox WHERE feed_offset IS NULL AND txid < x ORDER BY id LIMIT $1)
-            FROM pg_snapshot_xmin(pg_current_snapshot()) AS x
+            SELECT x::text::bigint, b::text::bigint, ARRAY(
+                SELECT id FROM change_log_outbox WHERE feed_offset IS NULL AND txid >= b AND txid < x ORDER BY id LIMIT $1)
+            FROM pg_snapshot_xmin(pg_current_snapshot()) AS x,
+                 LATERAL (SELECT greatest($2::text::xid8, CASE WHEN s.sequenced_below <= x THEN s.sequenced_below
+                                                            ELSE '0'::xid8 END) AS b
+                          FROM change_log_feed_state s WHERE s.id = 1) AS h
             """,
             limit,
+            str(horizon),
         )
         if not row_ids:
             return 0, xmin
+        # with `limit` rows taken, more may be due below this xmin: the horizon stays until a pass takes them all
+        horizon = xmin if len(row_ids) < limit else below
         last = await conn.fetchval("SELECT last_offset FROM change_log_feed_state WHERE id = 1 FOR UPDATE")
         offsets = list(range(last + 1, last + 1 + len(row_ids)))  # assigned here, in id order
         await conn.execute(
@@ -122,9 +130,12 @@ async def sequence(conn: asyncpg.Connection, limit: int, horizon: int = 0) -> tu
             row_ids,
             offsets,
         )
-        await conn.execute("UPDATE change_log_feed_state SET last_offset = $1 WHERE id = 1", offsets[-1])
-        # with `limit` rows taken, more may be due below this xmin: the horizon stays until a pass takes them all
-        return len(row_ids), xmin if len(row_ids) < limit else horizon
+        await conn.execute(
+            "UPDATE change_log_feed_state SET last_offset = $1, sequenced_below = $2::text::xid8 WHERE id = 1",
+            offsets[-1],
+            str(horizon),
+        )
+        return len(row_ids), horizon
 
 
 # --- the publisher ---------------------------------------------------------------------------------------------

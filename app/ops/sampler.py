@@ -5,8 +5,10 @@ It samples every `ops_sample_interval_s` (the figure the write backpressure read
 when `/metrics` is scraped. The statement is a handful of index lookups:
 
 - **unsequenced** rows (committed, no feed offset yet: the sequencer's lag): counted on the partial index
-  `ix_change_log_outbox_unsequenced` up to `COUNT_CAP` rows; past the cap, the id difference (max id - the oldest
-  unsequenced id + 1; an upper bound: ids of rolled-back transactions are gaps).
+  `ix_change_log_outbox_unsequenced_txid` from the sequencer's stored horizon on (the entries below it are of rows
+  already sequenced, not yet vacuumed) up to `COUNT_CAP` rows; past the cap, about the id difference (max id - the id
+  of the oldest transaction's first unsequenced row + 1: ids of rolled-back transactions are gaps, and ids are not
+  quite in transaction order).
 - with Kafka, **undelivered** rows (sequenced, not yet published, not refused: the relay's lag): counted on the partial
   index `ix_change_log_outbox_undelivered` up to the cap; past it, the offset difference (the last feed offset - the
   oldest undelivered offset + 1: offsets are consecutive; an upper bound when lanes are published unevenly).
@@ -41,13 +43,18 @@ log = logging.getLogger("metaledger.ops")
 COUNT_CAP = 100_000  # rows counted exactly; past this, offset/id differences
 T = TypeVar("T")
 
+# The sequencer's stored horizon (app.changelog.outbox `sequence`), unless it is another database's.
+_HORIZON = """(SELECT CASE WHEN sequenced_below <= pg_snapshot_xmin(pg_current_snapshot()) THEN sequenced_below
+                    ELSE '0'::xid8 END AS below FROM change_log_feed_state WHERE id = 1)"""
+
 _COMMON = """
     SELECT
         extract(epoch FROM now())::float8 AS now,
         (SELECT last_offset FROM change_log_feed_state WHERE id = 1) AS feed_end,
         (SELECT last_offset FROM feed_reader_state WHERE reader = 'search-indexer') AS cursor,
         (SELECT max(id) FROM change_log_outbox) AS last_id,
-        (SELECT count(*) FROM (SELECT 1 FROM change_log_outbox WHERE feed_offset IS NULL LIMIT $1) c) AS unsequenced,
+        (SELECT count(*) FROM (SELECT 1 FROM change_log_outbox WHERE feed_offset IS NULL AND txid >= h.below LIMIT $1) c)
+            AS unsequenced,
         (SELECT count(*) FROM (SELECT 1 FROM search_index_failure LIMIT $1) f) AS failing_rows,
         (SELECT extract(epoch FROM min(first_failed_at))::float8 FROM search_index_failure) AS failing_since,
         (SELECT reason FROM search_index_failure ORDER BY last_failed_at DESC LIMIT 1) AS last_failure,
@@ -59,8 +66,9 @@ _KAFKA = _COMMON + """
                                LIMIT $1) c) AS undelivered,
         d.feed_offset AS first_undelivered, extract(epoch FROM d.created_at)::float8 AS undelivered_since,
         NULL::float8 AS unindexed_since
-    FROM (SELECT 1) one
-    LEFT JOIN LATERAL (SELECT id, created_at FROM change_log_outbox WHERE feed_offset IS NULL ORDER BY id LIMIT 1) u ON true
+    FROM """ + _HORIZON + """ h
+    LEFT JOIN LATERAL (SELECT id, created_at FROM change_log_outbox WHERE feed_offset IS NULL AND txid >= h.below
+                       ORDER BY txid LIMIT 1) u ON true
     LEFT JOIN LATERAL (SELECT feed_offset, created_at FROM change_log_outbox
                        WHERE delivered_at IS NULL AND feed_offset IS NOT NULL AND publish_error IS NULL
                        ORDER BY feed_offset LIMIT 1) d ON true
@@ -68,8 +76,9 @@ _KAFKA = _COMMON + """
 _EMBEDDED = _COMMON + """
         NULL::bigint AS undelivered, NULL::bigint AS first_undelivered, NULL::float8 AS undelivered_since,
         extract(epoch FROM i.created_at)::float8 AS unindexed_since
-    FROM (SELECT 1) one
-    LEFT JOIN LATERAL (SELECT id, created_at FROM change_log_outbox WHERE feed_offset IS NULL ORDER BY id LIMIT 1) u ON true
+    FROM """ + _HORIZON + """ h
+    LEFT JOIN LATERAL (SELECT id, created_at FROM change_log_outbox WHERE feed_offset IS NULL AND txid >= h.below
+                       ORDER BY txid LIMIT 1) u ON true
     LEFT JOIN LATERAL (SELECT created_at FROM change_log_outbox
                        WHERE feed_offset > (SELECT last_offset FROM feed_reader_state WHERE reader = 'search-indexer')
                        ORDER BY feed_offset LIMIT 1) i ON true

@@ -78,3 +78,30 @@ async def test_a_poll_while_no_transaction_ended_reads_no_table(db, connect):
     await db.fetchval(INSERT_ROW, dataset("idle"), 2)
     count, _ = await outbox.sequence(sequencer, 10, horizon)
     assert count == 1 and [offset for _, offset in await offsets(db)] == [1, 2]
+
+
+async def stored_horizon(db: asyncpg.Connection) -> int:
+    return await db.fetchval("SELECT sequenced_below::text::bigint FROM change_log_feed_state WHERE id = 1")
+
+
+async def test_a_sequencer_that_starts_walks_from_the_stored_horizon(db, connect):
+    await db.fetchval(INSERT_ROW, dataset("before"), 1)
+    count, horizon = await outbox.sequence(await connect(), 10)
+    assert count == 1 and await stored_horizon(db) == horizon > 0
+    # an entry below the stored horizon without an offset cannot be a committed row still due (every row there has
+    # its offset): a new sequencer (horizon 0) does not walk there. Planted with an explicit txid to show it.
+    await db.execute("""INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload, txid)
+                        VALUES ('t', 'k', 'planted', 'status', 1, 'UPSERT', '{}', ($1::bigint - 1)::text::xid8)""", horizon)
+    await db.fetchval(INSERT_ROW, dataset("after"), 1)
+    count, _ = await outbox.sequence(await connect(), 10)
+    assert count == 1
+    assert await offsets(db) == [(dataset("before"), 1), ("planted", None), (dataset("after"), 2)]
+
+
+async def test_a_stored_horizon_above_the_xmin_is_another_databases_and_is_not_used(db, connect):
+    # a logical copy of a database whose transaction ids ran ahead of this one's: its stored horizon would hide rows
+    await db.execute("UPDATE change_log_feed_state SET sequenced_below = '4000000000'::xid8 WHERE id = 1")
+    await db.fetchval(INSERT_ROW, dataset("copied"), 1)
+    count, horizon = await outbox.sequence(await connect(), 10)
+    assert count == 1 and horizon < 4_000_000_000
+    assert await stored_horizon(db) == horizon
