@@ -137,15 +137,16 @@ class IngestGateway:
         self, session: AsyncSession, proposals: Sequence[Proposal], audit: AuditStamp, drafts: Sequence[Draft] = (),
         *, combine: bool = False, deadline: float | None = None,
     ) -> WriteResult:
-        """The transaction: the session's own, or with `combine` (and a combiner) the next shared one. With a
-        `deadline` (the event loop's time) the transaction is over by then: committed, or 503 and nothing committed."""
+        """The transaction: the session's own, or with `combine` (and a combiner that takes a write this size) the next
+        shared one. With a `deadline` (the event loop's time) the transaction is over by then: committed, or 503 and
+        nothing committed."""
         try:
-            if combine and self.combiner is not None:
+            if combine and self.combiner is not None and self.combiner.takes(proposals):
                 result = await self.combiner.apply(proposals, audit, deadline)
             else:
                 if deadline is not None:
                     session.info[WRITE_DEADLINE] = deadline
-                result = await self.writer.apply(session, proposals, audit)
+                result = (await self.writer.apply_group(session, [(proposals, audit)], self._contended))[0]
         except MetaledgerError as error:
             write_refused(error, drafts or proposals)
             raise in_callers_terms(error, drafts) from None

@@ -35,6 +35,12 @@ class _Waiting:
     deadline: float | None  # the event loop's time by which its transaction must be over (app.db.WRITE_DEADLINE)
 
 
+# A write of more proposals than this has its own transaction, beside the combiner: its fixed cost is already spread
+# over its proposals, and in a shared transaction it would hold a flusher, and the small writes grouped with it or
+# queued behind it, for as long as it runs (single writes beside a flood of 1,000-proposal batches waited for them).
+SHARED_MAX_PROPOSALS = 100
+
+
 class WriteCombiner:
     def __init__(
         self, writer: WriteService, sessionmaker: async_sessionmaker[AsyncSession], *, flushers: int = 2,
@@ -52,6 +58,10 @@ class WriteCombiner:
         self.groups = 0
         self.writes = 0
         self.fallbacks = 0
+
+    @staticmethod
+    def takes(proposals: Sequence[Proposal]) -> bool:
+        return len(proposals) <= SHARED_MAX_PROPOSALS
 
     async def apply(self, proposals: Sequence[Proposal], audit: AuditStamp, deadline: float | None = None) -> WriteResult:
         """Apply one write (a batch of proposals) in the next transaction that has room; its result or its error."""

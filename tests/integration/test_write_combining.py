@@ -135,3 +135,28 @@ async def test_a_database_error_of_one_write_stays_its_own(app, db: asyncpg.Conn
     assert all(o.items[0].version == "1" for i, o in enumerate(outcomes) if i != 2), outcomes
     assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn LIKE '%combine.neighbour%'") == 8
     assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1", refused) == 0
+
+
+async def test_a_large_write_has_its_own_transaction_and_holds_up_no_small_one(app, client, db: asyncpg.Connection):
+    from app.write.combiner import SHARED_MAX_PROPOSALS
+    from tests.helpers import mcp, propose
+
+    combiner = app.state.gateway.combiner
+    held = [dataset(f"held{i}") for i in range(combiner.flushers)]
+    await propose(client, *(mcp("status", {"removed": False}, urn) for urn in held))
+    writes_before = combiner.writes
+    # each large write blocks on a row another transaction holds: as many of them as the combiner has flushers
+    async with db.transaction():
+        await db.execute("SELECT 1 FROM metadata_aspect_v2 WHERE urn = ANY($1::text[]) FOR UPDATE", held)
+        large = [asyncio.create_task(client.post("/openapi/v1/proposals", json=[
+            mcp("status", {"removed": True}, urn),
+            *(mcp("datasetProperties", {"name": f"l{i}.{j}"}, dataset(f"large{i}.{j}")) for j in range(SHARED_MAX_PROPOSALS)),
+        ])) for i, urn in enumerate(held)]
+        await asyncio.sleep(0.5)
+        assert not any(task.done() for task in large)
+        single = await asyncio.wait_for(client.post(aspect_path(dataset("small")), json={"value": {"name": "small"}},
+                                                    params={"createIfNotExists": "false"}), 10)
+        assert single.status_code == 200, single.text
+        assert not any(task.done() for task in large)
+    assert [r.status_code for r in await asyncio.gather(*large)] == [200] * len(held)
+    assert combiner.writes - writes_before == 1  # the single write only
