@@ -4,6 +4,7 @@ keep the single writers served, refuse the flood with 429 and `Retry-After`, and
     .venv/bin/python bench/flood.py [--flooders 50] [--batch 1000] [--single-rate 20] [--single-clients 4]
                                     [--seconds 60] [--settle 60] [--workers N] [--url URL --flood-token T
                                     --single-token T] [--ignore-retry-after] [--env NAME=VALUE] [--statements]
+                                    [--waits]
 
 Without `--url`: a throwaway Postgres (fsync on) and `metaledger serve` with its defaults (`--workers`: the machine's
 cores), auth on, two writer tokens (two callers: `urn:li:corpuser:flood` and `urn:li:corpuser:single`). With
@@ -18,7 +19,8 @@ their errors by kind; the batches by status, how many 429s carried `Retry-After`
 the RSS of the service's processes (sum) before the flood, at its peak and `--settle` seconds after it ended; how far
 the embedded indexer is behind at the flood's end and `--settle` seconds after; the service's log problems; the CPU
 seconds of the service's processes and of Postgres during the flood and, with `--statements` (pg_stat_statements on
-the throwaway Postgres), the statements that took the most of its time. The issue's targets: single writes p99
+the throwaway Postgres), the statements that took the most of its time; with `--waits`, what the database's
+sessions were doing (a lock, the WAL, CPU) sampled every 50 ms. The issue's targets: single writes p99
 <= 100 ms and >= 95 % accepted; batches refused with 429 and Retry-After, no 5xx; RSS within 50 MB of its pre-flood
 value `--settle` seconds after.
 """
@@ -178,6 +180,52 @@ def lag_summary(before: dict[str, float], after: dict[str, float]) -> str:
     return f"{total:.0f} samples; " + ", ".join(over)
 
 
+class WaitSampler:
+    """What the database's sessions are doing during the flood (`--waits`): pg_stat_activity every 50 ms, the
+    sessions of this database that are not idle, counted by (wait event, the statement's first words). A session
+    that waits (a lock, the WAL, I/O) is time a write spends neither in Postgres' CPU nor in Python's."""
+
+    def __init__(self, dsn: str) -> None:
+        self.dsn = dsn
+        self.counts: Counter = Counter()
+        self.samples = 0
+        self._task: asyncio.Task | None = None
+
+    async def __aenter__(self) -> WaitSampler:
+        import asyncpg
+
+        conn = await asyncpg.connect(self.dsn)
+
+        async def sample() -> None:
+            try:
+                while True:
+                    rows = await conn.fetch(
+                        """SELECT coalesce(wait_event_type || ':' || wait_event, 'CPU') AS waiting,
+                                  left(regexp_replace(query, '\\s+', ' ', 'g'), 70) AS query
+                           FROM pg_stat_activity
+                           WHERE datname = current_database() AND pid <> pg_backend_pid() AND state = 'active'""")
+                    self.samples += 1
+                    self.counts.update((r["waiting"], r["query"]) for r in rows)
+                    await asyncio.sleep(0.05)
+            finally:
+                await conn.close()
+
+        self._task = asyncio.create_task(sample())
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    def report(self, top: int = 15) -> None:
+        print(f"database sessions during the flood ({self.samples} samples every 50 ms; mean sessions active, what "
+              f"they waited for or CPU, statement):")
+        for (waiting, query), n in self.counts.most_common(top):
+            print(f"  {n / max(1, self.samples):6.2f}  {waiting:28s} {query}")
+
+
 def report(args, single: StepResult, flooded: FloodResult, rss: tuple[float, float, float] | None,
            log_problems: dict[str, int] | None, lag: str) -> None:
     accepted = 100 * single.ok / max(1, single.sent)
@@ -259,10 +307,14 @@ async def _run(args, base: str, flood_headers: dict[str, str], single_headers: d
     cpu_before = (service.cpu_seconds(), service.postgres_cpu_seconds()) if service is not None else None
     flood_started = time.perf_counter()
     stop = asyncio.Event()
-    with RssSampler(rss) as sampler:
+    waits = WaitSampler(service.dsn) if args.waits else None
+    async with contextlib.AsyncExitStack() as stack:
+        sampler = stack.enter_context(RssSampler(rss))
         flooding = asyncio.create_task(flood(base, flood_headers, args.flooders, args.batch, stop,
                                              not args.ignore_retry_after))
         await asyncio.sleep(2)  # the flood is on before the single writes are measured
+        if waits is not None:
+            await stack.enter_async_context(waits)
         single = await asyncio.get_running_loop().run_in_executor(
             single_writer, measure_single_writes, base, single_headers, args.single_rate, args.seconds,
             args.single_clients)
@@ -278,6 +330,8 @@ async def _run(args, base: str, flood_headers: dict[str, str], single_headers: d
         print("Postgres statements during the flood (total ms, calls, rows, statement):")
         for ms, calls, rows, query in await top_statements(service.dsn):
             print(f"  {ms:9.0f} {calls:7d} {rows:9.0f}  {query}")
+    if waits is not None:
+        waits.report()
     lag = lag_summary(lag_before, await loop_lag(base, single_headers))
     print(f"flood over; search behind the feed: {await indexer_lag(base, single_headers)}; waiting "
           f"{args.settle:.0f} s for the memory to settle", flush=True)
@@ -305,6 +359,8 @@ async def main() -> None:
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the service (repeatable)")
     parser.add_argument("--statements", action="store_true",
                         help="pg_stat_statements on the throwaway Postgres: print the flood's costliest statements")
+    parser.add_argument("--waits", action="store_true",
+                        help="sample the throwaway Postgres' active sessions: what the flood's statements wait for")
     parser.add_argument("--keep-log", type=Path, default=None, help="copy the service's log there at the end")
     args = parser.parse_args()
 
@@ -312,8 +368,8 @@ async def main() -> None:
         return {"content-type": "application/json", **({"authorization": f"Bearer {token}"} if token else {})}
 
     if args.url:
-        if args.statements:
-            parser.error("--statements needs the throwaway service (no --url)")
+        if args.statements or args.waits:
+            parser.error("--statements and --waits need the throwaway service (no --url)")
         await run(args, args.url.rstrip("/"), headers(args.flood_token), headers(args.single_token), None)
         return
     workers = args.workers or len(os.sched_getaffinity(0))
