@@ -32,9 +32,10 @@ lose their NUL characters only. The fast path costs one substring search per cha
 has no ``\\u0000`` and is shorter than every cap cannot hold anything to clean.
 
 Extractors are compiled once per (registry, aspect), and the field specs (:func:`search_fields`,
-:func:`filter_fields`) once per (registry, entity type), cached by registry identity: the one cache both backends
-read. Backend-neutral: how a backend stores these (Elasticsearch mappings: `app.search.elastic_mappings`; Postgres
-tables: `app.search.postgres`) is the backend's business.
+:func:`filter_fields`) once per (registry, entity type), cached by registry identity and generation (a runtime model
+set swaps the registry's models in place): the one cache both backends read. Backend-neutral: how a backend stores
+these (Elasticsearch mappings: `app.search.elastic_mappings`; Postgres tables: `app.search.postgres`) is the backend's
+business.
 """
 
 from __future__ import annotations
@@ -166,19 +167,23 @@ class _AspectModel:
     budget_order: tuple[str, ...] = ()  # document fields by boost, highest first: the order the document budget is spent
 
 
-_CACHE: "weakref.WeakKeyDictionary[Any, dict[Any, Any]]" = weakref.WeakKeyDictionary()
+# registry -> (its generation when the entries were made, the entries)
+_CACHE: "weakref.WeakKeyDictionary[Any, tuple[int, dict[Any, Any]]]" = weakref.WeakKeyDictionary()
 _CACHE_LOCK = threading.Lock()
 
 
 def _registry_cache(registry: Any) -> dict[Any, Any]:
-    c = _CACHE.get(registry)
-    if c is None:
+    """The entries derived from `registry` as it is now: a registry swapped in place by a runtime model set
+    (`EntityRegistry.replace_with` bumps `generation`) starts a new cache, in every process that holds one."""
+    generation = registry.generation
+    held = _CACHE.get(registry)
+    if held is None or held[0] != generation:
         with _CACHE_LOCK:
-            c = _CACHE.get(registry)
-            if c is None:
-                c = {}
-                _CACHE[registry] = c
-    return c
+            held = _CACHE.get(registry)
+            if held is None or held[0] != generation:
+                held = (generation, {})
+                _CACHE[registry] = held
+    return held[1]
 
 
 def _split(path: str) -> tuple[str, ...]:

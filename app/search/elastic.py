@@ -1,7 +1,10 @@
 """The Elasticsearch/OpenSearch search backend (`SearchBackend` over the official async `elasticsearch` client).
 
 Indices (all behind aliases: alias `<name>` → index `<name>_<hash of its mapping>`; a changed mapping creates the
-new index, copies the documents (`_reindex`) and swaps the alias in one `_aliases` call):
+new index, copies the documents (`_reindex`) and swaps the alias in one `_aliases` call, except when a runtime model
+set is taken up (`_follow_registry`, at the next write or read after the registry's generation moved): then a new
+entity type's index is created, and a mapping that only adds fields is put on the live index (PUT _mapping, the new
+digest kept in its `_meta`, so a restart finds it current):
 
 * one entity index per entity type (`elastic_mappings.index_name`): one document per entity, id = urn (a hash when the urn
   is longer than Elasticsearch's 512-byte id limit), with `aspectVersions.<aspect>` (the version each aspect's
@@ -57,7 +60,7 @@ from typing import Any, Literal
 
 import orjson
 from elastic_transport import HttpxAsyncHttpNode
-from elasticsearch import AsyncElasticsearch, NotFoundError
+from elasticsearch import AsyncElasticsearch, BadRequestError, NotFoundError
 
 from app.limits import MAX_LONG, MIN_LONG
 from app.search import documents, elastic_mappings
@@ -107,6 +110,7 @@ INDEX_CREATE_CONCURRENCY = 8
 MAX_CONFLICT_RETRIES = 20
 EXACT_MATCH_MULTIPLIER = 10.0  # a whole-value keyword match counts this many times the field's boost
 TEXT_TYPES = {"TEXT", "TEXT_PARTIAL", "WORD_GRAM", "URN_PARTIAL", "BROWSE_PATH", "BROWSE_PATH_V2"}
+_META_KEY = "metaledger"  # in an index mapping's `_meta`: the digests of the body it was made or grown to
 _COMPAT = re.compile(r"application/vnd\.elasticsearch\+([\w.-]+)\s*;\s*compatible-with=\d+", re.IGNORECASE)
 
 
@@ -159,6 +163,24 @@ def _fast_serializers() -> dict[str, Any]:
 
 def _json(value: Any) -> bytes:
     return orjson.dumps(value, option=orjson.OPT_SORT_KEYS)
+
+
+def _body_digest(mapping: dict[str, Any], index_settings: dict[str, Any] | None) -> str:
+    """The digest of an index body, in its concrete index's name (`<alias>_<digest>`): a changed body is a new index."""
+    return mapping_hash({"mappings": mapping, "settings": index_settings or {}})
+
+
+def _with_meta(mapping: dict[str, Any], index_settings: dict[str, Any] | None) -> dict[str, Any]:
+    """`mapping` with the `_meta` digests that let a later `ensure_index` grow the index in place or find it grown."""
+    made = {"digest": _body_digest(mapping, index_settings), "settings": mapping_hash(index_settings or {})}
+    return {**mapping, "_meta": {**(mapping.get("_meta") or {}), _META_KEY: made}}
+
+
+def _create_body(mapping: dict[str, Any], index_settings: dict[str, Any] | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"mappings": _with_meta(mapping, index_settings)}
+    if index_settings:
+        body["settings"] = index_settings
+    return body
 
 
 def _hash(*parts: Any) -> str:
@@ -266,9 +288,13 @@ class ElasticBackend:
         self.target = target
         self._redirect: dict[str, str] = dict(target.indices) if target is not None else {}
         self._client = client
-        self._ready: set[str] = set()  # aliases known to point at the current mapping
+        self._ready: dict[str, str] = {}  # alias -> the body digest (`_body_digest`) it is known to have
         self._ensure_lock = asyncio.Lock()
         self._mappings: dict[str, dict[str, Any]] = {}  # alias -> mapping as created
+        self._timeseries: dict[str, str] = {}  # timeseries alias -> its aspect, for those ensured
+        # The registry generation the indices follow (`_follow_registry`: a runtime model set moves it).
+        self._generation = registry.generation
+        self._follow_lock = asyncio.Lock()
 
     # --- client, names, field specs -------------------------------------------------------------------------------
 
@@ -338,34 +364,64 @@ class ElasticBackend:
         if self.target is not None:
             return  # writing into a rebuild target: its indices exist (create_rebuild_target made them)
         await self.client.info()
+        self._generation = self.registry.generation
+        await self._ensure_all(self._index_specs(sorted(self.registry.entities)), grow=False)
+
+    async def _ensure_all(self, specs: Sequence[tuple[str, dict[str, Any], dict[str, Any] | None]], *, grow: bool) -> None:
         semaphore = asyncio.Semaphore(INDEX_CREATE_CONCURRENCY)
 
         async def one(alias: str, mapping: dict[str, Any], index_settings: dict[str, Any] | None) -> None:
             async with semaphore:
-                await self.ensure_index(alias, mapping, index_settings)
+                await self.ensure_index(alias, mapping, index_settings, grow=grow)
 
-        await asyncio.gather(*(one(*spec) for spec in self._index_specs(sorted(self.registry.entities))))
+        await asyncio.gather(*(one(*spec) for spec in specs))
+
+    async def _follow_registry(self) -> None:
+        """Take up a runtime model set (the registry's generation moved) before this backend writes or reads with
+        it: a new entity type's index created; an index whose mapping changed grown in place (`ensure_index` with
+        `grow`), so the new fields are mapped as their annotations say before any document holds them (dynamic
+        mapping would guess, and a guess cannot be changed later)."""
+        if self.target is not None or self._generation == self.registry.generation:
+            return
+        async with self._follow_lock:
+            generation = self.registry.generation
+            if generation == self._generation:
+                return
+            specs = self._index_specs(sorted(self.registry.entities))
+            specs += [(alias, *elastic_mappings.timeseries_index_body(self.registry, aspect))
+                      for alias, aspect in self._timeseries.items() if aspect in self.registry.aspects]
+            await self._ensure_all([spec for spec in specs if self._ready.get(spec[0]) != _body_digest(*spec[1:])],
+                                   grow=True)
+            self._generation = generation
 
     async def close(self) -> None:
         if self._client is not None:
             await self._client.close()
             self._client = None
 
-    async def ensure_index(self, alias: str, mapping: dict[str, Any], index_settings: dict[str, Any] | None = None) -> str:
+    async def ensure_index(self, alias: str, mapping: dict[str, Any], index_settings: dict[str, Any] | None = None, *,
+                           grow: bool = False) -> str:
         """Make `alias` point at `<alias>_<hash(mapping, settings)>`: create it if missing; if the alias points at an
         index with another mapping, create the new index, copy the documents into it and swap the alias atomically
-        (then drop the old index). Returns the concrete index name."""
-        digest = mapping_hash({"mappings": mapping, "settings": index_settings or {}})
+        (then drop the old index). Returns the concrete index name.
+
+        An index grown in place to this mapping (its `_meta` says so) is current too. `grow` (a runtime model set
+        taken up): the alias's index of the same settings takes the mapping in place with a PUT _mapping, which
+        Elasticsearch allows when it only adds (fields, subfields); a change it refuses is copied as above."""
+        digest = _body_digest(mapping, index_settings)
         target = f"{alias}_{digest}"
         self._mappings[alias] = mapping
-        if alias in self._ready:
+        if self._ready.get(alias) == digest:
             return target
         es = self.client
         current = await self._alias_members(alias)
         if current == [target] or (len(current) == 1 and current[0].startswith(f"{target}_")):
             # the current mapping, possibly in an index built elsewhere and swapped in (a restore job's
             # `<alias>_<digest>_r<timestamp>`): nothing to do
-            self._ready.add(alias)
+            self._ready[alias] = digest
+            return current[0]
+        if len(current) == 1 and await self._grown_in_place(current[0], mapping, index_settings, grow=grow):
+            self._ready[alias] = digest
             return current[0]
         concrete_legacy = False
         if not current and alias != target and await es.indices.exists(index=alias):
@@ -376,14 +432,11 @@ class ElasticBackend:
             except NotFoundError:
                 concrete_legacy = True
             if current == [target] or (len(current) == 1 and current[0].startswith(f"{target}_")):
-                self._ready.add(alias)
+                self._ready[alias] = digest
                 return current[0]
         if not await es.indices.exists(index=target):
-            body: dict[str, Any] = {"mappings": mapping}
-            if index_settings:
-                body["settings"] = index_settings
             try:
-                await es.indices.create(index=target, **body)
+                await es.indices.create(index=target, **_create_body(mapping, index_settings))
             except Exception as exc:  # noqa: BLE001 - a concurrent starter created it first
                 if "resource_already_exists" not in str(exc):
                     raise
@@ -400,8 +453,29 @@ class ElasticBackend:
             if index != target:
                 await es.indices.delete(index=index, ignore_unavailable=True)
                 log.info("search index %s: mapping changed, reindexed %s into %s", alias, index, target)
-        self._ready.add(alias)
+        self._ready[alias] = digest
         return target
+
+    async def _grown_in_place(self, index: str, mapping: dict[str, Any], index_settings: dict[str, Any] | None, *,
+                              grow: bool) -> bool:
+        """Whether `index` has `mapping` in place: grown to it before (its `_meta` names the body's digest), or now
+        (`grow`, same settings as it was created with, and Elasticsearch takes the mapping as an addition)."""
+        es = self.client
+        meta = (next(iter((await es.indices.get_mapping(index=index)).body.values()))["mappings"].get("_meta") or {})
+        made = meta.get(_META_KEY) or {}
+        digest = _body_digest(mapping, index_settings)
+        if made.get("digest") == digest:
+            return True
+        if not grow or made.get("settings") != mapping_hash(index_settings or {}):
+            return False  # made before digests were kept, or of other settings: copied into a new index
+        put = {key.removeprefix("_"): value for key, value in _with_meta(mapping, index_settings).items()}
+        try:
+            await es.indices.put_mapping(index=index, **put)
+        except BadRequestError as error:  # a field whose type changed: not an addition
+            log.info("search index %s: mapping not grown in place (%s); copying it into a new index", index, error)
+            return False
+        log.info("search index %s: mapping grown in place", index, extra={"digest": digest})
+        return True
 
     async def _ensure_timeseries(self, entity_type: str, aspect: str) -> str:
         alias = self.timeseries_index(entity_type, aspect)
@@ -410,6 +484,7 @@ class ElasticBackend:
                 if alias not in self._ready:
                     mapping, index_settings = elastic_mappings.timeseries_index_body(self.registry, aspect)
                     await self.ensure_index(alias, mapping, index_settings)
+                    self._timeseries[alias] = aspect
         return alias
 
     async def create_missing_indices(self, entity_types: Sequence[str]) -> None:
@@ -431,13 +506,9 @@ class ElasticBackend:
         semaphore = asyncio.Semaphore(INDEX_CREATE_CONCURRENCY)
 
         async def create(alias: str, mapping: dict[str, Any], index_settings: dict[str, Any] | None) -> None:
-            digest = mapping_hash({"mappings": mapping, "settings": index_settings or {}})
-            name = f"{alias}_{digest}_r{stamp}"
-            body: dict[str, Any] = {"mappings": mapping}
-            if index_settings:
-                body["settings"] = index_settings
+            name = f"{alias}_{_body_digest(mapping, index_settings)}_r{stamp}"
             async with semaphore:
-                await self.client.indices.create(index=name, **body)
+                await self.client.indices.create(index=name, **_create_body(mapping, index_settings))
             indices[alias] = name
 
         try:
@@ -562,6 +633,7 @@ class ElasticBackend:
     async def apply(self, changes: list[IndexChange]) -> None:
         if not changes:
             return
+        await self._follow_registry()
         for change in changes:
             if isinstance(change, TimeseriesPoint):
                 await self._ensure_timeseries(change.entity_type, change.aspect)
@@ -919,6 +991,7 @@ class ElasticBackend:
         scroll_id: str | None = None, sort: list[tuple[str, str]] | None = None,
         any_of: Sequence[Sequence[Criterion]] | None = None, facets: bool = True, property_facets: Sequence[str] = (),
     ) -> SearchPage:
+        await self._follow_registry()
         index = self.entity_index(entity_type)
         text = (query or "").strip()
         must = {"match_all": {}} if text in ("", "*") else self._text_query(entity_type, text)
@@ -983,6 +1056,7 @@ class ElasticBackend:
         text = (prefix or "").strip()
         if not text:
             return []
+        await self._follow_registry()
         names = [s.name for s in self.search_specs(entity_type) if s.autocomplete] or [
             s.name for s in self.search_specs(entity_type) if s.field_type in TEXT_TYPES and s.query_by_default
         ]

@@ -361,7 +361,9 @@ class PostgresBackend:
         self._engine = engine
         # the most text an entity's tsvector is built from (the search documents' per-document limit)
         self._max_text = documents.IndexLimits.from_settings(settings).document_chars
-        self._weights: dict[str, dict[str, tuple[str, bool]]] = {}  # entity type -> `field_weights`
+        # entity type -> `field_weights`, of the registry's generation `_weights_of` (a runtime model set moves it)
+        self._weights: dict[str, dict[str, tuple[str, bool]]] = {}
+        self._weights_of = registry.generation
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -445,6 +447,8 @@ class PostgresBackend:
             return {}
 
     def _field_weights(self, entity_type: str) -> dict[str, tuple[str, bool]]:
+        if self._weights_of != self._registry.generation:
+            self._weights, self._weights_of = {}, self._registry.generation
         weights = self._weights.get(entity_type)
         if weights is None:
             weights = self._weights[entity_type] = field_weights(self.search_fields(entity_type))
