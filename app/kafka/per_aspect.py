@@ -35,6 +35,7 @@ from app.avro import per_aspect, records, schemas
 from app.avro.wire import ValueCodec, frame
 from app.kafka.topics import create_missing_topics
 from app.registry import EntityRegistry
+from app.schema_registry import IncompatibleSchema, InvalidSchema
 from app.settings import Settings
 from app.urns import InvalidUrnError, entity_type_of
 
@@ -48,6 +49,10 @@ class EventRoutingError(ValueError):
     """METALEDGER_EVENTS_V5_ROUTES is not valid: the service refuses to start, naming every problem."""
 
 
+class PairRefused(ValueError):
+    """A change log of a pair whose event schemas the schema registry refused: its events cannot be framed."""
+
+
 @dataclass(slots=True)
 class PairRoute:
     """One routed entity/aspect pair: its topics, its generated schemas and (once registered) their ids."""
@@ -59,6 +64,7 @@ class PairRoute:
     failed_topic: str
     schemas: dict[str, dict[str, Any]] = field(default_factory=dict)  # record short name → schema document
     ids: dict[str, int] = field(default_factory=dict)  # record short name → schema id in the registry
+    refusal: str | None = None  # why the registry refused one of the schemas (then its events are never framed)
     _codecs: dict[str, records.Codecs] = field(default_factory=dict)
 
     def topic(self, record: str) -> str:
@@ -195,13 +201,15 @@ class DerivedEvents:
 
     The routes follow the registry (`EntityRegistry.on_change`): a runtime model set's new aspects and entities that
     METALEDGER_EVENTS_V5_ROUTES matches get their pairs, a changed aspect schema its pair's new records. The new routes
-    take effect in the next `start` (the relay calls it before each batch), once their schemas are registered: between
-    two batches, and never under a row being encoded (a route without its ids cannot frame its records). A set whose
-    pairs the routes cannot take (two pairs on one topic) is logged and the routes in force are kept. Whether the
-    per-aspect events or MAE v4 are published at all is decided at start."""
+    take effect in the next `start` (the relay calls it before each batch), once their topics are created and their
+    schemas registered: between two batches, and never under a row being encoded (a route without its ids cannot
+    frame its records). A set whose pairs the routes cannot take (two pairs on one topic) is logged and the routes in
+    force are kept. `unknown` tells the relay which rows were written under a set the registry does not hold yet.
+    Whether the per-aspect events or MAE v4 are published at all is decided at start."""
 
     def __init__(self, settings: Settings, registry: EntityRegistry, codec: ValueCodec) -> None:
         self.settings = settings
+        self.registry = registry
         self.codec = codec
         self.versioned_topic = settings.topic_mcl_versioned
         self.mae_topic = settings.topic_mae
@@ -209,9 +217,9 @@ class DerivedEvents:
         self.legacy = LegacyAuditEvents(registry) if settings.mae_v4_enabled else None
         self.enabled = bool(self.routes) or self.legacy is not None
         self.skipped_mae = 0
-        self.started = False  # registered once: later pairs come from a runtime model set
-        self._taken_up: EntityRegistry | None = None  # a registry swapped since: its routes wait for `start`
-        self.registered = not (self.routes and codec.avro)
+        # registry swaps seen, and the one the routes in force were built at (their topics exist, their ids are in)
+        self._swaps = self._routed_at = 0
+        self.registered = False
         self.stop_following = registry.on_change(self._follow)
 
     def _routes_of(self, registry: EntityRegistry,
@@ -222,12 +230,23 @@ class DerivedEvents:
             route.schemas = per_aspect.event_schemas(route.entity, route.aspect, registry.aspect_spec(route.aspect).schema)
             kept = kept_routes.get(pair)
             if kept is not None and kept.schemas == route.schemas:
-                route.ids = dict(kept.ids)
+                route.ids, route.refusal = dict(kept.ids), kept.refusal
         return routes
 
     def _follow(self, registry: EntityRegistry) -> None:
-        self._taken_up = registry
+        self._swaps += 1
         self.registered = False
+
+    def unknown(self, topic: str, key: str, aspect: str) -> bool:
+        """Whether a change log row is of an entity/aspect pair the registry does not have: written under a runtime
+        model set this process has not taken up yet. Only versioned change logs have derived events."""
+        if topic != self.versioned_topic:
+            return False
+        try:
+            entity = self.registry.entities.get(entity_type_of(key))
+        except InvalidUrnError:
+            return False
+        return entity is None or aspect not in entity.aspect_names
 
     def topics(self) -> list[str]:
         """The topics these events use: each routed pair's three, and MAE v4's when it is on."""
@@ -235,37 +254,49 @@ class DerivedEvents:
         return names + ([self.mae_topic] if self.legacy is not None else [])
 
     async def start(self) -> None:
-        """Register each routed pair's three schemas under `<topic>-value` (the ids the audit events are framed with
-        and the consumers read by), for the pairs not registered yet; after start-up (a runtime model set's pairs),
-        their topics are created first when the service creates topics, then the new routes take effect. Raises
-        while the registry cannot answer."""
+        """Bring the routes in force up to the registry: a swapped registry's new pairs get their topics (when the
+        service creates topics; the relay created those of the routes in force when it started), every pair its
+        three schemas registered under `<topic>-value` (the ids the audit events are framed with and the consumers
+        read by), then the new routes take effect. A pair whose schemas the registry refuses (incompatible with the
+        subject's versions, or invalid) takes effect refused: `for_row` raises PairRefused for its change logs, so
+        that the relay keeps them with the reason. Raises while the broker or the registry cannot answer; the next
+        call takes it up again from the routes in force."""
         while not self.registered:
-            taken_up, self._taken_up = self._taken_up, None
+            swaps = self._swaps
             routes, legacy = self.routes, self.legacy
-            if taken_up is not None:
+            if swaps != self._routed_at:
                 try:
-                    routes = self._routes_of(taken_up, self.routes)
-                    legacy = LegacyAuditEvents(taken_up) if self.settings.mae_v4_enabled else None
+                    routes = self._routes_of(self.registry, self.routes)
+                    legacy = LegacyAuditEvents(self.registry) if self.settings.mae_v4_enabled else None
                 except EventRoutingError as error:
                     log.error("the runtime model set's pairs cannot be routed; the routes in force are kept",
-                              extra={"generation": taken_up.generation, "error": str(error)})
-            pending = [route for route in routes.values() if len(route.ids) < len(per_aspect.FAMILY)]
+                              extra={"generation": self.registry.generation, "error": str(error)})
+            new_topics = [route.topic(r) for pair, route in routes.items() if pair not in self.routes
+                          for r in per_aspect.FAMILY]
+            if new_topics and self.settings.create_topics_on_start:
+                await create_missing_topics(self.settings, new_topics)
+            pending = [route for route in routes.values()
+                       if route.refusal is None and len(route.ids) < len(per_aspect.FAMILY)]
             if pending and self.codec.avro:
-                register = getattr(self.codec.registry, "register", None)
-                if register is None:
-                    raise RuntimeError("per-aspect events need a schema registry to register their schemas in")
-                if self.started and self.settings.create_topics_on_start:  # at start-up, the relay created them
-                    await create_missing_topics(self.settings,
-                                                [route.topic(r) for route in pending for r in per_aspect.FAMILY])
-                for route in pending:
-                    for record in per_aspect.FAMILY:
-                        text = orjson.dumps(route.schemas[record]).decode()
-                        route.ids[record] = await register(f"{route.topic(record)}-value", text)
-                log.info("per-aspect event schemas registered", extra={"pairs": len(pending)})
-            self.routes, self.legacy = routes, legacy
-            # a set taken up while these were registered: its routes in the next turn of the loop
-            self.registered = self._taken_up is None
-            self.started = True
+                await self._register(pending)
+            self.routes, self.legacy, self._routed_at = routes, legacy, swaps
+            self.registered = self._swaps == swaps  # else a set taken up meanwhile: its routes in the next turn
+
+    async def _register(self, routes: list[PairRoute]) -> None:
+        register = getattr(self.codec.registry, "register", None)
+        if register is None:
+            raise RuntimeError("per-aspect events need a schema registry to register their schemas in")
+        for route in routes:
+            for record in per_aspect.FAMILY:
+                subject = f"{route.topic(record)}-value"
+                try:
+                    route.ids[record] = await register(subject, orjson.dumps(route.schemas[record]).decode())
+                except (IncompatibleSchema, InvalidSchema) as error:
+                    route.refusal = f"the schema registry refused {subject}: {type(error).__name__}: {error}"
+                    log.error("a per-aspect event schema was refused; the pair's change logs are kept unpublished",
+                              extra={"entity": route.entity, "aspect": route.aspect, "error": route.refusal})
+                    break
+        log.info("per-aspect event schemas registered", extra={"pairs": len(routes)})
 
     def for_row(self, topic: str, key: str, aspect: str, payload: bytes) -> list[tuple[str, bytes | None]]:
         if topic != self.versioned_topic:
@@ -277,6 +308,8 @@ class DerivedEvents:
         route = self.routes.get((entity, aspect))
         if route is None and self.legacy is None:
             return []
+        if route is not None and route.refusal is not None:
+            raise PairRefused(f"the {entity}.{aspect} events cannot be framed: {route.refusal}")
         mcl = orjson.loads(payload)
         derived: list[tuple[str, bytes | None]] = []
         change_type = mcl.get("changeType")

@@ -14,8 +14,16 @@ two loops, each on its own Postgres connection (so a Kafka outage never stalls t
 
 The outbox stores JSON whatever the format: encoding happens here, at publish time (the topic gives the record: the
 MCL topics MetadataChangeLog, the platform event topic PlatformEvent; a topic metaledger does not know gets the JSON
-text). A row that cannot be encoded, like a row Kafka refuses as too large, stays in the outbox with the reason
-(`publish_error`) and does not hold back the rows after it.
+text). A row that cannot be encoded or published for a reason of its own (not a valid record, derived events
+that cannot be built, a per-aspect pair whose schemas the registry refused, a record Kafka refuses as too large)
+stays in the outbox with the reason (`publish_error`, logged as an error) and does not hold back the rows after it.
+Database, broker and registry faults are not the row's: the batch is retried with backoff. Anything else that stops
+the loop is logged with its traceback as an unexpected error, and retried.
+
+Before a batch is encoded, a versioned change log of an entity/aspect pair the registry does not have (written
+under a runtime model set this process has not taken up yet: the set was stored before the row) makes the relay take
+the stored set up (`ModelWatcher.refresh`) and register its per-aspect pairs first, so that no change log of a
+runtime aspect goes out without the events derived from it.
 
 Every record carries its row's feed offset and lane in two headers (`FEED_OFFSET_HEADER`, `LANE_HEADER`).
 
@@ -44,20 +52,22 @@ from typing import Any
 
 import asyncpg
 from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
-from aiokafka.errors import KafkaTimeoutError, MessageSizeTooLargeError
+from aiokafka.errors import KafkaError, KafkaTimeoutError, MessageSizeTooLargeError
 from aiokafka.record.default_records import DefaultRecordBatchBuilder
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.avro.wire import ValueCodec
 from app.changelog import outbox
 from app.changelog.sequencer import Sequencer
-from app.db import close_quietly, connect_dedicated
+from app.db import close_quietly, connect_dedicated, create_sessionmaker
 from app.kafka.topics import create_missing_topics
 from app.kafka.per_aspect import DerivedEvents
 from app.kafka.producer import RECORD_OVERHEAD, KeyPartitioner
 from app.ops.metrics import RELAY_PUBLISHED
 from app.settings import Settings
 from app.workers import pause
+from app.write.runtime_models import ModelWatcher
 
 log = logging.getLogger("metaledger.relay")
 
@@ -67,6 +77,9 @@ BALANCE_INTERVAL_S = 1.0  # how often a publisher recounts the relays and takes 
 PRODUCE_TIMEOUT_MS = 15_000  # a batch not acknowledged within this fails, and is retried later
 MAX_KAFKA_BATCH_BYTES = 1024 * 1024
 READ_AHEAD_CHUNK = 100  # rows the read-ahead encodes between two turns of the event loop
+# Faults of what the relay talks to (the database, the broker, the schema registry: RegistryUnavailable is a
+# ConnectionError), retried with backoff; never a row's publish error.
+TRANSIENT = (asyncpg.PostgresError, asyncpg.InterfaceError, SQLAlchemyError, KafkaError, OSError)
 
 # The headers every published record carries: its outbox row's feed offset and lane (decimal ASCII).
 FEED_OFFSET_HEADER = "metaledger-feed-offset"
@@ -179,6 +192,8 @@ class Publisher:
         self.engine = engine
         self.codec = codec
         self.derived = derived
+        # the stored runtime model set, taken up when a batch holds a pair the registry does not have yet
+        self._models = ModelWatcher(settings, create_sessionmaker(engine), derived.registry) if derived else None
         self._wake = wake
         self._poll_s = settings.relay_poll_interval_ms / 1000
         self._batch_size = max(1, settings.relay_batch_size)
@@ -211,8 +226,13 @@ class Publisher:
             while not stop.is_set():
                 try:
                     await self._session(stop)
-                except Exception as error:  # noqa: BLE001 - the relay outlives database restarts
-                    log.warning("relay publisher: database error; retrying", extra={"error": f"{type(error).__name__}: {error}"})
+                except TRANSIENT as error:  # the relay outlives database, broker and registry outages
+                    log.warning("relay publisher: database, broker or registry error; retrying",
+                                extra={"error": f"{type(error).__name__}: {error}"})
+                    await pause(stop, self._database.failed())
+                except Exception as error:  # noqa: BLE001 - not a row's (those are its publish error): a fault here
+                    log.exception("relay publisher: unexpected error; retrying",
+                                  extra={"error": f"{type(error).__name__}: {error}"})
                     await pause(stop, self._database.failed())
         finally:
             await self._stop_producer()
@@ -245,6 +265,8 @@ class Publisher:
                     except TimeoutError:
                         pass
                     continue
+                if encoded is None:
+                    await self._take_up_models(rows)
                 # The next batch is read (and encoded) while this one is sent and acknowledged.
                 self._ahead = asyncio.create_task(
                     self._read_ahead(self._conn, sorted(self.lanes), rows[-1].feed_offset))
@@ -366,17 +388,27 @@ class Publisher:
         rows = await outbox.pending(conn, lanes, self._batch_size, after)
         if not rows or not (self.codec.avro or self.derived):
             return rows, None
-        if self.derived is not None:
-            await self.derived.start()
+        await self._take_up_models(rows)
         refused: list[tuple[outbox.PendingRow, str]] = []
         values: dict[int, bytes] = {}
         derived: dict[int, list[tuple[str, bytes | None]]] = {}
         for start in range(0, len(rows), READ_AHEAD_CHUNK):  # between chunks, the batch in flight gets its turn
             chunk = rows[start:start + READ_AHEAD_CHUNK]
-            values.update(self._encode(chunk, refused))
-            derived.update(self._derive(chunk, refused))
+            encoded = self._encode(chunk, refused)
+            values.update(encoded)
+            derived.update(self._derive([row for row in chunk if row.id in encoded], refused))
             await asyncio.sleep(0)
         return rows, (values, derived, refused)
+
+    async def _take_up_models(self, rows: list[outbox.PendingRow]) -> None:
+        """Before `rows` are encoded: the stored runtime model set when one of them is of a pair the registry does
+        not have, and the per-aspect pairs of the registry registered."""
+        derived = self.derived
+        if derived is None:
+            return
+        if self._models is not None and any(derived.unknown(row.topic, row.key, row.aspect) for row in rows):
+            await self._models.refresh()
+        await derived.start()
 
     async def _drop_read_ahead(self) -> None:
         ahead, self._ahead = self._ahead, None
@@ -438,7 +470,7 @@ class Publisher:
         refused: list[tuple[outbox.PendingRow, str]] = []
         if encoded is None:
             values = self._encode(rows, refused)
-            derived = self._derive(rows, refused)
+            derived = self._derive([row for row in rows if row.id in values], refused)
         else:
             values, derived, refused_encoding = encoded
             refused.extend(refused_encoding)
@@ -563,6 +595,8 @@ class Publisher:
                 values[row.id] = encode(role, row.payload)
             except ValueError as error:  # AvroEncodeError, or text that is not JSON
                 refused.append((row, f"AvroEncodeError: the row is not a valid {role} record for Avro: {error}"))
+            except Exception as error:  # noqa: BLE001 - encoding is the row's alone: whatever fails is its error
+                refused.append((row, f"{type(error).__name__}: the row cannot be encoded as a {role} record: {error}"))
         return values
 
     def _derive(self, rows: list[outbox.PendingRow],
@@ -575,8 +609,8 @@ class Publisher:
         for row in rows:
             try:
                 events = self.derived.for_row(row.topic, row.key, row.aspect, row.payload)
-            except ValueError as error:  # AvroEncodeError: a value its generated record cannot carry
-                refused.append((row, f"the row's derived events cannot be encoded: {error}"))
+            except Exception as error:  # noqa: BLE001 - built from the row alone (AvroEncodeError, PairRefused, ...)
+                refused.append((row, f"{type(error).__name__}: the row's derived events cannot be built: {error}"))
                 continue
             if events:
                 derived[row.id] = events
