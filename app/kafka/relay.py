@@ -406,7 +406,7 @@ class Publisher:
         derived = self.derived
         if derived is None:
             return
-        if self._models is not None and any(derived.unknown(row.topic, row.key, row.aspect) for row in rows):
+        if any(derived.unknown(row.topic, row.key, row.aspect) for row in rows):
             await self._models.refresh()
         await derived.start()
 
