@@ -1,14 +1,24 @@
 """DataHub's GraphQL entity types over metaledger's aspect store: which registry entity each `EntityType` value
 names, the object type of each, and the resolvers of the fields read from aspects (only when a query selects
-them: a search that selects `urn` and `type` reads nothing but the index)."""
+them: a search that selects `urn` and `type` reads nothing but the index).
+
+An entity type registered at run time (app.registry.runtime) is an object type of the schema built for the registry
+holding it (app.graphql.service): `urn`, `type` (OTHER, as DataHub's EntityTypeMapper answers an entity name it has
+no value for) and `aspects`, which every entity type has and which reads any aspect of the entity, runtime ones
+included, as DataHub's RawAspect."""
 
 from __future__ import annotations
 
+import asyncio
+import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
+import orjson
 from graphql import GraphQLSchema
 
+from app.registry import EntityRegistry
 from app.registry.errors import RegistryError
 from app.urns import InvalidUrnError, entity_type_of
 
@@ -66,6 +76,12 @@ ENTITY_TYPES: dict[str, tuple[str, str]] = {
     "DATAHUB_FILE": ("dataHubFile", "DataHubFile"),
 }
 GRAPHQL_TYPE_OF_ENTITY = {entity: enum for enum, (entity, _) in ENTITY_TYPES.items()}
+OTHER = "OTHER"  # the EntityType of an entity without a value of its own (an entity type registered at run time)
+
+
+def type_of_entity(entity: str) -> str:
+    """The EntityType value of a registry entity."""
+    return GRAPHQL_TYPE_OF_ENTITY.get(entity, OTHER)
 
 # The types searched when a search names none: DataHub's SearchUtils.SEARCHABLE_ENTITY_TYPES.
 SEARCHABLE_TYPES = (
@@ -84,7 +100,7 @@ class EntityRef:
 
     @property
     def type(self) -> str:
-        return GRAPHQL_TYPE_OF_ENTITY[self.entity_name]
+        return type_of_entity(self.entity_name)
 
 
 def _id_of(urn: str) -> str:
@@ -288,6 +304,30 @@ async def _tag_properties(ref: EntityRef, info: Any) -> dict[str, Any] | None:
     return None if value is None else {**value, "name": value.get("name") or await _tag_name(ref, info)}
 
 
+def _render_spec(annotation: dict[str, Any]) -> dict[str, Any] | None:
+    spec = annotation.get("renderSpec")
+    return {name: spec.get(name) for name in ("displayType", "displayName", "key")} if isinstance(spec, dict) else None
+
+
+async def _raw_aspects(ref: EntityRef, info: Any, input: dict[str, Any] | None = None) -> list[dict[str, Any]]:
+    """DataHub's WeaklyTypedAspectsResolver: the entity's aspects that have a value, in the entity's order, filtered
+    by `aspectNames` (a name the entity does not have is left out, not an error) and `autoRenderOnly`; a timeseries
+    aspect has no latest value to answer."""
+    registry = info.context.registry
+    entity = registry.entities.get(ref.entity_name)
+    if entity is None:
+        return []
+    names = set((input or {}).get("aspectNames") or ())
+    auto_render_only = bool((input or {}).get("autoRenderOnly"))
+    wanted = [name for name in entity.aspects_in_order or sorted(entity.aspect_names)
+              if (not names or name in names) and not registry.aspects[name].is_timeseries
+              and (not auto_render_only or registry.aspects[name].annotation.get("autoRender"))]
+    values = await asyncio.gather(*(_aspect(info, ref, name) for name in wanted))
+    return [{"aspectName": name, "payload": orjson.dumps(value).decode(),
+             "renderSpec": _render_spec(registry.aspects[name].annotation)}
+            for name, value in zip(wanted, values) if value is not None]
+
+
 FIELD_RESOLVERS: dict[str, dict[str, Any]] = {
     "Dataset": {"name": _from_key("name"), "platform": _key_platform("platform"), "origin": _from_key("origin"),
                 "properties": _dataset_properties, "dataPlatformInstance": _platform_instance, "exists": _exists,
@@ -328,17 +368,48 @@ FIELD_RESOLVERS: dict[str, dict[str, Any]] = {
 }
 
 
-def _resolve_entity_type(value: Any, _info: Any, _type: Any) -> str:
-    if isinstance(value, EntityRef):
-        return ENTITY_TYPES[value.type][1]
-    return ENTITY_TYPES[value["type"]][1]  # a plain object the resolvers built (a platform instance)
+def runtime_entity_types(registry: EntityRegistry, schema_types: Iterable[str]) -> dict[str, str]:
+    """The object type name of each entity type registered at run time: its name in PascalCase, `Entity` appended
+    when a type of the base schema (`schema_types`) has that name (as DataHub's QueryEntity), then a number."""
+    taken = set(schema_types)
+    types: dict[str, str] = {}
+    for name, spec in sorted(registry.entities.items()):
+        if name in GRAPHQL_TYPE_OF_ENTITY or not registry.is_runtime(spec.key_aspect):
+            continue
+        base = re.sub(r"\W", "_", name[:1].upper() + name[1:]).lstrip("_")
+        base = base if base[:1].isalpha() else f"Entity{base}"  # a GraphQL name starts with a letter or _
+        candidate, n = base, 1
+        while candidate in taken:
+            candidate = f"{base}Entity{n if n > 1 else ''}"
+            n += 1
+        taken.add(candidate)
+        types[name] = candidate
+    return types
 
 
-def bind_entities(schema: GraphQLSchema) -> None:
-    """Attach the interface's type resolver and the aspect-reading field resolvers to the schema built from SDL."""
+def runtime_entity_sdl(registry: EntityRegistry, types: Mapping[str, str]) -> str:
+    """The object types of `types` (runtime_entity_types), in the schema's SDL."""
+    return "\n".join(
+        f"{orjson.dumps(registry.entities[name].doc or f'{name}: an entity type registered at run time').decode()}\n"
+        f"type {type_name} implements Entity {{\n  urn: String!\n  type: EntityType!\n"
+        f"  aspects(input: AspectParams): [RawAspect!]\n}}\n"
+        for name, type_name in types.items())
+
+
+def bind_entities(schema: GraphQLSchema, runtime_types: Mapping[str, str]) -> None:
+    """Attach the interface's type resolver and the aspect-reading field resolvers to the schema built from SDL;
+    `runtime_types`: the object type of each entity type registered at run time the schema has."""
+    def resolve_entity_type(value: Any, _info: Any, _type: Any) -> str:
+        if isinstance(value, EntityRef):
+            return runtime_types[value.entity_name] if value.type == OTHER else ENTITY_TYPES[value.type][1]
+        return ENTITY_TYPES[value["type"]][1]  # a plain object the resolvers built (a platform instance)
+
     for abstract in ("Entity", "OwnerType"):
-        schema.type_map[abstract].resolve_type = _resolve_entity_type  # type: ignore[attr-defined]
+        schema.type_map[abstract].resolve_type = resolve_entity_type  # type: ignore[attr-defined]
     for type_name, fields in FIELD_RESOLVERS.items():
         object_type = schema.type_map[type_name]
         for field_name, resolver in fields.items():
             object_type.fields[field_name].resolve = resolver  # type: ignore[attr-defined]
+    for implementation in schema.get_implementations(schema.type_map["Entity"]).objects:  # type: ignore[arg-type]
+        if "aspects" in implementation.fields:
+            implementation.fields["aspects"].resolve = _raw_aspects

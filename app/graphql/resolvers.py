@@ -7,7 +7,7 @@ import asyncio
 import logging
 import re
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,7 +16,9 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.auth.model import Permission, Principal
 from app.errors import Issue, NotFound, ValidationFailed
-from app.graphql.entities import ENTITY_TYPES, GRAPHQL_TYPE_OF_ENTITY, SEARCHABLE_TYPES, EntityRef, entity_ref
+from app.graphql.entities import (
+    ENTITY_TYPES, GRAPHQL_TYPE_OF_ENTITY, OTHER, SEARCHABLE_TYPES, EntityRef, entity_ref, type_of_entity,
+)
 from app.graphql.loader import AspectLoader
 from app.graphql.views import VIEW_PATH, apply_view
 from app.ingest.gateway import IngestGateway
@@ -60,6 +62,9 @@ class Context:
     request_headers: Mapping[str, str]
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     loader: AspectLoader = field(init=False)
+    # The entity types registered at run time that the request's schema has (app.graphql.service.served_schema):
+    # entity name -> object type.
+    runtime_types: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.loader = AspectLoader(self._read_latest, self._lock)
@@ -115,10 +120,15 @@ class Context:
 # --- searches -----------------------------------------------------------------------------------------------------
 
 
-def _entity_names(types: list[str] | None, registry: EntityRegistry) -> list[str]:
-    """The registry entities of the EntityType values asked for (DataHub's searchable set when none)."""
+def _entity_names(types: list[str] | None, context: Context) -> list[str]:
+    """The registry entities of the EntityType values asked for (DataHub's searchable set when none); OTHER: the
+    entity types registered at run time."""
+    registry = context.registry
     names = []
     for value in types or SEARCHABLE_TYPES:
+        if value == OTHER and types:
+            names.extend(name for name in context.runtime_types if name not in names)
+            continue
         entity = ENTITY_TYPES.get(value, (None,))[0]
         if entity is None or entity not in registry.entities:
             if types:  # asked for by name: say it is not searchable here
@@ -131,7 +141,7 @@ def _entity_names(types: list[str] | None, registry: EntityRegistry) -> list[str
 
 
 def _matches_type(criterion: Criterion, entity: str) -> bool:
-    hit = GRAPHQL_TYPE_OF_ENTITY[entity] in criterion.values or entity.lower() in {v.lower() for v in criterion.values}
+    hit = type_of_entity(entity) in criterion.values or entity.lower() in {v.lower() for v in criterion.values}
     return hit != criterion.negated
 
 
@@ -262,7 +272,7 @@ def _facets(context: Context, searches: list[TypeSearch], query: str, flags: dic
         limit = min(max(flags.get("maxAggValues") or DEFAULT_AGG_VALUES, 1), MAX_AGG_VALUES)
         found = await facets_across(await context.backend(), searches, query,
                                     [name for name in wanted if is_property_field(name)])
-        types = [(GRAPHQL_TYPE_OF_ENTITY[entity], entity, n) for entity, n in found.totals.items() if n]
+        types = [(type_of_entity(entity), entity, n) for entity, n in found.totals.items() if n]
         facets = [{"field": ENTITY_TYPE_FIELD, "displayName": FACET_DISPLAY_NAMES[ENTITY_TYPE_FIELD], "aggregations": [
             {"value": value, "count": n, "displayName": entity, "entity": None}
             for value, entity, n in sorted(types, key=lambda t: (-t[2], t[0]))[:limit]]}]
@@ -295,7 +305,7 @@ async def _searches_of(context: Context, inputs: dict[str, Any]) -> list[TypeSea
     placed = _or_filters(inputs)
     await context.refuse_deleted_property_filters(placed, OR_FILTERS_PATH)
     groups = criteria_groups(placed)
-    entity_names = _entity_names(inputs.get("types"), context.registry)
+    entity_names = _entity_names(inputs.get("types"), context)
     if inputs.get("viewUrn"):
         entity_names, view_groups = await apply_view(context, inputs["viewUrn"], entity_names)
         for group in view_groups:
@@ -401,18 +411,20 @@ async def resolve_search_across_lineage(_root: Any, info: Any, input: dict[str, 
 # --- entities -----------------------------------------------------------------------------------------------------
 
 
-def _entity_of(urn: str, registry: EntityRegistry) -> str | None:
-    """The registry entity of `urn`, when it is one DataHub's GraphQL has a type for."""
+def _entity_of(urn: str, registry: EntityRegistry, runtime_types: Collection[str] = ()) -> str | None:
+    """The registry entity of `urn`, when it is one DataHub's GraphQL has a type for (or one of `runtime_types`)."""
     try:
         name = entity_type_of(urn)
     except InvalidUrnError as error:
         raise ValidationFailed(f"not a URN: {error}", [Issue("invalid urn", path="$urn", found=clip(urn, 100))]) from None
     entity = registry.entities.get(name)
-    return entity.name if entity is not None and entity.name in GRAPHQL_TYPE_OF_ENTITY else None
+    if entity is None or (entity.name not in GRAPHQL_TYPE_OF_ENTITY and entity.name not in runtime_types):
+        return None
+    return entity.name
 
 
 async def resolve_entity(_root: Any, info: Any, urn: str) -> EntityRef | None:
-    entity = _entity_of(urn, info.context.registry)
+    entity = _entity_of(urn, info.context.registry, info.context.runtime_types)
     if entity is None or not await info.context.aspects(urn):
         return None
     return EntityRef(urn, entity)

@@ -1,6 +1,7 @@
 """Executing a GraphQL request: size and token limits → parse → depth/alias/field limits → graphql-core's validation
 → the cost of the operation with its variables → execution against the schema built once from `schema.graphql`
-(schema-first: the SDL is the contract, resolvers are attached to it). Every failure is a GraphQL error in the
+(schema-first: the SDL is the contract, resolvers are attached to it; the schema of a registry holding entity types
+registered at run time has an object type for each of them, and follows the registry's changes). Every failure is a GraphQL error in the
 response body, in DataHub's form (`extensions.code`, `extensions.classification`); nothing a client sends ends in a
 500. A query over the cost limit is answered 400 (it is refused whole, before it runs). An overloaded or unreachable
 service (a read past its timeout included) is a 503, as on every other route."""
@@ -9,10 +10,12 @@ from __future__ import annotations
 
 import logging
 from collections import OrderedDict
+from collections.abc import Mapping
 from inspect import isawaitable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from weakref import WeakKeyDictionary
 
 from graphql import (
     DocumentNode, GraphQLError, GraphQLSchema, IntValueNode, ValueNode, build_schema, execute, parse, validate,
@@ -20,10 +23,11 @@ from graphql import (
 
 from app.db_faults import DatabaseFault, classify
 from app.errors import Issue, MetaledgerError, ValidationFailed
-from app.graphql.entities import bind_entities
+from app.graphql.entities import bind_entities, runtime_entity_sdl, runtime_entity_types
 from app.graphql.limits import Limits, check_limits, query_cost
 from app.graphql.resolvers import MUTATION_RESOLVERS, QUERY_RESOLVERS, Context
 from app.limits import MAX_LONG, MIN_LONG, clip
+from app.registry import EntityRegistry
 from app.settings import Settings
 
 log = logging.getLogger("metaledger.graphql")
@@ -47,14 +51,16 @@ def _long_literal(node: ValueNode, _variables: Any = None) -> int:
     return _long(int(node.value))
 
 
-def build() -> GraphQLSchema:
-    schema = build_schema(SCHEMA_PATH.read_text())
+def build(runtime_sdl: str = "", runtime_types: Mapping[str, str] | None = None) -> GraphQLSchema:
+    """The schema of `schema.graphql`, with the object types of entity types registered at run time
+    (`runtime_sdl`, of `runtime_types`: entity name -> object type) when a registry holds some."""
+    schema = build_schema(SCHEMA_PATH.read_text() + runtime_sdl)
     long_type = schema.type_map["Long"]
     # graphql-core 3.3 coerces through coerce_*; parse_*/serialize are the 3.2 names it still offers
     for name in ("serialize", "parse_value", "coerce_output_value", "coerce_input_value"):
         setattr(long_type, name, _long)
     long_type.parse_literal = _long_literal  # type: ignore[attr-defined]
-    bind_entities(schema)
+    bind_entities(schema, runtime_types or {})
     for root, resolvers in ((schema.query_type, QUERY_RESOLVERS), (schema.mutation_type, MUTATION_RESOLVERS)):
         assert root is not None
         for name, resolver in resolvers.items():
@@ -62,7 +68,37 @@ def build() -> GraphQLSchema:
     return schema
 
 
-SCHEMA = build()
+@dataclass(frozen=True, slots=True)
+class ServedSchema:
+    schema: GraphQLSchema
+    runtime_types: Mapping[str, str] = field(default_factory=dict)  # entity registered at run time -> object type
+
+
+BASE = ServedSchema(build())  # the base models': every registry without entity types registered at run time
+_SERVED: WeakKeyDictionary[EntityRegistry, ServedSchema] = WeakKeyDictionary()
+
+
+def served_schema(registry: EntityRegistry) -> ServedSchema:
+    """The schema of `registry` as it is now: built at the first request that asks, then again whenever the registry
+    takes up a runtime model set (`registry.on_change`, in each process) that changes its entity types."""
+    served = _SERVED.get(registry)
+    if served is None:
+        registry.on_change(_follow)
+        served = _SERVED[registry] = _schema_of(registry, BASE)
+    return served
+
+
+def _follow(registry: EntityRegistry) -> None:
+    _SERVED[registry] = _schema_of(registry, _SERVED.get(registry, BASE))
+
+
+def _schema_of(registry: EntityRegistry, previous: ServedSchema) -> ServedSchema:
+    types = runtime_entity_types(registry, BASE.schema.type_map)
+    if types == previous.runtime_types:  # runtime aspects only: every entity type's `aspects` reads them as they are
+        return previous
+    if not types:
+        return BASE
+    return ServedSchema(build(runtime_entity_sdl(registry, types), types), types)
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,15 +169,15 @@ class ValidatedDocuments:
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._documents: OrderedDict[tuple[str, Limits, int], DocumentNode] = OrderedDict()
+        self._documents: OrderedDict[tuple[str, Limits, int, GraphQLSchema], DocumentNode] = OrderedDict()
 
-    def get(self, key: tuple[str, Limits, int]) -> DocumentNode | None:
+    def get(self, key: tuple[str, Limits, int, GraphQLSchema]) -> DocumentNode | None:
         document = self._documents.get(key)
         if document is not None:
             self._documents.move_to_end(key)
         return document
 
-    def put(self, key: tuple[str, Limits, int], document: DocumentNode) -> None:
+    def put(self, key: tuple[str, Limits, int, GraphQLSchema], document: DocumentNode) -> None:
         self._documents[key] = document
         if len(self._documents) > self._size:
             self._documents.popitem(last=False)
@@ -150,12 +186,12 @@ class ValidatedDocuments:
 VALIDATED = ValidatedDocuments(256)
 
 
-def _checked(query: str, settings: Settings) -> DocumentNode | dict[str, Any]:
-    """The document of `query`, or the response refusing it."""
+def _checked(query: str, settings: Settings, schema: GraphQLSchema) -> DocumentNode | dict[str, Any]:
+    """The document of `query`, valid in `schema`, or the response refusing it."""
     if len(query) > settings.graphql_max_query_chars:
         return _refused(f"the query is {len(query)} characters; the limit is {settings.graphql_max_query_chars}")
     limits = Limits(settings.graphql_max_depth, settings.graphql_max_aliases, settings.graphql_max_fields)
-    key = (query, limits, settings.graphql_max_tokens)
+    key = (query, limits, settings.graphql_max_tokens, schema)
     document = VALIDATED.get(key)
     if document is not None:
         return document
@@ -169,7 +205,7 @@ def _checked(query: str, settings: Settings) -> DocumentNode | dict[str, Any]:
         refused = check_limits(document, limits)
         if refused:
             return _errors(refused, "ValidationError")
-        invalid = validate(SCHEMA, document)
+        invalid = validate(schema, document)
     except RecursionError:
         return _refused("the query is nested too deeply")
     if invalid:
@@ -193,13 +229,15 @@ def _too_costly(document: DocumentNode, request: GraphQLRequest, settings: Setti
 async def run(request: GraphQLRequest, context: Context, settings: Settings) -> tuple[dict[str, Any], int]:
     """The GraphQL response body (`data` and/or `errors`) and its HTTP status: 200, or 400 for an operation over the
     cost limit (refused before it runs, as a request too large is)."""
-    document = _checked(request.query, settings)
+    served = served_schema(context.registry)
+    context.runtime_types = served.runtime_types
+    document = _checked(request.query, settings, served.schema)
     if isinstance(document, dict):
         return document, 200
     refused = _too_costly(document, request, settings)
     if refused is not None:
         return refused, 400
-    result = execute(SCHEMA, document, variable_values=request.variables, operation_name=request.operation_name,
+    result = execute(served.schema, document, variable_values=request.variables, operation_name=request.operation_name,
                      context_value=context)
     if isawaitable(result):  # synchronous when no async resolver ran (introspection, variable errors)
         result = await result

@@ -6,7 +6,7 @@ from __future__ import annotations
 from graphql import parse
 
 from app.graphql import service
-from app.graphql.service import ValidatedDocuments, _checked
+from app.graphql.service import BASE, ValidatedDocuments, _checked
 from app.settings import Settings
 
 QUERY = 'query { tag(urn: "urn:li:tag:a") { urn name } }'
@@ -18,19 +18,19 @@ def test_a_query_sent_again_is_checked_once(monkeypatch):
     validations = []
     real_validate = service.validate
     monkeypatch.setattr(service, "validate", lambda schema, doc: validations.append(doc) or real_validate(schema, doc))
-    first = _checked(QUERY, settings)
+    first = _checked(QUERY, settings, BASE.schema)
     assert not isinstance(first, dict)
-    assert _checked(QUERY, settings) is first and len(validations) == 1
+    assert _checked(QUERY, settings, BASE.schema) is first and len(validations) == 1
 
     unknown = 'query { tag(urn: "urn:li:tag:a") { nosuchfield } }'
     for _ in range(2):  # refused each time, never kept
-        refused = _checked(unknown, settings)
+        refused = _checked(unknown, settings, BASE.schema)
         assert isinstance(refused, dict) and "nosuchfield" in refused["errors"][0]["message"]
     assert len(validations) == 3
 
     # other limits: checked again under them
     tight = Settings(graphql_max_depth=1)
-    assert isinstance(_checked(QUERY, tight), dict)
+    assert isinstance(_checked(QUERY, tight, BASE.schema), dict)
 
 
 def test_the_cache_keeps_the_most_recently_used():
