@@ -8,26 +8,30 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.auth.model import Principal
 from app.db import session_connection
-from app.errors import ExistenceConflict, Issue, PreconditionFailed, ValidationFailed
-from app.ingest.gateway import IngestGateway
-from app.registry import AspectValidationError, EntityRegistry
+from app.errors import ExistenceConflict, Issue, PreconditionFailed, ServiceUnavailable, ValidationFailed
+from app.registry import AspectValidationError, EntityRegistry, RegistryError
 from app.registry.compatibility import Refusal, check_models
 from app.registry.runtime import EMPTY, MODELS_ASPECT, RuntimeModelSet, build_registry
 from app.settings import Settings
 from app.workers import pause
 from app.write.processors import PIPELINE_ENTITY
+from app.write.decision import ItemResult, ItemStatus
 from app.write.proposal import IF_VERSION_MATCH, Draft
+from app.write.repository import AspectRepository
 from app.write.rules import MODELS_API_WRITE
+
+if TYPE_CHECKING:  # the write path imports this module (refuse_writes_past_the_models)
+    from app.ingest.gateway import IngestGateway
 
 log = logging.getLogger("metaledger.models")
 
@@ -97,20 +101,37 @@ def model_diff(previous: RuntimeModelSet, proposed: RuntimeModelSet) -> dict[str
 # ----------------------------------------------------------------------------------------------------------------
 # Checks against stored data
 # ----------------------------------------------------------------------------------------------------------------
+# Where the values of an aspect are stored, each source paged by its own key: (SQL taking the aspect, the key after
+# which a page starts and the page size; the key it starts from). A versioned aspect: its latest rows. A timeseries
+# aspect: its points, as the embedded search backend keeps them (timeseries_point) and as the change-log outbox does
+# (a point not indexed yet is there only; with Elasticsearch, the outbox holds those it retains).
+_VERSIONED_VALUES = (("""SELECT urn AS key, urn, metadata FROM metadata_aspect_v2
+                         WHERE version = 0 AND aspect = $1 AND urn > $2 ORDER BY urn LIMIT $3""", ""),)
+_TIMESERIES_VALUES = (
+    ("""SELECT doc_id AS key, urn, value::text AS metadata FROM timeseries_point
+        WHERE aspect = $1 AND doc_id > $2 ORDER BY doc_id LIMIT $3""", ""),
+    ("""SELECT id AS key, urn, payload::jsonb -> 'aspect' ->> 'value' AS metadata FROM change_log_outbox
+        WHERE aspect = $1 AND id > $2 AND change_type = 'UPSERT' ORDER BY id LIMIT $3""", 0),
+)
+_VERSIONED_HOLDERS = "SELECT urn FROM metadata_aspect_v2 WHERE version = 0 AND aspect = $1 AND urn LIKE $2"
+_TIMESERIES_HOLDERS = """SELECT urn FROM timeseries_point WHERE aspect = $1 AND urn LIKE $2
+                         UNION SELECT urn FROM change_log_outbox WHERE aspect = $1 AND urn LIKE $2"""
+
+
 async def stored_data_refusals(session: AsyncSession, in_force: EntityRegistry, built: EntityRegistry,
                                previous: RuntimeModelSet, proposed: RuntimeModelSet) -> list[Refusal]:
     """An aspect or entity removed while it has stored values (`RemovedAspectHasValues`, `RemovedEntityHasValues`,
-    with the count); a changed aspect schema that stored latest values do not pass (`StoredValueInvalid`, the first
-    ones with their URN, paging through every stored value)."""
+    with the count); a changed aspect schema that stored values do not pass (`StoredValueInvalid`, the first ones
+    with their URN, paging through every stored value: the latest ones of a versioned aspect, every point of a
+    timeseries one)."""
     conn = await session_connection(session)
     refusals: list[Refusal] = []
     for entity, spec in sorted(in_force.entities.items()):
         if built.has_entity(entity):
             kept = built.entity(entity).aspect_names
             for aspect in sorted(spec.aspect_names - kept):
-                count = await conn.fetchval(
-                    "SELECT count(*) FROM metadata_aspect_v2 WHERE version = 0 AND aspect = $1 AND urn LIKE $2",
-                    aspect, _urn_prefix(entity))
+                holders = _TIMESERIES_HOLDERS if in_force.aspects[aspect].is_timeseries else _VERSIONED_HOLDERS
+                count = await conn.fetchval(f"SELECT count(*) FROM ({holders}) holders", aspect, _urn_prefix(entity))
                 if count:
                     refusals.append(Refusal("RemovedAspectHasValues", f"aspect {aspect} of entity {entity} is removed "
                                             f"but {count} {entity} entities have a stored value of it", aspect))
@@ -123,7 +144,7 @@ async def stored_data_refusals(session: AsyncSession, in_force: EntityRegistry, 
                                         f"entity {entity} is removed but {count} of its entities are stored"))
     for name, aspect in sorted(proposed.aspects.items()):
         old = previous.aspects.get(name)
-        if old is None or old.schema == aspect.schema or built.aspects[name].is_timeseries:
+        if old is None or old.schema == aspect.schema:
             continue
         refusals.extend(await _invalid_stored_values(conn, built, name))
     return refusals
@@ -135,27 +156,74 @@ def _urn_prefix(entity: str) -> str:
 
 
 async def _invalid_stored_values(conn, built: EntityRegistry, aspect: str) -> list[Refusal]:
-    validator = built.aspects[aspect].validator()
+    spec = built.aspects[aspect]
+    validator = spec.validator()
     refusals: list[Refusal] = []
-    after = ""
-    while len(refusals) < STORED_FAILURES_REPORTED:
-        rows = await conn.fetch(
-            """SELECT urn, metadata FROM metadata_aspect_v2 WHERE version = 0 AND aspect = $1 AND urn > $2
-               ORDER BY urn LIMIT $3""", aspect, after, STORED_PAGE_ROWS)
-        for row in rows:
-            try:
-                validator(orjson.loads(row["metadata"]))
-            except AspectValidationError as error:
-                issue = error.issues[0] if error.issues else None
-                refusals.append(Refusal(
-                    "StoredValueInvalid", f"the stored value of {row['urn']} does not pass the new schema: "
-                    f"{issue.message if issue else error}", aspect, issue.path if issue else "$"))
-                if len(refusals) == STORED_FAILURES_REPORTED:
-                    break
-        if len(rows) < STORED_PAGE_ROWS:
-            break
-        after = rows[-1]["urn"]
+    for sql, start in _TIMESERIES_VALUES if spec.is_timeseries else _VERSIONED_VALUES:
+        after = start
+        while len(refusals) < STORED_FAILURES_REPORTED:
+            rows = await conn.fetch(sql, aspect, after, STORED_PAGE_ROWS)
+            for row in rows:
+                try:
+                    validator(orjson.loads(row["metadata"]))
+                except AspectValidationError as error:
+                    issue = error.issues[0] if error.issues else None
+                    refusals.append(Refusal(
+                        "StoredValueInvalid", f"the stored value of {row['urn']} does not pass the new schema: "
+                        f"{issue.message if issue else error}", aspect, issue.path if issue else "$"))
+                    if len(refusals) == STORED_FAILURES_REPORTED:
+                        return refusals
+            if len(rows) < STORED_PAGE_ROWS:
+                break
+            after = rows[-1]["key"]
     return refusals
+
+
+async def refuse_writes_past_the_models(repo: AspectRepository, registry: EntityRegistry,
+                                        items: Iterable[ItemResult]) -> None:
+    """Inside a write transaction, after its verdicts: the values it writes of runtime models (an aspect or entity
+    that is not a base one, or no longer in the registry) are written under a share lock of the stored set's row, so
+    an apply (which locks it for update through its checks against stored data and its commit) sees them, or they
+    see the set it stored. This process's registry must hold the set stored (one that has not taken a newer set up
+    yet: a 503, retried once its watcher has) and the values must pass it (a value checked against the set before
+    it changed: refused naming it)."""
+    runtime = [item for item in _written(items) if _of_runtime_models(registry, item)]
+    if not runtime:
+        return
+    locked = (await repo.latest([(MODELS_URN, MODELS_ASPECT)], for_share=True)).get((MODELS_URN, MODELS_ASPECT))
+    stored = locked.version if locked is not None else 0
+    if stored != registry.runtime_version:
+        raise ServiceUnavailable(
+            f"the runtime model set changed (version {stored} is stored, this process holds version "
+            f"{registry.runtime_version}); nothing was written, retry")
+    issues = []
+    for item in runtime:
+        try:
+            registry.aspect(item.entity_type, item.aspect).validate(item.value)
+        except RegistryError as error:
+            issues.append(Issue(f"{error} (the runtime model set changed)", item.index, item.urn, item.aspect))
+        except AspectValidationError as error:
+            issues.extend(Issue(f"{i.message} (the runtime model set changed)", item.index, item.urn, item.aspect,
+                                i.path) for i in error.issues)
+    if issues:
+        raise ValidationFailed(f"{len(issues)} values do not pass the runtime model set stored since they were "
+                               "checked; nothing was written", issues)
+
+
+_WRITTEN = frozenset({ItemStatus.CREATED, ItemStatus.UPDATED, ItemStatus.APPENDED})
+
+
+def _written(items: Iterable[ItemResult]) -> Iterator[ItemResult]:
+    for item in items:
+        if item.status in _WRITTEN:
+            yield item
+        yield from _written(item.emitted or ())
+
+
+def _of_runtime_models(registry: EntityRegistry, item: ItemResult) -> bool:
+    entity = registry.entities.get(item.entity_type)
+    return (entity is None or registry.is_runtime(entity.key_aspect) or item.aspect not in registry.aspects
+            or registry.is_runtime(item.aspect))
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -172,13 +240,45 @@ async def apply_models(gateway: IngestGateway, session: AsyncSession, caller: Pr
                        *, dry_run: bool = False, if_version: int | None = None) -> dict[str, Any]:
     """Check `proposed` (against the set in force, the base models and the stored data), then store it as the next
     version, conditional on the version it was checked against (a concurrent apply: 409), and take it up in this
-    process at once (the others within METALEDGER_MODEL_REFRESH_S). `dry_run`: the checks and the diff only."""
+    process at once (the others within METALEDGER_MODEL_REFRESH_S). `dry_run`: the checks and the diff only.
+
+    An apply runs in one transaction that first locks the stored set's row for update: writes of runtime models
+    share-lock it (`refuse_writes_past_the_models`), so none lands between the checks against stored data and the
+    commit, and none that follows is checked against the set this one replaces."""
+    if dry_run:
+        return (await _checked(gateway.registry, session, proposed, if_version))[0]
+    repo = AspectRepository(session)
+    async with repo.transaction():
+        await repo.latest([(MODELS_URN, MODELS_ASPECT)], for_update=True)
+        answer, current, built = await _checked(gateway.registry, session, proposed, if_version)
+        draft = Draft(0, PIPELINE_ENTITY, MODELS_ASPECT, urn=MODELS_URN, value=proposed.to_stored(),
+                      headers={IF_VERSION_MATCH: str(current.version) if current.version else "-1"})
+        await gateway.authorize(caller, [draft])
+        checked_write = MODELS_API_WRITE.set(True)  # the rule that refuses any other write of the set lets it pass
+        try:
+            proposals = await gateway.prepare_in_turns([draft])
+            result = await gateway.apply(session, proposals, caller.audit_stamp(), [draft])
+        except PreconditionFailed as error:
+            raise ExistenceConflict(f"another apply stored a model set since version {current.version} was read; "
+                                    "nothing was stored, apply again", error.issues) from None
+        finally:
+            MODELS_API_WRITE.reset(checked_write)
+    item = result.items[0]
+    version = int(item.version or current.version)
+    if version != gateway.registry.runtime_version:
+        gateway.registry.replace_with(built, version)
+    return {**answer, "dryRun": False, "version": version, "status": item.status.value}
+
+
+async def _checked(registry: EntityRegistry, session: AsyncSession, proposed: RuntimeModelSet,
+                   if_version: int | None) -> tuple[dict[str, Any], StoredModels, EntityRegistry]:
+    """The dry run's answer, the stored set `proposed` replaces and the registry it builds; or the 409 (`if_version`
+    is not the stored version) or the 400 naming every refusal."""
     current = await stored_models(session)
     if if_version is not None and if_version != current.version:
         raise ExistenceConflict(f"the stored model set is at version {current.version}, not {if_version}; "
                                 "another apply came first", [Issue("version mismatch", urn=MODELS_URN,
                                                                    aspect=MODELS_ASPECT, path="$ifVersion")])
-    registry = gateway.registry
     checked = check_models(registry, current.models, proposed)
     refusals = checked.refusals
     if not refusals:
@@ -186,26 +286,10 @@ async def apply_models(gateway: IngestGateway, session: AsyncSession, caller: Pr
         refusals = await stored_data_refusals(session, registry, checked.built, current.models, proposed)
     if refusals:
         raise refused(refusals)
-    answer: dict[str, Any] = {"previousVersion": current.version, "diff": model_diff(current.models, proposed)}
-    if dry_run:
-        return {**answer, "dryRun": True, "version": current.version}
-    draft = Draft(0, PIPELINE_ENTITY, MODELS_ASPECT, urn=MODELS_URN, value=proposed.to_stored(),
-                  headers={IF_VERSION_MATCH: str(current.version) if current.version else "-1"})
-    checked_write = MODELS_API_WRITE.set(True)  # the rule that refuses any other write of the set lets it pass
-    try:
-        outcome = await gateway.submit(session, [draft], caller)
-    except PreconditionFailed as error:
-        raise ExistenceConflict(f"another apply stored a model set since version {current.version} was read; "
-                                "nothing was stored, apply again", error.issues) from None
-    finally:
-        MODELS_API_WRITE.reset(checked_write)
-    assert outcome.result is not None
-    item = outcome.result.items[0]
-    version = int(item.version or current.version)
-    if version != registry.runtime_version:
-        assert checked.built is not None
-        registry.replace_with(checked.built, version)
-    return {**answer, "dryRun": False, "version": version, "status": item.status.value}
+    assert checked.built is not None
+    answer = {"previousVersion": current.version, "diff": model_diff(current.models, proposed),
+              "dryRun": True, "version": current.version}
+    return answer, current, checked.built
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -214,9 +298,7 @@ async def apply_models(gateway: IngestGateway, session: AsyncSession, caller: Pr
 class ModelWatcher:
     """Keeps a process's registry at the stored runtime model set: one indexed single-row query every
     `model_refresh_s`; a new version is read, built and swapped into the registry in place (listeners follow).
-    A stored set that does not build (written around the checks) is logged once and the registry left as it is.
-    Several watchers may keep one registry (the process's, its relay's): a set is swapped in only if no other swap
-    came while it was built, so the registry never goes back to a version older than one it held."""
+    A stored set that does not build (written around the checks) is logged once and the registry left as it is."""
 
     def __init__(self, settings: Settings, sessionmaker: async_sessionmaker[AsyncSession],
                  registry: EntityRegistry) -> None:
@@ -227,25 +309,20 @@ class ModelWatcher:
 
     async def refresh(self) -> bool:
         """Take up the stored set if its version is not the registry's; True when it did."""
-        while True:
-            generation = self.registry.generation
-            async with self.sessionmaker() as session:
-                conn = await session_connection(session)
-                raw = await conn.fetchval(_VERSION_OF_LATEST, MODELS_URN, MODELS_ASPECT)
-                version = int(raw) if raw else 0
-                if version in (self.registry.runtime_version, self._failed_version):
-                    return False
-                stored = await stored_models(session) if version else StoredModels(EMPTY, 0)
-            try:  # built in a thread (a few hundred ms), swapped on the event loop
-                built = await asyncio.to_thread(build_registry, self.registry, stored.models)
-            except Exception:
-                self._failed_version = stored.version
-                log.exception("the stored runtime model set does not build; the models in force are kept",
-                              extra={"version": stored.version, "in_force": self.registry.runtime_version})
+        async with self.sessionmaker() as session:
+            conn = await session_connection(session)
+            raw = await conn.fetchval(_VERSION_OF_LATEST, MODELS_URN, MODELS_ASPECT)
+            version = int(raw) if raw else 0
+            if version in (self.registry.runtime_version, self._failed_version):
                 return False
-            if self.registry.generation == generation:
-                break
-            # another watcher swapped a set in meanwhile (maybe a newer one): look at the stored version again
+            stored = await stored_models(session) if version else StoredModels(EMPTY, 0)
+        try:  # built in a thread (a few hundred ms), swapped on the event loop
+            built = await asyncio.to_thread(build_registry, self.registry, stored.models)
+        except Exception:
+            self._failed_version = stored.version
+            log.exception("the stored runtime model set does not build; the models in force are kept",
+                          extra={"version": stored.version, "in_force": self.registry.runtime_version})
+            return False
         self.registry.replace_with(built, stored.version)
         log.info("runtime models taken up", extra={
             "version": stored.version, "aspects": sorted(stored.models.aspects),

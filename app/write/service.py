@@ -38,6 +38,7 @@ from app.write.proposal import AuditStamp, Draft, Proposal
 from app.write.repository import RETRYABLE_DB_ERRORS, AspectRepository
 from app.write.processors import PIPELINE_ASPECT, PIPELINE_URN, Pipeline
 from app.write.rules import RuleChain, Verdict, VerdictKind
+from app.write.runtime_models import refuse_writes_past_the_models
 from app.write.structured_properties import (
     PROPERTY_DEFINITION,
     PropertyDefinitionChange,
@@ -195,6 +196,7 @@ class WriteService:
             decision: Decision = done.value
         # a group's refusal is not logged: the combiner applies its writes again one by one, and the culprit's is
         _raise_on_fatal_verdicts(decision.refused, log_refusals=len(writes) == 1)
+        await refuse_writes_past_the_models(repo, self.registry, (i for w in decision.writes for i in w.items))
         # Deletes go first and alone: a batch may delete an aspect and write it again.
         await repo.delete_entities(decision.deleted_urns)
         await repo.delete_aspects(decision.deleted_keys)
