@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +53,7 @@ class DeadLetter:
     reason: str
     urn: str | None = None
     aspect: str | None = None
+    unknown_to_registry: bool = False  # an entity type or aspect the registry does not know (a newer model set may)
 
 
 @dataclass(slots=True)
@@ -126,9 +127,10 @@ def parse(record: Record, registry: Any, timeseries_topic: str, decode: Any = No
     except Exception:  # noqa: BLE001 - the registry's own lookup error; the reason below says it plainly
         entity = None
     if entity is None:
-        return DeadLetter(record, f"entity type {entity_type!r} is not in the entity registry", urn, aspect)
+        return DeadLetter(record, f"entity type {entity_type!r} is not in the entity registry", urn, aspect, True)
     if aspect not in entity.aspect_names:
-        return DeadLetter(record, f"aspect {aspect!r} is not an aspect of entity {entity.name!r} in the registry", urn, aspect)
+        return DeadLetter(record, f"aspect {aspect!r} is not an aspect of entity {entity.name!r} in the registry", urn,
+                          aspect, True)
     if mcl.get("entityType") != entity.name:
         mcl["entityType"] = entity.name
     return Planned(record, mcl, _version(mcl), record.topic == timeseries_topic)
@@ -185,11 +187,14 @@ class TaskResult:
 
 
 class IndexTask:
-    """Writes one task's plan through a started backend (a `spark_indexer.sink.WorkerRuntime`)."""
+    """Writes one task's plan through a started backend (a `spark_indexer.sink.WorkerRuntime`). `recheck`: asked once
+    when records are of an entity type or aspect the registry does not know, before they are dead-lettered; True when
+    it took up a newer model set (the records are then parsed again under it)."""
 
-    def __init__(self, runtime: Any, chunk: int) -> None:
+    def __init__(self, runtime: Any, chunk: int, recheck: Callable[[], bool] | None = None) -> None:
         self.runtime = runtime
         self.chunk = max(1, chunk)
+        self.recheck = recheck
         self.limits = IndexLimits.from_settings(getattr(runtime, "settings", None))
 
     def changes_of(self, items: list[Planned], dead: list[DeadLetter]) -> list[tuple[Planned, list[IndexChange]]]:
@@ -272,7 +277,10 @@ class IndexTask:
             key = (r.topic, r.partition)
             if r.offset > result.max_offsets.get(key, -1):
                 result.max_offsets[key] = r.offset
-        planned = plan(records, self.runtime.registry, timeseries_topic, getattr(self.runtime, "decode", None))
+        decode = getattr(self.runtime, "decode", None)
+        planned = plan(records, self.runtime.registry, timeseries_topic, decode)
+        if self.recheck is not None and any(d.unknown_to_registry for d in planned.dead) and self.recheck():
+            planned = plan(records, self.runtime.registry, timeseries_topic, decode)
         result.dead = planned.dead
         result.superseded = planned.superseded
         built = self.changes_of(planned.to_apply, result.dead)
@@ -326,14 +334,16 @@ def result_batch(result: TaskResult) -> Any:
     return pa.RecordBatch.from_pydict(rows, schema=schema)
 
 
-def index_partition_fn(payload: dict[str, Any], timeseries_topic: str, chunk: int):
-    """The function a micro-batch maps over its partitions (closure shipped to the executors)."""
+def index_partition_fn(payload: dict[str, Any], timeseries_topic: str, chunk: int, models_version: int | None = None):
+    """The function a micro-batch maps over its partitions (closure shipped to the executors). `models_version`: the
+    stored runtime model set's version the driver read for this batch (None: unknown)."""
 
     def index_partition(batches: Iterator[Any]) -> Iterator[Any]:
         from spark_indexer.sink import worker_runtime
 
         runtime = worker_runtime(payload)
-        result = IndexTask(runtime, chunk).run(records_of(batches), timeseries_topic)
+        runtime.follow_models(models_version)
+        result = IndexTask(runtime, chunk, recheck=runtime.recheck_models).run(records_of(batches), timeseries_topic)
         yield result_batch(result)
 
     return index_partition

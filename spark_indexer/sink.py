@@ -1,5 +1,10 @@
 """What a Spark task needs to write index changes: the registry and a search backend, built once per Python worker
-from the job's settings (shipped to executors as plain JSON, the registry by value), with an event loop to run the backend's coroutines."""
+from the job's settings (shipped to executors as plain JSON, the registry by value), with an event loop to run the backend's coroutines.
+
+The registry follows the runtime model set stored in the job's database (app.registry.runtime) as the service's
+processes do, through the same `ModelWatcher`: a stream task takes it up when the driver's reading of its version
+for the batch is not the registry's, and re-checks it before dead-lettering a record of an aspect or entity type the
+registry does not know (`WorkerRuntime.follow_models`, `recheck_models`)."""
 
 from __future__ import annotations
 
@@ -78,8 +83,9 @@ def settings_from_payload(payload: dict[str, Any]) -> IndexerSettings:
 
 
 def registry_for(settings: IndexerSettings) -> Any:
-    """The entity registry, loaded once per Python worker (loading and compiling it is the expensive part)."""
-    key = str(settings.registry_path)
+    """The entity registry, loaded once per Python worker and database (loading and compiling it is the expensive
+    part; a stream's registry follows its own database's runtime model set)."""
+    key = f"{settings.registry_path}\n{settings.database_url}"
     if key not in _registries:
         from app.registry import load_registry
 
@@ -138,8 +144,30 @@ class WorkerRuntime:
         self.registry = registry_for(settings)
         self.decode = decoder_for(settings)  # Kafka values (Avro or JSON) → the MCL's JSON form
         self.loop = asyncio.new_event_loop()
+        self.models = self._model_watcher()  # None without a database: the base models only
         self._backend_cm: Any = None
         self.backend: SearchBackend | None = None
+
+    def _model_watcher(self) -> Any:
+        if not self.settings.database_url:
+            return None
+        from app.db import create_engine, create_sessionmaker
+        from app.write.runtime_models import ModelWatcher
+
+        engine = create_engine(self.settings.database_url, pool_size=1)  # connects at its first query
+        return ModelWatcher(self.settings, create_sessionmaker(engine), self.registry)
+
+    def follow_models(self, version: int | None) -> None:
+        """Take up the stored runtime model set when `version`, the driver's reading for this batch (None: unknown),
+        is not the one in force. A database error fails the task (Spark retries it): indexing under a set older than
+        the batch's would skip or dead-letter what the newer one defines."""
+        if version is not None and version != self.registry.runtime_version:
+            self.recheck_models()
+
+    def recheck_models(self) -> bool:
+        """Read the stored set's version (one query) and take the set up when it moved; True when it did (False
+        without a database)."""
+        return self.models is not None and self.run(self.models.refresh())
 
     def run(self, coroutine: Awaitable[T]) -> T:
         return self.loop.run_until_complete(coroutine)  # type: ignore[arg-type]

@@ -6,6 +6,11 @@ Per micro-batch (`BatchSink.__call__`, Spark's `foreachBatch`):
    version per (urn, aspect), build changes with `app.search.documents`, bulk apply;
 2. dead letters: records that are not change logs the registry knows (or that the backend refuses) are appended
    to a Parquet table (`dead_letter_dir`, by day) with the reason, the record and its topic/partition/offset;
+   the registry is the base models plus the runtime model set stored in the database (app.registry.runtime): the
+   driver reads the set's version once per batch (`ModelVersionProbe`), after the batch's offsets are fixed, so
+   every change log in it was written under that version or an older one; a task whose registry is at another
+   version takes the set up first, and one that meets an aspect or entity type its registry does not know checks
+   the stored version again before dead-lettering it (a database read with a lag);
 3. timeseries analytics: the batch's timeseries change logs are appended to a Parquet dataset partitioned by
    aspect and day (`timeseries_dir`), once per batch (a marker per query and batch id, under `timeseries_dir`,
    makes a replayed batch a no-op); a batch without timeseries records is not read a second time for it;
@@ -19,6 +24,7 @@ replays at most the batch that was running, which the order-safe apply makes har
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import sys
 import time
@@ -30,7 +36,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from spark_indexer.batch import RESULT_SCHEMA, index_partition_fn
-from spark_indexer.config import IndexerSettings, storage_join, with_database
+from spark_indexer.config import DatabaseNotFoundError, IndexerSettings, storage_join, with_database
 from spark_indexer.metrics import BatchReporter
 from spark_indexer.sink import settings_payload
 
@@ -126,6 +132,45 @@ def json_text_udf(payload: dict[str, Any]):
     return F.udf(to_json_text, StringType())
 
 
+class ModelVersionProbe:
+    """On the driver: the stored runtime model set's version (app.write.runtime_models.stored_version), read once per
+    micro-batch on a connection kept between batches."""
+
+    def __init__(self, database_url: str) -> None:
+        from spark_indexer.postgres_source import asyncpg_dsn
+
+        self.dsn = asyncpg_dsn(database_url)
+        self.loop = asyncio.new_event_loop()
+        self.conn: Any = None
+
+    def version(self) -> int | None:
+        """None when the database does not answer: the tasks keep the models they have (and still re-check before
+        dead-lettering a record they do not know)."""
+        try:
+            return self.loop.run_until_complete(self._read())
+        except Exception as error:  # noqa: BLE001 - an outage must not stop indexing what the registry knows
+            log.warning("runtime model set's version not read", extra={"error": f"{type(error).__name__}: {error}"})
+            self.close()
+            self.loop = asyncio.new_event_loop()
+            return None
+
+    async def _read(self) -> int:
+        import asyncpg
+
+        from app.write.runtime_models import stored_version
+
+        if self.conn is None or self.conn.is_closed():
+            self.conn = await asyncpg.connect(self.dsn,
+                                              server_settings={"application_name": "metaledger-spark-indexer"})
+        return await stored_version(self.conn)
+
+    def close(self) -> None:
+        conn, self.conn = self.conn, None
+        if conn is not None:
+            conn.terminate()  # no query in flight: nothing to finish first
+        self.loop.close()
+
+
 class BatchSink:
     """Spark's `foreachBatch` function for the change-log stream."""
 
@@ -140,6 +185,7 @@ class BatchSink:
         self.result = StreamResult()
         self.positions: dict[tuple[str, int], int] = {}  # next offset to index per topic partition
         self.reporter = BatchReporter.from_settings(settings)  # Prometheus textfile / Pushgateway, when configured
+        self.models = ModelVersionProbe(settings.database_url) if settings.database_url else None
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         t0 = time.perf_counter()
@@ -149,7 +195,8 @@ class BatchSink:
             records = records.repartition(self.partitions, "key")
         rows = (
             records
-            .mapInArrow(index_partition_fn(self.payload, self.timeseries_topic, self.settings.spark_apply_chunk), RESULT_SCHEMA)
+            .mapInArrow(index_partition_fn(self.payload, self.timeseries_topic, self.settings.spark_apply_chunk,
+                                           self.models.version() if self.models is not None else None), RESULT_SCHEMA)
             .collect()
         )
         dead: list[Any] = []
@@ -181,6 +228,10 @@ class BatchSink:
             self.reporter.report(metrics)
         if self.echo:
             print(metrics.line(), file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        if self.models is not None:
+            self.models.close()
 
     def _query_id(self) -> str:
         return self.spark.sparkContext.getLocalProperty("sql.streaming.queryId") or "query"
@@ -265,6 +316,11 @@ def run_stream(spark: SparkSession, settings: IndexerSettings, *, checkpoint: st
         raise RuntimeError("the streaming job reads the change-log topics: set METALEDGER_KAFKA_BOOTSTRAP_SERVERS")
     if not settings.search_url:  # the embedded Postgres search backend: its tables are in the database
         settings = with_database(settings)
+    else:
+        try:  # the runtime model set is read from the database
+            settings = with_database(settings)
+        except DatabaseNotFoundError as error:
+            log.warning(f"the stream indexes the base models only (runtime models are not followed): {error}")
     sink = BatchSink(spark, settings, echo=echo)
     source = read_stream(spark, settings, sink.topics)
     writer = (
@@ -278,4 +334,6 @@ def run_stream(spark: SparkSession, settings: IndexerSettings, *, checkpoint: st
         query.awaitTermination()
     except KeyboardInterrupt:
         query.stop()
+    finally:
+        sink.close()
     return sink.result

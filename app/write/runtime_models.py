@@ -69,6 +69,12 @@ async def stored_models(session: AsyncSession, version: int | None = None) -> St
     return StoredModels(EMPTY, 0)
 
 
+async def stored_version(conn) -> int:
+    """The stored set's latest version (0: none stored yet): one indexed single-row query."""
+    raw = await conn.fetchval(_VERSION_OF_LATEST, MODELS_URN, MODELS_ASPECT)
+    return int(raw) if raw else 0
+
+
 async def model_history(session: AsyncSession) -> list[dict[str, Any]]:
     """Every stored version, newest first: when, by whom, which aspects and entities."""
     conn = await session_connection(session)
