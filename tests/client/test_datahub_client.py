@@ -17,7 +17,7 @@ import pytest
 pytestmark = pytest.mark.client
 
 DS = "urn:li:dataset:(urn:li:dataPlatform:hive,client.{name},PROD)"
-RECORDS = 3000  # MCPs in the generated metadata file
+RECORDS = 1000  # MCPs in the generated metadata file: ten of the Rest.li sink's batches of 100
 
 
 def entity(metaledger, entity_type: str, urn: str) -> dict:
@@ -93,9 +93,9 @@ PATCH_SCRIPT = """
 def test_without_a_valid_token_the_client_fails_cleanly(datahub, metaledger):
     """No token, and a revoked one: the client's connection test (/config) passes, the write fails with the
     service's 401 message (the client does not retry 401), and nothing is stored."""
-    from tests.processes import issue_token
+    from tests.processes import service_token
 
-    revoked = issue_token({"METALEDGER_DATABASE_URL": metaledger.database_url}, "urn:li:corpuser:leaver", "writer")
+    revoked = service_token({"METALEDGER_DATABASE_URL": metaledger.database_url}, "urn:li:corpuser:leaver", "writer")
     with metaledger.http() as http:
         token_id = next(t["id"] for t in http.get("/openapi/v1/auth/tokens", params={"actor": "urn:li:corpuser:leaver"}).json()["tokens"])
         assert http.delete(f"/openapi/v1/auth/tokens/{token_id}").status_code == 200

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from app.embedded_pg import free_port
-from tests.processes import issue_token, start_service, stop_process, wait_healthy
+from tests.processes import service_token, start_service, stop_process, wait_healthy
 
 FLOODERS, BATCH = 8, 300
 SINGLE_WRITES = 30  # at least; the single writer goes on until the flood has been both admitted and refused
@@ -34,7 +34,7 @@ def single_path(name: str) -> str:
     return f"/openapi/v3/entity/dataset/{quote(urn, safe='')}/datasetProperties"
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")  # one process for both tests: each leaves the budget as it found it (all answered)
 def service(make_database, migrated_template):
     database_url = make_database(template=migrated_template)
     env = {"METALEDGER_DATABASE_URL": database_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
@@ -51,8 +51,8 @@ def service(make_database, migrated_template):
 async def test_a_flood_from_one_caller_is_refused_while_another_callers_single_writes_are_served(service):
     base, env, _ = service
     await wait_healthy(base, 120)
-    flood_auth = {"authorization": f"Bearer {issue_token(env, 'urn:li:corpuser:flood', 'writer')}"}
-    single_auth = {"authorization": f"Bearer {issue_token(env, 'urn:li:corpuser:single', 'writer')}"}
+    flood_auth = {"authorization": f"Bearer {service_token(env, 'urn:li:corpuser:flood', 'writer')}"}
+    single_auth = {"authorization": f"Bearer {service_token(env, 'urn:li:corpuser:single', 'writer')}"}
     flood_statuses: list[int] = []
     flood_seconds: list[float] = []  # of the batches admitted
     retry_afters: list[str | None] = []
@@ -105,7 +105,7 @@ async def test_a_flood_from_one_caller_is_refused_while_another_callers_single_w
 async def test_an_admitted_write_past_its_deadline_answers_503_and_commits_nothing(service):
     base, env, dsn = service
     await wait_healthy(base, 120)
-    auth = {"authorization": f"Bearer {issue_token(env, 'urn:li:corpuser:single', 'writer')}"}
+    auth = {"authorization": f"Bearer {service_token(env, 'urn:li:corpuser:single', 'writer')}"}
     update = single_path("locked") + "?createIfNotExists=false"  # a new version of the existing aspect
     async with httpx.AsyncClient(base_url=base, timeout=60, headers=auth) as http:
         assert (await http.post(single_path("locked"), json={"value": {"name": "before"}})).status_code == 200

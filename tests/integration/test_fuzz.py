@@ -8,7 +8,7 @@ import asyncio
 
 from app.embedded_pg import free_port
 from tests.fuzz import ci_path_filter, fuzz
-from tests.processes import issue_token, start_service, stop_process, wait_healthy
+from tests.processes import service_token, start_service, stop_process, wait_healthy
 
 
 async def test_schemathesis_finds_no_server_error_and_no_undocumented_status(database_url, tmp_path):
@@ -18,7 +18,7 @@ async def test_schemathesis_finds_no_server_error_and_no_undocumented_status(dat
     service = start_service(env, port)
     try:
         await wait_healthy(f"http://127.0.0.1:{port}", process=service)
-        token = await asyncio.to_thread(issue_token, env)
+        token = await asyncio.to_thread(service_token, env)
         run = await asyncio.to_thread(
             fuzz, f"http://127.0.0.1:{port}", token, seed=20261124, max_examples=3, max_time_s=100,
             path_regex=ci_path_filter(), report_dir=tmp_path,
