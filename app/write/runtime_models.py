@@ -304,7 +304,9 @@ async def _checked(registry: EntityRegistry, session: AsyncSession, proposed: Ru
 class ModelWatcher:
     """Keeps a process's registry at the stored runtime model set: one indexed single-row query every
     `model_refresh_s`; a new version is read, built and swapped into the registry in place (listeners follow).
-    A stored set that does not build (written around the checks) is logged once and the registry left as it is."""
+    A stored set that does not build (written around the checks) is logged once and the registry left as it is.
+    Several watchers may keep one registry (the process's, its relay's): a set is swapped in only if no other swap
+    came while it was built, so the registry never goes back to a version older than one it held."""
 
     def __init__(self, settings: Settings, sessionmaker: async_sessionmaker[AsyncSession],
                  registry: EntityRegistry) -> None:
@@ -315,20 +317,25 @@ class ModelWatcher:
 
     async def refresh(self) -> bool:
         """Take up the stored set if its version is not the registry's; True when it did."""
-        async with self.sessionmaker() as session:
-            conn = await session_connection(session)
-            raw = await conn.fetchval(_VERSION_OF_LATEST, MODELS_URN, MODELS_ASPECT)
-            version = int(raw) if raw else 0
-            if version in (self.registry.runtime_version, self._failed_version):
+        while True:
+            generation = self.registry.generation
+            async with self.sessionmaker() as session:
+                conn = await session_connection(session)
+                raw = await conn.fetchval(_VERSION_OF_LATEST, MODELS_URN, MODELS_ASPECT)
+                version = int(raw) if raw else 0
+                if version in (self.registry.runtime_version, self._failed_version):
+                    return False
+                stored = await stored_models(session) if version else StoredModels(EMPTY, 0)
+            try:  # built in a thread (a few hundred ms), swapped on the event loop
+                built = await asyncio.to_thread(build_registry, self.registry, stored.models)
+            except Exception:
+                self._failed_version = stored.version
+                log.exception("the stored runtime model set does not build; the models in force are kept",
+                              extra={"version": stored.version, "in_force": self.registry.runtime_version})
                 return False
-            stored = await stored_models(session) if version else StoredModels(EMPTY, 0)
-        try:  # built in a thread (a few hundred ms), swapped on the event loop
-            built = await asyncio.to_thread(build_registry, self.registry, stored.models)
-        except Exception:
-            self._failed_version = stored.version
-            log.exception("the stored runtime model set does not build; the models in force are kept",
-                          extra={"version": stored.version, "in_force": self.registry.runtime_version})
-            return False
+            if self.registry.generation == generation:
+                break
+            # another watcher swapped a set in meanwhile (maybe a newer one): look at the stored version again
         self.registry.replace_with(built, stored.version)
         log.info("runtime models taken up", extra={
             "version": stored.version, "aspects": sorted(stored.models.aspects),
