@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 
 from pyspark import SparkConf, SparkContext, SparkFiles
@@ -20,14 +21,18 @@ JOB_DEFAULTS = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.sql.streaming.stopGracefullyOnShutdown": "true",
 }
-# Defaults for a local master only (a laptop, tests): no UI or progress bars, few shuffle partitions, a faster JVM
-# start. A cluster keeps Spark's own defaults for these.
+# Defaults for a local master only (a laptop, tests): no UI or progress bars, few shuffle partitions. A cluster keeps
+# Spark's own defaults for these.
 LOCAL_DEFAULTS = {
     "spark.ui.enabled": "false",
     "spark.ui.showConsoleProgress": "false",
     "spark.sql.shuffle.partitions": "4",
-    "spark.driver.extraJavaOptions": "-XX:TieredStopAtLevel=1",
 }
+# JVM options of a local master's driver (which runs its executors too): the client-only JIT cuts a session's JVM CPU
+# time by ~40% (start and small jobs: 28-31 s against 46-50 s measured). JVM options only count when the JVM is
+# launched, so these go to spark-submit's command line; `defaultJavaOptions` come before an operator's
+# `spark.driver.extraJavaOptions`, whose flags win.
+LOCAL_LAUNCH_DEFAULTS = {"spark.driver.defaultJavaOptions": "-XX:TieredStopAtLevel=1"}
 # What PySpark's launcher sets when `python -m …` starts the JVM itself (it submits a "pyspark-shell"): its
 # defaults for an interactive shell, not an operator's choices.
 LAUNCHER_KEYS = ("spark.master", "spark.app.name", "spark.ui.showConsoleProgress")
@@ -38,11 +43,36 @@ def submitted() -> bool:
     return "PYSPARK_GATEWAY_PORT" in os.environ
 
 
+def launch_conf(master: str) -> SparkConf | None:
+    """What a JVM this process launches for `master` gets on spark-submit's command line: the launch defaults of a
+    local master that spark-defaults.conf does not set (a `--conf` would override the file's value)."""
+    if not master.startswith("local"):
+        return None
+    launch = SparkConf(loadDefaults=False)
+    for key, value in LOCAL_LAUNCH_DEFAULTS.items():
+        if not defaults_file_sets(key):
+            launch.set(key, value)
+    return launch
+
+
+def defaults_file_sets(key: str) -> bool:
+    """Whether the spark-defaults.conf spark-submit would read (`SPARK_CONF_DIR`, else Spark's conf/) sets `key`."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    folder = os.environ.get("SPARK_CONF_DIR") or os.path.join(_find_spark_home(), "conf")
+    try:
+        with open(os.path.join(folder, "spark-defaults.conf"), encoding="utf-8") as defaults:
+            return any(re.match(rf"\s*{re.escape(key)}[\s=:]", line) for line in defaults)
+    except OSError:
+        return False
+
+
 def session_conf(master: str, app_name: str, conf: dict[str, str] | None = None) -> SparkConf:
     """The conf the session is built with: what spark-submit or the environment gave (the JVM's system properties),
     then `conf` and the job's defaults only for keys still unset; `master` only when spark-submit gave none."""
     was_submitted = submitted()
-    SparkContext._ensure_initialized()  # joins spark-submit's JVM, or launches one: its properties are the given conf
+    # joins spark-submit's JVM, or launches one: its properties are the given conf
+    SparkContext._ensure_initialized(conf=None if was_submitted else launch_conf(master))
     given = SparkConf()
     if not was_submitted:
         for key in LAUNCHER_KEYS:
