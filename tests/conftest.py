@@ -66,7 +66,7 @@ LONG_MODULES = (
     "tests/integration/test_fuzz.py",
     "tests/spark/test_stream.py",
     "tests/client/test_runs_cli.py",
-    "tests/spark/test_cli.py",
+    "tests/spark/test_reconcile.py",
     "tests/client/test_datahub_client.py",
     "tests/client/test_datahub_graphql.py",
     "tests/client/test_openlineage_dbt.py",  # its virtualenv: about 100 s the first time

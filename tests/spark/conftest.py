@@ -48,10 +48,12 @@ def work_dir(tmp_path: Path) -> Path:
     return tmp_path / "spark"
 
 
-@pytest_asyncio.fixture(scope="module")
+@pytest_asyncio.fixture(scope="session")
 async def ingested(make_database, migrated_template, registry, search_server) -> SimpleNamespace:
-    """The shared data set (tests/spark/dataset.py), once per module: a database and a live index (prefix `reference`)
-    built by the app from ~360 proposals."""
+    """The shared data set (tests/spark/dataset.py), once per test process (~25 s), not per module: a database and a
+    live index (prefix `reference`) built by the app from ~360 proposals. No test changes the stored aspects or the
+    reference index: one that writes an index restores into a prefix of its own (added to `prefixes`, dropped at the
+    end); the Postgres backend's search tables in the database are the embedded-backend test's alone."""
     database_url = make_database(template=migrated_template)
     reference = f"t{uuid.uuid4().hex[:8]}_"
     settings = Settings(database_url=database_url, apply_migrations_on_start=False, search_url=search_server.url,

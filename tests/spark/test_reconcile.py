@@ -1,5 +1,9 @@
 """reconcile against the real Postgres and the osmem OpenSearch-API server (and the embedded Postgres backend): a
-consistent index has no drift; each kind of corruption is reported, and `repair=True` fixes it (re-check ok)."""
+consistent index has no drift; each kind of corruption is reported, and `repair=True` fixes it (re-check ok).
+
+`python -m spark_indexer` as an operator runs it: settings from METALEDGER_* variables, exit status 0 only when the job
+succeeded (restore-indices) or no drift remains (reconcile). It reuses the run's SparkSession (the command reuses an
+active session, as under spark-submit) and the shared data set."""
 
 from __future__ import annotations
 
@@ -11,10 +15,13 @@ from urllib.parse import quote
 import asyncpg
 import httpx
 import pytest
+from click.testing import CliRunner
 
+from spark_indexer.cli import main
 from spark_indexer.reconcile import reconcile
 from spark_indexer.restore import restore_indices
 from tests.spark.dataset import ds, dump, indexer_settings
+from tests.spark.env import metaledger_env
 
 ORPHAN = "urn:li:dataset:(urn:li:dataPlatform:hive,db9.ghost,PROD)"
 
@@ -134,3 +141,27 @@ def test_restore_and_reconcile_on_the_embedded_postgres_backend(spark, ingested)
     assert repaired.ok, repaired.summary()
     # the orphan became a tombstone: version markers only (deleted), no live aspect
     assert {r["deleted"] for r in asyncio.run(query("SELECT deleted FROM search_aspect_fields WHERE urn = $1", ORPHAN))} == {True}
+
+
+def test_restore_then_reconcile_exit_status_follows_drift(spark, ingested):
+    prefix = f"t{uuid.uuid4().hex[:8]}_"
+    ingested.prefixes.append(prefix)
+    env = metaledger_env(indexer_settings(ingested, prefix), "database_url", "search_url", "search_flavor",
+                         "search_index_prefix", "spark_restore_partitions", "spark_apply_chunk")
+    runner = CliRunner()
+
+    restored = runner.invoke(main, ["restore-indices", "--clean"], env=env)
+    assert restored.exit_code == 0, restored.output
+    assert "restore-indices" in restored.output
+
+    clean = runner.invoke(main, ["reconcile"], env=env)
+    assert clean.exit_code == 0, clean.output
+
+    index = f"{prefix}datasetindex_v2"
+    httpx.delete(_doc_url(ingested.search_url, index, ds(2)), params={"refresh": "true"}, timeout=30).raise_for_status()
+    drift = runner.invoke(main, ["reconcile"], env=env)
+    assert drift.exit_code == 1 and "missing" in drift.output, drift.output
+
+    # --repair re-checks after repairing: its exit status is the re-check's
+    repaired = runner.invoke(main, ["reconcile", "--repair"], env=env)
+    assert repaired.exit_code == 0 and "left after re-check: missing 0" in repaired.output, repaired.output

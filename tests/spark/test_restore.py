@@ -1,8 +1,8 @@
 """restore-indices against the real Postgres and the osmem OpenSearch-API server, with the shared local[2] session.
 
-One module-scoped data set: ~60 entities (50 datasets with six aspects each, some updated twice, corpusers, tags)
-ingested through the HTTP API with sync indexing into a reference prefix (the live index). Restores go into other
-prefixes (a prefix nobody wrote to is exactly "the indices were deleted") and are compared with the reference.
+The shared data set (the `ingested` fixture, one per test process): ~60 entities (50 datasets with six aspects each,
+some updated twice, corpusers, tags) ingested through the HTTP API with sync indexing into a reference prefix (the
+live index). Restores go into other prefixes (a prefix nobody wrote to is exactly "the indices were deleted") and are compared with the reference.
 """
 
 from __future__ import annotations
