@@ -157,12 +157,12 @@ async def test_kill_9_mid_stream_then_restart_loses_nothing_and_regresses_nothin
     from spark_indexer.stream import run_stream
 
     # several micro-batches, and versions of one aspect in different ones
-    settings = indexer_settings.model_copy(update={"spark_max_offsets_per_trigger": 400,
+    settings = indexer_settings.model_copy(update={"spark_max_offsets_per_trigger": 200,
                                                    "spark_trigger_interval_s": 0.2})
-    urns = [ds(f"crash_{i}") for i in range(400)]
+    urns = [ds(f"crash_{i}") for i in range(200)]
     first = [mcp("datasetProperties", {"name": f"crash_{i}", "description": "first"}, u) for i, u in enumerate(urns)]
     first += [mcp("globalTags", {"tags": [{"tag": "urn:li:tag:pii"}]}, u) for u in urns]
-    first += [mcp("upstreamLineage", lineage(urns[i - 1]), urns[i]) for i in range(1, 400, 2)]
+    first += [mcp("upstreamLineage", lineage(urns[i - 1]), urns[i]) for i in range(1, 200, 2)]
     await propose(client, *first, batch_size=500)
     await wait_delivered(db)
 
@@ -183,7 +183,7 @@ async def test_kill_9_mid_stream_then_restart_loses_nothing_and_regresses_nothin
         if job.poll() is None:
             os.killpg(job.pid, signal.SIGKILL)
     await propose(client, *[mcp("datasetProperties", {"name": f"crash_{i}", "description": "third"}, u)
-                            for i, u in enumerate(urns[:50])], batch_size=500)
+                            for i, u in enumerate(urns[:25])], batch_size=500)
     await wait_delivered(db)
 
     # the restart is a new driver (the run's local session) with only the killed job's checkpoint to go on
@@ -192,7 +192,7 @@ async def test_kill_9_mid_stream_then_restart_loses_nothing_and_regresses_nothin
     report = await asyncio.to_thread(reconcile, spark, settings)
     assert report.ok and report.pg_rows > 0, report.summary()
 
-    await assert_index_current(client, urns[::20])
-    assert sorted(await search_urns(client, "third", 100)) == sorted(urns[:50])
-    assert len(await search_urns(client, "second", 400)) == 350
+    await assert_index_current(client, urns[::10])
+    assert sorted(await search_urns(client, "third", 100)) == sorted(urns[:25])
+    assert len(await search_urns(client, "second", 200)) == 175
     assert await search_urns(client, "first") == []
