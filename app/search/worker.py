@@ -29,6 +29,10 @@ Design:
   recorded in `search_index_failure` in the transaction that advances the cursor past it, and skipped; every other
   change log of the batch is applied, in order. Only transient errors (`is_transient`: the backend or the database
   unreachable, overloaded, restarting) hold the position.
+* Runtime models: a change log of an entity type or aspect the registry does not know (written under a runtime model
+  set this process's ModelWatcher has not taken up yet: within METALEDGER_MODEL_REFRESH_S of an apply) makes the
+  worker take the stored set up before it builds the batch's changes (`ModelWatcher.refresh_for`), so it is indexed
+  under the set it was written with, not consumed unindexed.
 * Retries: at most every `RETRY_CHECK_S`, failures whose retry is due (exponential backoff,
   `search_failure_retry_min_s` .. `_max_s`) are applied again from the change log they keep; indexed ones leave the
   table, the others back off further. A batch that indexes a newer version of an aspect drops its older failures.
@@ -51,8 +55,9 @@ from app.search.failures import IndexFailures, describe
 from app.search.service import IndexItem, SearchRuntime
 from app.settings import Settings
 from app.ops.metrics import INDEXER_APPLIED, INDEXER_ERRORS, INDEXER_FAILED_ROWS, INDEXER_RETRIED_ROWS
-from app.db import close_quietly, connect_dedicated
+from app.db import close_quietly, connect_dedicated, create_sessionmaker
 from app.workers import pause
+from app.write.runtime_models import ModelWatcher
 
 log = logging.getLogger("metaledger.search.worker")
 
@@ -85,6 +90,7 @@ class IndexWorker:
         self.batch = settings.search_worker_batch_size
         self.topics = [settings.topic_mcl_versioned, settings.topic_mcl_timeseries]
         self.failure_table = IndexFailures(settings.search_failure_retry_min_s, settings.search_failure_retry_max_s)
+        self.models = ModelWatcher(settings, create_sessionmaker(engine), runtime.registry)
         # figures, for tests, logs and app.ops
         self.applied_rows = 0
         self.applied_changes = 0
@@ -142,7 +148,7 @@ class IndexWorker:
             rows = await cursor.read_after(last, self.batch, self.topics)
             if not rows:
                 return 0
-            items, failed = self._items(rows, "id")
+            items, failed = await self._items(rows, "id")
             failed += await self.runtime.indexer.apply_isolating(items)
             if failed:
                 await self.failure_table.record(cursor.conn, failed)
@@ -190,7 +196,7 @@ class IndexWorker:
             due = await self.failure_table.due(conn, RETRY_BATCH)
             if not due:
                 return 0
-            items, failed = self._items(due, "outbox_id")
+            items, failed = await self._items(due, "outbox_id")
             failed += await self.runtime.indexer.apply_isolating(items)
             failed_ids = {key for key, _ in failed}
             indexed = [r["outbox_id"] for r in due if r["outbox_id"] not in failed_ids]
@@ -206,8 +212,10 @@ class IndexWorker:
             self._log_failed(due, "outbox_id", failed, retry=True)
         return len(indexed)
 
-    def _items(self, rows: Sequence[Any], key: str) -> tuple[list[IndexItem], list[tuple[int, str]]]:
-        """Each row's index changes (keyed by its `key` column), and the rows whose changes cannot be built."""
+    async def _items(self, rows: Sequence[Any], key: str) -> tuple[list[IndexItem], list[tuple[int, str]]]:
+        """Each row's index changes (keyed by its `key` column), and the rows whose changes cannot be built; under
+        the stored runtime model set when a row is of an entity type or aspect the registry does not know."""
+        await self.models.refresh_for((row["urn"], row["aspect"]) for row in rows if row["payload"] is not None)
         indexer = self.runtime.indexer
         items: list[IndexItem] = []
         failed: list[tuple[int, str]] = []

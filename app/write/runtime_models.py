@@ -23,6 +23,7 @@ from app.registry import AspectValidationError, EntityRegistry, RegistryError
 from app.registry.compatibility import Refusal, check_models
 from app.registry.runtime import EMPTY, MODELS_ASPECT, RuntimeModelSet, build_registry
 from app.settings import Settings
+from app.urns import InvalidUrnError, entity_type_of
 from app.workers import pause
 from app.write.processors import PIPELINE_ENTITY
 from app.write.decision import ItemResult, ItemStatus
@@ -306,7 +307,8 @@ class ModelWatcher:
     `model_refresh_s`; a new version is read, built and swapped into the registry in place (listeners follow).
     A stored set that does not build (written around the checks) is logged once and the registry left as it is.
     Several watchers may keep one registry (the process's, its relay's): a set is swapped in only if no other swap
-    came while it was built, so the registry never goes back to a version older than one it held."""
+    came while it was built, so the registry never goes back to a version older than one it held. A worker that
+    meets a change log of an entity type or aspect its registry lacks takes the set up at once (`refresh_for`)."""
 
     def __init__(self, settings: Settings, sessionmaker: async_sessionmaker[AsyncSession],
                  registry: EntityRegistry) -> None:
@@ -320,9 +322,7 @@ class ModelWatcher:
         while True:
             generation = self.registry.generation
             async with self.sessionmaker() as session:
-                conn = await session_connection(session)
-                raw = await conn.fetchval(_VERSION_OF_LATEST, MODELS_URN, MODELS_ASPECT)
-                version = int(raw) if raw else 0
+                version = await stored_version(await session_connection(session))
                 if version in (self.registry.runtime_version, self._failed_version):
                     return False
                 stored = await stored_models(session) if version else StoredModels(EMPTY, 0)
@@ -341,6 +341,22 @@ class ModelWatcher:
             "version": stored.version, "aspects": sorted(stored.models.aspects),
             "entities": [e.name for e in stored.models.entities], "generation": self.registry.generation})
         return True
+
+    async def refresh_for(self, pairs: Iterable[tuple[str, str]]) -> bool:
+        """Take up the stored set if the registry lacks the entity type or the aspect of one of the (urn, aspect)
+        `pairs`: change logs written under a set this process has not taken up yet (within `model_refresh_s` of an
+        apply). True when it did."""
+        if any(self._lacks(urn, aspect) for urn, aspect in pairs):
+            return await self.refresh()
+        return False
+
+    def _lacks(self, urn: str, aspect: str) -> bool:
+        try:
+            entity_type = entity_type_of(urn)
+        except InvalidUrnError:
+            return False  # no model set makes it an entity's
+        registry = self.registry
+        return not registry.has_entity(entity_type) or aspect not in registry.entity(entity_type).aspect_names
 
     async def run(self, stop: asyncio.Event) -> None:
         while True:
