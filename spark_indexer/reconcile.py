@@ -2,8 +2,9 @@
 
 Expected side (Postgres, read in parallel by `postgres_source`, versions only): every latest row of an aspect that
 produces index content (`documents` aspect model: not timeseries, with Searchable fields, Relationship annotations, or
-the key aspect) must be in its entity's document at its logical version (target "document"); an aspect with
-Relationship annotations must also have its edge-set marker at that version (target "edges").
+the key aspect; of the base models and the runtime model set stored when it starts) must be in its entity's document at
+its logical version (target "document"); an aspect with Relationship annotations must also have its edge-set marker at
+that version (target "edges").
 
 Index side, read in bulk (first, so writes landing meanwhile show up as benign "missing"/"stale" rather than
 "orphan"): the backend's `indexed_versions` (Elasticsearch/OpenSearch: `search_after` over each selected entity index
@@ -34,7 +35,7 @@ from app.urns import entity_type_of
 from spark_indexer.config import IndexerSettings, with_database
 from spark_indexer.postgres_source import RowFilter, asyncpg_dsn, fetch_latest, read_latest_aspects
 from spark_indexer.restore import _canonical_entities, backend_label, row_changes
-from spark_indexer.sink import opened_backend, registry_for
+from spark_indexer.sink import current_registry, opened_backend
 
 KINDS = ("missing", "stale", "orphan", "ahead")
 MAX_EXAMPLES = 20
@@ -226,7 +227,7 @@ def reconcile(spark: Any, settings: IndexerSettings, *, repair: bool = False,
     """Compare the indices with Postgres (all entity types, or `entities`); with `repair`, fix and re-check."""
     settings = with_database(settings)
     started = time.monotonic()
-    registry = registry_for(settings)
+    registry = current_registry(settings)
     entity_types = _canonical_entities(registry, entities) or sorted(registry.entities)
     report = ReconcileReport(backend=backend_label(settings), entities=entity_types)
     counts, examples, drifts, report.pg_rows, report.index_entries = _check(spark, settings, registry, entity_types,

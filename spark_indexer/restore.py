@@ -1,12 +1,13 @@
 """restore-indices: rebuild the search, graph and edge-set indices from the latest rows of `metadata_aspect_v2`.
 
 Every latest row becomes a synthetic change log (UPSERT of the stored value with its stored system metadata) and goes
-through `app.search.documents.changes_from_mcl`, exactly as live indexing does, then through the backend's `apply`
-(idempotent and order-safe) from Spark tasks: the rows are read in parallel (`postgres_source`, N =
+through `app.search.documents.changes_from_mcl`, exactly as live indexing does (under the base models and the runtime
+model set stored in the database when the driver, and each task, starts: `sink.current_registry`), then through the
+backend's `apply` (idempotent and order-safe) from Spark tasks: the rows are read in parallel (`postgres_source`, N =
 `spark_restore_partitions` hash buckets of the urn, so all aspects of an entity are in one task), sorted by urn (so an
-entity's aspects go in one bulk) and applied in `spark_apply_chunk`-sized bulks, two in flight per task. When Spark
-has no more cores than N, each bucket is sorted by Postgres and applied by the task that reads it (one stage, no
-shuffle); otherwise the rows are repartitioned by urn into ~`ROWS_PER_APPLY_TASK`-row tasks and sorted by Spark.
+entity's aspects go in one bulk) and applied in `spark_apply_chunk`-sized bulks, two in flight per task. When Spark has
+no more cores than N, each bucket is sorted by Postgres and applied by the task that reads it (one stage, no shuffle);
+otherwise the rows are repartitioned by urn into ~`ROWS_PER_APPLY_TASK`-row tasks and sorted by Spark.
 
 Modes:
 
@@ -49,7 +50,7 @@ from app.search.model import RebuildTarget
 from app.urns import InvalidUrnError, entity_type_of
 from spark_indexer.config import IndexerSettings, with_database
 from spark_indexer.postgres_source import RowFilter, count_latest, read_latest_aspects
-from spark_indexer.sink import build_backend, opened_backend, registry_for, settings_from_payload, settings_payload
+from spark_indexer.sink import build_backend, current_registry, opened_backend, settings_from_payload, settings_payload
 
 CATCH_UP_MARGIN = timedelta(seconds=5)  # clock skew between writers and this job: replays are harmless
 ROWS_PER_APPLY_TASK = 10_000  # apply-stage partitions: at least spark_restore_partitions, ~this many rows each
@@ -208,7 +209,7 @@ def _apply_partition(payload: dict[str, Any], target: RebuildTarget | None, chun
         from app.search.documents import IndexLimits
 
         settings = settings_from_payload(payload)
-        registry = registry_for(settings)
+        registry = current_registry(settings)
         limits = IndexLimits.from_settings(settings)
         stats = {"rows": 0, "indexed": 0, "skipped": 0, "failed": 0, "changes": 0, "entities": 0}
         errors: list[str] = []
@@ -372,7 +373,7 @@ def restore_indices(
         raise ValueError("--clean rebuilds whole entity types: combine it with --entity only")
     started = time.monotonic()
     rebuild_start = datetime.now(timezone.utc)
-    registry = registry_for(settings)
+    registry = current_registry(settings)
     entity_types = _canonical_entities(registry, entities)
     row_filter = RowFilter.of(entities=entity_types, aspects=aspects, urn_like=urn_like, since=since, until=until)
     fresh_indices = bool(settings.search_url)  # Elasticsearch/OpenSearch can build fresh indices; Postgres cannot

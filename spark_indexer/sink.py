@@ -4,7 +4,8 @@ from the job's settings (shipped to executors as plain JSON, the registry by val
 The registry follows the runtime model set stored in the job's database (app.registry.runtime) as the service's
 processes do, through the same `ModelWatcher`: a stream task takes it up when the driver's reading of its version
 for the batch is not the registry's, and re-checks it before dead-lettering a record of an aspect or entity type the
-registry does not know (`WorkerRuntime.follow_models`, `recheck_models`)."""
+registry does not know (`WorkerRuntime.follow_models`, `recheck_models`); restore-indices and reconcile take the set
+stored when they start, on the driver and in each task (`current_registry`)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import hashlib
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Awaitable
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -92,6 +94,30 @@ def registry_for(settings: IndexerSettings) -> Any:
         _registries[key] = load_registry(settings.registry_path, trim_unknown_fields=settings.trim_unknown_fields,
                                          strict_urns=settings.strict_urn_validation)
     return _registries[key]
+
+
+def current_registry(settings: IndexerSettings) -> Any:
+    """`registry_for(settings)` at the runtime model set stored in the job's database now (a restore or reconcile
+    after an apply indexes and compares the runtime aspects' fields too; without a database: the base models). Taken
+    up by the service's `ModelWatcher` (one query when the set has not changed), on an event loop of its own in a
+    thread, since callers may be inside a running one. A database error raises (the job could not read its rows
+    either)."""
+    registry = registry_for(settings)
+    if settings.database_url:
+        with ThreadPoolExecutor(1, thread_name_prefix="metaledger-models") as pool:
+            pool.submit(asyncio.run, _take_up_stored_models(settings, registry)).result()
+    return registry
+
+
+async def _take_up_stored_models(settings: IndexerSettings, registry: Any) -> None:
+    from app.db import create_engine, create_sessionmaker
+    from app.write.runtime_models import ModelWatcher
+
+    engine = create_engine(settings.database_url, pool_size=1)
+    try:
+        await ModelWatcher(settings, create_sessionmaker(engine), registry).refresh()
+    finally:
+        await engine.dispose()
 
 
 def build_backend(settings: IndexerSettings, registry: Any, *, refresh: bool | str = False, pool_size: int = 10,
