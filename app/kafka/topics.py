@@ -3,8 +3,9 @@
 Every metaledger topic is created if missing, with DataHub's configs: one partition and replication factor 1 by
 default (DataHub's PARTITIONS / REPLICATION_FACTOR defaults), `max.message.bytes` = `kafka_max_message_bytes` on all,
 `retention.ms` 7 days on the versioned MCL topic and 90 days on the timeseries MCL topic. Existing topics are left as
-they are (their configs are not altered). Creating is idempotent: a topic created concurrently by another process
-("already exists") is not an error.
+they are (their configs are not altered); one whose partition count is not `kafka_topic_partitions` is logged as a
+warning (a topic a client auto-created with the broker's default count, say). Creating is idempotent: a topic created
+concurrently by another process ("already exists") is not an error.
 """
 
 from __future__ import annotations
@@ -68,8 +69,14 @@ async def create_missing_topics(settings: Settings, extra: Sequence[str] = ()) -
     )
     await admin.start()
     try:
-        existing = set(await admin.list_topics())
-        missing = [s for s in topic_specs(settings, extra) if s.name not in existing]
+        existing = {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics()}
+        specs = topic_specs(settings, extra)
+        for spec in specs:
+            if spec.name in existing and existing[spec.name] != partitions:
+                log.warning("kafka topic exists with another partition count than the setting; left as it is",
+                            extra={"topic": spec.name, "partitions": existing[spec.name],
+                                   "kafka_topic_partitions": partitions})
+        missing = [s for s in specs if s.name not in existing]
         if not missing:
             return []
         response = await admin.create_topics(
