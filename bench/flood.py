@@ -4,7 +4,7 @@ keep the single writers served, refuse the flood with 429 and `Retry-After`, and
     .venv/bin/python bench/flood.py [--flooders 50] [--batch 1000] [--single-rate 20] [--single-clients 4]
                                     [--seconds 60] [--settle 60] [--workers N] [--url URL --flood-token T
                                     --single-token T] [--ignore-retry-after] [--env NAME=VALUE] [--statements]
-                                    [--waits]
+                                    [--waits] [--pg NAME=VALUE]
 
 Without `--url`: a throwaway Postgres (fsync on) and `metaledger serve` with its defaults (`--workers`: the machine's
 cores), auth on, two writer tokens (two callers: `urn:li:corpuser:flood` and `urn:li:corpuser:single`). With
@@ -47,7 +47,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from harness import Service, reset_statements, throwaway_service, top_statements  # noqa: E402
+from harness import Service, reset_statements, throwaway_service, top_statements, wal_statements  # noqa: E402
 from load import create_entities, dataset_urn, single_writes  # noqa: E402
 from loadgen import HttpConnection, StepResult, open_loop  # noqa: E402
 
@@ -330,6 +330,9 @@ async def _run(args, base: str, flood_headers: dict[str, str], single_headers: d
         print("Postgres statements during the flood (total ms, calls, rows, statement):")
         for ms, calls, rows, query in await top_statements(service.dsn):
             print(f"  {ms:9.0f} {calls:7d} {rows:9.0f}  {query}")
+        print("their WAL (MB, full-page images, statement):")
+        for mb, fpi, query in await wal_statements(service.dsn):
+            print(f"  {mb:9.1f} {fpi:7d}  {query}")
     if waits is not None:
         waits.report()
     lag = lag_summary(lag_before, await loop_lag(base, single_headers))
@@ -357,6 +360,8 @@ async def main() -> None:
     parser.add_argument("--single-token", default=None)
     parser.add_argument("--ignore-retry-after", action="store_true")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the service (repeatable)")
+    parser.add_argument("--pg", action="append", default=[],
+                        help="NAME=VALUE, a setting of the throwaway Postgres (repeatable)")
     parser.add_argument("--statements", action="store_true",
                         help="pg_stat_statements on the throwaway Postgres: print the flood's costliest statements")
     parser.add_argument("--waits", action="store_true",
@@ -374,7 +379,9 @@ async def main() -> None:
         return
     workers = args.workers or len(os.sched_getaffinity(0))
     env = dict(item.split("=", 1) for item in args.env)
-    with throwaway_service(workers=workers, env=env, statements=args.statements) as service:
+    server_options = dict(item.split("=", 1) for item in args.pg)
+    with throwaway_service(workers=workers, env=env, statements=args.statements,
+                           server_options=server_options) as service:
         flood_token = issue_token(service.env, "urn:li:corpuser:flood", "writer")
         single_token = issue_token(service.env, "urn:li:corpuser:single", "writer")
         print(f"`metaledger serve --workers {workers}`; Postgres fsync on; auth on; {args.flooders} flooders x "

@@ -168,3 +168,18 @@ async def top_statements(dsn: str, limit: int = 15) -> list[tuple[float, int, fl
     finally:
         await conn.close()
     return [(r["ms"], r["calls"], r["rows"], " ".join(r["query"].split())[:110]) for r in rows]
+
+
+async def wal_statements(dsn: str, limit: int = 8) -> list[tuple[float, int, str]]:
+    """pg_stat_statements since the last reset, by the WAL they wrote: (MB, full-page images, the statement's first
+    110 characters). A commit waits for the WAL written before it to reach the disk: WAL volume is latency too."""
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        rows = await conn.fetch(
+            "SELECT wal_bytes / 1e6 AS mb, wal_fpi, query FROM pg_stat_statements ORDER BY wal_bytes DESC LIMIT $1",
+            limit)
+    finally:
+        await conn.close()
+    return [(float(r["mb"]), r["wal_fpi"], " ".join(r["query"].split())[:110]) for r in rows]
