@@ -204,7 +204,7 @@ class DerivedEvents:
     take effect in the next `start` (the relay calls it before each batch), once their topics are created and their
     schemas registered: between two batches, and never under a row being encoded (a route without its ids cannot
     frame its records). A set whose pairs the routes cannot take (two pairs on one topic) is logged and the routes in
-    force are kept. `unknown` tells the relay which rows were written under a set the registry does not hold yet.
+    force are kept.
     Whether the per-aspect events or MAE v4 are published at all is decided at start."""
 
     def __init__(self, settings: Settings, registry: EntityRegistry, codec: ValueCodec) -> None:
@@ -236,17 +236,6 @@ class DerivedEvents:
     def _follow(self, registry: EntityRegistry) -> None:
         self._swaps += 1
         self.registered = False
-
-    def unknown(self, topic: str, key: str, aspect: str) -> bool:
-        """Whether a change log row is of an entity/aspect pair the registry does not have: written under a runtime
-        model set this process has not taken up yet. Only versioned change logs have derived events."""
-        if topic != self.versioned_topic:
-            return False
-        try:
-            entity = self.registry.entities.get(entity_type_of(key))
-        except InvalidUrnError:
-            return False
-        return entity is None or aspect not in entity.aspect_names
 
     def topics(self) -> list[str]:
         """The topics these events use: each routed pair's three, and MAE v4's when it is on."""

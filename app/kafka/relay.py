@@ -406,8 +406,8 @@ class Publisher:
         derived = self.derived
         if derived is None:
             return
-        if any(derived.unknown(row.topic, row.key, row.aspect) for row in rows):
-            await self._models.refresh()
+        # only versioned change logs have derived events
+        await self._models.refresh_for((row.key, row.aspect) for row in rows if row.topic == derived.versioned_topic)
         await derived.start()
 
     async def _drop_read_ahead(self) -> None:
