@@ -76,7 +76,7 @@ class Cluster:
     def _start(self, name: str, *args: str) -> None:
         log = (self.base / f"{name}.log").open("ab")
         env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOG_DIR": str(self.base / "logs"),
-               "SPARK_NO_DAEMONIZE": "1"}
+               "SPARK_NO_DAEMONIZE": "1", "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1"}  # less JVM CPU
         self.processes[name] = subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], env=env,
                                                 stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

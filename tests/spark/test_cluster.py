@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import shutil
 import subprocess
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
@@ -54,7 +54,10 @@ def submit(cluster: Cluster, settings: IndexerSettings, *args: str, log: Path, d
         "--conf", f"spark.pyspark.python={cluster.python}",
         "--conf", f"spark.pyspark.driver.python={ROOT / '.venv' / 'bin' / 'python'}",
         "--conf", "spark.sql.shuffle.partitions=4",
+        # short jobs on a shared machine: the client-only JIT (less JVM CPU) for the driver and the executors; no UI
         "--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
+        "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1",
+        "--conf", "spark.ui.enabled=false",
         *[arg for key, value in (conf or {}).items() for arg in ("--conf", f"{key}={value}")],
         "spark_indexer/job.py", *args,
     ]
@@ -80,11 +83,10 @@ def cluster_settings(settings_overrides, database_url, tmp_path) -> IndexerSetti
 
 
 def without_httpx(deps: Path, target: Path) -> Path:
-    """The dependency archive with the search client's dependency left out: a broken installation."""
-    with zipfile.ZipFile(deps) as source, zipfile.ZipFile(target, "w") as broken:
-        for item in source.infolist():
-            if not item.filename.startswith(("httpx/", "httpx-")):
-                broken.writestr(item, source.read(item))
+    """The dependency archive with the search client's dependency left out: a broken installation. `zip -d` drops
+    the entries without recompressing the others (0.1 s; rewriting the 34 MB archive entry by entry took 11 s)."""
+    shutil.copyfile(deps, target)
+    subprocess.run(["zip", "-q", "-d", str(target), "httpx/*", "httpx-*"], check=True)  # exit 12: nothing matched
     return target
 
 
