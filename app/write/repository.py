@@ -83,6 +83,11 @@ _ROW_COLUMNS = "urn, aspect, version, metadata, systemmetadata, createdon, creat
 _OUTBOX_CTE = changelog_outbox.insert_cte(19)  # parameters $19..$25 of write_changes
 _OUTBOX_INSERT = changelog_outbox.insert_cte(1)  # a large write's first change logs, on their own
 OUTBOX_ROWS_PER_STATEMENT = 500
+INSERT_ROWS_PER_STATEMENT = 500  # rows of metadata_aspect_v2, likewise
+_ROWS_INSERT = f"""
+    INSERT INTO metadata_aspect_v2 ({_ROW_COLUMNS})
+    SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::timestamp[], $7::text[], $8::text[])
+"""
 assert changelog_outbox.INSERT_PARAMS == 7, "write_changes numbers its later parameters from $26"
 
 
@@ -283,9 +288,9 @@ class AspectRepository(SessionRepository):
         """One round trip for everything a batch writes: new rows (latest and history), updated latest rows,
         retention of history rows (never row 0), the change logs and the version floors of deleted aspects
         (GREATEST of the stored one). A write of more than OUTBOX_ROWS_PER_STATEMENT change logs inserts the first
-        ones in statements of their own before it, in order: a statement's parameters are encoded in one stretch of
-        the event loop (~50 ms for the 4,000 change logs of a 1,000-dataset batch), and every other request of the
-        process would wait that long. A concurrent first insert surfaces as a unique violation; a first insert whose
+        ones in statements of their own before it, in order, and so do more than INSERT_ROWS_PER_STATEMENT new rows: a
+        statement's parameters are encoded in one stretch of the event loop (~50 ms for the 4,000 change logs of a
+        1,000-dataset batch), and every other request of the process would wait that long. A concurrent first insert surfaces as a unique violation; a first insert whose
         version is not above the committed floor (a concurrent delete raised it after our lock step read it) as
         `StaleVersionFloor`; the caller answers both by retrying the transaction. Returns the transaction's id
         (`pg_current_xact_id()`, None when there was nothing to write): if COMMIT is interrupted, it says whether the
@@ -301,8 +306,12 @@ class AspectRepository(SessionRepository):
         while len(outbox) > OUTBOX_ROWS_PER_STATEMENT:
             await conn.execute(_OUTBOX_INSERT, *changelog_outbox.insert_params(outbox[:OUTBOX_ROWS_PER_STATEMENT]))
             outbox = outbox[OUTBOX_ROWS_PER_STATEMENT:]
-        u_urn, u_aspect, _, u_metadata, u_sm, u_on, u_by, u_for = _columns(updates)
+        # the same for the rows (the floor check below covers every first insert, those inserted here too)
         firsts = [r for r in inserts if r.row_version == LATEST_VERSION]
+        while len(inserts) > INSERT_ROWS_PER_STATEMENT:
+            await conn.execute(_ROWS_INSERT, *_columns(inserts[:INSERT_ROWS_PER_STATEMENT]))
+            inserts = inserts[INSERT_ROWS_PER_STATEMENT:]
+        u_urn, u_aspect, _, u_metadata, u_sm, u_on, u_by, u_for = _columns(updates)
         stale, txid = await conn.fetchrow(
             f"""
             WITH inserted AS (

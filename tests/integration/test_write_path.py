@@ -270,8 +270,15 @@ async def test_a_batch_of_more_change_logs_than_one_statement_takes_stores_them_
     logged = [(row["payload"]["entityUrn"], row["aspect"]) for row in await outbox(db) if row["payload"]["entityUrn"] in urns]
     assert len(logged) == 2 * count
     assert [urn for urn, aspect in logged if aspect == "datasetProperties"] == urns  # the batch's order
-    # one transaction
+    # one transaction, the rows too (more than one statement's INSERT_ROWS_PER_STATEMENT of them)
     assert await db.fetchval("SELECT count(DISTINCT xmin::text) FROM change_log_outbox WHERE urn = ANY($1)", urns) == 1
+    assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = ANY($1)", urns) == 2 * count
+    # a second version of each: as many history rows inserted, every row 0 updated
+    await propose(client, *(mcp("datasetProperties", {"name": f"v2.t{i}"}, urn=urn) for i, urn in enumerate(urns)))
+    rows = await db.fetch("SELECT version, metadata FROM metadata_aspect_v2 WHERE urn = ANY($1) AND aspect = "
+                          "'datasetProperties' ORDER BY urn, version", urns)
+    assert sorted((r["version"], orjson.loads(r["metadata"])["name"].startswith("v2.")) for r in rows) == \
+        [(0, True)] * count + [(1, False)] * count
 
 
 async def test_request_limits(client, app):
