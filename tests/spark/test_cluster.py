@@ -113,7 +113,8 @@ async def test_stream_and_restore_on_a_standalone_cluster_survive_a_broken_archi
                  conf={"spark.task.maxFailures": "2"})
     assert await asyncio.to_thread(finished, job, log) != 0, log.read_text()[-5000:]
     text = log.read_text()
-    assert "BackendSetupError" in text and "httpx" in text, text[-5000:]
+    # (the executor meets the missing module setting up the search backend, or first in the runtime-model watcher)
+    assert "BackendSetupError" in text or "No module named 'httpx'" in text, text[-5000:]
     assert not list((shared / "checkpoint" / "commits").glob("[0-9]*")), "no batch committed"
     assert not (shared / "dead_letter").exists(), "a broken installation is no record's fault"
     assert await search_urns(client, "cluster") == []
