@@ -366,13 +366,23 @@ async def bearer(app, role: str = "admin", actor: str = TEST_ACTOR) -> dict[str,
     return {"Authorization": f"Bearer {await mint_token(app, role, actor)}"}
 
 
-async def run_relay(settings, database_url: str | None = None):
-    """An outbox relay running in this process on its own small engine; returns it and an awaitable that stops it."""
+async def run_relay(settings, database_url: str | None = None, *, derived_from=None, schema_registry=None):
+    """An outbox relay running in this process on its own small engine; returns it and an awaitable that stops it.
+    `derived_from`: a registry, for the per-aspect events it derives (with `schema_registry`'s ids, by default the
+    registry metaledger serves)."""
     from app.db import create_engine
     from app.kafka.relay import OutboxRelay
 
     engine = create_engine(database_url or settings.database_url, 2)
-    relay = OutboxRelay(settings, engine)
+    if derived_from is None:
+        relay = OutboxRelay(settings, engine)
+    else:
+        from app.avro.wire import ValueCodec
+        from app.kafka.per_aspect import DerivedEvents
+        from app.schema_registry.internal import InternalRegistry
+
+        codec = ValueCodec(settings, schema_registry or InternalRegistry(engine, settings))
+        relay = OutboxRelay(settings, engine, codec, DerivedEvents(settings, derived_from, codec))
     stop = asyncio.Event()
     task = asyncio.create_task(relay.run(stop))
 

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from app.embedded_pg import free_port
 from tests.processes import LoopbackServer
@@ -54,3 +55,15 @@ def backend_settings(backend_name: str, request: Any) -> Iterator[dict[str, Any]
              if i["index"].startswith(prefix)]
     for start in range(0, len(names), 50):
         httpx.delete(f"{server.url}/{','.join(names[start:start + 50])}", timeout=30).raise_for_status()
+
+
+# A module whose tests run on both backends imports these two (`from tests.search_server import backend_name,
+# settings_overrides`); one that needs a single backend parametrises `backend_name` itself.
+@pytest.fixture(params=["postgres", "opensearch"])
+def backend_name(request) -> str:
+    return request.param
+
+
+@pytest.fixture
+def settings_overrides(backend_name: str, request):
+    yield from backend_settings(backend_name, request)

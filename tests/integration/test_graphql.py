@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import bearer, ds, mcp, propose
-from tests.search_server import backend_settings
+from tests.search_server import backend_name, settings_overrides  # noqa: F401 - the module runs on both backends
 
 pytestmark = pytest.mark.asyncio
 
@@ -23,16 +23,6 @@ query scroll($types: [EntityType!], $query: String!, $orFilters: [AndFilterInput
     nextScrollId count total searchResults { entity { urn type } }
   }
 }"""
-
-
-@pytest.fixture(params=["postgres", "opensearch"])
-def backend_name(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def settings_overrides(backend_name: str, request):
-    yield from backend_settings(backend_name, request)
 
 
 async def gql(client, query: str, variables: dict[str, Any] | None = None, **kw: Any) -> dict[str, Any]:

@@ -14,15 +14,12 @@ import asyncpg
 import orjson
 import pytest
 
-from app.avro.wire import ValueCodec
 from app.db import create_engine
-from app.kafka.per_aspect import DerivedEvents
-from app.kafka.relay import OutboxRelay
 from app.registry import load_registry
 from app.schema_registry import IncompatibleSchema, RegistryUnavailable
 from app.schema_registry.internal import InternalRegistry
 from app.settings import Settings
-from tests.helpers import JSON, dataset, read_topic, unique_topics
+from tests.helpers import JSON, dataset, read_topic, run_relay, unique_topics
 from tests.integration.test_runtime_models import DATASET, MODEL_SET, MODELS
 
 INSERT_ROW = """
@@ -42,23 +39,6 @@ def v5_settings(tag: str, kafka_broker, aspects: list[str]) -> dict[str, Any]:
             "events_v5_audit_topic": f"audit_{tag}.{{entity}}.{{aspect}}",
             "events_v5_change_topic": f"change_{tag}.{{entity}}.{{aspect}}",
             "events_v5_failed_topic": f"failed_{tag}.{{entity}}.{{aspect}}"}
-
-
-async def start_relay(settings: Settings, registry, schema_registry=None):
-    """A relay with per-aspect events in this process (its own engine, codec and registry); returns the awaitable
-    that stops it."""
-    engine = create_engine(settings.database_url, 2)
-    codec = ValueCodec(settings, schema_registry or InternalRegistry(engine, settings))
-    relay = OutboxRelay(settings, engine, codec, DerivedEvents(settings, registry, codec))
-    stop = asyncio.Event()
-    task = asyncio.create_task(relay.run(stop))
-
-    async def finish() -> None:
-        stop.set()
-        await task
-        await engine.dispose()
-
-    return finish
 
 
 async def settled(db: asyncpg.Connection, timeout: float = 30.0) -> dict[int, tuple[bool, str | None]]:
@@ -114,7 +94,7 @@ async def test_a_row_that_cannot_be_built_keeps_its_error_and_service_faults_are
     last = await row("status", 3, mcl("status", {"removed": True}))
     engine = create_engine(database_url, 1)
     flaky = FlakyRegistry(InternalRegistry(engine, settings), outage=3, refused="globalTags")
-    finish = await start_relay(settings, registry, flaky)
+    _, finish = await run_relay(settings, derived_from=registry, schema_registry=flaky)
     try:
         outcome = await settled(db)
         assert outcome[first] == outcome[last] == (True, None)
@@ -155,7 +135,7 @@ async def test_a_change_log_of_a_set_not_taken_up_yet_goes_out_with_its_audit_ev
     # a relay whose registry is the base models, and no watcher to take the set up: as the background process in
     # the second after an apply
     relay_registry = load_registry(Settings().registry_path)
-    finish = await start_relay(app.state.settings, relay_registry)
+    _, finish = await run_relay(app.state.settings, derived_from=relay_registry)
     try:
         outcome = await settled(db)
     finally:

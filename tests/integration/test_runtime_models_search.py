@@ -18,7 +18,7 @@ from app.search.elastic_mappings import index_name
 from app.search.service import make_backend
 from app.settings import Settings
 from tests.helpers import ds
-from tests.search_server import backend_settings
+from tests.search_server import backend_name, settings_overrides  # noqa: F401 - the module runs on both backends
 
 MODELS = "/openapi/v1/models"
 SYNC = {"X-DataHub-Sync-Index-Update": "true"}
@@ -52,16 +52,6 @@ SEARCH = """query($orFilters: [AndFilterInput!], $query: String!) {
 def registry():
     """A registry of this module's own: the runtime models change it in place (the session's stays the base)."""
     return load_registry(Settings().registry_path)
-
-
-@pytest.fixture(params=["postgres", "opensearch"])
-def backend_name(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def settings_overrides(backend_name: str, request):
-    yield from backend_settings(backend_name, request)
 
 
 async def apply(client, models: dict[str, Any]) -> None:

@@ -15,7 +15,7 @@ import pytest
 from app.embedded_pg import free_port
 from tests import helpers
 from tests.helpers import ds, eventually, propose
-from tests.search_server import backend_settings
+from tests.search_server import backend_name, settings_overrides  # noqa: F401 - the module runs on both backends
 
 pytestmark = pytest.mark.asyncio
 
@@ -27,16 +27,6 @@ mcp = partial(helpers.mcp, content_type=None)
 
 def q(urn: str) -> str:
     return quote(urn, safe="")
-
-
-@pytest.fixture(params=["postgres", "opensearch"])
-def backend_name(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def settings_overrides(backend_name: str, request):
-    yield from backend_settings(backend_name, request)
 
 
 @pytest.fixture(autouse=True)

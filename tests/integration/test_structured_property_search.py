@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.helpers import ds, mcp, propose
-from tests.search_server import backend_settings
+from tests.search_server import backend_name, settings_overrides  # noqa: F401 - the module runs on both backends
 
 TIER = "urn:li:structuredProperty:io.acryl.tier"
 RETENTION = "urn:li:structuredProperty:retention"
@@ -20,16 +20,6 @@ GOLD, SILVER, PLAIN = ds("orders"), ds("customers"), ds("plain")
 SEARCH = """query($orFilters: [AndFilterInput!], $query: String!) {
   searchAcrossEntities(input: {types: [DATASET], query: $query, count: 10, orFilters: $orFilters}) {
     total searchResults { entity { urn } } } }"""
-
-
-@pytest.fixture(params=["postgres", "opensearch"])
-def backend_name(request) -> str:
-    return request.param
-
-
-@pytest.fixture
-def settings_overrides(backend_name: str, request):
-    yield from backend_settings(backend_name, request)
 
 
 def definition(urn: str, qualified_name: str, value_type: str, **extra: Any) -> dict[str, Any]:
