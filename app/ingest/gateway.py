@@ -146,7 +146,7 @@ class IngestGateway:
             else:
                 if deadline is not None:
                     session.info[WRITE_DEADLINE] = deadline
-                result = (await self.writer.apply_group(session, [(proposals, audit)], self._contended))[0]
+                result = await self.writer.apply(session, proposals, audit, self._contended)
         except MetaledgerError as error:
             write_refused(error, drafts or proposals)
             raise in_callers_terms(error, drafts) from None

@@ -110,8 +110,9 @@ class WriteService:
         _raise_on_fatal_verdicts(await refusals_before_queueing(AspectRepository(session), proposals), log_refusals=True)
 
     # --- the transaction ---------------------------------------------------------------------------------------
-    async def apply(self, session: AsyncSession, proposals: Sequence[Proposal], audit: AuditStamp) -> WriteResult:
-        return (await self.apply_group(session, [(proposals, audit)]))[0]
+    async def apply(self, session: AsyncSession, proposals: Sequence[Proposal], audit: AuditStamp,
+                    contended: Callable[[], bool] | None = None) -> WriteResult:
+        return (await self.apply_group(session, [(proposals, audit)], contended))[0]
 
     async def apply_group(
         self, session: AsyncSession, writes: Sequence[tuple[Sequence[Proposal], AuditStamp]],

@@ -179,12 +179,12 @@ class FlakyWriter:
     def prepare(self, drafts):
         return self.inner.prepare(drafts)
 
-    async def apply(self, session, proposals, audit):
+    async def apply(self, session, proposals, audit, contended=None):
         self.calls += 1
         if self.failures:
             self.failures -= 1
             raise ServiceUnavailable("the database is unreachable (injected)")
-        return await self.inner.apply(session, proposals, audit)
+        return await self.inner.apply(session, proposals, audit, contended)
 
 
 async def test_poison_records_go_to_fmcp_and_the_consumer_keeps_going(app, kafka_broker, topics, db):
@@ -292,10 +292,10 @@ class BuggyWriter(FlakyWriter):
         super().__init__(inner)
         self.urn = urn
 
-    async def apply(self, session, proposals, audit):
+    async def apply(self, session, proposals, audit, contended=None):
         if any(p.urn == self.urn for p in proposals):
             raise RuntimeError("a bug in the write path")
-        return await super().apply(session, proposals, audit)
+        return await super().apply(session, proposals, audit, contended)
 
 
 async def test_isolation_when_most_of_a_batch_fails_and_on_unexpected_errors(app, db):
