@@ -179,6 +179,9 @@ class Settings(BaseSettings):
     write_budget: int = 0
     write_caller_share: float = Field(0.5, gt=0, le=1)
     write_cost_bytes: int = Field(65_536, ge=1)
+    # While other callers write, one caller's writes may keep its share busy this fraction of the time: a write that
+    # took d seconds stays charged to its caller d x (1 / duty - 1) after it ends (app.ops.backpressure). 1: no rest.
+    write_caller_duty: float = Field(0.5, gt=0, le=1)
     # An admitted write's transaction finishes or fails within this (its statements run under a `statement_timeout`
     # of what is left); one that does not answers 503 with Retry-After, nothing committed. 0: no deadline.
     write_deadline_ms: int = Field(10_000, ge=0)

@@ -46,7 +46,7 @@ class Operations:
             budget=settings.write_budget or settings.write_group_transactions * settings.write_group_max_proposals,
             caller_share=settings.write_caller_share, cost_bytes=settings.write_cost_bytes,
             backlog_limit=settings.max_outbox_backlog, backlog=self.sampler.backlog,
-            retry_after_s=settings.backpressure_retry_after_s,
+            retry_after_s=settings.backpressure_retry_after_s, duty=settings.write_caller_duty,
         )
         self.readiness = Readiness(settings, self.sampler, registry, schema_registry)
         self.background: Any = None

@@ -15,6 +15,12 @@ consumers have their own flow control and are not refused):
   refused at once. A 429's `Retry-After` is when the caller's queue as it is now would have drained (its writes in
   flight, at the pace its writes went so far, and those waiting, which start or give up within that time), at least
   `backpressure_retry_after_s`, at most `MAX_RETRY_AFTER_S`.
+- **a duty cycle under contention.** Shares bound what a caller holds, not how busy it keeps the machine: a flood's
+  one write per process at a time, back to back, kept both cores busy and a single write beside it took 400 ms at
+  p99. So while other callers have written within `ACTIVE_WINDOW_S`, a write that took d seconds *rests* after it
+  ends: its cost stays charged to its caller (not to the process's budget) for d × (1 / `write_caller_duty` − 1)
+  more, and the caller's next writes wait for it, or are refused with a `Retry-After` that counts it. A caller alone
+  never rests. A single write rests too, but a few ms of one unit of cost never fills a share.
   An HTTP write is admitted before its body is read (`admit_before_body`, app.api.deps), on the cost its
   Content-Length suggests (`estimate`), so a refused write costs its headers only, not the reading, parsing and
   validation of its body; once the body is parsed the gateway corrects the cost to what the write carries (`resize`).
@@ -39,6 +45,7 @@ from dataclasses import dataclass, field
 from app.errors import TooManyRequests
 from app.ops.metrics import WRITE_REJECTIONS
 
+ACTIVE_WINDOW_S = 1.0  # a caller who wrote within this long is active: the others' writes rest (the duty cycle)
 MAX_RETRY_AFTER_S = 60  # a client told to come back later than this has likely given up on the write anyway
 _EWMA_WEIGHT = 0.2  # of the newest write in a caller's seconds-per-unit estimate
 PACED_CALLERS = 1024  # callers whose pace is remembered while they have nothing in flight (the least recent go)
@@ -97,6 +104,8 @@ class _Waiting:
 class _Caller:
     in_flight: int = 0  # writes
     cost_in_flight: int = 0
+    resting: int = 0  # writes over, still charged to the caller (the duty cycle)
+    cost_resting: int = 0
     waiting: deque[_Waiting] = field(default_factory=deque)
     last_granted: float = -math.inf  # loop time: among callers with as much in flight, the one served longest ago goes
 
@@ -109,7 +118,7 @@ class WriteAdmission:
     def __init__(
         self, limit: int, wait_s: float, *, budget: int | None = None, caller_share: float = 1.0,
         cost_bytes: int = 65_536, backlog_limit: int = 0, backlog: Callable[[], int | None] | None = None,
-        retry_after_s: int = 1,
+        retry_after_s: int = 1, duty: float = 1.0,
     ) -> None:
         self.limit = max(1, limit)  # writes in flight
         self.budget = max(1, budget if budget is not None else self.limit)  # their cost
@@ -120,6 +129,7 @@ class WriteAdmission:
         self.backlog_limit = backlog_limit
         self.backlog = backlog
         self.retry_after_s = retry_after_s
+        self.rest_factor = 1 / duty - 1  # a write's rest, per second it took, while other callers are active
         self.in_flight = 0
         self.cost_in_flight = 0
         self._callers: dict[str, _Caller] = {}  # callers with writes in flight or waiting
@@ -127,6 +137,7 @@ class WriteAdmission:
         # flood's writes often leave it with nothing in flight). Not another caller's: a single write's fixed cost
         # per unit is a batch's many times over.
         self._pace: dict[str, float] = {}
+        self._active_at: dict[str, float] = {}  # caller → loop time of its latest grant or release, the latest last
         # figures, for /metrics and tests
         self.rejected = 0
         self._since_settled = False  # writes ended or were refused since `settle_memory` last gave memory back
@@ -196,7 +207,7 @@ class WriteAdmission:
         # No waiting write fits (`_dispatch` grants every one that does), so taking what fits jumps no one.
         if not state.waiting and self._fits(state, cost):
             return self._grant(caller, state, cost, loop.time())
-        ahead = state.cost_in_flight + state.cost_waiting
+        ahead = state.cost_in_flight + state.cost_resting + state.cost_waiting
         # Refused at once only under contention: alone, a caller waits its turn up to `wait_s`, first come first served.
         if self._others_active(state) and self._drain_s(caller, ahead) > self.wait_s:
             self._forget_if_idle(caller, state)
@@ -232,19 +243,35 @@ class WriteAdmission:
             self._dispatch()
 
     def release(self, grant: Grant) -> None:
-        """Give back what `grant` held, learn how long it took, and grant the waiting writes that now fit."""
+        """Give back what `grant` held, or let it rest first (the duty cycle), learn how long it took, and grant the
+        waiting writes that now fit."""
+        loop = asyncio.get_running_loop()
+        now = loop.time()
         state = self._callers[grant.caller]
         state.in_flight -= 1
         state.cost_in_flight -= grant.cost
         self.in_flight -= 1
         self.cost_in_flight -= grant.cost
-        per_unit = (asyncio.get_running_loop().time() - grant.started) / grant.cost
-        self._pace[grant.caller] = _ewma(self._pace.pop(grant.caller, None), per_unit)  # the most recent last
+        took = now - grant.started
+        rest = took * self.rest_factor if self.rest_factor and self._others_recent(grant.caller, now) else 0.0
+        if rest > 0:
+            state.resting += 1
+            state.cost_resting += grant.cost
+            loop.call_later(rest, self._end_rest, grant.caller, state, grant.cost)
+        # the caller's pace includes its rests: a Retry-After then tells when its writes can go on
+        self._pace[grant.caller] = _ewma(self._pace.pop(grant.caller, None), (took + rest) / grant.cost)
         if len(self._pace) > PACED_CALLERS:
             del self._pace[next(iter(self._pace))]
+        self._mark_active(grant.caller, now)
         self._forget_if_idle(grant.caller, state)
         self._dispatch()
         self._since_settled = True
+
+    def _end_rest(self, caller: str, state: _Caller, cost: int) -> None:
+        state.resting -= 1
+        state.cost_resting -= cost
+        self._forget_if_idle(caller, state)
+        self._dispatch()
 
     def settle_memory(self) -> bool:
         """Give the heap back (`give_memory_back`) if writes ended or were refused since the last time and none is in
@@ -261,14 +288,32 @@ class WriteAdmission:
     def _fits(self, state: _Caller, cost: int) -> bool:
         if not (self.in_flight < self.limit and self.cost_in_flight + cost <= self.budget):
             return False
-        if state.cost_in_flight + cost > self.caller_budget:
+        if state.cost_in_flight + state.cost_resting + cost > self.caller_budget:
             return False  # always: the rest of the budget stays free for a caller who comes next
         # The count share is for contention only: a caller alone (an ingestion job with many threads of small
         # writes) may hold every slot.
-        return state.in_flight < self.caller_limit or not self._others_active(state)
+        return state.in_flight + state.resting < self.caller_limit or not self._others_active(state)
 
     def _others_active(self, state: _Caller) -> bool:
         return any((other.in_flight or other.waiting) for other in self._callers.values() if other is not state)
+
+    def _others_recent(self, caller: str, now: float) -> bool:
+        """Whether a caller other than `caller` has writes in flight or waiting, or wrote within `ACTIVE_WINDOW_S`."""
+        state = self._callers.get(caller)
+        if state is not None and self._others_active(state):
+            return True
+        for other, at in reversed(self._active_at.items()):  # the most recent first: stops at the window's edge
+            if at < now - ACTIVE_WINDOW_S:
+                return False
+            if other != caller:
+                return True
+        return False
+
+    def _mark_active(self, caller: str, now: float) -> None:
+        self._active_at.pop(caller, None)
+        self._active_at[caller] = now
+        if len(self._active_at) > PACED_CALLERS:
+            del self._active_at[next(iter(self._active_at))]
 
     def _dispatch(self) -> None:
         """Grant waiting writes while one fits: the caller with the least cost in flight first, then the one served
@@ -291,6 +336,7 @@ class WriteAdmission:
 
     def _grant(self, caller: str, state: _Caller, cost: int, now: float) -> Grant:
         state.last_granted = now
+        self._mark_active(caller, now)
         state.in_flight += 1
         state.cost_in_flight += cost
         self.in_flight += 1
@@ -298,7 +344,7 @@ class WriteAdmission:
         return Grant(caller, cost, now)
 
     def _forget_if_idle(self, caller: str, state: _Caller) -> None:
-        if not state.in_flight and not state.waiting and self._callers.get(caller) is state:
+        if not (state.in_flight or state.resting or state.waiting) and self._callers.get(caller) is state:
             del self._callers[caller]
 
     def _drain_s(self, caller: str, cost: int) -> float:
@@ -313,11 +359,12 @@ class WriteAdmission:
         self.rejected += 1
         self._since_settled = True
         WRITE_REJECTIONS.labels("in_flight").inc()
-        drain_s = self._drain_s(caller, state.cost_in_flight) + min(self._drain_s(caller, state.cost_waiting), self.wait_s)
+        drain_s = (self._drain_s(caller, state.cost_in_flight + state.cost_resting)
+                   + min(self._drain_s(caller, state.cost_waiting), self.wait_s))
         retry_after = max(self.retry_after_s, min(MAX_RETRY_AFTER_S, math.ceil(drain_s)))
         return TooManyRequests(
-            f"{caller} has writes of cost {state.cost_in_flight} in flight and {state.cost_waiting} waiting in this "
-            f"process (its share: {self.caller_budget} of {self.budget}, {self.caller_limit} of {self.limit} "
+            f"{caller} has writes of cost {state.cost_in_flight} in flight, {state.cost_resting} resting and "
+            f"{state.cost_waiting} waiting in this process (its share: {self.caller_budget} of {self.budget}, {self.caller_limit} of {self.limit} "
             f"writes); this one, of cost {cost}, would not start within {self.wait_s * 1000:.0f} ms; retry",
             retry_after_s=retry_after,
         )

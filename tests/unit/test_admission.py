@@ -10,6 +10,7 @@ import pytest
 from app.auth.model import SYSTEM_PRINCIPAL, UNAUTHENTICATED_ADMIN
 from app.errors import TooManyRequests
 from app.ingest.gateway import caller_key
+from app.ops import backpressure
 from app.ops.backpressure import CLIENT_ADDRESS, ESTIMATED_PROPOSAL_BYTES, REQUEST_GRANT, WriteAdmission
 
 
@@ -176,6 +177,54 @@ async def test_a_callers_pace_is_its_own_and_kept_while_it_has_nothing_in_flight
     assert single.value.headers() == {"Retry-After": "1"}
     for grant in held:
         admission.release(grant)
+
+
+async def test_while_another_caller_is_active_a_write_rests_as_long_as_it_took():
+    admission = WriteAdmission(40, 2.0, budget=200, caller_share=0.5, duty=0.5)
+    admission.release(await admission.acquire("single", 1))  # another caller wrote just now
+    flood = await admission.acquire("flood", 100)
+    await asyncio.sleep(0.2)
+    admission.release(flood)  # over, but resting: still charged to its caller (its whole share) ...
+    assert admission.cost_in_flight == 0  # ... not to the process: the other caller is admitted at once
+    admission.release(await admission.acquire("single", 100))
+    loop = asyncio.get_running_loop()
+    asked = loop.time()
+    nxt = await admission.acquire("flood", 100)  # waits out the rest: about as long as the write took
+    assert 0.15 <= loop.time() - asked < 1.0
+    admission.release(nxt)
+    await asyncio.sleep(0.5)  # its rest, if any, is over
+    assert (admission.in_flight, admission.cost_in_flight, admission.waiting) == (0, 0, 0)
+
+
+async def test_a_resting_callers_refusal_counts_its_rest_in_retry_after():
+    admission = WriteAdmission(40, 0.05, budget=200, caller_share=0.5, duty=0.5, retry_after_s=1)
+    single = await admission.acquire("single", 1)
+    flood = await admission.acquire("flood", 100)
+    await asyncio.sleep(1.2)
+    admission.release(single)
+    admission.release(flood)  # rests 1.2 s: past the wait
+    with pytest.raises(TooManyRequests) as refused:
+        await admission.acquire("flood", 100)
+    assert int(refused.value.headers()["Retry-After"]) == 3  # its pace counts the rest: ceil(100 x 2.4 s / 100)
+    assert "100 resting" in str(refused.value)
+
+
+async def test_a_caller_alone_or_without_a_duty_cycle_never_rests(monkeypatch):
+    loop = asyncio.get_running_loop()
+    monkeypatch.setattr(backpressure, "ACTIVE_WINDOW_S", 0.05)
+    for duty, others_wrote in ((0.5, False), (0.5, True), (1.0, True)):
+        admission = WriteAdmission(40, 2.0, budget=200, caller_share=0.5, duty=duty)
+        if others_wrote:
+            admission.release(await admission.acquire("single", 1))
+            if duty < 1:
+                await asyncio.sleep(0.1)  # longer ago than the window: no longer active
+        flood = await admission.acquire("flood", 100)
+        await asyncio.sleep(0.2)
+        admission.release(flood)
+        asked = loop.time()
+        admission.release(await admission.acquire("flood", 100))
+        assert loop.time() - asked < 0.05, (duty, others_wrote)
+        assert (admission.in_flight, admission.cost_in_flight, admission.waiting) == (0, 0, 0)
 
 
 async def test_admission_is_given_back_when_the_write_fails_or_is_cancelled():
