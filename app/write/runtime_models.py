@@ -193,7 +193,10 @@ async def refuse_writes_past_the_models(repo: AspectRepository, registry: Entity
     an apply (which locks it for update through its checks against stored data and its commit) sees them, or they
     see the set it stored. This process's registry must hold the set stored (one that has not taken a newer set up
     yet: a 503, retried once its watcher has) and the values must pass it (a value checked against the set before
-    it changed: refused naming it)."""
+    it changed: refused naming it). A registry that never took a set up (generation 0) holds the base models only,
+    as it did when the write was checked: the write holds no value of a runtime model, nothing to look up."""
+    if not registry.generation:
+        return
     runtime = [item for item in _written(items) if _of_runtime_models(registry, item)]
     if not runtime:
         return
