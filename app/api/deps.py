@@ -1,5 +1,12 @@
 """FastAPI dependencies, declared once as `Annotated` aliases: the request-owned session and the process's shared
-services (built by app.main at start-up and kept on `app.state`, which only this module reads)."""
+services (built by app.main at start-up and kept on `app.state`, which only this module reads).
+
+Every dependency is a flat `async def` of the request: FastAPI runs a plain `def` in its thread pool (a costly hop
+per call), solves each dependency's own dependencies on every request even when the result is cached, and wraps each
+`yield` dependency in context managers and a cancel scope (about 50 µs a request each). So the caller is
+authenticated once per request and kept on its scope (`authenticate`), and what must be undone after the response
+(the session, the write admission) is put on the request's exit stack (`_on_exit`), where FastAPI would put a `yield`
+dependency's end."""
 
 from __future__ import annotations
 
@@ -27,7 +34,13 @@ from app.search.service import SearchRuntime, SearchUnavailable
 from app.search.worker import wait_until_indexed
 from app.settings import Settings
 
-# All dependencies are `async def`: FastAPI runs plain `def` dependencies in its thread pool, a costly hop per call.
+_PRINCIPAL = "metaledger.principal"  # the scope key of the request's caller, once authenticated
+
+
+def _on_exit(request: Request) -> AsyncExitStack:
+    """The request's exit stack: FastAPI closes it after the response is sent, however the request ends, as it ends
+    the `yield` dependencies it keeps there."""
+    return request.scope["fastapi_inner_astack"]
 
 
 class LazySession:
@@ -52,12 +65,10 @@ class LazySession:
             await asyncio.shield(self._session.close())  # as `async with session` does: a cancelled request still closes it
 
 
-async def get_session(request: Request) -> AsyncIterator[AsyncSession]:
+async def get_session(request: Request) -> AsyncSession:
     session = LazySession(request.app.state.sessionmaker)
-    try:
-        yield session  # type: ignore[misc] - it stands for the AsyncSession it builds
-    finally:
-        await session.release()
+    _on_exit(request).push_async_callback(session.release)
+    return session  # type: ignore[return-value] - it stands for the AsyncSession it builds
 
 
 async def get_gateway(request: Request) -> IngestGateway:
@@ -117,10 +128,12 @@ async def get_auth(request: Request) -> AuthService:
 
 
 async def authenticate(request: Request) -> Principal:
-    """The caller, from the request's credentials (once per request: FastAPI caches a dependency's result)."""
-    principal = await request.app.state.auth.authenticate(request.headers)
-    if request.client is not None:  # whose share of the write admission a caller without a token is charged
-        CLIENT_ADDRESS.set(request.client.host)
+    """The caller, from the request's credentials: once per request, however many of its dependencies ask."""
+    principal = request.scope.get(_PRINCIPAL)
+    if principal is None:
+        principal = request.scope[_PRINCIPAL] = await request.app.state.auth.authenticate(request.headers)
+        if request.client is not None:  # whose share of the write admission a caller without a token is charged
+            CLIENT_ADDRESS.set(request.client.host)
     return principal
 
 
@@ -131,29 +144,35 @@ class Allow:
     def __init__(self, permission: Permission) -> None:
         self.permission = permission
 
-    async def __call__(self, principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+    async def __call__(self, request: Request) -> Principal:
+        principal = await authenticate(request)
         if not principal.allows(self.permission):
             AUTH_FAILURES.labels(reason="forbidden").inc()
             principal.require(self.permission)
         return principal
 
 
-@asynccontextmanager
-async def admit_before_body(request: Request, principal: Principal) -> AsyncIterator[None]:
-    """The write admission (app.ops.backpressure) of a request whose body is not read yet, on its Content-Length:
-    a write refused with 429 costs its bytes' arrival (received and dropped, see `_discard_body`), never their
-    parsing."""
+async def _admit(request: Request, principal: Principal, stack: AsyncExitStack) -> None:
+    """The write admission (app.ops.backpressure) of a request whose body is not read yet, on its Content-Length,
+    held until `stack` closes: a write refused with 429 costs its bytes' arrival (received and dropped, see
+    `_discard_body`), never their parsing."""
     admission = request.app.state.gateway.admission
     if admission is None:
-        yield
         return
     body_bytes = int(request.headers.get("content-length") or 0)  # the HTTP server checked it is a number
+    try:
+        await stack.enter_async_context(admission.admit_before_body(caller_key(principal), body_bytes))
+    except TooManyRequests:
+        await _discard_body(request)
+        raise
+
+
+@asynccontextmanager
+async def admit_before_body(request: Request, principal: Principal) -> AsyncIterator[None]:
+    """The write admission, held through the block: for routes whose policy is not `AllowWrite` (the Rest.li
+    actions, most of which are writes)."""
     async with AsyncExitStack() as stack:
-        try:
-            await stack.enter_async_context(admission.admit_before_body(caller_key(principal), body_bytes))
-        except TooManyRequests:
-            await _discard_body(request)
-            raise
+        await _admit(request, principal, stack)
         yield
 
 
@@ -169,17 +188,15 @@ async def _discard_body(request: Request) -> None:
 
 class AllowWrite(Allow):
     """The write routes' policy: WRITE, then the write's admission, taken before the route reads the body and held
-    until it is done."""
+    until the response is sent."""
 
     def __init__(self) -> None:
         super().__init__(Permission.WRITE)
 
-    async def __call__(  # type: ignore[override]
-        self, request: Request, principal: Annotated[Principal, Depends(authenticate)],
-    ) -> AsyncIterator[Principal]:
-        await super().__call__(principal)
-        async with admit_before_body(request, principal):
-            yield principal
+    async def __call__(self, request: Request) -> Principal:
+        principal = await super().__call__(request)
+        await _admit(request, principal, _on_exit(request))
+        return principal
 
 
 async def json_body(request: Request) -> None:
@@ -220,12 +237,15 @@ Backend = Annotated[SearchBackend, Depends(get_backend)]
 Auth = Annotated[AuthService, Depends(get_auth)]
 Ops = Annotated[Operations, Depends(get_operations)]
 Caller = Annotated[Principal, Depends(authenticate)]  # with a route policy in front of it
-# Route policies, as route or router dependencies; an endpoint that needs the caller takes `Caller` as well.
+# Route policies, as route or router dependencies; an endpoint that needs the caller takes `Caller` as well, or its
+# policy as a parameter that is the caller (`Reader`, `Writer`: one dependency to solve, not two).
 ALLOW_PUBLIC = Depends(public)
 ALLOW_READ = Depends(Allow(Permission.READ))
 ALLOW_WRITE = Depends(AllowWrite())
 ALLOW_ADMIN = Depends(Allow(Permission.ADMIN))
 ALLOW_REGISTRY_READ = Depends(AllowRegistryRead())
+Reader = Annotated[Principal, ALLOW_READ]
+Writer = Annotated[Principal, ALLOW_WRITE]
 JSON_BODY = Depends(json_body)  # with a route that takes a pydantic body model
 RegistryCaller = Annotated[Principal | None, ALLOW_REGISTRY_READ]  # None: an open read without credentials
 ReadYourWrites = Annotated[Callable[[], Awaitable[bool]], Depends(get_read_your_writes)]

@@ -15,7 +15,7 @@ from pydantic import AfterValidator, WithJsonSchema
 from starlette.routing import BaseRoute, Match
 from starlette.types import Scope
 
-from app.api.deps import ALLOW_READ, ALLOW_WRITE, Caller, Gateway, Registry, Session, SettingsDep
+from app.api.deps import ALLOW_READ, Gateway, Registry, Session, SettingsDep, Writer
 from app.api.urn_paths import restore_slashes
 from app.api.http import (
     Flag, aspect_envelope, check_batch_size, checked_urn, invalid_at, json_response, read_json, stored_envelope,
@@ -126,22 +126,22 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         # registry's component, declared here.
         return {"requestBody": {"required": True, **json_body(schema)}}
 
-    @router.post(f"/{entity}", dependencies=[ALLOW_WRITE], operation_id=f"create{p}", tags=tags,
+    @router.post(f"/{entity}", operation_id=f"create{p}", tags=tags,
                  summary=f"Create or upsert {entity} entities",
                  openapi_extra=request_body(array_of(component("EntityRequest"))),
                  responses=answers("Written", entities_response, accepted=True))
-    async def upsert_entities(request: Request, session: Session, gateway: Gateway, caller: Caller,
+    async def upsert_entities(caller: Writer, request: Request, session: Session, gateway: Gateway,
                               system_metadata: SystemMetadataFlag = True, async_: AsyncFlag = True) -> Response:
         # `async` defaults to true, as DataHub's: validated now, queued on the proposal topic, 202 with the echo.
         return await _write_entities(entity, ChangeType.UPSERT, request, session, gateway, caller, system_metadata, async_)
 
-    @router.patch(f"/{entity}", dependencies=[ALLOW_WRITE], operation_id=f"patch{p}", tags=tags,
+    @router.patch(f"/{entity}", operation_id=f"patch{p}", tags=tags,
                   summary=f"Patch aspects of {entity} entities (applied to the locked latest values)",
                   description="Each aspect's `value` is DataHub's `{\"patch\": [...], \"arrayPrimaryKeys\"?, "
                               "\"forceGenericPatch\"?}`, applied inside the transaction to the locked latest value.",
                   openapi_extra=request_body(array_of(component("EntityPatchRequest"))),
                   responses=answers("Written", entities_response, accepted=True))
-    async def patch_entities(request: Request, session: Session, gateway: Gateway, caller: Caller,
+    async def patch_entities(caller: Writer, request: Request, session: Session, gateway: Gateway,
                              system_metadata: SystemMetadataFlag = True, async_: AsyncFlag = True) -> Response:
         return await _write_entities(entity, ChangeType.PATCH, request, session, gateway, caller, system_metadata, async_)
 
@@ -172,10 +172,10 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         return Response(status_code=204 if exists else 404)
 
     # Deleting the whole entity (its key aspect) needs ADMIN: the gateway checks each draft.
-    @router.delete(f"/{entity}/{{urn}}", dependencies=[ALLOW_WRITE], operation_id=f"delete{p}", tags=tags,
+    @router.delete(f"/{entity}/{{urn}}", operation_id=f"delete{p}", tags=tags,
                    summary=f"Delete a {entity} entity or some of its aspects",
                    responses=answers("Deleted", _DELETED_ASPECTS))
-    async def delete_entity(urn: Urn, request: Request, session: Session, gateway: Gateway, caller: Caller,
+    async def delete_entity(caller: Writer, urn: Urn, request: Request, session: Session, gateway: Gateway,
                             aspects: AspectsToDelete = None,
                             clear: Annotated[Flag, Query(description="Delete every aspect except the key aspect")] = False,
                             ) -> Response:
@@ -194,12 +194,12 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         deleted = [r.aspect for r in outcome.result.items if r.status.value == "DELETED"]
         return json_response({"urn": urn, "deleted": deleted}, headers=outcome.response_headers)
 
-    @router.post(f"/{entity}/{{urn}}/{{aspectName}}", dependencies=[ALLOW_WRITE], operation_id=f"create{p}Aspect",
+    @router.post(f"/{entity}/{{urn}}/{{aspectName}}", operation_id=f"create{p}Aspect",
                  tags=tags, summary=f"Create or upsert one aspect of a {entity} entity",
                  openapi_extra=request_body(component("EntityAspectRequest")),
                  responses=answers("Written", entity_response, accepted=True))
     async def upsert_aspect(
-        urn: Urn, aspect_name: AspectName, request: Request, session: Session, gateway: Gateway, caller: Caller,
+        caller: Writer, urn: Urn, aspect_name: AspectName, request: Request, session: Session, gateway: Gateway,
         create_if_not_exists: Annotated[Flag | None, WithJsonSchema({"type": "boolean"}), Query(
             alias="createIfNotExists",
             description="Create the aspect only if it does not exist (a 409 otherwise). Default: true, as DataHub's, "
@@ -231,14 +231,14 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         outcome = await gateway.submit(session, [draft], caller, queue=async_, request_headers=request.headers)
         return _entities_response(outcome, system_metadata, single=True, echo_limit=gateway.settings.max_echo_value_bytes)
 
-    @router.patch(f"/{entity}/{{urn}}/{{aspectName}}", dependencies=[ALLOW_WRITE], operation_id=f"patch{p}Aspect",
+    @router.patch(f"/{entity}/{{urn}}/{{aspectName}}", operation_id=f"patch{p}Aspect",
                   tags=tags, summary=f"Patch one aspect of a {entity} entity",
                   description="Body: an RFC 6902 array or DataHub's GenericJsonPatch `{\"patch\": [...], "
                               "\"arrayPrimaryKeys\"?}`.",
                   openapi_extra=request_body(schema_ref("GenericJsonPatch")),
                   responses=answers("Written", entity_response))
-    async def patch_aspect(urn: Urn, aspect_name: AspectName, request: Request, session: Session, gateway: Gateway,
-                           caller: Caller, system_metadata: SystemMetadataFlag = True) -> Response:
+    async def patch_aspect(caller: Writer, urn: Urn, aspect_name: AspectName, request: Request, session: Session,
+                           gateway: Gateway, system_metadata: SystemMetadataFlag = True) -> Response:
         body = await read_json(request, gateway.settings)
         draft = Draft(0, entity, aspect_name, ChangeType.PATCH.value, urn=urn, value=body,
                       headers=_http_conditional_headers(request), location=SINGLE_PATCH)
@@ -263,11 +263,11 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         exists = await EntityReader(session, registry).has_aspect(entity, checked_urn(urn), aspect_name)
         return Response(status_code=204 if exists else 404)
 
-    @router.delete(f"/{entity}/{{urn}}/{{aspectName}}", dependencies=[ALLOW_WRITE], operation_id=f"delete{p}Aspect",
+    @router.delete(f"/{entity}/{{urn}}/{{aspectName}}", operation_id=f"delete{p}Aspect",
                    tags=tags, summary=f"Delete one aspect of a {entity} entity",
                    responses=answers("Deleted (or already absent: status ABSENT)", _DELETED_ASPECT))
-    async def delete_aspect(urn: Urn, aspect_name: AspectName, request: Request, session: Session, gateway: Gateway,
-                            caller: Caller) -> Response:
+    async def delete_aspect(caller: Writer, urn: Urn, aspect_name: AspectName, request: Request, session: Session,
+                            gateway: Gateway) -> Response:
         draft = Draft(0, entity, aspect_name, ChangeType.DELETE.value, urn=urn, headers=_http_conditional_headers(request))
         outcome = await gateway.submit(session, [draft], caller, request_headers=request.headers)
         assert outcome.result is not None
@@ -288,7 +288,7 @@ _DELETED_ASPECT = {
 
 
 async def _write_entities(
-    entity: str, change_type: ChangeType, request: Request, session: Session, gateway: Gateway, caller: Caller,
+    entity: str, change_type: ChangeType, request: Request, session: Session, gateway: Gateway, caller: Writer,
     system_metadata: bool, queue: bool,
 ) -> Response:
     body = await read_json(request, gateway.settings)

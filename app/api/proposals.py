@@ -7,14 +7,14 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from app.api.deps import ALLOW_WRITE, Caller, Gateway, Session
+from app.api.deps import Gateway, Session, Writer
 from app.api.http import Flag, check_batch_size, json_response, read_json
 from app.errors import ERROR_RESPONSES
 from app.ingest.gateway import SubmitOutcome
 from app.ingest.mcp import MCP_FIELDS
 from app.write.proposal import JSON_CONTENT_TYPE
 
-router = APIRouter(prefix="/openapi/v1", tags=["proposals"], dependencies=[ALLOW_WRITE])
+router = APIRouter(prefix="/openapi/v1", tags=["proposals"])
 
 ChangeTypeName = Literal["UPSERT", "CREATE", "CREATE_ENTITY", "UPDATE", "DELETE", "PATCH"]
 
@@ -109,10 +109,10 @@ assert frozenset(MetadataChangeProposal.model_fields) == MCP_FIELDS, "the docume
     operation_id="ingestProposals",
 )
 async def ingest_proposals(
+    caller: Writer,
     request: Request,
     session: Session,
     gateway: Gateway,
-    caller: Caller,
     async_: Annotated[
         Flag,
         Query(

@@ -19,7 +19,9 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from app.api.deps import ALLOW_READ, Caller, Gateway, ReadYourWrites, Registry, Session, admit_before_body, get_backend
+from app.api.deps import (
+    ALLOW_READ, Gateway, Reader, Registry, Session, admit_before_body, get_backend, get_read_your_writes,
+)
 from app.api.http import UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response, read_json
 from app.api.restli.common import ACTION_BODY, optional_int, require_object, require_urn
 from app.api.restli.timeseries import DEFAULT_LIMIT, check_filter, timeseries_from_backend
@@ -30,7 +32,7 @@ from app.registry import EntityRegistry
 from app.write.reader import EntityReader
 
 # The actions route needs READ (getTimeseriesAspectValues); the gateway checks WRITE for the ingest actions.
-router = APIRouter(tags=["rest.li"], dependencies=[ALLOW_READ])
+router = APIRouter(tags=["rest.li"])
 
 SUCCESS = {"value": "success"}
 ACTIONS = ("ingestProposal", "ingestProposalBatch", "getTimeseriesAspectValues")
@@ -51,7 +53,7 @@ ACTIONS = ("ingestProposal", "ingestProposalBatch", "getTimeseriesAspectValues")
 )
 @router.post("/aspects/", include_in_schema=False)
 async def aspects_action(
-    request: Request, session: Session, gateway: Gateway, caller: Caller, caught_up: ReadYourWrites,
+    caller: Reader, request: Request, session: Session, gateway: Gateway,
     action: Annotated[str, Query(description=", ".join(ACTIONS))],
 ) -> Response:
     if action not in ACTIONS:
@@ -60,7 +62,7 @@ async def aspects_action(
         )
     if action == "getTimeseriesAspectValues":
         body = require_object(await read_json(request, gateway.settings))
-        return json_response({"value": await _timeseries(body, request, gateway.registry, caught_up)})
+        return json_response({"value": await _timeseries(body, request, gateway.registry)})
     async with admit_before_body(request, caller):  # a write refused with 429 is never parsed
         body = require_object(await read_json(request, gateway.settings))
         if action == "ingestProposalBatch":
@@ -75,9 +77,7 @@ async def aspects_action(
     return json_response(SUCCESS, headers=outcome.response_headers)
 
 
-async def _timeseries(
-    body: dict[str, Any], request: Request, registry: EntityRegistry, caught_up: ReadYourWrites
-) -> dict[str, Any]:
+async def _timeseries(body: dict[str, Any], request: Request, registry: EntityRegistry) -> dict[str, Any]:
     urn = require_urn(body)
     entity = entity_of_urn(registry, urn, "$.urn")
     if isinstance(body.get("entity"), str) and body["entity"].lower() != entity.lower():
@@ -99,6 +99,7 @@ async def _timeseries(
         limit = min(limit, 1)
     groups = check_filter(body.get("filter"))
     backend = await get_backend(request)
+    caught_up = await get_read_your_writes(request)
     await caught_up()  # DataHub's clients read their own timeseries writes
     values = await timeseries_from_backend(
         backend, urn, aspect.name,
@@ -109,6 +110,7 @@ async def _timeseries(
 
 @router.get(
     "/aspects/{urn:path}",
+    dependencies=[ALLOW_READ],
     responses=ERROR_RESPONSES,
     summary="One aspect of an entity, Rest.li VersionedAspect (404 when absent)",
     description='`{"aspect": {"<Pegasus record name>": {...}}, "version": n}`; `version=0` (default) is the latest. '
