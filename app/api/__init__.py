@@ -10,7 +10,7 @@ from app.api.openlineage import router as openlineage_router
 from app.api.per_aspect_events import router as per_aspect_events_router
 from app.api.processors import router as processors_router
 from app.api.proposals import MetadataChangeProposal, router as proposals_router
-from app.api.restli import router as restli_router
+from app.api.restli import routers as restli_routers
 from app.api.schema_registry import router as schema_registry_router
 from app.api.scroll import (
     BatchGetUrnRequestV2, ScrollEntitiesBody, ScrollLineageBody, ScrollRelationshipsBody, router as scroll_router,
@@ -27,7 +27,7 @@ from app.api.timeline import router as timeline_router
 # paths at the cost of a string comparison, so every other route is matched first and none of them pays for the 72
 # entity types.
 routers = [
-    system_router, proposals_router, scroll_router, change_feed_router, restli_router, search_router, trace_write_router,
+    system_router, proposals_router, scroll_router, change_feed_router, *restli_routers, search_router, trace_write_router,
     schema_registry_router, auth_router, processors_router, per_aspect_events_router, timeline_router,
     entity_registry_router, graphql_router, openlineage_router, models_router,
 ]
