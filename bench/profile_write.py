@@ -1,13 +1,15 @@
 """Where a write spends its CPU: py-spy samples the running service while it takes single writes, then batches.
 
     .venv/bin/python bench/profile_write.py [--workers 1] [--rate 150] [--seconds 20] [--batches 60] [--top 25]
-                                            [--keep DIR]
+                                            [--single v3,proposals,restli] [--keep DIR]
 
 A throwaway Postgres (fsync on) and metaledger with everything of the embedded default running (auth, the relay's
 sequencer, the embedded indexing worker). With `--workers 1` (the default) one process does all of it, so one
 profile shows the request path and the background work side by side; with more, every process is sampled
-(`py-spy --subprocesses`). Two workloads, each profiled on its own:
-- single: `--rate` single-aspect writes/s (v3, existing entities) for `--seconds`;
+(`py-spy --subprocesses`). The workloads, each profiled on its own:
+- single: `--rate` single-aspect writes/s (existing entities) for `--seconds`, through each route of `--single`:
+  `v3` (POST /openapi/v3/entity/dataset/{urn}/datasetProperties), `proposals` (POST /openapi/v1/proposals, one MCP),
+  `restli` (POST /aspects?action=ingestProposal, as DataHub's Python client sends it);
 - batch: `--batches` requests of 100 MCPs to /openapi/v1/proposals from 4 clients.
 For each: CPU ms per write, then the share of CPU samples by stage (the first matching rule below, from the leaf
 frame up; the background workers first, by their task), and the `--top` hottest functions by own time. `--keep DIR`
@@ -25,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import orjson
@@ -62,6 +65,29 @@ STAGES = [
     ("other app code", r"\(app/"),
 ]
 _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^:()]*)(?::\d+)?\)$")
+
+
+def mcp(i: int, revision: int) -> dict:
+    """A proposal of the same new version of one existing entity's datasetProperties that `single_writes` writes."""
+    return {"entityType": "dataset", "entityUrn": dataset_urn(i), "changeType": "UPSERT",
+            "aspectName": "datasetProperties",
+            "aspect": {"value": orjson.dumps(properties(i, revision)).decode(), "contentType": "application/json"}}
+
+
+def single_writes_by_route(entities: int, step: int) -> dict[str, Callable[[int], tuple[str, str, bytes]]]:
+    """The single-write workload through each route that takes one: the n-th request writes what `single_writes`'
+    n-th does."""
+    def proposals(n: int) -> tuple[str, str, bytes]:
+        return "POST", "/openapi/v1/proposals", orjson.dumps([mcp(n % entities, step * 1_000_000 + n + 1)])
+
+    def restli(n: int) -> tuple[str, str, bytes]:
+        body = {"proposal": mcp(n % entities, step * 1_000_000 + n + 1), "async": "false"}
+        return "POST", "/aspects?action=ingestProposal", orjson.dumps(body)
+
+    return {"v3": single_writes(entities, step), "proposals": proposals, "restli": restli}
+
+
+SINGLE_ROUTES = frozenset(single_writes_by_route(1, 0))
 
 
 def stage_of(frames: list[str]) -> str:
@@ -160,9 +186,14 @@ async def main() -> None:
     parser.add_argument("--batches", type=int, default=60)
     parser.add_argument("--entities", type=int, default=1000)
     parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--single", default="v3", help="the single-write routes to profile, each on its own: "
+                        "v3, proposals, restli (comma-separated)")
     parser.add_argument("--keep", type=Path, default=None)
     parser.add_argument("--statements", action="store_true", help="Postgres's time by statement (pg_stat_statements)")
     args = parser.parse_args()
+    routes = args.single.split(",")
+    if not set(routes) <= SINGLE_ROUTES:
+        parser.error(f"--single: unknown routes {sorted(set(routes) - SINGLE_ROUTES)}")
     out_dir = args.keep or Path(tempfile.mkdtemp(prefix="metaledger-profile-"))
     out_dir.mkdir(parents=True, exist_ok=True)
 
@@ -173,20 +204,23 @@ async def main() -> None:
 
         if args.statements:
             await reset_statements(service.dsn)
-        raw = out_dir / "single.txt"
-        spy = start_spy(service, raw, args.workers)
-        cpu0 = (service.cpu_seconds(), service.postgres_cpu_seconds())
-        started = time.perf_counter()
-        step = await open_loop(service.base, service.headers, args.rate, args.seconds, single_writes(args.entities, 0))
-        elapsed = time.perf_counter() - started
-        await asyncio.sleep(1.0)  # the background work of the last writes
-        cpu = (service.cpu_seconds() - cpu0[0], service.postgres_cpu_seconds() - cpu0[1])
-        stop_spy(spy)
-        report(f"single writes at {args.rate:.0f}/s (p50 {step.percentile(.5):.1f} ms, p99 {step.percentile(.99):.1f} ms, "
-               f"errors {dict(step.errors) or 0})", read_raw(raw), step.ok, elapsed, args.top, cpu)
-        if args.statements:
-            print_statements(await top_statements(service.dsn), step.ok)
-            await reset_statements(service.dsn)
+        for n, route in enumerate(routes):
+            raw = out_dir / f"single-{route}.txt"
+            spy = start_spy(service, raw, args.workers)
+            cpu0 = (service.cpu_seconds(), service.postgres_cpu_seconds())
+            started = time.perf_counter()
+            writes = single_writes_by_route(args.entities, n)[route]
+            step = await open_loop(service.base, service.headers, args.rate, args.seconds, writes)
+            elapsed = time.perf_counter() - started
+            await asyncio.sleep(1.0)  # the background work of the last writes
+            cpu = (service.cpu_seconds() - cpu0[0], service.postgres_cpu_seconds() - cpu0[1])
+            stop_spy(spy)
+            report(f"single writes via {route} at {args.rate:.0f}/s (p50 {step.percentile(.5):.1f} ms, "
+                   f"p99 {step.percentile(.99):.1f} ms, errors {dict(step.errors) or 0})",
+                   read_raw(raw), step.ok, elapsed, args.top, cpu)
+            if args.statements:
+                print_statements(await top_statements(service.dsn), step.ok)
+                await reset_statements(service.dsn)
 
         def batch(n: int) -> tuple[str, str, bytes]:
             body = [{"entityType": "dataset", "entityUrn": dataset_urn((n * 100 + i) % args.entities),
