@@ -4,7 +4,8 @@
   on first use and stamped with the client version: its ~60 dependencies never touch metaledger's `.venv`.
 * `metaledger` (session): `uvicorn app.main:app` on a free port, on a fresh database of the test Postgres.
 * `datahub` (session): runs the client (`.script(code)` in its Python, `.cli(*args)` the `datahub` command) as a
-  subprocess pointed at that server, telemetry off, with a private HOME (no `~/.datahubenv`).
+  process of its own pointed at that server, telemetry off, with a private HOME (no `~/.datahubenv`); each is forked
+  from one process that imported the client once (tests/client/forkserver.py).
 
 DataHub's Kafka wire (Avro, the schema registry metaledger serves), with the real Kafka clients:
 
@@ -23,11 +24,13 @@ import fcntl
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import tempfile
 import textwrap
+import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -103,11 +106,21 @@ class Metaledger:
         return httpx.Client(base_url=self.url, timeout=30, headers={"Authorization": f"Bearer {self.token}"})
 
 
+FORKSERVER = Path(__file__).resolve().parent / "forkserver.py"
+
+
 @dataclass
 class DataHubClient:
+    """The client's Python and `datahub` command with `env`, in `workdir`. Each `script` or `cli` call is a process of
+    its own, forked (tests/client/forkserver.py, started on first use, stopped by `close`) from one that has imported
+    the CLI once: a fresh `datahub` process spends seconds of CPU on that import alone."""
+
     python: Path
     env: dict[str, str]
     workdir: Path
+    _server: subprocess.Popen | None = field(default=None, init=False, repr=False)
+    _outputs: Path | None = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     def script(self, code: str, timeout: float = 300, **names: object) -> subprocess.CompletedProcess:
         """Run `code` in the client's Python; `GMS` is the server URL inside it, `TOKEN` its token, each keyword argument a name
@@ -116,21 +129,48 @@ class DataHubClient:
             f"{name} = {value!r}\n"
             for name, value in {"GMS": self.env["DATAHUB_GMS_URL"], "TOKEN": self.env.get("DATAHUB_GMS_TOKEN"), **names}.items()
         )
-        result = subprocess.run(
-            [str(self.python), "-c", prelude + textwrap.dedent(code)],
-            env=self.env, cwd=self.workdir, capture_output=True, text=True, timeout=timeout,
-        )
+        result = self._run({"code": prelude + textwrap.dedent(code)}, ["python", "-c", "<script>"], timeout)
         assert result.returncode == 0, f"client script failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
         return result
 
     def cli(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
-        result = subprocess.run(
-            [str(self.python.parent / "datahub"), *args],
-            env=self.env, cwd=self.workdir, capture_output=True, text=True, timeout=timeout,
-        )
+        result = self._run({"argv": list(args)}, ["datahub", *args], timeout)
         if check:
             assert result.returncode == 0, f"datahub {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
         return result
+
+    def _run(self, request: dict, args: list[str], timeout: float) -> subprocess.CompletedProcess:
+        with self._lock:
+            if self._server is None:
+                self._outputs = Path(tempfile.mkdtemp(prefix="datahub-forkserver-"))
+                with open(self._outputs / "server.log", "wb") as log:
+                    self._server = subprocess.Popen(
+                        [str(self.python), str(FORKSERVER)], env=self.env, cwd=self.workdir,
+                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                    )
+            stdout, stderr = self._outputs / "stdout", self._outputs / "stderr"
+            self._server.stdin.write(json.dumps({**request, "stdout": str(stdout), "stderr": str(stderr), "timeout": timeout}) + "\n")
+            self._server.stdin.flush()
+            answer = self._server.stdout.readline()
+            if not answer:
+                raise RuntimeError(f"the client's fork server exited ({self._server.wait()}):\n"
+                                   f"{(self._outputs / 'server.log').read_text(errors='replace')[-3000:]}")
+            out, err = stdout.read_text(errors="replace"), stderr.read_text(errors="replace")
+            answer = json.loads(answer)
+            if answer.get("timeout"):
+                raise subprocess.TimeoutExpired(args, timeout, out, err)
+            return subprocess.CompletedProcess(args, answer["returncode"], out, err)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.stdin.close()
+            try:
+                self._server.wait(10)
+            except subprocess.TimeoutExpired:
+                self._server.kill()
+                self._server.wait(5)
+            shutil.rmtree(self._outputs, ignore_errors=True)
+            self._server = self._outputs = None
 
 
 @pytest.fixture(scope="session")
@@ -158,9 +198,11 @@ def metaledger_process(database_url: str) -> Iterator[Metaledger]:
 
 
 @pytest.fixture(scope="session")
-def datahub(client_python: Path, metaledger: Metaledger, tmp_path_factory: pytest.TempPathFactory) -> DataHubClient:
+def datahub(client_python: Path, metaledger: Metaledger, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataHubClient]:
     home = tmp_path_factory.mktemp("datahub-home")
-    return DataHubClient(client_python, _client_env(client_python, home, metaledger.url, metaledger.token), home)
+    client = DataHubClient(client_python, _client_env(client_python, home, metaledger.url, metaledger.token), home)
+    yield client
+    client.close()
 
 
 def _client_env(python: Path, home: Path, gms: str, token: str | None) -> dict[str, str]:
@@ -170,6 +212,7 @@ def _client_env(python: Path, home: Path, gms: str, token: str | None) -> dict[s
         "DATAHUB_GMS_URL": gms,
         **({"DATAHUB_GMS_TOKEN": token} if token else {}),  # sent as `Authorization: Bearer`
         "DATAHUB_TELEMETRY_ENABLED": "false",
+        "DATAHUB_CALLER": "metaledger-tests",  # the User-Agent's caller, which each process otherwise guesses with 8 `ps` runs
         "DATAHUB_SUPPRESS_LOGGING_MANAGER": "1",
         "PYTHONUNBUFFERED": "1",
     }
@@ -250,10 +293,12 @@ def kafka_metaledger(make_database: Callable[..., str], migrated_template: str, 
 
 @pytest.fixture(scope="package")
 def kafka_datahub(client_python: Path, kafka_metaledger: KafkaMetaledger,
-                  tmp_path_factory: pytest.TempPathFactory) -> DataHubClient:
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataHubClient]:
     """The `datahub` client (with confluent-kafka) pointed at the Kafka-enabled metaledger."""
     home = tmp_path_factory.mktemp("datahub-kafka-home")
-    return DataHubClient(client_python, _client_env(client_python, home, kafka_metaledger.url, kafka_metaledger.token), home)
+    client = DataHubClient(client_python, _client_env(client_python, home, kafka_metaledger.url, kafka_metaledger.token), home)
+    yield client
+    client.close()
 
 
 @pytest.fixture(scope="session")

@@ -49,9 +49,11 @@ def service(make_database: Callable[..., str], migrated_template: str) -> Iterat
 
 
 @pytest.fixture(scope="module")
-def client(client_python: Path, service: Metaledger, tmp_path_factory: pytest.TempPathFactory) -> DataHubClient:
+def client(client_python: Path, service: Metaledger, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataHubClient]:
     home = tmp_path_factory.mktemp("datahub-graphql-home")
-    return DataHubClient(client_python, _client_env(client_python, home, service.url, service.token), home)
+    client = DataHubClient(client_python, _client_env(client_python, home, service.url, service.token), home)
+    yield client
+    client.close()
 
 
 @pytest.fixture(scope="module")
