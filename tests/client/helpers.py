@@ -24,7 +24,7 @@ def mcp(urn: str, aspect: str, value, change_type: str = "UPSERT", **extra) -> d
     return proposal
 
 
-def warm_up(pipeline, server, tag: str, timeout: float = 90, every: float = 3) -> None:
+def warm_up(pipeline, server, tag: str, timeout: float = 90, every: float = 1) -> None:
     """Write a new status aspect every `every` seconds until the pipeline records one: a source that starts at the
     end of its stream (Kafka `latest`, the Events API without an offset) is then reading."""
     deadline = time.monotonic() + timeout

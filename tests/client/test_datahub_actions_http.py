@@ -23,7 +23,7 @@ def test_actions_http_event_source_over_the_change_feed(actions_pipeline, metale
     source = {"type": "datahub-cloud", "config": {"topics": ["PlatformEvent_v1", "MetadataChangeLog_Versioned_v1"]}}
     pipeline = actions_pipeline(name, source, datahub={"server": metaledger.url, "token": metaledger.token})
 
-    warm_up(pipeline, metaledger, tag, every=4)  # the source starts at the end of the feed
+    warm_up(pipeline, metaledger, tag)  # the source starts at the end of the feed
 
     propose(metaledger, mcp(urn, "globalTags", {"tags": [{"tag": "urn:li:tag:gold"}]}))
     propose(metaledger, mcp(urn, "datasetProperties", {"description": "over http"}))
