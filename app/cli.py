@@ -100,7 +100,7 @@ def relay() -> None:
     from app.supervisor import run_standalone
 
     from app.kafka.per_aspect import DerivedEvents
-    from app.main import load_registry_of
+    from app.startup import load_registry_of
     from app.write.runtime_models import ModelWatcher, WithModelWatcher
 
     def make(settings, engine, maker, codec):
@@ -115,7 +115,7 @@ def _consumer(consumer_class, settings, maker, codec):
     """A standalone consumer: its gateway applies (never queues) and leaves indexing to the indexer, with the runtime
     model set taken up (app.write.runtime_models.WithModelWatcher)."""
     from app.ingest.gateway import IngestGateway
-    from app.main import build_write_service
+    from app.startup import build_write_service
     from app.write.runtime_models import ModelWatcher, WithModelWatcher
 
     gateway = IngestGateway(build_write_service(settings))
@@ -149,7 +149,7 @@ def _with_auth(operation):
 
     from app.auth.service import AuthService
     from app.db import create_engine, upgrade_database
-    from app.main import resolve_database_url
+    from app.startup import resolve_database_url
     from app.registry import load_registry
 
     from app.supervisor import check_database_url
@@ -278,7 +278,7 @@ def db() -> None:
 def db_upgrade(revision: str) -> None:
     """Apply pending migrations (to the embedded database when METALEDGER_DATABASE_URL is unset)."""
     from app.db import upgrade_database
-    from app.main import resolve_database_url
+    from app.startup import resolve_database_url
     from app.supervisor import check_database_url
 
     check_database_url(get_settings())
@@ -372,7 +372,7 @@ def events_export_schemas(directory: Path, every_pair: bool) -> None:
     """Write the generated MetadataChangeEvent, MetadataAuditEvent and FailedMetadataChangeEvent schemas of the
     routed pairs as .avsc files (one per record: <com.linkedin.mxe.entity.aspect>.<Record>.avsc)."""
     from app.kafka.per_aspect import EventRoutingError, export_schemas, pair_routes
-    from app.main import load_registry_of
+    from app.startup import load_registry_of
 
     settings = get_settings()
     try:

@@ -8,16 +8,18 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING
 
 import asyncpg
-from alembic import command
-from alembic.config import Config
 from sqlalchemy import event
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 
 from app.db_faults import DatabaseFault, classify
 from app.settings import PROJECT_ROOT
+
+if TYPE_CHECKING:
+    from alembic.config import Config
 
 MIGRATIONS_DIR = PROJECT_ROOT / "migrations"
 # A session's `info` key: the event loop's time by which its write transactions must be over (app.ops.backpressure)
@@ -49,6 +51,8 @@ def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]
 
 
 def alembic_config(url: str) -> Config:
+    from alembic.config import Config  # imported where migrations are applied, not by every process (~0.4 s)
+
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
     config.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
@@ -58,6 +62,8 @@ def alembic_config(url: str) -> Config:
 def upgrade_database(url: str, revision: str = "head") -> None:
     """Apply pending migrations. Synchronous; safe to call from inside a running event loop (the migration
     environment runs its own loop, so it then runs in a worker thread)."""
+    from alembic import command
+
     try:
         asyncio.get_running_loop()
     except RuntimeError:

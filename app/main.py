@@ -7,11 +7,9 @@ import gc
 import logging
 import os
 import signal
-import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
-from typing import TYPE_CHECKING
 
 import asyncpg
 from fastapi import FastAPI, Request
@@ -23,11 +21,10 @@ from fastapi.openapi.utils import get_openapi
 from sqlalchemy.exc import SQLAlchemyError
 
 from app import __version__
-from app.auth.model import Role
 from app.auth.service import AuthService
 from app.avro.wire import ValueCodec
 from app.background import Background
-from app.db import create_engine, create_sessionmaker, upgrade_database
+from app.db import create_engine, create_sessionmaker
 from app.db_faults import DatabaseFault, classify, database_unavailable
 from app.errors import Issue, MetaledgerError, ValidationFailed
 from app.api import documented_models, routers
@@ -42,67 +39,21 @@ from app.ops import Operations
 from app.ops.drain import Drain, DrainMiddleware
 from app.ops.middleware import OperationsMiddleware
 from app.search.service import SearchRuntime
-from app.registry import EntityRegistry, load_registry
+from app.registry import EntityRegistry
 from app.registry.errors import RegistryError
 from app.schema_registry import make_registry_client
 from app.settings import Settings, get_settings
+from app.startup import announce_auth, build_write_service, start_and_migrate
 from app.ingest.gateway import IngestGateway
 from app.kafka.per_aspect import resolve_routes
 from app.kafka.producer import ProposalProducer
 from app.workers import follow_supervisor
 from app.write.combiner import WriteCombiner
-from app.write.plugins import load_pipeline, load_rule_chain
 from app.telemetry import ensure_client_id
-from app.write.proposal import DEFAULT_ACTOR, SYSTEM_ACTOR
 from app.write.runtime_models import ModelWatcher
-from app.write.service import WriteService
-
-if TYPE_CHECKING:
-    from app.embedded_pg import EmbeddedPostgres
 
 log = logging.getLogger("metaledger")
 OPENAPI_URL = "/openapi.json"
-
-
-def resolve_database_url(settings: Settings) -> str:
-    """The configured database, or the embedded default: a private Postgres under the data directory."""
-    return start_database(settings)[0]
-
-
-def start_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
-    """(URL, the embedded server if this call started it, so the caller stops it on shutdown)."""
-    if settings.database_url:
-        return settings.database_url, None
-    from app.embedded_pg import EmbeddedPostgres
-
-    pg = EmbeddedPostgres(settings.data_dir / "pg", settings.embedded_pg_port, durable=True)
-    already_running = pg.is_running()
-    url = pg.start()
-    return url, None if already_running else pg
-
-
-def start_and_migrate(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
-    """`start_database`, then the pending migrations unless turned off."""
-    url, embedded = start_database(settings)
-    if settings.apply_migrations_on_start:
-        upgrade_database(url)
-    return url, embedded
-
-
-def prepare_database(settings: Settings) -> tuple[str, EmbeddedPostgres | None]:
-    """What a supervisor of several processes does once before starting them (app.supervisor): the database started
-    and migrated, and on the first start the admin token created and printed."""
-    url, embedded = start_and_migrate(settings)
-
-    async def announce() -> None:
-        engine = create_engine(url, 1)
-        try:
-            await _announce_auth(settings, AuthService(settings, engine, load_registry(settings.registry_path)))
-        finally:
-            await engine.dispose()
-
-    asyncio.run(announce())
-    return url, embedded
 
 
 @asynccontextmanager
@@ -138,7 +89,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await producer.start()
     app.state.proposal_producer = producer
     app.state.auth = auth = AuthService(settings, engine, app.state.registry)
-    await _announce_auth(settings, auth)
+    await announce_auth(settings, auth)
     app.state.ops = ops = Operations(settings, engine, app.state.registry, app.state.schema_registry)
     combiner = None
     if settings.write_combining:
@@ -177,31 +128,6 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await engine.dispose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
-
-
-async def _announce_auth(settings: Settings, auth: AuthService) -> None:
-    """On the first start, create the admin token and print it once (only its hash is kept)."""
-    if not settings.auth_enabled:
-        log.warning("AUTHENTICATION IS OFF (METALEDGER_AUTH_ENABLED=false): anyone who reaches this port is an admin")
-        return
-    await auth.key()  # loaded (or created) now: verifying a token then needs no database round trip for it
-    if not settings.auth_bootstrap_admin_token:
-        return
-    issued = await auth.create_token(
-        DEFAULT_ACTOR, Role.ADMIN, ttl="never", description="the first-start admin token", created_by=SYSTEM_ACTOR,
-        bootstrap=True,
-    )
-    if issued is None:
-        return
-    token = issued[0]
-    print(
-        "\nmetaledger created its first admin token (shown this once; only its hash is stored):\n\n"
-        f"    {token}\n\n"
-        "Use it with the datahub client:  DATAHUB_GMS_TOKEN=<token> datahub ...\n"
-        "or over HTTP:                    curl -H 'Authorization: Bearer <token>' ...\n"
-        "More tokens:  metaledger token create --actor urn:li:corpuser:alice --role writer\n",
-        file=sys.stderr, flush=True,
-    )
 
 
 # The protocol modules' routers as included by the first app of the process, kept (as app.api.entities keeps the
@@ -340,19 +266,6 @@ def _install_offline_docs(app: FastAPI, settings: Settings) -> None:
             openapi_url=OPENAPI_URL, title=f"{app.title} - ReDoc", redoc_js_url=f"{static}/redoc.standalone.js",
             redoc_favicon_url=f"{static}/favicon.png", with_google_fonts=False,
         )
-
-
-def load_registry_of(settings: Settings) -> EntityRegistry:
-    """The entity registry of this configuration."""
-    return load_registry(
-        settings.registry_path, trim_unknown_fields=settings.trim_unknown_fields, strict_urns=settings.strict_urn_validation
-    )
-
-
-def build_write_service(settings: Settings, registry: EntityRegistry | None = None) -> WriteService:
-    """The write pipeline of this configuration: the registry (loaded unless given) and the plugins' rule chain."""
-    registry = registry or load_registry_of(settings)
-    return WriteService(registry, load_rule_chain(settings.registry_path), settings, load_pipeline(settings.registry_path))
 
 
 def create_app(settings: Settings | None = None, registry: EntityRegistry | None = None) -> FastAPI:

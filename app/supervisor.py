@@ -76,7 +76,7 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
 
     from app.kafka.per_aspect import resolve_routes
     from app.logs import configure_logging
-    from app.main import load_registry_of, prepare_database
+    from app.startup import load_registry_of, prepare_database
 
     configure_logging()
     # what every child checks at its start (create_app): a bad route stops here, once, instead of N crash loops
@@ -228,7 +228,7 @@ async def _standalone(make_worker, stop_on: tuple[signal.Signals, ...]) -> None:
     from app.avro.wire import ValueCodec
     from app.db import create_engine, create_sessionmaker
     from app.logs import configure_logging
-    from app.main import resolve_database_url
+    from app.startup import resolve_database_url
     from app.schema_registry import make_registry_client
 
     configure_logging()
@@ -268,7 +268,7 @@ class _EveryBackgroundWorker:
     async def run(self, stop: asyncio.Event) -> None:
         from app.background import Background
         from app.ingest.gateway import IngestGateway
-        from app.main import build_write_service
+        from app.startup import build_write_service
         from app.search.service import SearchRuntime
 
         writer = build_write_service(self.settings)

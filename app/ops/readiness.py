@@ -13,6 +13,7 @@ broker (when `kafka_bootstrap_servers` is set) and an external schema registry a
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
@@ -28,13 +29,21 @@ from app.settings import Settings
 
 @cache
 def migration_heads() -> frozenset[str]:
-    """The head revision(s) of migrations/, read once per process."""
-    from alembic.config import Config
-    from alembic.script import ScriptDirectory
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    return frozenset(ScriptDirectory.from_config(config).get_heads())
+    """The head revision(s) of migrations/, read once per process: the revisions no other revision revises. Read from
+    the scripts' `revision` and `down_revision` assignments, as Alembic declares them, without importing Alembic and
+    every script (a process that applies no migration would pay ~0.4 s for it)."""
+    revised: set[str] = set()
+    revisions: set[str] = set()
+    for script in (MIGRATIONS_DIR / "versions").glob("*.py"):
+        for node in ast.parse(script.read_bytes(), str(script)).body:
+            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+            if isinstance(target, ast.Name) and target.id in ("revision", "down_revision") and node.value is not None:
+                value = ast.literal_eval(node.value)
+                if target.id == "revision":
+                    revisions.add(value)
+                elif value is not None:
+                    revised.update((value,) if isinstance(value, str) else value)
+    return frozenset(revisions - revised)
 
 
 class _Cached:
