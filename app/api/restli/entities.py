@@ -25,7 +25,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from app.auth.model import Permission
-from app.api.deps import ALLOW_READ, Caller, Gateway, ReadYourWrites, Registry, Search, Session, admit_before_body
+from app.api.deps import ALLOW_READ, Caller, Gateway, ReadYourWrites, Reader, Registry, Search, Session, admit_before_body
 from app.api.http import Flag, UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response, parse_bool, read_json
 from app.api.restli.common import ACTION_BODY, optional_int, parse_restli_list, require_object, require_urn
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
@@ -36,7 +36,7 @@ from app.write.proposal import ChangeType, Draft
 from app.write.reader import EntityReader
 
 # The actions route needs READ; `ingest` is checked per draft by the gateway, the deletes before they look at data.
-router = APIRouter(tags=["rest.li"], dependencies=[ALLOW_READ])
+router = APIRouter(tags=["rest.li"])
 
 ACTIONS = ("ingest", "delete", "deleteReferences")
 
@@ -55,7 +55,7 @@ ACTIONS = ("ingest", "delete", "deleteReferences")
     openapi_extra=ACTION_BODY,
 )
 async def entities_action(
-    request: Request, session: Session, gateway: Gateway, caller: Caller, search: Search, caught_up: ReadYourWrites,
+    caller: Reader, request: Request, session: Session, gateway: Gateway, search: Search, caught_up: ReadYourWrites,
     action: Annotated[str, Query(description=", ".join(ACTIONS))],
 ) -> Response:
     if action not in ACTIONS:
@@ -126,6 +126,7 @@ def _envelope(name: str, value: dict[str, Any], created_ms: int, actor: str, sys
 
 @router.get(
     "/entitiesV2/{urn:path}",
+    dependencies=[ALLOW_READ],
     responses=ERROR_RESPONSES,
     summary="An entity's latest aspects, Rest.li EntityResponse",
     description='`?aspects=List(a,b)` (Rest.li list syntax) selects aspects. Answers `{"urn", "entityName", "aspects": '
