@@ -39,8 +39,10 @@ _PRINCIPAL = "metaledger.principal"  # the scope key of the request's caller, on
 
 def _on_exit(request: Request) -> AsyncExitStack:
     """The request's exit stack: FastAPI closes it after the response is sent, however the request ends, as it ends
-    the `yield` dependencies it keeps there."""
-    return request.scope["fastapi_inner_astack"]
+    the `yield` dependencies it keeps there. FastAPI's own scope key: `fastapi_inner_astack`, and in the older
+    releases pyproject still allows `fastapi_astack`."""
+    scope = request.scope
+    return scope["fastapi_inner_astack"] if "fastapi_inner_astack" in scope else scope["fastapi_astack"]
 
 
 class LazySession:
