@@ -36,6 +36,7 @@ from pathlib import Path
 from uvicorn.supervisors import Multiprocess
 
 from app.http_server import HeadLimitedProtocol
+from app.ops.activity import ACTIVITY_FILE_ENV, create_activity_file
 from app.ops.drain import refuse_new_connections
 from app.settings import Settings, get_settings
 from app.workers import SUPERVISOR_PID_ENV, follow_supervisor
@@ -83,6 +84,7 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
     resolve_routes(settings, load_registry_of(settings))
     url, embedded = prepare_database(settings)
     metrics_dir = Path(tempfile.mkdtemp(prefix="metaledger-metrics-"))
+    activity_file = create_activity_file()
     # Every child reads these: the database this process resolved (and migrated), no second first-start token, the
     # shared metrics directory. Settings given on the command line travel the same way.
     os.environ.update({
@@ -91,6 +93,7 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
         "METALEDGER_AUTH_BOOTSTRAP_ADMIN_TOKEN": "false",
         "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
         SUPERVISOR_PID_ENV: str(os.getpid()),  # children stop if this process is killed (app.workers)
+        ACTIVITY_FILE_ENV: str(activity_file),  # who wrote lately, for write admission's duty cycle
     })
     background = BackgroundProcess()
     background.start()
@@ -104,6 +107,7 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
     finally:
         background.stop()
         shutil.rmtree(metrics_dir, ignore_errors=True)
+        activity_file.unlink(missing_ok=True)
         if embedded is not None:
             embedded.stop()
 

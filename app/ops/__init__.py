@@ -19,6 +19,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.ops.activity import SharedActivity
 from app.ops.backpressure import WriteAdmission
 from app.ops.metrics import EVENT_LOOP_LAG, exposition
 from app.ops.readiness import Readiness
@@ -47,6 +48,7 @@ class Operations:
             caller_share=settings.write_caller_share, cost_bytes=settings.write_cost_bytes,
             backlog_limit=settings.max_outbox_backlog, backlog=self.sampler.backlog,
             retry_after_s=settings.backpressure_retry_after_s, duty=settings.write_caller_duty,
+            shared=SharedActivity.from_environment(),
         )
         self.readiness = Readiness(settings, self.sampler, registry, schema_registry)
         self.background: Any = None

@@ -15,7 +15,7 @@ consumers have their own flow control and are not refused):
   refused at once. A 429's `Retry-After` is when the caller's queue as it is now would have drained (its writes in
   flight, at the pace its writes went so far, and those waiting, which start or give up within that time), at least
   `backpressure_retry_after_s`, at most `MAX_RETRY_AFTER_S`.
-- **a duty cycle under contention.** Shares bound what a caller holds, not how busy it keeps the machine: a flood's
+- **a duty cycle under contention** (across the processes of a `serve --workers N`: app.ops.activity). Shares bound what a caller holds, not how busy it keeps the machine: a flood's
   one write per process at a time, back to back, kept both cores busy and a single write beside it took 400 ms at
   p99. So while other callers have written within `ACTIVE_WINDOW_S`, a write that took d seconds *rests* after it
   ends: its cost stays charged to its caller (not to the process's budget) for d × (1 / `write_caller_duty` − 1)
@@ -36,6 +36,7 @@ import ctypes
 import ctypes.util
 import gc
 import math
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -43,6 +44,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 from app.errors import TooManyRequests
+from app.ops.activity import SharedActivity
 from app.ops.metrics import WRITE_REJECTIONS
 
 ACTIVE_WINDOW_S = 1.0  # a caller who wrote within this long is active: the others' writes rest (the duty cycle)
@@ -118,7 +120,7 @@ class WriteAdmission:
     def __init__(
         self, limit: int, wait_s: float, *, budget: int | None = None, caller_share: float = 1.0,
         cost_bytes: int = 65_536, backlog_limit: int = 0, backlog: Callable[[], int | None] | None = None,
-        retry_after_s: int = 1, duty: float = 1.0,
+        retry_after_s: int = 1, duty: float = 1.0, shared: SharedActivity | None = None,
     ) -> None:
         self.limit = max(1, limit)  # writes in flight
         self.budget = max(1, budget if budget is not None else self.limit)  # their cost
@@ -138,6 +140,7 @@ class WriteAdmission:
         # per unit is a batch's many times over.
         self._pace: dict[str, float] = {}
         self._active_at: dict[str, float] = {}  # caller → loop time of its latest grant or release, the latest last
+        self._shared = shared  # the same, for the other processes of a `serve --workers N` (app.ops.activity)
         # figures, for /metrics and tests
         self.rejected = 0
         self._since_settled = False  # writes ended or were refused since `settle_memory` last gave memory back
@@ -304,16 +307,18 @@ class WriteAdmission:
             return True
         for other, at in reversed(self._active_at.items()):  # the most recent first: stops at the window's edge
             if at < now - ACTIVE_WINDOW_S:
-                return False
+                break
             if other != caller:
                 return True
-        return False
+        return self._shared is not None and self._shared.others_since(caller, time.monotonic() - ACTIVE_WINDOW_S)
 
     def _mark_active(self, caller: str, now: float) -> None:
         self._active_at.pop(caller, None)
         self._active_at[caller] = now
         if len(self._active_at) > PACED_CALLERS:
             del self._active_at[next(iter(self._active_at))]
+        if self._shared is not None:
+            self._shared.mark(caller, time.monotonic())
 
     def _dispatch(self) -> None:
         """Grant waiting writes while one fits: the caller with the least cost in flight first, then the one served

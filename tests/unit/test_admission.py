@@ -4,6 +4,8 @@ Retry-After from the caller's own queue, and admission given back however a writ
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 
@@ -11,6 +13,7 @@ from app.auth.model import SYSTEM_PRINCIPAL, UNAUTHENTICATED_ADMIN
 from app.errors import TooManyRequests
 from app.ingest.gateway import caller_key
 from app.ops import backpressure
+from app.ops.activity import SharedActivity, create_activity_file
 from app.ops.backpressure import CLIENT_ADDRESS, ESTIMATED_PROPOSAL_BYTES, REQUEST_GRANT, WriteAdmission
 
 
@@ -227,6 +230,33 @@ async def test_a_caller_alone_or_without_a_duty_cycle_never_rests(monkeypatch):
         assert (admission.in_flight, admission.cost_in_flight, admission.waiting) == (0, 0, 0)
 
 
+async def test_another_callers_writes_in_another_process_make_a_write_rest(tmp_path):
+    path = create_activity_file()
+    try:
+        # a single writer's connection in another worker process, writing there now (a real process: the file is
+        # what they share, with time.monotonic())
+        subprocess.run([sys.executable, "-c", "import sys, time; from app.ops.activity import SharedActivity; "
+                        "SharedActivity(sys.argv[1]).mark('single', time.monotonic())", str(path)], check=True)
+        here = WriteAdmission(40, 2.0, budget=200, caller_share=0.5, duty=0.5, shared=SharedActivity(path))
+        flood = await here.acquire("flood", 100)
+        await asyncio.sleep(0.2)
+        here.release(flood)
+        asked = asyncio.get_running_loop().time()
+        here.release(await here.acquire("flood", 100))
+        assert asyncio.get_running_loop().time() - asked >= 0.15  # it rested, though no one else wrote here
+        # the flood's own marks, from any process, are not someone else's
+        alone = WriteAdmission(40, 2.0, budget=200, caller_share=0.5, duty=0.5, shared=SharedActivity(path))
+        await asyncio.sleep(backpressure.ACTIVE_WINDOW_S)  # the single writer's mark is old now
+        flood = await alone.acquire("flood", 100)
+        await asyncio.sleep(0.1)
+        alone.release(flood)
+        asked = asyncio.get_running_loop().time()
+        alone.release(await alone.acquire("flood", 100))
+        assert asyncio.get_running_loop().time() - asked < 0.05
+    finally:
+        path.unlink()
+
+
 async def test_admission_is_given_back_when_the_write_fails_or_is_cancelled():
     admission = WriteAdmission(2, 5.0, budget=10)
     with pytest.raises(RuntimeError):
@@ -312,8 +342,6 @@ async def test_contended_while_writes_of_two_callers_are_in_flight_not_while_one
 
 
 async def test_memory_is_given_back_once_after_writes_and_never_while_one_runs(monkeypatch):
-    from app.ops import backpressure
-
     given_back = []
     monkeypatch.setattr(backpressure, "give_memory_back", lambda: given_back.append(1))
     admission = WriteAdmission(2, 0.01, budget=10)
