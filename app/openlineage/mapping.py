@@ -147,7 +147,8 @@ Place = tuple[str | int, ...]  # a place in an event: its members and indexes, o
 
 
 def urn_errors(event: dict[str, Any]) -> Iterator[tuple[Place, str]]:
-    """The places of a spec-conforming event whose names make no DataHub URN (empty, too long, a NUL or ␟ in them),
+    """The places of a spec-conforming event whose names make no DataHub URN (empty, too long, a NUL or ␟ in them:
+    datasets, jobs, columns, owners, tags),
     with why: the event is refused naming them rather than the aspects it would have become."""
     def checked(place: Place, urn: str) -> Iterator[tuple[Place, str]]:
         try:
@@ -155,9 +156,16 @@ def urn_errors(event: dict[str, Any]) -> Iterator[tuple[Place, str]]:
         except InvalidUrnError as error:
             yield place, f"names no DataHub URN: {error}"[:300]
 
+    def owners_and_tags(place: Place, facets: dict[str, Any]) -> Iterator[tuple[Place, str]]:
+        for where, urn, _ in _owners(facets):
+            yield from checked((*place, "facets", *where), urn)
+        for where, urn in _tags(facets):
+            yield from checked((*place, "facets", *where), urn)
+
     def datasets(place: Place, dataset: dict[str, Any]) -> Iterator[tuple[Place, str]]:
         urn = dataset_urn(dataset["namespace"], dataset["name"])
         yield from checked(place, urn)
+        yield from owners_and_tags(place, dataset.get("facets") or {})
         lineage = (dataset.get("facets") or {}).get("columnLineage")
         for column, spec in (lineage.get("fields") or {}).items() if isinstance(lineage, dict) else ():
             where = (*place, "facets", "columnLineage", "fields", column)
@@ -173,6 +181,7 @@ def urn_errors(event: dict[str, Any]) -> Iterator[tuple[Place, str]]:
     job = _JobEvent(event)
     yield from checked(("job",), job.flow)
     yield from checked(("job",), job.job)
+    yield from owners_and_tags(("job",), job.job_facets)
     parent = job.parent_job_urn()
     if parent is not None:
         yield from checked(("run", "facets", "parent", "job"), parent)
@@ -291,26 +300,31 @@ def _owner_urn(name: str) -> str:
     return f"urn:li:corpuser:{rest if rest and kind.lower() == 'user' else name}"
 
 
-def _ownership_and_tags(entity_type: str, urn: str, facets: dict[str, Any]) -> list[Change]:
-    changes = []
-    owners = (facets.get("ownership") or {}).get("owners") or []
-    ops = []
-    for owner in owners:
+def _owners(facets: dict[str, Any]) -> Iterator[tuple[Place, str, str]]:
+    """The ownership facet's owners: their place in the facets, URN and DataHub ownership type."""
+    for k, owner in enumerate((facets.get("ownership") or {}).get("owners") or []):
         if isinstance(owner, dict) and isinstance(owner.get("name"), str) and owner["name"]:
             kind = str(owner.get("type") or "").upper().replace(" ", "_")
-            kind = kind if kind in _OWNERSHIP_TYPES else "TECHNICAL_OWNER"
-            owner_urn = _owner_urn(owner["name"])
-            ops.append({"op": "add", "path": f"/owners/{_pointer(owner_urn)}/{kind}",
-                        "value": {"owner": owner_urn, "type": kind}})
-    if ops:
-        changes.append(_patch(entity_type, urn, "ownership", ops))
-    ops = []
-    for tag in (facets.get("tags") or {}).get("tags") or []:
+            yield ("ownership", "owners", k, "name"), _owner_urn(owner["name"]), (
+                kind if kind in _OWNERSHIP_TYPES else "TECHNICAL_OWNER")
+
+
+def _tags(facets: dict[str, Any]) -> Iterator[tuple[Place, str]]:
+    """The tags facet's tags of the whole entity (not of a field): their place in the facets and URN."""
+    for k, tag in enumerate((facets.get("tags") or {}).get("tags") or []):
         if isinstance(tag, dict) and isinstance(tag.get("key"), str) and tag["key"] and not tag.get("field"):
             value = tag.get("value")
             name = tag["key"] if value in (None, "", tag["key"]) else f"{tag['key']}:{value}"
-            tag_urn = f"urn:li:tag:{name}"
-            ops.append({"op": "add", "path": f"/tags/{_pointer(tag_urn)}", "value": {"tag": tag_urn}})
+            yield ("tags", "tags", k), f"urn:li:tag:{name}"
+
+
+def _ownership_and_tags(entity_type: str, urn: str, facets: dict[str, Any]) -> list[Change]:
+    changes = []
+    ops = [{"op": "add", "path": f"/owners/{_pointer(owner_urn)}/{kind}", "value": {"owner": owner_urn, "type": kind}}
+           for _, owner_urn, kind in _owners(facets)]
+    if ops:
+        changes.append(_patch(entity_type, urn, "ownership", ops))
+    ops = [{"op": "add", "path": f"/tags/{_pointer(tag_urn)}", "value": {"tag": tag_urn}} for _, tag_urn in _tags(facets)]
     if ops:
         changes.append(_patch(entity_type, urn, "globalTags", ops))
     return changes
