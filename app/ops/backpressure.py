@@ -15,12 +15,12 @@ consumers have their own flow control and are not refused):
   refused at once. A 429's `Retry-After` is when the caller's queue as it is now would have drained (its writes in
   flight, at the pace its writes went so far, and those waiting, which start or give up within that time), at least
   `backpressure_retry_after_s`, at most `MAX_RETRY_AFTER_S`.
-- **a duty cycle under contention** (across the processes of a `serve --workers N`: app.ops.activity). Shares bound what a caller holds, not how busy it keeps the machine: a flood's
+- **a duty cycle under contention.** Shares bound what a caller holds, not how busy it keeps the machine: a flood's
   one write per process at a time, back to back, kept both cores busy and a single write beside it took 400 ms at
-  p99. So while other callers have written within `ACTIVE_WINDOW_S`, a write that took d seconds *rests* after it
-  ends: its cost stays charged to its caller (not to the process's budget) for d × (1 / `write_caller_duty` − 1)
-  more, and the caller's next writes wait for it, or are refused with a `Retry-After` that counts it. A caller alone
-  never rests. A single write rests too, but a few ms of one unit of cost never fills a share.
+  p99. So while other callers have written within `ACTIVE_WINDOW_S` (in any process of a `serve --workers N`:
+  app.ops.activity), a write that took d seconds *rests* after it ends: its cost stays charged to its caller (not
+  to the process's budget) for d × (1 / `write_caller_duty` − 1) more, and the caller's next writes wait for it, or
+  are refused with a `Retry-After` that counts it. A caller alone never rests. A single write rests too, but a few ms of one unit of cost never fills a share.
   An HTTP write is admitted before its body is read (`admit_before_body`, app.api.deps), on the cost its
   Content-Length suggests (`estimate`), so a refused write costs its headers only, not the reading, parsing and
   validation of its body; once the body is parsed the gateway corrects the cost to what the write carries (`resize`).
@@ -262,9 +262,7 @@ class WriteAdmission:
             state.cost_resting += grant.cost
             loop.call_later(rest, self._end_rest, grant.caller, state, grant.cost)
         # the caller's pace includes its rests: a Retry-After then tells when its writes can go on
-        self._pace[grant.caller] = _ewma(self._pace.pop(grant.caller, None), (took + rest) / grant.cost)
-        if len(self._pace) > PACED_CALLERS:
-            del self._pace[next(iter(self._pace))]
+        _put_latest(self._pace, grant.caller, _ewma(self._pace.get(grant.caller), (took + rest) / grant.cost))
         self._mark_active(grant.caller, now)
         self._forget_if_idle(grant.caller, state)
         self._dispatch()
@@ -313,10 +311,7 @@ class WriteAdmission:
         return self._shared is not None and self._shared.others_since(caller, time.monotonic() - ACTIVE_WINDOW_S)
 
     def _mark_active(self, caller: str, now: float) -> None:
-        self._active_at.pop(caller, None)
-        self._active_at[caller] = now
-        if len(self._active_at) > PACED_CALLERS:
-            del self._active_at[next(iter(self._active_at))]
+        _put_latest(self._active_at, caller, now)
         if self._shared is not None:
             self._shared.mark(caller, time.monotonic())
 
@@ -373,6 +368,14 @@ class WriteAdmission:
             f"writes); this one, of cost {cost}, would not start within {self.wait_s * 1000:.0f} ms; retry",
             retry_after_s=retry_after,
         )
+
+
+def _put_latest(remembered: dict[str, float], caller: str, value: float) -> None:
+    """`caller`'s value, put last (the most recent); the least recent caller goes past `PACED_CALLERS`."""
+    remembered.pop(caller, None)
+    remembered[caller] = value
+    if len(remembered) > PACED_CALLERS:
+        del remembered[next(iter(remembered))]
 
 
 def _ewma(previous: float | None, value: float) -> float:
