@@ -29,7 +29,7 @@ from app.db_faults import DatabaseFault, classify, database_unavailable
 from app.errors import Issue, MetaledgerError, ValidationFailed
 from app.api import documented_models, routers
 from app.api import route_index
-from app.api.entities import EntityRoute, entity_routes, routes_of_entity
+from app.api.entities import EntityRoutes, entity_routes, expanded
 from app.api.deps import ALLOW_PUBLIC, ALLOW_READ
 from app.api.http import json_response, parameter_path
 from app.api.trace_write import TraceparentMiddleware
@@ -159,15 +159,12 @@ def _build_routes(app: FastAPI) -> None:
 def follow_registry(app: FastAPI, registry: EntityRegistry) -> None:
     """After the registry took up a runtime model set: the v3 routes of entity types added (removed), and the OpenAPI
     document made again on its next request."""
-    def entity_of(route: EntityRoute) -> str:
-        return route.literal_prefix.split("/")[4]  # /openapi/v3/entity/<entity>/...
-
-    served = {entity_of(r) for r in app.router.routes if isinstance(r, EntityRoute)}
+    served = {r.spec.name for r in app.router.routes if isinstance(r, EntityRoutes)}
     gone = served - registry.entities.keys()
     if gone:
-        app.router.routes[:] = [r for r in app.router.routes if not (isinstance(r, EntityRoute) and entity_of(r) in gone)]
+        app.router.routes[:] = [r for r in app.router.routes if not (isinstance(r, EntityRoutes) and r.spec.name in gone)]
     for name in sorted(registry.entities.keys() - served):
-        app.router.routes.extend(routes_of_entity(registry.entities[name]))
+        app.router.routes.append(EntityRoutes(registry.entities[name]))
     app.openapi_schema = None
 
 
@@ -287,8 +284,8 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
     app.state.write_service = write_service
     app.state.drain = Drain(settings)
     app.router.routes.extend(_included_routers(app))
-    app.router.routes.extend(entity_routes(app.state.registry))
-    route_index.install(app.router)  # the routes along a request's path asked, not all thousand (app.api.route_index)
+    app.router.routes.extend(entity_routes(app.state.registry))  # each entity type's made on first use
+    route_index.install(app.router)  # the routes along a request's path asked, not all (app.api.route_index)
     _install_error_handlers(app)
     _install_offline_docs(app, settings)
     if settings.cors_origins:
@@ -313,8 +310,8 @@ def build_openapi(app: FastAPI) -> dict:
     if app.openapi_schema is None:
         from app.openapi_spec import add_registry_components, declare_statuses, entity_tags
 
-        spec = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes,
-                           tags=entity_tags(app.state.registry))
+        spec = get_openapi(title=app.title, version=app.version, description=app.description,
+                           routes=expanded(app.routes), tags=entity_tags(app.state.registry))
         # Every operation but the open ones takes DataHub's bearer token (or the system client's Basic credentials).
         spec.setdefault("components", {})["securitySchemes"] = {
             "bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},

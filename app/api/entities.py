@@ -6,14 +6,17 @@ components (app.openapi_spec). Issues name paths in the body the client sent (`$
 # No `from __future__ import annotations`: the parameter types of each entity's routes (its URN pattern, its
 # aspect names) are built per entity, and FastAPI reads them from the handlers' signatures when they are registered.
 
+from collections.abc import Iterable
+from functools import cached_property
 from typing import Annotated, Any
 
 import orjson
 from fastapi import APIRouter, Path, Query, Request, Response
-from fastapi.routing import APIRoute
 from pydantic import AfterValidator, WithJsonSchema
-from starlette.routing import BaseRoute, Match
-from starlette.types import Scope
+from starlette._utils import get_route_path
+from starlette.datastructures import URLPath
+from starlette.routing import BaseRoute, Match, NoMatchFound
+from starlette.types import Receive, Scope, Send
 
 from app.api.deps import ALLOW_READ, Gateway, Registry, Session, SettingsDep, Writer
 from app.api.urn_paths import restore_slashes
@@ -40,46 +43,77 @@ AsyncFlag = Annotated[Flag, Query(alias="async", description="Accept the write a
 Version = Annotated[int, Query(description="Aspect version (0: latest)", ge=0, le=2**63 - 1)]
 
 
-class EntityRoute(APIRoute):
-    """A route of one entity type. Its literal prefix (`/openapi/v3/entity/dataset/`) is compared before the path
-    regex: a request then passes the routes of the other entity types at the cost of a string comparison each."""
+# The scope key of the route an `EntityRoutes` matched, for its `handle` (that route's own child scope names it as
+# FastAPI's `route`, which the access log and the metrics read).
+_MATCHED = "metaledger.entity_route"
 
-    def __init__(self, path: str, *args: Any, **kwargs: Any) -> None:
-        super().__init__(path, *args, **kwargs)
-        self.literal_prefix = self.path.split("{", 1)[0]
+
+class EntityRoutes(BaseRoute):
+    """The v3 routes of one entity type, where they stand in the app's routes. FastAPI analyses each handler's
+    signature when its route is made (2-4 s of CPU for every entity type's routes, which each process paid at its
+    start): they are made the first time a request reaches the entity type's paths or something reads them
+    (`routes`: the OpenAPI document, `url_path_for`), then kept. A request for another entity type passes at the cost
+    of a string comparison."""
+
+    def __init__(self, spec: EntitySpec) -> None:
+        self.spec = spec
+        self.prefix = f"{API_PREFIX}/{spec.name}"  # every path of its routes is this one or one below it
+        self._below = self.prefix + "/"
+
+    @cached_property
+    def routes(self) -> list[BaseRoute]:
+        router = APIRouter(prefix=API_PREFIX)
+        _add_entity_routes(router, self.spec)
+        return list(router.routes)
 
     def matches(self, scope: Scope) -> tuple[Match, Scope]:
-        path = scope.get("path", "")
-        root = scope.get("root_path", "")
-        if root and path.startswith(root):  # Starlette matches routes on the path below the app's root path
-            path = path[len(root):]
-        if not path.startswith(self.literal_prefix):
+        """As the router's scan of the entity type's routes: the first full match, else the first partial one (a
+        method the path does not serve: its route answers the 405)."""
+        if scope["type"] != "http":
             return Match.NONE, {}
-        return super().matches(scope)
+        path = get_route_path(scope)
+        if path != self.prefix and not path.startswith(self._below):
+            return Match.NONE, {}
+        partial: Scope | None = None
+        for route in self.routes:
+            match, child_scope = route.matches(scope)
+            if match is Match.FULL:
+                return Match.FULL, {**child_scope, _MATCHED: route}
+            if match is Match.PARTIAL and partial is None:
+                partial = {**child_scope, _MATCHED: route}
+        return (Match.NONE, {}) if partial is None else (Match.PARTIAL, partial)
+
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await scope.pop(_MATCHED).handle(scope, receive, send)
+
+    def url_path_for(self, name: str, /, **path_params: Any) -> URLPath:
+        for route in self.routes:
+            try:
+                return route.url_path_for(name, **path_params)
+            except NoMatchFound:
+                pass
+        raise NoMatchFound(name, path_params)
 
 
-# Routes built per registry (a few seconds for 72 entity types: FastAPI analyses each handler's signature) and kept
-# for the process: an app made again with the same registry (the tests make one per test) takes them as they are.
-_ROUTES: dict[int, tuple[Any, list[BaseRoute]]] = {}
+# The entity types' routes of a registry, kept for the process: an app made again with the same registry (the tests
+# make one per test) takes them with the routes they have made.
+_ROUTES: dict[int, tuple[Any, list[EntityRoutes]]] = {}
 
 
-def entity_routes(registry: Any) -> list[BaseRoute]:
+def entity_routes(registry: Any) -> list[EntityRoutes]:
     """The v3 routes of every entity type of `registry`, for the app's own router (not an included router: FastAPI
-    would build every route a second time for the inclusion)."""
+    would build every route for the inclusion)."""
     cached = _ROUTES.get(id(registry))
     if cached is None or cached[0] is not registry:
-        router = APIRouter(prefix=API_PREFIX, route_class=EntityRoute)
-        for name in sorted(registry.entities):
-            _add_entity_routes(router, registry.entities[name])
-        cached = _ROUTES[id(registry)] = (registry, list(router.routes))
+        routes = [EntityRoutes(registry.entities[name]) for name in sorted(registry.entities)]
+        cached = _ROUTES[id(registry)] = (registry, routes)
     return cached[1]
 
 
-def routes_of_entity(spec: EntitySpec) -> list[BaseRoute]:
-    """The v3 routes of one entity type: one registered at run time (app.main follows the registry)."""
-    router = APIRouter(prefix=API_PREFIX, route_class=EntityRoute)
-    _add_entity_routes(router, spec)
-    return list(router.routes)
+def expanded(routes: Iterable[BaseRoute]) -> list[BaseRoute]:
+    """`routes` with the routes of each entity type in place of its `EntityRoutes` (made now if they were not): every
+    route's declaration, in the order the router asks them (the OpenAPI document's order)."""
+    return [inner for route in routes for inner in (route.routes if isinstance(route, EntityRoutes) else (route,))]
 
 
 def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:

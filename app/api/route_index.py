@@ -1,10 +1,11 @@
 """Route lookup by the literal segments of each route's path, ahead of the router's scan of every route.
 
-The app has about a thousand routes (ten per entity type of the registry, app.api.entities), and Starlette's router
-asks each in turn whether it matches: a v3 write paid for every route before its own (most of the request's
-framework CPU). `RouteIndex`, first in the app's routes, files each route under the literal path segments before its
-first parameter (`/openapi/v3/entity/dataset/{urn}` under openapi → v3 → entity → dataset, an included router under
-the segments all its routes share) and asks only the routes filed along the request's path, in the routes' order.
+The app has about 800 routes (eleven per entity type of the registry, app.api.entities, and the routers'), and
+Starlette's router asks each in turn whether it matches: a v3 write paid for every route before its own (most of the
+request's framework CPU). `RouteIndex`, first in the app's routes, files each route under the literal path segments
+before its first parameter (`/openapi/v3/entity/dataset/{urn}` under openapi → v3 → entity → dataset, an included
+router under the segments all its routes share, an entity type's routes under its path) and asks only the routes
+filed along the request's path, in the routes' order.
 A route filed elsewhere has a literal segment the path does not have, so it cannot match it: the first full match
 among the candidates is the router's own first full match. Without a full match the index answers no match, and the
 router's scan decides as before (a 405, a slash redirect, a 404).
@@ -21,6 +22,8 @@ from typing import Any
 from starlette._utils import get_route_path
 from starlette.routing import BaseRoute, Match, Mount, NoMatchFound, Route, Router, WebSocketRoute
 from starlette.types import Receive, Scope, Send
+
+from app.api.entities import EntityRoutes
 
 _SELECTED = "metaledger.route"  # the scope key of the route the index matched, for its `handle`
 
@@ -83,6 +86,8 @@ def filed_under(route: BaseRoute) -> list[str]:
     """Where a route is filed: the literal segments every path it matches starts with ([]: asked for every path)."""
     if isinstance(route, (Route, WebSocketRoute, Mount)):
         return literal_segments(route.path)
+    if isinstance(route, EntityRoutes):  # filed without building its routes
+        return literal_segments(route.prefix)
     contexts = getattr(route, "effective_route_contexts", None)  # FastAPI's included router
     if contexts is not None:
         return _shared(literal_segments(context.path) for context in contexts())

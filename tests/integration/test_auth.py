@@ -15,6 +15,7 @@ import orjson
 import pytest
 from fastapi.routing import APIRoute
 
+from app.api.entities import expanded
 from app.auth.model import Permission
 from app.main import create_app
 from app.settings import Settings
@@ -47,7 +48,7 @@ def routes_with_policies(app) -> list[tuple[str, str, Permission | None]]:
         for method in sorted(route.methods):
             found.append((method, route.path, strictest))
 
-    for route in app.router.routes:
+    for route in expanded(app.router.routes):  # every entity type's routes too, made here if they were not
         walk(route)
     return found
 

@@ -172,8 +172,10 @@ def test_document_is_valid_openapi_31(spec):
 
 
 def operations(app):
-    """(path, method, route) of every documented operation, through included routers."""
+    """(path, method, route) of every documented operation, through included routers and each entity type's routes."""
     from fastapi.routing import APIRoute
+
+    from app.api.entities import expanded
 
     def walk(route):
         contexts = getattr(route, "effective_route_contexts", None)
@@ -184,7 +186,7 @@ def operations(app):
             for method in sorted(route.methods):
                 yield route.path_format, method.lower(), route
 
-    for route in app.router.routes:
+    for route in expanded(app.router.routes):
         yield from walk(route)
 
 
