@@ -20,9 +20,10 @@ the RSS of the service's processes (sum) before the flood, at its peak and `--se
 the embedded indexer is behind at the flood's end and `--settle` seconds after; the service's log problems; the CPU
 seconds of the service's processes and of Postgres during the flood and, with `--statements` (pg_stat_statements on
 the throwaway Postgres), the statements that took the most of its time; with `--waits`, what the database's
-sessions were doing (a lock, the WAL, CPU) sampled every 50 ms. The issue's targets: single writes p99
-<= 100 ms and >= 95 % accepted; batches refused with 429 and Retry-After, no 5xx; RSS within 50 MB of its pre-flood
-value `--settle` seconds after.
+sessions were doing (a lock, the WAL, CPU) sampled every 50 ms, and what the server flushed (WAL bytes and syncs,
+segment files made, checkpoints, data pages written and by whom; sync times with `--pg track_wal_io_timing=on`).
+The issue's targets: single writes p99 <= 100 ms and >= 95 % accepted; batches refused with 429 and Retry-After, no
+5xx; RSS within 50 MB of its pre-flood value `--settle` seconds after.
 """
 
 from __future__ import annotations
@@ -226,6 +227,38 @@ class WaitSampler:
             print(f"  {n / max(1, self.samples):6.2f}  {waiting:28s} {query}")
 
 
+# What the server flushed (pg_stat_wal, pg_stat_bgwriter): a commit waits for the WAL before its own commit record,
+# and a checkpoint's or a backend's writes of data pages share the disk with those flushes.
+FLUSH_FIGURES = """
+    SELECT w.wal_bytes, w.wal_buffers_full, w.wal_write, w.wal_sync, w.wal_write_time, w.wal_sync_time,
+           b.checkpoints_timed + b.checkpoints_req AS checkpoints, b.buffers_checkpoint, b.buffers_clean,
+           b.buffers_backend, b.buffers_backend_fsync,
+           (SELECT count(*) FROM pg_ls_waldir()) AS wal_segments
+    FROM pg_stat_wal w, pg_stat_bgwriter b
+"""
+
+
+async def flush_figures(dsn: str) -> dict[str, float]:
+    import asyncpg
+
+    conn = await asyncpg.connect(dsn)
+    try:
+        return {k: float(v) for k, v in dict(await conn.fetchrow(FLUSH_FIGURES)).items()}
+    finally:
+        await conn.close()
+
+
+def flush_report(before: dict[str, float], after: dict[str, float], seconds: float) -> str:
+    d = {k: after[k] - before[k] for k in after}
+    syncs = max(1.0, d["wal_sync"])
+    timing = (f", {d['wal_sync_time'] / syncs:.2f} ms a sync" if d["wal_sync_time"] else
+              " (track_wal_io_timing off: no sync times)")
+    return (f"WAL during the flood: {d['wal_bytes'] / 1e6 / seconds:.1f} MB/s, {d['wal_sync'] / seconds:.0f} syncs/s"
+            f"{timing}, WAL buffers full {d['wal_buffers_full']:.0f} times, {d['wal_segments']:+.0f} segment files; "
+            f"checkpoints {d['checkpoints']:.0f}; data pages written by the checkpointer {d['buffers_checkpoint']:.0f}, "
+            f"the background writer {d['buffers_clean']:.0f}, the backends {d['buffers_backend']:.0f}")
+
+
 def report(args, single: StepResult, flooded: FloodResult, rss: tuple[float, float, float] | None,
            log_problems: dict[str, int] | None, lag: str) -> None:
     accepted = 100 * single.ok / max(1, single.sent)
@@ -308,6 +341,7 @@ async def _run(args, base: str, flood_headers: dict[str, str], single_headers: d
     flood_started = time.perf_counter()
     stop = asyncio.Event()
     waits = WaitSampler(service.dsn) if args.waits else None
+    flushed_before = await flush_figures(service.dsn) if args.waits else None
     async with contextlib.AsyncExitStack() as stack:
         sampler = stack.enter_context(RssSampler(rss))
         flooding = asyncio.create_task(flood(base, flood_headers, args.flooders, args.batch, stop,
@@ -335,6 +369,7 @@ async def _run(args, base: str, flood_headers: dict[str, str], single_headers: d
             print(f"  {mb:9.1f} {fpi:7d}  {query}")
     if waits is not None:
         waits.report()
+        print(flush_report(flushed_before, await flush_figures(service.dsn), time.perf_counter() - flood_started))
     lag = lag_summary(lag_before, await loop_lag(base, single_headers))
     print(f"flood over; search behind the feed: {await indexer_lag(base, single_headers)}; waiting "
           f"{args.settle:.0f} s for the memory to settle", flush=True)
