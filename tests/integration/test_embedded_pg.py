@@ -84,6 +84,8 @@ async def test_data_survives_stop_and_start(pg_dir: Path) -> None:
     assert (pg_dir / "pg" / "postgres.log").stat().st_size > 0
     # durable: fsync stays on for the embedded default
     assert (await _fetch(url, "SHOW fsync"))[0][0] == "on"
+    # and its backends start the writeback of the pages they evict (no burst of expired dirty pages stalls COMMIT)
+    assert (await _fetch(url, "SHOW backend_flush_after"))[0][0] == "256kB"
     # Listens on 127.0.0.1 over TCP only: no Unix socket anywhere.
     assert (await _fetch(url, "SHOW listen_addresses"))[0][0] == "127.0.0.1"
     assert (await _fetch(url, "SHOW unix_socket_directories"))[0][0] == ""
