@@ -10,7 +10,7 @@ import pytest
 
 from tests.helpers import ds, mcp, propose
 from tests.integration.test_search_api import (  # noqa: F401 - the backend parametrization and its fixtures
-    _backend_started, backend_name, caught_up, settings_overrides, upstreams, write,
+    _backend_started, backend_name, caught_up, opensearch_overrides, settings_overrides, upstreams, write,
 )
 
 pytestmark = pytest.mark.asyncio

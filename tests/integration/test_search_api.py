@@ -15,7 +15,9 @@ import pytest
 from app.embedded_pg import free_port
 from tests import helpers
 from tests.helpers import ds, eventually, propose
-from tests.search_server import backend_name, settings_overrides  # noqa: F401 - the module runs on both backends
+from tests.integration.search_indices import (  # noqa: F401 - the module runs on both backends, on shared indices
+    backend_name, opensearch_overrides, settings_overrides,
+)
 
 pytestmark = pytest.mark.asyncio
 

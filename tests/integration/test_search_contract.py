@@ -32,7 +32,7 @@ from app.search.model import (
 from app.search.service import make_backend
 from app.settings import Settings
 from tests.helpers import ds
-from tests.search_server import backend_settings
+from tests.integration.search_indices import clear, opensearch_overrides  # noqa: F401 - the module's indices
 
 BACKENDS = ("postgres", "opensearch")
 JOB = "urn:li:dataJob:(urn:li:dataFlow:(airflow,dag,PROD),task)"
@@ -52,28 +52,9 @@ def except_on(lacking: str, reason: str):
     ])
 
 
-@pytest.fixture(scope="module")
-def opensearch_overrides(request):
-    """The module's OpenSearch indices, under one prefix: made by the first test's backend, found by the next ones'
-    (a backend per test all the same), cleared after each test (`clear`) so that none sees another's documents.
-    Indices of a prefix per test cost 3-7 s of set-up each (about 75 of them made, then deleted)."""
-    yield from backend_settings("opensearch", request)
-
-
-async def clear(backend) -> None:
-    """Every document gone, as in new indices. The edge indices are deleted, to be made again by the next test's
-    backend: edges are versioned externally, and a deleted one leaves a tombstone with its version that would refuse
-    the next test's lower version of the same edge. The others are emptied."""
-    es = backend.client
-    edges = (await es.indices.get_alias(name=[backend.graph_alias, backend.edge_set_alias])).body
-    await es.indices.delete(index=sorted(edges))
-    emptied = await es.delete_by_query(index=f"{backend.prefix}*", query={"match_all": {}}, refresh=True,
-                                       conflicts="proceed")
-    assert not emptied["failures"], emptied
-
-
 @pytest_asyncio.fixture
 async def backend(backend_name, request, database_url, registry):
+    # OpenSearch: the module's indices (tests.integration.search_indices), cleared after each test
     overrides = request.getfixturevalue("opensearch_overrides") if backend_name == "opensearch" else {}
     engine = create_engine(database_url)
     started = make_backend(Settings(database_url=database_url, **overrides), registry, engine)
