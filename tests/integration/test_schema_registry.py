@@ -655,26 +655,23 @@ def test_confluent_avro_serializer_and_deserializer(metaledger_process):
     assert decoded["entityUrn"] == mcp["entityUrn"] and decoded["aspect"]["value"] == b'{"removed": false}'
 
 
-def test_ids_are_stable_across_a_restart(make_database, migrated_template):
+def test_ids_are_stable_across_a_restart(metaledger_process):
+    """The module's process restarted (left running for the other tests): a process of its own cost a start more."""
     from confluent_kafka.schema_registry import Schema
 
-    process = Process(make_database(template=migrated_template))
+    process = metaledger_process
+    first_subject, second_subject = subject(), subject()
+    first = process.registry().register_schema(first_subject, Schema(text(record()), "AVRO"))
+    served = process.registry().get_schema(first).schema_str
+    process.stop()
     process.start()
-    try:
-        first_subject, second_subject = subject(), subject()
-        first = process.registry().register_schema(first_subject, Schema(text(record()), "AVRO"))
-        served = process.registry().get_schema(first).schema_str
-        process.stop()
-        process.start()
-        sr = process.registry()
-        assert sr.get_schema(first).schema_str == served
-        assert sr.get_schema(16).schema_str == schema_text("MetadataChangeProposal")
-        assert sr.register_schema(first_subject, Schema(text(record()), "AVRO")) == first
-        second = sr.register_schema(second_subject, Schema(text(record(name="Invoice")), "AVRO"))
-        assert second > first
-        assert sr.get_latest_version(first_subject).version == 1
-    finally:
-        process.stop()
+    sr = process.registry()
+    assert sr.get_schema(first).schema_str == served
+    assert sr.get_schema(16).schema_str == schema_text("MetadataChangeProposal")
+    assert sr.register_schema(first_subject, Schema(text(record()), "AVRO")) == first
+    second = sr.register_schema(second_subject, Schema(text(record(name="Invoice")), "AVRO"))
+    assert second > first
+    assert sr.get_latest_version(first_subject).version == 1
 
 
 CUSTOM_ASPECT = {
