@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import bearer, ds, mcp, propose
-from tests.search_server import backend_name, settings_overrides  # noqa: F401 - the module runs on both backends
+from tests.integration.search_indices import (  # noqa: F401 - the module runs on both backends, on shared indices
+    backend_name, opensearch_overrides, settings_overrides,
+)
 
 pytestmark = pytest.mark.asyncio
 
