@@ -16,8 +16,9 @@ Fixtures (see the end of this file for the place where app/client fixtures go):
 
 ``make test`` runs the tests on two pytest-xdist workers (``-n 2 --dist loadfile --no-loadscope-reorder``: xdist's
 default puts the modules with the most tests first): each worker has its own Postgres,
-broker and search server (the session fixtures), a module never spans workers, and the modules that take minutes are
-collected first (``LONG_MODULES``) so that the other worker runs the short ones around them.
+broker and search server (the session fixtures), a module never spans workers, nor do the modules of a
+``SHARED_GROUPS`` prefix (they share costly session fixtures), and the modules that take minutes are collected first
+(``LONG_MODULES``) so that the other worker runs the short ones around them.
 
 No Postgres binaries is an error, never a skip: the message says ``apt-get install -y postgresql``.
 """
@@ -76,6 +77,27 @@ LONG_MODULES = (
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     rank = {module: i for i, module in enumerate(LONG_MODULES)}
     items.sort(key=lambda item: rank.get(item.nodeid.split("::", 1)[0], len(LONG_MODULES)))  # stable: others keep order
+
+
+# Modules (by path prefix) that --dist loadfile gives one worker as one unit: their session fixtures are built once per
+# run, not once per worker. The Spark modules share the local SparkSession (a JVM: ~30 s of CPU) and the `ingested`
+# data set (~25 s); the unit starts with the cluster test (first in LONG_MODULES) and the other worker runs the rest
+# meanwhile. (Not `--dist loadgroup` with xdist_group marks: xdist 3.8 writes the group into `item._nodeid`, which
+# pytest 9 no longer reads, so every marked test was still scheduled on its own.)
+SHARED_GROUPS = {"tests/spark/": "tests/spark"}
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedFixturesScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = super()._split_scope(nodeid)
+            return next((group for prefix, group in SHARED_GROUPS.items() if module.startswith(prefix)), module)
+
+    return SharedFixturesScheduling(config, log)
 
 
 @dataclass
