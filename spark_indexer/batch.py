@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+import orjson
+
 from app.avro.wire import ValueCodec, WireFormatError
 from app.registry.errors import RegistryConfigError
 from app.search.documents import IndexLimits, changes_from_mcl
@@ -66,11 +68,26 @@ class Planned:
     timeseries: bool
 
 
+@dataclass(frozen=True, slots=True)
+class Point:
+    """A record of the timeseries topic as the analytics archive keeps it (`spark_indexer.stream` writes it): taken
+    from the decoded change log whether or not the registry knows its aspect, as the archive is of the topic."""
+
+    record: Record
+    urn: str
+    entity_type: str | None
+    aspect: str
+    timestamp_ms: int
+    event: str  # the aspect's JSON text
+    run_id: str | None
+
+
 @dataclass(slots=True)
 class Plan:
     to_apply: list[Planned] = field(default_factory=list)  # in (partition, offset) order
     dead: list[DeadLetter] = field(default_factory=list)
     superseded: int = 0  # older versions of an aspect dropped because a newer one is in the same batch
+    points: list[Point] = field(default_factory=list)  # the timeseries topic's records, for the archive
 
 
 def _version(mcl: dict[str, Any]) -> int:
@@ -107,15 +124,27 @@ def local_decode(raw: bytes | None) -> dict[str, Any]:
     return _local_codec.decode_known(raw)[0]
 
 
-def parse(record: Record, registry: Any, timeseries_topic: str, decode: Any = None) -> Planned | DeadLetter:
-    """A record as a change log the registry knows, or the reason it is not one. `decode`: raw value → the MCL's
-    JSON form, WireFormatError when it is neither JSON nor decodable Avro (default: DataHub's ids, no registry)."""
+def decoded(record: Record, decode: Any = None) -> dict[str, Any] | DeadLetter:
+    """A record's change log in its JSON form, or the reason it has none. `decode`: raw value → the MCL's JSON form,
+    WireFormatError when it is neither JSON nor decodable Avro (default: DataHub's ids, no registry)."""
     if record.value is None:
         return DeadLetter(record, "empty record (no value)")
     try:
-        mcl = (decode or local_decode)(record.value)
+        return (decode or local_decode)(record.value)
     except WireFormatError as error:
         return DeadLetter(record, f"unparseable change log: {error}")
+
+
+def parse(record: Record, registry: Any, timeseries_topic: str, decode: Any = None) -> Planned | DeadLetter:
+    """A record as a change log the registry knows, or the reason it is not one (`decode` as in `decoded`)."""
+    mcl = decoded(record, decode)
+    if isinstance(mcl, DeadLetter):
+        return mcl
+    return checked(record, mcl, registry, timeseries_topic)
+
+
+def checked(record: Record, mcl: dict[str, Any], registry: Any, timeseries_topic: str) -> Planned | DeadLetter:
+    """A decoded change log as one the registry knows, or the reason it is not one."""
     urn, aspect = mcl.get("entityUrn"), mcl.get("aspectName")
     if not isinstance(urn, str) or not urn:
         return DeadLetter(record, "change log without entityUrn", aspect=aspect if isinstance(aspect, str) else None)
@@ -136,16 +165,59 @@ def parse(record: Record, registry: Any, timeseries_topic: str, decode: Any = No
     return Planned(record, mcl, _version(mcl), record.topic == timeseries_topic)
 
 
+def _json_text(value: Any) -> str | None:
+    """A JSON value as Spark's `get_json_object` gives it: a string as it is, anything else as its JSON text."""
+    if value is None or isinstance(value, str):
+        return value
+    return orjson.dumps(value).decode()
+
+
+def _millis(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    return None
+
+
+def timeseries_point(record: Record, mcl: dict[str, Any]) -> Point | None:
+    """The archive's row for a decoded change log of the timeseries topic; None without an URN, an aspect name or
+    the aspect's `timestampMillis` (a point the archive cannot place)."""
+    aspect_body = mcl.get("aspect")
+    event = _json_text(aspect_body.get("value")) if isinstance(aspect_body, dict) else None
+    try:
+        fields = orjson.loads(event) if event is not None else None
+    except orjson.JSONDecodeError:
+        fields = None
+    timestamp_ms = _millis(fields.get("timestampMillis")) if isinstance(fields, dict) else None
+    urn, aspect = _json_text(mcl.get("entityUrn")), _json_text(mcl.get("aspectName"))
+    if urn is None or aspect is None or timestamp_ms is None:
+        return None
+    system = mcl.get("systemMetadata")
+    return Point(record, urn, _json_text(mcl.get("entityType")), aspect, timestamp_ms, event,
+                 _json_text(system.get("runId")) if isinstance(system, dict) else None)
+
+
 def plan(records: Iterable[Record], registry: Any, timeseries_topic: str, decode: Any = None) -> Plan:
     """Parse a task's records; of the versioned change logs keep, per (urn, aspect), only the newest: the highest
     version, and of equal versions the last on the topic (an upsert then the delete of that same version). A
     duplicate of an older version published later (the relay is at-least-once) therefore never wins. Timeseries
-    points are all kept: each has its own document id."""
+    points are all kept: each has its own document id, and each is a `Point` of the archive too."""
     result = Plan()
     newest: dict[tuple[str, str], Planned] = {}
     kept: list[Planned] = []
     for record in records:
-        parsed = parse(record, registry, timeseries_topic, decode)
+        mcl = decoded(record, decode)
+        if isinstance(mcl, DeadLetter):
+            result.dead.append(mcl)
+            continue
+        if record.topic == timeseries_topic and (point := timeseries_point(record, mcl)) is not None:
+            result.points.append(point)  # before `checked`, which may rename the entity type
+        parsed = checked(record, mcl, registry, timeseries_topic)
         if isinstance(parsed, DeadLetter):
             result.dead.append(parsed)
             continue
@@ -182,8 +254,13 @@ class TaskResult:
     changes: int = 0
     superseded: int = 0
     dead: list[DeadLetter] = field(default_factory=list)
+    points: list[Point] = field(default_factory=list)
     max_offsets: dict[tuple[str, int], int] = field(default_factory=dict)
     seconds: float = 0.0
+
+    @property
+    def timeseries_rows(self) -> int:
+        return len(self.points)
 
 
 class IndexTask:
@@ -282,6 +359,7 @@ class IndexTask:
         if self.recheck is not None and any(d.unknown_to_registry for d in planned.dead) and self.recheck():
             planned = plan(records, self.runtime.registry, timeseries_topic, decode)
         result.dead = planned.dead
+        result.points = planned.points
         result.superseded = planned.superseded
         built = self.changes_of(planned.to_apply, result.dead)
         result.changes = self.write(built, result.dead)
@@ -292,10 +370,17 @@ class IndexTask:
 
 # --- Arrow in, Arrow out (the `mapInArrow` function of a micro-batch) ---------------------------------------------
 
-RESULT_SCHEMA = (
-    "kind string, topic string, partition int, offset long, key binary, value binary, reason string, "
-    "urn string, aspect string, count long"
+# The rows a task gives back: its figures (`count`), per topic partition the highest offset it saw, its dead letters
+# (the record and the reason) and the timeseries points for the archive (`point`: the `Point` fields), which stay on
+# the executors (the driver collects every row but those).
+RESULT_COLUMNS = (
+    ("kind", "string"), ("topic", "string"), ("partition", "int"), ("offset", "long"), ("key", "binary"),
+    ("value", "binary"), ("reason", "string"), ("urn", "string"), ("aspect", "string"), ("count", "long"),
+    ("entity_type", "string"), ("timestamp_ms", "long"), ("event", "string"), ("run_id", "string"),
 )
+RESULT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in RESULT_COLUMNS)
+POINT = "point"
+COUNTS = ("rows", "applied", "changes", "superseded", "timeseries_rows")  # `TaskResult` figures, summed by the driver
 
 
 def records_of(batches: Iterable[Any]) -> Iterator[Record]:
@@ -309,16 +394,14 @@ def records_of(batches: Iterable[Any]) -> Iterator[Record]:
 def result_batch(result: TaskResult) -> Any:
     import pyarrow as pa
 
-    rows: dict[str, list[Any]] = {name: [] for name in
-                                  ("kind", "topic", "partition", "offset", "key", "value", "reason", "urn", "aspect", "count")}
+    arrow_types = {"string": pa.string(), "int": pa.int32(), "long": pa.int64(), "binary": pa.binary()}
+    rows: dict[str, list[Any]] = {name: [] for name, _ in RESULT_COLUMNS}
 
-    def add(kind: str, *, topic=None, partition=None, offset=None, key=None, value=None, reason=None, urn=None,
-            aspect=None, count=None) -> None:
-        for name, v in (("kind", kind), ("topic", topic), ("partition", partition), ("offset", offset), ("key", key),
-                        ("value", value), ("reason", reason), ("urn", urn), ("aspect", aspect), ("count", count)):
-            rows[name].append(v)
+    def add(kind: str, **values: Any) -> None:
+        for name, column in rows.items():
+            column.append(kind if name == "kind" else values.get(name))
 
-    for name in ("rows", "applied", "changes", "superseded"):
+    for name in COUNTS:
         add(name, count=getattr(result, name))
     add("millis", count=int(result.seconds * 1000))
     for (topic, partition), offset in result.max_offsets.items():
@@ -326,11 +409,10 @@ def result_batch(result: TaskResult) -> Any:
     for d in result.dead:
         add("dead", topic=d.record.topic, partition=d.record.partition, offset=d.record.offset, key=d.record.key,
             value=d.record.value, reason=d.reason, urn=d.urn, aspect=d.aspect)
-    schema = pa.schema([
-        ("kind", pa.string()), ("topic", pa.string()), ("partition", pa.int32()), ("offset", pa.int64()),
-        ("key", pa.binary()), ("value", pa.binary()), ("reason", pa.string()), ("urn", pa.string()),
-        ("aspect", pa.string()), ("count", pa.int64()),
-    ])
+    for p in result.points:
+        add(POINT, topic=p.record.topic, partition=p.record.partition, offset=p.record.offset, urn=p.urn,
+            aspect=p.aspect, entity_type=p.entity_type, timestamp_ms=p.timestamp_ms, event=p.event, run_id=p.run_id)
+    schema = pa.schema([(name, arrow_types[kind]) for name, kind in RESULT_COLUMNS])
     return pa.RecordBatch.from_pydict(rows, schema=schema)
 
 

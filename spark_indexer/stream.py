@@ -13,7 +13,9 @@ Per micro-batch (`BatchSink.__call__`, Spark's `foreachBatch`):
    the stored version again before dead-lettering it (a database read with a lag);
 3. timeseries analytics: the batch's timeseries change logs are appended to a Parquet dataset partitioned by
    aspect and day (`timeseries_dir`), once per batch (a marker per query and batch id, under `timeseries_dir`,
-   makes a replayed batch a no-op); a batch without timeseries records is not read a second time for it;
+   makes a replayed batch a no-op); the index tasks decode them anyway and give them back as rows of their result
+   (`spark_indexer.batch.Point`), which is kept on the executors until they are written: a batch is read from the
+   topics and decoded once;
 4. a progress line: rows, change logs applied, changes, dead letters, duration, rate and lag (high watermark
    minus the batch's end offsets); the same figures for Prometheus when a textfile or a Pushgateway is configured
    (spark_indexer.metrics).
@@ -35,7 +37,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from spark_indexer.batch import RESULT_SCHEMA, index_partition_fn
+from spark_indexer.batch import COUNTS, POINT, RESULT_SCHEMA, index_partition_fn
 from spark_indexer.config import DatabaseNotFoundError, IndexerSettings, storage_join, with_database
 from spark_indexer.metrics import BatchReporter
 from spark_indexer.sink import settings_payload
@@ -106,32 +108,6 @@ class StorageFile:
         self.fs.create(self.path, True).close()  # parents are created as needed
 
 
-def json_text_udf(payload: dict[str, Any]):
-    """A Spark UDF: a change log's Kafka value (Avro or JSON) → its JSON text (null when it decodes to nothing)."""
-    from pyspark.sql.types import StringType
-
-    state: dict[str, Any] = {}  # per deserialized function (per task in a worker): the decoder, built once
-
-    def to_json_text(raw):  # no type hints: Spark would try to read a pandas UDF type from them
-        import orjson
-
-        from spark_indexer.values import WireFormatError, decoder_for
-
-        if raw is None:
-            return None
-        decode = state.get("decode")
-        if decode is None:
-            from spark_indexer.sink import settings_from_payload
-
-            decode = state["decode"] = decoder_for(settings_from_payload(payload))
-        try:
-            return orjson.dumps(decode(bytes(raw))).decode()
-        except WireFormatError:
-            return None
-
-    return F.udf(to_json_text, StringType())
-
-
 class ModelVersionProbe:
     """On the driver: the stored runtime model set's version (app.write.runtime_models.stored_version), read once per
     micro-batch on a connection kept between batches."""
@@ -193,32 +169,32 @@ class BatchSink:
         records = batch.select("topic", "partition", "offset", "key", "value")
         if self.partitions > 0:
             records = records.repartition(self.partitions, "key")
-        rows = (
-            records
-            .mapInArrow(index_partition_fn(self.payload, self.timeseries_topic, self.settings.spark_apply_chunk,
-                                           self.models.version() if self.models is not None else None), RESULT_SCHEMA)
-            .collect()
-        )
-        dead: list[Any] = []
-        topics_seen: set[str] = set()
-        for row in rows:
-            kind = row["kind"]
-            if kind == "dead":
-                dead.append(row)
-            elif kind == "max_offset":
-                key = (row["topic"], row["partition"])
-                topics_seen.add(row["topic"])
-                self.positions[key] = max(self.positions.get(key, 0), row["offset"] + 1)
-            elif kind in ("rows", "applied", "changes", "superseded"):
-                setattr(metrics, kind, getattr(metrics, kind) + row["count"])
-            elif kind == "millis":
-                metrics.task_seconds += row["count"] / 1000
-        metrics.dead_letters = len(dead)
-        if dead:
-            self._write_dead_letters(dead, batch_id)
-        # the index stage saw every record's topic: without a timeseries record there is nothing to archive, and the
-        # batch is not read from the topics a second time
-        metrics.timeseries_rows = self._archive_timeseries(batch, batch_id, self.timeseries_topic in topics_seen)
+        results = records.mapInArrow(
+            index_partition_fn(self.payload, self.timeseries_topic, self.settings.spark_apply_chunk,
+                               self.models.version() if self.models is not None else None),
+            RESULT_SCHEMA,
+        ).persist()  # indexed once: the points are written from the tasks' kept results, not by indexing again
+        try:
+            rows = results.where(F.col("kind") != POINT).collect()
+            dead: list[Any] = []
+            for row in rows:
+                kind = row["kind"]
+                if kind == "dead":
+                    dead.append(row)
+                elif kind == "max_offset":
+                    key = (row["topic"], row["partition"])
+                    self.positions[key] = max(self.positions.get(key, 0), row["offset"] + 1)
+                elif kind in COUNTS:
+                    setattr(metrics, kind, getattr(metrics, kind) + row["count"])
+                elif kind == "millis":
+                    metrics.task_seconds += row["count"] / 1000
+            metrics.dead_letters = len(dead)
+            if dead:
+                self._write_dead_letters(dead, batch_id)
+            # the tasks counted the batch's points; the archive says how many it wrote (none for a replayed batch)
+            metrics.timeseries_rows = self._archive_timeseries(results, batch_id, metrics.timeseries_rows)
+        finally:
+            results.unpersist()
         metrics.seconds = time.perf_counter() - t0
         metrics.lag = self._lag()
         self.result.batches.append(metrics)
@@ -250,43 +226,24 @@ class BatchSink:
         frame = self.spark.createDataFrame(rows, DEAD_LETTER_SCHEMA)
         frame.write.mode("append").partitionBy("day").parquet(self.settings.dead_letter_dir)
 
-    def _archive_timeseries(self, batch: DataFrame, batch_id: int, has_points: bool = True) -> int:
-        """Append the batch's timeseries change logs to the Parquet dataset (once per query and batch). `has_points`
-        False: the batch holds no record of the timeseries topic (nothing is read, the batch is marked done)."""
+    def _archive_timeseries(self, results: DataFrame, batch_id: int, points: int) -> int:
+        """Append the batch's `points` timeseries rows (the index tasks' `point` rows of `results`) to the Parquet
+        dataset, once per query and batch: a replayed batch writes nothing. Returns the rows written."""
         root = self.settings.timeseries_dir
         marker = StorageFile(self.spark, storage_join(root, "_batches", f"{self._query_id()}-{batch_id}"))
         if marker.exists():
             return 0
-        if not has_points:
-            marker.touch()
-            return 0
-        mcl = json_text_udf(self.payload)(F.col("value"))  # Avro or JSON on the topic: the MCL's JSON text
-        value = F.get_json_object(mcl, "$.aspect.value")
-        points = (
-            batch.where(F.col("topic") == self.timeseries_topic)
-            .select(
-                F.get_json_object(mcl, "$.entityUrn").alias("urn"),
-                F.get_json_object(mcl, "$.entityType").alias("entity_type"),
-                F.get_json_object(mcl, "$.aspectName").alias("aspect"),
-                F.get_json_object(value, "$.timestampMillis").cast("long").alias("timestamp_ms"),
-                value.alias("event"),
-                F.get_json_object(mcl, "$.systemMetadata.runId").alias("run_id"),
-                F.col("partition").alias("kafka_partition"),
-                F.col("offset").alias("kafka_offset"),
+        if points:
+            (
+                results.where(F.col("kind") == POINT)
+                .select("urn", "entity_type", "aspect", "timestamp_ms", "event", "run_id",
+                        F.col("partition").alias("kafka_partition"), F.col("offset").alias("kafka_offset"))
+                .withColumn("day", F.date_format(F.timestamp_millis(F.col("timestamp_ms")), "yyyy-MM-dd"))
+                .withColumn("batch_id", F.lit(batch_id).cast("long"))
+                .write.mode("append").partitionBy("aspect", "day").parquet(root)
             )
-            .where(F.col("urn").isNotNull() & F.col("aspect").isNotNull() & F.col("timestamp_ms").isNotNull())
-            .withColumn("day", F.date_format(F.timestamp_millis(F.col("timestamp_ms")), "yyyy-MM-dd"))
-            .withColumn("batch_id", F.lit(batch_id).cast("long"))
-        )
-        points = points.persist()
-        try:
-            count = points.count()
-            if count:
-                points.write.mode("append").partitionBy("aspect", "day").parquet(root)
-        finally:
-            points.unpersist()
         marker.touch()
-        return count
+        return points
 
     def _lag(self) -> int | None:
         if not self.settings.kafka_bootstrap_servers:

@@ -66,8 +66,8 @@ def test_the_timeseries_replay_marker_lives_under_the_timeseries_uri(spark, tmp_
     root = (tmp_path / "shared" / "timeseries").as_uri()
     settings = IndexerSettings(spark_timeseries_dir=root, search_url="http://search:9200")
     sink = stream.BatchSink(spark, settings, echo=False)
-    assert sink._archive_timeseries(None, 7, has_points=False) == 0
+    assert sink._archive_timeseries(None, 7, points=0) == 0
     markers = list((tmp_path / "shared" / "timeseries" / "_batches").glob("[!.]*"))  # Hadoop's .crc beside it
     assert [m.name.rsplit("-", 1)[1] for m in markers] == ["7"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["shared"]
-    assert sink._archive_timeseries(None, 7) == 0  # marked: a replayed batch reads nothing
+    assert sink._archive_timeseries(None, 7, points=3) == 0  # marked: a replayed batch writes nothing
