@@ -9,7 +9,9 @@ from typing import Any
 import pytest
 
 from tests.helpers import ds, mcp, propose
-from tests.integration.test_graphql import backend_name, chart, gql, key, settings_overrides  # noqa: F401 (both backends)
+from tests.integration.test_graphql import (  # noqa: F401 - both backends, on the module's shared indices
+    backend_name, chart, gql, key, opensearch_overrides, settings_overrides,
+)
 
 pytestmark = pytest.mark.asyncio
 
