@@ -188,11 +188,14 @@ def timeseries_point(record: Record, mcl: dict[str, Any]) -> Point | None:
     """The archive's row for a decoded change log of the timeseries topic; None without an URN, an aspect name or
     the aspect's `timestampMillis` (a point the archive cannot place)."""
     aspect_body = mcl.get("aspect")
-    event = _json_text(aspect_body.get("value")) if isinstance(aspect_body, dict) else None
-    try:
-        fields = orjson.loads(event) if event is not None else None
-    except orjson.JSONDecodeError:
-        fields = None
+    value = aspect_body.get("value") if isinstance(aspect_body, dict) else None
+    event = _json_text(value)
+    fields = value  # DataHub's MCL carries the value as JSON text; a decoded one is read as it is
+    if isinstance(value, str):
+        try:
+            fields = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            fields = None
     timestamp_ms = _millis(fields.get("timestampMillis")) if isinstance(fields, dict) else None
     urn, aspect = _json_text(mcl.get("entityUrn")), _json_text(mcl.get("aspectName"))
     if urn is None or aspect is None or timestamp_ms is None:
