@@ -69,6 +69,11 @@ async def test_data_survives_stop_and_start(pg_dir: Path) -> None:
     pg = EmbeddedPostgres(pg_dir / "pg", free_port())  # durable, as the embedded default
     url = pg.start()
     assert url == f"postgresql+asyncpg://postgres@127.0.0.1:{pg.port}/metaledger"
+    # a new durable cluster has a checkpoint cycle's WAL segment files (512 MB) made, ready for a burst's WAL, and
+    # checkpoints keep up to 1 GB of them
+    assert (await _fetch(url, "SHOW min_wal_size"))[0][0] == "1GB"
+    ahead = "SELECT count(*) FROM pg_ls_waldir() WHERE name > pg_walfile_name(pg_current_wal_lsn())"
+    assert (await _fetch(url, ahead))[0][0] >= 30  # future segments (renamed old files), not old ones kept
     assert pg.is_running()
     assert pg.start() == url  # idempotent: reuses the running server
     await _fetch(url, "CREATE TABLE t (id int PRIMARY KEY, v text)")
@@ -116,6 +121,8 @@ async def test_start_with_stale_pid_file_naming_a_live_unrelated_process(pg_dir:
     """After a reboot or container restart the PID in postmaster.pid may belong to another process."""
     pg = EmbeddedPostgres(pg_dir / "pg", free_port(), durable=False)
     url = pg.start()
+    # not durable (the tests' clusters): no WAL segments made ahead, so the tests' many clusters start fast
+    assert (await _fetch(url, "SELECT count(*) FROM pg_ls_waldir()"))[0][0] < 8
     await _fetch(url, "CREATE TABLE t (id int)")
     pid = int((pg.pgdata / "postmaster.pid").read_text().split()[0])
     os.kill(pid, signal.SIGKILL)
