@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -233,20 +234,32 @@ async def test_a_caller_alone_or_without_a_duty_cycle_never_rests(monkeypatch):
 async def test_another_callers_writes_in_another_process_make_a_write_rest(tmp_path):
     path = create_activity_file()
     try:
-        # a single writer's connection in another worker process, writing there now (a real process: the file is
-        # what they share, with time.monotonic())
-        subprocess.run([sys.executable, "-c", "import sys, time; from app.ops.activity import SharedActivity; "
-                        "SharedActivity(sys.argv[1]).mark('single', time.monotonic())", str(path)], check=True)
-        here = WriteAdmission(40, 2.0, budget=200, caller_share=0.5, duty=0.5, shared=SharedActivity(path))
-        flood = await here.acquire("flood", 100)
-        await asyncio.sleep(0.2)
-        here.release(flood)
-        asked = asyncio.get_running_loop().time()
-        here.release(await here.acquire("flood", 100))
-        assert asyncio.get_running_loop().time() - asked >= 0.15  # it rested, though no one else wrote here
+        # a single writer's connection in another worker process, writing there all along (a real process: the file
+        # is what they share, with time.monotonic()); marking until stopped, so that a loaded machine's delays
+        # cannot age its last mark past the active window before this process looks
+        single = subprocess.Popen([
+            sys.executable, "-c", "import sys, time; from app.ops.activity import SharedActivity; "
+            "a = SharedActivity(sys.argv[1])\nwhile True: a.mark('single', time.monotonic()); time.sleep(0.02)",
+            str(path)])
+        try:
+            shared = SharedActivity(path)
+            deadline = time.monotonic() + 30
+            while not shared.others_since("flood", time.monotonic() - 0.5):  # the writer's first mark
+                assert single.poll() is None and time.monotonic() < deadline, "no mark of the single writer's process"
+                await asyncio.sleep(0.02)
+            here = WriteAdmission(40, 2.0, budget=200, caller_share=0.5, duty=0.5, shared=shared)
+            flood = await here.acquire("flood", 100)
+            await asyncio.sleep(0.2)
+            here.release(flood)
+            asked = asyncio.get_running_loop().time()
+            here.release(await here.acquire("flood", 100))
+            assert asyncio.get_running_loop().time() - asked >= 0.15  # it rested, though no one else wrote here
+        finally:
+            single.kill()
+            single.wait()
         # the flood's own marks, from any process, are not someone else's
         alone = WriteAdmission(40, 2.0, budget=200, caller_share=0.5, duty=0.5, shared=SharedActivity(path))
-        await asyncio.sleep(backpressure.ACTIVE_WINDOW_S)  # the single writer's mark is old now
+        await asyncio.sleep(backpressure.ACTIVE_WINDOW_S)  # the single writer's last mark is old now
         flood = await alone.acquire("flood", 100)
         await asyncio.sleep(0.1)
         alone.release(flood)
