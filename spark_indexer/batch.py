@@ -135,14 +135,6 @@ def decoded(record: Record, decode: Any = None) -> dict[str, Any] | DeadLetter:
         return DeadLetter(record, f"unparseable change log: {error}")
 
 
-def parse(record: Record, registry: Any, timeseries_topic: str, decode: Any = None) -> Planned | DeadLetter:
-    """A record as a change log the registry knows, or the reason it is not one (`decode` as in `decoded`)."""
-    mcl = decoded(record, decode)
-    if isinstance(mcl, DeadLetter):
-        return mcl
-    return checked(record, mcl, registry, timeseries_topic)
-
-
 def checked(record: Record, mcl: dict[str, Any], registry: Any, timeseries_topic: str) -> Planned | DeadLetter:
     """A decoded change log as one the registry knows, or the reason it is not one."""
     urn, aspect = mcl.get("entityUrn"), mcl.get("aspectName")

@@ -8,7 +8,7 @@ import pytest
 
 from app.registry import load_registry
 from app.settings import Settings
-from spark_indexer.batch import DeadLetter, Record, parse, plan
+from spark_indexer.batch import DeadLetter, Record, plan
 
 VERSIONED, TIMESERIES = "mclv", "mclt"
 URN = "urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)"
@@ -87,8 +87,8 @@ def test_bad_records_become_dead_letters_with_the_reason(registry, value, reason
 def test_entity_type_is_taken_from_the_urn_when_missing(registry):
     body = mcl("status", 1, value={"removed": False})
     del body["entityType"]
-    parsed = parse(records(body)[0], registry, TIMESERIES)
-    assert not isinstance(parsed, DeadLetter) and parsed.mcl["entityType"] == "dataset"
+    parsed = plan(records(body), registry, TIMESERIES)
+    assert not parsed.dead and parsed.to_apply[0].mcl["entityType"] == "dataset"
 
 
 # --- writing: what the backend refuses is dead-lettered with its reason, the rest is applied ------------------------
