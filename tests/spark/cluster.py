@@ -121,3 +121,7 @@ class Cluster:
             if process.poll() is None:
                 os.killpg(process.pid, signal.SIGKILL)
                 process.wait(10)
+        # each executor unpacked the 110 MB archive into its work directory (670 MB for the test's applications):
+        # those copies go, the executors' logs beside them stay for a failure's post-mortem
+        for unpacked in self.base.glob("worker-*/app-*/*/metaledger_deps"):
+            shutil.rmtree(unpacked, ignore_errors=True)
