@@ -178,6 +178,12 @@ def _validate(urn: str, strict: bool) -> Urn:
 _validate_cached = lru_cache(maxsize=URN_CACHE_ENTRIES)(_validate)
 
 
+def forget_cached_urns() -> None:
+    """Empty the parse and validation caches (app.ops.backpressure, once a flood of new URNs is over)."""
+    _parse_cached.cache_clear()
+    _validate_cached.cache_clear()
+
+
 def make_urn(entity_type: str, parts: Sequence[str]) -> str:
     """Build a URN from its parts: one part gives ``urn:li:t:part``, several a tuple ``urn:li:t:(a,b)``."""
     if not parts:

@@ -46,6 +46,8 @@ from dataclasses import dataclass, field
 from app.errors import TooManyRequests
 from app.ops.activity import SharedActivity
 from app.ops.metrics import WRITE_REJECTIONS
+from app.registry.validator import forget_checked_urns
+from app.urns import URN_CACHE_ENTRIES, forget_cached_urns
 
 ACTIVE_WINDOW_S = 1.0  # a caller who wrote within this long is active: the others' writes rest (the duty cycle)
 MAX_RETRY_AFTER_S = 60  # a client told to come back later than this has likely given up on the write anyway
@@ -70,9 +72,13 @@ def _malloc_trim() -> Callable[[], object] | None:
 # up after a flood of 1,000-MCP batches); trimming returns them, at a few ms, once the writes are over.
 MALLOC_TRIM = _malloc_trim()
 
-def give_memory_back() -> None:
+def give_memory_back(*, caches: bool = False) -> None:
     """Collect the cyclic garbage a flood leaves (refused writes' exceptions and their frames: app.main raises the
-    collector's thresholds, so the oldest generation may wait a long time for its next collection), then trim."""
+    collector's thresholds, so the oldest generation may wait a long time for its next collection), then trim.
+    `caches`: forget the parsed and validated URNs too (after a load that filled the caches with its own)."""
+    if caches:
+        forget_cached_urns()
+        forget_checked_urns()
     gc.collect()
     if MALLOC_TRIM is not None:
         MALLOC_TRIM()
@@ -144,6 +150,7 @@ class WriteAdmission:
         # figures, for /metrics and tests
         self.rejected = 0
         self._since_settled = False  # writes ended or were refused since `settle_memory` last gave memory back
+        self._cost_since_settled = 0  # the cost of the writes that ended since then
 
     def contended(self) -> bool:
         """Whether writes of more than one caller are in flight in this process: a large write's turns of the event
@@ -267,6 +274,7 @@ class WriteAdmission:
         self._forget_if_idle(grant.caller, state)
         self._dispatch()
         self._since_settled = True
+        self._cost_since_settled += grant.cost
 
     def _end_rest(self, caller: str, state: _Caller, cost: int) -> None:
         state.resting -= 1
@@ -280,8 +288,11 @@ class WriteAdmission:
         (app.ops); whether it did."""
         if not self._since_settled or self.in_flight or self._callers:
             return False
+        # Writes of that many items may have turned the URN caches over with URNs met once (a flood of new
+        # entities: up to 16 MB per process held after it); a trickle of writes keeps the caches warm.
+        give_memory_back(caches=self._cost_since_settled >= URN_CACHE_ENTRIES)
         self._since_settled = False
-        give_memory_back()
+        self._cost_since_settled = 0
         return True
 
     # --- policy ---------------------------------------------------------------------------------------------------

@@ -244,6 +244,14 @@ class UrnChecker:
 _URN_CHECKERS = {True: UrnChecker(True), False: UrnChecker(False)}
 
 
+def forget_checked_urns() -> None:
+    """Empty the URN checkers' caches (app.ops.backpressure, once a flood of new URNs is over). The validators
+    generated for the aspects hold the dicts themselves: they are emptied, not replaced."""
+    for checker in _URN_CHECKERS.values():
+        checker.cache.clear()
+        checker.cached_chars = 0
+
+
 # --------------------------------------------------------------------------------------------------------------
 # Code generation.
 # --------------------------------------------------------------------------------------------------------------

@@ -10,12 +10,17 @@ import time
 
 import pytest
 
+from app import urns
 from app.auth.model import SYSTEM_PRINCIPAL, UNAUTHENTICATED_ADMIN
 from app.errors import TooManyRequests
 from app.ingest.gateway import caller_key
 from app.ops import backpressure
 from app.ops.activity import SharedActivity, create_activity_file
 from app.ops.backpressure import CLIENT_ADDRESS, ESTIMATED_PROPOSAL_BYTES, REQUEST_GRANT, WriteAdmission
+from app.registry import AspectValidationError
+from app.registry.schema import MISSING, Array, Field, Primitive, Record
+from app.registry.validator import _URN_CHECKERS, compile_validator
+from app.urns import URN_CACHE_ENTRIES, parse_urn, validate_urn
 
 
 async def settle() -> None:
@@ -355,17 +360,47 @@ async def test_contended_while_writes_of_two_callers_are_in_flight_not_while_one
 
 
 async def test_memory_is_given_back_once_after_writes_and_never_while_one_runs(monkeypatch):
-    given_back = []
-    monkeypatch.setattr(backpressure, "give_memory_back", lambda: given_back.append(1))
-    admission = WriteAdmission(2, 0.01, budget=10)
+    given_back = []  # whether the URN caches went too, each time
+    monkeypatch.setattr(backpressure, "give_memory_back", lambda caches: given_back.append(caches))
+    admission = WriteAdmission(2, 0.01, budget=URN_CACHE_ENTRIES)
     assert not admission.settle_memory()  # nothing happened yet
     held = await admission.acquire("a", 10)
     with pytest.raises(TooManyRequests):
-        await admission.acquire("b", 10)
+        await admission.acquire("b", URN_CACHE_ENTRIES)
     assert not admission.settle_memory() and given_back == []  # a write is in flight
     admission.release(held)
-    assert admission.settle_memory() and given_back == [1]
-    assert not admission.settle_memory() and given_back == [1]  # once: nothing since
+    assert admission.settle_memory() and given_back == [False]  # a small write: the URN caches stay warm
+    assert not admission.settle_memory() and given_back == [False]  # once: nothing since
+    # writes of as many items as the URN caches hold, ended since the last time: the caches go with them
+    for cost in (URN_CACHE_ENTRIES // 2, URN_CACHE_ENTRIES - URN_CACHE_ENTRIES // 2):
+        admission.release(await admission.acquire("a", cost))
+    assert admission.settle_memory() and given_back == [False, True]
+    admission.release(await admission.acquire("a", 10))
+    assert admission.settle_memory() and given_back == [False, True, False]  # counted from the last time
+
+
+def test_giving_memory_back_after_a_flood_forgets_the_cached_urns():
+    flood = [f"urn:li:dataset:(urn:li:dataPlatform:hive,flood.t{i},PROD)" for i in range(50)]
+    for urn in flood:
+        parse_urn(urn)
+        validate_urn(urn)
+    lineage = Record("record", name="Lineage", fields=[
+        Field("upstreams", Array("array", items=Primitive("string")), optional=False, default=MISSING, annotations={},
+              urn_entity="dataset", urn_is_array=True)])
+    validate = compile_validator(lineage, label="lineage", strict_urns=False)
+    validate({"upstreams": flood})
+    assert urns._parse_cached.cache_info().currsize >= 50 and urns._validate_cached.cache_info().currsize >= 50
+    assert set(flood) <= _URN_CHECKERS[False].cache.keys()
+    backpressure.give_memory_back(caches=False)
+    assert urns._parse_cached.cache_info().currsize >= 50 and set(flood) <= _URN_CHECKERS[False].cache.keys()
+    backpressure.give_memory_back(caches=True)
+    assert urns._parse_cached.cache_info().currsize == urns._validate_cached.cache_info().currsize == 0
+    assert not _URN_CHECKERS[False].cache and not _URN_CHECKERS[True].cache
+    # the compiled validator still checks URNs (it holds the emptied dict), and fills it again
+    with pytest.raises(AspectValidationError, match="expected a urn of entity type dataset"):
+        validate({"upstreams": ["urn:li:corpuser:x"]})
+    validate({"upstreams": flood[:1]})
+    assert list(_URN_CHECKERS[False].cache) == ["urn:li:corpuser:x", flood[0]]
 
 
 def test_the_caller_is_the_actor_or_without_auth_the_client_address():
