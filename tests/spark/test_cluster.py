@@ -33,12 +33,13 @@ SETTINGS = ("database_url", "kafka_bootstrap_servers", "topic_mcl_versioned", "t
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory) -> Cluster:
+def cluster(tmp_path_factory, spark_scratch) -> Cluster:
     base = tmp_path_factory.mktemp("spark-cluster")
     wheel, deps = spark_dist()
     cluster = Cluster(base)
     cluster.python = cluster_python(base)
     cluster.deps = deps
+    cluster.java_tmp = spark_scratch / "java"  # where an executor fetches the archive before unpacking it
     cluster.start(workers=2)
     yield cluster
     cluster.stop()
@@ -56,7 +57,7 @@ def submit(cluster: Cluster, settings: IndexerSettings, *args: str, log: Path, d
         "--conf", "spark.sql.shuffle.partitions=4",
         # short jobs on a shared machine: the client-only JIT (less JVM CPU) for the driver and the executors; no UI
         "--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
-        "--conf", "spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1",
+        "--conf", f"spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -Djava.io.tmpdir={cluster.java_tmp}",
         "--conf", "spark.ui.enabled=false",
         *[arg for key, value in (conf or {}).items() for arg in ("--conf", f"{key}={value}")],
         "spark_indexer/job.py", *args,
