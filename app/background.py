@@ -44,9 +44,10 @@ class Background:
         if kafka and settings.create_topics_on_start:
             await ensure_topics(settings, derived.topics())
         # first: the registry follows the models registered at run time (what the other workers validate and publish)
-        workers: list = [ModelWatcher(settings, sessionmaker, gateway.registry)]
+        models = ModelWatcher(settings, sessionmaker, gateway.registry)
+        workers: list = [models]
         if settings.relay_enabled:
-            workers.append(OutboxRelay(settings, engine, codec, derived))
+            workers.append(OutboxRelay(settings, engine, codec, derived, models))
         if kafka and settings.mcp_consumer_enabled:
             workers.append(McpConsumer(settings, sessionmaker, gateway, codec=codec))
         if kafka and settings.events_v5_consumer_enabled and derived.routes:

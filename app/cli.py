@@ -105,8 +105,9 @@ def relay() -> None:
 
     def make(settings, engine, maker, codec):
         registry = load_registry_of(settings)
-        return WithModelWatcher(OutboxRelay(settings, engine, codec, DerivedEvents(settings, registry, codec)),
-                                ModelWatcher(settings, maker, registry))
+        models = ModelWatcher(settings, maker, registry)
+        return WithModelWatcher(OutboxRelay(settings, engine, codec, DerivedEvents(settings, registry, codec), models),
+                                models)
 
     run_standalone(make)
 

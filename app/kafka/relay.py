@@ -121,7 +121,9 @@ class OutboxRelay:
     connections; the sequencer wakes the publisher when it gave offsets."""
 
     def __init__(self, settings: Settings, engine: AsyncEngine, codec: ValueCodec | None = None,
-                 derived: DerivedEvents | None = None) -> None:
+                 derived: DerivedEvents | None = None, models: ModelWatcher | None = None) -> None:
+        """`models`: the process's watcher of the registry `derived` uses (`metaledger relay`, the background
+        process), which the publisher asks to take a model set up at once; without one, the publisher has its own."""
         self.settings = settings
         self._wake = asyncio.Event()  # the sequencer gave offsets: the publisher has work
         self.sequencer = Sequencer(settings, engine, self._wake)
@@ -132,6 +134,7 @@ class OutboxRelay:
             # Per-aspect events and MAE v4 (app.kafka.per_aspect): published with the change log they come from
             derived if derived is not None and derived.enabled else None,
             self._wake,
+            models,
         )
 
     # figures, for tests, benchmarks and logs
@@ -187,13 +190,15 @@ class Publisher:
     up on the broker (`_resume`, `PartitionTails`) before they are produced."""
 
     def __init__(self, settings: Settings, engine: AsyncEngine, codec: ValueCodec, derived: DerivedEvents | None,
-                 wake: asyncio.Event) -> None:
+                 wake: asyncio.Event, models: ModelWatcher | None = None) -> None:
         self.settings = settings
         self.engine = engine
         self.codec = codec
         self.derived = derived
         # the stored runtime model set, taken up when a batch holds a pair the registry does not have yet
-        self._models = ModelWatcher(settings, create_sessionmaker(engine), derived.registry) if derived else None
+        self._models = None
+        if derived is not None:
+            self._models = models or ModelWatcher(settings, create_sessionmaker(engine), derived.registry)
         self._wake = wake
         self._poll_s = settings.relay_poll_interval_ms / 1000
         self._batch_size = max(1, settings.relay_batch_size)

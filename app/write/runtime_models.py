@@ -309,9 +309,10 @@ class ModelWatcher:
     """Keeps a process's registry at the stored runtime model set: one indexed single-row query every
     `model_refresh_s`; a new version is read, built and swapped into the registry in place (listeners follow).
     A stored set that does not build (written around the checks) is logged once and the registry left as it is.
-    Several watchers may keep one registry (the process's, its relay's): a set is swapped in only if no other swap
-    came while it was built, so the registry never goes back to a version older than one it held. A worker that
-    meets a change log of an entity type or aspect its registry lacks takes the set up at once (`refresh_for`)."""
+    Several watchers may keep one registry (a relay built without the process's has its own): a set is swapped in
+    only if no other swap came while it was built, so the registry never goes back to a version older than it held.
+    A worker that meets a change log of an entity type or aspect its registry lacks takes the set up at once
+    (`refresh_for`)."""
 
     def __init__(self, settings: Settings, sessionmaker: async_sessionmaker[AsyncSession],
                  registry: EntityRegistry) -> None:
