@@ -53,6 +53,10 @@ $(STAMP): pyproject.toml
 	$(UV) pip install --python $(VENV)/bin/python -q --no-deps 'acryl-datahub==$(DATAHUB_VERSION)'
 	@# The example change processors (examples/change_processors), found through their entry points by the tests.
 	$(UV) pip install --python $(VENV)/bin/python -q --no-deps -e examples/change_processors
+	@# uv downloads and builds pyspark's source distribution again on every install here and keeps each copy in its
+	@# cache (1.9 GB a time): the stale copies go (the installed files are hard links, and stay). A CI machine ran
+	@# out of disk space.
+	-@timeout 120 $(UV) cache prune -q
 	@rm -f $(VENV)/.metaledger-installed-*
 	@touch $@
 
