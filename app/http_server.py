@@ -36,6 +36,7 @@ class HeadLimitedProtocol(HttpToolsProtocol):
         self._head_open = False  # a request has begun and its headers have not ended
         self._head_bytes = 0
         self._header_lines = 0
+        self._parsed_bytes = 0  # of the head being parsed: its request target and header lines
         self._refusal: str | None = None
 
     def data_received(self, data: bytes) -> None:
@@ -48,19 +49,34 @@ class HeadLimitedProtocol(HttpToolsProtocol):
             if head_was_open:
                 self._head_bytes += len(data)
             if self._head_bytes > self._max_header_bytes:
-                self._refuse(f"the request's headers are over {self._max_header_bytes} bytes "
-                             f"(METALEDGER_MAX_HEADER_BYTES)")
+                self._refuse(self._head_too_large())
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
-        self._head_open, self._head_bytes, self._header_lines = True, 0, 0
+        self._head_open, self._head_bytes, self._header_lines, self._parsed_bytes = True, 0, 0, 0
+
+    def on_url(self, url: bytes) -> None:
+        self._count_parsed(len(url))
+        super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_lines += 1
         if self._header_lines > self._max_headers:
             self._refusal = f"the request has more than {self._max_headers} headers (METALEDGER_MAX_HEADERS)"
             raise _HeadRefused(self._refusal)
+        self._count_parsed(len(name) + len(value) + 4)  # ": " and CRLF
         super().on_header(name, value)
+
+    def _count_parsed(self, size: int) -> None:
+        """The head's parsed bytes (request target and header lines): a head that arrives whole in one read, which
+        the count of reads above does not see (a 160 KB head passed it), is refused by this one."""
+        self._parsed_bytes += size
+        if self._parsed_bytes > self._max_header_bytes:
+            self._refusal = self._head_too_large()
+            raise _HeadRefused(self._refusal)
+
+    def _head_too_large(self) -> str:
+        return f"the request's headers are over {self._max_header_bytes} bytes (METALEDGER_MAX_HEADER_BYTES)"
 
     def on_headers_complete(self) -> None:
         self._head_open = False

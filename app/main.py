@@ -7,7 +7,7 @@ import gc
 import logging
 import os
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
 
@@ -17,7 +17,10 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute
+from fastapi.dependencies.models import Dependant
 from fastapi.openapi.utils import get_openapi
+from fastapi.routing import iter_route_contexts
+from pydantic import BaseModel
 from sqlalchemy.exc import SQLAlchemyError
 
 from app import __version__
@@ -30,7 +33,7 @@ from app.errors import Issue, MetaledgerError, ValidationFailed
 from app.api import documented_models, routers
 from app.api import route_index
 from app.api.entities import EntityRoutes, entity_routes, expanded
-from app.api.deps import ALLOW_PUBLIC, ALLOW_READ
+from app.api.deps import ALLOW_PUBLIC, ALLOW_READ, JsonBody
 from app.api.http import json_response, parameter_path
 from app.api.trace_write import TraceparentMiddleware
 from app.api.urn_paths import EncodedSlashMiddleware
@@ -166,6 +169,32 @@ def follow_registry(app: FastAPI, registry: EntityRegistry) -> None:
     for name in sorted(registry.entities.keys() - served):
         app.router.routes.append(EntityRoutes(registry.entities[name]))
     app.openapi_schema = None
+
+
+def _declare_json_bodies(spec: dict, routes: list[BaseRoute]) -> list[type[BaseModel]]:
+    """Each operation whose body a `JsonBody` dependency parses gets that model as its request body (FastAPI
+    documents only the bodies it parses itself, which are read before the route's policy: app.api.deps). Returns
+    the models, for the document's components."""
+    models = []
+    for context in iter_route_contexts(expanded(routes)):
+        dependant = getattr(context, "dependant", None)
+        bodies = [d.call for d in _dependencies(dependant) if isinstance(d.call, JsonBody)] if dependant else []
+        if not bodies or not context.include_in_schema:
+            continue
+        model = bodies[0].model
+        for method in context.methods:
+            spec["paths"][context.path_format][method.lower()]["requestBody"] = {
+                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+                "required": True,
+            }
+        models.append(model)
+    return models
+
+
+def _dependencies(dependant: Dependant) -> Iterator[Dependant]:
+    for dependency in dependant.dependencies:
+        yield dependency
+        yield from _dependencies(dependency)
 
 
 def _install_error_handlers(app: FastAPI) -> None:
@@ -318,7 +347,7 @@ def build_openapi(app: FastAPI) -> dict:
         }
         spec["security"] = [{"bearerAuth": []}]
         schemas = spec["components"].setdefault("schemas", {})
-        for model in documented_models:  # bodies the routes parse themselves (orjson), documented by reference
+        for model in [*documented_models, *_declare_json_bodies(spec, app.routes)]:  # documented by reference
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.deps import ALLOW_ADMIN, ALLOW_READ, JSON_BODY, Auth, Caller
+from app.api.deps import ALLOW_ADMIN, ALLOW_READ, Auth, Caller, JsonBody
 from app.api.http import Flag, json_response
 from app.auth.model import Role, parse_ttl
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
@@ -46,8 +46,8 @@ async def whoami(caller: Caller) -> Any:
     return json_response(caller.to_json())
 
 
-@router.post("/tokens", dependencies=[ALLOW_ADMIN, JSON_BODY], status_code=201, summary="Issue a token (shown once)")
-async def create_token(body: TokenRequest, auth: Auth, caller: Caller) -> Any:
+@router.post("/tokens", dependencies=[ALLOW_ADMIN], status_code=201, summary="Issue a token (shown once)")
+async def create_token(body: Annotated[TokenRequest, Depends(JsonBody(TokenRequest))], auth: Auth, caller: Caller) -> Any:
     role = _checked("role", Role.parse, body.role)
     _checked("ttl", parse_ttl, body.ttl)
     issued = await auth.create_token(body.actor, role, ttl=body.ttl, description=body.description, created_by=caller.actor)
@@ -70,8 +70,8 @@ async def revoke_token(token_id: str, auth: Auth, caller: Caller) -> Any:
     return json_response({"id": token_id, "revokedAt": int(revoked_at.timestamp() * 1000)})
 
 
-@router.post("/policies", dependencies=[ALLOW_ADMIN, JSON_BODY], status_code=201, summary="Narrow an actor's writes")
-async def create_policy(body: PolicyRequest, auth: Auth, caller: Caller) -> Any:
+@router.post("/policies", dependencies=[ALLOW_ADMIN], status_code=201, summary="Narrow an actor's writes")
+async def create_policy(body: Annotated[PolicyRequest, Depends(JsonBody(PolicyRequest))], auth: Auth, caller: Caller) -> Any:
     policy = await auth.create_policy(
         body.actor, body.entityTypes, body.aspects, description=body.description, created_by=caller.actor
     )

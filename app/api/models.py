@@ -6,10 +6,10 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query
+from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.deps import ALLOW_ADMIN, JSON_BODY, Caller, Gateway, Session
+from app.api.deps import ALLOW_ADMIN, Caller, Gateway, JsonBody, Session
 from app.api.http import Flag, json_response
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
 from app.registry.runtime import Compatibility, ModelSetError, RuntimeModelSet
@@ -57,9 +57,9 @@ def _model_set(body: ModelSet) -> RuntimeModelSet:
         raise ValidationFailed(str(error), [Issue(error.reason, path=error.path)]) from None
 
 
-@router.post("", dependencies=[JSON_BODY], summary="Apply a runtime model set (checked; dryRun: the diff only)")
+@router.post("", summary="Apply a runtime model set (checked; dryRun: the diff only)")
 async def apply(
-    body: ModelSet, gateway: Gateway, session: Session, caller: Caller,
+    body: Annotated[ModelSet, Depends(JsonBody(ModelSet))], gateway: Gateway, session: Session, caller: Caller,
     dry_run: Annotated[Flag, Query(alias="dryRun", description="Check and diff, store nothing")] = False,
     if_version: Annotated[int | None, Query(alias="ifVersion", ge=0, description="Refuse (409) unless the stored set "
                                             "is at this version (0: none stored)")] = None,

@@ -23,15 +23,14 @@ would need a partitioned cursor).
 from __future__ import annotations
 
 import logging
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal
 
 import orjson
-from fastapi import APIRouter, Query, Request, Response
-from fastapi.exceptions import RequestValidationError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from fastapi import APIRouter, Depends, Query, Response
+from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.deps import ALLOW_READ, Backend, Registry, Session, SettingsDep
-from app.api.http import Flag, check_batch_size, invalid_at, json_response, read_json, stored_envelope
+from app.api.deps import ALLOW_READ, Backend, JsonBody, Registry, Session, SettingsDep
+from app.api.http import Flag, check_batch_size, invalid_at, json_response, stored_envelope
 from app.api.search_models import RelationshipItem, ScrollEntity
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed, clip
 from app.registry import EntityRegistry
@@ -50,22 +49,11 @@ log = logging.getLogger("metaledger.api.scroll")
 router = APIRouter(tags=["scroll"], dependencies=[ALLOW_READ])
 
 Count = Annotated[int, Query(ge=1, le=MAX_PAGE_SIZE, description=f"Page size, 1..{MAX_PAGE_SIZE}")]
-Body = TypeVar("Body", bound=BaseModel)
 
 
 def _bad(message: str, path: str, found: Any = None, expected: str | None = None) -> ValidationFailed:
     shown = None if found is None else clip(found if isinstance(found, str) else orjson.dumps(found).decode(), 100)
     return ValidationFailed(message, [Issue(message, path=path, expected=expected, found=shown)])
-
-
-def _body(model: type[Body], document: Any) -> Body:
-    """The request body (read by `read_json`: media type, size and depth checked) as its model, the one declaration
-    the OpenAPI document shows too. What does not fit is answered as the framework's own validation errors are
-    (app.main): a 400 naming each place, `$.a[0].b`."""
-    try:
-        return model.model_validate(document)
-    except ValidationError as error:
-        raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in error.errors(include_url=False)]) from None
 
 
 def _criteria(filter_: FilterBody | None, path: str) -> list[Placed]:
@@ -193,7 +181,6 @@ def _sort(body_criteria: list[SortCriterion] | None, fields: list[str] | None, s
     "/openapi/v3/entity/scroll",
     response_model=ScrollEntitiesResponse,
     responses=ERROR_RESPONSES,
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ScrollEntitiesBody"}}}}},
     summary="Scroll entities of several types (DataHub's POST /openapi/v3/entity/scroll)",
     description=(
         "Pages through the entities of the body's `entities` types (default: every type) matching `query` and "
@@ -204,7 +191,8 @@ def _sort(body_criteria: list[SortCriterion] | None, fields: list[str] | None, s
     ),
 )
 async def scroll_entities(
-    request: Request, session: Session, registry: Registry, backend: Backend, settings: SettingsDep,
+    session: Session, registry: Registry, backend: Backend,
+    body: Annotated[ScrollEntitiesBody, Depends(JsonBody(ScrollEntitiesBody))],
     count: Count = 10,
     query: Annotated[str, Query()] = "*",
     scrollId: Annotated[str | None, Query()] = None,
@@ -220,7 +208,6 @@ async def scroll_entities(
     sliceMax: Annotated[int | None, Query(description="Not supported")] = None,
     pitKeepAlive: Annotated[str | None, Query(description="Accepted; ignored: cursors need no point in time")] = "5m",
 ) -> Response:
-    body = _body(ScrollEntitiesBody, await read_json(request, settings))
     _refuse_slices(sliceId, sliceMax)
     if "\x00" in query:
         raise _bad("a NUL character (\\u0000)", "$query")
@@ -337,7 +324,6 @@ def _types(values: list[str] | None, path: str) -> tuple[str, ...]:
     response_model=RelationshipsPage,
     response_model_exclude_none=True,
     responses=ERROR_RESPONSES,
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ScrollRelationshipsBody"}}}}},
     summary="Scroll relationships of every entity (DataHub's POST /openapi/v3/relationship/scroll)",
     description=(
         "Edges in key order, filtered by relationship, source and destination types and the source/destination "
@@ -346,7 +332,8 @@ def _types(values: list[str] | None, path: str) -> tuple[str, ...]:
     ),
 )
 async def scroll_relationships(
-    request: Request, backend: Backend, settings: SettingsDep,
+    backend: Backend, settings: SettingsDep,
+    body: Annotated[ScrollRelationshipsBody, Depends(JsonBody(ScrollRelationshipsBody))],
     relationshipTypes: Annotated[list[str] | None, Query()] = None,
     sourceTypes: Annotated[list[str] | None, Query()] = None,
     destinationTypes: Annotated[list[str] | None, Query()] = None,
@@ -358,7 +345,6 @@ async def scroll_relationships(
     sliceMax: Annotated[int | None, Query(description="Not supported")] = None,
     pitKeepAlive: Annotated[str | None, Query(description="Accepted; ignored")] = "5m",
 ) -> Response:
-    body = _body(ScrollRelationshipsBody, await read_json(request, settings))
     _refuse_slices(sliceId, sliceMax)
     edge_criteria = _criteria(body.edgeFilter, "$.edgeFilter")
     if edge_criteria:
@@ -386,7 +372,6 @@ async def scroll_relationships(
     response_model=LineagePage,
     response_model_exclude_none=True,
     responses=ERROR_RESPONSES,
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ScrollLineageBody"}}}}},
     summary="Scroll lineage edges touching a set of URNs (DataHub's POST /openapi/v3/lineage/scroll)",
     description=(
         "Lineage edges with one of the body's `urns` at either end (absent: every lineage edge), each with its "
@@ -396,7 +381,8 @@ async def scroll_relationships(
     ),
 )
 async def scroll_lineage(
-    request: Request, backend: Backend, settings: SettingsDep,
+    backend: Backend, settings: SettingsDep,
+    body: Annotated[ScrollLineageBody, Depends(JsonBody(ScrollLineageBody))],
     relationshipTypes: Annotated[list[str] | None, Query()] = None,
     direction: Annotated[Literal["UPSTREAM", "DOWNSTREAM"] | None, Query()] = None,
     count: Count = 10,
@@ -406,7 +392,6 @@ async def scroll_lineage(
     sliceMax: Annotated[int | None, Query(description="Not supported")] = None,
     pitKeepAlive: Annotated[str | None, Query(description="Accepted; ignored")] = "5m",
 ) -> Response:
-    body = _body(ScrollLineageBody, await read_json(request, settings))
     _refuse_slices(sliceId, sliceMax)
     anchors = body.urns or []
     check_batch_size(anchors, settings, "$.urns", what="URNs")
@@ -455,13 +440,14 @@ class BatchGetUrnResponseV2(BaseModel):
     "/openapi/v2/entity/batch/{entityName}",
     response_model=BatchGetUrnResponseV2,
     responses=ERROR_RESPONSES,
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/BatchGetUrnRequestV2"}}}}},
     summary="Get a batch of entities (DataHub's v2 batch get)",
     description="One entity per requested URN (in request order, once each), with the named aspects (all when "
     "`aspectNames` is empty) it has; `aspects` is empty for an entity with none of them.",
 )
-async def batch_get_v2(entityName: str, request: Request, session: Session, registry: Registry, settings: SettingsDep) -> Response:
-    body = _body(BatchGetUrnRequestV2, await read_json(request, settings))
+async def batch_get_v2(
+    entityName: str, session: Session, registry: Registry, settings: SettingsDep,
+    body: Annotated[BatchGetUrnRequestV2, Depends(JsonBody(BatchGetUrnRequestV2))],
+) -> Response:
     with invalid_at("$entityName"):
         entity = registry.entity(entityName).name
     urns = list(dict.fromkeys(body.urns))

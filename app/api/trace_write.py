@@ -29,12 +29,12 @@ from typing import Annotated, Any, Literal
 import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
-from fastapi import APIRouter, Body, Path, Query, Request
-from pydantic import BaseModel, Field
+from fastapi import APIRouter, Depends, Path, Query, Request
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.deps import ALLOW_READ, Backend, Registry, Session
+from app.api.deps import ALLOW_READ, Backend, JsonBody, Registry, Session
 from app.api.http import Flag, entity_of_urn, invalid_at
 from app.api.search import _indexed_aspects
 from app.avro.wire import ValueCodec
@@ -106,10 +106,11 @@ class TraceStatus(BaseModel):
     searchStorage: TraceStorageStatus
 
 
-TraceRequest = Annotated[dict[str, list[str]], Body(
-    description="The aspects to trace, per URN",
-    examples=[{"urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)": ["status", "datasetProperties"]}],
-)]
+class TraceRequest(RootModel[dict[str, list[str]]]):
+    model_config = ConfigDict(json_schema_extra={
+        "description": "The aspects to trace, per URN",
+        "examples": [{"urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)": ["status", "datasetProperties"]}],
+    })
 
 
 def _status(write_status: WriteStatus, message: str | None = None, exceptions: list[dict] | None = None) -> dict:
@@ -134,7 +135,8 @@ def _status(write_status: WriteStatus, message: str | None = None, exceptions: l
     "(`writeExceptions`); `skipCache` changes nothing (nothing is cached).",
 )
 async def trace_writes(
-    request: Request, session: Session, registry: Registry, backend: Backend, body: TraceRequest,
+    request: Request, session: Session, registry: Registry, backend: Backend,
+    body: Annotated[TraceRequest, Depends(JsonBody(TraceRequest))],
     traceId: Annotated[str, Path(description="A trace id (32 hex digits) or a whole `traceparent`")],
     onlyIncludeErrors: Annotated[Flag, Query()] = True,
     detailed: Annotated[Flag, Query()] = False,
@@ -144,7 +146,7 @@ async def trace_writes(
     if trace_id is None:
         raise ValidationFailed(f"{traceId!r} is not a trace id (32 hex digits) nor a traceparent",
                                [Issue("not a trace id", path="$traceId", found=traceId[:80])])
-    wanted = _checked(registry, body)
+    wanted = _checked(registry, body.root)
     primary: dict[str, dict[str, dict]] = {}
     versions: dict[tuple[str, str], int] = {}
     replaced: set[tuple[str, str]] = set()
