@@ -133,6 +133,42 @@ async def wait_delivered(db: asyncpg.Connection, timeout: float = 20.0) -> int:
         await asyncio.sleep(0.05)
 
 
+async def wait_sequenced(db: asyncpg.Connection, timeout: float = 20.0) -> int:
+    """Wait until every outbox row has its feed offset (without Kafka nothing is ever delivered); returns the last
+    offset given."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL")
+        if left == 0:
+            return await db.fetchval("SELECT last_offset FROM change_log_feed_state")
+        assert time.monotonic() < deadline, f"{left} outbox rows still without a feed offset"
+        await asyncio.sleep(0.02)
+
+
+class SequencerPasses:
+    """Counts the passes of the sequencers running in this process (each call of app.changelog.outbox.sequence), so
+    that a test showing that a row is *not* sequenced waits for passes that saw it, not for a time."""
+
+    def __init__(self, monkeypatch) -> None:
+        from app.changelog import outbox
+
+        real = outbox.sequence
+        self.done = 0
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            result = await real(*args, **kwargs)
+            self.done += 1
+            return result
+
+        monkeypatch.setattr(outbox, "sequence", counted)
+
+    async def wait(self, passes: int = 3, timeout: float = 20.0) -> None:
+        """Wait until `passes` whole passes began after this call (the first to end may have begun before it)."""
+        target = self.done + passes + 1
+        await eventually(lambda: asyncio.sleep(0, self.done >= target), timeout, 0.01,
+                         what=f"{passes} sequencer passes (passes so far: {self.done})")
+
+
 # --- Kafka --------------------------------------------------------------------------------------------------------
 
 _CODEC = None

@@ -7,6 +7,7 @@ Each test gets its own topic names (Tansu keeps every message of the run in memo
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections import defaultdict
@@ -17,12 +18,24 @@ import orjson
 import pytest
 from aiokafka.admin import AIOKafkaAdminClient
 from aiokafka.admin.config_resource import ConfigResource, ConfigResourceType
+from aiokafka.errors import KafkaConnectionError
 
 from app.embedded_pg import free_port
 from app.kafka.relay import OutboxRelay
 from app.kafka.topics import create_missing_topics, ensure_topics
 from app.settings import Settings
-from tests.helpers import JSON, TopicReader, dataset, mcp, propose, published_value, run_relay, unique_topics, wait_delivered
+from tests.helpers import (
+    JSON,
+    SequencerPasses,
+    TopicReader,
+    dataset,
+    mcp,
+    propose,
+    published_value,
+    run_relay,
+    unique_topics,
+    wait_delivered,
+)
 
 DATASET = dataset("orders")
 DB_VERSION_HEADER = "X-DataHub-Database-Aspect-Version"
@@ -93,8 +106,23 @@ async def test_topics_are_created_with_their_configs_idempotently(kafka_broker, 
 
 
 async def test_ensure_topics_tolerates_an_unreachable_broker():
-    settings = Settings(kafka_bootstrap_servers=f"127.0.0.1:{free_port()}")
-    await ensure_topics(settings)  # logged, not raised: the service starts, the relay creates topics later
+    """Kafka unreachable at start-up is logged, not raised: the service starts, the relay creates topics later."""
+    bootstrap = f"127.0.0.1:{free_port()}"
+    settings = Settings(kafka_bootstrap_servers=bootstrap)
+    with pytest.raises(KafkaConnectionError):  # what ensure_topics is given to tolerate
+        await create_missing_topics(settings)
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("metaledger.kafka.topics")
+    logger.addHandler(handler)
+    try:
+        assert await ensure_topics(settings) is None
+    finally:
+        logger.removeHandler(handler)
+    [warning] = records
+    assert warning.levelno == logging.WARNING and "kafka unreachable" in warning.getMessage()
+    assert warning.bootstrap_servers == bootstrap and warning.error.startswith("KafkaConnectionError")
 
 
 async def test_every_mcl_field_on_the_wire_for_create_update_delete(app, client, db, reader, topics):
@@ -338,20 +366,22 @@ async def test_with_kafka_unreachable_rows_are_sequenced_but_never_pruned_undeli
         await finish()
 
 
-async def test_sequencer_waits_for_open_transactions_and_keeps_per_urn_commit_order(database_url, db):
+async def test_sequencer_waits_for_open_transactions_and_keeps_per_urn_commit_order(database_url, db, monkeypatch):
     """A row written by a transaction still open blocks the offsets of every later row (it could commit first);
     ids allocated out of commit order across URNs are sequenced only once nothing older is still running."""
     settings = Settings(database_url=database_url, relay_poll_interval_ms=10)
     dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
     slow = await asyncpg.connect(dsn)
+    passes = SequencerPasses(monkeypatch)
     relay, finish = await run_relay(settings, database_url)
     try:
         tx = slow.transaction()
         await tx.start()
         await slow.execute(INSERT_ROW, "t", dataset("slow"), 1, "{}")  # id 1, open
         await db.execute(INSERT_ROW, "t", dataset("fast"), 1, "{}")  # id 2, committed
-        await asyncio.sleep(0.3)
+        await passes.wait(3)  # passes that saw the committed row
         assert await db.fetch("SELECT feed_offset FROM change_log_outbox WHERE feed_offset IS NOT NULL") == []
+        assert relay.sequenced == 0
         await tx.commit()
         deadline = time.monotonic() + 5
         while await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL"):
