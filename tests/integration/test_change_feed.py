@@ -9,7 +9,7 @@ import asyncpg
 import orjson
 import pytest
 
-from tests.helpers import dataset, mcp, propose
+from tests.helpers import SequencerPasses, dataset, mcp, propose, wait_sequenced
 
 FEED = "/openapi/v1/events/mcl"
 
@@ -81,7 +81,7 @@ async def test_feed_pages_through_every_change_in_commit_order(client, db):
     assert [e["offset"] for e in response.json()["events"]] == [e["offset"] for e in everything]
 
 
-async def test_feed_never_lets_a_late_commit_slip_behind_a_read_offset(client, db, database_url):
+async def test_feed_never_lets_a_late_commit_slip_behind_a_read_offset(client, db, database_url, monkeypatch):
     """A change log whose transaction is still open holds back every later one: once a reader has seen offset N, no
     change committed later can appear at or below N."""
     await propose(client, mcp("status", {"removed": False}, urn=dataset("early")))
@@ -96,8 +96,9 @@ async def test_feed_never_lets_a_late_commit_slip_behind_a_read_offset(client, d
             "VALUES ('MetadataChangeLog_Versioned_v1', $1, $1, 'status', 7, 'UPSERT', '{\"slow\": true}')",
             dataset("slow"),
         )
+        passes = SequencerPasses(monkeypatch)
         await propose(client, mcp("status", {"removed": True}, urn=dataset("early")))  # commits first
-        await asyncio.sleep(0.3)
+        await passes.wait(3)  # passes of the app's sequencer that saw it committed
         events, _ = await read_all(client)
         assert events == seen  # neither is in the feed while the older transaction is open
         await tx.commit()
@@ -119,10 +120,7 @@ async def test_feed_topic_filter(client, app, db):
     total = await db.fetchval("SELECT count(*) FROM change_log_outbox")
     # (the write path may add platform events of its own: count what each filter should see from the table)
     pe_rows = await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE topic = $1", pe_topic)
-    deadline = time.monotonic() + 10
-    while await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL"):
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.02)
+    await wait_sequenced(db)
     default, _ = await read_all(client)
     assert pe_topic not in {e["topic"] for e in default}  # the MCL topics by default
     assert {e["topic"] for e in default} == {"MetadataChangeLog_Versioned_v1", "MetadataChangeLog_Timeseries_v1"}
