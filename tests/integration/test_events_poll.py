@@ -8,7 +8,8 @@ import time
 
 import orjson
 
-from tests.helpers import dataset, mcp, propose
+from app.changelog import feed
+from tests.helpers import dataset, eventually, mcp, propose, wait_sequenced
 
 POLL = "/openapi/v1/events/poll"
 PE = "PlatformEvent_v1"
@@ -39,7 +40,7 @@ async def drain(client, topic: str, offset: str, want: int, timeout: float = 10.
 async def test_without_an_offset_only_new_events_come_and_offsets_continue(client, db):
     urn = dataset("poll_new")
     await propose(client, mcp("globalTags", {"tags": [{"tag": "urn:li:tag:old"}]}, urn=urn))
-    await asyncio.sleep(0.3)  # sequenced
+    await wait_sequenced(db)  # the old tag's event is in the feed, before the poll's start
     start = await poll(client, topic=PE, pollTimeoutSeconds=0)
     assert start["events"] == []  # from now on: the old tag's event is not replayed
 
@@ -56,7 +57,7 @@ async def test_without_an_offset_only_new_events_come_and_offsets_continue(clien
 async def test_mcl_topic_and_lookback_window(client, db):
     urn = dataset("poll_lookback")
     await propose(client, mcp("status", {"removed": False}, urn=urn))
-    await asyncio.sleep(0.3)
+    await wait_sequenced(db)
     body = await poll(client, topic=MCL, lookbackWindowDays=1, limit=5000, pollTimeoutSeconds=0)
     mcls = [orjson.loads(e["value"]) for e in body["events"]]
     mine = [m for m in mcls if m["entityUrn"] == urn]
@@ -64,21 +65,29 @@ async def test_mcl_topic_and_lookback_window(client, db):
     assert orjson.loads(mine[1]["aspect"]["value"]) == {"removed": False}  # the MCL exactly as on Kafka (JSON)
 
 
-async def test_the_long_poll_returns_when_an_event_arrives(client, db):
+async def test_the_long_poll_returns_when_an_event_arrives(client, db, monkeypatch):
     start = await poll(client, topic=MCL, pollTimeoutSeconds=0)
     urn = dataset("poll_wait")
+    reads = 0  # of the feed, by the long poll
+    read_page = feed.read_page
 
-    async def write_later():
-        await asyncio.sleep(0.5)
-        await propose(client, mcp("status", {"removed": True}, urn=urn))
+    async def counted(*args, **kwargs):
+        nonlocal reads
+        reads += 1
+        return await read_page(*args, **kwargs)
 
-    writer = asyncio.create_task(write_later())
-    began = time.monotonic()
-    body = await poll(client, topic=MCL, offsetId=start["offsetId"], pollTimeoutSeconds=20)
-    waited = time.monotonic() - began
-    await writer
-    assert body["count"] >= 1 and 0.4 < waited < 10, waited
-    assert urn in {orjson.loads(e["value"])["entityUrn"] for e in body["events"]}
+    monkeypatch.setattr(feed, "read_page", counted)
+    waiting = asyncio.create_task(poll(client, topic=MCL, offsetId=start["offsetId"], pollTimeoutSeconds=20))
+    # the poll found nothing and waits (read the feed twice, empty, still unanswered)
+    await eventually(lambda: asyncio.sleep(0, reads >= 2 or waiting.done()), what="the long poll's second read")
+    assert not waiting.done(), waiting.result()
+    written = time.monotonic()
+    await propose(client, mcp("status", {"removed": True}, urn=urn))
+    body = await waiting
+    after_write = time.monotonic() - written
+    assert [(m["entityUrn"], m["aspectName"]) for m in map(orjson.loads, (e["value"] for e in body["events"]))] == [
+        (urn, "datasetKey"), (urn, "status")]
+    assert after_write < 10, after_write  # answered once the event came, not at its 20 s timeout
 
 
 async def test_an_idle_poll_waits_its_timeout_and_keeps_the_offset(client, db):
@@ -103,4 +112,4 @@ async def test_bad_parameters_are_400s_naming_them(client):
     missing = await client.get(POLL)
     assert missing.status_code == 400 and "topic" in missing.text
     huge = await client.get(POLL, params={"topic": PE, "offsetId": "9" * 40})
-    assert huge.status_code == 400
+    assert huge.status_code == 400 and [i["path"] for i in huge.json()["issues"]] == ["$.offsetId"], huge.text
