@@ -5,14 +5,13 @@ waits."""
 from __future__ import annotations
 
 import asyncio
-import time
 
 import asyncpg
 import pytest
 
 from app.changelog import outbox
 from app.search.worker import IndexWorker, writes_running
-from tests.helpers import dataset, mcp, propose
+from tests.helpers import dataset, eventually, mcp, propose
 
 BATCH = 4
 
@@ -24,10 +23,20 @@ def settings_overrides():
 
 
 async def running_a_statement(dsn: str, application_name: str = "") -> tuple[asyncpg.Connection, asyncio.Task]:
-    """Another session, busy for 10 s (its statement cancelled when the connection is closed)."""
+    """Another session, busy for 10 s (its statement cancelled when the connection is closed), once Postgres shows
+    its statement running."""
     conn = await asyncpg.connect(dsn, server_settings={"application_name": application_name})
+    pid = conn.get_server_pid()
     busy = asyncio.create_task(conn.execute("SELECT pg_sleep(10)"))
-    await asyncio.sleep(0.2)
+    watcher = await asyncpg.connect(dsn)
+    try:
+        async def running() -> bool:
+            return await watcher.fetchval(
+                "SELECT state = 'active' AND query = 'SELECT pg_sleep(10)' FROM pg_stat_activity WHERE pid = $1", pid)
+
+        await eventually(running, timeout=10, interval=0.02, what="the other session's statement running")
+    finally:
+        await watcher.close()
     return conn, busy
 
 
@@ -53,21 +62,41 @@ async def test_only_another_session_running_a_statement_is_write_load(db, databa
 
 async def test_the_indexer_pauses_after_a_full_batch_only_under_write_load(app, client, db, database_url):
     worker = IndexWorker(app.state.settings, app.state.engine, app.state.search)
+    began, results = [0], []  # steps begun; what each step returned, in order (one worker: steps are sequential)
+    step = worker.step
+
+    async def counted_step(cursor):
+        began[0] += 1
+        count = None
+        try:
+            count = await step(cursor)
+            return count
+        finally:
+            results.append(count)
+
+    worker.step = counted_step
     stop = asyncio.Event()
     running = asyncio.create_task(worker.run(stop))
     names = [f"paced{i}" for i in range(BATCH)]
 
-    async def write_and_index(count: int, description: str) -> None:
-        """New descriptions of `count` datasets (one change log each, and at most one platform event)."""
+    async def write_and_index(count: int, description: str) -> int:
+        """New descriptions of `count` datasets (one change log each, and at most one platform event); returns the
+        rows the worker applied, once it has caught up: a step begun after they were sequenced found nothing left,
+        so the pause after the last batch, if any, is over."""
         applied = worker.applied_rows
         await propose(client, *(mcp("datasetProperties", {"name": name, "description": description}, dataset(name))
                                 for name in names[:count]))
+        before = await db.fetchval("SELECT last_offset FROM change_log_feed_state")
         await outbox.sequence(db, 100)
-        deadline = time.monotonic() + 10
-        while worker.applied_rows < applied + count:
-            assert time.monotonic() < deadline, "not indexed"
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(0.3)  # past the batch's pause, if any
+        rows = await db.fetchval("SELECT last_offset FROM change_log_feed_state") - before
+        after = began[0]
+
+        async def caught_up() -> bool:
+            return 0 in results[after:]
+
+        await eventually(caught_up, timeout=10, interval=0.02, what=f"the worker catching up with {rows} rows")
+        assert worker.applied_rows - applied == rows >= count
+        return rows
 
     try:
         await write_and_index(BATCH, "created")
@@ -75,10 +104,10 @@ async def test_the_indexer_pauses_after_a_full_batch_only_under_write_load(app, 
         assert worker.yields == 0
         writer, busy = await running_a_statement(database_url.replace("postgresql+asyncpg://", "postgresql://"))
         try:
-            await write_and_index(1, "not behind")  # fewer rows than a batch
+            assert await write_and_index(1, "not behind") < BATCH  # fewer rows than a batch
             assert worker.yields == 0
-            await write_and_index(BATCH, "a batch behind")
-            assert worker.yields >= 1
+            rows = await write_and_index(BATCH, "a batch behind")
+            assert worker.yields == rows // BATCH >= 1  # each full batch, and only those
         finally:
             await stop_running(writer, busy)
     finally:
