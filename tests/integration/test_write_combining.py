@@ -137,9 +137,10 @@ async def test_a_database_error_of_one_write_stays_its_own(app, db: asyncpg.Conn
     assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1", refused) == 0
 
 
-async def test_a_large_write_has_its_own_transaction_and_holds_up_no_small_one(app, client, db: asyncpg.Connection):
+async def test_a_large_write_has_its_own_transaction_and_holds_up_no_small_one(app, client, db: asyncpg.Connection,
+                                                                              database_url):
     from app.write.combiner import SHARED_MAX_PROPOSALS
-    from tests.helpers import mcp, propose
+    from tests.helpers import eventually, mcp, propose
 
     combiner = app.state.gateway.combiner
     held = [dataset(f"held{i}") for i in range(combiner.flushers)]
@@ -152,8 +153,16 @@ async def test_a_large_write_has_its_own_transaction_and_holds_up_no_small_one(a
             mcp("status", {"removed": True}, urn),
             *(mcp("datasetProperties", {"name": f"l{i}.{j}"}, dataset(f"large{i}.{j}")) for j in range(SHARED_MAX_PROPOSALS)),
         ])) for i, urn in enumerate(held)]
-        await asyncio.sleep(0.5)
-        assert not any(task.done() for task in large)
+        watcher = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
+        try:
+            async def all_blocked() -> bool:  # every large write waits for a row this transaction holds
+                return await watcher.fetchval("SELECT count(*) FROM pg_stat_activity WHERE $1 = ANY(pg_blocking_pids(pid))",
+                                              db.get_server_pid()) == len(held) or any(task.done() for task in large)
+
+            await eventually(all_blocked, timeout=20, what=f"{len(held)} large writes blocked on the held rows")
+        finally:
+            await watcher.close()
+        assert not any(task.done() for task in large), [task.result().text for task in large if task.done()]
         single = await asyncio.wait_for(client.post(aspect_path(dataset("small")), json={"value": {"name": "small"}},
                                                     params={"createIfNotExists": "false"}), 10)
         assert single.status_code == 200, single.text
