@@ -69,7 +69,11 @@ CHANGES = [
 async def write(client, aspect, value, urn=DATASET):
     response = await client.post("/openapi/v3/entity/dataset?async=false", json=[{"urn": urn, aspect: {"value": value}}])
     assert response.status_code == 200, response.text
-    await asyncio.sleep(0.003)  # each version its own millisecond: versions of one millisecond are one transaction
+    # the next version is of a later millisecond (versions of one millisecond are one transaction): the clock has
+    # moved past the one this version was written at
+    answered = now_ms()
+    while now_ms() <= answered:
+        await asyncio.sleep(0.0005)
 
 
 async def write_history(client) -> list[int]:
