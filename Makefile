@@ -22,7 +22,7 @@ UV              := $(VENV)/bin/uv
 INSTALL_KEY := $(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)-$(DATAHUB_VERSION)
 STAMP       := $(VENV)/.metaledger-installed-$(INSTALL_KEY)
 
-.PHONY: help venv client-venv actions-venv postgres-bin java-bin zip-bin run test openapi-check clean-venv spark-dist
+.PHONY: help venv client-venv actions-venv postgres-bin java-bin zip-bin run test openapi-check docs-check clean-venv spark-dist
 
 help:
 	@echo "make run            serve on $(HOST):$(PORT) (HOST=, PORT= to change)"
@@ -30,6 +30,7 @@ help:
 	@echo "make venv           create/refresh $(VENV) (python3.11, project + test and spark extras, DataHub models)"
 	@echo "make postgres-bin   install Debian's postgresql if its binaries are missing"
 	@echo "make openapi-check  fail if openapi/ is out of date with the code"
+	@echo "make docs-check     fail if docs/configuration.md is out of date with the settings, or a docs link is broken"
 	@echo "make client-venv    create .venv-client: the real DataHub client for tests/client (the tests create it too)"
 	@echo "make actions-venv   create .venv-actions: DataHub Actions for tests/client (the tests create it too)"
 	@echo "make spark-dist     build $(SPARK_DIST)/: the Spark indexer's wheel and the dependency archive for --archives"
@@ -86,8 +87,8 @@ $(ACTIONS_STAMP): | $(STAMP)
 	@rm -f $(ACTIONS_VENV)/.acryl-datahub-actions-*
 	@touch $@
 
-# The Spark indexer on a cluster (README "The indexer on a Spark cluster"): what spark-submit ships to executors whose
-# Python has PySpark, pyarrow and pandas but not metaledger.
+# The Spark indexer on a cluster (docs/spark-indexer.md, "The indexer on a Spark cluster"): what spark-submit ships to
+# executors whose Python has PySpark, pyarrow and pandas but not metaledger.
 #   $(SPARK_WHEEL)  the project with its package data (system models, the GraphQL schema)
 #   $(SPARK_DEPS)   that wheel, every runtime dependency and DataHub's model files, installed into one folder and
 #                   zipped: `--archives $(SPARK_DEPS)#metaledger_deps` with PYTHONPATH=metaledger_deps on executors.
@@ -162,6 +163,13 @@ test: venv postgres-bin java-bin zip-bin
 
 openapi-check: venv
 	$(VENV)/bin/metaledger openapi export --check
+
+# docs/configuration.md is generated from the settings' declarations (`metaledger settings docs` writes it); the tests
+# also check that every setting has a description, that docs/architecture.md names every package of app/, and that
+# every relative link of README.md and docs/ reaches its file and heading.
+docs-check: venv
+	$(VENV)/bin/metaledger settings docs --check
+	$(VENV)/bin/python -m pytest -q tests/unit/test_settings_docs.py tests/unit/test_docs.py
 
 clean-venv:
 	rm -rf $(VENV) $(CLIENT_VENV) $(ACTIONS_VENV)

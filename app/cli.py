@@ -88,7 +88,7 @@ def serve(host: str, port: int, no_migrate: bool, log_level: str, workers: int |
         )
     supervisor.serve(settings, host, port, workers or supervisor.default_workers(), log_level)
     # uvicorn's own last words are about its workers; a newcomer wants to know that all of it has stopped (an
-    # embedded Postgres this start found running is left running, as the README says).
+    # embedded Postgres this start found running is left running, as docs/getting-started.md says).
     click.echo("metaledger stopped", err=True)
 
 
@@ -415,3 +415,35 @@ def openapi_export(output: Path, check: bool) -> None:
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_bytes(spec)
     click.echo(f"wrote {output} ({len(spec)} bytes)")
+
+
+@main.group("settings")
+def settings_group() -> None:
+    """The settings (METALEDGER_* environment variables) and their documentation."""
+
+
+@settings_group.command("docs")
+@click.option("--output", type=click.Path(path_type=Path), default=None,
+              help="where to write the page  [default: docs/configuration.md]")
+@click.option("--check", is_flag=True, help="Fail if the committed page differs from the settings' (CI drift check).")
+def settings_docs(output: Path | None, check: bool) -> None:
+    """Write docs/configuration.md, generated from the settings' declarations (app/settings.py and
+    spark_indexer/config.py)."""
+    from app import settings_docs as docs
+
+    output = output or docs.DOCS_PATH
+    missing = docs.missing_descriptions()
+    if missing:
+        click.echo(f"settings without a description (Field(description=...)): {', '.join(missing)}", err=True)
+        sys.exit(1)
+    if check:
+        problem = docs.check(main, output)
+        if problem:
+            click.echo(problem, err=True)
+            sys.exit(1)
+        click.echo(f"{output} matches the settings")
+        return
+    page = docs.render(main)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text(page, encoding="utf-8")
+    click.echo(f"wrote {output} ({len(page.splitlines())} lines)")

@@ -10,10 +10,10 @@ from __future__ import annotations
 from pathlib import Path, PurePath
 from typing import Annotated, Any
 
-from pydantic import BeforeValidator
+from pydantic import BeforeValidator, Field
 from pydantic_settings import SettingsConfigDict
 
-from app.settings import PROJECT_ROOT, Settings
+from app.settings import PROJECT_ROOT, Settings, group
 
 NO_DATABASE_HINT = "start `make run` first or set METALEDGER_DATABASE_URL"
 
@@ -39,34 +39,47 @@ class DatabaseNotFoundError(RuntimeError):
 class IndexerSettings(Settings):
     model_config = SettingsConfigDict(env_prefix="METALEDGER_", extra="ignore")
 
-    # Spark master when the job builds its own session (`spark-submit --master …` wins over it).
-    spark_master: str = "local[*]"
-    # "python": metaledger's Kafka source (PySpark Python Data Source API, no jars needed);
-    # "native": Spark's `format("kafka")` (needs the spark-sql-kafka package on the cluster).
-    spark_source: str = "python"
-    # Storage: Hadoop filesystem URIs (file:///, s3a://, hdfs://, abfss://; a path without a scheme is on Spark's
-    # default filesystem), passed to Spark exactly as given. Everything the job keeps lives under them: on a cluster,
-    # a location every node and the next driver can reach.
-    spark_work_dir: StorageUri = (PROJECT_ROOT / ".metaledger" / "spark").as_uri()
-    spark_checkpoint_dir: StorageUri | None = None  # default: <work_dir>/checkpoint
-    spark_dead_letter_dir: StorageUri | None = None  # default: <work_dir>/dead_letter (Parquet, by day)
-    spark_timeseries_dir: StorageUri | None = None  # default: <work_dir>/timeseries (Parquet, by aspect and day)
-    spark_max_offsets_per_trigger: int = 200_000  # MCLs per micro-batch at most
-    spark_trigger_interval_s: float = 1.0
-    # tasks a micro-batch is indexed in: 0 = one per topic partition (no shuffle; scale with the topics' partitions),
-    # N = the batch is shuffled by record key (the URN) into N tasks
-    spark_index_partitions: int = 0
-    spark_restore_partitions: int = 8  # parallel readers of metadata_aspect_v2 in restore-indices / reconcile
-    spark_apply_chunk: int = 2000  # index changes per bulk call from one task
-    # metaledger's own schema registry (`http://<metaledger>/schema-registry/api`): Avro change logs framed with an id
-    # that is not one of DataHub's are decoded with the writer schema fetched from it (once per worker). With
-    # METALEDGER_SCHEMA_REGISTRY_URL (an external registry) set, that one answers for every id instead.
-    spark_schema_registry_url: str | None = None
-    # The stream's figures per micro-batch (spark_indexer.metrics): a Prometheus textfile (node_exporter's textfile
-    # collector; `stream --metrics-file` sets it too) and/or a Pushgateway, as job `spark_metrics_job`.
-    spark_metrics_file: Path | None = None
-    spark_pushgateway_url: str | None = None
-    spark_metrics_job: str = "metaledger_spark_indexer"
+    spark_master: str = Field(
+        "local[*]", json_schema_extra=group("Spark indexer", "spark-indexer.md"),
+        description="Spark master of `python -m spark_indexer` when the job builds its own session "
+                    "(`spark-submit --master` wins)")
+    spark_source: str = Field(
+        "python",
+        description="`python`: metaledger's Kafka source (PySpark's Python Data Source API, no jars needed); "
+                    "`native`: Spark's `format(\"kafka\")` (needs the `spark-sql-kafka` package on the cluster)")
+    spark_work_dir: StorageUri = Field(
+        (PROJECT_ROOT / ".metaledger" / "spark").as_uri(),
+        description="parent of the three locations below. Storage settings are Hadoop filesystem URIs (`file:///`, "
+                    "`s3a://`, `hdfs://`, `abfss://`; a path without a scheme is on Spark's default filesystem), "
+                    "handed to Spark exactly as written; on a cluster, storage every node and the next driver reach")
+    spark_checkpoint_dir: StorageUri | None = Field(
+        None, description="the stream's offsets; unset: `<work dir>/checkpoint`")
+    spark_dead_letter_dir: StorageUri | None = Field(
+        None, description="dead-lettered records (Parquet, by day); unset: `<work dir>/dead_letter`")
+    spark_timeseries_dir: StorageUri | None = Field(
+        None, description="the timeseries archive (Parquet, by aspect and day); unset: `<work dir>/timeseries`")
+    spark_max_offsets_per_trigger: int = Field(200_000, description="change logs per micro-batch at most")
+    spark_trigger_interval_s: float = Field(1.0, description="micro-batch interval")
+    spark_index_partitions: int = Field(
+        0, description="tasks per micro-batch: 0 = one per topic partition (no shuffle; scale with the topics' "
+                       "partitions), N = shuffled by record key (the URN) into N")
+    spark_restore_partitions: int = Field(
+        8, description="parallel readers of `metadata_aspect_v2` in `restore-indices` / `reconcile`")
+    spark_apply_chunk: int = Field(2000, description="index changes per bulk call from one task")
+    spark_schema_registry_url: str | None = Field(
+        None,
+        description="metaledger's own schema registry (`http://<metaledger>/schema-registry/api`): Avro change logs "
+                    "framed with an id that is not one of DataHub's are decoded with the writer schema fetched from it "
+                    "(once per worker); with `SCHEMA_REGISTRY_URL` (an external registry) set, that one answers for "
+                    "every id instead")
+    # The stream's figures per micro-batch: spark_indexer.metrics.
+    spark_metrics_file: Path | None = Field(
+        None, description="the stream's batch figures as a Prometheus textfile (node_exporter's textfile collector), "
+                          "rewritten per batch (`stream --metrics-file`)")
+    spark_pushgateway_url: str | None = Field(
+        None, description="push the same figures per batch to this Prometheus Pushgateway")
+    spark_metrics_job: str = Field(
+        "metaledger_spark_indexer", description="the Pushgateway job name (`instance` = the host name)")
 
     @property
     def checkpoint_dir(self) -> str:
