@@ -14,6 +14,7 @@ import asyncpg
 from sqlalchemy import event
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
+from sqlalchemy.pool import PoolProxiedConnection
 
 from app.db_faults import DatabaseFault, classify
 from app.settings import PROJECT_ROOT
@@ -88,11 +89,19 @@ async def close_quietly(conn: asyncpg.Connection) -> None:
         conn.terminate()
 
 
+def driver_connection(raw: PoolProxiedConnection) -> asyncpg.Connection:
+    """The asyncpg connection under a pooled one (from `get_raw_connection()`; SQLAlchemy has None there only once
+    the pooled connection is invalidated or closed)."""
+    conn = raw.driver_connection
+    if conn is None:
+        raise DisconnectionError("the pooled connection was invalidated or closed")
+    return conn
+
+
 async def session_connection(session: AsyncSession) -> asyncpg.Connection:
     """The asyncpg connection under a session (checked out of the pool for the session's life)."""
     connection = await session.connection()
-    raw = await connection.get_raw_connection()
-    return raw.driver_connection
+    return driver_connection(await connection.get_raw_connection())
 
 
 class SessionRepository:

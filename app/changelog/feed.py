@@ -17,6 +17,8 @@ from datetime import datetime
 import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db import driver_connection
+
 
 @dataclass(slots=True)
 class FeedEvent:
@@ -53,8 +55,8 @@ async def read_page(engine: AsyncEngine, after: int, limit: int, topics: Sequenc
     (the last one returned, or `after` when there is none). Only change logs whose place in the order is final are
     returned."""
     async with engine.connect() as connection:
-        raw = await connection.get_raw_connection()
-        records = await read_feed(raw.driver_connection, after, limit, topics)
+        raw = driver_connection(await connection.get_raw_connection())
+        records = await read_feed(raw, after, limit, topics)
     events = [
         FeedEvent(
             r["feed_offset"], r["topic"], r["message_key"], r["urn"], r["aspect"], r["version"], r["change_type"],
@@ -68,21 +70,21 @@ async def read_page(engine: AsyncEngine, after: int, limit: int, topics: Sequenc
 async def last_offset(engine: AsyncEngine) -> int:
     """The last offset the sequencer gave: a reader starting from it sees only what comes next."""
     async with engine.connect() as connection:
-        raw = await connection.get_raw_connection()
-        return await raw.driver_connection.fetchval("SELECT last_offset FROM change_log_feed_state WHERE id = 1")
+        raw = driver_connection(await connection.get_raw_connection())
+        return await raw.fetchval("SELECT last_offset FROM change_log_feed_state WHERE id = 1")
 
 
 async def offset_before(engine: AsyncEngine, since: datetime) -> int:
     """The offset to continue from to read every change log written since `since` (still in the feed)."""
     async with engine.connect() as connection:
-        raw = await connection.get_raw_connection()
-        first = await raw.driver_connection.fetchval(
+        raw = driver_connection(await connection.get_raw_connection())
+        first = await raw.fetchval(
             "SELECT min(feed_offset) FROM change_log_outbox WHERE feed_offset IS NOT NULL AND created_at >= $1",
             since.replace(tzinfo=None),
         )
         if first is not None:
             return first - 1
-        return await raw.driver_connection.fetchval("SELECT last_offset FROM change_log_feed_state WHERE id = 1")
+        return await raw.fetchval("SELECT last_offset FROM change_log_feed_state WHERE id = 1")
 
 
 async def poll(

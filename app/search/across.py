@@ -196,8 +196,12 @@ def _degree_test(criteria: Sequence[Criterion]) -> tuple[Callable[[int], bool], 
             else:
                 raise ValidationFailed(f"degree filter value {clip(value, 40)!r} is not a hop count (1, 2, 3+)",
                                        [Issue("not a degree", path="$input.orFilters", found=clip(value, 40))])
-        tests.append(lambda d, exact=exact, at_least=at_least, negated=criterion.negated:
-                     (d in exact or (at_least is not None and d >= at_least)) != negated)
+
+        def matches(d: int, exact: set[int] = exact, at_least: int | None = at_least,
+                    negated: bool = criterion.negated) -> bool:
+            return (d in exact or (at_least is not None and d >= at_least)) != negated
+
+        tests.append(matches)
         if bound is not None:
             bound = None if criterion.negated or at_least is not None else max(bound, max(exact, default=0))
     return (lambda degree: all(test(degree) for test in tests)), bound

@@ -56,7 +56,7 @@ import sys
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from datetime import datetime, timezone
 from decimal import ROUND_CEILING, ROUND_FLOOR
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import orjson
 from elastic_transport import HttpxAsyncHttpNode
@@ -119,7 +119,7 @@ class OpenSearchCompatNode(HttpxAsyncHttpNode):
     and Content-Type (json, x-ndjson for bulk) become `application/X`, and responses without the
     `X-Elastic-Product` header (OpenSearch never sends it) get it, so the client's product check passes."""
 
-    async def perform_request(self, method, target, body=None, headers=None, **kwargs):  # type: ignore[override]
+    async def perform_request(self, method, target, body=None, headers=None, **kwargs):
         if headers:
             headers = headers.copy()
             for name in ("accept", "content-type"):
@@ -132,22 +132,28 @@ class OpenSearchCompatNode(HttpxAsyncHttpNode):
         return response
 
 
-class _OrjsonFirst:
+if TYPE_CHECKING:
+    from elastic_transport import JsonSerializer as _SerializerBase  # what `_fast_serializers` mixes it into
+else:
+    _SerializerBase = object
+
+
+class _OrjsonFirst(_SerializerBase):
     """Request bodies with orjson (bulk bodies are tens of MB per second; the stdlib encoder is ~10x slower), and
     exactly the client's stdlib encoding for what orjson refuses (lone surrogates, integers over 64 bits, non-string
     keys); responses decoded with orjson, falling back the same way."""
 
     def json_dumps(self, data: Any) -> bytes:
         try:
-            return orjson.dumps(data, default=self.default)  # type: ignore[attr-defined]
+            return orjson.dumps(data, default=self.default)
         except TypeError:
-            return super().json_dumps(data)  # type: ignore[misc]
+            return super().json_dumps(data)
 
     def json_loads(self, data: bytes) -> Any:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
-            return super().json_loads(data)  # type: ignore[misc]
+            return super().json_loads(data)
 
 
 def _fast_serializers() -> dict[str, Any]:
@@ -258,7 +264,7 @@ def _number_query(name: str, kind: str, condition: str, values: list[str]) -> di
     if bound is None:
         return {"match_none": {}}
     if kind not in _INTEGER_KINDS:
-        limited = float(max(min(bound, _MAX_DOUBLE), -_MAX_DOUBLE))
+        limited = max(min(float(bound), _MAX_DOUBLE), -_MAX_DOUBLE)
         return {"range": {name: {_RANGE_KEYS[condition]: limited}}}
     if condition.startswith("GREATER"):  # as `gte` an integer
         at_least = int(bound.to_integral_value(ROUND_FLOOR)) + 1 if condition == "GREATER_THAN" else \
@@ -618,7 +624,9 @@ class ElasticBackend:
             kwargs: dict[str, Any] = {"search_after": after} if after else {}
             try:
                 response = await self.client.search(index=index, query=query, size=SCAN_PAGE,
-                                                    sort=[{f: "asc"} for f in sort_fields], source=source, **kwargs)
+                                                    sort=[{f: "asc"} for f in sort_fields],
+                                                    # the client's hint leaves out `_source`'s list form (its includes)
+                                                    source=source, **kwargs)  # type: ignore[arg-type]
             except NotFoundError:
                 return
             hits = response["hits"]["hits"]
@@ -668,11 +676,11 @@ class ElasticBackend:
         """The removals not older than the key aspect version indexed for their entity."""
         if not removals:
             return []
-        keys = sorted({self._key_of(r) for r in removals})  # type: ignore[type-var]
-        found = await self._mget(keys)  # type: ignore[arg-type]
+        keys = sorted({self._entity_key(r) for r in removals})
+        found = await self._mget(keys)
         current = []
         for r in removals:
-            doc = found.get(self._key_of(r))  # type: ignore[arg-type]
+            doc = found.get(self._entity_key(r))
             versions = ((doc or {}).get("_source") or {}).get(VERSIONS_FIELD) or {}
             if r.aspect is None or int(versions.get(r.aspect, -1)) <= r.version:
                 current.append(r)
@@ -680,10 +688,16 @@ class ElasticBackend:
 
     def _key_of(self, change: IndexChange) -> tuple[str, str] | None:
         if isinstance(change, (AspectFields, EntityRemoval)):
-            return (self.entity_index(change.entity_type), entity_doc_id(change.urn))
+            return self._entity_key(change)
         if isinstance(change, AspectEdges):
-            return (self.edge_set_index, edge_set_id(change.source, change.aspect))
+            return self._edge_set_key(change)
         return None
+
+    def _entity_key(self, change: AspectFields | EntityRemoval) -> tuple[str, str]:
+        return (self.entity_index(change.entity_type), entity_doc_id(change.urn))
+
+    def _edge_set_key(self, change: AspectEdges) -> tuple[str, str]:
+        return (self.edge_set_index, edge_set_id(change.source, change.aspect))
 
     async def _apply_once(self, changes: list[IndexChange], *, repair_edges: bool) -> set[tuple[str, str]]:
         """One read-merge-write round; returns the keys of the documents whose conditional write conflicted."""
@@ -691,11 +705,10 @@ class ElasticBackend:
         edge_groups: dict[tuple[str, str], list[AspectEdges]] = {}
         points: list[TimeseriesPoint] = []
         for change in changes:
-            key = self._key_of(change)
             if isinstance(change, (AspectFields, EntityRemoval)):
-                entity_groups.setdefault(key, []).append(change)  # type: ignore[arg-type]
+                entity_groups.setdefault(self._entity_key(change), []).append(change)
             elif isinstance(change, AspectEdges):
-                edge_groups.setdefault(key, []).append(change)  # type: ignore[arg-type]
+                edge_groups.setdefault(self._edge_set_key(change), []).append(change)
             elif isinstance(change, TimeseriesPoint):
                 points.append(change)
             else:
@@ -718,12 +731,12 @@ class ElasticBackend:
             else:
                 ops.append((key, {"index": {"_index": index, "_id": doc_id, **self._cas(found)}}, new_doc))
 
-        for key, group in edge_groups.items():
+        for key, edge_sets in edge_groups.items():
             found = current.get(key)
             marker = found["_source"] if found else None
             stored_version = marker["version"] if marker else -1
-            newest = max(c.version for c in group)
-            tied = [c for c in group if c.version == newest]
+            newest = max(c.version for c in edge_sets)
+            tied = [c for c in edge_sets if c.version == newest]
             # the newest set of this call; on a tie an empty one (a delete), else the later
             winner = next((c for c in tied if not c.edges), tied[-1])
             old_edges: dict[str, dict[str, Any]] = (marker or {}).get("edges") or {}
@@ -733,7 +746,8 @@ class ElasticBackend:
             )
             if stale:
                 if repair_edges:  # we may have projected a stale set before losing the race: re-project the truth
-                    ours = {edge_doc_id(e.source, e.relationship, e.destination, winner.aspect): {} for e in winner.edges}
+                    assert found is not None  # stale: a marker is stored (versions are never negative)
+                    ours: dict[str, dict[str, Any]] = {edge_doc_id(e.source, e.relationship, e.destination, winner.aspect): {} for e in winner.edges}
                     ops.extend((None, op, body) for op, body in self._project_edges(old_edges, ours, found["_version"]))
                 continue
             new_edges = {
@@ -752,10 +766,10 @@ class ElasticBackend:
             ops.extend((None, op, body) for op, body in self._project_edges(new_edges, old_edges, marker_version))
 
         for point in points:
-            body = dict(point.fields)
-            body.update({"urn": point.urn, "timestampMillis": point.timestamp_ms, "event": point.value,
-                         "systemMetadata": point.system_metadata})
-            ops.append((None, {"index": {"_index": self.timeseries_index(point.entity_type, point.aspect), "_id": point.doc_id}}, body))
+            point_doc = dict(point.fields)
+            point_doc.update({"urn": point.urn, "timestampMillis": point.timestamp_ms, "event": point.value,
+                              "systemMetadata": point.system_metadata})
+            ops.append((None, {"index": {"_index": self.timeseries_index(point.entity_type, point.aspect), "_id": point.doc_id}}, point_doc))
 
         conflicts: set[tuple[str, str]] = set()
         for start in range(0, len(ops), BULK_CHUNK_OPS):
@@ -769,13 +783,13 @@ class ElasticBackend:
             if not response.get("errors"):
                 continue
             errors, busy = [], []
-            for (key, op, _), item in zip(chunk, response["items"], strict=True):
+            for (doc_key, op, _), item in zip(chunk, response["items"], strict=True):
                 action, result = next(iter(item.items()))
                 status = result.get("status", 200)
                 if status < 300:
                     continue
-                if status == 409 and key is not None:
-                    conflicts.add(key)
+                if status == 409 and doc_key is not None:
+                    conflicts.add(doc_key)
                 elif status == 409 and result.get("_index", "").startswith(self.graph_index):
                     continue  # an edge projection older than the one stored: stale, dropped
                 elif status == 404 and action == "delete":
@@ -1034,10 +1048,10 @@ class ElasticBackend:
         raw = response["hits"]["hits"]
         hits = [self._hit(entity_type, h) for h in raw[:count]]
         next_id = keyset_cursor(raw[count - 1]["sort"][:-1], raw[count - 1]["sort"][-1]) if len(raw) > count and count > 0 else None
-        facets: dict[str, dict[str, int]] = {}
+        facet_counts: dict[str, dict[str, int]] = {}
         for key, agg in (response.get("aggregations") or {}).items():
-            facets[key] = {self._bucket_key(b): b["doc_count"] for b in agg.get("buckets", [])}
-        return SearchPage(hits=hits, total=response["hits"]["total"]["value"], scroll_id=next_id, facets=facets)
+            facet_counts[key] = {self._bucket_key(b): b["doc_count"] for b in agg.get("buckets", [])}
+        return SearchPage(hits=hits, total=response["hits"]["total"]["value"], scroll_id=next_id, facets=facet_counts)
 
     @staticmethod
     def _bucket_key(bucket: dict[str, Any]) -> str:
@@ -1121,7 +1135,7 @@ class ElasticBackend:
         raw = response["hits"]["hits"]
         page = raw[:count]
         last = page[-1]["sort"] if page and len(raw) > count else None
-        return EdgePage(edges=[_doc_to_edge(h["_source"]) for h in page], after=tuple(last) if last else None)  # type: ignore[arg-type]
+        return EdgePage(edges=[_doc_to_edge(h["_source"]) for h in page], after=tuple(last) if last else None)
 
     async def lineage(
         self, urn: str, *, direction: Literal["UPSTREAM", "DOWNSTREAM"], max_hops: int = 3,
@@ -1228,7 +1242,7 @@ class ElasticBackend:
             system_metadata = src.pop("systemMetadata", None)
             points.append(TimeseriesPoint(
                 aspect=query.aspect, doc_id=hit["_id"], urn=src.get("urn", query.urn), entity_type=entity_type,
-                timestamp_ms=int(src.get("timestampMillis")), fields=src, value=value,
+                timestamp_ms=int(src["timestampMillis"]), fields=src, value=value,
                 system_metadata=system_metadata,
             ))
         return points

@@ -43,6 +43,7 @@ import asyncpg
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.db import driver_connection
 from app.search import documents
 from app.search.structured_properties import FIELD_PREFIX as PROPERTY_FIELD_PREFIX, document_field
 from app.search.cursors import decode_keyset, keyset_cursor
@@ -160,9 +161,9 @@ def aspect_text(
     left = max_chars
     texts: list[str | None] = []
     for weight in "ABCD":
-        text = " ".join(groups[weight])[:left] if groups[weight] else None
-        left -= len(text or "")
-        texts.append(text)
+        kept = " ".join(groups[weight])[:left] if groups[weight] else None
+        left -= len(kept or "")
+        texts.append(kept)
     return texts, exact, max_chars - left
 
 
@@ -424,7 +425,7 @@ class PostgresBackend:
         platform of 100k documents took 56-87 ms on its generic plan instead of 21-25 ms. Planning one of these
         statements costs a fraction of a millisecond."""
         async with self._engine.connect() as connection:
-            raw = (await connection.get_raw_connection()).driver_connection
+            raw = driver_connection(await connection.get_raw_connection())
             async with raw.transaction(isolation="read_committed", readonly=readonly):
                 custom_plans = "; SET LOCAL plan_cache_mode = force_custom_plan" if readonly else ""
                 # a read past METALEDGER_READ_TIMEOUT_S is cancelled (QueryCanceledError: a 503 with Retry-After)
@@ -807,7 +808,7 @@ class PostgresBackend:
         async with self._connection() as conn:
             rows = await conn.fetch(sql, *params) if count > 0 else []  # count 0: the total alone
             total = await conn.fetchval(f"SELECT count(*) FROM search_document d WHERE {where}", *base_params)
-            facets: dict[str, dict[str, int]] = {name: {} for name in facet_names}
+            facet_counts: dict[str, dict[str, int]] = {name: {} for name in facet_names}
             if facet_names and total:  # no match: nothing to count by value
                 by_field: dict[str, list[str]] = {}
                 for name, field_name in facet_names.items():
@@ -830,7 +831,7 @@ class PostgresBackend:
                     if r["value"] is None:
                         continue
                     for name in by_field[r["key"]]:
-                        facets[name][r["value"]] = r["n"]
+                        facet_counts[name][r["value"]] = r["n"]
         hits = [
             SearchHit(urn=r["urn"], entity_type=r["entity_type"], score=r["score"], fields=_json(r["fields"]))
             for r in rows[:count]
@@ -840,7 +841,7 @@ class PostgresBackend:
             last = rows[count - 1]
             key = orjson.loads(last["sort_key"]) if key_cast == "jsonb" else float(last["sort_key"])
             next_scroll = keyset_cursor([key], last["urn"])
-        return SearchPage(hits=hits, total=total, scroll_id=next_scroll, facets=facets)
+        return SearchPage(hits=hits, total=total, scroll_id=next_scroll, facets=facet_counts)
 
     async def autocomplete(self, entity_type: str, prefix: str, *, limit: int = 10) -> list[SearchHit]:
         """Documents with a name/id starting with `prefix` first (shortest name first), then the ones with a word
