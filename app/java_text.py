@@ -19,6 +19,7 @@ def java_double(value: float) -> str:
     if 1e-3 <= magnitude < 1e7:
         return repr(value)  # Python's repr is plain decimal with a fraction in this range, like Java's
     _, digits, exponent = Decimal(repr(magnitude)).as_tuple()
+    assert isinstance(exponent, int)  # a finite value's (NaN and the infinities are returned above)
     digit_str = "".join(map(str, digits)).rstrip("0") or "0"
     sci_exponent = len(digits) - 1 + exponent
     mantissa = digit_str[0] + "." + (digit_str[1:] or "0")

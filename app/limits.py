@@ -52,7 +52,7 @@ def _path_below(value: Any, limit: int) -> str:
         items = node.items() if type(node) is dict else enumerate(node)
         for key, child in items:
             if type(child) is dict or type(child) is list:
-                if type(key) is int:
+                if isinstance(key, int):  # a list's index (a JSON object's keys are text)
                     step = f"[{key}]"
                 elif _IDENTIFIER.fullmatch(key):
                     step = f".{key}"

@@ -88,7 +88,7 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, NamedTuple, TypeGuard
 
 import orjson
 
@@ -419,22 +419,23 @@ def _domain_event(urn: str, op: str, domains: dict, domain_urn: str) -> Semantic
 
 def _domains(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     old, new = _first_domain(prev), _first_domain(cur)
-    if old is None and new is not None:
+    # a side has a first domain only when its value is there: the `is not None` checks on prev/cur say so to mypy
+    if old is None and new is not None and cur is not None:
         return [_domain_event(urn, "ADD", cur, new)]
-    if old is not None and new is None:
+    if old is not None and new is None and prev is not None:
         return [_domain_event(urn, "REMOVE", prev, old)]
-    if old is not None and new is not None and old != new:
+    if old is not None and new is not None and old != new and prev is not None and cur is not None:
         return [_domain_event(urn, "REMOVE", prev, old), _domain_event(urn, "ADD", cur, new)]
     return []
 
 
-def _is_deprecated(value: dict | None) -> bool:
-    return bool(value) and bool(value.get("deprecated"))
+def _is_deprecated(value: dict | None) -> TypeGuard[dict]:
+    return value is not None and bool(value.get("deprecated"))
 
 
 def _deprecation(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     was, now = _is_deprecated(prev), _is_deprecated(cur)
-    if now and not was:
+    if _is_deprecated(cur) and not was:
         params: Params = {"status": "DEPRECATED"}
         if cur.get("decommissionTime") is not None:
             params["timestamp"] = str(cur["decommissionTime"])
@@ -449,7 +450,7 @@ def _deprecation(urn: str, prev: dict | None, cur: dict | None) -> list[Semantic
 
 
 def _is_removed(status: dict | None) -> bool:
-    return bool(status) and bool(status.get("removed", False))
+    return status is not None and bool(status.get("removed", False))
 
 
 def _status(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
@@ -494,6 +495,7 @@ def _documentation(urn: str, prev: dict | None, cur: dict | None) -> list[Semant
     for key in sorted(old.keys() | new.keys(), key=lambda k: (k is not None, k or "")):
         before, after = old.get(key), new.get(key)
         if before is None:
+            assert after is not None  # the key came from one side or the other
             text = after.get("documentation")
             events.append(SemanticChange(urn, "DOCUMENTATION", "ADD", key, {"documentation": text}, "MINOR",
                                  _DOC_ADDED.format(urn, text)))
@@ -598,7 +600,9 @@ def _field_property_events(parent_urn: str, base: dict | None, target: dict | No
         b_terms == t_terms or not (b_terms or t_terms)
     ):
         return []  # fast path: nothing of interest changed (the common case for unchanged fields)
-    field_path = _field_path(target if target is not None else base)
+    field = target if target is not None else base
+    assert field is not None  # both absent is the fast path above: nothing changed
+    field_path = _field_path(field)
     field_urn = schema_field_urn(parent_urn, field_path)
     events: list[SemanticChange] = []
     doc = _field_doc_event(
@@ -858,8 +862,8 @@ def _structured_properties(urn: str, prev: dict | None, cur: dict | None) -> lis
     return events
 
 
-def _assertion_completed(event: dict | None) -> bool:
-    return bool(event) and event.get("status") == "COMPLETE"
+def _assertion_completed(event: dict | None) -> TypeGuard[dict]:
+    return event is not None and event.get("status") == "COMPLETE"
 
 
 def _assertion_run_event(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
@@ -877,7 +881,7 @@ def _assertion_run_event(urn: str, prev: dict | None, cur: dict | None) -> list[
 def _data_process_instance_run_event(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     new_status = cur.get("status") if cur else None
     old_status = prev.get("status") if prev else None
-    if new_status is None or new_status == old_status:
+    if cur is None or new_status is None or new_status == old_status:
         return []
     params: Params = {}
     if cur.get("attempt") is not None:
@@ -893,9 +897,9 @@ def _business_attribute_info(urn: str, prev: dict | None, cur: dict | None) -> l
     base_desc = _description_of(prev)
     target_desc = _description_of(cur)
     events: list[SemanticChange] = []
-    if base_desc is None and target_desc is not None:
+    if base_desc is None and target_desc is not None and cur is not None:
         events.append(SemanticChange(urn, "DOCUMENTATION", "ADD", cur.get("fieldPath"), None))
-    if base_desc is not None and target_desc is None:
+    if base_desc is not None and target_desc is None and prev is not None:
         events.append(SemanticChange(urn, "DOCUMENTATION", "REMOVE", prev.get("fieldPath"), None))
     if base_desc is not None and base_desc != target_desc:
         if cur is None:
