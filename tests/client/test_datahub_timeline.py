@@ -17,7 +17,10 @@ def _write(metaledger, aspect: str, value: dict) -> None:
     with metaledger.http() as http:
         response = http.post("/openapi/v3/entity/dataset?async=false", json=[{"urn": URN, aspect: {"value": value}}])
         assert response.status_code == 200, response.text
-    time.sleep(0.003)  # one millisecond per version: each is its own transaction
+    # one millisecond per version (each is its own transaction): the clock has moved past the one it was written at
+    answered = int(time.time() * 1000)
+    while int(time.time() * 1000) <= answered:
+        time.sleep(0.0005)
 
 
 def test_cli_timeline_lists_the_changes_of_a_category(datahub, metaledger):
