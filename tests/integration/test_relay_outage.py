@@ -16,7 +16,7 @@ from collections import defaultdict
 import orjson
 import pytest
 
-from tests.helpers import TopicReader, dataset, mcp, propose, unique_topics, wait_delivered
+from tests.helpers import TopicReader, dataset, eventually, mcp, propose, unique_topics, wait_delivered
 
 OUTAGE_SECONDS = 30
 
@@ -40,23 +40,29 @@ async def test_broker_outage_of_30s_loses_no_change_log(app, client, db, kafka_b
             result = await propose(client, *[mcp("datasetProperties", {"description": f"n{n}"}, urn=u) for u in urns])
             now = time.monotonic()
             acknowledged.extend((r["urn"], int(r["version"]), now) for r in result["results"])  # propose asserts 200
-            await asyncio.sleep(0.1)
+            await asyncio.sleep(0.1)  # the ingestion's pace (about ten batches a second), not a wait for anything
 
     writer = asyncio.create_task(ingest())
     try:
-        await asyncio.sleep(1.0)
+        async def published() -> bool:
+            return await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE aspect = 'datasetProperties' "
+                                     "AND delivered_at IS NOT NULL") >= 2 * len(urns)
+
+        await eventually(published, what="the relay publishing the first writes' change logs")
         await wait_delivered(db)  # (writes continue; this only shows the relay is publishing before the outage)
         kafka_broker.stop()
         stopped_at = time.monotonic()
         feed_before = await db.fetchval("SELECT last_offset FROM change_log_feed_state")
-        await asyncio.sleep(OUTAGE_SECONDS)
+        await asyncio.sleep(OUTAGE_SECONDS)  # the outage itself: its length is what the test is about
         # the outage did not stop writes (every propose above asserted 200) nor the change feed
         during = [a for a in acknowledged if a[2] > stopped_at]
         assert len(during) >= OUTAGE_SECONDS * 4 * len(urns) // 2, len(during)
         assert await db.fetchval("SELECT last_offset FROM change_log_feed_state") >= feed_before + len(during)
         assert await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE delivered_at IS NULL") >= len(during)
         kafka_broker.start()  # same port, empty: no topics, no messages
-        await asyncio.sleep(1.0)
+        restarted_at = time.monotonic()
+        await eventually(lambda: asyncio.sleep(0, sum(at > restarted_at for _, _, at in acknowledged) >= 3 * len(urns)),
+                         what="three batches written after the broker came back")
     finally:
         writing = False
         await writer
