@@ -96,7 +96,11 @@ async def test_kill_9_during_ingestion_loses_and_invents_no_change_log(kafka_bro
                         acknowledged[(result["urn"], int(result["version"]))] = str(round_no)
 
         writers = [asyncio.create_task(ingest(c)) for c in range(CLIENTS)]
-        while len(acknowledged) < KILLED_AFTER:
+        deadline = time.monotonic() + 120
+        while len(acknowledged) < KILLED_AFTER:  # the kill lands mid-stream, once this much is acknowledged
+            failed = [w.exception() for w in writers if w.done()]
+            assert not failed, f"a writer stopped before the kill: {failed}"
+            assert time.monotonic() < deadline, f"{len(acknowledged)} of {KILLED_AFTER} writes acknowledged in 120 s"
             await asyncio.sleep(0.05)
         service.kill()  # SIGKILL, mid-stream
         service.wait(10)
