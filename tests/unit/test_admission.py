@@ -21,6 +21,7 @@ from app.registry import AspectValidationError
 from app.registry.schema import MISSING, Array, Field, Primitive, Record
 from app.registry.validator import _URN_CHECKERS, compile_validator
 from app.urns import URN_CACHE_ENTRIES, parse_urn, validate_urn
+from tests.helpers import eventually
 
 
 async def settle() -> None:
@@ -192,7 +193,7 @@ async def test_while_another_caller_is_active_a_write_rests_as_long_as_it_took()
     admission = WriteAdmission(40, 2.0, budget=200, caller_share=0.5, duty=0.5)
     admission.release(await admission.acquire("single", 1))  # another caller wrote just now
     flood = await admission.acquire("flood", 100)
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # the write takes 0.2 s: its rest is as long (the duration is the behaviour)
     admission.release(flood)  # over, but resting: still charged to its caller (its whole share) ...
     assert admission.cost_in_flight == 0  # ... not to the process: the other caller is admitted at once
     admission.release(await admission.acquire("single", 100))
@@ -201,7 +202,9 @@ async def test_while_another_caller_is_active_a_write_rests_as_long_as_it_took()
     nxt = await admission.acquire("flood", 100)  # waits out the rest: about as long as the write took
     assert 0.15 <= loop.time() - asked < 1.0
     admission.release(nxt)
-    await asyncio.sleep(0.5)  # its rest, if any, is over
+    # its rest, if any, ends: then the admission forgets the caller
+    await eventually(lambda: asyncio.sleep(0, not admission._callers), timeout=5, interval=0.02,
+                     what="the flood's last rest to end")
     assert (admission.in_flight, admission.cost_in_flight, admission.waiting) == (0, 0, 0)
 
 
@@ -209,7 +212,7 @@ async def test_a_resting_callers_refusal_counts_its_rest_in_retry_after():
     admission = WriteAdmission(40, 0.05, budget=200, caller_share=0.5, duty=0.5, retry_after_s=1)
     single = await admission.acquire("single", 1)
     flood = await admission.acquire("flood", 100)
-    await asyncio.sleep(1.2)
+    await asyncio.sleep(1.2)  # the write takes 1.2 s (the duration is the behaviour: it rests as long)
     admission.release(single)
     admission.release(flood)  # rests 1.2 s: past the wait
     with pytest.raises(TooManyRequests) as refused:
@@ -228,7 +231,7 @@ async def test_a_caller_alone_or_without_a_duty_cycle_never_rests(monkeypatch):
             if duty < 1:
                 await asyncio.sleep(0.1)  # longer ago than the window: no longer active
         flood = await admission.acquire("flood", 100)
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # a write of 0.2 s: one that would rest as long, were it to rest
         admission.release(flood)
         asked = loop.time()
         admission.release(await admission.acquire("flood", 100))
@@ -254,7 +257,7 @@ async def test_another_callers_writes_in_another_process_make_a_write_rest(tmp_p
                 await asyncio.sleep(0.02)
             here = WriteAdmission(40, 2.0, budget=200, caller_share=0.5, duty=0.5, shared=shared)
             flood = await here.acquire("flood", 100)
-            await asyncio.sleep(0.2)
+            await asyncio.sleep(0.2)  # a write of 0.2 s: it rests as long
             here.release(flood)
             asked = asyncio.get_running_loop().time()
             here.release(await here.acquire("flood", 100))
@@ -263,10 +266,13 @@ async def test_another_callers_writes_in_another_process_make_a_write_rest(tmp_p
             single.kill()
             single.wait()
         # the flood's own marks, from any process, are not someone else's
-        alone = WriteAdmission(40, 2.0, budget=200, caller_share=0.5, duty=0.5, shared=SharedActivity(path))
-        await asyncio.sleep(backpressure.ACTIVE_WINDOW_S)  # the single writer's last mark is old now
+        shared = SharedActivity(path)
+        alone = WriteAdmission(40, 2.0, budget=200, caller_share=0.5, duty=0.5, shared=shared)
+        # the killed writer's last mark ages past the active window
+        await eventually(lambda: asyncio.sleep(0, not shared.others_since("flood", time.monotonic() - backpressure.ACTIVE_WINDOW_S)),
+                         timeout=backpressure.ACTIVE_WINDOW_S + 5, interval=0.05, what="the single writer's last mark to age")
         flood = await alone.acquire("flood", 100)
-        await asyncio.sleep(0.1)
+        await asyncio.sleep(0.1)  # a write of 0.1 s: one that would rest as long, were it to rest
         alone.release(flood)
         asked = asyncio.get_running_loop().time()
         alone.release(await alone.acquire("flood", 100))
@@ -287,7 +293,7 @@ async def test_admission_is_given_back_when_the_write_fails_or_is_cancelled():
     async def write() -> None:
         async with admission.admit("a", 10):
             started.set()
-            await asyncio.sleep(10)
+            await asyncio.sleep(10)  # a write still running when the client goes away (cancelled long before)
 
     task = asyncio.create_task(write())
     await started.wait()

@@ -30,13 +30,13 @@ class SlowRepository:
 
     async def token(self, token_id: str) -> TokenInfo | None:
         self.token_reads += 1
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # the round trip: the requests arriving meanwhile must share this read
         return self.rows.get(token_id)
 
     async def policies(self) -> list[Policy]:
         self.policy_reads += 1
         stored = list(self.policies_stored)
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # the round trip: a policy created meanwhile is not in this read
         return stored
 
     async def insert_policy(self, policy: Policy) -> Policy:
@@ -72,7 +72,11 @@ async def test_a_policy_created_during_a_read_is_in_force_for_the_next_write(aut
     writer = Principal(WRITER, Role.WRITER)
     tag = [Draft(0, "tag", "tagProperties", ChangeType.UPSERT.value, urn="urn:li:tag:t")]
     first = [asyncio.ensure_future(auth.authorize_writes(writer, tag)) for _ in range(10)]
-    await asyncio.sleep(0.005)  # the read has begun: no policy yet
+    for _ in range(100):  # until the read has begun (it took the stored policies: none yet), and not ended
+        if auth.repository.policy_reads:
+            break
+        await asyncio.sleep(0)
+    assert auth.repository.policy_reads == 1 and not any(f.done() for f in first)
     await auth.create_policy(WRITER, ["dataset"], None, created_by="urn:li:corpuser:admin")
     await asyncio.gather(*first)  # read before the policy existed: allowed
     assert auth.repository.policy_reads == 1

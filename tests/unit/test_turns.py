@@ -14,7 +14,7 @@ def test_a_slice_is_over_after_its_time_and_restarts(monkeypatch):
     monkeypatch.setattr(turns, "SLICE_S", 0.02)
     cpu = TimeSlice()
     assert not cpu.over()
-    time.sleep(0.025)
+    time.sleep(0.025)  # the slice's time passes: being over after it is the behaviour
     assert cpu.over()
     cpu.restart()
     assert not cpu.over()
