@@ -41,7 +41,7 @@ class Background:
         kafka = bool(settings.kafka_bootstrap_servers)
         codec = codec or ValueCodec(settings)  # one per process, shared by the relay and the consumers
         derived = DerivedEvents(settings, gateway.registry, codec) if kafka else None
-        if kafka and settings.create_topics_on_start:
+        if derived is not None and settings.create_topics_on_start:  # with Kafka
             await ensure_topics(settings, derived.topics())
         # first: the registry follows the models registered at run time (what the other workers validate and publish)
         models = ModelWatcher(settings, sessionmaker, gateway.registry)
@@ -50,7 +50,7 @@ class Background:
             workers.append(OutboxRelay(settings, engine, codec, derived, models))
         if kafka and settings.mcp_consumer_enabled:
             workers.append(McpConsumer(settings, sessionmaker, gateway, codec=codec))
-        if kafka and settings.events_v5_consumer_enabled and derived.routes:
+        if derived is not None and settings.events_v5_consumer_enabled and derived.routes:
             workers.append(PerAspectChangeConsumer(settings, sessionmaker, gateway, derived, codec=codec))
         if kafka and settings.mce_consumer_enabled:
             workers.append(MceConsumer(settings, sessionmaker, gateway, codec=codec))

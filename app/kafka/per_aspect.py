@@ -136,9 +136,9 @@ def resolve_routes(settings: Settings, registry: EntityRegistry) -> dict[tuple[s
                                                  topics["failedTopic"])
             shared_ok[(entity, aspect)] = bool(route.get("sharedTopic", False))
     by_topic: dict[str, list[tuple[str, str]]] = {}
-    for pair, route in routed.items():
+    for pair, pair_route in routed.items():
         for record in per_aspect.FAMILY:
-            by_topic.setdefault(route.topic(record), []).append(pair)
+            by_topic.setdefault(pair_route.topic(record), []).append(pair)
     for topic, on_it in by_topic.items():
         if len(on_it) > 1 and not all(shared_ok[pair] for pair in on_it):
             named = ", ".join(f"{e}.{a}" for e, a in on_it[:5]) + (" ..." if len(on_it) > 5 else "")
@@ -172,10 +172,14 @@ class LegacyAuditEvents:
     def record(self, entity: str, mcl: Mapping[str, Any]) -> dict[str, Any] | None:
         """The MAE's JSON form for a change log, or None when DataHub's record cannot carry it."""
         found = self.snapshots.get(entity)
-        member = found[1].get(mcl.get("aspectName")) if found else None
+        if found is None:
+            return None
+        snapshot, members = found
+        aspect_name = mcl.get("aspectName")
+        member = members.get(aspect_name) if aspect_name is not None else None
         if member is None:
             return None
-        snapshot, urn = found[0], mcl["entityUrn"]
+        urn = mcl["entityUrn"]
         old, new = _value(mcl.get("previousAspectValue")), _value(mcl.get("aspect"))
         event: dict[str, Any] = {"newSnapshot": {snapshot: {"urn": urn, "aspects": [{member: new}] if new is not None else []}}}
         if old is not None:
@@ -310,11 +314,11 @@ class DerivedEvents:
                          "newValue": _value(mcl.get("aspect"))}
                 derived.append((route.audit_topic, route.encode(per_aspect.AUDIT, event, self.codec.avro)))
         if self.legacy is not None and change_type != "RESTATE":
-            event = self.legacy.record(entity, mcl)
-            if event is None:
+            mae = self.legacy.record(entity, mcl)
+            if mae is None:
                 self.skipped_mae += 1
             else:
-                derived.append((self.mae_topic, self.codec.encode("mae", event)))
+                derived.append((self.mae_topic, self.codec.encode("mae", mae)))
         return derived
 
 

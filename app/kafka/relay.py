@@ -95,6 +95,8 @@ TAIL_READ_TIMEOUT_S = PRODUCE_TIMEOUT_MS / 1000  # a tail not read within this f
 # A batch's values as read ahead: row id → value, row id → derived events [(topic, value; None: a tombstone)], and
 # the rows refused with the reason.
 Encoded = tuple[dict[int, bytes], dict[int, list[tuple[str, bytes | None]]], list[tuple[outbox.PendingRow, str]]]
+# A produced batch: the rows delivered, the rows refused with the reason, the first error (None: no row failed).
+Produced = tuple[list[outbox.PendingRow], list[tuple[outbox.PendingRow, str]], BaseException | None]
 
 
 @dataclass(slots=True)
@@ -196,7 +198,7 @@ class Publisher:
         self.codec = codec
         self.derived = derived
         # the stored runtime model set, taken up when a batch holds a pair the registry does not have yet
-        self._models = None
+        self._models: ModelWatcher | None = None
         if derived is not None:
             self._models = models or ModelWatcher(settings, create_sessionmaker(engine), derived.registry)
         self._wake = wake
@@ -408,11 +410,11 @@ class Publisher:
     async def _take_up_models(self, rows: list[outbox.PendingRow]) -> None:
         """Before `rows` are encoded: the stored runtime model set when one of them is of a pair the registry does
         not have, and the per-aspect pairs of the registry registered."""
-        derived = self.derived
-        if derived is None:
+        derived, models = self.derived, self._models
+        if derived is None or models is None:  # a watcher is made whenever there are derived events
             return
         # only versioned change logs have derived events
-        await self._models.refresh_for((row.key, row.aspect) for row in rows if row.topic == derived.versioned_topic)
+        await models.refresh_for((row.key, row.aspect) for row in rows if row.topic == derived.versioned_topic)
         await derived.start()
 
     async def _drop_read_ahead(self) -> None:
@@ -464,7 +466,7 @@ class Publisher:
         if producer is not None:
             await _stop_quietly(producer)
 
-    async def _produce(self, rows: list[outbox.PendingRow], encoded: Encoded | None = None):
+    async def _produce(self, rows: list[outbox.PendingRow], encoded: Encoded | None = None) -> Produced:
         """Produce a batch and await every acknowledgement. Returns (delivered rows, refused rows with the reason,
         the first error or None). A row is delivered only if no earlier row with the same topic and key failed, so
         a retry can never put a key's change logs out of order. A record found on its partition when its lane was
@@ -568,16 +570,16 @@ class Publisher:
         broker_too_large: list[outbox.PendingRow] = []
         for row in sent_rows:
             errors = [e for o in outcomes[row.id] if (e := o if isinstance(o, BaseException) else _future_error(o))]
-            error = errors[0] if errors else None
-            if error is None and (row.topic, row.key) not in failed_keys:
+            row_error = errors[0] if errors else None
+            if row_error is None and (row.topic, row.key) not in failed_keys:
                 delivered.append(row)
                 if outcomes[row.id] == [on_broker]:
                     self.found_published += 1
                 continue
-            if isinstance(error, MessageSizeTooLargeError):
+            if isinstance(row_error, MessageSizeTooLargeError):
                 broker_too_large.append(row)  # the broker refused the whole record batch this row was in
             failed_keys.add((row.topic, row.key))
-            first_error = first_error or error
+            first_error = first_error or row_error
         if broker_too_large and len(broker_too_large) == len(sent_rows) - len(delivered):
             # Only size refusals: send the rest one by one to find the rows that are too large on their own.
             return await self._produce_one_by_one(rows, values, derived, delivered, refused)
@@ -621,10 +623,15 @@ class Publisher:
                 derived[row.id] = events
         return derived
 
-    async def _produce_one_by_one(self, rows, values, derived, delivered, refused):
+    async def _produce_one_by_one(
+        self, rows: list[outbox.PendingRow], values: dict[int, bytes], derived: dict[int, list[tuple[str, bytes | None]]],
+        delivered: list[outbox.PendingRow], refused: list[tuple[outbox.PendingRow, str]],
+    ) -> Produced:
+        producer = self._producer
+        assert producer is not None  # called by `_produce`, with the producer it produced with
         done = {row.id for row in delivered} | {row.id for row, _ in refused}
         failed_keys: set[tuple[str, str]] = set()
-        first_error = None
+        first_error: BaseException | None = None
         for row in rows:
             if row.id in done:
                 continue
@@ -633,9 +640,9 @@ class Publisher:
             try:
                 key = row.key.encode()
                 headers = [(FEED_OFFSET_HEADER, b"%d" % row.feed_offset), LANE_HEADERS[row.lane]]
-                await (await self._producer.send(row.topic, values[row.id], key=key, headers=headers))
+                await (await producer.send(row.topic, values[row.id], key=key, headers=headers))
                 for topic, event in derived.get(row.id, ()):
-                    await (await self._producer.send(topic, event, key=key, headers=headers))
+                    await (await producer.send(topic, event, key=key, headers=headers))
                 delivered.append(row)
             except MessageSizeTooLargeError as error:
                 refused.append((row, f"{type(error).__name__}: {error}"))
@@ -687,8 +694,10 @@ class PartitionTails:
                             offset = int(value)
                         elif name == LANE_HEADER:
                             lane = int(value)
+                    if lane is None or offset is None:
+                        continue
                     first = open_lanes.get(lane)
-                    if first is None or offset is None:
+                    if first is None:
                         continue
                     if offset >= first:
                         found.add(offset)

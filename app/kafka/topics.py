@@ -54,8 +54,10 @@ def topic_specs(settings: Settings, extra: Sequence[str] = ()) -> list[TopicSpec
         spec(settings.topic_fmce),
         *(spec(name) for name in extra),
     ]
-    seen: set[str] = set()
-    return [s for s in specs if not (s.name in seen or seen.add(s.name))]  # one spec per name
+    unique: dict[str, TopicSpec] = {}
+    for s in specs:
+        unique.setdefault(s.name, s)  # one spec per name, the first
+    return list(unique.values())
 
 
 async def create_missing_topics(settings: Settings, extra: Sequence[str] = ()) -> list[str]:

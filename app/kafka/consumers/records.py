@@ -58,8 +58,8 @@ class Unit:
 class RecordFormat(Protocol):
     """What one kind of record is: where it comes from, where its dead letters go, how it becomes drafts."""
 
-    kind: str  # "proposal" | "event": in client ids and log messages
-    payload_field: str  # the field of a dead letter that holds the record as received
+    kind: ClassVar[str]  # "proposal" | "event": in client ids and log messages
+    payload_field: ClassVar[str]  # the field of a dead letter that holds the record as received
 
     def topic(self, settings: Settings) -> str: ...
 
