@@ -44,9 +44,9 @@ import struct
 import subprocess
 import threading
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Self, TypeVar
+from typing import Any, Self, TypeVar
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
-def run_coro_sync(factory: Callable[[], Awaitable[T]]) -> T:
+def run_coro_sync(factory: Callable[[], Coroutine[Any, Any, T]]) -> T:
     """Run an async function to completion from sync code, even when called inside a running event loop.
 
     The coroutine runs in a private loop on a helper thread, so this works from CLI code, from sync
@@ -127,7 +127,7 @@ def run_coro_sync(factory: Callable[[], Awaitable[T]]) -> T:
 
     def target() -> None:
         try:
-            result.append(asyncio.run(factory()))  # type: ignore[arg-type]
+            result.append(asyncio.run(factory()))
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller's thread
             error.append(exc)
 

@@ -71,7 +71,8 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
         from app.main import create_app
 
         uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False,
-                    timeout_graceful_shutdown=settings.shutdown_timeout_s, http=http_protocol(settings),
+                    timeout_graceful_shutdown=settings.shutdown_timeout_s,  # type: ignore[arg-type]  # uvicorn hints int; it only passes it on as asyncio.wait_for's timeout (a float)
+                    http=http_protocol(settings),  # type: ignore[arg-type]  # uvicorn hints a class but only calls it, as it does a partial of one
                     timeout_keep_alive=KEEP_ALIVE_S)
         return
 
@@ -101,8 +102,10 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
     try:
         os.environ["METALEDGER_BACKGROUND_IN_PROCESS"] = "false"
         config = uvicorn.Config("app.main:app", host=host, port=port, workers=workers, log_level=log_level,
-                                access_log=False, timeout_graceful_shutdown=settings.shutdown_timeout_s,
-                                http=http_protocol(settings), timeout_keep_alive=KEEP_ALIVE_S)
+                                access_log=False,
+                                timeout_graceful_shutdown=settings.shutdown_timeout_s,  # type: ignore[arg-type]  # uvicorn hints int; it only passes it on as asyncio.wait_for's timeout (a float)
+                                http=http_protocol(settings),  # type: ignore[arg-type]  # uvicorn hints a class but only calls it, as it does a partial of one
+                                timeout_keep_alive=KEEP_ALIVE_S)
         _ApiProcesses(config, [config.bind_socket()], settings.shutdown_drain_s).run()
     finally:
         background.stop()
@@ -210,7 +213,7 @@ class BackgroundProcess:
     def stop(self, timeout: float = 15) -> None:
         self._stopping.set()
         process = self._process
-        if process is None or process.exitcode is not None:
+        if process is None or process.pid is None or process.exitcode is not None:  # none started, or exited
             return
         # SIGINT: the workers finish their batch and stop (SIGTERM, the process group's, is for the API processes)
         os.kill(process.pid, signal.SIGINT)

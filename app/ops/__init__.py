@@ -18,6 +18,7 @@ from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.pool import QueuePool
 
 from app.ops.activity import SharedActivity
 from app.ops.backpressure import WriteAdmission
@@ -99,6 +100,7 @@ class _AppCollector(Collector):
     def collect(self) -> Iterator[Any]:
         ops = self.ops
         pool = ops.engine.pool
+        assert isinstance(pool, QueuePool)  # app.db.create_engine's (a pool size and an overflow)
         yield GaugeMetricFamily("metaledger_db_pool_connections_in_use", "Pooled database connections checked out now",
                                 value=pool.checkedout())
         yield GaugeMetricFamily("metaledger_db_pool_connections_max", "The pool's size plus its overflow",

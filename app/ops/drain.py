@@ -114,9 +114,11 @@ class Drain:
         # threadsafe call wakes the loop. A second SIGTERM (the supervisor's, after the process group's) changes nothing.
         if not self.draining:
             self.draining = True
+            assert self._loop is not None  # set with this handler (`take_over_sigterm`)
             self._loop.call_soon_threadsafe(self._start)
 
     def _start(self) -> None:
+        assert self._loop is not None  # called on it (`_on_sigterm`)
         self._task = self._loop.create_task(self._stop(), name="sigterm-drain")
 
     async def _stop(self) -> None:

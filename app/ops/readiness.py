@@ -36,7 +36,12 @@ def migration_heads() -> frozenset[str]:
     revisions: set[str] = set()
     for script in (MIGRATIONS_DIR / "versions").glob("*.py"):
         for node in ast.parse(script.read_bytes(), str(script)).body:
-            target = node.targets[0] if isinstance(node, ast.Assign) else getattr(node, "target", None)
+            if isinstance(node, ast.Assign):
+                target = node.targets[0]
+            elif isinstance(node, ast.AnnAssign | ast.AugAssign):
+                target = node.target
+            else:
+                continue
             if isinstance(target, ast.Name) and target.id in ("revision", "down_revision") and node.value is not None:
                 value = ast.literal_eval(node.value)
                 if target.id == "revision":
@@ -157,6 +162,7 @@ class Readiness:
         return result
 
     async def _probe_external_registry(self) -> dict[str, Any]:
+        assert self.schema_registry_url is not None  # probed only when one is set (`check`)
         url = self.schema_registry_url.rstrip("/")
         try:
             async with httpx.AsyncClient(timeout=self.timeout_s) as http:

@@ -49,7 +49,7 @@ class ConfluentRegistryClient:
             return cached
         body = await self._call("GET", f"schemas/ids/{int(schema_id)}")
         schema = body.get("schema") if isinstance(body, dict) else None
-        if not isinstance(schema, str):
+        if not isinstance(body, dict) or not isinstance(schema, str):
             raise RegistryUnavailable(f"the schema registry at {self.url} answered without a schema for id {schema_id}")
         schema_type = body.get("schemaType", "AVRO")
         if schema_type != "AVRO":
@@ -99,7 +99,7 @@ class ConfluentRegistryClient:
             raise InvalidSchema(message)
         if response.status_code >= 500 or response.status_code in (408, 429):
             raise RegistryUnavailable(f"{where} answered {response.status_code}: {message}")
-        error = SchemaRegistryError(f"{where} answered {response.status_code}: {message}")
-        error.status = response.status_code
-        error.error_code = code if isinstance(code, int) else response.status_code
-        raise error
+        refusal = SchemaRegistryError(f"{where} answered {response.status_code}: {message}")
+        refusal.status = response.status_code
+        refusal.error_code = code if isinstance(code, int) else response.status_code
+        raise refusal
