@@ -324,20 +324,43 @@ async def test_backward_compatible_changes_are_accepted(client, case):
 
 
 async def test_enum_with_default_and_recursive_records(client):
+    """An enum that drops a symbol is BACKWARD compatible only with a default (old data's dropped symbol reads as
+    it); a recursive record registers and evolves (a widened field, a field added with a default)."""
     name = subject()
     enum = {"type": "enum", "name": "State", "symbols": ["A", "B", "C"]}
-    await register(client, name, record(fields=[{"name": "s", "type": enum}]))
+    first = await register(client, name, record(fields=[{"name": "s", "type": enum}]))
+    without_default = {"type": "enum", "name": "State", "symbols": ["A", "B"]}
+    message = confluent_error(await client.post(
+        f"{API}/subjects/{name}/versions", json={"schema": text(record(fields=[{"name": "s", "type": without_default}]))}),
+        409, 409)
+    assert "at /s: the enum com.example.State lost the symbols ['C'] and has no default" in message, message
     reduced = {"type": "enum", "name": "State", "symbols": ["A", "B"], "default": "A"}
-    await register(client, name, record(fields=[{"name": "s", "type": reduced}]))
+    check = await client.post(f"{API}/compatibility/subjects/{name}/versions/latest",
+                              json={"schema": text(record(fields=[{"name": "s", "type": reduced}]))})
+    assert check.json() == {"is_compatible": True, "messages": []}
+    second = await register(client, name, record(fields=[{"name": "s", "type": reduced}]))
+    assert second["id"] > first["id"]
+    assert (await client.get(f"{API}/subjects/{name}/versions")).json() == [1, 2]
+    latest = (await client.get(f"{API}/subjects/{name}/versions/latest")).json()
+    assert (latest["version"], latest["id"]) == (2, second["id"])
+    assert latest["schema"] == normalize(text(record(fields=[{"name": "s", "type": reduced}]))).text
 
     linked = {"type": "record", "name": "Node", "fields": [
         {"name": "value", "type": "int"}, {"name": "next", "type": ["null", "Node"], "default": None}]}
     other = subject()
-    await register(client, other, linked)
+    node = await register(client, other, linked)
     evolved = {"type": "record", "name": "Node", "fields": [
         {"name": "value", "type": "long"}, {"name": "next", "type": ["null", "Node"], "default": None},
         {"name": "label", "type": "string", "default": ""}]}
-    await register(client, other, evolved)
+    node2 = await register(client, other, evolved)
+    assert (await client.get(f"{API}/subjects/{other}/versions")).json() == [1, 2]
+    assert (await client.get(f"{API}/schemas/ids/{node['id']}")).json()["schema"] == normalize(text(linked)).text
+    assert (await client.get(f"{API}/schemas/ids/{node2['id']}")).json()["schema"] == normalize(text(evolved)).text
+    # and checked like any record: a field changed incompatibly is refused
+    broken = {"type": "record", "name": "Node", "fields": [
+        {"name": "value", "type": "string"}, {"name": "next", "type": ["null", "Node"], "default": None}]}
+    message = confluent_error(await client.post(f"{API}/subjects/{other}/versions", json={"schema": text(broken)}), 409, 409)
+    assert "at /value: the type changed from long to string" in message, message
 
 
 async def test_compatibility_levels_per_subject_and_global(client):
