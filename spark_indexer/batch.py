@@ -190,7 +190,7 @@ def timeseries_point(record: Record, mcl: dict[str, Any]) -> Point | None:
             fields = None
     timestamp_ms = _millis(fields.get("timestampMillis")) if isinstance(fields, dict) else None
     urn, aspect = _json_text(mcl.get("entityUrn")), _json_text(mcl.get("aspectName"))
-    if urn is None or aspect is None or timestamp_ms is None:
+    if urn is None or aspect is None or timestamp_ms is None or event is None:  # a timestamp comes with a value
         return None
     system = mcl.get("systemMetadata")
     return Point(record, urn, _json_text(mcl.get("entityType")), aspect, timestamp_ms, event,

@@ -117,3 +117,10 @@ def with_database(settings: IndexerSettings) -> IndexerSettings:
             f"running: {NO_DATABASE_HINT}"
         )
     return settings.model_copy(update={"database_url": url})
+
+
+def database_url_of(settings: Settings) -> str:
+    """The database URL of settings that `with_database` gave (DatabaseNotFoundError for others without one)."""
+    if not settings.database_url:
+        raise DatabaseNotFoundError(f"METALEDGER_DATABASE_URL is unset: {NO_DATABASE_HINT}")
+    return settings.database_url

@@ -24,7 +24,7 @@ import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, cast
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
 
@@ -198,7 +198,7 @@ class LatestAspectsReader(DataSourceReader):
 
         sql, params = latest_query(self.row_filter, self.partition_count, keys_only=self.keys_only, ordered=self.ordered)
         if self.partition_count > 1:
-            params[-1] = partition.bucket  # type: ignore[attr-defined]
+            params[-1] = cast(BucketPartition, partition).bucket  # Spark hands back the ones `partitions` made
         names = ["urn", "aspect", "version"] + ([] if self.keys_only else ["metadata", "systemmetadata"]) + ["createdon"]
         types = [pa.string(), pa.string(), pa.int64()] + ([] if self.keys_only else [pa.string(), pa.string()]) + [
             pa.timestamp("us", tz="UTC")]
@@ -217,7 +217,7 @@ class LatestAspectsReader(DataSourceReader):
                 columns = list(zip(*rows))
                 arrays = []
                 for i, kind in enumerate(types):
-                    values = columns[i]
+                    values: Sequence[Any] = columns[i]
                     if i == len(types) - 1:  # createdon: naive UTC → aware
                         values = [v.replace(tzinfo=timezone.utc) if v is not None else None for v in values]
                     arrays.append(pa.array(values, type=kind))

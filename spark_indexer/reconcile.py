@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.urns import entity_type_of
-from spark_indexer.config import IndexerSettings, with_database
+from spark_indexer.config import IndexerSettings, database_url_of, with_database
 from spark_indexer.postgres_source import RowFilter, asyncpg_dsn, fetch_latest, read_latest_aspects
 from spark_indexer.restore import _canonical_entities, backend_label, row_changes
 from spark_indexer.sink import current_registry, opened_backend
@@ -122,8 +122,9 @@ async def index_entries(settings: IndexerSettings, registry: Any, entity_types: 
 # --- comparison ---------------------------------------------------------------------------------------------------
 
 
-def _compare(spark: Any, settings: IndexerSettings, registry: Any, entity_types: list[str]) -> tuple[Any, int, int]:
-    """The drift DataFrame (urn, aspect, target, pg_version, index_version, kind), PG rows, index entries."""
+def _compare(spark: Any, settings: IndexerSettings, registry: Any, entity_types: list[str]) -> tuple[Any, Any, int]:
+    """The drift DataFrame (urn, aspect, target, pg_version, index_version, kind), the PG side's DataFrame (cached:
+    the caller unpersists it), the number of index entries."""
     from pyspark.sql import functions as F
 
     doc_aspects, edge_aspects = indexed_aspects(registry, entity_types)
@@ -182,7 +183,7 @@ async def _repair(settings: IndexerSettings, registry: Any, drifts: list[Drift])
     import asyncpg
 
     urns = sorted({d.urn for d in drifts})
-    conn = await asyncpg.connect(asyncpg_dsn(settings.database_url))
+    conn = await asyncpg.connect(asyncpg_dsn(database_url_of(settings)))
     try:
         alive = {r["urn"] for r in await conn.fetch(
             "SELECT DISTINCT urn FROM metadata_aspect_v2 WHERE version = 0 AND urn = ANY($1::text[])", urns)}
@@ -190,7 +191,7 @@ async def _repair(settings: IndexerSettings, registry: Any, drifts: list[Drift])
         await conn.close()
     reapply = {(d.urn, d.aspect) for d in drifts if d.kind in ("missing", "stale")}
     orphans = [d for d in drifts if d.kind == "orphan"]
-    rows = await fetch_latest(settings.database_url, RowFilter(keys=tuple(sorted(reapply)))) if reapply else []
+    rows = await fetch_latest(database_url_of(settings), RowFilter(keys=tuple(sorted(reapply)))) if reapply else []
     from app.search.documents import IndexLimits
 
     limits = IndexLimits.from_settings(settings)

@@ -48,7 +48,7 @@ import orjson
 
 from app.search.model import RebuildTarget
 from app.urns import InvalidUrnError, entity_type_of
-from spark_indexer.config import IndexerSettings, with_database
+from spark_indexer.config import IndexerSettings, database_url_of, with_database
 from spark_indexer.postgres_source import RowFilter, count_latest, read_latest_aspects
 from spark_indexer.sink import build_backend, current_registry, opened_backend, settings_from_payload, settings_payload
 
@@ -285,7 +285,7 @@ def apply_latest_rows(spark: Any, settings: IndexerSettings, row_filter: RowFilt
                       total: int | None = None, progress: Progress | None = None) -> dict[str, Any]:
     """Read the selected latest rows and apply their changes from Spark tasks; returns the summed stats."""
     if total is None:
-        total = asyncio.run(count_latest(settings.database_url, row_filter))
+        total = asyncio.run(count_latest(database_url_of(settings), row_filter))
     if total == 0:
         return {"rows": 0, "indexed": 0, "skipped": 0, "failed": 0, "changes": 0, "entities": 0, "errors": []}
     partitions = settings.spark_restore_partitions
@@ -379,7 +379,7 @@ def restore_indices(
     fresh_indices = bool(settings.search_url)  # Elasticsearch/OpenSearch can build fresh indices; Postgres cannot
     rebuild = fresh_indices and (clean or not row_filter.narrowing)
     result = RestoreResult(backend=backend_label(settings), mode="rebuild" if rebuild else "in-place")
-    result.rows_total = asyncio.run(count_latest(settings.database_url, row_filter))
+    result.rows_total = asyncio.run(count_latest(database_url_of(settings), row_filter))
     meter = Progress("restore-indices", result.rows_total, enabled=progress)
 
     def absorb(stats: dict[str, Any]) -> None:

@@ -75,8 +75,10 @@ def session_conf(master: str, app_name: str, conf: dict[str, str] | None = None)
     SparkContext._ensure_initialized(conf=None if was_submitted else launch_conf(master))
     given = SparkConf()
     if not was_submitted:
+        jconf = given._jconf
+        assert jconf is not None  # made in the JVM, which is up (`_ensure_initialized`)
         for key in LAUNCHER_KEYS:
-            given._jconf.remove(key)  # type: ignore[union-attr]
+            jconf.remove(key)
     given.setIfMissing("spark.master", master)
     given.setIfMissing("spark.app.name", app_name)
     is_local = given.get("spark.master", "").startswith("local")

@@ -105,15 +105,15 @@ def current_registry(settings: IndexerSettings) -> Any:
     registry = registry_for(settings)
     if settings.database_url:
         with ThreadPoolExecutor(1, thread_name_prefix="metaledger-models") as pool:
-            pool.submit(asyncio.run, _take_up_stored_models(settings, registry)).result()
+            pool.submit(asyncio.run, _take_up_stored_models(settings, settings.database_url, registry)).result()
     return registry
 
 
-async def _take_up_stored_models(settings: IndexerSettings, registry: Any) -> None:
+async def _take_up_stored_models(settings: IndexerSettings, database_url: str, registry: Any) -> None:
     from app.db import create_engine, create_sessionmaker
     from app.write.runtime_models import ModelWatcher
 
-    engine = create_engine(settings.database_url, pool_size=1)
+    engine = create_engine(database_url, pool_size=1)
     try:
         await ModelWatcher(settings, create_sessionmaker(engine), registry).refresh()
     finally:
@@ -139,6 +139,9 @@ def build_backend(settings: IndexerSettings, registry: Any, *, refresh: bool | s
         engine = create_engine(settings.database_url, pool_size=pool_size)
     backend = make_backend(settings, registry, engine, refresh=refresh)
     if target is not None:
+        from app.search.elastic import ElasticBackend
+
+        assert isinstance(backend, ElasticBackend)  # `search_url` is set: the Postgres backend is refused above
         backend = backend.writing_into(target)
     return backend, engine
 
@@ -196,7 +199,7 @@ class WorkerRuntime:
         return self.models is not None and self.run(self.models.refresh())
 
     def run(self, coroutine: Awaitable[T]) -> T:
-        return self.loop.run_until_complete(coroutine)  # type: ignore[arg-type]
+        return self.loop.run_until_complete(coroutine)
 
     def started_backend(self) -> SearchBackend:
         if self.backend is None:

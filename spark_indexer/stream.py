@@ -97,6 +97,7 @@ class StorageFile:
 
     def __init__(self, spark: SparkSession, uri: str) -> None:
         jvm = spark.sparkContext._jvm
+        assert jvm is not None  # a driver's context: its JVM is up
         self.uri = uri
         self.path = jvm.org.apache.hadoop.fs.Path(uri)
         self.fs = self.path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())

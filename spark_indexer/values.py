@@ -34,8 +34,11 @@ class ValueDecoder:
     def _fetch(self, schema_id: int) -> str:
         from app.schema_registry.confluent import ConfluentRegistryClient
 
+        url = self.url
+        assert url is not None  # the codec fetches through here only when there is a registry (`__init__`)
+
         async def get() -> str:
-            client = ConfluentRegistryClient(self.url, user_info=self.user_info)
+            client = ConfluentRegistryClient(url, user_info=self.user_info)
             try:
                 return await client.schema_by_id(schema_id)
             finally:
