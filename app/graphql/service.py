@@ -98,7 +98,12 @@ def _schema_of(registry: EntityRegistry, previous: ServedSchema) -> ServedSchema
         return previous
     if not types:
         return BASE
-    return ServedSchema(build(runtime_entity_sdl(registry, types), types), types)
+    try:
+        return ServedSchema(build(runtime_entity_sdl(registry, types), types), types)
+    except Exception:  # a stored set the models API did not check (app.write.runtime_models.graphql_refusals)
+        log.exception("the GraphQL schema of the runtime model set does not build; the last schema that built is "
+                      "served", extra={"runtime_version": registry.runtime_version, "entity_types": sorted(types)})
+        return previous
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,6 +19,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 from app.auth.model import Principal
 from app.db import session_connection
 from app.errors import ExistenceConflict, Issue, PreconditionFailed, ServiceUnavailable, ValidationFailed
+from app.limits import clip
 from app.registry import AspectValidationError, EntityRegistry, RegistryError
 from app.registry.compatibility import Refusal, check_models
 from app.registry.runtime import EMPTY, MODELS_ASPECT, RuntimeModelSet, build_registry
@@ -243,31 +244,31 @@ def refused(refusals: Sequence[Refusal]) -> ValidationFailed:
     return ValidationFailed(
         f"the model set is refused ({len(refusals)} problems); nothing was stored: "
         + "; ".join(r.describe() for r in refusals[:5]),
-        [Issue(f"{r.rule}: {r.message}", aspect=r.aspect, path=r.path) for r in refusals])
+        [Issue(f"{r.rule}: {r.message}", aspect=r.aspect, path=r.path, expected=r.expected, found=r.found)
+         for r in refusals])
 
 
 async def apply_models(gateway: IngestGateway, session: AsyncSession, caller: Principal, proposed: RuntimeModelSet,
                        *, dry_run: bool = False, if_version: int | None = None) -> dict[str, Any]:
     """Check `proposed` (against the set in force, the base models and the stored data), then store it as the next
     version, conditional on the version it was checked against (a concurrent apply: 409), and take it up in this
-    process at once (the others within METALEDGER_MODEL_REFRESH_S). `dry_run`: the checks and the diff only.
+    process at once (the others within METALEDGER_MODEL_REFRESH_S). `dry_run`: the checks and the diff only: the
+    very same checks (`_checked`), so a dry run that passes is an apply that passes, unless the stored set or the
+    stored data change meanwhile.
 
     An apply runs in one transaction that first locks the stored set's row for update: writes of runtime models
     share-lock it (`refuse_writes_past_the_models`), so none lands between the checks against stored data and the
     commit, and none that follows is checked against the set this one replaces."""
     if dry_run:
-        return (await _checked(gateway.registry, session, proposed, if_version))[0]
+        return (await _checked(gateway, session, caller, proposed, if_version)).answer
     repo = AspectRepository(session)
     async with repo.transaction():
         await repo.latest([(MODELS_URN, MODELS_ASPECT)], for_update=True)
-        answer, current, built = await _checked(gateway.registry, session, proposed, if_version)
-        draft = Draft(0, PIPELINE_ENTITY, MODELS_ASPECT, urn=MODELS_URN, value=proposed.to_stored(),
-                      headers={IF_VERSION_MATCH: str(current.version) if current.version else "-1"})
-        await gateway.authorize(caller, [draft])
-        checked_write = MODELS_API_WRITE.set(True)  # the rule that refuses any other write of the set lets it pass
+        checked = await _checked(gateway, session, caller, proposed, if_version)
+        current = checked.current
+        checked_write = MODELS_API_WRITE.set(True)
         try:
-            proposals = await gateway.prepare_in_turns([draft])
-            result = await gateway.apply(session, proposals, caller.audit_stamp(), [draft])
+            result = await gateway.apply(session, checked.proposals, caller.audit_stamp(), [checked.draft])
         except PreconditionFailed as error:
             raise ExistenceConflict(f"another apply stored a model set since version {current.version} was read; "
                                     "nothing was stored, apply again", error.issues) from None
@@ -276,30 +277,83 @@ async def apply_models(gateway: IngestGateway, session: AsyncSession, caller: Pr
     item = result.items[0]
     version = int(item.version or current.version)
     if version != gateway.registry.runtime_version:
-        gateway.registry.replace_with(built, version)
-    return {**answer, "dryRun": False, "version": version, "status": item.status.value}
+        gateway.registry.replace_with(checked.built, version)
+    return {**checked.answer, "dryRun": False, "version": version, "status": item.status.value}
 
 
-async def _checked(registry: EntityRegistry, session: AsyncSession, proposed: RuntimeModelSet,
-                   if_version: int | None) -> tuple[dict[str, Any], StoredModels, EntityRegistry]:
-    """The dry run's answer, the stored set `proposed` replaces and the registry it builds; or the 409 (`if_version`
-    is not the stored version) or the 400 naming every refusal."""
+@dataclass(frozen=True, slots=True)
+class CheckedApply:
+    answer: dict[str, Any]  # the dry run's
+    current: StoredModels  # the stored set the proposed one replaces
+    built: EntityRegistry  # the registry it makes
+    draft: Draft  # its write: the stored form, conditional on `current`'s version
+    proposals: list[Any]  # that write prepared (validated, through the proposal rules)
+
+
+async def _checked(gateway: IngestGateway, session: AsyncSession, caller: Principal, proposed: RuntimeModelSet,
+                   if_version: int | None) -> CheckedApply:
+    """Everything an apply checks before it writes, for the dry run and the apply alike: the 409 (`if_version` is
+    not the stored version); the 400 naming every refusal (app.registry.compatibility's rules, nesting within
+    METALEDGER_MAX_JSON_DEPTH; the GraphQL schema the set makes; the stored data); the write's own refusals (the
+    caller's permission, the stored form, the write path's validation of it)."""
+    registry = gateway.registry
     current = await stored_models(session)
     if if_version is not None and if_version != current.version:
         raise ExistenceConflict(f"the stored model set is at version {current.version}, not {if_version}; "
                                 "another apply came first", [Issue("version mismatch", urn=MODELS_URN,
                                                                    aspect=MODELS_ASPECT, path="$ifVersion")])
-    checked = check_models(registry, current.models, proposed)
+    checked = check_models(registry, current.models, proposed, max_depth=gateway.settings.max_json_depth)
     refusals = checked.refusals
+    if not refusals:
+        assert checked.built is not None
+        refusals = graphql_refusals(checked.built, proposed)
     if not refusals:
         assert checked.built is not None
         refusals = await stored_data_refusals(session, registry, checked.built, current.models, proposed)
     if refusals:
         raise refused(refusals)
     assert checked.built is not None
+    draft = Draft(0, PIPELINE_ENTITY, MODELS_ASPECT, urn=MODELS_URN, value=proposed.to_stored(),
+                  headers={IF_VERSION_MATCH: str(current.version) if current.version else "-1"})
+    await gateway.authorize(caller, [draft])
+    checked_write = MODELS_API_WRITE.set(True)  # the rule that refuses any other write of the set lets it pass
+    try:
+        proposals = await gateway.prepare_in_turns([draft])
+    finally:
+        MODELS_API_WRITE.reset(checked_write)
     answer = {"previousVersion": current.version, "diff": model_diff(current.models, proposed),
               "dryRun": True, "version": current.version}
-    return answer, current, checked.built
+    return CheckedApply(answer, current, checked.built, draft, list(proposals))
+
+
+GRAPHQL_BLAMED = 10  # a GraphQL schema that does not build: the runtime entity types tried alone, to name them
+
+
+def graphql_refusals(built: EntityRegistry, proposed: RuntimeModelSet) -> list[Refusal]:
+    """`GraphQLSchemaDoesNotBuild` when the GraphQL schema of `built` (each runtime entity type an object type,
+    app.graphql.service) does not build: the processes would serve GraphQL on their last schema, without the set's
+    types. The refusals name the entity types whose type does not build alone (of the first GRAPHQL_BLAMED)."""
+    from app.graphql import service as graphql  # imported already where models are applied (the API's process)
+    from app.graphql.entities import runtime_entity_sdl, runtime_entity_types
+
+    def fails(types: dict[str, str]) -> str | None:
+        try:
+            graphql.build(runtime_entity_sdl(built, types), types)
+        except Exception as error:  # noqa: BLE001 - whatever it raises refuses the set
+            return clip(str(error).split("\n", 1)[0], 300)
+        return None
+
+    types = runtime_entity_types(built, graphql.BASE.schema.type_map)
+    error = fails(types) if types else None
+    if error is None:
+        return []
+    positions = {e.name: f"$.entities[{i}]" for i, e in enumerate(proposed.entities)}
+    refusals = [Refusal("GraphQLSchemaDoesNotBuild", f"the GraphQL type of entity {clip(name, 100)} does not build: "
+                        f"{alone}", None, positions.get(name, "$.entities"))
+                for name, type_name in list(types.items())[:GRAPHQL_BLAMED]
+                if (alone := fails({name: type_name})) is not None]
+    return refusals or [Refusal("GraphQLSchemaDoesNotBuild", f"the GraphQL schema of the model set does not build: "
+                                f"{error}", None, "$.entities")]
 
 
 # ----------------------------------------------------------------------------------------------------------------
