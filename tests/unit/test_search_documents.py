@@ -339,12 +339,43 @@ def test_timeseries_mapping_and_names(registry):
     assert em.timeseries_index_name("", "dataset", "datasetProfile") == "dataset_datasetprofileaspect_v1"
 
 
+# DataHub's SearchableAnnotation.FieldType values, and the Elasticsearch types the mappings use
+FIELD_TYPES = {"KEYWORD", "TEXT", "TEXT_PARTIAL", "BROWSE_PATH", "URN", "URN_PARTIAL", "BOOLEAN", "COUNT", "DATETIME",
+               "OBJECT", "BROWSE_PATH_V2", "WORD_GRAM", "DOUBLE", "MAP_ARRAY"}
+ES_TYPES = {"keyword", "text", "boolean", "long", "double", "date", "object"}
+
+
+def declares_searchable(schema) -> bool:
+    """Whether an aspect's raw schema carries a `Searchable` annotation anywhere."""
+    if isinstance(schema, dict):
+        return "Searchable" in schema or any(declares_searchable(v) for v in schema.values())
+    return isinstance(schema, list) and any(declares_searchable(v) for v in schema)
+
+
 def test_every_aspect_compiles(registry):
+    """Every entity's aspects compile into search fields of DataHub's field types, each mapped in the entity's
+    index; an entity has fields exactly when one of its aspects is annotated `Searchable`; every timeseries aspect's
+    fields are mapped in its index."""
     for entity in registry.entities:
-        d.search_fields(registry, entity)
-        em.index_mapping(registry, entity)
+        spec = registry.entity(entity)
+        fields = d.search_fields(registry, entity)
+        annotated = any(declares_searchable(registry.aspect(entity, a).schema) for a in spec.aspect_names)
+        assert bool(fields) == annotated, entity
+        mapping = em.index_mapping(registry, entity)["properties"]
+        for field in fields:
+            assert field.field_type in FIELD_TYPES and field.aspect in spec.aspect_names, (entity, field)
+            assert mapping[field.name]["type"] in ES_TYPES, (entity, field.name, mapping[field.name])
+            if field.has_values_field:
+                assert mapping[field.has_values_field] == {"type": "boolean"}, (entity, field)
+            if field.num_values_field:
+                assert mapping[field.num_values_field] == {"type": "long"}, (entity, field)
+    assert registry.timeseries_aspects
     for aspect in registry.timeseries_aspects:
-        em.timeseries_mapping(registry, aspect)
+        fields = d.timeseries_fields(registry, aspect)
+        mapping = em.timeseries_mapping(registry, aspect)["properties"]
+        assert fields, aspect
+        for name, kind, _ in fields:
+            assert kind in ("scalar", "json") and mapping[name]["type"] in ES_TYPES, (aspect, name, kind)
 
 
 def test_merge_aspect_fields():
