@@ -327,9 +327,12 @@ def _model_call(ctx: click.Context, method: str, path: str, **kwargs) -> dict:
 
 
 def _model_body(directory: Path) -> dict:
-    from app.registry.runtime import RuntimeModelSet
+    from app.registry.runtime import ModelSetError, RuntimeModelSet
 
-    models = RuntimeModelSet.from_directory(directory)
+    try:
+        models = RuntimeModelSet.from_directory(directory)
+    except ModelSetError as error:
+        raise click.ClickException(str(error)) from None
     return {"aspects": [{"schema": a.schema, "compatibility": a.compatibility.value} for a in models.aspects.values()],
             "entities": [e.to_yml() for e in models.entities]}
 

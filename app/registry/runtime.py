@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 import yaml
 
+from app.limits import clip
 from app.registry.errors import RegistryConfigError
 from app.registry.registry import EntityRegistry, _build
 
@@ -77,6 +78,15 @@ class ModelSetError(ValueError):
         self.reason = message
 
 
+def _unread(path: Path, folder: Path) -> bool:
+    """A file of a model directory that `from_directory` would not read (hidden files and folders aside: an editor's
+    or git's)."""
+    parts = path.relative_to(folder).parts
+    if any(part.startswith(".") for part in parts):
+        return False
+    return path.suffix != ".avsc" and parts != (MODELS_FILE,)
+
+
 @dataclass(frozen=True, slots=True)
 class RuntimeModelSet:
     aspects: Mapping[str, RuntimeAspect] = field(default_factory=dict)
@@ -123,6 +133,14 @@ class RuntimeModelSet:
     def from_directory(cls, folder: Path) -> RuntimeModelSet:
         """`metaledger model apply <dir>`: every .avsc with an Aspect annotation, and `models.yml` (optional):
         `entities:` as in entity_registry.yml, `compatibility: {aspectName: FULL}`."""
+        unread = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_file() and _unread(p, folder))
+        if unread:
+            raise ModelSetError(
+                f"{', '.join(clip(name, 100) for name in unread[:10])}: not read by `model apply`, which reads the .avsc "
+                f"schemas and {MODELS_FILE} (entities: in entity_registry.yml's format, and compatibility:); "
+                f"move the entities of an entity_registry.yml into {MODELS_FILE}",
+                str(folder),
+            )
         config = {}
         if (folder / MODELS_FILE).is_file():
             config = yaml.safe_load((folder / MODELS_FILE).read_text(encoding="utf-8")) or {}
