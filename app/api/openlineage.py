@@ -1,19 +1,25 @@
 """DataHub's OpenLineage endpoint: OpenLineage events (one, or a JSON array of them) → DataHub aspects through the
-ingest gateway, as one transaction (app.openlineage: the spec check and the mapping)."""
+ingest gateway, as one transaction (app.openlineage: the spec check and the mapping).
+
+A request is bounded by what it would write, METALEDGER_MAX_BATCH_ITEMS for each of (413 naming the limit, the
+count and the place): its events; before the spec check, the lists it walks (the datasets of each event's `inputs`
+and `outputs` and of the whole request, each facets map); and as the events are mapped, the aspect writes
+(proposals) they become, the writes of several events to one aspect counted once: the mapping stops at the first
+one past the limit."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 from typing import Any
 
-import orjson
 from fastapi import APIRouter, Request
 
 from app.api.deps import ALLOW_WRITE, Caller, Gateway, Session
 from app.api.http import check_batch_size, json_response, read_json
-from app.errors import ERROR_RESPONSES, Issue, Location
-from app.openlineage.mapping import Change, map_event
+from app.errors import ERROR_RESPONSES, Issue, Location, PayloadTooLarge
+from app.openlineage.mapping import Change, TooManyWrites, WriteBudget, map_event
 from app.openlineage.validation import validate_events
+from app.settings import Settings
 from app.write.proposal import Draft
 
 router = APIRouter(tags=["openlineage"], dependencies=[ALLOW_WRITE])
@@ -36,8 +42,9 @@ class EventLocation(Location):
 async def _ingest(request: Request, session: Session, gateway: Gateway, caller: Caller):
     body = await read_json(request, gateway.settings)
     check_batch_size(body, gateway.settings)
+    _check_list_sizes(body, gateway.settings)
     events, batch = validate_events(body)
-    drafts = _drafts(events, batch)
+    drafts = _drafts(events, batch, WriteBudget(gateway.settings.max_batch_items))
     outcome = await gateway.submit(session, drafts, caller, request_headers=request.headers)
     assert outcome.result is not None
     return json_response({
@@ -48,30 +55,80 @@ async def _ingest(request: Request, session: Session, gateway: Gateway, caller: 
     })
 
 
-def _drafts(events: list[dict[str, Any]], batch: bool) -> list[Draft]:
+def _check_list_sizes(body: Any, settings: Settings) -> None:
+    """413 for more than MAX_BATCH_ITEMS datasets in one event's `inputs` or `outputs`, or in the request's (each
+    dataset listed is checked against the spec, and is an aspect write at least), or facets in one facets map, before
+    the spec check walks them. Whatever is no list or map is left for the spec check to name."""
+    batch = isinstance(body, list)
+    listed = 0
+    for index, event in enumerate(body if batch else [body]):
+        if not isinstance(event, dict):
+            continue
+        base = f"$[{index}]" if batch else "$"
+        holders: list[tuple[str, Any]] = [(f"{base}.{member}", event.get(member)) for member in ("run", "job", "dataset")]
+        for side in ("inputs", "outputs"):
+            datasets = event.get(side)
+            if isinstance(datasets, list):
+                check_batch_size(datasets, settings, f"{base}.{side}", what="datasets")
+                listed += len(datasets)
+                check_batch_size(None, settings, count=listed, what="datasets (inputs and outputs)")
+                holders.extend((f"{base}.{side}[{i}]", dataset) for i, dataset in enumerate(datasets))
+        for path, holder in holders:
+            if not isinstance(holder, dict):
+                continue
+            for member in ("facets", "inputFacets", "outputFacets"):
+                facets = holder.get(member)
+                if isinstance(facets, dict):
+                    check_batch_size(None, settings, f"{path}.{member}", count=len(facets), what="facets")
+
+
+def _drafts(events: list[dict[str, Any]], batch: bool, budget: WriteBudget) -> list[Draft]:
     """The events' aspect writes, one draft per aspect and change type: the writes of several events to one aspect
     become one (the last value, the first create-if-absent, or the patches one after the other), a timeseries point is
-    written once. Every merge of an event with what is stored happens in the write transaction (patches)."""
-    merged: dict[tuple[str, ...], tuple[int, Change]] = {}
+    written once. Every merge of an event with what is stored happens in the write transaction (patches).
+    The writes are counted in `budget` as each event is mapped: past its limit, a 413 (`_too_many`)."""
+    merged: dict[tuple[str, ...], tuple[int, Change, list[Any] | None]] = {}
     for index, event in enumerate(events):
-        for change in map_event(event):
-            if change.aspect == "dataProcessInstanceRunEvent":
-                key: tuple[str, ...] = (change.urn, change.aspect, orjson.dumps(change.value).decode())
-            else:
-                key = (change.urn, change.aspect, change.change_type)
+        budget.start(event)
+        for change in map_event(event):  # made one by one: none past the first write over the limit
+            try:
+                budget.spend(change)
+            except TooManyWrites as error:
+                raise _too_many(error, index if batch else None) from None
+            key = change.key()
             first = merged.get(key)
             if first is None or change.change_type == "UPSERT":
-                merged[key] = (first[0] if first is not None else index, change)
-            elif change.change_type == "PATCH":
-                merged[key] = (first[0], replace(change, value=[*first[1].value, *change.value]))
+                ops = list(change.value) if change.change_type == "PATCH" else None
+                merged[key] = (first[0] if first is not None else index, change, ops)
+            elif change.change_type == "PATCH":  # the patches one after the other, in a list of their own (no copies)
+                ops = first[2] if first[2] is not None else list(first[1].value)
+                ops.extend(change.value)
+                merged[key] = (first[0], change, ops)
     return [
         Draft(
             index=n, entity_type=change.entity_type, aspect_name=change.aspect, change_type=change.change_type,
-            urn=change.urn, value=change.document(), headers=change.headers,
-            location=EventLocation(index if batch else None, f"$[{index}]" if batch else "$"),
+            urn=change.urn, value=(replace(change, value=ops) if ops is not None else change).document(),
+            headers=change.headers, location=EventLocation(index if batch else None, f"$[{index}]" if batch else "$"),
         )
-        for n, (index, change) in enumerate(merged.values())
+        for n, (index, change, ops) in enumerate(merged.values())
     ]
+
+
+def _too_many(error: TooManyWrites, index: int | None) -> PayloadTooLarge:
+    """The 413 of events that map to more aspect writes than MAX_BATCH_ITEMS: the limit, how many were mapped when the
+    mapping stopped, and where: the member of the event whose datasets made the most of them (`$.inputs`,
+    `$[3].outputs`), else the event (`$[3]`)."""
+    path = ("$" if index is None else f"$[{index}]") + "".join(f".{p}" for p in error.place)
+    listed = f" ({error.items} datasets)" if error.items is not None else ""
+    what = "the event maps" if index is None else "the events map"
+    message = (f"{what} to more than {error.limit} aspect writes: {error.count} when the mapping stopped, "
+               f"{error.by_place} of them by {path}{listed}; the limit is {error.limit} (METALEDGER_MAX_BATCH_ITEMS): "
+               "send fewer datasets per event, or fewer events per request")
+    return PayloadTooLarge(message, [Issue(
+        "too many aspect writes", index=index, path=path,
+        expected=f"at most {error.limit} aspect writes",
+        found=f"{error.count} aspect writes when the mapping stopped, {error.by_place} by {path}{listed}",
+    )])
 
 
 _OPENAPI = {

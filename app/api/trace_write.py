@@ -18,6 +18,11 @@ Where each answer comes from:
   reason), NO_OP for an aspect the index does not use, else PENDING. Otherwise DataHub's rules: it follows the
   primary status (PENDING, HISTORIC_STATE, ERROR, UNKNOWN; NO_OP, TRACE_NOT_IMPLEMENTED for timeseries).
 `success` is false when either status is ERROR. `skipCache` is accepted and changes nothing: nothing is cached.
+
+A request asks about at most MAX_BATCH_ITEMS (urn, aspect) pairs (a trace is of one batch's writes, at most as many):
+more is a 413 naming the limit, before anything is looked up. The rows are read TRACE_ROUND_PAIRS pairs a round trip
+(the values left out), and the request's connection goes back to the pool after each round, before the topics and
+the search index are read: a large trace never holds a connection for long.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.deps import ALLOW_READ, Backend, JsonBody, Registry, Session
-from app.api.http import Flag, entity_of_urn, invalid_at
+from app.api.http import Flag, check_batch_size, entity_of_urn, invalid_at
 from app.api.search import _indexed_aspects
 from app.avro.wire import ValueCodec
 from app.db import SessionRepository
@@ -45,9 +50,8 @@ from app.ingest.trace import (
     trace_time_ms, traceparent,
 )
 from app.registry import EntityRegistry
-from app.search.failures import FailureReader
 from app.settings import Settings
-from app.write.reader import EntityReader
+from app.write.repository import StoredAspect
 
 log = logging.getLogger("metaledger.trace")
 
@@ -57,6 +61,9 @@ WriteStatus = Literal["ERROR", "PENDING", "ACTIVE_STATE", "HISTORIC_STATE", "NO_
 QUEUE_READ_TIMEOUT_S = 10.0
 FETCH_WAIT_MS = 200
 UNTIMED_TRACE_LOOKBACK_MS = 86_400_000  # a trace id without a time (an external tracer's): the topics' last day
+# The (urn, aspect) pairs (the URNs, for the index failures) asked of the database per round: a round's queries take a
+# few milliseconds, and the request's connection goes back to the pool after each (a large trace never holds one long)
+TRACE_ROUND_PAIRS = 1000
 
 
 class TraceparentMiddleware:
@@ -146,52 +153,65 @@ async def trace_writes(
     if trace_id is None:
         raise ValidationFailed(f"{traceId!r} is not a trace id (32 hex digits) nor a traceparent",
                                [Issue("not a trace id", path="$traceId", found=traceId[:80])])
-    wanted = _checked(registry, body.root)
-    primary: dict[str, dict[str, dict]] = {}
+    settings: Settings = request.app.state.settings
+    wanted = _checked(registry, body.root, settings)
+    primary: dict[str, dict[str, dict]] = {
+        urn: {a: _status("NO_OP") for a in aspects if registry.aspect_spec(a).is_timeseries}
+        for urn, aspects in wanted.items()
+    }
     versions: dict[tuple[str, str], int] = {}
     replaced: set[tuple[str, str]] = set()
-    reader = EntityReader(session, registry).repo
-    history = TraceHistory(session)
     trace_ms = trace_time_ms(trace_id)
 
-    async def look_up(urn: str, aspects: list[str]) -> list[str]:
-        """Settles what the rows tell about `aspects` of `urn` (ACTIVE_STATE, HISTORIC_STATE, or replaced by a later
-        write); returns the aspects they tell nothing about."""
-        statuses = primary[urn]
-        latest = {row.aspect: row for row in await reader.entity_latest(urn, aspects)} if aspects else {}
-        for aspect in aspects:
-            row = latest.get(aspect)
-            if row is not None and trace_id_in(row.system_metadata) == trace_id:
-                statuses[aspect] = _status("ACTIVE_STATE")
-                versions[urn, aspect] = row.version
-            elif row is not None:
-                later = trace_time_ms(trace_id_in(row.system_metadata))
-                if trace_ms is not None and later is not None and later >= trace_ms:
-                    replaced.add((urn, aspect))
-        remaining = [a for a in aspects if a not in statuses]
-        for aspect in await history.traced(urn, remaining, trace_id):
-            statuses[aspect] = _status("HISTORIC_STATE")
-        return [a for a in remaining if a not in statuses]
+    async def look_up(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        """Settles what the rows tell about `pairs` (ACTIVE_STATE, HISTORIC_STATE, or replaced by a later write), in
+        rounds of TRACE_ROUND_PAIRS pairs: two queries each, then the session's connection goes back to the pool.
+        Returns the pairs the rows tell nothing about."""
+        untold: list[tuple[str, str]] = []
+        for start in range(0, len(pairs), TRACE_ROUND_PAIRS):
+            chunk = pairs[start:start + TRACE_ROUND_PAIRS]
+            rows = TraceRows(session)
+            latest = await rows.latest(chunk)
+            remaining = []
+            for pair in chunk:
+                row = latest.get(pair)
+                if row is not None and trace_id_in(row.system_metadata) == trace_id:
+                    primary[pair[0]][pair[1]] = _status("ACTIVE_STATE")
+                    versions[pair] = row.version
+                    continue
+                if row is not None:
+                    later = trace_time_ms(trace_id_in(row.system_metadata))
+                    if trace_ms is not None and later is not None and later >= trace_ms:
+                        replaced.add(pair)
+                remaining.append(pair)
+            historic = await rows.traced(remaining, trace_id)
+            await session.close()
+            for pair in remaining:
+                if pair in historic:
+                    primary[pair[0]][pair[1]] = _status("HISTORIC_STATE")
+                else:
+                    untold.append(pair)
+        return untold
 
-    unresolved: dict[str, list[str]] = {}
-    for urn, aspects in wanted.items():
-        primary[urn] = {a: _status("NO_OP") for a in aspects if registry.aspect_spec(a).is_timeseries}
-        if remaining := await look_up(urn, [a for a in aspects if a not in primary[urn]]):
-            unresolved[urn] = remaining
-    if unresolved:
-        queued = await _queue_statuses(request.app.state.settings, request.app.state.value_codec, unresolved,
-                                       trace_id, trace_ms, detailed)
-        for urn, aspects in unresolved.items():
-            # Neither pending nor failed on the topics: the consumer may have applied the write since the rows were
-            # read (a busy consumer does so while the topic is read), so they are asked again before UNKNOWN.
-            for aspect in await look_up(urn, [a for a in aspects if (urn, a) not in queued]):
-                primary[urn][aspect] = _status("HISTORIC_STATE" if (urn, aspect) in replaced else "UNKNOWN")
-            for aspect in aspects:
-                if (urn, aspect) in queued:
-                    primary[urn][aspect] = queued[urn, aspect]
+    unresolved = await look_up([(urn, a) for urn, aspects in wanted.items() for a in aspects if a not in primary[urn]])
+    if unresolved and settings.kafka_bootstrap_servers:  # without Kafka every write was applied before its answer
+        by_urn: dict[str, list[str]] = {}
+        for urn, aspect in unresolved:
+            by_urn.setdefault(urn, []).append(aspect)
+        queued = await _queue_statuses(settings, request.app.state.value_codec, by_urn, trace_id, trace_ms, detailed)
+        # Neither pending nor failed on the topics: the consumer may have applied the write since the rows were read
+        # (a busy consumer does so while the topic is read), so they are asked again before UNKNOWN.
+        for urn, aspect in await look_up([p for p in unresolved if p not in queued]):
+            primary[urn][aspect] = _status("HISTORIC_STATE" if (urn, aspect) in replaced else "UNKNOWN")
+        for pair, status in queued.items():
+            primary[pair[0]][pair[1]] = status
+    else:
+        for urn, aspect in unresolved:
+            primary[urn][aspect] = _status("HISTORIC_STATE" if (urn, aspect) in replaced else "UNKNOWN")
+    failing = await _index_failures(session, sorted({urn for urn, _ in versions}))
     out: dict[str, dict[str, Any]] = {}
     for urn, statuses in primary.items():
-        search = await _search_statuses(session, registry, backend, urn, statuses, versions)
+        search = await _search_statuses(registry, backend, urn, statuses, versions, failing.get(urn, {}))
         answered = {}
         for aspect in wanted[urn]:
             status = {"success": "ERROR" not in (statuses[aspect]["writeStatus"], search[aspect]["writeStatus"]),
@@ -203,8 +223,12 @@ async def trace_writes(
     return out
 
 
-def _checked(registry: EntityRegistry, body: dict[str, list[str]]) -> dict[str, list[str]]:
-    """The URNs and aspect names asked for, each checked against the registry (400 naming the bad one)."""
+def _checked(registry: EntityRegistry, body: dict[str, list[str]], settings: Settings) -> dict[str, list[str]]:
+    """The URNs and aspect names asked for, each checked against the registry (400 naming the bad one). First, how
+    many: more (urn, aspect) pairs than MAX_BATCH_ITEMS (a URN asked with none counts as one) is a 413 naming the
+    limit, before anything is looked at or looked up (a trace asks about the writes of one batch, at most as many)."""
+    check_batch_size(None, settings, "$", count=sum(len(aspects) or 1 for aspects in body.values()),
+                     what="aspects to trace")
     wanted: dict[str, list[str]] = {}
     for urn, aspects in body.items():
         entity = entity_of_urn(registry, urn, path=f"$[{urn!r}]")
@@ -215,30 +239,84 @@ def _checked(registry: EntityRegistry, body: dict[str, list[str]]) -> dict[str, 
     return wanted
 
 
-class TraceHistory(SessionRepository):
-    async def traced(self, urn: str, aspects: list[str], trace_id: str) -> set[str]:
-        """The aspects of `urn` among `aspects` with an older version written by the trace (the history rows of one
-        entity's aspects: a range of the primary key)."""
-        if not aspects:
+class TraceRows(SessionRepository):
+    """The trace API's reads of the primary storage, many (urn, aspect) pairs a round trip: each pair's lookup a range
+    of the primary key (a LATERAL lookup per pair, an index lookup whatever the statistics say), without the aspects'
+    values (only the system metadata tells the trace)."""
+
+    async def latest(self, pairs: list[tuple[str, str]]) -> dict[tuple[str, str], StoredAspect]:
+        """Row 0 of each pair, without its value."""
+        if not pairs:
+            return {}
+        conn = await self._conn()
+        rows = await conn.fetch(
+            """
+            SELECT k.urn, k.aspect, m.version, m.systemmetadata, m.createdon, m.createdby
+            FROM unnest($1::text[], $2::text[]) AS k(urn, aspect)
+            CROSS JOIN LATERAL (
+                SELECT version, systemmetadata, createdon, createdby FROM metadata_aspect_v2 m
+                WHERE m.urn = k.urn AND m.aspect = k.aspect AND m.version = 0 OFFSET 0
+            ) m
+            """,
+            [p[0] for p in pairs], [p[1] for p in pairs],
+        )
+        return {(r["urn"], r["aspect"]): StoredAspect(r["urn"], r["aspect"], "", r["systemmetadata"], r["createdon"],
+                                                      r["createdby"], row_version=r["version"]) for r in rows}
+
+    async def traced(self, pairs: list[tuple[str, str]], trace_id: str) -> set[tuple[str, str]]:
+        """The pairs with an older version written by the trace (each pair's history rows)."""
+        if not pairs:
             return set()
         conn = await self._conn()
         rows = await conn.fetch(
             """
-            SELECT DISTINCT aspect FROM metadata_aspect_v2
-            WHERE urn = $1 AND aspect = ANY($2::text[]) AND version > 0
-              AND systemmetadata::jsonb -> 'properties' ->> $4 = $3
+            SELECT k.urn, k.aspect FROM unnest($1::text[], $2::text[]) AS k(urn, aspect)
+            WHERE EXISTS (
+                SELECT 1 FROM metadata_aspect_v2 m
+                WHERE m.urn = k.urn AND m.aspect = k.aspect AND m.version > 0
+                  AND m.systemmetadata::jsonb -> 'properties' ->> $4 = $3
+            )
             """,
-            urn, aspects, trace_id, TELEMETRY_TRACE_KEY,
+            [p[0] for p in pairs], [p[1] for p in pairs], trace_id, TELEMETRY_TRACE_KEY,
         )
-        return {r["aspect"] for r in rows}
+        return {(r["urn"], r["aspect"]) for r in rows}
+
+    async def failures(self, urns: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+        """urn -> aspect -> its newest version the search backend refused (app.search.failures): version, reason,
+        attempts, next retry."""
+        if not urns:
+            return {}
+        conn = await self._conn()
+        rows = await conn.fetch(
+            """
+            SELECT DISTINCT ON (urn, aspect) urn, aspect, version, reason, attempts, next_retry_at
+            FROM search_index_failure WHERE urn = ANY($1::text[])
+            ORDER BY urn, aspect, version DESC
+            """,
+            urns,
+        )
+        out: dict[str, dict[str, dict[str, Any]]] = {}
+        for r in rows:
+            out.setdefault(r["urn"], {})[r["aspect"]] = dict(r)
+        return out
 
 
-async def _search_statuses(session, registry: EntityRegistry, backend, urn: str, primary: dict[str, dict],
-                           versions: dict[tuple[str, str], int]) -> dict[str, dict]:
+async def _index_failures(session, urns: list[str]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The search index's failures of `urns`, in rounds of TRACE_ROUND_PAIRS URNs, the connection given back after
+    each."""
+    out: dict[str, dict[str, dict[str, Any]]] = {}
+    for start in range(0, len(urns), TRACE_ROUND_PAIRS):
+        out.update(await TraceRows(session).failures(urns[start:start + TRACE_ROUND_PAIRS]))
+        await session.close()
+    return out
+
+
+async def _search_statuses(registry: EntityRegistry, backend, urn: str, primary: dict[str, dict],
+                           versions: dict[tuple[str, str], int], failing: dict[str, dict]) -> dict[str, dict]:
+    """The search storage's status of each aspect of `urn` (`failing`: its index failures, read beforehand)."""
     out: dict[str, dict] = {}
     active = [a for a, s in primary.items() if s["writeStatus"] == "ACTIVE_STATE"]
     indexed = await backend.document_versions(urn) if active else {}
-    failing = await FailureReader(session).of_urn(urn) if active else {}
     used = _indexed_aspects(registry, entity_of_urn(registry, urn)) if active else None
     for aspect, status in primary.items():
         write_status = status["writeStatus"]

@@ -22,16 +22,24 @@ merge the same way, inside the write transaction (a keyed PATCH of DataProcessIn
 a generic PATCH of its properties after a create-if-absent), so that events of one run written at the same moment lose
 none of each other's additions. Replaying an event writes the same values: every versioned aspect comes back
 UNCHANGED (or, for the create-if-absent, FILTERED).
+
+An event's writes are made one by one as they are asked for (`map_event` is a generator), each with its place in the
+event, so that whoever counts them (app.api.openlineage, with a `WriteBudget`: the writes of several events to one
+aspect count once) stops the mapping at the first one past its limit (`TooManyWrites`, naming the member of the event
+that made the most of them): what the mapping holds is bounded whatever an event lists.
 """
 
 from __future__ import annotations
 
 import re
+from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
+
+import orjson
 
 from app.urns import InvalidUrnError, validate_urn
 
@@ -84,11 +92,15 @@ _FIELD_TYPES = {
 IF_ABSENT = {"If-None-Match": "*"}
 
 
+Place = tuple[str | int, ...]  # a place in an event: its members and indexes, outermost first
+
+
 @dataclass(frozen=True, slots=True)
 class Change:
     """One aspect write an event makes: `value` is the aspect (UPSERT, CREATE) or the patch operations (PATCH).
     `array_keys` makes a PATCH DataHub's generic keyed patch (`arrayPrimaryKeys`; empty: `forceGenericPatch`), for
-    aspects DataHub has no patch template for; None, the aspect's template."""
+    aspects DataHub has no patch template for; None, the aspect's template. `place`: what of the event made it
+    (`("inputs", 3)`, `("job",)`, `("run",)`)."""
 
     entity_type: str
     urn: str
@@ -97,6 +109,14 @@ class Change:
     change_type: str = "UPSERT"
     array_keys: dict[str, list[str]] | None = None
     headers: dict[str, str] | None = None
+    place: Place = ()
+
+    def key(self) -> tuple[str, ...]:
+        """What makes changes one aspect write (app.api.openlineage merges them): the aspect and the change type; a
+        timeseries point, its value too (each point is written)."""
+        if self.aspect == "dataProcessInstanceRunEvent":
+            return self.urn, self.aspect, orjson.dumps(self.value).decode()
+        return self.urn, self.aspect, self.change_type
 
     def document(self) -> Any:
         """The value a proposal carries: the aspect, or the patch document."""
@@ -111,13 +131,54 @@ def run_urn(run_id: str) -> str:
     return f"urn:li:dataProcessInstance:{run_id}"
 
 
-def map_event(event: dict[str, Any]) -> list[Change]:
-    """The aspect writes of one event (already checked against the spec: app.openlineage.validation)."""
+class TooManyWrites(Exception):
+    """The events map to more aspect writes than the budget's limit: `count` when the mapping stopped (the limit + 1),
+    and where: `place`, the member of the event being mapped whose datasets (`inputs`, `outputs`, `dataset`) made the
+    most of its writes, or the event itself (`()`) when its job and run made more; `by_place` of them, and `items`,
+    how many datasets that member lists (None: not a list)."""
+
+    def __init__(self, limit: int, count: int, place: Place, by_place: int, items: int | None) -> None:
+        super().__init__(f"more than {limit} aspect writes")
+        self.limit, self.count, self.place, self.by_place, self.items = limit, count, place, by_place, items
+
+
+class WriteBudget:
+    """The distinct aspect writes (`Change.key`) of a request's events, counted as the mapping makes them (`spend`
+    each): the one past `limit` raises TooManyWrites. Holds the keys counted (at most `limit` + 1)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self._keys: set[tuple[str, ...]] = set()
+        self._event: dict[str, Any] = {}
+        self._by_member: Counter[str] = Counter()
+
+    def start(self, event: Any) -> None:
+        """The next event's mapping begins (what is counted by member is the event's own)."""
+        self._event = event if isinstance(event, dict) else {}
+        self._by_member.clear()
+
+    def spend(self, change: Change) -> None:
+        key = change.key()
+        if key in self._keys:
+            return
+        self._keys.add(key)
+        self._by_member[str(change.place[0]) if change.place else ""] += 1
+        if len(self._keys) > self.limit:
+            most, by_place = self._by_member.most_common(1)[0]
+            if most not in ("inputs", "outputs", "dataset"):  # the job's and run's few writes: the event is the place
+                raise TooManyWrites(self.limit, len(self._keys), (), sum(self._by_member.values()), None)
+            listed = self._event.get(most)
+            raise TooManyWrites(self.limit, len(self._keys), (most,), by_place,
+                                len(listed) if isinstance(listed, list) else None)
+
+
+def map_event(event: dict[str, Any]) -> Iterator[Change]:
+    """The aspect writes of one event (already checked against the spec: app.openlineage.validation), made as they
+    are asked for: a caller that stops early (a `WriteBudget` past its limit) makes no more."""
     event = _live(event)
     if "job" not in event:  # a DatasetEvent
-        datasets = _Datasets()
-        datasets.add(event["dataset"])
-        return datasets.changes
+        dataset = event["dataset"]
+        return iter(_dataset_changes(dataset, dataset_urn(dataset["namespace"], dataset["name"]), ("dataset",)))
     return _JobEvent(event).changes()
 
 
@@ -141,9 +202,6 @@ def _live(event: dict[str, Any]) -> dict[str, Any]:
     if isinstance(event.get("dataset"), dict):
         event["dataset"] = kept(event["dataset"], "facets")
     return event
-
-
-Place = tuple[str | int, ...]  # a place in an event: its members and indexes, outermost first
 
 
 def urn_errors(event: dict[str, Any]) -> Iterator[tuple[Place, str]]:
@@ -245,26 +303,20 @@ def _pointer(token: str) -> str:
     return token.replace("~", "~0").replace("/", "~1")
 
 
-class _Datasets:
-    """The aspects of the datasets an event names."""
-
-    def __init__(self) -> None:
-        self.changes: list[Change] = []
-
-    def add(self, dataset: dict[str, Any]) -> str:
-        urn = dataset_urn(dataset["namespace"], dataset["name"])
-        facets = dataset.get("facets") or {}
-        self.changes.append(Change("dataset", urn, "status", {"removed": False}))
-        schema = facets.get("schema")
-        if isinstance(schema, dict) and isinstance(schema.get("fields"), list) and not schema.get("_deleted"):
-            platform, name = dataset_platform_and_name(dataset["namespace"], dataset["name"])
-            self.changes.append(Change("dataset", urn, "schemaMetadata", _schema_metadata(schema, platform, name)))
-        doc = facets.get("documentation")
-        if isinstance(doc, dict) and isinstance(doc.get("description"), str):
-            self.changes.append(_patch("dataset", urn, "datasetProperties",
-                                       [{"op": "add", "path": "/description", "value": doc["description"]}]))
-        self.changes.extend(_ownership_and_tags("dataset", urn, facets))
-        return urn
+def _dataset_changes(dataset: dict[str, Any], urn: str, place: Place) -> list[Change]:
+    """The aspects of a dataset an event names (`urn`: its URN), at `place`."""
+    facets = dataset.get("facets") or {}
+    changes = [Change("dataset", urn, "status", {"removed": False}, place=place)]
+    schema = facets.get("schema")
+    if isinstance(schema, dict) and isinstance(schema.get("fields"), list) and not schema.get("_deleted"):
+        platform, name = dataset_platform_and_name(dataset["namespace"], dataset["name"])
+        changes.append(Change("dataset", urn, "schemaMetadata", _schema_metadata(schema, platform, name), place=place))
+    doc = facets.get("documentation")
+    if isinstance(doc, dict) and isinstance(doc.get("description"), str):
+        changes.append(_patch("dataset", urn, "datasetProperties",
+                              [{"op": "add", "path": "/description", "value": doc["description"]}], place))
+    changes.extend(_ownership_and_tags("dataset", urn, facets, place))
+    return changes
 
 
 def _schema_metadata(schema: dict[str, Any], platform: str, name: str) -> dict[str, Any]:
@@ -318,20 +370,20 @@ def _tags(facets: dict[str, Any]) -> Iterator[tuple[Place, str]]:
             yield ("tags", "tags", k), f"urn:li:tag:{name}"
 
 
-def _ownership_and_tags(entity_type: str, urn: str, facets: dict[str, Any]) -> list[Change]:
+def _ownership_and_tags(entity_type: str, urn: str, facets: dict[str, Any], place: Place) -> list[Change]:
     changes = []
     ops = [{"op": "add", "path": f"/owners/{_pointer(owner_urn)}/{kind}", "value": {"owner": owner_urn, "type": kind}}
            for _, owner_urn, kind in _owners(facets)]
     if ops:
-        changes.append(_patch(entity_type, urn, "ownership", ops))
+        changes.append(_patch(entity_type, urn, "ownership", ops, place))
     ops = [{"op": "add", "path": f"/tags/{_pointer(tag_urn)}", "value": {"tag": tag_urn}} for _, tag_urn in _tags(facets)]
     if ops:
-        changes.append(_patch(entity_type, urn, "globalTags", ops))
+        changes.append(_patch(entity_type, urn, "globalTags", ops, place))
     return changes
 
 
-def _patch(entity_type: str, urn: str, aspect: str, ops: list[dict[str, Any]]) -> Change:
-    return Change(entity_type, urn, aspect, ops, "PATCH")
+def _patch(entity_type: str, urn: str, aspect: str, ops: list[dict[str, Any]], place: Place = ()) -> Change:
+    return Change(entity_type, urn, aspect, ops, "PATCH", place=place)
 
 
 class _JobEvent:
@@ -351,7 +403,6 @@ class _JobEvent:
         self.flow_name = self.parent_job["name"] if self.parent_job else job["name"].split(".", 1)[0] or job["name"]
         self.flow = self._flow_urn(self.flow_name, job["namespace"])
         self.job = f"urn:li:dataJob:({self.flow},{_tuple_part(job['name'])})"
-        self.datasets = _Datasets()
 
     def _flow_urn(self, flow_name: str, namespace: str) -> str:
         return f"urn:li:dataFlow:({self.orchestrator},{_tuple_part(flow_name)},{_tuple_part(namespace)})"
@@ -362,24 +413,25 @@ class _JobEvent:
         flow = self._flow_urn(self.parent_job["name"], self.parent_job["namespace"])
         return f"urn:li:dataJob:({flow},{_tuple_part(self.parent_job['name'])})"
 
-    def changes(self) -> list[Change]:
+    def changes(self) -> Iterator[Change]:
+        """The flow's and job's writes, then each dataset's, then the run's: made as they are asked for."""
         job = self.event["job"]
-        inputs = [(self.datasets.add(d), d) for d in self.event.get("inputs") or []]
-        outputs = [(self.datasets.add(d), d) for d in self.event.get("outputs") or []]
-        changes = [
-            _patch("dataFlow", self.flow, "dataFlowInfo", [{"op": "add", "path": "/name", "value": self.flow_name}]),
-            Change("dataFlow", self.flow, "status", {"removed": False}),
-            _patch("dataJob", self.job, "dataJobInfo", self._job_info_ops(job)),
-            Change("dataJob", self.job, "status", {"removed": False}),
-            *_ownership_and_tags("dataJob", self.job, self.job_facets),
-        ]
+        inputs = [(dataset_urn(d["namespace"], d["name"]), d) for d in self.event.get("inputs") or []]
+        outputs = [(dataset_urn(d["namespace"], d["name"]), d) for d in self.event.get("outputs") or []]
+        place: Place = ("job",)
+        yield _patch("dataFlow", self.flow, "dataFlowInfo", [{"op": "add", "path": "/name", "value": self.flow_name}], place)
+        yield Change("dataFlow", self.flow, "status", {"removed": False}, place=place)
+        yield _patch("dataJob", self.job, "dataJobInfo", self._job_info_ops(job), place)
+        yield Change("dataJob", self.job, "status", {"removed": False}, place=place)
+        yield from _ownership_and_tags("dataJob", self.job, self.job_facets, place)
         io = self._input_output_ops(inputs, outputs)
         if io:
-            changes.append(_patch("dataJob", self.job, "dataJobInputOutput", io))
-        changes.extend(self.datasets.changes)
+            yield _patch("dataJob", self.job, "dataJobInputOutput", io, place)
+        for side, datasets in (("inputs", inputs), ("outputs", outputs)):
+            for i, (urn, dataset) in enumerate(datasets):
+                yield from _dataset_changes(dataset, urn, (side, i))
         if self.run is not None:
-            changes.extend(self._run_changes([u for u, _ in inputs], [u for u, _ in outputs]))
-        return changes
+            yield from self._run_changes([u for u, _ in inputs], [u for u, _ in outputs])
 
     def _job_info_ops(self, job: dict[str, Any]) -> list[dict[str, Any]]:
         ops = [
@@ -439,21 +491,21 @@ class _JobEvent:
                 {"op": "add", "path": f"/{side}/{_pointer(u)}", "value": u},
                 {"op": "add", "path": f"/{edges}/{_pointer(u)}", "value": {"destinationUrn": u}})]
             changes.append(Change("dataProcessInstance", urn, aspect, ops, "PATCH",
-                                  array_keys={side: [], edges: ["destinationUrn"]}))
+                                  array_keys={side: [], edges: ["destinationUrn"]}, place=RUN))
         ops = [{"op": "add", "path": "/parentTemplate", "value": self.job}]
         if self.parent_run:
             parent = run_urn(self.parent_run)
             ops += [{"op": "add", "path": "/parentInstance", "value": parent},
                     {"op": "add", "path": f"/upstreamInstances/{_pointer(parent)}", "value": parent}]
         changes.append(Change("dataProcessInstance", urn, "dataProcessInstanceRelationships", ops, "PATCH",
-                              array_keys={"upstreamInstances": []}))
+                              array_keys={"upstreamInstances": []}, place=RUN))
         event_type = self.event.get("eventType")
         if event_type in _RUN_STATUS:
             status, result = _RUN_STATUS[event_type]
             point: dict[str, Any] = {"timestampMillis": _millis(self.event["eventTime"]), "status": status}
             if result is not None:
                 point["result"] = {"type": result, "nativeResultType": NATIVE_RESULT_TYPE}
-            changes.append(Change("dataProcessInstance", urn, "dataProcessInstanceRunEvent", point))
+            changes.append(Change("dataProcessInstance", urn, "dataProcessInstanceRunEvent", point, place=RUN))
         return changes
 
     def _run_properties(self, urn: str, run_id: str) -> list[Change]:
@@ -471,8 +523,8 @@ class _JobEvent:
         if nominal:
             ops.append({"op": "add", "path": "/type", "value": "BATCH_SCHEDULED"})
         ops.extend({"op": "add", "path": f"/customProperties/{_pointer(k)}", "value": v} for k, v in custom.items())
-        return [Change("dataProcessInstance", urn, "dataProcessInstanceProperties", first, "CREATE", headers=IF_ABSENT),
-                Change("dataProcessInstance", urn, "dataProcessInstanceProperties", ops, "PATCH", array_keys={})]
+        return [Change("dataProcessInstance", urn, "dataProcessInstanceProperties", first, "CREATE", headers=IF_ABSENT, place=RUN),
+                Change("dataProcessInstance", urn, "dataProcessInstanceProperties", ops, "PATCH", array_keys={}, place=RUN)]
 
     def _run_custom_properties(self) -> dict[str, str]:
         custom = {"openlineage.producer": self.event["producer"]}
@@ -491,20 +543,19 @@ class _JobEvent:
         return custom
 
 
+RUN: Place = ("run",)
 _FGL_INFO = {"confidenceScore": 1.0, "upstreamType": "FIELD_SET", "downstreamType": "FIELD"}
 
 
 def _fine_grained(outputs: list[tuple[str, dict[str, Any]]]) -> dict[str, list[str]]:
     """The outputs' columnLineage facets: downstream schema field URN → its upstream schema field URNs."""
-    lineage: dict[str, list[str]] = {}
+    lineage: dict[str, dict[str, None]] = {}
     for urn, dataset in outputs:
         facet = (dataset.get("facets") or {}).get("columnLineage")
         if not isinstance(facet, dict) or not isinstance(facet.get("fields"), dict):
             continue
         for column, spec in facet["fields"].items():
-            upstreams = lineage.setdefault(schema_field_urn(urn, column), [])
+            upstreams = lineage.setdefault(schema_field_urn(urn, column), {})  # a set in order: no O(n²) on repeats
             for source in spec.get("inputFields") or []:
-                upstream = schema_field_urn(dataset_urn(source["namespace"], source["name"]), source["field"])
-                if upstream not in upstreams:
-                    upstreams.append(upstream)
-    return {downstream: upstreams for downstream, upstreams in lineage.items() if upstreams}
+                upstreams[schema_field_urn(dataset_urn(source["namespace"], source["name"]), source["field"])] = None
+    return {downstream: list(upstreams) for downstream, upstreams in lineage.items() if upstreams}

@@ -12,9 +12,13 @@ from datetime import timezone
 from urllib.parse import quote
 
 import orjson
+import pytest
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
+import app.api.openlineage as openlineage_api
+from app.errors import PayloadTooLarge
+from app.openlineage.mapping import WriteBudget, map_event
 from app.openlineage.validation import CORE_ID, SPEC_DIR
 
 from tests.helpers import stored
@@ -233,6 +237,118 @@ async def test_malformed_events_are_400s_naming_the_field(client, db):
 async def test_writing_lineage_needs_a_writer(anonymous):
     for path in (PATH, "/api/v1/lineage"):
         assert (await anonymous.post(path, json=run_event("START", str(uuid.uuid4())))).status_code == 401
+
+
+# The limit on what a request writes: METALEDGER_MAX_BATCH_ITEMS aspect writes (proposals), counted as the events are
+# mapped. run_event() below makes 12 writes besides its datasets' (flow 2, job 3, its dataJobInputOutput, the run's 6).
+WRITES_LIMIT = 30
+
+
+def tables(n, prefix="t"):
+    return [{"namespace": PG, "name": f"shop.public.{prefix}{i}"} for i in range(n)]
+
+
+def table_urn(i, prefix="t"):
+    return f"urn:li:dataset:(urn:li:dataPlatform:postgres,shop.public.{prefix}{i},PROD)"
+
+
+async def rows(db, like):
+    return await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn LIKE $1", like)
+
+
+def too_large(response, path, count=WRITES_LIMIT + 1):
+    assert response.status_code == 413, response.text
+    message = response.json()["message"]
+    assert f"more than {WRITES_LIMIT} aspect writes" in message and f"{count} when the mapping stopped" in message, message
+    assert f"the limit is {WRITES_LIMIT} (METALEDGER_MAX_BATCH_ITEMS)" in message, message
+    assert [i["path"] for i in response.json()["issues"]] == [path], response.text
+    return message
+
+
+@pytest.mark.parametrize("settings_overrides", [{"max_batch_items": WRITES_LIMIT}])
+async def test_the_limit_counts_the_aspect_writes_events_map_to_not_the_events(client, db):
+    # one event of 19 datasets: 31 writes, one past the limit (counting events, it was 1 of 30 and written whole)
+    run_id = str(uuid.uuid4())
+    message = too_large(await post(client, run_event("START", run_id, inputs=tables(19))), "$.inputs")
+    assert "19 of them by $.inputs (19 datasets)" in message, message
+    assert await rows(db, "urn:li:data%") == 0  # nothing of it: no dataset, flow, job or run
+
+    # 18 datasets: 30 writes, the limit itself, written whole
+    accepted = await post(client, run_event("START", run_id, inputs=tables(18)))
+    assert accepted.status_code == 200, accepted.text
+    assert len(accepted.json()["results"]) == WRITES_LIMIT
+    assert all([await versions(db, table_urn(i), "status") == 1 for i in range(18)])
+    assert await versions(db, table_urn(18), "status") == 0
+    assert edges((await stored(db, JOB, "dataJobInputOutput"))["value"], "inputDatasetEdges") == sorted(table_urn(i) for i in range(18))
+
+    # a batch counts its writes once per aspect: START, two RUNNING and COMPLETE of one run, 15 datasets each in START
+    # and COMPLETE, are 76 aspect changes but 30 writes (the later events add their run points only): accepted; one
+    # more RUNNING, 31: refused at the event that went past the limit (the COMPLETE, after it)
+    other = str(uuid.uuid4())
+    batch = [run_event("START", other, inputs=tables(15, "u")),
+             run_event("RUNNING", other, time="2024-05-01T10:10:00.000Z"),
+             run_event("RUNNING", other, time="2024-05-01T10:20:00.000Z"),
+             run_event("COMPLETE", other, inputs=tables(15, "u"), time="2024-05-01T11:00:00.000Z")]
+    merged = await post(client, batch)
+    assert merged.status_code == 200, merged.text
+    assert len(merged.json()["results"]) == WRITES_LIMIT and merged.json()["events"] == 4
+    assert await versions(db, table_urn(14, "u"), "status") == 1
+    late = str(uuid.uuid4())
+    batch = [{**event, "run": {**event["run"], "runId": late}} for event in batch]
+    batch.insert(3, run_event("RUNNING", late, time="2024-05-01T10:30:00.000Z"))
+    message = too_large(await post(client, [{**e, "inputs": tables(len(e["inputs"]), "v")} for e in batch]), "$[4]")
+    assert message.startswith("the events map to more than 30 aspect writes"), message
+    assert await rows(db, "%shop.public.v%") == 0 and await rows(db, f"urn:li:dataProcessInstance:{late}") == 0
+
+
+@pytest.mark.parametrize("settings_overrides", [{"max_batch_items": WRITES_LIMIT}])
+async def test_an_event_listing_more_datasets_or_facets_than_the_limit_is_refused_before_it_is_checked(client, db):
+    # 31 inputs: refused as listed, before the spec check (the event is malformed too: it is never looked at)
+    listed = run_event("START", str(uuid.uuid4()), inputs=tables(WRITES_LIMIT + 1))
+    response = await post(client, {**listed, "eventTime": "yesterday"})
+    assert response.status_code == 413, response.text
+    assert "$.inputs has 31 datasets; the limit is 30 (METALEDGER_MAX_BATCH_ITEMS)" in response.json()["message"]
+    assert [i["path"] for i in response.json()["issues"]] == ["$.inputs"]
+    outputs = await post(client, [run_event("START", str(uuid.uuid4())), run_event("START", str(uuid.uuid4()),
+                                                                                  outputs=tables(WRITES_LIMIT + 1))])
+    assert outputs.status_code == 413 and outputs.json()["issues"][0]["path"] == "$[1].outputs", outputs.text
+    # and the request's, whatever the events (16 and 15 datasets: 31)
+    spread = await post(client, [run_event("START", str(uuid.uuid4()), inputs=tables(16)),
+                                 run_event("START", str(uuid.uuid4()), outputs=tables(15))])
+    assert spread.status_code == 413, spread.text
+    assert "has 31 datasets (inputs and outputs); the limit is 30" in spread.json()["message"], spread.text
+    facets = run_event("START", str(uuid.uuid4()), inputs=[{**customers(), "facets": {
+        f"custom{i}": facet(i=i) for i in range(WRITES_LIMIT + 1)}}])
+    response = await post(client, facets)
+    assert response.status_code == 413 and "31 facets" in response.json()["message"], response.text
+    assert response.json()["issues"][0]["path"] == "$.inputs[0].facets"
+    assert await rows(db, "urn:li:data%") == 0
+
+    # at the limit: 30 facets on a dataset and 18 datasets (30 writes) are accepted
+    facets = run_event("START", str(uuid.uuid4()), inputs=[{**customers(), "facets": {
+        f"custom{i}": facet(i=i) for i in range(WRITES_LIMIT)}}, *tables(17)])
+    accepted = await post(client, facets)
+    assert accepted.status_code == 200 and len(accepted.json()["results"]) == WRITES_LIMIT, accepted.text
+    assert await versions(db, CUSTOMERS, "status") == 1
+
+
+def test_the_mapping_stops_at_the_first_write_past_the_limit(monkeypatch):
+    """However many datasets an event lists, no more writes are made than the limit's: the mapping stops at the one
+    past it (10,000 inputs, a limit of 50: 51 writes made, not the event's 10,012)."""
+    made = []
+
+    def counted(event):
+        for change in map_event(event):
+            made.append(change)
+            yield change
+
+    monkeypatch.setattr(openlineage_api, "map_event", counted)
+    event = run_event("START", str(uuid.uuid4()), inputs=tables(10_000))
+    with pytest.raises(PayloadTooLarge) as refused:
+        openlineage_api._drafts([event], False, WriteBudget(50))
+    assert len(made) == 51
+    assert refused.value.issues[0].path == "$.inputs" and "45 of them by $.inputs (10000 datasets)" in str(refused.value)
+    assert len(list(map_event(event))) == 10_012  # without a budget: every write
 
 
 SYNC = {"X-DataHub-Sync-Index-Update": "true"}  # the write returns once indexed: the reads below see it

@@ -6,10 +6,15 @@ with the MCP consumer's reason)."""
 from __future__ import annotations
 
 import re
+from contextvars import ContextVar
 from typing import Any
 
+import asyncpg
 import httpx
+import pytest
+from sqlalchemy import event
 
+import app.api.trace_write as trace_write
 from app.ingest.trace import trace_time_ms
 from app.main import create_app
 from app.settings import Settings
@@ -104,6 +109,109 @@ async def test_a_trace_request_naming_what_does_not_exist_is_a_400(client):
     assert bad_urn.status_code == 400
     bad_id = await client.post("/openapi/v1/trace/write/not-a-trace", json={URN: ["status"]})
     assert bad_id.status_code == 400 and "$traceId" in bad_id.text
+
+
+OTHER = "urn:li:dataset:(urn:li:dataPlatform:hive,db.traced_too,PROD)"
+THIRD = "urn:li:dataset:(urn:li:dataPlatform:hive,db.traced_three,PROD)"
+TRACE_LIMIT = 6
+_COUNTED: ContextVar[bool] = ContextVar("counted_checkouts", default=False)
+
+
+class Checkouts:
+    """The pooled connections checked out for the requests sent inside the block (the ASGI transport runs them in this
+    context; the app's background workers do not see it): how many, and the most held at once."""
+
+    def __init__(self, app) -> None:
+        self.pool = app.state.engine.sync_engine.pool
+        self.taken, self.most, self._held = 0, 0, set()
+
+    def _checkout(self, dbapi_connection, record, proxy) -> None:
+        if _COUNTED.get():
+            self.taken += 1
+            self._held.add(id(record))
+            self.most = max(self.most, len(self._held))
+
+    def _checkin(self, dbapi_connection, record) -> None:
+        self._held.discard(id(record))
+
+    def __enter__(self) -> Checkouts:
+        event.listen(self.pool, "checkout", self._checkout)
+        event.listen(self.pool, "checkin", self._checkin)
+        self._token = _COUNTED.set(True)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        _COUNTED.reset(self._token)
+        event.remove(self.pool, "checkout", self._checkout)
+        event.remove(self.pool, "checkin", self._checkin)
+
+
+# auth_cache_seconds: the caller's token is verified once, by the first request, and not again in the test
+@pytest.mark.parametrize("settings_overrides", [{"max_batch_items": TRACE_LIMIT, "auth_cache_seconds": 3600}])
+async def test_a_trace_of_more_aspects_than_the_batch_limit_is_a_413_before_any_lookup(client, app):
+    write = await client.post("/openapi/v3/entity/dataset?async=false", json=[{"urn": URN, "status": {"value": {"removed": False}}}])
+    assert write.status_code == 200, write.text
+    trace_id = trace_id_of(write)
+    # 7 (urn, aspect) pairs, a URN asked with none counting as one: one past the limit, refused as it was sent (the
+    # unknown aspect name is not even looked at), without a connection taken
+    seven = {URN: ["status", "datasetProperties", "subTypes", "notAnAspect"], OTHER: ["status", "ownership"], THIRD: []}
+    with Checkouts(app) as checkouts:
+        refused = await client.post(f"/openapi/v1/trace/write/{trace_id}", params={"onlyIncludeErrors": "false"}, json=seven)
+    assert refused.status_code == 413, refused.text
+    message = refused.json()["message"]
+    assert "has 7 aspects to trace; the limit is 6 (METALEDGER_MAX_BATCH_ITEMS)" in message, message
+    assert refused.json()["issues"] == [{"message": "too many aspects to trace", "path": "$",
+                                         "expected": "at most 6 aspects to trace", "found": "7 aspects to trace"}]
+    assert checkouts.taken == 0
+
+    # at the limit: answered, every pair
+    six = {URN: ["status", "datasetProperties", "subTypes", "globalTags"], OTHER: ["status"], THIRD: []}
+    answer = await trace(client, trace_id, six)
+    assert statuses(answer, URN, "status")[0] == "ACTIVE_STATE"
+    assert {statuses(answer, URN, a) for a in ("datasetProperties", "subTypes", "globalTags")} == {("UNKNOWN", "UNKNOWN", True)}
+    assert statuses(answer, OTHER, "status") == ("UNKNOWN", "UNKNOWN", True) and THIRD not in answer
+
+
+async def test_a_trace_is_looked_up_in_rounds_giving_the_connection_back_after_each(client, app, monkeypatch):
+    """Every state a trace can find in the database, over rounds of 2 pairs: the request holds one connection at a
+    time, for a round, never for the whole trace."""
+    monkeypatch.setattr(trace_write, "TRACE_ROUND_PAIRS", 2)
+    backend = app.state.search.backend
+    apply = backend.apply
+
+    async def refusing(changes):  # the search backend cannot hold OTHER's datasetProperties (as a too large value)
+        if any(getattr(c, "urn", None) == OTHER and c.aspect == "datasetProperties" for c in changes):
+            raise asyncpg.exceptions.ProgramLimitExceededError("index row size exceeds maximum (test)")
+        return await apply(changes)
+
+    monkeypatch.setattr(backend, "apply", refusing)
+    first = await client.post("/openapi/v3/entity/dataset?async=false", json=[
+        {"urn": URN, "status": {"value": {"removed": False}}, "datasetProperties": {"value": {"description": "first"}}},
+        {"urn": OTHER, "status": {"value": {"removed": False}}, "datasetProperties": {"value": {"description": "x"}}}])
+    assert first.status_code == 200, first.text
+    first_id = trace_id_of(first)
+    second = await client.post("/openapi/v3/entity/dataset?async=false", json=[
+        {"urn": URN, "datasetProperties": {"value": {"description": "second"}}}])
+    assert second.status_code == 200, second.text
+    wanted = {URN: ["status", "datasetProperties", "datasetProfile"], OTHER: ["datasetProperties", "status", "subTypes"]}
+
+    async def settled():
+        answer = await trace(client, first_id, wanted)
+        return (statuses(answer, URN, "status")[1] == statuses(answer, OTHER, "status")[1] == "ACTIVE_STATE"
+                and statuses(answer, OTHER, "datasetProperties")[1] == "ERROR")
+
+    await eventually(settled, what="indexed, and OTHER's datasetProperties refused by the index")
+    with Checkouts(app) as checkouts:
+        answer = await trace(client, first_id, wanted)
+    assert statuses(answer, URN, "status") == ("ACTIVE_STATE", "ACTIVE_STATE", True)
+    assert statuses(answer, URN, "datasetProperties") == ("HISTORIC_STATE", "HISTORIC_STATE", True)
+    assert statuses(answer, URN, "datasetProfile") == ("NO_OP", "TRACE_NOT_IMPLEMENTED", True)
+    assert statuses(answer, OTHER, "datasetProperties") == ("ACTIVE_STATE", "ERROR", False)
+    assert "(test)" in answer[OTHER]["datasetProperties"]["searchStorage"]["writeMessage"]
+    assert statuses(answer, OTHER, "status") == ("ACTIVE_STATE", "ACTIVE_STATE", True)
+    assert statuses(answer, OTHER, "subTypes") == ("UNKNOWN", "UNKNOWN", True)
+    # 5 pairs to look up: 3 rounds, then the index failures; a connection each, given back before the next
+    assert checkouts.taken >= 4 and checkouts.most == 1, (checkouts.taken, checkouts.most)
 
 
 async def test_async_writes_are_pending_on_the_topic_then_active_or_refused(kafka_broker, database_url, registry, db,
