@@ -281,12 +281,16 @@ async def test_a_batch_of_more_change_logs_than_one_statement_takes_stores_them_
         [(0, True)] * count + [(1, False)] * count
 
 
-async def test_request_limits(client, app):
-    big = {"name": "x" * (app.state.settings.max_request_bytes + 10)}
+async def test_request_limits(client, app, db):
+    limit = app.state.settings.max_request_bytes
+    big = {"name": "x" * (limit + 10)}
     response = await client.post("/openapi/v1/proposals", json=[mcp("datasetProperties", big)])
-    assert response.status_code == 413
+    assert response.status_code == 413, response.text
+    assert response.json()["error"] == "Payload Too Large" and str(limit) in response.json()["message"], response.text
     response = await client.post("/openapi/v1/proposals", content=b"{not json", headers={"content-type": "application/json"})
     assert response.status_code == 400 and response.json()["error"] == "Validation Error"
+    # neither wrote anything
+    assert await rows(db) == [] and await outbox(db) == []
 
 
 async def platform_events(db) -> list[dict]:
