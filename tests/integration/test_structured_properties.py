@@ -61,7 +61,7 @@ async def test_wrong_type_two_values_for_single_other_entity_type_and_no_definit
         assert reason in issue["message"] and "urn:li:structuredProperty:" in issue["message"], issue
 
 
-async def test_v3_entities_and_restli_take_the_same_checks(client):
+async def test_v3_entities_and_restli_take_the_same_checks(client, db):
     await propose(client, define())
     bad = {"properties": [{"propertyUrn": TIER, "values": [{"string": "bronze"}]}]}
     response = await client.post("/openapi/v3/entity/dataset?async=false",
@@ -71,8 +71,14 @@ async def test_v3_entities_and_restli_take_the_same_checks(client):
     assert TIER in issue["message"] and issue["path"] == "$[0].structuredProperties.value.properties[0].values[0]"
 
     response = await restli_propose(client, mcp("structuredProperties", bad, encode=True))
-    assert response.status_code in (400, 422) and TIER in response.text
-    assert (await restli_propose(client, gold())).status_code == 200
+    assert response.status_code == 400, response.text
+    (issue,) = response.json()["issues"]
+    assert TIER in issue["message"] and "should be one of" in issue["message"], issue
+    assert await stored(db, DATASET, "structuredProperties") is None  # neither refused value was written
+    response = await restli_propose(client, gold())
+    assert response.status_code == 200, response.text
+    assert (await stored_value(db, DATASET, "structuredProperties"))["properties"] == [
+        {"propertyUrn": TIER, "values": [{"string": "gold"}]}]
 
 
 async def test_a_patch_goes_through_the_same_checks(client, db):
@@ -285,6 +291,7 @@ async def test_a_soft_delete_keeps_the_values_and_a_hard_delete_of_it_then_remov
     assert held(await stored(db, DATASET, "structuredProperties")) == {soft: [{"string": "x"}]}
 
     assert (await client.delete(f"/openapi/v3/entity/structuredProperty/{soft}")).status_code == 200
+    assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = ANY($1)", [soft, other]) == 0
 
     async def soft_removed() -> bool:
         return held(await stored(db, DATASET, "structuredProperties")) == {}

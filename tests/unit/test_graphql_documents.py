@@ -36,8 +36,9 @@ def test_a_query_sent_again_is_checked_once(monkeypatch):
 def test_the_cache_keeps_the_most_recently_used():
     documents = ValidatedDocuments(2)
     keys = [(f"query {{ q{i} }}", None, 0) for i in range(3)]
-    for key in keys[:2]:
-        documents.put(key, parse(key[0]))
-    assert documents.get(keys[0]) is not None  # used: kept over keys[1]
-    documents.put(keys[2], parse(keys[2][0]))
-    assert documents.get(keys[1]) is None and documents.get(keys[0]) is not None and documents.get(keys[2]) is not None
+    parsed = [parse(key[0]) for key in keys]
+    for key, document in zip(keys[:2], parsed):
+        documents.put(key, document)
+    assert documents.get(keys[0]) is parsed[0]  # used: kept over keys[1]
+    documents.put(keys[2], parsed[2])
+    assert documents.get(keys[1]) is None and documents.get(keys[0]) is parsed[0] and documents.get(keys[2]) is parsed[2]

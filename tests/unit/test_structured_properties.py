@@ -291,7 +291,9 @@ def test_a_widening_change_reads_no_stored_value(new):
 
 
 def test_a_definition_written_where_there_was_none_is_checked():
-    assert stored_check(make_definition(), None) is not None
+    new = make_definition()
+    check_ = stored_check(new, None)  # values may be stored already (of a definition hard-deleted since)
+    assert check_ is not None and check_.index == 3 and check_.definition == Definition.of(TIER, new)
 
 
 # --- search documents and filter names (app/search/structured_properties.py) ------------------------------------------
