@@ -32,19 +32,30 @@ async def test_batch_upsert_then_read_entity_and_aspect(client):
     assert (await client.head(f"{PATH}/subTypes")).status_code == 404
 
 
+async def stored_aspect(client, aspect: str) -> tuple[dict, str] | None:
+    """The dataset's aspect as read back: (value, version), None when absent."""
+    entity = (await client.get(PATH, params={"aspects": [aspect], "systemMetadata": "true"})).json()
+    return (entity[aspect]["value"], entity[aspect]["systemMetadata"]["version"]) if aspect in entity else None
+
+
 async def test_single_aspect_defaults_to_create_and_headers_select_upsert(client):
     url = f"{PATH}/status"
     assert (await client.post(url, json={"value": {"removed": False}})).status_code == 200
+    assert await stored_aspect(client, "status") == ({"removed": False}, "1")
     # default createIfNotExists=true: a second write is a CREATE conflict
     conflict = await client.post(url, json={"value": {"removed": True}})
     assert conflict.status_code == 409
+    assert await stored_aspect(client, "status") == ({"removed": False}, "1")
     # an If-Version-Match header (in the body, or as an HTTP header) makes it a conditional UPSERT
     ok = await client.post(url, json={"value": {"removed": True}, "headers": {"If-Version-Match": "1"}})
     assert ok.status_code == 200 and ok.json()["status"]["systemMetadata"]["version"] == "2"
+    assert await stored_aspect(client, "status") == ({"removed": True}, "2")
     stale = await client.post(url, json={"value": {"removed": False}}, headers={"If-Version-Match": "1"})
     assert stale.status_code == 412
+    assert await stored_aspect(client, "status") == ({"removed": True}, "2")
     upsert = await client.post(url, params={"createIfNotExists": "false"}, json={"value": {"removed": False}})
     assert upsert.status_code == 200
+    assert await stored_aspect(client, "status") == ({"removed": False}, "3")
 
 
 async def test_history_reads_by_version(client):
@@ -103,7 +114,11 @@ async def test_patch_endpoints(client):
     assert single.status_code == 200, single.text
     value = (await client.get(f"{PATH}/datasetProperties")).json()["value"]
     assert value["description"] == "patched" and value["customProperties"] == {"team": "core"}
+    patched = await stored_aspect(client, "datasetProperties")
+    assert patched[1] == "3"
     stale = await client.patch(f"{PATH}/datasetProperties", json=[{"op": "remove", "path": "/description"}], headers={"If-Version-Match": "1"})
     assert stale.status_code == 412
     missing = await client.patch("/openapi/v3/entity/dataset?async=false", json=[{"urn": DATASET, "datasetProperties": {"value": {"nopatch": []}}}])
-    assert missing.status_code == 400
+    assert missing.status_code == 400, missing.text
+    assert [i["path"] for i in missing.json()["issues"]] == ["$[0].datasetProperties.value"], missing.text
+    assert await stored_aspect(client, "datasetProperties") == patched  # neither changed it
