@@ -4,7 +4,8 @@
     GET /openapi/v1/events/poll?topic=&offsetId=&limit=&pollTimeoutSeconds=&lookbackWindowDays=
                                                                                    DataHub's Events API
 
-The feed itself (offsets, order, retention) is the changelog's: app.changelog.feed.
+The feed itself (offsets, order, retention) is the changelog's: app.changelog.feed. A caller reads what the read
+rule lets it read (app.auth.reads.readable_events): the rest is left out of a page, whose offset still moves past it.
 """
 
 from __future__ import annotations
@@ -16,12 +17,14 @@ import orjson
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from app.api.deps import ALLOW_READ, Engine, SettingsDep
+from app.api.deps import ALLOW_READ, Caller, Engine, Session, SettingsDep
 from app.api.http import json_response
+from app.auth.reads import readable_events
 from app.changelog import feed
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
 from app.limits import MAX_LONG, clip
 from app.settings import Settings
+from app.write.repository import AspectRepository
 
 router = APIRouter(prefix="/openapi/v1/events", tags=["events"], dependencies=[ALLOW_READ])
 
@@ -62,6 +65,8 @@ def _feed_topics(settings: Settings) -> tuple[list[str], list[str]]:
 async def change_feed(
     settings: SettingsDep,
     engine: Engine,
+    session: Session,
+    caller: Caller,
     after: Annotated[int, Query(description="Return events after this offset (0: from the start)")] = 0,
     limit: Annotated[int, Query(description=f"At most this many events (1..{MAX_LIMIT})")] = DEFAULT_LIMIT,
     topic: Annotated[
@@ -87,6 +92,7 @@ async def change_feed(
         raise ValidationFailed("invalid change feed parameters", issues)
 
     page, next_offset = await feed.read_page(engine, after, limit, topics)
+    page = await readable_events(caller, page, AspectRepository(session))  # the read rule; the offset moves on
     events = [
         {
             "offset": e.offset,
@@ -132,6 +138,8 @@ class ExternalEventsResponse(BaseModel):
 async def poll_events(
     settings: SettingsDep,
     engine: Engine,
+    session: Session,
+    caller: Caller,
     topic: Annotated[str, Query(description="PlatformEvent_v1, MetadataChangeLog_Versioned_v1 or MetadataChangeLog_Timeseries_v1")],
     offsetId: Annotated[str | None, Query(description="Continue after this offset (from a previous answer)")] = None,
     limit: Annotated[int | None, Query(description=f"At most this many events (default {POLL_DEFAULT_LIMIT}, capped at {POLL_MAX_LIMIT})")] = None,
@@ -165,5 +173,6 @@ async def poll_events(
             after = await feed.last_offset(engine)
     timeout_s = min(POLL_DEFAULT_TIMEOUT_S if pollTimeoutSeconds is None else pollTimeoutSeconds, POLL_MAX_TIMEOUT_S)
     page, next_offset = await feed.poll(engine, after, min(limit or POLL_DEFAULT_LIMIT, POLL_MAX_LIMIT), [topic], timeout_s)
+    page = await readable_events(caller, page, AspectRepository(session))  # the read rule; the offset moves on
     events = [{"contentType": "application/json", "value": e.payload} for e in page]
     return json_response({"offsetId": str(next_offset), "count": len(events), "events": events})

@@ -23,6 +23,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.api.http import read_json
 from app.auth.model import Permission, Principal
+from app.auth.reads import scoped_backend
 from app.auth.service import AuthService
 from app.errors import ServiceUnavailable, TooManyRequests
 from app.ops import Operations
@@ -101,14 +102,16 @@ async def get_search_runtime(request: Request) -> SearchRuntime | None:
 
 
 async def get_backend(request: Request) -> SearchBackend:
-    """The started search backend; 503 when there is none or it cannot be reached now."""
+    """The started search backend as the caller may search it (app.auth.reads: the read rule is part of every query);
+    503 when there is none or it cannot be reached now."""
     runtime: SearchRuntime | None = getattr(request.app.state, "search", None)
     if runtime is None:
         raise ServiceUnavailable("no search backend in this process")
     try:
-        return await runtime.ready_backend()
+        backend = await runtime.ready_backend()
     except SearchUnavailable as error:
         raise ServiceUnavailable(f"the search backend is unavailable: {error}") from None
+    return scoped_backend(backend, await authenticate(request))
 
 
 async def _already_current() -> bool:

@@ -18,11 +18,12 @@ from starlette.datastructures import URLPath
 from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import Receive, Scope, Send
 
-from app.api.deps import ALLOW_READ, Gateway, Registry, Session, SettingsDep, Writer
+from app.api.deps import ALLOW_READ, Caller, Gateway, Registry, Session, SettingsDep, Writer
 from app.api.urn_paths import restore_slashes
 from app.api.http import (
     Flag, aspect_envelope, check_batch_size, checked_urn, invalid_at, json_response, read_json, stored_envelope,
 )
+from app.auth.model import Principal
 from app.errors import Issue, Location, ValidationFailed
 from app.ingest.gateway import SubmitOutcome
 from app.limits import check_long
@@ -183,16 +184,16 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
                  summary=f"Get several {entity} entities",
                  openapi_extra=request_body(array_of(component("BatchGetRequest"))),
                  responses=answers("Found entities (absent ones left out)", entities_response))
-    async def batch_get(request: Request, session: Session, registry: Registry, settings: SettingsDep,
+    async def batch_get(request: Request, session: Session, registry: Registry, settings: SettingsDep, caller: Caller,
                         system_metadata: SystemMetadataFlag = False) -> Response:
-        return await _batch_get(entity, request, session, registry, settings, system_metadata)
+        return await _batch_get(entity, request, session, registry, settings, system_metadata, caller)
 
     @router.get(f"/{entity}/{{urn}}", dependencies=[ALLOW_READ], operation_id=f"get{p}", tags=tags,
                 summary=f"Get a {entity} entity", responses=answers("The entity", entity_response))
-    async def get_entity(urn: Urn, session: Session, registry: Registry,
+    async def get_entity(urn: Urn, session: Session, registry: Registry, caller: Caller,
                          aspects: AspectsToRead = None,
                          system_metadata: SystemMetadataFlag = False) -> Response:
-        rows = await EntityReader(session, registry).entity(entity, checked_urn(urn), aspects)
+        rows = await EntityReader(session, registry, caller).entity(entity, checked_urn(urn), aspects)
         found = {"urn": urn}
         for row in rows:
             found[row.aspect] = stored_envelope(row, system_metadata)
@@ -201,8 +202,8 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
     @router.head(f"/{entity}/{{urn}}", dependencies=[ALLOW_READ], operation_id=f"head{p}", tags=tags,
                  summary=f"Check that a {entity} entity exists", status_code=204, response_description="Exists",
                  responses=exists_answers)
-    async def entity_exists(urn: Urn, session: Session, registry: Registry) -> Response:
-        exists = await EntityReader(session, registry).exists(checked_urn(urn))
+    async def entity_exists(urn: Urn, session: Session, registry: Registry, caller: Caller) -> Response:
+        exists = await EntityReader(session, registry, caller).exists(checked_urn(urn))
         return Response(status_code=204 if exists else 404)
 
     # Deleting the whole entity (its key aspect) needs ADMIN: the gateway checks each draft.
@@ -214,7 +215,7 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
                             clear: Annotated[Flag, Query(description="Delete every aspect except the key aspect")] = False,
                             ) -> Response:
         if clear:
-            rows = await EntityReader(session, gateway.registry).entity(entity, checked_urn(urn), None)
+            rows = await EntityReader(session, gateway.registry, caller).entity(entity, checked_urn(urn), None)
             targets = [row.aspect for row in rows if row.aspect != spec.key_aspect]
         elif aspects and spec.key_aspect not in aspects:
             targets = aspects
@@ -282,10 +283,10 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
     @router.get(f"/{entity}/{{urn}}/{{aspectName}}", dependencies=[ALLOW_READ], operation_id=f"get{p}Aspect",
                 tags=tags, summary=f"Get one aspect of a {entity} entity",
                 responses=answers("The aspect", aspect_response))
-    async def get_aspect(urn: Urn, aspect_name: AspectName, session: Session, registry: Registry,
+    async def get_aspect(urn: Urn, aspect_name: AspectName, session: Session, registry: Registry, caller: Caller,
                          version: Version = 0, system_metadata: SystemMetadataFlag = False) -> Response:
         check_long(version, "version", minimum=0)
-        row = await EntityReader(session, registry).aspect(entity, checked_urn(urn), aspect_name, version)
+        row = await EntityReader(session, registry, caller).aspect(entity, checked_urn(urn), aspect_name, version)
         envelope = stored_envelope(row, system_metadata)
         envelope["version"] = row.system_metadata.get("version", str(row.version))
         return json_response(envelope)
@@ -293,8 +294,9 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
     @router.head(f"/{entity}/{{urn}}/{{aspectName}}", dependencies=[ALLOW_READ], operation_id=f"head{p}Aspect",
                  tags=tags, summary=f"Check that an aspect of a {entity} entity exists", status_code=204,
                  response_description="Exists", responses=exists_answers)
-    async def aspect_exists(urn: Urn, aspect_name: AspectName, session: Session, registry: Registry) -> Response:
-        exists = await EntityReader(session, registry).has_aspect(entity, checked_urn(urn), aspect_name)
+    async def aspect_exists(urn: Urn, aspect_name: AspectName, session: Session, registry: Registry,
+                            caller: Caller) -> Response:
+        exists = await EntityReader(session, registry, caller).has_aspect(entity, checked_urn(urn), aspect_name)
         return Response(status_code=204 if exists else 404)
 
     @router.delete(f"/{entity}/{{urn}}/{{aspectName}}", operation_id=f"delete{p}Aspect",
@@ -336,7 +338,7 @@ async def _write_entities(
 
 
 async def _batch_get(entity: str, request: Request, session: Session, registry: Registry, settings: SettingsDep,
-                     system_metadata: bool) -> Response:
+                     system_metadata: bool, caller: Principal) -> Response:
     body = await read_json(request, settings)
     if not isinstance(body, list):
         raise ValidationFailed("the body must be a JSON array of {urn, <aspect>: {}}", [Issue("expected an array", path="$")])
@@ -362,7 +364,7 @@ async def _batch_get(entity: str, request: Request, session: Session, registry: 
         wanted.append((urn, aspects))
     if issues:
         raise ValidationFailed(f"{len({i.index for i in issues})} of {len(body)} items are invalid", issues)
-    found = await EntityReader(session, registry).latest_of_many(wanted)  # one query for the whole batch
+    found = await EntityReader(session, registry, caller).latest_of_many(wanted)  # one query for the whole batch
     out = []
     for urn, aspects in wanted:
         rows = [r for r in found.get(urn, ()) if aspects is None or r.aspect in aspects]

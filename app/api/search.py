@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from app.api.deps import ALLOW_READ, Backend, Registry, Session
+from app.api.deps import ALLOW_READ, Backend, Caller, Registry, Session
 from app.api.http import Flag, UrnPath, UrnQuery, checked_urn, entity_of_urn, invalid_at, stored_envelope
 from app.api.search_models import RelationshipItem, ScrollEntity
 from app.errors import ERROR_RESPONSES, Issue, NotFound, ValidationFailed
@@ -80,7 +80,7 @@ def _filters(request: Request) -> dict[str, list[str]]:
     ),
 )
 async def scroll_entities(
-    entityName: str, request: Request, session: Session, registry: Registry, backend: Backend,
+    entityName: str, request: Request, session: Session, registry: Registry, backend: Backend, caller: Caller,
     query: Annotated[str, Query()] = "*",
     count: Annotated[int, Query(ge=0, le=MAX_PAGE_SIZE)] = 10,
     scrollId: Annotated[str | None, Query()] = None,
@@ -102,7 +102,7 @@ async def scroll_entities(
     sort = [(field, order) for field in sortCriteria] if sortCriteria else None
     if "\x00" in query or any("\x00" in field for field in sortCriteria or ()):
         raise ValidationFailed("the query contains a NUL character (\\u0000)", [Issue("NUL character", path="$query")])
-    reader = EntityReader(session, registry)
+    reader = EntityReader(session, registry, caller)
     try:
         await refuse_deleted_property_filters(reader.repo, (Placed((), Criterion(name, tuple(values)))
                                                             for name, values in filters.items()))
@@ -432,13 +432,14 @@ def _indexed_aspects(registry: EntityRegistry, entity: str) -> set[str] | None:
     "index does not use.",
 )
 async def trace_write(
-    urn: UrnPath, session: Session, registry: Registry, backend: Backend,
+    urn: UrnPath, session: Session, registry: Registry, backend: Backend, caller: Caller,
     aspect: Annotated[list[str] | None, Query()] = None,
 ) -> Any:
     entity = entity_of_urn(registry, urn)
     if any("\x00" in a for a in aspect or ()):
         raise ValidationFailed("aspect contains a NUL character (\\u0000)", [Issue("NUL character", path="$aspect")])
-    rows = await EntityReader(session, registry).repo.entity_latest(urn, aspect)
+    reader = EntityReader(session, registry, caller)  # an entity the caller may not see has no stored aspects
+    rows = [] if await reader.unreadable([urn]) else await reader.repo.entity_latest(urn, aspect)
     if not rows:
         raise NotFound(f"entity {urn} has no stored aspects" + (f" named {aspect}" if aspect else ""), [Issue("not found", urn=urn)])
     indexed = await backend.document_versions(urn)

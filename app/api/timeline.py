@@ -15,10 +15,12 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.deps import ALLOW_READ, Registry, Session
+from app.api.deps import ALLOW_READ, Caller, Registry, Session
 from app.api.http import Flag, UrnPath, entity_of_urn, json_response
+from app.auth.reads import unreadable_entities
 from app.errors import ERROR_RESPONSES
 from app.timeline.service import CATEGORY_ASPECTS, TimelineService, parse_categories, time_range
+from app.write.repository import AspectRepository
 
 router = APIRouter(prefix="/openapi/v2/timeline/v1", tags=["timeline"], dependencies=[ALLOW_READ])
 
@@ -62,7 +64,7 @@ class ChangeTransaction(BaseModel):
     f"`{TRUNCATED_HEADER}` names the aspects and `{COMPLETE_FROM_HEADER}` the time from which the history is whole.",
 )
 async def timeline(
-    urn: UrnPath, session: Session, registry: Registry,
+    urn: UrnPath, session: Session, registry: Registry, caller: Caller,
     categories: Annotated[list[str], Query(description="Change categories: TAG, OWNERSHIP, TECHNICAL_SCHEMA, ...")],
     startTime: Annotated[int, Query(ge=-1, le=MAX_EPOCH_MS, description="Epoch ms; -1: a week before endTime")] = -1,
     endTime: Annotated[int, Query(ge=0, le=MAX_EPOCH_MS, description="Epoch ms; 0: now")] = 0,
@@ -71,6 +73,8 @@ async def timeline(
     entity_type = entity_of_urn(registry, urn)
     wanted = parse_categories(categories)
     start, end = time_range(startTime, endTime)
+    if await unreadable_entities(caller, [urn], AspectRepository(session)):  # the read rule: an entity never written
+        return json_response([])
     result = await TimelineService(session, registry).timeline(urn, entity_type, wanted, start, end, raw)
     headers = None
     if result.truncated:

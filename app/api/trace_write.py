@@ -39,9 +39,10 @@ from pydantic import BaseModel, ConfigDict, Field, RootModel
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api.deps import ALLOW_READ, Backend, JsonBody, Registry, Session
+from app.api.deps import ALLOW_READ, Backend, Caller, JsonBody, Registry, Session
 from app.api.http import Flag, check_batch_size, entity_of_urn, invalid_at
 from app.api.search import _indexed_aspects
+from app.auth.reads import unreadable_entities
 from app.avro.wire import ValueCodec
 from app.db import SessionRepository
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
@@ -51,7 +52,7 @@ from app.ingest.trace import (
 )
 from app.registry import EntityRegistry
 from app.settings import Settings
-from app.write.repository import StoredAspect
+from app.write.repository import AspectRepository, StoredAspect
 
 log = logging.getLogger("metaledger.trace")
 
@@ -142,7 +143,7 @@ def _status(write_status: WriteStatus, message: str | None = None, exceptions: l
     "(`writeExceptions`); `skipCache` changes nothing (nothing is cached).",
 )
 async def trace_writes(
-    request: Request, session: Session, registry: Registry, backend: Backend,
+    request: Request, session: Session, registry: Registry, backend: Backend, caller: Caller,
     body: Annotated[TraceRequest, Depends(JsonBody(TraceRequest))],
     traceId: Annotated[str, Path(description="A trace id (32 hex digits) or a whole `traceparent`")],
     onlyIncludeErrors: Annotated[Flag, Query()] = True,
@@ -159,6 +160,8 @@ async def trace_writes(
         urn: {a: _status("NO_OP") for a in aspects if registry.aspect_spec(a).is_timeseries}
         for urn, aspects in wanted.items()
     }
+    for urn in await unreadable_entities(caller, list(wanted), AspectRepository(session)):  # the read rule: absent
+        primary[urn] = {a: _status("UNKNOWN") for a in wanted[urn]}
     versions: dict[tuple[str, str], int] = {}
     replaced: set[tuple[str, str]] = set()
     trace_ms = trace_time_ms(trace_id)

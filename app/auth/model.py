@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum, IntEnum
@@ -62,6 +64,19 @@ class Principal:
 
     def audit_stamp(self) -> AuditStamp:
         return AuditStamp.now(self.actor)
+
+    # What this principal may read: the read rule (app.auth.reads), as the readers below app.auth ask it
+    # (app.write.reader.EntityReader's `ReadRule`).
+    def may_read(self, entity_type: str, urn: str, aspect: str, value: Any) -> bool:
+        from app.auth.reads import may_read_aspect
+
+        return may_read_aspect(self, entity_type, urn, aspect, value)
+
+    async def unreadable(self, urns: Iterable[str], repo: Any, *, in_hand: Mapping[tuple[str, str], Any] | None = None,
+                         complete: AbstractSet[str] = frozenset()) -> set[str]:
+        from app.auth.reads import unreadable_entities
+
+        return await unreadable_entities(self, urns, repo, in_hand=in_hand, complete=complete)
 
     def to_json(self) -> dict[str, Any]:
         return {"actor": self.actor, "role": self.role.label, "tokenId": self.token_id, "via": self.via}

@@ -44,6 +44,7 @@ from app.settings import Settings
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.proposal import ChangeType, Draft
 from app.write.processors import PIPELINE_ENTITY
+from app.write.rules import system_entity_refusal
 
 log = logging.getLogger("metaledger.auth")
 
@@ -204,7 +205,7 @@ class AuthService:
 
     async def authorize_writes(self, principal: Principal, drafts: Sequence[Draft]) -> None:
         """Every draft must be within the principal's role and policies: deleting a whole entity (its key aspect) and
-        writing metaledger's own configuration (the change-processor pipeline) need ADMIN; a writer with policies may write only the entity types and aspects they grant. One 403 names them all."""
+        writing metaledger's own configuration (through its own services only: app.write.rules) need ADMIN; a writer with policies may write only the entity types and aspects they grant. One 403 names them all."""
         if principal.role >= Role.ADMIN:
             return
         principal.require(Permission.WRITE)
@@ -213,8 +214,8 @@ class AuthService:
         for draft in drafts:
             if str(draft.entity_type).lower() == PIPELINE_ENTITY.lower():
                 refused.append(Issue(
-                    f"writing metaledger's own configuration ({PIPELINE_ENTITY}) needs the ADMIN permission; "
-                    f"{principal.actor} has the {principal.role.label} role", draft.index, draft.urn, draft.aspect_name,
+                    f"{system_entity_refusal(draft.urn, 'a write')} (ADMIN only); {principal.actor} has the "
+                    f"{principal.role.label} role", draft.index, draft.urn, draft.aspect_name,
                 ))
             elif draft.change_type == ChangeType.DELETE.value and self._is_key_aspect(draft):
                 refused.append(Issue(

@@ -70,14 +70,14 @@ class Context:
         self.loader = AspectLoader(self._read_latest, self._lock)
 
     async def _read_latest(self, wanted: Sequence[tuple[str, Sequence[str] | None]]) -> dict[str, dict[str, Any]]:
-        rows = await EntityReader(self.session, self.registry).latest_of_many(list(wanted))
+        rows = await EntityReader(self.session, self.registry, self.caller).latest_of_many(list(wanted))
         return {urn: {row.aspect: row.value for row in found} for urn, found in rows.items()}
 
     async def refuse_deleted_property_facets(self, facets: Sequence[str], base: str) -> None:
         """A 400 when a requested facet names a soft-deleted structured property, at its index below `base`."""
         async with self._lock:
             try:
-                await refuse_deleted_property_facets(EntityReader(self.session, self.registry).repo, facets)
+                await refuse_deleted_property_facets(EntityReader(self.session, self.registry, self.caller).repo, facets)
             except InvalidFilter as error:
                 raise error.at(base) from None
 
@@ -86,7 +86,7 @@ class Context:
         criterion's field below `base`, or at `base` for criteria without a place in the request (a view's)."""
         async with self._lock:
             try:
-                await refuse_deleted_property_filters(EntityReader(self.session, self.registry).repo,
+                await refuse_deleted_property_filters(EntityReader(self.session, self.registry, self.caller).repo,
                                                       (p for group in placed for p in group))
             except InvalidFilter as error:
                 if error.loc[:-1]:
@@ -111,7 +111,8 @@ class Context:
             return await self.aspect(ref.urn, aspect)
         async with self._lock:
             try:
-                row = await EntityReader(self.session, self.registry).aspect(ref.entity_name, ref.urn, aspect, version)
+                reader = EntityReader(self.session, self.registry, self.caller)
+                row = await reader.aspect(ref.entity_name, ref.urn, aspect, version)
             except NotFound:
                 return None
         return row.value

@@ -3,15 +3,16 @@ view's `dataHubViewInfo` aspect, applied as DataHub's SearchAcrossEntitiesResolv
 are those asked for that the view allows, and every OR group of the search is ANDed with every OR group of the
 view's filter.
 
-Where DataHub is lax, metaledger is precise: a view that does not exist, or a PERSONAL view of another user, is an
-error naming `viewUrn` (DataHub logs a warning and searches without the view, so a typo widens a search silently).
+Where DataHub is lax, metaledger is precise: a view that does not exist, or a PERSONAL view of another user (which
+the read rule, app.auth.reads, makes absent to the caller), is an error naming `viewUrn` (DataHub logs a warning and
+searches without the view, so a typo widens a search silently).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from app.auth.model import Permission
+from app.auth.reads import VIEW_ENTITY, VIEW_INFO, may_read_aspect
 from app.errors import Issue, NotFound, ValidationFailed
 from app.limits import clip
 from app.search.filters import Groups, InvalidFilter, stored_filter_groups
@@ -22,7 +23,7 @@ VIEW_PATH = "$input.viewUrn"
 
 def _view_urn(urn: str) -> str:
     try:
-        if entity_type_of(urn) == "dataHubView":
+        if entity_type_of(urn) == VIEW_ENTITY:
             return urn
     except InvalidUrnError:
         pass
@@ -34,11 +35,10 @@ async def apply_view(context: Any, view_urn: str, entity_names: list[str]) -> tu
     """The entity types of a search inside the view `view_urn` (those of `entity_names` it allows), and the view's
     filter, which the search's own must be ANDed with (`app.search.filters.both`)."""
     urn = _view_urn(view_urn)
-    info = await context.aspect(urn, "dataHubViewInfo")
+    info = await context.aspect(urn, VIEW_INFO)
     if info is None:
         raise NotFound(f"view {clip(urn, 100)} does not exist", [Issue("not found", path=VIEW_PATH, found=clip(urn, 100))])
-    owner = ((info.get("created") or {}).get("actor"))
-    if info.get("type") == "PERSONAL" and owner != context.caller.actor and not context.caller.allows(Permission.ADMIN):
+    if not may_read_aspect(context.caller, VIEW_ENTITY, urn, VIEW_INFO, info):  # the read rule (app.auth.reads)
         raise NotFound(f"view {clip(urn, 100)} does not exist", [Issue("not found", path=VIEW_PATH, found=clip(urn, 100))])
     definition = info.get("definition") or {}
     allowed = {name.lower() for name in definition.get("entityTypes") or ()}

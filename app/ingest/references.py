@@ -10,6 +10,7 @@ Removing a reference removes the innermost array element that holds it (an owner
 a reference outside any array (`/container`) removes the field. If the aspect is then no longer valid (a required
 field is gone) the aspect is deleted, as DataHub does. Each change goes through the write path as an UPSERT (or a
 DELETE) conditional on the version that was read (`If-Version-Match`), so a concurrent write is never overwritten.
+metaledger's own entity (metaledgerSystem) is never touched: only its own services write it (app.write.rules).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import orjson
 from app.registry import EntityRegistry
 from app.registry.errors import AspectValidationError
 from app.urns import entity_type_of
+from app.write.processors import PIPELINE_ENTITY
 from app.write.proposal import IF_VERSION_MATCH, ChangeType, Draft
 
 ARRAY = "*"
@@ -127,6 +129,8 @@ def find_references(registry: EntityRegistry, rows: list[Any], urn: str) -> list
         if not types:
             continue
         entity_type = entity_type_of(row["urn"])
+        if entity_type == PIPELINE_ENTITY:
+            continue  # metaledger's own configuration: written by its own services only (app.write.rules)
         spec = registry.aspects[row["aspect"]]
         try:
             validated: dict[str, Any] | None = spec.validate(new_value)

@@ -13,7 +13,9 @@ through the ingest gateway as ordinary proposals attributed to the caller, with 
 * an aspect someone else changed since R wrote it (a later run, a user), or in between two of R's writes, is left
   as it is and reported (`unsafeEntities`, `aspectsAffected`), as is an entity R created that holds aspects from
   elsewhere; `safe=false` reverts such aspects too and hard-deletes such entities;
-* an aspect R only re-observed (the same value again) is not R's to revert.
+* an aspect R only re-observed (the same value again) is not R's to revert;
+* metaledger's own entity (metaledgerSystem: the runtime model set, the change-processor pipeline) is never touched:
+  only its own services write it (app.write.rules.SystemEntityThroughItsServices).
 
 Each proposal carries `If-Version-Match` with the version it was decided on: a concurrent write to it fails the
 page's transaction, which is decided again from what is stored then. Nothing is kept between pages but counters and
@@ -40,6 +42,7 @@ from app.ingest.gateway import IngestGateway
 from app.registry import EntityRegistry
 from app.runs.repository import RunRepository
 from app.urns import entity_type_of
+from app.write.processors import PIPELINE_ENTITY
 from app.write.proposal import DEFAULT_RUN_ID, IF_VERSION_MATCH, ChangeType, Draft
 from app.write.rules import ABSENT_VERSION
 
@@ -261,6 +264,8 @@ class Rollback:
         if s["cur_run"] == self.marker:
             return  # rolled back already
         entity_type = entity_type_of(urn)
+        if entity_type == PIPELINE_ENTITY:
+            return  # metaledger's own configuration: written by its own services only, never a run's to revert
         key_aspect = self._key_aspect(urn)
         entity = entities.get(urn)
         cur_sm = _sm(s["cur_sm"])

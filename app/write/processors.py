@@ -29,8 +29,9 @@ Where it runs
   emits are applied in the transaction that moves its position past the change log, so exactly once per change log.
 - Never on metaledger's own entity (PIPELINE_ENTITY): a processor cannot lock the admins out of the pipeline.
 
-The pipeline is the aspect PIPELINE_ASPECT of PIPELINE_URN, written through the ordinary write API (ADMIN only);
-until it is first written, entity_registry.yml's `changeProcessors:` list is the pipeline (version 0).
+The pipeline is the aspect PIPELINE_ASPECT of PIPELINE_URN, written only through its own route (PUT
+/openapi/v1/change-processors, ADMIN; the general write paths refuse it: app.write.rules) and then the ordinary write
+pipeline; until it is first written, entity_registry.yml's `changeProcessors:` list is the pipeline (version 0).
 """
 
 from __future__ import annotations

@@ -13,14 +13,15 @@ A rule declares which change types and which entity/aspect pairs it governs ("*"
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from contextvars import ContextVar
 from typing import Any, ClassVar
 
 from app.registry.runtime import MODELS_ASPECT
-from app.write.processors import PIPELINE_ENTITY
+from app.write.processors import PIPELINE_ASPECT, PIPELINE_ENTITY, PIPELINE_URN
 from app.write.proposal import (
     IF_NONE_MATCH,
     IF_VERSION_MATCH,
@@ -146,31 +147,59 @@ class KeyAspectMatchesUrn(ProposalRule):
         )
 
 
-# Set by the models API's own write (app.write.runtime_models.apply_models), in its task only: no caller can set it.
-MODELS_API_WRITE: ContextVar[bool] = ContextVar("metaledger_models_api_write", default=False)
+# metaledger's own entity (PIPELINE_ENTITY, metaledgerSystem) is written by its own services only, each after its
+# own checks: the runtime model set by the models API, the change-processor pipeline by the processors API. Each
+# service's write names the (urn, aspect) it writes, in its task only (`system_service_write`): no caller can set it.
+SYSTEM_SERVICE_WRITE: ContextVar[tuple[str, str] | None] = ContextVar("metaledger_system_service_write", default=None)
+MODELS_URN = f"urn:li:{PIPELINE_ENTITY}:models"
+# urn -> (its aspect, the service that writes it)
+SYSTEM_SERVICES: Mapping[str, tuple[str, str]] = {
+    MODELS_URN: (MODELS_ASPECT, "POST /openapi/v1/models (metaledger model apply)"),
+    PIPELINE_URN: (PIPELINE_ASPECT, "PUT /openapi/v1/change-processors"),
+}
 
 
-class RuntimeModelsThroughModelsApi(ProposalRule):
-    """The runtime model set is written only by the models API (POST /openapi/v1/models, `metaledger model apply`),
-    after its compatibility and stored-data checks: a v3 or MCP write of it would store a set no process can build."""
+@contextmanager
+def system_service_write(urn: str, aspect: str) -> Iterator[None]:
+    """The block's writes of `aspect` of `urn` are the service's own (app.write.runtime_models.apply_models,
+    app.api.processors): `SystemEntityThroughItsServices` lets them pass, and nothing else of metaledgerSystem."""
+    token = SYSTEM_SERVICE_WRITE.set((urn, aspect))
+    try:
+        yield
+    finally:
+        SYSTEM_SERVICE_WRITE.reset(token)
 
-    name = "RuntimeModelsThroughModelsApi"
+
+def system_entity_refusal(urn: str | None, what: str) -> str:
+    """Why `what` (a write, a DELETE, ...) of metaledgerSystem is refused, naming the service to use instead."""
+    services = {urn: SYSTEM_SERVICES[urn]} if urn in SYSTEM_SERVICES else SYSTEM_SERVICES
+    where = "; ".join(f"{aspect} of {u} through {route}" for u, (aspect, route) in services.items())
+    return (f"{PIPELINE_ENTITY} is metaledger's own configuration, written only by its own services, never by "
+            f"{what} through a general write path: {where}")
+
+
+class SystemEntityThroughItsServices(ProposalRule):
+    """metaledger's own entity is written only by its own services (the models API, the processors API), after their
+    checks: any other write or delete of any of its aspects (its key aspect: the whole entity, the model set and its
+    history with it) through any general write path (v1, v3, Rest.li, OpenLineage, the MCP and MCE topics, GraphQL,
+    and the proposals of rollback, deleteReferences and change processors) is refused here, where every proposal
+    passes before the transaction."""
+
+    name = "SystemEntityThroughItsServices"
     change_types = PROPOSABLE_CHANGE_TYPES
-    entity_aspects = ((PIPELINE_ENTITY, MODELS_ASPECT),)
+    entity_aspects = ((PIPELINE_ENTITY, ANY),)
 
     def apply(self, proposal: Proposal) -> Verdict | None:
-        if MODELS_API_WRITE.get():
+        if SYSTEM_SERVICE_WRITE.get() == (proposal.urn, proposal.aspect_name):
             return None
-        return self.verdict(
-            VerdictKind.VALIDATION, f"{MODELS_ASPECT} of {proposal.urn} is written only through POST "
-            "/openapi/v1/models (metaledger model apply), which checks it first", "$.aspectName",
-        )
+        what = f"a {proposal.change_type.value} of {proposal.aspect_name} of {proposal.urn}"
+        return self.verdict(VerdictKind.VALIDATION, system_entity_refusal(proposal.urn, what), "$.entityType")
 
 
 def builtin_proposal_rules(urn_to_key: Callable[[str, str], dict[str, Any]]) -> list[ProposalRule]:
     """The checks every proposal passes before user validators; `urn_to_key` is the registry's."""
-    return [TimeseriesUpsertOnly(), KeyAspectIsNotPatched(), KeyAspectMatchesUrn(urn_to_key),
-            RuntimeModelsThroughModelsApi()]
+    return [SystemEntityThroughItsServices(), TimeseriesUpsertOnly(), KeyAspectIsNotPatched(),
+            KeyAspectMatchesUrn(urn_to_key)]
 
 
 def _actual_version(change: PendingChange) -> str:

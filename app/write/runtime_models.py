@@ -30,14 +30,13 @@ from app.write.processors import PIPELINE_ENTITY
 from app.write.decision import ItemResult, ItemStatus
 from app.write.proposal import IF_VERSION_MATCH, Draft
 from app.write.repository import AspectRepository
-from app.write.rules import MODELS_API_WRITE
+from app.write.rules import MODELS_URN, system_service_write
 
 if TYPE_CHECKING:  # the write path imports this module (refuse_writes_past_the_models)
     from app.ingest.gateway import IngestGateway
 
 log = logging.getLogger("metaledger.models")
 
-MODELS_URN = f"urn:li:{PIPELINE_ENTITY}:models"
 STORED_FAILURES_REPORTED = 10  # a changed schema that stored values break: the first ones, with their URN
 STORED_PAGE_ROWS = 500
 
@@ -266,14 +265,11 @@ async def apply_models(gateway: IngestGateway, session: AsyncSession, caller: Pr
         await repo.latest([(MODELS_URN, MODELS_ASPECT)], for_update=True)
         checked = await _checked(gateway, session, caller, proposed, if_version)
         current = checked.current
-        checked_write = MODELS_API_WRITE.set(True)
         try:
             result = await gateway.apply(session, checked.proposals, caller.audit_stamp(), [checked.draft])
         except PreconditionFailed as error:
             raise ExistenceConflict(f"another apply stored a model set since version {current.version} was read; "
                                     "nothing was stored, apply again", error.issues) from None
-        finally:
-            MODELS_API_WRITE.reset(checked_write)
     item = result.items[0]
     version = int(item.version or current.version)
     if version != gateway.registry.runtime_version:
@@ -316,11 +312,8 @@ async def _checked(gateway: IngestGateway, session: AsyncSession, caller: Princi
     draft = Draft(0, PIPELINE_ENTITY, MODELS_ASPECT, urn=MODELS_URN, value=proposed.to_stored(),
                   headers={IF_VERSION_MATCH: str(current.version) if current.version else "-1"})
     await gateway.authorize(caller, [draft])
-    checked_write = MODELS_API_WRITE.set(True)  # the rule that refuses any other write of the set lets it pass
-    try:
+    with system_service_write(MODELS_URN, MODELS_ASPECT):  # the rule refusing any other write lets it pass
         proposals = await gateway.prepare_in_turns([draft])
-    finally:
-        MODELS_API_WRITE.reset(checked_write)
     answer = {"previousVersion": current.version, "diff": model_diff(current.models, proposed),
               "dryRun": True, "version": current.version}
     return CheckedApply(answer, current, checked.built, draft, list(proposals))

@@ -121,8 +121,9 @@ def mcp(urn: str, aspect: str, value: dict, entity: str = "dataset") -> dict:
     return {"entityType": entity, "entityUrn": urn, "aspectName": aspect, "aspect": {"value": value}}
 
 
-def pipeline_mcp(*steps: dict) -> dict:
-    return mcp(PIPELINE_URN, "changeProcessorPipeline", {"steps": list(steps)}, entity="metaledgerSystem")
+def pipeline(*steps: dict) -> dict:
+    """The body of PUT /openapi/v1/change-processors (the only route that writes the pipeline)."""
+    return {"steps": list(steps)}
 
 
 # --- the before phase ----------------------------------------------------------------------------------------------
@@ -238,15 +239,15 @@ async def test_the_stored_pipeline_is_admin_only_and_another_process_takes_it_up
                 httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m") as here, \
                 httpx.AsyncClient(base_url=base, headers=SYSTEM_AUTH, timeout=30) as there:
             upper = [mcp(DEV, "globalTags", {"tags": [{"tag": "urn:li:tag:PII"}]})]
-            lower_first = pipeline_mcp({"name": f"{P}.Lowercase"}, {"name": f"{HERE}.RejectsUppercaseTags"})
-            reject_first = pipeline_mcp({"name": f"{HERE}.RejectsUppercaseTags"}, {"name": f"{P}.Lowercase"})
+            lower_first = pipeline({"name": f"{P}.Lowercase"}, {"name": f"{HERE}.RejectsUppercaseTags"})
+            reject_first = pipeline({"name": f"{HERE}.RejectsUppercaseTags"}, {"name": f"{P}.Lowercase"})
 
             # a writer may not change the pipeline (403 naming the permission); an admin may
             writer = await bearer(app, role="writer", actor="urn:li:corpuser:alice")
-            forbidden = await here.post("/openapi/v1/proposals", json=[lower_first], headers=writer)
+            forbidden = await here.put("/openapi/v1/change-processors", json=lower_first, headers=writer)
             assert forbidden.status_code == 403 and "ADMIN" in forbidden.text
             admin = await bearer(app)
-            assert (await here.post("/openapi/v1/proposals", json=[lower_first], headers=admin)).status_code == 200
+            assert (await here.put("/openapi/v1/change-processors", json=lower_first, headers=admin)).status_code == 200
 
             # the other process takes it up within seconds, without a restart: the tag is lower-cased
             async def there_status(expected: int) -> bool:
@@ -259,7 +260,7 @@ async def test_the_stored_pipeline_is_admin_only_and_another_process_takes_it_up
             assert listed["version"] == 1 and [s["name"] for s in listed["steps"]] == [f"{P}.Lowercase", f"{HERE}.RejectsUppercaseTags"]
 
             # reordered over the API: now the same write is refused there, naming the processor
-            assert (await here.post("/openapi/v1/proposals", json=[reject_first], headers=admin)).status_code == 200
+            assert (await here.put("/openapi/v1/change-processors", json=reject_first, headers=admin)).status_code == 200
             assert await eventually(lambda: there_status(400), timeout=15)
             refused = await there.post("/openapi/v1/proposals", json=upper)
             assert "RejectsUppercaseTags" in refused.text

@@ -154,7 +154,7 @@ async def test_the_set_is_written_only_through_the_models_api(client):
     for write in writes:
         refused = await write
         assert refused.status_code == 400, refused.text
-        assert "RuntimeModelsThroughModelsApi" in refused.text
+        assert "SystemEntityThroughItsServices" in refused.text and "POST /openapi/v1/models" in refused.text
     current = (await client.get(MODELS)).json()
     assert current["version"] == 1 and [a["name"] for a in current["aspects"]] == ["acmeRating", "acmeWidgetKey"]
 

@@ -20,7 +20,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from app.api.deps import (
-    ALLOW_READ, Gateway, Reader, Registry, Session, admit_before_body, get_backend, get_read_your_writes,
+    ALLOW_READ, Caller, Gateway, Reader, Registry, Session, admit_before_body, get_backend, get_read_your_writes,
 )
 from app.api.http import UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response, read_json
 from app.api.restli.common import ACTION_BODY, optional_int, require_object, require_urn
@@ -117,7 +117,7 @@ async def _timeseries(body: dict[str, Any], request: Request, registry: EntityRe
     "The URN is percent-encoded in the path.",
 )
 async def get_versioned_aspect(
-    urn: UrnPath, session: Session, registry: Registry,
+    urn: UrnPath, session: Session, registry: Registry, caller: Caller,
     aspect: Annotated[str, Query(description="Aspect name, e.g. datasetProperties")],
     version: Annotated[int, Query(ge=0)] = 0,
 ) -> Response:
@@ -127,5 +127,5 @@ async def get_versioned_aspect(
         spec = registry.aspect(entity, aspect)
     if spec.is_timeseries:  # never in the aspect store (DataHub: no SQL row either)
         raise NotFound(f"timeseries aspect {aspect!r} is not versioned", [Issue("not found", urn=urn, aspect=aspect)])
-    row = await EntityReader(session, registry).aspect(entity, urn, aspect, version)
+    row = await EntityReader(session, registry, caller).aspect(entity, urn, aspect, version)
     return json_response({"aspect": {spec.record_name: row.value}, "version": version})

@@ -134,7 +134,7 @@ def _envelope(name: str, value: dict[str, Any], created_ms: int, actor: str, sys
     "the key aspect is always included unless `alwaysIncludeKeyAspect=false`; an unknown URN gives the key aspect only.",
 )
 async def get_entity_v2(
-    urn: UrnPath, request: Request, session: Session, registry: Registry,
+    urn: UrnPath, request: Request, session: Session, registry: Registry, caller: Caller,
     always_include_key_aspect: Annotated[Flag, Query(alias="alwaysIncludeKeyAspect")] = True,
 ) -> Response:
     entity = registry.entity(entity_of_urn(registry, urn))
@@ -148,7 +148,7 @@ async def get_entity_v2(
             wanted.append(entity.key_aspect)
     else:
         wanted = None
-    rows = (await EntityReader(session, registry).latest_of_many([(urn, wanted)])).get(urn, []) if wanted != [] else []
+    rows = (await EntityReader(session, registry, caller).latest_of_many([(urn, wanted)])).get(urn, []) if wanted != [] else []
     if requested is None and not always_include_key_aspect:
         rows = [r for r in rows if r.aspect != entity.key_aspect]
     aspects: dict[str, Any] = {}
