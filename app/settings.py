@@ -325,9 +325,10 @@ class Settings(BaseSettings):
                     "is a 400 before it runs")
     graphql_max_response_bytes: int = Field(
         64 * 2**20, ge=1_024,
-        description="an answer whose values come to more than this (counted as each value is produced, a string by "
-                    "its length) is refused with a 400 as it grows past it: no further field is resolved, and what an "
-                    "answer holds in memory is bounded whatever its cost")
+        description="a GraphQL answer that comes to more than this, counting the JSON text of the aspects read for "
+                    "it and its values (a string by its length) as they come, is refused with a 400 naming this "
+                    "setting as it grows past it: no further field is resolved, and what a request holds in memory "
+                    "is bounded whatever its cost")
     cors_origins: Annotated[list[str], NoDecode] = Field(
         default_factory=list, json_schema_extra=group("HTTP and input limits"),
         description="origins a browser may call the API from, as a JSON list (`'[\"https://datahub.example.com\"]'`) "

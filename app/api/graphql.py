@@ -40,7 +40,9 @@ _RESULT = {
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY}}}},
     responses={**ERROR_RESPONSES, 200: {"description": "The GraphQL result: `data` and/or `errors` (query errors "
                                                        "are answered 200, as DataHub does; an operation over "
-                                                       "METALEDGER_GRAPHQL_MAX_COST is a 400 in the same form)",
+                                                       "METALEDGER_GRAPHQL_MAX_COST, or whose answer grows past "
+                                                       "METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES, is a 400 in the "
+                                                       "same form)",
                                         "content": {"application/json": {"schema": _RESULT}}}},
     summary="DataHub's GraphQL API: the searches, entity lookups and tag mutations DataHub's client calls",
     operation_id="graphql",

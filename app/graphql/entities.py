@@ -273,7 +273,7 @@ async def _schema_metadata(ref: EntityRef, info: Any, version: int | None = None
 
 
 async def _exists(ref: EntityRef, info: Any) -> bool:
-    return bool(await info.context.aspects(ref.urn))
+    return await info.context.exists(ref.urn)
 
 
 async def _platform_instance(ref: EntityRef, info: Any) -> dict[str, Any] | None:
@@ -312,7 +312,8 @@ def _render_spec(annotation: dict[str, Any]) -> dict[str, Any] | None:
 async def _raw_aspects(ref: EntityRef, info: Any, input: dict[str, Any] | None = None) -> list[dict[str, Any]]:
     """DataHub's WeaklyTypedAspectsResolver: the entity's aspects that have a value, in the entity's order, filtered
     by `aspectNames` (a name the entity does not have is left out, not an error) and `autoRenderOnly`; a timeseries
-    aspect has no latest value to answer."""
+    aspect has no latest value to answer. A payload is the aspect's JSON text as stored (never parsed here): aliases
+    of the same aspects share it, and the answer's budget counts each time it is answered."""
     registry = info.context.registry
     entity = registry.entities.get(ref.entity_name)
     if entity is None:
@@ -322,8 +323,8 @@ async def _raw_aspects(ref: EntityRef, info: Any, input: dict[str, Any] | None =
     wanted = [name for name in entity.aspects_in_order or sorted(entity.aspect_names)
               if (not names or name in names) and not registry.aspects[name].is_timeseries
               and (not auto_render_only or registry.aspects[name].annotation.get("autoRender"))]
-    values = await asyncio.gather(*(_aspect(info, ref, name) for name in wanted))
-    return [{"aspectName": name, "payload": orjson.dumps(value).decode(),
+    values = await asyncio.gather(*(info.context.aspect_json(ref.urn, name) for name in wanted))
+    return [{"aspectName": name, "payload": value,
              "renderSpec": _render_spec(registry.aspects[name].annotation)}
             for name, value in zip(wanted, values) if value is not None]
 

@@ -14,10 +14,24 @@ resolved, so what a search's `searchResults` select is paid once per result of i
 as the resolvers cut it), and `facets` cost an aggregation over every match (FACET_AGGREGATION_COST) plus what each
 of their values selects. Fields of the other lists (tags, owners, schema fields) count once: they are read with
 their entity's aspects. Inline fragments on different types count in full (an upper bound).
+
+Two checks hold while an operation runs:
+
+* `check_arguments`: what the arguments of a root field carry, before its resolver runs (every search, lookup and
+  mutation reads its arguments there, and they reach Postgres and the search backends from there): no string holds
+  a NUL character, and the strings that name a search field (a filter's or a sort criterion's `field`, a facet) are
+  field names;
+* `AnswerBudget`: the bytes of the answer (METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES), counted as they come: the JSON
+  text of the aspects read to answer it (app.graphql.resolvers.Context, a page's entities read in chunks) and each
+  value of the answer as it is produced (app.graphql.service's executor). Past the budget no further field is
+  resolved and the request is refused whole instead of answered, so what a request holds in memory is bounded for
+  every resolver, whatever the cost of the operation (a few aliased `aspects` over a page of large entities cost
+  little and answer a lot; a page of 10,000 entities' schemas costs little and reads a lot).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -34,7 +48,10 @@ from graphql import (
     value_from_ast_untyped,
 )
 
+from app.errors import Issue, ValidationFailed
 from app.graphql.resolvers import DEFAULT_AGG_VALUES, DEFAULT_COUNT, MAX_AGG_VALUES
+from app.limits import clip
+from app.search.filters import FIELD_NAME
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,3 +202,82 @@ def query_cost(document: DocumentNode, operation_name: str | None, variables: Ma
         return cost
 
     return selection_set(operation.selection_set, ()), operation
+
+
+# --- the arguments of a root field ------------------------------------------------------------------------------
+
+# Where a search input names a document field: a filter's and a sort criterion's `field` (FacetFilterInput,
+# SortCriterion), and each of an aggregation's `facets` (one field, or two joined by DataHub's nested-facet
+# separator, e.g. `_entityType␞typeNames`).
+FIELD_KEYS = frozenset({"field"})
+FACET_KEYS = frozenset({"facets"})
+FACET_NAME = re.compile(rf"{FIELD_NAME.pattern}(?:\u241e{FIELD_NAME.pattern})?")
+
+
+def _refuse(message: str, path: str, value: str, expected: str) -> ValidationFailed:
+    found = clip(value.replace("\x00", "\\u0000"), 100)
+    return ValidationFailed(f"{path}: {message}", [Issue(message, path=path, expected=expected, found=found)])
+
+
+def _check(value: Any, path: str, key: str) -> None:
+    if isinstance(value, str):
+        if "\x00" in value:
+            raise _refuse("a NUL character (\\u0000): Postgres text and the search backends cannot hold one", path,
+                          value, "text without \\u0000")
+        if key in FIELD_KEYS and not FIELD_NAME.fullmatch(value):
+            raise _refuse(f"not a field name ({len(value)} characters)", path, value, FIELD_NAME.pattern)
+        if key in FACET_KEYS and value and not FACET_NAME.fullmatch(value):
+            raise _refuse(f"not a facet name ({len(value)} characters)", path, value, FACET_NAME.pattern)
+    elif isinstance(value, Mapping):
+        for name, item in value.items():
+            _check(item, f"{path}.{name}", name)
+    elif isinstance(value, list | tuple):
+        for position, item in enumerate(value):
+            _check(item, f"{path}[{position}]", key)  # a list's items are what its key names (`facets`)
+
+
+def check_arguments(arguments: Mapping[str, Any]) -> None:
+    """The one check of what a root field's arguments carry (as graphql-core coerced them, literals and variables
+    alike), before its resolver runs: a 400 (ValidationFailed) naming the argument's place (`$input.facets[0]`) and
+    the reason when a string holds a NUL character (Postgres text and the search backends cannot hold one), or a
+    string naming a search field (FIELD_KEYS, FACET_KEYS) is not a field name (at most 200 characters of
+    `FIELD_NAME`)."""
+    for name, value in arguments.items():
+        _check(value, f"${name}", name)
+
+
+# --- the answer's bytes -------------------------------------------------------------------------------------------
+
+LEAF_BYTES = 8  # what a leaf value costs besides a string's characters: its name, quotes and separators, a number
+
+
+class AnswerTooLarge(Exception):
+    """Raised where a value would take the answer past its budget (and answered by app.graphql.service)."""
+
+
+class AnswerBudget:
+    """The bytes one answer may take: the JSON text of the aspects read for it (`spend`, as each chunk is read) and
+    its leaf values as they are produced (`charge`: a string's length, its characters, escaping comes on top in the
+    JSON text, and LEAF_BYTES for every leaf). Once past `limit`, everything further is refused (`exceeded`, and
+    AnswerTooLarge where it was asked for); `path` says where the request crossed it."""
+
+    __slots__ = ("limit", "path", "used")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self.path: str | None = None
+
+    @property
+    def exceeded(self) -> bool:
+        return self.used > self.limit
+
+    def spend(self, size: int) -> None:
+        """`size` more bytes (AnswerTooLarge when that is past the limit)."""
+        self.used += size
+        if self.used > self.limit:
+            raise AnswerTooLarge
+
+    def charge(self, value: Any) -> None:
+        """A leaf value of the answer."""
+        self.spend(LEAF_BYTES + len(value) if isinstance(value, str) else LEAF_BYTES)

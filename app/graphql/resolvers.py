@@ -9,7 +9,7 @@ import re
 import uuid
 from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 import orjson
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -38,6 +38,10 @@ from app.write.reader import EntityReader
 from app.search.structured_properties import is_property_field
 from app.write.structured_properties import refuse_deleted_property_facets, refuse_deleted_property_filters
 
+if TYPE_CHECKING:
+    from app.graphql.limits import AnswerBudget
+    from app.write.repository import StoredAspect
+
 log = logging.getLogger("metaledger.graphql")
 
 ENTITY_TYPE_FIELD = "_entityType"  # DataHub's virtual filter field: the entity type (its EntityType value)
@@ -47,6 +51,7 @@ FACETS_PATH = "$input.facets"
 SCROLL_ID_PATH = "$input.scrollId"
 # Bounds on what variables carry past the query's own limits: the query text (filter values: app.search.filters).
 MAX_QUERY_TEXT = 10_000
+READ_CHUNK = 100  # entities whose aspects one query of the aspect store reads (DataHub's clients ask for pages of 100)
 
 
 @dataclass
@@ -65,13 +70,25 @@ class Context:
     # The entity types registered at run time that the request's schema has (app.graphql.service.served_schema):
     # entity name -> object type.
     runtime_types: Mapping[str, str] = field(default_factory=dict)
+    # The bytes the answer may still take (set by app.graphql.service.run, counted by its executor).
+    answer: AnswerBudget | None = None
 
     def __post_init__(self) -> None:
         self.loader = AspectLoader(self._read_latest, self._lock)
 
     async def _read_latest(self, wanted: Sequence[tuple[str, Sequence[str] | None]]) -> dict[str, dict[str, Any]]:
-        rows = await EntityReader(self.session, self.registry, self.caller).latest_of_many(list(wanted))
-        return {urn: {row.aspect: row.value for row in found} for urn, found in rows.items()}
+        """The rows as read (StoredAspect): an aspect's JSON text is parsed when a field asks for its value, and
+        `aspects` answers the text itself. READ_CHUNK entities a query, the JSON text of each chunk's rows spent
+        from the answer's budget (app.graphql.limits.AnswerBudget): a read that takes the request past it stops
+        there (AnswerTooLarge), however many entities a page asked for."""
+        reader = EntityReader(self.session, self.registry, self.caller)
+        found: dict[str, dict[str, Any]] = {}
+        for start in range(0, len(wanted), READ_CHUNK):
+            rows = await reader.latest_of_many(list(wanted[start:start + READ_CHUNK]))
+            found.update((urn, {row.aspect: row for row in urn_rows}) for urn, urn_rows in rows.items())
+            if self.answer is not None:
+                self.answer.spend(sum(len(row.metadata) for urn_rows in rows.values() for row in urn_rows))
+        return found
 
     async def refuse_deleted_property_facets(self, facets: Sequence[str], base: str) -> None:
         """A 400 when a requested facet names a soft-deleted structured property, at its index below `base`."""
@@ -99,11 +116,22 @@ class Context:
 
     async def aspect(self, urn: str, aspect: str) -> dict[str, Any] | None:
         """The latest value of one aspect of `urn` (None: absent)."""
-        return await self.loader.aspect(urn, aspect)
+        row = cast("StoredAspect | None", await self.loader.aspect(urn, aspect))
+        return None if row is None else row.value
+
+    async def aspect_json(self, urn: str, aspect: str) -> str | None:
+        """The latest value of one aspect of `urn` as its stored JSON text, unparsed (None: absent)."""
+        row = cast("StoredAspect | None", await self.loader.aspect(urn, aspect))
+        return None if row is None else row.metadata
 
     async def aspects(self, urn: str) -> dict[str, Any]:
         """The latest value of each aspect of `urn` (empty: the entity does not exist)."""
-        return await self.loader.entity(urn)
+        rows = cast("dict[str, StoredAspect]", await self.loader.entity(urn))
+        return {name: row.value for name, row in rows.items()}
+
+    async def exists(self, urn: str) -> bool:
+        """Whether `urn` has any aspect (its values are read, not parsed)."""
+        return bool(await self.loader.entity(urn))
 
     async def aspect_version(self, ref: EntityRef, aspect: str, version: int) -> dict[str, Any] | None:
         """One version of an aspect (0: the latest), None when there is no such version."""
@@ -115,6 +143,8 @@ class Context:
                 row = await reader.aspect(ref.entity_name, ref.urn, aspect, version)
             except NotFound:
                 return None
+        if self.answer is not None:
+            self.answer.spend(len(row.metadata))
         return row.value
 
 
@@ -194,9 +224,8 @@ def _sort(sort_input: dict[str, Any] | None) -> list[tuple[str, str]] | None:
     criteria = list(sort_input.get("sortCriteria") or ())
     if sort_input.get("sortCriterion"):
         criteria.insert(0, sort_input["sortCriterion"])
+    # each field is a field name, checked with the other arguments (app.graphql.limits.check_arguments)
     sort = [(c["field"], "desc" if c["sortOrder"] == "DESCENDING" else "asc") for c in criteria]
-    if any("\x00" in name for name, _ in sort):
-        raise ValidationFailed("a sort field contains a NUL character (\\u0000)", [Issue("NUL character", path="$input.sortInput")])
     return sort or None
 
 
@@ -204,8 +233,6 @@ def _query(text: str | None) -> str:
     if text and len(text) > MAX_QUERY_TEXT:
         raise ValidationFailed(f"the query text is {len(text)} characters; the limit is {MAX_QUERY_TEXT}",
                                [Issue("too long", path="$input.query", found=clip(text, 100))])
-    if text and "\x00" in text:
-        raise ValidationFailed("the query contains a NUL character (\\u0000)", [Issue("NUL character", path="$input.query")])
     return (text or "*").strip() or "*"
 
 
@@ -426,7 +453,7 @@ def _entity_of(urn: str, registry: EntityRegistry, runtime_types: Collection[str
 
 async def resolve_entity(_root: Any, info: Any, urn: str) -> EntityRef | None:
     entity = _entity_of(urn, info.context.registry, info.context.runtime_types)
-    if entity is None or not await info.context.aspects(urn):
+    if entity is None or not await info.context.exists(urn):
         return None
     return EntityRef(urn, entity)
 
@@ -452,7 +479,7 @@ async def resolve_create_tag(_root: Any, info: Any, input: dict[str, Any]) -> st
     context.caller.require(Permission.WRITE)
     tag_id = input.get("id") or str(uuid.uuid4())
     urn = f"urn:li:tag:{tag_id}"
-    if await context.aspects(urn):
+    if await context.exists(urn):
         raise ValidationFailed("This Tag already exists!", [Issue("exists", path="$input.id", found=clip(tag_id, 100))])
     properties = {"name": input["name"], **({"description": input["description"]} if input.get("description") else {})}
     await _write(context, [Draft(0, "tag", "tagProperties", ChangeType.UPSERT.value, urn=urn, value=properties)])
@@ -476,7 +503,7 @@ async def resolve_delete_tag(_root: Any, info: Any, urn: str) -> bool:
     context: Context = info.context
     context.caller.require(Permission.WRITE)
     _tag_urn(urn, "$urn")
-    if not await context.aspects(urn):
+    if not await context.exists(urn):
         raise NotFound(f"tag {clip(urn, 100)} does not exist", [Issue("not found", path="$urn", found=clip(urn, 100))])
     key_aspect = context.registry.entity("tag").key_aspect
     await _write(context, [Draft(0, "tag", key_aspect, ChangeType.DELETE.value, urn=urn)])
@@ -494,7 +521,7 @@ async def resolve_remove_tag(_root: Any, info: Any, input: dict[str, Any]) -> bo
         raise ValidationFailed("removing a tag from a field (subResource) is not supported",
                                [Issue("unsupported", path="$input.subResource")])
     entity = _entity_of(resource, context.registry) or entity_type_of(resource)
-    current = (await context.aspects(resource)).get("globalTags")
+    current = await context.aspect(resource, "globalTags")
     if current is None:
         return True
     kept = [t for t in current.get("tags") or () if t.get("tag") != tag]

@@ -3,14 +3,17 @@
 (schema-first: the SDL is the contract, resolvers are attached to it; the schema of a registry holding entity types
 registered at run time has an object type for each of them, and follows the registry's changes). Every failure is a GraphQL error in the
 response body, in DataHub's form (`extensions.code`, `extensions.classification`); nothing a client sends ends in a
-500. A query over the cost limit is answered 400 (it is refused whole, before it runs). An overloaded or unreachable
-service (a read past its timeout included) is a 503, as on every other route."""
+500. A query over the cost limit is answered 400 (it is refused whole, before it runs), and so is one whose answer
+grows past METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES (refused while it is produced: app.graphql.limits.AnswerBudget).
+What the arguments of a root field carry is checked once, before its resolver runs (check_arguments). An overloaded
+or unreachable service (a read past its timeout included) is a 503, as on every other route."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from inspect import isawaitable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -18,13 +21,13 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from graphql import (
-    DocumentNode, GraphQLError, GraphQLSchema, IntValueNode, ValueNode, build_schema, execute, parse, validate,
+    DocumentNode, Executor, GraphQLError, GraphQLSchema, IntValueNode, ValueNode, build_schema, execute, parse, validate,
 )
 
 from app.db_faults import DatabaseFault, classify
 from app.errors import Issue, MetaledgerError, ValidationFailed
 from app.graphql.entities import bind_entities, runtime_entity_sdl, runtime_entity_types
-from app.graphql.limits import Limits, check_limits, query_cost
+from app.graphql.limits import AnswerBudget, AnswerTooLarge, Limits, check_arguments, check_limits, query_cost
 from app.graphql.resolvers import MUTATION_RESOLVERS, QUERY_RESOLVERS, Context
 from app.limits import MAX_LONG, MIN_LONG, clip
 from app.registry import EntityRegistry
@@ -51,6 +54,15 @@ def _long_literal(node: ValueNode, _variables: Any = None) -> int:
     return _long(int(node.value))
 
 
+def _arguments_checked(resolver: Any) -> Callable[..., Any]:
+    """A root field's resolver, run once its arguments pass check_arguments."""
+    @functools.wraps(resolver)
+    def resolve(root: Any, info: Any, **arguments: Any) -> Any:
+        check_arguments(arguments)
+        return resolver(root, info, **arguments)
+    return resolve
+
+
 def build(runtime_sdl: str = "", runtime_types: Mapping[str, str] | None = None) -> GraphQLSchema:
     """The schema of `schema.graphql`, with the object types of entity types registered at run time
     (`runtime_sdl`, of `runtime_types`: entity name -> object type) when a registry holds some."""
@@ -64,7 +76,7 @@ def build(runtime_sdl: str = "", runtime_types: Mapping[str, str] | None = None)
     for root, resolvers in ((schema.query_type, QUERY_RESOLVERS), (schema.mutation_type, MUTATION_RESOLVERS)):
         assert root is not None
         for name, resolver in resolvers.items():
-            root.fields[name].resolve = resolver
+            root.fields[name].resolve = _arguments_checked(resolver)
     return schema
 
 
@@ -231,9 +243,46 @@ def _too_costly(document: DocumentNode, request: GraphQLRequest, settings: Setti
                     f"is {settings.graphql_max_cost} (METALEDGER_GRAPHQL_MAX_COST)")
 
 
+class AnswerBoundExecutor(Executor):
+    """graphql-core's executor, counting the answer's bytes in the request's AnswerBudget (`context.answer`) as each
+    leaf value is produced (the aspects read for it are counted where they are read: app.graphql.resolvers.Context).
+    What takes the request past the budget is refused (AnswerTooLarge, which is no field error: `run` refuses the
+    request whole), and from then on no field is resolved: the fields asked for afterwards are null at once, no
+    resolver runs, no aspect is read. The resolvers already running finish, so the request's session is idle when
+    `run` answers; the operation is not unwound (a partial answer is dropped)."""
+
+    def execute_field(self, parent_type: Any, source: Any, field_details_list: Any, path: Any,
+                      position_context: Any) -> Any:
+        if self.context_value.answer.exceeded:
+            return None
+        return super().execute_field(parent_type, source, field_details_list, path, position_context)
+
+    def complete_leaf_value(self, return_type: Any, result: Any) -> Any:  # type: ignore[override]
+        completed = Executor.complete_leaf_value(return_type, result)
+        self.context_value.answer.charge(completed)
+        return completed
+
+    def handle_field_error(self, raw_error: Exception, return_type: Any, field_details_list: Any, path: Any) -> None:
+        if isinstance(raw_error, AnswerTooLarge):
+            answer: AnswerBudget = self.context_value.answer
+            if answer.path is None:
+                answer.path = ".".join(str(key) for key in path.as_list())
+            return  # not an error of the field's: nothing propagates, the answer is dropped whole
+        super().handle_field_error(raw_error, return_type, field_details_list, path)
+
+
+def _too_large(answer: AnswerBudget, operation_name: str | None) -> dict[str, Any]:
+    name = f"operation {operation_name!r}" if operation_name else "the operation"
+    return _refused(f"the answer of {name} grew past {answer.limit} bytes at `{answer.path}` (the aspects read for "
+                    f"it and its values, counted as they came; nothing more was resolved); the limit is "
+                    f"{answer.limit} bytes (METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES): ask for fewer results, aliases or "
+                    f"fields")
+
+
 async def run(request: GraphQLRequest, context: Context, settings: Settings) -> tuple[dict[str, Any], int]:
     """The GraphQL response body (`data` and/or `errors`) and its HTTP status: 200, or 400 for an operation over the
-    cost limit (refused before it runs, as a request too large is)."""
+    cost limit (refused before it runs, as a request too large is) or whose answer grows past
+    METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES (refused as it is produced)."""
     served = served_schema(context.registry)
     context.runtime_types = served.runtime_types
     document = _checked(request.query, settings, served.schema)
@@ -242,10 +291,15 @@ async def run(request: GraphQLRequest, context: Context, settings: Settings) -> 
     refused = _too_costly(document, request, settings)
     if refused is not None:
         return refused, 400
+    context.answer = AnswerBudget(settings.graphql_max_response_bytes)
     result = execute(served.schema, document, variable_values=request.variables, operation_name=request.operation_name,
-                     context_value=context)
+                     context_value=context, executor_class=AnswerBoundExecutor)
     if isawaitable(result):  # synchronous when no async resolver ran (introspection, variable errors)
         result = await result
+    if context.answer.exceeded:
+        log.warning("graphql answer refused: over METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES",
+                    extra={"limit": context.answer.limit, "path": context.answer.path})
+        return _too_large(context.answer, request.operation_name), 400
     for error in result.errors or ():
         if _retryable(error.original_error):
             raise error.original_error  # type: ignore[misc]
