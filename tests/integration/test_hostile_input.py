@@ -397,23 +397,40 @@ async def test_json_content_types_are_accepted(client, db):
     response = await client.patch(f"/openapi/v3/entity/dataset/{Q}/datasetProperties", content=orjson.dumps(patch),
                                   headers={"Content-Type": "application/json-patch+json"})
     assert response.status_code == 200, response.text
+    stored = {r["aspect"]: (r["version"], orjson.loads(r["metadata"])) for r in await db.fetch(
+        "SELECT aspect, (systemmetadata::jsonb ->> 'version')::int AS version, metadata FROM metadata_aspect_v2 "
+        "WHERE urn = $1 AND aspect IN ('status', 'datasetProperties') AND version = 0", DS)}
+    assert stored["status"] == (1, {"removed": False})  # written once, then the same value again (no-ops)
+    assert stored["datasetProperties"][1]["customProperties"] == {"k": "v"}
     response = await client.post("/entities?action=delete", content=orjson.dumps({"urn": DS}), headers=JSON)
     assert response.status_code == 200 and not await exists(db)
 
 
 async def test_model_bodies_and_the_schema_registry_check_the_content_type(client):
     token = {"actor": "urn:li:corpuser:alice", "role": "reader"}
+
+    async def alices_tokens() -> list[str]:
+        listed = await client.get("/openapi/v1/auth/tokens", params={"actor": token["actor"]})
+        return [t["role"] for t in listed.json()["tokens"]]
+
     assert (await client.post("/openapi/v1/auth/tokens", content=orjson.dumps(token), headers={"Content-Type": "text/plain"})).status_code == 415
+    assert await alices_tokens() == []
     assert (await client.post("/openapi/v1/auth/tokens", json=token)).status_code == 201
+    assert await alices_tokens() == ["reader"]
     url = "/schema-registry/api/subjects/hostile-value/versions"
     schema = orjson.dumps({"schema": '"string"'})
     refused = await client.post(url, content=schema, headers={"Content-Type": "text/plain"})
     assert refused.status_code == 415 and refused.json()["error_code"] == 415
     assert (await client.post(url, content=schema)).status_code == 415
+    assert (await client.get(url)).status_code == 404  # nothing registered
+    ids = set()
     for content_type in ("application/vnd.schemaregistry.v1+json", "application/vnd.schemaregistry+json",
                          "application/json", "application/octet-stream"):
         response = await client.post(url, content=schema, headers={"Content-Type": content_type})
         assert response.status_code == 200, (content_type, response.text)
+        ids.add(response.json()["id"])
+    assert len(ids) == 1 and (await client.get(url)).json() == [1]  # one schema, registered once, read back
+    assert (await client.get(f"/schema-registry/api/schemas/ids/{ids.pop()}")).json() == {"schema": '"string"'}
 
 
 # --- CORS -------------------------------------------------------------------------------------------------------
