@@ -43,18 +43,23 @@ async def s3_dataset(client):
     return S3
 
 
-@pytest.mark.parametrize("path", [
-    f"/openapi/v3/entity/dataset/{ENCODED}",
-    f"/openapi/v3/entity/dataset/{ENCODED}/datasetProperties",
-    f"/openapi/v2/timeline/v1/{ENCODED}?categories=DOCUMENTATION",
-    f"/openapi/v1/lineage/{ENCODED}?direction=UPSTREAM",
-    f"/openapi/v3/relationship/dataset/{ENCODED}?relationshipType[]=DownstreamOf&direction=OUTGOING",
-    f"/aspects/{ENCODED}?aspect=datasetProperties&version=0",
+@pytest.mark.parametrize(("path", "read", "expected"), [
+    (f"/openapi/v3/entity/dataset/{ENCODED}",
+     lambda body: (body["urn"], body["datasetProperties"]["value"]["description"]), (S3, "raw orders")),
+    (f"/openapi/v3/entity/dataset/{ENCODED}/datasetProperties",
+     lambda body: body["value"]["description"], "raw orders"),
+    (f"/openapi/v2/timeline/v1/{ENCODED}?categories=DOCUMENTATION",
+     lambda body: [(e["entityUrn"], e["category"]) for t in body for e in t["changeEvents"]], [(S3, "DOCUMENTATION")]),
+    (f"/openapi/v1/lineage/{ENCODED}?direction=UPSTREAM", lambda body: [e["urn"] for e in body["entities"]], [UPSTREAM]),
+    (f"/openapi/v3/relationship/dataset/{ENCODED}?relationshipType[]=DownstreamOf&direction=OUTGOING",
+     lambda body: [(r["source"]["urn"], r["destination"]["urn"]) for r in body["results"]], [(S3, UPSTREAM)]),
+    (f"/aspects/{ENCODED}?aspect=datasetProperties&version=0",
+     lambda body: body["aspect"]["com.linkedin.dataset.DatasetProperties"]["description"], "raw orders"),
 ])
-async def test_every_urn_route_reads_an_s3_dataset(client, s3_dataset, path):
+async def test_every_urn_route_reads_an_s3_dataset(client, s3_dataset, path, read, expected):
     response = await client.get(path)
     assert response.status_code == 200, response.text
-    assert S3 in response.text or "raw orders" in response.text, response.text
+    assert read(response.json()) == expected, response.text
 
 
 async def test_the_v3_aspect_routes_write_and_delete_an_s3_dataset(client, s3_dataset):
@@ -62,8 +67,13 @@ async def test_the_v3_aspect_routes_write_and_delete_an_s3_dataset(client, s3_da
     assert written.status_code == 200, written.text
     assert written.json()["urn"] == S3
     assert (await client.head(f"/openapi/v3/entity/dataset/{ENCODED}/status")).status_code == 204
+    read = await client.get(f"/openapi/v3/entity/dataset/{ENCODED}/status")
+    assert read.json()["value"] == {"removed": False}
     assert (await client.delete(f"/openapi/v3/entity/dataset/{ENCODED}/status")).status_code == 200
     assert (await client.head(f"/openapi/v3/entity/dataset/{ENCODED}/status")).status_code == 404
+    # the status only: the rest of the s3 dataset is still there
+    entity = (await client.get(f"/openapi/v3/entity/dataset/{ENCODED}")).json()
+    assert "status" not in entity and entity["datasetProperties"]["value"]["description"] == "raw orders"
 
 
 async def test_an_encoded_slash_outside_a_urn_is_still_not_a_route(client):
