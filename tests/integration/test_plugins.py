@@ -59,9 +59,10 @@ async def test_validators_mutators_and_pre_commit_rules_run_in_order(plugin_clie
 
     frozen = await plugin_client.post("/openapi/v1/proposals", json=props("Orders v2"))
     assert frozen.status_code == 412 and "frozen" in frozen.json()["issues"][0]["message"]
+    assert (await plugin_client.get(f"/openapi/v3/entity/dataset/{DATASET}/datasetProperties")).json() == stored
 
 
-async def test_a_mutator_result_is_validated_again(tmp_path, database_url, registry):
+async def test_a_mutator_result_is_validated_again(tmp_path, database_url, registry, db):
     path = tmp_path / "entity_registry.yml"
     path.write_text("plugins:\n  mutationHooks:\n    - className: tests.plugins.BreakTheSchema\n")
     app = create_app(Settings(database_url=database_url, apply_migrations_on_start=False, registry_path=path), registry)
@@ -70,6 +71,7 @@ async def test_a_mutator_result_is_validated_again(tmp_path, database_url, regis
             response = await http.post("/openapi/v1/proposals", json=props("ok"))
     assert response.status_code == 400
     assert response.json()["issues"][0]["path"] == "$[0].aspect.value.customProperties"
+    assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1", DATASET) == 0
 
 
 def test_a_later_disabled_entry_disables_a_plugin(tmp_path):

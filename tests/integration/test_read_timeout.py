@@ -8,10 +8,14 @@ import time
 import asyncpg
 import pytest
 
+from tests.helpers import DATASET, mcp, propose
+
 
 @pytest.mark.parametrize("settings_overrides", [{"read_timeout_s": 0.5}])
 async def test_a_search_past_the_read_timeout_answers_503_with_retry_after(client, database_url):
-    assert (await client.get("/openapi/v3/entity/dataset", params={"count": 5})).status_code == 200
+    await propose(client, mcp("datasetProperties", {"name": "orders"}, sync=True))  # indexed before the answer
+    before = await client.get("/openapi/v3/entity/dataset", params={"count": 5})
+    assert before.status_code == 200 and [e["urn"] for e in before.json()["entities"]] == [DATASET], before.text
     blocker = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
     try:
         async with blocker.transaction():
@@ -25,5 +29,6 @@ async def test_a_search_past_the_read_timeout_answers_503_with_retry_after(clien
     assert response.status_code == 503, response.text
     assert int(response.headers["retry-after"]) >= 1
     assert waited < 5, waited  # cancelled at its timeout, not after the lock went
-    # the lock is gone: the same read answers again
-    assert (await client.get("/openapi/v3/entity/dataset", params={"count": 5})).status_code == 200
+    # the lock is gone: the same read answers again, as it did before
+    again = await client.get("/openapi/v3/entity/dataset", params={"count": 5})
+    assert again.status_code == 200 and again.json() == before.json(), again.text
