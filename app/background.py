@@ -22,7 +22,7 @@ from app.search.worker import IndexWorker
 from app.settings import Settings
 from app.workers import pause
 from app.write.after_processors import AfterProcessorWorker
-from app.write.runtime_models import ModelWatcher
+from app.modelset.watcher import ModelWatcher
 from app.write.structured_property_deletes import PropertyValueRemoval
 
 log = logging.getLogger("metaledger.background")
@@ -58,7 +58,7 @@ class Background:
         workers.append(PropertyValueRemoval(settings, engine, sessionmaker, gateway.writer))
         if not kafka:
             # The embedded default: this process indexes the outbox. With Kafka, indexing is the Spark job's.
-            workers.append(IndexWorker(settings, engine, search))
+            workers.append(IndexWorker(settings, engine, search, models))
         self.workers = workers
         for worker in workers:
             self.tasks.append(asyncio.create_task(self._supervise(worker), name=type(worker).__name__))

@@ -101,7 +101,7 @@ def relay() -> None:
 
     from app.kafka.per_aspect import DerivedEvents
     from app.startup import load_registry_of
-    from app.write.runtime_models import ModelWatcher, WithModelWatcher
+    from app.modelset.watcher import ModelWatcher, WithModelWatcher
 
     def make(settings, engine, maker, codec):
         registry = load_registry_of(settings)
@@ -114,10 +114,10 @@ def relay() -> None:
 
 def _consumer(consumer_class, settings, maker, codec):
     """A standalone consumer: its gateway applies (never queues) and leaves indexing to the indexer, with the runtime
-    model set taken up (app.write.runtime_models.WithModelWatcher)."""
+    model set taken up (app.modelset.watcher.WithModelWatcher)."""
     from app.ingest.gateway import IngestGateway
     from app.startup import build_write_service
-    from app.write.runtime_models import ModelWatcher, WithModelWatcher
+    from app.modelset.watcher import ModelWatcher, WithModelWatcher
 
     gateway = IngestGateway(build_write_service(settings))
     return WithModelWatcher(consumer_class(settings, maker, gateway, codec=codec),

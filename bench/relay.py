@@ -178,7 +178,7 @@ async def throughput(sa_url: str, dsn: str, bootstrap: str, rows: int, value_for
     derived = DerivedEvents(settings, load_registry(settings.registry_path), codec)
     await create_missing_topics(settings, derived.topics())
     mean_size = await fill_outbox(dsn, rows, topic)
-    relay = OutboxRelay(settings, engine, codec, derived)
+    relay = OutboxRelay(settings, engine, codec, derived)  # no runtime models here: no watcher to follow them
     stop = asyncio.Event()
     started = time.perf_counter()
     cpu_started = time.process_time()

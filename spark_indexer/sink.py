@@ -111,7 +111,7 @@ def current_registry(settings: IndexerSettings) -> Any:
 
 async def _take_up_stored_models(settings: IndexerSettings, database_url: str, registry: Any) -> None:
     from app.db import create_engine, create_sessionmaker
-    from app.write.runtime_models import ModelWatcher
+    from app.modelset.watcher import ModelWatcher
 
     engine = create_engine(database_url, pool_size=1)
     try:
@@ -181,7 +181,7 @@ class WorkerRuntime:
         if not self.settings.database_url:
             return None
         from app.db import create_engine, create_sessionmaker
-        from app.write.runtime_models import ModelWatcher
+        from app.modelset.watcher import ModelWatcher
 
         engine = create_engine(self.settings.database_url, pool_size=1)  # connects at its first query
         return ModelWatcher(self.settings, create_sessionmaker(engine), self.registry)

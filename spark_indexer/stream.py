@@ -134,7 +134,7 @@ class ModelVersionProbe:
     async def _read(self) -> int:
         import asyncpg
 
-        from app.write.runtime_models import stored_version
+        from app.modelset.store import stored_version
 
         if self.conn is None or self.conn.is_closed():
             self.conn = await asyncpg.connect(self.dsn,

@@ -417,8 +417,12 @@ async def run_relay(settings, database_url: str | None = None, *, derived_from=N
         from app.kafka.per_aspect import DerivedEvents
         from app.schema_registry.internal import InternalRegistry
 
+        from app.db import create_sessionmaker
+        from app.modelset.watcher import ModelWatcher
+
         codec = ValueCodec(settings, schema_registry or InternalRegistry(engine, settings))
-        relay = OutboxRelay(settings, engine, codec, DerivedEvents(settings, derived_from, codec))
+        models = ModelWatcher(settings, create_sessionmaker(engine), derived_from)  # as the background process's
+        relay = OutboxRelay(settings, engine, codec, DerivedEvents(settings, derived_from, codec), models)
     stop = asyncio.Event()
     task = asyncio.create_task(relay.run(stop))
 

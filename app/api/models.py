@@ -1,4 +1,4 @@
-"""Models registered at run time (app.registry.runtime, app.write.runtime_models) over HTTP, admins only: apply a
+"""Models registered at run time (app.registry.runtime, app.modelset) over HTTP, admins only: apply a
 whole runtime model set (or a dry run: the checks and the diff), read the set in force, list its versions. The same
 operations as `metaledger model apply|diff|history`."""
 
@@ -13,7 +13,8 @@ from app.api.deps import ALLOW_ADMIN, Caller, Gateway, JsonBody, Session
 from app.api.http import Flag, json_response
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
 from app.registry.runtime import Compatibility, ModelSetError, RuntimeModelSet
-from app.write.runtime_models import apply_models, model_history, stored_models
+from app.modelset.service import apply_models
+from app.modelset.store import model_history, stored_models
 
 router = APIRouter(prefix="/openapi/v1/models", tags=["models"], responses=ERROR_RESPONSES,
                    dependencies=[ALLOW_ADMIN])

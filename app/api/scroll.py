@@ -42,7 +42,7 @@ from app.search.filters import (
 from app.search.model import MAX_FILTER_VALUES, MAX_PAGE_SIZE, MAX_PATTERN_CHARS, Edge, EdgeQuery, upstream_downstream
 from app.urns import entity_type_of
 from app.write.reader import EntityReader
-from app.write.structured_properties import refuse_deleted_property_filters
+from app.search.structured_properties import refuse_deleted_property_filters
 
 log = logging.getLogger("metaledger.api.scroll")
 

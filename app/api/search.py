@@ -36,7 +36,8 @@ from app.search.failures import FailureReader
 from app.search.filters import InvalidFilter, Placed
 from app.search.model import MAX_PAGE_SIZE, REMOVED_FIELD, Criterion, TimeseriesQuery
 from app.write.reader import EntityReader
-from app.write.structured_properties import refuse_deleted_property_filters
+from app.search.documents import indexed_aspects
+from app.search.structured_properties import refuse_deleted_property_filters
 
 router = APIRouter(tags=["search"], dependencies=[ALLOW_READ])
 
@@ -409,16 +410,6 @@ class TraceResponse(BaseModel):
     aspects: dict[str, AspectTrace]
 
 
-def _indexed_aspects(registry: EntityRegistry, entity: str) -> set[str] | None:
-    """Aspects that contribute to the entity's search document or edges (None if unknown)."""
-    try:
-        from app.search.documents import search_fields
-
-        return {spec.aspect for spec in search_fields(registry, entity)}
-    except Exception:  # noqa: BLE001 - documents module signature not as expected: treat every aspect as indexed
-        return None
-
-
 @router.get(
     "/openapi/v1/trace/write/{urn}",
     response_model=TraceResponse,
@@ -444,7 +435,7 @@ async def trace_write(
         raise NotFound(f"entity {urn} has no stored aspects" + (f" named {aspect}" if aspect else ""), [Issue("not found", urn=urn)])
     indexed = await backend.document_versions(urn)
     failing = await FailureReader(session).of_urn(urn)  # change logs the search backend refused (app.search.failures)
-    used = _indexed_aspects(registry, entity)
+    used, _ = indexed_aspects(registry, entity)  # the document's aspects, those with edges among them
     out: dict[str, Any] = {}
     for row in rows:
         stored = str((row.system_metadata or {}).get("version", "1"))

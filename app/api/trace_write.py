@@ -35,13 +35,12 @@ import orjson
 from aiokafka import AIOKafkaConsumer, TopicPartition
 from aiokafka.admin import AIOKafkaAdminClient
 from fastapi import APIRouter, Depends, Path, Query, Request
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import BaseModel, ConfigDict, RootModel
 from starlette.datastructures import MutableHeaders
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api.deps import ALLOW_READ, Backend, Caller, JsonBody, Registry, Session
 from app.api.http import Flag, check_batch_size, entity_of_urn, invalid_at
-from app.api.search import _indexed_aspects
 from app.auth.reads import unreadable_entities
 from app.avro.wire import ValueCodec
 from app.db import SessionRepository
@@ -51,6 +50,7 @@ from app.ingest.trace import (
     trace_time_ms, traceparent,
 )
 from app.registry import EntityRegistry
+from app.search.documents import indexed_aspects
 from app.settings import Settings
 from app.write.repository import AspectRepository, StoredAspect
 
@@ -320,7 +320,7 @@ async def _search_statuses(registry: EntityRegistry, backend, urn: str, primary:
     out: dict[str, dict] = {}
     active = [a for a, s in primary.items() if s["writeStatus"] == "ACTIVE_STATE"]
     indexed = await backend.document_versions(urn) if active else {}
-    used = _indexed_aspects(registry, entity_of_urn(registry, urn)) if active else None
+    used = indexed_aspects(registry, entity_of_urn(registry, urn))[0] if active else None
     for aspect, status in primary.items():
         write_status = status["writeStatus"]
         if write_status == "ACTIVE_STATE":

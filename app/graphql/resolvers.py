@@ -36,7 +36,7 @@ from app.urns import InvalidUrnError, entity_type_of
 from app.write.proposal import ChangeType, Draft
 from app.write.reader import EntityReader
 from app.search.structured_properties import is_property_field
-from app.write.structured_properties import refuse_deleted_property_facets, refuse_deleted_property_filters
+from app.search.structured_properties import refuse_deleted_property_facets, refuse_deleted_property_filters
 
 if TYPE_CHECKING:
     from app.graphql.limits import AnswerBudget

@@ -112,7 +112,7 @@ def _schema_of(registry: EntityRegistry, previous: ServedSchema) -> ServedSchema
         return BASE
     try:
         return ServedSchema(build(runtime_entity_sdl(registry, types), types), types)
-    except Exception:  # a stored set the models API did not check (app.write.runtime_models.graphql_refusals)
+    except Exception:  # a stored set the models API did not check (app.modelset.service.graphql_refusals)
         log.exception("the GraphQL schema of the runtime model set does not build; the last schema that built is "
                       "served", extra={"runtime_version": registry.runtime_version, "entity_types": sorted(types)})
         return previous

@@ -22,7 +22,7 @@ the loop is logged with its traceback as an unexpected error, and retried.
 
 Before a batch is encoded, a versioned change log of an entity/aspect pair the registry does not have (written
 under a runtime model set this process has not taken up yet: the set was stored before the row) makes the relay take
-the stored set up (`ModelWatcher.refresh`) and register its per-aspect pairs first, so that no change log of a
+the stored set up (`ModelFollower.refresh_for`) and register its per-aspect pairs first, so that no change log of a
 runtime aspect goes out without the events derived from it.
 
 Every record carries its row's feed offset and lane in two headers (`FEED_OFFSET_HEADER`, `LANE_HEADER`).
@@ -60,14 +60,14 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app.avro.wire import ValueCodec
 from app.changelog import outbox
 from app.changelog.sequencer import Sequencer
-from app.db import close_quietly, connect_dedicated, create_sessionmaker
+from app.db import close_quietly, connect_dedicated
 from app.kafka.topics import create_missing_topics
 from app.kafka.per_aspect import DerivedEvents
 from app.kafka.producer import RECORD_OVERHEAD, KeyPartitioner
 from app.ops.metrics import RELAY_PUBLISHED
+from app.registry.runtime import ModelFollower
 from app.settings import Settings
 from app.workers import pause
-from app.write.runtime_models import ModelWatcher
 
 log = logging.getLogger("metaledger.relay")
 
@@ -123,9 +123,10 @@ class OutboxRelay:
     connections; the sequencer wakes the publisher when it gave offsets."""
 
     def __init__(self, settings: Settings, engine: AsyncEngine, codec: ValueCodec | None = None,
-                 derived: DerivedEvents | None = None, models: ModelWatcher | None = None) -> None:
+                 derived: DerivedEvents | None = None, models: ModelFollower | None = None) -> None:
         """`models`: the process's watcher of the registry `derived` uses (`metaledger relay`, the background
-        process), which the publisher asks to take a model set up at once; without one, the publisher has its own."""
+        process), which the publisher asks to take a model set up at once (a relay without one publishes with the
+        registry as it is)."""
         self.settings = settings
         self._wake = asyncio.Event()  # the sequencer gave offsets: the publisher has work
         self.sequencer = Sequencer(settings, engine, self._wake)
@@ -192,15 +193,13 @@ class Publisher:
     up on the broker (`_resume`, `PartitionTails`) before they are produced."""
 
     def __init__(self, settings: Settings, engine: AsyncEngine, codec: ValueCodec, derived: DerivedEvents | None,
-                 wake: asyncio.Event, models: ModelWatcher | None = None) -> None:
+                 wake: asyncio.Event, models: ModelFollower | None = None) -> None:
         self.settings = settings
         self.engine = engine
         self.codec = codec
         self.derived = derived
         # the stored runtime model set, taken up when a batch holds a pair the registry does not have yet
-        self._models: ModelWatcher | None = None
-        if derived is not None:
-            self._models = models or ModelWatcher(settings, create_sessionmaker(engine), derived.registry)
+        self._models = models if derived is not None else None
         self._wake = wake
         self._poll_s = settings.relay_poll_interval_ms / 1000
         self._batch_size = max(1, settings.relay_batch_size)
@@ -411,7 +410,7 @@ class Publisher:
         """Before `rows` are encoded: the stored runtime model set when one of them is of a pair the registry does
         not have, and the per-aspect pairs of the registry registered."""
         derived, models = self.derived, self._models
-        if derived is None or models is None:  # a watcher is made whenever there are derived events
+        if derived is None or models is None:
             return
         # only versioned change logs have derived events
         await models.refresh_for((row.key, row.aspect) for row in rows if row.topic == derived.versioned_topic)

@@ -1,5 +1,5 @@
 """The checks a runtime model set (app.registry.runtime) passes before it is stored: what can be told from the
-schemas alone. The checks against stored data are app.write.runtime_models's.
+schemas alone. The checks against stored data are app.modelset.service's.
 
 Each rule is a small class with a `name` (what a refusal names) and a `check`:
 - schema rules compare one node of an aspect's previous runtime schema with the node at the same path of the new one
@@ -9,8 +9,8 @@ Each rule is a small class with a `name` (what a refusal names) and a `check`:
 - model rules look at the whole set against the base models (`model_rules`);
 - shape rules look at the proposed set alone, before anything walks its schemas: names (`InvalidName`: one pattern,
   and lengths what a name reaches can hold) and nesting (`SchemaTooDeep`: METALEDGER_MAX_JSON_DEPTH);
-- built rules look at the registry the set makes: the annotations the indexer and GraphQL read
-  (`InvalidAnnotation`, `ReservedSearchField`).
+- built rules look at the registry the set makes; they are the caller's (app.search.annotations: the fields'
+  annotations the indexer reads, `InvalidAnnotation`, `ReservedSearchField`).
 `check_models(registry, previous, proposed, max_depth=...)` runs them all and returns the refusals, each naming its
 rule, the aspect and the path; the set's build (`build_registry`) problems are refusals too.
 """
@@ -18,19 +18,14 @@ rule, the aspect and the path; the set's build (`build_registry`) problems are r
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from app.limits import clip, too_deep
 from app.registry.errors import RegistryConfigError
-from app.registry.registry import AspectSpec, EntityRegistry
+from app.registry.registry import EntityRegistry
 from app.registry.runtime import Compatibility, RuntimeAspect, RuntimeModelSet, build_registry
-from app.registry.schema import AliasedUnion, Array, Map, Record, Union
-from app.search.documents import _type_at as type_at_path  # what the indexer resolves an annotation's path to
-from app.search.elastic_mappings import ASPECT_FIELDS_FIELD
-from app.search.model import REMOVED_FIELD, TOMBSTONE_FIELD, URN_FIELD, VERSIONS_FIELD
-from app.search.structured_properties import STRUCTURED_PROPERTIES_ASPECT
 
 BACKWARD, FULL = Compatibility.BACKWARD, Compatibility.FULL
 PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
@@ -385,7 +380,7 @@ MODEL_RULES: tuple[ModelRule, ...] = (
 # per-aspect events' records), an Elasticsearch index or field name (no leading `_`, `-` or `+`; `.` would make an
 # object path), a Kafka topic name (`[A-Za-z0-9._-]`), a Postgres LIKE prefix.
 NAME_PATTERN = "^[A-Za-z][A-Za-z0-9_]*$"
-_NAME = re.compile(NAME_PATTERN[1:-1])
+NAME = re.compile(NAME_PATTERN[1:-1])
 # The longest names. DataHub's longest are 23 characters (dataHubExecutionRequest) and 37
 # (editableERModelRelationshipProperties). An aspect's name is a key column (metadata_aspect_v2, change_log_outbox and
 # the index failures hold 200 characters); an entity's starts each of its URNs (500 in all); both make a timeseries
@@ -394,16 +389,12 @@ _NAME = re.compile(NAME_PATTERN[1:-1])
 MAX_ENTITY_NAME_CHARS = 64
 MAX_ASPECT_NAME_CHARS = 100
 MAX_FIELD_NAME_CHARS = 100  # a search document field's, a relationship's
-# Fields a schema may have, counted as the indexer walks them (app.registry.registry's field annotations: a named
-# record used twice is walked twice, so a few records used twice at each of 30 levels are a billion fields). DataHub's
-# largest aspect (assertionInfo) has 70.
-MAX_FIELD_PATHS = 10_000
 
 
-def _bad_name(name: Any, what: str, limit: int, path: str, aspect: str | None = None,
+def bad_name(name: Any, what: str, limit: int, path: str, aspect: str | None = None,
               rule: str = "InvalidName") -> Refusal | None:
     """The refusal of a name outside NAME_PATTERN or longer than `limit`, or None."""
-    if isinstance(name, str) and len(name) <= limit and _NAME.fullmatch(name):
+    if isinstance(name, str) and len(name) <= limit and NAME.fullmatch(name):
         return None
     found = clip(name, 100) if isinstance(name, str) else clip(repr(name), 100)
     if not isinstance(name, str):
@@ -424,18 +415,18 @@ class InvalidName(ModelRule):
     def check(self, change):
         for i, (name, aspect) in enumerate(change.proposed.aspects.items()):
             where = f"$.aspects[{i}].schema.Aspect"
-            refusal = _bad_name(name, "aspect name", MAX_ASPECT_NAME_CHARS, f"{where}.name")
+            refusal = bad_name(name, "aspect name", MAX_ASPECT_NAME_CHARS, f"{where}.name")
             if refusal is not None:
                 yield refusal
                 continue
             annotation = aspect.schema.get("Aspect")
             if isinstance(annotation, dict) and "keyForEntity" in annotation:
-                refusal = _bad_name(annotation["keyForEntity"], "entity name", MAX_ENTITY_NAME_CHARS,
+                refusal = bad_name(annotation["keyForEntity"], "entity name", MAX_ENTITY_NAME_CHARS,
                                     f"{where}.keyForEntity")
                 if refusal is not None:
                     yield refusal
         for i, entity in enumerate(change.proposed.entities):
-            refusal = _bad_name(entity.name, "entity name", MAX_ENTITY_NAME_CHARS, f"$.entities[{i}].name")
+            refusal = bad_name(entity.name, "entity name", MAX_ENTITY_NAME_CHARS, f"$.entities[{i}].name")
             if refusal is not None:
                 yield refusal
 
@@ -451,91 +442,41 @@ class SchemaTooDeep(ModelRule):
         for name, aspect in change.proposed.aspects.items():
             where = too_deep(aspect.schema, limit)
             if where is not None:
-                yield _too_deep(self.name, name, where, limit)
+                yield too_deep_refusal(self.name, name, where, limit)
 
 
-def _too_deep(rule: str, aspect: str, where: str, limit: int) -> Refusal:
+def too_deep_refusal(rule: str, aspect: str, where: str, limit: int) -> Refusal:
     return Refusal(rule, f"the schema is nested more than {limit} levels deep (METALEDGER_MAX_JSON_DEPTH) at "
                          f"{clip(where)}", aspect, clip(where), expected=f"at most {limit} levels")
 
 
-def _is_bool(value: Any) -> bool:  # DataHub's schemas write some as "true" (app.search.documents reads both)
+def is_bool(value: Any) -> bool:  # DataHub's schemas write some as "true" (app.search.documents reads both)
     return isinstance(value, bool) or (isinstance(value, str) and value.strip().lower() in ("true", "false"))
 
 
-def _is_str(value: Any) -> bool:
+def is_str(value: Any) -> bool:
     return isinstance(value, str)
 
 
-def _is_object(value: Any) -> bool:
+def is_object(value: Any) -> bool:
     return isinstance(value, dict)
 
 
-def _is_strings(value: Any) -> bool:
+def is_strings(value: Any) -> bool:
     return isinstance(value, list) and all(isinstance(v, str) for v in value)
 
 
-def _is_boost(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= 1_000_000
-
-
-def _is_weights(value: Any) -> bool:
-    return isinstance(value, dict) and all(_is_boost(v) for v in value.values())
-
-
-# DataHub's SearchableAnnotation.FieldType
-FIELD_TYPES = ("KEYWORD", "TEXT", "TEXT_PARTIAL", "BROWSE_PATH", "URN", "URN_PARTIAL", "BOOLEAN", "COUNT", "DATETIME",
-               "OBJECT", "BROWSE_PATH_V2", "WORD_GRAM", "DOUBLE", "MAP_ARRAY")
-_BOOLEAN = (_is_bool, 'a boolean (true, false, "true" or "false")')
-_STRING = (_is_str, "a string")
-_FIELD_NAME = (_is_str, f"a search document field name: {NAME_PATTERN}, at most {MAX_FIELD_NAME_CHARS} characters")
-# The properties the indexer, the search backends or GraphQL read, by annotation: (accepts, what it accepts). Others
-# (DataHub adds some) are not read, and not checked.
-ANNOTATION_PROPERTIES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
-    "Searchable": {
-        "fieldName": _FIELD_NAME, "hasValuesFieldName": _FIELD_NAME, "numValuesFieldName": _FIELD_NAME,
-        "fieldType": (lambda v: v in FIELD_TYPES, f"one of {', '.join(FIELD_TYPES)}"),
-        "queryByDefault": _BOOLEAN, "enableAutocomplete": _BOOLEAN, "addToFilters": _BOOLEAN,
-        "addHasValuesToFilters": _BOOLEAN, "includeSystemModifiedAt": _BOOLEAN,
-        "includeQueryEmptyAggregation": _BOOLEAN, "sanitizeRichText": _BOOLEAN,
-        "boostScore": (_is_boost, "a number from 0 to 1000000"),
-        "filterNameOverride": _STRING, "systemModifiedAtFieldName": _STRING,
-        "fieldNameAliases": (_is_strings, "a list of strings"),
-        "weightsPerFieldValue": (_is_weights, "an object of numbers from 0 to 1000000"),
-        "v3": (_is_object, "an object"),
-    },
-    "Relationship": {
-        "name": (lambda v: isinstance(v, str) and len(v) <= MAX_FIELD_NAME_CHARS and bool(_NAME.fullmatch(v)),
-                 f"a relationship name: {NAME_PATTERN}, at most {MAX_FIELD_NAME_CHARS} characters"),
-        "entityTypes": (_is_strings, "a list of strings"),
-        "isLineage": _BOOLEAN, "isUpstream": _BOOLEAN,
-        **{key: (_is_str, "a path in the aspect (a string)")
-           for key in ("createdOn", "createdActor", "updatedOn", "updatedActor", "properties", "via")},
-    },
-    "TimeseriesField": {},
-}
-REQUIRED_PROPERTIES = {"Relationship": ("name",)}
+BOOLEAN = (is_bool, 'a boolean (true, false, "true" or "false")')
+STRING = (is_str, "a string")
 # The Aspect annotation's properties that the registry, GraphQL and the entity registry API read (its name and
 # keyForEntity are InvalidName's).
 ASPECT_PROPERTIES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "type": (lambda v: v in ("versioned", "timeseries"), "versioned or timeseries"),
-    "entityAspects": (_is_strings, "a list of strings"), "entityCategory": _STRING, "entityDoc": _STRING,
-    "autoRender": _BOOLEAN,
-    "renderSpec": (_is_object, "an object"),
+    "entityAspects": (is_strings, "a list of strings"), "entityCategory": STRING, "entityDoc": STRING,
+    "autoRender": BOOLEAN,
+    "renderSpec": (is_object, "an object"),
 }
 RENDER_SPEC_PROPERTIES = ("displayType", "displayName", "key")  # GraphQL's RenderSpec: strings
-# Fields of the search documents' own (app.search.model, app.search.elastic_mappings): the URN, the soft-delete flag
-# every search reads to leave an entity out, the versions indexed, the hard-delete tombstone, each aspect's fields,
-# the structured properties' object. A runtime aspect's Searchable field of one of these names would hide entities
-# from search, or make their index updates fail.
-RESERVED_DOCUMENT_FIELDS = frozenset({URN_FIELD, REMOVED_FIELD, VERSIONS_FIELD, TOMBSTONE_FIELD, ASPECT_FIELDS_FIELD,
-                                      STRUCTURED_PROPERTIES_ASPECT})
-# Fields of a timeseries point's own (app.search.documents._ts_common, elastic_mappings.timeseries_mapping): a
-# TimeseriesField of one of these names would overwrite them (`runId` is not one: DataHub's own aspects declare it).
-RESERVED_POINT_FIELDS = frozenset({"urn", "timestampMillis", "eventGranularity", "partitionSpec", "messageId",
-                                   "isExploded", "event", "systemMetadata"})
-
-
 class InvalidAspectAnnotation(ModelRule):
     """The Aspect annotation's properties that are read: their types (renderSpec: GraphQL's strings)."""
 
@@ -546,14 +487,14 @@ class InvalidAspectAnnotation(ModelRule):
             annotation = aspect.schema.get("Aspect")
             for key, (accepts, expected) in ASPECT_PROPERTIES.items():
                 if isinstance(annotation, dict) and key in annotation and not accepts(annotation[key]):
-                    yield _invalid(self.name, name, f"$.Aspect.{key}", annotation[key], expected)
+                    yield invalid(self.name, name, f"$.Aspect.{key}", annotation[key], expected)
             spec = annotation.get("renderSpec") if isinstance(annotation, dict) else None
             for key in RENDER_SPEC_PROPERTIES if isinstance(spec, dict) else ():
                 if spec.get(key) is not None and not isinstance(spec[key], str):
-                    yield _invalid(self.name, name, f"$.Aspect.renderSpec.{key}", spec[key], "a string")
+                    yield invalid(self.name, name, f"$.Aspect.renderSpec.{key}", spec[key], "a string")
 
 
-def _invalid(rule: str, aspect: str, path: str, value: Any, expected: str) -> Refusal:
+def invalid(rule: str, aspect: str, path: str, value: Any, expected: str) -> Refusal:
     found = clip(repr(value), 100)
     return Refusal(rule, f"{found} is not {expected}", aspect, clip(path), expected=expected, found=found)
 
@@ -561,138 +502,6 @@ def _invalid(rule: str, aspect: str, path: str, value: Any, expected: str) -> Re
 SHAPE_RULES: tuple[ModelRule, ...] = (InvalidName(), SchemaTooDeep(), InvalidAspectAnnotation())
 
 
-# ----------------------------------------------------------------------------------------------------------------
-# Built rules: the registry the set makes, each runtime aspect's fields as the indexer walks them
-# ----------------------------------------------------------------------------------------------------------------
-class _TooDeep(Exception):
-    def __init__(self, path: str) -> None:
-        self.path = path
-
-
-class _TooMany(Exception):
-    pass
-
-
-def _fields(root: Record, max_depth: int, max_fields: int) -> Iterator[tuple[Any, str, str]]:
-    """(field, its PathSpec `/a/*/b`, its path in the schema `$.fields.a.type.items.fields.b`) of every field the
-    indexer walks (app.registry.registry._walk_annotations: a record inside itself is not walked again), without
-    recursion. Raises _TooDeep past `max_depth` nested types (a chain of named types can nest deeper than the
-    document does), _TooMany past `max_fields` fields."""
-    on_path: set[int] = set()
-    work: list[tuple[Any, ...]] = [("type", root, "", "$", 1)]
-    count = 0
-    while work:
-        item = work.pop()
-        if item[0] == "leave":
-            on_path.discard(item[1])
-            continue
-        if item[0] == "field":
-            count += 1
-            if count > max_fields:
-                raise _TooMany()
-            yield item[1], item[2], item[3]
-            continue
-        _, t, spec, path, depth = item
-        if isinstance(t, (Record, Array, Map, Union, AliasedUnion)) and depth > max_depth:
-            raise _TooDeep(path)
-        if isinstance(t, Record):
-            if id(t) in on_path:
-                continue
-            on_path.add(id(t))
-            work.append(("leave", id(t)))
-            for f in reversed(t.fields):
-                field_path = f"{path}.fields.{f.name}"
-                work.append(("type", f.type, f"{spec}/{f.name}", f"{field_path}.type", depth + 1))
-                work.append(("field", f, f"{spec}/{f.name}", field_path))
-        elif isinstance(t, Array):
-            work.append(("type", t.items, f"{spec}/*", f"{path}.items", depth + 1))
-        elif isinstance(t, Map):
-            work.append(("type", t.values, f"{spec}/*", f"{path}.values", depth + 1))
-        elif isinstance(t, (Union, AliasedUnion)):
-            for key, member in reversed(t.members):
-                work.append(("type", member, f"{spec}/{key}", f"{path}[{key}]", depth + 1))
-
-
-def _targets(kind: str, value: Any, path: str) -> Iterator[tuple[str | None, Any, str]]:
-    """(sub-path or None, annotation, its path) of an annotation written on a field, or of each path override of
-    one (`{"Searchable": {"/*/tag": {...}}}`, as app.registry.registry reads them)."""
-    if isinstance(value, dict) and value and all(isinstance(k, str) and k.startswith("/") for k in value):
-        for sub, annotation in value.items():
-            yield sub, annotation, f'{path}.{kind}["{clip(sub, 100)}"]'
-    else:
-        yield None, value, f"{path}.{kind}"
-
-
-class FieldAnnotations:
-    """The annotations of each runtime aspect's fields that the indexer reads (app.search.documents): Searchable,
-    Relationship, TimeseriesField. Each is an object, its properties of their types (ANNOTATION_PROPERTIES), a
-    Relationship named; the search document fields it makes (its `fieldName`, else the field's name;
-    `hasValuesFieldName`, `numValuesFieldName`) are names (NAME_PATTERN) and not the documents' own
-    (RESERVED_DOCUMENT_FIELDS: `ReservedSearchField`), nor a timeseries point's (RESERVED_POINT_FIELDS)."""
-
-    invalid = "InvalidAnnotation"
-    reserved = "ReservedSearchField"
-
-    def check(self, spec: AspectSpec, max_depth: int) -> list[Refusal]:
-        refusals: list[Refusal] = []
-        root = spec.type
-        try:
-            for f, pathspec, path in _fields(root, max_depth, MAX_FIELD_PATHS):
-                for kind in ANNOTATION_PROPERTIES:
-                    if kind in f.annotations:
-                        for sub, annotation, where in _targets(kind, f.annotations[kind], path):
-                            segments = tuple(s for s in (pathspec + (sub or "")).split("/") if s)
-                            refusals.extend(self._check(spec, kind, annotation, where, segments))
-        except _TooDeep as deep:
-            return [_too_deep("SchemaTooDeep", spec.name, deep.path, max_depth)]
-        except _TooMany:
-            return [Refusal("SchemaTooLarge", f"the schema has more than {MAX_FIELD_PATHS} field paths (named types "
-                            "used in several places are walked in each)", spec.name, "$",
-                            expected=f"at most {MAX_FIELD_PATHS} field paths")]
-        return refusals
-
-    def _check(self, spec: AspectSpec, kind: str, annotation: Any, path: str,
-               segments: tuple[str, ...]) -> Iterator[Refusal]:
-        if not isinstance(annotation, dict):
-            yield _invalid(self.invalid, spec.name, path, annotation, "an object")
-            return
-        bad = False
-        for key, (accepts, expected) in ANNOTATION_PROPERTIES[kind].items():
-            if key in annotation and not accepts(annotation[key]):
-                bad = True
-                yield _invalid(self.invalid, spec.name, f"{path}.{key}", annotation[key], expected)
-        for key in REQUIRED_PROPERTIES.get(kind, ()):
-            if key not in annotation:
-                bad = True
-                yield _invalid(self.invalid, spec.name, f"{path}.{key}", None, ANNOTATION_PROPERTIES[kind][key][1])
-        if bad or any(s.startswith("$") for s in segments) or (annotation and set(annotation) <= {"v3"}):
-            return  # the indexer leaves out `$key` paths and annotations of search-v3 hints only
-        schema_field = type_at_path(spec.type, segments)[1] or (segments[-1] if segments else None)
-        if kind == "Searchable" and annotation.get("fieldType") != "MAP_ARRAY":  # MAP_ARRAY: no document field
-            for key in ("fieldName", "hasValuesFieldName", "numValuesFieldName"):
-                if annotation.get(key):
-                    yield from self._field_name(spec, annotation[key], f"{path}.{key}", RESERVED_DOCUMENT_FIELDS,
-                                                "the search documents' own")
-                elif key == "fieldName" and schema_field:  # the field's own name is the document field's
-                    yield from self._field_name(spec, schema_field, path, RESERVED_DOCUMENT_FIELDS,
-                                                "the search documents' own")
-        elif kind == "TimeseriesField" and spec.is_timeseries and "*" not in segments and schema_field:
-            yield from self._field_name(spec, schema_field, path, RESERVED_POINT_FIELDS, "a timeseries point's own")
-
-    def _field_name(self, spec: AspectSpec, name: str, path: str, reserved: frozenset[str],
-                    whose: str) -> Iterator[Refusal]:
-        if name in reserved:
-            yield Refusal(self.reserved, f"{name!r} is a field of {whose} ({', '.join(sorted(reserved))}): a value "
-                          "of it would stand for the document's", spec.name, clip(path),
-                          expected=f"a field name other than {', '.join(sorted(reserved))}", found=name)
-            return
-        refusal = _bad_name(name, "search document field name", MAX_FIELD_NAME_CHARS, clip(path), spec.name,
-                            self.invalid)
-        if refusal is not None:
-            yield refusal
-
-
-FIELD_ANNOTATIONS = FieldAnnotations()
 
 
 def _aspect_kind(aspect: RuntimeAspect) -> str:
@@ -707,12 +516,18 @@ class CheckedModels:
     built: EntityRegistry | None
 
 
+# A rule on the registry a set makes (the set, the nesting limit): what the layers above the registry read of it,
+# e.g. the indexer's annotations (app.search.annotations), given by the caller (app.modelset.service).
+BuiltRule = Callable[[EntityRegistry, RuntimeModelSet, int], Iterable[Refusal]]
+
+
 def check_models(registry: EntityRegistry, previous: RuntimeModelSet, proposed: RuntimeModelSet,
-                 rules: tuple[ModelRule, ...] = MODEL_RULES, *, max_depth: int) -> CheckedModels:
+                 rules: tuple[ModelRule, ...] = MODEL_RULES, *, max_depth: int,
+                 built_rules: Sequence[BuiltRule] = ()) -> CheckedModels:
     """The shape rules (names, nesting past `max_depth`, METALEDGER_MAX_JSON_DEPTH), then (if none refused) every
     model rule, then the build of the base models plus `proposed`, which compiles every runtime schema with the
-    registry's validator (its problems, or whatever it raises, are `DoesNotCompile` refusals), then the fields'
-    annotations of the registry it makes. Each stage runs only when the ones before refused nothing."""
+    registry's validator (its problems, or whatever it raises, are `DoesNotCompile` refusals), then `built_rules` on
+    the registry it makes. Each stage runs only when the ones before refused nothing."""
     change = ModelChange(registry, previous, proposed, max_depth)
     for stage in (SHAPE_RULES, rules):
         refusals = [refusal for rule in stage for refusal in rule.check(change)]
@@ -726,8 +541,7 @@ def check_models(registry: EntityRegistry, previous: RuntimeModelSet, proposed: 
     except Exception as error:  # noqa: BLE001 - whatever a schema makes the build raise is a refusal, never a 500
         return CheckedModels([Refusal("DoesNotCompile", clip(f"the model set does not build: {type(error).__name__}: "
                                                              f"{error}", 1000))], None)
-    refusals = [refusal for name in proposed.aspects
-                for refusal in FIELD_ANNOTATIONS.check(built.aspects[name], max_depth)]
+    refusals = [refusal for rule in built_rules for refusal in rule(built, proposed, max_depth)]
     return CheckedModels(refusals, None if refusals else built)
 
 

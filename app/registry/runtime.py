@@ -14,10 +14,10 @@ entity_registry.yml's format (new entities with a keyAspect, or extra aspects fo
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import orjson
 import yaml
@@ -67,6 +67,16 @@ class RuntimeEntity:
 
     def to_yml(self) -> dict[str, Any]:
         return {k: v for k, v in self.to_stored().items() if v is not None}
+
+
+class ModelFollower(Protocol):
+    """What a worker asks of its process's watcher of the stored runtime model set (app.modelset.watcher.ModelWatcher),
+    which the composition root (app.main, app.background, app.cli) makes and hands to it: to take the stored set up
+    now, or when the registry lacks the entity type or the aspect of one of the (urn, aspect) `pairs` it met."""
+
+    async def refresh(self) -> bool: ...
+
+    async def refresh_for(self, pairs: Iterable[tuple[str, str]]) -> bool: ...
 
 
 class ModelSetError(ValueError):

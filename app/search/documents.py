@@ -214,7 +214,7 @@ def _effective_annotations(aspect_spec: Any) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _type_at(root: Record, segments: tuple[str, ...]) -> tuple[Type | None, str | None, bool]:
+def type_at_path(root: Record, segments: tuple[str, ...]) -> tuple[Type | None, str | None, bool]:
     """(type at the path, the schema field name the path ends in, whether the last "*" is a map's)."""
     t: Type | None = root
     field_name: str | None = None
@@ -281,7 +281,7 @@ def _compile_aspect(aspect_spec: Any) -> _AspectModel:
         segments = _split(path)
         if any(s.startswith("$") for s in segments):
             continue  # "$key" (MAP_ARRAY on map keys): not supported
-        t, schema_field, map_leaf = _type_at(root, segments)
+        t, schema_field, map_leaf = type_at_path(root, segments)
         s = ann.get("Searchable")
         if isinstance(s, dict):
             ftype = s.get("fieldType") or _default_field_type(t)
@@ -950,4 +950,4 @@ def timeseries_fields(registry, aspect: str) -> list[tuple[str, str, Type | None
     model = _aspect_model(registry, aspect)
     if model is None:
         return []
-    return [(tf.name, tf.kind, _type_at(spec.type, tf.segments)[0]) for tf in model.ts_fields]
+    return [(tf.name, tf.kind, type_at_path(spec.type, tf.segments)[0]) for tf in model.ts_fields]

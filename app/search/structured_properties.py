@@ -16,8 +16,12 @@ so a soft delete or an undelete changes what is found at once, with no document 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+from app.search.filters import InvalidFilter, Placed
+from app.write.repository import AspectRepository
+from app.write.structured_properties import soft_deleted
 
 STRUCTURED_PROPERTIES_ASPECT = "structuredProperties"
 FIELD_PREFIX = "structuredProperties."  # DataHub's STRUCTURED_PROPERTY_MAPPING_FIELD_PREFIX
@@ -73,3 +77,26 @@ def document_fields(value: Mapping[str, Any]) -> dict[str, list[Any]]:
             if scalar is not None and scalar != "" and scalar not in held:
                 held.append(scalar)
     return fields
+
+
+async def refuse_deleted_property_facets(repo: AspectRepository, facets: Sequence[str]) -> None:
+    """DataHub's validateStructuredPropertyFQN on a requested facet: one naming a soft-deleted property is refused
+    (InvalidFilter at its index in `facets`)."""
+    named = {i: property_urn_of(name) for i, name in enumerate(facets) if is_property_field(name)}
+    removed = await soft_deleted(repo, named.values())
+    for i, urn in named.items():
+        if urn in removed:
+            raise InvalidFilter(f"Cannot aggregate on deleted Structured Property {urn}", (i,), found=facets[i])
+
+
+async def refuse_deleted_property_filters(repo: AspectRepository, placed: Iterable[Placed]) -> None:
+    """DataHub's StructuredPropertyUtils.validateFilter: a search filtering on a property whose definition is
+    soft-deleted is refused (InvalidFilter at the criterion's field), so its values are never found; decided when
+    the search is asked, a soft delete or an undelete holds for the next search."""
+    placed = [p for p in placed if is_property_field(p.criterion.field)]
+    removed = await soft_deleted(repo, (property_urn_of(p.criterion.field) for p in placed))
+    for p in placed:
+        urn = property_urn_of(p.criterion.field)
+        if urn in removed:
+            raise InvalidFilter(f"Cannot filter on deleted Structured Property {urn}", (*p.loc, "field"),
+                                found=p.criterion.field)

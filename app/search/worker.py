@@ -30,8 +30,8 @@ Design:
   change log of the batch is applied, in order. Only transient errors (`is_transient`: the backend or the database
   unreachable, overloaded, restarting) hold the position.
 * Runtime models: a change log of an entity type or aspect the registry does not know (written under a runtime model
-  set this process's ModelWatcher has not taken up yet: within METALEDGER_MODEL_REFRESH_S of an apply) makes the
-  worker take the stored set up before it builds the batch's changes (`ModelWatcher.refresh_for`), so it is indexed
+  set this process's model watcher has not taken up yet: within METALEDGER_MODEL_REFRESH_S of an apply) makes the
+  worker take the stored set up before it builds the batch's changes (`ModelFollower.refresh_for`), so it is indexed
   under the set it was written with, not consumed unindexed.
 * Retries: at most every `RETRY_CHECK_S`, failures whose retry is due (exponential backoff,
   `search_failure_retry_min_s` .. `_max_s`) are applied again from the change log they keep; indexed ones leave the
@@ -53,11 +53,11 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from app.changelog.cursor import FeedCursor, FeedCursorRepository
 from app.search.failures import IndexFailures, describe
 from app.search.service import IndexItem, SearchRuntime
+from app.registry.runtime import ModelFollower
 from app.settings import Settings
 from app.ops.metrics import INDEXER_APPLIED, INDEXER_ERRORS, INDEXER_FAILED_ROWS, INDEXER_RETRIED_ROWS
-from app.db import close_quietly, connect_dedicated, create_sessionmaker
+from app.db import close_quietly, connect_dedicated
 from app.workers import pause
-from app.write.runtime_models import ModelWatcher
 
 log = logging.getLogger("metaledger.search.worker")
 
@@ -82,7 +82,7 @@ async def writes_running(conn: asyncpg.Connection) -> bool:
 
 
 class IndexWorker:
-    def __init__(self, settings: Settings, engine: AsyncEngine, runtime: SearchRuntime) -> None:
+    def __init__(self, settings: Settings, engine: AsyncEngine, runtime: SearchRuntime, models: ModelFollower) -> None:
         self.settings = settings
         self.engine = engine
         self.runtime = runtime
@@ -90,7 +90,7 @@ class IndexWorker:
         self.batch = settings.search_worker_batch_size
         self.topics = [settings.topic_mcl_versioned, settings.topic_mcl_timeseries]
         self.failure_table = IndexFailures(settings.search_failure_retry_min_s, settings.search_failure_retry_max_s)
-        self.models = ModelWatcher(settings, create_sessionmaker(engine), runtime.registry)
+        self.models = models  # the process's watcher of the runtime model set
         # figures, for tests, logs and app.ops
         self.applied_rows = 0
         self.applied_changes = 0

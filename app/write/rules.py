@@ -161,7 +161,7 @@ SYSTEM_SERVICES: Mapping[str, tuple[str, str]] = {
 
 @contextmanager
 def system_service_write(urn: str, aspect: str) -> Iterator[None]:
-    """The block's writes of `aspect` of `urn` are the service's own (app.write.runtime_models.apply_models,
+    """The block's writes of `aspect` of `urn` are the service's own (app.modelset.service.apply_models,
     app.api.processors): `SystemEntityThroughItsServices` lets them pass, and nothing else of metaledgerSystem."""
     token = SYSTEM_SERVICE_WRITE.set((urn, aspect))
     try:

@@ -38,7 +38,7 @@ from app.write.proposal import AuditStamp, Draft, Proposal
 from app.write.repository import RETRYABLE_DB_ERRORS, AspectRepository
 from app.write.processors import PIPELINE_ASPECT, PIPELINE_URN, Pipeline
 from app.write.rules import RuleChain, Verdict, VerdictKind
-from app.write.runtime_models import refuse_writes_past_the_models
+from app.write.model_writes import refuse_writes_past_the_models
 from app.write.structured_properties import (
     PROPERTY_DEFINITION,
     PropertyDefinitionChange,

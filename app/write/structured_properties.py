@@ -35,8 +35,6 @@ from typing import Any
 
 import orjson
 
-from app.search.filters import InvalidFilter, Placed
-from app.search.structured_properties import is_property_field, property_urn_of
 from app.urns import InvalidUrnError, entity_type_of, parse_urn
 from app.write.proposal import ChangeType, Proposal
 from app.write.repository import AspectRepository, StoredAspect
@@ -472,26 +470,3 @@ async def hide_soft_deleted(repo: AspectRepository, rows: Iterable[StoredAspect]
             value = {**row.value, "properties": kept}
             hidden[i] = dataclasses.replace(row, metadata=orjson.dumps(value).decode(), _value=value)
     return hidden
-
-
-async def refuse_deleted_property_facets(repo: AspectRepository, facets: Sequence[str]) -> None:
-    """DataHub's validateStructuredPropertyFQN on a requested facet: one naming a soft-deleted property is refused
-    (InvalidFilter at its index in `facets`)."""
-    named = {i: property_urn_of(name) for i, name in enumerate(facets) if is_property_field(name)}
-    removed = await soft_deleted(repo, named.values())
-    for i, urn in named.items():
-        if urn in removed:
-            raise InvalidFilter(f"Cannot aggregate on deleted Structured Property {urn}", (i,), found=facets[i])
-
-
-async def refuse_deleted_property_filters(repo: AspectRepository, placed: Iterable[Placed]) -> None:
-    """DataHub's StructuredPropertyUtils.validateFilter: a search filtering on a property whose definition is
-    soft-deleted is refused (InvalidFilter at the criterion's field), so its values are never found; decided when
-    the search is asked, a soft delete or an undelete holds for the next search."""
-    placed = [p for p in placed if is_property_field(p.criterion.field)]
-    removed = await soft_deleted(repo, (property_urn_of(p.criterion.field) for p in placed))
-    for p in placed:
-        urn = property_urn_of(p.criterion.field)
-        if urn in removed:
-            raise InvalidFilter(f"Cannot filter on deleted Structured Property {urn}", (*p.loc, "field"),
-                                found=p.criterion.field)

@@ -10,6 +10,7 @@ import asyncpg
 import pytest
 
 from app.changelog import outbox
+from app.modelset.watcher import ModelWatcher
 from app.search.worker import IndexWorker, writes_running
 from tests.helpers import dataset, eventually, mcp, propose
 
@@ -61,7 +62,8 @@ async def test_only_another_session_running_a_statement_is_write_load(db, databa
 
 
 async def test_the_indexer_pauses_after_a_full_batch_only_under_write_load(app, client, db, database_url):
-    worker = IndexWorker(app.state.settings, app.state.engine, app.state.search)
+    models = ModelWatcher(app.state.settings, app.state.sessionmaker, app.state.registry)
+    worker = IndexWorker(app.state.settings, app.state.engine, app.state.search, models)
     began, results = [0], []  # steps begun; what each step returned, in order (one worker: steps are sequential)
     step = worker.step
 

@@ -12,7 +12,9 @@ from app.api.entities import expanded
 from app.main import create_app
 from app.registry import load_registry
 from app.settings import Settings
-from app.write.runtime_models import MODELS_ASPECT, MODELS_URN, ModelWatcher
+from app.modelset.watcher import ModelWatcher
+from app.registry.runtime import MODELS_ASPECT
+from app.write.rules import MODELS_URN
 from tests.helpers import mcp, mint_token
 
 MODELS = "/openapi/v1/models"

@@ -15,6 +15,7 @@ import pytest
 from app.changelog import outbox
 from app.registry import load_registry
 from app.search.service import SearchRuntime
+from app.modelset.watcher import ModelWatcher
 from app.search.worker import IndexWorker
 from app.settings import Settings
 from tests.helpers import ds
@@ -62,7 +63,8 @@ async def test_an_embedded_indexer_behind_the_stored_set_takes_it_up_and_indexes
     # another process's registry, its ModelWatcher not polled since the apply
     behind = load_registry(Settings().registry_path)
     settings = app.state.settings
-    worker = IndexWorker(settings, app.state.engine, SearchRuntime.create(settings, behind, app.state.engine))
+    watcher = ModelWatcher(settings, app.state.sessionmaker, behind)  # as the background process hands its own
+    worker = IndexWorker(settings, app.state.engine, SearchRuntime.create(settings, behind, app.state.engine), watcher)
     await outbox.sequence(db, 100)
     last = await db.fetchval("SELECT max(feed_offset) FROM change_log_outbox")
     stop = asyncio.Event()

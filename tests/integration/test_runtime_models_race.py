@@ -10,7 +10,7 @@ import pytest
 
 from app.registry import load_registry
 from app.settings import Settings
-from app.write import runtime_models
+from app.modelset import service as runtime_models
 from tests.integration.test_runtime_models import DATASET, MODEL_SET, MODELS
 
 USAGE = {

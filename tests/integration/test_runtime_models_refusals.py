@@ -21,7 +21,8 @@ from app.main import create_app
 from app.registry import load_registry
 from app.registry.runtime import RuntimeModelSet
 from app.settings import Settings
-from app.write.runtime_models import MODELS_ASPECT, MODELS_URN
+from app.registry.runtime import MODELS_ASPECT
+from app.write.rules import MODELS_URN
 from tests.integration.test_runtime_models import DATASET, MODEL_SET, MODELS, RATING, WIDGET_KEY
 
 # The longest names (app.registry.compatibility): an entity's goes into URNs, index and topic names with an aspect's.

@@ -12,7 +12,8 @@ import orjson
 import pytest
 
 from app.write.processors import PIPELINE_ASPECT, PIPELINE_URN
-from app.write.runtime_models import MODELS_ASPECT, MODELS_URN
+from app.registry.runtime import MODELS_ASPECT
+from app.write.rules import MODELS_URN
 from tests import helpers
 from tests.helpers import RESTLI_HEADERS, bearer, restli_propose, stored
 

@@ -1,4 +1,5 @@
-"""The checks of what a runtime model set may hold (app.registry.compatibility.check_models), each alone: where it
+"""The checks of what a runtime model set may hold (app.modelset.service.check_model_set: app.registry.compatibility's
+rules and app.search.annotations'), each alone: where it
 fires (naming the rule and the path) and where it must not. Over HTTP, the dry run and the apply:
 tests/integration/test_runtime_models_refusals.py."""
 
@@ -9,9 +10,9 @@ from typing import Any
 import pytest
 
 from app.registry import load_registry
-from app.registry.compatibility import (
-    FIELD_ANNOTATIONS, MAX_ASPECT_NAME_CHARS, MAX_ENTITY_NAME_CHARS, MAX_FIELD_PATHS, NAME_PATTERN, check_models,
-)
+from app.modelset.service import check_model_set as check_models
+from app.registry.compatibility import MAX_ASPECT_NAME_CHARS, MAX_ENTITY_NAME_CHARS, NAME_PATTERN
+from app.search.annotations import FIELD_ANNOTATIONS, MAX_FIELD_PATHS
 from app.registry.runtime import EMPTY, RuntimeModelSet
 from app.settings import Settings
 
