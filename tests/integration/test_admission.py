@@ -82,7 +82,7 @@ async def test_a_flood_from_one_caller_is_refused_while_another_callers_single_w
             assert (await http.post(single_path("warm-up"), json={"value": {"name": "warm-up"}})).status_code == 200
             warm.set()
             while not (flood_statuses.count(200) and flood_statuses.count(429) >= FLOODERS):  # the flood is on
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # (the whole test is bounded by the wait_for below: 150 s)
             i = 0
             while i < SINGLE_WRITES or flood_statuses.count(200) < 2:  # a batch admitted while they ran
                 started = time.monotonic()
@@ -124,3 +124,5 @@ async def test_an_admitted_write_past_its_deadline_answers_503_and_commits_nothi
         value = (await http.get(single_path("locked"))).json()
         assert value["value"]["name"] == "before", value  # nothing committed
         assert (await http.post(update, json={"value": {"name": "after"}})).status_code == 200
+        value = (await http.get(single_path("locked"))).json()
+        assert (value["value"]["name"], value["version"]) == ("after", "2"), value  # the lock gone, it commits
