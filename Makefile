@@ -22,7 +22,7 @@ UV              := $(VENV)/bin/uv
 INSTALL_KEY := $(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)-$(DATAHUB_VERSION)
 STAMP       := $(VENV)/.metaledger-installed-$(INSTALL_KEY)
 
-.PHONY: help venv client-venv actions-venv postgres-bin java-bin zip-bin run test openapi-check docs-check clean-venv spark-dist
+.PHONY: help venv client-venv actions-venv postgres-bin java-bin zip-bin run test openapi-check docs-check lint format clean-venv spark-dist
 
 help:
 	@echo "make run            serve on $(HOST):$(PORT) (HOST=, PORT= to change)"
@@ -31,6 +31,7 @@ help:
 	@echo "make postgres-bin   install Debian's postgresql if its binaries are missing"
 	@echo "make openapi-check  fail if openapi/ is out of date with the code"
 	@echo "make docs-check     fail if docs/configuration.md is out of date with the settings, or a docs link is broken"
+	@echo "make lint           ruff format --check, ruff check and mypy (make format rewrites what ruff can fix)"
 	@echo "make client-venv    create .venv-client: the real DataHub client for tests/client (the tests create it too)"
 	@echo "make actions-venv   create .venv-actions: DataHub Actions for tests/client (the tests create it too)"
 	@echo "make spark-dist     build $(SPARK_DIST)/: the Spark indexer's wheel and the dependency archive for --archives"
@@ -170,6 +171,17 @@ openapi-check: venv
 docs-check: venv
 	$(VENV)/bin/metaledger settings docs --check
 	$(VENV)/bin/python -m pytest -q tests/unit/test_settings_docs.py tests/unit/test_docs.py
+
+# The formatter, the linter and the type checker, as configured in pyproject.toml ([tool.ruff], [tool.mypy]).
+LINTED := app spark_indexer tests bench migrations examples
+lint: venv
+	$(VENV)/bin/ruff format --check $(LINTED)
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/mypy
+
+format: venv
+	$(VENV)/bin/ruff format $(LINTED)
+	$(VENV)/bin/ruff check --fix $(LINTED)
 
 clean-venv:
 	rm -rf $(VENV) $(CLIENT_VENV) $(ACTIONS_VENV)

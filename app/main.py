@@ -10,6 +10,7 @@ import signal
 from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager
 from http import HTTPStatus
+from typing import Any
 
 import asyncpg
 from fastapi import FastAPI, Request
@@ -53,7 +54,7 @@ from app.kafka.producer import ProposalProducer
 from app.workers import follow_supervisor
 from app.write.combiner import WriteCombiner
 from app.telemetry import ensure_client_id
-from app.write.runtime_models import ModelWatcher
+from app.modelset.watcher import ModelWatcher
 
 log = logging.getLogger("metaledger")
 OPENAPI_URL = "/openapi.json"
@@ -171,18 +172,18 @@ def follow_registry(app: FastAPI, registry: EntityRegistry) -> None:
     app.openapi_schema = None
 
 
-def _declare_json_bodies(spec: dict, routes: list[BaseRoute]) -> list[type[BaseModel]]:
+def _declare_json_bodies(spec: dict[str, Any], routes: list[BaseRoute]) -> list[type[BaseModel]]:
     """Each operation whose body a `JsonBody` dependency parses gets that model as its request body (FastAPI
     documents only the bodies it parses itself, which are read before the route's policy: app.api.deps). Returns
     the models, for the document's components."""
-    models = []
+    models: list[type[BaseModel]] = []
     for context in iter_route_contexts(expanded(routes)):
         dependant = getattr(context, "dependant", None)
         bodies = [d.call for d in _dependencies(dependant) if isinstance(d.call, JsonBody)] if dependant else []
         if not bodies or not context.include_in_schema:
             continue
         model = bodies[0].model
-        for method in context.methods:
+        for method in context.methods or ():
             spec["paths"][context.path_format][method.lower()]["requestBody"] = {
                 "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
                 "required": True,
@@ -347,7 +348,8 @@ def build_openapi(app: FastAPI) -> dict:
         }
         spec["security"] = [{"bearerAuth": []}]
         schemas = spec["components"].setdefault("schemas", {})
-        for model in [*documented_models, *_declare_json_bodies(spec, app.routes)]:  # documented by reference
+        models: list[type[BaseModel]] = [*documented_models, *_declare_json_bodies(spec, app.routes)]
+        for model in models:  # documented by reference
             schema = model.model_json_schema(ref_template="#/components/schemas/{model}")
             schemas.update(schema.pop("$defs", {}))
             schemas[model.__name__] = schema

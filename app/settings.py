@@ -8,12 +8,13 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator
+from pydantic.json_schema import JsonDict
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
 
 
-def group(name: str, docs: str | None = None) -> dict[str, str]:
+def group(name: str, docs: str | None = None) -> JsonDict:
     """Marks the first setting of a group on docs/configuration.md (app.settings_docs): the settings declared after it
     belong to the same group up to the next marked one. `docs` is the page of docs/ that explains them."""
     return {"group": name, "docs": docs} if docs else {"group": name}
@@ -227,7 +228,7 @@ class Settings(BaseSettings):
     mce_consumer_enabled: bool = Field(
         False, description="run the MCE consumer inside `serve`; `metaledger consume-mce` runs it standalone")
 
-    # --- change processors (app.write.processors), models registered at run time (app.write.runtime_models)
+    # --- change processors (app.write.processors), models registered at run time (app.modelset)
     change_processor_refresh_s: float = Field(
         2.0, json_schema_extra=group("Change processors and runtime models", "runtime-models.md"),
         description="how often each process looks at the stored change-processor pipeline")
@@ -296,8 +297,9 @@ class Settings(BaseSettings):
     # --- input limits (hostile input: bounded memory, no 500s; docs/hostile-input.md)
     max_batch_items: int = Field(
         10_000, json_schema_extra=group("HTTP and input limits"),
-        description="items of one batch (v1 proposals, v3 entity batch, Rest.li `ingestProposalBatch`, `batchGet`); "
-                    "more answer 413 naming the limit. DataHub's client sends at most 200")
+        description="items of one batch (v1 proposals, v3 entity batch, Rest.li `ingestProposalBatch`, `batchGet`), "
+                    "the write trace's (urn, aspect) pairs, and OpenLineage's datasets and the aspect writes its events "
+                    "map to; more answer 413 naming the limit. DataHub's client sends at most 200")
     max_json_depth: int = Field(
         100, description="nesting of any JSON metaledger parses (a request body, an aspect or system metadata sent as "
                          "JSON text, a Kafka record); deeper answers 400 naming where")

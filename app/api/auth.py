@@ -3,7 +3,8 @@ operations as `metaledger token …` and `metaledger policy …`."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from collections.abc import Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
@@ -12,6 +13,9 @@ from app.api.deps import ALLOW_ADMIN, ALLOW_READ, Auth, Caller, JsonBody
 from app.api.http import Flag, json_response
 from app.auth.model import Role, parse_ttl
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
+
+Raw = TypeVar("Raw", str, str | None)
+T = TypeVar("T")
 
 router = APIRouter(prefix="/openapi/v1/auth", tags=["auth"], responses=ERROR_RESPONSES)
 
@@ -34,7 +38,7 @@ class PolicyRequest(BaseModel):
     description: str | None = Field(None, max_length=1000)
 
 
-def _checked(field: str, parse, raw: str):
+def _checked(field: str, parse: Callable[[Raw], T], raw: Raw) -> T:
     try:
         return parse(raw)
     except ValueError as error:

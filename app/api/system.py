@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Response
 from sqlalchemy import text
 
@@ -11,7 +13,7 @@ from app.api.deps import ALLOW_PUBLIC, ALLOW_READ, Engine, Ops, Registry
 from app.api.http import json_response
 from app.ops import CONTENT_TYPE as METRICS_CONTENT_TYPE
 
-OPEN = {"security": []}  # the spec says these need no credentials
+OPEN: dict[str, Any] = {"security": []}  # the spec says these need no credentials
 router = APIRouter(tags=["system"])  # each route declares its policy: the probes and /config are open
 
 # The DataHub version metaledger claims. At >= 1.0.1 the Python SDK v2 (`DataHubClient`) writes through the OpenAPI
