@@ -143,7 +143,7 @@ _OPENAPI = {
 _DESCRIPTION = (
     "An OpenLineage RunEvent, JobEvent or DatasetEvent, or a JSON array of them (written in one transaction), "
     "checked against the OpenLineage spec shipped with metaledger; a refused event is a 400 naming the field "
-    "(`$[3].run.runId`). See the README's OpenLineage section for the mapping to DataHub's entities."
+    "(`$[3].run.runId`). See docs/openlineage.md for the mapping to DataHub's entities."
 )
 
 router.add_api_route(

@@ -1,4 +1,4 @@
-"""The indexer on a real Spark cluster, submitted as the README says: a standalone master and two workers
+"""The indexer on a real Spark cluster, submitted as docs/spark-indexer.md says: a standalone master and two workers
 (tests/spark/cluster.py), executors whose Python lacks the project, the code and its dependencies shipped by
 `make spark-dist`'s archive, storage at file:/// URIs in a shared directory.
 
@@ -47,7 +47,7 @@ def cluster(tmp_path_factory, spark_scratch) -> Cluster:
 
 def submit(cluster: Cluster, settings: IndexerSettings, *args: str, log: Path, deps: Path | None = None,
            conf: dict[str, str] | None = None) -> subprocess.Popen:
-    """The README's standalone spark-submit line, with the settings as METALEDGER_* variables."""
+    """docs/spark-indexer.md's standalone spark-submit line, with the settings as METALEDGER_* variables."""
     command = [
         str(SPARK_HOME / "bin" / "spark-submit"), "--master", cluster.url, "--name", "metaledger-indexer",
         "--archives", f"{deps or cluster.deps}#metaledger_deps",

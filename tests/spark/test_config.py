@@ -66,7 +66,7 @@ def test_no_database_url_uses_the_running_embedded_postgres(data_dir):
 
 
 def test_reconcile_runs_against_make_runs_embedded_postgres(spark, data_dir):
-    """The README's command, as is: `python -m spark_indexer reconcile` next to `make run` (embedded Postgres, its
+    """docs/spark-indexer.md's command, as is: `python -m spark_indexer reconcile` next to `make run` (embedded Postgres, its
     search tables as the backend), no URL copied from a log."""
     port = free_port()
     server = EmbeddedPostgres(data_dir / "pg", port, durable=False)
