@@ -120,7 +120,7 @@ async def test_restart_and_outage_under_load_answer_503_and_lose_nothing(own_pg,
                 if response.status_code == 200:
                     acknowledged[urn] = marker
                 elif response.status_code == 503:
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(0.05)  # the client's back-off after a 503 (its pace, not a wait for anything)
 
     async def reader() -> None:
         async with httpx.AsyncClient(base_url=service, headers=SYSTEM_AUTH, timeout=30) as http:
@@ -131,7 +131,7 @@ async def test_restart_and_outage_under_load_answer_503_and_lose_nothing(own_pg,
                     outcomes[f"read closed:{type(error).__name__}"] += 1
                     continue
                 record("read", response)
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.02)  # the reader's pace
 
     async def writes_pass(more: int) -> None:
         target = len(acknowledged) + more
@@ -147,7 +147,8 @@ async def test_restart_and_outage_under_load_answer_503_and_lose_nothing(own_pg,
         await asyncio.to_thread(pg_ctl, own_pg, "stop", "-m", "fast")
         outage_started = time.monotonic()
         await eventually(lambda: asyncio.sleep(0, outcomes["write 503"] >= answered + 20), timeout=30)  # answered, not hung
-        await asyncio.sleep(max(0.0, 3 - (time.monotonic() - outage_started)))  # the outage itself: ~3 s
+        # the outage itself, ~3 s: its length is the behaviour (writes keep being answered 503 through it)
+        await asyncio.sleep(max(0.0, 3 - (time.monotonic() - outage_started)))
         await asyncio.to_thread(start_again, own_pg)
         await writes_pass(30)
     finally:

@@ -77,6 +77,7 @@ async def test_sigterm_under_load_answers_every_request(make_database, migrated_
                 if signalled_at is None and len(sent) == int(RATE * LOAD_BEFORE_S):
                     os.killpg(service.pid, signal.SIGTERM)
                     signalled_at = time.monotonic()
+                # open loop: the next write is sent on schedule (RATE a second) whatever the answers; the pace is the load
                 await asyncio.sleep(max(0.0, start + len(sent) / RATE - time.monotonic()))
             stopped_after = time.monotonic() - signalled_at
             await asyncio.gather(*sent)
