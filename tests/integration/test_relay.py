@@ -341,7 +341,7 @@ async def test_without_kafka_the_relay_sequences_and_prunes_the_feed_window(data
         # offsets are never reused after pruning: they continue from the last one given
         await db.execute(INSERT_ROW, "t", dataset("window"), 4, "{}")
         while (offset := await db.fetchval("SELECT feed_offset FROM change_log_outbox WHERE version = 4")) is None:
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, "row 4 was not sequenced after the pruning"
             await asyncio.sleep(0.02)
         assert offset == 4
     finally:
@@ -357,7 +357,7 @@ async def test_with_kafka_unreachable_rows_are_sequenced_but_never_pruned_undeli
     try:
         deadline = time.monotonic() + 10
         while relay.prune_passes < 1:  # a pruning pass after the rows left the 0.1 s window
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, "no pruning pass within 10 s"
             await asyncio.sleep(0.05)
         rows = await db.fetch("SELECT feed_offset, delivered_at FROM change_log_outbox ORDER BY id")
         assert [(r["feed_offset"], r["delivered_at"]) for r in rows] == [(1, None), (2, None)]
@@ -385,7 +385,7 @@ async def test_sequencer_waits_for_open_transactions_and_keeps_per_urn_commit_or
         await tx.commit()
         deadline = time.monotonic() + 5
         while await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL"):
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, "the rows were not sequenced within 5 s of the commit"
             await asyncio.sleep(0.02)
         rows = await db.fetch("SELECT urn, feed_offset FROM change_log_outbox ORDER BY feed_offset")
         assert [(r["urn"], r["feed_offset"]) for r in rows] == [(dataset("slow"), 1), (dataset("fast"), 2)]
