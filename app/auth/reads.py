@@ -165,7 +165,7 @@ class ReadScopedBackend:
 
 def scoped_backend(backend: SearchBackend, principal: Principal) -> SearchBackend:
     """The backend every read route and GraphQL search through (app.api.deps.get_backend)."""
-    return backend if sees_everything(principal) else ReadScopedBackend(backend, principal)  # type: ignore[return-value]
+    return backend if sees_everything(principal) else ReadScopedBackend(backend, principal)
 
 
 # --- the change feed and the Events API ---------------------------------------------------------------------------

@@ -97,9 +97,9 @@ async def stored_data_refusals(session: AsyncSession, in_force: EntityRegistry, 
             if count:
                 refusals.append(Refusal("RemovedEntityHasValues",
                                         f"entity {entity} is removed but {count} of its entities are stored"))
-    for name, aspect in sorted(proposed.aspects.items()):
+    for name, proposed_aspect in sorted(proposed.aspects.items()):
         old = previous.aspects.get(name)
-        if old is None or old.schema == aspect.schema:
+        if old is None or old.schema == proposed_aspect.schema:
             continue
         refusals.extend(await _invalid_stored_values(conn, built, name))
     return refusals

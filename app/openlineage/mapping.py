@@ -332,7 +332,8 @@ def _schema_fields(items: list[Any], prefix: str, out: list[dict[str, Any]]) -> 
     for item in items:
         if not isinstance(item, dict) or not isinstance(item.get("name"), str):
             continue
-        native = item.get("type") if isinstance(item.get("type"), str) else ""
+        declared = item.get("type")
+        native = declared if isinstance(declared, str) else ""
         word = re.split(r"[^a-z0-9]", native.lower(), maxsplit=1)[0]
         kind = "RecordType" if item.get("fields") else _FIELD_TYPES.get(word, "StringType")
         described = {"description": item["description"]} if isinstance(item.get("description"), str) else {}
@@ -396,7 +397,9 @@ class _JobEvent:
         self.run = event.get("run")
         self.run_facets = (self.run or {}).get("facets") or {}
         self.orchestrator = orchestrator(event)
-        parent = self.run_facets.get("parent") if isinstance(self.run_facets.get("parent"), dict) else {}
+        parent = self.run_facets.get("parent")
+        if not isinstance(parent, dict):
+            parent = {}
         self.parent_job = parent.get("job") if isinstance(parent.get("job"), dict) else None
         self.parent_run = (parent.get("run") or {}).get("runId") if isinstance(parent.get("run"), dict) else None
         # a job name with no text before its first dot is its own flow
@@ -431,7 +434,7 @@ class _JobEvent:
             for i, (urn, dataset) in enumerate(datasets):
                 yield from _dataset_changes(dataset, urn, (side, i))
         if self.run is not None:
-            yield from self._run_changes([u for u, _ in inputs], [u for u, _ in outputs])
+            yield from self._run_changes(self.run, [u for u, _ in inputs], [u for u, _ in outputs])
 
     def _job_info_ops(self, job: dict[str, Any]) -> list[dict[str, Any]]:
         ops = [
@@ -479,8 +482,8 @@ class _JobEvent:
             ops.append({"op": "add", "path": f"/inputDatajobEdges/{_pointer(parent)}", "value": {"destinationUrn": parent}})
         return ops
 
-    def _run_changes(self, inputs: list[str], outputs: list[str]) -> list[Change]:
-        run_id = self.run["runId"]
+    def _run_changes(self, run: dict[str, Any], inputs: list[str], outputs: list[str]) -> list[Change]:
+        run_id = run["runId"]
         urn = run_urn(run_id)
         changes = [*self._run_properties(urn, run_id)]
         for aspect, side, datasets in (("dataProcessInstanceInput", "inputs", inputs),
@@ -517,7 +520,7 @@ class _JobEvent:
         created = {"time": time, "actor": SYSTEM_ACTOR}
         first = {"name": run_id, "created": created, "customProperties": custom,
                  "type": "BATCH_SCHEDULED" if nominal else "BATCH_AD_HOC"}
-        ops = [{"op": "add", "path": "/name", "value": run_id}]
+        ops: list[dict[str, Any]] = [{"op": "add", "path": "/name", "value": run_id}]
         if nominal or self.event.get("eventType") == "START":
             ops.append({"op": "add", "path": "/created", "value": created})
         if nominal:

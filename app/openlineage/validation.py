@@ -248,7 +248,8 @@ def _described(error: ValidationError) -> tuple[str, str]:
         return path, f"expected {error.validator_value}, found {_json_type(error.instance)}"
     if error.validator == "format":
         return path, f"not a valid {error.validator_value}"
-    if error.validator == "enum":
+    # a schema's enum is a JSON list; only an error built without a value (jsonschema's Unset) would fall to the message
+    if error.validator == "enum" and isinstance(error.validator_value, list):
         return path, f"expected one of {', '.join(map(str, error.validator_value))}"
     return path, error.message[:200]
 

@@ -270,8 +270,8 @@ def schema_refusals(aspect: str, old: Mapping[str, Any], new: Mapping[str, Any],
                 if f["name"] in new_fields:
                     walk(f"{path}.fields.{f['name']}.type", f["type"], new_fields[f["name"]]["type"])
         elif kind in ("array", "map"):
-            key = "items" if kind == "array" else "values"
-            walk(f"{path}.{key}", old_node[key], new_node[key])
+            child = "items" if kind == "array" else "values"
+            walk(f"{path}.{child}", old_node[child], new_node[child])
         elif kind == "union":
             new_members = {_member_key(new_named.resolve(m)): m for m in new_node}
             for member in old_node:

@@ -458,8 +458,8 @@ def _build(
         config = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
     except FileNotFoundError:
         return _Loaded(None, [f"registry file {path} does not exist"], [])
-    except yaml.YAMLError as e:
-        return _Loaded(None, [f"registry file {path} is not valid YAML: {e}"], [])
+    except yaml.YAMLError as error:
+        return _Loaded(None, [f"registry file {path} is not valid YAML: {error}"], [])
     if not isinstance(config, dict):
         return _Loaded(None, [f"registry file {path} must be a mapping with 'entities:'"], [])
 
@@ -507,8 +507,8 @@ def _build(
         for f in files:
             try:
                 doc = _json_loads(f.read_bytes())
-            except Exception as e:  # noqa: BLE001 - report any unreadable file as a problem
-                problems.append(f"{f}: not valid JSON: {e}")
+            except Exception as error:  # noqa: BLE001 - report any unreadable file as a problem
+                problems.append(f"{f}: not valid JSON: {error}")
                 continue
             add_document(str(f), doc, from_package)
     for name, doc in runtime_documents:

@@ -151,7 +151,7 @@ class RuntimeModelSet:
                 f"move the entities of an entity_registry.yml into {MODELS_FILE}",
                 str(folder),
             )
-        config = {}
+        config: dict[str, Any] = {}
         if (folder / MODELS_FILE).is_file():
             config = yaml.safe_load((folder / MODELS_FILE).read_text(encoding="utf-8")) or {}
             if not isinstance(config, dict):

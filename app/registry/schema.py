@@ -209,16 +209,16 @@ class SchemaParser:
             fullname = self._full(raw["name"], raw.get("namespace", namespace))
             if fullname in self.named:
                 return self.named[fullname]
-            t = Enum("enum", canonical_name(fullname), tuple(raw["symbols"]))
-            self._register(fullname, t)
-            return t
+            enum = Enum("enum", canonical_name(fullname), tuple(raw["symbols"]))
+            self._register(fullname, enum)
+            return enum
         if kind == "fixed":
             fullname = self._full(raw["name"], raw.get("namespace", namespace))
             if fullname in self.named:
                 return self.named[fullname]
-            t = Fixed("fixed", canonical_name(fullname), int(raw["size"]))
-            self._register(fullname, t)
-            return t
+            fixed = Fixed("fixed", canonical_name(fullname), int(raw["size"]))
+            self._register(fullname, fixed)
+            return fixed
         if kind == "array":
             return Array("array", self._parse(raw["items"], namespace))
         if kind == "map":

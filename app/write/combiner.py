@@ -98,8 +98,8 @@ class WriteCombiner:
         self.writes += len(group)
         try:
             async with self.sessionmaker() as session:
-                deadlines = [w.deadline for w in group]
-                if None not in deadlines:  # the group's transaction runs until its latest write's deadline
+                deadlines = [w.deadline for w in group if w.deadline is not None]
+                if len(deadlines) == len(group):  # the group's transaction runs until its latest write's deadline
                     session.info[WRITE_DEADLINE] = max(deadlines)
                 results = await self.writer.apply_group(session, [(w.proposals, w.audit) for w in group], self.contended)
         except Exception as error:  # noqa: BLE001 - answered write by write below

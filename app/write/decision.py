@@ -270,12 +270,12 @@ class _Fold:
             self.floors[key] = self.raised_floors[key] = floor
         for row in step.superseded:
             self.history.setdefault((row.urn, row.aspect), []).append(row)
-        for key, row in step.rows:
-            if row is not None:
+        for key, written in step.rows:
+            if written is not None:
                 if self.rows.get(key) is None:
                     self.inserted.add(key)
-                self.dirty[key] = row
-            self.rows[key] = row
+                self.dirty[key] = written
+            self.rows[key] = written
 
     def decision(self, writes: list[WriteOutcome], history_kept: Callable[[str, str], int]) -> Decision:
         if self.refused:
@@ -367,6 +367,7 @@ class WriteCore:
                     raise fail(f"URN {urn!r} is of entity type {parsed.entity_type!r}, not {entity.name!r}", "$.entityUrn")
                 self.registry.urn_to_key(entity.name, urn)  # the URN's parts must make a valid key aspect
             else:
+                assert draft.entity_key_aspect is not None  # exactly one of the two is given, checked above
                 urn = self.registry.key_to_urn(entity.name, draft.entity_key_aspect)
                 validate_urn(urn, self.settings.strict_urn_validation)
             if len(urn) > URN_MAX_STORED_CHARS:  # schemaField URNs are exempt from the 512 bytes, not from the column
@@ -609,9 +610,9 @@ class WriteCore:
             name, reason = result.rejected
             return Step(verdict=Verdict(VerdictKind.VALIDATION, reason, f"change processor {name}", "$.aspect.value"))
         if result.ignored is not None:
-            reason = next((r.reason for r in result.reports if r.processor == result.ignored), None)
+            ignored_reason = next((r.reason for r in result.reports if r.processor == result.ignored), None)
             return Step(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.IGNORED,
-                                   message=f"ignored by change processor {result.ignored}: {reason}",
+                                   message=f"ignored by change processor {result.ignored}: {ignored_reason}",
                                    processors=result.reports))
         if result.value is not p.value and result.value is not None:
             aspect = self.registry.aspect(p.entity_type, p.aspect_name)

@@ -71,8 +71,9 @@ class PendingChange:
 
 class Rule:
     name: ClassVar[str]
-    change_types: ClassVar[frozenset[ChangeType]] = WRITE_CHANGE_TYPES
-    entity_aspects: ClassVar[Sequence[tuple[str, str]]] = EVERY_ENTITY_ASPECT
+    # class defaults a plugin's configuration may set per instance (app.write.plugins: supportedOperations, ...)
+    change_types: frozenset[ChangeType] = WRITE_CHANGE_TYPES
+    entity_aspects: Sequence[tuple[str, str]] = EVERY_ENTITY_ASPECT
 
     def governs(self, proposal: Proposal) -> bool:
         if proposal.change_type not in self.change_types:
@@ -172,7 +173,7 @@ def system_service_write(urn: str, aspect: str) -> Iterator[None]:
 
 def system_entity_refusal(urn: str | None, what: str) -> str:
     """Why `what` (a write, a DELETE, ...) of metaledgerSystem is refused, naming the service to use instead."""
-    services = {urn: SYSTEM_SERVICES[urn]} if urn in SYSTEM_SERVICES else SYSTEM_SERVICES
+    services = {urn: SYSTEM_SERVICES[urn]} if urn is not None and urn in SYSTEM_SERVICES else SYSTEM_SERVICES
     where = "; ".join(f"{aspect} of {u} through {route}" for u, (aspect, route) in services.items())
     return (f"{PIPELINE_ENTITY} is metaledger's own configuration, written only by its own services, never by "
             f"{what} through a general write path: {where}")

@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from sqlalchemy.ext.asyncio import AsyncSession
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app.db import CommitInterrupted, transaction_status
 from app.errors import ExistenceConflict, Issue, PreconditionFailed, ServiceUnavailable, ValidationFailed
@@ -157,7 +157,9 @@ class WriteService:
         writes: Sequence[tuple[Sequence[Proposal], AuditStamp]],
     ) -> None:
         """Returns if transaction `txid` committed; raises the 503 that tells what is known otherwise."""
-        status = await transaction_status(session.bind, txid, COMMIT_CHECK_S)
+        engine = session.bind
+        assert isinstance(engine, AsyncEngine)  # write sessions come from app.db's sessionmaker, bound to the engine
+        status = await transaction_status(engine, txid, COMMIT_CHECK_S)
         log.warning("write commit interrupted", extra={
             "txid": txid, "outcome": status or "unknown", "error": str(interrupted),
             "items": sum(len(w[0]) for w in writes), **first_write_fields(writes[0][0])})
