@@ -131,12 +131,11 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
     aspect_names = schema_ref(aspect_name_component(entity))
     AspectName = Annotated[str, WithJsonSchema(aspect_names), Path(alias="aspectName", description="Name of the aspect")]
 
-    def aspects_query(description: str) -> Any:
-        return Annotated[list[str] | None, WithJsonSchema({"type": "array", "items": aspect_names}),
-                         Query(description=description)]
-
-    AspectsToRead = aspects_query("Aspects to return (default: all)")
-    AspectsToDelete = aspects_query("Aspects to delete (default: the whole entity)")
+    # Spelled out (not made by a helper function) so that type checkers take them as type aliases.
+    AspectsToRead = Annotated[list[str] | None, WithJsonSchema({"type": "array", "items": aspect_names}),
+                              Query(description="Aspects to return (default: all)")]
+    AspectsToDelete = Annotated[list[str] | None, WithJsonSchema({"type": "array", "items": aspect_names}),
+                                Query(description="Aspects to delete (default: the whole entity)")]
 
     def component(suffix: str) -> dict[str, str]:
         return schema_ref(entity_component(entity, suffix))
@@ -194,7 +193,7 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
                          aspects: AspectsToRead = None,
                          system_metadata: SystemMetadataFlag = False) -> Response:
         rows = await EntityReader(session, registry, caller).entity(entity, checked_urn(urn), aspects)
-        found = {"urn": urn}
+        found: dict[str, Any] = {"urn": urn}
         for row in rows:
             found[row.aspect] = stored_envelope(row, system_metadata)
         return json_response(found)
@@ -370,7 +369,7 @@ async def _batch_get(entity: str, request: Request, session: Session, registry: 
         rows = [r for r in found.get(urn, ()) if aspects is None or r.aspect in aspects]
         if not rows:
             continue
-        entity_out = {"urn": urn}
+        entity_out: dict[str, Any] = {"urn": urn}
         for row in rows:
             entity_out[row.aspect] = stored_envelope(row, system_metadata)
         out.append(entity_out)

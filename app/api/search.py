@@ -442,6 +442,7 @@ async def trace_write(
         primary = {"writeStatus": "ACTIVE_STATE", "version": stored}
         in_index = indexed.get(row.aspect)
         failure = failing.get(row.aspect)
+        search: dict[str, str | None]
         if in_index is not None and int(in_index) >= int(stored):
             search = {"writeStatus": "ACTIVE_STATE", "version": str(in_index)}
         elif failure is not None and failure["version"] >= int(stored):

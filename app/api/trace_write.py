@@ -443,6 +443,8 @@ def _match(codec: ValueCodec, record, tp: TopicPartition, wanted: dict[str, list
         except orjson.JSONDecodeError:
             return
     urn, aspect = mcp.get("entityUrn"), mcp.get("aspectName")
+    if not isinstance(urn, str):  # no entity URN (or not a string one): not a write this trace asked about
+        return
     if trace_id_in(system_metadata) == trace_id and aspect in wanted.get(urn, ()):
         found[urn, aspect] = (tp, record.offset, value)
 

@@ -138,13 +138,15 @@ def _int(value: Any, default: int) -> int:
     return value if isinstance(value, int) and not isinstance(value, bool) else default
 
 
-def _page_scope(field: FieldNode, variables: Mapping[str, Any], max_count: int) -> Scope:
+def _page_scope(field: FieldNode, variables: dict[str, Any], max_count: int) -> Scope:
     """What a paged field's page resolves: its `searchResults` once per result, its facets unless skipped."""
-    inputs = next((value_from_ast_untyped(a.value, variables) for a in field.arguments if a.name.value == "input"), None)
-    inputs = inputs if isinstance(inputs, dict) else {}
+    given = next((value_from_ast_untyped(a.value, variables) for a in field.arguments or () if a.name.value == "input"),
+                 None)
+    inputs: dict[Any, Any] = given if isinstance(given, dict) else {}
     count, start = _int(inputs.get("count"), DEFAULT_COUNT), max(_int(inputs.get("start"), 0), 0)
     page = max(0, min(count, max_count - start))
-    flags = inputs.get("searchFlags") if isinstance(inputs.get("searchFlags"), dict) else {}
+    given_flags = inputs.get("searchFlags")
+    flags: dict[Any, Any] = given_flags if isinstance(given_flags, dict) else {}
     if flags.get("skipAggregates") is True:
         return (RESULTS_FIELD, page, 0, ()), (FACETS_FIELD, 0, 0, ())
     values = min(max(_int(flags.get("maxAggValues"), DEFAULT_AGG_VALUES) or DEFAULT_AGG_VALUES, 1), MAX_AGG_VALUES)

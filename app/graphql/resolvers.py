@@ -84,7 +84,9 @@ class Context:
         reader = EntityReader(self.session, self.registry, self.caller)
         found: dict[str, dict[str, Any]] = {}
         for start in range(0, len(wanted), READ_CHUNK):
-            rows = await reader.latest_of_many(list(wanted[start:start + READ_CHUNK]))
+            chunk = [(urn, None if aspects is None else list(aspects))
+                     for urn, aspects in wanted[start:start + READ_CHUNK]]
+            rows = await reader.latest_of_many(chunk)
             found.update((urn, {row.aspect: row for row in urn_rows}) for urn, urn_rows in rows.items())
             if self.answer is not None:
                 self.answer.spend(sum(len(row.metadata) for urn_rows in rows.values() for row in urn_rows))
@@ -155,7 +157,7 @@ def _entity_names(types: list[str] | None, context: Context) -> list[str]:
     """The registry entities of the EntityType values asked for (DataHub's searchable set when none); OTHER: the
     entity types registered at run time."""
     registry = context.registry
-    names = []
+    names: list[str] = []
     for value in types or SEARCHABLE_TYPES:
         if value == OTHER and types:
             names.extend(name for name in context.runtime_types if name not in names)

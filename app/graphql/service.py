@@ -21,7 +21,8 @@ from typing import Any
 from weakref import WeakKeyDictionary
 
 from graphql import (
-    DocumentNode, Executor, GraphQLError, GraphQLSchema, IntValueNode, ValueNode, build_schema, execute, parse, validate,
+    DocumentNode, Executor, GraphQLError, GraphQLFormattedError, GraphQLSchema, IntValueNode, ValueNode, build_schema,
+    execute, parse, validate,
 )
 
 from app.db_faults import DatabaseFault, classify
@@ -145,7 +146,7 @@ def _refused(message: str, classification: str = "ValidationError") -> dict[str,
                                                              "classification": classification}}]}
 
 
-def _format(error: GraphQLError) -> dict[str, Any]:
+def _format(error: GraphQLError) -> GraphQLFormattedError:
     formatted = error.formatted
     original = error.original_error
     if isinstance(original, MetaledgerError):

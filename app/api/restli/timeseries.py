@@ -115,7 +115,7 @@ async def timeseries_from_backend(
         return []
     # Filter values come as strings (DataHub's Criterion); the backends compare typed values, so only an absent
     # filter goes to the backend as is and every filter is matched here, over the range's points.
-    equals = None if groups else {}
+    equals: dict[str, Any] | None = None if groups else {}
     if equals is not None:
         points = await backend.timeseries(TimeseriesQuery(urn=urn, aspect=aspect, start_ms=start, end_ms=end, limit=limit, equals=equals))
     else:
