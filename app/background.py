@@ -17,12 +17,12 @@ from app.kafka.consumers.per_aspect import PerAspectChangeConsumer
 from app.kafka.per_aspect import DerivedEvents
 from app.kafka.relay import OutboxRelay
 from app.kafka.topics import ensure_topics
+from app.modelset.watcher import ModelWatcher
 from app.search.service import SearchRuntime
 from app.search.worker import IndexWorker
 from app.settings import Settings
 from app.workers import pause
 from app.write.after_processors import AfterProcessorWorker
-from app.modelset.watcher import ModelWatcher
 from app.write.structured_property_deletes import PropertyValueRemoval
 
 log = logging.getLogger("metaledger.background")
@@ -35,8 +35,13 @@ class Background:
     workers: list = field(default_factory=list)  # the running workers, for their figures (app.ops)
 
     async def start(
-        self, settings: Settings, engine: AsyncEngine, sessionmaker: async_sessionmaker[AsyncSession],
-        gateway: IngestGateway, search: SearchRuntime, codec: ValueCodec | None = None,
+        self,
+        settings: Settings,
+        engine: AsyncEngine,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        gateway: IngestGateway,
+        search: SearchRuntime,
+        codec: ValueCodec | None = None,
     ) -> None:
         kafka = bool(settings.kafka_bootstrap_servers)
         codec = codec or ValueCodec(settings)  # one per process, shared by the relay and the consumers

@@ -25,8 +25,10 @@ def refusal(error: BaseException) -> str | None:
     from app.supervisor import StartupRefused
 
     if isinstance(error, ValidationError):
-        text = "; ".join(f"{_env_name(e['loc'][0]) if e['loc'] else 'METALEDGER_*'}: {e['msg']} (found {e['input']!r})"
-                         for e in error.errors())
+        text = "; ".join(
+            f"{_env_name(e['loc'][0]) if e['loc'] else 'METALEDGER_*'}: {e['msg']} (found {e['input']!r})"
+            for e in error.errors()
+        )
     elif isinstance(error, SettingsError):
         field = re.search(r'field "(\w+)"', str(error))
         cause = error.__cause__
@@ -70,9 +72,13 @@ def main() -> None:
 @click.option("--no-migrate", is_flag=True, help="Do not apply pending migrations at start.")
 @click.option("--log-level", default="info", show_default=True)
 @click.option(
-    "--workers", type=click.IntRange(min=1), default=None, envvar="METALEDGER_WORKERS", show_envvar=True,
+    "--workers",
+    type=click.IntRange(min=1),
+    default=None,
+    envvar="METALEDGER_WORKERS",
+    show_envvar=True,
     help="API processes sharing the port; above 1, the background work (relay, consumers, embedded indexer) runs in "
-         "a process of its own  [default: the machine's cores]",
+    "a process of its own  [default: the machine's cores]",
 )
 def serve(host: str, port: int, no_migrate: bool, log_level: str, workers: int | None) -> None:
     """Run the service. Without METALEDGER_DATABASE_URL it starts its own Postgres under METALEDGER_DATA_DIR."""
@@ -84,7 +90,8 @@ def serve(host: str, port: int, no_migrate: bool, log_level: str, workers: int |
     if not settings.auth_enabled and host not in ("127.0.0.1", "localhost", "::1"):
         click.echo(
             f"WARNING: authentication is off (METALEDGER_AUTH_ENABLED=false) and metaledger listens on {host}: anyone "
-            "who can reach it can write and delete anything.", err=True,
+            "who can reach it can write and delete anything.",
+            err=True,
         )
     supervisor.serve(settings, host, port, workers or supervisor.default_workers(), log_level)
     # uvicorn's own last words are about its workers; a newcomer wants to know that all of it has stopped (an
@@ -95,19 +102,18 @@ def serve(host: str, port: int, no_migrate: bool, log_level: str, workers: int |
 @main.command()
 def relay() -> None:
     """Run the outbox relay standalone (several may run at once)."""
-    from app.kafka.relay import OutboxRelay
-
-    from app.supervisor import run_standalone
-
     from app.kafka.per_aspect import DerivedEvents
-    from app.startup import load_registry_of
+    from app.kafka.relay import OutboxRelay
     from app.modelset.watcher import ModelWatcher, WithModelWatcher
+    from app.startup import load_registry_of
+    from app.supervisor import run_standalone
 
     def make(settings, engine, maker, codec):
         registry = load_registry_of(settings)
         models = ModelWatcher(settings, maker, registry)
-        return WithModelWatcher(OutboxRelay(settings, engine, codec, DerivedEvents(settings, registry, codec), models),
-                                models)
+        return WithModelWatcher(
+            OutboxRelay(settings, engine, codec, DerivedEvents(settings, registry, codec), models), models
+        )
 
     run_standalone(make)
 
@@ -116,19 +122,19 @@ def _consumer(consumer_class, settings, maker, codec):
     """A standalone consumer: its gateway applies (never queues) and leaves indexing to the indexer, with the runtime
     model set taken up (app.modelset.watcher.WithModelWatcher)."""
     from app.ingest.gateway import IngestGateway
-    from app.startup import build_write_service
     from app.modelset.watcher import ModelWatcher, WithModelWatcher
+    from app.startup import build_write_service
 
     gateway = IngestGateway(build_write_service(settings))
-    return WithModelWatcher(consumer_class(settings, maker, gateway, codec=codec),
-                            ModelWatcher(settings, maker, gateway.registry))
+    return WithModelWatcher(
+        consumer_class(settings, maker, gateway, codec=codec), ModelWatcher(settings, maker, gateway.registry)
+    )
 
 
 @main.command("consume-mcp")
 def consume_mcp() -> None:
     """Apply proposals from the MetadataChangeProposal_v1 topic; failures go to FailedMetadataChangeProposal_v1."""
     from app.kafka.consumers import McpConsumer
-
     from app.supervisor import run_standalone
 
     run_standalone(lambda settings, engine, maker, codec: _consumer(McpConsumer, settings, maker, codec))
@@ -138,7 +144,6 @@ def consume_mcp() -> None:
 def consume_mce() -> None:
     """Apply legacy MetadataChangeEvents from MetadataChangeEvent_v4; failures go to FailedMetadataChangeEvent_v4."""
     from app.kafka.consumers import MceConsumer
-
     from app.supervisor import run_standalone
 
     run_standalone(lambda settings, engine, maker, codec: _consumer(MceConsumer, settings, maker, codec))
@@ -150,9 +155,8 @@ def _with_auth(operation):
 
     from app.auth.service import AuthService
     from app.db import create_engine, upgrade_database
-    from app.startup import resolve_database_url
     from app.registry import load_registry
-
+    from app.startup import resolve_database_url
     from app.supervisor import check_database_url
 
     settings = get_settings()
@@ -188,7 +192,9 @@ def token() -> None:
 @token.command("create")
 @click.option("--actor", required=True, help="the corpuser the token acts as, e.g. urn:li:corpuser:alice")
 @click.option("--role", required=True, type=click.Choice(["reader", "writer", "admin"]))
-@click.option("--ttl", default=None, help='lifetime: 90d, 12h, 30m, 3600s or "never" [default: METALEDGER_AUTH_TOKEN_DEFAULT_TTL]')
+@click.option(
+    "--ttl", default=None, help='lifetime: 90d, 12h, 30m, 3600s or "never" [default: METALEDGER_AUTH_TOKEN_DEFAULT_TTL]'
+)
 @click.option("--description", default=None)
 def token_create(actor: str, role: str, ttl: str | None, description: str | None) -> None:
     """Issue a token. It is printed once, alone on the last line (scripts: `... | tail -n1`); only its hash is kept."""
@@ -305,8 +311,14 @@ def registry_check(path: Path | None) -> None:
 
 
 @main.group()
-@click.option("--url", envvar="METALEDGER_URL", default="http://127.0.0.1:8080", show_default=True, show_envvar=True,
-              help="the metaledger server")
+@click.option(
+    "--url",
+    envvar="METALEDGER_URL",
+    default="http://127.0.0.1:8080",
+    show_default=True,
+    show_envvar=True,
+    help="the metaledger server",
+)
 @click.option("--token", envvar="DATAHUB_GMS_TOKEN", default=None, show_envvar=True, help="an admin token")
 @click.pass_context
 def model(ctx: click.Context, url: str, token: str | None) -> None:
@@ -333,8 +345,10 @@ def _model_body(directory: Path) -> dict:
         models = RuntimeModelSet.from_directory(directory)
     except ModelSetError as error:
         raise click.ClickException(str(error)) from None
-    return {"aspects": [{"schema": a.schema, "compatibility": a.compatibility.value} for a in models.aspects.values()],
-            "entities": [e.to_yml() for e in models.entities]}
+    return {
+        "aspects": [{"schema": a.schema, "compatibility": a.compatibility.value} for a in models.aspects.values()],
+        "entities": [e.to_yml() for e in models.entities],
+    }
 
 
 @model.command("apply")
@@ -359,8 +373,10 @@ def model_diff(ctx: click.Context, directory: Path) -> None:
 def model_history(ctx: click.Context) -> None:
     """Every stored version of the runtime model set, newest first."""
     for v in _model_call(ctx, "GET", "/history")["versions"]:
-        click.echo(f"{v['version']}\t{v['createdOn']}\t{v['createdBy']}\taspects: {', '.join(v['aspects']) or '-'}"
-                   f"\tentities: {', '.join(v['entities']) or '-'}")
+        click.echo(
+            f"{v['version']}\t{v['createdOn']}\t{v['createdBy']}\taspects: {', '.join(v['aspects']) or '-'}"
+            f"\tentities: {', '.join(v['entities']) or '-'}"
+        )
 
 
 @main.group()
@@ -370,8 +386,12 @@ def events() -> None:
 
 @events.command("export-schemas")
 @click.argument("directory", type=click.Path(path_type=Path))
-@click.option("--all", "every_pair", is_flag=True,
-              help="every entity/aspect pair of the registry, not only the routed ones (METALEDGER_EVENTS_V5_ROUTES)")
+@click.option(
+    "--all",
+    "every_pair",
+    is_flag=True,
+    help="every entity/aspect pair of the registry, not only the routed ones (METALEDGER_EVENTS_V5_ROUTES)",
+)
 def events_export_schemas(directory: Path, every_pair: bool) -> None:
     """Write the generated MetadataChangeEvent, MetadataAuditEvent and FailedMetadataChangeEvent schemas of the
     routed pairs as .avsc files (one per record: <com.linkedin.mxe.entity.aspect>.<Record>.avsc)."""
@@ -426,8 +446,12 @@ def settings_group() -> None:
 
 
 @settings_group.command("docs")
-@click.option("--output", type=click.Path(path_type=Path), default=None,
-              help="where to write the page  [default: docs/configuration.md]")
+@click.option(
+    "--output",
+    type=click.Path(path_type=Path),
+    default=None,
+    help="where to write the page  [default: docs/configuration.md]",
+)
 @click.option("--check", is_flag=True, help="Fail if the committed page differs from the settings' (CI drift check).")
 def settings_docs(output: Path | None, check: bool) -> None:
     """Write docs/configuration.md, generated from the settings' declarations (app/settings.py and

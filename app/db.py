@@ -6,8 +6,8 @@ import asyncio
 import itertools
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING
 
 import asyncpg
@@ -33,7 +33,11 @@ def create_engine(url: str, pool_size: int = 10, pool_timeout: float = 30.0) -> 
     # `pool_timeout`: the longest wait for a connection when all are checked out; then sqlalchemy.exc.TimeoutError,
     # which the app answers with 503 and Retry-After (app.main).
     engine = create_async_engine(
-        url, pool_size=pool_size, max_overflow=pool_size, pool_timeout=pool_timeout, isolation_level="READ COMMITTED",
+        url,
+        pool_size=pool_size,
+        max_overflow=pool_size,
+        pool_timeout=pool_timeout,
+        isolation_level="READ COMMITTED",
     )
     event.listen(engine.sync_engine.pool, "checkout", _refuse_closed_connection)
     return engine
@@ -141,7 +145,9 @@ class SessionRepository:
             await conn.execute(f"RELEASE SAVEPOINT {savepoint}" if savepoint else "COMMIT")
         except Exception as error:
             if not savepoint and classify(error) is DatabaseFault.UNAVAILABLE:
-                raise CommitInterrupted(f"the connection failed during COMMIT ({type(error).__name__}: {error})") from error
+                raise CommitInterrupted(
+                    f"the connection failed during COMMIT ({type(error).__name__}: {error})"
+                ) from error
             raise
 
 

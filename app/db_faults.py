@@ -74,8 +74,9 @@ def _chain(error: BaseException) -> list[BaseException]:
         if any(link is s for s in seen):
             continue
         seen.append(link)
-        todo.extend(e for e in (getattr(link, "orig", None), link.__cause__, link.__context__)
-                    if isinstance(e, BaseException))
+        todo.extend(
+            e for e in (getattr(link, "orig", None), link.__cause__, link.__context__) if isinstance(e, BaseException)
+        )
         if isinstance(link, BaseExceptionGroup):
             todo.extend(link.exceptions)
     return seen

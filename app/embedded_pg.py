@@ -370,8 +370,11 @@ class EmbeddedPostgres:
             except Exception as exc:  # the server works without them: its first bursts are slower
                 log.warning("embedded Postgres: making WAL segment files ready for reuse failed: %s", exc)
             else:
-                log.info("embedded Postgres: %d WAL segment files made ready for reuse in %.1f s", made,
-                         time.monotonic() - started)
+                log.info(
+                    "embedded Postgres: %d WAL segment files made ready for reuse in %.1f s",
+                    made,
+                    time.monotonic() - started,
+                )
         if self.database and self.database != "postgres":
             try:
                 if ensure_database(self.admin_dsn, self.database):

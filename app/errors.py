@@ -34,7 +34,8 @@ class Issue:
         # Never echo unbounded input: URNs, paths and values a client sent are cut (`…(N chars)` says how long).
         return {
             k: (clip(v, MESSAGE_CHARS if k == "message" else ECHO_CHARS) if isinstance(v, str) else v)
-            for k, v in asdict(self).items() if v is not None
+            for k, v in asdict(self).items()
+            if v is not None
         }
 
 
@@ -62,7 +63,7 @@ class Location:
             where = self.base if self.fields is None else self.fields
             return mcp_path if where == "$" else where
         if self.value is not None and mcp_path.startswith("$.aspect.value"):
-            return self.value + mcp_path[len("$.aspect.value"):]
+            return self.value + mcp_path[len("$.aspect.value") :]
         if self.urn is not None and mcp_path.startswith(("$.entityUrn", "$.entityKeyAspect")):
             return self.urn
         if self.fields is not None and mcp_path.startswith("$."):
@@ -88,7 +89,11 @@ class MetaledgerError(Exception):
         Exception.__init__(self, self.message)
 
     def to_json(self) -> dict[str, Any]:
-        return {"error": self.error, "message": clip(self.message, MESSAGE_CHARS), "issues": [i.to_json() for i in self.issues]}
+        return {
+            "error": self.error,
+            "message": clip(self.message, MESSAGE_CHARS),
+            "issues": [i.to_json() for i in self.issues],
+        }
 
     def headers(self) -> dict[str, str] | None:
         """Response headers this error adds (WWW-Authenticate, Retry-After)."""
@@ -182,7 +187,15 @@ ERROR_RESPONSES: dict[int | str, dict[str, Any]] = {
         "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
     }
     for cls in (
-        ValidationFailed, Unauthorized, Forbidden, NotFound, ExistenceConflict, PreconditionFailed, PayloadTooLarge,
-        UnsupportedMediaType, TooManyRequests, ServiceUnavailable,
+        ValidationFailed,
+        Unauthorized,
+        Forbidden,
+        NotFound,
+        ExistenceConflict,
+        PreconditionFailed,
+        PayloadTooLarge,
+        UnsupportedMediaType,
+        TooManyRequests,
+        ServiceUnavailable,
     )
 }

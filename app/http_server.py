@@ -94,8 +94,13 @@ class HeadLimitedProtocol(HttpToolsProtocol):
         head = [STATUS_LINE[431]]
         for name, value in self.server_state.default_headers:
             head += [name, b": ", value, b"\r\n"]
-        head += [b"content-type: text/plain; charset=utf-8\r\n", b"content-length: ", str(len(body)).encode(),
-                 b"\r\nconnection: close\r\n\r\n", body]
+        head += [
+            b"content-type: text/plain; charset=utf-8\r\n",
+            b"content-length: ",
+            str(len(body)).encode(),
+            b"\r\nconnection: close\r\n\r\n",
+            body,
+        ]
         self.logger.warning("request refused: %s", message)
         self.transport.write(b"".join(head))
         if self.transport.can_write_eof():

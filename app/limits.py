@@ -69,7 +69,10 @@ def check_depth(value: Any, limit: int, path: str = "$", *, index: int | None = 
         return
     full = path + where[1:]
     message = f"{what} is nested more than {limit} levels deep (METALEDGER_MAX_JSON_DEPTH) at {clip(full)}"
-    raise ValidationFailed(message, [Issue(f"nested more than {limit} levels deep", index, path=clip(full), expected=f"at most {limit} levels")])
+    raise ValidationFailed(
+        message,
+        [Issue(f"nested more than {limit} levels deep", index, path=clip(full), expected=f"at most {limit} levels")],
+    )
 
 
 def check_long(value: int | None, name: str, *, minimum: int = MIN_LONG, path: str | None = None) -> int | None:

@@ -14,47 +14,46 @@ from typing import Any
 
 import asyncpg
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.middleware.cors import CORSMiddleware
-from starlette.routing import BaseRoute
 from fastapi.dependencies.models import Dependant
+from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.routing import iter_route_contexts
 from pydantic import BaseModel
 from sqlalchemy.exc import SQLAlchemyError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.routing import BaseRoute
 
 from app import __version__
+from app.api import documented_models, route_index, routers
+from app.api.deps import ALLOW_PUBLIC, ALLOW_READ, JsonBody
+from app.api.entities import EntityRoutes, entity_routes, expanded
+from app.api.http import json_response, parameter_path
+from app.api.trace_write import TraceparentMiddleware
+from app.api.urn_paths import EncodedSlashMiddleware
 from app.auth.service import AuthService
 from app.avro.wire import ValueCodec
 from app.background import Background
 from app.db import create_engine, create_sessionmaker
 from app.db_faults import DatabaseFault, classify, database_unavailable
 from app.errors import Issue, MetaledgerError, ValidationFailed
-from app.api import documented_models, routers
-from app.api import route_index
-from app.api.entities import EntityRoutes, entity_routes, expanded
-from app.api.deps import ALLOW_PUBLIC, ALLOW_READ, JsonBody
-from app.api.http import json_response, parameter_path
-from app.api.trace_write import TraceparentMiddleware
-from app.api.urn_paths import EncodedSlashMiddleware
-from app.logs import configure_logging
-from app.ops import Operations
-from app.ops.drain import Drain, DrainMiddleware
-from app.ops.middleware import OperationsMiddleware
-from app.search.service import SearchRuntime
-from app.registry import EntityRegistry
-from app.registry.errors import RegistryError
-from app.schema_registry import make_registry_client
-from app.settings import Settings, get_settings
-from app.startup import announce_auth, build_write_service, start_and_migrate
 from app.ingest.gateway import IngestGateway
 from app.kafka.per_aspect import resolve_routes
 from app.kafka.producer import ProposalProducer
+from app.logs import configure_logging
+from app.modelset.watcher import ModelWatcher
+from app.ops import Operations
+from app.ops.drain import Drain, DrainMiddleware
+from app.ops.middleware import OperationsMiddleware
+from app.registry import EntityRegistry
+from app.registry.errors import RegistryError
+from app.schema_registry import make_registry_client
+from app.search.service import SearchRuntime
+from app.settings import Settings, get_settings
+from app.startup import announce_auth, build_write_service, start_and_migrate
+from app.telemetry import ensure_client_id
 from app.workers import follow_supervisor
 from app.write.combiner import WriteCombiner
-from app.telemetry import ensure_client_id
-from app.modelset.watcher import ModelWatcher
 
 log = logging.getLogger("metaledger")
 OPENAPI_URL = "/openapi.json"
@@ -98,11 +97,19 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     combiner = None
     if settings.write_combining:
         combiner = WriteCombiner(
-            app.state.write_service, app.state.sessionmaker, flushers=settings.write_group_transactions,
-            max_group_proposals=settings.write_group_max_proposals, contended=ops.admission.contended,
+            app.state.write_service,
+            app.state.sessionmaker,
+            flushers=settings.write_group_transactions,
+            max_group_proposals=settings.write_group_max_proposals,
+            contended=ops.admission.contended,
         )
     app.state.gateway = IngestGateway(
-        app.state.write_service, search, producer, auth, admission=ops.admission, combiner=combiner,
+        app.state.write_service,
+        search,
+        producer,
+        auth,
+        admission=ops.admission,
+        combiner=combiner,
     )
     if settings.telemetry_client_id:
         await ensure_client_id(app.state.write_service, app.state.sessionmaker)
@@ -166,7 +173,9 @@ def follow_registry(app: FastAPI, registry: EntityRegistry) -> None:
     served = {r.spec.name for r in app.router.routes if isinstance(r, EntityRoutes)}
     gone = served - registry.entities.keys()
     if gone:
-        app.router.routes[:] = [r for r in app.router.routes if not (isinstance(r, EntityRoutes) and r.spec.name in gone)]
+        app.router.routes[:] = [
+            r for r in app.router.routes if not (isinstance(r, EntityRoutes) and r.spec.name in gone)
+        ]
     for name in sorted(registry.entities.keys() - served):
         app.router.routes.append(EntityRoutes(registry.entities[name]))
     app.openapi_schema = None
@@ -210,8 +219,7 @@ def _install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def request_validation_error(request: Request, error: RequestValidationError):
         issues = [
-            Issue(e["msg"], path=parameter_path(e["loc"]), found=repr(e.get("input"))[:200])
-            for e in error.errors()
+            Issue(e["msg"], path=parameter_path(e["loc"]), found=repr(e.get("input"))[:200]) for e in error.errors()
         ]
         return json_response(ValidationFailed("the request is malformed", issues).to_json(), 400)
 
@@ -226,11 +234,16 @@ def _install_error_handlers(app: FastAPI) -> None:
         fault = classify(error)
         if fault is DatabaseFault.NUL_TEXT:
             log.warning("text Postgres cannot hold", extra={"path": request.url.path, "error": str(error)[:300]})
-            invalid = ValidationFailed("the request contains a NUL character (\\u0000), which cannot be stored or searched",
-                                       [Issue("NUL character", expected="text without \\u0000")])
+            invalid = ValidationFailed(
+                "the request contains a NUL character (\\u0000), which cannot be stored or searched",
+                [Issue("NUL character", expected="text without \\u0000")],
+            )
             return json_response(invalid.to_json(), 400)
         if fault is DatabaseFault.UNAVAILABLE:
-            log.warning("database unavailable", extra={"path": request.url.path, "error": f"{type(error).__name__}: {error}"[:300]})
+            log.warning(
+                "database unavailable",
+                extra={"path": request.url.path, "error": f"{type(error).__name__}: {error}"[:300]},
+            )
             unavailable = database_unavailable(error)
             return json_response(unavailable.to_json(), unavailable.status_code, unavailable.headers())
         raise error
@@ -241,7 +254,9 @@ def _install_error_handlers(app: FastAPI) -> None:
         # in the same error body as every other (the declared ErrorResponse), with their headers (Allow on a 405).
         unknown_entity = _unknown_entity_type(request) if error.status_code in (404, 405) else None
         if unknown_entity is not None:
-            return json_response(ValidationFailed(unknown_entity, [Issue(unknown_entity, path="$entityName")]).to_json(), 400)
+            return json_response(
+                ValidationFailed(unknown_entity, [Issue(unknown_entity, path="$entityName")]).to_json(), 400
+            )
         body = {"error": HTTPStatus(error.status_code).phrase, "message": str(error.detail), "issues": []}
         return json_response(body, error.status_code, dict(error.headers or {}))
 
@@ -254,7 +269,7 @@ def _unknown_entity_type(request: Request) -> str | None:
     path = request.url.path
     if not path.startswith(API_PREFIX + "/"):
         return None
-    name = path[len(API_PREFIX) + 1:].split("/", 1)[0]
+    name = path[len(API_PREFIX) + 1 :].split("/", 1)[0]
     try:
         request.app.state.registry.entity(name)
     except RegistryError as error:
@@ -282,16 +297,21 @@ def _install_offline_docs(app: FastAPI, settings: Settings) -> None:
     @app.get("/docs", include_in_schema=False, dependencies=policy)
     async def swagger_ui():
         return get_swagger_ui_html(
-            openapi_url=OPENAPI_URL, title=f"{app.title} - Swagger UI",
-            swagger_js_url=f"{static}/swagger-ui-bundle.js", swagger_css_url=f"{static}/swagger-ui.css",
+            openapi_url=OPENAPI_URL,
+            title=f"{app.title} - Swagger UI",
+            swagger_js_url=f"{static}/swagger-ui-bundle.js",
+            swagger_css_url=f"{static}/swagger-ui.css",
             swagger_favicon_url=f"{static}/favicon.png",
         )
 
     @app.get("/redoc", include_in_schema=False, dependencies=policy)
     async def redoc():
         return get_redoc_html(
-            openapi_url=OPENAPI_URL, title=f"{app.title} - ReDoc", redoc_js_url=f"{static}/redoc.standalone.js",
-            redoc_favicon_url=f"{static}/favicon.png", with_google_fonts=False,
+            openapi_url=OPENAPI_URL,
+            title=f"{app.title} - ReDoc",
+            redoc_js_url=f"{static}/redoc.standalone.js",
+            redoc_favicon_url=f"{static}/favicon.png",
+            with_google_fonts=False,
         )
 
 
@@ -322,8 +342,13 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
         # Off by default (no CORS headers: browsers refuse cross-origin calls); on for the listed origins only. No
         # cookies are involved (bearer tokens), so no credentials mode.
         app.add_middleware(
-            CORSMiddleware, allow_origins=settings.cors_origins, allow_methods=["*"], allow_headers=["*"],
-            expose_headers=["X-Request-Id", "Retry-After", "traceparent"], allow_credentials=False, max_age=600,
+            CORSMiddleware,
+            allow_origins=settings.cors_origins,
+            allow_methods=["*"],
+            allow_headers=["*"],
+            expose_headers=["X-Request-Id", "Retry-After", "traceparent"],
+            allow_credentials=False,
+            max_age=600,
         )
     app.add_middleware(EncodedSlashMiddleware)  # an s3 URN's `%2F` stays in its path segment (app.api.urn_paths)
     app.add_middleware(DrainMiddleware, drain=app.state.drain)
@@ -340,8 +365,13 @@ def build_openapi(app: FastAPI) -> dict:
     if app.openapi_schema is None:
         from app.openapi_spec import add_registry_components, declare_statuses, entity_tags
 
-        spec = get_openapi(title=app.title, version=app.version, description=app.description,
-                           routes=expanded(app.routes), tags=entity_tags(app.state.registry))
+        spec = get_openapi(
+            title=app.title,
+            version=app.version,
+            description=app.description,
+            routes=expanded(app.routes),
+            tags=entity_tags(app.state.registry),
+        )
         # Every operation but the open ones takes DataHub's bearer token (or the system client's Basic credentials).
         spec.setdefault("components", {})["securitySchemes"] = {
             "bearerAuth": {"type": "http", "scheme": "bearer", "bearerFormat": "JWT"},

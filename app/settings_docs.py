@@ -70,9 +70,12 @@ def own_fields(model: type[BaseSettings]) -> list[tuple[str, FieldInfo]]:
 
 def missing_descriptions() -> list[str]:
     """The variables whose setting has no description (the page would have an empty cell)."""
-    return [env_name(model, name, field)
-            for model in setting_models() for name, field in own_fields(model)
-            if not (field.description or "").strip()]
+    return [
+        env_name(model, name, field)
+        for model in setting_models()
+        for name, field in own_fields(model)
+        if not (field.description or "").strip()
+    ]
 
 
 def _machine_independent(text: str) -> str:
@@ -120,8 +123,9 @@ def _type_name(annotation: Any) -> str:
         return "JSON object"
     if isinstance(annotation, type) and issubclass(annotation, PurePath):
         return "path"
-    return {bool: "bool", int: "int", float: "float", str: "string"}.get(annotation, getattr(annotation, "__name__",
-                                                                                           str(annotation)))
+    return {bool: "bool", int: "int", float: "float", str: "string"}.get(
+        annotation, getattr(annotation, "__name__", str(annotation))
+    )
 
 
 def render_type(field: FieldInfo) -> str:
@@ -143,9 +147,16 @@ def setting_rows() -> list[Row]:
             extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
             if "group" in extra:
                 group, docs = str(extra["group"]), extra.get("docs")
-            rows.append(Row(env=env_name(model, name, field), type=render_type(field), default=render_default(field),
-                            description=_machine_independent((field.description or "").strip()), group=group,
-                            docs=str(docs) if docs else None))
+            rows.append(
+                Row(
+                    env=env_name(model, name, field),
+                    type=render_type(field),
+                    default=render_default(field),
+                    description=_machine_independent((field.description or "").strip()),
+                    group=group,
+                    docs=str(docs) if docs else None,
+                )
+            )
     return rows
 
 
@@ -167,13 +178,21 @@ def command_line_rows(commands: Any) -> list[Row]:
                     continue
                 help_text = param.help or ""
                 stated = re.search(r"\s*\[default: ([^\]]+)\]", help_text)
-                default = stated.group(1) if stated else (f"`{param.default}`" if param.default is not None
-                                                          else "unset")
+                default = (
+                    stated.group(1) if stated else (f"`{param.default}`" if param.default is not None else "unset")
+                )
                 help_text = re.sub(r"\s*\[default: [^\]]+\]", "", help_text).strip()
                 option = max(param.opts, key=len)
-                rows.append(Row(env=env, type=_click_type(param.type), default=default,
-                                description=f"`{' '.join(path)} {option}`: {help_text}", group=COMMAND_LINE_GROUP,
-                                docs="commands.md"))
+                rows.append(
+                    Row(
+                        env=env,
+                        type=_click_type(param.type),
+                        default=default,
+                        description=f"`{' '.join(path)} {option}`: {help_text}",
+                        group=COMMAND_LINE_GROUP,
+                        docs="commands.md",
+                    )
+                )
         if isinstance(command, click.Group):
             for name in sorted(command.commands):
                 walk(command.commands[name], [*path, name])

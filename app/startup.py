@@ -74,7 +74,11 @@ async def announce_auth(settings: Settings, auth: AuthService) -> None:
     if not settings.auth_bootstrap_admin_token:
         return
     issued = await auth.create_token(
-        DEFAULT_ACTOR, Role.ADMIN, ttl="never", description="the first-start admin token", created_by=SYSTEM_ACTOR,
+        DEFAULT_ACTOR,
+        Role.ADMIN,
+        ttl="never",
+        description="the first-start admin token",
+        created_by=SYSTEM_ACTOR,
         bootstrap=True,
     )
     if issued is None:
@@ -86,14 +90,17 @@ async def announce_auth(settings: Settings, auth: AuthService) -> None:
         "Use it with the datahub client:  DATAHUB_GMS_TOKEN=<token> datahub ...\n"
         "or over HTTP:                    curl -H 'Authorization: Bearer <token>' ...\n"
         "More tokens:  metaledger token create --actor urn:li:corpuser:alice --role writer\n",
-        file=sys.stderr, flush=True,
+        file=sys.stderr,
+        flush=True,
     )
 
 
 def load_registry_of(settings: Settings) -> EntityRegistry:
     """The entity registry of this configuration."""
     return load_registry(
-        settings.registry_path, trim_unknown_fields=settings.trim_unknown_fields, strict_urns=settings.strict_urn_validation
+        settings.registry_path,
+        trim_unknown_fields=settings.trim_unknown_fields,
+        strict_urns=settings.strict_urn_validation,
     )
 
 
@@ -104,4 +111,6 @@ def build_write_service(settings: Settings, registry: EntityRegistry | None = No
     from app.write.service import WriteService
 
     registry = registry or load_registry_of(settings)
-    return WriteService(registry, load_rule_chain(settings.registry_path), settings, load_pipeline(settings.registry_path))
+    return WriteService(
+        registry, load_rule_chain(settings.registry_path), settings, load_pipeline(settings.registry_path)
+    )

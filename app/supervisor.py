@@ -70,10 +70,16 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
     if workers <= 1:
         from app.main import create_app
 
-        uvicorn.run(create_app(settings), host=host, port=port, log_level=log_level, access_log=False,
-                    timeout_graceful_shutdown=settings.shutdown_timeout_s,  # type: ignore[arg-type]  # uvicorn hints int; it only passes it on as asyncio.wait_for's timeout (a float)
-                    http=http_protocol(settings),  # type: ignore[arg-type]  # uvicorn hints a class but only calls it, as it does a partial of one
-                    timeout_keep_alive=KEEP_ALIVE_S)
+        uvicorn.run(
+            create_app(settings),
+            host=host,
+            port=port,
+            log_level=log_level,
+            access_log=False,
+            timeout_graceful_shutdown=settings.shutdown_timeout_s,  # type: ignore[arg-type]  # uvicorn hints int; it only passes it on as asyncio.wait_for's timeout (a float)
+            http=http_protocol(settings),  # type: ignore[arg-type]  # uvicorn hints a class but only calls it, as it does a partial of one
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
         return
 
     from app.kafka.per_aspect import resolve_routes
@@ -88,24 +94,32 @@ def serve(settings: Settings, host: str, port: int, workers: int, log_level: str
     activity_file = create_activity_file()
     # Every child reads these: the database this process resolved (and migrated), no second first-start token, the
     # shared metrics directory. Settings given on the command line travel the same way.
-    os.environ.update({
-        "METALEDGER_DATABASE_URL": url,
-        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-        "METALEDGER_AUTH_BOOTSTRAP_ADMIN_TOKEN": "false",
-        "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
-        SUPERVISOR_PID_ENV: str(os.getpid()),  # children stop if this process is killed (app.workers)
-        ACTIVITY_FILE_ENV: str(activity_file),  # who wrote lately, for write admission's duty cycle
-    })
+    os.environ.update(
+        {
+            "METALEDGER_DATABASE_URL": url,
+            "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+            "METALEDGER_AUTH_BOOTSTRAP_ADMIN_TOKEN": "false",
+            "PROMETHEUS_MULTIPROC_DIR": str(metrics_dir),
+            SUPERVISOR_PID_ENV: str(os.getpid()),  # children stop if this process is killed (app.workers)
+            ACTIVITY_FILE_ENV: str(activity_file),  # who wrote lately, for write admission's duty cycle
+        }
+    )
     background = BackgroundProcess()
     background.start()
     log.info("serving", extra={"workers": workers, "host": host, "port": port})
     try:
         os.environ["METALEDGER_BACKGROUND_IN_PROCESS"] = "false"
-        config = uvicorn.Config("app.main:app", host=host, port=port, workers=workers, log_level=log_level,
-                                access_log=False,
-                                timeout_graceful_shutdown=settings.shutdown_timeout_s,  # type: ignore[arg-type]  # uvicorn hints int; it only passes it on as asyncio.wait_for's timeout (a float)
-                                http=http_protocol(settings),  # type: ignore[arg-type]  # uvicorn hints a class but only calls it, as it does a partial of one
-                                timeout_keep_alive=KEEP_ALIVE_S)
+        config = uvicorn.Config(
+            "app.main:app",
+            host=host,
+            port=port,
+            workers=workers,
+            log_level=log_level,
+            access_log=False,
+            timeout_graceful_shutdown=settings.shutdown_timeout_s,  # type: ignore[arg-type]  # uvicorn hints int; it only passes it on as asyncio.wait_for's timeout (a float)
+            http=http_protocol(settings),  # type: ignore[arg-type]  # uvicorn hints a class but only calls it, as it does a partial of one
+            timeout_keep_alive=KEEP_ALIVE_S,
+        )
         _ApiProcesses(config, [config.bind_socket()], settings.shutdown_drain_s).run()
     finally:
         background.stop()
@@ -143,8 +157,9 @@ def check_database_url(settings: Settings) -> None:
     except ArgumentError:
         raise StartupRefused(setting, "not a URL (postgresql+asyncpg://user:password@host:port/database)") from None
     if parsed.drivername != "postgresql+asyncpg":
-        raise StartupRefused(setting, f"{parsed.drivername}:// is not supported: postgresql+asyncpg://user:password@"
-                                      "host:port/database")
+        raise StartupRefused(
+            setting, f"{parsed.drivername}:// is not supported: postgresql+asyncpg://user:password@host:port/database"
+        )
     dsn = parsed.set(drivername="postgresql").render_as_string(hide_password=False)
 
     async def connect() -> None:
@@ -235,8 +250,8 @@ async def _standalone(make_worker, stop_on: tuple[signal.Signals, ...]) -> None:
     from app.avro.wire import ValueCodec
     from app.db import create_engine, create_sessionmaker
     from app.logs import configure_logging
-    from app.startup import resolve_database_url
     from app.schema_registry import make_registry_client
+    from app.startup import resolve_database_url
 
     configure_logging()
     settings = get_settings()
@@ -275,16 +290,17 @@ class _EveryBackgroundWorker:
     async def run(self, stop: asyncio.Event) -> None:
         from app.background import Background
         from app.ingest.gateway import IngestGateway
-        from app.startup import build_write_service
         from app.search.service import SearchRuntime
+        from app.startup import build_write_service
 
         writer = build_write_service(self.settings)
         search = SearchRuntime.create(self.settings, writer.registry, self.engine)
         await search.start(force=True)
         background = Background()
         # The consumers apply what they read (never queue it) as the system actor, as in a single process.
-        await background.start(self.settings, self.engine, self.sessionmaker, IngestGateway(writer, search), search,
-                               self.codec)
+        await background.start(
+            self.settings, self.engine, self.sessionmaker, IngestGateway(writer, search), search, self.codec
+        )
         log.info("background workers started", extra={"workers": [type(w).__name__ for w in background.workers]})
         try:
             await stop.wait()

@@ -30,8 +30,9 @@ async def ensure_client_id(writer: WriteService, sessionmaker: async_sessionmake
             await writer.apply(session, proposals, AuditStamp.now(SYSTEM_ACTOR))
     except MetaledgerError as error:
         if error.status_code >= 500:
-            log.warning("the telemetry client id was not created; the next start tries again",
-                        extra={"error": error.message})
+            log.warning(
+                "the telemetry client id was not created; the next start tries again", extra={"error": error.message}
+            )
         # else: refused as existing, created by another process or an earlier start
     except Exception:  # noqa: BLE001 - e.g. a registry plugin that refuses it: the CLI copes without it, the service must start
         log.warning("the telemetry client id was not created; the next start tries again", exc_info=True)

@@ -101,7 +101,7 @@ def entity_type_of(urn: str) -> str:
         raise InvalidUrnError(f"URN {shown(urn)} contains a NUL character (\\u0000)")
     if not urn.startswith(URN_PREFIX):
         raise InvalidUrnError(f"URN {shown(urn)} must start with '{URN_PREFIX}'")
-    entity_type, sep, entity_id = urn[len(URN_PREFIX):].partition(":")
+    entity_type, sep, entity_id = urn[len(URN_PREFIX) :].partition(":")
     if not sep or not entity_type:
         raise InvalidUrnError(f"URN {shown(urn)} has no entity type: expected 'urn:li:<entityType>:<id>'")
     if not entity_id:
@@ -118,7 +118,7 @@ def parse_urn(urn: str) -> Urn:
 
 def _parse(urn: str) -> Urn:
     entity_type = entity_type_of(urn)  # the length and NUL checks, before anything is split or cached
-    entity_id = urn[len(URN_PREFIX) + len(entity_type) + 1:]
+    entity_id = urn[len(URN_PREFIX) + len(entity_type) + 1 :]
     return Urn(entity_type, entity_id, _split_tuple(entity_id, urn))
 
 
@@ -149,9 +149,15 @@ def validate_urn(urn: str, strict: bool = True) -> Urn:
 
 
 def _validate(urn: str, strict: bool) -> Urn:
-    if isinstance(urn, str) and len(urn) > URN_MAX_ENCODED_BYTES and entity_type_of(urn) not in LENGTH_EXEMPT_ENTITY_TYPES:
+    if (
+        isinstance(urn, str)
+        and len(urn) > URN_MAX_ENCODED_BYTES
+        and entity_type_of(urn) not in LENGTH_EXEMPT_ENTITY_TYPES
+    ):
         # URL-encoding never shortens a string: too long before it is parsed
-        raise InvalidUrnError(f"URN is {len(urn)} characters; the limit is {URN_MAX_ENCODED_BYTES} bytes URL-encoded: {shown(urn)}")
+        raise InvalidUrnError(
+            f"URN is {len(urn)} characters; the limit is {URN_MAX_ENCODED_BYTES} bytes URL-encoded: {shown(urn)}"
+        )
     if isinstance(urn, str) and urn.strip() != urn:
         raise InvalidUrnError(f"URN {shown(urn)} has leading or trailing whitespace")
     parsed = parse_urn(urn)

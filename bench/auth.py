@@ -50,24 +50,50 @@ async def run(url: str, count: int) -> None:
     # whatever the machine or the database does meanwhile falls on both alike.
     apps = {}
     for enabled in (False, True):
-        apps[enabled] = create_app(Settings(database_url=url, apply_migrations_on_start=False, access_log=False,
-                                            auth_bootstrap_admin_token=False, auth_enabled=enabled))
+        apps[enabled] = create_app(
+            Settings(
+                database_url=url,
+                apply_migrations_on_start=False,
+                access_log=False,
+                auth_bootstrap_admin_token=False,
+                auth_enabled=enabled,
+            )
+        )
     async with apps[False].router.lifespan_context(apps[False]), apps[True].router.lifespan_context(apps[True]):
         headers = {"authorization": f"Bearer {await mint_token(apps[True], 'admin', 'urn:li:corpuser:bench')}"}
         clients = {
             enabled: httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m", headers=headers)
             for enabled, app in apps.items()
         }
-        def proposals(enabled: bool, count: int) -> list[dict]:  # each app writes entities of its own
-            return [{"entityType": "dataset", "aspectName": "status", "aspect": {"value": {"removed": False}},
-                     "entityUrn": f"urn:li:dataset:(urn:li:dataPlatform:hive,bench.auth_{enabled}_{i},PROD)"}
-                    for i in range(count)]
 
-        cases = [("GET /openapi/v1/auth/me", "GET", "/openapi/v1/auth/me", lambda enabled: {}, 100),
-                 ("one single-aspect write (v1)", "POST", "/openapi/v1/proposals",
-                  lambda enabled: {"json": proposals(enabled, 1)}, 20),
-                 ("one batch of 100 writes (v1)", "POST", "/openapi/v1/proposals",
-                  lambda enabled: {"json": proposals(enabled, 100)}, 4)]
+        def proposals(enabled: bool, count: int) -> list[dict]:  # each app writes entities of its own
+            return [
+                {
+                    "entityType": "dataset",
+                    "aspectName": "status",
+                    "aspect": {"value": {"removed": False}},
+                    "entityUrn": f"urn:li:dataset:(urn:li:dataPlatform:hive,bench.auth_{enabled}_{i},PROD)",
+                }
+                for i in range(count)
+            ]
+
+        cases = [
+            ("GET /openapi/v1/auth/me", "GET", "/openapi/v1/auth/me", lambda enabled: {}, 100),
+            (
+                "one single-aspect write (v1)",
+                "POST",
+                "/openapi/v1/proposals",
+                lambda enabled: {"json": proposals(enabled, 1)},
+                20,
+            ),
+            (
+                "one batch of 100 writes (v1)",
+                "POST",
+                "/openapi/v1/proposals",
+                lambda enabled: {"json": proposals(enabled, 100)},
+                4,
+            ),
+        ]
         results = {}
         try:
             for label, method, path, body, per_block in cases:
@@ -76,7 +102,7 @@ async def run(url: str, count: int) -> None:
                 samples: dict[bool, list[float]] = {False: [], True: []}
                 blocks = max(count // per_block // 10, 10)
                 for block in range(blocks):
-                    for enabled in ((False, True) if block % 2 == 0 else (True, False)):
+                    for enabled in (False, True) if block % 2 == 0 else (True, False):
                         samples[enabled].append(await timed(clients[enabled], method, path, per_block, **body(enabled)))
                 results[label] = (statistics.median(samples[False]), statistics.median(samples[True]))
         finally:
@@ -96,7 +122,9 @@ async def run(url: str, count: int) -> None:
             cold.append((time.perf_counter() - started) * 1e6)
 
     print(f"token verification, cached (every request but a token's first) : {cached:8.1f} µs")
-    print(f"token verification, first (signature + row in Postgres)      : {statistics.median(cold):8.1f} µs (median of 200)")
+    print(
+        f"token verification, first (signature + row in Postgres)      : {statistics.median(cold):8.1f} µs (median of 200)"
+    )
     print(f"{'µs per request (median of interleaved blocks)':46} {'auth off':>10} {'auth on':>10} {'cost':>8}")
     for label, (off, on) in results.items():
         print(f"{label:46} {off:10.1f} {on:10.1f} {(on - off) / off:8.1%}")

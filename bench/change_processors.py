@@ -26,11 +26,21 @@ EXAMPLES = [
 
 
 def change(i: int) -> ProposedChange:
-    value = {"name": f"table_{i}", "description": f"Table {i}, revision 3: orders placed through the web shop",
-             "customProperties": {"owner_team": "core", "revision": "3", "rows": str(i)}, "tags": []}
+    value = {
+        "name": f"table_{i}",
+        "description": f"Table {i}, revision 3: orders placed through the web shop",
+        "customProperties": {"owner_team": "core", "revision": "3", "rows": str(i)},
+        "tags": [],
+    }
     previous = dict(value, description=f"Table {i}, revision 2: orders placed through the web shop")
-    return ProposedChange(f"urn:li:dataset:(urn:li:dataPlatform:hive,bench.t{i},PROD)", "dataset",
-                          "datasetProperties", "UPSERT", value, previous)
+    return ProposedChange(
+        f"urn:li:dataset:(urn:li:dataPlatform:hive,bench.t{i},PROD)",
+        "dataset",
+        "datasetProperties",
+        "UPSERT",
+        value,
+        previous,
+    )
 
 
 def per_change_us(pipeline: Pipeline, changes: list[ProposedChange]) -> float:

@@ -29,7 +29,9 @@ def main() -> int:
     parser.add_argument("--max-examples", type=int, default=10)
     parser.add_argument("--max-time", type=int, default=1800, help="seconds")
     parser.add_argument("--seed", type=int, default=20261124)
-    parser.add_argument("--workers", type=int, default=1, help="schemathesis threads (more hit CPython 3.11.7 gh-106905)")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="schemathesis threads (more hit CPython 3.11.7 gh-106905)"
+    )
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="metaledger-bench-"))
     pg = EmbeddedPostgres(root / "pg", free_port(), database=None, durable=False)
@@ -39,13 +41,24 @@ def main() -> int:
         ensure_database(pg.admin_dsn, "fuzz")
         url = pg.admin_dsn.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://") + "/fuzz"
         upgrade_database(url)
-        env = {"METALEDGER_DATABASE_URL": url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-               "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": "", "METALEDGER_ACCESS_LOG": "false"}
+        env = {
+            "METALEDGER_DATABASE_URL": url,
+            "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+            "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": "",
+            "METALEDGER_ACCESS_LOG": "false",
+        }
         port = free_port()
         service = start_service(env, port)
         asyncio.run(wait_healthy(f"http://127.0.0.1:{port}", process=service))
-        run = fuzz(f"http://127.0.0.1:{port}", issue_token(env), seed=args.seed, max_examples=args.max_examples,
-                   max_time_s=args.max_time, workers=args.workers, report_dir=root / "report")
+        run = fuzz(
+            f"http://127.0.0.1:{port}",
+            issue_token(env),
+            seed=args.seed,
+            max_examples=args.max_examples,
+            max_time_s=args.max_time,
+            workers=args.workers,
+            report_dir=root / "report",
+        )
         print(run.failures)
         print(run.summary)
         print(f"requests generated: {run.generated}")

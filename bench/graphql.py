@@ -43,8 +43,10 @@ from bench.loadgen import open_loop  # noqa: E402
 SYNC = {"X-DataHub-Sync-Index-Update": "true"}
 SELECTED = 10_000  # datasets on the platform get_urns_by_filter asks for
 OTHERS = ("hive", "bigquery", "postgres")
-SEARCH = ("query q($query: String!, $orFilters: [AndFilterInput!]) { scrollAcrossEntities(input: {types: [DATASET], "
-          "query: $query, count: 10, orFilters: $orFilters}) { nextScrollId total searchResults { entity { urn } } } }")
+SEARCH = (
+    "query q($query: String!, $orFilters: [AndFilterInput!]) { scrollAcrossEntities(input: {types: [DATASET], "
+    "query: $query, count: 10, orFilters: $orFilters}) { nextScrollId total searchResults { entity { urn } } } }"
+)
 
 
 def platform_of(i: int) -> str:
@@ -56,11 +58,30 @@ def proposals(start: int, stop: int) -> list[dict]:
     for i in range(start, stop):
         platform = platform_of(i)
         urn = f"urn:li:dataset:(urn:li:dataPlatform:{platform},bench.t{i:06d},PROD)"
-        out.append({"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": "datasetKey",
-                    "aspect": {"value": {"platform": f"urn:li:dataPlatform:{platform}", "name": f"bench.t{i:06d}",
-                                         "origin": "PROD"}}})
-        out.append({"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": "datasetProperties",
-                    "aspect": {"value": {"name": f"t{i:06d}", "description": f"orders table {i} of the benchmark"}}})
+        out.append(
+            {
+                "entityType": "dataset",
+                "entityUrn": urn,
+                "changeType": "UPSERT",
+                "aspectName": "datasetKey",
+                "aspect": {
+                    "value": {
+                        "platform": f"urn:li:dataPlatform:{platform}",
+                        "name": f"bench.t{i:06d}",
+                        "origin": "PROD",
+                    }
+                },
+            }
+        )
+        out.append(
+            {
+                "entityType": "dataset",
+                "entityUrn": urn,
+                "changeType": "UPSERT",
+                "aspectName": "datasetProperties",
+                "aspect": {"value": {"name": f"t{i:06d}", "description": f"orders table {i} of the benchmark"}},
+            }
+        )
     return out
 
 
@@ -68,7 +89,9 @@ def load(base: str, headers: dict[str, str], entities: int) -> float:
     started = time.perf_counter()
     with httpx.Client(base_url=base, headers={**headers, **SYNC}, timeout=600) as http:
         for start in range(0, entities, 1_000):  # 1,000 entities = 2,000 MCPs per request
-            response = http.post("/openapi/v1/proposals", content=orjson.dumps(proposals(start, min(start + 1_000, entities))))
+            response = http.post(
+                "/openapi/v1/proposals", content=orjson.dumps(proposals(start, min(start + 1_000, entities)))
+            )
             response.raise_for_status()
             if (start // 1_000) % 10 == 9:
                 print(f"  loaded {start + 1_000:,} entities, {time.perf_counter() - started:.0f}s", flush=True)
@@ -105,16 +128,23 @@ def get_urns_by_filter(base: str, token: str) -> None:
     if python is None:
         print("get_urns_by_filter: no client virtualenv (make client-venv, or METALEDGER_CLIENT_VENV): skipped")
         return
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": os.environ.get("HOME", "/tmp"), "DATAHUB_TELEMETRY_ENABLED": "false"}
-    done = subprocess.run([str(python), "-c", CLIENT_SCRIPT, base, token], capture_output=True, text=True, env=env,
-                          timeout=900)
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": os.environ.get("HOME", "/tmp"),
+        "DATAHUB_TELEMETRY_ENABLED": "false",
+    }
+    done = subprocess.run(
+        [str(python), "-c", CLIENT_SCRIPT, base, token], capture_output=True, text=True, env=env, timeout=900
+    )
     if done.returncode != 0:
         print(f"get_urns_by_filter failed:\n{done.stdout[-2000:]}\n{done.stderr[-3000:]}")
         return
     for line in done.stdout.strip().splitlines():
         r = json.loads(line)
-        print(f"get_urns_by_filter batch_size={r['batch']:,}: {r['urns']:,} URNs ({r['distinct']:,} distinct) in "
-              f"{r['pages']} pages, {r['seconds']:.2f}s ({r['urns'] / r['seconds']:,.0f} URNs/s)")
+        print(
+            f"get_urns_by_filter batch_size={r['batch']:,}: {r['urns']:,} URNs ({r['distinct']:,} distinct) in "
+            f"{r['pages']} pages, {r['seconds']:.2f}s ({r['urns'] / r['seconds']:,.0f} URNs/s)"
+        )
 
 
 def searches(entities: int):
@@ -133,10 +163,15 @@ def searches(entities: int):
     found = {"selective text query": selective, "filter-only browse": browse}
     cli_query = datahub_search_query()
     if cli_query:
+
         def cli_search(n: int) -> tuple[str, str, bytes]:
             variables = {"query": f"t{(n * 7919) % entities:06d}", "count": 10, "start": 0}
-            return "POST", "/api/graphql", orjson.dumps({"query": cli_query, "variables": variables,
-                                                          "operationName": "search"})
+            return (
+                "POST",
+                "/api/graphql",
+                orjson.dumps({"query": cli_query, "variables": variables, "operationName": "search"}),
+            )
+
         found["`datahub search` (the CLI's bundled query, every field and the facets), selective"] = cli_search
     return found
 
@@ -156,10 +191,12 @@ async def latency(base: str, headers: dict[str, str], entities: int, rates: list
     for name, make in searches(entities).items():
         for rate in rates:
             r = await open_loop(base, headers, rate, seconds, make, connections=64)
-            print(f"one-page search, {name}, {rate:g} req/s for {seconds:g}s: {r.ok} ok, errors {dict(r.errors) or 0}; "
-                  f"p50 {r.percentile(0.5):.1f} ms, p90 {r.percentile(0.9):.1f} ms, p99 {r.percentile(0.99):.1f} ms, "
-                  f"max {max(r.latencies_ms, default=float('nan')):.1f} ms; generator behind at most {r.behind_ms:.0f} ms",
-                  flush=True)
+            print(
+                f"one-page search, {name}, {rate:g} req/s for {seconds:g}s: {r.ok} ok, errors {dict(r.errors) or 0}; "
+                f"p50 {r.percentile(0.5):.1f} ms, p90 {r.percentile(0.9):.1f} ms, p99 {r.percentile(0.99):.1f} ms, "
+                f"max {max(r.latencies_ms, default=float('nan')):.1f} ms; generator behind at most {r.behind_ms:.0f} ms",
+                flush=True,
+            )
 
 
 async def vacuum_analyze(dsn: str) -> None:
@@ -179,8 +216,11 @@ def main() -> None:
     parser.add_argument("--entities", type=int, default=100_000)
     parser.add_argument("--rates", default="20,50")
     parser.add_argument("--seconds", type=float, default=15)
-    parser.add_argument("--no-vacuum", action="store_true",
-                        help="measure the index as loaded (no statistics, dead row versions, GIN pending lists)")
+    parser.add_argument(
+        "--no-vacuum",
+        action="store_true",
+        help="measure the index as loaded (no statistics, dead row versions, GIN pending lists)",
+    )
     args = parser.parse_args()
     if args.entities < SELECTED:
         parser.error(f"--entities must be at least {SELECTED:,}")

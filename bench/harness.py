@@ -1,19 +1,19 @@
 """What the benchmarks share: a throwaway Postgres and a metaledger service on loopback, and the processes' RSS.
 
-    with throwaway_service(workers=2) as service:      # Postgres (fsync on) + `metaledger serve --workers 2`
-        service.base, service.headers, service.dsn, service.rss_mb()
+with throwaway_service(workers=2) as service:      # Postgres (fsync on) + `metaledger serve --workers 2`
+    service.base, service.headers, service.dsn, service.rss_mb()
 """
 
 from __future__ import annotations
 
 import contextlib
 import shutil
+import subprocess
 import sys
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-import subprocess
 
 import psutil
 
@@ -43,9 +43,12 @@ class Service:
             return {}
         found: dict[str, int] = {}
         for line in self.log.read_text(errors="replace").splitlines():
-            for marker, name in (("Traceback (most recent call last)", "traceback"),
-                                 ("Exception in ASGI application", "unhandled exception"),
-                                 ('"level":"ERROR"', "ERROR"), ('"level":"WARNING"', "WARNING")):
+            for marker, name in (
+                ("Traceback (most recent call last)", "traceback"),
+                ("Exception in ASGI application", "unhandled exception"),
+                ('"level":"ERROR"', "ERROR"),
+                ('"level":"WARNING"', "WARNING"),
+            ):
                 if marker in line:
                     found[name] = found.get(name, 0) + 1
         return found
@@ -100,12 +103,16 @@ def _cmdline(p: psutil.Process) -> list[str]:
 
 @contextlib.contextmanager
 def throwaway_postgres(
-    durable: bool = True, statements: bool = False, server_options: dict[str, str] | None = None,
+    durable: bool = True,
+    statements: bool = False,
+    server_options: dict[str, str] | None = None,
 ) -> Iterator[tuple[str, str, str]]:
     """A migrated database in a Postgres of its own (fsync on unless `durable=False`): (asyncpg DSN, SQLAlchemy URL,
     data directory). `statements`: with pg_stat_statements (`top_statements`)."""
     root = Path(tempfile.mkdtemp(prefix="metaledger-bench-"))
-    options = {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all"} if statements else {}
+    options = (
+        {"shared_preload_libraries": "pg_stat_statements", "pg_stat_statements.track": "all"} if statements else {}
+    )
     options.update(server_options or {})
     pg = EmbeddedPostgres(root / "pg", free_port(), database=None, durable=durable, server_options=options)
     pg.start()
@@ -122,15 +129,23 @@ def throwaway_postgres(
 
 @contextlib.contextmanager
 def throwaway_service(
-    workers: int | None = None, auth: bool = True, env: dict[str, str] | None = None, quiet: bool = True,
-    durable: bool = True, statements: bool = False, server_options: dict[str, str] | None = None,
+    workers: int | None = None,
+    auth: bool = True,
+    env: dict[str, str] | None = None,
+    quiet: bool = True,
+    durable: bool = True,
+    statements: bool = False,
+    server_options: dict[str, str] | None = None,
 ) -> Iterator[Service]:
     """A throwaway Postgres and metaledger on a free port: one process (`workers=None`, `uvicorn app.main:app`) or
     `metaledger serve --workers N`. With `auth`, requests carry a writer's bearer token."""
     with throwaway_postgres(durable, statements, server_options) as (dsn, url, pg_data):
-        service_env = {"METALEDGER_DATABASE_URL": url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-                       "METALEDGER_AUTH_ENABLED": "true" if auth else "false",
-                       **(env or {})}
+        service_env = {
+            "METALEDGER_DATABASE_URL": url,
+            "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+            "METALEDGER_AUTH_ENABLED": "true" if auth else "false",
+            **(env or {}),
+        }
         headers = {"content-type": "application/json"}
         if auth:
             headers["authorization"] = f"Bearer {issue_token(service_env, 'urn:li:corpuser:bench', 'writer')}"
@@ -164,7 +179,9 @@ async def top_statements(dsn: str, limit: int = 15) -> list[tuple[float, int, fl
     try:
         rows = await conn.fetch(
             "SELECT total_exec_time + total_plan_time AS ms, calls, rows, query FROM pg_stat_statements "
-            "ORDER BY 1 DESC LIMIT $1", limit)
+            "ORDER BY 1 DESC LIMIT $1",
+            limit,
+        )
     finally:
         await conn.close()
     return [(r["ms"], r["calls"], r["rows"], " ".join(r["query"].split())[:110]) for r in rows]
@@ -179,7 +196,8 @@ async def wal_statements(dsn: str, limit: int = 8) -> list[tuple[float, int, str
     try:
         rows = await conn.fetch(
             "SELECT wal_bytes / 1e6 AS mb, wal_fpi, query FROM pg_stat_statements ORDER BY wal_bytes DESC LIMIT $1",
-            limit)
+            limit,
+        )
     finally:
         await conn.close()
     return [(float(r["mb"]), r["wal_fpi"], " ".join(r["query"].split())[:110]) for r in rows]

@@ -56,7 +56,10 @@ def urn_of(i: int) -> str:
 
 def mcl(urn: str, aspect: str, value: dict[str, Any], version: int = 1) -> dict[str, Any]:
     return {
-        "entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": aspect,
+        "entityType": "dataset",
+        "entityUrn": urn,
+        "changeType": "UPSERT",
+        "aspectName": aspect,
         "aspect": {"value": orjson.dumps(value).decode(), "contentType": "application/json"},
         "systemMetadata": {"version": str(version), "runId": "bench", "lastObserved": 1_700_000_000_000},
         "created": {"time": 1_700_000_000_000, "actor": "urn:li:corpuser:bench"},
@@ -68,11 +71,36 @@ def change_logs(aspects: int) -> list[dict[str, Any]]:
     audit = {"time": 1_700_000_000_000, "actor": "urn:li:corpuser:bench"}
     for i in range(aspects // ASPECTS_PER_ENTITY):
         urn = urn_of(i)
-        out.append(mcl(urn, "datasetKey", {"platform": f"urn:li:dataPlatform:{PLATFORMS[i % 4]}", "name": f"bench.db.table_{i}", "origin": "PROD"}))
-        out.append(mcl(urn, "datasetProperties", {
-            "name": f"table_{i}", "description": f"Table {i}: orders placed through the web shop, region {i % 17}",
-            "customProperties": {"team": f"team{i % 9}"}, "tags": []}))
-        out.append(mcl(urn, "ownership", {"owners": [{"owner": f"urn:li:corpuser:user{i % 50}", "type": "DATAOWNER"}], "lastModified": audit}))
+        out.append(
+            mcl(
+                urn,
+                "datasetKey",
+                {
+                    "platform": f"urn:li:dataPlatform:{PLATFORMS[i % 4]}",
+                    "name": f"bench.db.table_{i}",
+                    "origin": "PROD",
+                },
+            )
+        )
+        out.append(
+            mcl(
+                urn,
+                "datasetProperties",
+                {
+                    "name": f"table_{i}",
+                    "description": f"Table {i}: orders placed through the web shop, region {i % 17}",
+                    "customProperties": {"team": f"team{i % 9}"},
+                    "tags": [],
+                },
+            )
+        )
+        out.append(
+            mcl(
+                urn,
+                "ownership",
+                {"owners": [{"owner": f"urn:li:corpuser:user{i % 50}", "type": "DATAOWNER"}], "lastModified": audit},
+            )
+        )
         ups = [{"dataset": urn_of(j), "type": "TRANSFORMED", "auditStamp": audit} for j in (i - 1, i - 2) if j >= 0]
         out.append(mcl(urn, "upstreamLineage", {"upstreams": ups}))
     return out
@@ -87,10 +115,22 @@ def raw_operations(changes: list[Any], entity_index: str, edge_index: str, ts_in
             ops.append({"urn": c.urn, **c.fields})
         elif isinstance(c, AspectEdges):
             for e in c.edges:
-                ops.append({"index": {"_index": edge_index, "_id": f"{e.source}|{e.relationship}|{e.destination}|{c.aspect}"}})
-                ops.append({"source": e.source, "destination": e.destination, "relationshipType": e.relationship,
-                            "sourceType": e.source_type, "destinationType": e.destination_type, "aspect": c.aspect,
-                            "version": c.version, "createdOn": e.created_on, "via": e.via})
+                ops.append(
+                    {"index": {"_index": edge_index, "_id": f"{e.source}|{e.relationship}|{e.destination}|{c.aspect}"}}
+                )
+                ops.append(
+                    {
+                        "source": e.source,
+                        "destination": e.destination,
+                        "relationshipType": e.relationship,
+                        "sourceType": e.source_type,
+                        "destinationType": e.destination_type,
+                        "aspect": c.aspect,
+                        "version": c.version,
+                        "createdOn": e.created_on,
+                        "via": e.via,
+                    }
+                )
         elif isinstance(c, TimeseriesPoint):
             ops.append({"index": {"_index": ts_index, "_id": c.doc_id}})
             ops.append(c.fields)
@@ -99,7 +139,9 @@ def raw_operations(changes: list[Any], entity_index: str, edge_index: str, ts_in
     return ops
 
 
-async def indexing_path(settings: Settings, registry: Any, logs: list[dict[str, Any]], batch: int) -> tuple[float, int, list[list[Any]]]:
+async def indexing_path(
+    settings: Settings, registry: Any, logs: list[dict[str, Any]], batch: int
+) -> tuple[float, int, list[list[Any]]]:
     backend = ElasticBackend(settings, registry, refresh=False)
     await backend.start()
     batches: list[list[Any]] = []
@@ -107,7 +149,7 @@ async def indexing_path(settings: Settings, registry: Any, logs: list[dict[str, 
     try:
         started = time.perf_counter()
         for start in range(0, len(logs), batch):
-            changes = [c for m in logs[start:start + batch] for c in changes_from_mcl(m, registry)]
+            changes = [c for m in logs[start : start + batch] for c in changes_from_mcl(m, registry)]
             records += len(changes)
             batches.append(changes)
             await backend.apply(changes)
@@ -148,8 +190,16 @@ async def write_latencies(base: str, count: int, sync: bool, tag: str) -> list[f
     headers = {"X-DataHub-Sync-Index-Update": "true"} if sync else {}
     async with httpx.AsyncClient(timeout=30, headers=SYSTEM_AUTH) as http:
         for i in range(count):
-            body = [{"entityType": "dataset", "entityUrn": urn_of(i), "changeType": "UPSERT", "aspectName": "datasetProperties",
-                     "aspect": {"value": {"name": f"{tag}_{i}", "description": f"latency probe {tag} {i}"}}, "headers": headers}]
+            body = [
+                {
+                    "entityType": "dataset",
+                    "entityUrn": urn_of(i),
+                    "changeType": "UPSERT",
+                    "aspectName": "datasetProperties",
+                    "aspect": {"value": {"name": f"{tag}_{i}", "description": f"latency probe {tag} {i}"}},
+                    "headers": headers,
+                }
+            ]
             started = time.perf_counter()
             response = await http.post(f"{base}/openapi/v1/proposals", json=body)
             samples.append((time.perf_counter() - started) * 1000)
@@ -183,11 +233,17 @@ async def main() -> None:
         sa_url = pg.admin_dsn.rsplit("/", 1)[0].replace("postgresql://", "postgresql+asyncpg://") + "/bench"
         upgrade_database(sa_url)
         port = free_port()
-        server = start_service({
-            "METALEDGER_DATABASE_URL": sa_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-            "METALEDGER_SEARCH_URL": search.url, "METALEDGER_SEARCH_FLAVOR": "opensearch",
-            "METALEDGER_SEARCH_INDEX_PREFIX": "benchsvc_",
-        }, port, quiet=True)
+        server = start_service(
+            {
+                "METALEDGER_DATABASE_URL": sa_url,
+                "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+                "METALEDGER_SEARCH_URL": search.url,
+                "METALEDGER_SEARCH_FLAVOR": "opensearch",
+                "METALEDGER_SEARCH_INDEX_PREFIX": "benchsvc_",
+            },
+            port,
+            quiet=True,
+        )
         base = f"http://127.0.0.1:{port}"
         await wait_healthy(base)
         await write_latencies(base, 20, True, "warm")
@@ -195,12 +251,20 @@ async def main() -> None:
         plain_ms = await write_latencies(base, args.writes, False, "plain")
 
         print(f"machine: {os.cpu_count()} cores; search server: osmem (in-memory OpenSearch API) at {search.url}")
-        print(f"change logs: {len(logs)} aspects of {len(logs) // ASPECTS_PER_ENTITY} datasets -> {records} index change records; batch {args.batch}")
+        print(
+            f"change logs: {len(logs)} aspects of {len(logs) // ASPECTS_PER_ENTITY} datasets -> {records} index change records; batch {args.batch}"
+        )
         print(f"indexing path (changes_from_mcl + ElasticBackend.apply): {rate:9.0f} aspects/s  ({elapsed:.1f} s)")
-        print(f"raw bulk ceiling (plain _bulk of the same documents)   : {raw_rate:9.0f} aspects/s  ({raw_elapsed:.1f} s)")
+        print(
+            f"raw bulk ceiling (plain _bulk of the same documents)   : {raw_rate:9.0f} aspects/s  ({raw_elapsed:.1f} s)"
+        )
         print(f"indexing path / raw ceiling                            : {rate / raw_rate:9.1%}")
-        print(f"sync-indexed write latency ({args.writes} sequential)  : p50 {percentile(sync_ms, .5):.2f} ms, p99 {percentile(sync_ms, .99):.2f} ms, mean {statistics.mean(sync_ms):.2f} ms")
-        print(f"same writes without the header            : p50 {percentile(plain_ms, .5):.2f} ms, p99 {percentile(plain_ms, .99):.2f} ms, mean {statistics.mean(plain_ms):.2f} ms")
+        print(
+            f"sync-indexed write latency ({args.writes} sequential)  : p50 {percentile(sync_ms, 0.5):.2f} ms, p99 {percentile(sync_ms, 0.99):.2f} ms, mean {statistics.mean(sync_ms):.2f} ms"
+        )
+        print(
+            f"same writes without the header            : p50 {percentile(plain_ms, 0.5):.2f} ms, p99 {percentile(plain_ms, 0.99):.2f} ms, mean {statistics.mean(plain_ms):.2f} ms"
+        )
     finally:
         stop_process(server)
         pg.stop()

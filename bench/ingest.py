@@ -37,7 +37,7 @@ import os
 import statistics
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -47,6 +47,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import reset_statements, throwaway_service, top_statements  # noqa: E402
+
 from app.embedded_pg import free_port  # noqa: E402
 
 PLATFORMS = ("hive", "snowflake", "bigquery", "postgres")
@@ -67,9 +68,14 @@ def properties(round_no: int, i: int) -> dict:
 
 
 def mcp(urn: str, value: dict) -> dict:
-    return {"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": "datasetProperties",
-            "aspect": {"value": value, "contentType": "application/json"},
-            "systemMetadata": {"runId": "bench", "lastObserved": int(time.time() * 1000)}}
+    return {
+        "entityType": "dataset",
+        "entityUrn": urn,
+        "changeType": "UPSERT",
+        "aspectName": "datasetProperties",
+        "aspect": {"value": value, "contentType": "application/json"},
+        "systemMetadata": {"runId": "bench", "lastObserved": int(time.time() * 1000)},
+    }
 
 
 async def run_batches(base: str, clients: int, batches: int, size: int, endpoint: str, round_offset: int) -> float:
@@ -78,12 +84,15 @@ async def run_batches(base: str, clients: int, batches: int, size: int, endpoint
             round_no = round_offset + b
             if endpoint == "v1":
                 body = [mcp(dataset_urn(c, i), properties(round_no, i)) for i in range(size)]
-                response = await http.post(f"{base}/openapi/v1/proposals", content=orjson.dumps(body),
-                                           headers=HEADERS)
+                response = await http.post(f"{base}/openapi/v1/proposals", content=orjson.dumps(body), headers=HEADERS)
             else:
-                body = [{"urn": dataset_urn(c, i), "datasetProperties": {"value": properties(round_no, i)}} for i in range(size)]
-                response = await http.post(f"{base}/openapi/v3/entity/dataset?async=false", content=orjson.dumps(body),
-                                           headers=HEADERS)
+                body = [
+                    {"urn": dataset_urn(c, i), "datasetProperties": {"value": properties(round_no, i)}}
+                    for i in range(size)
+                ]
+                response = await http.post(
+                    f"{base}/openapi/v3/entity/dataset?async=false", content=orjson.dumps(body), headers=HEADERS
+                )
             if response.status_code != 200:
                 raise RuntimeError(f"batch failed: {response.status_code} {response.text[:300]}")
 
@@ -140,25 +149,61 @@ async def raw_ceiling(dsn: str, clients: int, batches: int, size: int, round_off
             async with pool.acquire() as conn, conn.transaction():
                 locked = await conn.fetch(RAW_LOCK, urns + urns, aspects + ["datasetKey"] * size)
                 previous = [r for r in locked if r["aspect"] == "datasetProperties"]
-                stamp = datetime.now(timezone.utc).replace(tzinfo=None)
+                stamp = datetime.now(UTC).replace(tzinfo=None)
                 if previous:
-                    await conn.execute(RAW_INSERT, [r["urn"] for r in previous], aspects[: len(previous)],
-                                       [b] * len(previous), [r["metadata"] for r in previous],
-                                       [r["systemmetadata"] for r in previous], [r["createdon"] for r in previous],
-                                       [r["createdby"] for r in previous])
+                    await conn.execute(
+                        RAW_INSERT,
+                        [r["urn"] for r in previous],
+                        aspects[: len(previous)],
+                        [b] * len(previous),
+                        [r["metadata"] for r in previous],
+                        [r["systemmetadata"] for r in previous],
+                        [r["createdon"] for r in previous],
+                        [r["createdby"] for r in previous],
+                    )
                 values = [orjson.dumps(properties(b, i)).decode() for i in range(size)]
-                sm = {"runId": "bench", "lastRunId": "bench", "lastObserved": 1, "version": str(b + 1),
-                      "aspectCreated": {"time": 1, "actor": "urn:li:corpuser:datahub"},
-                      "aspectModified": {"time": 1, "actor": "urn:li:corpuser:datahub"}}
+                sm = {
+                    "runId": "bench",
+                    "lastRunId": "bench",
+                    "lastObserved": 1,
+                    "version": str(b + 1),
+                    "aspectCreated": {"time": 1, "actor": "urn:li:corpuser:datahub"},
+                    "aspectModified": {"time": 1, "actor": "urn:li:corpuser:datahub"},
+                }
                 sms = [orjson.dumps(sm).decode()] * size
-                await conn.execute(RAW_UPSERT, urns, aspects, [0] * size, values, sms, [stamp] * size,
-                                   ["urn:li:corpuser:datahub"] * size)
+                await conn.execute(
+                    RAW_UPSERT,
+                    urns,
+                    aspects,
+                    [0] * size,
+                    values,
+                    sms,
+                    [stamp] * size,
+                    ["urn:li:corpuser:datahub"] * size,
+                )
                 if not previous:  # the entity's first write also writes its key aspect
-                    await conn.execute(RAW_UPSERT, urns, ["datasetKey"] * size, [0] * size, ['{"name": "x"}'] * size,
-                                       sms, [stamp] * size, ["urn:li:corpuser:datahub"] * size)
-                payloads = [orjson.dumps({"entityUrn": u, "aspect": {"value": v}, "previousAspectValue": {"value": v},
-                                          "systemMetadata": sm, "previousSystemMetadata": sm}).decode()
-                            for u, v in zip(urns, values)]
+                    await conn.execute(
+                        RAW_UPSERT,
+                        urns,
+                        ["datasetKey"] * size,
+                        [0] * size,
+                        ['{"name": "x"}'] * size,
+                        sms,
+                        [stamp] * size,
+                        ["urn:li:corpuser:datahub"] * size,
+                    )
+                payloads = [
+                    orjson.dumps(
+                        {
+                            "entityUrn": u,
+                            "aspect": {"value": v},
+                            "previousAspectValue": {"value": v},
+                            "systemMetadata": sm,
+                            "previousSystemMetadata": sm,
+                        }
+                    ).decode()
+                    for u, v in zip(urns, values)
+                ]
                 await conn.execute(RAW_OUTBOX, urns, [b + 1] * size, payloads)
                 if b > 21:
                     await conn.execute(RAW_PRUNE, urns, [b - 20] * size)
@@ -182,7 +227,9 @@ async def settled(dsn: str, timeout_s: float = 180, indexed: bool = True) -> Non
                 "SELECT (SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL) + greatest(0, "
                 "(SELECT coalesce(max(feed_offset), 0) FROM change_log_outbox) - "
                 "(SELECT coalesce(max(last_offset), 0) FROM feed_reader_state WHERE reader = 'search-indexer'))"
-                if indexed else "SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL")
+                if indexed
+                else "SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL"
+            )
             if behind == 0:
                 return
             await asyncio.sleep(0.2)
@@ -222,19 +269,36 @@ async def main() -> None:
     parser.add_argument("--batch-size", type=int, default=100)
     parser.add_argument("--singles", type=int, default=400)
     parser.add_argument("--auth", choices=("on", "off"), default="on")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="`serve --workers` (default: the machine's cores); 0: one process, `uvicorn app.main:app`")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="`serve --workers` (default: the machine's cores); 0: one process, `uvicorn app.main:app`",
+    )
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the service (repeatable)")
-    parser.add_argument("--pipeline", choices=("none", "examples"), default="none",
-                        help="change processors: none (an empty pipeline), or examples: the three before processors of "
-                             "examples/change_processors, two of them in scope of the benchmark's datasetProperties")
-    parser.add_argument("--indexer", choices=("on", "off", "both"), default="both",
-                        help="the embedded indexer: on (the default a newcomer gets), off (nothing indexed), or both")
+    parser.add_argument(
+        "--pipeline",
+        choices=("none", "examples"),
+        default="none",
+        help="change processors: none (an empty pipeline), or examples: the three before processors of "
+        "examples/change_processors, two of them in scope of the benchmark's datasetProperties",
+    )
+    parser.add_argument(
+        "--indexer",
+        choices=("on", "off", "both"),
+        default="both",
+        help="the embedded indexer: on (the default a newcomer gets), off (nothing indexed), or both",
+    )
     parser.add_argument("--fsync", choices=("on", "off"), default="on", help="the bench's Postgres fsync")
-    parser.add_argument("--statements", action="store_true",
-                        help="print the v3 phase's top statements (pg_stat_statements)")
-    parser.add_argument("--settle-timeout", type=float, default=180,
-                        help="longest wait for the background work to catch up between phases (s)")
+    parser.add_argument(
+        "--statements", action="store_true", help="print the v3 phase's top statements (pg_stat_statements)"
+    )
+    parser.add_argument(
+        "--settle-timeout",
+        type=float,
+        default=180,
+        help="longest wait for the background work to catch up between phases (s)",
+    )
     args = parser.parse_args()
     cores = len(os.sched_getaffinity(0))
     workers = cores if args.workers is None else args.workers
@@ -244,8 +308,11 @@ async def main() -> None:
 
     modes = ("on", "off") if args.indexer == "both" else (args.indexer,)
     serving = f"`metaledger serve --workers {workers}`" if workers else "one process (`uvicorn app.main:app`)"
-    print(f"machine: {cores} cores; {serving}; Postgres fsync {args.fsync}; auth {args.auth}; change processors: "
-          f"{args.pipeline}; {args.clients} clients x {args.batches} batches x {args.batch_size} MCPs", flush=True)
+    print(
+        f"machine: {cores} cores; {serving}; Postgres fsync {args.fsync}; auth {args.auth}; change processors: "
+        f"{args.pipeline}; {args.clients} clients x {args.batches} batches x {args.batch_size} MCPs",
+        flush=True,
+    )
     for indexer in modes:
         await measure(args, workers, indexer == "on", env)
 
@@ -253,8 +320,9 @@ async def main() -> None:
 async def measure(args: argparse.Namespace, workers: int, indexed: bool, env: dict[str, str]) -> None:
     if not indexed:  # nothing listens there: the worker's backend never starts
         env = {**env, "METALEDGER_SEARCH_URL": f"http://127.0.0.1:{free_port()}"}
-    with throwaway_service(workers=workers or None, auth=args.auth == "on", env=env, durable=args.fsync == "on",
-                           statements=args.statements) as service:
+    with throwaway_service(
+        workers=workers or None, auth=args.auth == "on", env=env, durable=args.fsync == "on", statements=args.statements
+    ) as service:
         HEADERS.update(service.headers)
         base = service.base
         writes = args.clients * args.batches * args.batch_size
@@ -284,9 +352,15 @@ async def measure(args: argparse.Namespace, workers: int, indexed: bool, env: di
         print(f"batch UPSERT via /openapi/v1/proposals : {v1_rate:8.0f} versioned aspect writes/s")
         print(f"batch UPSERT via /openapi/v3/entity     : {v3_rate:8.0f} versioned aspect writes/s")
         print(f"raw asyncpg ceiling (same rows)         : {raw_rate:8.0f} rows/s")
-        print(f"metaledger / raw ceiling                : {v1_rate / raw_rate:8.1%} (v1), {v3_rate / raw_rate:.1%} (v3)")
-        print(f"CPU per v3 aspect write (until indexed) : service {cpu / writes * 1e6:.0f} us, Postgres {pg_cpu / writes * 1e6:.0f} us")
-        print(f"single write latency ({args.singles} sequential)  : p50 {percentile(latencies, .5):.2f} ms, p99 {percentile(latencies, .99):.2f} ms, mean {statistics.mean(latencies):.2f} ms")
+        print(
+            f"metaledger / raw ceiling                : {v1_rate / raw_rate:8.1%} (v1), {v3_rate / raw_rate:.1%} (v3)"
+        )
+        print(
+            f"CPU per v3 aspect write (until indexed) : service {cpu / writes * 1e6:.0f} us, Postgres {pg_cpu / writes * 1e6:.0f} us"
+        )
+        print(
+            f"single write latency ({args.singles} sequential)  : p50 {percentile(latencies, 0.5):.2f} ms, p99 {percentile(latencies, 0.99):.2f} ms, mean {statistics.mean(latencies):.2f} ms"
+        )
         print(f"RSS per process (MB): {'/'.join(f'{r:.0f}' for r in service.rss_mb())}")
         for ms, calls, _, query in statements:
             print(f"  {ms:9.0f} ms {calls:7d} calls  {query}")

@@ -51,8 +51,10 @@ def properties(i: int, revision: int) -> dict:
 
 async def create_entities(service: Service, count: int) -> None:
     def batch(n: int) -> tuple[str, str, bytes]:
-        body = [{"urn": dataset_urn(i), "datasetProperties": {"value": properties(i, 0)}}
-                for i in range(n * 100, min(count, (n + 1) * 100))]
+        body = [
+            {"urn": dataset_urn(i), "datasetProperties": {"value": properties(i, 0)}}
+            for i in range(n * 100, min(count, (n + 1) * 100))
+        ]
         return "POST", "/openapi/v3/entity/dataset?async=false", orjson.dumps(body)
 
     _, errors = await closed_loop(service.base, service.headers, 1, (count + 99) // 100, batch)
@@ -62,8 +64,10 @@ async def create_entities(service: Service, count: int) -> None:
 
 def single_writes(entities: int, step: int):
     """The n-th request of a step: a new version of one existing entity's datasetProperties."""
-    paths = [f"/openapi/v3/entity/dataset/{quote(dataset_urn(i), safe='')}/datasetProperties?createIfNotExists=false"
-             for i in range(entities)]
+    paths = [
+        f"/openapi/v3/entity/dataset/{quote(dataset_urn(i), safe='')}/datasetProperties?createIfNotExists=false"
+        for i in range(entities)
+    ]
 
     def make(n: int) -> tuple[str, str, bytes]:
         i = n % entities
@@ -75,40 +79,57 @@ def single_writes(entities: int, step: int):
 def describe(step: StepResult, rss: list[float]) -> str:
     errors = ", ".join(f"{k}: {v}" for k, v in sorted(step.errors.items())) or "-"
     achieved = step.ok / step.seconds
-    return (f"{step.offered_rate:7.0f} {achieved:9.0f} {step.percentile(.5):8.1f} {step.percentile(.9):8.1f} "
-            f"{step.percentile(.99):8.1f} {max(step.latencies_ms, default=float('nan')):9.1f} {step.error_count:7d}  "
-            f"{'/'.join(f'{r:.0f}' for r in rss):>16}  {errors}")
+    return (
+        f"{step.offered_rate:7.0f} {achieved:9.0f} {step.percentile(0.5):8.1f} {step.percentile(0.9):8.1f} "
+        f"{step.percentile(0.99):8.1f} {max(step.latencies_ms, default=float('nan')):9.1f} {step.error_count:7d}  "
+        f"{'/'.join(f'{r:.0f}' for r in rss):>16}  {errors}"
+    )
 
 
-HEADER = (f"{'offered':>7} {'achieved':>9} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>9} {'errors':>7}  "
-          f"{'RSS MB/process':>16}  errors by kind")
+HEADER = (
+    f"{'offered':>7} {'achieved':>9} {'p50 ms':>8} {'p90 ms':>8} {'p99 ms':>8} {'max ms':>9} {'errors':>7}  "
+    f"{'RSS MB/process':>16}  errors by kind"
+)
 
 
 async def run_steps(service: Service, args, rates: list[float], round_no: int) -> list[StepResult]:
     results = []
     print(HEADER)
     for step_no, rate in enumerate(rates):
-        step = await open_loop(service.base, service.headers, rate, args.seconds,
-                               single_writes(args.entities, round_no * 100 + step_no), connections=args.connections)
+        step = await open_loop(
+            service.base,
+            service.headers,
+            rate,
+            args.seconds,
+            single_writes(args.entities, round_no * 100 + step_no),
+            connections=args.connections,
+        )
         results.append(step)
-        print(describe(step, service.rss_mb()) + (f"  (generator behind by up to {step.behind_ms:.0f} ms)"
-                                                  if step.behind_ms > 50 else ""), flush=True)
+        print(
+            describe(step, service.rss_mb())
+            + (f"  (generator behind by up to {step.behind_ms:.0f} ms)" if step.behind_ms > 50 else ""),
+            flush=True,
+        )
         await asyncio.sleep(2)  # let the backlog of the previous step drain
-        if step.percentile(.99) > 20 * args.target_p99 and step_no + 1 < len(rates):
+        if step.percentile(0.99) > 20 * args.target_p99 and step_no + 1 < len(rates):
             print("  (p99 is far past the target: higher rates skipped)")
             break
     return results
 
 
 def held(results: list[StepResult], target_ms: float) -> float:
-    rates = [r.offered_rate for r in results if r.error_count == 0 and r.percentile(.99) <= target_ms]
+    rates = [r.offered_rate for r in results if r.error_count == 0 and r.percentile(0.99) <= target_ms]
     return max(rates, default=0.0)
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=None,
-                        help="`serve --workers` (default: the machine's cores); 0: one process, `uvicorn app.main:app`")
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="`serve --workers` (default: the machine's cores); 0: one process, `uvicorn app.main:app`",
+    )
     # issue 30's target: 1,000 writes/s for 30 s at p99 <= 50 ms; the sweep goes half as far again
     parser.add_argument("--rates", default="250,500,750,1000,1250,1500")
     parser.add_argument("--seconds", type=float, default=30)
@@ -128,9 +149,11 @@ async def main() -> None:
         started = time.perf_counter()
         await create_entities(service, args.entities)
         serving = f"`metaledger serve --workers {workers}`" if workers else "one process (`uvicorn app.main:app`)"
-        print(f"{cores} cores; {serving}; Postgres fsync on; auth on; "
-              f"{args.entities} datasets created in {time.perf_counter() - started:.1f} s; {args.seconds:.0f} s per rate; "
-              f"{args.connections} connections")
+        print(
+            f"{cores} cores; {serving}; Postgres fsync on; auth on; "
+            f"{args.entities} datasets created in {time.perf_counter() - started:.1f} s; {args.seconds:.0f} s per rate; "
+            f"{args.connections} connections"
+        )
         # warm-up, not reported: every process's connections opened, validators compiled, caches filled
         await open_loop(service.base, service.headers, rates[0], args.warmup, single_writes(args.entities, 99))
         best = []
@@ -141,8 +164,11 @@ async def main() -> None:
             best.append(held(results, args.target_p99))
         rss = service.rss_mb()
         print(f"the service's log: {service.log_problems() or 'no traceback, no ERROR or WARNING line'}")
-        print(f"highest offered rate held with p99 <= {args.target_p99:.0f} ms and no error: "
-              + ", ".join(f"{b:.0f}/s" for b in best) + f"; RSS at the end: {'/'.join(f'{r:.0f}' for r in rss)} MB")
+        print(
+            f"highest offered rate held with p99 <= {args.target_p99:.0f} ms and no error: "
+            + ", ".join(f"{b:.0f}/s" for b in best)
+            + f"; RSS at the end: {'/'.join(f'{r:.0f}' for r in rss)} MB"
+        )
 
 
 if __name__ == "__main__":

@@ -25,7 +25,9 @@ class HttpConnection:
         self.reader: asyncio.StreamReader | None = None
         self.writer: asyncio.StreamWriter | None = None
 
-    async def request(self, method: str, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes, dict[str, str]]:
+    async def request(
+        self, method: str, path: str, body: bytes, headers: dict[str, str]
+    ) -> tuple[int, bytes, dict[str, str]]:
         if self.reader is not None and self.reader.at_eof():
             # the server closed it while it sat idle (uvicorn's keep-alive timeout is 5 s, and at low rates a
             # connection of the pool waits longer than that): a new one, or the request fails without being sent
@@ -86,8 +88,13 @@ RequestFactory = Callable[[int], tuple[str, str, bytes]]
 
 
 async def open_loop(
-    base: str, headers: dict[str, str], rate: float, seconds: float, make_request: RequestFactory,
-    connections: int = 128, timeout_s: float = 10.0,
+    base: str,
+    headers: dict[str, str],
+    rate: float,
+    seconds: float,
+    make_request: RequestFactory,
+    connections: int = 128,
+    timeout_s: float = 10.0,
 ) -> StepResult:
     """Send `rate` requests/s for `seconds` on a schedule; each request waits for a free connection (of
     `connections`) if need be, and its latency runs from its scheduled time to its complete response."""
@@ -137,7 +144,11 @@ async def open_loop(
 
 
 async def closed_loop(
-    base: str, headers: dict[str, str], clients: int, requests_per_client: int, make_request: RequestFactory,
+    base: str,
+    headers: dict[str, str],
+    clients: int,
+    requests_per_client: int,
+    make_request: RequestFactory,
     timeout_s: float = 120.0,
 ) -> tuple[float, Counter]:
     """`clients` connections each sending `requests_per_client` requests back to back: (elapsed seconds, errors)."""

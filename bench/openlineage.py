@@ -45,17 +45,32 @@ def run_events(n: int) -> list[dict]:
     """START and COMPLETE of run `n` (job `bench.job_<n>`)."""
     run_id = str(uuid.uuid4())
     inputs = [{"namespace": PG, "name": f"shop.public.src_{n}_{i}"} for i in range(2)]
-    output = {"namespace": "s3://lake", "name": f"marts/out_{n}", "facets": {
-        "schema": _facet(fields=[{"name": f"c{i}", "type": "integer"} for i in range(10)]),
-        "columnLineage": _facet(fields={f"c{i}": {"inputFields": [
-            {"namespace": PG, "name": f"shop.public.src_{n}_0", "field": f"c{i}"}]} for i in range(10)}),
-    }}
-    return [{
-        "eventType": state, "eventTime": f"2024-06-01T08:0{minute}:00+00:00", "producer": PRODUCER,
-        "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
-        "run": {"runId": run_id, "facets": {"processing_engine": _facet(name="spark", version="3.5.1")}},
-        "job": {"namespace": "bench", "name": f"bench.job_{n}"}, "inputs": inputs, "outputs": [output],
-    } for minute, state in ((0, "START"), (2, "COMPLETE"))]
+    output = {
+        "namespace": "s3://lake",
+        "name": f"marts/out_{n}",
+        "facets": {
+            "schema": _facet(fields=[{"name": f"c{i}", "type": "integer"} for i in range(10)]),
+            "columnLineage": _facet(
+                fields={
+                    f"c{i}": {"inputFields": [{"namespace": PG, "name": f"shop.public.src_{n}_0", "field": f"c{i}"}]}
+                    for i in range(10)
+                }
+            ),
+        },
+    }
+    return [
+        {
+            "eventType": state,
+            "eventTime": f"2024-06-01T08:0{minute}:00+00:00",
+            "producer": PRODUCER,
+            "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
+            "run": {"runId": run_id, "facets": {"processing_engine": _facet(name="spark", version="3.5.1")}},
+            "job": {"namespace": "bench", "name": f"bench.job_{n}"},
+            "inputs": inputs,
+            "outputs": [output],
+        }
+        for minute, state in ((0, "START"), (2, "COMPLETE"))
+    ]
 
 
 async def post_all(base: str, headers: dict, bodies: list[bytes], clients: int) -> tuple[float, list[float], int]:
@@ -87,9 +102,11 @@ async def post_all(base: str, headers: dict, bodies: list[bytes], clients: int) 
 
 def report(label: str, events: int, elapsed: float, latencies: list[float], retried: int) -> None:
     p99 = statistics.quantiles(latencies, n=100)[98] if len(latencies) >= 2 else latencies[0]
-    print(f"{label:<8} {events:>6} events in {elapsed:6.1f} s: {events / elapsed:8.1f} events/s; "
-          f"request p50 {statistics.median(latencies) * 1000:7.1f} ms, p99 {p99 * 1000:7.1f} ms ({len(latencies)} requests, "
-          f"{retried} 429s retried)")
+    print(
+        f"{label:<8} {events:>6} events in {elapsed:6.1f} s: {events / elapsed:8.1f} events/s; "
+        f"request p50 {statistics.median(latencies) * 1000:7.1f} ms, p99 {p99 * 1000:7.1f} ms ({len(latencies)} requests, "
+        f"{retried} 429s retried)"
+    )
 
 
 def validation_cost(runs: int) -> None:
@@ -109,7 +126,7 @@ async def main(args: argparse.Namespace) -> None:
         # a run's START goes before its COMPLETE: the clients take events in order, and one run's two are adjacent
         report("single", len(singles), *await post_all(service.base, service.headers, singles, args.clients))
         events = [e for n in range(args.runs, 2 * args.runs) for e in run_events(n)]
-        batches = [orjson.dumps(events[i:i + args.batch_size]) for i in range(0, len(events), args.batch_size)]
+        batches = [orjson.dumps(events[i : i + args.batch_size]) for i in range(0, len(events), args.batch_size)]
         report("batched", len(events), *await post_all(service.base, service.headers, batches, args.clients))
 
 

@@ -41,6 +41,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
 import index as index_bench  # noqa: E402  (bench/index.py: the same change logs as bench/spark_indexer.py)
+
 from tests.search_server import start_search_server  # noqa: E402
 
 TIMES: dict[str, float] = defaultdict(float)
@@ -126,19 +127,29 @@ def report(title: str, total: float, stages: list[str]) -> None:
     print(f"  {'other (task loop, results)':<40} {other:8.2f} {other / total:7.1%}")
 
 
-APPLY_STAGES = ["apply: backend merge", "apply: body encoding", "apply: response decoding", "apply: HTTP round trips",
-                "  of which search server CPU", "  _mget round trips", "  _mget search server CPU",
-                "  _bulk round trips", "  _bulk search server CPU"]
+APPLY_STAGES = [
+    "apply: backend merge",
+    "apply: body encoding",
+    "apply: response decoding",
+    "apply: HTTP round trips",
+    "  of which search server CPU",
+    "  _mget round trips",
+    "  _mget search server CPU",
+    "  _bulk round trips",
+    "  _bulk search server CPU",
+]
 
 
 def apply_split(apply_total: float) -> None:
     """The backend's own Python work: apply time minus the instrumented parts."""
     TIMES["apply: backend merge"] = apply_total - sum(
-        TIMES[s] for s in ("apply: body encoding", "apply: response decoding", "apply: HTTP round trips"))
+        TIMES[s] for s in ("apply: body encoding", "apply: response decoding", "apply: HTTP round trips")
+    )
 
 
-def profile_stream(settings: Any, server: ServerClock, logs: list[dict[str, Any]], chunk: int,
-                   cprofile: str | None) -> None:
+def profile_stream(
+    settings: Any, server: ServerClock, logs: list[dict[str, Any]], chunk: int, cprofile: str | None
+) -> None:
     from spark_indexer import batch
     from spark_indexer.sink import WorkerRuntime
 
@@ -188,9 +199,12 @@ def profile_stream(settings: Any, server: ServerClock, logs: list[dict[str, Any]
         profiler.dump_stats(cprofile)
     TIMES["plan"] = TIMES["plan+decode"] - TIMES["decode"]
     apply_split(TIMES["apply"])
-    report(f"stream task, in-process ({len(records):,} records, {result.changes:,} changes, "
-           f"{len(records) / total:,.0f} MCL/s)", total,
-           ["decode", "plan", "changes_from_mcl (documents)", *APPLY_STAGES])
+    report(
+        f"stream task, in-process ({len(records):,} records, {result.changes:,} changes, "
+        f"{len(records) / total:,.0f} MCL/s)",
+        total,
+        ["decode", "plan", "changes_from_mcl (documents)", *APPLY_STAGES],
+    )
     runtime.reset_backend()
 
 
@@ -201,8 +215,13 @@ def profile_restore(settings: Any, server: ServerClock, logs: list[dict[str, Any
 
     registry = registry_for(settings)
     limits = IndexLimits.from_settings(settings)
-    rows = sorted(((m["entityUrn"], m["aspectName"], 0, m["aspect"]["value"], orjson.dumps(m["systemMetadata"]).decode())
-                   for m in logs), key=lambda r: (r[0], r[1]))
+    rows = sorted(
+        (
+            (m["entityUrn"], m["aspectName"], 0, m["aspect"]["value"], orjson.dumps(m["systemMetadata"]).decode())
+            for m in logs
+        ),
+        key=lambda r: (r[0], r[1]),
+    )
 
     async def run() -> float:
         from app.search.service import make_backend
@@ -233,8 +252,11 @@ def profile_restore(settings: Any, server: ServerClock, logs: list[dict[str, Any
 
     total = asyncio.run(run())
     apply_split(TIMES["apply"])
-    report(f"restore task, in-process, sequential ({len(rows):,} rows, {len(rows) / total:,.0f} aspects/s)", total,
-           ["row → changes (documents)", *APPLY_STAGES])
+    report(
+        f"restore task, in-process, sequential ({len(rows):,} rows, {len(rows) / total:,.0f} aspects/s)",
+        total,
+        ["row → changes (documents)", *APPLY_STAGES],
+    )
 
 
 def profile_spark(settings: Any, logs: list[dict[str, Any]], chunk: int) -> None:
@@ -249,12 +271,20 @@ def profile_spark(settings: Any, logs: list[dict[str, Any]], chunk: int) -> None
         records = records_of(logs, settings.topic_mcl_versioned, 2)
 
         def frame(recs: list[Any]) -> Any:
-            table = pa.table({"topic": [r.topic for r in recs], "partition": pa.array([r.partition for r in recs], pa.int32()),
-                              "offset": pa.array([r.offset for r in recs], pa.int64()), "key": [r.key for r in recs],
-                              "value": [r.value for r in recs]})
+            table = pa.table(
+                {
+                    "topic": [r.topic for r in recs],
+                    "partition": pa.array([r.partition for r in recs], pa.int32()),
+                    "offset": pa.array([r.offset for r in recs], pa.int64()),
+                    "key": [r.key for r in recs],
+                    "value": [r.value for r in recs],
+                }
+            )
             return spark.createDataFrame(table.to_pandas()).repartition(2, "partition").cache()
 
-        fn = index_partition_fn(orjson.loads(orjson.dumps(settings_payload(settings))), settings.topic_mcl_timeseries, chunk)
+        fn = index_partition_fn(
+            orjson.loads(orjson.dumps(settings_payload(settings))), settings.topic_mcl_timeseries, chunk
+        )
         warm = frame(records[:2000])
         warm.count()
         warm.mapInArrow(fn, RESULT_SCHEMA).collect()  # Python workers up, registry loaded, indices checked
@@ -264,11 +294,15 @@ def profile_spark(settings: Any, logs: list[dict[str, Any]], chunk: int) -> None
         rows = df.mapInArrow(fn, RESULT_SCHEMA).collect()
         wall = time.perf_counter() - t0
         in_tasks = sum(r["count"] for r in rows if r["kind"] == "millis") / 1000
-        print(f"\nstream under Spark (local[2], 2 tasks, {len(records):,} records): wall {wall:.2f} s, "
-              f"{len(records) / wall:,.0f} MCL/s")
+        print(
+            f"\nstream under Spark (local[2], 2 tasks, {len(records):,} records): wall {wall:.2f} s, "
+            f"{len(records) / wall:,.0f} MCL/s"
+        )
         print(f"  inside the tasks (summed over 2 tasks)  {in_tasks:8.2f} s")
-        print(f"  Spark (wall - longest possible task)    {max(0.0, wall - in_tasks / 2):8.2f} s "
-              f"({max(0.0, wall - in_tasks / 2) / wall:.1%} of wall, assuming balanced tasks)")
+        print(
+            f"  Spark (wall - longest possible task)    {max(0.0, wall - in_tasks / 2):8.2f} s "
+            f"({max(0.0, wall - in_tasks / 2) / wall:.1%} of wall, assuming balanced tasks)"
+        )
     finally:
         spark.stop()
 
@@ -288,17 +322,28 @@ def main() -> None:
     try:
         server = ServerClock(search.process.pid)
         settings = IndexerSettings(
-            search_url=search.url, search_flavor="opensearch", search_index_prefix="prof_",
-            topic_mcl_versioned="bench_mclv", topic_mcl_timeseries="bench_mclt", spark_apply_chunk=args.chunk,
+            search_url=search.url,
+            search_flavor="opensearch",
+            search_index_prefix="prof_",
+            topic_mcl_versioned="bench_mclv",
+            topic_mcl_timeseries="bench_mclt",
+            spark_apply_chunk=args.chunk,
         )
         if args.mcls:
             profile_stream(settings, server, index_bench.change_logs(args.mcls), args.chunk, args.cprofile)
         if args.restore:
-            profile_restore(settings.model_copy(update={"search_index_prefix": "profr_"}), server,
-                            index_bench.change_logs(args.restore), args.chunk)
+            profile_restore(
+                settings.model_copy(update={"search_index_prefix": "profr_"}),
+                server,
+                index_bench.change_logs(args.restore),
+                args.chunk,
+            )
         if args.spark and args.mcls:
-            profile_spark(settings.model_copy(update={"search_index_prefix": "profs_"}),
-                          index_bench.change_logs(args.mcls), args.chunk)
+            profile_spark(
+                settings.model_copy(update={"search_index_prefix": "profs_"}),
+                index_bench.change_logs(args.mcls),
+                args.chunk,
+            )
     finally:
         search.stop()
 

@@ -58,7 +58,10 @@ STAGES = [
     ("gateway and drafts (app/ingest)", r"app/ingest/"),
     ("auth", r"app/auth/"),
     ("request/response JSON and envelopes (app/api)", r"app/api/"),
-    ("metrics, request ids, access log", r"\(app/ops/|\(prometheus_client/|\(logging/|\(app/logs\.py|\(pythonjsonlogger/"),
+    (
+        "metrics, request ids, access log",
+        r"\(app/ops/|\(prometheus_client/|\(logging/|\(app/logs\.py|\(pythonjsonlogger/",
+    ),
     ("pydantic", r"\(pydantic"),
     ("HTTP: uvicorn/starlette/fastapi", r"\(uvicorn/|\(starlette/|\(fastapi/|\(h11/|\(httptools/"),
     ("event loop", r"\(asyncio/|\(uvloop/"),
@@ -69,14 +72,19 @@ _FRAME = re.compile(r"^(?P<func>.*) \((?P<file>[^:()]*)(?::\d+)?\)$")
 
 def mcp(i: int, revision: int) -> dict:
     """A proposal of the same new version of one existing entity's datasetProperties that `single_writes` writes."""
-    return {"entityType": "dataset", "entityUrn": dataset_urn(i), "changeType": "UPSERT",
-            "aspectName": "datasetProperties",
-            "aspect": {"value": orjson.dumps(properties(i, revision)).decode(), "contentType": "application/json"}}
+    return {
+        "entityType": "dataset",
+        "entityUrn": dataset_urn(i),
+        "changeType": "UPSERT",
+        "aspectName": "datasetProperties",
+        "aspect": {"value": orjson.dumps(properties(i, revision)).decode(), "contentType": "application/json"},
+    }
 
 
 def single_writes_by_route(entities: int, step: int) -> dict[str, Callable[[int], tuple[str, str, bytes]]]:
     """The single-write workload through each route that takes one: the n-th request writes what `single_writes`'
     n-th does."""
+
     def proposals(n: int) -> tuple[str, str, bytes]:
         return "POST", "/openapi/v1/proposals", orjson.dumps([mcp(n % entities, step * 1_000_000 + n + 1)])
 
@@ -111,14 +119,22 @@ def read_raw(path: Path) -> list[tuple[list[str], int]]:
     return stacks
 
 
-def report(name: str, stacks: list[tuple[list[str], int]], writes: int, seconds: float, top: int,
-           cpu: tuple[float, float] | None = None) -> None:
+def report(
+    name: str,
+    stacks: list[tuple[list[str], int]],
+    writes: int,
+    seconds: float,
+    top: int,
+    cpu: tuple[float, float] | None = None,
+) -> None:
     total = sum(c for _, c in stacks)
     sampled_s = total / RATE_HZ
     print(f"\n== {name}: {writes} writes in {seconds:.1f} s")
     if cpu is not None:
-        print(f"   CPU per write (the kernel's count, py-spy's own cost included): service {cpu[0] * 1000 / max(writes, 1):.2f} ms, "
-              f"Postgres {cpu[1] * 1000 / max(writes, 1):.2f} ms")
+        print(
+            f"   CPU per write (the kernel's count, py-spy's own cost included): service {cpu[0] * 1000 / max(writes, 1):.2f} ms, "
+            f"Postgres {cpu[1] * 1000 / max(writes, 1):.2f} ms"
+        )
     print(f"   py-spy: {sampled_s:.1f} s of samples in the service (a runnable thread waiting for a core counts too)")
     by_stage: collections.Counter = collections.Counter()
     own: collections.Counter = collections.Counter()
@@ -154,15 +170,27 @@ def by_app_function(stacks: list[tuple[list[str], int]]) -> collections.Counter:
 
 def print_statements(statements: list, writes: int) -> None:
     print("  Postgres, by statement (execution + planning time; ms per write, calls per write):")
-    for ms, calls, rows, query in statements:
+    for ms, calls, _rows, query in statements:
         print(f"  {ms / writes:7.3f} ms  {calls / writes:6.2f}  {query}")
 
 
 def start_spy(service: Service, out: Path, workers: int) -> subprocess.Popen:
     # --gil: only samples of a thread holding the GIL (uvloop waiting in epoll, or asyncpg waiting on its socket,
     # release it; without --gil they counted as busy)
-    argv = [str(PY_SPY), "record", "--format", "raw", "--rate", str(RATE_HZ), "--output", str(out), "--nonblocking", "--gil",
-            "--pid", str(service.process.pid)]
+    argv = [
+        str(PY_SPY),
+        "record",
+        "--format",
+        "raw",
+        "--rate",
+        str(RATE_HZ),
+        "--output",
+        str(out),
+        "--nonblocking",
+        "--gil",
+        "--pid",
+        str(service.process.pid),
+    ]
     if workers > 1:
         argv.append("--subprocesses")
     spy = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
@@ -186,8 +214,11 @@ async def main() -> None:
     parser.add_argument("--batches", type=int, default=60)
     parser.add_argument("--entities", type=int, default=1000)
     parser.add_argument("--top", type=int, default=25)
-    parser.add_argument("--single", default="v3", help="the single-write routes to profile, each on its own: "
-                        "v3, proposals, restli (comma-separated)")
+    parser.add_argument(
+        "--single",
+        default="v3",
+        help="the single-write routes to profile, each on its own: v3, proposals, restli (comma-separated)",
+    )
     parser.add_argument("--keep", type=Path, default=None)
     parser.add_argument("--statements", action="store_true", help="Postgres's time by statement (pg_stat_statements)")
     args = parser.parse_args()
@@ -215,19 +246,34 @@ async def main() -> None:
             await asyncio.sleep(1.0)  # the background work of the last writes
             cpu = (service.cpu_seconds() - cpu0[0], service.postgres_cpu_seconds() - cpu0[1])
             stop_spy(spy)
-            report(f"single writes via {route} at {args.rate:.0f}/s (p50 {step.percentile(.5):.1f} ms, "
-                   f"p99 {step.percentile(.99):.1f} ms, errors {dict(step.errors) or 0})",
-                   read_raw(raw), step.ok, elapsed, args.top, cpu)
+            report(
+                f"single writes via {route} at {args.rate:.0f}/s (p50 {step.percentile(0.5):.1f} ms, "
+                f"p99 {step.percentile(0.99):.1f} ms, errors {dict(step.errors) or 0})",
+                read_raw(raw),
+                step.ok,
+                elapsed,
+                args.top,
+                cpu,
+            )
             if args.statements:
                 print_statements(await top_statements(service.dsn), step.ok)
                 await reset_statements(service.dsn)
 
         def batch(n: int) -> tuple[str, str, bytes]:
-            body = [{"entityType": "dataset", "entityUrn": dataset_urn((n * 100 + i) % args.entities),
-                     "changeType": "UPSERT", "aspectName": "datasetProperties",
-                     "aspect": {"value": orjson.dumps(properties(i, 5_000_000 + n)).decode(), "contentType": "application/json"},
-                     "systemMetadata": {"runId": "profile", "lastObserved": int(time.time() * 1000)}}
-                    for i in range(100)]
+            body = [
+                {
+                    "entityType": "dataset",
+                    "entityUrn": dataset_urn((n * 100 + i) % args.entities),
+                    "changeType": "UPSERT",
+                    "aspectName": "datasetProperties",
+                    "aspect": {
+                        "value": orjson.dumps(properties(i, 5_000_000 + n)).decode(),
+                        "contentType": "application/json",
+                    },
+                    "systemMetadata": {"runId": "profile", "lastObserved": int(time.time() * 1000)},
+                }
+                for i in range(100)
+            ]
             return "POST", "/openapi/v1/proposals", orjson.dumps(body)
 
         raw = out_dir / "batch.txt"
@@ -237,8 +283,15 @@ async def main() -> None:
         await asyncio.sleep(1.0)
         cpu = (service.cpu_seconds() - cpu0[0], service.postgres_cpu_seconds() - cpu0[1])
         stop_spy(spy)
-        report(f"batches of 100 via /openapi/v1/proposals, 4 clients ({args.batches // 4 * 4 * 100 / elapsed:.0f} writes/s, "
-               f"errors {dict(errors) or 0})", read_raw(raw), args.batches // 4 * 4 * 100, elapsed, args.top, cpu)
+        report(
+            f"batches of 100 via /openapi/v1/proposals, 4 clients ({args.batches // 4 * 4 * 100 / elapsed:.0f} writes/s, "
+            f"errors {dict(errors) or 0})",
+            read_raw(raw),
+            args.batches // 4 * 4 * 100,
+            elapsed,
+            args.top,
+            cpu,
+        )
         if args.statements:
             print_statements(await top_statements(service.dsn), args.batches // 4 * 4 * 100)
     if args.keep is None:

@@ -45,17 +45,28 @@ from app.db import create_engine, upgrade_database  # noqa: E402
 from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port  # noqa: E402
 from app.kafka.per_aspect import DerivedEvents  # noqa: E402
 from app.kafka.relay import OutboxRelay  # noqa: E402
+from app.kafka.topics import create_missing_topics  # noqa: E402
 from app.registry import load_registry  # noqa: E402
 from app.schema_registry import make_registry_client  # noqa: E402
-from app.kafka.topics import create_missing_topics  # noqa: E402
 from app.settings import Settings  # noqa: E402
 from tests.kafka_broker import start_broker  # noqa: E402
 from tests.processes import SYSTEM_AUTH, start_service, stop_process, wait_healthy  # noqa: E402
 
 PLATFORMS = ("hive", "snowflake", "bigquery", "postgres")
 # routed with datasetProperties when --v5-pairs asks for more than one pair
-DATASET_ASPECTS = ("globalTags", "status", "ownership", "schemaMetadata", "editableDatasetProperties",
-                   "institutionalMemory", "glossaryTerms", "deprecation", "subTypes", "browsePathsV2", "container")
+DATASET_ASPECTS = (
+    "globalTags",
+    "status",
+    "ownership",
+    "schemaMetadata",
+    "editableDatasetProperties",
+    "institutionalMemory",
+    "glossaryTerms",
+    "deprecation",
+    "subTypes",
+    "browsePathsV2",
+    "container",
+)
 
 
 def machine_busy() -> tuple[int, int]:
@@ -100,20 +111,34 @@ def dataset_urn(i: int, prefix: str = "bench") -> str:
 
 def realistic_mcl(urn: str, version: int) -> str:
     """An MCL as the write path builds it for a datasetProperties update (~1 KiB)."""
+
     def props(v: int) -> str:
-        return orjson.dumps({
-            "name": urn.split(",")[1], "description": f"Orders placed through the web shop, revision {v}",
-            "customProperties": {"owner_team": "core", "revision": str(v), "rows": str(v * 1000)}, "tags": [],
-        }).decode()
+        return orjson.dumps(
+            {
+                "name": urn.split(",")[1],
+                "description": f"Orders placed through the web shop, revision {v}",
+                "customProperties": {"owner_team": "core", "revision": str(v), "rows": str(v * 1000)},
+                "tags": [],
+            }
+        ).decode()
 
     def sm(v: int) -> dict:
-        return {"runId": "bench", "lastRunId": "bench", "lastObserved": 1_763_700_000_000 + v, "version": str(v),
-                "aspectCreated": {"time": 1_763_700_000_000, "actor": "urn:li:corpuser:datahub"},
-                "aspectModified": {"time": 1_763_700_000_000 + v, "actor": "urn:li:corpuser:datahub"}}
+        return {
+            "runId": "bench",
+            "lastRunId": "bench",
+            "lastObserved": 1_763_700_000_000 + v,
+            "version": str(v),
+            "aspectCreated": {"time": 1_763_700_000_000, "actor": "urn:li:corpuser:datahub"},
+            "aspectModified": {"time": 1_763_700_000_000 + v, "actor": "urn:li:corpuser:datahub"},
+        }
 
     mcl = {
-        "entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": "datasetProperties",
-        "aspect": {"value": props(version), "contentType": "application/json"}, "systemMetadata": sm(version),
+        "entityType": "dataset",
+        "entityUrn": urn,
+        "changeType": "UPSERT",
+        "aspectName": "datasetProperties",
+        "aspect": {"value": props(version), "contentType": "application/json"},
+        "systemMetadata": sm(version),
         "headers": {"X-DataHub-Database-Aspect-Version": str(version)},
         "previousAspectValue": {"value": props(version - 1), "contentType": "application/json"},
         "previousSystemMetadata": sm(version - 1),
@@ -137,7 +162,8 @@ async def fill_outbox(dsn: str, rows: int, topic: str) -> float:
                 sizes += len(payload)
                 records.append((topic, urn, urn, "datasetProperties", version, "UPSERT", payload))
             await conn.copy_records_to_table(
-                "change_log_outbox", records=records,
+                "change_log_outbox",
+                records=records,
                 columns=["topic", "message_key", "urn", "aspect", "version", "change_type", "payload"],
             )
     finally:
@@ -146,8 +172,14 @@ async def fill_outbox(dsn: str, rows: int, topic: str) -> float:
 
 
 async def count_topic(bootstrap: str, topic: str, expected: int, timeout: float = 120) -> int:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
-                                enable_auto_commit=False, max_partition_fetch_bytes=16 * 1024 * 1024)
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        group_id=None,
+        auto_offset_reset="earliest",
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=16 * 1024 * 1024,
+    )
     await consumer.start()
     count = 0
     try:
@@ -160,8 +192,9 @@ async def count_topic(bootstrap: str, topic: str, expected: int, timeout: float 
     return count
 
 
-async def throughput(sa_url: str, dsn: str, bootstrap: str, rows: int, value_format: str = "avro",
-                     v5_pairs: int = 0) -> tuple[float, float, float, int, float]:
+async def throughput(
+    sa_url: str, dsn: str, bootstrap: str, rows: int, value_format: str = "avro", v5_pairs: int = 0
+) -> tuple[float, float, float, int, float]:
     """With `v5_pairs`, per-aspect audit events are on for that many dataset pairs, datasetProperties among them:
     every change log of the run is of a routed pair (the worst case: each one also publishes its audit event)."""
     tag = uuid.uuid4().hex[:6]
@@ -170,9 +203,14 @@ async def throughput(sa_url: str, dsn: str, bootstrap: str, rows: int, value_for
     if v5_pairs:
         aspects = ["datasetProperties", *[a for a in DATASET_ASPECTS if a != "datasetProperties"]][:v5_pairs]
         routes = [{"entityTypes": ["dataset"], "aspects": aspects}]
-    settings = Settings(database_url=sa_url, kafka_bootstrap_servers=bootstrap, topic_mcl_versioned=topic,
-                        kafka_value_format=value_format, events_v5_routes=routes,
-                        events_v5_audit_topic=f"bench_audit_{tag}.{{entity}}.{{aspect}}")
+    settings = Settings(
+        database_url=sa_url,
+        kafka_bootstrap_servers=bootstrap,
+        topic_mcl_versioned=topic,
+        kafka_value_format=value_format,
+        events_v5_routes=routes,
+        events_v5_audit_topic=f"bench_audit_{tag}.{{entity}}.{{aspect}}",
+    )
     engine = create_engine(sa_url, 2)
     codec = ValueCodec(settings, make_registry_client(settings, engine))
     derived = DerivedEvents(settings, load_registry(settings.registry_path), codec)
@@ -195,11 +233,16 @@ async def throughput(sa_url: str, dsn: str, bootstrap: str, rows: int, value_for
     elapsed = time.perf_counter() - started
     cpu = time.process_time() - cpu_started
     busy, total = (after - before for after, before in zip(machine_busy(), machine_started))
-    others = ", ".join(f"{name} {(tree_cpu(pid) - others_started[name]) / rows * 1e6:.1f} µs"
-                       for name, pid in OTHERS.items())
-    print(f"  {value_format}: {rows / elapsed:.0f} MCL/s, {cpu / rows * 1e6:.1f} µs of the relay process's CPU per MCL "
-          f"(busy {100 * cpu / elapsed:.0f} % of the time; per MCL also {others}), the machine's cores "
-          f"{100 * busy / max(total, 1):.0f} % busy", file=sys.stderr, flush=True)
+    others = ", ".join(
+        f"{name} {(tree_cpu(pid) - others_started[name]) / rows * 1e6:.1f} µs" for name, pid in OTHERS.items()
+    )
+    print(
+        f"  {value_format}: {rows / elapsed:.0f} MCL/s, {cpu / rows * 1e6:.1f} µs of the relay process's CPU per MCL "
+        f"(busy {100 * cpu / elapsed:.0f} % of the time; per MCL also {others}), the machine's cores "
+        f"{100 * busy / max(total, 1):.0f} % busy",
+        file=sys.stderr,
+        flush=True,
+    )
     stop.set()
     await task
     await engine.dispose()
@@ -214,8 +257,12 @@ async def throughput(sa_url: str, dsn: str, bootstrap: str, rows: int, value_for
 async def latency(sa_url: str, bootstrap: str, rate: int, seconds: float, workers: int | None = None) -> dict:
     topic = f"bench_lat_{uuid.uuid4().hex[:6]}"
     port = free_port()
-    env = {"METALEDGER_DATABASE_URL": sa_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-           "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": bootstrap, "METALEDGER_TOPIC_MCL_VERSIONED": topic}
+    env = {
+        "METALEDGER_DATABASE_URL": sa_url,
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+        "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+        "METALEDGER_TOPIC_MCL_VERSIONED": topic,
+    }
     server = start_service(env, port, quiet=False, workers=workers)
     base = f"http://127.0.0.1:{port}"
     batch = 10
@@ -225,8 +272,14 @@ async def latency(sa_url: str, bootstrap: str, rate: int, seconds: float, worker
     try:
         await wait_healthy(base)
         codec = ValueCodec(Settings())  # the server publishes Avro (the default); DataHub's ids decode locally
-        consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
-                                    enable_auto_commit=False, fetch_max_wait_ms=5)
+        consumer = AIOKafkaConsumer(
+            topic,
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=5,
+        )
         await consumer.start()
         done = asyncio.Event()
 
@@ -242,15 +295,24 @@ async def latency(sa_url: str, bootstrap: str, rate: int, seconds: float, worker
         reader = asyncio.create_task(consume())
         urn_pool = 2000
         async with httpx.AsyncClient(timeout=30, limits=httpx.Limits(max_connections=64), headers=SYSTEM_AUTH) as http:
+
             async def one(n: int) -> None:
                 nonlocal failures
-                body = [{"entityType": "dataset", "entityUrn": dataset_urn((n * batch + i) % urn_pool, "lat"),
-                         "aspectName": "datasetProperties",
-                         "aspect": {"value": {"description": f"request {n}", "customProperties": {"n": str(n)}}}}
-                        for i in range(batch)]
+                body = [
+                    {
+                        "entityType": "dataset",
+                        "entityUrn": dataset_urn((n * batch + i) % urn_pool, "lat"),
+                        "aspectName": "datasetProperties",
+                        "aspect": {"value": {"description": f"request {n}", "customProperties": {"n": str(n)}}},
+                    }
+                    for i in range(batch)
+                ]
                 start = time.perf_counter()
-                response = await http.post(f"{base}/openapi/v1/proposals", content=orjson.dumps(body),
-                                           headers={"content-type": "application/json"})
+                response = await http.post(
+                    f"{base}/openapi/v1/proposals",
+                    content=orjson.dumps(body),
+                    headers={"content-type": "application/json"},
+                )
                 ack = time.perf_counter()
                 if response.status_code != 200:
                     failures += 1
@@ -284,8 +346,15 @@ async def latency(sa_url: str, bootstrap: str, rate: int, seconds: float, worker
     from_ack = [(arrived[k] - ack) * 1000 for k, (_, ack) in sent.items() if k in arrived]
     from_start = [(arrived[k] - start) * 1000 for k, (start, _) in sent.items() if k in arrived]
     write_ms = [(ack - start) * 1000 for start, ack in sent.values()]
-    return {"writes": len(sent), "achieved": achieved, "missing": missing, "failures": failures,
-            "from_ack": from_ack, "from_start": from_start, "write_ms": write_ms}
+    return {
+        "writes": len(sent),
+        "achieved": achieved,
+        "missing": missing,
+        "failures": failures,
+        "from_ack": from_ack,
+        "from_start": from_start,
+        "write_ms": write_ms,
+    }
 
 
 async def main() -> None:
@@ -294,11 +363,19 @@ async def main() -> None:
     parser.add_argument("--rate", type=int, default=500, help="versioned aspect writes/s (latency)")
     parser.add_argument("--seconds", type=float, default=20, help="how long the steady ingest runs (latency)")
     parser.add_argument("--repeat", type=int, default=1, help="throughput rounds per value format (best kept)")
-    parser.add_argument("--v5-pairs", type=int, default=10,
-                        help="throughput with per-aspect audit events on for this many routed pairs (0: skip)")
-    parser.add_argument("--workers", type=int, default=None,
-                        help="latency: `metaledger serve --workers N` (the relay then in its background process); "
-                             "default: one process, `uvicorn app.main:app`")
+    parser.add_argument(
+        "--v5-pairs",
+        type=int,
+        default=10,
+        help="throughput with per-aspect audit events on for this many routed pairs (0: skip)",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="latency: `metaledger serve --workers N` (the relay then in its background process); "
+        "default: one process, `uvicorn app.main:app`",
+    )
     args = parser.parse_args()
 
     root = Path(tempfile.mkdtemp(prefix="metaledger-bench-relay-"))
@@ -329,27 +406,41 @@ async def main() -> None:
         print(f"machine: {os.cpu_count()} cores; Postgres fsync on; broker Tansu (memory); acks=all")
         for value_format in ("avro", "json"):
             rate, sequenced_s, mean_size, on_topic, cpu_us = best[value_format]
-            print(f"relay throughput, 1 relay, {args.rows} rows of {mean_size:.0f} B JSON, {value_format:>4} on the wire: "
-                  f"{rate:8.0f} MCL/s, {cpu_us:.1f} µs relay CPU per MCL (sequenced in {sequenced_s:.2f} s; {on_topic} read "
-                  "back from the topic)")
+            print(
+                f"relay throughput, 1 relay, {args.rows} rows of {mean_size:.0f} B JSON, {value_format:>4} on the wire: "
+                f"{rate:8.0f} MCL/s, {cpu_us:.1f} µs relay CPU per MCL (sequenced in {sequenced_s:.2f} s; {on_topic} read "
+                "back from the topic)"
+            )
         avro_rate, json_rate = best["avro"][0], best["json"][0]
-        print(f"Avro costs {100 * (1 - avro_rate / json_rate):.1f} % of the JSON relay's throughput "
-              f"({avro_rate:.0f} vs {json_rate:.0f} MCL/s; target: at most 15 %), "
-              f"+{best['avro'][4] - best['json'][4]:.1f} µs of relay CPU per MCL")
+        print(
+            f"Avro costs {100 * (1 - avro_rate / json_rate):.1f} % of the JSON relay's throughput "
+            f"({avro_rate:.0f} vs {json_rate:.0f} MCL/s; target: at most 15 %), "
+            f"+{best['avro'][4] - best['json'][4]:.1f} µs of relay CPU per MCL"
+        )
         if "v5" in best:
             v5_rate = best["v5"][0]
-            print(f"per-aspect audit events (v5) on for {args.v5_pairs} routed pairs, every change log of a routed pair: "
-                  f"{v5_rate:.0f} MCL/s, {100 * (1 - v5_rate / avro_rate):.1f} % slower than with them off "
-                  f"({avro_rate:.0f} MCL/s; target: at most 25 %), +{best['v5'][4] - best['avro'][4]:.1f} µs of relay "
-                  "CPU per MCL")
-        print(f"steady ingest: {lat['writes']} versioned writes at {lat['achieved']:.0f}/s (target {args.rate}/s), "
-              f"{lat['failures']} failed requests, {lat['missing']} MCLs missing")
-        print(f"commit -> MCL on topic, from the write's acknowledgement: p50 {percentile(lat['from_ack'], .5):.1f} ms, "
-              f"p99 {percentile(lat['from_ack'], .99):.1f} ms, max {max(lat['from_ack']):.1f} ms")
-        print(f"                        from the request's start        : p50 {percentile(lat['from_start'], .5):.1f} ms, "
-              f"p99 {percentile(lat['from_start'], .99):.1f} ms, max {max(lat['from_start']):.1f} ms")
-        print(f"write request latency (batch of 10)                     : p50 {percentile(lat['write_ms'], .5):.1f} ms, "
-              f"p99 {percentile(lat['write_ms'], .99):.1f} ms")
+            print(
+                f"per-aspect audit events (v5) on for {args.v5_pairs} routed pairs, every change log of a routed pair: "
+                f"{v5_rate:.0f} MCL/s, {100 * (1 - v5_rate / avro_rate):.1f} % slower than with them off "
+                f"({avro_rate:.0f} MCL/s; target: at most 25 %), +{best['v5'][4] - best['avro'][4]:.1f} µs of relay "
+                "CPU per MCL"
+            )
+        print(
+            f"steady ingest: {lat['writes']} versioned writes at {lat['achieved']:.0f}/s (target {args.rate}/s), "
+            f"{lat['failures']} failed requests, {lat['missing']} MCLs missing"
+        )
+        print(
+            f"commit -> MCL on topic, from the write's acknowledgement: p50 {percentile(lat['from_ack'], 0.5):.1f} ms, "
+            f"p99 {percentile(lat['from_ack'], 0.99):.1f} ms, max {max(lat['from_ack']):.1f} ms"
+        )
+        print(
+            f"                        from the request's start        : p50 {percentile(lat['from_start'], 0.5):.1f} ms, "
+            f"p99 {percentile(lat['from_start'], 0.99):.1f} ms, max {max(lat['from_start']):.1f} ms"
+        )
+        print(
+            f"write request latency (batch of 10)                     : p50 {percentile(lat['write_ms'], 0.5):.1f} ms, "
+            f"p99 {percentile(lat['write_ms'], 0.99):.1f} ms"
+        )
     finally:
         broker.stop()
         pg.stop()

@@ -45,9 +45,16 @@ def run_urn(i: int) -> str:
 
 async def write_run(http: httpx.AsyncClient, aspects: int, run_id: str, description: str) -> None:
     for start in range(0, aspects, BATCH):
-        batch = [{"entityType": "dataset", "entityUrn": run_urn(i), "aspectName": "datasetProperties",
-                  "aspect": {"value": {"description": f"{description} {i}"}}, "systemMetadata": {"runId": run_id}}
-                 for i in range(start, min(start + BATCH, aspects))]
+        batch = [
+            {
+                "entityType": "dataset",
+                "entityUrn": run_urn(i),
+                "aspectName": "datasetProperties",
+                "aspect": {"value": {"description": f"{description} {i}"}},
+                "systemMetadata": {"runId": run_id},
+            }
+            for i in range(start, min(start + BATCH, aspects))
+        ]
         response = await http.post("/openapi/v1/proposals", content=orjson.dumps(batch))
         response.raise_for_status()
 
@@ -81,13 +88,17 @@ async def main() -> None:
         seconds = max(10.0, args.aspects / 2_000)
         with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as single_writer:
             singles = asyncio.get_running_loop().run_in_executor(
-                single_writer, measure_single_writes, service.base, service.headers, args.single_rate, seconds)
+                single_writer, measure_single_writes, service.base, service.headers, args.single_rate, seconds
+            )
             await asyncio.sleep(1.0)
             peak = rss_before
             async with httpx.AsyncClient(base_url=service.base, headers={**RESTLI, **admin}, timeout=3_600) as http:
                 started = time.perf_counter()
-                rollback = asyncio.create_task(http.post("/runs?action=rollback", content=orjson.dumps(
-                    {"runId": "big", "dryRun": False, "safe": True})))
+                rollback = asyncio.create_task(
+                    http.post(
+                        "/runs?action=rollback", content=orjson.dumps({"runId": "big", "dryRun": False, "safe": True})
+                    )
+                )
                 while not rollback.done():
                     peak = max(peak, sum(service.rss_mb()))
                     await asyncio.sleep(0.5)
@@ -97,13 +108,19 @@ async def main() -> None:
         rss_after = sum(service.rss_mb())
         body = response.json().get("value", response.json())
         counts = {k: v for k, v in body.items() if isinstance(v, int)}
-        print(f"rollback: HTTP {response.status_code} in {elapsed:.1f} s, {args.aspects / elapsed:,.0f} aspects/s; {counts}")
-        print(f"RSS (sum of the service's processes): before {rss_before:.0f} MB, peak {peak:.0f} MB, "
-              f"after {rss_after:.0f} MB")
+        print(
+            f"rollback: HTTP {response.status_code} in {elapsed:.1f} s, {args.aspects / elapsed:,.0f} aspects/s; {counts}"
+        )
+        print(
+            f"RSS (sum of the service's processes): before {rss_before:.0f} MB, peak {peak:.0f} MB, "
+            f"after {rss_after:.0f} MB"
+        )
         errors = ", ".join(f"{k}: {v}" for k, v in sorted(step.errors.items())) or "none"
-        print(f"single writes beside it ({args.single_rate:g}/s for {seconds:.0f} s): {step.ok} ok, p50 "
-              f"{step.percentile(.5):.1f} ms, p99 {step.percentile(.99):.1f} ms, max "
-              f"{max(step.latencies_ms, default=float('nan')):.1f} ms; errors: {errors}")
+        print(
+            f"single writes beside it ({args.single_rate:g}/s for {seconds:.0f} s): {step.ok} ok, p50 "
+            f"{step.percentile(0.5):.1f} ms, p99 {step.percentile(0.99):.1f} ms, max "
+            f"{max(step.latencies_ms, default=float('nan')):.1f} ms; errors: {errors}"
+        )
         print(f"service log problems: {service.log_problems() or 'none'}")
         if args.statements:
             print("Postgres statements during the rollback (total ms, calls, rows, statement):")

@@ -42,10 +42,24 @@ def changes(start: int, stop: int) -> list[AspectFields]:
     for i in range(start, stop):
         platform = platform_of(i)
         urn = f"urn:li:dataset:(urn:li:dataPlatform:{platform},bench.t{i:06d},PROD)"
-        out.append(AspectFields("dataset", urn, "datasetKey", 1,
-                                {"platform": f"urn:li:dataPlatform:{platform}", "name": f"bench.t{i:06d}", "origin": "PROD"}))
-        out.append(AspectFields("dataset", urn, "datasetProperties", 1,
-                                {"name": f"t{i:06d}", "description": f"orders table {i} of the benchmark"}))
+        out.append(
+            AspectFields(
+                "dataset",
+                urn,
+                "datasetKey",
+                1,
+                {"platform": f"urn:li:dataPlatform:{platform}", "name": f"bench.t{i:06d}", "origin": "PROD"},
+            )
+        )
+        out.append(
+            AspectFields(
+                "dataset",
+                urn,
+                "datasetProperties",
+                1,
+                {"name": f"t{i:06d}", "description": f"orders table {i} of the benchmark"},
+            )
+        )
         if i % 50 == 49:
             out.append(AspectFields("dataset", urn, "status", 1, {"removed": True}))
     return out
@@ -74,11 +88,19 @@ class Explaining:
 
 
 def searches() -> dict[str, dict[str, Any]]:
-    browse = ((Criterion("platform", ("urn:li:dataPlatform:hive",)), Criterion("origin", ("PROD",)),
-               Criterion("removed", ("true",), negated=True)),)
+    browse = (
+        (
+            Criterion("platform", ("urn:li:dataPlatform:hive",)),
+            Criterion("origin", ("PROD",)),
+            Criterion("removed", ("true",), negated=True),
+        ),
+    )
     return {
         "selective text query 't012345'": {"query": "t012345"},
-        "selective text query 't012345', platform filter": {"query": "t012345", "filters": {"platform": ["urn:li:dataPlatform:hive"]}},
+        "selective text query 't012345', platform filter": {
+            "query": "t012345",
+            "filters": {"platform": ["urn:li:dataPlatform:hive"]},
+        },
         "exact name 'bench.t012345'": {"query": "bench.t012345"},
         "text query matching every document 'orders'": {"query": "orders"},
         "filter-only browse '*' (platform, origin, not removed)": {"query": "*", "any_of": browse},
@@ -123,7 +145,9 @@ def main() -> None:
     parser.add_argument("--data", required=True, type=Path)
     parser.add_argument("--entities", type=int, default=100_000)
     parser.add_argument("--revision", default="head")
-    parser.add_argument("--keep", action="store_true", help="leave the Postgres running (and its data) for the next run")
+    parser.add_argument(
+        "--keep", action="store_true", help="leave the Postgres running (and its data) for the next run"
+    )
     args = parser.parse_args()
     pg = EmbeddedPostgres(args.data, free_port(), database=None, durable=False)
     fresh = not (args.data / "data" / "PG_VERSION").exists()

@@ -40,7 +40,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
+from datetime import UTC  # noqa: E402 - after the checkout and bench/ are put on sys.path
+
 import index as index_bench  # noqa: E402  (bench/index.py: the same documents and the raw ceiling)
+
 from app.db import upgrade_database  # noqa: E402
 from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port  # noqa: E402
 from app.registry import load_registry  # noqa: E402
@@ -61,8 +64,9 @@ async def produce(bootstrap: str, topic: str, partitions: int, logs: list[dict[s
         await admin.create_topics([NewTopic(topic, num_partitions=partitions, replication_factor=1)])
     finally:
         await admin.close()
-    producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=1 << 20,
-                                compression_type="lz4")
+    producer = AIOKafkaProducer(
+        bootstrap_servers=bootstrap, acks="all", linger_ms=5, max_batch_size=1 << 20, compression_type="lz4"
+    )
     await producer.start()
     started = time.perf_counter()
     try:
@@ -78,25 +82,50 @@ async def write_rows(dsn: str, logs: list[dict[str, Any]]) -> None:
 
     conn = await asyncpg.connect(dsn)
     try:
-        from datetime import datetime, timezone
+        from datetime import datetime
 
-        now = datetime.now(timezone.utc).replace(tzinfo=None)
-        rows = [(m["entityUrn"], m["aspectName"], 0, m["aspect"]["value"], orjson.dumps(m["systemMetadata"]).decode(),
-                 now, "urn:li:corpuser:bench", None) for m in logs]
+        now = datetime.now(UTC).replace(tzinfo=None)
+        rows = [
+            (
+                m["entityUrn"],
+                m["aspectName"],
+                0,
+                m["aspect"]["value"],
+                orjson.dumps(m["systemMetadata"]).decode(),
+                now,
+                "urn:li:corpuser:bench",
+                None,
+            )
+            for m in logs
+        ]
         await conn.copy_records_to_table(
-            "metadata_aspect_v2", records=rows,
-            columns=["urn", "aspect", "version", "metadata", "systemmetadata", "createdon", "createdby", "createdfor"])
+            "metadata_aspect_v2",
+            records=rows,
+            columns=["urn", "aspect", "version", "metadata", "systemmetadata", "createdon", "createdby", "createdfor"],
+        )
     finally:
         await conn.close()
 
 
-async def parallel_raw(settings: Settings, registry: Any, logs: list[dict[str, Any]], batch: int, clients: int) -> float:
+async def parallel_raw(
+    settings: Settings, registry: Any, logs: list[dict[str, Any]], batch: int, clients: int
+) -> float:
     """The raw ceiling with `clients` concurrent bulk writers (each its own slice of the documents)."""
-    batches = [[c for m in logs[s:s + batch] for c in changes_from_mcl(m, registry)] for s in range(0, len(logs), batch)]
+    batches = [
+        [c for m in logs[s : s + batch] for c in changes_from_mcl(m, registry)] for s in range(0, len(logs), batch)
+    ]
     slices = [batches[i::clients] for i in range(clients)]
     started = time.perf_counter()
-    await asyncio.gather(*(index_bench.raw_ceiling(settings.model_copy(update={"search_index_prefix": f"{settings.search_index_prefix}p{i}_"}),
-                                                   registry, part) for i, part in enumerate(slices)))
+    await asyncio.gather(
+        *(
+            index_bench.raw_ceiling(
+                settings.model_copy(update={"search_index_prefix": f"{settings.search_index_prefix}p{i}_"}),
+                registry,
+                part,
+            )
+            for i, part in enumerate(slices)
+        )
+    )
     return time.perf_counter() - started
 
 
@@ -133,7 +162,9 @@ def own_documents_ceiling(settings: IndexerSettings, logs: list[dict[str, Any]],
         names = {name.decode() for _, _, body in bodies for name in re.findall(rb'"_index":"(rec_[^"]+)"', body)}
         for name in sorted(names):  # an alias or an index: the mappings of what it names
             mapping = next(iter((await client.indices.get_mapping(index=name)).body.values()))
-            await client.indices.create(index="rep_" + name.removeprefix("rec_"), mappings=mapping.get("mappings") or {})
+            await client.indices.create(
+                index="rep_" + name.removeprefix("rec_"), mappings=mapping.get("mappings") or {}
+            )
         node = backend.client.transport.node_pool.get()
         headers = {"content-type": "application/x-ndjson", "accept": "application/json"}
         moved = [(m, t.replace("rec_", "rep_"), b.replace(b'"_index":"rec_', b'"_index":"rep_')) for m, t, b in bodies]
@@ -155,7 +186,9 @@ def main() -> None:
     parser.add_argument("--restore", type=int, default=120_000)
     parser.add_argument("--partitions", type=int, default=2)
     parser.add_argument("--master", default="local[2]")
-    parser.add_argument("--index-partitions", type=int, default=0, help="spark_index_partitions (0: the topic's partitions)")
+    parser.add_argument(
+        "--index-partitions", type=int, default=0, help="spark_index_partitions (0: the topic's partitions)"
+    )
     parser.add_argument("--batch", type=int, default=2000, help="changes per bulk call (spark_apply_chunk)")
     args = parser.parse_args()
 
@@ -182,10 +215,18 @@ def main() -> None:
         from spark_indexer.stream import run_stream
 
         settings = IndexerSettings(
-            database_url=sa_url, kafka_bootstrap_servers=broker.bootstrap_servers, topic_mcl_versioned=topic,
-            topic_mcl_timeseries="bench_mclt", search_url=search.url, search_flavor="opensearch",
-            search_index_prefix="spark_", spark_work_dir=root / "spark", spark_apply_chunk=args.batch, spark_index_partitions=args.index_partitions,
-            spark_max_offsets_per_trigger=20_000, spark_trigger_interval_s=0.1,
+            database_url=sa_url,
+            kafka_bootstrap_servers=broker.bootstrap_servers,
+            topic_mcl_versioned=topic,
+            topic_mcl_timeseries="bench_mclt",
+            search_url=search.url,
+            search_flavor="opensearch",
+            search_index_prefix="spark_",
+            spark_work_dir=root / "spark",
+            spark_apply_chunk=args.batch,
+            spark_index_partitions=args.index_partitions,
+            spark_max_offsets_per_trigger=20_000,
+            spark_trigger_interval_s=0.1,
         )
         t0 = time.perf_counter()
         spark = build_session(args.master, conf={"spark.sql.shuffle.partitions": str(args.partitions)})
@@ -211,29 +252,56 @@ def main() -> None:
         spark.stop()
 
         raw_settings = Settings(search_url=search.url, search_flavor="opensearch", search_index_prefix="raw_")
-        one_s = asyncio.run(index_bench.raw_ceiling(raw_settings, registry, [
-            [c for m in logs[s:s + args.batch] for c in changes_from_mcl(m, registry)] for s in range(0, len(logs), args.batch)]))
-        many_s = asyncio.run(parallel_raw(raw_settings.model_copy(update={"search_index_prefix": "rawp_"}), registry, logs,
-                                          args.batch, args.partitions))
+        one_s = asyncio.run(
+            index_bench.raw_ceiling(
+                raw_settings,
+                registry,
+                [
+                    [c for m in logs[s : s + args.batch] for c in changes_from_mcl(m, registry)]
+                    for s in range(0, len(logs), args.batch)
+                ],
+            )
+        )
+        many_s = asyncio.run(
+            parallel_raw(
+                raw_settings.model_copy(update={"search_index_prefix": "rawp_"}),
+                registry,
+                logs,
+                args.batch,
+                args.partitions,
+            )
+        )
         one_rate, many_rate = len(logs) / one_s, len(logs) / many_s
         task_s, replay_s = own_documents_ceiling(settings, logs, args.batch)
         own_rate = len(logs) / replay_s
 
         print(f"machine: {os.cpu_count()} cores; Spark {args.master}; search: osmem at {search.url}; broker: Tansu")
-        print(f"produced {len(logs):,} MCLs to {args.partitions} partition(s) in {produce_s:.1f} s; Spark session start {session_s:.1f} s")
-        print(f"stream --once       : {len(logs) / stream_s:9,.0f} MCL/s overall ({stream_s:.1f} s, {len(result.batches)} batches, "
-              f"{result.dead_letters} dead letters); steady {steady_rate:,.0f} MCL/s")
+        print(
+            f"produced {len(logs):,} MCLs to {args.partitions} partition(s) in {produce_s:.1f} s; Spark session start {session_s:.1f} s"
+        )
+        print(
+            f"stream --once       : {len(logs) / stream_s:9,.0f} MCL/s overall ({stream_s:.1f} s, {len(result.batches)} batches, "
+            f"{result.dead_letters} dead letters); steady {steady_rate:,.0f} MCL/s"
+        )
         if restored is not None:
-            print(f"restore-indices     : {restored.rows_read / restore_s:9,.0f} aspects/s ({restored.rows_read:,} rows in {restore_s:.1f} s, --clean, alias swap)")
+            print(
+                f"restore-indices     : {restored.rows_read / restore_s:9,.0f} aspects/s ({restored.rows_read:,} rows in {restore_s:.1f} s, --clean, alias swap)"
+            )
         print(f"raw bulk, 1 client  : {one_rate:9,.0f} aspects/s ({one_s:.1f} s)")
         print(f"raw bulk, {args.partitions} clients : {many_rate:9,.0f} aspects/s ({many_s:.1f} s)")
-        print(f"raw bulk of the indexer's own bodies: {own_rate:9,.0f} MCL/s ({replay_s:.1f} s; recorded from one "
-              f"in-process task, {len(logs) / task_s:,.0f} MCL/s with its reads and Python)")
+        print(
+            f"raw bulk of the indexer's own bodies: {own_rate:9,.0f} MCL/s ({replay_s:.1f} s; recorded from one "
+            f"in-process task, {len(logs) / task_s:,.0f} MCL/s with its reads and Python)"
+        )
         ceiling = max(one_rate, many_rate)
-        print(f"stream steady / best ceiling  : {steady_rate / ceiling:6.1%}   / own-documents ceiling: {steady_rate / own_rate:6.1%}")
+        print(
+            f"stream steady / best ceiling  : {steady_rate / ceiling:6.1%}   / own-documents ceiling: {steady_rate / own_rate:6.1%}"
+        )
         if restored is not None:
-            print(f"restore / best ceiling        : {restored.rows_read / restore_s / ceiling:6.1%}   / own-documents ceiling: "
-                  f"{restored.rows_read / restore_s / own_rate:6.1%}")
+            print(
+                f"restore / best ceiling        : {restored.rows_read / restore_s / ceiling:6.1%}   / own-documents ceiling: "
+                f"{restored.rows_read / restore_s / own_rate:6.1%}"
+            )
     finally:
         pg.stop()
         broker.stop()

@@ -27,6 +27,8 @@ from app.urns import InvalidUrnError, entity_type_of
 log = logging.getLogger("metaledger.spark_indexer")
 
 TRANSIENT_ATTEMPTS = 6  # a backend that stays unreachable this long fails the task (Spark retries, or the query stops)
+
+
 # A broken installation or configuration on the executor (a module missing from the shipped environment, a registry
 # that does not load) is no record's fault: it fails the task, hence the batch (the stream stops, its offsets are not
 # committed), and never becomes a dead letter. Dead letters are for records only.
@@ -150,8 +152,9 @@ def checked(record: Record, mcl: dict[str, Any], registry: Any, timeseries_topic
     if entity is None:
         return DeadLetter(record, f"entity type {entity_type!r} is not in the entity registry", urn, aspect, True)
     if aspect not in entity.aspect_names:
-        return DeadLetter(record, f"aspect {aspect!r} is not an aspect of entity {entity.name!r} in the registry", urn,
-                          aspect, True)
+        return DeadLetter(
+            record, f"aspect {aspect!r} is not an aspect of entity {entity.name!r} in the registry", urn, aspect, True
+        )
     if mcl.get("entityType") != entity.name:
         mcl["entityType"] = entity.name
     return Planned(record, mcl, _version(mcl), record.topic == timeseries_topic)
@@ -193,8 +196,15 @@ def timeseries_point(record: Record, mcl: dict[str, Any]) -> Point | None:
     if urn is None or aspect is None or timestamp_ms is None or event is None:  # a timestamp comes with a value
         return None
     system = mcl.get("systemMetadata")
-    return Point(record, urn, _json_text(mcl.get("entityType")), aspect, timestamp_ms, event,
-                 _json_text(system.get("runId")) if isinstance(system, dict) else None)
+    return Point(
+        record,
+        urn,
+        _json_text(mcl.get("entityType")),
+        aspect,
+        timestamp_ms,
+        event,
+        _json_text(system.get("runId")) if isinstance(system, dict) else None,
+    )
 
 
 def plan(records: Iterable[Record], registry: Any, timeseries_topic: str, decode: Any = None) -> Plan:
@@ -279,8 +289,14 @@ class IndexTask:
             except INSTALLATION_ERRORS:
                 raise
             except Exception as error:  # noqa: BLE001 - one bad change log must not stop the stream
-                dead.append(DeadLetter(item.record, f"index document could not be built: {type(error).__name__}: {error}",
-                                       item.mcl.get("entityUrn"), item.mcl.get("aspectName")))
+                dead.append(
+                    DeadLetter(
+                        item.record,
+                        f"index document could not be built: {type(error).__name__}: {error}",
+                        item.mcl.get("entityUrn"),
+                        item.mcl.get("aspectName"),
+                    )
+                )
         return out
 
     def _started_backend(self) -> SearchBackend:
@@ -289,8 +305,9 @@ class IndexTask:
         except Exception as error:  # noqa: BLE001
             if is_transient(error) or isinstance(error, INSTALLATION_ERRORS):
                 raise
-            raise BackendSetupError(f"the search backend could not be set up on this executor: "
-                                    f"{type(error).__name__}: {error}") from error
+            raise BackendSetupError(
+                f"the search backend could not be set up on this executor: {type(error).__name__}: {error}"
+            ) from error
 
     def _apply(self, changes: list[IndexChange]) -> None:
         """Apply with retries on transient failures; a refusal is raised to the caller."""
@@ -304,7 +321,10 @@ class IndexTask:
             except Exception as error:  # noqa: BLE001
                 if not is_transient(error) or attempt == TRANSIENT_ATTEMPTS - 1:
                     raise
-                log.warning("search backend unavailable; retrying", extra={"attempt": attempt + 1, "error": f"{type(error).__name__}: {error}"})
+                log.warning(
+                    "search backend unavailable; retrying",
+                    extra={"attempt": attempt + 1, "error": f"{type(error).__name__}: {error}"},
+                )
                 self.runtime.reset_backend()
                 time.sleep(min(5.0, 0.2 * 2**attempt))
 
@@ -317,7 +337,7 @@ class IndexTask:
         changes applied."""
         applied = 0
         for start in range(0, len(built), self.chunk):
-            part = built[start:start + self.chunk]
+            part = built[start : start + self.chunk]
             changes = [c for _, cs in part for c in cs]
             if not changes:
                 continue
@@ -337,8 +357,14 @@ class IndexTask:
                 except Exception as error:  # noqa: BLE001
                     if is_transient(error) or isinstance(error, INSTALLATION_ERRORS):
                         raise
-                    dead.append(DeadLetter(item.record, f"search backend refused the change: {type(error).__name__}: {error}",
-                                           item.mcl.get("entityUrn"), item.mcl.get("aspectName")))
+                    dead.append(
+                        DeadLetter(
+                            item.record,
+                            f"search backend refused the change: {type(error).__name__}: {error}",
+                            item.mcl.get("entityUrn"),
+                            item.mcl.get("aspectName"),
+                        )
+                    )
         return applied
 
     def run(self, records: Iterable[Record], timeseries_topic: str) -> TaskResult:
@@ -369,9 +395,20 @@ class IndexTask:
 # (the record and the reason) and the timeseries points for the archive (`point`: the `Point` fields), which stay on
 # the executors (the driver collects every row but those).
 RESULT_COLUMNS = (
-    ("kind", "string"), ("topic", "string"), ("partition", "int"), ("offset", "long"), ("key", "binary"),
-    ("value", "binary"), ("reason", "string"), ("urn", "string"), ("aspect", "string"), ("count", "long"),
-    ("entity_type", "string"), ("timestamp_ms", "long"), ("event", "string"), ("run_id", "string"),
+    ("kind", "string"),
+    ("topic", "string"),
+    ("partition", "int"),
+    ("offset", "long"),
+    ("key", "binary"),
+    ("value", "binary"),
+    ("reason", "string"),
+    ("urn", "string"),
+    ("aspect", "string"),
+    ("count", "long"),
+    ("entity_type", "string"),
+    ("timestamp_ms", "long"),
+    ("event", "string"),
+    ("run_id", "string"),
 )
 RESULT_SCHEMA = ", ".join(f"{name} {kind}" for name, kind in RESULT_COLUMNS)
 POINT = "point"
@@ -381,8 +418,9 @@ COUNTS = ("rows", "applied", "changes", "superseded", "timeseries_rows")  # `Tas
 def records_of(batches: Iterable[Any]) -> Iterator[Record]:
     for batch in batches:
         columns = batch.to_pydict()
-        for topic, partition, offset, key, value in zip(columns["topic"], columns["partition"], columns["offset"],
-                                                        columns["key"], columns["value"], strict=True):
+        for topic, partition, offset, key, value in zip(
+            columns["topic"], columns["partition"], columns["offset"], columns["key"], columns["value"], strict=True
+        ):
             yield Record(topic, int(partition), int(offset), key, value)
 
 
@@ -402,11 +440,30 @@ def result_batch(result: TaskResult) -> Any:
     for (topic, partition), offset in result.max_offsets.items():
         add("max_offset", topic=topic, partition=partition, offset=offset)
     for d in result.dead:
-        add("dead", topic=d.record.topic, partition=d.record.partition, offset=d.record.offset, key=d.record.key,
-            value=d.record.value, reason=d.reason, urn=d.urn, aspect=d.aspect)
+        add(
+            "dead",
+            topic=d.record.topic,
+            partition=d.record.partition,
+            offset=d.record.offset,
+            key=d.record.key,
+            value=d.record.value,
+            reason=d.reason,
+            urn=d.urn,
+            aspect=d.aspect,
+        )
     for p in result.points:
-        add(POINT, topic=p.record.topic, partition=p.record.partition, offset=p.record.offset, urn=p.urn,
-            aspect=p.aspect, entity_type=p.entity_type, timestamp_ms=p.timestamp_ms, event=p.event, run_id=p.run_id)
+        add(
+            POINT,
+            topic=p.record.topic,
+            partition=p.record.partition,
+            offset=p.record.offset,
+            urn=p.urn,
+            aspect=p.aspect,
+            entity_type=p.entity_type,
+            timestamp_ms=p.timestamp_ms,
+            event=p.event,
+            run_id=p.run_id,
+        )
     schema = pa.schema([(name, arrow_types[kind]) for name, kind in RESULT_COLUMNS])
     return pa.RecordBatch.from_pydict(rows, schema=schema)
 

@@ -35,11 +35,15 @@ def _when(value: str | None) -> datetime | None:
     try:
         return datetime.fromisoformat(value)
     except ValueError as error:
-        raise click.BadParameter(f"{value!r} is not an ISO date/time (e.g. 2026-11-21 or 2026-11-21T10:00:00)") from error
+        raise click.BadParameter(
+            f"{value!r} is not an ISO date/time (e.g. 2026-11-21 or 2026-11-21T10:00:00)"
+        ) from error
 
 
 @click.group()
-@click.option("--master", default=None, help="Spark master (default: METALEDGER_SPARK_MASTER, local[*]); spark-submit's wins.")
+@click.option(
+    "--master", default=None, help="Spark master (default: METALEDGER_SPARK_MASTER, local[*]); spark-submit's wins."
+)
 @click.pass_context
 def main(ctx: click.Context, master: str | None) -> None:
     """metaledger's PySpark indexer: change logs → search, lineage graph and timeseries."""
@@ -50,11 +54,18 @@ def main(ctx: click.Context, master: str | None) -> None:
 
 
 @main.command()
-@click.option("--checkpoint", default=None,
-              help="Checkpoint location, a Hadoop filesystem URI or path (default: METALEDGER_SPARK_CHECKPOINT_DIR or <work dir>/checkpoint).")
+@click.option(
+    "--checkpoint",
+    default=None,
+    help="Checkpoint location, a Hadoop filesystem URI or path (default: METALEDGER_SPARK_CHECKPOINT_DIR or <work dir>/checkpoint).",
+)
 @click.option("--once", is_flag=True, help="Index everything on the topics now, then exit (cron-style runs, tests).")
-@click.option("--metrics-file", type=click.Path(dir_okay=False), default=None,
-              help="Write the batch figures to this Prometheus textfile after every batch (default: METALEDGER_SPARK_METRICS_FILE).")
+@click.option(
+    "--metrics-file",
+    type=click.Path(dir_okay=False),
+    default=None,
+    help="Write the batch figures to this Prometheus textfile after every batch (default: METALEDGER_SPARK_METRICS_FILE).",
+)
 @click.pass_context
 def stream(ctx: click.Context, checkpoint: str | None, once: bool, metrics_file: str | None) -> None:
     """Stream the MCL topics into the indices until stopped."""
@@ -77,20 +88,37 @@ def stream(ctx: click.Context, checkpoint: str | None, once: bool, metrics_file:
 @click.option("--since", default=None, help="Only aspects written at or after this time (ISO).")
 @click.option("--until", default=None, help="Only aspects written before this time (ISO).")
 @click.pass_context
-def restore_indices(ctx: click.Context, clean: bool, entities: tuple[str, ...], aspects: tuple[str, ...],
-                    urn_like: str | None, since: str | None, until: str | None) -> None:
+def restore_indices(
+    ctx: click.Context,
+    clean: bool,
+    entities: tuple[str, ...],
+    aspects: tuple[str, ...],
+    urn_like: str | None,
+    since: str | None,
+    until: str | None,
+) -> None:
     """Rebuild the indices from the latest rows of metadata_aspect_v2."""
     from spark_indexer.restore import restore_indices as run
 
     settings = _database(ctx.obj["settings"])
-    result = run(_session(settings, ctx.obj["master"]), settings, clean=clean, entities=list(entities) or None,
-                 aspects=list(aspects) or None, urn_like=urn_like, since=_when(since), until=_when(until))
+    result = run(
+        _session(settings, ctx.obj["master"]),
+        settings,
+        clean=clean,
+        entities=list(entities) or None,
+        aspects=list(aspects) or None,
+        urn_like=urn_like,
+        since=_when(since),
+        until=_when(until),
+    )
     click.echo(result.summary(), err=True)
     sys.exit(0 if result.ok else 1)
 
 
 @main.command()
-@click.option("--repair", is_flag=True, help="Re-apply drifted aspects from Postgres and remove orphans, then re-check.")
+@click.option(
+    "--repair", is_flag=True, help="Re-apply drifted aspects from Postgres and remove orphans, then re-check."
+)
 @click.option("--entity", "entities", multiple=True, help="Only these entity types (repeatable).")
 @click.pass_context
 def reconcile(ctx: click.Context, repair: bool, entities: tuple[str, ...]) -> None:

@@ -40,46 +40,61 @@ class IndexerSettings(Settings):
     model_config = SettingsConfigDict(env_prefix="METALEDGER_", extra="ignore")
 
     spark_master: str = Field(
-        "local[*]", json_schema_extra=group("Spark indexer", "spark-indexer.md"),
+        "local[*]",
+        json_schema_extra=group("Spark indexer", "spark-indexer.md"),
         description="Spark master of `python -m spark_indexer` when the job builds its own session "
-                    "(`spark-submit --master` wins)")
+        "(`spark-submit --master` wins)",
+    )
     spark_source: str = Field(
         "python",
         description="`python`: metaledger's Kafka source (PySpark's Python Data Source API, no jars needed); "
-                    "`native`: Spark's `format(\"kafka\")` (needs the `spark-sql-kafka` package on the cluster)")
+        '`native`: Spark\'s `format("kafka")` (needs the `spark-sql-kafka` package on the cluster)',
+    )
     spark_work_dir: StorageUri = Field(
         (PROJECT_ROOT / ".metaledger" / "spark").as_uri(),
         description="parent of the three locations below. Storage settings are Hadoop filesystem URIs (`file:///`, "
-                    "`s3a://`, `hdfs://`, `abfss://`; a path without a scheme is on Spark's default filesystem), "
-                    "handed to Spark exactly as written; on a cluster, storage every node and the next driver reach")
+        "`s3a://`, `hdfs://`, `abfss://`; a path without a scheme is on Spark's default filesystem), "
+        "handed to Spark exactly as written; on a cluster, storage every node and the next driver reach",
+    )
     spark_checkpoint_dir: StorageUri | None = Field(
-        None, description="the stream's offsets; unset: `<work dir>/checkpoint`")
+        None, description="the stream's offsets; unset: `<work dir>/checkpoint`"
+    )
     spark_dead_letter_dir: StorageUri | None = Field(
-        None, description="dead-lettered records (Parquet, by day); unset: `<work dir>/dead_letter`")
+        None, description="dead-lettered records (Parquet, by day); unset: `<work dir>/dead_letter`"
+    )
     spark_timeseries_dir: StorageUri | None = Field(
-        None, description="the timeseries archive (Parquet, by aspect and day); unset: `<work dir>/timeseries`")
+        None, description="the timeseries archive (Parquet, by aspect and day); unset: `<work dir>/timeseries`"
+    )
     spark_max_offsets_per_trigger: int = Field(200_000, description="change logs per micro-batch at most")
     spark_trigger_interval_s: float = Field(1.0, description="micro-batch interval")
     spark_index_partitions: int = Field(
-        0, description="tasks per micro-batch: 0 = one per topic partition (no shuffle; scale with the topics' "
-                       "partitions), N = shuffled by record key (the URN) into N")
+        0,
+        description="tasks per micro-batch: 0 = one per topic partition (no shuffle; scale with the topics' "
+        "partitions), N = shuffled by record key (the URN) into N",
+    )
     spark_restore_partitions: int = Field(
-        8, description="parallel readers of `metadata_aspect_v2` in `restore-indices` / `reconcile`")
+        8, description="parallel readers of `metadata_aspect_v2` in `restore-indices` / `reconcile`"
+    )
     spark_apply_chunk: int = Field(2000, description="index changes per bulk call from one task")
     spark_schema_registry_url: str | None = Field(
         None,
         description="metaledger's own schema registry (`http://<metaledger>/schema-registry/api`): Avro change logs "
-                    "framed with an id that is not one of DataHub's are decoded with the writer schema fetched from it "
-                    "(once per worker); with `SCHEMA_REGISTRY_URL` (an external registry) set, that one answers for "
-                    "every id instead")
+        "framed with an id that is not one of DataHub's are decoded with the writer schema fetched from it "
+        "(once per worker); with `SCHEMA_REGISTRY_URL` (an external registry) set, that one answers for "
+        "every id instead",
+    )
     # The stream's figures per micro-batch: spark_indexer.metrics.
     spark_metrics_file: Path | None = Field(
-        None, description="the stream's batch figures as a Prometheus textfile (node_exporter's textfile collector), "
-                          "rewritten per batch (`stream --metrics-file`)")
+        None,
+        description="the stream's batch figures as a Prometheus textfile (node_exporter's textfile collector), "
+        "rewritten per batch (`stream --metrics-file`)",
+    )
     spark_pushgateway_url: str | None = Field(
-        None, description="push the same figures per batch to this Prometheus Pushgateway")
+        None, description="push the same figures per batch to this Prometheus Pushgateway"
+    )
     spark_metrics_job: str = Field(
-        "metaledger_spark_indexer", description="the Pushgateway job name (`instance` = the host name)")
+        "metaledger_spark_indexer", description="the Pushgateway job name (`instance` = the host name)"
+    )
 
     @property
     def checkpoint_dir(self) -> str:

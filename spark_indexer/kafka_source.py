@@ -57,25 +57,29 @@ log = logging.getLogger("metaledger.spark.kafka_source")
 
 SOURCE_NAME = "metaledger_kafka"
 COLUMNS = ["key", "value", "topic", "partition", "offset", "timestamp", "timestampType"]
-KAFKA_SCHEMA = StructType([
-    StructField("key", BinaryType()),
-    StructField("value", BinaryType()),
-    StructField("topic", StringType()),
-    StructField("partition", IntegerType()),
-    StructField("offset", LongType()),
-    StructField("timestamp", TimestampType()),
-    StructField("timestampType", IntegerType()),
-])
+KAFKA_SCHEMA = StructType(
+    [
+        StructField("key", BinaryType()),
+        StructField("value", BinaryType()),
+        StructField("topic", StringType()),
+        StructField("partition", IntegerType()),
+        StructField("offset", LongType()),
+        StructField("timestamp", TimestampType()),
+        StructField("timestampType", IntegerType()),
+    ]
+)
 # What Spark expects from `read()` for KAFKA_SCHEMA (pyspark's to_arrow_schema(KAFKA_SCHEMA, timezone="UTC")).
-ARROW_SCHEMA = pa.schema([
-    pa.field("key", pa.binary()),
-    pa.field("value", pa.binary()),
-    pa.field("topic", pa.string()),
-    pa.field("partition", pa.int32()),
-    pa.field("offset", pa.int64()),
-    pa.field("timestamp", pa.timestamp("us", tz="UTC")),
-    pa.field("timestampType", pa.int32()),
-])
+ARROW_SCHEMA = pa.schema(
+    [
+        pa.field("key", pa.binary()),
+        pa.field("value", pa.binary()),
+        pa.field("topic", pa.string()),
+        pa.field("partition", pa.int32()),
+        pa.field("offset", pa.int64()),
+        pa.field("timestamp", pa.timestamp("us", tz="UTC")),
+        pa.field("timestampType", pa.int32()),
+    ]
+)
 
 DEFAULT_FETCH_MAX_BYTES = 16 * 1024 * 1024  # one Fetch response of a read task
 DEFAULT_PARTITION_FETCH_MAX_BYTES = 8 * 1024 * 1024
@@ -139,8 +143,9 @@ class SourceOptions:
 async def _connect(bootstrap_servers: str) -> AIOKafkaClient:
     from aiokafka.client import AIOKafkaClient
 
-    client = AIOKafkaClient(bootstrap_servers=bootstrap_servers, client_id="metaledger-spark-source",
-                            request_timeout_ms=REQUEST_TIMEOUT_MS)
+    client = AIOKafkaClient(
+        bootstrap_servers=bootstrap_servers, client_id="metaledger-spark-source", request_timeout_ms=REQUEST_TIMEOUT_MS
+    )
     try:
         await client.bootstrap()
     except BaseException:
@@ -181,8 +186,9 @@ def _by_topic(items: list[tuple[str, int, Any]]) -> list[tuple[str, list[tuple[i
     return list(grouped.items())
 
 
-async def _earliest_offsets(client: AIOKafkaClient, md: ClusterMetadata,
-                            tps: list[TopicPartitionKey]) -> dict[TopicPartitionKey, int]:
+async def _earliest_offsets(
+    client: AIOKafkaClient, md: ClusterMetadata, tps: list[TopicPartitionKey]
+) -> dict[TopicPartitionKey, int]:
     """Log-start offsets (ListOffsets "earliest" is right on Tansu; only "latest" is not)."""
     from aiokafka.errors import for_code
     from aiokafka.protocol.offset import OffsetRequest
@@ -205,8 +211,9 @@ async def _earliest_offsets(client: AIOKafkaClient, md: ClusterMetadata,
     return out
 
 
-async def _high_watermarks(client: AIOKafkaClient, md: ClusterMetadata,
-                           positions: dict[TopicPartitionKey, int]) -> dict[TopicPartitionKey, int]:
+async def _high_watermarks(
+    client: AIOKafkaClient, md: ClusterMetadata, positions: dict[TopicPartitionKey, int]
+) -> dict[TopicPartitionKey, int]:
     """High watermark of each partition from a Fetch at `positions` (max 1 byte, ~no wait: at most one record batch
     comes back per partition). A position out of range is retried at the log start. Partitions without a leader or
     with another error are left out (the caller keeps their previous offset).
@@ -288,8 +295,9 @@ def _offsets_from_json(offsets: Mapping[str, Mapping[str, int]] | None) -> dict[
     return {(topic, int(p)): int(off) for topic, parts in (offsets or {}).items() for p, off in parts.items()}
 
 
-def _apply_limit(start: dict[TopicPartitionKey, int], latest: dict[TopicPartitionKey, int],
-                 max_rows: int | None) -> dict[TopicPartitionKey, int]:
+def _apply_limit(
+    start: dict[TopicPartitionKey, int], latest: dict[TopicPartitionKey, int], max_rows: int | None
+) -> dict[TopicPartitionKey, int]:
     """End offsets at most `max_rows` records after `start` in total, shared in proportion to each backlog."""
     lags = {tp: latest[tp] - start.get(tp, 0) for tp in latest if latest[tp] > start.get(tp, 0)}
     total = sum(lags.values())
@@ -325,25 +333,35 @@ class KafkaInputPartition(InputPartition):
 
     def __init__(self, topic: str, partition: int, start: int, end: int, from_earliest: bool = False) -> None:
         super().__init__((topic, partition, start, end))
-        self.topic, self.partition, self.start, self.end, self.from_earliest = topic, partition, start, end, from_earliest
+        self.topic, self.partition, self.start, self.end, self.from_earliest = (
+            topic,
+            partition,
+            start,
+            end,
+            from_earliest,
+        )
 
 
 class DataLossError(RuntimeError):
     pass
 
 
-def _records_to_batch(topic: str, partition: int, keys: list, values: list, offsets: list, timestamps: list,
-                      timestamp_types: list) -> pa.RecordBatch:
+def _records_to_batch(
+    topic: str, partition: int, keys: list, values: list, offsets: list, timestamps: list, timestamp_types: list
+) -> pa.RecordBatch:
     n = len(offsets)
-    return pa.RecordBatch.from_arrays([
-        pa.array(keys, type=pa.binary()),
-        pa.array(values, type=pa.binary()),
-        pa.array([topic] * n, type=pa.string()),
-        pa.array([partition] * n, type=pa.int32()),
-        pa.array(offsets, type=pa.int64()),
-        pa.array(timestamps, type=pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
-        pa.array(timestamp_types, type=pa.int32()),
-    ], schema=ARROW_SCHEMA)
+    return pa.RecordBatch.from_arrays(
+        [
+            pa.array(keys, type=pa.binary()),
+            pa.array(values, type=pa.binary()),
+            pa.array([topic] * n, type=pa.string()),
+            pa.array([partition] * n, type=pa.int32()),
+            pa.array(offsets, type=pa.int64()),
+            pa.array(timestamps, type=pa.timestamp("ms", tz="UTC")).cast(pa.timestamp("us", tz="UTC")),
+            pa.array(timestamp_types, type=pa.int32()),
+        ],
+        schema=ARROW_SCHEMA,
+    )
 
 
 def read_range(options: SourceOptions, part: KafkaInputPartition) -> Iterator[pa.RecordBatch]:
@@ -351,7 +369,12 @@ def read_range(options: SourceOptions, part: KafkaInputPartition) -> Iterator[pa
 
     Positions advance by record offsets and by each batch's next offset (control batches, compacted or aborted
     gaps), and reading stops as soon as the position reaches `end`."""
-    from aiokafka.errors import NotLeaderForPartitionError, OffsetOutOfRangeError, UnknownTopicOrPartitionError, for_code
+    from aiokafka.errors import (
+        NotLeaderForPartitionError,
+        OffsetOutOfRangeError,
+        UnknownTopicOrPartitionError,
+        for_code,
+    )
     from aiokafka.protocol.fetch import FetchRequest
     from aiokafka.record.memory_records import MemoryRecords
     from aiokafka.structs import TopicPartition
@@ -375,21 +398,30 @@ def read_range(options: SourceOptions, part: KafkaInputPartition) -> Iterator[pa
                 time.sleep(0.2)
                 md = loop.run_until_complete(_metadata(client))
                 continue
-            request = FetchRequest(options.fetch_max_wait_ms, 1, options.fetch_max_bytes, READ_UNCOMMITTED,
-                                   [(topic, [(partition, pos, options.partition_fetch_max_bytes)])])
+            request = FetchRequest(
+                options.fetch_max_wait_ms,
+                1,
+                options.fetch_max_bytes,
+                READ_UNCOMMITTED,
+                [(topic, [(partition, pos, options.partition_fetch_max_bytes)])],
+            )
             response = loop.run_until_complete(client.send(leader, request))
-            (_, parts), = response.topics
+            ((_, parts),) = response.topics
             _part, error_code, highwater, *part_data = parts[0]
             error = for_code(error_code)
             if error is OffsetOutOfRangeError:
                 earliest = loop.run_until_complete(_earliest_offsets(client, md, [(topic, partition)]))
                 log_start = earliest.get((topic, partition))
                 if log_start is None or log_start <= pos:
-                    raise DataLossError(f"{topic}-{partition}: offset {pos} is out of range (log start {log_start}, "
-                                        f"high watermark {highwater}); the batch was planned up to {end}")
+                    raise DataLossError(
+                        f"{topic}-{partition}: offset {pos} is out of range (log start {log_start}, "
+                        f"high watermark {highwater}); the batch was planned up to {end}"
+                    )
                 if not part.from_earliest and options.fail_on_data_loss:
-                    raise DataLossError(f"{topic}-{partition}: offsets {pos}..{log_start - 1} are gone (retention?); "
-                                        "set failOnDataLoss=false to skip them")
+                    raise DataLossError(
+                        f"{topic}-{partition}: offsets {pos}..{log_start - 1} are gone (retention?); "
+                        "set failOnDataLoss=false to skip them"
+                    )
                 if not part.from_earliest:
                     log.warning("%s-%d: offsets %d..%d are gone, skipped", topic, partition, pos, log_start - 1)
                 pos = log_start
@@ -426,8 +458,9 @@ def read_range(options: SourceOptions, part: KafkaInputPartition) -> Iterator[pa
                         values.append(record.value)
                         offsets.append(offset)
                         timestamps.append(record.timestamp)
-                        timestamp_types.append(batch_ts_type if batch_ts_type is not None
-                                               else getattr(record, "timestamp_type", 0) or 0)
+                        timestamp_types.append(
+                            batch_ts_type if batch_ts_type is not None else getattr(record, "timestamp_type", 0) or 0
+                        )
                         pos = offset + 1
                 next_offset = getattr(batch, "next_offset", None)
                 if next_offset is not None and next_offset > pos:
@@ -438,8 +471,10 @@ def read_range(options: SourceOptions, part: KafkaInputPartition) -> Iterator[pa
                 last_progress = time.monotonic()
             else:
                 if highwater <= pos and time.monotonic() - last_progress > READ_STALL_TIMEOUT_S:
-                    raise DataLossError(f"{topic}-{partition}: the batch was planned up to offset {end} but the "
-                                        f"high watermark is {highwater} (topic recreated or truncated?)")
+                    raise DataLossError(
+                        f"{topic}-{partition}: the batch was planned up to offset {end} but the "
+                        f"high watermark is {highwater} (topic recreated or truncated?)"
+                    )
                 if records.size_in_bytes() > 0 and not offsets:
                     # a record batch bigger than the byte limit cannot come back whole: take more next time
                     options = _grow(options)
@@ -488,7 +523,7 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
                 self._client = self._loop.run_until_complete(_connect(self.options.bootstrap_servers))
             try:
                 return self._loop.run_until_complete(make_coro(self._client))
-            except (KafkaConnectionError, KafkaError, OSError, asyncio.TimeoutError):
+            except (TimeoutError, KafkaConnectionError, KafkaError, OSError):
                 self._close_client()
                 if attempt == 2:
                     raise
@@ -538,8 +573,10 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
         for tp, hw in hws.items():
             if hw < begin.get(tp, 0):
                 # fewer records than already read: the topic was recreated or truncated
-                msg = (f"{tp[0]}-{tp[1]}: high watermark {hw} is below the checkpointed offset {begin[tp]} "
-                       "(topic recreated or truncated?)")
+                msg = (
+                    f"{tp[0]}-{tp[1]}: high watermark {hw} is below the checkpointed offset {begin[tp]} "
+                    "(topic recreated or truncated?)"
+                )
                 if self.options.fail_on_data_loss:
                     raise DataLossError(msg + "; set failOnDataLoss=false to continue from the new end")
                 log.warning(msg + "; continuing from the new end")
@@ -558,8 +595,9 @@ class KafkaStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             md = await _metadata(client)
             tps = _topic_partitions(md, self.options.topics)
             earliest = await _earliest_offsets(client, md, tps)
-            return await _high_watermarks(client, md, {tp: max(earliest.get(tp, 0), self._known_hw.get(tp, 0))
-                                                       for tp in tps})
+            return await _high_watermarks(
+                client, md, {tp: max(earliest.get(tp, 0), self._known_hw.get(tp, 0)) for tp in tps}
+            )
 
         self._target = self._run(go)
         self._known_hw.update(self._target)
@@ -620,17 +658,21 @@ def read_stream(spark: SparkSession, settings: IndexerSettings, topics: list[str
     max_offsets = settings.spark_max_offsets_per_trigger
     if source == "python":
         register(spark)
-        reader = (spark.readStream.format(SOURCE_NAME)
-                  .option("bootstrap.servers", settings.kafka_bootstrap_servers)
-                  .option("topics", ",".join(topics))
-                  .option("startingOffsets", "earliest")
-                  .option("failOnDataLoss", "false"))
+        reader = (
+            spark.readStream.format(SOURCE_NAME)
+            .option("bootstrap.servers", settings.kafka_bootstrap_servers)
+            .option("topics", ",".join(topics))
+            .option("startingOffsets", "earliest")
+            .option("failOnDataLoss", "false")
+        )
     elif source == "native":
-        reader = (spark.readStream.format("kafka")
-                  .option("kafka.bootstrap.servers", settings.kafka_bootstrap_servers)
-                  .option("subscribe", ",".join(topics))
-                  .option("startingOffsets", "earliest")
-                  .option("failOnDataLoss", "false"))
+        reader = (
+            spark.readStream.format("kafka")
+            .option("kafka.bootstrap.servers", settings.kafka_bootstrap_servers)
+            .option("subscribe", ",".join(topics))
+            .option("startingOffsets", "earliest")
+            .option("failOnDataLoss", "false")
+        )
     else:
         raise ValueError(f"spark_source must be 'python' or 'native', not {settings.spark_source!r}")
     if max_offsets and max_offsets > 0:

@@ -30,8 +30,14 @@ log = logging.getLogger("metaledger.spark_indexer")
 
 
 class BatchReporter:
-    def __init__(self, *, file: str | Path | None = None, pushgateway: str | None = None,
-                 job: str = "metaledger_spark_indexer", instance: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        file: str | Path | None = None,
+        pushgateway: str | None = None,
+        job: str = "metaledger_spark_indexer",
+        instance: str | None = None,
+    ) -> None:
         self.file = Path(file) if file else None
         self.pushgateway = pushgateway
         self.job = job
@@ -43,16 +49,31 @@ class BatchReporter:
 
         self.batch_id = gauge("batch_id", "Id of the last micro-batch")
         self.records = gauge("batch_records", "Records the last micro-batch read")
-        self.applied = gauge("batch_change_logs_applied", "Change logs the last micro-batch applied (newest version per aspect)")
-        self.changes = gauge("batch_index_changes", "Index changes (documents, edges, points) the last micro-batch wrote")
-        self.dead = gauge("batch_dead_letters", "Records of the last micro-batch dead-lettered (undecodable, unknown, or refused by the bulk call)")
+        self.applied = gauge(
+            "batch_change_logs_applied", "Change logs the last micro-batch applied (newest version per aspect)"
+        )
+        self.changes = gauge(
+            "batch_index_changes", "Index changes (documents, edges, points) the last micro-batch wrote"
+        )
+        self.dead = gauge(
+            "batch_dead_letters",
+            "Records of the last micro-batch dead-lettered (undecodable, unknown, or refused by the bulk call)",
+        )
         self.seconds = gauge("batch_duration_seconds", "Wall time of the last micro-batch")
-        self.task_seconds = gauge("batch_task_seconds", "Time the last micro-batch's tasks spent parsing, building and writing (summed)")
+        self.task_seconds = gauge(
+            "batch_task_seconds", "Time the last micro-batch's tasks spent parsing, building and writing (summed)"
+        )
         self.lag: Gauge | None = None  # registered once a batch knows it (no Kafka end offsets: never)
         self.finished = gauge("last_batch_timestamp_seconds", "When the last micro-batch finished (Unix time)")
-        self.batches_total = Counter("metaledger_spark_batches", "Micro-batches since the job started", registry=registry)
-        self.records_total = Counter("metaledger_spark_records", "Records read since the job started", registry=registry)
-        self.dead_total = Counter("metaledger_spark_dead_letters", "Records dead-lettered since the job started", registry=registry)
+        self.batches_total = Counter(
+            "metaledger_spark_batches", "Micro-batches since the job started", registry=registry
+        )
+        self.records_total = Counter(
+            "metaledger_spark_records", "Records read since the job started", registry=registry
+        )
+        self.dead_total = Counter(
+            "metaledger_spark_dead_letters", "Records dead-lettered since the job started", registry=registry
+        )
 
     @classmethod
     def from_settings(cls, settings: Any) -> BatchReporter | None:
@@ -61,7 +82,9 @@ class BatchReporter:
         gateway = getattr(settings, "spark_pushgateway_url", None)
         if not file and not gateway:
             return None
-        return cls(file=file, pushgateway=gateway, job=getattr(settings, "spark_metrics_job", "metaledger_spark_indexer"))
+        return cls(
+            file=file, pushgateway=gateway, job=getattr(settings, "spark_metrics_job", "metaledger_spark_indexer")
+        )
 
     def report(self, metrics: Any) -> None:
         """Record one batch's figures (`spark_indexer.stream.BatchMetrics`) and write/push them."""
@@ -74,9 +97,11 @@ class BatchReporter:
         self.task_seconds.set(metrics.task_seconds)
         if metrics.lag is not None:
             if self.lag is None:
-                self.lag = Gauge("metaledger_spark_lag_records",
-                                 "Records on the change-log topics not yet indexed after the last micro-batch",
-                                 registry=self.registry)
+                self.lag = Gauge(
+                    "metaledger_spark_lag_records",
+                    "Records on the change-log topics not yet indexed after the last micro-batch",
+                    registry=self.registry,
+                )
             self.lag.set(metrics.lag)
         self.finished.set(time.time())
         self.batches_total.inc()
@@ -90,11 +115,20 @@ class BatchReporter:
                 self.file.parent.mkdir(parents=True, exist_ok=True)
                 write_to_textfile(str(self.file), self.registry)
             except OSError as error:
-                log.warning("spark metrics: the textfile cannot be written", extra={"path": str(self.file), "error": str(error)})
+                log.warning(
+                    "spark metrics: the textfile cannot be written", extra={"path": str(self.file), "error": str(error)}
+                )
         if self.pushgateway:
             try:
-                push_to_gateway(self.pushgateway, job=self.job, registry=self.registry,
-                                grouping_key={"instance": self.instance}, timeout=5)
+                push_to_gateway(
+                    self.pushgateway,
+                    job=self.job,
+                    registry=self.registry,
+                    grouping_key={"instance": self.instance},
+                    timeout=5,
+                )
             except Exception as error:  # noqa: BLE001 - a metrics outage never fails a batch
-                log.warning("spark metrics: the Pushgateway cannot be reached",
-                            extra={"url": self.pushgateway, "error": f"{type(error).__name__}: {error}"})
+                log.warning(
+                    "spark metrics: the Pushgateway cannot be reached",
+                    extra={"url": self.pushgateway, "error": f"{type(error).__name__}: {error}"},
+                )

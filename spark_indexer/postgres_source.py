@@ -23,7 +23,7 @@ import asyncio
 import json
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any, cast
 
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -59,7 +59,7 @@ def _as_utc_naive(value: datetime | str | None) -> datetime | None:
     if isinstance(value, str):
         value = datetime.fromisoformat(value.replace("Z", "+00:00"))
     if value.tzinfo is not None:
-        value = value.astimezone(timezone.utc).replace(tzinfo=None)
+        value = value.astimezone(UTC).replace(tzinfo=None)
     return value
 
 
@@ -75,30 +75,48 @@ class RowFilter:
     keys: tuple[tuple[str, str], ...] = field(default=())  # exact (urn, aspect) pairs (repair)
 
     @classmethod
-    def of(cls, *, entities: Sequence[str] | None = None, aspects: Sequence[str] | None = None,
-           urn_like: str | None = None, since: datetime | str | None = None,
-           until: datetime | str | None = None) -> RowFilter:
-        return cls(tuple(entities or ()), tuple(aspects or ()), urn_like or None, _as_utc_naive(since),
-                   _as_utc_naive(until))
+    def of(
+        cls,
+        *,
+        entities: Sequence[str] | None = None,
+        aspects: Sequence[str] | None = None,
+        urn_like: str | None = None,
+        since: datetime | str | None = None,
+        until: datetime | str | None = None,
+    ) -> RowFilter:
+        return cls(
+            tuple(entities or ()), tuple(aspects or ()), urn_like or None, _as_utc_naive(since), _as_utc_naive(until)
+        )
 
     @property
     def narrowing(self) -> bool:
         return bool(self.entities or self.aspects or self.urn_like or self.since or self.until or self.keys)
 
     def to_options(self) -> dict[str, str]:
-        return {"filter": json.dumps({
-            "entities": list(self.entities), "aspects": list(self.aspects), "urn_like": self.urn_like,
-            "since": self.since.isoformat() if self.since else None,
-            "until": self.until.isoformat() if self.until else None,
-            "keys": [list(k) for k in self.keys],
-        })}
+        return {
+            "filter": json.dumps(
+                {
+                    "entities": list(self.entities),
+                    "aspects": list(self.aspects),
+                    "urn_like": self.urn_like,
+                    "since": self.since.isoformat() if self.since else None,
+                    "until": self.until.isoformat() if self.until else None,
+                    "keys": [list(k) for k in self.keys],
+                }
+            )
+        }
 
     @classmethod
     def from_options(cls, options: dict[str, str]) -> RowFilter:
         raw = json.loads(options.get("filter") or "{}")
-        return cls(tuple(raw.get("entities") or ()), tuple(raw.get("aspects") or ()), raw.get("urn_like"),
-                   _as_utc_naive(raw.get("since")), _as_utc_naive(raw.get("until")),
-                   tuple(tuple(k) for k in raw.get("keys") or ()))
+        return cls(
+            tuple(raw.get("entities") or ()),
+            tuple(raw.get("aspects") or ()),
+            raw.get("urn_like"),
+            _as_utc_naive(raw.get("since")),
+            _as_utc_naive(raw.get("until")),
+            tuple(tuple(k) for k in raw.get("keys") or ()),
+        )
 
     def where(self, params: list[Any]) -> str:
         """SQL conditions (after `version = 0`), appending their parameters to `params`."""
@@ -121,7 +139,9 @@ class RowFilter:
         if self.keys:
             params.append([k[0] for k in self.keys])
             params.append([k[1] for k in self.keys])
-            conditions.append(f"(urn, aspect) IN (SELECT * FROM unnest(${len(params) - 1}::text[], ${len(params)}::text[]))")
+            conditions.append(
+                f"(urn, aspect) IN (SELECT * FROM unnest(${len(params) - 1}::text[], ${len(params)}::text[]))"
+            )
         return " AND ".join(conditions)
 
 
@@ -133,8 +153,9 @@ def bucket_sql(partitions: int, params: list[Any]) -> str:
     return f"mod(hashtext(urn)::bigint + 2147483648, ${n}::bigint) = ${n + 1}::bigint"
 
 
-def latest_query(row_filter: RowFilter, partitions: int, *, keys_only: bool = False,
-                 ordered: bool = False) -> tuple[str, list[Any]]:
+def latest_query(
+    row_filter: RowFilter, partitions: int, *, keys_only: bool = False, ordered: bool = False
+) -> tuple[str, list[Any]]:
     """The SELECT of one bucket and its parameters (the last one is the bucket number, to be set); `ordered`: sorted
     by (urn, aspect) in byte order."""
     params: list[Any] = []
@@ -196,12 +217,19 @@ class LatestAspectsReader(DataSourceReader):
         import asyncpg
         import pyarrow as pa
 
-        sql, params = latest_query(self.row_filter, self.partition_count, keys_only=self.keys_only, ordered=self.ordered)
+        sql, params = latest_query(
+            self.row_filter, self.partition_count, keys_only=self.keys_only, ordered=self.ordered
+        )
         if self.partition_count > 1:
             params[-1] = cast(BucketPartition, partition).bucket  # Spark hands back the ones `partitions` made
-        names = ["urn", "aspect", "version"] + ([] if self.keys_only else ["metadata", "systemmetadata"]) + ["createdon"]
-        types = [pa.string(), pa.string(), pa.int64()] + ([] if self.keys_only else [pa.string(), pa.string()]) + [
-            pa.timestamp("us", tz="UTC")]
+        names = (
+            ["urn", "aspect", "version"] + ([] if self.keys_only else ["metadata", "systemmetadata"]) + ["createdon"]
+        )
+        types = (
+            [pa.string(), pa.string(), pa.int64()]
+            + ([] if self.keys_only else [pa.string(), pa.string()])
+            + [pa.timestamp("us", tz="UTC")]
+        )
         schema = pa.schema(list(zip(names, types)))
         loop = asyncio.new_event_loop()
         conn = None
@@ -219,7 +247,7 @@ class LatestAspectsReader(DataSourceReader):
                 for i, kind in enumerate(types):
                     values: Sequence[Any] = columns[i]
                     if i == len(types) - 1:  # createdon: naive UTC → aware
-                        values = [v.replace(tzinfo=timezone.utc) if v is not None else None for v in values]
+                        values = [v.replace(tzinfo=UTC) if v is not None else None for v in values]
                     arrays.append(pa.array(values, type=kind))
                 yield pa.RecordBatch.from_arrays(arrays, schema=schema)
                 if len(rows) < self.chunk:
@@ -259,9 +287,16 @@ def register(spark: Any) -> None:
         _registered.add(key)
 
 
-def read_latest_aspects(spark: Any, settings: Any, row_filter: RowFilter | None = None, *,
-                        partitions: int | None = None, keys_only: bool = False, chunk: int = DEFAULT_CHUNK,
-                        ordered: bool = False) -> Any:
+def read_latest_aspects(
+    spark: Any,
+    settings: Any,
+    row_filter: RowFilter | None = None,
+    *,
+    partitions: int | None = None,
+    keys_only: bool = False,
+    chunk: int = DEFAULT_CHUNK,
+    ordered: bool = False,
+) -> Any:
     """The latest rows selected by `row_filter`, read by `partitions` (default `spark_restore_partitions`) tasks;
     `ordered`: each partition sorted by (urn, aspect) (byte order) by Postgres."""
     if not settings.database_url:

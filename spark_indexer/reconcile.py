@@ -52,9 +52,11 @@ class Drift:
     index_version: int | None
 
     def __str__(self) -> str:
-        return (f"{self.kind:<7} {self.target:<8} {self.urn} {self.aspect} "
-                f"(postgres {self.pg_version if self.pg_version is not None else '-'}, "
-                f"index {self.index_version if self.index_version is not None else '-'})")
+        return (
+            f"{self.kind:<7} {self.target:<8} {self.urn} {self.aspect} "
+            f"(postgres {self.pg_version if self.pg_version is not None else '-'}, "
+            f"index {self.index_version if self.index_version is not None else '-'})"
+        )
 
 
 @dataclass
@@ -81,8 +83,10 @@ class ReconcileReport:
 
     def summary(self) -> str:
         found = ", ".join(f"{k} {self.found[k]}" for k in KINDS)
-        lines = [f"reconcile ({self.backend}): {self.pg_rows:,} indexed aspects in Postgres, {self.index_entries:,} "
-                 f"index entries; drift: {found} ({self.duration_s:.1f}s)"]
+        lines = [
+            f"reconcile ({self.backend}): {self.pg_rows:,} indexed aspects in Postgres, {self.index_entries:,} "
+            f"index entries; drift: {found} ({self.duration_s:.1f}s)"
+        ]
         for drift in self.examples:
             lines.append(f"  {drift}")
         if self.repaired:
@@ -110,8 +114,9 @@ def indexed_aspects(registry: Any, entity_types: Sequence[str]) -> tuple[set[str
     return doc_aspects, edge_aspects
 
 
-async def index_entries(settings: IndexerSettings, registry: Any, entity_types: list[str],
-                        timeseries: set[str]) -> list[tuple[str, str, str, int, bool]]:
+async def index_entries(
+    settings: IndexerSettings, registry: Any, entity_types: list[str], timeseries: set[str]
+) -> list[tuple[str, str, str, int, bool]]:
     """(urn, aspect, target, index version, live) of everything the index holds for these entity types (the
     backend's `indexed_versions`, not started: read only), timeseries aspects left out."""
     async with opened_backend(settings, registry, start=False) as backend:
@@ -131,11 +136,14 @@ def _compare(spark: Any, settings: IndexerSettings, registry: Any, entity_types:
     timeseries = {name for name, a in registry.aspects.items() if a.is_timeseries}
     # the index first: writes landing meanwhile look "missing", not "orphan"
     entries = asyncio.run(index_entries(settings, registry, entity_types, timeseries))
-    pg = read_latest_aspects(spark, settings, RowFilter.of(entities=entity_types, aspects=sorted(doc_aspects)),
-                             keys_only=True).select("urn", "aspect", F.col("version").alias("pg_version"))
-    pg = pg.withColumn("target", F.lit("document")).unionByName(
-        pg.where(F.col("aspect").isin(sorted(edge_aspects) or [""])).withColumn("target", F.lit("edges"))
-    ).cache()
+    pg = read_latest_aspects(
+        spark, settings, RowFilter.of(entities=entity_types, aspects=sorted(doc_aspects)), keys_only=True
+    ).select("urn", "aspect", F.col("version").alias("pg_version"))
+    pg = (
+        pg.withColumn("target", F.lit("document"))
+        .unionByName(pg.where(F.col("aspect").isin(sorted(edge_aspects) or [""])).withColumn("target", F.lit("edges")))
+        .cache()
+    )
     index = spark.createDataFrame(entries or [], INDEX_SCHEMA)
     joined = pg.join(index, ["urn", "aspect", "target"], "full_outer")
     pgv, iv, live = F.col("pg_version"), F.col("index_version"), F.col("live")
@@ -147,13 +155,17 @@ def _compare(spark: Any, settings: IndexerSettings, registry: Any, entity_types:
         .when(pgv.isNotNull() & (iv > pgv), "ahead")
         .when(pgv.isNull() & live, "orphan")
     )
-    drift = joined.withColumn("kind", kind).where(F.col("kind").isNotNull()).select(
-        "urn", "aspect", "target", "pg_version", "index_version", "kind")
+    drift = (
+        joined.withColumn("kind", kind)
+        .where(F.col("kind").isNotNull())
+        .select("urn", "aspect", "target", "pg_version", "index_version", "kind")
+    )
     return drift, pg, len(entries)
 
 
-def _check(spark: Any, settings: IndexerSettings, registry: Any, entity_types: list[str],
-           collect_all: bool) -> tuple[dict[str, int], list[Drift], list[Drift], int, int]:
+def _check(
+    spark: Any, settings: IndexerSettings, registry: Any, entity_types: list[str], collect_all: bool
+) -> tuple[dict[str, int], list[Drift], list[Drift], int, int]:
     drift_df, pg, index_entries = _compare(spark, settings, registry, entity_types)
     try:
         rows = drift_df.collect() if collect_all else None
@@ -170,23 +182,32 @@ def _check(spark: Any, settings: IndexerSettings, registry: Any, entity_types: l
     def drift(r: Any) -> Drift:
         return Drift(r["kind"], r["target"], r["urn"], r["aspect"], r["pg_version"], r["index_version"])
 
-    return ({k: int(counts.get(k, 0)) for k in KINDS}, [drift(r) for r in sample],
-            [drift(r) for r in rows or []], pg_rows, index_entries)
+    return (
+        {k: int(counts.get(k, 0)) for k in KINDS},
+        [drift(r) for r in sample],
+        [drift(r) for r in rows or []],
+        pg_rows,
+        index_entries,
+    )
 
 
 # --- repair -------------------------------------------------------------------------------------------------------
 
 
 async def _repair(settings: IndexerSettings, registry: Any, drifts: list[Drift]) -> int:
-    from app.search.model import AspectEdges, AspectFields, EntityRemoval
-
     import asyncpg
+
+    from app.search.model import AspectEdges, AspectFields, EntityRemoval
 
     urns = sorted({d.urn for d in drifts})
     conn = await asyncpg.connect(asyncpg_dsn(database_url_of(settings)))
     try:
-        alive = {r["urn"] for r in await conn.fetch(
-            "SELECT DISTINCT urn FROM metadata_aspect_v2 WHERE version = 0 AND urn = ANY($1::text[])", urns)}
+        alive = {
+            r["urn"]
+            for r in await conn.fetch(
+                "SELECT DISTINCT urn FROM metadata_aspect_v2 WHERE version = 0 AND urn = ANY($1::text[])", urns
+            )
+        }
     finally:
         await conn.close()
     reapply = {(d.urn, d.aspect) for d in drifts if d.kind in ("missing", "stale")}
@@ -197,8 +218,11 @@ async def _repair(settings: IndexerSettings, registry: Any, drifts: list[Drift])
     limits = IndexLimits.from_settings(settings)
     changes: list[Any] = []
     for row in sorted(rows, key=lambda r: (r["urn"], r["aspect"])):
-        changes.extend(row_changes(registry, row["urn"], row["aspect"], row["version"], row["metadata"],
-                                   row["systemmetadata"], limits))
+        changes.extend(
+            row_changes(
+                registry, row["urn"], row["aspect"], row["version"], row["metadata"], row["systemmetadata"], limits
+            )
+        )
     gone: dict[str, int] = {}  # urn without any latest row -> the highest version indexed
     for d in orphans:
         entity = registry.entity(entity_type_of(d.urn))
@@ -216,23 +240,25 @@ async def _repair(settings: IndexerSettings, registry: Any, drifts: list[Drift])
         async with opened_backend(settings, registry, refresh="wait_for", start=False) as backend:
             chunk = max(1, settings.spark_apply_chunk)
             for start in range(0, len(changes), chunk):
-                await backend.apply(changes[start:start + chunk])
+                await backend.apply(changes[start : start + chunk])
     return len(changes)
 
 
 # --- the command ------------------------------------------------------------------------------------------------
 
 
-def reconcile(spark: Any, settings: IndexerSettings, *, repair: bool = False,
-              entities: Sequence[str] | None = None) -> ReconcileReport:
+def reconcile(
+    spark: Any, settings: IndexerSettings, *, repair: bool = False, entities: Sequence[str] | None = None
+) -> ReconcileReport:
     """Compare the indices with Postgres (all entity types, or `entities`); with `repair`, fix and re-check."""
     settings = with_database(settings)
     started = time.monotonic()
     registry = current_registry(settings)
     entity_types = _canonical_entities(registry, entities) or sorted(registry.entities)
     report = ReconcileReport(backend=backend_label(settings), entities=entity_types)
-    counts, examples, drifts, report.pg_rows, report.index_entries = _check(spark, settings, registry, entity_types,
-                                                                           collect_all=repair)
+    counts, examples, drifts, report.pg_rows, report.index_entries = _check(
+        spark, settings, registry, entity_types, collect_all=repair
+    )
     report.found, report.counts, report.examples = dict(counts), dict(counts), examples
     if repair and drifts:
         report.repaired = True

@@ -41,7 +41,7 @@ import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import orjson
@@ -110,7 +110,9 @@ class RestoreResult:
 class Progress:
     """`rows done / total, rate, ETA` on stderr, at most every `interval` seconds (and once at the end)."""
 
-    def __init__(self, label: str, total: int, *, enabled: bool = True, interval: float = 2.0, stream: Any = None) -> None:
+    def __init__(
+        self, label: str, total: int, *, enabled: bool = True, interval: float = 2.0, stream: Any = None
+    ) -> None:
         self.label, self.total, self.enabled, self.interval = label, total, enabled, interval
         self.stream = stream or sys.stderr
         self.started = time.monotonic()
@@ -145,8 +147,9 @@ def entity_type_of_urn(urn: str) -> str | None:
         return None
 
 
-def row_mcl(urn: str, aspect: str, version: int, metadata: str, systemmetadata: str | None,
-            entity_type: str | None = None) -> dict[str, Any]:
+def row_mcl(
+    urn: str, aspect: str, version: int, metadata: str, systemmetadata: str | None, entity_type: str | None = None
+) -> dict[str, Any]:
     """The change log live indexing would have seen for this latest row (UPSERT of the stored value)."""
     sm = orjson.loads(systemmetadata) if systemmetadata else {}
     if not isinstance(sm, dict):
@@ -163,8 +166,9 @@ def row_mcl(urn: str, aspect: str, version: int, metadata: str, systemmetadata: 
     }
 
 
-def row_changes(registry: Any, urn: str, aspect: str, version: int, metadata: str, systemmetadata: str | None,
-                limits: Any = None) -> list[Any]:
+def row_changes(
+    registry: Any, urn: str, aspect: str, version: int, metadata: str, systemmetadata: str | None, limits: Any = None
+) -> list[Any]:
     """The index changes of one latest row (timeseries points dropped: restore never touches timeseries indices),
     within `limits` (`IndexLimits`; None: the defaults), as live indexing builds them."""
     from app.search.documents import DEFAULT_LIMITS, changes_from_mcl
@@ -173,7 +177,9 @@ def row_changes(registry: Any, urn: str, aspect: str, version: int, metadata: st
     spec = registry.aspects.get(aspect)
     if spec is None or spec.is_timeseries:
         return []
-    changes = changes_from_mcl(row_mcl(urn, aspect, version, metadata, systemmetadata), registry, limits or DEFAULT_LIMITS)
+    changes = changes_from_mcl(
+        row_mcl(urn, aspect, version, metadata, systemmetadata), registry, limits or DEFAULT_LIMITS
+    )
     return [c for c in changes if not isinstance(c, TimeseriesPoint)]
 
 
@@ -240,7 +246,11 @@ def _apply_partition(payload: dict[str, Any], target: RebuildTarget | None, chun
             for batch in batches:
                 columns = batch.to_pydict()
                 for urn, aspect, version, metadata, sm in zip(
-                    columns["urn"], columns["aspect"], columns["version"], columns["metadata"], columns["systemmetadata"]
+                    columns["urn"],
+                    columns["aspect"],
+                    columns["version"],
+                    columns["metadata"],
+                    columns["systemmetadata"],
                 ):
                     if urn != last_urn:
                         if len(pending) >= chunk_size:
@@ -281,8 +291,15 @@ def _apply_partition(payload: dict[str, Any], target: RebuildTarget | None, chun
     return apply_rows
 
 
-def apply_latest_rows(spark: Any, settings: IndexerSettings, row_filter: RowFilter, *, target: RebuildTarget | None = None,
-                      total: int | None = None, progress: Progress | None = None) -> dict[str, Any]:
+def apply_latest_rows(
+    spark: Any,
+    settings: IndexerSettings,
+    row_filter: RowFilter,
+    *,
+    target: RebuildTarget | None = None,
+    total: int | None = None,
+    progress: Progress | None = None,
+) -> dict[str, Any]:
     """Read the selected latest rows and apply their changes from Spark tasks; returns the summed stats."""
     if total is None:
         total = asyncio.run(count_latest(database_url_of(settings), row_filter))
@@ -319,7 +336,15 @@ def apply_latest_rows(spark: Any, settings: IndexerSettings, row_filter: RowFilt
             progress.update(accumulator.value)
     if error:
         raise error[0]
-    out: dict[str, Any] = {"rows": 0, "indexed": 0, "skipped": 0, "failed": 0, "changes": 0, "entities": 0, "errors": []}
+    out: dict[str, Any] = {
+        "rows": 0,
+        "indexed": 0,
+        "skipped": 0,
+        "failed": 0,
+        "changes": 0,
+        "entities": 0,
+        "errors": [],
+    }
     for row in result["rows"]:
         for key in ("rows", "indexed", "skipped", "failed", "changes", "entities"):
             out[key] += int(row[key] or 0)
@@ -363,16 +388,23 @@ def _with_backend(settings: IndexerSettings, registry: Any, action: Any) -> Any:
 
 
 def restore_indices(
-    spark: Any, settings: IndexerSettings, *, clean: bool = False, entities: Sequence[str] | None = None,
-    aspects: Sequence[str] | None = None, urn_like: str | None = None, since: datetime | str | None = None,
-    until: datetime | str | None = None, progress: bool = True,
+    spark: Any,
+    settings: IndexerSettings,
+    *,
+    clean: bool = False,
+    entities: Sequence[str] | None = None,
+    aspects: Sequence[str] | None = None,
+    urn_like: str | None = None,
+    since: datetime | str | None = None,
+    until: datetime | str | None = None,
+    progress: bool = True,
 ) -> RestoreResult:
     """Rebuild the indices from the latest rows (see the module docstring for the modes)."""
     settings = with_database(settings)
     if clean and (aspects or urn_like or since or until):
         raise ValueError("--clean rebuilds whole entity types: combine it with --entity only")
     started = time.monotonic()
-    rebuild_start = datetime.now(timezone.utc)
+    rebuild_start = datetime.now(UTC)
     registry = current_registry(settings)
     entity_types = _canonical_entities(registry, entities)
     row_filter = RowFilter.of(entities=entity_types, aspects=aspects, urn_like=urn_like, since=since, until=until)
@@ -395,14 +427,17 @@ def restore_indices(
         if clean:  # the Postgres backend: the selected entity types' rows go first
             result.cleared = _with_backend(settings, registry, lambda b: b.clear(entity_types))
         else:
-            _with_backend(settings, registry, lambda b: b.create_missing_indices(entity_types or sorted(registry.entities)))
+            _with_backend(
+                settings, registry, lambda b: b.create_missing_indices(entity_types or sorted(registry.entities))
+            )
         absorb(apply_latest_rows(spark, settings, row_filter, total=result.rows_total, progress=meter))
     else:
         stamp = rebuild_start.strftime("%Y%m%d%H%M%S%f")
         target = _with_backend(settings, registry, lambda b: b.create_rebuild_target(entity_types, stamp=stamp))
         try:
-            absorb(apply_latest_rows(spark, settings, row_filter, target=target, total=result.rows_total,
-                                     progress=meter))
+            absorb(
+                apply_latest_rows(spark, settings, row_filter, target=target, total=result.rows_total, progress=meter)
+            )
         except BaseException:
             _with_backend(settings, registry, lambda b: b.drop_rebuild_target(target))
             raise

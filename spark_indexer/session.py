@@ -87,8 +87,9 @@ def session_conf(master: str, app_name: str, conf: dict[str, str] | None = None)
     return given
 
 
-def build_session(master: str = "local[*]", app_name: str = "metaledger-indexer",
-                  conf: dict[str, str] | None = None) -> SparkSession:
+def build_session(
+    master: str = "local[*]", app_name: str = "metaledger-indexer", conf: dict[str, str] | None = None
+) -> SparkSession:
     """An existing session (tests, a notebook) is reused; otherwise one is built from `session_conf`.
 
     Executors run the Python spark-submit was told to use (`spark.pyspark.python`, `PYSPARK_PYTHON`); only a local
@@ -96,8 +97,11 @@ def build_session(master: str = "local[*]", app_name: str = "metaledger-indexer"
     active = SparkSession.getActiveSession()
     if active is None:
         given = session_conf(master, app_name, conf)
-        if (given.get("spark.master", "").startswith("local") and "PYSPARK_PYTHON" not in os.environ
-                and not given.contains("spark.pyspark.python")):
+        if (
+            given.get("spark.master", "").startswith("local")
+            and "PYSPARK_PYTHON" not in os.environ
+            and not given.contains("spark.pyspark.python")
+        ):
             os.environ["PYSPARK_PYTHON"] = sys.executable
         active = SparkSession.builder.config(conf=given).getOrCreate()
         active.sparkContext.setLogLevel("WARN")
@@ -123,8 +127,14 @@ def log_session(spark: SparkSession) -> None:
     context = spark.sparkContext
     deploy_mode = context.getConf().get("spark.submit.deployMode", "client")
     shuffle = spark.conf.get("spark.sql.shuffle.partitions")
-    log.info(f"Spark session: master {context.master} ({deploy_mode} mode), default parallelism "
-             f"{context.defaultParallelism}, {shuffle} shuffle partitions",
-             extra={"master": context.master, "deploy_mode": deploy_mode,
-                    "default_parallelism": context.defaultParallelism, "shuffle_partitions": shuffle,
-                    "app_id": context.applicationId})
+    log.info(
+        f"Spark session: master {context.master} ({deploy_mode} mode), default parallelism "
+        f"{context.defaultParallelism}, {shuffle} shuffle partitions",
+        extra={
+            "master": context.master,
+            "deploy_mode": deploy_mode,
+            "default_parallelism": context.defaultParallelism,
+            "shuffle_partitions": shuffle,
+            "app_id": context.applicationId,
+        },
+    )

@@ -91,8 +91,11 @@ def registry_for(settings: IndexerSettings) -> Any:
     if key not in _registries:
         from app.registry import load_registry
 
-        _registries[key] = load_registry(settings.registry_path, trim_unknown_fields=settings.trim_unknown_fields,
-                                         strict_urns=settings.strict_urn_validation)
+        _registries[key] = load_registry(
+            settings.registry_path,
+            trim_unknown_fields=settings.trim_unknown_fields,
+            strict_urns=settings.strict_urn_validation,
+        )
     return _registries[key]
 
 
@@ -120,8 +123,14 @@ async def _take_up_stored_models(settings: IndexerSettings, database_url: str, r
         await engine.dispose()
 
 
-def build_backend(settings: IndexerSettings, registry: Any, *, refresh: bool | str = False, pool_size: int = 10,
-                  target: RebuildTarget | None = None) -> tuple[Any, Any]:
+def build_backend(
+    settings: IndexerSettings,
+    registry: Any,
+    *,
+    refresh: bool | str = False,
+    pool_size: int = 10,
+    target: RebuildTarget | None = None,
+) -> tuple[Any, Any]:
     """(backend, engine or None), not started: the service's choice of backend (`make_backend`), with an engine of
     its own for the embedded Postgres backend. Bulk writers do not wait for refreshes. `target`: a restore's fresh
     indices to write into instead of the live ones (`ElasticBackend.writing_into`; Elasticsearch/OpenSearch only)."""
@@ -134,8 +143,10 @@ def build_backend(settings: IndexerSettings, registry: Any, *, refresh: bool | s
         if target is not None:
             raise ValueError("only the Elasticsearch/OpenSearch backend rebuilds into fresh indices")
         if not settings.database_url:
-            raise RuntimeError("set METALEDGER_SEARCH_URL (Elasticsearch/OpenSearch) or METALEDGER_DATABASE_URL "
-                               "(the embedded Postgres search backend)")
+            raise RuntimeError(
+                "set METALEDGER_SEARCH_URL (Elasticsearch/OpenSearch) or METALEDGER_DATABASE_URL "
+                "(the embedded Postgres search backend)"
+            )
         engine = create_engine(settings.database_url, pool_size=pool_size)
     backend = make_backend(settings, registry, engine, refresh=refresh)
     if target is not None:
@@ -147,8 +158,9 @@ def build_backend(settings: IndexerSettings, registry: Any, *, refresh: bool | s
 
 
 @asynccontextmanager
-async def opened_backend(settings: IndexerSettings, registry: Any, *, refresh: bool | str = False,
-                         start: bool = True) -> AsyncIterator[Any]:
+async def opened_backend(
+    settings: IndexerSettings, registry: Any, *, refresh: bool | str = False, start: bool = True
+) -> AsyncIterator[Any]:
     """The configured backend, started (unless `start=False`: driver-side index lifecycle and reads, which create
     no index on their own), and closed (with its engine) on exit."""
     backend, engine = build_backend(settings, registry, refresh=refresh)

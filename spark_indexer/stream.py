@@ -31,7 +31,7 @@ import logging
 import sys
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 from pyspark.sql import DataFrame, SparkSession
@@ -66,10 +66,12 @@ class BatchMetrics:
     def line(self) -> str:
         rate = self.rows / self.seconds if self.seconds > 0 else 0.0
         lag = "?" if self.lag is None else f"{self.lag:,}"
-        return (f"batch {self.batch_id}: {self.rows:,} records → {self.applied:,} change logs applied "
-                f"({self.superseded:,} superseded in-batch), {self.changes:,} index changes, "
-                f"{self.timeseries_rows:,} timeseries rows archived, {self.dead_letters:,} dead letters, "
-                f"{self.seconds:.2f} s ({self.task_seconds:.2f} s in tasks), {rate:,.0f} records/s, lag {lag}")
+        return (
+            f"batch {self.batch_id}: {self.rows:,} records → {self.applied:,} change logs applied "
+            f"({self.superseded:,} superseded in-batch), {self.changes:,} index changes, "
+            f"{self.timeseries_rows:,} timeseries rows archived, {self.dead_letters:,} dead letters, "
+            f"{self.seconds:.2f} s ({self.task_seconds:.2f} s in tasks), {rate:,.0f} records/s, lag {lag}"
+        )
 
 
 @dataclass
@@ -87,8 +89,10 @@ class StreamResult:
     def summary(self) -> str:
         seconds = sum(b.seconds for b in self.batches)
         rate = self.rows / seconds if seconds else 0.0
-        return (f"{len(self.batches)} batches, {self.rows:,} records, {sum(b.changes for b in self.batches):,} index "
-                f"changes, {self.dead_letters:,} dead letters, {seconds:.1f} s in batches ({rate:,.0f} records/s)")
+        return (
+            f"{len(self.batches)} batches, {self.rows:,} records, {sum(b.changes for b in self.batches):,} index "
+            f"changes, {self.dead_letters:,} dead letters, {seconds:.1f} s in batches ({rate:,.0f} records/s)"
+        )
 
 
 class StorageFile:
@@ -137,8 +141,9 @@ class ModelVersionProbe:
         from app.modelset.store import stored_version
 
         if self.conn is None or self.conn.is_closed():
-            self.conn = await asyncpg.connect(self.dsn,
-                                              server_settings={"application_name": "metaledger-spark-indexer"})
+            self.conn = await asyncpg.connect(
+                self.dsn, server_settings={"application_name": "metaledger-spark-indexer"}
+            )
         return await stored_version(self.conn)
 
     def close(self) -> None:
@@ -171,8 +176,12 @@ class BatchSink:
         if self.partitions > 0:
             records = records.repartition(self.partitions, "key")
         results = records.mapInArrow(
-            index_partition_fn(self.payload, self.timeseries_topic, self.settings.spark_apply_chunk,
-                               self.models.version() if self.models is not None else None),
+            index_partition_fn(
+                self.payload,
+                self.timeseries_topic,
+                self.settings.spark_apply_chunk,
+                self.models.version() if self.models is not None else None,
+            ),
             RESULT_SCHEMA,
         ).persist()  # indexed once: the points are written from the tasks' kept results, not by indexing again
         try:
@@ -199,8 +208,16 @@ class BatchSink:
         metrics.seconds = time.perf_counter() - t0
         metrics.lag = self._lag()
         self.result.batches.append(metrics)
-        log.info(metrics.line(), extra={"batch_id": batch_id, "rows": metrics.rows, "dead_letters": metrics.dead_letters,
-                                        "lag": metrics.lag, "seconds": round(metrics.seconds, 3)})
+        log.info(
+            metrics.line(),
+            extra={
+                "batch_id": batch_id,
+                "rows": metrics.rows,
+                "dead_letters": metrics.dead_letters,
+                "lag": metrics.lag,
+                "seconds": round(metrics.seconds, 3),
+            },
+        )
         if self.reporter is not None:
             self.reporter.report(metrics)
         if self.echo:
@@ -214,16 +231,37 @@ class BatchSink:
         return self.spark.sparkContext.getLocalProperty("sql.streaming.queryId") or "query"
 
     def _write_dead_letters(self, dead: list[Any], batch_id: int) -> None:
-        now = datetime.now(timezone.utc)
+        now = datetime.now(UTC)
         query_id = self._query_id()
         rows = [
-            (now, now.strftime("%Y-%m-%d"), query_id, batch_id, d["topic"], d["partition"], d["offset"], d["urn"],
-             d["aspect"], d["reason"], d["key"], (d["value"] or b"").decode("utf-8", "replace"))
+            (
+                now,
+                now.strftime("%Y-%m-%d"),
+                query_id,
+                batch_id,
+                d["topic"],
+                d["partition"],
+                d["offset"],
+                d["urn"],
+                d["aspect"],
+                d["reason"],
+                d["key"],
+                (d["value"] or b"").decode("utf-8", "replace"),
+            )
             for d in dead
         ]
         for d in dead[:20]:
-            log.error("dead letter", extra={"urn": d["urn"], "aspect": d["aspect"], "reason": d["reason"],
-                                            "topic": d["topic"], "partition": d["partition"], "offset": d["offset"]})
+            log.error(
+                "dead letter",
+                extra={
+                    "urn": d["urn"],
+                    "aspect": d["aspect"],
+                    "reason": d["reason"],
+                    "topic": d["topic"],
+                    "partition": d["partition"],
+                    "offset": d["offset"],
+                },
+            )
         frame = self.spark.createDataFrame(rows, DEAD_LETTER_SCHEMA)
         frame.write.mode("append").partitionBy("day").parquet(self.settings.dead_letter_dir)
 
@@ -237,11 +275,21 @@ class BatchSink:
         if points:
             (
                 results.where(F.col("kind") == POINT)
-                .select("urn", "entity_type", "aspect", "timestamp_ms", "event", "run_id",
-                        F.col("partition").alias("kafka_partition"), F.col("offset").alias("kafka_offset"))
+                .select(
+                    "urn",
+                    "entity_type",
+                    "aspect",
+                    "timestamp_ms",
+                    "event",
+                    "run_id",
+                    F.col("partition").alias("kafka_partition"),
+                    F.col("offset").alias("kafka_offset"),
+                )
                 .withColumn("day", F.date_format(F.timestamp_millis(F.col("timestamp_ms")), "yyyy-MM-dd"))
                 .withColumn("batch_id", F.lit(batch_id).cast("long"))
-                .write.mode("append").partitionBy("aspect", "day").parquet(root)
+                .write.mode("append")
+                .partitionBy("aspect", "day")
+                .parquet(root)
             )
         marker.touch()
         return points
@@ -265,8 +313,14 @@ class BatchSink:
         return lag
 
 
-def run_stream(spark: SparkSession, settings: IndexerSettings, *, checkpoint: str | None = None,
-               once: bool = False, echo: bool = True) -> StreamResult:
+def run_stream(
+    spark: SparkSession,
+    settings: IndexerSettings,
+    *,
+    checkpoint: str | None = None,
+    once: bool = False,
+    echo: bool = True,
+) -> StreamResult:
     """Run the streaming job: until stopped, or with `once` until everything on the topics now is indexed."""
     from spark_indexer.kafka_source import read_stream
 
@@ -286,7 +340,11 @@ def run_stream(spark: SparkSession, settings: IndexerSettings, *, checkpoint: st
         .option("checkpointLocation", checkpoint or settings.checkpoint_dir)
         .queryName("metaledger-indexer")
     )
-    writer = writer.trigger(availableNow=True) if once else writer.trigger(processingTime=f"{settings.spark_trigger_interval_s} seconds")
+    writer = (
+        writer.trigger(availableNow=True)
+        if once
+        else writer.trigger(processingTime=f"{settings.spark_trigger_interval_s} seconds")
+    )
     query = writer.start()
     try:
         query.awaitTermination()

@@ -55,8 +55,12 @@ _decoders: dict[tuple[Any, ...], ValueDecoder] = {}
 
 def decoder_for(settings: Any) -> ValueDecoder:
     """One decoder per Python worker and configuration (writer schemas cached in it)."""
-    key = (settings.schema_registry_url, getattr(settings, "spark_schema_registry_url", None),
-           settings.topic_mcl_versioned, settings.topic_mcl_timeseries)
+    key = (
+        settings.schema_registry_url,
+        getattr(settings, "spark_schema_registry_url", None),
+        settings.topic_mcl_versioned,
+        settings.topic_mcl_timeseries,
+    )
     decoder = _decoders.get(key)
     if decoder is None:
         decoder = _decoders[key] = ValueDecoder(settings)

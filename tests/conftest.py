@@ -31,9 +31,9 @@ import shutil
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
-from typing import Any
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
@@ -42,9 +42,6 @@ import pytest
 import pytest_asyncio
 
 from app.db import upgrade_database
-from app.main import create_app
-from app.registry import load_registry
-from app.settings import Settings
 from app.embedded_pg import (
     EmbeddedPostgres,
     EmbeddedPostgresError,
@@ -53,6 +50,9 @@ from app.embedded_pg import (
     quote_ident,
     run_coro_sync,
 )
+from app.main import create_app
+from app.registry import load_registry
+from app.settings import Settings
 
 TEST_DATABASE_URL_ENV = "METALEDGER_TEST_DATABASE_URL"
 # The tests count the change logs of a fresh database: the server id's write at start-up (app.telemetry) is off for the
@@ -202,8 +202,9 @@ def drop_database(pg_server: PgServer) -> Callable[[str], None]:
 
 
 @pytest.fixture
-def fresh_database_url(request: pytest.FixtureRequest, make_database: Callable[..., str],
-                       drop_database: Callable[[str], None]) -> Iterator[str]:
+def fresh_database_url(
+    request: pytest.FixtureRequest, make_database: Callable[..., str], drop_database: Callable[[str], None]
+) -> Iterator[str]:
     """URL (``postgresql+asyncpg://``) of a new, empty database for this test."""
     stem = re.sub(r"[^a-z0-9]+", "_", request.node.name.lower()).strip("_")[:40]
     url = make_database(f"t_{stem}_{uuid.uuid4().hex[:8]}")
@@ -248,8 +249,9 @@ def migrated_template(make_database: Callable[..., str]) -> str:
 
 
 @pytest.fixture
-def database_url(make_database: Callable[..., str], migrated_template: str,
-                 drop_database: Callable[[str], None]) -> Iterator[str]:
+def database_url(
+    make_database: Callable[..., str], migrated_template: str, drop_database: Callable[[str], None]
+) -> Iterator[str]:
     url = make_database(template=migrated_template)
     yield url
     drop_database(url)
@@ -264,7 +266,8 @@ def settings_overrides() -> dict[str, Any]:
 async def app(database_url: str, registry, settings_overrides: dict[str, Any]):
     # Authentication is on, as in production; `client` carries an admin token (no first-start token is printed).
     settings = Settings(
-        database_url=database_url, apply_migrations_on_start=False,
+        database_url=database_url,
+        apply_migrations_on_start=False,
         **{"auth_bootstrap_admin_token": False, **settings_overrides},
     )
     application = create_app(settings, registry)
@@ -283,7 +286,8 @@ async def admin_token(app) -> str:
 async def client(app, admin_token: str) -> AsyncIterator[httpx.AsyncClient]:
     """An admin (urn:li:corpuser:datahub) talking to `app`."""
     async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app), base_url="http://metaledger",
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://metaledger",
         headers={"Authorization": f"Bearer {admin_token}"},
     ) as http:
         yield http
@@ -302,7 +306,6 @@ async def db(database_url: str) -> AsyncIterator[asyncpg.Connection]:
     conn = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
     yield conn
     await conn.close()
-
 
 
 @pytest.fixture(scope="session")

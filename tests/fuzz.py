@@ -45,28 +45,60 @@ class FuzzRun:
         start = self.output.find("= FAILURES =")
         if start < 0:
             return ""
-        end = min((i for i in (self.output.find("= WARNINGS =", start), self.output.find("= SUMMARY =", start)) if i > 0),
-                  default=len(self.output))
-        return self.output[self.output.rfind("\n", 0, start) + 1:end]
+        end = min(
+            (i for i in (self.output.find("= WARNINGS =", start), self.output.find("= SUMMARY =", start)) if i > 0),
+            default=len(self.output),
+        )
+        return self.output[self.output.rfind("\n", 0, start) + 1 : end]
 
     @property
     def summary(self) -> str:
         start = self.output.rfind("SUMMARY")
         # from the beginning of the "=== SUMMARY ===" line (not 40 characters before it, mid-line)
-        return self.output[self.output.rfind("\n", 0, start) + 1:] if start >= 0 else self.output[-3000:]
+        return self.output[self.output.rfind("\n", 0, start) + 1 :] if start >= 0 else self.output[-3000:]
 
 
-def fuzz(base_url: str, token: str, *, seed: int, max_examples: int, max_time_s: int, workers: int = 1,
-         path_regex: str | None = None, report_dir: Path | None = None) -> FuzzRun:
+def fuzz(
+    base_url: str,
+    token: str,
+    *,
+    seed: int,
+    max_examples: int,
+    max_time_s: int,
+    workers: int = 1,
+    path_regex: str | None = None,
+    report_dir: Path | None = None,
+) -> FuzzRun:
     """One worker by default: with two threads, hypothesis's lambda descriptions (`ast.parse`) hit CPython 3.11.7's
     "AST constructor recursion depth mismatch" SystemError (gh-106905, fixed in 3.11.8), which schemathesis reports
     as a runtime error of the run."""
     argv = [
-        str(Path(sys.executable).with_name("schemathesis")), "run", str(SPEC), "--url", base_url,
-        "-H", f"Authorization: Bearer {token}", "--checks", CHECKS, "--phases", "examples,fuzzing",
-        "--max-examples", str(max_examples), "--seed", str(seed), "--workers", str(workers), "--no-shrink",
-        "--max-time", str(max_time_s), "--request-timeout", "30", "--output-truncate", "true",
-        "--generation-database", "none",  # each run starts from its seed alone
+        str(Path(sys.executable).with_name("schemathesis")),
+        "run",
+        str(SPEC),
+        "--url",
+        base_url,
+        "-H",
+        f"Authorization: Bearer {token}",
+        "--checks",
+        CHECKS,
+        "--phases",
+        "examples,fuzzing",
+        "--max-examples",
+        str(max_examples),
+        "--seed",
+        str(seed),
+        "--workers",
+        str(workers),
+        "--no-shrink",
+        "--max-time",
+        str(max_time_s),
+        "--request-timeout",
+        "30",
+        "--output-truncate",
+        "true",
+        "--generation-database",
+        "none",  # each run starts from its seed alone
     ]
     if path_regex:
         argv += ["--include-path-regex", path_regex]

@@ -43,8 +43,18 @@ def dataset(name: str, db: str = "relay") -> str:
     return ds(f"{db}.{name}")
 
 
-def mcp(aspect: str, value: Any, urn: str = DATASET, change_type: str = "UPSERT", entity: str = "dataset", *,
-        encode: bool = False, content_type: str | None = JSON, sync: bool = False, **extra: Any) -> dict[str, Any]:
+def mcp(
+    aspect: str,
+    value: Any,
+    urn: str = DATASET,
+    change_type: str = "UPSERT",
+    entity: str = "dataset",
+    *,
+    encode: bool = False,
+    content_type: str | None = JSON,
+    sync: bool = False,
+    **extra: Any,
+) -> dict[str, Any]:
     """A MetadataChangeProposal; `value=None` leaves out `aspect` (a DELETE). Extra keyword arguments are MCP fields
     (`systemMetadata=`, `headers=`, ...).
 
@@ -62,13 +72,15 @@ def mcp(aspect: str, value: Any, urn: str = DATASET, change_type: str = "UPSERT"
     return proposal
 
 
-async def propose(client, *proposals: dict[str, Any], expect: int = 200, batch_size: int | None = None, **kw: Any) -> Any:
+async def propose(
+    client, *proposals: dict[str, Any], expect: int = 200, batch_size: int | None = None, **kw: Any
+) -> Any:
     """POST the proposals to /openapi/v1/proposals (in requests of `batch_size` if given); asserts the status of each
     request and returns the (last) response body. Extra keyword arguments go to `client.post` (`headers=`, ...)."""
     if batch_size is None:
         batches = [list(proposals)]
     else:
-        batches = [list(proposals[start:start + batch_size]) for start in range(0, len(proposals), batch_size)]
+        batches = [list(proposals[start : start + batch_size]) for start in range(0, len(proposals), batch_size)]
     body = None
     for batch in batches:
         response = await client.post("/openapi/v1/proposals", json=batch, **kw)
@@ -99,8 +111,9 @@ async def restli_propose(client, *mcps: dict[str, Any], async_: str = "false", p
 # --- waiting and reading ----------------------------------------------------------------------------------------
 
 
-async def eventually(check: Callable[[], Awaitable[Any]], timeout: float = 20.0, interval: float = 0.1,
-                     what: str = "condition") -> Any:
+async def eventually(
+    check: Callable[[], Awaitable[Any]], timeout: float = 20.0, interval: float = 0.1, what: str = "condition"
+) -> Any:
     """Poll `check` until it returns something truthy; returns that."""
     deadline = time.monotonic() + timeout
     while True:
@@ -115,18 +128,25 @@ async def stored(db, urn: str, aspect: str) -> dict[str, Any] | None:
     """The latest stored row (version 0) of an aspect: value, systemMetadata and createdBy; None if absent."""
     row = await db.fetchrow(
         "SELECT metadata, systemmetadata, createdby FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = $2 AND version = 0",
-        urn, aspect,
+        urn,
+        aspect,
     )
     if row is None:
         return None
-    return {"value": orjson.loads(row["metadata"]), "systemMetadata": orjson.loads(row["systemmetadata"]), "createdBy": row["createdby"]}
+    return {
+        "value": orjson.loads(row["metadata"]),
+        "systemMetadata": orjson.loads(row["systemmetadata"]),
+        "createdBy": row["createdby"],
+    }
 
 
 async def wait_delivered(db: asyncpg.Connection, timeout: float = 20.0) -> int:
     """Wait until every outbox row is sequenced and delivered; returns the row count."""
     deadline = time.monotonic() + timeout
     while True:
-        left = await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE delivered_at IS NULL OR feed_offset IS NULL")
+        left = await db.fetchval(
+            "SELECT count(*) FROM change_log_outbox WHERE delivered_at IS NULL OR feed_offset IS NULL"
+        )
         if left == 0:
             return await db.fetchval("SELECT count(*) FROM change_log_outbox")
         assert time.monotonic() < deadline, f"{left} outbox rows still undelivered"
@@ -165,8 +185,12 @@ class SequencerPasses:
     async def wait(self, passes: int = 3, timeout: float = 20.0) -> None:
         """Wait until `passes` whole passes began after this call (the first to end may have begun before it)."""
         target = self.done + passes + 1
-        await eventually(lambda: asyncio.sleep(0, self.done >= target), timeout, 0.01,
-                         what=f"{passes} sequencer passes (passes so far: {self.done})")
+        await eventually(
+            lambda: asyncio.sleep(0, self.done >= target),
+            timeout,
+            0.01,
+            what=f"{passes} sequencer passes (passes so far: {self.done})",
+        )
 
 
 # --- Kafka --------------------------------------------------------------------------------------------------------
@@ -212,6 +236,7 @@ def wire_form(role: str, obj: dict[str, Any]) -> dict[str, Any]:
     """The JSON form as it reads back after a trip through Avro: aspect values as JSON text, defaults filled in,
     fields the schema lacks dropped."""
     return decode_value(wire_value(role, obj))
+
 
 # The topic settings and the stem of each test topic's name.
 TOPIC_STEMS = {
@@ -288,8 +313,13 @@ class TopicReader:
         from aiokafka import AIOKafkaConsumer
 
         self.consumer = AIOKafkaConsumer(
-            *topics, bootstrap_servers=bootstrap, group_id=None, auto_offset_reset="earliest",
-            enable_auto_commit=False, fetch_max_wait_ms=50, max_partition_fetch_bytes=8 * 1024 * 1024,
+            *topics,
+            bootstrap_servers=bootstrap,
+            group_id=None,
+            auto_offset_reset="earliest",
+            enable_auto_commit=False,
+            fetch_max_wait_ms=50,
+            max_partition_fetch_bytes=8 * 1024 * 1024,
         )
         self.records: list[dict[str, Any]] = []
 
@@ -307,8 +337,17 @@ class TopicReader:
             for r in records:
                 count += 1
                 value, schema_id = codec().decode_known(r.value)
-                self.records.append({"topic": r.topic, "key": r.key.decode(), "raw": r.value, "value": value,
-                                     "schema_id": schema_id, "partition": r.partition, "offset": r.offset})
+                self.records.append(
+                    {
+                        "topic": r.topic,
+                        "key": r.key.decode(),
+                        "raw": r.value,
+                        "value": value,
+                        "schema_id": schema_id,
+                        "partition": r.partition,
+                        "offset": r.offset,
+                    }
+                )
         return count
 
     async def read_until(self, done, timeout: float = 20.0) -> list[dict[str, Any]]:
@@ -414,11 +453,10 @@ async def run_relay(settings, database_url: str | None = None, *, derived_from=N
         relay = OutboxRelay(settings, engine)
     else:
         from app.avro.wire import ValueCodec
-        from app.kafka.per_aspect import DerivedEvents
-        from app.schema_registry.internal import InternalRegistry
-
         from app.db import create_sessionmaker
+        from app.kafka.per_aspect import DerivedEvents
         from app.modelset.watcher import ModelWatcher
+        from app.schema_registry.internal import InternalRegistry
 
         codec = ValueCodec(settings, schema_registry or InternalRegistry(engine, settings))
         models = ModelWatcher(settings, create_sessionmaker(engine), derived_from)  # as the background process's

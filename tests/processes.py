@@ -28,13 +28,21 @@ SYSTEM_AUTH = {"Authorization": f"Basic {SYSTEM_CLIENT_ID}:{SYSTEM_CLIENT_SECRET
 def service_env(env: dict[str, str]) -> dict[str, str]:
     """This process's environment, the system client's secret, and `env` on top."""
     return {
-        **os.environ, "METALEDGER_SYSTEM_CLIENT_SECRET": SYSTEM_CLIENT_SECRET,
-        "METALEDGER_AUTH_BOOTSTRAP_ADMIN_TOKEN": "false", "METALEDGER_SHUTDOWN_DRAIN_S": "0", **env,
+        **os.environ,
+        "METALEDGER_SYSTEM_CLIENT_SECRET": SYSTEM_CLIENT_SECRET,
+        "METALEDGER_AUTH_BOOTSTRAP_ADMIN_TOKEN": "false",
+        "METALEDGER_SHUTDOWN_DRAIN_S": "0",
+        **env,
     }
 
 
 def start_service(
-    env: dict[str, str], port: int, *, quiet: bool = True, workers: int | None = None, log: Path | None = None,
+    env: dict[str, str],
+    port: int,
+    *,
+    quiet: bool = True,
+    workers: int | None = None,
+    log: Path | None = None,
 ) -> subprocess.Popen:
     """metaledger as its own process with `env` on top of this process's environment: one process (`uvicorn
     app.main:app`), or with `workers` `metaledger serve --workers N` (N API processes and a background process).
@@ -43,16 +51,34 @@ def start_service(
     if log is not None:
         output = log.open("ab")
     if workers is None:
-        argv = [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning",
-                "--no-access-log"]
+        argv = [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "app.main:app",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ]
     else:
-        argv = [str(Path(sys.executable).with_name("metaledger")), "serve", "--port", str(port), "--workers",
-                str(workers), "--log-level", "warning"]
+        argv = [
+            str(Path(sys.executable).with_name("metaledger")),
+            "serve",
+            "--port",
+            str(port),
+            "--workers",
+            str(workers),
+            "--log-level",
+            "warning",
+        ]
     return subprocess.Popen(argv, cwd=ROOT, env=service_env(env), stdout=output, stderr=output)
 
 
-def issue_token(env: dict[str, str], actor: str = "urn:li:corpuser:datahub", role: str = "admin",
-                ttl: str | None = None) -> str:
+def issue_token(
+    env: dict[str, str], actor: str = "urn:li:corpuser:datahub", role: str = "admin", ttl: str | None = None
+) -> str:
     """`metaledger token create` against the database of `env`: the token is the last line of its output."""
     argv = [str(Path(sys.executable).with_name("metaledger")), "token", "create", "--actor", actor, "--role", role]
     if ttl is not None:
@@ -70,8 +96,13 @@ def service_token(env: dict[str, str], actor: str = "urn:li:corpuser:datahub", r
     from app.embedded_pg import run_coro_sync
     from app.settings import Settings
 
-    settings = Settings(**{name.removeprefix("METALEDGER_").lower(): value
-                           for name, value in service_env(env).items() if name.startswith("METALEDGER_")})
+    settings = Settings(
+        **{
+            name.removeprefix("METALEDGER_").lower(): value
+            for name, value in service_env(env).items()
+            if name.startswith("METALEDGER_")
+        }
+    )
 
     async def create() -> str:
         engine = create_engine(settings.database_url, 1)

@@ -51,10 +51,13 @@ def backend_settings(backend_name: str, request: Any) -> Iterator[dict[str, Any]
     server = request.getfixturevalue("search_server")
     prefix = f"t{uuid.uuid4().hex[:10]}_"
     yield {"search_url": server.url, "search_flavor": "opensearch", "search_index_prefix": prefix}
-    names = [i["index"] for i in httpx.get(f"{server.url}/_cat/indices?format=json", timeout=30).json()
-             if i["index"].startswith(prefix)]
+    names = [
+        i["index"]
+        for i in httpx.get(f"{server.url}/_cat/indices?format=json", timeout=30).json()
+        if i["index"].startswith(prefix)
+    ]
     for start in range(0, len(names), 50):
-        httpx.delete(f"{server.url}/{','.join(names[start:start + 50])}", timeout=30).raise_for_status()
+        httpx.delete(f"{server.url}/{','.join(names[start : start + 50])}", timeout=30).raise_for_status()
 
 
 # A module whose tests run on both backends imports these two (`from tests.search_server import backend_name,

@@ -51,10 +51,14 @@ async def whoami(caller: Caller) -> Any:
 
 
 @router.post("/tokens", dependencies=[ALLOW_ADMIN], status_code=201, summary="Issue a token (shown once)")
-async def create_token(body: Annotated[TokenRequest, Depends(JsonBody(TokenRequest))], auth: Auth, caller: Caller) -> Any:
+async def create_token(
+    body: Annotated[TokenRequest, Depends(JsonBody(TokenRequest))], auth: Auth, caller: Caller
+) -> Any:
     role = _checked("role", Role.parse, body.role)
     _checked("ttl", parse_ttl, body.ttl)
-    issued = await auth.create_token(body.actor, role, ttl=body.ttl, description=body.description, created_by=caller.actor)
+    issued = await auth.create_token(
+        body.actor, role, ttl=body.ttl, description=body.description, created_by=caller.actor
+    )
     assert issued is not None
     token, info = issued
     return json_response({"token": token, **info.to_json()}, 201)
@@ -62,7 +66,8 @@ async def create_token(body: Annotated[TokenRequest, Depends(JsonBody(TokenReque
 
 @router.get("/tokens", dependencies=[ALLOW_ADMIN], summary="Issued tokens (never the tokens themselves)")
 async def list_tokens(
-    auth: Auth, actor: Annotated[str | None, Query(max_length=500)] = None,
+    auth: Auth,
+    actor: Annotated[str | None, Query(max_length=500)] = None,
     include_inactive: Annotated[Flag, Query(alias="includeInactive")] = False,
 ) -> Any:
     return json_response({"tokens": [t.to_json() for t in await auth.tokens(actor, include_inactive)]})
@@ -75,7 +80,9 @@ async def revoke_token(token_id: str, auth: Auth, caller: Caller) -> Any:
 
 
 @router.post("/policies", dependencies=[ALLOW_ADMIN], status_code=201, summary="Narrow an actor's writes")
-async def create_policy(body: Annotated[PolicyRequest, Depends(JsonBody(PolicyRequest))], auth: Auth, caller: Caller) -> Any:
+async def create_policy(
+    body: Annotated[PolicyRequest, Depends(JsonBody(PolicyRequest))], auth: Auth, caller: Caller
+) -> Any:
     policy = await auth.create_policy(
         body.actor, body.entityTypes, body.aspects, description=body.description, created_by=caller.actor
     )

@@ -10,7 +10,7 @@ rule lets it read (app.auth.reads.readable_events): the rest is left out of a pa
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from typing import Annotated, Any
 
 import orjson
@@ -140,11 +140,23 @@ async def poll_events(
     engine: Engine,
     session: Session,
     caller: Caller,
-    topic: Annotated[str, Query(description="PlatformEvent_v1, MetadataChangeLog_Versioned_v1 or MetadataChangeLog_Timeseries_v1")],
+    topic: Annotated[
+        str, Query(description="PlatformEvent_v1, MetadataChangeLog_Versioned_v1 or MetadataChangeLog_Timeseries_v1")
+    ],
     offsetId: Annotated[str | None, Query(description="Continue after this offset (from a previous answer)")] = None,
-    limit: Annotated[int | None, Query(description=f"At most this many events (default {POLL_DEFAULT_LIMIT}, capped at {POLL_MAX_LIMIT})")] = None,
-    pollTimeoutSeconds: Annotated[int | None, Query(description=f"Wait this long for a first event (default {POLL_DEFAULT_TIMEOUT_S}, capped at {POLL_MAX_TIMEOUT_S})")] = None,
-    lookbackWindowDays: Annotated[int | None, Query(description="Without offsetId: start this many days back (default: from now on)")] = None,
+    limit: Annotated[
+        int | None,
+        Query(description=f"At most this many events (default {POLL_DEFAULT_LIMIT}, capped at {POLL_MAX_LIMIT})"),
+    ] = None,
+    pollTimeoutSeconds: Annotated[
+        int | None,
+        Query(
+            description=f"Wait this long for a first event (default {POLL_DEFAULT_TIMEOUT_S}, capped at {POLL_MAX_TIMEOUT_S})"
+        ),
+    ] = None,
+    lookbackWindowDays: Annotated[
+        int | None, Query(description="Without offsetId: start this many days back (default: from now on)")
+    ] = None,
 ):
     """DataHub's shape and caps. Without `offsetId` the read starts at the end of the feed (only new events), or
     `lookbackWindowDays` back. The events of one topic come in commit order; delivery is at least once."""
@@ -155,24 +167,36 @@ async def poll_events(
     after = None
     if offsetId is not None:
         if not (offsetId.isascii() and offsetId.isdigit()) or len(offsetId) > 18:
-            issues.append(Issue("offsetId must be an offset this API returned", path="$.offsetId", found=clip(offsetId, 100)))
+            issues.append(
+                Issue("offsetId must be an offset this API returned", path="$.offsetId", found=clip(offsetId, 100))
+            )
         else:
             after = int(offsetId)
     if limit is not None and limit < 1:
         issues.append(Issue("limit must be 1 or more", path="$.limit", found=str(limit)))
     if pollTimeoutSeconds is not None and pollTimeoutSeconds < 0:
-        issues.append(Issue("pollTimeoutSeconds must be 0 or more", path="$.pollTimeoutSeconds", found=str(pollTimeoutSeconds)))
+        issues.append(
+            Issue("pollTimeoutSeconds must be 0 or more", path="$.pollTimeoutSeconds", found=str(pollTimeoutSeconds))
+        )
     if lookbackWindowDays is not None and not 0 <= lookbackWindowDays <= 36_500:
-        issues.append(Issue("lookbackWindowDays must be between 0 and 36500", path="$.lookbackWindowDays", found=str(lookbackWindowDays)))
+        issues.append(
+            Issue(
+                "lookbackWindowDays must be between 0 and 36500",
+                path="$.lookbackWindowDays",
+                found=str(lookbackWindowDays),
+            )
+        )
     if issues:
         raise ValidationFailed("invalid events poll parameters", issues)
     if after is None:
         if lookbackWindowDays is not None:
-            after = await feed.offset_before(engine, datetime.now(timezone.utc) - timedelta(days=lookbackWindowDays))
+            after = await feed.offset_before(engine, datetime.now(UTC) - timedelta(days=lookbackWindowDays))
         else:
             after = await feed.last_offset(engine)
     timeout_s = min(POLL_DEFAULT_TIMEOUT_S if pollTimeoutSeconds is None else pollTimeoutSeconds, POLL_MAX_TIMEOUT_S)
-    page, next_offset = await feed.poll(engine, after, min(limit or POLL_DEFAULT_LIMIT, POLL_MAX_LIMIT), [topic], timeout_s)
+    page, next_offset = await feed.poll(
+        engine, after, min(limit or POLL_DEFAULT_LIMIT, POLL_MAX_LIMIT), [topic], timeout_s
+    )
     page = await readable_events(caller, page, AspectRepository(session))  # the read rule; the offset moves on
     events = [{"contentType": "application/json", "value": e.payload} for e in page]
     return json_response({"offsetId": str(next_offset), "count": len(events), "events": events})

@@ -26,10 +26,10 @@ from app.auth.model import Permission, Principal
 from app.auth.reads import scoped_backend
 from app.auth.service import AuthService
 from app.errors import ServiceUnavailable, TooManyRequests
+from app.ingest.gateway import IngestGateway, caller_key
 from app.ops import Operations
 from app.ops.backpressure import CLIENT_ADDRESS
 from app.ops.metrics import AUTH_FAILURES
-from app.ingest.gateway import IngestGateway, caller_key
 from app.registry import EntityRegistry
 from app.schema_registry import SchemaRegistryClient
 from app.search.model import SearchBackend
@@ -68,7 +68,9 @@ class LazySession:
     async def release(self) -> None:
         """Close the session if it ever took a connection (it takes one at its first statement only)."""
         if self._session is not None and self._session.in_transaction():
-            await asyncio.shield(self._session.close())  # as `async with session` does: a cancelled request still closes it
+            await asyncio.shield(
+                self._session.close()
+            )  # as `async with session` does: a cancelled request still closes it
 
 
 async def get_session(request: Request) -> AsyncSession:

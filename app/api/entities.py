@@ -19,28 +19,49 @@ from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import Receive, Scope, Send
 
 from app.api.deps import ALLOW_READ, Caller, Gateway, Registry, Session, SettingsDep, Writer
-from app.api.urn_paths import restore_slashes
 from app.api.http import (
-    Flag, aspect_envelope, check_batch_size, checked_urn, invalid_at, json_response, read_json, stored_envelope,
+    Flag,
+    aspect_envelope,
+    check_batch_size,
+    checked_urn,
+    invalid_at,
+    json_response,
+    read_json,
+    stored_envelope,
 )
+from app.api.urn_paths import restore_slashes
 from app.auth.model import Principal
 from app.errors import Issue, Location, ValidationFailed
 from app.ingest.gateway import SubmitOutcome
 from app.limits import check_long
 from app.openapi_spec import (
-    API_PREFIX, URN_MAX_CHARS, aspect_name_component, entity_component, json_body, schema_ref, upper_first,
+    API_PREFIX,
+    URN_MAX_CHARS,
+    aspect_name_component,
+    entity_component,
+    json_body,
+    schema_ref,
+    upper_first,
 )
 from app.registry.registry import EntitySpec
 from app.urns import InvalidUrnError, entity_type_of
+from app.write.decision import ItemResult
 from app.write.proposal import CONDITIONAL_HEADERS, PRECONDITION_HEADERS, ChangeType, Draft
 from app.write.reader import EntityReader
-from app.write.decision import ItemResult
 
 ENVELOPE_KEYS = frozenset({"value", "systemMetadata", "headers"})
 
-SystemMetadataFlag = Annotated[Flag, Query(alias="systemMetadata", description="Include the system metadata of each aspect")]
-AsyncFlag = Annotated[Flag, Query(alias="async", description="Accept the write asynchronously (202: validated, queued on "
-                                   "the proposal topic) instead of committing it; without Kafka it is committed (200)")]
+SystemMetadataFlag = Annotated[
+    Flag, Query(alias="systemMetadata", description="Include the system metadata of each aspect")
+]
+AsyncFlag = Annotated[
+    Flag,
+    Query(
+        alias="async",
+        description="Accept the write asynchronously (202: validated, queued on "
+        "the proposal topic) instead of committing it; without Kafka it is committed (200)",
+    ),
+]
 Version = Annotated[int, Query(description="Aspect version (0: latest)", ge=0, le=2**63 - 1)]
 
 
@@ -126,16 +147,28 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         urn_schema["maxLength"] = URN_MAX_CHARS
     # The handlers check URNs and aspect names themselves (a 400 naming the parameter and the reason, or a 404 for
     # an aspect the entity does not have): the schemas document those checks.
-    Urn = Annotated[str, AfterValidator(restore_slashes), WithJsonSchema(urn_schema),
-                    Path(description=f"URN of the {entity} (URL-encoded)")]
+    Urn = Annotated[
+        str,
+        AfterValidator(restore_slashes),
+        WithJsonSchema(urn_schema),
+        Path(description=f"URN of the {entity} (URL-encoded)"),
+    ]
     aspect_names = schema_ref(aspect_name_component(entity))
-    AspectName = Annotated[str, WithJsonSchema(aspect_names), Path(alias="aspectName", description="Name of the aspect")]
+    AspectName = Annotated[
+        str, WithJsonSchema(aspect_names), Path(alias="aspectName", description="Name of the aspect")
+    ]
 
     # Spelled out (not made by a helper function) so that type checkers take them as type aliases.
-    AspectsToRead = Annotated[list[str] | None, WithJsonSchema({"type": "array", "items": aspect_names}),
-                              Query(description="Aspects to return (default: all)")]
-    AspectsToDelete = Annotated[list[str] | None, WithJsonSchema({"type": "array", "items": aspect_names}),
-                                Query(description="Aspects to delete (default: the whole entity)")]
+    AspectsToRead = Annotated[
+        list[str] | None,
+        WithJsonSchema({"type": "array", "items": aspect_names}),
+        Query(description="Aspects to return (default: all)"),
+    ]
+    AspectsToDelete = Annotated[
+        list[str] | None,
+        WithJsonSchema({"type": "array", "items": aspect_names}),
+        Query(description="Aspects to delete (default: the whole entity)"),
+    ]
 
     def component(suffix: str) -> dict[str, str]:
         return schema_ref(entity_component(entity, suffix))
@@ -160,59 +193,121 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         # registry's component, declared here.
         return {"requestBody": {"required": True, **json_body(schema)}}
 
-    @router.post(f"/{entity}", operation_id=f"create{p}", tags=tags,
-                 summary=f"Create or upsert {entity} entities",
-                 openapi_extra=request_body(array_of(component("EntityRequest"))),
-                 responses=answers("Written", entities_response, accepted=True))
-    async def upsert_entities(caller: Writer, request: Request, session: Session, gateway: Gateway,
-                              system_metadata: SystemMetadataFlag = True, async_: AsyncFlag = True) -> Response:
+    @router.post(
+        f"/{entity}",
+        operation_id=f"create{p}",
+        tags=tags,
+        summary=f"Create or upsert {entity} entities",
+        openapi_extra=request_body(array_of(component("EntityRequest"))),
+        responses=answers("Written", entities_response, accepted=True),
+    )
+    async def upsert_entities(
+        caller: Writer,
+        request: Request,
+        session: Session,
+        gateway: Gateway,
+        system_metadata: SystemMetadataFlag = True,
+        async_: AsyncFlag = True,
+    ) -> Response:
         # `async` defaults to true, as DataHub's: validated now, queued on the proposal topic, 202 with the echo.
-        return await _write_entities(entity, ChangeType.UPSERT, request, session, gateway, caller, system_metadata, async_)
+        return await _write_entities(
+            entity, ChangeType.UPSERT, request, session, gateway, caller, system_metadata, async_
+        )
 
-    @router.patch(f"/{entity}", operation_id=f"patch{p}", tags=tags,
-                  summary=f"Patch aspects of {entity} entities (applied to the locked latest values)",
-                  description="Each aspect's `value` is DataHub's `{\"patch\": [...], \"arrayPrimaryKeys\"?, "
-                              "\"forceGenericPatch\"?}`, applied inside the transaction to the locked latest value.",
-                  openapi_extra=request_body(array_of(component("EntityPatchRequest"))),
-                  responses=answers("Written", entities_response, accepted=True))
-    async def patch_entities(caller: Writer, request: Request, session: Session, gateway: Gateway,
-                             system_metadata: SystemMetadataFlag = True, async_: AsyncFlag = True) -> Response:
-        return await _write_entities(entity, ChangeType.PATCH, request, session, gateway, caller, system_metadata, async_)
+    @router.patch(
+        f"/{entity}",
+        operation_id=f"patch{p}",
+        tags=tags,
+        summary=f"Patch aspects of {entity} entities (applied to the locked latest values)",
+        description='Each aspect\'s `value` is DataHub\'s `{"patch": [...], "arrayPrimaryKeys"?, '
+        '"forceGenericPatch"?}`, applied inside the transaction to the locked latest value.',
+        openapi_extra=request_body(array_of(component("EntityPatchRequest"))),
+        responses=answers("Written", entities_response, accepted=True),
+    )
+    async def patch_entities(
+        caller: Writer,
+        request: Request,
+        session: Session,
+        gateway: Gateway,
+        system_metadata: SystemMetadataFlag = True,
+        async_: AsyncFlag = True,
+    ) -> Response:
+        return await _write_entities(
+            entity, ChangeType.PATCH, request, session, gateway, caller, system_metadata, async_
+        )
 
-    @router.post(f"/{entity}/batchGet", dependencies=[ALLOW_READ], operation_id=f"batchGet{p}", tags=tags,
-                 summary=f"Get several {entity} entities",
-                 openapi_extra=request_body(array_of(component("BatchGetRequest"))),
-                 responses=answers("Found entities (absent ones left out)", entities_response))
-    async def batch_get(request: Request, session: Session, registry: Registry, settings: SettingsDep, caller: Caller,
-                        system_metadata: SystemMetadataFlag = False) -> Response:
+    @router.post(
+        f"/{entity}/batchGet",
+        dependencies=[ALLOW_READ],
+        operation_id=f"batchGet{p}",
+        tags=tags,
+        summary=f"Get several {entity} entities",
+        openapi_extra=request_body(array_of(component("BatchGetRequest"))),
+        responses=answers("Found entities (absent ones left out)", entities_response),
+    )
+    async def batch_get(
+        request: Request,
+        session: Session,
+        registry: Registry,
+        settings: SettingsDep,
+        caller: Caller,
+        system_metadata: SystemMetadataFlag = False,
+    ) -> Response:
         return await _batch_get(entity, request, session, registry, settings, system_metadata, caller)
 
-    @router.get(f"/{entity}/{{urn}}", dependencies=[ALLOW_READ], operation_id=f"get{p}", tags=tags,
-                summary=f"Get a {entity} entity", responses=answers("The entity", entity_response))
-    async def get_entity(urn: Urn, session: Session, registry: Registry, caller: Caller,
-                         aspects: AspectsToRead = None,
-                         system_metadata: SystemMetadataFlag = False) -> Response:
+    @router.get(
+        f"/{entity}/{{urn}}",
+        dependencies=[ALLOW_READ],
+        operation_id=f"get{p}",
+        tags=tags,
+        summary=f"Get a {entity} entity",
+        responses=answers("The entity", entity_response),
+    )
+    async def get_entity(
+        urn: Urn,
+        session: Session,
+        registry: Registry,
+        caller: Caller,
+        aspects: AspectsToRead = None,
+        system_metadata: SystemMetadataFlag = False,
+    ) -> Response:
         rows = await EntityReader(session, registry, caller).entity(entity, checked_urn(urn), aspects)
         found: dict[str, Any] = {"urn": urn}
         for row in rows:
             found[row.aspect] = stored_envelope(row, system_metadata)
         return json_response(found)
 
-    @router.head(f"/{entity}/{{urn}}", dependencies=[ALLOW_READ], operation_id=f"head{p}", tags=tags,
-                 summary=f"Check that a {entity} entity exists", status_code=204, response_description="Exists",
-                 responses=exists_answers)
+    @router.head(
+        f"/{entity}/{{urn}}",
+        dependencies=[ALLOW_READ],
+        operation_id=f"head{p}",
+        tags=tags,
+        summary=f"Check that a {entity} entity exists",
+        status_code=204,
+        response_description="Exists",
+        responses=exists_answers,
+    )
     async def entity_exists(urn: Urn, session: Session, registry: Registry, caller: Caller) -> Response:
         exists = await EntityReader(session, registry, caller).exists(checked_urn(urn))
         return Response(status_code=204 if exists else 404)
 
     # Deleting the whole entity (its key aspect) needs ADMIN: the gateway checks each draft.
-    @router.delete(f"/{entity}/{{urn}}", operation_id=f"delete{p}", tags=tags,
-                   summary=f"Delete a {entity} entity or some of its aspects",
-                   responses=answers("Deleted", _DELETED_ASPECTS))
-    async def delete_entity(caller: Writer, urn: Urn, request: Request, session: Session, gateway: Gateway,
-                            aspects: AspectsToDelete = None,
-                            clear: Annotated[Flag, Query(description="Delete every aspect except the key aspect")] = False,
-                            ) -> Response:
+    @router.delete(
+        f"/{entity}/{{urn}}",
+        operation_id=f"delete{p}",
+        tags=tags,
+        summary=f"Delete a {entity} entity or some of its aspects",
+        responses=answers("Deleted", _DELETED_ASPECTS),
+    )
+    async def delete_entity(
+        caller: Writer,
+        urn: Urn,
+        request: Request,
+        session: Session,
+        gateway: Gateway,
+        aspects: AspectsToDelete = None,
+        clear: Annotated[Flag, Query(description="Delete every aspect except the key aspect")] = False,
+    ) -> Response:
         if clear:
             rows = await EntityReader(session, gateway.registry, caller).entity(entity, checked_urn(urn), None)
             targets = [row.aspect for row in rows if row.aspect != spec.key_aspect]
@@ -228,24 +323,43 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         deleted = [r.aspect for r in outcome.result.items if r.status.value == "DELETED"]
         return json_response({"urn": urn, "deleted": deleted}, headers=outcome.response_headers)
 
-    @router.post(f"/{entity}/{{urn}}/{{aspectName}}", operation_id=f"create{p}Aspect",
-                 tags=tags, summary=f"Create or upsert one aspect of a {entity} entity",
-                 openapi_extra=request_body(component("EntityAspectRequest")),
-                 responses=answers("Written", entity_response, accepted=True))
+    @router.post(
+        f"/{entity}/{{urn}}/{{aspectName}}",
+        operation_id=f"create{p}Aspect",
+        tags=tags,
+        summary=f"Create or upsert one aspect of a {entity} entity",
+        openapi_extra=request_body(component("EntityAspectRequest")),
+        responses=answers("Written", entity_response, accepted=True),
+    )
     async def upsert_aspect(
-        caller: Writer, urn: Urn, aspect_name: AspectName, request: Request, session: Session, gateway: Gateway,
-        create_if_not_exists: Annotated[Flag | None, WithJsonSchema({"type": "boolean"}), Query(
-            alias="createIfNotExists",
-            description="Create the aspect only if it does not exist (a 409 otherwise). Default: true, as DataHub's, "
-                        "unless the request carries a precondition (If-Version-Match, If-Modified-Since, "
-                        "If-Unmodified-Since): then false, so that the precondition decides")] = None,
-        create_if_entity_not_exists: Annotated[Flag, Query(
-            alias="createIfEntityNotExists", description="Create the entity only if it does not exist")] = False,
-        system_metadata: SystemMetadataFlag = True, async_: AsyncFlag = False,
+        caller: Writer,
+        urn: Urn,
+        aspect_name: AspectName,
+        request: Request,
+        session: Session,
+        gateway: Gateway,
+        create_if_not_exists: Annotated[
+            Flag | None,
+            WithJsonSchema({"type": "boolean"}),
+            Query(
+                alias="createIfNotExists",
+                description="Create the aspect only if it does not exist (a 409 otherwise). Default: true, as DataHub's, "
+                "unless the request carries a precondition (If-Version-Match, If-Modified-Since, "
+                "If-Unmodified-Since): then false, so that the precondition decides",
+            ),
+        ] = None,
+        create_if_entity_not_exists: Annotated[
+            Flag, Query(alias="createIfEntityNotExists", description="Create the entity only if it does not exist")
+        ] = False,
+        system_metadata: SystemMetadataFlag = True,
+        async_: AsyncFlag = False,
     ) -> Response:
         body = await read_json(request, gateway.settings)
         if not isinstance(body, dict) or "value" not in body:
-            raise ValidationFailed('the body must be {"value": {...}, "systemMetadata"?, "headers"?}', [Issue("missing value", path="$.value")])
+            raise ValidationFailed(
+                'the body must be {"value": {...}, "systemMetadata"?, "headers"?}',
+                [Issue("missing value", path="$.value")],
+            )
         envelope_issues = _envelope_issues(body, "$")
         if envelope_issues:
             raise ValidationFailed(envelope_issues[0].message, envelope_issues)
@@ -260,54 +374,114 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
             change_type = ChangeType.CREATE
         else:
             change_type = ChangeType.UPSERT
-        draft = Draft(0, entity, aspect_name, change_type.value, urn=urn, value=body["value"],
-                      system_metadata=body.get("systemMetadata"), headers=headers, location=SINGLE_ASPECT)
+        draft = Draft(
+            0,
+            entity,
+            aspect_name,
+            change_type.value,
+            urn=urn,
+            value=body["value"],
+            system_metadata=body.get("systemMetadata"),
+            headers=headers,
+            location=SINGLE_ASPECT,
+        )
         outcome = await gateway.submit(session, [draft], caller, queue=async_, request_headers=request.headers)
-        return _entities_response(outcome, system_metadata, single=True, echo_limit=gateway.settings.max_echo_value_bytes)
+        return _entities_response(
+            outcome, system_metadata, single=True, echo_limit=gateway.settings.max_echo_value_bytes
+        )
 
-    @router.patch(f"/{entity}/{{urn}}/{{aspectName}}", operation_id=f"patch{p}Aspect",
-                  tags=tags, summary=f"Patch one aspect of a {entity} entity",
-                  description="Body: an RFC 6902 array or DataHub's GenericJsonPatch `{\"patch\": [...], "
-                              "\"arrayPrimaryKeys\"?}`.",
-                  openapi_extra=request_body(schema_ref("GenericJsonPatch")),
-                  responses=answers("Written", entity_response))
-    async def patch_aspect(caller: Writer, urn: Urn, aspect_name: AspectName, request: Request, session: Session,
-                           gateway: Gateway, system_metadata: SystemMetadataFlag = True) -> Response:
+    @router.patch(
+        f"/{entity}/{{urn}}/{{aspectName}}",
+        operation_id=f"patch{p}Aspect",
+        tags=tags,
+        summary=f"Patch one aspect of a {entity} entity",
+        description='Body: an RFC 6902 array or DataHub\'s GenericJsonPatch `{"patch": [...], "arrayPrimaryKeys"?}`.',
+        openapi_extra=request_body(schema_ref("GenericJsonPatch")),
+        responses=answers("Written", entity_response),
+    )
+    async def patch_aspect(
+        caller: Writer,
+        urn: Urn,
+        aspect_name: AspectName,
+        request: Request,
+        session: Session,
+        gateway: Gateway,
+        system_metadata: SystemMetadataFlag = True,
+    ) -> Response:
         body = await read_json(request, gateway.settings)
-        draft = Draft(0, entity, aspect_name, ChangeType.PATCH.value, urn=urn, value=body,
-                      headers=_http_conditional_headers(request), location=SINGLE_PATCH)
+        draft = Draft(
+            0,
+            entity,
+            aspect_name,
+            ChangeType.PATCH.value,
+            urn=urn,
+            value=body,
+            headers=_http_conditional_headers(request),
+            location=SINGLE_PATCH,
+        )
         outcome = await gateway.submit(session, [draft], caller, request_headers=request.headers)
-        return _entities_response(outcome, system_metadata, single=True, echo_limit=gateway.settings.max_echo_value_bytes)
+        return _entities_response(
+            outcome, system_metadata, single=True, echo_limit=gateway.settings.max_echo_value_bytes
+        )
 
-    @router.get(f"/{entity}/{{urn}}/{{aspectName}}", dependencies=[ALLOW_READ], operation_id=f"get{p}Aspect",
-                tags=tags, summary=f"Get one aspect of a {entity} entity",
-                responses=answers("The aspect", aspect_response))
-    async def get_aspect(urn: Urn, aspect_name: AspectName, session: Session, registry: Registry, caller: Caller,
-                         version: Version = 0, system_metadata: SystemMetadataFlag = False) -> Response:
+    @router.get(
+        f"/{entity}/{{urn}}/{{aspectName}}",
+        dependencies=[ALLOW_READ],
+        operation_id=f"get{p}Aspect",
+        tags=tags,
+        summary=f"Get one aspect of a {entity} entity",
+        responses=answers("The aspect", aspect_response),
+    )
+    async def get_aspect(
+        urn: Urn,
+        aspect_name: AspectName,
+        session: Session,
+        registry: Registry,
+        caller: Caller,
+        version: Version = 0,
+        system_metadata: SystemMetadataFlag = False,
+    ) -> Response:
         check_long(version, "version", minimum=0)
         row = await EntityReader(session, registry, caller).aspect(entity, checked_urn(urn), aspect_name, version)
         envelope = stored_envelope(row, system_metadata)
         envelope["version"] = row.system_metadata.get("version", str(row.version))
         return json_response(envelope)
 
-    @router.head(f"/{entity}/{{urn}}/{{aspectName}}", dependencies=[ALLOW_READ], operation_id=f"head{p}Aspect",
-                 tags=tags, summary=f"Check that an aspect of a {entity} entity exists", status_code=204,
-                 response_description="Exists", responses=exists_answers)
-    async def aspect_exists(urn: Urn, aspect_name: AspectName, session: Session, registry: Registry,
-                            caller: Caller) -> Response:
+    @router.head(
+        f"/{entity}/{{urn}}/{{aspectName}}",
+        dependencies=[ALLOW_READ],
+        operation_id=f"head{p}Aspect",
+        tags=tags,
+        summary=f"Check that an aspect of a {entity} entity exists",
+        status_code=204,
+        response_description="Exists",
+        responses=exists_answers,
+    )
+    async def aspect_exists(
+        urn: Urn, aspect_name: AspectName, session: Session, registry: Registry, caller: Caller
+    ) -> Response:
         exists = await EntityReader(session, registry, caller).has_aspect(entity, checked_urn(urn), aspect_name)
         return Response(status_code=204 if exists else 404)
 
-    @router.delete(f"/{entity}/{{urn}}/{{aspectName}}", operation_id=f"delete{p}Aspect",
-                   tags=tags, summary=f"Delete one aspect of a {entity} entity",
-                   responses=answers("Deleted (or already absent: status ABSENT)", _DELETED_ASPECT))
-    async def delete_aspect(caller: Writer, urn: Urn, aspect_name: AspectName, request: Request, session: Session,
-                            gateway: Gateway) -> Response:
-        draft = Draft(0, entity, aspect_name, ChangeType.DELETE.value, urn=urn, headers=_http_conditional_headers(request))
+    @router.delete(
+        f"/{entity}/{{urn}}/{{aspectName}}",
+        operation_id=f"delete{p}Aspect",
+        tags=tags,
+        summary=f"Delete one aspect of a {entity} entity",
+        responses=answers("Deleted (or already absent: status ABSENT)", _DELETED_ASPECT),
+    )
+    async def delete_aspect(
+        caller: Writer, urn: Urn, aspect_name: AspectName, request: Request, session: Session, gateway: Gateway
+    ) -> Response:
+        draft = Draft(
+            0, entity, aspect_name, ChangeType.DELETE.value, urn=urn, headers=_http_conditional_headers(request)
+        )
         outcome = await gateway.submit(session, [draft], caller, request_headers=request.headers)
         assert outcome.result is not None
         item = outcome.result.items[0]
-        return json_response({"urn": urn, "aspect": aspect_name, "status": item.status.value}, headers=outcome.response_headers)
+        return json_response(
+            {"urn": urn, "aspect": aspect_name, "status": item.status.value}, headers=outcome.response_headers
+        )
 
 
 _DELETED_ASPECTS = {
@@ -323,8 +497,14 @@ _DELETED_ASPECT = {
 
 
 async def _write_entities(
-    entity: str, change_type: ChangeType, request: Request, session: Session, gateway: Gateway, caller: Writer,
-    system_metadata: bool, queue: bool,
+    entity: str,
+    change_type: ChangeType,
+    request: Request,
+    session: Session,
+    gateway: Gateway,
+    caller: Writer,
+    system_metadata: bool,
+    queue: bool,
 ) -> Response:
     body = await read_json(request, gateway.settings)
     check_batch_size(body, gateway.settings)
@@ -336,17 +516,28 @@ async def _write_entities(
     return _entities_response(outcome, system_metadata, echo_limit=gateway.settings.max_echo_value_bytes)
 
 
-async def _batch_get(entity: str, request: Request, session: Session, registry: Registry, settings: SettingsDep,
-                     system_metadata: bool, caller: Principal) -> Response:
+async def _batch_get(
+    entity: str,
+    request: Request,
+    session: Session,
+    registry: Registry,
+    settings: SettingsDep,
+    system_metadata: bool,
+    caller: Principal,
+) -> Response:
     body = await read_json(request, settings)
     if not isinstance(body, list):
-        raise ValidationFailed("the body must be a JSON array of {urn, <aspect>: {}}", [Issue("expected an array", path="$")])
+        raise ValidationFailed(
+            "the body must be a JSON array of {urn, <aspect>: {}}", [Issue("expected an array", path="$")]
+        )
     check_batch_size(body, settings)
     wanted: list[tuple[str, list[str] | None]] = []
     issues: list[Issue] = []
     for position, item in enumerate(body):
         if not isinstance(item, dict) or not isinstance(item.get("urn"), str):
-            raise ValidationFailed("each item needs a `urn`", [Issue("Missing `urn` field", position, path=f"$[{position}].urn")])
+            raise ValidationFailed(
+                "each item needs a `urn`", [Issue("Missing `urn` field", position, path=f"$[{position}].urn")]
+            )
         urn = item["urn"]
         try:
             entity_type_of(urn)  # too long, a NUL, not a URN: never sent to the database
@@ -412,11 +603,23 @@ def drafts_from_entity_batch(entity_type: str, body: Any, change_type: ChangeTyp
                 continue
             aspect_path = f"{path}.{aspect_name}"
             if not isinstance(envelope, dict) or "value" not in envelope:
-                issues.append(Issue('an aspect must be {"value": {...}, "systemMetadata"?, "headers"?}', position, urn, aspect_name, aspect_path))
+                issues.append(
+                    Issue(
+                        'an aspect must be {"value": {...}, "systemMetadata"?, "headers"?}',
+                        position,
+                        urn,
+                        aspect_name,
+                        aspect_path,
+                    )
+                )
                 continue
             unknown = set(envelope) - ENVELOPE_KEYS
             if unknown:
-                issues.append(Issue(f"unknown aspect envelope field(s) {sorted(unknown)}", position, urn, aspect_name, aspect_path))
+                issues.append(
+                    Issue(
+                        f"unknown aspect envelope field(s) {sorted(unknown)}", position, urn, aspect_name, aspect_path
+                    )
+                )
                 continue
             envelope_issues = _envelope_issues(envelope, aspect_path, position, urn, aspect_name)
             if envelope_issues:
@@ -432,7 +635,9 @@ def drafts_from_entity_batch(entity_type: str, body: Any, change_type: ChangeTyp
                     value=envelope["value"],
                     system_metadata=envelope.get("systemMetadata"),
                     headers=envelope.get("headers"),
-                    location=Location(position, aspect_path, value=f"{aspect_path}.value", urn=f"{path}.urn", fields=aspect_path),
+                    location=Location(
+                        position, aspect_path, value=f"{aspect_path}.value", urn=f"{path}.urn", fields=aspect_path
+                    ),
                 )
             )
     if issues:
@@ -441,7 +646,11 @@ def drafts_from_entity_batch(entity_type: str, body: Any, change_type: ChangeTyp
 
 
 def _envelope_issues(
-    envelope: dict[str, Any], path: str, index: int | None = None, urn: str | None = None, aspect: str | None = None,
+    envelope: dict[str, Any],
+    path: str,
+    index: int | None = None,
+    urn: str | None = None,
+    aspect: str | None = None,
 ) -> list[Issue]:
     """An aspect envelope's `systemMetadata` must be an object, its `headers` an object of strings."""
     issues = []
@@ -449,10 +658,17 @@ def _envelope_issues(
     if system_metadata is not None and not isinstance(system_metadata, dict):
         issues.append(Issue("`systemMetadata` must be an object", index, urn, aspect, f"{path}.systemMetadata"))
     headers = envelope.get("headers")
-    if headers is not None and not (
-        isinstance(headers, dict) and all(isinstance(v, str) for v in headers.values())
-    ):
-        issues.append(Issue("`headers` must be an object of strings", index, urn, aspect, f"{path}.headers", expected="{name: value}"))
+    if headers is not None and not (isinstance(headers, dict) and all(isinstance(v, str) for v in headers.values())):
+        issues.append(
+            Issue(
+                "`headers` must be an object of strings",
+                index,
+                urn,
+                aspect,
+                f"{path}.headers",
+                expected="{name: value}",
+            )
+        )
     return issues
 
 
@@ -464,12 +680,16 @@ def _echoed(value: Any, envelope: dict[str, Any], limit: int) -> None:
         envelope["value"] = orjson.Fragment(raw)
     else:
         del envelope["value"]
-        envelope["message"] = (f"value not echoed: {len(raw)} bytes, over the {limit} bytes a response echoes "
-                               "(METALEDGER_MAX_ECHO_VALUE_BYTES); read it back with GET")
+        envelope["message"] = (
+            f"value not echoed: {len(raw)} bytes, over the {limit} bytes a response echoes "
+            "(METALEDGER_MAX_ECHO_VALUE_BYTES); read it back with GET"
+        )
 
 
 def entities_from_results(
-    results: list[ItemResult], with_system_metadata: bool = True, echo_limit: int | None = None,
+    results: list[ItemResult],
+    with_system_metadata: bool = True,
+    echo_limit: int | None = None,
 ) -> list[dict[str, Any]]:
     """Group written aspects back into the v3 entity shape, in request order (values larger than `echo_limit`
     bytes left out)."""
@@ -487,7 +707,9 @@ def entities_from_results(
     return list(entities.values())
 
 
-def _queued_entities(outcome: SubmitOutcome, with_system_metadata: bool, echo_limit: int | None) -> list[dict[str, Any]]:
+def _queued_entities(
+    outcome: SubmitOutcome, with_system_metadata: bool, echo_limit: int | None
+) -> list[dict[str, Any]]:
     """The echo of an accepted asynchronous write: the entities as sent, one per URN, each aspect QUEUED."""
     entities: dict[str, dict[str, Any]] = {}
     for draft, proposal in outcome.queued:
@@ -501,7 +723,11 @@ def _queued_entities(outcome: SubmitOutcome, with_system_metadata: bool, echo_li
 
 
 def _entities_response(
-    outcome: SubmitOutcome, with_system_metadata: bool, *, single: bool = False, echo_limit: int | None = None,
+    outcome: SubmitOutcome,
+    with_system_metadata: bool,
+    *,
+    single: bool = False,
+    echo_limit: int | None = None,
 ) -> Response:
     """202 with the queued echo, or the written entities (and the sync index status header)."""
     if outcome.result is None:

@@ -71,9 +71,11 @@ async def entity_specifications(
             [Issue("start past the last entity", path="$start", expected=f"0..{len(names) - 1}", found=str(start))],
         )
     page = names[start : start + count]
-    return json_response({
-        "elements": [entity_spec_dto(registry, name) for name in page],
-        "start": start,
-        "count": len(page),
-        "total": len(names),
-    })
+    return json_response(
+        {
+            "elements": [entity_spec_dto(registry, name) for name in page],
+            "start": start,
+            "count": len(page),
+            "total": len(names),
+        }
+    )

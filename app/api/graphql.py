@@ -38,19 +38,30 @@ _RESULT = {
 @router.post(
     "/api/graphql",
     openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY}}}},
-    responses={**ERROR_RESPONSES, 200: {"description": "The GraphQL result: `data` and/or `errors` (query errors "
-                                                       "are answered 200, as DataHub does; an operation over "
-                                                       "METALEDGER_GRAPHQL_MAX_COST, or whose answer grows past "
-                                                       "METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES, is a 400 in the "
-                                                       "same form)",
-                                        "content": {"application/json": {"schema": _RESULT}}}},
+    responses={
+        **ERROR_RESPONSES,
+        200: {
+            "description": "The GraphQL result: `data` and/or `errors` (query errors "
+            "are answered 200, as DataHub does; an operation over "
+            "METALEDGER_GRAPHQL_MAX_COST, or whose answer grows past "
+            "METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES, is a 400 in the "
+            "same form)",
+            "content": {"application/json": {"schema": _RESULT}},
+        },
+    },
     summary="DataHub's GraphQL API: the searches, entity lookups and tag mutations DataHub's client calls",
     operation_id="graphql",
 )
 async def graphql(
-    request: Request, session: Session, gateway: Gateway, registry: Registry, settings: SettingsDep, caller: Caller,
+    request: Request,
+    session: Session,
+    gateway: Gateway,
+    registry: Registry,
+    settings: SettingsDep,
+    caller: Caller,
 ) -> Response:
     body: Any = await read_json(request, settings)
-    context = Context(session, registry, gateway, caller, partial(get_backend, request), settings.graphql_max_count,
-                      request.headers)
+    context = Context(
+        session, registry, gateway, caller, partial(get_backend, request), settings.graphql_max_count, request.headers
+    )
     return json_response(*await run(read_request(body), context, settings))

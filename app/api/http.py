@@ -19,13 +19,13 @@ from app.settings import Settings
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.repository import StoredAspect
 
-
 # What a URN looks like, for the OpenAPI document: the handlers check URNs themselves (answering 400 naming the
 # parameter), so the pattern documents the check rather than adding a second one.
 URN_PATTERN = r"^urn:li:[A-Za-z][A-Za-z0-9_]*:."
 _URN_SCHEMA = {"pattern": URN_PATTERN, "examples": ["urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)"]}
-UrnPath = Annotated[str, AfterValidator(restore_slashes),
-                    Path(description="An entity URN (URL-encoded)", json_schema_extra=_URN_SCHEMA)]
+UrnPath = Annotated[
+    str, AfterValidator(restore_slashes), Path(description="An entity URN (URL-encoded)", json_schema_extra=_URN_SCHEMA)
+]
 UrnQuery = Annotated[str, Query(description="An entity URN", json_schema_extra=_URN_SCHEMA)]
 
 
@@ -60,14 +60,18 @@ async def read_json(request: Request, settings: Settings) -> Any:
     max_bytes = settings.max_request_bytes
     declared = request.headers.get("content-length")
     if declared and declared.isascii() and declared.isdigit() and int(declared) > max_bytes:
-        raise PayloadTooLarge(f"request body is {clip(declared, 40)} bytes; the limit is {max_bytes} (METALEDGER_MAX_REQUEST_BYTES)")
+        raise PayloadTooLarge(
+            f"request body is {clip(declared, 40)} bytes; the limit is {max_bytes} (METALEDGER_MAX_REQUEST_BYTES)"
+        )
     body = bytearray()
     async for chunk in request.stream():
         if len(body) + len(chunk) > max_bytes:
             raise PayloadTooLarge(f"request body is over the limit of {max_bytes} bytes (METALEDGER_MAX_REQUEST_BYTES)")
         body += chunk
     if not body:
-        raise ValidationFailed("the request body is empty; a JSON document is required", [Issue("empty body", path="$")])
+        raise ValidationFailed(
+            "the request body is empty; a JSON document is required", [Issue("empty body", path="$")]
+        )
     try:
         document = orjson.loads(body)
     except orjson.JSONDecodeError as error:
@@ -77,14 +81,28 @@ async def read_json(request: Request, settings: Settings) -> Any:
     return document
 
 
-def check_batch_size(items: Any, settings: Settings, path: str = "$", *, count: int | None = None, what: str = "items") -> None:
+def check_batch_size(
+    items: Any, settings: Settings, path: str = "$", *, count: int | None = None, what: str = "items"
+) -> None:
     """413 naming the limit when a batch (a JSON array, or `count` things of one request: the aspects of a v3 batch
     or of an MCE) has more than `MAX_BATCH_ITEMS` items."""
     n = count if count is not None else (len(items) if isinstance(items, list) else 0)
     if n > settings.max_batch_items:
-        message = (f"the batch at {path} has {n} {what}; the limit is {settings.max_batch_items} "
-                   "(METALEDGER_MAX_BATCH_ITEMS): send it in smaller batches")
-        raise PayloadTooLarge(message, [Issue(f"too many {what}", path=path, expected=f"at most {settings.max_batch_items} {what}", found=f"{n} {what}")])
+        message = (
+            f"the batch at {path} has {n} {what}; the limit is {settings.max_batch_items} "
+            "(METALEDGER_MAX_BATCH_ITEMS): send it in smaller batches"
+        )
+        raise PayloadTooLarge(
+            message,
+            [
+                Issue(
+                    f"too many {what}",
+                    path=path,
+                    expected=f"at most {settings.max_batch_items} {what}",
+                    found=f"{n} {what}",
+                )
+            ],
+        )
 
 
 def json_response(content: Any, status_code: int = 200, headers: dict[str, str] | None = None) -> Response:
@@ -156,7 +174,9 @@ def entity_of_urn(registry: EntityRegistry, urn: str, path: str = "$urn") -> str
         return registry.entity(entity_type_of(urn)).name
 
 
-def aspect_envelope(value: Any, system_metadata: dict[str, Any] | None, with_system_metadata: bool = True) -> dict[str, Any]:
+def aspect_envelope(
+    value: Any, system_metadata: dict[str, Any] | None, with_system_metadata: bool = True
+) -> dict[str, Any]:
     envelope: dict[str, Any] = {"value": value}
     if with_system_metadata and system_metadata is not None:
         envelope["systemMetadata"] = system_metadata

@@ -12,23 +12,26 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.deps import ALLOW_ADMIN, Caller, Gateway, JsonBody, Session
 from app.api.http import Flag, json_response
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
-from app.registry.runtime import Compatibility, ModelSetError, RuntimeModelSet
 from app.modelset.service import apply_models
 from app.modelset.store import model_history, stored_models
+from app.registry.runtime import Compatibility, ModelSetError, RuntimeModelSet
 
-router = APIRouter(prefix="/openapi/v1/models", tags=["models"], responses=ERROR_RESPONSES,
-                   dependencies=[ALLOW_ADMIN])
+router = APIRouter(prefix="/openapi/v1/models", tags=["models"], responses=ERROR_RESPONSES, dependencies=[ALLOW_ADMIN])
 
 
 class ModelAspect(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     schema_: dict[str, Any] | str = Field(
-        alias="schema", description='The .avsc record schema (an object or its JSON text) with an "Aspect": {"name": '
-                                    '...} annotation, as in a model source')
+        alias="schema",
+        description='The .avsc record schema (an object or its JSON text) with an "Aspect": {"name": '
+        "...} annotation, as in a model source",
+    )
     compatibility: Compatibility = Field(
-        Compatibility.BACKWARD, description="How it may change at the next apply: BACKWARD (the new schema reads the "
-                                            "stored values), FULL (both ways) or NONE")
+        Compatibility.BACKWARD,
+        description="How it may change at the next apply: BACKWARD (the new schema reads the "
+        "stored values), FULL (both ways) or NONE",
+    )
 
 
 class ModelEntity(BaseModel):
@@ -48,7 +51,8 @@ class ModelSet(BaseModel):
 
     aspects: list[ModelAspect] = Field(default_factory=list, max_length=1000)
     entities: list[ModelEntity] = Field(
-        default_factory=list, max_length=1000, description="entity_registry.yml's entities: entries")
+        default_factory=list, max_length=1000, description="entity_registry.yml's entities: entries"
+    )
 
 
 def _model_set(body: ModelSet) -> RuntimeModelSet:
@@ -60,13 +64,23 @@ def _model_set(body: ModelSet) -> RuntimeModelSet:
 
 @router.post("", summary="Apply a runtime model set (checked; dryRun: the diff only)")
 async def apply(
-    body: Annotated[ModelSet, Depends(JsonBody(ModelSet))], gateway: Gateway, session: Session, caller: Caller,
+    body: Annotated[ModelSet, Depends(JsonBody(ModelSet))],
+    gateway: Gateway,
+    session: Session,
+    caller: Caller,
     dry_run: Annotated[Flag, Query(alias="dryRun", description="Check and diff, store nothing")] = False,
-    if_version: Annotated[int | None, Query(alias="ifVersion", ge=0, description="Refuse (409) unless the stored set "
-                                            "is at this version (0: none stored)")] = None,
+    if_version: Annotated[
+        int | None,
+        Query(
+            alias="ifVersion",
+            ge=0,
+            description="Refuse (409) unless the stored set is at this version (0: none stored)",
+        ),
+    ] = None,
 ) -> Any:
-    return json_response(await apply_models(gateway, session, caller, _model_set(body), dry_run=dry_run,
-                                            if_version=if_version))
+    return json_response(
+        await apply_models(gateway, session, caller, _model_set(body), dry_run=dry_run, if_version=if_version)
+    )
 
 
 @router.get("", summary="The runtime model set in force: its aspects, entities and version")

@@ -47,12 +47,21 @@ async def _ingest(request: Request, session: Session, gateway: Gateway, caller: 
     drafts = _drafts(events, batch, WriteBudget(gateway.settings.max_batch_items))
     outcome = await gateway.submit(session, drafts, caller, request_headers=request.headers)
     assert outcome.result is not None
-    return json_response({
-        "events": len(events),
-        "results": [{"urn": r.urn, "aspectName": r.aspect, "status": r.status.value, **({"version": r.version} if r.version else {})}
-                    for r in outcome.result.items],
-        "changeLogs": outcome.result.change_logs,
-    })
+    return json_response(
+        {
+            "events": len(events),
+            "results": [
+                {
+                    "urn": r.urn,
+                    "aspectName": r.aspect,
+                    "status": r.status.value,
+                    **({"version": r.version} if r.version else {}),
+                }
+                for r in outcome.result.items
+            ],
+            "changeLogs": outcome.result.change_logs,
+        }
+    )
 
 
 def _check_list_sizes(body: Any, settings: Settings) -> None:
@@ -65,7 +74,9 @@ def _check_list_sizes(body: Any, settings: Settings) -> None:
         if not isinstance(event, dict):
             continue
         base = f"$[{index}]" if batch else "$"
-        holders: list[tuple[str, Any]] = [(f"{base}.{member}", event.get(member)) for member in ("run", "job", "dataset")]
+        holders: list[tuple[str, Any]] = [
+            (f"{base}.{member}", event.get(member)) for member in ("run", "job", "dataset")
+        ]
         for side in ("inputs", "outputs"):
             datasets = event.get(side)
             if isinstance(datasets, list):
@@ -106,9 +117,14 @@ def _drafts(events: list[dict[str, Any]], batch: bool, budget: WriteBudget) -> l
                 merged[key] = (first[0], change, ops)
     return [
         Draft(
-            index=n, entity_type=change.entity_type, aspect_name=change.aspect, change_type=change.change_type,
-            urn=change.urn, value=(replace(change, value=ops) if ops is not None else change).document(),
-            headers=change.headers, location=EventLocation(index if batch else None, f"$[{index}]" if batch else "$"),
+            index=n,
+            entity_type=change.entity_type,
+            aspect_name=change.aspect,
+            change_type=change.change_type,
+            urn=change.urn,
+            value=(replace(change, value=ops) if ops is not None else change).document(),
+            headers=change.headers,
+            location=EventLocation(index if batch else None, f"$[{index}]" if batch else "$"),
         )
         for n, (index, change, ops) in enumerate(merged.values())
     ]
@@ -121,23 +137,36 @@ def _too_many(error: TooManyWrites, index: int | None) -> PayloadTooLarge:
     path = ("$" if index is None else f"$[{index}]") + "".join(f".{p}" for p in error.place)
     listed = f" ({error.items} datasets)" if error.items is not None else ""
     what = "the event maps" if index is None else "the events map"
-    message = (f"{what} to more than {error.limit} aspect writes: {error.count} when the mapping stopped, "
-               f"{error.by_place} of them by {path}{listed}; the limit is {error.limit} (METALEDGER_MAX_BATCH_ITEMS): "
-               "send fewer datasets per event, or fewer events per request")
-    return PayloadTooLarge(message, [Issue(
-        "too many aspect writes", index=index, path=path,
-        expected=f"at most {error.limit} aspect writes",
-        found=f"{error.count} aspect writes when the mapping stopped, {error.by_place} by {path}{listed}",
-    )])
+    message = (
+        f"{what} to more than {error.limit} aspect writes: {error.count} when the mapping stopped, "
+        f"{error.by_place} of them by {path}{listed}; the limit is {error.limit} (METALEDGER_MAX_BATCH_ITEMS): "
+        "send fewer datasets per event, or fewer events per request"
+    )
+    return PayloadTooLarge(
+        message,
+        [
+            Issue(
+                "too many aspect writes",
+                index=index,
+                path=path,
+                expected=f"at most {error.limit} aspect writes",
+                found=f"{error.count} aspect writes when the mapping stopped, {error.by_place} by {path}{listed}",
+            )
+        ],
+    )
 
 
 _OPENAPI = {
     "requestBody": {
         "required": True,
-        "content": {"application/json": {"schema": {
-            "description": f"An event of the OpenLineage spec ({_SPEC}), or an array of them",
-            "oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "object"}}],
-        }}},
+        "content": {
+            "application/json": {
+                "schema": {
+                    "description": f"An event of the OpenLineage spec ({_SPEC}), or an array of them",
+                    "oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "object"}}],
+                }
+            }
+        },
     },
 }
 _DESCRIPTION = (
@@ -147,11 +176,22 @@ _DESCRIPTION = (
 )
 
 router.add_api_route(
-    "/openapi/openlineage/api/v1/lineage", _ingest, methods=["POST"], summary="Write OpenLineage events (DataHub's path)",
-    description=_DESCRIPTION, operation_id="postOpenLineageEvents", responses=ERROR_RESPONSES, openapi_extra=_OPENAPI,
+    "/openapi/openlineage/api/v1/lineage",
+    _ingest,
+    methods=["POST"],
+    summary="Write OpenLineage events (DataHub's path)",
+    description=_DESCRIPTION,
+    operation_id="postOpenLineageEvents",
+    responses=ERROR_RESPONSES,
+    openapi_extra=_OPENAPI,
 )
 router.add_api_route(
-    "/api/v1/lineage", _ingest, methods=["POST"], summary="Write OpenLineage events (OpenLineage's own path)",
-    description=_DESCRIPTION, operation_id="postOpenLineageEventsOpenLineagePath", responses=ERROR_RESPONSES,
+    "/api/v1/lineage",
+    _ingest,
+    methods=["POST"],
+    summary="Write OpenLineage events (OpenLineage's own path)",
+    description=_DESCRIPTION,
+    operation_id="postOpenLineageEventsOpenLineagePath",
+    responses=ERROR_RESPONSES,
     openapi_extra=_OPENAPI,
 )

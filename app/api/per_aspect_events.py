@@ -15,10 +15,14 @@ from app.kafka.per_aspect import pair_routes
 router = APIRouter(prefix="/openapi/v1/events/v5", tags=["per-aspect events"])
 
 
-@router.get("", summary="The routed entity/aspect pairs: their topics, schema registry subjects and schemas",
-            dependencies=[ALLOW_READ])
+@router.get(
+    "",
+    summary="The routed entity/aspect pairs: their topics, schema registry subjects and schemas",
+    dependencies=[ALLOW_READ],
+)
 async def routed_pairs(
-    settings: SettingsDep, registry: Registry,
+    settings: SettingsDep,
+    registry: Registry,
     schemas: Annotated[Flag, Query(description="include each pair's three generated Avro schemas")] = False,
 ):
     pairs = []

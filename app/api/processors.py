@@ -28,8 +28,12 @@ BODY = Location(None, "$", value="$", fields="$")
 class StepScope(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    entityTypes: list[str] | None = Field(None, description="fnmatch patterns of entity types (absent: the processor's own)")
-    aspects: list[str] | None = Field(None, description="fnmatch patterns of aspect names (absent: the processor's own)")
+    entityTypes: list[str] | None = Field(
+        None, description="fnmatch patterns of entity types (absent: the processor's own)"
+    )
+    aspects: list[str] | None = Field(
+        None, description="fnmatch patterns of aspect names (absent: the processor's own)"
+    )
     changeTypes: list[str] | None = Field(None, description="Change types (absent: the processor's own)")
 
 
@@ -57,32 +61,59 @@ async def _in_force(gateway: IngestGateway, session: Any) -> dict[str, Any]:
         "urn": PIPELINE_URN,
         "aspectName": PIPELINE_ASPECT,
         "version": processors.version,
-        "source": "stored aspect" if processors.version else "entity_registry.yml changeProcessors (no stored pipeline yet)",
+        "source": "stored aspect"
+        if processors.version
+        else "entity_registry.yml changeProcessors (no stored pipeline yet)",
         "steps": processors.describe(),
     }
 
 
-@router.get("", summary="The change-processor pipeline in force: each step in order, loaded or not, from where",
-            dependencies=[ALLOW_READ])
+@router.get(
+    "",
+    summary="The change-processor pipeline in force: each step in order, loaded or not, from where",
+    dependencies=[ALLOW_READ],
+)
 async def pipeline(gateway: Gateway, session: Session):
     return json_response(await _in_force(gateway, session))
 
 
-@router.put("", summary="Store the change-processor pipeline (the whole of it): in force in every process within "
-            "CHANGE_PROCESSOR_REFRESH_S, in this one at once", dependencies=[ALLOW_ADMIN])
+@router.put(
+    "",
+    summary="Store the change-processor pipeline (the whole of it): in force in every process within "
+    "CHANGE_PROCESSOR_REFRESH_S, in this one at once",
+    dependencies=[ALLOW_ADMIN],
+)
 async def store_pipeline(
-    body: Annotated[PipelineBody, Depends(JsonBody(PipelineBody))], gateway: Gateway, session: Session, caller: Caller,
-    if_version: Annotated[int | None, Query(alias="ifVersion", ge=0, description="Refuse (409) unless the stored "
-                                            "pipeline is at this version (0: none stored)")] = None,
+    body: Annotated[PipelineBody, Depends(JsonBody(PipelineBody))],
+    gateway: Gateway,
+    session: Session,
+    caller: Caller,
+    if_version: Annotated[
+        int | None,
+        Query(
+            alias="ifVersion",
+            ge=0,
+            description="Refuse (409) unless the stored pipeline is at this version (0: none stored)",
+        ),
+    ] = None,
 ) -> Any:
     headers = {IF_VERSION_MATCH: str(if_version) if if_version else "-1"} if if_version is not None else None
-    draft = Draft(0, PIPELINE_ENTITY, PIPELINE_ASPECT, ChangeType.UPSERT.value, urn=PIPELINE_URN,
-                  value=body.model_dump(exclude_none=True), headers=headers, location=BODY)
+    draft = Draft(
+        0,
+        PIPELINE_ENTITY,
+        PIPELINE_ASPECT,
+        ChangeType.UPSERT.value,
+        urn=PIPELINE_URN,
+        value=body.model_dump(exclude_none=True),
+        headers=headers,
+        location=BODY,
+    )
     try:
         with system_service_write(PIPELINE_URN, PIPELINE_ASPECT):  # the one write of it the write path lets pass
             outcome = await gateway.submit(session, [draft], caller)
     except PreconditionFailed as error:
-        raise ExistenceConflict(f"the stored pipeline is not at version {if_version}; nothing was stored",
-                                error.issues) from None
+        raise ExistenceConflict(
+            f"the stored pipeline is not at version {if_version}; nothing was stored", error.issues
+        ) from None
     assert outcome.result is not None
     return json_response({**await _in_force(gateway, session), "status": outcome.result.items[0].status.value})

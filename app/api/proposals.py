@@ -36,7 +36,8 @@ class MetadataChangeProposal(BaseModel):
     aspect: GenericAspect | None = None
     systemMetadata: dict[str, Any] | None = None
     headers: dict[str, str] | None = Field(
-        None, description="If-Version-Match, If-Modified-Since, If-Unmodified-Since, If-None-Match, X-DataHub-Sync-Index-Update"
+        None,
+        description="If-Version-Match, If-Modified-Since, If-Unmodified-Since, If-None-Match, X-DataHub-Sync-Index-Update",
     )
     auditHeader: dict[str, Any] | None = None
 
@@ -66,9 +67,11 @@ class ProposalResult(BaseModel):
     systemMetadata: dict[str, Any] | None = None
     message: str | None = None
     changeProcessors: list[ChangeProcessorReport] | None = Field(
-        None, description="The change processors' before phase on this proposal, in order (absent: none ran)")
+        None, description="The change processors' before phase on this proposal, in order (absent: none ran)"
+    )
     emitted: list[EmittedResult] | None = Field(
-        None, description="Proposals the change processors emitted because of this one, written with it")
+        None, description="Proposals the change processors emitted because of this one, written with it"
+    )
 
 
 class ProposalsResponse(BaseModel):
@@ -104,7 +107,10 @@ assert frozenset(MetadataChangeProposal.model_fields) == MCP_FIELDS, "the docume
             },
         }
     },
-    responses={**ERROR_RESPONSES, 202: {"model": QueuedResponse, "description": "Queued (async=true): validated and on the proposal topic"}},
+    responses={
+        **ERROR_RESPONSES,
+        202: {"model": QueuedResponse, "description": "Queued (async=true): validated and on the proposal topic"},
+    },
     summary="Write a batch of Metadata Change Proposals in one transaction",
     operation_id="ingestProposals",
 )
@@ -138,7 +144,9 @@ async def ingest_proposals(
 
 
 def _queued(outcome: SubmitOutcome) -> dict[str, Any]:
-    results = [{"index": p.index, "urn": p.urn, "aspectName": p.aspect_name, "status": "QUEUED"} for _, p in outcome.queued]
+    results = [
+        {"index": p.index, "urn": p.urn, "aspectName": p.aspect_name, "status": "QUEUED"} for _, p in outcome.queued
+    ]
     return {"results": results, "changeLogs": 0}
 
 

@@ -48,8 +48,20 @@ def _counting(name: str) -> Any:
     return changed
 
 
-for _name in ("__setitem__", "__delitem__", "__iadd__", "__imul__", "append", "extend", "insert", "pop", "remove",
-              "clear", "sort", "reverse"):
+for _name in (
+    "__setitem__",
+    "__delitem__",
+    "__iadd__",
+    "__imul__",
+    "append",
+    "extend",
+    "insert",
+    "pop",
+    "remove",
+    "clear",
+    "sort",
+    "reverse",
+):
     setattr(RouteList, _name, _counting(_name))
 
 

@@ -51,8 +51,8 @@ from app.schema_registry.errors import (
     RegistryUnavailable,
     RequestTooLarge,
     SchemaRegistryError,
-    SubjectNotFound,
     ServedElsewhere,
+    SubjectNotFound,
     UnknownSchema,
     UnprocessableRequest,
     UnsupportedMediaType,
@@ -94,7 +94,9 @@ class _ConfluentRoute(APIRoute):
                 _check_subject_param(request)
                 return await handler(request)
             except MetaledgerError as error:  # authentication and authorization, in Confluent's error shape
-                response = _answer(request, {"error_code": error.status_code, "message": error.message}, error.status_code)
+                response = _answer(
+                    request, {"error_code": error.status_code, "message": error.message}, error.status_code
+                )
                 response.headers.update(error.headers() or {})
                 return response
             except SchemaRegistryError as error:
@@ -124,7 +126,10 @@ def _check_subject_param(request: Request) -> None:
 
 # Reads are open when METALEDGER_SCHEMA_REGISTRY_OPEN_READ (the default, as DataHub); changes need ADMIN.
 router = APIRouter(
-    prefix="/schema-registry/api", include_in_schema=False, route_class=_ConfluentRoute, dependencies=[ALLOW_REGISTRY_READ]
+    prefix="/schema-registry/api",
+    include_in_schema=False,
+    route_class=_ConfluentRoute,
+    dependencies=[ALLOW_REGISTRY_READ],
 )
 
 
@@ -141,9 +146,14 @@ def _internal(registry: Any) -> InternalRegistry:
 
 async def _read_json(request: Request) -> Any:
     content_type = request.headers.get("content-type")
-    if not (is_json_media_type(content_type) or (content_type or "").split(";", 1)[0].strip().lower() == "application/octet-stream"):
+    if not (
+        is_json_media_type(content_type)
+        or (content_type or "").split(";", 1)[0].strip().lower() == "application/octet-stream"
+    ):
         found = "no Content-Type" if not content_type else content_type[:100]
-        raise UnsupportedMediaType(f"HTTP 415 Unsupported Media Type: the body must be {SCHEMA_REGISTRY_V1} (or {JSON}), found {found}")
+        raise UnsupportedMediaType(
+            f"HTTP 415 Unsupported Media Type: the body must be {SCHEMA_REGISTRY_V1} (or {JSON}), found {found}"
+        )
     declared = request.headers.get("content-length")
     if declared and declared.isascii() and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
         raise RequestTooLarge(f"the request body is {declared[:40]} bytes; the limit is {MAX_BODY_BYTES}")

@@ -37,12 +37,19 @@ from app.registry import EntityRegistry
 from app.search.across import TypeSearch, scroll_across
 from app.search.cursors import InvalidCursor, decode_edge, edge_cursor
 from app.search.filters import (
-    CONDITION_NAMES, FIELD_NAME, InvalidFilter, Placed, criteria_groups, json_path, placed_filter_groups, single_clause,
+    CONDITION_NAMES,
+    FIELD_NAME,
+    InvalidFilter,
+    Placed,
+    criteria_groups,
+    json_path,
+    placed_filter_groups,
+    single_clause,
 )
 from app.search.model import MAX_FILTER_VALUES, MAX_PAGE_SIZE, MAX_PATTERN_CHARS, Edge, EdgeQuery, upstream_downstream
+from app.search.structured_properties import refuse_deleted_property_filters
 from app.urns import entity_type_of
 from app.write.reader import EntityReader
-from app.search.structured_properties import refuse_deleted_property_filters
 
 log = logging.getLogger("metaledger.api.scroll")
 
@@ -70,27 +77,38 @@ def _filter_json(filter_: FilterBody | None) -> dict[str, Any] | None:
 
 def _refuse_slices(slice_id: int | None, slice_max: int | None) -> None:
     if slice_id is not None or slice_max is not None:
-        raise _bad("sliced scrolls are not supported: scroll without sliceId/sliceMax",
-                   "$sliceId" if slice_id is not None else "$sliceMax")
+        raise _bad(
+            "sliced scrolls are not supported: scroll without sliceId/sliceMax",
+            "$sliceId" if slice_id is not None else "$sliceMax",
+        )
 
 
 # --- filters ------------------------------------------------------------------------------------------------------
 
 
 class CriterionBody(BaseModel):
-    field: str = Field(description="A filter or document field (`urn` and `removed` included); a `.keyword` suffix is dropped")
+    field: str = Field(
+        description="A filter or document field (`urn` and `removed` included); a `.keyword` suffix is dropped"
+    )
     values: list[str] | None = Field(None, description="Any one of them matches (not needed for EXISTS)")
-    value: str | None = Field(None, deprecated=True, description="DataHub's deprecated single value, read when `values` is absent")
-    condition: Literal[CONDITION_NAMES] = Field("EQUAL", description=(  # type: ignore[valid-type]
-        "EQUAL/IN: the field has one of the values (exact). IEQUAL: the same, case-insensitively. CONTAIN, "
-        "START_WITH, END_WITH (also spelled STARTS_WITH, ENDS_WITH, as DataHub's v3 enum has them): a string value "
-        "contains, starts or ends with one of the values, case-insensitively, every character literal (at most "
-        f"{MAX_PATTERN_CHARS} characters). EXISTS: the field has a value. GREATER_THAN, ...: a number (datetimes: "
-        "epoch milliseconds) compares numerically with the numeric values, a string as text with every value. A "
-        "field holding an array matches when one of its elements does. Values are trimmed except for EQUAL/IN. "
-        "DESCENDANTS_INCL, ANCESTORS_INCL and RELATED_INCL are a 400."
-    ))
-    negated: bool = Field(False, strict=True, description="The criterion must not hold (entities without the field included)")
+    value: str | None = Field(
+        None, deprecated=True, description="DataHub's deprecated single value, read when `values` is absent"
+    )
+    condition: Literal[CONDITION_NAMES] = Field(  # type: ignore[valid-type]  # a tuple of names: pydantic reads it
+        "EQUAL",
+        description=(
+            "EQUAL/IN: the field has one of the values (exact). IEQUAL: the same, case-insensitively. CONTAIN, "
+            "START_WITH, END_WITH (also spelled STARTS_WITH, ENDS_WITH, as DataHub's v3 enum has them): a string value "
+            "contains, starts or ends with one of the values, case-insensitively, every character literal (at most "
+            f"{MAX_PATTERN_CHARS} characters). EXISTS: the field has a value. GREATER_THAN, ...: a number (datetimes: "
+            "epoch milliseconds) compares numerically with the numeric values, a string as text with every value. A "
+            "field holding an array matches when one of its elements does. Values are trimmed except for EQUAL/IN. "
+            "DESCENDANTS_INCL, ANCESTORS_INCL and RELATED_INCL are a 400."
+        ),
+    )
+    negated: bool = Field(
+        False, strict=True, description="The criterion must not hold (entities without the field included)"
+    )
 
 
 class ConjunctiveCriterionBody(BaseModel):
@@ -102,12 +120,16 @@ class AndCriteriaBody(BaseModel):
 
 
 class FilterBody(BaseModel):
-    model_config = ConfigDict(json_schema_extra={"description": (
-        "DataHub's v3 filter, exactly one of: `and` (what DataHub's OpenAPI v3 and its SDK send; despite the name, "
-        "an OR of its clauses, each an AND of its `criteria`), `or` (DataHub's Rest.li Filter: an OR of `and` "
-        f"clauses) or `criteria` (deprecated by DataHub: one AND). At most {MAX_FILTER_VALUES} values in all. The "
-        "relationship scroll's filters take one clause of EQUAL/IN `urn` criteria."
-    )})
+    model_config = ConfigDict(
+        json_schema_extra={
+            "description": (
+                "DataHub's v3 filter, exactly one of: `and` (what DataHub's OpenAPI v3 and its SDK send; despite the name, "
+                "an OR of its clauses, each an AND of its `criteria`), `or` (DataHub's Rest.li Filter: an OR of `and` "
+                f"clauses) or `criteria` (deprecated by DataHub: one AND). At most {MAX_FILTER_VALUES} values in all. The "
+                "relationship scroll's filters take one clause of EQUAL/IN `urn` criteria."
+            )
+        }
+    )
     and_: list[ConjunctiveCriterionBody] | None = Field(None, alias="and", description="OR of these clauses")
     or_: list[AndCriteriaBody] | None = Field(None, alias="or", description="OR of these clauses")
     criteria: list[CriterionBody] | None = Field(None, deprecated=True, description="One AND clause")
@@ -125,7 +147,9 @@ class ScrollEntitiesBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
     entities: list[str] | None = Field(None, description="Entity types; absent: every type")
     aspects: list[str] | None = Field(None, description="Aspects to return; absent: URNs only; []: every aspect")
-    aspectNames: list[str] | None = Field(None, description="DataHub's older name of `aspects`, read when `aspects` is absent")
+    aspectNames: list[str] | None = Field(
+        None, description="DataHub's older name of `aspects`, read when `aspects` is absent"
+    )
     filter: FilterBody | None = Field(None, description="Which entities: an OR of AND clauses of criteria (Filter)")
     sortCriteria: list[SortCriterion] | None = None
 
@@ -156,12 +180,18 @@ def _aspects(registry: EntityRegistry, types: list[str], names: list[str] | None
     known = {a for t in types for a in registry.entities[t].aspect_names}
     for position, name in enumerate(names):
         if name not in known:
-            raise _bad(f"aspect {clip(name, 100)!r} is not an aspect of {', '.join(types[:5])}"
-                       f"{'...' if len(types) > 5 else ''}", f"$.aspects[{position}]", name)
+            raise _bad(
+                f"aspect {clip(name, 100)!r} is not an aspect of {', '.join(types[:5])}"
+                f"{'...' if len(types) > 5 else ''}",
+                f"$.aspects[{position}]",
+                name,
+            )
     return names
 
 
-def _sort(body_criteria: list[SortCriterion] | None, fields: list[str] | None, sort: str, order: str) -> list[tuple[str, str]]:
+def _sort(
+    body_criteria: list[SortCriterion] | None, fields: list[str] | None, sort: str, order: str
+) -> list[tuple[str, str]]:
     """DataHub's precedence: the body's `sortCriteria`, else the `sortCriteria` parameters (each in `sortOrder`),
     else `sort` (default `urn`). Each as (field, order, where the field is)."""
     given: list[tuple[str, str, str]]
@@ -191,7 +221,10 @@ def _sort(body_criteria: list[SortCriterion] | None, fields: list[str] | None, s
     ),
 )
 async def scroll_entities(
-    session: Session, registry: Registry, backend: Backend, caller: Caller,
+    session: Session,
+    registry: Registry,
+    backend: Backend,
+    caller: Caller,
     body: Annotated[ScrollEntitiesBody, Depends(JsonBody(ScrollEntitiesBody))],
     count: Count = 10,
     query: Annotated[str, Query()] = "*",
@@ -218,13 +251,17 @@ async def scroll_entities(
     # `include_removed`, or a criterion on `removed`).
     try:
         placed = placed_filter_groups(_filter_json(body.filter))
-        await refuse_deleted_property_filters(EntityReader(session, registry, caller).repo, (p for g in placed for p in g))
+        await refuse_deleted_property_filters(
+            EntityReader(session, registry, caller).repo, (p for g in placed for p in g)
+        )
     except InvalidFilter as error:
         raise error.at("$.filter") from None
     any_of = criteria_groups(placed) or None
     searches = [TypeSearch(entity_type, any_of, include_removed=includeSoftDelete) for entity_type in types]
     try:
-        page = await scroll_across(backend, searches, query or "*", count=count, scroll_id=scrollId or None, sort=sort_by)
+        page = await scroll_across(
+            backend, searches, query or "*", count=count, scroll_id=scrollId or None, sort=sort_by
+        )
     except InvalidCursor as error:
         raise error.at("$scrollId") from None
     entities: list[dict[str, Any]] = [{"urn": hit.urn} for hit in page.hits]
@@ -234,7 +271,10 @@ async def scroll_entities(
         for entity in entities:
             for row in found.get(entity["urn"], ()):
                 entity[row.aspect] = stored_envelope(row, systemMetadata)
-    log.debug("entity scroll page", extra={"types": len(types), "count": count, "hits": len(entities), "more": page.scroll_id is not None})
+    log.debug(
+        "entity scroll page",
+        extra={"types": len(types), "count": count, "hits": len(entities), "more": page.scroll_id is not None},
+    )
     out: dict[str, Any] = {"entities": entities, "totalCount": page.total}
     if page.scroll_id:
         out["scrollId"] = page.scroll_id
@@ -246,14 +286,20 @@ async def scroll_entities(
 
 class ScrollRelationshipsBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    sourceFilter: FilterBody | None = Field(None, description="One clause with one `urn` criterion (EQUAL/IN) on the source")
-    destinationFilter: FilterBody | None = Field(None, description="One clause with one `urn` criterion (EQUAL/IN) on the destination")
+    sourceFilter: FilterBody | None = Field(
+        None, description="One clause with one `urn` criterion (EQUAL/IN) on the source"
+    )
+    destinationFilter: FilterBody | None = Field(
+        None, description="One clause with one `urn` criterion (EQUAL/IN) on the destination"
+    )
     edgeFilter: FilterBody | None = Field(None, description="Not supported: absent or empty")
 
 
 class ScrollLineageBody(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    urns: list[str] | None = Field(None, description="Anchors: edges with one of them at either end; absent: every lineage edge")
+    urns: list[str] | None = Field(
+        None, description="Anchors: edges with one of them at either end; absent: every lineage edge"
+    )
 
 
 class RelationshipsPage(BaseModel):
@@ -284,8 +330,12 @@ def _urns_of(filter_: FilterBody | None, path: str) -> list[str]:
     for position, placed in enumerate(criteria):
         where, criterion = json_path(path, placed.loc), placed.criterion
         if criterion.condition != "EQUAL":
-            raise _bad(f"condition {criterion.condition} is not supported here", f"{where}.condition",
-                       criterion.condition, "EQUAL or IN")
+            raise _bad(
+                f"condition {criterion.condition} is not supported here",
+                f"{where}.condition",
+                criterion.condition,
+                "EQUAL or IN",
+            )
         if criterion.negated:
             raise _bad("negated criteria are not supported here", f"{where}.negated", True)
         if criterion.field != "urn" or position > 0:
@@ -305,8 +355,14 @@ def _edge_item(edge: Edge) -> dict[str, Any]:
         "destination": {"urn": edge.destination, "entityType": edge.destination_type},
         "relationshipType": edge.relationship,
     }
-    for key, value in (("createdOn", edge.created_on), ("createdActor", edge.created_actor), ("updatedOn", edge.updated_on),
-                       ("updatedActor", edge.updated_actor), ("via", edge.via), ("properties", edge.properties or None)):
+    for key, value in (
+        ("createdOn", edge.created_on),
+        ("createdActor", edge.created_actor),
+        ("updatedOn", edge.updated_on),
+        ("updatedActor", edge.updated_actor),
+        ("via", edge.via),
+        ("properties", edge.properties or None),
+    ):
         if value is not None:
             item[key] = value
     return item
@@ -332,7 +388,8 @@ def _types(values: list[str] | None, path: str) -> tuple[str, ...]:
     ),
 )
 async def scroll_relationships(
-    backend: Backend, settings: SettingsDep,
+    backend: Backend,
+    settings: SettingsDep,
     body: Annotated[ScrollRelationshipsBody, Depends(JsonBody(ScrollRelationshipsBody))],
     relationshipTypes: Annotated[list[str] | None, Query()] = None,
     sourceTypes: Annotated[list[str] | None, Query()] = None,
@@ -357,8 +414,11 @@ async def scroll_relationships(
         sources, destinations = destinations, sources
         source_types, destination_types = destination_types, source_types
     edge_query = EdgeQuery(
-        relationship_types=_types(relationshipTypes, "$relationshipTypes"), source_types=source_types,
-        destination_types=destination_types, source_urns=tuple(sources), destination_urns=tuple(destinations),
+        relationship_types=_types(relationshipTypes, "$relationshipTypes"),
+        source_types=source_types,
+        destination_types=destination_types,
+        source_urns=tuple(sources),
+        destination_urns=tuple(destinations),
     )
     page = await backend.scroll_edges(edge_query, after=_edge_after(scrollId), count=count)
     out: dict[str, Any] = {"results": [_edge_item(e) for e in page.edges]}
@@ -381,7 +441,8 @@ async def scroll_relationships(
     ),
 )
 async def scroll_lineage(
-    backend: Backend, settings: SettingsDep,
+    backend: Backend,
+    settings: SettingsDep,
     body: Annotated[ScrollLineageBody, Depends(JsonBody(ScrollLineageBody))],
     relationshipTypes: Annotated[list[str] | None, Query()] = None,
     direction: Annotated[Literal["UPSTREAM", "DOWNSTREAM"] | None, Query()] = None,
@@ -399,7 +460,9 @@ async def scroll_lineage(
         with invalid_at(f"$.urns[{position}]", urn=urn):
             entity_type_of(urn)
     edge_query = EdgeQuery(
-        relationship_types=_types(relationshipTypes, "$relationshipTypes"), either_urns=tuple(anchors), lineage_only=True,
+        relationship_types=_types(relationshipTypes, "$relationshipTypes"),
+        either_urns=tuple(anchors),
+        lineage_only=True,
     )
     page = await backend.scroll_edges(edge_query, after=_edge_after(scrollId), count=count)
     anchor_set = set(anchors)
@@ -429,7 +492,7 @@ class BatchGetUrnRequestV2(BaseModel):
 
 class GenericEntityV2(BaseModel):
     urn: str
-    aspects: dict[str, Any] = Field(description="aspect name -> {\"value\", \"systemMetadata\"?}")
+    aspects: dict[str, Any] = Field(description='aspect name -> {"value", "systemMetadata"?}')
 
 
 class BatchGetUrnResponseV2(BaseModel):
@@ -445,7 +508,11 @@ class BatchGetUrnResponseV2(BaseModel):
     "`aspectNames` is empty) it has; `aspects` is empty for an entity with none of them.",
 )
 async def batch_get_v2(
-    entityName: str, session: Session, registry: Registry, settings: SettingsDep, caller: Caller,
+    entityName: str,
+    session: Session,
+    registry: Registry,
+    settings: SettingsDep,
+    caller: Caller,
     body: Annotated[BatchGetUrnRequestV2, Depends(JsonBody(BatchGetUrnRequestV2))],
 ) -> Response:
     with invalid_at("$entityName"):
@@ -461,7 +528,10 @@ async def batch_get_v2(
     wanted = [(urn, body.aspectNames or None) for urn in urns]
     found = await EntityReader(session, registry, caller).latest_of_many(wanted)
     entities = [
-        {"urn": urn, "aspects": {row.aspect: stored_envelope(row, body.withSystemMetadata) for row in found.get(urn, ())}}
+        {
+            "urn": urn,
+            "aspects": {row.aspect: stored_envelope(row, body.withSystemMetadata) for row in found.get(urn, ())},
+        }
         for urn in urns
     ]
     return json_response({"entities": entities})

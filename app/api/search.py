@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 from collections import OrderedDict
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Query, Request
@@ -32,12 +32,12 @@ from app.errors import ERROR_RESPONSES, Issue, NotFound, ValidationFailed
 from app.limits import check_long, clip
 from app.registry import EntityRegistry
 from app.search.cursors import InvalidCursor, decode_offset, offset_cursor
+from app.search.documents import indexed_aspects
 from app.search.failures import FailureReader
 from app.search.filters import InvalidFilter, Placed
 from app.search.model import MAX_PAGE_SIZE, REMOVED_FIELD, Criterion, TimeseriesQuery
-from app.write.reader import EntityReader
-from app.search.documents import indexed_aspects
 from app.search.structured_properties import refuse_deleted_property_filters
+from app.write.reader import EntityReader
 
 router = APIRouter(tags=["search"], dependencies=[ALLOW_READ])
 
@@ -63,8 +63,10 @@ def _filters(request: Request) -> dict[str, list[str]]:
     for key, value in request.query_params.multi_items():
         if key.startswith(FILTER_PREFIX) and len(key) > len(FILTER_PREFIX):
             if "\x00" in key or "\x00" in value:
-                raise ValidationFailed("a filter contains a NUL character (\\u0000)", [Issue("NUL character", path=f"${clip(key, 100)}")])
-            filters.setdefault(key[len(FILTER_PREFIX):], []).append(value)
+                raise ValidationFailed(
+                    "a filter contains a NUL character (\\u0000)", [Issue("NUL character", path=f"${clip(key, 100)}")]
+                )
+            filters.setdefault(key[len(FILTER_PREFIX) :], []).append(value)
     return filters
 
 
@@ -81,7 +83,12 @@ def _filters(request: Request) -> dict[str, list[str]]:
     ),
 )
 async def scroll_entities(
-    entityName: str, request: Request, session: Session, registry: Registry, backend: Backend, caller: Caller,
+    entityName: str,
+    request: Request,
+    session: Session,
+    registry: Registry,
+    backend: Backend,
+    caller: Caller,
     query: Annotated[str, Query()] = "*",
     count: Annotated[int, Query(ge=0, le=MAX_PAGE_SIZE)] = 10,
     scrollId: Annotated[str | None, Query()] = None,
@@ -105,13 +112,15 @@ async def scroll_entities(
         raise ValidationFailed("the query contains a NUL character (\\u0000)", [Issue("NUL character", path="$query")])
     reader = EntityReader(session, registry, caller)
     try:
-        await refuse_deleted_property_filters(reader.repo, (Placed((), Criterion(name, tuple(values)))
-                                                            for name, values in filters.items()))
+        await refuse_deleted_property_filters(
+            reader.repo, (Placed((), Criterion(name, tuple(values))) for name, values in filters.items())
+        )
     except InvalidFilter as error:
         raise ValidationFailed(str(error), [Issue(str(error), path=f"${FILTER_PREFIX}{error.found}")]) from None
     try:
-        page = await backend.search(entity, query or "*", filters=filters, count=count, scroll_id=scrollId or None,
-                                    sort=sort)
+        page = await backend.search(
+            entity, query or "*", filters=filters, count=count, scroll_id=scrollId or None, sort=sort
+        )
     except InvalidCursor as error:
         raise error.at("$scrollId") from None
     shown = [hit for hit in page.hits if includeSoftDelete or hit.fields.get(REMOVED_FIELD) is not True]
@@ -163,7 +172,9 @@ def _suggestion(prefix: str, fields: dict[str, Any], urn: str) -> str:
     summary="Autocomplete on the entity type's autocomplete fields",
 )
 async def autocomplete(
-    entityName: str, registry: Registry, backend: Backend,
+    entityName: str,
+    registry: Registry,
+    backend: Backend,
     query: Annotated[str, Query()] = "",
     limit: Annotated[int, Query(ge=1, le=100)] = 10,
 ) -> Any:
@@ -200,7 +211,10 @@ class RelationshipResponse(BaseModel):
     summary="Relationships of an entity, OUTGOING (it is the source) or INCOMING (it is the destination)",
 )
 async def relationships(
-    entityName: str, urn: UrnPath, registry: Registry, backend: Backend,
+    entityName: str,
+    urn: UrnPath,
+    registry: Registry,
+    backend: Backend,
     relationship_types: Annotated[list[str] | None, Query(alias="relationshipType[]")] = None,
     # also accepted without the brackets; documented once (both would be one identifier in a generated client)
     relationship_type: Annotated[list[str] | None, Query(alias="relationshipType", include_in_schema=False)] = None,
@@ -212,7 +226,9 @@ async def relationships(
     checked_urn(urn)
     types = (relationship_types or []) + (relationship_type or [])
     if any("\x00" in t for t in types):
-        raise ValidationFailed("relationshipType contains a NUL character (\\u0000)", [Issue("NUL character", path="$relationshipType")])
+        raise ValidationFailed(
+            "relationshipType contains a NUL character (\\u0000)", [Issue("NUL character", path="$relationshipType")]
+        )
     try:
         start = decode_offset(scrollId) if scrollId else 0
     except InvalidCursor as error:
@@ -224,9 +240,12 @@ async def relationships(
             "source": {"urn": e.source, "entityType": e.source_type},
             "destination": {"urn": e.destination, "entityType": e.destination_type},
             "relationshipType": e.relationship,
-            "createdOn": e.created_on, "createdActor": e.created_actor,
-            "updatedOn": e.updated_on, "updatedActor": e.updated_actor,
-            "via": e.via, "properties": e.properties or None,
+            "createdOn": e.created_on,
+            "createdActor": e.created_actor,
+            "updatedOn": e.updated_on,
+            "updatedActor": e.updated_actor,
+            "via": e.via,
+            "properties": e.properties or None,
         }
         results.append(item)
     body: dict[str, Any] = {"results": results, "totalCount": total}
@@ -256,7 +275,9 @@ class LineageResponse(BaseModel):
     summary="Upstream or downstream lineage of an entity, up to maxHops",
 )
 async def lineage(
-    urn: UrnPath, registry: Registry, backend: Backend,
+    urn: UrnPath,
+    registry: Registry,
+    backend: Backend,
     direction: Annotated[Literal["UPSTREAM", "DOWNSTREAM"], Query()] = "DOWNSTREAM",
     maxHops: Annotated[int, Query(ge=1, le=20)] = 3,
 ) -> Any:
@@ -284,7 +305,10 @@ def _timeseries_aspect(registry: EntityRegistry, entity_name: str, aspect: str) 
     with invalid_at("$aspect", aspect=aspect):
         spec = registry.aspect(entity, aspect)
     if not spec.is_timeseries:
-        raise ValidationFailed(f"aspect {aspect!r} is not a timeseries aspect", [Issue("not a timeseries aspect", aspect=aspect, path="$aspect")])
+        raise ValidationFailed(
+            f"aspect {aspect!r} is not a timeseries aspect",
+            [Issue("not a timeseries aspect", aspect=aspect, path="$aspect")],
+        )
     return entity, spec.name
 
 
@@ -304,14 +328,24 @@ class TimeseriesLatest(BaseModel):
     summary="The latest point of a timeseries aspect of an entity (e.g. the latest datasetProfile); 404 when none",
 )
 async def timeseries_latest(
-    entityName: str, aspect: str, registry: Registry, backend: Backend, urn: UrnQuery,
+    entityName: str,
+    aspect: str,
+    registry: Registry,
+    backend: Backend,
+    urn: UrnQuery,
 ) -> Any:
     _, aspect_name = _timeseries_aspect(registry, entityName, aspect)
     points = await backend.timeseries(TimeseriesQuery(urn=checked_urn(urn), aspect=aspect_name, limit=1))
     if not points:
         raise NotFound(f"no {aspect_name} points for {urn}", [Issue("not found", urn=urn, aspect=aspect_name)])
     p = points[0]
-    return {"urn": urn, "aspect": aspect_name, "timestampMillis": p.timestamp_ms, "value": p.value, "systemMetadata": p.system_metadata}
+    return {
+        "urn": urn,
+        "aspect": aspect_name,
+        "timestampMillis": p.timestamp_ms,
+        "value": p.value,
+        "systemMetadata": p.system_metadata,
+    }
 
 
 class DailyBucket(BaseModel):
@@ -359,7 +393,11 @@ def _path(value: dict[str, Any], field: str) -> Any:
     "`start`/`end`: epoch millis, inclusive. Days without points are omitted; oldest first.",
 )
 async def timeseries_daily(
-    entityName: str, aspect: str, registry: Registry, backend: Backend, urn: Annotated[str, Query()],
+    entityName: str,
+    aspect: str,
+    registry: Registry,
+    backend: Backend,
+    urn: Annotated[str, Query()],
     field: Annotated[str | None, Query()] = None,
     start: Annotated[int | None, Query()] = None,
     end: Annotated[int | None, Query()] = None,
@@ -367,17 +405,19 @@ async def timeseries_daily(
     _, aspect_name = _timeseries_aspect(registry, entityName, aspect)
     check_long(start, "start")
     check_long(end, "end")
-    points = await backend.timeseries(TimeseriesQuery(urn=checked_urn(urn), aspect=aspect_name, start_ms=start, end_ms=end, limit=MAX_PAGE_SIZE * 10))
+    points = await backend.timeseries(
+        TimeseriesQuery(urn=checked_urn(urn), aspect=aspect_name, start_ms=start, end_ms=end, limit=MAX_PAGE_SIZE * 10)
+    )
     days: dict[str, dict[str, Any]] = {}
     for p in sorted(points, key=lambda p: p.timestamp_ms):
         try:
-            day = datetime.fromtimestamp(p.timestamp_ms / 1000, tz=timezone.utc).date()
+            day = datetime.fromtimestamp(p.timestamp_ms / 1000, tz=UTC).date()
         except (ValueError, OverflowError, OSError):
             continue  # a valid long, but not a day of years 1-9999: no bucket holds it
         key = day.isoformat()
         bucket = days.get(key)
         if bucket is None:
-            midnight = int(datetime(day.year, day.month, day.day, tzinfo=timezone.utc).timestamp() * 1000)
+            midnight = int(datetime(day.year, day.month, day.day, tzinfo=UTC).timestamp() * 1000)
             bucket = days[key] = {"date": key, "startMillis": midnight, "count": 0}
             if field:
                 bucket["sum"] = 0.0
@@ -397,7 +437,8 @@ class StorageStatus(BaseModel):
     writeStatus: Literal["ACTIVE_STATE", "PENDING", "NO_OP", "ERROR"]
     version: str | None = None
     writeMessage: str | None = Field(
-        None, description="ERROR: why the search backend refused this version, its attempts and the next retry")
+        None, description="ERROR: why the search backend refused this version, its attempts and the next retry"
+    )
 
 
 class AspectTrace(BaseModel):
@@ -423,7 +464,11 @@ class TraceResponse(BaseModel):
     "index does not use.",
 )
 async def trace_write(
-    urn: UrnPath, session: Session, registry: Registry, backend: Backend, caller: Caller,
+    urn: UrnPath,
+    session: Session,
+    registry: Registry,
+    backend: Backend,
+    caller: Caller,
     aspect: Annotated[list[str] | None, Query()] = None,
 ) -> Any:
     entity = entity_of_urn(registry, urn)
@@ -432,7 +477,10 @@ async def trace_write(
     reader = EntityReader(session, registry, caller)  # an entity the caller may not see has no stored aspects
     rows = [] if await reader.unreadable([urn]) else await reader.repo.entity_latest(urn, aspect)
     if not rows:
-        raise NotFound(f"entity {urn} has no stored aspects" + (f" named {aspect}" if aspect else ""), [Issue("not found", urn=urn)])
+        raise NotFound(
+            f"entity {urn} has no stored aspects" + (f" named {aspect}" if aspect else ""),
+            [Issue("not found", urn=urn)],
+        )
     indexed = await backend.document_versions(urn)
     failing = await FailureReader(session).of_urn(urn)  # change logs the search backend refused (app.search.failures)
     used, _ = indexed_aspects(registry, entity)  # the document's aspects, those with edges among them
@@ -446,10 +494,15 @@ async def trace_write(
         if in_index is not None and int(in_index) >= int(stored):
             search = {"writeStatus": "ACTIVE_STATE", "version": str(in_index)}
         elif failure is not None and failure["version"] >= int(stored):
-            search = {"writeStatus": "ERROR", "version": None if in_index is None else str(in_index),
-                      "writeMessage": (f"the search backend refused version {failure['version']} "
-                                       f"({failure['attempts']} attempts since {failure['first_failed_at'].isoformat()}; "
-                                       f"next retry {failure['next_retry_at'].isoformat()}): {failure['reason']}")}
+            search = {
+                "writeStatus": "ERROR",
+                "version": None if in_index is None else str(in_index),
+                "writeMessage": (
+                    f"the search backend refused version {failure['version']} "
+                    f"({failure['attempts']} attempts since {failure['first_failed_at'].isoformat()}; "
+                    f"next retry {failure['next_retry_at'].isoformat()}): {failure['reason']}"
+                ),
+            }
         elif in_index is None and used is not None and row.aspect not in used:
             search = {"writeStatus": "NO_OP"}
         else:

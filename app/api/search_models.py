@@ -8,7 +8,12 @@ from pydantic import BaseModel, ConfigDict
 
 
 class ScrollEntity(BaseModel):
-    model_config = ConfigDict(extra="allow", json_schema_extra={"description": "`urn` and the entity's aspects as in GET entity: `{<aspect>: {\"value\", \"systemMetadata\"?}}`"})
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "description": '`urn` and the entity\'s aspects as in GET entity: `{<aspect>: {"value", "systemMetadata"?}}`'
+        },
+    )
     urn: str
 
 

@@ -32,20 +32,30 @@ async def health(engine: Engine):
     except Exception as error:  # noqa: BLE001 - health reports any failure as a status
         database = f"unavailable: {type(error).__name__}"
     status = "ok" if database == "ok" else "degraded"
-    return json_response({"status": status, "database": database, "version": __version__}, 200 if status == "ok" else 503)
+    return json_response(
+        {"status": status, "database": database, "version": __version__}, 200 if status == "ok" else 503
+    )
 
 
-@router.get("/ready", summary="Readiness: database, migrations at head, broker, registries",
-            responses={503: {"description": "Not ready: `checks` names the part that is not ready"}},
-            dependencies=[ALLOW_PUBLIC], openapi_extra=OPEN)
+@router.get(
+    "/ready",
+    summary="Readiness: database, migrations at head, broker, registries",
+    responses={503: {"description": "Not ready: `checks` names the part that is not ready"}},
+    dependencies=[ALLOW_PUBLIC],
+    openapi_extra=OPEN,
+)
 async def ready(ops: Ops):
     is_ready, body = await ops.ready()
     return json_response(body, 200 if is_ready else 503)
 
 
-@router.get("/metrics", summary="Prometheus metrics (text format)", response_class=Response,
-            responses={200: {"content": {"text/plain": {}}, "description": "The Prometheus text exposition"}},
-            dependencies=[ALLOW_READ])
+@router.get(
+    "/metrics",
+    summary="Prometheus metrics (text format)",
+    response_class=Response,
+    responses={200: {"content": {"text/plain": {}}, "description": "The Prometheus text exposition"}},
+    dependencies=[ALLOW_READ],
+)
 async def metrics(ops: Ops):
     return Response(await ops.metrics(), media_type=METRICS_CONTENT_TYPE)
 
@@ -60,7 +70,9 @@ async def config(registry: Registry):
             "patchCapable": True,
             "supportsImpactAnalysis": False,
             "timeZone": "UTC",
-            "versions": {"acryldata/datahub": {"version": REPORTED_DATAHUB_VERSION, "commit": f"metaledger-{__version__}"}},
+            "versions": {
+                "acryldata/datahub": {"version": REPORTED_DATAHUB_VERSION, "commit": f"metaledger-{__version__}"}
+            },
             "telemetry": {"enabledCli": False, "enabledIngestion": False},
             "managedIngestion": {"enabled": False, "defaultCliVersion": "1.7.0.17"},
             "datahub": {"serverType": "metaledger", "serverEnv": "core"},

@@ -49,8 +49,11 @@ class ChangeTransaction(BaseModel):
     semVerChange: str = Field(description="The highest change of the transaction: MAJOR, MINOR, PATCH or NONE")
     changeEvents: list[ChangeEvent]
     versionStamp: str = Field(description="`<aspect>:<version>;...` of the aspects read, at this transaction")
-    rawDiff: list[dict[str, Any]] | None = Field(None, description="With raw=true: a JSON Patch (RFC 6902) of the "
-                                                 "transaction's first aspect (by name) from its previous version")
+    rawDiff: list[dict[str, Any]] | None = Field(
+        None,
+        description="With raw=true: a JSON Patch (RFC 6902) of the "
+        "transaction's first aspect (by name) from its previous version",
+    )
 
 
 @router.get(
@@ -64,7 +67,10 @@ class ChangeTransaction(BaseModel):
     f"`{TRUNCATED_HEADER}` names the aspects and `{COMPLETE_FROM_HEADER}` the time from which the history is whole.",
 )
 async def timeline(
-    urn: UrnPath, session: Session, registry: Registry, caller: Caller,
+    urn: UrnPath,
+    session: Session,
+    registry: Registry,
+    caller: Caller,
     categories: Annotated[list[str], Query(description="Change categories: TAG, OWNERSHIP, TECHNICAL_SCHEMA, ...")],
     startTime: Annotated[int, Query(ge=-1, le=MAX_EPOCH_MS, description="Epoch ms; -1: a week before endTime")] = -1,
     endTime: Annotated[int, Query(ge=0, le=MAX_EPOCH_MS, description="Epoch ms; 0: now")] = 0,

@@ -46,8 +46,14 @@ from app.avro.wire import ValueCodec
 from app.db import SessionRepository
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
 from app.ingest.trace import (
-    REQUEST_TRACE_ID, TELEMETRY_TRACE_KEY, new_trace_id, trace_id_in, trace_id_of_path, trace_id_of_traceparent,
-    trace_time_ms, traceparent,
+    REQUEST_TRACE_ID,
+    TELEMETRY_TRACE_KEY,
+    new_trace_id,
+    trace_id_in,
+    trace_id_of_path,
+    trace_id_of_traceparent,
+    trace_time_ms,
+    traceparent,
 )
 from app.registry import EntityRegistry
 from app.search.documents import indexed_aspects
@@ -115,10 +121,12 @@ class TraceStatus(BaseModel):
 
 
 class TraceRequest(RootModel[dict[str, list[str]]]):
-    model_config = ConfigDict(json_schema_extra={
-        "description": "The aspects to trace, per URN",
-        "examples": [{"urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)": ["status", "datasetProperties"]}],
-    })
+    model_config = ConfigDict(
+        json_schema_extra={
+            "description": "The aspects to trace, per URN",
+            "examples": [{"urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)": ["status", "datasetProperties"]}],
+        }
+    )
 
 
 def _status(write_status: WriteStatus, message: str | None = None, exceptions: list[dict] | None = None) -> dict:
@@ -143,7 +151,11 @@ def _status(write_status: WriteStatus, message: str | None = None, exceptions: l
     "(`writeExceptions`); `skipCache` changes nothing (nothing is cached).",
 )
 async def trace_writes(
-    request: Request, session: Session, registry: Registry, backend: Backend, caller: Caller,
+    request: Request,
+    session: Session,
+    registry: Registry,
+    backend: Backend,
+    caller: Caller,
     body: Annotated[TraceRequest, Depends(JsonBody(TraceRequest))],
     traceId: Annotated[str, Path(description="A trace id (32 hex digits) or a whole `traceparent`")],
     onlyIncludeErrors: Annotated[Flag, Query()] = True,
@@ -152,8 +164,10 @@ async def trace_writes(
 ) -> Any:
     trace_id = trace_id_of_path(traceId)
     if trace_id is None:
-        raise ValidationFailed(f"{traceId!r} is not a trace id (32 hex digits) nor a traceparent",
-                               [Issue("not a trace id", path="$traceId", found=traceId[:80])])
+        raise ValidationFailed(
+            f"{traceId!r} is not a trace id (32 hex digits) nor a traceparent",
+            [Issue("not a trace id", path="$traceId", found=traceId[:80])],
+        )
     settings: Settings = request.app.state.settings
     wanted = _checked(registry, body.root, settings)
     primary: dict[str, dict[str, dict]] = {
@@ -172,7 +186,7 @@ async def trace_writes(
         Returns the pairs the rows tell nothing about."""
         untold: list[tuple[str, str]] = []
         for start in range(0, len(pairs), TRACE_ROUND_PAIRS):
-            chunk = pairs[start:start + TRACE_ROUND_PAIRS]
+            chunk = pairs[start : start + TRACE_ROUND_PAIRS]
             rows = TraceRows(session)
             latest = await rows.latest(chunk)
             remaining = []
@@ -217,8 +231,11 @@ async def trace_writes(
         search = await _search_statuses(registry, backend, urn, statuses, versions, failing.get(urn, {}))
         answered = {}
         for aspect in wanted[urn]:
-            status = {"success": "ERROR" not in (statuses[aspect]["writeStatus"], search[aspect]["writeStatus"]),
-                      "primaryStorage": statuses[aspect], "searchStorage": search[aspect]}
+            status = {
+                "success": "ERROR" not in (statuses[aspect]["writeStatus"], search[aspect]["writeStatus"]),
+                "primaryStorage": statuses[aspect],
+                "searchStorage": search[aspect],
+            }
             if not onlyIncludeErrors or not status["success"]:
                 answered[aspect] = status
         if answered:
@@ -230,8 +247,9 @@ def _checked(registry: EntityRegistry, body: dict[str, list[str]], settings: Set
     """The URNs and aspect names asked for, each checked against the registry (400 naming the bad one). First, how
     many: more (urn, aspect) pairs than MAX_BATCH_ITEMS (a URN asked with none counts as one) is a 413 naming the
     limit, before anything is looked at or looked up (a trace asks about the writes of one batch, at most as many)."""
-    check_batch_size(None, settings, "$", count=sum(len(aspects) or 1 for aspects in body.values()),
-                     what="aspects to trace")
+    check_batch_size(
+        None, settings, "$", count=sum(len(aspects) or 1 for aspects in body.values()), what="aspects to trace"
+    )
     wanted: dict[str, list[str]] = {}
     for urn, aspects in body.items():
         entity = entity_of_urn(registry, urn, path=f"$[{urn!r}]")
@@ -261,10 +279,15 @@ class TraceRows(SessionRepository):
                 WHERE m.urn = k.urn AND m.aspect = k.aspect AND m.version = 0 OFFSET 0
             ) m
             """,
-            [p[0] for p in pairs], [p[1] for p in pairs],
+            [p[0] for p in pairs],
+            [p[1] for p in pairs],
         )
-        return {(r["urn"], r["aspect"]): StoredAspect(r["urn"], r["aspect"], "", r["systemmetadata"], r["createdon"],
-                                                      r["createdby"], row_version=r["version"]) for r in rows}
+        return {
+            (r["urn"], r["aspect"]): StoredAspect(
+                r["urn"], r["aspect"], "", r["systemmetadata"], r["createdon"], r["createdby"], row_version=r["version"]
+            )
+            for r in rows
+        }
 
     async def traced(self, pairs: list[tuple[str, str]], trace_id: str) -> set[tuple[str, str]]:
         """The pairs with an older version written by the trace (each pair's history rows)."""
@@ -280,7 +303,10 @@ class TraceRows(SessionRepository):
                   AND m.systemmetadata::jsonb -> 'properties' ->> $4 = $3
             )
             """,
-            [p[0] for p in pairs], [p[1] for p in pairs], trace_id, TELEMETRY_TRACE_KEY,
+            [p[0] for p in pairs],
+            [p[1] for p in pairs],
+            trace_id,
+            TELEMETRY_TRACE_KEY,
         )
         return {(r["urn"], r["aspect"]) for r in rows}
 
@@ -309,13 +335,19 @@ async def _index_failures(session, urns: list[str]) -> dict[str, dict[str, dict[
     each."""
     out: dict[str, dict[str, dict[str, Any]]] = {}
     for start in range(0, len(urns), TRACE_ROUND_PAIRS):
-        out.update(await TraceRows(session).failures(urns[start:start + TRACE_ROUND_PAIRS]))
+        out.update(await TraceRows(session).failures(urns[start : start + TRACE_ROUND_PAIRS]))
         await session.close()
     return out
 
 
-async def _search_statuses(registry: EntityRegistry, backend, urn: str, primary: dict[str, dict],
-                           versions: dict[tuple[str, str], int], failing: dict[str, dict]) -> dict[str, dict]:
+async def _search_statuses(
+    registry: EntityRegistry,
+    backend,
+    urn: str,
+    primary: dict[str, dict],
+    versions: dict[tuple[str, str], int],
+    failing: dict[str, dict],
+) -> dict[str, dict]:
     """The search storage's status of each aspect of `urn` (`failing`: its index failures, read beforehand)."""
     out: dict[str, dict] = {}
     active = [a for a, s in primary.items() if s["writeStatus"] == "ACTIVE_STATE"]
@@ -329,9 +361,12 @@ async def _search_statuses(registry: EntityRegistry, backend, urn: str, primary:
             if in_index is not None and int(in_index) >= version:
                 out[aspect] = _status("ACTIVE_STATE")
             elif failure is not None and failure["version"] >= version:
-                out[aspect] = _status("ERROR", f"the search backend refused version {failure['version']} "
-                                               f"({failure['attempts']} attempts; next retry "
-                                               f"{failure['next_retry_at'].isoformat()}): {failure['reason']}")
+                out[aspect] = _status(
+                    "ERROR",
+                    f"the search backend refused version {failure['version']} "
+                    f"({failure['attempts']} attempts; next retry "
+                    f"{failure['next_retry_at'].isoformat()}): {failure['reason']}",
+                )
             elif in_index is None and used is not None and aspect not in used:
                 out[aspect] = _status("NO_OP")
             else:
@@ -353,7 +388,11 @@ async def _search_statuses(registry: EntityRegistry, backend, urn: str, primary:
 
 
 async def _queue_statuses(
-    settings: Settings, codec: ValueCodec, wanted: dict[str, list[str]], trace_id: str, trace_ms: int | None,
+    settings: Settings,
+    codec: ValueCodec,
+    wanted: dict[str, list[str]],
+    trace_id: str,
+    trace_ms: int | None,
     detailed: bool,
 ) -> dict[tuple[str, str], dict]:
     """(urn, aspect) → PENDING (on the MCP topic, not yet consumed) or ERROR (on the failure topic), for the trace's
@@ -363,18 +402,25 @@ async def _queue_statuses(
     since_ms = trace_ms if trace_ms is not None else int(time.time() * 1000) - UNTIMED_TRACE_LOOKBACK_MS
     keys = {urn.encode() for urn in wanted}
     consumer = AIOKafkaConsumer(
-        bootstrap_servers=settings.kafka_bootstrap_servers, client_id=f"{settings.kafka_client_id}-trace",
-        group_id=None, enable_auto_commit=False, fetch_max_wait_ms=10,
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        client_id=f"{settings.kafka_client_id}-trace",
+        group_id=None,
+        enable_auto_commit=False,
+        fetch_max_wait_ms=10,
         request_timeout_ms=int(QUEUE_READ_TIMEOUT_S * 1000),
     )
-    admin = AIOKafkaAdminClient(bootstrap_servers=settings.kafka_bootstrap_servers,
-                                client_id=f"{settings.kafka_client_id}-trace-admin",
-                                request_timeout_ms=int(QUEUE_READ_TIMEOUT_S * 1000))
+    admin = AIOKafkaAdminClient(
+        bootstrap_servers=settings.kafka_bootstrap_servers,
+        client_id=f"{settings.kafka_client_id}-trace-admin",
+        request_timeout_ms=int(QUEUE_READ_TIMEOUT_S * 1000),
+    )
     out: dict[tuple[str, str], dict] = {}
     await admin.start()
     await consumer.start()
     try:
-        queued = await _matching(consumer, admin, codec, settings.topic_mcp, since_ms, keys, wanted, trace_id, lambda v: v)
+        queued = await _matching(
+            consumer, admin, codec, settings.topic_mcp, since_ms, keys, wanted, trace_id, lambda v: v
+        )
         if queued:
             tps = list({tp for tp, _, _ in queued.values()})
             offsets = await admin.list_consumer_group_offsets(settings.mcp_consumer_group, partitions=tps)
@@ -383,8 +429,17 @@ async def _queue_statuses(
             for pair, (tp, offset, _) in queued.items():
                 if offset >= committed.get(tp, 0):
                     out[pair] = _status("PENDING", "Consumer has not processed offset.")
-        failed = await _matching(consumer, admin, codec, settings.topic_fmcp, since_ms, keys, wanted, trace_id,
-                                 lambda v: v.get("metadataChangeProposal"))
+        failed = await _matching(
+            consumer,
+            admin,
+            codec,
+            settings.topic_fmcp,
+            since_ms,
+            keys,
+            wanted,
+            trace_id,
+            lambda v: v.get("metadataChangeProposal"),
+        )
         for pair, (_, _, value) in failed.items():
             if pair not in out:
                 out[pair] = _status("ERROR", None, _exceptions(value.get("error")) if detailed else None)
@@ -394,13 +449,24 @@ async def _queue_statuses(
     return out
 
 
-async def _matching(consumer: AIOKafkaConsumer, admin: AIOKafkaAdminClient, codec: ValueCodec, topic: str, since_ms: int, keys: set[bytes],
-                    wanted: dict[str, list[str]], trace_id: str, mcp_of) -> dict[tuple[str, str], tuple]:
+async def _matching(
+    consumer: AIOKafkaConsumer,
+    admin: AIOKafkaAdminClient,
+    codec: ValueCodec,
+    topic: str,
+    since_ms: int,
+    keys: set[bytes],
+    wanted: dict[str, list[str]],
+    trace_id: str,
+    mcp_of,
+) -> dict[tuple[str, str], tuple]:
     """The topic's records of the trace for the wanted aspects, from `since_ms` until the topic is read to its end
     (past its end offset as it was, and a fetch brought nothing more): (urn, aspect) → (partition, offset, value) of
     the last one."""
     described = await admin.describe_topics([topic])
-    tps = [TopicPartition(topic, p["partition"]) for t in described if t.get("error_code") == 0 for p in t["partitions"]]
+    tps = [
+        TopicPartition(topic, p["partition"]) for t in described if t.get("error_code") == 0 for p in t["partitions"]
+    ]
     if not tps:
         return {}
     consumer.assign(tps)
@@ -427,8 +493,9 @@ async def _matching(consumer: AIOKafkaConsumer, admin: AIOKafkaAdminClient, code
     return found
 
 
-def _match(codec: ValueCodec, record, tp: TopicPartition, wanted: dict[str, list[str]], trace_id: str, mcp_of,
-           found: dict) -> None:
+def _match(
+    codec: ValueCodec, record, tp: TopicPartition, wanted: dict[str, list[str]], trace_id: str, mcp_of, found: dict
+) -> None:
     try:
         value, _ = codec.decode_known(record.value)
     except Exception:  # noqa: BLE001 - a record of another writer's schema: not one of ours

@@ -72,8 +72,14 @@ class Principal:
 
         return may_read_aspect(self, entity_type, urn, aspect, value)
 
-    async def unreadable(self, urns: Iterable[str], repo: Any, *, in_hand: Mapping[tuple[str, str], Any] | None = None,
-                         complete: AbstractSet[str] = frozenset()) -> set[str]:
+    async def unreadable(
+        self,
+        urns: Iterable[str],
+        repo: Any,
+        *,
+        in_hand: Mapping[tuple[str, str], Any] | None = None,
+        complete: AbstractSet[str] = frozenset(),
+    ) -> set[str]:
         from app.auth.reads import unreadable_entities
 
         return await unreadable_entities(self, urns, repo, in_hand=in_hand, complete=complete)
@@ -151,7 +157,7 @@ _UNIT_SECONDS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 
 
 def parse_ttl(raw: str | None) -> timedelta | None:
-    """"90d", "12h", "30m", "3600s"; "never" (or empty) for a token that does not expire."""
+    """ "90d", "12h", "30m", "3600s"; "never" (or empty) for a token that does not expire."""
     if raw is None or raw.strip().lower() in ("", "never"):
         return None
     match = _TTL.match(raw.strip().lower())

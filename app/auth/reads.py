@@ -85,7 +85,11 @@ def _value(row: Any) -> Any:
 
 
 async def unreadable_entities(
-    principal: Principal, urns: Iterable[str], repo: LatestRows, *, in_hand: Mapping[Key, Any] | None = None,
+    principal: Principal,
+    urns: Iterable[str],
+    repo: LatestRows,
+    *,
+    in_hand: Mapping[Key, Any] | None = None,
     complete: Set[str] = frozenset(),
 ) -> set[str]:
     """The entities among `urns` the principal may not see at all: those whose guard aspect's latest value it may not
@@ -120,8 +124,10 @@ def search_scope(principal: Principal, entity_type: str) -> Groups | None:
     restrict that type for `principal`: a view is found when it is not PERSONAL, or when the caller created it."""
     if sees_everything(principal) or entity_type != VIEW_ENTITY:
         return None
-    return ((Criterion(_VIEW_TYPE_FIELD, (PERSONAL,), negated=True),),
-            (Criterion(_VIEW_CREATOR_FIELD, (principal.actor,)),))
+    return (
+        (Criterion(_VIEW_TYPE_FIELD, (PERSONAL,), negated=True),),
+        (Criterion(_VIEW_CREATOR_FIELD, (principal.actor,)),),
+    )
 
 
 def _within(any_of: Sequence[Sequence[Criterion]] | None, scope: Groups) -> Sequence[Sequence[Criterion]]:
@@ -142,8 +148,9 @@ class ReadScopedBackend:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._backend, name)
 
-    async def search(self, entity_type: str, query: str, *, any_of: Sequence[Sequence[Criterion]] | None = None,
-                     **kwargs: Any) -> SearchPage:
+    async def search(
+        self, entity_type: str, query: str, *, any_of: Sequence[Sequence[Criterion]] | None = None, **kwargs: Any
+    ) -> SearchPage:
         scope = search_scope(self.principal, entity_type)
         if scope is not None:
             any_of = _within(any_of, scope)
@@ -157,8 +164,14 @@ class ReadScopedBackend:
         hits = await self._backend.autocomplete(entity_type, prefix, limit=min(max(limit * 4, 100), MAX_FILTER_VALUES))
         if not hits:
             return hits
-        page = await self._backend.search(entity_type, "*", filters={"urn": [h.urn for h in hits], "removed": []},
-                                          count=len(hits), any_of=scope, facets=False)
+        page = await self._backend.search(
+            entity_type,
+            "*",
+            filters={"urn": [h.urn for h in hits], "removed": []},
+            count=len(hits),
+            any_of=scope,
+            facets=False,
+        )
         readable = {hit.urn for hit in page.hits}
         return [hit for hit in hits if hit.urn in readable][:limit]
 
@@ -209,9 +222,14 @@ async def readable_events(principal: Principal, events: Sequence[Any], repo: Lat
         if event.urn in hidden:
             continue
         guard = _guard_of(event.urn)
-        if guard is not None and event.aspect == guard[1] and not all(
+        if (
+            guard is not None
+            and event.aspect == guard[1]
+            and not all(
                 may_read_aspect(principal, guard[0], event.urn, event.aspect, value)
-                for value in _logged_values(event.payload)):
+                for value in _logged_values(event.payload)
+            )
+        ):
             continue
         kept.append(event)
     return kept

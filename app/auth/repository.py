@@ -18,14 +18,25 @@ _BOOTSTRAP_LOCK = 0x6D6C_6175_7468
 
 def _token(row) -> TokenInfo:
     return TokenInfo(
-        id=row.id, actor=row.actor, role=Role.parse(row.role), token_hash=row.token_hash, description=row.description,
-        created_by=row.created_by, created_at=row.created_at, expires_at=row.expires_at, revoked_at=row.revoked_at,
+        id=row.id,
+        actor=row.actor,
+        role=Role.parse(row.role),
+        token_hash=row.token_hash,
+        description=row.description,
+        created_by=row.created_by,
+        created_at=row.created_at,
+        expires_at=row.expires_at,
+        revoked_at=row.revoked_at,
     )
 
 
 def _policy(row) -> Policy:
     return Policy(
-        id=row.id, actor=row.actor, description=row.description, created_by=row.created_by, created_at=row.created_at,
+        id=row.id,
+        actor=row.actor,
+        description=row.description,
+        created_by=row.created_by,
+        created_at=row.created_at,
         entity_types=frozenset(row.entity_types) if row.entity_types is not None else None,
         aspects=frozenset(row.aspects) if row.aspects is not None else None,
     )
@@ -58,8 +69,13 @@ class AuthRepository:
                     "VALUES (:id, :actor, :role, :token_hash, :description, :created_by, :expires_at)"
                 ),
                 {
-                    "id": token.id, "actor": token.actor, "role": token.role.label, "token_hash": token.token_hash,
-                    "description": token.description, "created_by": token.created_by, "expires_at": token.expires_at,
+                    "id": token.id,
+                    "actor": token.actor,
+                    "role": token.role.label,
+                    "token_hash": token.token_hash,
+                    "description": token.description,
+                    "created_by": token.created_by,
+                    "expires_at": token.expires_at,
                 },
             )
             return True
@@ -67,7 +83,9 @@ class AuthRepository:
     async def token(self, token_id: str) -> TokenInfo | None:
         async with self.engine.connect() as connection:
             row = (
-                await connection.execute(text(f"SELECT {_TOKEN_COLUMNS} FROM auth_token WHERE id = :id"), {"id": token_id})
+                await connection.execute(
+                    text(f"SELECT {_TOKEN_COLUMNS} FROM auth_token WHERE id = :id"), {"id": token_id}
+                )
             ).one_or_none()
         return None if row is None else _token(row)
 
@@ -103,7 +121,9 @@ class AuthRepository:
                         f"RETURNING {_POLICY_COLUMNS}"
                     ),
                     {
-                        "id": policy.id, "actor": policy.actor, "description": policy.description,
+                        "id": policy.id,
+                        "actor": policy.actor,
+                        "description": policy.description,
                         "created_by": policy.created_by,
                         "entity_types": sorted(policy.entity_types) if policy.entity_types is not None else None,
                         "aspects": sorted(policy.aspects) if policy.aspects is not None else None,
@@ -114,7 +134,9 @@ class AuthRepository:
 
     async def policies(self) -> list[Policy]:
         async with self.engine.connect() as connection:
-            rows = (await connection.execute(text(f"SELECT {_POLICY_COLUMNS} FROM auth_policy ORDER BY created_at, id"))).all()
+            rows = (
+                await connection.execute(text(f"SELECT {_POLICY_COLUMNS} FROM auth_policy ORDER BY created_at, id"))
+            ).all()
         return [_policy(row) for row in rows]
 
     async def delete_policy(self, policy_id: str) -> bool:

@@ -37,13 +37,13 @@ from app.auth.model import (
     parse_ttl,
 )
 from app.auth.repository import AuthRepository
-from app.ops.metrics import AUTH_FAILURES
 from app.errors import Forbidden, Issue, NotFound, ServiceUnavailable, Unauthorized, ValidationFailed
+from app.ops.metrics import AUTH_FAILURES
 from app.registry import EntityRegistry
 from app.settings import Settings
 from app.urns import InvalidUrnError, entity_type_of
-from app.write.proposal import ChangeType, Draft
 from app.write.processors import PIPELINE_ENTITY
+from app.write.proposal import ChangeType, Draft
 from app.write.rules import system_entity_refusal
 
 log = logging.getLogger("metaledger.auth")
@@ -117,7 +117,9 @@ class AuthService:
             principal = self._system_client(credentials.strip())
         else:
             self._failed("unsupported_scheme")
-            raise Unauthorized(f"unsupported authorization scheme {scheme[:20]!r}: use Bearer (or Basic for the system client)")
+            raise Unauthorized(
+                f"unsupported authorization scheme {scheme[:20]!r}: use Bearer (or Basic for the system client)"
+            )
         return self._delegated(principal, headers.get(ACTOR_HEADER))
 
     def _delegated(self, principal: Principal, actor: str | None) -> Principal:
@@ -179,7 +181,10 @@ class AuthService:
             raise Unauthorized("the bearer token is not valid: too long")
         try:
             claims = jwt.decode(
-                token, await self.key(), algorithms=[ALGORITHM], issuer=ISSUER,
+                token,
+                await self.key(),
+                algorithms=[ALGORITHM],
+                issuer=ISSUER,
                 options={"require": ["sub", "jti", "iss"], "verify_exp": False},
             )
         except jwt.InvalidTokenError as error:
@@ -188,7 +193,9 @@ class AuthService:
         try:
             row = await self.repository.token(str(claims["jti"]))
         except (DBAPIError, OSError) as error:  # the database is down: retryable, never a 500
-            raise ServiceUnavailable(f"the database is unreachable, tokens cannot be checked: {type(error).__name__}") from None
+            raise ServiceUnavailable(
+                f"the database is unreachable, tokens cannot be checked: {type(error).__name__}"
+            ) from None
         if row is None or not hmac.compare_digest(row.token_hash, token_hash(token)):
             return "the bearer token is not valid: it is not known to this service"
         if row.revoked_at is not None:
@@ -213,20 +220,34 @@ class AuthService:
         refused = []
         for draft in drafts:
             if str(draft.entity_type).lower() == PIPELINE_ENTITY.lower():
-                refused.append(Issue(
-                    f"{system_entity_refusal(draft.urn, 'a write')} (ADMIN only); {principal.actor} has the "
-                    f"{principal.role.label} role", draft.index, draft.urn, draft.aspect_name,
-                ))
+                refused.append(
+                    Issue(
+                        f"{system_entity_refusal(draft.urn, 'a write')} (ADMIN only); {principal.actor} has the "
+                        f"{principal.role.label} role",
+                        draft.index,
+                        draft.urn,
+                        draft.aspect_name,
+                    )
+                )
             elif draft.change_type == ChangeType.DELETE.value and self._is_key_aspect(draft):
-                refused.append(Issue(
-                    f"deleting a whole entity needs the ADMIN permission; {principal.actor} has the "
-                    f"{principal.role.label} role", draft.index, draft.urn, draft.aspect_name,
-                ))
+                refused.append(
+                    Issue(
+                        f"deleting a whole entity needs the ADMIN permission; {principal.actor} has the "
+                        f"{principal.role.label} role",
+                        draft.index,
+                        draft.urn,
+                        draft.aspect_name,
+                    )
+                )
             elif policies and not any(policy.grants(draft.entity_type, draft.aspect_name) for policy in policies):
-                refused.append(Issue(
-                    f"no policy of {principal.actor} grants WRITE on {draft.entity_type}.{draft.aspect_name}",
-                    draft.index, draft.urn, draft.aspect_name,
-                ))
+                refused.append(
+                    Issue(
+                        f"no policy of {principal.actor} grants WRITE on {draft.entity_type}.{draft.aspect_name}",
+                        draft.index,
+                        draft.urn,
+                        draft.aspect_name,
+                    )
+                )
         if refused:
             self._failed("forbidden_write")
             raise Forbidden(f"{len(refused)} of {len(drafts)} writes are not allowed for {principal.actor}", refused)
@@ -249,7 +270,9 @@ class AuthService:
         try:
             policies = await self.repository.policies()
         except (DBAPIError, OSError) as error:
-            raise ServiceUnavailable(f"the database is unreachable, policies cannot be read: {type(error).__name__}") from None
+            raise ServiceUnavailable(
+                f"the database is unreachable, policies cannot be read: {type(error).__name__}"
+            ) from None
         for policy in policies:
             grouped.setdefault(policy.actor, []).append(policy)
         if self._reading.get(_POLICIES) is asyncio.current_task():
@@ -264,8 +287,14 @@ class AuthService:
     # --- tokens
 
     async def create_token(
-        self, actor: str, role: Role, *, ttl: str | None = None, description: str | None = None,
-        created_by: str, bootstrap: bool = False,
+        self,
+        actor: str,
+        role: Role,
+        *,
+        ttl: str | None = None,
+        description: str | None = None,
+        created_by: str,
+        bootstrap: bool = False,
     ) -> tuple[str, TokenInfo] | None:
         """Issue a token: (the token, shown once, and what is stored). `bootstrap`: only if no token exists yet."""
         self._check_actor(actor)
@@ -274,15 +303,28 @@ class AuthService:
         expires = now + lifetime if lifetime is not None else None
         token_id = uuid.uuid4().hex
         claims = {
-            "iss": ISSUER, "sub": actor, "jti": token_id, "role": role.label, "iat": int(now.timestamp()),
+            "iss": ISSUER,
+            "sub": actor,
+            "jti": token_id,
+            "role": role.label,
+            "iat": int(now.timestamp()),
             # DataHub's personal access token claims, for tools that read them
-            "type": "PERSONAL", "actorType": "USER", "actorId": actor.rsplit(":", 1)[-1], "version": "2",
+            "type": "PERSONAL",
+            "actorType": "USER",
+            "actorId": actor.rsplit(":", 1)[-1],
+            "version": "2",
         }
         if expires is not None:
             claims["exp"] = int(expires.timestamp())
         token = jwt.encode(claims, await self.key(), algorithm=ALGORITHM)
         info = TokenInfo(
-            token_id, actor, role, created_by=created_by, created_at=now, expires_at=expires, description=description,
+            token_id,
+            actor,
+            role,
+            created_by=created_by,
+            created_at=now,
+            expires_at=expires,
+            description=description,
             token_hash=token_hash(token),
         )
         if not await self.repository.insert_token(info, only_if_none_exist=bootstrap):
@@ -304,18 +346,25 @@ class AuthService:
     # --- policies
 
     async def create_policy(
-        self, actor: str, entity_types: Iterable[str] | None, aspects: Iterable[str] | None, *,
-        description: str | None = None, created_by: str,
+        self,
+        actor: str,
+        entity_types: Iterable[str] | None,
+        aspects: Iterable[str] | None,
+        *,
+        description: str | None = None,
+        created_by: str,
     ) -> Policy:
         self._check_actor(actor)
         entity_types = None if entity_types is None else frozenset(entity_types)
         aspects = None if aspects is None else frozenset(aspects)
         issues = [
             Issue(f"unknown entity type {name[:100]!r}", path="$.entityTypes", found=name[:100])
-            for name in sorted(entity_types or ()) if name not in self.registry.entities
+            for name in sorted(entity_types or ())
+            if name not in self.registry.entities
         ] + [
             Issue(f"unknown aspect {name[:100]!r}", path="$.aspects", found=name[:100])
-            for name in sorted(aspects or ()) if name not in self.registry.aspects
+            for name in sorted(aspects or ())
+            if name not in self.registry.aspects
         ]
         if entity_types == frozenset() or aspects == frozenset():
             issues.append(Issue("an empty list grants nothing: leave it out to grant every one"))

@@ -34,27 +34,45 @@ def event_schemas(entity: str, aspect: str, aspect_schema: dict[str, Any]) -> di
     space = namespace(entity, aspect)
     aspect_record = dict(aspect_schema)
     aspect_record.pop("Aspect", None)  # metaledger's annotation, not Avro's business
-    header = {"name": "auditHeader", "type": ["null", AUDIT_HEADER], "default": None,
-              "doc": "Kafka audit header (DataHub's KafkaAuditHeader)."}
+    header = {
+        "name": "auditHeader",
+        "type": ["null", AUDIT_HEADER],
+        "default": None,
+        "doc": "Kafka audit header (DataHub's KafkaAuditHeader).",
+    }
     urn = {"name": "urn", "type": "string", "doc": f"The {entity} the aspect belongs to."}
     aspect_name = schemas.full_name(aspect_schema["name"], aspect_schema.get("namespace"))
     change = {
-        "type": "record", "name": CHANGE, "namespace": space,
+        "type": "record",
+        "name": CHANGE,
+        "namespace": space,
         "doc": f"A proposed change of the {aspect} aspect of a {entity}: an UPSERT of proposedValue, or (absent) a "
-               "DELETE of the aspect.",
+        "DELETE of the aspect.",
         "fields": [header, urn, {"name": "proposedValue", "type": ["null", aspect_record], "default": None}],
     }
     # each document defines the aspect's record (and, for the failed record, the change event) once, inline
-    audit = schemas.self_contained({
-        "type": "record", "name": AUDIT, "namespace": space,
-        "doc": f"A committed change of the {aspect} aspect of a {entity}: its value before (absent: it did not "
-               "exist) and after. A DELETE is a tombstone record (no value) with the same key (the URN).",
-        "fields": [header, urn, {"name": "oldValue", "type": ["null", aspect_record], "default": None},
-                   {"name": "newValue", "type": aspect_name}],
-    })
-    failed = schemas.self_contained({
-        "type": "record", "name": FAILED, "namespace": space,
-        "doc": f"A {entity}.{aspect} MetadataChangeEvent that could not be applied, with the reason.",
-        "fields": [header, {"name": "metadataChangeEvent", "type": change}, {"name": "error", "type": "string"}],
-    })
+    audit = schemas.self_contained(
+        {
+            "type": "record",
+            "name": AUDIT,
+            "namespace": space,
+            "doc": f"A committed change of the {aspect} aspect of a {entity}: its value before (absent: it did not "
+            "exist) and after. A DELETE is a tombstone record (no value) with the same key (the URN).",
+            "fields": [
+                header,
+                urn,
+                {"name": "oldValue", "type": ["null", aspect_record], "default": None},
+                {"name": "newValue", "type": aspect_name},
+            ],
+        }
+    )
+    failed = schemas.self_contained(
+        {
+            "type": "record",
+            "name": FAILED,
+            "namespace": space,
+            "doc": f"A {entity}.{aspect} MetadataChangeEvent that could not be applied, with the reason.",
+            "fields": [header, {"name": "metadataChangeEvent", "type": change}, {"name": "error", "type": "string"}],
+        }
+    )
     return {CHANGE: schemas.self_contained(change), AUDIT: audit, FAILED: failed}

@@ -31,12 +31,14 @@ import orjson
 
 from app.avro import schemas
 
-GENERIC_VALUE_RECORDS = frozenset({
-    "com.linkedin.pegasus2avro.mxe.GenericAspect",
-    "com.linkedin.pegasus2avro.mxe.GenericPayload",
-    "com.linkedin.mxe.GenericAspect",
-    "com.linkedin.mxe.GenericPayload",
-})
+GENERIC_VALUE_RECORDS = frozenset(
+    {
+        "com.linkedin.pegasus2avro.mxe.GenericAspect",
+        "com.linkedin.pegasus2avro.mxe.GenericPayload",
+        "com.linkedin.mxe.GenericAspect",
+        "com.linkedin.mxe.GenericPayload",
+    }
+)
 AVRO_PREFIX = "com.linkedin.pegasus2avro."
 PEGASUS_PREFIX = "com.linkedin."
 INT_MIN, INT_MAX = -(1 << 31), (1 << 31) - 1
@@ -58,7 +60,7 @@ class AvroEncodeError(ValueError):
 
 def pegasus_name(name: str) -> str:
     """`com.linkedin.pegasus2avro.common.Status` → `com.linkedin.common.Status`."""
-    return PEGASUS_PREFIX + name[len(AVRO_PREFIX):] if name.startswith(AVRO_PREFIX) else name
+    return PEGASUS_PREFIX + name[len(AVRO_PREFIX) :] if name.startswith(AVRO_PREFIX) else name
 
 
 # --- the schema, walked once ---------------------------------------------------------------------------------------
@@ -181,8 +183,10 @@ class _Union:
         if type(value) is dict and len(value) == 1:  # a Pegasus union member: {"<name>": value}
             ((key, inner),) = value.items()
             index = self.by_key.get(key)
-            if index is not None and (not self.optional or (
-                    self.sch.kind(self.branches[index]) == "record" and not self._is_plain(index, value))):
+            if index is not None and (
+                not self.optional
+                or (self.sch.kind(self.branches[index]) == "record" and not self._is_plain(index, value))
+            ):
                 return index, inner
         if self.optional:
             return self.others[0], value
@@ -205,8 +209,15 @@ class _Union:
 def _describe(value: Any) -> str:
     if value is None:
         return "null"
-    return {bool: "a boolean", int: "an integer", float: "a number", str: "a string", list: "an array",
-            dict: "an object", bytes: "bytes"}.get(type(value), type(value).__name__)
+    return {
+        bool: "a boolean",
+        int: "an integer",
+        float: "a number",
+        str: "a string",
+        list: "an array",
+        dict: "an object",
+        bytes: "bytes",
+    }.get(type(value), type(value).__name__)
 
 
 def _json_bytes(value: Any) -> bytes:
@@ -275,11 +286,14 @@ class _EncoderCompiler:
         sch = self.sch
         kind = sch.kind(node)
         if kind == "null":
+
             def enc_null(v, buf):
                 if v is not None:
                     raise AvroEncodeError(f"expected null, found {_describe(v)}")
+
             return enc_null
         if kind == "boolean":
+
             def enc_bool(v, buf):
                 if v is True:
                     buf.append(1)
@@ -287,6 +301,7 @@ class _EncoderCompiler:
                     buf.append(0)
                 else:
                     raise AvroEncodeError(f"expected a boolean, found {_describe(v)}")
+
             return enc_bool
         if kind in ("int", "long"):
             low, high = (INT_MIN, INT_MAX) if kind == "int" else (LONG_MIN, LONG_MAX)
@@ -299,6 +314,7 @@ class _EncoderCompiler:
                     buf += _VARINTS[z]
                 else:
                     _wz(buf, z)
+
             return enc_long
         if kind in ("float", "double"):
             packer = struct.Struct("<f" if kind == "float" else "<d").pack
@@ -307,8 +323,10 @@ class _EncoderCompiler:
                 if type(v) is not float and type(v) is not int:
                     raise AvroEncodeError(f"expected a number, found {_describe(v)}")
                 buf += packer(v)
+
             return enc_float
         if kind == "string":
+
             def enc_string(v, buf):
                 if type(v) is not str:
                     raise AvroEncodeError(f"expected a string, found {_describe(v)}")
@@ -319,6 +337,7 @@ class _EncoderCompiler:
                 else:
                     _write_long(buf, len(b))
                 buf += b
+
             return enc_string
         if kind == "bytes":
             convert = _json_bytes if json_bytes else _pegasus_bytes
@@ -327,6 +346,7 @@ class _EncoderCompiler:
                 b = convert(v)
                 _write_long(buf, len(b))
                 buf += b
+
             return enc_bytes
         if kind == "fixed":
             size = sch.named[node]["size"]
@@ -336,6 +356,7 @@ class _EncoderCompiler:
                 if len(b) != size:
                     raise AvroEncodeError(f"expected {size} bytes, found {len(b)}")
                 buf += b
+
             return enc_fixed
         if kind == "enum":
             symbols = {s: _VARINTS[i << 1] for i, s in enumerate(sch.named[node]["symbols"])}
@@ -345,6 +366,7 @@ class _EncoderCompiler:
                     buf += symbols[v]
                 except (KeyError, TypeError):
                     raise AvroEncodeError(f"{v!r} is not one of {', '.join(symbols)}") from None
+
             return enc_enum
         if kind == "array":
             item = self.compile(node["items"])
@@ -360,6 +382,7 @@ class _EncoderCompiler:
                         except AvroEncodeError as error:
                             raise error.at(f"[{i}]") from None
                 buf.append(0)
+
             return enc_array
         if kind == "map":
             value_enc = self.compile(node["values"])
@@ -377,6 +400,7 @@ class _EncoderCompiler:
                         except AvroEncodeError as error:
                             raise error.at(str(k)) from None
                 buf.append(0)
+
             return enc_map
         if kind == "union":
             return self._union(node)
@@ -399,12 +423,14 @@ class _EncoderCompiler:
                     v = union.pick(v)[1]
                 buf += mark
                 inner(v, buf)
+
             return enc_optional
 
         def enc_union(v, buf):
             index, value = union.pick(v)
             buf += marks[index]
             encs[index](value, buf)
+
         return enc_union
 
     # Two flavours. The checking one (`checked=True`: closures, every value's type checked, errors with the path) is
@@ -450,7 +476,9 @@ class _EncoderCompiler:
             lines += self._inline(field["type"], fkey, depth, stack, json_bytes=generic and fname == "value")
         return lines
 
-    def _inline(self, node: Any, key: str, depth: int, stack: tuple[str, ...], *, json_bytes: bool = False) -> list[str]:
+    def _inline(
+        self, node: Any, key: str, depth: int, stack: tuple[str, ...], *, json_bytes: bool = False
+    ) -> list[str]:
         """Statements that encode the value in `x` as `node` into `buf` (locals b, n, z, k, y are scratch)."""
         ns = self.namespace
         kind = self.sch.kind(node)
@@ -458,21 +486,38 @@ class _EncoderCompiler:
         if kind == "null":
             return ["if x is not None:", "    _bad(x, 'null')"]
         if kind == "boolean":
-            return ["if x is True:", "    buf.append(1)", "elif x is False:", "    buf.append(0)", "else:",
-                    "    _bad(x, 'a boolean')"]
+            return [
+                "if x is True:",
+                "    buf.append(1)",
+                "elif x is False:",
+                "    buf.append(0)",
+                "else:",
+                "    _bad(x, 'a boolean')",
+            ]
         if kind == "int":
             return ["z = (x << 1) ^ (x >> 63)", "if z < _LIMIT:", "    buf += _V[z]", "else:", "    _wz_int(buf, z)"]
         if kind == "long":  # millisecond timestamps (2**41 > z >= 2**28) inlined: 3 table lookups
-            return ["z = (x << 1) ^ (x >> 63)", "if z < _LIMIT:", "    buf += _V[z]",
-                    "elif 268435456 <= z < 4398046511104:", "    buf += _C[z & 16383]",
-                    "    buf += _C[(z >> 14) & 16383]", "    buf += _V[z >> 28]", "else:", "    _wz(buf, z)"]
+            return [
+                "z = (x << 1) ^ (x >> 63)",
+                "if z < _LIMIT:",
+                "    buf += _V[z]",
+                "elif 268435456 <= z < 4398046511104:",
+                "    buf += _C[z & 16383]",
+                "    buf += _C[(z >> 14) & 16383]",
+                "    buf += _V[z >> 28]",
+                "else:",
+                "    _wz(buf, z)",
+            ]
         if kind in ("float", "double"):
             return [f"buf += {'_PACK_F' if kind == 'float' else '_PACK_D'}(x)"]
         if kind == "string":  # short strings repeat (actors, content types, run ids...): their encoding is cached
             return ["b = _S.get(x)", "if b is None:", "    b = _string(x)", "buf += b"]
         if kind == "bytes":
             convert = "_json_bytes" if json_bytes else "_pegasus_bytes"
-            return [f"b = x.encode() if type(x) is str else {convert}(x)" if json_bytes else f"b = {convert}(x)", *length]
+            return [
+                f"b = x.encode() if type(x) is str else {convert}(x)" if json_bytes else f"b = {convert}(x)",
+                *length,
+            ]
         if kind == "enum":
             ns[f"{key}_sym"] = {s: _VARINTS[i << 1] for i, s in enumerate(self.sch.named[node]["symbols"])}
             return [f"buf += {key}_sym[x]"]
@@ -484,11 +529,21 @@ class _EncoderCompiler:
         if kind in ("map", "array") and node["items" if kind == "array" else "values"] == "string":
             count = ["n = len(x) << 1", "if n < _LIMIT:", "    buf += _V[n]", "else:", "    _wz(buf, n)"]
             if kind == "map":
-                loop = ["for k, y in x.items():", "    b = k.encode()", *("    " + line for line in length),
-                        "    b = y.encode()", *("    " + line for line in length)]
+                loop = [
+                    "for k, y in x.items():",
+                    "    b = k.encode()",
+                    *("    " + line for line in length),
+                    "    b = y.encode()",
+                    *("    " + line for line in length),
+                ]
             else:
-                loop = ["if type(x) is not list and type(x) is not tuple:", "    _bad(x, 'an array')",
-                        "for y in x:", "    b = y.encode()", *("    " + line for line in length)]
+                loop = [
+                    "if type(x) is not list and type(x) is not tuple:",
+                    "    _bad(x, 'an array')",
+                    "for y in x:",
+                    "    b = y.encode()",
+                    *("    " + line for line in length),
+                ]
                 count = loop[:2] + count
                 loop = loop[2:]
             return ["if x:", *("    " + line for line in count + loop), "buf.append(0)"]
@@ -497,11 +552,17 @@ class _EncoderCompiler:
             if union.optional and union.null_index is not None:
                 other = union.others[0]
                 ns[f"{key}_pick"] = union.pick
-                lines = ["if x is None:", f"    buf.append({union.null_index << 1})", "else:",
-                         f"    buf.append({other << 1})"]
+                lines = [
+                    "if x is None:",
+                    f"    buf.append({union.null_index << 1})",
+                    "else:",
+                    f"    buf.append({other << 1})",
+                ]
                 if self.sch.kind(node[other]) == "record":
                     lines += ["    if type(x) is not dict or len(x) == 1:", f"        x = {key}_pick(x)[1]"]
-                lines += ["    " + line for line in self._inline(node[other], f"{key}_o", depth, stack, json_bytes=json_bytes)]
+                lines += [
+                    "    " + line for line in self._inline(node[other], f"{key}_o", depth, stack, json_bytes=json_bytes)
+                ]
                 return lines
         ns[f"{key}_enc"] = self.compile(node, json_bytes=json_bytes)  # other arrays and maps, real unions
         return [f"{key}_enc(x, buf)"]
@@ -606,9 +667,22 @@ def _wz_int(buf: bytearray, z: int) -> None:
 
 def _encoder_namespace() -> dict[str, Any]:
     return {
-        "AvroEncodeError": AvroEncodeError, "_MISSING": _MISSING, "_as_record": _as_record, "_missing": _missing,
-        "_bad": _bad, "_bad_symbol": _bad_symbol, "_wz": _wz, "_wz_int": _wz_int, "_V": _VARINTS, "_C": _CONTINUED, "_S": _STRINGS, "_string": _string, "_LIMIT": _VARINT_LIMIT,
-        "_PACK_F": struct.Struct("<f").pack, "_PACK_D": struct.Struct("<d").pack, "_json_bytes": _json_bytes,
+        "AvroEncodeError": AvroEncodeError,
+        "_MISSING": _MISSING,
+        "_as_record": _as_record,
+        "_missing": _missing,
+        "_bad": _bad,
+        "_bad_symbol": _bad_symbol,
+        "_wz": _wz,
+        "_wz_int": _wz_int,
+        "_V": _VARINTS,
+        "_C": _CONTINUED,
+        "_S": _STRINGS,
+        "_string": _string,
+        "_LIMIT": _VARINT_LIMIT,
+        "_PACK_F": struct.Struct("<f").pack,
+        "_PACK_D": struct.Struct("<d").pack,
+        "_json_bytes": _json_bytes,
         "_pegasus_bytes": _pegasus_bytes,
     }
 
@@ -660,6 +734,7 @@ class _ToAvroCompiler:
             index, value = union.pick(v)
             converted = convs[index](value)
             return (names[index], converted) if names[index] is not None else converted
+
         return to_union
 
     def _record(self, name: str) -> Convert:
@@ -747,6 +822,7 @@ class _FromAvroCompiler:
                 if type(v) is tuple:
                     v = v[1]
                 return conv(v)
+
             return from_optional
 
         primitive = [(kind, node[i]) for i, kind in enumerate(kinds) if kind not in ("record", "enum", "fixed", "null")]
@@ -762,6 +838,7 @@ class _FromAvroCompiler:
                 if _accepts(sch, branch, probe):
                     return {kind: convs[kind](v)}
             return v
+
         return from_union
 
     def _record(self, name: str) -> Convert:

@@ -43,14 +43,28 @@ RECORD_NAMES = SHIPPED + WRITTEN
 
 # DataHub's fixed ids, old versions included (they resolve to the current schema).
 DATAHUB_SCHEMA_IDS: dict[int, str] = {
-    0: MCP, 9: MCP, 16: MCP,
-    1: FMCP, 10: FMCP, 17: FMCP,
-    2: MCL, 11: MCL, 18: MCL,
-    3: MCL, 12: MCL, 19: MCL,  # MetadataChangeLog_Timeseries_v1: same record
+    0: MCP,
+    9: MCP,
+    16: MCP,
+    1: FMCP,
+    10: FMCP,
+    17: FMCP,
+    2: MCL,
+    11: MCL,
+    18: MCL,
+    3: MCL,
+    12: MCL,
+    19: MCL,  # MetadataChangeLog_Timeseries_v1: same record
     4: PLATFORM_EVENT,
-    5: MCE, 13: MCE, 20: MCE,
-    6: FMCE, 14: FMCE, 21: FMCE,
-    7: MAE, 15: MAE, 22: MAE,
+    5: MCE,
+    13: MCE,
+    20: MCE,
+    6: FMCE,
+    14: FMCE,
+    21: FMCE,
+    7: MAE,
+    15: MAE,
+    22: MAE,
 }
 
 # Topic role → the record it carries and DataHub's current id for it.
@@ -93,7 +107,9 @@ def package_schema_dir() -> Path:
     try:
         dist = importlib.metadata.distribution(PACKAGE)
     except importlib.metadata.PackageNotFoundError as error:
-        raise SchemaNotFound(f"the {PACKAGE} package is not installed: DataHub's Kafka record schemas come from it") from error
+        raise SchemaNotFound(
+            f"the {PACKAGE} package is not installed: DataHub's Kafka record schemas come from it"
+        ) from error
     return Path(str(dist.locate_file(PACKAGE_SCHEMAS)))
 
 

@@ -110,8 +110,13 @@ def _json_text(value: Any) -> bytes:
 class ValueCodec:
     """Encodes what metaledger produces and decodes what it consumes (see the module docstring)."""
 
-    def __init__(self, settings: Settings, registry: WriterSchemas | None = None, *,
-                 fetch_schema: Callable[[int], str] | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        registry: WriterSchemas | None = None,
+        *,
+        fetch_schema: Callable[[int], str] | None = None,
+    ) -> None:
         """`registry`: where `decode` finds writer schemas by id (and `start` registers, for an external one);
         `fetch_schema`: the same for `decode_sync` (a blocking lookup by id raising LookupError for an unknown id),
         for callers without an event loop (the Spark indexer's tasks)."""
@@ -216,8 +221,9 @@ class ValueCodec:
             codecs = self._by_id[schema_id] = records.codecs(schemas.DATAHUB_SCHEMA_IDS[schema_id])
             return codecs
         if self.registry is None and self.fetch_schema is None:
-            raise UnknownSchemaId(schema_id, f"unknown schema id {schema_id}: not one of DataHub's ids and no schema "
-                                             "registry to ask")
+            raise UnknownSchemaId(
+                schema_id, f"unknown schema id {schema_id}: not one of DataHub's ids and no schema registry to ask"
+            )
         unknown = self._unknown.get(schema_id)
         if unknown is not None and time.monotonic() - unknown[0] < UNKNOWN_ID_RETRY_S:
             raise UnknownSchemaId(schema_id, unknown[1])
@@ -244,14 +250,18 @@ class ValueCodec:
         except UnknownSchemaId as error:
             schema_id = error.schema_id
             unknown = self._unknown.get(schema_id)
-            if self.fetch_schema is None or (unknown is not None and time.monotonic() - unknown[0] < UNKNOWN_ID_RETRY_S):
+            if self.fetch_schema is None or (
+                unknown is not None and time.monotonic() - unknown[0] < UNKNOWN_ID_RETRY_S
+            ):
                 raise
             self.registry_fetches += 1
             try:
                 text = self.fetch_schema(schema_id)
             except LookupError as lookup:
-                self._unknown[schema_id] = (time.monotonic(), f"unknown schema id {schema_id}: the schema registry does "
-                                                              f"not know it ({lookup})")
+                self._unknown[schema_id] = (
+                    time.monotonic(),
+                    f"unknown schema id {schema_id}: the schema registry does not know it ({lookup})",
+                )
             else:
                 self.add_schema(schema_id, text)
         return self.decode_known(raw)
@@ -267,12 +277,16 @@ class ValueCodec:
             try:
                 text = await self.registry.schema_by_id(schema_id)
             except LookupError as error:
-                self._unknown[schema_id] = (time.monotonic(), f"unknown schema id {schema_id}: the schema registry does "
-                                                              f"not know it ({error})")
+                self._unknown[schema_id] = (
+                    time.monotonic(),
+                    f"unknown schema id {schema_id}: the schema registry does not know it ({error})",
+                )
                 return
             except Exception as error:  # noqa: BLE001 - unreachable, or failing: the caller retries later
-                raise SchemaFetchFailed(f"the schema registry could not be asked for schema id {schema_id} "
-                                        f"({type(error).__name__}: {error})") from error
+                raise SchemaFetchFailed(
+                    f"the schema registry could not be asked for schema id {schema_id} "
+                    f"({type(error).__name__}: {error})"
+                ) from error
             self.add_schema(schema_id, text)
 
     def add_schema(self, schema_id: int, text: str) -> None:
@@ -281,9 +295,10 @@ class ValueCodec:
             codecs = records.Codecs(orjson.loads(text))
             codecs.parsed  # noqa: B018 - parse now: a schema that is not valid Avro is the id's problem
         except Exception as error:  # noqa: BLE001
-            self._unknown[schema_id] = (time.monotonic(), f"schema id {schema_id}: the registry's schema is not valid "
-                                                          f"Avro ({type(error).__name__}: {error})")
+            self._unknown[schema_id] = (
+                time.monotonic(),
+                f"schema id {schema_id}: the registry's schema is not valid Avro ({type(error).__name__}: {error})",
+            )
             return
         self._unknown.pop(schema_id, None)
         self._by_id[schema_id] = codecs
-

@@ -41,7 +41,8 @@ class FeedCursor:
         """Create the position (at `start`) if it does not exist; from then on pruning keeps the rows past it."""
         await self.conn.execute(
             "INSERT INTO feed_reader_state (reader, last_offset) VALUES ($1, $2) ON CONFLICT (reader) DO NOTHING",
-            self.reader, start,
+            self.reader,
+            start,
         )
 
     async def position(self) -> int:
@@ -50,7 +51,9 @@ class FeedCursor:
 
     async def lock(self) -> int:
         """The position, locked (`FOR UPDATE`) until the caller's transaction ends."""
-        return await self.conn.fetchval("SELECT last_offset FROM feed_reader_state WHERE reader = $1 FOR UPDATE", self.reader)
+        return await self.conn.fetchval(
+            "SELECT last_offset FROM feed_reader_state WHERE reader = $1 FOR UPDATE", self.reader
+        )
 
     async def feed_end(self) -> int:
         """The offset of the last sequenced row of the feed."""

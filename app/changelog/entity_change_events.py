@@ -88,7 +88,8 @@ from __future__ import annotations
 
 import json
 from bisect import bisect_left
-from typing import Any, Callable, NamedTuple, TypeGuard
+from collections.abc import Callable
+from typing import Any, NamedTuple, TypeGuard
 
 import orjson
 
@@ -214,7 +215,9 @@ def _downgrade_field_path(path: str) -> str:
     """``SchemaFieldUtils.downgradeFieldPath``: a v2 field path without its ``[...]`` type components."""
     if not path.startswith(_FIELD_PATH_V2):
         return path
-    return ".".join(c for c in path[len(_FIELD_PATH_V2) :].split(".") if c and not (c.startswith("[") and c.endswith("]")))
+    return ".".join(
+        c for c in path[len(_FIELD_PATH_V2) :].split(".") if c and not (c.startswith("[") and c.endswith("]"))
+    )
 
 
 def _entity_type_of(urn: str, default: str) -> str:
@@ -281,8 +284,16 @@ def _assoc_diff(container: dict | None, target_container: dict | None, list_fiel
 
 
 def _association_events(
-    entity_urn: str, base: dict | None, target: dict | None, *, list_field: str, key: Any, urn_field: str,
-    category: str, parameter: str, noun: str,
+    entity_urn: str,
+    base: dict | None,
+    target: dict | None,
+    *,
+    list_field: str,
+    key: Any,
+    urn_field: str,
+    category: str,
+    parameter: str,
+    noun: str,
 ) -> list[SemanticChange]:
     """ADD / REMOVE per tag or glossary-term association (the two generators differ only in names)."""
     events: list[SemanticChange] = []
@@ -293,8 +304,9 @@ def _association_events(
             "context": assoc.get("context") if assoc.get("context") is not None else _EMPTY_JSON,
             "sourceDetails": _source_details(assoc.get("attribution")),
         }
-        events.append(SemanticChange(entity_urn, category, op, urn, params, "MINOR",
-                                     _association_text(noun, op, urn, entity_urn)))
+        events.append(
+            SemanticChange(entity_urn, category, op, urn, params, "MINOR", _association_text(noun, op, urn, entity_urn))
+        )
     return events
 
 
@@ -306,26 +318,71 @@ def _association_text(noun: str, op: str, urn: str | None, entity_urn: str) -> s
 
 
 def _tag_events(entity_urn: str, base: dict | None, target: dict | None) -> list[SemanticChange]:
-    return _association_events(entity_urn, base, target, list_field="tags", key=_tag_key, urn_field="tag",
-                               category="TAG", parameter="tagUrn", noun="Tag")
+    return _association_events(
+        entity_urn,
+        base,
+        target,
+        list_field="tags",
+        key=_tag_key,
+        urn_field="tag",
+        category="TAG",
+        parameter="tagUrn",
+        noun="Tag",
+    )
 
 
 def _term_events(entity_urn: str, base: dict | None, target: dict | None) -> list[SemanticChange]:
-    return _association_events(entity_urn, base, target, list_field="terms", key=_term_key, urn_field="urn",
-                               category="GLOSSARY_TERM", parameter="termUrn", noun="Term")
+    return _association_events(
+        entity_urn,
+        base,
+        target,
+        list_field="terms",
+        key=_term_key,
+        urn_field="urn",
+        category="GLOSSARY_TERM",
+        parameter="termUrn",
+        noun="Term",
+    )
 
 
 def _description_events(entity_urn: str, base: str | None, target: str | None, modifier=None) -> list[SemanticChange]:
     """The ADD / REMOVE / MODIFY description pattern shared by the properties generators (all MINOR in DataHub)."""
     if base is None and target is not None:
-        return [SemanticChange(entity_urn, "DOCUMENTATION", "ADD", modifier, {"description": target}, "MINOR",
-                       _DOC_ADDED.format(entity_urn, target))]
+        return [
+            SemanticChange(
+                entity_urn,
+                "DOCUMENTATION",
+                "ADD",
+                modifier,
+                {"description": target},
+                "MINOR",
+                _DOC_ADDED.format(entity_urn, target),
+            )
+        ]
     if base is not None and target is None:
-        return [SemanticChange(entity_urn, "DOCUMENTATION", "REMOVE", modifier, {"description": base}, "MINOR",
-                       _DOC_REMOVED.format(entity_urn, base))]
+        return [
+            SemanticChange(
+                entity_urn,
+                "DOCUMENTATION",
+                "REMOVE",
+                modifier,
+                {"description": base},
+                "MINOR",
+                _DOC_REMOVED.format(entity_urn, base),
+            )
+        ]
     if base is not None and base != target:
-        return [SemanticChange(entity_urn, "DOCUMENTATION", "MODIFY", modifier, {"description": target}, "MINOR",
-                       _DOC_CHANGED.format(entity_urn, base, target))]
+        return [
+            SemanticChange(
+                entity_urn,
+                "DOCUMENTATION",
+                "MODIFY",
+                modifier,
+                {"description": target},
+                "MINOR",
+                _DOC_CHANGED.format(entity_urn, base, target),
+            )
+        ]
     return []
 
 
@@ -362,8 +419,15 @@ def _owner_event(urn: str, op: str, owner: dict) -> SemanticChange:
         params["ownerTypeUrn"] = owner["typeUrn"]
     params["sourceDetails"] = _source_details(owner.get("attribution"))
     done = "added" if op == "ADD" else "removed"
-    return SemanticChange(urn, "OWNERSHIP", op, owner_urn, params, "MINOR",
-                  f"'{_urn_id(owner_urn)}' {done} as a `{owner.get('type')}` of '{urn}'.")
+    return SemanticChange(
+        urn,
+        "OWNERSHIP",
+        op,
+        owner_urn,
+        params,
+        "MINOR",
+        f"'{_urn_id(owner_urn)}' {done} as a `{owner.get('type')}` of '{urn}'.",
+    )
 
 
 def _ownership(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
@@ -413,8 +477,15 @@ def _domain_params(domains: dict, domain_urn: str) -> Params:
 
 def _domain_event(urn: str, op: str, domains: dict, domain_urn: str) -> SemanticChange:
     done = "added to" if op == "ADD" else "removed from"
-    return SemanticChange(urn, "DOMAIN", op, domain_urn, _domain_params(domains, domain_urn), "MINOR",
-                  f"Domain '{_urn_id(domain_urn)}' {done} entity '{urn}'.")
+    return SemanticChange(
+        urn,
+        "DOMAIN",
+        op,
+        domain_urn,
+        _domain_params(domains, domain_urn),
+        "MINOR",
+        f"Domain '{_urn_id(domain_urn)}' {done} entity '{urn}'.",
+    )
 
 
 def _domains(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
@@ -441,11 +512,21 @@ def _deprecation(urn: str, prev: dict | None, cur: dict | None) -> list[Semantic
             params["timestamp"] = str(cur["decommissionTime"])
         if cur.get("note") is not None:
             params["note"] = cur["note"]
-        return [SemanticChange(urn, "DEPRECATION", "MODIFY", None, params, "PATCH",
-                               f"Entity '{urn}' has been deprecated.")]
+        return [
+            SemanticChange(urn, "DEPRECATION", "MODIFY", None, params, "PATCH", f"Entity '{urn}' has been deprecated.")
+        ]
     if was and not now:
-        return [SemanticChange(urn, "DEPRECATION", "MODIFY", None, {"status": "ACTIVE"}, "PATCH",
-                       f"Entity '{urn}' is no longer deprecated.")]
+        return [
+            SemanticChange(
+                urn,
+                "DEPRECATION",
+                "MODIFY",
+                None,
+                {"status": "ACTIVE"},
+                "PATCH",
+                f"Entity '{urn}' is no longer deprecated.",
+            )
+        ]
     return []
 
 
@@ -455,11 +536,15 @@ def _is_removed(status: dict | None) -> bool:
 
 def _status(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticChange]:
     if _is_removed(cur):
-        return [SemanticChange(urn, "LIFECYCLE", "SOFT_DELETE", None, None, "PATCH",
-                               f"Entity '{urn}' has been soft-deleted.")]
+        return [
+            SemanticChange(
+                urn, "LIFECYCLE", "SOFT_DELETE", None, None, "PATCH", f"Entity '{urn}' has been soft-deleted."
+            )
+        ]
     if _is_removed(prev):
-        return [SemanticChange(urn, "LIFECYCLE", "REINSTATE", None, None, "PATCH",
-                               f"Entity '{urn}' has been reinstated.")]
+        return [
+            SemanticChange(urn, "LIFECYCLE", "REINSTATE", None, None, "PATCH", f"Entity '{urn}' has been reinstated.")
+        ]
     return []
 
 
@@ -467,8 +552,9 @@ def _entity_key(urn: str, prev: dict | None, cur: dict | None) -> list[SemanticC
     if prev is None and cur is not None:
         return [SemanticChange(urn, "LIFECYCLE", "CREATE", None, None, "PATCH", f"Entity '{urn}' has been created.")]
     if prev is not None and cur is None:
-        return [SemanticChange(urn, "LIFECYCLE", "HARD_DELETE", None, None, "PATCH",
-                               f"Entity '{urn}' has been deleted.")]
+        return [
+            SemanticChange(urn, "LIFECYCLE", "HARD_DELETE", None, None, "PATCH", f"Entity '{urn}' has been deleted.")
+        ]
     return []
 
 
@@ -497,16 +583,37 @@ def _documentation(urn: str, prev: dict | None, cur: dict | None) -> list[Semant
         if before is None:
             assert after is not None  # the key came from one side or the other
             text = after.get("documentation")
-            events.append(SemanticChange(urn, "DOCUMENTATION", "ADD", key, {"documentation": text}, "MINOR",
-                                 _DOC_ADDED.format(urn, text)))
+            events.append(
+                SemanticChange(
+                    urn, "DOCUMENTATION", "ADD", key, {"documentation": text}, "MINOR", _DOC_ADDED.format(urn, text)
+                )
+            )
         elif after is None:
             text = before.get("documentation")
-            events.append(SemanticChange(urn, "DOCUMENTATION", "REMOVE", key, {"documentation": text}, "MINOR",
-                                 _DOC_REMOVED.format(urn, text)))
+            events.append(
+                SemanticChange(
+                    urn,
+                    "DOCUMENTATION",
+                    "REMOVE",
+                    key,
+                    {"documentation": text},
+                    "MINOR",
+                    _DOC_REMOVED.format(urn, text),
+                )
+            )
         elif before.get("documentation") != after.get("documentation"):
             text = after.get("documentation")
-            events.append(SemanticChange(urn, "DOCUMENTATION", "MODIFY", key, {"documentation": text}, "PATCH",
-                                 _DOC_CHANGED.format(urn, before.get("documentation"), text)))
+            events.append(
+                SemanticChange(
+                    urn,
+                    "DOCUMENTATION",
+                    "MODIFY",
+                    key,
+                    {"documentation": text},
+                    "PATCH",
+                    _DOC_CHANGED.format(urn, before.get("documentation"), text),
+                )
+            )
     return events
 
 
@@ -527,8 +634,9 @@ def _field_tag_events(field_urn: str, parent_urn: str, field_path: str, base: di
             "tagUrn": tag,
             "context": assoc.get("context") if assoc.get("context") is not None else _EMPTY_JSON,
         }
-        events.append(SemanticChange(field_urn, "TAG", op, tag, params, "MINOR",
-                                     _association_text("Tag", op, tag, field_urn)))
+        events.append(
+            SemanticChange(field_urn, "TAG", op, tag, params, "MINOR", _association_text("Tag", op, tag, field_urn))
+        )
     return events
 
 
@@ -542,13 +650,21 @@ def _field_term_events(field_urn: str, parent_urn: str, field_path: str, base: d
             "termUrn": term,
             "context": assoc.get("context") if assoc.get("context") is not None else _EMPTY_JSON,
         }
-        events.append(SemanticChange(field_urn, "GLOSSARY_TERM", op, term, params, "MINOR",
-                             _association_text("Term", op, term, field_urn)))
+        events.append(
+            SemanticChange(
+                field_urn, "GLOSSARY_TERM", op, term, params, "MINOR", _association_text("Term", op, term, field_urn)
+            )
+        )
     return events
 
 
 def _field_doc_event(
-    field_urn: str, parent_urn: str, field_path: str, base, target, text: Callable[[str, Any, Any], str],
+    field_urn: str,
+    parent_urn: str,
+    field_path: str,
+    base,
+    target,
+    text: Callable[[str, Any, Any], str],
     modifiers=(None, None, None),
 ):
     """Field description ADD/REMOVE/MODIFY on the schemaField entity; ``modifiers`` = (add, remove, modify), ``text``
@@ -567,18 +683,23 @@ def _field_doc_event(
 
 def _schema_field_doc_text(base_path: str | None, target_path: str | None) -> Callable[[str, Any, Any], str]:
     """``SchemaMetadataChangeEventGenerator.getDescriptionChange``'s texts."""
+
     def text(op: str, old: Any, new: Any) -> str:
         if op == "ADD":
             return f"The description '{new}' for the field '{target_path}' has been added."
         if op == "REMOVE":
             return f"The description '{old}' for the field '{base_path}' has been removed."
         return f"The description for the field '{base_path}' has been changed from '{old}' to '{new}'."
+
     return text
 
 
-def _editable_field_doc_text(field_urn: str, base_path: str | None, target_path: str | None) -> Callable[[str, Any, Any], str]:
+def _editable_field_doc_text(
+    field_urn: str, base_path: str | None, target_path: str | None
+) -> Callable[[str, Any, Any], str]:
     """``EditableSchemaMetadataChangeEventGenerator``'s texts; a removed field's path prints as Java's
     ``Optional.empty`` (DataHub formats ``Optional.ofNullable(targetFieldInfo).map(getFieldPath)``)."""
+
     def text(op: str, old: Any, new: Any) -> str:
         if op == "ADD":
             return f"Documentation for the field '{target_path}' of '{field_urn}' has been added: '{new}'"
@@ -586,6 +707,7 @@ def _editable_field_doc_text(field_urn: str, base_path: str | None, target_path:
             shown = "Optional.empty" if target_path is None else f"Optional[{target_path}]"
             return f"Documentation for the field '{shown}' of '{field_urn}' has been removed: '{old}'"
         return f"Documentation for the field '{target_path}' of '{field_urn}' has been updated from '{old}' to '{new}'."
+
     return text
 
 
@@ -596,8 +718,10 @@ def _field_property_events(parent_urn: str, base: dict | None, target: dict | No
     b_desc, t_desc = b.get("description"), t.get("description")
     b_tags, t_tags = b.get("globalTags"), t.get("globalTags")
     b_terms, t_terms = b.get("glossaryTerms"), t.get("glossaryTerms")
-    if b_desc == t_desc and (b_tags == t_tags or not (b_tags or t_tags)) and (
-        b_terms == t_terms or not (b_terms or t_terms)
+    if (
+        b_desc == t_desc
+        and (b_tags == t_tags or not (b_tags or t_tags))
+        and (b_terms == t_terms or not (b_terms or t_terms))
     ):
         return []  # fast path: nothing of interest changed (the common case for unchanged fields)
     field = target if target is not None else base
@@ -606,7 +730,11 @@ def _field_property_events(parent_urn: str, base: dict | None, target: dict | No
     field_urn = schema_field_urn(parent_urn, field_path)
     events: list[SemanticChange] = []
     doc = _field_doc_event(
-        field_urn, parent_urn, field_path, b_desc, t_desc,
+        field_urn,
+        parent_urn,
+        field_path,
+        b_desc,
+        t_desc,
         _schema_field_doc_text(base.get("fieldPath") if base else None, target.get("fieldPath") if target else None),
     )
     if doc is not None:
@@ -617,7 +745,13 @@ def _field_property_events(parent_urn: str, base: dict | None, target: dict | No
 
 
 def _schema_field_event(
-    parent_urn: str, op: str, field_path: str, nullable: bool, category: str, semver: str, description: str,
+    parent_urn: str,
+    op: str,
+    field_path: str,
+    nullable: bool,
+    category: str,
+    semver: str,
+    description: str,
 ) -> SemanticChange:
     field_urn = schema_field_urn(parent_urn, field_path)
     params = {"fieldPath": field_path, "fieldUrn": field_urn, "nullable": nullable, "modificationCategory": category}
@@ -714,8 +848,9 @@ def _schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> list[Sema
         field_event("ADD", field, "OTHER", "MINOR", f"{_COMPATIBLE}the newly added field '{short(field)}'.")
 
     def renamed_to(old: dict, new: dict) -> None:
-        field_event("MODIFY", old, "RENAME", "MINOR",
-                    f"{_COMPATIBLE}renaming of the field '{short(old)} to {short(new)}'.")
+        field_event(
+            "MODIFY", old, "RENAME", "MINOR", f"{_COMPATIBLE}renaming of the field '{short(old)} to {short(new)}'."
+        )
 
     while bi < nb and ti < nt:
         b, t = base[bi], target[ti]
@@ -726,9 +861,14 @@ def _schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> list[Sema
             ti += 1
         elif bp == tp:
             if b.get("nativeDataType") != t.get("nativeDataType"):
-                field_event("MODIFY", b, "TYPE_CHANGE", "MAJOR",
-                            f"{_INCOMPATIBLE} native datatype of the field '{short(t)}' changed from "
-                            f"'{b.get('nativeDataType')}' to '{t.get('nativeDataType')}'.")
+                field_event(
+                    "MODIFY",
+                    b,
+                    "TYPE_CHANGE",
+                    "MAJOR",
+                    f"{_INCOMPATIBLE} native datatype of the field '{short(t)}' changed from "
+                    f"'{b.get('nativeDataType')}' to '{t.get('nativeDataType')}'.",
+                )
             events.extend(_field_property_events(urn, b, t))
             bi += 1
             ti += 1
@@ -767,11 +907,23 @@ def _schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> list[Sema
     base_keys = set((prev or {}).get("primaryKeys") or ())
     target_keys = set((cur or {}).get("primaryKeys") or ())
     for key in sorted(base_keys - target_keys):
-        events.append(_schema_field_event(urn, "MODIFY", key, False, "OTHER", "MAJOR",
-                                          f"{_INCOMPATIBLE} removal of the primary key field '{key}'"))
+        events.append(
+            _schema_field_event(
+                urn, "MODIFY", key, False, "OTHER", "MAJOR", f"{_INCOMPATIBLE} removal of the primary key field '{key}'"
+            )
+        )
     for key in sorted(target_keys - base_keys):
-        events.append(_schema_field_event(urn, "MODIFY", key, False, "OTHER", "MAJOR",
-                                          f"{_INCOMPATIBLE} addition of the primary key field '{key}'"))
+        events.append(
+            _schema_field_event(
+                urn,
+                "MODIFY",
+                key,
+                False,
+                "OTHER",
+                "MAJOR",
+                f"{_INCOMPATIBLE} addition of the primary key field '{key}'",
+            )
+        )
     return events
 
 
@@ -791,8 +943,9 @@ def _editable_schema_metadata(urn: str, prev: dict | None, cur: dict | None) -> 
             field_path,
             b.get("description") if b is not None else None,
             t.get("description") if t is not None else None,
-            _editable_field_doc_text(field_urn, b.get("fieldPath") if b is not None else None,
-                                     t.get("fieldPath") if t is not None else None),
+            _editable_field_doc_text(
+                field_urn, b.get("fieldPath") if b is not None else None, t.get("fieldPath") if t is not None else None
+            ),
             modifiers=(
                 t.get("fieldPath") if t is not None else None,
                 b.get("fieldPath") if b is not None else None,
@@ -822,8 +975,15 @@ def _property_key(assignment: dict) -> str:
 def _property_event(urn: str, op: str, key: str, params: Params | None) -> SemanticChange:
     # DataHub describes a MODIFY with the ADDED text.
     done = "removed from" if op == "REMOVE" else "added to"
-    return SemanticChange(urn, "STRUCTURED_PROPERTY", op, key, params, "MINOR",
-                  f"Structured property '{_urn_id(key)}' {done} entity '{urn}'.")
+    return SemanticChange(
+        urn,
+        "STRUCTURED_PROPERTY",
+        op,
+        key,
+        params,
+        "MINOR",
+        f"Structured property '{_urn_id(key)}' {done} entity '{urn}'.",
+    )
 
 
 def _property_params(assignment: dict) -> Params:
@@ -945,17 +1105,44 @@ def _institutional_memory(urn: str, prev: dict | None, cur: dict | None) -> list
     events: list[SemanticChange] = []
     for b, t in _sorted_merge(base, target, _memory_url):
         if b is None:
-            events.append(SemanticChange(urn, "DOCUMENTATION", "ADD", _memory_url(t), None, "MINOR",
-                                 f"Institutional Memory '{_memory_url(t)}' with documentation of '{urn}' has been "
-                                 f"added: '{t.get('description')}'"))
+            events.append(
+                SemanticChange(
+                    urn,
+                    "DOCUMENTATION",
+                    "ADD",
+                    _memory_url(t),
+                    None,
+                    "MINOR",
+                    f"Institutional Memory '{_memory_url(t)}' with documentation of '{urn}' has been "
+                    f"added: '{t.get('description')}'",
+                )
+            )
         elif t is None:
-            events.append(SemanticChange(urn, "DOCUMENTATION", "REMOVE", _memory_url(b), None, "MINOR",
-                                 f"Institutional Memory '{_memory_url(b)}' with documentation of '{urn}' has been "
-                                 f"removed: '{b.get('description')}'"))
+            events.append(
+                SemanticChange(
+                    urn,
+                    "DOCUMENTATION",
+                    "REMOVE",
+                    _memory_url(b),
+                    None,
+                    "MINOR",
+                    f"Institutional Memory '{_memory_url(b)}' with documentation of '{urn}' has been "
+                    f"removed: '{b.get('description')}'",
+                )
+            )
         elif b.get("description") != t.get("description"):
-            events.append(SemanticChange(urn, "DOCUMENTATION", "MODIFY", _memory_url(b), None, "PATCH",
-                                 f"Documentation of Institutional Memory '{_memory_url(b)}' of  '{urn}' has been "
-                                 f"changed from '{b.get('description')}' to '{t.get('description')}'."))
+            events.append(
+                SemanticChange(
+                    urn,
+                    "DOCUMENTATION",
+                    "MODIFY",
+                    _memory_url(b),
+                    None,
+                    "PATCH",
+                    f"Documentation of Institutional Memory '{_memory_url(b)}' of  '{urn}' has been "
+                    f"changed from '{b.get('description')}' to '{t.get('description')}'.",
+                )
+            )
     return events
 
 

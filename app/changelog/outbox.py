@@ -228,8 +228,9 @@ async def mark_failed(conn: asyncpg.Connection, row_id: int, error: str) -> None
 # --- pruning ---------------------------------------------------------------------------------------------------
 
 
-async def prune(conn: asyncpg.Connection, retention_s: float, *, kafka: bool, after: int, chunk: int = 5000,
-                max_rows: int = 100_000) -> tuple[int, int]:
+async def prune(
+    conn: asyncpg.Connection, retention_s: float, *, kafka: bool, after: int, chunk: int = 5000, max_rows: int = 100_000
+) -> tuple[int, int]:
     """Delete the oldest sequenced rows created more than `retention_s` seconds ago: with Kafka, delivered ones only, walking the feed
     in offset order and stopping at the first row too young or not yet delivered (rows Kafka refused, marked with a
     publish error, are stepped over and kept). Without Kafka the feed is the only reader: every sequenced row older

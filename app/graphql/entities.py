@@ -83,11 +83,32 @@ def type_of_entity(entity: str) -> str:
     """The EntityType value of a registry entity."""
     return GRAPHQL_TYPE_OF_ENTITY.get(entity, OTHER)
 
+
 # The types searched when a search names none: DataHub's SearchUtils.SEARCHABLE_ENTITY_TYPES.
 SEARCHABLE_TYPES = (
-    "DATASET", "DASHBOARD", "CHART", "MLMODEL", "MLMODEL_GROUP", "MLFEATURE_TABLE", "MLFEATURE", "MLPRIMARY_KEY",
-    "DATA_FLOW", "DATA_JOB", "GLOSSARY_TERM", "GLOSSARY_NODE", "TAG", "ROLE", "CORP_USER", "CORP_GROUP", "CONTAINER",
-    "DOMAIN", "DATA_PRODUCT", "NOTEBOOK", "BUSINESS_ATTRIBUTE", "SCHEMA_FIELD", "APPLICATION",
+    "DATASET",
+    "DASHBOARD",
+    "CHART",
+    "MLMODEL",
+    "MLMODEL_GROUP",
+    "MLFEATURE_TABLE",
+    "MLFEATURE",
+    "MLPRIMARY_KEY",
+    "DATA_FLOW",
+    "DATA_JOB",
+    "GLOSSARY_TERM",
+    "GLOSSARY_NODE",
+    "TAG",
+    "ROLE",
+    "CORP_USER",
+    "CORP_GROUP",
+    "CONTAINER",
+    "DOMAIN",
+    "DATA_PRODUCT",
+    "NOTEBOOK",
+    "BUSINESS_ATTRIBUTE",
+    "SCHEMA_FIELD",
+    "APPLICATION",
 )
 
 
@@ -150,28 +171,39 @@ def _key_field(ref: EntityRef, info: Any, field: str) -> Any:
 def _from_key(field: str):
     async def resolve(ref: EntityRef, info: Any) -> Any:
         return _key_field(ref, info, field)
+
     return resolve
 
 
 def _key_platform(field: str):
     """The platform a key names: a platform URN (datasets, ML entities) or a tool's name (charts, flows)."""
+
     async def resolve(ref: EntityRef, info: Any) -> EntityRef | None:
         return _platform(_key(ref, info).get(field)) or _platform("unknown")
+
     return resolve
 
 
 def _instance_platform(default: str):
     """The platform of the entity's dataPlatformInstance aspect, `default` without one."""
+
     async def resolve(ref: EntityRef, info: Any) -> EntityRef | None:
         value = await _aspect(info, ref, "dataPlatformInstance") or {}
         return _platform(value.get("platform") or default)
+
     return resolve
 
 
-def _properties(aspect: str, *, renamed: dict[str, str] | None = None, name_from_key: str | None = None,
-                defaults: dict[str, Any] | None = None):
+def _properties(
+    aspect: str,
+    *,
+    renamed: dict[str, str] | None = None,
+    name_from_key: str | None = None,
+    defaults: dict[str, Any] | None = None,
+):
     """An aspect as a *Properties object: `renamed` maps a GraphQL field to the aspect's field, `name_from_key`
     gives the name when the aspect has none, customProperties become entries."""
+
     async def resolve(ref: EntityRef, info: Any) -> dict[str, Any] | None:
         value = await _aspect(info, ref, aspect)
         if value is None:
@@ -182,6 +214,7 @@ def _properties(aspect: str, *, renamed: dict[str, str] | None = None, name_from
         if name_from_key is not None and not out.get("name"):
             out["name"] = _key_field(ref, info, name_from_key)
         return out
+
     return resolve
 
 
@@ -189,17 +222,27 @@ async def _tags(ref: EntityRef, info: Any) -> dict[str, Any] | None:
     value = await _aspect(info, ref, "globalTags")
     if value is None:
         return None
-    return {"tags": [{"tag": EntityRef(t["tag"], "tag"), "associatedUrn": ref.urn, "context": t.get("context")}
-                     for t in value.get("tags") or () if t.get("tag")]}
+    return {
+        "tags": [
+            {"tag": EntityRef(t["tag"], "tag"), "associatedUrn": ref.urn, "context": t.get("context")}
+            for t in value.get("tags") or ()
+            if t.get("tag")
+        ]
+    }
 
 
 async def _glossary_terms(ref: EntityRef, info: Any) -> dict[str, Any] | None:
     value = await _aspect(info, ref, "glossaryTerms")
     if value is None:
         return None
-    return {"terms": [{"term": EntityRef(t["urn"], "glossaryTerm"), "associatedUrn": ref.urn, "context": t.get("context")}
-                      for t in value.get("terms") or () if t.get("urn")],
-            "auditStamp": value.get("auditStamp")}
+    return {
+        "terms": [
+            {"term": EntityRef(t["urn"], "glossaryTerm"), "associatedUrn": ref.urn, "context": t.get("context")}
+            for t in value.get("terms") or ()
+            if t.get("urn")
+        ],
+        "auditStamp": value.get("auditStamp"),
+    }
 
 
 OWNER_ENTITIES = {"corpuser", "corpGroup"}  # DataHub's OwnerType union
@@ -215,8 +258,14 @@ async def _ownership(ref: EntityRef, info: Any) -> dict[str, Any] | None:
         if entity is None or entity.entity_name not in OWNER_ENTITIES:
             continue
         type_urn = owner.get("typeUrn")
-        owners.append({"owner": entity, "type": owner.get("type"), "associatedUrn": ref.urn,
-                       "ownershipType": EntityRef(type_urn, "ownershipType") if type_urn else None})
+        owners.append(
+            {
+                "owner": entity,
+                "type": owner.get("type"),
+                "associatedUrn": ref.urn,
+                "ownershipType": EntityRef(type_urn, "ownershipType") if type_urn else None,
+            }
+        )
     return {"owners": owners, "lastModified": value.get("lastModified") or {"time": 0, "actor": None}}
 
 
@@ -248,28 +297,52 @@ async def _dataset_properties(ref: EntityRef, info: Any) -> dict[str, Any] | Non
     value = await _aspect(info, ref, "datasetProperties")
     if value is None:
         return None
-    return {**value, "name": value.get("name") or _key_field(ref, info, "name"),
-            "customProperties": _custom_properties(value)}
+    return {
+        **value,
+        "name": value.get("name") or _key_field(ref, info, "name"),
+        "customProperties": _custom_properties(value),
+    }
 
 
 # SchemaFieldDataType by the Pegasus type of schemaMetadata's field.type (`{"type": {"com.linkedin.schema.<T>": {}}}`)
-FIELD_TYPES = {"BooleanType": "BOOLEAN", "FixedType": "FIXED", "StringType": "STRING", "BytesType": "BYTES",
-               "NumberType": "NUMBER", "DateType": "DATE", "TimeType": "TIME", "EnumType": "ENUM", "NullType": "NULL",
-               "MapType": "MAP", "ArrayType": "ARRAY", "UnionType": "UNION", "RecordType": "STRUCT"}
+FIELD_TYPES = {
+    "BooleanType": "BOOLEAN",
+    "FixedType": "FIXED",
+    "StringType": "STRING",
+    "BytesType": "BYTES",
+    "NumberType": "NUMBER",
+    "DateType": "DATE",
+    "TimeType": "TIME",
+    "EnumType": "ENUM",
+    "NullType": "NULL",
+    "MapType": "MAP",
+    "ArrayType": "ARRAY",
+    "UnionType": "UNION",
+    "RecordType": "STRUCT",
+}
 
 
 def _schema_field(field: dict[str, Any]) -> dict[str, Any]:
-    pegasus = next(iter(((field.get("type") or {}).get("type") or {"NullType": {}})), "NullType")
-    return {**field, "type": FIELD_TYPES.get(pegasus.rsplit(".", 1)[-1], "NULL"), "nullable": bool(field.get("nullable")),
-            "recursive": bool(field.get("recursive"))}
+    pegasus = next(iter((field.get("type") or {}).get("type") or {"NullType": {}}), "NullType")
+    return {
+        **field,
+        "type": FIELD_TYPES.get(pegasus.rsplit(".", 1)[-1], "NULL"),
+        "nullable": bool(field.get("nullable")),
+        "recursive": bool(field.get("recursive")),
+    }
 
 
 async def _schema_metadata(ref: EntityRef, info: Any, version: int | None = None) -> dict[str, Any] | None:
     value = await info.context.aspect_version(ref, "schemaMetadata", version or 0)
     if value is None:
         return None
-    return {**value, "name": value.get("schemaName", ""), "platformUrn": value.get("platform"), "hash": value.get("hash", ""),
-            "fields": [_schema_field(f) for f in value.get("fields") or ()]}
+    return {
+        **value,
+        "name": value.get("schemaName", ""),
+        "platformUrn": value.get("platform"),
+        "hash": value.get("hash", ""),
+        "fields": [_schema_field(f) for f in value.get("fields") or ()],
+    }
 
 
 async def _exists(ref: EntityRef, info: Any) -> bool:
@@ -281,8 +354,12 @@ async def _platform_instance(ref: EntityRef, info: Any) -> dict[str, Any] | None
     if value is None:
         return None
     instance = value.get("instance")
-    return {"urn": instance or value.get("platform"), "type": "DATA_PLATFORM_INSTANCE",
-            "platform": _platform(value.get("platform")), "instanceId": _id_of(instance) if instance else ""}
+    return {
+        "urn": instance or value.get("platform"),
+        "type": "DATA_PLATFORM_INSTANCE",
+        "platform": _platform(value.get("platform")),
+        "instanceId": _id_of(instance) if instance else "",
+    }
 
 
 async def _platform_properties(ref: EntityRef, info: Any) -> dict[str, Any] | None:
@@ -320,52 +397,128 @@ async def _raw_aspects(ref: EntityRef, info: Any, input: dict[str, Any] | None =
         return []
     names = set((input or {}).get("aspectNames") or ())
     auto_render_only = bool((input or {}).get("autoRenderOnly"))
-    wanted = [name for name in entity.aspects_in_order or sorted(entity.aspect_names)
-              if (not names or name in names) and not registry.aspects[name].is_timeseries
-              and (not auto_render_only or registry.aspects[name].annotation.get("autoRender"))]
+    wanted = [
+        name
+        for name in entity.aspects_in_order or sorted(entity.aspect_names)
+        if (not names or name in names)
+        and not registry.aspects[name].is_timeseries
+        and (not auto_render_only or registry.aspects[name].annotation.get("autoRender"))
+    ]
     values = await asyncio.gather(*(info.context.aspect_json(ref.urn, name) for name in wanted))
-    return [{"aspectName": name, "payload": value,
-             "renderSpec": _render_spec(registry.aspects[name].annotation)}
-            for name, value in zip(wanted, values) if value is not None]
+    return [
+        {"aspectName": name, "payload": value, "renderSpec": _render_spec(registry.aspects[name].annotation)}
+        for name, value in zip(wanted, values)
+        if value is not None
+    ]
 
 
 FIELD_RESOLVERS: dict[str, dict[str, Any]] = {
-    "Dataset": {"name": _from_key("name"), "platform": _key_platform("platform"), "origin": _from_key("origin"),
-                "properties": _dataset_properties, "dataPlatformInstance": _platform_instance, "exists": _exists,
-                "schemaMetadata": _schema_metadata, "container": _container, **ASSOCIATIONS},
+    "Dataset": {
+        "name": _from_key("name"),
+        "platform": _key_platform("platform"),
+        "origin": _from_key("origin"),
+        "properties": _dataset_properties,
+        "dataPlatformInstance": _platform_instance,
+        "exists": _exists,
+        "schemaMetadata": _schema_metadata,
+        "container": _container,
+        **ASSOCIATIONS,
+    },
     "DataPlatform": {"name": _from_key("platformName"), "properties": _platform_properties},
-    "DataJob": {"jobId": _from_key("jobId"), "dataFlow": _data_flow, "properties": _properties("dataJobInfo"),
-                "dataPlatformInstance": _platform_instance, "exists": _exists, **ASSOCIATIONS},
-    "DataFlow": {"orchestrator": _from_key("orchestrator"), "flowId": _from_key("flowId"),
-                 "cluster": _from_key("cluster"), "platform": _key_platform("orchestrator"),
-                 "properties": _properties("dataFlowInfo"), "exists": _exists, **ASSOCIATIONS},
+    "DataJob": {
+        "jobId": _from_key("jobId"),
+        "dataFlow": _data_flow,
+        "properties": _properties("dataJobInfo"),
+        "dataPlatformInstance": _platform_instance,
+        "exists": _exists,
+        **ASSOCIATIONS,
+    },
+    "DataFlow": {
+        "orchestrator": _from_key("orchestrator"),
+        "flowId": _from_key("flowId"),
+        "cluster": _from_key("cluster"),
+        "platform": _key_platform("orchestrator"),
+        "properties": _properties("dataFlowInfo"),
+        "exists": _exists,
+        **ASSOCIATIONS,
+    },
     "Tag": {"name": _tag_name, "description": _tag_description, "properties": _tag_properties},
-    "CorpUser": {"username": _from_key("username"), "properties": _properties("corpUserInfo", defaults={"active": False})},
+    "CorpUser": {
+        "username": _from_key("username"),
+        "properties": _properties("corpUserInfo", defaults={"active": False}),
+    },
     "CorpGroup": {"name": _from_key("name"), "properties": _properties("corpGroupInfo")},
     "Domain": {"id": _from_key("id"), "properties": _properties("domainProperties", name_from_key="id")},
-    "Container": {"platform": _instance_platform("unknown"), "container": _container,
-                  "properties": _properties("containerProperties", name_from_key="guid"), **ASSOCIATIONS},
-    "Chart": {"tool": _from_key("dashboardTool"), "chartId": _from_key("chartId"),
-              "platform": _key_platform("dashboardTool"), "container": _container,
-              "properties": _properties("chartInfo", renamed={"name": "title"}), **ASSOCIATIONS},
-    "Dashboard": {"tool": _from_key("dashboardTool"), "dashboardId": _from_key("dashboardId"),
-                  "platform": _key_platform("dashboardTool"), "container": _container,
-                  "properties": _properties("dashboardInfo", renamed={"name": "title"}), **ASSOCIATIONS},
-    "GlossaryTerm": {"name": _from_key("name"), "hierarchicalName": _from_key("name"),
-                     "properties": _properties("glossaryTermInfo", renamed={"description": "definition"},
-                                               name_from_key="name", defaults={"termSource": "INTERNAL"})},
-    "MLModel": {"name": _from_key("name"), "platform": _key_platform("platform"), "origin": _from_key("origin"),
-                "properties": _properties("mlModelProperties"), **ASSOCIATIONS},
-    "MLModelGroup": {"name": _from_key("name"), "platform": _key_platform("platform"), "origin": _from_key("origin"),
-                     "properties": _properties("mlModelGroupProperties"), **ASSOCIATIONS},
-    "MLFeatureTable": {"name": _from_key("name"), "platform": _key_platform("platform"),
-                       "properties": _properties("mlFeatureTableProperties"), **ASSOCIATIONS},
-    "MLFeature": {"name": _from_key("name"), "featureNamespace": _from_key("featureNamespace"),
-                  "properties": _properties("mlFeatureProperties"), **ASSOCIATIONS},
-    "MLPrimaryKey": {"name": _from_key("name"), "featureNamespace": _from_key("featureNamespace"),
-                     "properties": _properties("mlPrimaryKeyProperties"), **ASSOCIATIONS},
-    "Document": {"subType": _sub_type, "platform": _instance_platform("datahub"), "info": _properties("documentInfo"),
-                 **ASSOCIATIONS},
+    "Container": {
+        "platform": _instance_platform("unknown"),
+        "container": _container,
+        "properties": _properties("containerProperties", name_from_key="guid"),
+        **ASSOCIATIONS,
+    },
+    "Chart": {
+        "tool": _from_key("dashboardTool"),
+        "chartId": _from_key("chartId"),
+        "platform": _key_platform("dashboardTool"),
+        "container": _container,
+        "properties": _properties("chartInfo", renamed={"name": "title"}),
+        **ASSOCIATIONS,
+    },
+    "Dashboard": {
+        "tool": _from_key("dashboardTool"),
+        "dashboardId": _from_key("dashboardId"),
+        "platform": _key_platform("dashboardTool"),
+        "container": _container,
+        "properties": _properties("dashboardInfo", renamed={"name": "title"}),
+        **ASSOCIATIONS,
+    },
+    "GlossaryTerm": {
+        "name": _from_key("name"),
+        "hierarchicalName": _from_key("name"),
+        "properties": _properties(
+            "glossaryTermInfo",
+            renamed={"description": "definition"},
+            name_from_key="name",
+            defaults={"termSource": "INTERNAL"},
+        ),
+    },
+    "MLModel": {
+        "name": _from_key("name"),
+        "platform": _key_platform("platform"),
+        "origin": _from_key("origin"),
+        "properties": _properties("mlModelProperties"),
+        **ASSOCIATIONS,
+    },
+    "MLModelGroup": {
+        "name": _from_key("name"),
+        "platform": _key_platform("platform"),
+        "origin": _from_key("origin"),
+        "properties": _properties("mlModelGroupProperties"),
+        **ASSOCIATIONS,
+    },
+    "MLFeatureTable": {
+        "name": _from_key("name"),
+        "platform": _key_platform("platform"),
+        "properties": _properties("mlFeatureTableProperties"),
+        **ASSOCIATIONS,
+    },
+    "MLFeature": {
+        "name": _from_key("name"),
+        "featureNamespace": _from_key("featureNamespace"),
+        "properties": _properties("mlFeatureProperties"),
+        **ASSOCIATIONS,
+    },
+    "MLPrimaryKey": {
+        "name": _from_key("name"),
+        "featureNamespace": _from_key("featureNamespace"),
+        "properties": _properties("mlPrimaryKeyProperties"),
+        **ASSOCIATIONS,
+    },
+    "Document": {
+        "subType": _sub_type,
+        "platform": _instance_platform("datahub"),
+        "info": _properties("documentInfo"),
+        **ASSOCIATIONS,
+    },
 }
 
 
@@ -394,12 +547,14 @@ def runtime_entity_sdl(registry: EntityRegistry, types: Mapping[str, str]) -> st
         f"{orjson.dumps(registry.entities[name].doc or f'{name}: an entity type registered at run time').decode()}\n"
         f"type {type_name} implements Entity {{\n  urn: String!\n  type: EntityType!\n"
         f"  aspects(input: AspectParams): [RawAspect!]\n}}\n"
-        for name, type_name in types.items())
+        for name, type_name in types.items()
+    )
 
 
 def bind_entities(schema: GraphQLSchema, runtime_types: Mapping[str, str]) -> None:
     """Attach the interface's type resolver and the aspect-reading field resolvers to the schema built from SDL;
     `runtime_types`: the object type of each entity type registered at run time the schema has."""
+
     def resolve_entity_type(value: Any, _info: Any, _type: Any) -> str:
         if isinstance(value, EntityRef):
             return runtime_types[value.entity_name] if value.type == OTHER else ENTITY_TYPES[value.type][1]

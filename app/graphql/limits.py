@@ -82,9 +82,13 @@ def check_limits(document: DocumentNode, limits: Limits) -> list[GraphQLError]:
                 aliases += inner.aliases + (1 if selection.alias else 0)
                 fields += inner.fields + 1
             else:
-                inner = (fragment(selection.name.value) if isinstance(selection, FragmentSpreadNode)
-                         else selection_set(selection.selection_set) if isinstance(selection, InlineFragmentNode)
-                         else _Cost())
+                inner = (
+                    fragment(selection.name.value)
+                    if isinstance(selection, FragmentSpreadNode)
+                    else selection_set(selection.selection_set)
+                    if isinstance(selection, InlineFragmentNode)
+                    else _Cost()
+                )
                 depth = max(depth, inner.depth)
                 aliases += inner.aliases
                 fields += inner.fields
@@ -108,21 +112,33 @@ def check_limits(document: DocumentNode, limits: Limits) -> list[GraphQLError]:
         cost = selection_set(definition.selection_set)
         name = f"operation {definition.name.value!r}" if definition.name else "the operation"
         if cost.depth > limits.max_depth:
-            errors.append(GraphQLError(f"{name} is nested {cost.depth} fields deep; the limit is {limits.max_depth}",
-                                       definition))
+            errors.append(
+                GraphQLError(f"{name} is nested {cost.depth} fields deep; the limit is {limits.max_depth}", definition)
+            )
         if cost.aliases > limits.max_aliases:
-            errors.append(GraphQLError(f"{name} has {cost.aliases} aliased fields; the limit is {limits.max_aliases}",
-                                       definition))
+            errors.append(
+                GraphQLError(f"{name} has {cost.aliases} aliased fields; the limit is {limits.max_aliases}", definition)
+            )
         if cost.fields > limits.max_fields:
-            errors.append(GraphQLError(f"{name} selects {cost.fields} fields (fragments expanded); the limit is "
-                                       f"{limits.max_fields}", definition))
+            errors.append(
+                GraphQLError(
+                    f"{name} selects {cost.fields} fields (fragments expanded); the limit is {limits.max_fields}",
+                    definition,
+                )
+            )
     return errors
 
 
-
 # The root fields that answer a page of results, and what their cost depends on (app.graphql.resolvers)
-PAGED_FIELDS = frozenset({"searchAcrossEntities", "scrollAcrossEntities", "searchAcrossLineage", "scrollAcrossLineage",
-                          "aggregateAcrossEntities"})
+PAGED_FIELDS = frozenset(
+    {
+        "searchAcrossEntities",
+        "scrollAcrossEntities",
+        "searchAcrossLineage",
+        "scrollAcrossLineage",
+        "aggregateAcrossEntities",
+    }
+)
 RESULTS_FIELD, FACETS_FIELD, AGGREGATIONS_FIELD = "searchResults", "facets", "aggregations"
 # Facets: one aggregation over every match of the search, weighed as reading this many results, answering
 # `_entityType` and the searched types' filter fields that have values (about this many), each with up to
@@ -140,8 +156,9 @@ def _int(value: Any, default: int) -> int:
 
 def _page_scope(field: FieldNode, variables: dict[str, Any], max_count: int) -> Scope:
     """What a paged field's page resolves: its `searchResults` once per result, its facets unless skipped."""
-    given = next((value_from_ast_untyped(a.value, variables) for a in field.arguments or () if a.name.value == "input"),
-                 None)
+    given = next(
+        (value_from_ast_untyped(a.value, variables) for a in field.arguments or () if a.name.value == "input"), None
+    )
     inputs: dict[Any, Any] = given if isinstance(given, dict) else {}
     count, start = _int(inputs.get("count"), DEFAULT_COUNT), max(_int(inputs.get("start"), 0), 0)
     page = max(0, min(count, max_count - start))
@@ -150,17 +167,26 @@ def _page_scope(field: FieldNode, variables: dict[str, Any], max_count: int) -> 
     if flags.get("skipAggregates") is True:
         return (RESULTS_FIELD, page, 0, ()), (FACETS_FIELD, 0, 0, ())
     values = min(max(_int(flags.get("maxAggValues"), DEFAULT_AGG_VALUES) or DEFAULT_AGG_VALUES, 1), MAX_AGG_VALUES)
-    return (RESULTS_FIELD, page, 0, ()), (FACETS_FIELD, FACET_FIELDS, FACET_AGGREGATION_COST,
-                                          ((AGGREGATIONS_FIELD, values, 0, ()),))
+    return (RESULTS_FIELD, page, 0, ()), (
+        FACETS_FIELD,
+        FACET_FIELDS,
+        FACET_AGGREGATION_COST,
+        ((AGGREGATIONS_FIELD, values, 0, ()),),
+    )
 
 
-def query_cost(document: DocumentNode, operation_name: str | None, variables: Mapping[str, Any] | None,
-               max_count: int) -> tuple[int, OperationDefinitionNode] | None:
+def query_cost(
+    document: DocumentNode, operation_name: str | None, variables: Mapping[str, Any] | None, max_count: int
+) -> tuple[int, OperationDefinitionNode] | None:
     """The cost of the operation the request runs (`operation_name`, with `variables` and the operation's defaults),
     and that operation; None when no single operation runs (graphql-core answers that). `max_count`: the page size
     searches are cut to."""
-    chosen = [d for d in document.definitions if isinstance(d, OperationDefinitionNode)
-              and (operation_name is None or (d.name is not None and d.name.value == operation_name))]
+    chosen = [
+        d
+        for d in document.definitions
+        if isinstance(d, OperationDefinitionNode)
+        and (operation_name is None or (d.name is not None and d.name.value == operation_name))
+    ]
     if len(chosen) != 1:
         return None
     operation = chosen[0]
@@ -224,8 +250,12 @@ def _refuse(message: str, path: str, value: str, expected: str) -> ValidationFai
 def _check(value: Any, path: str, key: str) -> None:
     if isinstance(value, str):
         if "\x00" in value:
-            raise _refuse("a NUL character (\\u0000): Postgres text and the search backends cannot hold one", path,
-                          value, "text without \\u0000")
+            raise _refuse(
+                "a NUL character (\\u0000): Postgres text and the search backends cannot hold one",
+                path,
+                value,
+                "text without \\u0000",
+            )
         if key in FIELD_KEYS and not FIELD_NAME.fullmatch(value):
             raise _refuse(f"not a field name ({len(value)} characters)", path, value, FIELD_NAME.pattern)
         if key in FACET_KEYS and value and not FACET_NAME.fullmatch(value):

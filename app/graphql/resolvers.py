@@ -17,7 +17,13 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.auth.model import Permission, Principal
 from app.errors import Issue, NotFound, ValidationFailed
 from app.graphql.entities import (
-    ENTITY_TYPES, GRAPHQL_TYPE_OF_ENTITY, OTHER, SEARCHABLE_TYPES, EntityRef, entity_ref, type_of_entity,
+    ENTITY_TYPES,
+    GRAPHQL_TYPE_OF_ENTITY,
+    OTHER,
+    SEARCHABLE_TYPES,
+    EntityRef,
+    entity_ref,
+    type_of_entity,
 )
 from app.graphql.loader import AspectLoader
 from app.graphql.views import VIEW_PATH, apply_view
@@ -25,18 +31,32 @@ from app.ingest.gateway import IngestGateway
 from app.limits import clip
 from app.registry import EntityRegistry
 from app.search.across import (
-    TypeSearch, facets_across, lineage_across, lineage_hops, scroll_across, search_across,
+    TypeSearch,
+    facets_across,
+    lineage_across,
+    lineage_hops,
+    scroll_across,
+    search_across,
 )
 from app.search.cursors import InvalidCursor, decode_offset, offset_cursor
 from app.search.filters import Groups, InvalidFilter, Placed, both, criteria_groups, json_path, placed_or_filters
 from app.search.model import (
-    REMOVED_FIELD, TOMBSTONE_FIELD, URN_FIELD, VERSIONS_FIELD, Criterion, SearchBackend, SearchHit,
+    REMOVED_FIELD,
+    TOMBSTONE_FIELD,
+    URN_FIELD,
+    VERSIONS_FIELD,
+    Criterion,
+    SearchBackend,
+    SearchHit,
+)
+from app.search.structured_properties import (
+    is_property_field,
+    refuse_deleted_property_facets,
+    refuse_deleted_property_filters,
 )
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.proposal import ChangeType, Draft
 from app.write.reader import EntityReader
-from app.search.structured_properties import is_property_field
-from app.search.structured_properties import refuse_deleted_property_facets, refuse_deleted_property_filters
 
 if TYPE_CHECKING:
     from app.graphql.limits import AnswerBudget
@@ -84,8 +104,9 @@ class Context:
         reader = EntityReader(self.session, self.registry, self.caller)
         found: dict[str, dict[str, Any]] = {}
         for start in range(0, len(wanted), READ_CHUNK):
-            chunk = [(urn, None if aspects is None else list(aspects))
-                     for urn, aspects in wanted[start:start + READ_CHUNK]]
+            chunk = [
+                (urn, None if aspects is None else list(aspects)) for urn, aspects in wanted[start : start + READ_CHUNK]
+            ]
             rows = await reader.latest_of_many(chunk)
             found.update((urn, {row.aspect: row for row in urn_rows}) for urn, urn_rows in rows.items())
             if self.answer is not None:
@@ -96,7 +117,9 @@ class Context:
         """A 400 when a requested facet names a soft-deleted structured property, at its index below `base`."""
         async with self._lock:
             try:
-                await refuse_deleted_property_facets(EntityReader(self.session, self.registry, self.caller).repo, facets)
+                await refuse_deleted_property_facets(
+                    EntityReader(self.session, self.registry, self.caller).repo, facets
+                )
             except InvalidFilter as error:
                 raise error.at(base) from None
 
@@ -105,8 +128,9 @@ class Context:
         criterion's field below `base`, or at `base` for criteria without a place in the request (a view's)."""
         async with self._lock:
             try:
-                await refuse_deleted_property_filters(EntityReader(self.session, self.registry, self.caller).repo,
-                                                      (p for group in placed for p in group))
+                await refuse_deleted_property_filters(
+                    EntityReader(self.session, self.registry, self.caller).repo, (p for group in placed for p in group)
+                )
             except InvalidFilter as error:
                 if error.loc[:-1]:
                     raise error.at(base) from None
@@ -165,8 +189,10 @@ def _entity_names(types: list[str] | None, context: Context) -> list[str]:
         entity = ENTITY_TYPES.get(value, (None,))[0]
         if entity is None or entity not in registry.entities:
             if types:  # asked for by name: say it is not searchable here
-                raise ValidationFailed(f"entity type {value} is not searchable in this service",
-                                       [Issue("not searchable", path="$input.types", found=value)])
+                raise ValidationFailed(
+                    f"entity type {value} is not searchable in this service",
+                    [Issue("not searchable", path="$input.types", found=value)],
+                )
             continue
         if entity not in names:
             names.append(entity)
@@ -209,12 +235,15 @@ def type_searches(entity_names: list[str], groups: Groups, include_soft_deleted:
     (a type no group applies to is not searched); the other criteria go to the backend."""
     if not groups:
         return [TypeSearch(entity, None, include_soft_deleted) for entity in entity_names]
-    split = [([c for c in group if c.field == ENTITY_TYPE_FIELD], tuple(c for c in group if c.field != ENTITY_TYPE_FIELD))
-             for group in groups]
+    split = [
+        ([c for c in group if c.field == ENTITY_TYPE_FIELD], tuple(c for c in group if c.field != ENTITY_TYPE_FIELD))
+        for group in groups
+    ]
     searches = []
     for entity in entity_names:
-        applying = tuple(criteria for type_criteria, criteria in split
-                         if all(_matches_type(c, entity) for c in type_criteria))
+        applying = tuple(
+            criteria for type_criteria, criteria in split if all(_matches_type(c, entity) for c in type_criteria)
+        )
         if applying:
             searches.append(TypeSearch(entity, applying, include_soft_deleted))
     return searches
@@ -233,8 +262,10 @@ def _sort(sort_input: dict[str, Any] | None) -> list[tuple[str, str]] | None:
 
 def _query(text: str | None) -> str:
     if text and len(text) > MAX_QUERY_TEXT:
-        raise ValidationFailed(f"the query text is {len(text)} characters; the limit is {MAX_QUERY_TEXT}",
-                               [Issue("too long", path="$input.query", found=clip(text, 100))])
+        raise ValidationFailed(
+            f"the query text is {len(text)} characters; the limit is {MAX_QUERY_TEXT}",
+            [Issue("too long", path="$input.query", found=clip(text, 100))],
+        )
     return (text or "*").strip() or "*"
 
 
@@ -277,35 +308,60 @@ def _matched_fields(hit: SearchHit, terms: list[str]) -> list[dict[str, str]]:
 
 
 def _result(hit: SearchHit, flags: dict[str, Any], terms: list[str]) -> dict[str, Any]:
-    extra = [{"name": name, "value": orjson.dumps(hit.fields[name]).decode()}
-             for name in flags.get("fetchExtraFields") or () if name in hit.fields]
-    return {"entity": EntityRef(hit.urn, hit.entity_type), "extraProperties": extra,
-            "matchedFields": (lambda _info: _matched_fields(hit, terms)) if terms else []}
+    extra = [
+        {"name": name, "value": orjson.dumps(hit.fields[name]).decode()}
+        for name in flags.get("fetchExtraFields") or ()
+        if name in hit.fields
+    ]
+    return {
+        "entity": EntityRef(hit.urn, hit.entity_type),
+        "extraProperties": extra,
+        "matchedFields": (lambda _info: _matched_fields(hit, terms)) if terms else [],
+    }
 
 
 # DataHub's display names of the facets its UI and CLI show; any other facet is shown by its field name
-FACET_DISPLAY_NAMES = {ENTITY_TYPE_FIELD: "Type", "platform": "Platform", "origin": "Environment", "tags": "Tag",
-                       "glossaryTerms": "Glossary Term", "owners": "Owned By", "domains": "Domain",
-                       "container": "Container", "typeNames": "Sub Type", "fieldTags": "Column Tag"}
+FACET_DISPLAY_NAMES = {
+    ENTITY_TYPE_FIELD: "Type",
+    "platform": "Platform",
+    "origin": "Environment",
+    "tags": "Tag",
+    "glossaryTerms": "Glossary Term",
+    "owners": "Owned By",
+    "domains": "Domain",
+    "container": "Container",
+    "typeNames": "Sub Type",
+    "fieldTags": "Column Tag",
+}
 DEFAULT_AGG_VALUES = 20  # values per facet when searchFlags.maxAggValues is not given (DataHub's default)
 MAX_AGG_VALUES = 1_000
 
 
-def _facets(context: Context, searches: list[TypeSearch], query: str, flags: dict[str, Any],
-            wanted: Sequence[str] = ()):
+def _facets(
+    context: Context, searches: list[TypeSearch], query: str, flags: dict[str, Any], wanted: Sequence[str] = ()
+):
     """The `facets` of a search result, computed only when the query selects them (graphql-core calls a callable
     field value): `_entityType` first, then each filter field, the most frequent values first; only the `wanted`
     ones when any is named (structured properties' among them: `structuredProperties.<qualified name>`)."""
+
     async def resolve(_info: Any) -> list[dict[str, Any]]:
         if flags.get("skipAggregates"):
             return []
         limit = min(max(flags.get("maxAggValues") or DEFAULT_AGG_VALUES, 1), MAX_AGG_VALUES)
-        found = await facets_across(await context.backend(), searches, query,
-                                    [name for name in wanted if is_property_field(name)])
+        found = await facets_across(
+            await context.backend(), searches, query, [name for name in wanted if is_property_field(name)]
+        )
         types = [(type_of_entity(entity), entity, n) for entity, n in found.totals.items() if n]
-        facets = [{"field": ENTITY_TYPE_FIELD, "displayName": FACET_DISPLAY_NAMES[ENTITY_TYPE_FIELD], "aggregations": [
-            {"value": value, "count": n, "displayName": entity, "entity": None}
-            for value, entity, n in sorted(types, key=lambda t: (-t[2], t[0]))[:limit]]}]
+        facets = [
+            {
+                "field": ENTITY_TYPE_FIELD,
+                "displayName": FACET_DISPLAY_NAMES[ENTITY_TYPE_FIELD],
+                "aggregations": [
+                    {"value": value, "count": n, "displayName": entity, "entity": None}
+                    for value, entity, n in sorted(types, key=lambda t: (-t[2], t[0]))[:limit]
+                ],
+            }
+        ]
         if wanted:
             facets = [f for f in facets if f["field"] in wanted]
         for name, counts in sorted(found.values.items()):
@@ -314,20 +370,35 @@ def _facets(context: Context, searches: list[TypeSearch], query: str, flags: dic
             top = sorted(((v, n) for v, n in counts.items() if n), key=lambda vn: (-vn[1], vn[0]))[:limit]
             if not top:  # a field no match has a value in
                 continue
-            facets.append({"field": name, "displayName": FACET_DISPLAY_NAMES.get(name, name), "aggregations": [
-                {"value": value, "count": n, "displayName": None, "entity": entity_ref(value)} for value, n in top]})
+            facets.append(
+                {
+                    "field": name,
+                    "displayName": FACET_DISPLAY_NAMES.get(name, name),
+                    "aggregations": [
+                        {"value": value, "count": n, "displayName": None, "entity": entity_ref(value)}
+                        for value, n in top
+                    ],
+                }
+            )
         return facets
+
     return resolve
 
 
 def _results(
-    context: Context, searches: list[TypeSearch], query: str, inputs: dict[str, Any], hits: list[SearchHit],
+    context: Context,
+    searches: list[TypeSearch],
+    query: str,
+    inputs: dict[str, Any],
+    hits: list[SearchHit],
 ) -> dict[str, Any]:
     """What both entity searches answer about their hits: the results and the (lazily computed) facets."""
     flags = inputs.get("searchFlags") or {}
     terms = _terms(query, flags)
-    return {"searchResults": [_result(hit, flags, terms) for hit in hits],
-            "facets": _facets(context, searches, query, flags)}
+    return {
+        "searchResults": [_result(hit, flags, terms) for hit in hits],
+        "facets": _facets(context, searches, query, flags),
+    }
 
 
 async def _searches_of(context: Context, inputs: dict[str, Any]) -> list[TypeSearch]:
@@ -341,8 +412,9 @@ async def _searches_of(context: Context, inputs: dict[str, Any]) -> list[TypeSea
         for group in view_groups:
             for criterion in group:
                 _check_type_criterion(criterion, VIEW_PATH)
-        await context.refuse_deleted_property_filters([[Placed((), c) for c in group] for group in view_groups],
-                                                      VIEW_PATH)
+        await context.refuse_deleted_property_filters(
+            [[Placed((), c) for c in group] for group in view_groups], VIEW_PATH
+        )
         try:
             groups = both(groups, view_groups)
         except InvalidFilter as error:
@@ -356,12 +428,22 @@ async def resolve_scroll_across_entities(_root: Any, info: Any, input: dict[str,
     count = _count(input.get("count"), DEFAULT_COUNT, context.max_count)
     query = _query(input.get("query"))
     try:
-        page = await scroll_across(await context.backend(), searches, query, count=count,
-                                   scroll_id=input.get("scrollId") or None, sort=_sort(input.get("sortInput")))
+        page = await scroll_across(
+            await context.backend(),
+            searches,
+            query,
+            count=count,
+            scroll_id=input.get("scrollId") or None,
+            sort=_sort(input.get("sortInput")),
+        )
     except InvalidCursor as error:
         raise error.at(SCROLL_ID_PATH) from None
-    return {"nextScrollId": page.scroll_id, "count": len(page.hits), "total": page.total,
-            **_results(context, searches, query, input, page.hits)}
+    return {
+        "nextScrollId": page.scroll_id,
+        "count": len(page.hits),
+        "total": page.total,
+        **_results(context, searches, query, input, page.hits),
+    }
 
 
 async def resolve_aggregate_across_entities(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
@@ -380,10 +462,20 @@ async def resolve_search_across_entities(_root: Any, info: Any, input: dict[str,
     start = input.get("start") or 0
     count = _count(input.get("count"), DEFAULT_COUNT, context.max_count)
     query = _query(input.get("query"))
-    page = await search_across(await context.backend(), searches, query, start=start,
-                               count=min(count, max(context.max_count - start, 0)), sort=_sort(input.get("sortInput")))
-    return {"start": start, "count": len(page.hits), "total": page.total,
-            **_results(context, searches, query, input, page.hits)}
+    page = await search_across(
+        await context.backend(),
+        searches,
+        query,
+        start=start,
+        count=min(count, max(context.max_count - start, 0)),
+        sort=_sort(input.get("sortInput")),
+    )
+    return {
+        "start": start,
+        "count": len(page.hits),
+        "total": page.total,
+        **_results(context, searches, query, input, page.hits),
+    }
 
 
 # --- lineage ------------------------------------------------------------------------------------------------------
@@ -407,16 +499,32 @@ def _path_entity(urn: str, entity_type: str, registry: EntityRegistry) -> Entity
 async def _lineage(context: Context, input: dict[str, Any], start: int, count: int) -> tuple[list[dict[str, Any]], int]:
     urn = input.get("urn")
     if not urn:
-        raise ValidationFailed("a lineage search needs the `urn` to start from", [Issue("missing urn", path="$input.urn")])
+        raise ValidationFailed(
+            "a lineage search needs the `urn` to start from", [Issue("missing urn", path="$input.urn")]
+        )
     _entity_of(urn, context.registry)  # a URN, or a 400 naming it
     searches = await _searches_of(context, input)
-    hits = await lineage_across(await context.backend(), urn, direction=input["direction"], searches=searches,
-                                query=_query(input.get("query")), max_hops=lineage_hops(searches, MAX_LINEAGE_HOPS))
-    results = [{
-        "entity": EntityRef(hit.urn, hit.entity_type), "matchedFields": [], "degree": hit.degree,
-        "degrees": [hit.degree], "explored": True, "truncatedChildren": False, "ignoredAsHop": False,
-        "paths": [{"path": [_path_entity(u, t, context.registry) for u, t in hit.path]}],
-    } for hit in hits[start:start + count]]
+    hits = await lineage_across(
+        await context.backend(),
+        urn,
+        direction=input["direction"],
+        searches=searches,
+        query=_query(input.get("query")),
+        max_hops=lineage_hops(searches, MAX_LINEAGE_HOPS),
+    )
+    results = [
+        {
+            "entity": EntityRef(hit.urn, hit.entity_type),
+            "matchedFields": [],
+            "degree": hit.degree,
+            "degrees": [hit.degree],
+            "explored": True,
+            "truncatedChildren": False,
+            "ignoredAsHop": False,
+            "paths": [{"path": [_path_entity(u, t, context.registry) for u, t in hit.path]}],
+        }
+        for hit in hits[start : start + count]
+    ]
     return results, len(hits)
 
 
@@ -426,8 +534,13 @@ async def resolve_scroll_across_lineage(_root: Any, info: Any, input: dict[str, 
     count = _count(input.get("count"), DEFAULT_COUNT, context.max_count)
     results, total = await _lineage(context, input, start, count)
     more = start + len(results) < total and results
-    return {"nextScrollId": offset_cursor(start + len(results)) if more else None, "count": len(results), "total": total,
-            "searchResults": results, "facets": None}
+    return {
+        "nextScrollId": offset_cursor(start + len(results)) if more else None,
+        "count": len(results),
+        "total": total,
+        "searchResults": results,
+        "facets": None,
+    }
 
 
 async def resolve_search_across_lineage(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
@@ -446,7 +559,9 @@ def _entity_of(urn: str, registry: EntityRegistry, runtime_types: Collection[str
     try:
         name = entity_type_of(urn)
     except InvalidUrnError as error:
-        raise ValidationFailed(f"not a URN: {error}", [Issue("invalid urn", path="$urn", found=clip(urn, 100))]) from None
+        raise ValidationFailed(
+            f"not a URN: {error}", [Issue("invalid urn", path="$urn", found=clip(urn, 100))]
+        ) from None
     entity = registry.entities.get(name)
     if entity is None or (entity.name not in GRAPHQL_TYPE_OF_ENTITY and entity.name not in runtime_types):
         return None
@@ -464,6 +579,7 @@ def _typed_lookup(wanted: str):
     async def resolve(root: Any, info: Any, urn: str) -> EntityRef | None:
         ref = await resolve_entity(root, info, urn)
         return ref if ref is not None and ref.entity_name == wanted else None
+
     return resolve
 
 
@@ -495,7 +611,9 @@ def _tag_urn(urn: str, path: str) -> str:
             return urn
     except InvalidUrnError:
         pass
-    raise ValidationFailed(f"{clip(urn, 100)} is not a tag URN", [Issue("not a tag urn", path=path, found=clip(urn, 100))])
+    raise ValidationFailed(
+        f"{clip(urn, 100)} is not a tag URN", [Issue("not a tag urn", path=path, found=clip(urn, 100))]
+    )
 
 
 async def resolve_delete_tag(_root: Any, info: Any, urn: str) -> bool:
@@ -520,23 +638,29 @@ async def resolve_remove_tag(_root: Any, info: Any, input: dict[str, Any]) -> bo
     tag = _tag_urn(input["tagUrn"], "$input.tagUrn")
     resource = input["resourceUrn"]
     if input.get("subResource") or input.get("subResourceType"):
-        raise ValidationFailed("removing a tag from a field (subResource) is not supported",
-                               [Issue("unsupported", path="$input.subResource")])
+        raise ValidationFailed(
+            "removing a tag from a field (subResource) is not supported",
+            [Issue("unsupported", path="$input.subResource")],
+        )
     entity = _entity_of(resource, context.registry) or entity_type_of(resource)
     current = await context.aspect(resource, "globalTags")
     if current is None:
         return True
     kept = [t for t in current.get("tags") or () if t.get("tag") != tag]
     if len(kept) != len(current.get("tags") or ()):
-        await _write(context, [Draft(0, entity, "globalTags", ChangeType.UPSERT.value, urn=resource,
-                                     value={**current, "tags": kept})])
+        await _write(
+            context,
+            [Draft(0, entity, "globalTags", ChangeType.UPSERT.value, urn=resource, value={**current, "tags": kept})],
+        )
     return True
 
 
 async def resolve_app_config(_root: Any, _info: Any) -> dict[str, Any]:
     """What DataHub's AppConfigResolver answers for the fields served: no third-party telemetry, no semantic search."""
-    return {"telemetryConfig": {"enableThirdPartyLogging": False},
-            "semanticSearchConfig": {"enabled": False, "enabledEntities": [], "embeddingConfig": None}}
+    return {
+        "telemetryConfig": {"enableThirdPartyLogging": False},
+        "semanticSearchConfig": {"enabled": False, "enabledEntities": [], "embeddingConfig": None},
+    }
 
 
 QUERY_RESOLVERS = {

@@ -14,15 +14,24 @@ import functools
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
-from inspect import isawaitable
 from dataclasses import dataclass, field
+from inspect import isawaitable
 from pathlib import Path
 from typing import Any
 from weakref import WeakKeyDictionary
 
 from graphql import (
-    DocumentNode, Executor, GraphQLError, GraphQLFormattedError, GraphQLSchema, IntValueNode, ValueNode, build_schema,
-    execute, parse, validate,
+    DocumentNode,
+    Executor,
+    GraphQLError,
+    GraphQLFormattedError,
+    GraphQLSchema,
+    IntValueNode,
+    ValueNode,
+    build_schema,
+    execute,
+    parse,
+    validate,
 )
 
 from app.db_faults import DatabaseFault, classify
@@ -38,8 +47,17 @@ log = logging.getLogger("metaledger.graphql")
 
 SCHEMA_PATH = Path(__file__).with_name("schema.graphql")
 # DataHub's DataHubGraphQLErrorCode names, by status
-ERROR_TYPES = {400: "BAD_REQUEST", 401: "UNAUTHORIZED", 403: "UNAUTHORIZED", 404: "NOT_FOUND", 409: "CONFLICT",
-               412: "BAD_REQUEST", 413: "BAD_REQUEST", 429: "SERVICE_UNAVAILABLE", 503: "SERVICE_UNAVAILABLE"}
+ERROR_TYPES = {
+    400: "BAD_REQUEST",
+    401: "UNAUTHORIZED",
+    403: "UNAUTHORIZED",
+    404: "NOT_FOUND",
+    409: "CONFLICT",
+    412: "BAD_REQUEST",
+    413: "BAD_REQUEST",
+    429: "SERVICE_UNAVAILABLE",
+    503: "SERVICE_UNAVAILABLE",
+}
 
 
 def _long(value: Any) -> int:
@@ -57,10 +75,12 @@ def _long_literal(node: ValueNode, _variables: Any = None) -> int:
 
 def _arguments_checked(resolver: Any) -> Callable[..., Any]:
     """A root field's resolver, run once its arguments pass check_arguments."""
+
     @functools.wraps(resolver)
     def resolve(root: Any, info: Any, **arguments: Any) -> Any:
         check_arguments(arguments)
         return resolver(root, info, **arguments)
+
     return resolve
 
 
@@ -114,8 +134,10 @@ def _schema_of(registry: EntityRegistry, previous: ServedSchema) -> ServedSchema
     try:
         return ServedSchema(build(runtime_entity_sdl(registry, types), types), types)
     except Exception:  # a stored set the models API did not check (app.modelset.service.graphql_refusals)
-        log.exception("the GraphQL schema of the runtime model set does not build; the last schema that built is "
-                      "served", extra={"runtime_version": registry.runtime_version, "entity_types": sorted(types)})
+        log.exception(
+            "the GraphQL schema of the runtime model set does not build; the last schema that built is served",
+            extra={"runtime_version": registry.runtime_version, "entity_types": sorted(types)},
+        )
         return previous
 
 
@@ -129,8 +151,10 @@ class GraphQLRequest:
 def read_request(body: Any) -> GraphQLRequest:
     """The POST body `{"query", "variables"?, "operationName"?}`; anything else is a 400 (as DataHub answers it)."""
     if not isinstance(body, dict):
-        raise ValidationFailed("the body must be a JSON object {\"query\", \"variables\"?, \"operationName\"?}",
-                               [Issue("expected an object", path="$")])
+        raise ValidationFailed(
+            'the body must be a JSON object {"query", "variables"?, "operationName"?}',
+            [Issue("expected an object", path="$")],
+        )
     query, variables, operation = body.get("query"), body.get("variables"), body.get("operationName")
     if not isinstance(query, str) or not query.strip():
         raise ValidationFailed("`query` must be a non-empty string", [Issue("missing query", path="$.query")])
@@ -142,8 +166,11 @@ def read_request(body: Any) -> GraphQLRequest:
 
 
 def _refused(message: str, classification: str = "ValidationError") -> dict[str, Any]:
-    return {"errors": [{"message": message, "extensions": {"code": 400, "type": "BAD_REQUEST",
-                                                             "classification": classification}}]}
+    return {
+        "errors": [
+            {"message": message, "extensions": {"code": 400, "type": "BAD_REQUEST", "classification": classification}}
+        ]
+    }
 
 
 def _format(error: GraphQLError) -> GraphQLFormattedError:
@@ -152,9 +179,12 @@ def _format(error: GraphQLError) -> GraphQLFormattedError:
     if isinstance(original, MetaledgerError):
         code = original.status_code
         formatted["message"] = original.message
-        formatted["extensions"] = {"code": code, "type": ERROR_TYPES.get(code, "BAD_REQUEST"),
-                                   "classification": "DataFetchingException",
-                                   **({"issues": [i.to_json() for i in original.issues]} if original.issues else {})}
+        formatted["extensions"] = {
+            "code": code,
+            "type": ERROR_TYPES.get(code, "BAD_REQUEST"),
+            "classification": "DataFetchingException",
+            **({"issues": [i.to_json() for i in original.issues]} if original.issues else {}),
+        }
     elif original is not None and not isinstance(original, GraphQLError):
         # A resolver's own failure: logged whole, answered without internals (DataHub's wording)
         log.error("graphql resolver failed", exc_info=original, extra={"path": formatted.get("path")})
@@ -175,8 +205,12 @@ def _retryable(error: BaseException | None) -> bool:
 
 
 def _errors(errors: list[GraphQLError], classification: str) -> dict[str, Any]:
-    return {"errors": [{**e.formatted, "extensions": {"code": 400, "type": "BAD_REQUEST",
-                                                       "classification": classification}} for e in errors]}
+    return {
+        "errors": [
+            {**e.formatted, "extensions": {"code": 400, "type": "BAD_REQUEST", "classification": classification}}
+            for e in errors
+        ]
+    }
 
 
 class ValidatedDocuments:
@@ -239,9 +273,11 @@ def _too_costly(document: DocumentNode, request: GraphQLRequest, settings: Setti
         return None
     cost, operation = measured
     name = f"operation {operation.name.value!r}" if operation.name else "the operation"
-    return _refused(f"{name} costs {cost} (each field counted once per result it is resolved for: a search's "
-                    f"`searchResults` selection once per result of its page, facets as an aggregation); the limit "
-                    f"is {settings.graphql_max_cost} (METALEDGER_GRAPHQL_MAX_COST)")
+    return _refused(
+        f"{name} costs {cost} (each field counted once per result it is resolved for: a search's "
+        f"`searchResults` selection once per result of its page, facets as an aggregation); the limit "
+        f"is {settings.graphql_max_cost} (METALEDGER_GRAPHQL_MAX_COST)"
+    )
 
 
 class AnswerBoundExecutor(Executor):
@@ -252,8 +288,9 @@ class AnswerBoundExecutor(Executor):
     resolver runs, no aspect is read. The resolvers already running finish, so the request's session is idle when
     `run` answers; the operation is not unwound (a partial answer is dropped)."""
 
-    def execute_field(self, parent_type: Any, source: Any, field_details_list: Any, path: Any,
-                      position_context: Any) -> Any:
+    def execute_field(
+        self, parent_type: Any, source: Any, field_details_list: Any, path: Any, position_context: Any
+    ) -> Any:
         if self.context_value.answer.exceeded:
             return None
         return super().execute_field(parent_type, source, field_details_list, path, position_context)
@@ -274,10 +311,12 @@ class AnswerBoundExecutor(Executor):
 
 def _too_large(answer: AnswerBudget, operation_name: str | None) -> dict[str, Any]:
     name = f"operation {operation_name!r}" if operation_name else "the operation"
-    return _refused(f"the answer of {name} grew past {answer.limit} bytes at `{answer.path}` (the aspects read for "
-                    f"it and its values, counted as they came; nothing more was resolved); the limit is "
-                    f"{answer.limit} bytes (METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES): ask for fewer results, aliases or "
-                    f"fields")
+    return _refused(
+        f"the answer of {name} grew past {answer.limit} bytes at `{answer.path}` (the aspects read for "
+        f"it and its values, counted as they came; nothing more was resolved); the limit is "
+        f"{answer.limit} bytes (METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES): ask for fewer results, aliases or "
+        f"fields"
+    )
 
 
 async def run(request: GraphQLRequest, context: Context, settings: Settings) -> tuple[dict[str, Any], int]:
@@ -293,13 +332,21 @@ async def run(request: GraphQLRequest, context: Context, settings: Settings) -> 
     if refused is not None:
         return refused, 400
     context.answer = AnswerBudget(settings.graphql_max_response_bytes)
-    result = execute(served.schema, document, variable_values=request.variables, operation_name=request.operation_name,
-                     context_value=context, executor_class=AnswerBoundExecutor)
+    result = execute(
+        served.schema,
+        document,
+        variable_values=request.variables,
+        operation_name=request.operation_name,
+        context_value=context,
+        executor_class=AnswerBoundExecutor,
+    )
     if isawaitable(result):  # synchronous when no async resolver ran (introspection, variable errors)
         result = await result
     if context.answer.exceeded:
-        log.warning("graphql answer refused: over METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES",
-                    extra={"limit": context.answer.limit, "path": context.answer.path})
+        log.warning(
+            "graphql answer refused: over METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES",
+            extra={"limit": context.answer.limit, "path": context.answer.path},
+        )
         return _too_large(context.answer, request.operation_name), 400
     for error in result.errors or ():
         if _retryable(error.original_error):

@@ -27,8 +27,10 @@ def _view_urn(urn: str) -> str:
             return urn
     except InvalidUrnError:
         pass
-    raise ValidationFailed(f"{clip(urn, 100)} is not a view URN (urn:li:dataHubView:<id>)",
-                           [Issue("not a view urn", path=VIEW_PATH, found=clip(urn, 100))])
+    raise ValidationFailed(
+        f"{clip(urn, 100)} is not a view URN (urn:li:dataHubView:<id>)",
+        [Issue("not a view urn", path=VIEW_PATH, found=clip(urn, 100))],
+    )
 
 
 async def apply_view(context: Any, view_urn: str, entity_names: list[str]) -> tuple[list[str], Groups]:
@@ -37,9 +39,13 @@ async def apply_view(context: Any, view_urn: str, entity_names: list[str]) -> tu
     urn = _view_urn(view_urn)
     info = await context.aspect(urn, VIEW_INFO)
     if info is None:
-        raise NotFound(f"view {clip(urn, 100)} does not exist", [Issue("not found", path=VIEW_PATH, found=clip(urn, 100))])
+        raise NotFound(
+            f"view {clip(urn, 100)} does not exist", [Issue("not found", path=VIEW_PATH, found=clip(urn, 100))]
+        )
     if not may_read_aspect(context.caller, VIEW_ENTITY, urn, VIEW_INFO, info):  # the read rule (app.auth.reads)
-        raise NotFound(f"view {clip(urn, 100)} does not exist", [Issue("not found", path=VIEW_PATH, found=clip(urn, 100))])
+        raise NotFound(
+            f"view {clip(urn, 100)} does not exist", [Issue("not found", path=VIEW_PATH, found=clip(urn, 100))]
+        )
     definition = info.get("definition") or {}
     allowed = {name.lower() for name in definition.get("entityTypes") or ()}
     if allowed:
@@ -48,5 +54,7 @@ async def apply_view(context: Any, view_urn: str, entity_names: list[str]) -> tu
         groups = stored_filter_groups(definition.get("filter"))
     except InvalidFilter as error:  # the stored view is at fault, wherever in its filter
         message = f"view {clip(urn, 100)}: {error}"
-        raise ValidationFailed(message, [Issue(message, path=VIEW_PATH, expected=error.expected, found=error.found)]) from None
+        raise ValidationFailed(
+            message, [Issue(message, path=VIEW_PATH, expected=error.expected, found=error.found)]
+        ) from None
     return entity_names, groups

@@ -35,8 +35,16 @@ class Deleted:
 
 
 async def delete_entity(
-    session: AsyncSession, gateway: IngestGateway, caller: Principal, entity: EntitySpec, aspect: AspectSpec | None,
-    urn: str, start_ms: int | None, end_ms: int | None, *, search: SearchRuntime | None,
+    session: AsyncSession,
+    gateway: IngestGateway,
+    caller: Principal,
+    entity: EntitySpec,
+    aspect: AspectSpec | None,
+    urn: str,
+    start_ms: int | None,
+    end_ms: int | None,
+    *,
+    search: SearchRuntime | None,
     caught_up: Callable[[], Awaitable[bool]],
 ) -> Deleted:
     """Delete `urn` (`aspect` None), one versioned aspect's versions, or a timeseries aspect's points in
@@ -45,7 +53,11 @@ async def delete_entity(
     aspects, outbox = AspectRepository(session), OutboxRepository(session)
     timeseries_topic = gateway.settings.topic_mcl_timeseries
     timeseries = aspect is None or aspect.is_timeseries
-    series = [aspect.name] if aspect is not None else sorted(a for a in entity.aspect_names if registry.aspects[a].is_timeseries)
+    series = (
+        [aspect.name]
+        if aspect is not None
+        else sorted(a for a in entity.aspect_names if registry.aspects[a].is_timeseries)
+    )
     rows = timeseries_rows = 0
     # One transaction: the counts, the timeseries points and the rows (the write path's transaction nests as a
     # savepoint on the same connection).
@@ -65,12 +77,19 @@ async def delete_entity(
         # Counted once: a point is in the outbox, the index, or both.
         await caught_up()
         backend = await search.ready_backend()
-        timeseries_rows = max(timeseries_rows, await backend.delete_timeseries(urn, series, start_ms=start_ms, end_ms=end_ms))
+        timeseries_rows = max(
+            timeseries_rows, await backend.delete_timeseries(urn, series, start_ms=start_ms, end_ms=end_ms)
+        )
     return Deleted(rows, timeseries_rows)
 
 
 async def delete_references(
-    session: AsyncSession, gateway: IngestGateway, caller: Principal, urn: str, *, dry_run: bool,
+    session: AsyncSession,
+    gateway: IngestGateway,
+    caller: Principal,
+    urn: str,
+    *,
+    dry_run: bool,
 ) -> list[Reference]:
     """The references to `urn` (one per aspect that holds any), removed unless `dry_run`."""
     registry = gateway.registry

@@ -28,10 +28,9 @@ from app.ops.backpressure import CLIENT_ADDRESS, REQUEST_GRANT, WriteAdmission
 from app.ops.metrics import count_writes, write_refused
 from app.search.service import IndexOutcome, SearchRuntime, sync_index, wants_sync_index
 from app.turns import TimeSlice
-from app.write.proposal import AuditStamp, Draft, Proposal
 from app.write.combiner import WriteCombiner
+from app.write.proposal import AuditStamp, Draft, Proposal
 from app.write.service import WriteResult, WriteService
-
 
 # Drafts validated between two looks at the time slice when a write prepares many (~1 ms of CPU): the writes beside
 # a large batch are served while it is validated, not after.
@@ -82,8 +81,12 @@ def caller_key(principal: Principal) -> str:
 
 class IngestGateway:
     def __init__(
-        self, writer: WriteService, search: SearchRuntime | None = None, queue: ProposalQueue | None = None,
-        authorizer: WriteAuthorizer | None = None, admission: WriteAdmission | None = None,
+        self,
+        writer: WriteService,
+        search: SearchRuntime | None = None,
+        queue: ProposalQueue | None = None,
+        authorizer: WriteAuthorizer | None = None,
+        admission: WriteAdmission | None = None,
         combiner: WriteCombiner | None = None,
     ) -> None:
         self.writer = writer
@@ -128,14 +131,20 @@ class IngestGateway:
         for start in range(0, len(drafts), PREPARE_CHUNK):
             await cpu.pause_if_over(self._contended)
             try:
-                proposals.extend(self.writer.prepare(drafts[start:start + PREPARE_CHUNK]))
+                proposals.extend(self.writer.prepare(drafts[start : start + PREPARE_CHUNK]))
             except MetaledgerError:
                 return self.prepare(drafts)
         return proposals
 
     async def apply(
-        self, session: AsyncSession, proposals: Sequence[Proposal], audit: AuditStamp, drafts: Sequence[Draft] = (),
-        *, combine: bool = False, deadline: float | None = None,
+        self,
+        session: AsyncSession,
+        proposals: Sequence[Proposal],
+        audit: AuditStamp,
+        drafts: Sequence[Draft] = (),
+        *,
+        combine: bool = False,
+        deadline: float | None = None,
     ) -> WriteResult:
         """The transaction: the session's own, or with `combine` (and a combiner that takes a write this size) the next
         shared one. With a `deadline` (the event loop's time) the transaction is over by then: committed, or 503 and
@@ -193,15 +202,19 @@ class IngestGateway:
             await self.queue.send([proposal_to_mcp(draft, proposal) for draft, proposal in pairs])
             return SubmitOutcome(drafts, proposals, queued=pairs)
         async with self._admit(caller, proposals, request_headers):  # 429 when the caller is over its share
-            result = await self.apply(session, proposals, caller.audit_stamp(), drafts, combine=True,
-                                      deadline=self._deadline())
+            result = await self.apply(
+                session, proposals, caller.audit_stamp(), drafts, combine=True, deadline=self._deadline()
+            )
         index = None
         if wants_sync_index(request_headers, proposals):
             index = await sync_index(self.search, result.outbox)
         return SubmitOutcome(drafts, proposals, result, index)
 
     def _admit(
-        self, caller: Principal, proposals: Sequence[Proposal], request_headers: Mapping[str, str] | None,
+        self,
+        caller: Principal,
+        proposals: Sequence[Proposal],
+        request_headers: Mapping[str, str] | None,
     ) -> AbstractAsyncContextManager[object]:
         if self.admission is None:
             return nullcontext()

@@ -35,7 +35,7 @@ _BY_RECORD: weakref.WeakKeyDictionary[EntityRegistry, dict[str, str]] = weakref.
 
 def canonical_class(name: str) -> str:
     """`com.linkedin.pegasus2avro.common.Status` → `com.linkedin.common.Status` (Pegasus names are canonical)."""
-    return PEGASUS_PREFIX + name[len(AVRO_PREFIX):] if name.startswith(AVRO_PREFIX) else name
+    return PEGASUS_PREFIX + name[len(AVRO_PREFIX) :] if name.startswith(AVRO_PREFIX) else name
 
 
 def aspect_names_by_record(registry: EntityRegistry) -> dict[str, str]:
@@ -52,7 +52,7 @@ def _canonical_unions(value: Any) -> Any:
     as DataHub's Python client does before sending (`pre_json_transform`). Only single-key objects are touched."""
     if isinstance(value, dict):
         if len(value) == 1:
-            (key, inner), = value.items()
+            ((key, inner),) = value.items()
             if isinstance(key, str) and key.startswith(AVRO_PREFIX):
                 return {canonical_class(key): _canonical_unions(inner)}
         return {k: _canonical_unions(v) for k, v in value.items()}
@@ -90,15 +90,21 @@ def unbundle_snapshot(
         return ValidationFailed(message, [Issue(message, index, path=where, **kw)])
 
     if not isinstance(union, dict) or len(union) != 1:
-        raise fail("a snapshot must be an object with exactly one member: the snapshot class", path,
-                   expected=f"{{\"{SNAPSHOT_NAMESPACE}<Entity>Snapshot\": {{urn, aspects}}}}")
-    (raw_class, snapshot), = union.items()
+        raise fail(
+            "a snapshot must be an object with exactly one member: the snapshot class",
+            path,
+            expected=f'{{"{SNAPSHOT_NAMESPACE}<Entity>Snapshot": {{urn, aspects}}}}',
+        )
+    ((raw_class, snapshot),) = union.items()
     snapshot_path = _key_path(path, raw_class)
     snapshot_class = canonical_class(raw_class)
-    short = snapshot_class[len(SNAPSHOT_NAMESPACE):] if snapshot_class.startswith(SNAPSHOT_NAMESPACE) else None
+    short = snapshot_class[len(SNAPSHOT_NAMESPACE) :] if snapshot_class.startswith(SNAPSHOT_NAMESPACE) else None
     if not short or not short.endswith("Snapshot") or "." in short:
-        raise fail(f"unknown snapshot class {raw_class!r}: expected {SNAPSHOT_NAMESPACE}<Entity>Snapshot", path,
-                   found=raw_class)
+        raise fail(
+            f"unknown snapshot class {raw_class!r}: expected {SNAPSHOT_NAMESPACE}<Entity>Snapshot",
+            path,
+            found=raw_class,
+        )
     if not isinstance(snapshot, dict):
         raise fail("a snapshot must be an object {urn, aspects}", snapshot_path)
     unknown = set(snapshot) - {"urn", "aspects"}
@@ -106,8 +112,11 @@ def unbundle_snapshot(
         raise fail(f"unknown snapshot field(s) {sorted(unknown)}", snapshot_path)
 
     if not registry.has_entity(short[: -len("Snapshot")]):
-        raise fail(f"unknown snapshot class {raw_class!r}: no entity {short[: -len('Snapshot')]!r} in the registry", path,
-                   found=raw_class)
+        raise fail(
+            f"unknown snapshot class {raw_class!r}: no entity {short[: -len('Snapshot')]!r} in the registry",
+            path,
+            found=raw_class,
+        )
 
     urn = snapshot.get("urn")
     if not isinstance(urn, str):
@@ -120,13 +129,15 @@ def unbundle_snapshot(
     if short.lower() != expected_class.lower():
         raise fail(
             f"snapshot class {raw_class!r} does not match the URN's entity type {entity.name!r}",
-            path, expected=f"{SNAPSHOT_NAMESPACE}{expected_class[0].upper()}{expected_class[1:]} (case-insensitive)", found=raw_class,
+            path,
+            expected=f"{SNAPSHOT_NAMESPACE}{expected_class[0].upper()}{expected_class[1:]} (case-insensitive)",
+            found=raw_class,
         )
 
     aspects = snapshot.get("aspects")
     aspects_path = f"{snapshot_path}.aspects"
     if not isinstance(aspects, list):
-        raise fail("the snapshot's `aspects` must be an array of {\"<aspect class>\": {...}}", aspects_path)
+        raise fail('the snapshot\'s `aspects` must be an array of {"<aspect class>": {...}}', aspects_path)
     if not aspects:
         raise fail("the snapshot has no aspects", aspects_path)
 
@@ -138,32 +149,46 @@ def unbundle_snapshot(
         if not isinstance(member, dict) or len(member) != 1:
             issues.append(Issue('an aspect must be {"<Pegasus class>": {...}}', position, urn, path=member_path))
             continue
-        (raw_record, value), = member.items()
+        ((raw_record, value),) = member.items()
         record = canonical_class(raw_record)
         aspect_name = by_record.get(record)
         if aspect_name is None:
-            issues.append(Issue(f"unknown aspect class {raw_record!r}", position, urn, path=member_path, found=raw_record))
+            issues.append(
+                Issue(f"unknown aspect class {raw_record!r}", position, urn, path=member_path, found=raw_record)
+            )
             continue
         if aspect_name not in entity.aspect_names:
-            issues.append(Issue(
-                f"aspect {aspect_name!r} ({record}) is not an aspect of entity {entity.name!r}",
-                position, urn, aspect_name, member_path, found=raw_record,
-            ))
+            issues.append(
+                Issue(
+                    f"aspect {aspect_name!r} ({record}) is not an aspect of entity {entity.name!r}",
+                    position,
+                    urn,
+                    aspect_name,
+                    member_path,
+                    found=raw_record,
+                )
+            )
             continue
         aspect_path = _key_path(member_path, raw_record)
-        out.drafts.append(Draft(
-            index=first_index + len(out.drafts),
-            entity_type=entity.name,
-            aspect_name=aspect_name,
-            change_type=ChangeType.UPSERT.value,
-            urn=urn,
-            value=_canonical_unions(value),
-            content_type=JSON_CONTENT_TYPE,
-            system_metadata=dict(system_metadata) if system_metadata else None,
-            location=Location(position, aspect_path, value=aspect_path, urn=f"{snapshot_path}.urn", fields=aspect_path),
-        ))
+        out.drafts.append(
+            Draft(
+                index=first_index + len(out.drafts),
+                entity_type=entity.name,
+                aspect_name=aspect_name,
+                change_type=ChangeType.UPSERT.value,
+                urn=urn,
+                value=_canonical_unions(value),
+                content_type=JSON_CONTENT_TYPE,
+                system_metadata=dict(system_metadata) if system_metadata else None,
+                location=Location(
+                    position, aspect_path, value=aspect_path, urn=f"{snapshot_path}.urn", fields=aspect_path
+                ),
+            )
+        )
     if issues:
-        raise ValidationFailed(f"{len(issues)} of the snapshot's {len(aspects)} aspects are invalid; nothing was written", issues)
+        raise ValidationFailed(
+            f"{len(issues)} of the snapshot's {len(aspects)} aspects are invalid; nothing was written", issues
+        )
     return out
 
 
@@ -178,17 +203,25 @@ def unbundle_mce(mce: Any, registry: EntityRegistry, *, first_index: int = 0) ->
     if not isinstance(mce, dict):
         raise ValidationFailed("a MetadataChangeEvent must be a JSON object", [Issue("expected an object", path="$")])
     if mce.get("proposedDelta") is not None:
-        raise ValidationFailed("proposedDelta is not supported (DataHub never implemented it)",
-                               [Issue("proposedDelta is not supported", path="$.proposedDelta")])
+        raise ValidationFailed(
+            "proposedDelta is not supported (DataHub never implemented it)",
+            [Issue("proposedDelta is not supported", path="$.proposedDelta")],
+        )
     unknown = set(mce) - {"proposedSnapshot", "proposedDelta", "systemMetadata", "auditHeader"}
     if unknown:
-        raise ValidationFailed("unknown field", [Issue(f"unknown MetadataChangeEvent field(s) {sorted(unknown)}", path="$")])
+        raise ValidationFailed(
+            "unknown field", [Issue(f"unknown MetadataChangeEvent field(s) {sorted(unknown)}", path="$")]
+        )
     if "proposedSnapshot" not in mce:
-        raise ValidationFailed("the event has no proposedSnapshot", [Issue("missing proposedSnapshot", path="$.proposedSnapshot")])
+        raise ValidationFailed(
+            "the event has no proposedSnapshot", [Issue("missing proposedSnapshot", path="$.proposedSnapshot")]
+        )
     return unbundle_snapshot(
-        mce["proposedSnapshot"], registry,
+        mce["proposedSnapshot"],
+        registry,
         system_metadata=_system_metadata(mce.get("systemMetadata"), "$.systemMetadata"),
-        path="$.proposedSnapshot", first_index=first_index,
+        path="$.proposedSnapshot",
+        first_index=first_index,
     )
 
 
@@ -196,7 +229,9 @@ def unbundle_restli_entity(body: Any, registry: EntityRegistry) -> UnbundledEven
     """The body of Rest.li `POST /entities?action=ingest` as DataHub's client sends it:
     `{"entity": {"value": {<Snapshot union>}}, "systemMetadata"?}`."""
     if not isinstance(body, dict):
-        raise ValidationFailed("the body must be a JSON object {entity: {value: {...}}}", [Issue("expected an object", path="$")])
+        raise ValidationFailed(
+            "the body must be a JSON object {entity: {value: {...}}}", [Issue("expected an object", path="$")]
+        )
     unknown = set(body) - {"entity", "systemMetadata"}
     if unknown:
         raise ValidationFailed("unknown field", [Issue(f"unknown field(s) {sorted(unknown)}", path="$")])
@@ -207,7 +242,8 @@ def unbundle_restli_entity(body: Any, registry: EntityRegistry) -> UnbundledEven
             [Issue("expected {value: <snapshot>}", path="$.entity")],
         )
     return unbundle_snapshot(
-        entity["value"], registry,
+        entity["value"],
+        registry,
         system_metadata=_system_metadata(body.get("systemMetadata"), "$.systemMetadata"),
         path="$.entity.value",
     )

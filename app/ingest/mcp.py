@@ -18,20 +18,34 @@ from app.turns import TimeSlice
 from app.write.proposal import JSON_CONTENT_TYPE, JSON_PATCH_CONTENT_TYPE, ChangeType, Draft, Proposal
 
 MCP_FIELDS = frozenset(
-    {"entityType", "entityUrn", "entityKeyAspect", "changeType", "aspectName", "aspect", "systemMetadata", "headers", "auditHeader"}
+    {
+        "entityType",
+        "entityUrn",
+        "entityKeyAspect",
+        "changeType",
+        "aspectName",
+        "aspect",
+        "systemMetadata",
+        "headers",
+        "auditHeader",
+    }
 )
 
 
 def _generic_aspect(raw: Any, index: int | None, path: str) -> tuple[Any, str | None]:
     """(value, contentType) of a GenericAspect whose value may be a JSON object or a JSON string."""
     if not isinstance(raw, dict) or "value" not in raw:
-        raise ValidationFailed(f"{path} must be {{value, contentType}}", [Issue("expected a GenericAspect", index, path=path)])
+        raise ValidationFailed(
+            f"{path} must be {{value, contentType}}", [Issue("expected a GenericAspect", index, path=path)]
+        )
     value = raw["value"]
     if isinstance(value, str):
         try:
             value = orjson.loads(value)
         except orjson.JSONDecodeError as error:
-            raise ValidationFailed(f"{path}.value is not valid JSON", [Issue(str(error), index, path=f"{path}.value")]) from None
+            raise ValidationFailed(
+                f"{path}.value is not valid JSON", [Issue(str(error), index, path=f"{path}.value")]
+            ) from None
     return value, raw.get("contentType")
 
 
@@ -42,11 +56,14 @@ def parse_mcp(mcp: Any, location: Location, draft_index: int = 0) -> Draft:
         raise ValidationFailed("a proposal must be an object", [Issue("expected an object", index, path=path)])
     unknown = set(mcp) - MCP_FIELDS
     if unknown:
-        raise ValidationFailed("unknown field", [Issue(f"unknown proposal field(s) {sorted(unknown)}", index, path=path)])
+        raise ValidationFailed(
+            "unknown field", [Issue(f"unknown proposal field(s) {sorted(unknown)}", index, path=path)]
+        )
     for required in ("entityType", "aspectName"):
         if not isinstance(mcp.get(required), str):
             raise ValidationFailed(
-                "missing field", [Issue(f"missing required string field {required!r}", index, path=f"{path}.{required}")]
+                "missing field",
+                [Issue(f"missing required string field {required!r}", index, path=f"{path}.{required}")],
             )
     value, content_type = (None, None)
     if mcp.get("aspect") is not None:
@@ -64,13 +81,18 @@ def parse_mcp(mcp: Any, location: Location, draft_index: int = 0) -> Draft:
             system_metadata = orjson.loads(system_metadata)
         except orjson.JSONDecodeError as error:
             raise ValidationFailed(
-                "bad systemMetadata", [Issue(f"systemMetadata is not valid JSON: {error}", index, path=f"{path}.systemMetadata")]
+                "bad systemMetadata",
+                [Issue(f"systemMetadata is not valid JSON: {error}", index, path=f"{path}.systemMetadata")],
             ) from None
     if system_metadata is not None and not isinstance(system_metadata, dict):
-        raise ValidationFailed("bad systemMetadata", [Issue("systemMetadata must be an object", index, path=f"{path}.systemMetadata")])
+        raise ValidationFailed(
+            "bad systemMetadata", [Issue("systemMetadata must be an object", index, path=f"{path}.systemMetadata")]
+        )
     headers = mcp.get("headers")
     if headers is not None and not (isinstance(headers, dict) and all(isinstance(v, str) for v in headers.values())):
-        raise ValidationFailed("bad headers", [Issue("headers must be an object of strings", index, path=f"{path}.headers")])
+        raise ValidationFailed(
+            "bad headers", [Issue("headers must be an object of strings", index, path=f"{path}.headers")]
+        )
     return Draft(
         index=draft_index,
         entity_type=mcp["entityType"],
@@ -95,7 +117,9 @@ def parse_proposals(body: Any, base: str = "$") -> list[Draft]:
     return _parsed(body, drafts, issues)
 
 
-async def parse_proposals_in_turns(body: Any, base: str = "$", contended: Callable[[], bool] | None = None) -> list[Draft]:
+async def parse_proposals_in_turns(
+    body: Any, base: str = "$", contended: Callable[[], bool] | None = None
+) -> list[Draft]:
     """`parse_proposals`, `PARSE_CHUNK` items at a time with the event loop's turns between them (app.turns)."""
     _check_batch(body, base)
     drafts: list[Draft] = []
@@ -114,7 +138,9 @@ def _check_batch(body: Any, base: str) -> None:
     if not isinstance(body, list):
         raise ValidationFailed(f"{base} must be a JSON array of proposals", [Issue("expected an array", path=base)])
     if not body:
-        raise ValidationFailed(f"{base} is an empty array: send at least one proposal", [Issue("empty batch", path=base)])
+        raise ValidationFailed(
+            f"{base} is an empty array: send at least one proposal", [Issue("empty batch", path=base)]
+        )
 
 
 def _parse_items(body: list[Any], base: str, indexes: range, drafts: list[Draft], issues: list[Issue]) -> None:
@@ -127,7 +153,9 @@ def _parse_items(body: list[Any], base: str, indexes: range, drafts: list[Draft]
 
 def _parsed(body: list[Any], drafts: list[Draft], issues: list[Issue]) -> list[Draft]:
     if issues:
-        raise ValidationFailed(f"{len({i.index for i in issues})} of {len(body)} proposals are malformed; nothing was written", issues)
+        raise ValidationFailed(
+            f"{len({i.index for i in issues})} of {len(body)} proposals are malformed; nothing was written", issues
+        )
     return drafts
 
 

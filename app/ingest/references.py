@@ -97,7 +97,9 @@ def _strip(node: Any, segments: list[str], urn: str) -> tuple[Any, bool, bool]:
     return node, changed, False
 
 
-def remove_references(value: dict[str, Any], paths: list[tuple[list[str], str]], urn: str) -> tuple[dict[str, Any], list[str]]:
+def remove_references(
+    value: dict[str, Any], paths: list[tuple[list[str], str]], urn: str
+) -> tuple[dict[str, Any], list[str]]:
     """The aspect without its references to `urn`, and the relationship types removed."""
     types: list[str] = []
     current = copy.deepcopy(value)
@@ -149,5 +151,15 @@ def removal_drafts(references: list[Reference]) -> list[Draft]:
         if ref.new_value is None:
             drafts.append(Draft(i, ref.entity_type, ref.aspect, ChangeType.DELETE.value, urn=ref.urn, headers=headers))
         else:
-            drafts.append(Draft(i, ref.entity_type, ref.aspect, ChangeType.UPSERT.value, urn=ref.urn, value=ref.new_value, headers=headers))
+            drafts.append(
+                Draft(
+                    i,
+                    ref.entity_type,
+                    ref.aspect,
+                    ChangeType.UPSERT.value,
+                    urn=ref.urn,
+                    value=ref.new_value,
+                    headers=headers,
+                )
+            )
     return drafts

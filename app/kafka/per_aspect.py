@@ -68,8 +68,11 @@ class PairRoute:
     _codecs: dict[str, records.Codecs] = field(default_factory=dict)
 
     def topic(self, record: str) -> str:
-        return {per_aspect.CHANGE: self.change_topic, per_aspect.AUDIT: self.audit_topic,
-                per_aspect.FAILED: self.failed_topic}[record]
+        return {
+            per_aspect.CHANGE: self.change_topic,
+            per_aspect.AUDIT: self.audit_topic,
+            per_aspect.FAILED: self.failed_topic,
+        }[record]
 
     def codecs(self, record: str) -> records.Codecs:
         found = self._codecs.get(record)
@@ -84,12 +87,16 @@ class PairRoute:
         return frame(self.ids[record], self.codecs(record).encode(value))
 
     def describe(self) -> dict[str, Any]:
-        return {"entityType": self.entity, "aspectName": self.aspect,
-                "topics": {record: self.topic(record) for record in per_aspect.FAMILY},
-                "subjects": {record: f"{self.topic(record)}-value" for record in per_aspect.FAMILY},
-                "schemaIds": dict(self.ids),
-                "recordNames": {record: f"{per_aspect.namespace(self.entity, self.aspect)}.{record}"
-                                for record in per_aspect.FAMILY}}
+        return {
+            "entityType": self.entity,
+            "aspectName": self.aspect,
+            "topics": {record: self.topic(record) for record in per_aspect.FAMILY},
+            "subjects": {record: f"{self.topic(record)}-value" for record in per_aspect.FAMILY},
+            "schemaIds": dict(self.ids),
+            "recordNames": {
+                record: f"{per_aspect.namespace(self.entity, self.aspect)}.{record}" for record in per_aspect.FAMILY
+            },
+        }
 
 
 def resolve_routes(settings: Settings, registry: EntityRegistry) -> dict[tuple[str, str], PairRoute]:
@@ -115,25 +122,32 @@ def resolve_routes(settings: Settings, registry: EntityRegistry) -> dict[tuple[s
                 problems.append(f"{where}.{key}: a non-empty list of entity/aspect name patterns")
                 value = []
             patterns[key] = value
-        matched = [(e, a) for e, a in pairs
-                   if any(fnmatch.fnmatchcase(e, p) for p in patterns["entityTypes"])
-                   and any(fnmatch.fnmatchcase(a, p) for p in patterns["aspects"])]
+        matched = [
+            (e, a)
+            for e, a in pairs
+            if any(fnmatch.fnmatchcase(e, p) for p in patterns["entityTypes"])
+            and any(fnmatch.fnmatchcase(a, p) for p in patterns["aspects"])
+        ]
         if not matched and patterns["entityTypes"] and patterns["aspects"]:
             problems.append(f"{where}: matches no entity/aspect pair of the registry")
         for entity, aspect in matched:
             if (entity, aspect) in routed:
                 continue
             topics = {}
-            for key, template in (("auditTopic", settings.events_v5_audit_topic),
-                                  ("changeTopic", settings.events_v5_change_topic),
-                                  ("failedTopic", settings.events_v5_failed_topic)):
+            for key, template in (
+                ("auditTopic", settings.events_v5_audit_topic),
+                ("changeTopic", settings.events_v5_change_topic),
+                ("failedTopic", settings.events_v5_failed_topic),
+            ):
                 name = str(route.get(key, template)).replace("{entity}", entity).replace("{aspect}", aspect)
                 if not TOPIC_NAME.match(name) or name in (".", ".."):
-                    problems.append(f"{where}.{key}: {name!r} is not a legal Kafka topic name "
-                                    "(1 to 249 of [A-Za-z0-9._-])")
+                    problems.append(
+                        f"{where}.{key}: {name!r} is not a legal Kafka topic name (1 to 249 of [A-Za-z0-9._-])"
+                    )
                 topics[key] = name
-            routed[(entity, aspect)] = PairRoute(entity, aspect, topics["auditTopic"], topics["changeTopic"],
-                                                 topics["failedTopic"])
+            routed[(entity, aspect)] = PairRoute(
+                entity, aspect, topics["auditTopic"], topics["changeTopic"], topics["failedTopic"]
+            )
             shared_ok[(entity, aspect)] = bool(route.get("sharedTopic", False))
     by_topic: dict[str, list[tuple[str, str]]] = {}
     for pair, pair_route in routed.items():
@@ -142,8 +156,10 @@ def resolve_routes(settings: Settings, registry: EntityRegistry) -> dict[tuple[s
     for topic, on_it in by_topic.items():
         if len(on_it) > 1 and not all(shared_ok[pair] for pair in on_it):
             named = ", ".join(f"{e}.{a}" for e, a in on_it[:5]) + (" ..." if len(on_it) > 5 else "")
-            problems.append(f"topic {topic!r} would carry the events of {len(on_it)} pairs ({named}): several "
-                            "schemas on one topic; give each pair its own topic, or set sharedTopic: true")
+            problems.append(
+                f"topic {topic!r} would carry the events of {len(on_it)} pairs ({named}): several "
+                "schemas on one topic; give each pair its own topic, or set sharedTopic: true"
+            )
     if problems:
         raise EventRoutingError("; ".join(problems))
     return routed
@@ -158,8 +174,10 @@ class LegacyAuditEvents:
             if isinstance(branch, dict):
                 name = schemas.full_name(branch["name"], branch.get("namespace"))
                 aspects = next(f for f in branch["fields"] if f["name"] == "aspects")["type"]["items"]
-                members[name] = {item if isinstance(item, str) else schemas.full_name(item["name"], item.get("namespace"))
-                                 for item in aspects}
+                members[name] = {
+                    item if isinstance(item, str) else schemas.full_name(item["name"], item.get("namespace"))
+                    for item in aspects
+                }
         self.snapshots: dict[str, tuple[str, dict[str, str]]] = {}  # entity → (snapshot, aspect name → member)
         for entity in registry.entities.values():
             key = _avro_name(registry.aspect_spec(entity.key_aspect).record_name)
@@ -181,7 +199,9 @@ class LegacyAuditEvents:
             return None
         urn = mcl["entityUrn"]
         old, new = _value(mcl.get("previousAspectValue")), _value(mcl.get("aspect"))
-        event: dict[str, Any] = {"newSnapshot": {snapshot: {"urn": urn, "aspects": [{member: new}] if new is not None else []}}}
+        event: dict[str, Any] = {
+            "newSnapshot": {snapshot: {"urn": urn, "aspects": [{member: new}] if new is not None else []}}
+        }
         if old is not None:
             event["oldSnapshot"] = {snapshot: {"urn": urn, "aspects": [{member: old}]}}
         return event
@@ -226,12 +246,15 @@ class DerivedEvents:
         self.registered = False
         self.stop_following = registry.on_change(self._follow)
 
-    def _routes_of(self, registry: EntityRegistry,
-                   kept_routes: dict[tuple[str, str], PairRoute]) -> dict[tuple[str, str], PairRoute]:
+    def _routes_of(
+        self, registry: EntityRegistry, kept_routes: dict[tuple[str, str], PairRoute]
+    ) -> dict[tuple[str, str], PairRoute]:
         """The registry's routes; a pair whose schemas did not change keeps the ids `kept_routes` registered."""
         routes = resolve_routes(self.settings, registry)
         for pair, route in routes.items():  # generated from the aspect's own schema, as the registry has it now
-            route.schemas = per_aspect.event_schemas(route.entity, route.aspect, registry.aspect_spec(route.aspect).schema)
+            route.schemas = per_aspect.event_schemas(
+                route.entity, route.aspect, registry.aspect_spec(route.aspect).schema
+            )
             kept = kept_routes.get(pair)
             if kept is not None and kept.schemas == route.schemas:
                 route.ids, route.refusal = dict(kept.ids), kept.refusal
@@ -262,14 +285,18 @@ class DerivedEvents:
                     routes = self._routes_of(self.registry, self.routes)
                     legacy = LegacyAuditEvents(self.registry) if self.settings.mae_v4_enabled else None
                 except EventRoutingError as error:
-                    log.error("the runtime model set's pairs cannot be routed; the routes in force are kept",
-                              extra={"generation": self.registry.generation, "error": str(error)})
-            new_topics = [route.topic(r) for pair, route in routes.items() if pair not in self.routes
-                          for r in per_aspect.FAMILY]
+                    log.error(
+                        "the runtime model set's pairs cannot be routed; the routes in force are kept",
+                        extra={"generation": self.registry.generation, "error": str(error)},
+                    )
+            new_topics = [
+                route.topic(r) for pair, route in routes.items() if pair not in self.routes for r in per_aspect.FAMILY
+            ]
             if new_topics and self.settings.create_topics_on_start:
                 await create_missing_topics(self.settings, new_topics)
-            pending = [route for route in routes.values()
-                       if route.refusal is None and len(route.ids) < len(per_aspect.FAMILY)]
+            pending = [
+                route for route in routes.values() if route.refusal is None and len(route.ids) < len(per_aspect.FAMILY)
+            ]
             if pending and self.codec.avro:
                 await self._register(pending)
             self.routes, self.legacy, self._routed_at = routes, legacy, swaps
@@ -286,8 +313,10 @@ class DerivedEvents:
                     route.ids[record] = await register(subject, orjson.dumps(route.schemas[record]).decode())
                 except (IncompatibleSchema, InvalidSchema) as error:
                     route.refusal = f"the schema registry refused {subject}: {type(error).__name__}: {error}"
-                    log.error("a per-aspect event schema was refused; the pair's change logs are kept unpublished",
-                              extra={"entity": route.entity, "aspect": route.aspect, "error": route.refusal})
+                    log.error(
+                        "a per-aspect event schema was refused; the pair's change logs are kept unpublished",
+                        extra={"entity": route.entity, "aspect": route.aspect, "error": route.refusal},
+                    )
                     break
         log.info("per-aspect event schemas registered", extra={"pairs": len(routes)})
 
@@ -310,8 +339,11 @@ class DerivedEvents:
             if change_type == "DELETE":
                 derived.append((route.audit_topic, None))
             else:
-                event = {"urn": mcl["entityUrn"], "oldValue": _value(mcl.get("previousAspectValue")),
-                         "newValue": _value(mcl.get("aspect"))}
+                event = {
+                    "urn": mcl["entityUrn"],
+                    "oldValue": _value(mcl.get("previousAspectValue")),
+                    "newValue": _value(mcl.get("aspect")),
+                }
                 derived.append((route.audit_topic, route.encode(per_aspect.AUDIT, event, self.codec.avro)))
         if self.legacy is not None and change_type != "RESTATE":
             mae = self.legacy.record(entity, mcl)

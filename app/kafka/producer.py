@@ -96,13 +96,17 @@ class ProposalProducer:
                 try:
                     await self.codec.start()  # an external registry: the schemas registered first
                 except Exception as error:  # noqa: BLE001 - the registry is unreachable: the client retries
-                    raise ServiceUnavailable(f"the schema registry is unreachable ({type(error).__name__}: {error}); retry") from error
+                    raise ServiceUnavailable(
+                        f"the schema registry is unreachable ({type(error).__name__}: {error}); retry"
+                    ) from error
                 producer = make_producer(self.settings, "proposals")
                 try:
                     await producer.start()
                 except (KafkaError, OSError) as error:
                     await producer.stop()
-                    raise ServiceUnavailable(f"the Kafka broker is unreachable ({type(error).__name__}: {error}); retry") from error
+                    raise ServiceUnavailable(
+                        f"the Kafka broker is unreachable ({type(error).__name__}: {error}); retry"
+                    ) from error
                 self._producer = producer
         return self._producer
 
@@ -124,12 +128,26 @@ class ProposalProducer:
             except ValueError as error:  # validated already: a proposal the MCP record cannot carry
                 raise ValidationFailed(
                     f"proposal {index} cannot be written as a MetadataChangeProposal: {error}",
-                    [Issue(f"not encodable as a MetadataChangeProposal: {error}", index, mcp.get("entityUrn"), mcp.get("aspectName"))],
+                    [
+                        Issue(
+                            f"not encodable as a MetadataChangeProposal: {error}",
+                            index,
+                            mcp.get("entityUrn"),
+                            mcp.get("aspectName"),
+                        )
+                    ],
                 ) from None
             if len(value) > limit:
                 raise PayloadTooLarge(
                     f"proposal {index} is {len(value)} bytes on the proposal topic; the limit is {limit}",
-                    [Issue("proposal too large for the proposal topic", index, mcp.get("entityUrn"), mcp.get("aspectName"))],
+                    [
+                        Issue(
+                            "proposal too large for the proposal topic",
+                            index,
+                            mcp.get("entityUrn"),
+                            mcp.get("aspectName"),
+                        )
+                    ],
                 )
             key = mcp.get("entityUrn")
             records.append((key.encode() if isinstance(key, str) else None, value))
@@ -142,7 +160,10 @@ class ProposalProducer:
                 futures = [await producer.send(topic, value, key=key) for key, value in records]
                 await asyncio.gather(*futures)
         except (KafkaError, TimeoutError) as error:
-            log.warning("proposals not acknowledged by the broker", extra={"topic": topic, "records": len(records), "error": repr(error)})
+            log.warning(
+                "proposals not acknowledged by the broker",
+                extra={"topic": topic, "records": len(records), "error": repr(error)},
+            )
             raise ServiceUnavailable(
                 f"the proposal topic did not acknowledge the write ({type(error).__name__}); retry, it is idempotent"
             ) from error

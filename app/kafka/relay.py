@@ -61,9 +61,9 @@ from app.avro.wire import ValueCodec
 from app.changelog import outbox
 from app.changelog.sequencer import Sequencer
 from app.db import close_quietly, connect_dedicated
-from app.kafka.topics import create_missing_topics
 from app.kafka.per_aspect import DerivedEvents
 from app.kafka.producer import RECORD_OVERHEAD, KeyPartitioner
+from app.kafka.topics import create_missing_topics
 from app.ops.metrics import RELAY_PUBLISHED
 from app.registry.runtime import ModelFollower
 from app.settings import Settings
@@ -122,8 +122,14 @@ class OutboxRelay:
     """The sequencer (always) and, when `kafka_bootstrap_servers` is set, the publisher, each on its own
     connections; the sequencer wakes the publisher when it gave offsets."""
 
-    def __init__(self, settings: Settings, engine: AsyncEngine, codec: ValueCodec | None = None,
-                 derived: DerivedEvents | None = None, models: ModelFollower | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: AsyncEngine,
+        codec: ValueCodec | None = None,
+        derived: DerivedEvents | None = None,
+        models: ModelFollower | None = None,
+    ) -> None:
         """`models`: the process's watcher of the registry `derived` uses (`metaledger relay`, the background
         process), which the publisher asks to take a model set up at once (a relay without one publishes with the
         registry as it is)."""
@@ -131,7 +137,8 @@ class OutboxRelay:
         self._wake = asyncio.Event()  # the sequencer gave offsets: the publisher has work
         self.sequencer = Sequencer(settings, engine, self._wake)
         self.publisher = Publisher(
-            settings, engine,
+            settings,
+            engine,
             # The process's codec (main/background/cli build one); without one, DataHub's fixed ids and no registry.
             codec or ValueCodec(settings),
             # Per-aspect events and MAE v4 (app.kafka.per_aspect): published with the change log they come from
@@ -192,8 +199,15 @@ class Publisher:
     once every mark is in. A lane taken may hold rows its last publisher produced but did not mark: they are looked
     up on the broker (`_resume`, `PartitionTails`) before they are produced."""
 
-    def __init__(self, settings: Settings, engine: AsyncEngine, codec: ValueCodec, derived: DerivedEvents | None,
-                 wake: asyncio.Event, models: ModelFollower | None = None) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: AsyncEngine,
+        codec: ValueCodec,
+        derived: DerivedEvents | None,
+        wake: asyncio.Event,
+        models: ModelFollower | None = None,
+    ) -> None:
         self.settings = settings
         self.engine = engine
         self.codec = codec
@@ -233,12 +247,16 @@ class Publisher:
                 try:
                     await self._session(stop)
                 except TRANSIENT as error:  # the relay outlives database, broker and registry outages
-                    log.warning("relay publisher: database, broker or registry error; retrying",
-                                extra={"error": f"{type(error).__name__}: {error}"})
+                    log.warning(
+                        "relay publisher: database, broker or registry error; retrying",
+                        extra={"error": f"{type(error).__name__}: {error}"},
+                    )
                     await pause(stop, self._database.failed())
                 except Exception as error:  # noqa: BLE001 - not a row's (those are its publish error): a fault here
-                    log.exception("relay publisher: unexpected error; retrying",
-                                  extra={"error": f"{type(error).__name__}: {error}"})
+                    log.exception(
+                        "relay publisher: unexpected error; retrying",
+                        extra={"error": f"{type(error).__name__}: {error}"},
+                    )
                     await pause(stop, self._database.failed())
         finally:
             await self._stop_producer()
@@ -275,7 +293,8 @@ class Publisher:
                     await self._take_up_models(rows)
                 # The next batch is read (and encoded) while this one is sent and acknowledged.
                 self._ahead = asyncio.create_task(
-                    self._read_ahead(self._conn, sorted(self.lanes), rows[-1].feed_offset))
+                    self._read_ahead(self._conn, sorted(self.lanes), rows[-1].feed_offset)
+                )
                 await self._settle(rows, *await self._produce(rows, encoded))
             await self._settle_marks()
         finally:
@@ -345,8 +364,10 @@ class Publisher:
             self._kafka_retry_at = time.monotonic() + self._kafka.failed()
             attempts = self._kafka.failures
             if attempts == 1 or attempts % 30 == 0:
-                log.warning("relay: kafka unavailable; retrying",
-                            extra={"attempts": attempts, "error": f"{type(error).__name__}: {error}"})
+                log.warning(
+                    "relay: kafka unavailable; retrying",
+                    extra={"attempts": attempts, "error": f"{type(error).__name__}: {error}"},
+                )
             return False
         return True
 
@@ -359,8 +380,13 @@ class Publisher:
         self._wake.clear()
         return await outbox.pending(self._conn, sorted(self.lanes), self._batch_size, self._after), None
 
-    async def _settle(self, rows: list[outbox.PendingRow], delivered: list[outbox.PendingRow],
-                      refused: list[tuple[outbox.PendingRow, str]], error: BaseException | None) -> None:
+    async def _settle(
+        self,
+        rows: list[outbox.PendingRow],
+        delivered: list[outbox.PendingRow],
+        refused: list[tuple[outbox.PendingRow, str]],
+        error: BaseException | None,
+    ) -> None:
         """Mark the delivered and refused rows of a produced batch (in flight while the next batch goes out). After
         a failed produce, the read position goes back to the first unpublished row and the producer is stopped,
         to be restarted when the Kafka backoff allows."""
@@ -377,8 +403,13 @@ class Publisher:
         await self._settle_marks()
         self._after = 0  # read the unpublished rows again, in order
         self._kafka_retry_at = time.monotonic() + self._kafka.failed()
-        log.warning("relay: produce failed; retrying",
-                    extra={"error": f"{type(error).__name__}: {error}", "unpublished": len(rows) - len(delivered) - len(refused)})
+        log.warning(
+            "relay: produce failed; retrying",
+            extra={
+                "error": f"{type(error).__name__}: {error}",
+                "unpublished": len(rows) - len(delivered) - len(refused),
+            },
+        )
         await self._stop_producer()
 
     async def _settle_marks(self) -> None:
@@ -387,8 +418,9 @@ class Publisher:
             await self._marking
             self._marking = None
 
-    async def _read_ahead(self, conn: asyncpg.Connection, lanes: list[int],
-                          after: int) -> tuple[list[outbox.PendingRow], Encoded | None]:
+    async def _read_ahead(
+        self, conn: asyncpg.Connection, lanes: list[int], after: int
+    ) -> tuple[list[outbox.PendingRow], Encoded | None]:
         """The next batch and its encoded values, read while the current batch is sent and acknowledged."""
         self._wake.clear()
         rows = await outbox.pending(conn, lanes, self._batch_size, after)
@@ -399,7 +431,7 @@ class Publisher:
         values: dict[int, bytes] = {}
         derived: dict[int, list[tuple[str, bytes | None]]] = {}
         for start in range(0, len(rows), READ_AHEAD_CHUNK):  # between chunks, the batch in flight gets its turn
-            chunk = rows[start:start + READ_AHEAD_CHUNK]
+            chunk = rows[start : start + READ_AHEAD_CHUNK]
             encoded = self._encode(chunk, refused)
             values.update(encoded)
             derived.update(self._derive([row for row in chunk if row.id in encoded], refused))
@@ -421,12 +453,15 @@ class Publisher:
         if ahead is not None:
             await asyncio.gather(ahead, return_exceptions=True)  # let its query finish: `_conn` is used next
 
-    async def _mark(self, conn: asyncpg.Connection, delivered: list[outbox.PendingRow],
-                    refused: list[tuple[outbox.PendingRow, str]]) -> None:
+    async def _mark(
+        self, conn: asyncpg.Connection, delivered: list[outbox.PendingRow], refused: list[tuple[outbox.PendingRow, str]]
+    ) -> None:
         for row, reason in refused:
             await outbox.mark_failed(conn, row.id, reason)
-            log.error("relay: a change log cannot be published (refused by kafka, or not encodable); it stays in the outbox with the error",
-                      extra={"outbox_id": row.id, "feed_offset": row.feed_offset, "topic": row.topic, "error": reason})
+            log.error(
+                "relay: a change log cannot be published (refused by kafka, or not encodable); it stays in the outbox with the error",
+                extra={"outbox_id": row.id, "feed_offset": row.feed_offset, "topic": row.topic, "error": reason},
+            )
         if delivered:
             await outbox.mark_delivered(conn, [row.id for row in delivered])
             self.published += len(delivered)
@@ -514,11 +549,22 @@ class Publisher:
                 key = row.key.encode()
                 headers = [(FEED_OFFSET_HEADER, b"%d" % row.feed_offset), LANE_HEADERS[row.lane]]
                 records = ((row.topic, value), *derived.get(row.id, ()))  # delivered together, or not at all
-                too_large = next((size for _, record in records
-                                  if (size := estimate_size(key, record, headers)) > self.settings.kafka_max_message_bytes), None)
+                too_large = next(
+                    (
+                        size
+                        for _, record in records
+                        if (size := estimate_size(key, record, headers)) > self.settings.kafka_max_message_bytes
+                    ),
+                    None,
+                )
                 if too_large is not None:  # can never be produced with these settings (as `send` would refuse it)
-                    refused.append((row, f"MessageSizeTooLargeError: a record of the row is {too_large} bytes "
-                                         f"serialized, over METALEDGER_KAFKA_MAX_MESSAGE_BYTES"))
+                    refused.append(
+                        (
+                            row,
+                            f"MessageSizeTooLargeError: a record of the row is {too_large} bytes "
+                            f"serialized, over METALEDGER_KAFKA_MAX_MESSAGE_BYTES",
+                        )
+                    )
                     continue
                 resumed = row.lane in resuming and row.feed_offset <= resume_until
                 produced = 0
@@ -531,15 +577,19 @@ class Publisher:
                     produced += 1
                     if tp not in batches:
                         batches[tp] = (producer.create_batch(), [])
-                    if batches[tp][0].append(timestamp=None, key=key, value=record, headers=headers) is None:  # full: send it
+                    if (
+                        batches[tp][0].append(timestamp=None, key=key, value=record, headers=headers) is None
+                    ):  # full: send it
                         await submit(tp)
                         batches[tp] = (producer.create_batch(), [])
-                        batches[tp][0].append(timestamp=None, key=key, value=record, headers=headers)  # a first record always fits
+                        batches[tp][0].append(
+                            timestamp=None, key=key, value=record, headers=headers
+                        )  # a first record always fits
                     batches[tp][1].append(row)
                 if not produced:
                     sent.append((row, on_broker))
         except Exception as error:  # noqa: BLE001 - e.g. no metadata for a topic: nothing of this batch is sent
-            for builder, in_batch in batches.values():
+            for _builder, in_batch in batches.values():
                 sent.extend((row, error) for row in in_batch)
             batches.clear()
             sent.extend((row, error) for row in rows if row.id not in refused_ids and row.id in values)
@@ -605,8 +655,9 @@ class Publisher:
                 refused.append((row, f"{type(error).__name__}: the row cannot be encoded as a {role} record: {error}"))
         return values
 
-    def _derive(self, rows: list[outbox.PendingRow],
-                refused: list[tuple[outbox.PendingRow, str]]) -> dict[int, list[tuple[str, bytes | None]]]:
+    def _derive(
+        self, rows: list[outbox.PendingRow], refused: list[tuple[outbox.PendingRow, str]]
+    ) -> dict[int, list[tuple[str, bytes | None]]]:
         """Each row's derived events (row id → [(topic, value; None: a tombstone)]); a row whose events cannot be
         built is refused with the reason, like a row that cannot be encoded (kept, with its publish error)."""
         if self.derived is None:
@@ -623,8 +674,12 @@ class Publisher:
         return derived
 
     async def _produce_one_by_one(
-        self, rows: list[outbox.PendingRow], values: dict[int, bytes], derived: dict[int, list[tuple[str, bytes | None]]],
-        delivered: list[outbox.PendingRow], refused: list[tuple[outbox.PendingRow, str]],
+        self,
+        rows: list[outbox.PendingRow],
+        values: dict[int, bytes],
+        derived: dict[int, list[tuple[str, bytes | None]]],
+        delivered: list[outbox.PendingRow],
+        refused: list[tuple[outbox.PendingRow, str]],
     ) -> Produced:
         producer = self._producer
         assert producer is not None  # called by `_produce`, with the producer it produced with

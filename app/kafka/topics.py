@@ -75,9 +75,10 @@ async def create_missing_topics(settings: Settings, extra: Sequence[str] = ()) -
         specs = topic_specs(settings, extra)
         for spec in specs:
             if spec.name in existing and existing[spec.name] != partitions:
-                log.warning("kafka topic exists with another partition count than the setting; left as it is",
-                            extra={"topic": spec.name, "partitions": existing[spec.name],
-                                   "kafka_topic_partitions": partitions})
+                log.warning(
+                    "kafka topic exists with another partition count than the setting; left as it is",
+                    extra={"topic": spec.name, "partitions": existing[spec.name], "kafka_topic_partitions": partitions},
+                )
         missing = [s for s in specs if s.name not in existing]
         if not missing:
             return []

@@ -34,8 +34,9 @@ STORED_FAILURES_REPORTED = 10  # a changed schema that stored values break: the 
 STORED_PAGE_ROWS = 500
 
 
-def check_model_set(registry: EntityRegistry, previous: RuntimeModelSet, proposed: RuntimeModelSet, *,
-                    max_depth: int) -> CheckedModels:
+def check_model_set(
+    registry: EntityRegistry, previous: RuntimeModelSet, proposed: RuntimeModelSet, *, max_depth: int
+) -> CheckedModels:
     """app.registry.compatibility's rules, then the annotations of the registry the set makes that the indexer
     reads (app.search.annotations)."""
     return check_models(registry, previous, proposed, max_depth=max_depth, built_rules=(annotation_refusals,))
@@ -44,13 +45,18 @@ def check_model_set(registry: EntityRegistry, previous: RuntimeModelSet, propose
 def model_diff(previous: RuntimeModelSet, proposed: RuntimeModelSet) -> dict[str, Any]:
     """What an apply of `proposed` changes: aspects and entities added, changed (schema, mode or definition),
     removed."""
+
     def changes(old: dict[str, Any], new: dict[str, Any]) -> dict[str, list[str]]:
-        return {"added": sorted(new.keys() - old.keys()), "removed": sorted(old.keys() - new.keys()),
-                "changed": sorted(k for k in old.keys() & new.keys() if old[k] != new[k])}
+        return {
+            "added": sorted(new.keys() - old.keys()),
+            "removed": sorted(old.keys() - new.keys()),
+            "changed": sorted(k for k in old.keys() & new.keys() if old[k] != new[k]),
+        }
 
-    return {"aspects": changes(dict(previous.aspects), dict(proposed.aspects)),
-            "entities": changes({e.name: e for e in previous.entities}, {e.name: e for e in proposed.entities})}
-
+    return {
+        "aspects": changes(dict(previous.aspects), dict(proposed.aspects)),
+        "entities": changes({e.name: e for e in previous.entities}, {e.name: e for e in proposed.entities}),
+    }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -60,21 +66,37 @@ def model_diff(previous: RuntimeModelSet, proposed: RuntimeModelSet) -> dict[str
 # which a page starts and the page size; the key it starts from). A versioned aspect: its latest rows. A timeseries
 # aspect: its points, as the embedded search backend keeps them (timeseries_point) and as the change-log outbox does
 # (a point not indexed yet is there only; with Elasticsearch, the outbox holds those it retains).
-_VERSIONED_VALUES = (("""SELECT urn AS key, urn, metadata FROM metadata_aspect_v2
-                         WHERE version = 0 AND aspect = $1 AND urn > $2 ORDER BY urn LIMIT $3""", ""),)
+_VERSIONED_VALUES = (
+    (
+        """SELECT urn AS key, urn, metadata FROM metadata_aspect_v2
+                         WHERE version = 0 AND aspect = $1 AND urn > $2 ORDER BY urn LIMIT $3""",
+        "",
+    ),
+)
 _TIMESERIES_VALUES = (
-    ("""SELECT doc_id AS key, urn, value::text AS metadata FROM timeseries_point
-        WHERE aspect = $1 AND doc_id > $2 ORDER BY doc_id LIMIT $3""", ""),
-    ("""SELECT id AS key, urn, payload::jsonb -> 'aspect' ->> 'value' AS metadata FROM change_log_outbox
-        WHERE aspect = $1 AND id > $2 AND change_type = 'UPSERT' ORDER BY id LIMIT $3""", 0),
+    (
+        """SELECT doc_id AS key, urn, value::text AS metadata FROM timeseries_point
+        WHERE aspect = $1 AND doc_id > $2 ORDER BY doc_id LIMIT $3""",
+        "",
+    ),
+    (
+        """SELECT id AS key, urn, payload::jsonb -> 'aspect' ->> 'value' AS metadata FROM change_log_outbox
+        WHERE aspect = $1 AND id > $2 AND change_type = 'UPSERT' ORDER BY id LIMIT $3""",
+        0,
+    ),
 )
 _VERSIONED_HOLDERS = "SELECT urn FROM metadata_aspect_v2 WHERE version = 0 AND aspect = $1 AND urn LIKE $2"
 _TIMESERIES_HOLDERS = """SELECT urn FROM timeseries_point WHERE aspect = $1 AND urn LIKE $2
                          UNION SELECT urn FROM change_log_outbox WHERE aspect = $1 AND urn LIKE $2"""
 
 
-async def stored_data_refusals(session: AsyncSession, in_force: EntityRegistry, built: EntityRegistry,
-                               previous: RuntimeModelSet, proposed: RuntimeModelSet) -> list[Refusal]:
+async def stored_data_refusals(
+    session: AsyncSession,
+    in_force: EntityRegistry,
+    built: EntityRegistry,
+    previous: RuntimeModelSet,
+    proposed: RuntimeModelSet,
+) -> list[Refusal]:
     """An aspect or entity removed while it has stored values (`RemovedAspectHasValues`, `RemovedEntityHasValues`,
     with the count); a changed aspect schema that stored values do not pass (`StoredValueInvalid`, the first ones
     with their URN, paging through every stored value: the latest ones of a versioned aspect, every point of a
@@ -88,15 +110,25 @@ async def stored_data_refusals(session: AsyncSession, in_force: EntityRegistry, 
                 holders = _TIMESERIES_HOLDERS if in_force.aspects[aspect].is_timeseries else _VERSIONED_HOLDERS
                 count = await conn.fetchval(f"SELECT count(*) FROM ({holders}) holders", aspect, _urn_prefix(entity))
                 if count:
-                    refusals.append(Refusal("RemovedAspectHasValues", f"aspect {aspect} of entity {entity} is removed "
-                                            f"but {count} {entity} entities have a stored value of it", aspect))
+                    refusals.append(
+                        Refusal(
+                            "RemovedAspectHasValues",
+                            f"aspect {aspect} of entity {entity} is removed "
+                            f"but {count} {entity} entities have a stored value of it",
+                            aspect,
+                        )
+                    )
         else:
             count = await conn.fetchval(
                 "SELECT count(DISTINCT urn) FROM metadata_aspect_v2 WHERE version = 0 AND urn LIKE $1",
-                _urn_prefix(entity))
+                _urn_prefix(entity),
+            )
             if count:
-                refusals.append(Refusal("RemovedEntityHasValues",
-                                        f"entity {entity} is removed but {count} of its entities are stored"))
+                refusals.append(
+                    Refusal(
+                        "RemovedEntityHasValues", f"entity {entity} is removed but {count} of its entities are stored"
+                    )
+                )
     for name, proposed_aspect in sorted(proposed.aspects.items()):
         old = previous.aspects.get(name)
         if old is None or old.schema == proposed_aspect.schema:
@@ -123,9 +155,15 @@ async def _invalid_stored_values(conn, built: EntityRegistry, aspect: str) -> li
                     validator(orjson.loads(row["metadata"]))
                 except AspectValidationError as error:
                     issue = error.issues[0] if error.issues else None
-                    refusals.append(Refusal(
-                        "StoredValueInvalid", f"the stored value of {row['urn']} does not pass the new schema: "
-                        f"{issue.message if issue else error}", aspect, issue.path if issue else "$"))
+                    refusals.append(
+                        Refusal(
+                            "StoredValueInvalid",
+                            f"the stored value of {row['urn']} does not pass the new schema: "
+                            f"{issue.message if issue else error}",
+                            aspect,
+                            issue.path if issue else "$",
+                        )
+                    )
                     if len(refusals) == STORED_FAILURES_REPORTED:
                         return refusals
             if len(rows) < STORED_PAGE_ROWS:
@@ -141,12 +179,22 @@ def refused(refusals: Sequence[Refusal]) -> ValidationFailed:
     return ValidationFailed(
         f"the model set is refused ({len(refusals)} problems); nothing was stored: "
         + "; ".join(r.describe() for r in refusals[:5]),
-        [Issue(f"{r.rule}: {r.message}", aspect=r.aspect, path=r.path, expected=r.expected, found=r.found)
-         for r in refusals])
+        [
+            Issue(f"{r.rule}: {r.message}", aspect=r.aspect, path=r.path, expected=r.expected, found=r.found)
+            for r in refusals
+        ],
+    )
 
 
-async def apply_models(gateway: IngestGateway, session: AsyncSession, caller: Principal, proposed: RuntimeModelSet,
-                       *, dry_run: bool = False, if_version: int | None = None) -> dict[str, Any]:
+async def apply_models(
+    gateway: IngestGateway,
+    session: AsyncSession,
+    caller: Principal,
+    proposed: RuntimeModelSet,
+    *,
+    dry_run: bool = False,
+    if_version: int | None = None,
+) -> dict[str, Any]:
     """Check `proposed` (against the set in force, the base models and the stored data), then store it as the next
     version, conditional on the version it was checked against (a concurrent apply: 409), and take it up in this
     process at once (the others within METALEDGER_MODEL_REFRESH_S). `dry_run`: the checks and the diff only: the
@@ -166,8 +214,11 @@ async def apply_models(gateway: IngestGateway, session: AsyncSession, caller: Pr
         try:
             result = await gateway.apply(session, checked.proposals, caller.audit_stamp(), [checked.draft])
         except PreconditionFailed as error:
-            raise ExistenceConflict(f"another apply stored a model set since version {current.version} was read; "
-                                    "nothing was stored, apply again", error.issues) from None
+            raise ExistenceConflict(
+                f"another apply stored a model set since version {current.version} was read; "
+                "nothing was stored, apply again",
+                error.issues,
+            ) from None
     item = result.items[0]
     version = int(item.version or current.version)
     if version != gateway.registry.runtime_version:
@@ -184,8 +235,9 @@ class CheckedApply:
     proposals: list[Any]  # that write prepared (validated, through the proposal rules)
 
 
-async def _checked(gateway: IngestGateway, session: AsyncSession, caller: Principal, proposed: RuntimeModelSet,
-                   if_version: int | None) -> CheckedApply:
+async def _checked(
+    gateway: IngestGateway, session: AsyncSession, caller: Principal, proposed: RuntimeModelSet, if_version: int | None
+) -> CheckedApply:
     """Everything an apply checks before it writes, for the dry run and the apply alike: the 409 (`if_version` is
     not the stored version); the 400 naming every refusal (app.registry.compatibility's rules, nesting within
     METALEDGER_MAX_JSON_DEPTH; the GraphQL schema the set makes; the stored data); the write's own refusals (the
@@ -193,9 +245,10 @@ async def _checked(gateway: IngestGateway, session: AsyncSession, caller: Princi
     registry = gateway.registry
     current = await stored_models(session)
     if if_version is not None and if_version != current.version:
-        raise ExistenceConflict(f"the stored model set is at version {current.version}, not {if_version}; "
-                                "another apply came first", [Issue("version mismatch", urn=MODELS_URN,
-                                                                   aspect=MODELS_ASPECT, path="$ifVersion")])
+        raise ExistenceConflict(
+            f"the stored model set is at version {current.version}, not {if_version}; another apply came first",
+            [Issue("version mismatch", urn=MODELS_URN, aspect=MODELS_ASPECT, path="$ifVersion")],
+        )
     checked = check_model_set(registry, current.models, proposed, max_depth=gateway.settings.max_json_depth)
     refusals = checked.refusals
     if not refusals:
@@ -207,13 +260,23 @@ async def _checked(gateway: IngestGateway, session: AsyncSession, caller: Princi
     if refusals:
         raise refused(refusals)
     assert checked.built is not None
-    draft = Draft(0, PIPELINE_ENTITY, MODELS_ASPECT, urn=MODELS_URN, value=proposed.to_stored(),
-                  headers={IF_VERSION_MATCH: str(current.version) if current.version else "-1"})
+    draft = Draft(
+        0,
+        PIPELINE_ENTITY,
+        MODELS_ASPECT,
+        urn=MODELS_URN,
+        value=proposed.to_stored(),
+        headers={IF_VERSION_MATCH: str(current.version) if current.version else "-1"},
+    )
     await gateway.authorize(caller, [draft])
     with system_service_write(MODELS_URN, MODELS_ASPECT):  # the rule refusing any other write lets it pass
         proposals = await gateway.prepare_in_turns([draft])
-    answer = {"previousVersion": current.version, "diff": model_diff(current.models, proposed),
-              "dryRun": True, "version": current.version}
+    answer = {
+        "previousVersion": current.version,
+        "diff": model_diff(current.models, proposed),
+        "dryRun": True,
+        "version": current.version,
+    }
     return CheckedApply(answer, current, checked.built, draft, list(proposals))
 
 
@@ -239,9 +302,21 @@ def graphql_refusals(built: EntityRegistry, proposed: RuntimeModelSet) -> list[R
     if error is None:
         return []
     positions = {e.name: f"$.entities[{i}]" for i, e in enumerate(proposed.entities)}
-    refusals = [Refusal("GraphQLSchemaDoesNotBuild", f"the GraphQL type of entity {clip(name, 100)} does not build: "
-                        f"{alone}", None, positions.get(name, "$.entities"))
-                for name, type_name in list(types.items())[:GRAPHQL_BLAMED]
-                if (alone := fails({name: type_name})) is not None]
-    return refusals or [Refusal("GraphQLSchemaDoesNotBuild", f"the GraphQL schema of the model set does not build: "
-                                f"{error}", None, "$.entities")]
+    refusals = [
+        Refusal(
+            "GraphQLSchemaDoesNotBuild",
+            f"the GraphQL type of entity {clip(name, 100)} does not build: {alone}",
+            None,
+            positions.get(name, "$.entities"),
+        )
+        for name, type_name in list(types.items())[:GRAPHQL_BLAMED]
+        if (alone := fails({name: type_name})) is not None
+    ]
+    return refusals or [
+        Refusal(
+            "GraphQLSchemaDoesNotBuild",
+            f"the GraphQL schema of the model set does not build: {error}",
+            None,
+            "$.entities",
+        )
+    ]

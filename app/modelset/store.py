@@ -27,9 +27,14 @@ class StoredModels:
     created_by: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"urn": MODELS_URN, "aspectName": MODELS_ASPECT, "version": self.version,
-                "createdOn": int(self.created_on.timestamp() * 1000) if self.created_on else None,
-                "createdBy": self.created_by, **self.models.to_stored()}
+        return {
+            "urn": MODELS_URN,
+            "aspectName": MODELS_ASPECT,
+            "version": self.version,
+            "createdOn": int(self.created_on.timestamp() * 1000) if self.created_on else None,
+            "createdBy": self.created_by,
+            **self.models.to_stored(),
+        }
 
 
 async def stored_models(session: AsyncSession, version: int | None = None) -> StoredModels:
@@ -37,7 +42,10 @@ async def stored_models(session: AsyncSession, version: int | None = None) -> St
     conn = await session_connection(session)
     rows = await conn.fetch(
         """SELECT metadata, systemmetadata, createdon, createdby FROM metadata_aspect_v2
-           WHERE urn = $1 AND aspect = $2 ORDER BY version = 0 DESC, version DESC""", MODELS_URN, MODELS_ASPECT)
+           WHERE urn = $1 AND aspect = $2 ORDER BY version = 0 DESC, version DESC""",
+        MODELS_URN,
+        MODELS_ASPECT,
+    )
     for row in rows:
         stored = _stored(row)
         if version is None or stored.version == version:
@@ -56,14 +64,29 @@ async def model_history(session: AsyncSession) -> list[dict[str, Any]]:
     conn = await session_connection(session)
     rows = await conn.fetch(
         """SELECT metadata, systemmetadata, createdon, createdby FROM metadata_aspect_v2
-           WHERE urn = $1 AND aspect = $2""", MODELS_URN, MODELS_ASPECT)
+           WHERE urn = $1 AND aspect = $2""",
+        MODELS_URN,
+        MODELS_ASPECT,
+    )
     versions = sorted((_stored(row) for row in rows), key=lambda s: s.version, reverse=True)
-    return [{"version": s.version, "createdOn": int(s.created_on.timestamp() * 1000), "createdBy": s.created_by,
-             "aspects": {name: a.compatibility.value for name, a in sorted(s.models.aspects.items())},
-             "entities": [e.name for e in s.models.entities]} for s in versions if s.created_on is not None]
+    return [
+        {
+            "version": s.version,
+            "createdOn": int(s.created_on.timestamp() * 1000),
+            "createdBy": s.created_by,
+            "aspects": {name: a.compatibility.value for name, a in sorted(s.models.aspects.items())},
+            "entities": [e.name for e in s.models.entities],
+        }
+        for s in versions
+        if s.created_on is not None
+    ]
 
 
 def _stored(row) -> StoredModels:
     system_metadata = orjson.loads(row["systemmetadata"] or "{}")
-    return StoredModels(RuntimeModelSet.from_json(orjson.loads(row["metadata"])),
-                        int(system_metadata.get("version") or 1), row["createdon"], row["createdby"])
+    return StoredModels(
+        RuntimeModelSet.from_json(orjson.loads(row["metadata"])),
+        int(system_metadata.get("version") or 1),
+        row["createdon"],
+        row["createdby"],
+    )

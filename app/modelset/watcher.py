@@ -36,8 +36,9 @@ class ModelWatcher:
     A worker that meets a change log of an entity type or aspect its registry lacks takes the set up at once
     (`refresh_for`)."""
 
-    def __init__(self, settings: Settings, sessionmaker: async_sessionmaker[AsyncSession],
-                 registry: EntityRegistry) -> None:
+    def __init__(
+        self, settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], registry: EntityRegistry
+    ) -> None:
         self.settings = settings
         self.sessionmaker = sessionmaker
         self.registry = registry
@@ -56,16 +57,24 @@ class ModelWatcher:
                 built = await asyncio.to_thread(build_registry, self.registry, stored.models)
             except Exception:
                 self._failed_version = stored.version
-                log.exception("the stored runtime model set does not build; the models in force are kept",
-                              extra={"version": stored.version, "in_force": self.registry.runtime_version})
+                log.exception(
+                    "the stored runtime model set does not build; the models in force are kept",
+                    extra={"version": stored.version, "in_force": self.registry.runtime_version},
+                )
                 return False
             if self.registry.generation == generation:
                 break
             # another watcher swapped a set in meanwhile (maybe a newer one): look at the stored version again
         self.registry.replace_with(built, stored.version)
-        log.info("runtime models taken up", extra={
-            "version": stored.version, "aspects": sorted(stored.models.aspects),
-            "entities": [e.name for e in stored.models.entities], "generation": self.registry.generation})
+        log.info(
+            "runtime models taken up",
+            extra={
+                "version": stored.version,
+                "aspects": sorted(stored.models.aspects),
+                "entities": [e.name for e in stored.models.entities],
+                "generation": self.registry.generation,
+            },
+        )
         return True
 
     async def refresh_for(self, pairs: Iterable[tuple[str, str]]) -> bool:

@@ -281,8 +281,7 @@ class _Converter:
         elif (members := self._aliased_union_members(raw, d.namespace)) is not None:
             schema = {
                 "oneOf": [
-                    _single_key_object(f["name"], self.type_schema(_non_null(f["type"]), d.namespace))
-                    for f in members
+                    _single_key_object(f["name"], self.type_schema(_non_null(f["type"]), d.namespace)) for f in members
                 ]
             }
         else:
@@ -416,8 +415,17 @@ def _entity_aspects(registry: Any) -> list[tuple[str, Any, list[str]]]:
 
 
 def _synthesized_names(entities: list[tuple[str, Any, list[str]]]) -> list[str]:
-    names = [ERROR_RESPONSE, ERROR_ISSUE, BATCH_GET_ASPECT_REQUEST, ASPECT_HEADERS, GENERIC_JSON_PATCH, ASPECT_PATCH_REQUEST,
-             "JsonPatchOperation", "JsonPatch", "GenericJsonPatchDocument"]
+    names = [
+        ERROR_RESPONSE,
+        ERROR_ISSUE,
+        BATCH_GET_ASPECT_REQUEST,
+        ASPECT_HEADERS,
+        GENERIC_JSON_PATCH,
+        ASPECT_PATCH_REQUEST,
+        "JsonPatchOperation",
+        "JsonPatch",
+        "GenericJsonPatchDocument",
+    ]
     for aspect in sorted({a for _, _, aspects in entities for a in aspects}):
         names += [f"{upper_first(aspect)}AspectRequest", f"{upper_first(aspect)}AspectResponse"]
     for entity, _, _ in entities:

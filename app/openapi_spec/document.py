@@ -17,8 +17,17 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.openapi_spec.avro import (
-    ASPECT_HEADERS, ASPECT_PATCH_REQUEST, BATCH_GET_ASPECT_REQUEST, ERROR_ISSUE, ERROR_RESPONSE, GENERIC_JSON_PATCH,
-    RegistryModel, build_model, detached, schema_ref, upper_first,
+    ASPECT_HEADERS,
+    ASPECT_PATCH_REQUEST,
+    BATCH_GET_ASPECT_REQUEST,
+    ERROR_ISSUE,
+    ERROR_RESPONSE,
+    GENERIC_JSON_PATCH,
+    RegistryModel,
+    build_model,
+    detached,
+    schema_ref,
+    upper_first,
 )
 
 _JSON = "application/json"
@@ -40,7 +49,10 @@ _ERROR_RESPONSES: dict[str, tuple[str, str]] = {
     "413": ("PayloadTooLarge", "Payload Too Large: the body or the batch is over a limit the message names"),
     "415": ("UnsupportedMediaType", "Unsupported Media Type: the body must be application/json"),
     "429": ("TooManyRequests", "Too Many Requests: writes are shed under load; retry after Retry-After seconds"),
-    "503": ("ServiceUnavailable", "Service Unavailable: the database or a dependency is unreachable; retry after Retry-After"),
+    "503": (
+        "ServiceUnavailable",
+        "Service Unavailable: the database or a dependency is unreachable; retry after Retry-After",
+    ),
 }
 _WRITE_METHODS = frozenset({"post", "put", "patch", "delete"})
 _METHODS = frozenset({"get", "head", "post", "put", "patch", "delete", "options"})
@@ -119,7 +131,10 @@ def _base_components(model: RegistryModel) -> dict[str, dict[str, Any]]:
         "type": "object",
         "properties": {
             "patch": schema_ref("JsonPatch"),
-            "arrayPrimaryKeys": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "string"}}},
+            "arrayPrimaryKeys": {
+                "type": "object",
+                "additionalProperties": {"type": "array", "items": {"type": "string"}},
+            },
             "forceGenericPatch": {"type": "boolean"},
         },
         "required": ["patch"],

@@ -33,9 +33,9 @@ from __future__ import annotations
 
 import re
 from collections import Counter
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import datetime
-from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -49,13 +49,43 @@ NATIVE_RESULT_TYPE = "openlineage"
 
 # Dataset namespace scheme (or bare namespace) → DataHub platform. Any other scheme is the platform as it is.
 PLATFORMS = {
-    "postgres": "postgres", "postgresql": "postgres", "redshift": "redshift", "mysql": "mysql", "mariadb": "mariadb",
-    "sqlserver": "mssql", "mssql": "mssql", "oracle": "oracle", "db2": "db2", "teradata": "teradata",
-    "snowflake": "snowflake", "bigquery": "bigquery", "awsathena": "athena", "athena": "athena", "trino": "trino",
-    "presto": "presto", "hive": "hive", "spark": "spark", "databricks": "databricks", "clickhouse": "clickhouse",
-    "kafka": "kafka", "mongodb": "mongodb", "cassandra": "cassandra", "glue": "glue", "iceberg": "iceberg",
-    "s3": "s3", "s3a": "s3", "s3n": "s3", "gs": "gcs", "gcs": "gcs", "abfs": "abs", "abfss": "abs", "wasb": "abs",
-    "wasbs": "abs", "hdfs": "hdfs", "dbfs": "dbfs", "file": "file",
+    "postgres": "postgres",
+    "postgresql": "postgres",
+    "redshift": "redshift",
+    "mysql": "mysql",
+    "mariadb": "mariadb",
+    "sqlserver": "mssql",
+    "mssql": "mssql",
+    "oracle": "oracle",
+    "db2": "db2",
+    "teradata": "teradata",
+    "snowflake": "snowflake",
+    "bigquery": "bigquery",
+    "awsathena": "athena",
+    "athena": "athena",
+    "trino": "trino",
+    "presto": "presto",
+    "hive": "hive",
+    "spark": "spark",
+    "databricks": "databricks",
+    "clickhouse": "clickhouse",
+    "kafka": "kafka",
+    "mongodb": "mongodb",
+    "cassandra": "cassandra",
+    "glue": "glue",
+    "iceberg": "iceberg",
+    "s3": "s3",
+    "s3a": "s3",
+    "s3n": "s3",
+    "gs": "gcs",
+    "gcs": "gcs",
+    "abfs": "abs",
+    "abfss": "abs",
+    "wasb": "abs",
+    "wasbs": "abs",
+    "hdfs": "hdfs",
+    "dbfs": "dbfs",
+    "file": "file",
 }
 # Platforms whose namespace authority (a bucket, a container) is part of the dataset's path: s3://bucket + key/x
 # is DataHub's `bucket/key/x`. For the others (a database server) the name alone names the dataset.
@@ -67,17 +97,56 @@ _PRODUCER_ORCHESTRATORS = (
     (re.compile(r"github\.com/openlineage/openlineage/(?:(?:blob|tree)/[^/]+/)?integration/([a-z0-9_-]+)", re.I), None),
 )
 _RUN_STATUS = {  # eventType → (DataProcessRunStatus, RunResultType)
-    "START": ("STARTED", None), "RUNNING": ("STARTED", None), "COMPLETE": ("COMPLETE", "SUCCESS"),
-    "FAIL": ("COMPLETE", "FAILURE"), "ABORT": ("COMPLETE", "SKIPPED"),
+    "START": ("STARTED", None),
+    "RUNNING": ("STARTED", None),
+    "COMPLETE": ("COMPLETE", "SUCCESS"),
+    "FAIL": ("COMPLETE", "FAILURE"),
+    "ABORT": ("COMPLETE", "SKIPPED"),
 }
-_OWNERSHIP_TYPES = frozenset({"TECHNICAL_OWNER", "BUSINESS_OWNER", "DATA_STEWARD", "NONE", "DATAOWNER", "DEVELOPER",
-                              "PRODUCER", "DELEGATE", "CONSUMER", "STAKEHOLDER"})
+_OWNERSHIP_TYPES = frozenset(
+    {
+        "TECHNICAL_OWNER",
+        "BUSINESS_OWNER",
+        "DATA_STEWARD",
+        "NONE",
+        "DATAOWNER",
+        "DEVELOPER",
+        "PRODUCER",
+        "DELEGATE",
+        "CONSUMER",
+        "STAKEHOLDER",
+    }
+)
 _NOT_URN_SAFE = re.compile(r"[^A-Za-z0-9_.\-]+")
 # Native type (its leading word, lower case) → DataHub's SchemaFieldDataType; anything else is a StringType.
 _FIELD_TYPES = {
-    **dict.fromkeys(("int", "integer", "int2", "int4", "int8", "smallint", "bigint", "tinyint", "long", "short",
-                     "byte", "float", "float4", "float8", "double", "real", "decimal", "numeric", "number",
-                     "serial", "bigserial", "money"), "NumberType"),
+    **dict.fromkeys(
+        (
+            "int",
+            "integer",
+            "int2",
+            "int4",
+            "int8",
+            "smallint",
+            "bigint",
+            "tinyint",
+            "long",
+            "short",
+            "byte",
+            "float",
+            "float4",
+            "float8",
+            "double",
+            "real",
+            "decimal",
+            "numeric",
+            "number",
+            "serial",
+            "bigserial",
+            "money",
+        ),
+        "NumberType",
+    ),
     **dict.fromkeys(("bool", "boolean"), "BooleanType"),
     **dict.fromkeys(("date",), "DateType"),
     **dict.fromkeys(("timestamp", "timestamptz", "datetime", "time", "timetz", "interval"), "TimeType"),
@@ -168,8 +237,9 @@ class WriteBudget:
             if most not in ("inputs", "outputs", "dataset"):  # the job's and run's few writes: the event is the place
                 raise TooManyWrites(self.limit, len(self._keys), (), sum(self._by_member.values()), None)
             listed = self._event.get(most)
-            raise TooManyWrites(self.limit, len(self._keys), (most,), by_place,
-                                len(listed) if isinstance(listed, list) else None)
+            raise TooManyWrites(
+                self.limit, len(self._keys), (most,), by_place, len(listed) if isinstance(listed, list) else None
+            )
 
 
 def map_event(event: dict[str, Any]) -> Iterator[Change]:
@@ -184,12 +254,14 @@ def map_event(event: dict[str, Any]) -> Iterator[Change]:
 
 def _live(event: dict[str, Any]) -> dict[str, Any]:
     """The event without its deleted facets (`{"_deleted": true}`: the spec check skips them, the mapping too)."""
+
     def kept(holder: dict[str, Any], *members: str) -> dict[str, Any]:
         holder = dict(holder)
         for member in members:
             if isinstance(holder.get(member), dict):
-                holder[member] = {k: v for k, v in holder[member].items()
-                                  if not (isinstance(v, dict) and v.get("_deleted") is True)}
+                holder[member] = {
+                    k: v for k, v in holder[member].items() if not (isinstance(v, dict) and v.get("_deleted") is True)
+                }
         return holder
 
     event = dict(event)
@@ -208,6 +280,7 @@ def urn_errors(event: dict[str, Any]) -> Iterator[tuple[Place, str]]:
     """The places of a spec-conforming event whose names make no DataHub URN (empty, too long, a NUL or ␟ in them:
     datasets, jobs, columns, owners, tags),
     with why: the event is refused naming them rather than the aspects it would have become."""
+
     def checked(place: Place, urn: str) -> Iterator[tuple[Place, str]]:
         try:
             validate_urn(urn)
@@ -313,8 +386,15 @@ def _dataset_changes(dataset: dict[str, Any], urn: str, place: Place) -> list[Ch
         changes.append(Change("dataset", urn, "schemaMetadata", _schema_metadata(schema, platform, name), place=place))
     doc = facets.get("documentation")
     if isinstance(doc, dict) and isinstance(doc.get("description"), str):
-        changes.append(_patch("dataset", urn, "datasetProperties",
-                              [{"op": "add", "path": "/description", "value": doc["description"]}], place))
+        changes.append(
+            _patch(
+                "dataset",
+                urn,
+                "datasetProperties",
+                [{"op": "add", "path": "/description", "value": doc["description"]}],
+                place,
+            )
+        )
     changes.extend(_ownership_and_tags("dataset", urn, facets, place))
     return changes
 
@@ -323,8 +403,12 @@ def _schema_metadata(schema: dict[str, Any], platform: str, name: str) -> dict[s
     fields: list[dict[str, Any]] = []
     _schema_fields(schema["fields"], "", fields)
     return {
-        "schemaName": name, "platform": f"urn:li:dataPlatform:{platform}", "version": 0, "hash": "",
-        "platformSchema": {"com.linkedin.schema.OtherSchema": {"rawSchema": ""}}, "fields": fields,
+        "schemaName": name,
+        "platform": f"urn:li:dataPlatform:{platform}",
+        "version": 0,
+        "hash": "",
+        "platformSchema": {"com.linkedin.schema.OtherSchema": {"rawSchema": ""}},
+        "fields": fields,
     }
 
 
@@ -338,8 +422,15 @@ def _schema_fields(items: list[Any], prefix: str, out: list[dict[str, Any]]) -> 
         kind = "RecordType" if item.get("fields") else _FIELD_TYPES.get(word, "StringType")
         described = {"description": item["description"]} if isinstance(item.get("description"), str) else {}
         path = f"{prefix}{item['name']}"
-        out.append({"fieldPath": path, "nativeDataType": native or "unknown", "nullable": True,
-                    "type": {"type": {f"com.linkedin.schema.{kind}": {}}}, **described})
+        out.append(
+            {
+                "fieldPath": path,
+                "nativeDataType": native or "unknown",
+                "nullable": True,
+                "type": {"type": {f"com.linkedin.schema.{kind}": {}}},
+                **described,
+            }
+        )
         if isinstance(item.get("fields"), list):
             _schema_fields(item["fields"], f"{path}.", out)
 
@@ -358,8 +449,11 @@ def _owners(facets: dict[str, Any]) -> Iterator[tuple[Place, str, str]]:
     for k, owner in enumerate((facets.get("ownership") or {}).get("owners") or []):
         if isinstance(owner, dict) and isinstance(owner.get("name"), str) and owner["name"]:
             kind = str(owner.get("type") or "").upper().replace(" ", "_")
-            yield ("ownership", "owners", k, "name"), _owner_urn(owner["name"]), (
-                kind if kind in _OWNERSHIP_TYPES else "TECHNICAL_OWNER")
+            yield (
+                ("ownership", "owners", k, "name"),
+                _owner_urn(owner["name"]),
+                (kind if kind in _OWNERSHIP_TYPES else "TECHNICAL_OWNER"),
+            )
 
 
 def _tags(facets: dict[str, Any]) -> Iterator[tuple[Place, str]]:
@@ -373,11 +467,15 @@ def _tags(facets: dict[str, Any]) -> Iterator[tuple[Place, str]]:
 
 def _ownership_and_tags(entity_type: str, urn: str, facets: dict[str, Any], place: Place) -> list[Change]:
     changes = []
-    ops = [{"op": "add", "path": f"/owners/{_pointer(owner_urn)}/{kind}", "value": {"owner": owner_urn, "type": kind}}
-           for _, owner_urn, kind in _owners(facets)]
+    ops = [
+        {"op": "add", "path": f"/owners/{_pointer(owner_urn)}/{kind}", "value": {"owner": owner_urn, "type": kind}}
+        for _, owner_urn, kind in _owners(facets)
+    ]
     if ops:
         changes.append(_patch(entity_type, urn, "ownership", ops, place))
-    ops = [{"op": "add", "path": f"/tags/{_pointer(tag_urn)}", "value": {"tag": tag_urn}} for _, tag_urn in _tags(facets)]
+    ops = [
+        {"op": "add", "path": f"/tags/{_pointer(tag_urn)}", "value": {"tag": tag_urn}} for _, tag_urn in _tags(facets)
+    ]
     if ops:
         changes.append(_patch(entity_type, urn, "globalTags", ops, place))
     return changes
@@ -422,7 +520,9 @@ class _JobEvent:
         inputs = [(dataset_urn(d["namespace"], d["name"]), d) for d in self.event.get("inputs") or []]
         outputs = [(dataset_urn(d["namespace"], d["name"]), d) for d in self.event.get("outputs") or []]
         place: Place = ("job",)
-        yield _patch("dataFlow", self.flow, "dataFlowInfo", [{"op": "add", "path": "/name", "value": self.flow_name}], place)
+        yield _patch(
+            "dataFlow", self.flow, "dataFlowInfo", [{"op": "add", "path": "/name", "value": self.flow_name}], place
+        )
         yield Change("dataFlow", self.flow, "status", {"removed": False}, place=place)
         yield _patch("dataJob", self.job, "dataJobInfo", self._job_info_ops(job), place)
         yield Change("dataJob", self.job, "status", {"removed": False}, place=place)
@@ -448,8 +548,13 @@ class _JobEvent:
         properties = {"openlineage.namespace": job["namespace"]}
         job_type = self.job_facets.get("jobType")
         if isinstance(job_type, dict):
-            properties.update({f"openlineage.jobType.{k}": str(job_type[k])
-                               for k in ("processingType", "integration", "jobType") if job_type.get(k)})
+            properties.update(
+                {
+                    f"openlineage.jobType.{k}": str(job_type[k])
+                    for k in ("processingType", "integration", "jobType")
+                    if job_type.get(k)
+                }
+            )
         sql = self.job_facets.get("sql")
         if isinstance(sql, dict) and isinstance(sql.get("query"), str):
             properties["sql"] = sql["query"]
@@ -459,49 +564,99 @@ class _JobEvent:
         ops.extend({"op": "add", "path": f"/customProperties/{_pointer(k)}", "value": v} for k, v in properties.items())
         return ops
 
-    def _input_output_ops(self, inputs: list[tuple[str, dict[str, Any]]],
-                          outputs: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+    def _input_output_ops(
+        self, inputs: list[tuple[str, dict[str, Any]]], outputs: list[tuple[str, dict[str, Any]]]
+    ) -> list[dict[str, Any]]:
         final = self.event.get("eventType") == "COMPLETE" and bool(inputs or outputs)
-        edges = {side: {urn: {"destinationUrn": urn} for urn, _ in datasets}
-                 for side, datasets in (("inputDatasetEdges", inputs), ("outputDatasetEdges", outputs))}
+        edges = {
+            side: {urn: {"destinationUrn": urn} for urn, _ in datasets}
+            for side, datasets in (("inputDatasetEdges", inputs), ("outputDatasetEdges", outputs))
+        }
         lineage = _fine_grained(outputs)
         ops: list[dict[str, Any]] = []
         if final:  # the job's final datasets and column lineage (module docstring)
             ops.extend({"op": "add", "path": f"/{side}", "value": value} for side, value in edges.items())
-            ops.append({"op": "add", "path": "/fineGrainedLineages", "value": {"TRANSFORM": {
-                downstream: {"NONE": {upstream: _FGL_INFO for upstream in upstreams}}
-                for downstream, upstreams in lineage.items()}}})
+            ops.append(
+                {
+                    "op": "add",
+                    "path": "/fineGrainedLineages",
+                    "value": {
+                        "TRANSFORM": {
+                            downstream: {"NONE": {upstream: _FGL_INFO for upstream in upstreams}}
+                            for downstream, upstreams in lineage.items()
+                        }
+                    },
+                }
+            )
         else:
-            ops.extend({"op": "add", "path": f"/{side}/{_pointer(urn)}", "value": edge}
-                       for side, value in edges.items() for urn, edge in value.items())
-            ops.extend({"op": "add", "path": f"/fineGrainedLineages/TRANSFORM/{_pointer(downstream)}/NONE/{_pointer(upstream)}",
-                        "value": _FGL_INFO}
-                       for downstream, upstreams in lineage.items() for upstream in upstreams)
+            ops.extend(
+                {"op": "add", "path": f"/{side}/{_pointer(urn)}", "value": edge}
+                for side, value in edges.items()
+                for urn, edge in value.items()
+            )
+            ops.extend(
+                {
+                    "op": "add",
+                    "path": f"/fineGrainedLineages/TRANSFORM/{_pointer(downstream)}/NONE/{_pointer(upstream)}",
+                    "value": _FGL_INFO,
+                }
+                for downstream, upstreams in lineage.items()
+                for upstream in upstreams
+            )
         parent = self.parent_job_urn()
         if parent is not None and parent != self.job:
-            ops.append({"op": "add", "path": f"/inputDatajobEdges/{_pointer(parent)}", "value": {"destinationUrn": parent}})
+            ops.append(
+                {"op": "add", "path": f"/inputDatajobEdges/{_pointer(parent)}", "value": {"destinationUrn": parent}}
+            )
         return ops
 
     def _run_changes(self, run: dict[str, Any], inputs: list[str], outputs: list[str]) -> list[Change]:
         run_id = run["runId"]
         urn = run_urn(run_id)
         changes = [*self._run_properties(urn, run_id)]
-        for aspect, side, datasets in (("dataProcessInstanceInput", "inputs", inputs),
-                                       ("dataProcessInstanceOutput", "outputs", outputs)):
+        for aspect, side, datasets in (
+            ("dataProcessInstanceInput", "inputs", inputs),
+            ("dataProcessInstanceOutput", "outputs", outputs),
+        ):
             edges = f"{side[:-1]}Edges"
             # no datasets: no operation, the aspect is created empty if the run has none yet
-            ops = [op for u in datasets for op in (
-                {"op": "add", "path": f"/{side}/{_pointer(u)}", "value": u},
-                {"op": "add", "path": f"/{edges}/{_pointer(u)}", "value": {"destinationUrn": u}})]
-            changes.append(Change("dataProcessInstance", urn, aspect, ops, "PATCH",
-                                  array_keys={side: [], edges: ["destinationUrn"]}, place=RUN))
+            ops = [
+                op
+                for u in datasets
+                for op in (
+                    {"op": "add", "path": f"/{side}/{_pointer(u)}", "value": u},
+                    {"op": "add", "path": f"/{edges}/{_pointer(u)}", "value": {"destinationUrn": u}},
+                )
+            ]
+            changes.append(
+                Change(
+                    "dataProcessInstance",
+                    urn,
+                    aspect,
+                    ops,
+                    "PATCH",
+                    array_keys={side: [], edges: ["destinationUrn"]},
+                    place=RUN,
+                )
+            )
         ops = [{"op": "add", "path": "/parentTemplate", "value": self.job}]
         if self.parent_run:
             parent = run_urn(self.parent_run)
-            ops += [{"op": "add", "path": "/parentInstance", "value": parent},
-                    {"op": "add", "path": f"/upstreamInstances/{_pointer(parent)}", "value": parent}]
-        changes.append(Change("dataProcessInstance", urn, "dataProcessInstanceRelationships", ops, "PATCH",
-                              array_keys={"upstreamInstances": []}, place=RUN))
+            ops += [
+                {"op": "add", "path": "/parentInstance", "value": parent},
+                {"op": "add", "path": f"/upstreamInstances/{_pointer(parent)}", "value": parent},
+            ]
+        changes.append(
+            Change(
+                "dataProcessInstance",
+                urn,
+                "dataProcessInstanceRelationships",
+                ops,
+                "PATCH",
+                array_keys={"upstreamInstances": []},
+                place=RUN,
+            )
+        )
         event_type = self.event.get("eventType")
         if event_type in _RUN_STATUS:
             status, result = _RUN_STATUS[event_type]
@@ -518,16 +673,30 @@ class _JobEvent:
         time = _millis(nominal or self.event["eventTime"])
         custom = self._run_custom_properties()
         created = {"time": time, "actor": SYSTEM_ACTOR}
-        first = {"name": run_id, "created": created, "customProperties": custom,
-                 "type": "BATCH_SCHEDULED" if nominal else "BATCH_AD_HOC"}
+        first = {
+            "name": run_id,
+            "created": created,
+            "customProperties": custom,
+            "type": "BATCH_SCHEDULED" if nominal else "BATCH_AD_HOC",
+        }
         ops: list[dict[str, Any]] = [{"op": "add", "path": "/name", "value": run_id}]
         if nominal or self.event.get("eventType") == "START":
             ops.append({"op": "add", "path": "/created", "value": created})
         if nominal:
             ops.append({"op": "add", "path": "/type", "value": "BATCH_SCHEDULED"})
         ops.extend({"op": "add", "path": f"/customProperties/{_pointer(k)}", "value": v} for k, v in custom.items())
-        return [Change("dataProcessInstance", urn, "dataProcessInstanceProperties", first, "CREATE", headers=IF_ABSENT, place=RUN),
-                Change("dataProcessInstance", urn, "dataProcessInstanceProperties", ops, "PATCH", array_keys={}, place=RUN)]
+        return [
+            Change(
+                "dataProcessInstance",
+                urn,
+                "dataProcessInstanceProperties",
+                first,
+                "CREATE",
+                headers=IF_ABSENT,
+                place=RUN,
+            ),
+            Change("dataProcessInstance", urn, "dataProcessInstanceProperties", ops, "PATCH", array_keys={}, place=RUN),
+        ]
 
     def _run_custom_properties(self) -> dict[str, str]:
         custom = {"openlineage.producer": self.event["producer"]}
@@ -541,8 +710,13 @@ class _JobEvent:
                 custom["errorMessage"] = custom.pop("message")
         engine = self.run_facets.get("processing_engine")
         if isinstance(engine, dict):
-            custom.update({f"processingEngine.{k}": str(engine[k]) for k in ("name", "version", "openlineageAdapterVersion")
-                           if engine.get(k)})
+            custom.update(
+                {
+                    f"processingEngine.{k}": str(engine[k])
+                    for k in ("name", "version", "openlineageAdapterVersion")
+                    if engine.get(k)
+                }
+            )
         return custom
 
 

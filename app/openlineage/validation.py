@@ -21,8 +21,8 @@ from collections.abc import Iterable, Iterator
 from datetime import datetime
 from functools import cache
 from pathlib import Path
-from urllib.parse import urljoin
 from typing import Any
+from urllib.parse import urljoin
 
 import orjson
 from jsonschema import Draft202012Validator, FormatChecker
@@ -72,7 +72,9 @@ class _Spec:
             kind: self._validator({"$ref": f"{CORE_ID}#/$defs/{kind}"}, registry)
             for kind in ("RunEvent", "JobEvent", "DatasetEvent")
         }
-        self.base_facets = {kind: self._validator({"$ref": f"{CORE_ID}#/$defs/{kind}"}, registry) for kind in FACET_KINDS}
+        self.base_facets = {
+            kind: self._validator({"$ref": f"{CORE_ID}#/$defs/{kind}"}, registry) for kind in FACET_KINDS
+        }
         self.facets: dict[str, dict[str, Draft202012Validator]] = {kind: {} for kind in FACET_KINDS}
         for doc in facet_files:
             for name, schema in doc["properties"].items():
@@ -152,8 +154,12 @@ def validate_events(body: Any) -> tuple[list[dict[str, Any]], bool]:
     if issues:
         refused = len({i.index for i in issues})
         what = f"{refused} of the {len(events)} events" if batch else "the event"
-        raise ValidationFailed(f"{what} do not conform to the OpenLineage spec" if batch
-                               else "the event does not conform to the OpenLineage spec", issues)
+        raise ValidationFailed(
+            f"{what} do not conform to the OpenLineage spec"
+            if batch
+            else "the event does not conform to the OpenLineage spec",
+            issues,
+        )
     return events, batch
 
 
@@ -175,6 +181,7 @@ def _event_errors(event: Any) -> Iterator[tuple[str, str]]:
 def _without_facets(event: dict[str, Any]) -> dict[str, Any]:
     """The event with its facets maps emptied (a map that is no object is kept, for the core check to name): each facet
     is checked once, by its own schema, which holds the core's facet rules too (`allOf` the core's facet kind)."""
+
     def emptied(holder: Any, *members: str) -> Any:
         if not isinstance(holder, dict) or not any(isinstance(holder.get(m), dict) for m in members):
             return holder
@@ -194,7 +201,10 @@ def _all_facet_errors(spec: _Spec, event: dict[str, Any]) -> Iterator[tuple[str,
     run, job = event.get("run") or {}, event.get("job") or {}
     yield from _facet_errors(spec, run.get("facets"), "RunFacet", ".run.facets")
     yield from _facet_errors(spec, job.get("facets"), "JobFacet", ".job.facets")
-    for side, kind, extra in (("inputs", "InputDatasetFacet", "inputFacets"), ("outputs", "OutputDatasetFacet", "outputFacets")):
+    for side, kind, extra in (
+        ("inputs", "InputDatasetFacet", "inputFacets"),
+        ("outputs", "OutputDatasetFacet", "outputFacets"),
+    ):
         for i, dataset in enumerate(event.get(side) or []):
             yield from _facet_errors(spec, dataset.get("facets"), "DatasetFacet", f".{side}[{i}].facets")
             yield from _facet_errors(spec, dataset.get(extra), kind, f".{side}[{i}].{extra}")
@@ -206,7 +216,9 @@ def _facet_errors(spec: _Spec, facets: dict[str, Any] | None, kind: str, base: s
     for name, facet in (facets or {}).items():
         if isinstance(facet, dict) and facet.get("_deleted") is True:
             continue  # a deleted facet is only `{"_deleted": true}`
-        yield from ((f"{base}{_member(name)}{path}", message) for path, message in _checked_facet(spec, kind, name, facet))
+        yield from (
+            (f"{base}{_member(name)}{path}", message) for path, message in _checked_facet(spec, kind, name, facet)
+        )
 
 
 # How many facets' outcomes are remembered: a run's events carry the same facets again (a START's schema, its
@@ -263,5 +275,12 @@ def _member(name: str) -> str:
 
 
 def _json_type(value: Any) -> str:
-    return {dict: "an object", list: "an array", str: "a string", bool: "a boolean", type(None): "null",
-            int: "a number", float: "a number"}.get(type(value), type(value).__name__)
+    return {
+        dict: "an object",
+        list: "an array",
+        str: "a string",
+        bool: "a boolean",
+        type(None): "null",
+        int: "a number",
+        float: "a number",
+    }.get(type(value), type(value).__name__)

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.exposition import CONTENT_TYPE_PLAIN_0_0_4
 from prometheus_client.registry import Collector
 from sqlalchemy.ext.asyncio import AsyncEngine
 from sqlalchemy.pool import QueuePool
@@ -39,16 +39,22 @@ def in_flight_limit(settings: Settings) -> int:
 
 
 class Operations:
-    def __init__(self, settings: Settings, engine: AsyncEngine, registry: Any = None, schema_registry: Any = None) -> None:
+    def __init__(
+        self, settings: Settings, engine: AsyncEngine, registry: Any = None, schema_registry: Any = None
+    ) -> None:
         self.settings = settings
         self.engine = engine
         self.sampler = OutboxSampler(settings, engine)
         self.admission = WriteAdmission(
-            in_flight_limit(settings), settings.write_queue_timeout_ms / 1000,
+            in_flight_limit(settings),
+            settings.write_queue_timeout_ms / 1000,
             budget=settings.write_budget or settings.write_group_transactions * settings.write_group_max_proposals,
-            caller_share=settings.write_caller_share, cost_bytes=settings.write_cost_bytes,
-            backlog_limit=settings.max_outbox_backlog, backlog=self.sampler.backlog,
-            retry_after_s=settings.backpressure_retry_after_s, duty=settings.write_caller_duty,
+            caller_share=settings.write_caller_share,
+            cost_bytes=settings.write_cost_bytes,
+            backlog_limit=settings.max_outbox_backlog,
+            backlog=self.sampler.backlog,
+            retry_after_s=settings.backpressure_retry_after_s,
+            duty=settings.write_caller_duty,
             shared=SharedActivity.from_environment(),
         )
         self.readiness = Readiness(settings, self.sampler, registry, schema_registry)
@@ -63,8 +69,10 @@ class Operations:
         worker's figures."""
         self.background = self.readiness.background = background
         await self.readiness.start()
-        self._tasks = [asyncio.create_task(self.sampler.run(self._stop), name="ops-sampler"),
-                       asyncio.create_task(self._probe_loop(), name="ops-loop-probe")]
+        self._tasks = [
+            asyncio.create_task(self.sampler.run(self._stop), name="ops-sampler"),
+            asyncio.create_task(self._probe_loop(), name="ops-loop-probe"),
+        ]
 
     async def close(self) -> None:
         self._stop.set()
@@ -101,41 +109,81 @@ class _AppCollector(Collector):
         ops = self.ops
         pool = ops.engine.pool
         assert isinstance(pool, QueuePool)  # app.db.create_engine's (a pool size and an overflow)
-        yield GaugeMetricFamily("metaledger_db_pool_connections_in_use", "Pooled database connections checked out now",
-                                value=pool.checkedout())
-        yield GaugeMetricFamily("metaledger_db_pool_connections_max", "The pool's size plus its overflow",
-                                value=ops.settings.db_pool_size * 2)
+        yield GaugeMetricFamily(
+            "metaledger_db_pool_connections_in_use",
+            "Pooled database connections checked out now",
+            value=pool.checkedout(),
+        )
+        yield GaugeMetricFamily(
+            "metaledger_db_pool_connections_max",
+            "The pool's size plus its overflow",
+            value=ops.settings.db_pool_size * 2,
+        )
         admission = ops.admission
-        yield GaugeMetricFamily("metaledger_writes_in_flight", "Write transactions holding a slot now", value=admission.in_flight)
+        yield GaugeMetricFamily(
+            "metaledger_writes_in_flight", "Write transactions holding a slot now", value=admission.in_flight
+        )
         yield GaugeMetricFamily("metaledger_writes_waiting", "Writes waiting for a slot now", value=admission.waiting)
-        yield GaugeMetricFamily("metaledger_writes_in_flight_limit", "Write slots of this process", value=admission.limit)
+        yield GaugeMetricFamily(
+            "metaledger_writes_in_flight_limit", "Write slots of this process", value=admission.limit
+        )
         sample = ops.sampler.latest
-        yield CounterMetricFamily("metaledger_outbox_sample_errors", "Outbox samples that failed (the database could not answer)",
-                                  value=ops.sampler.errors)
+        yield CounterMetricFamily(
+            "metaledger_outbox_sample_errors",
+            "Outbox samples that failed (the database could not answer)",
+            value=ops.sampler.errors,
+        )
         if sample is not None:
-            yield GaugeMetricFamily("metaledger_outbox_sample_age_seconds", "Age of the outbox figures below", value=sample.age_s)
-            yield GaugeMetricFamily("metaledger_outbox_backlog_rows",
-                                    "Change logs not yet consumed: unsequenced + unpublished (Kafka) or unindexed (embedded)",
-                                    value=sample.backlog)
-            yield GaugeMetricFamily("metaledger_outbox_oldest_age_seconds", "Age of the oldest change log of the backlog",
-                                    value=sample.oldest_age_s)
-            yield GaugeMetricFamily("metaledger_outbox_unsequenced_rows", "Committed change logs without a feed offset yet",
-                                    value=sample.unsequenced)
-            yield GaugeMetricFamily("metaledger_change_feed_offset", "The last feed offset given (commit order)",
-                                    value=sample.feed_end)
+            yield GaugeMetricFamily(
+                "metaledger_outbox_sample_age_seconds", "Age of the outbox figures below", value=sample.age_s
+            )
+            yield GaugeMetricFamily(
+                "metaledger_outbox_backlog_rows",
+                "Change logs not yet consumed: unsequenced + unpublished (Kafka) or unindexed (embedded)",
+                value=sample.backlog,
+            )
+            yield GaugeMetricFamily(
+                "metaledger_outbox_oldest_age_seconds",
+                "Age of the oldest change log of the backlog",
+                value=sample.oldest_age_s,
+            )
+            yield GaugeMetricFamily(
+                "metaledger_outbox_unsequenced_rows",
+                "Committed change logs without a feed offset yet",
+                value=sample.unsequenced,
+            )
+            yield GaugeMetricFamily(
+                "metaledger_change_feed_offset", "The last feed offset given (commit order)", value=sample.feed_end
+            )
             if sample.relay_lag is not None:
-                yield GaugeMetricFamily("metaledger_relay_lag_rows", "Sequenced change logs not yet published to Kafka",
-                                        value=sample.relay_lag)
-                yield GaugeMetricFamily("metaledger_relay_lag_seconds", "Age of the oldest change log not yet published",
-                                        value=sample.relay_lag_s or 0.0)
+                yield GaugeMetricFamily(
+                    "metaledger_relay_lag_rows",
+                    "Sequenced change logs not yet published to Kafka",
+                    value=sample.relay_lag,
+                )
+                yield GaugeMetricFamily(
+                    "metaledger_relay_lag_seconds",
+                    "Age of the oldest change log not yet published",
+                    value=sample.relay_lag_s or 0.0,
+                )
             if sample.indexer_lag is not None:
-                yield GaugeMetricFamily("metaledger_indexer_lag_rows", "Change logs past the embedded indexer's cursor",
-                                        value=sample.indexer_lag)
-                yield GaugeMetricFamily("metaledger_indexer_lag_seconds", "Age of the oldest change log not yet indexed",
-                                        value=sample.indexer_lag_s or 0.0)
-            yield GaugeMetricFamily("metaledger_indexer_failing_rows",
-                                    "Change logs the search backend refused, recorded in search_index_failure (retried later)",
-                                    value=sample.failing_rows)
-            yield GaugeMetricFamily("metaledger_indexer_failing_oldest_seconds",
-                                    "Since the oldest change log in search_index_failure first failed (0: none)",
-                                    value=sample.failing_age_s or 0.0)
+                yield GaugeMetricFamily(
+                    "metaledger_indexer_lag_rows",
+                    "Change logs past the embedded indexer's cursor",
+                    value=sample.indexer_lag,
+                )
+                yield GaugeMetricFamily(
+                    "metaledger_indexer_lag_seconds",
+                    "Age of the oldest change log not yet indexed",
+                    value=sample.indexer_lag_s or 0.0,
+                )
+            yield GaugeMetricFamily(
+                "metaledger_indexer_failing_rows",
+                "Change logs the search backend refused, recorded in search_index_failure (retried later)",
+                value=sample.failing_rows,
+            )
+            yield GaugeMetricFamily(
+                "metaledger_indexer_failing_oldest_seconds",
+                "Since the oldest change log in search_index_failure first failed (0: none)",
+                value=sample.failing_age_s or 0.0,
+            )

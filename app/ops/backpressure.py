@@ -72,6 +72,7 @@ def _malloc_trim() -> Callable[[], object] | None:
 # up after a flood of 1,000-MCP batches); trimming returns them, at a few ms, once the writes are over.
 MALLOC_TRIM = _malloc_trim()
 
+
 def give_memory_back(*, caches: bool = False) -> None:
     """Collect the cyclic garbage a flood leaves (refused writes' exceptions and their frames: app.main raises the
     collector's thresholds, so the oldest generation may wait a long time for its next collection), then trim.
@@ -124,9 +125,18 @@ class _Caller:
 
 class WriteAdmission:
     def __init__(
-        self, limit: int, wait_s: float, *, budget: int | None = None, caller_share: float = 1.0,
-        cost_bytes: int = 65_536, backlog_limit: int = 0, backlog: Callable[[], int | None] | None = None,
-        retry_after_s: int = 1, duty: float = 1.0, shared: SharedActivity | None = None,
+        self,
+        limit: int,
+        wait_s: float,
+        *,
+        budget: int | None = None,
+        caller_share: float = 1.0,
+        cost_bytes: int = 65_536,
+        backlog_limit: int = 0,
+        backlog: Callable[[], int | None] | None = None,
+        retry_after_s: int = 1,
+        duty: float = 1.0,
+        shared: SharedActivity | None = None,
     ) -> None:
         self.limit = max(1, limit)  # writes in flight
         self.budget = max(1, budget if budget is not None else self.limit)  # their cost
@@ -336,9 +346,11 @@ class WriteAdmission:
             while state.waiting and state.waiting[0].granted.done():
                 state.waiting.popleft()
         while True:
-            ready = [(state.cost_in_flight, state.last_granted, state.waiting[0].arrived, caller, state)
-                     for caller, state in self._callers.items()
-                     if state.waiting and self._fits(state, state.waiting[0].cost)]
+            ready = [
+                (state.cost_in_flight, state.last_granted, state.waiting[0].arrived, caller, state)
+                for caller, state in self._callers.items()
+                if state.waiting and self._fits(state, state.waiting[0].cost)
+            ]
             if not ready:
                 return
             *_, caller, state = min(ready, key=lambda r: r[:3])
@@ -370,8 +382,9 @@ class WriteAdmission:
         self.rejected += 1
         self._since_settled = True
         WRITE_REJECTIONS.labels("in_flight").inc()
-        drain_s = (self._drain_s(caller, state.cost_in_flight + state.cost_resting)
-                   + min(self._drain_s(caller, state.cost_waiting), self.wait_s))
+        drain_s = self._drain_s(caller, state.cost_in_flight + state.cost_resting) + min(
+            self._drain_s(caller, state.cost_waiting), self.wait_s
+        )
         retry_after = max(self.retry_after_s, min(MAX_RETRY_AFTER_S, math.ceil(drain_s)))
         return TooManyRequests(
             f"{caller} has writes of cost {state.cost_in_flight} in flight, {state.cost_resting} resting and "

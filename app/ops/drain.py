@@ -123,8 +123,10 @@ class Drain:
 
     async def _stop(self) -> None:
         server = self._server
-        self._readiness.stopping = (f"the process is stopping (SIGTERM): it answers 503 for {self.drain_s:g} s, "
-                                    "then finishes the requests in flight and exits")
+        self._readiness.stopping = (
+            f"the process is stopping (SIGTERM): it answers 503 for {self.drain_s:g} s, "
+            "then finishes the requests in flight and exits"
+        )
         log.info("SIGTERM: draining", extra={"drain_s": self.drain_s})
         await asyncio.sleep(self.drain_s)
         listeners = [sock for listening in server.servers for sock in listening.sockets or ()]
@@ -138,8 +140,10 @@ class Drain:
             listening.close()
         # Each connection answers its next request 503 and closes: give the last ones accepted time to send theirs.
         await _until(lambda: not server.server_state.connections, CONNECTIONS_WAIT_S)
-        log.info("SIGTERM: no more connections are accepted; stopping",
-                 extra={"open_connections": len(server.server_state.connections)})
+        log.info(
+            "SIGTERM: no more connections are accepted; stopping",
+            extra={"open_connections": len(server.server_state.connections)},
+        )
         server.handle_exit(signal.SIGTERM, None)
 
 
@@ -157,6 +161,7 @@ class DrainMiddleware:
             await self.app(scope, receive, send)
             return
         if scope["path"] in SERVED_WHILE_DRAINING:
+
             async def send_closing(message: dict[str, Any]) -> None:
                 if message["type"] == "http.response.start":
                     message = {**message, "headers": [*message.get("headers", ()), _CLOSE]}
@@ -165,7 +170,11 @@ class DrainMiddleware:
             await self.app(scope, receive, send_closing)
             return
         body = orjson.dumps(self._refusal.to_json())
-        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), _CLOSE,
-                   *((name.lower().encode(), value.encode()) for name, value in self._refusal.headers().items())]
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            _CLOSE,
+            *((name.lower().encode(), value.encode()) for name, value in self._refusal.headers().items()),
+        ]
         await send({"type": "http.response.start", "status": 503, "headers": headers})
         await send({"type": "http.response.body", "body": body})

@@ -23,8 +23,16 @@ import os
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
-from prometheus_client import GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    Histogram,
+    PlatformCollector,
+    ProcessCollector,
+    generate_latest,
+)
 
 from app.errors import clip  # app.errors imports nothing of metaledger's
 
@@ -40,79 +48,104 @@ GCCollector(registry=REGISTRY)
 
 # --- HTTP (app.ops.middleware) ---------------------------------------------------------------------------------------
 HTTP_REQUESTS = Counter(
-    "metaledger_http_requests", "HTTP requests by route template, method and status", ["route", "method", "status"],
+    "metaledger_http_requests",
+    "HTTP requests by route template, method and status",
+    ["route", "method", "status"],
     registry=REGISTRY,
 )
 HTTP_DURATION = Histogram(
-    "metaledger_http_request_duration_seconds", "HTTP request latency (until the response is sent) by route template and method",
-    ["route", "method"], registry=REGISTRY,
+    "metaledger_http_request_duration_seconds",
+    "HTTP request latency (until the response is sent) by route template and method",
+    ["route", "method"],
+    registry=REGISTRY,
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0),
 )
 
 # How late the event loop ran a timer (app.ops.Operations' probe): the longest a request waits behind CPU work of
 # others in its process (a batch's parsing, decision, encoding). Not per route: every request of the process shares it.
 EVENT_LOOP_LAG = Histogram(
-    "metaledger_event_loop_lag_seconds", "How late this process's event loop ran a timer set every 20 ms",
-    registry=REGISTRY, buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+    "metaledger_event_loop_lag_seconds",
+    "How late this process's event loop ran a timer set every 20 ms",
+    registry=REGISTRY,
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
 )
 
 # --- the write path (app.ingest.gateway, app.write.service) ----------------------------------------------------------
 WRITES = Counter(
-    "metaledger_writes", "Proposals applied in a committed transaction, by entity type, aspect and change type",
-    ["entity_type", "aspect", "change_type"], registry=REGISTRY,
+    "metaledger_writes",
+    "Proposals applied in a committed transaction, by entity type, aspect and change type",
+    ["entity_type", "aspect", "change_type"],
+    registry=REGISTRY,
 )
 VALIDATION_FAILURES = Counter(
     "metaledger_write_validation_failures",
     "Proposals rejected as invalid, by reason: aspect_value (schema or patch), urn, change_type, aspect_name "
     "(not in the registry), rule (a proposal or pre-commit rule), too_large, other",
-    ["reason"], registry=REGISTRY,
+    ["reason"],
+    registry=REGISTRY,
 )
 CONFLICTS = Counter(
     "metaledger_write_conflicts",
     "Conditional writes refused: precondition (412, If-Version-Match and friends), existence (409, CREATE/UPDATE)",
-    ["kind"], registry=REGISTRY,
+    ["kind"],
+    registry=REGISTRY,
 )
 TRANSACTION_RETRIES = Counter(
-    "metaledger_write_transaction_retries", "Write transactions retried after a lost race, a deadlock or a serialization failure",
-    ["reason"], registry=REGISTRY,
+    "metaledger_write_transaction_retries",
+    "Write transactions retried after a lost race, a deadlock or a serialization failure",
+    ["reason"],
+    registry=REGISTRY,
 )
 WRITE_REJECTIONS = Counter(
     "metaledger_write_rejections",
     "Writes refused by backpressure (429): in_flight (no write slot within the wait), backlog (outbox backlog over its limit)",
-    ["reason"], registry=REGISTRY,
+    ["reason"],
+    registry=REGISTRY,
 )
 
 # --- authentication (incremented by app.auth) ------------------------------------------------------------------------
 AUTH_FAILURES = Counter(
-    "metaledger_auth_failures", "Requests refused by authentication or authorization, by reason", ["reason"],
+    "metaledger_auth_failures",
+    "Requests refused by authentication or authorization, by reason",
+    ["reason"],
     registry=REGISTRY,
 )
 
 # --- change logs and ingestion (app.kafka.relay, app.kafka.consumers.loop) -------------------------------------------
 RELAY_PUBLISHED = Counter(
-    "metaledger_relay_published", "Outbox rows this process's relay published to Kafka and marked delivered",
+    "metaledger_relay_published",
+    "Outbox rows this process's relay published to Kafka and marked delivered",
     registry=REGISTRY,
 )
 CONSUMER_LAG = Gauge(
     "metaledger_consumer_lag_records",
     "Records on an ingestion topic partition not yet applied by this process's consumer (high watermark - position), "
     "after its last batch",
-    ["topic", "partition"], registry=REGISTRY, multiprocess_mode="mostrecent",
+    ["topic", "partition"],
+    registry=REGISTRY,
+    multiprocess_mode="mostrecent",
 )
 
 # --- change processors (app.write.processors): labels are the pipeline's steps ---------------------------------------
 PROCESSOR_CALLS = Counter(
-    "metaledger_change_processor_calls", "Changes a change processor decided on, by processor, phase and outcome "
-    "(accepted, mutated, ignored, rejected, failed)", ["processor", "phase", "outcome"], registry=REGISTRY,
+    "metaledger_change_processor_calls",
+    "Changes a change processor decided on, by processor, phase and outcome "
+    "(accepted, mutated, ignored, rejected, failed)",
+    ["processor", "phase", "outcome"],
+    registry=REGISTRY,
 )
 PROCESSOR_SECONDS = Counter(  # with the calls: the mean time per change (a slow one is refused past its budget)
-    "metaledger_change_processor_seconds", "Time change processors took, by processor and phase",
-    ["processor", "phase"], registry=REGISTRY,
+    "metaledger_change_processor_seconds",
+    "Time change processors took, by processor and phase",
+    ["processor", "phase"],
+    registry=REGISTRY,
 )
 
 # --- the embedded indexing worker (app.search.worker) ----------------------------------------------------------------
 INDEXER_APPLIED = Counter(
-    "metaledger_indexer_applied_rows", "Change logs the embedded indexing worker applied", registry=REGISTRY,
+    "metaledger_indexer_applied_rows",
+    "Change logs the embedded indexing worker applied",
+    registry=REGISTRY,
 )
 INDEXER_FAILED_ROWS = Counter(
     "metaledger_indexer_failures",
@@ -120,13 +153,16 @@ INDEXER_FAILED_ROWS = Counter(
     registry=REGISTRY,
 )
 INDEXER_RETRIED_ROWS = Counter(
-    "metaledger_indexer_retried_rows", "Refused change logs a retry of the embedded indexer indexed", registry=REGISTRY,
+    "metaledger_indexer_retried_rows",
+    "Refused change logs a retry of the embedded indexer indexed",
+    registry=REGISTRY,
 )
 INDEXER_ERRORS = Counter(
     "metaledger_indexer_errors",
     "Errors of the embedded indexing worker (backend or database unavailable: the batch is retried whole)",
     registry=REGISTRY,
 )
+
 
 def exposition() -> bytes:
     """The module's series: this process's, or with several processes (multiprocess mode) every process's summed."""
@@ -235,12 +271,19 @@ def write_refused(error: MetaledgerError, items: Sequence[Any]) -> None:
         fields["aspect"] = issue.aspect or fields.get("aspect")
     level = logging.WARNING if error.status_code >= 500 else logging.INFO
     if _write_log.isEnabledFor(level):
-        _write_log.log(level, "write refused", extra={
-            "status": error.status_code, "error": error.error, "reason": error.message[:300], "items": len(items),
-            "issues": len(error.issues),
-            # what the client sent, cut: a log line never carries unbounded input
-            **{k: clip(v) if isinstance(v, str) else v for k, v in fields.items()},
-        })
+        _write_log.log(
+            level,
+            "write refused",
+            extra={
+                "status": error.status_code,
+                "error": error.error,
+                "reason": error.message[:300],
+                "items": len(items),
+                "issues": len(error.issues),
+                # what the client sent, cut: a log line never carries unbounded input
+                **{k: clip(v) if isinstance(v, str) else v for k, v in fields.items()},
+            },
+        )
 
 
 def record_consumer_lag(consumer: Any, batches: dict[Any, list[Any]]) -> None:

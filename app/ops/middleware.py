@@ -99,13 +99,26 @@ class OperationsMiddleware:
                 answer = {**unavailable.to_json(), "requestId": request_id}
             else:
                 status, extra = 500, []
-                answer = {"error": "Internal Server Error", "message": "an unexpected error; see the logs",
-                          "issues": [], "requestId": request_id}
+                answer = {
+                    "error": "Internal Server Error",
+                    "message": "an unexpected error; see the logs",
+                    "issues": [],
+                    "requestId": request_id,
+                }
             body = orjson.dumps(answer)
             try:
-                await send({"type": "http.response.start", "status": status, "headers": [
-                    (b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()), id_header,
-                    *extra]})
+                await send(
+                    {
+                        "type": "http.response.start",
+                        "status": status,
+                        "headers": [
+                            (b"content-type", b"application/json"),
+                            (b"content-length", str(len(body)).encode()),
+                            id_header,
+                            *extra,
+                        ],
+                    }
+                )
                 await send({"type": "http.response.body", "body": body})
             except Exception:  # noqa: BLE001 - the client is gone
                 pass
@@ -124,10 +137,14 @@ class OperationsMiddleware:
             key = (route, method, status)
             series = self._series.get(key)
             if series is None:
-                series = self._series[key] = (HTTP_REQUESTS.labels(route, method, str(status)),
-                                              HTTP_DURATION.labels(route, method))
+                series = self._series[key] = (
+                    HTTP_REQUESTS.labels(route, method, str(status)),
+                    HTTP_DURATION.labels(route, method),
+                )
             series[0].inc()
             series[1].observe(elapsed)
         if self.access_log and log.isEnabledFor(logging.INFO):
-            log.info("request", extra={"method": method, "route": route, "status": status,
-                                       "duration_ms": round(elapsed * 1000, 2)})
+            log.info(
+                "request",
+                extra={"method": method, "route": route, "status": status, "duration_ms": round(elapsed * 1000, 2)},
+            )

@@ -108,7 +108,9 @@ class Readiness:
     async def _database(self) -> tuple[dict[str, Any], dict[str, Any]]:
         started = time.perf_counter()
         try:
-            rows = await self.sampler.run_on_connection(lambda conn: conn.fetch("SELECT version_num FROM alembic_version"))
+            rows = await self.sampler.run_on_connection(
+                lambda conn: conn.fetch("SELECT version_num FROM alembic_version")
+            )
         except Exception as error:  # noqa: BLE001 - readiness reports every failure
             message = _error(error)
             return {"ok": False, "error": message}, {"ok": False, "error": "the database cannot be read"}
@@ -117,8 +119,10 @@ class Readiness:
         heads = sorted(self.heads or migration_heads())
         migrations: dict[str, Any] = {"ok": current == heads, "current": current, "head": heads}
         if current != heads:
-            migrations["error"] = (f"the database is at revision {', '.join(current) or 'none'}, the code needs "
-                                   f"{', '.join(heads)}: run `metaledger db upgrade`")
+            migrations["error"] = (
+                f"the database is at revision {', '.join(current) or 'none'}, the code needs "
+                f"{', '.join(heads)}: run `metaledger db upgrade`"
+            )
         return database, migrations
 
     async def _broker_check(self) -> dict[str, Any]:
@@ -130,8 +134,11 @@ class Readiness:
         from aiokafka.client import AIOKafkaClient
 
         servers = self.settings.kafka_bootstrap_servers
-        client = AIOKafkaClient(bootstrap_servers=servers, client_id=f"{self.settings.kafka_client_id}-ready",
-                                request_timeout_ms=int(self.timeout_s * 1000))
+        client = AIOKafkaClient(
+            bootstrap_servers=servers,
+            client_id=f"{self.settings.kafka_client_id}-ready",
+            request_timeout_ms=int(self.timeout_s * 1000),
+        )
         try:
             async with asyncio.timeout(self.timeout_s):
                 await client.bootstrap()
@@ -183,14 +190,24 @@ class Readiness:
         result: dict[str, Any] = {"ok": True, "mode": "embedded"}
         sample = self.sampler.latest
         if sample is not None:
-            result.update(lagRows=sample.indexer_lag, lagSeconds=round(sample.indexer_lag_s or 0.0, 3),
-                          failingRows=sample.failing_rows, sampleAgeSeconds=round(sample.age_s, 3))
+            result.update(
+                lagRows=sample.indexer_lag,
+                lagSeconds=round(sample.indexer_lag_s or 0.0, 3),
+                failingRows=sample.failing_rows,
+                sampleAgeSeconds=round(sample.age_s, 3),
+            )
             if sample.failing_rows:
-                result.update(oldestFailureSeconds=round(sample.failing_age_s or 0.0, 3), lastFailure=sample.last_failure)
+                result.update(
+                    oldestFailureSeconds=round(sample.failing_age_s or 0.0, 3), lastFailure=sample.last_failure
+                )
         worker = find_worker(self.background, "IndexWorker")
         if worker is not None:
-            result.update(failures=worker.failures, failedRows=worker.rows_failed, retriedRows=worker.retries_indexed,
-                          appliedRows=worker.applied_rows)
+            result.update(
+                failures=worker.failures,
+                failedRows=worker.rows_failed,
+                retriedRows=worker.retries_indexed,
+                appliedRows=worker.applied_rows,
+            )
             search_error = getattr(getattr(worker, "runtime", None), "last_error", None)
             if search_error:
                 result["searchError"] = search_error

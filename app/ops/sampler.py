@@ -60,29 +60,39 @@ _COMMON = """
         (SELECT reason FROM search_index_failure ORDER BY last_failed_at DESC LIMIT 1) AS last_failure,
         u.id AS first_unsequenced_id, extract(epoch FROM u.created_at)::float8 AS unsequenced_since,
 """
-_KAFKA = _COMMON + """
+_KAFKA = (
+    _COMMON
+    + """
         (SELECT count(*) FROM (SELECT 1 FROM change_log_outbox
                                WHERE delivered_at IS NULL AND feed_offset IS NOT NULL AND publish_error IS NULL
                                LIMIT $1) c) AS undelivered,
         d.feed_offset AS first_undelivered, extract(epoch FROM d.created_at)::float8 AS undelivered_since,
         NULL::float8 AS unindexed_since
-    FROM """ + _HORIZON + """ h
+    FROM """
+    + _HORIZON
+    + """ h
     LEFT JOIN LATERAL (SELECT id, created_at FROM change_log_outbox WHERE feed_offset IS NULL AND txid >= h.below
                        ORDER BY txid LIMIT 1) u ON true
     LEFT JOIN LATERAL (SELECT feed_offset, created_at FROM change_log_outbox
                        WHERE delivered_at IS NULL AND feed_offset IS NOT NULL AND publish_error IS NULL
                        ORDER BY feed_offset LIMIT 1) d ON true
 """
-_EMBEDDED = _COMMON + """
+)
+_EMBEDDED = (
+    _COMMON
+    + """
         NULL::bigint AS undelivered, NULL::bigint AS first_undelivered, NULL::float8 AS undelivered_since,
         extract(epoch FROM i.created_at)::float8 AS unindexed_since
-    FROM """ + _HORIZON + """ h
+    FROM """
+    + _HORIZON
+    + """ h
     LEFT JOIN LATERAL (SELECT id, created_at FROM change_log_outbox WHERE feed_offset IS NULL AND txid >= h.below
                        ORDER BY txid LIMIT 1) u ON true
     LEFT JOIN LATERAL (SELECT created_at FROM change_log_outbox
                        WHERE feed_offset > (SELECT last_offset FROM feed_reader_state WHERE reader = 'search-indexer')
                        ORDER BY feed_offset LIMIT 1) i ON true
 """
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,10 +180,19 @@ class OutboxSampler:
             backlog = unsequenced + (indexer_lag or 0)
             oldest = _age(now, row["unsequenced_since"], row["unindexed_since"] if cursor is not None else None)
         sample = OutboxSample(
-            taken_at=time.monotonic(), feed_end=feed_end, unsequenced=unsequenced, relay_lag=relay_lag,
-            relay_lag_s=relay_lag_s, indexer_position=cursor, indexer_lag=indexer_lag, indexer_lag_s=indexer_lag_s,
-            backlog=backlog, oldest_age_s=oldest or 0.0, failing_rows=row["failing_rows"],
-            failing_age_s=_age(now, row["failing_since"]), last_failure=row["last_failure"],
+            taken_at=time.monotonic(),
+            feed_end=feed_end,
+            unsequenced=unsequenced,
+            relay_lag=relay_lag,
+            relay_lag_s=relay_lag_s,
+            indexer_position=cursor,
+            indexer_lag=indexer_lag,
+            indexer_lag_s=indexer_lag_s,
+            backlog=backlog,
+            oldest_age_s=oldest or 0.0,
+            failing_rows=row["failing_rows"],
+            failing_age_s=_age(now, row["failing_since"]),
+            last_failure=row["last_failure"],
         )
         self.latest = sample
         return sample
@@ -190,7 +209,9 @@ class OutboxSampler:
         self.errors += 1
         self.last_error = f"{type(error).__name__}: {error}"
         if self.errors == 1 or self.errors % 30 == 0:
-            log.warning("outbox sampler: the database cannot answer", extra={"error": self.last_error, "failures": self.errors})
+            log.warning(
+                "outbox sampler: the database cannot answer", extra={"error": self.last_error, "failures": self.errors}
+            )
 
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():

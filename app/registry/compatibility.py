@@ -31,8 +31,11 @@ BACKWARD, FULL = Compatibility.BACKWARD, Compatibility.FULL
 PRIMITIVES = frozenset({"null", "boolean", "int", "long", "float", "double", "bytes", "string"})
 # What a reader of the key type reads when the writer wrote the value type (Avro's promotions).
 PROMOTIONS = {
-    "int": {"long", "float", "double"}, "long": {"float", "double"}, "float": {"double"},
-    "string": {"bytes"}, "bytes": {"string"},
+    "int": {"long", "float", "double"},
+    "long": {"float", "double"},
+    "float": {"double"},
+    "string": {"bytes"},
+    "bytes": {"string"},
 }
 
 
@@ -50,9 +53,14 @@ class Refusal:
         return f"{self.rule}: {where}: {self.message}"
 
     def to_json(self) -> dict[str, Any]:
-        return {"rule": self.rule, "aspect": self.aspect, "path": self.path, "message": self.message,
-                **({"expected": self.expected} if self.expected is not None else {}),
-                **({"found": self.found} if self.found is not None else {})}
+        return {
+            "rule": self.rule,
+            "aspect": self.aspect,
+            "path": self.path,
+            "message": self.message,
+            **({"expected": self.expected} if self.expected is not None else {}),
+            **({"found": self.found} if self.found is not None else {}),
+        }
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -86,8 +94,11 @@ class Named:
     def resolve(self, node: Any) -> Any:
         if isinstance(node, str) and node not in PRIMITIVES:
             return self.types.get(node, self.types.get(node.rsplit(".", 1)[-1], node))
-        if isinstance(node, dict) and isinstance(node.get("type"), (str, dict, list)) and node["type"] not in (
-                "record", "error", "enum", "fixed", "array", "map"):
+        if (
+            isinstance(node, dict)
+            and isinstance(node.get("type"), (str, dict, list))
+            and node["type"] not in ("record", "error", "enum", "fixed", "array", "map")
+        ):
             return self.resolve(node["type"])  # {"type": "string"}, {"type": {...}}
         return node
 
@@ -169,8 +180,10 @@ class FieldAddedWithoutDefault(SchemaRule):
             known = {f["name"] for f in old.get("fields") or ()}
             for f in new.get("fields") or ():
                 if f["name"] not in known and "default" not in f:
-                    yield (f"{path}.fields.{f['name']}",
-                           f"the new field {f['name']} has no default (stored values do not have it)")
+                    yield (
+                        f"{path}.fields.{f['name']}",
+                        f"the new field {f['name']} has no default (stored values do not have it)",
+                    )
 
 
 class TypeChanged(SchemaRule):
@@ -216,11 +229,19 @@ class EnumWidened(SchemaRule):
         if kind_of(old) == kind_of(new) == "enum" and "default" not in old:
             added = [s for s in new.get("symbols") or () if s not in (old.get("symbols") or ())]
             if added:
-                yield f"{path}.symbols", f"the symbols {', '.join(added)} are added (the previous schema cannot read them)"
+                yield (
+                    f"{path}.symbols",
+                    f"the symbols {', '.join(added)} are added (the previous schema cannot read them)",
+                )
 
 
 SCHEMA_RULES: tuple[SchemaRule, ...] = (
-    RecordRenamed(), FieldRemoved(), FieldAddedWithoutDefault(), TypeChanged(), TypeChangedForward(), EnumNarrowed(),
+    RecordRenamed(),
+    FieldRemoved(),
+    FieldAddedWithoutDefault(),
+    TypeChanged(),
+    TypeChangedForward(),
+    EnumNarrowed(),
     EnumWidened(),
 )
 
@@ -238,8 +259,13 @@ def _describe(node: Any) -> str:
     return kind.removeprefix("ref:")
 
 
-def schema_refusals(aspect: str, old: Mapping[str, Any], new: Mapping[str, Any], mode: Compatibility,
-                    rules: tuple[SchemaRule, ...] = SCHEMA_RULES) -> list[Refusal]:
+def schema_refusals(
+    aspect: str,
+    old: Mapping[str, Any],
+    new: Mapping[str, Any],
+    mode: Compatibility,
+    rules: tuple[SchemaRule, ...] = SCHEMA_RULES,
+) -> list[Refusal]:
     """The refusals of changing `aspect`'s schema from `old` to `new` in `mode`."""
     active = [r for r in rules if mode in r.modes]
     old_named, new_named = Named(old), Named(new)
@@ -248,8 +274,11 @@ def schema_refusals(aspect: str, old: Mapping[str, Any], new: Mapping[str, Any],
 
     def walk(path: str, old_node: Any, new_node: Any) -> None:
         old_node, new_node = old_named.resolve(old_node), new_named.resolve(new_node)
-        found = [Refusal(rule.name, message, aspect, where)
-                 for rule in active for where, message in rule.check(path, old_node, new_node)]
+        found = [
+            Refusal(rule.name, message, aspect, where)
+            for rule in active
+            for where, message in rule.check(path, old_node, new_node)
+        ]
         refusals.extend(found)
         if any(r.path == path for r in found):
             return  # a retyped node: what is below it does not compare
@@ -297,8 +326,9 @@ class ModelChange:
         return {name for name in self.registry.aspects if not self.registry.is_runtime(name)}
 
     def base_entities(self) -> set[str]:
-        return {name.lower() for name, e in self.registry.entities.items()
-                if not self.registry.is_runtime(e.key_aspect)}
+        return {
+            name.lower() for name, e in self.registry.entities.items() if not self.registry.is_runtime(e.key_aspect)
+        }
 
 
 class ModelRule:
@@ -315,8 +345,12 @@ class RedefinesBaseAspect(ModelRule):
         base = change.base_aspects()
         for name in change.proposed.aspects:
             if name in base:
-                yield Refusal(self.name, f"{name} is an aspect of the base models, which a runtime model cannot "
-                                         "redefine", name, "$.schema.Aspect.name")
+                yield Refusal(
+                    self.name,
+                    f"{name} is an aspect of the base models, which a runtime model cannot redefine",
+                    name,
+                    "$.schema.Aspect.name",
+                )
 
 
 class AspectKindChanged(ModelRule):
@@ -326,8 +360,9 @@ class AspectKindChanged(ModelRule):
         for name, new in change.proposed.aspects.items():
             old = change.previous.aspects.get(name)
             if old is not None and _aspect_kind(old) != _aspect_kind(new):
-                yield Refusal(self.name, f"a {_aspect_kind(old)} aspect cannot become {_aspect_kind(new)}", name,
-                              "$.Aspect.type")
+                yield Refusal(
+                    self.name, f"a {_aspect_kind(old)} aspect cannot become {_aspect_kind(new)}", name, "$.Aspect.type"
+                )
 
 
 class NewEntityNeedsKey(ModelRule):
@@ -337,8 +372,12 @@ class NewEntityNeedsKey(ModelRule):
         base = change.base_entities()
         for i, entity in enumerate(change.proposed.entities):
             if entity.name.lower() not in base and not entity.key_aspect:
-                yield Refusal(self.name, f"entity {entity.name} is not a base entity: a new entity needs a keyAspect",
-                              None, f"$.entities[{i}].keyAspect")
+                yield Refusal(
+                    self.name,
+                    f"entity {entity.name} is not a base entity: a new entity needs a keyAspect",
+                    None,
+                    f"$.entities[{i}].keyAspect",
+                )
 
 
 class KeyAspectChanged(ModelRule):
@@ -349,8 +388,12 @@ class KeyAspectChanged(ModelRule):
         for i, entity in enumerate(change.proposed.entities):
             old = before.get(entity.name)
             if old is not None and entity.key_aspect != old:
-                yield Refusal(self.name, f"entity {entity.name}'s key aspect is {old}; it cannot change (its URNs "
-                                         "are made of it)", None, f"$.entities[{i}].keyAspect")
+                yield Refusal(
+                    self.name,
+                    f"entity {entity.name}'s key aspect is {old}; it cannot change (its URNs are made of it)",
+                    None,
+                    f"$.entities[{i}].keyAspect",
+                )
 
 
 class SchemaCompatibility(ModelRule):
@@ -366,7 +409,11 @@ class SchemaCompatibility(ModelRule):
 
 
 MODEL_RULES: tuple[ModelRule, ...] = (
-    RedefinesBaseAspect(), AspectKindChanged(), NewEntityNeedsKey(), KeyAspectChanged(), SchemaCompatibility(),
+    RedefinesBaseAspect(),
+    AspectKindChanged(),
+    NewEntityNeedsKey(),
+    KeyAspectChanged(),
+    SchemaCompatibility(),
 )
 
 
@@ -391,8 +438,9 @@ MAX_ASPECT_NAME_CHARS = 100
 MAX_FIELD_NAME_CHARS = 100  # a search document field's, a relationship's
 
 
-def bad_name(name: Any, what: str, limit: int, path: str, aspect: str | None = None,
-              rule: str = "InvalidName") -> Refusal | None:
+def bad_name(
+    name: Any, what: str, limit: int, path: str, aspect: str | None = None, rule: str = "InvalidName"
+) -> Refusal | None:
     """The refusal of a name outside NAME_PATTERN or longer than `limit`, or None."""
     if isinstance(name, str) and len(name) <= limit and NAME.fullmatch(name):
         return None
@@ -403,8 +451,14 @@ def bad_name(name: Any, what: str, limit: int, path: str, aspect: str | None = N
         reason = f"is {len(name)} characters long; the limit is {limit}"
     else:
         reason = "is not a letter followed by letters, digits or _"
-    return Refusal(rule, f"the {what} {found!r} {reason}", aspect, path,
-                   expected=f"{NAME_PATTERN}, at most {limit} characters", found=found)
+    return Refusal(
+        rule,
+        f"the {what} {found!r} {reason}",
+        aspect,
+        path,
+        expected=f"{NAME_PATTERN}, at most {limit} characters",
+        found=found,
+    )
 
 
 class InvalidName(ModelRule):
@@ -421,8 +475,9 @@ class InvalidName(ModelRule):
                 continue
             annotation = aspect.schema.get("Aspect")
             if isinstance(annotation, dict) and "keyForEntity" in annotation:
-                refusal = bad_name(annotation["keyForEntity"], "entity name", MAX_ENTITY_NAME_CHARS,
-                                    f"{where}.keyForEntity")
+                refusal = bad_name(
+                    annotation["keyForEntity"], "entity name", MAX_ENTITY_NAME_CHARS, f"{where}.keyForEntity"
+                )
                 if refusal is not None:
                     yield refusal
         for i, entity in enumerate(change.proposed.entities):
@@ -446,8 +501,13 @@ class SchemaTooDeep(ModelRule):
 
 
 def too_deep_refusal(rule: str, aspect: str, where: str, limit: int) -> Refusal:
-    return Refusal(rule, f"the schema is nested more than {limit} levels deep (METALEDGER_MAX_JSON_DEPTH) at "
-                         f"{clip(where)}", aspect, clip(where), expected=f"at most {limit} levels")
+    return Refusal(
+        rule,
+        f"the schema is nested more than {limit} levels deep (METALEDGER_MAX_JSON_DEPTH) at {clip(where)}",
+        aspect,
+        clip(where),
+        expected=f"at most {limit} levels",
+    )
 
 
 def is_bool(value: Any) -> bool:  # DataHub's schemas write some as "true" (app.search.documents reads both)
@@ -472,11 +532,15 @@ STRING = (is_str, "a string")
 # keyForEntity are InvalidName's).
 ASPECT_PROPERTIES: dict[str, tuple[Callable[[Any], bool], str]] = {
     "type": (lambda v: v in ("versioned", "timeseries"), "versioned or timeseries"),
-    "entityAspects": (is_strings, "a list of strings"), "entityCategory": STRING, "entityDoc": STRING,
+    "entityAspects": (is_strings, "a list of strings"),
+    "entityCategory": STRING,
+    "entityDoc": STRING,
     "autoRender": BOOLEAN,
     "renderSpec": (is_object, "an object"),
 }
 RENDER_SPEC_PROPERTIES = ("displayType", "displayName", "key")  # GraphQL's RenderSpec: strings
+
+
 class InvalidAspectAnnotation(ModelRule):
     """The Aspect annotation's properties that are read: their types (renderSpec: GraphQL's strings)."""
 
@@ -502,8 +566,6 @@ def invalid(rule: str, aspect: str, path: str, value: Any, expected: str) -> Ref
 SHAPE_RULES: tuple[ModelRule, ...] = (InvalidName(), SchemaTooDeep(), InvalidAspectAnnotation())
 
 
-
-
 def _aspect_kind(aspect: RuntimeAspect) -> str:
     return "timeseries" if (aspect.schema.get("Aspect") or {}).get("type") == "timeseries" else "versioned"
 
@@ -521,9 +583,15 @@ class CheckedModels:
 BuiltRule = Callable[[EntityRegistry, RuntimeModelSet, int], Iterable[Refusal]]
 
 
-def check_models(registry: EntityRegistry, previous: RuntimeModelSet, proposed: RuntimeModelSet,
-                 rules: tuple[ModelRule, ...] = MODEL_RULES, *, max_depth: int,
-                 built_rules: Sequence[BuiltRule] = ()) -> CheckedModels:
+def check_models(
+    registry: EntityRegistry,
+    previous: RuntimeModelSet,
+    proposed: RuntimeModelSet,
+    rules: tuple[ModelRule, ...] = MODEL_RULES,
+    *,
+    max_depth: int,
+    built_rules: Sequence[BuiltRule] = (),
+) -> CheckedModels:
     """The shape rules (names, nesting past `max_depth`, METALEDGER_MAX_JSON_DEPTH), then (if none refused) every
     model rule, then the build of the base models plus `proposed`, which compiles every runtime schema with the
     registry's validator (its problems, or whatever it raises, are `DoesNotCompile` refusals), then `built_rules` on
@@ -536,15 +604,28 @@ def check_models(registry: EntityRegistry, previous: RuntimeModelSet, proposed: 
     try:
         built = build_registry(registry, proposed)
     except RegistryConfigError as error:
-        return CheckedModels([Refusal("DoesNotCompile", clip(problem, 1000), _named_aspect(problem, proposed))
-                              for problem in error.problems], None)
+        return CheckedModels(
+            [
+                Refusal("DoesNotCompile", clip(problem, 1000), _named_aspect(problem, proposed))
+                for problem in error.problems
+            ],
+            None,
+        )
     except Exception as error:  # noqa: BLE001 - whatever a schema makes the build raise is a refusal, never a 500
-        return CheckedModels([Refusal("DoesNotCompile", clip(f"the model set does not build: {type(error).__name__}: "
-                                                             f"{error}", 1000))], None)
+        return CheckedModels(
+            [Refusal("DoesNotCompile", clip(f"the model set does not build: {type(error).__name__}: {error}", 1000))],
+            None,
+        )
     refusals = [refusal for rule in built_rules for refusal in rule(built, proposed, max_depth)]
     return CheckedModels(refusals, None if refusals else built)
 
 
 def _named_aspect(problem: str, proposed: RuntimeModelSet) -> str | None:
-    return next((name for name in proposed.aspects if name in problem.split()
-                 or f"{name}:" in problem or f"model {name}" in problem), None)
+    return next(
+        (
+            name
+            for name in proposed.aspects
+            if name in problem.split() or f"{name}:" in problem or f"model {name}" in problem
+        ),
+        None,
+    )

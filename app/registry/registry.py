@@ -445,8 +445,12 @@ def _source_files(source: Any, base: Path, problems: list[str]) -> tuple[str, li
 
 
 def _build(
-    path: Path | str, *, trim_unknown_fields: bool = False, strict_urns: bool = True,
-    runtime_documents: Sequence[tuple[str, Any]] = (), runtime_entities: Sequence[dict[str, Any]] = (),
+    path: Path | str,
+    *,
+    trim_unknown_fields: bool = False,
+    strict_urns: bool = True,
+    runtime_documents: Sequence[tuple[str, Any]] = (),
+    runtime_entities: Sequence[dict[str, Any]] = (),
 ) -> _Loaded:
     """The registry of `path`, plus (app.registry.runtime) `runtime_documents` ((aspect name, .avsc document)) and
     `runtime_entities` (entries in the yml's `entities:` format), after the yml's."""

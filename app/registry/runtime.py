@@ -47,8 +47,11 @@ class RuntimeAspect:
     compatibility: Compatibility = Compatibility.BACKWARD
 
     def to_stored(self) -> dict[str, Any]:
-        return {"name": self.name, "schema": orjson.dumps(self.schema, option=orjson.OPT_SORT_KEYS).decode(),
-                "compatibility": self.compatibility.value}
+        return {
+            "name": self.name,
+            "schema": orjson.dumps(self.schema, option=orjson.OPT_SORT_KEYS).decode(),
+            "compatibility": self.compatibility.value,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,8 +65,13 @@ class RuntimeEntity:
     doc: str | None = None
 
     def to_stored(self) -> dict[str, Any]:
-        return {"name": self.name, "keyAspect": self.key_aspect, "aspects": list(self.aspects),
-                "category": self.category, "doc": self.doc}
+        return {
+            "name": self.name,
+            "keyAspect": self.key_aspect,
+            "aspects": list(self.aspects),
+            "category": self.category,
+            "doc": self.doc,
+        }
 
     def to_yml(self) -> dict[str, Any]:
         return {k: v for k, v in self.to_stored().items() if v is not None}
@@ -119,24 +127,35 @@ class RuntimeModelSet:
             annotation = schema.get("Aspect")
             name = annotation.get("name") if isinstance(annotation, dict) else None
             if not isinstance(name, str) or not name:
-                raise ModelSetError('an aspect schema needs an "Aspect": {"name": ...} annotation',
-                                    f"{where}.schema.Aspect.name")
+                raise ModelSetError(
+                    'an aspect schema needs an "Aspect": {"name": ...} annotation', f"{where}.schema.Aspect.name"
+                )
             if item.get("name") not in (None, name):
-                raise ModelSetError(f"the name {item['name']!r} is not the schema's aspect name {name!r}", f"{where}.name")
+                raise ModelSetError(
+                    f"the name {item['name']!r} is not the schema's aspect name {name!r}", f"{where}.name"
+                )
             if name in aspects:
                 raise ModelSetError(f"aspect {name} is given twice", f"{where}.schema.Aspect.name")
             try:
                 mode = Compatibility(item.get("compatibility") or Compatibility.BACKWARD)
             except ValueError:
-                raise ModelSetError(f"{item.get('compatibility')!r} is not one of BACKWARD, FULL, NONE",
-                                    f"{where}.compatibility") from None
+                raise ModelSetError(
+                    f"{item.get('compatibility')!r} is not one of BACKWARD, FULL, NONE", f"{where}.compatibility"
+                ) from None
             aspects[name] = RuntimeAspect(name, schema, mode)
         entities = []
         for i, item in enumerate(raw.get("entities") or []):
             if not isinstance(item, Mapping) or not isinstance(item.get("name"), str):
                 raise ModelSetError("an entity needs a name", f"$.entities[{i}].name")
-            entities.append(RuntimeEntity(item["name"], tuple(item.get("aspects") or ()), item.get("keyAspect"),
-                                          item.get("category"), item.get("doc")))
+            entities.append(
+                RuntimeEntity(
+                    item["name"],
+                    tuple(item.get("aspects") or ()),
+                    item.get("keyAspect"),
+                    item.get("category"),
+                    item.get("doc"),
+                )
+            )
         return cls(aspects, tuple(entities))
 
     @classmethod
@@ -155,7 +174,9 @@ class RuntimeModelSet:
         if (folder / MODELS_FILE).is_file():
             config = yaml.safe_load((folder / MODELS_FILE).read_text(encoding="utf-8")) or {}
             if not isinstance(config, dict):
-                raise ModelSetError("a mapping with entities: and compatibility: is required", str(folder / MODELS_FILE))
+                raise ModelSetError(
+                    "a mapping with entities: and compatibility: is required", str(folder / MODELS_FILE)
+                )
         modes = config.get("compatibility") or {}
         aspects = []
         for path in sorted(folder.rglob("*.avsc")):
@@ -168,8 +189,10 @@ class RuntimeModelSet:
         return cls.from_json({"aspects": aspects, "entities": config.get("entities") or []})
 
     def to_stored(self) -> dict[str, Any]:
-        return {"aspects": [a.to_stored() for _, a in sorted(self.aspects.items())],
-                "entities": [e.to_stored() for e in self.entities]}
+        return {
+            "aspects": [a.to_stored() for _, a in sorted(self.aspects.items())],
+            "entities": [e.to_stored() for e in self.entities],
+        }
 
 
 EMPTY = RuntimeModelSet()
@@ -180,7 +203,9 @@ def build_registry(base: EntityRegistry, models: RuntimeModelSet) -> EntityRegis
     Raises RegistryConfigError naming every problem (a schema that does not parse, an unknown aspect, ...)."""
     assert base.path is not None, "a registry loaded from a file"
     loaded = _build(
-        base.path, trim_unknown_fields=base.trim_unknown_fields, strict_urns=base.strict_urns,
+        base.path,
+        trim_unknown_fields=base.trim_unknown_fields,
+        strict_urns=base.strict_urns,
         runtime_documents=[(a.name, a.schema) for a in models.aspects.values()],
         runtime_entities=[e.to_yml() for e in models.entities],
     )

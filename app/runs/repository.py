@@ -59,7 +59,9 @@ class RunRepository(SessionRepository):
                       ORDER BY first_seen DESC, run_id OFFSET $1 LIMIT $2) r
                 ORDER BY r.first_seen DESC, r.run_id
                 """,
-                offset, limit, include_rolled_back,
+                offset,
+                limit,
+                include_rolled_back,
             )
         return [RunSummary(r["run_id"], r["first_seen"], r["rows"]) for r in records]
 
@@ -75,7 +77,9 @@ class RunRepository(SessionRepository):
                 FROM metadata_aspect_v2 WHERE {where}
                 ORDER BY urn, aspect, version OFFSET $2 LIMIT $3
                 """,
-                run_id, offset, limit,
+                run_id,
+                offset,
+                limit,
             )
 
     async def written_after(self, run_id: str, after: tuple[str, str], limit: int) -> list[tuple[str, str]]:
@@ -87,12 +91,19 @@ class RunRepository(SessionRepository):
                 WHERE {RUN_OF} = $1 AND (urn, aspect) > ($2::text COLLATE "C", $3::text COLLATE "C")
                 ORDER BY urn, aspect, version LIMIT $4
                 """,
-                run_id, after[0], after[1], limit,
+                run_id,
+                after[0],
+                after[1],
+                limit,
             )
         return [(r["urn"], r["aspect"]) for r in records]
 
     async def aspect_states(
-        self, run_id: str, rollback_run_id: str, first_change: datetime, keys: Sequence[tuple[str, str]],
+        self,
+        run_id: str,
+        rollback_run_id: str,
+        first_change: datetime,
+        keys: Sequence[tuple[str, str]],
     ) -> list[asyncpg.Record]:
         """For each (urn, aspect): its latest row (`cur_*`, NULL when gone) and the run it was written by; the
         newest history row older than the run's first change (`prev_*`: the value before the run); the aspect's
@@ -127,7 +138,11 @@ class RunRepository(SessionRepository):
             ) a
             ORDER BY k.urn, k.aspect
             """,
-            run_id, rollback_run_id, first_change, [k[0] for k in keys], [k[1] for k in keys],
+            run_id,
+            rollback_run_id,
+            first_change,
+            [k[0] for k in keys],
+            [k[1] for k in keys],
         )
 
     async def latest_of_entities(self, urns: Sequence[str]) -> list[asyncpg.Record]:

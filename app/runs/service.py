@@ -29,7 +29,7 @@ import asyncio
 import logging
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -55,13 +55,12 @@ PAGE_ATTEMPTS = 5  # a page decided again after a concurrent write (412) or back
 STATUS = "status"
 
 
-
 def rollback_run_id(run_id: str) -> str:
     return f"__rollback:{run_id}"
 
 
 def _millis(value: datetime) -> int:
-    return int(value.replace(tzinfo=timezone.utc).timestamp() * 1000) if value.tzinfo is None else int(value.timestamp() * 1000)
+    return int(value.replace(tzinfo=UTC).timestamp() * 1000) if value.tzinfo is None else int(value.timestamp() * 1000)
 
 
 def _sm(raw: str | None) -> dict[str, Any]:
@@ -84,12 +83,23 @@ def check_run_id(run_id: Any) -> str:
 
 
 def row_summary(
-    registry: EntityRegistry, run_id: str, urn: str, aspect: str, metadata: str, sm: dict[str, Any], created: datetime,
-    *, with_aspect: bool = False,
+    registry: EntityRegistry,
+    run_id: str,
+    urn: str,
+    aspect: str,
+    metadata: str,
+    sm: dict[str, Any],
+    created: datetime,
+    *,
+    with_aspect: bool = False,
 ) -> dict[str, Any]:
     """DataHub's AspectRowSummary."""
     summary: dict[str, Any] = {
-        "runId": run_id, "aspectName": aspect, "urn": urn, "timestamp": _millis(created), "metadata": metadata,
+        "runId": run_id,
+        "aspectName": aspect,
+        "urn": urn,
+        "timestamp": _millis(created),
+        "metadata": metadata,
         "version": int(_version(sm)) if _version(sm).isdigit() else 0,
         "keyAspect": _is_key(registry, urn, aspect),
     }
@@ -111,13 +121,27 @@ async def list_runs(session: AsyncSession, offset: int, limit: int, include_soft
 
 
 async def describe_run(
-    session: AsyncSession, registry: EntityRegistry, run_id: str, offset: int, limit: int, *, include_soft: bool,
+    session: AsyncSession,
+    registry: EntityRegistry,
+    run_id: str,
+    offset: int,
+    limit: int,
+    *,
+    include_soft: bool,
     include_aspect: bool,
 ) -> list[dict[str, Any]]:
     rows = await RunRepository(session).describe(run_id, offset, limit, include_soft)
     return [
-        row_summary(registry, run_id, r["urn"], r["aspect"], r["metadata"], _sm(r["systemmetadata"]), r["createdon"],
-                    with_aspect=include_aspect)
+        row_summary(
+            registry,
+            run_id,
+            r["urn"],
+            r["aspect"],
+            r["metadata"],
+            _sm(r["systemmetadata"]),
+            r["createdon"],
+            with_aspect=include_aspect,
+        )
         for r in rows
     ]
 
@@ -151,9 +175,12 @@ class RollbackReport:
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "aspectRowSummaries": self.summaries, "entitiesAffected": self.entities_affected,
-            "aspectsAffected": self.aspects_affected, "entitiesDeleted": self.entities_deleted,
-            "aspectsReverted": self.aspects_reverted, "unsafeEntitiesCount": self.unsafe_count,
+            "aspectRowSummaries": self.summaries,
+            "entitiesAffected": self.entities_affected,
+            "aspectsAffected": self.aspects_affected,
+            "entitiesDeleted": self.entities_deleted,
+            "aspectsReverted": self.aspects_reverted,
+            "unsafeEntitiesCount": self.unsafe_count,
             "unsafeEntities": self.unsafe,
         }
 
@@ -169,7 +196,14 @@ class _Entity:
 
 class Rollback:
     def __init__(
-        self, session: AsyncSession, gateway: IngestGateway, caller: Principal, run_id: str, *, dry_run: bool, safe: bool,
+        self,
+        session: AsyncSession,
+        gateway: IngestGateway,
+        caller: Principal,
+        run_id: str,
+        *,
+        dry_run: bool,
+        safe: bool,
     ) -> None:
         self.session, self.gateway, self.caller = session, gateway, caller
         self.registry = gateway.registry
@@ -189,9 +223,14 @@ class Rollback:
             after = keys[-1]
         if not self.dry_run:
             await self.repo.mark_rolled_back(self.run_id)
-        log.info("run rolled back" if not self.dry_run else "run rollback planned", extra={
-            "run_id": self.run_id, "by": self.caller.actor, **{k: v for k, v in self.report.to_json().items()
-                                                                if isinstance(v, int)}})
+        log.info(
+            "run rolled back" if not self.dry_run else "run rollback planned",
+            extra={
+                "run_id": self.run_id,
+                "by": self.caller.actor,
+                **{k: v for k, v in self.report.to_json().items() if isinstance(v, int)},
+            },
+        )
         return self.report.to_json()
 
     async def _page(self, keys: list[tuple[str, str]]) -> None:
@@ -238,12 +277,15 @@ class Rollback:
                 continue
             status = next((r for r in rows if r["aspect"] == STATUS), None)
             foreign = sum(
-                1 for r in rows
-                if r["aspect"] not in (key_aspect, STATUS) and r["run"] != self.marker
+                1
+                for r in rows
+                if r["aspect"] not in (key_aspect, STATUS)
+                and r["run"] != self.marker
                 and not (r["run"] == self.run_id and r["createdon"] >= self.first_change)
             )
             created[urn] = _Entity(
-                foreign, orjson.loads(status["status_metadata"]) if status else None,
+                foreign,
+                orjson.loads(status["status_metadata"]) if status else None,
                 _version(_sm(status["status_sm"])) if status else ABSENT_VERSION,
             )
         return created
@@ -254,7 +296,9 @@ class Rollback:
         except Exception:  # a row of an entity type the registry no longer has: only its aspects are reverted
             return None
 
-    def _decide_aspect(self, s: asyncpg.Record, entities: dict[str, _Entity], report: RollbackReport) -> Iterator[Draft]:
+    def _decide_aspect(
+        self, s: asyncpg.Record, entities: dict[str, _Entity], report: RollbackReport
+    ) -> Iterator[Draft]:
         urn, aspect = s["urn"], s["aspect"]
         if s["cur_sm"] is None:
             return  # gone since (deleted, or rolled back by an earlier pass)
@@ -283,7 +327,9 @@ class Rollback:
                 elif not (entity.status or {}).get("removed"):
                     report.affected(urn)
                     report.entities_deleted += 1
-                    yield self._draft(entity_type, urn, STATUS, ChangeType.UPSERT, {"removed": True}, entity.status_version)
+                    yield self._draft(
+                        entity_type, urn, STATUS, ChangeType.UPSERT, {"removed": True}, entity.status_version
+                    )
                 return
             if not self.safe or aspect == STATUS:
                 return
@@ -311,15 +357,30 @@ class Rollback:
 
     def _summarize(self, report: RollbackReport, s: asyncpg.Record, sm: dict[str, Any]) -> None:
         if len(report.summaries) < SUMMARY_ROWS:
-            report.summaries.append(row_summary(
-                self.registry, self.run_id, s["urn"], s["aspect"], s["cur_metadata"], sm, s["cur_createdon"]))
+            report.summaries.append(
+                row_summary(
+                    self.registry, self.run_id, s["urn"], s["aspect"], s["cur_metadata"], sm, s["cur_createdon"]
+                )
+            )
 
     def _draft(
-        self, entity_type: str, urn: str, aspect: str, change: ChangeType, value: dict[str, Any] | None, version: str,
+        self,
+        entity_type: str,
+        urn: str,
+        aspect: str,
+        change: ChangeType,
+        value: dict[str, Any] | None,
+        version: str,
     ) -> Draft:
         return Draft(
-            0, entity_type, aspect, change.value, urn=urn, value=value,
-            system_metadata={"runId": self.marker}, headers={IF_VERSION_MATCH: version},
+            0,
+            entity_type,
+            aspect,
+            change.value,
+            urn=urn,
+            value=value,
+            system_metadata={"runId": self.marker},
+            headers={IF_VERSION_MATCH: version},
         )
 
 
@@ -335,6 +396,13 @@ def _created_since(sm: dict[str, Any], first_change: datetime) -> bool:
 def _copy(report: RollbackReport) -> RollbackReport:
     """The report as it was before a page, for deciding the page again."""
     return RollbackReport(
-        list(report.summaries), report.aspects_reverted, report.aspects_affected, report.entities_deleted,
-        report.entities_affected, report.unsafe_count, list(report.unsafe), report._last_affected, report._last_unsafe,
+        list(report.summaries),
+        report.aspects_reverted,
+        report.aspects_affected,
+        report.entities_deleted,
+        report.entities_affected,
+        report.unsafe_count,
+        list(report.unsafe),
+        report._last_affected,
+        report._last_unsafe,
     )

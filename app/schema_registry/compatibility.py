@@ -21,7 +21,13 @@ from app.schema_registry.errors import InvalidCompatibilityLevel
 from app.schema_registry.normal_form import NormalSchema, display, resolve, type_of
 
 LEVELS = (
-    "BACKWARD", "BACKWARD_TRANSITIVE", "FORWARD", "FORWARD_TRANSITIVE", "FULL", "FULL_TRANSITIVE", "NONE",
+    "BACKWARD",
+    "BACKWARD_TRANSITIVE",
+    "FORWARD",
+    "FORWARD_TRANSITIVE",
+    "FULL",
+    "FULL_TRANSITIVE",
+    "NONE",
 )
 DEFAULT_LEVEL = "BACKWARD"
 
@@ -54,9 +60,13 @@ def incompatibilities(new: NormalSchema, previous: list[NormalSchema], level: st
     reasons: list[str] = []
     for old in reversed(against):
         if base in ("BACKWARD", "FULL"):
-            reasons += [f"the new schema cannot read data written with the old one: {r}" for r in reading_problems(new, old)]
+            reasons += [
+                f"the new schema cannot read data written with the old one: {r}" for r in reading_problems(new, old)
+            ]
         if base in ("FORWARD", "FULL"):
-            reasons += [f"the old schema cannot read data written with the new one: {r}" for r in reading_problems(old, new)]
+            reasons += [
+                f"the old schema cannot read data written with the new one: {r}" for r in reading_problems(old, new)
+            ]
         if reasons:
             break
     return reasons[:_MAX_REASONS]
@@ -96,9 +106,13 @@ class _Resolver:
         if w_kind in _PRIMITIVE_KINDS or r_kind in _PRIMITIVE_KINDS:
             if r_kind == w_kind or r_kind in _PROMOTIONS.get(w_kind, ()):
                 return []
-            return [f"at {where}: the type changed from {display(w, self.writer_names)} to {display(r, self.reader_names)}, which is not a promotion"]
+            return [
+                f"at {where}: the type changed from {display(w, self.writer_names)} to {display(r, self.reader_names)}, which is not a promotion"
+            ]
         if r_kind != w_kind:
-            return [f"at {where}: the type changed from {display(w, self.writer_names)} to {display(r, self.reader_names)}"]
+            return [
+                f"at {where}: the type changed from {display(w, self.writer_names)} to {display(r, self.reader_names)}"
+            ]
         if r_kind == "array":
             return self.check(r["items"], w["items"], f"{path}/items")
         if r_kind == "map":

@@ -25,7 +25,11 @@ class ConfluentRegistryClient:
     the life of the client (a registry never changes what an id means), so steady-state decoding costs no call."""
 
     def __init__(
-        self, url: str, *, timeout: float = 10.0, transport: httpx.AsyncBaseTransport | None = None,
+        self,
+        url: str,
+        *,
+        timeout: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
         user_info: str | None = None,
     ) -> None:
         """`user_info`: "user:password" for HTTP Basic (Confluent's basic.auth.user.info; for another metaledger's
@@ -33,7 +37,9 @@ class ConfluentRegistryClient:
         self.url = url.rstrip("/")
         user, _, password = (user_info or "").partition(":")
         self._http = httpx.AsyncClient(
-            base_url=self.url + "/", timeout=timeout, transport=transport,
+            base_url=self.url + "/",
+            timeout=timeout,
+            transport=transport,
             headers={"Accept": ACCEPT, "User-Agent": "metaledger"},
             auth=httpx.BasicAuth(user, password) if user_info else None,
         )

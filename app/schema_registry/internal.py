@@ -157,7 +157,9 @@ class InternalRegistry:
 
     async def subjects(self) -> list[str]:
         async with self._connection() as conn:
-            stored = (await conn.execute(text("SELECT DISTINCT subject FROM schema_registry_subject_version"))).scalars()
+            stored = (
+                await conn.execute(text("SELECT DISTINCT subject FROM schema_registry_subject_version"))
+            ).scalars()
             return sorted({*self.datahub.subjects, *stored})
 
     async def versions(self, subject: str) -> list[int]:
@@ -267,7 +269,9 @@ class InternalRegistry:
         schema_id = self.datahub.id_of(new, subject)
         if schema_id is None:
             schema_id = (
-                await conn.execute(text("SELECT id FROM schema_registry_schema WHERE fingerprint = :fp"), {"fp": new.fingerprint})
+                await conn.execute(
+                    text("SELECT id FROM schema_registry_schema WHERE fingerprint = :fp"), {"fp": new.fingerprint}
+                )
             ).scalar()
         return schema_id
 

@@ -30,7 +30,20 @@ _FIELD_ORDERS = frozenset({"ascending", "descending", "ignore"})
 _KEY_ORDER = {
     key: rank
     for rank, key in enumerate(
-        ["type", "name", "namespace", "doc", "fields", "symbols", "items", "values", "size", "default", "aliases", "order"]
+        [
+            "type",
+            "name",
+            "namespace",
+            "doc",
+            "fields",
+            "symbols",
+            "items",
+            "values",
+            "size",
+            "default",
+            "aliases",
+            "order",
+        ]
     )
 }
 # Types nested deeper than this are refused (DataHub's deepest, MetadataChangeEvent, nests 17 levels): the checks
@@ -178,7 +191,9 @@ class _Normalizer:
         raw_namespace = node.get("namespace", enclosing)
         if raw_namespace is None:
             raw_namespace = ""
-        if not isinstance(raw_namespace, str) or (raw_namespace and not all(_NAME.match(p) for p in raw_namespace.split("."))):
+        if not isinstance(raw_namespace, str) or (
+            raw_namespace and not all(_NAME.match(p) for p in raw_namespace.split("."))
+        ):
             raise _invalid(path, f"{raw_namespace!r} is not a valid namespace")
         full, namespace = _full_name(node.get("name"), raw_namespace, f"{path}.name")
         if full in PRIMITIVES or full.rsplit(".", 1)[-1] in PRIMITIVES:
@@ -326,7 +341,11 @@ def default_problem(schema: Any, value: Any, names: dict[str, dict[str, Any]], d
     shown = orjson.dumps(value).decode()[:100]
     if kind == "union":
         problem = default_problem(resolved[0], value, names, depth + 1)
-        return None if problem is None else f"must match the union's first branch ({display(resolved[0], names)}): {problem}"
+        return (
+            None
+            if problem is None
+            else f"must match the union's first branch ({display(resolved[0], names)}): {problem}"
+        )
     checks = {
         "null": lambda v: v is None,
         "boolean": lambda v: isinstance(v, bool),
@@ -340,7 +359,11 @@ def default_problem(schema: Any, value: Any, names: dict[str, dict[str, Any]], d
     if kind in checks:
         return None if checks[kind](value) else f"{shown} is not a valid {kind}"
     if kind == "fixed":
-        return None if isinstance(value, str) and len(value) == resolved["size"] else f"{shown} is not a {resolved['size']}-byte fixed"
+        return (
+            None
+            if isinstance(value, str) and len(value) == resolved["size"]
+            else f"{shown} is not a {resolved['size']}-byte fixed"
+        )
     if kind == "enum":
         return None if value in resolved["symbols"] else f"{shown} is not a symbol of {resolved['name']}"
     if kind == "array":

@@ -24,8 +24,16 @@ import orjson
 from app.errors import Issue, ValidationFailed
 from app.limits import clip
 from app.search.cursors import AcrossCursor, InvalidCursor, across_cursor, decode_across
-from app.search.model import DOWNSTREAM_LINEAGE, EQUALITY_CONDITIONS, MAX_PAGE_SIZE, REMOVED_FIELD, URN_FIELD, Criterion, SearchBackend, SearchHit
-
+from app.search.model import (
+    DOWNSTREAM_LINEAGE,
+    EQUALITY_CONDITIONS,
+    MAX_PAGE_SIZE,
+    REMOVED_FIELD,
+    URN_FIELD,
+    Criterion,
+    SearchBackend,
+    SearchHit,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,17 +58,27 @@ class AcrossPage:
 
 
 def _fingerprint(searches: Sequence[TypeSearch], query: str, sort: list[tuple[str, str]] | None) -> str:
-    described = [[s.entity_type, s.include_removed, [[[c.field, list(c.values), c.negated, c.condition] for c in g] for g in s.any_of]
-                  if s.any_of is not None else None] for s in searches]
+    described = [
+        [
+            s.entity_type,
+            s.include_removed,
+            [[[c.field, list(c.values), c.negated, c.condition] for c in g] for g in s.any_of]
+            if s.any_of is not None
+            else None,
+        ]
+        for s in searches
+    ]
     return hashlib.sha256(orjson.dumps([described, query, sort])).hexdigest()[:16]
 
 
 async def _type_totals(backend: SearchBackend, searches: Sequence[TypeSearch], query: str) -> list[int]:
     """The matches of each search (count-only searches, concurrently)."""
-    pages = await asyncio.gather(*(
-        backend.search(s.entity_type, query, filters=s.filters, count=0, any_of=s.any_of, facets=False)
-        for s in searches
-    ))
+    pages = await asyncio.gather(
+        *(
+            backend.search(s.entity_type, query, filters=s.filters, count=0, any_of=s.any_of, facets=False)
+            for s in searches
+        )
+    )
     return [page.total for page in pages]
 
 
@@ -70,15 +88,25 @@ class AcrossFacets:
     values: dict[str, dict[str, int]]  # filter field -> value -> matches, summed over the types
 
 
-async def facets_across(backend: SearchBackend, searches: Sequence[TypeSearch], query: str,
-                        property_facets: Sequence[str] = ()) -> AcrossFacets:
+async def facets_across(
+    backend: SearchBackend, searches: Sequence[TypeSearch], query: str, property_facets: Sequence[str] = ()
+) -> AcrossFacets:
     """The facet counts of a search across types: each type's matches counted by the values of its filter fields
     and of `property_facets` (count-only searches, one per type, concurrently), summed field by field."""
-    pages = await asyncio.gather(*(
-        backend.search(s.entity_type, query, filters=s.filters, count=0, any_of=s.any_of, facets=True,
-                       property_facets=property_facets)
-        for s in searches
-    ))
+    pages = await asyncio.gather(
+        *(
+            backend.search(
+                s.entity_type,
+                query,
+                filters=s.filters,
+                count=0,
+                any_of=s.any_of,
+                facets=True,
+                property_facets=property_facets,
+            )
+            for s in searches
+        )
+    )
     totals: dict[str, int] = {}
     values: dict[str, dict[str, int]] = {}
     for search, page in zip(searches, pages, strict=True):
@@ -91,19 +119,29 @@ async def facets_across(backend: SearchBackend, searches: Sequence[TypeSearch], 
 
 
 async def scroll_across(
-    backend: SearchBackend, searches: Sequence[TypeSearch], query: str, *, count: int, scroll_id: str | None = None,
+    backend: SearchBackend,
+    searches: Sequence[TypeSearch],
+    query: str,
+    *,
+    count: int,
+    scroll_id: str | None = None,
     sort: list[tuple[str, str]] | None = None,
 ) -> AcrossPage:
     """One page of at most `count` hits (0..MAX_PAGE_SIZE) across `searches`, in their order, from `scroll_id`
     (a previous page's; None: the first page; InvalidCursor when it is not one). A page may end at a type's end with
     fewer hits; the last page has no scroll id."""
     if not 0 <= count <= MAX_PAGE_SIZE:
-        raise ValidationFailed(f"count must be between 0 and {MAX_PAGE_SIZE}",
-                               [Issue("out of range", path="$count", expected=f"0..{MAX_PAGE_SIZE}", found=str(count))])
+        raise ValidationFailed(
+            f"count must be between 0 and {MAX_PAGE_SIZE}",
+            [Issue("out of range", path="$count", expected=f"0..{MAX_PAGE_SIZE}", found=str(count))],
+        )
     fingerprint = _fingerprint(searches, query, sort)
     first = not scroll_id
-    cursor = AcrossCursor(0, None, 0, fingerprint) if not scroll_id else \
-        decode_across(scroll_id, fingerprint=fingerprint, types=len(searches))
+    cursor = (
+        AcrossCursor(0, None, 0, fingerprint)
+        if not scroll_id
+        else decode_across(scroll_id, fingerprint=fingerprint, types=len(searches))
+    )
     if count == 0 or not searches:
         total = sum(await _type_totals(backend, searches, query)) if first else cursor.total
         return AcrossPage([], total, None)
@@ -120,8 +158,16 @@ async def scroll_across(
             continue
         search = searches[position]
         try:
-            page = await backend.search(search.entity_type, query, filters=search.filters, count=count - len(hits),
-                                        scroll_id=after, sort=sort, any_of=search.any_of, facets=False)
+            page = await backend.search(
+                search.entity_type,
+                query,
+                filters=search.filters,
+                count=count - len(hits),
+                scroll_id=after,
+                sort=sort,
+                any_of=search.any_of,
+                facets=False,
+            )
         except InvalidCursor as error:  # the type's cursor inside this one: the client gave this one
             raise InvalidCursor(scroll_id or "", error.reason) from None
         hits.extend(page.hits)
@@ -141,15 +187,28 @@ async def scroll_across(
 
 
 async def search_across(
-    backend: SearchBackend, searches: Sequence[TypeSearch], query: str, *, start: int, count: int,
+    backend: SearchBackend,
+    searches: Sequence[TypeSearch],
+    query: str,
+    *,
+    start: int,
+    count: int,
     sort: list[tuple[str, str]] | None = None,
 ) -> AcrossPage:
     """Offset paging (searchAcrossEntities' start/count): the hits `start..start+count` of the same order as
     `scroll_across`, read through it (start + count is at most MAX_PAGE_SIZE, as DataHub limits it)."""
     if start < 0 or count < 0 or start + count > MAX_PAGE_SIZE:
-        raise ValidationFailed(f"start + count must be at most {MAX_PAGE_SIZE}",
-                               [Issue("out of range", path="$start", expected=f"start + count <= {MAX_PAGE_SIZE}",
-                                      found=f"{start} + {count}")])
+        raise ValidationFailed(
+            f"start + count must be at most {MAX_PAGE_SIZE}",
+            [
+                Issue(
+                    "out of range",
+                    path="$start",
+                    expected=f"start + count <= {MAX_PAGE_SIZE}",
+                    found=f"{start} + {count}",
+                )
+            ],
+        )
     hits: list[SearchHit] = []
     scroll_id: str | None = None
     page = await scroll_across(backend, searches, query, count=start + count, sort=sort)
@@ -158,9 +217,10 @@ async def search_across(
         scroll_id = page.scroll_id
         if len(hits) >= start + count or not scroll_id:
             break
-        page = await scroll_across(backend, searches, query, count=start + count - len(hits), scroll_id=scroll_id,
-                                   sort=sort)
-    return AcrossPage(hits[start:start + count], page.total, None)
+        page = await scroll_across(
+            backend, searches, query, count=start + count - len(hits), scroll_id=scroll_id, sort=sort
+        )
+    return AcrossPage(hits[start : start + count], page.total, None)
 
 
 # --- lineage ------------------------------------------------------------------------------------------------------
@@ -182,9 +242,17 @@ def _degree_test(criteria: Sequence[Criterion]) -> tuple[Callable[[int], bool], 
     bound: int | None = 0 if criteria else None
     for criterion in criteria:
         if criterion.condition not in EQUALITY_CONDITIONS:
-            raise ValidationFailed(f"the degree filter takes EQUAL or IN, not {criterion.condition}",
-                                   [Issue("unsupported condition", path="$input.orFilters", expected="EQUAL or IN",
-                                          found=criterion.condition)])
+            raise ValidationFailed(
+                f"the degree filter takes EQUAL or IN, not {criterion.condition}",
+                [
+                    Issue(
+                        "unsupported condition",
+                        path="$input.orFilters",
+                        expected="EQUAL or IN",
+                        found=criterion.condition,
+                    )
+                ],
+            )
         exact: set[int] = set()
         at_least: int | None = None
         for value in criterion.values:
@@ -194,11 +262,14 @@ def _degree_test(criteria: Sequence[Criterion]) -> tuple[Callable[[int], bool], 
             elif text.isdigit():
                 exact.add(int(text))
             else:
-                raise ValidationFailed(f"degree filter value {clip(value, 40)!r} is not a hop count (1, 2, 3+)",
-                                       [Issue("not a degree", path="$input.orFilters", found=clip(value, 40))])
+                raise ValidationFailed(
+                    f"degree filter value {clip(value, 40)!r} is not a hop count (1, 2, 3+)",
+                    [Issue("not a degree", path="$input.orFilters", found=clip(value, 40))],
+                )
 
-        def matches(d: int, exact: set[int] = exact, at_least: int | None = at_least,
-                    negated: bool = criterion.negated) -> bool:
+        def matches(
+            d: int, exact: set[int] = exact, at_least: int | None = at_least, negated: bool = criterion.negated
+        ) -> bool:
             return (d in exact or (at_least is not None and d >= at_least)) != negated
 
         tests.append(matches)
@@ -218,8 +289,13 @@ def lineage_hops(searches: Sequence[TypeSearch], cap: int) -> int:
 
 
 async def lineage_across(
-    backend: SearchBackend, urn: str, *, direction: Literal["UPSTREAM", "DOWNSTREAM"], searches: Sequence[TypeSearch],
-    query: str, max_hops: int,
+    backend: SearchBackend,
+    urn: str,
+    *,
+    direction: Literal["UPSTREAM", "DOWNSTREAM"],
+    searches: Sequence[TypeSearch],
+    query: str,
+    max_hops: int,
 ) -> list[LineageHit]:
     """The entities `max_hops` or fewer lineage hops from `urn` that the searches accept (each once, at its fewest
     hops), by degree then urn. A search's groups filter on degree here; the rest of each group, the query and the
@@ -249,9 +325,10 @@ async def lineage_across(
             rest = tuple(c for c in group if c.field != DEGREE_FIELD)
             urns = [h.urn for h in candidates if degree_ok(h.degree) and h.urn not in kept]
             for chunk_start in range(0, len(urns), 1_000):
-                chunk = urns[chunk_start:chunk_start + 1_000]
+                chunk = urns[chunk_start : chunk_start + 1_000]
                 filters = {URN_FIELD: chunk, **(search.filters or {})}
-                page = await backend.search(search.entity_type, query, filters=filters, count=len(chunk),
-                                            any_of=(rest,), facets=False)
+                page = await backend.search(
+                    search.entity_type, query, filters=filters, count=len(chunk), any_of=(rest,), facets=False
+                )
                 kept.update((hit.urn, found[hit.urn]) for hit in page.hits)
     return sorted(kept.values(), key=lambda h: (h.degree, h.urn))

@@ -12,8 +12,18 @@ from typing import Any
 from app.limits import clip
 from app.registry import EntityRegistry
 from app.registry.compatibility import (
-    BOOLEAN, MAX_FIELD_NAME_CHARS, NAME, NAME_PATTERN, STRING, Refusal, bad_name, invalid, is_object, is_str,
-    is_strings, too_deep_refusal,
+    BOOLEAN,
+    MAX_FIELD_NAME_CHARS,
+    NAME,
+    NAME_PATTERN,
+    STRING,
+    Refusal,
+    bad_name,
+    invalid,
+    is_object,
+    is_str,
+    is_strings,
+    too_deep_refusal,
 )
 from app.registry.registry import AspectSpec
 from app.registry.runtime import RuntimeModelSet
@@ -38,31 +48,57 @@ def is_weights(value: Any) -> bool:
 
 
 # DataHub's SearchableAnnotation.FieldType
-FIELD_TYPES = ("KEYWORD", "TEXT", "TEXT_PARTIAL", "BROWSE_PATH", "URN", "URN_PARTIAL", "BOOLEAN", "COUNT", "DATETIME",
-               "OBJECT", "BROWSE_PATH_V2", "WORD_GRAM", "DOUBLE", "MAP_ARRAY")
+FIELD_TYPES = (
+    "KEYWORD",
+    "TEXT",
+    "TEXT_PARTIAL",
+    "BROWSE_PATH",
+    "URN",
+    "URN_PARTIAL",
+    "BOOLEAN",
+    "COUNT",
+    "DATETIME",
+    "OBJECT",
+    "BROWSE_PATH_V2",
+    "WORD_GRAM",
+    "DOUBLE",
+    "MAP_ARRAY",
+)
 _FIELD_NAME = (is_str, f"a search document field name: {NAME_PATTERN}, at most {MAX_FIELD_NAME_CHARS} characters")
 # The properties the indexer, the search backends or GraphQL read, by annotation: (accepts, what it accepts). Others
 # (DataHub adds some) are not read, and not checked.
 ANNOTATION_PROPERTIES: dict[str, dict[str, tuple[Callable[[Any], bool], str]]] = {
     "Searchable": {
-        "fieldName": _FIELD_NAME, "hasValuesFieldName": _FIELD_NAME, "numValuesFieldName": _FIELD_NAME,
+        "fieldName": _FIELD_NAME,
+        "hasValuesFieldName": _FIELD_NAME,
+        "numValuesFieldName": _FIELD_NAME,
         "fieldType": (lambda v: v in FIELD_TYPES, f"one of {', '.join(FIELD_TYPES)}"),
-        "queryByDefault": BOOLEAN, "enableAutocomplete": BOOLEAN, "addToFilters": BOOLEAN,
-        "addHasValuesToFilters": BOOLEAN, "includeSystemModifiedAt": BOOLEAN,
-        "includeQueryEmptyAggregation": BOOLEAN, "sanitizeRichText": BOOLEAN,
+        "queryByDefault": BOOLEAN,
+        "enableAutocomplete": BOOLEAN,
+        "addToFilters": BOOLEAN,
+        "addHasValuesToFilters": BOOLEAN,
+        "includeSystemModifiedAt": BOOLEAN,
+        "includeQueryEmptyAggregation": BOOLEAN,
+        "sanitizeRichText": BOOLEAN,
         "boostScore": (is_boost, "a number from 0 to 1000000"),
-        "filterNameOverride": STRING, "systemModifiedAtFieldName": STRING,
+        "filterNameOverride": STRING,
+        "systemModifiedAtFieldName": STRING,
         "fieldNameAliases": (is_strings, "a list of strings"),
         "weightsPerFieldValue": (is_weights, "an object of numbers from 0 to 1000000"),
         "v3": (is_object, "an object"),
     },
     "Relationship": {
-        "name": (lambda v: isinstance(v, str) and len(v) <= MAX_FIELD_NAME_CHARS and bool(NAME.fullmatch(v)),
-                 f"a relationship name: {NAME_PATTERN}, at most {MAX_FIELD_NAME_CHARS} characters"),
+        "name": (
+            lambda v: isinstance(v, str) and len(v) <= MAX_FIELD_NAME_CHARS and bool(NAME.fullmatch(v)),
+            f"a relationship name: {NAME_PATTERN}, at most {MAX_FIELD_NAME_CHARS} characters",
+        ),
         "entityTypes": (is_strings, "a list of strings"),
-        "isLineage": BOOLEAN, "isUpstream": BOOLEAN,
-        **{key: (is_str, "a path in the aspect (a string)")
-           for key in ("createdOn", "createdActor", "updatedOn", "updatedActor", "properties", "via")},
+        "isLineage": BOOLEAN,
+        "isUpstream": BOOLEAN,
+        **{
+            key: (is_str, "a path in the aspect (a string)")
+            for key in ("createdOn", "createdActor", "updatedOn", "updatedActor", "properties", "via")
+        },
     },
     "TimeseriesField": {},
 }
@@ -72,13 +108,23 @@ REQUIRED_PROPERTIES = {"Relationship": ("name",)}
 # every search reads to leave an entity out, the versions indexed, the hard-delete tombstone, each aspect's fields,
 # the structured properties' object. A runtime aspect's Searchable field of one of these names would hide entities
 # from search, or make their index updates fail.
-RESERVED_DOCUMENT_FIELDS = frozenset({URN_FIELD, REMOVED_FIELD, VERSIONS_FIELD, TOMBSTONE_FIELD, ASPECT_FIELDS_FIELD,
-                                      STRUCTURED_PROPERTIES_ASPECT})
+RESERVED_DOCUMENT_FIELDS = frozenset(
+    {URN_FIELD, REMOVED_FIELD, VERSIONS_FIELD, TOMBSTONE_FIELD, ASPECT_FIELDS_FIELD, STRUCTURED_PROPERTIES_ASPECT}
+)
 # Fields of a timeseries point's own (app.search.documents._ts_common, elastic_mappings.timeseries_mapping): a
 # TimeseriesField of one of these names would overwrite them (`runId` is not one: DataHub's own aspects declare it).
-RESERVED_POINT_FIELDS = frozenset({"urn", "timestampMillis", "eventGranularity", "partitionSpec", "messageId",
-                                   "isExploded", "event", "systemMetadata"})
-
+RESERVED_POINT_FIELDS = frozenset(
+    {
+        "urn",
+        "timestampMillis",
+        "eventGranularity",
+        "partitionSpec",
+        "messageId",
+        "isExploded",
+        "event",
+        "systemMetadata",
+    }
+)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -164,13 +210,21 @@ class FieldAnnotations:
         except _TooDeep as deep:
             return [too_deep_refusal("SchemaTooDeep", spec.name, deep.path, max_depth)]
         except _TooMany:
-            return [Refusal("SchemaTooLarge", f"the schema has more than {MAX_FIELD_PATHS} field paths (named types "
-                            "used in several places are walked in each)", spec.name, "$",
-                            expected=f"at most {MAX_FIELD_PATHS} field paths")]
+            return [
+                Refusal(
+                    "SchemaTooLarge",
+                    f"the schema has more than {MAX_FIELD_PATHS} field paths (named types "
+                    "used in several places are walked in each)",
+                    spec.name,
+                    "$",
+                    expected=f"at most {MAX_FIELD_PATHS} field paths",
+                )
+            ]
         return refusals
 
-    def _check(self, spec: AspectSpec, kind: str, annotation: Any, path: str,
-               segments: tuple[str, ...]) -> Iterator[Refusal]:
+    def _check(
+        self, spec: AspectSpec, kind: str, annotation: Any, path: str, segments: tuple[str, ...]
+    ) -> Iterator[Refusal]:
         if not isinstance(annotation, dict):
             yield invalid(self.invalid, spec.name, path, annotation, "an object")
             return
@@ -189,23 +243,33 @@ class FieldAnnotations:
         if kind == "Searchable" and annotation.get("fieldType") != "MAP_ARRAY":  # MAP_ARRAY: no document field
             for key in ("fieldName", "hasValuesFieldName", "numValuesFieldName"):
                 if annotation.get(key):
-                    yield from self._field_name(spec, annotation[key], f"{path}.{key}", RESERVED_DOCUMENT_FIELDS,
-                                                "the search documents' own")
+                    yield from self._field_name(
+                        spec, annotation[key], f"{path}.{key}", RESERVED_DOCUMENT_FIELDS, "the search documents' own"
+                    )
                 elif key == "fieldName" and schema_field:  # the field's own name is the document field's
-                    yield from self._field_name(spec, schema_field, path, RESERVED_DOCUMENT_FIELDS,
-                                                "the search documents' own")
+                    yield from self._field_name(
+                        spec, schema_field, path, RESERVED_DOCUMENT_FIELDS, "the search documents' own"
+                    )
         elif kind == "TimeseriesField" and spec.is_timeseries and "*" not in segments and schema_field:
             yield from self._field_name(spec, schema_field, path, RESERVED_POINT_FIELDS, "a timeseries point's own")
 
-    def _field_name(self, spec: AspectSpec, name: str, path: str, reserved: frozenset[str],
-                    whose: str) -> Iterator[Refusal]:
+    def _field_name(
+        self, spec: AspectSpec, name: str, path: str, reserved: frozenset[str], whose: str
+    ) -> Iterator[Refusal]:
         if name in reserved:
-            yield Refusal(self.reserved, f"{name!r} is a field of {whose} ({', '.join(sorted(reserved))}): a value "
-                          "of it would stand for the document's", spec.name, clip(path),
-                          expected=f"a field name other than {', '.join(sorted(reserved))}", found=name)
+            yield Refusal(
+                self.reserved,
+                f"{name!r} is a field of {whose} ({', '.join(sorted(reserved))}): a value "
+                "of it would stand for the document's",
+                spec.name,
+                clip(path),
+                expected=f"a field name other than {', '.join(sorted(reserved))}",
+                found=name,
+            )
             return
-        refusal = bad_name(name, "search document field name", MAX_FIELD_NAME_CHARS, clip(path), spec.name,
-                            self.invalid)
+        refusal = bad_name(
+            name, "search document field name", MAX_FIELD_NAME_CHARS, clip(path), spec.name, self.invalid
+        )
         if refusal is not None:
             yield refusal
 

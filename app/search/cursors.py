@@ -42,8 +42,17 @@ class InvalidCursor(ValueError):
 
     def at(self, path: str) -> ValidationFailed:
         """The 400 answering it, naming `path`: where the caller's request holds the cursor (`$scrollId`, ...)."""
-        return ValidationFailed(str(self), [Issue(self.reason, path=path, found=clip(self.cursor, 100),
-                                                  expected="the scrollId of a previous page of the same search")])
+        return ValidationFailed(
+            str(self),
+            [
+                Issue(
+                    self.reason,
+                    path=path,
+                    found=clip(self.cursor, 100),
+                    expected="the scrollId of a previous page of the same search",
+                )
+            ],
+        )
 
 
 def _encode(value: Any) -> str:
@@ -125,9 +134,15 @@ def decode_across(cursor: str, *, fingerprint: str, types: int) -> AcrossCursor:
     if value["f"] != fingerprint:
         raise InvalidCursor(cursor, "it belongs to another search (types, query, filters or sort differ)")
     position, after, total = value["p"], value["a"], value["n"]
-    if (not isinstance(position, int) or isinstance(position, bool) or not 0 <= position < types
-            or not isinstance(total, int) or isinstance(total, bool) or not 0 <= total <= MAX_LONG
-            or not (after is None or isinstance(after, str))):
+    if (
+        not isinstance(position, int)
+        or isinstance(position, bool)
+        or not 0 <= position < types
+        or not isinstance(total, int)
+        or isinstance(total, bool)
+        or not 0 <= total <= MAX_LONG
+        or not (after is None or isinstance(after, str))
+    ):
         raise InvalidCursor(cursor, "not a cursor of this service")
     return AcrossCursor(position, after, total, fingerprint)
 

@@ -52,6 +52,7 @@ from typing import Any
 import orjson
 
 from app.registry.schema import AliasedUnion, Array, Enum, Map, Primitive, Record, Type, Union
+from app.search import structured_properties
 from app.search.model import (
     REMOVED_FIELD,
     URN_FIELD,
@@ -64,7 +65,6 @@ from app.search.model import (
     SearchFieldSpec,
     TimeseriesPoint,
 )
-from app.search import structured_properties
 from app.urns import InvalidUrnError, entity_type_of
 
 __all__ = [
@@ -164,11 +164,13 @@ class _AspectModel:
     edges: tuple[_EdgeExtractor, ...]
     ts_fields: tuple[_TsField, ...]
     keyword_fields: frozenset[str] = frozenset()  # document fields indexed as one keyword term
-    budget_order: tuple[str, ...] = ()  # document fields by boost, highest first: the order the document budget is spent
+    budget_order: tuple[
+        str, ...
+    ] = ()  # document fields by boost, highest first: the order the document budget is spent
 
 
 # registry -> (its generation when the entries were made, the entries)
-_CACHE: "weakref.WeakKeyDictionary[Any, tuple[int, dict[Any, Any]]]" = weakref.WeakKeyDictionary()
+_CACHE: weakref.WeakKeyDictionary[Any, tuple[int, dict[Any, Any]]] = weakref.WeakKeyDictionary()
 _CACHE_LOCK = threading.Lock()
 
 
@@ -324,8 +326,14 @@ def _compile_aspect(aspect_spec: Any) -> _AspectModel:
     by_boost = sorted(range(len(fields)), key=lambda i: (-fields[i].spec.boost, i))
     budget_order = tuple(dict.fromkeys(fields[i].spec.name for i in by_boost))
     return _AspectModel(
-        aspect_spec.name, bool(aspect_spec.is_timeseries), bool(aspect_spec.is_key), tuple(fields), tuple(edges), tuple(ts),
-        keyword_fields, budget_order,
+        aspect_spec.name,
+        bool(aspect_spec.is_timeseries),
+        bool(aspect_spec.is_key),
+        tuple(fields),
+        tuple(edges),
+        tuple(ts),
+        keyword_fields,
+        budget_order,
     )
 
 
@@ -348,7 +356,9 @@ _MISSING = object()
 # ---------------------------------------------------------------------------------------------------------
 
 
-def _walk(value: Any, segments: tuple[str, ...], i: int, idx: tuple[Any, ...]) -> Iterator[tuple[Any, tuple[Any, ...], Any]]:
+def _walk(
+    value: Any, segments: tuple[str, ...], i: int, idx: tuple[Any, ...]
+) -> Iterator[tuple[Any, tuple[Any, ...], Any]]:
     """Yield (leaf, indices of each "*" crossed, map key of the last "*" or None)."""
     n = len(segments)
     while i < n:
@@ -596,7 +606,7 @@ def _doc_id_from_common(doc: dict[str, Any], collection_id: str | None = None) -
         s += _json_str(doc["messageId"])
     ps = doc.get("partitionSpec")
     if ps is not None:
-        (k, v), = ps.items()
+        ((k, v),) = ps.items()
         s += "{" + _json_str(k) + ":" + _json_str(v) + "}"
     return hashlib.md5(s.encode("utf-8")).hexdigest()
 
@@ -704,11 +714,17 @@ def _bounded_edges(edges: tuple[Edge, ...]) -> tuple[Edge, ...]:
         destination = _edge_urn(edge.destination)
         if not destination:
             continue  # not a URN any index can key an edge on
-        out.append(dataclasses.replace(
-            edge, destination=destination, destination_type=_entity_type_of(destination),
-            via=_edge_urn(edge.via), created_actor=_edge_urn(edge.created_actor),
-            updated_actor=_edge_urn(edge.updated_actor), properties=_without_nul(edge.properties),
-        ))
+        out.append(
+            dataclasses.replace(
+                edge,
+                destination=destination,
+                destination_type=_entity_type_of(destination),
+                via=_edge_urn(edge.via),
+                created_actor=_edge_urn(edge.created_actor),
+                updated_actor=_edge_urn(edge.updated_actor),
+                properties=_without_nul(edge.properties),
+            )
+        )
     return tuple(out)
 
 
@@ -805,7 +821,9 @@ def changes_from_mcl(mcl: dict, registry, limits: IndexLimits = DEFAULT_LIMITS) 
                 system_metadata=sm,
             )
         ]
-        if searchable is not None:  # Searchable fields of a timeseries aspect: the latest point feeds the entity document
+        if (
+            searchable is not None
+        ):  # Searchable fields of a timeseries aspect: the latest point feeds the entity document
             out.append(AspectFields(entity_type, urn, aspect, ts, searchable))
         return out
 
@@ -846,7 +864,9 @@ def changes_from_mcl(mcl: dict, registry, limits: IndexLimits = DEFAULT_LIMITS) 
     return out
 
 
-def merge_aspect_fields(per_aspect: dict[str, dict[str, Any]], versions: dict[str, int] | None = None) -> dict[str, Any]:
+def merge_aspect_fields(
+    per_aspect: dict[str, dict[str, Any]], versions: dict[str, int] | None = None
+) -> dict[str, Any]:
     """One entity document from the fields each aspect contributes (for backends that store whole documents).
     The same field from several aspects (``hasDescription``, ``tags``, ...) is merged: lists are unioned,
     booleans OR-ed, counts of ``num*`` fields summed; otherwise the first aspect in key order wins."""
@@ -885,7 +905,9 @@ def search_fields(registry, entity_type: str) -> tuple[SearchFieldSpec, ...]:
     if got is not None:
         return got
     espec = registry.entity(entity_type)
-    order = list(espec.aspects_in_order) or [espec.key_aspect] + sorted(a for a in espec.aspect_names if a != espec.key_aspect)
+    order = list(espec.aspects_in_order) or [espec.key_aspect] + sorted(
+        a for a in espec.aspect_names if a != espec.key_aspect
+    )
     by_name: dict[str, SearchFieldSpec] = {}
     for aspect in order:
         model = _aspect_model(registry, aspect)
@@ -936,7 +958,12 @@ def indexed_aspects(registry, entity_type: str) -> tuple[frozenset[str], frozens
         model = _aspect_model(registry, aspect)
         if model is None or model.is_timeseries:
             continue
-        if model.fields or model.edges or model.is_key or aspect in (spec.key_aspect, structured_properties.STRUCTURED_PROPERTIES_ASPECT):
+        if (
+            model.fields
+            or model.edges
+            or model.is_key
+            or aspect in (spec.key_aspect, structured_properties.STRUCTURED_PROPERTIES_ASPECT)
+        ):
             doc_aspects.add(aspect)
         if model.edges:
             edge_aspects.add(aspect)

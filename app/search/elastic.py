@@ -54,7 +54,7 @@ import logging
 import re
 import sys
 from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from decimal import ROUND_CEILING, ROUND_FLOOR
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -66,7 +66,6 @@ from app.limits import MAX_LONG, MIN_LONG
 from app.search import documents, elastic_mappings
 from app.search.cursors import decode_keyset, keyset_cursor
 from app.search.elastic_mappings import ASPECT_FIELDS_FIELD, EDGE_MAPPING, EDGE_SET_MAPPING, mapping_hash
-from app.search.structured_properties import document_field
 from app.search.model import (
     DOWNSTREAM_LINEAGE,
     EQUALITY_CONDITIONS,
@@ -97,6 +96,7 @@ from app.search.model import (
     number,
     range_bounds,
 )
+from app.search.structured_properties import document_field
 from app.urns import parse_urn
 
 log = logging.getLogger("metaledger.search.elastic")
@@ -160,8 +160,12 @@ def _fast_serializers() -> dict[str, Any]:
     from elasticsearch import serializer as es_serializer
 
     out: dict[str, Any] = {}
-    for base in (es_serializer.JsonSerializer, es_serializer.NdjsonSerializer,
-                 es_serializer.CompatibilityModeJsonSerializer, es_serializer.CompatibilityModeNdjsonSerializer):
+    for base in (
+        es_serializer.JsonSerializer,
+        es_serializer.NdjsonSerializer,
+        es_serializer.CompatibilityModeJsonSerializer,
+        es_serializer.CompatibilityModeNdjsonSerializer,
+    ):
         cls = type(f"Orjson{base.__name__}", (_OrjsonFirst, base), {})
         out[base.mimetype] = cls()
     return out
@@ -207,21 +211,37 @@ def edge_set_id(source: str, aspect: str) -> str:
 
 def _edge_to_doc(edge: Edge, aspect: str, version: int) -> dict[str, Any]:
     return {
-        "source": edge.source, "destination": edge.destination, "relationshipType": edge.relationship,
-        "sourceType": edge.source_type, "destinationType": edge.destination_type, "via": edge.via,
-        "createdOn": edge.created_on, "createdActor": edge.created_actor, "updatedOn": edge.updated_on,
-        "updatedActor": edge.updated_actor, "properties": edge.properties or {}, "aspect": aspect,
-        "version": version, "isLineage": edge.is_lineage,
+        "source": edge.source,
+        "destination": edge.destination,
+        "relationshipType": edge.relationship,
+        "sourceType": edge.source_type,
+        "destinationType": edge.destination_type,
+        "via": edge.via,
+        "createdOn": edge.created_on,
+        "createdActor": edge.created_actor,
+        "updatedOn": edge.updated_on,
+        "updatedActor": edge.updated_actor,
+        "properties": edge.properties or {},
+        "aspect": aspect,
+        "version": version,
+        "isLineage": edge.is_lineage,
     }
 
 
 def _doc_to_edge(doc: dict[str, Any]) -> Edge:
     return Edge(
-        source=doc["source"], destination=doc["destination"], relationship=doc["relationshipType"],
-        source_type=doc.get("sourceType") or "", destination_type=doc.get("destinationType") or "",
-        via=doc.get("via"), created_on=doc.get("createdOn"), created_actor=doc.get("createdActor"),
-        updated_on=doc.get("updatedOn"), updated_actor=doc.get("updatedActor"),
-        properties=doc.get("properties") or {}, is_lineage=bool(doc.get("isLineage")),
+        source=doc["source"],
+        destination=doc["destination"],
+        relationship=doc["relationshipType"],
+        source_type=doc.get("sourceType") or "",
+        destination_type=doc.get("destinationType") or "",
+        via=doc.get("via"),
+        created_on=doc.get("createdOn"),
+        created_actor=doc.get("createdActor"),
+        updated_on=doc.get("updatedOn"),
+        updated_actor=doc.get("updatedActor"),
+        properties=doc.get("properties") or {},
+        is_lineage=bool(doc.get("isLineage")),
     )
 
 
@@ -239,7 +259,12 @@ def _item_error(error: Any) -> str:
 _INTEGER_KINDS = frozenset({"long", "integer", "short", "byte", "date", "date_nanos"})
 _NUMBER_KINDS = _INTEGER_KINDS | {"double", "float", "half_float", "scaled_float"}
 _MAX_DOUBLE = sys.float_info.max
-_RANGE_KEYS = {"GREATER_THAN": "gt", "GREATER_THAN_OR_EQUAL_TO": "gte", "LESS_THAN": "lt", "LESS_THAN_OR_EQUAL_TO": "lte"}
+_RANGE_KEYS = {
+    "GREATER_THAN": "gt",
+    "GREATER_THAN_OR_EQUAL_TO": "gte",
+    "LESS_THAN": "lt",
+    "LESS_THAN_OR_EQUAL_TO": "lte",
+}
 
 
 def _wildcard_escape(text: str) -> str:
@@ -267,11 +292,17 @@ def _number_query(name: str, kind: str, condition: str, values: list[str]) -> di
         limited = max(min(float(bound), _MAX_DOUBLE), -_MAX_DOUBLE)
         return {"range": {name: {_RANGE_KEYS[condition]: limited}}}
     if condition.startswith("GREATER"):  # as `gte` an integer
-        at_least = int(bound.to_integral_value(ROUND_FLOOR)) + 1 if condition == "GREATER_THAN" else \
-            int(bound.to_integral_value(ROUND_CEILING))
+        at_least = (
+            int(bound.to_integral_value(ROUND_FLOOR)) + 1
+            if condition == "GREATER_THAN"
+            else int(bound.to_integral_value(ROUND_CEILING))
+        )
         return {"match_none": {}} if at_least > MAX_LONG else {"range": {name: {"gte": max(at_least, MIN_LONG)}}}
-    at_most = int(bound.to_integral_value(ROUND_CEILING)) - 1 if condition == "LESS_THAN" else \
-        int(bound.to_integral_value(ROUND_FLOOR))
+    at_most = (
+        int(bound.to_integral_value(ROUND_CEILING)) - 1
+        if condition == "LESS_THAN"
+        else int(bound.to_integral_value(ROUND_FLOOR))
+    )
     return {"match_none": {}} if at_most < MIN_LONG else {"range": {name: {"lte": min(at_most, MAX_LONG)}}}
 
 
@@ -282,8 +313,15 @@ class ElasticBackend:
     needs; False for bulk loaders that do not need read-your-writes). `target`: a restore's fresh indices: the entity,
     graph and edge-set names resolve to them instead of the aliases (see `writing_into`)."""
 
-    def __init__(self, settings: Any, registry: Any, *, refresh: bool | str = "wait_for",
-                 client: AsyncElasticsearch | None = None, target: RebuildTarget | None = None) -> None:
+    def __init__(
+        self,
+        settings: Any,
+        registry: Any,
+        *,
+        refresh: bool | str = "wait_for",
+        client: AsyncElasticsearch | None = None,
+        target: RebuildTarget | None = None,
+    ) -> None:
         self.settings = settings
         self.registry = registry
         self.prefix: str = settings.search_index_prefix or ""
@@ -357,7 +395,8 @@ class ElasticBackend:
     def _index_specs(self, entity_types: Sequence[str]) -> list[tuple[str, dict[str, Any], dict[str, Any] | None]]:
         """(alias, mapping, index settings) of the graph, edge-set and these entity types' indices."""
         specs: list[tuple[str, dict[str, Any], dict[str, Any] | None]] = [
-            (self.graph_alias, EDGE_MAPPING, None), (self.edge_set_alias, EDGE_SET_MAPPING, None),
+            (self.graph_alias, EDGE_MAPPING, None),
+            (self.edge_set_alias, EDGE_SET_MAPPING, None),
         ]
         for entity_type in entity_types:
             mapping, index_settings = self.entity_index_body(entity_type)
@@ -373,7 +412,9 @@ class ElasticBackend:
         self._generation = self.registry.generation
         await self._ensure_all(self._index_specs(sorted(self.registry.entities)), grow=False)
 
-    async def _ensure_all(self, specs: Sequence[tuple[str, dict[str, Any], dict[str, Any] | None]], *, grow: bool) -> None:
+    async def _ensure_all(
+        self, specs: Sequence[tuple[str, dict[str, Any], dict[str, Any] | None]], *, grow: bool
+    ) -> None:
         semaphore = asyncio.Semaphore(INDEX_CREATE_CONCURRENCY)
 
         async def one(alias: str, mapping: dict[str, Any], index_settings: dict[str, Any] | None) -> None:
@@ -394,10 +435,14 @@ class ElasticBackend:
             if generation == self._generation:
                 return
             specs = self._index_specs(sorted(self.registry.entities))
-            specs += [(alias, *elastic_mappings.timeseries_index_body(self.registry, aspect))
-                      for alias, aspect in self._timeseries.items() if aspect in self.registry.aspects]
-            await self._ensure_all([spec for spec in specs if self._ready.get(spec[0]) != _body_digest(*spec[1:])],
-                                   grow=True)
+            specs += [
+                (alias, *elastic_mappings.timeseries_index_body(self.registry, aspect))
+                for alias, aspect in self._timeseries.items()
+                if aspect in self.registry.aspects
+            ]
+            await self._ensure_all(
+                [spec for spec in specs if self._ready.get(spec[0]) != _body_digest(*spec[1:])], grow=True
+            )
             self._generation = generation
 
     async def close(self) -> None:
@@ -405,8 +450,9 @@ class ElasticBackend:
             await self._client.close()
             self._client = None
 
-    async def ensure_index(self, alias: str, mapping: dict[str, Any], index_settings: dict[str, Any] | None = None, *,
-                           grow: bool = False) -> str:
+    async def ensure_index(
+        self, alias: str, mapping: dict[str, Any], index_settings: dict[str, Any] | None = None, *, grow: bool = False
+    ) -> str:
         """Make `alias` point at `<alias>_<hash(mapping, settings)>`: create it if missing; if the alias points at an
         index with another mapping, create the new index, copy the documents into it and swap the alias atomically
         (then drop the old index). Returns the concrete index name.
@@ -448,11 +494,18 @@ class ElasticBackend:
                     raise
         sources = [index for index in current if index != target] + ([alias] if concrete_legacy else [])
         for source in sources:
-            await es.reindex(source={"index": source}, dest={"index": target}, refresh=True,
-                             wait_for_completion=True, conflicts="proceed")
+            await es.reindex(
+                source={"index": source},
+                dest={"index": target},
+                refresh=True,
+                wait_for_completion=True,
+                conflicts="proceed",
+            )
         if concrete_legacy:
             await es.indices.delete(index=alias)
-        actions: list[dict[str, Any]] = [{"remove": {"index": index, "alias": alias}} for index in current if index != target]
+        actions: list[dict[str, Any]] = [
+            {"remove": {"index": index, "alias": alias}} for index in current if index != target
+        ]
         actions.append({"add": {"index": target, "alias": alias}})
         await es.indices.update_aliases(actions=actions)
         for index in current:
@@ -462,12 +515,13 @@ class ElasticBackend:
         self._ready[alias] = digest
         return target
 
-    async def _grown_in_place(self, index: str, mapping: dict[str, Any], index_settings: dict[str, Any] | None, *,
-                              grow: bool) -> bool:
+    async def _grown_in_place(
+        self, index: str, mapping: dict[str, Any], index_settings: dict[str, Any] | None, *, grow: bool
+    ) -> bool:
         """Whether `index` has `mapping` in place: grown to it before (its `_meta` names the body's digest), or now
         (`grow`, same settings as it was created with, and Elasticsearch takes the mapping as an addition)."""
         es = self.client
-        meta = (next(iter((await es.indices.get_mapping(index=index)).body.values()))["mappings"].get("_meta") or {})
+        meta = next(iter((await es.indices.get_mapping(index=index)).body.values()))["mappings"].get("_meta") or {}
         made = meta.get(_META_KEY) or {}
         digest = _body_digest(mapping, index_settings)
         if made.get("digest") == digest:
@@ -500,13 +554,15 @@ class ElasticBackend:
             if not await self.client.indices.exists(index=alias):
                 await self.ensure_index(alias, mapping, index_settings)
 
-    async def create_rebuild_target(self, entity_types: Sequence[str] = (), *, stamp: str | None = None) -> RebuildTarget:
+    async def create_rebuild_target(
+        self, entity_types: Sequence[str] = (), *, stamp: str | None = None
+    ) -> RebuildTarget:
         """Fresh concrete indices `<alias>_<digest>_r<stamp>` (the mapping and settings `ensure_index` gives) for the
         graph and edge-set indices and for the entity indices of `entity_types` (every entity type when empty),
         while the aliases keep serving the old ones. With `entity_types`, the fresh graph and edge-set indices start
         with the other entity types' edges (copied with `_reindex`, versions kept). Nothing is left behind when this
         fails. `stamp`: default now (UTC, to the microsecond)."""
-        stamp = stamp or datetime.now(timezone.utc).strftime("%Y%m%d%H%M%S%f")
+        stamp = stamp or datetime.now(UTC).strftime("%Y%m%d%H%M%S%f")
         selected = list(entity_types) or sorted(self.registry.entities)
         indices: dict[str, str] = {}
         semaphore = asyncio.Semaphore(INDEX_CREATE_CONCURRENCY)
@@ -555,7 +611,7 @@ class ElasticBackend:
 
     async def _delete_indices(self, names: list[str]) -> None:
         for start in range(0, len(names), 50):
-            chunk = names[start:start + 50]
+            chunk = names[start : start + 50]
             if chunk:
                 await self.client.indices.delete(index=",".join(chunk), ignore_unavailable=True)
 
@@ -570,7 +626,9 @@ class ElasticBackend:
                 source={"index": alias, "query": {"bool": {"must_not": prefixes}}},
                 # keep `_version`: edge documents are versioned by their marker's `_version` (see _project_edges)
                 dest={"index": indices[alias], "version_type": "external"},
-                refresh=True, wait_for_completion=True, conflicts="proceed",
+                refresh=True,
+                wait_for_completion=True,
+                conflicts="proceed",
             )
 
     async def _swap_aliases(self, indices: dict[str, str]) -> list[str]:
@@ -599,8 +657,12 @@ class ElasticBackend:
         sources of these entity types; live when the set is not empty)."""
         entries: list[IndexedVersion] = []
         for entity_type in entity_types:
-            async for hit in self._scan(self.entity_index(entity_type), {"match_all": {}}, [URN_FIELD],
-                                        [URN_FIELD, VERSIONS_FIELD, ASPECT_FIELDS_FIELD, TOMBSTONE_FIELD]):
+            async for hit in self._scan(
+                self.entity_index(entity_type),
+                {"match_all": {}},
+                [URN_FIELD],
+                [URN_FIELD, VERSIONS_FIELD, ASPECT_FIELDS_FIELD, TOMBSTONE_FIELD],
+            ):
                 source = hit["_source"]
                 if source.get(TOMBSTONE_FIELD) is True:
                     continue  # a tombstone is "no document"
@@ -610,23 +672,33 @@ class ElasticBackend:
                     entries.append(IndexedVersion(urn, aspect, "document", int(version), aspect in live))
         prefixes = [{"prefix": {"source": f"urn:li:{e}:"}} for e in entity_types]
         query = {"bool": {"should": prefixes, "minimum_should_match": 1}}
-        async for hit in self._scan(self.edge_set_index, query, ["source", "aspect"], ["source", "aspect", "version", "edges"]):
+        async for hit in self._scan(
+            self.edge_set_index, query, ["source", "aspect"], ["source", "aspect", "version", "edges"]
+        ):
             source = hit["_source"]
-            entries.append(IndexedVersion(source["source"], source["aspect"], "edges", int(source["version"]),
-                                          bool(source.get("edges"))))
+            entries.append(
+                IndexedVersion(
+                    source["source"], source["aspect"], "edges", int(source["version"]), bool(source.get("edges"))
+                )
+            )
         return entries
 
-    async def _scan(self, index: str, query: dict[str, Any], sort_fields: list[str],
-                    source: list[str]) -> AsyncIterator[dict[str, Any]]:
+    async def _scan(
+        self, index: str, query: dict[str, Any], sort_fields: list[str], source: list[str]
+    ) -> AsyncIterator[dict[str, Any]]:
         """Every hit of `query` in `index` (none when the index does not exist), `SCAN_PAGE` per `search_after` page."""
         after: list[Any] | None = None
         while True:
             kwargs: dict[str, Any] = {"search_after": after} if after else {}
             try:
-                response = await self.client.search(index=index, query=query, size=SCAN_PAGE,
-                                                    sort=[{f: "asc"} for f in sort_fields],
-                                                    # the client's hint leaves out `_source`'s list form (its includes)
-                                                    source=source, **kwargs)  # type: ignore[arg-type]
+                response = await self.client.search(
+                    index=index,
+                    query=query,
+                    size=SCAN_PAGE,
+                    sort=[{f: "asc"} for f in sort_fields],
+                    source=source,  # type: ignore[arg-type]  # the client's hint leaves out `_source`'s list form
+                    **kwargs,
+                )
             except NotFoundError:
                 return
             hits = response["hits"]["hits"]
@@ -670,7 +742,9 @@ class ElasticBackend:
                 return
             pending = [(i, c) for i, c in pending if self._key_of(c) in retry]
             log.debug("search apply: %d documents conflicted, retrying", len(retry))
-        raise IndexUnavailable(f"search apply: {len(pending)} changes still conflict after {MAX_CONFLICT_RETRIES} retries")
+        raise IndexUnavailable(
+            f"search apply: {len(pending)} changes still conflict after {MAX_CONFLICT_RETRIES} retries"
+        )
 
     async def _current_removals(self, removals: list[EntityRemoval]) -> list[EntityRemoval]:
         """The removals not older than the key aspect version indexed for their entity."""
@@ -747,14 +821,23 @@ class ElasticBackend:
             if stale:
                 if repair_edges:  # we may have projected a stale set before losing the race: re-project the truth
                     assert found is not None  # stale: a marker is stored (versions are never negative)
-                    ours: dict[str, dict[str, Any]] = {edge_doc_id(e.source, e.relationship, e.destination, winner.aspect): {} for e in winner.edges}
+                    ours: dict[str, dict[str, Any]] = {
+                        edge_doc_id(e.source, e.relationship, e.destination, winner.aspect): {} for e in winner.edges
+                    }
                     ops.extend((None, op, body) for op, body in self._project_edges(old_edges, ours, found["_version"]))
                 continue
             new_edges = {
-                edge_doc_id(e.source, e.relationship, e.destination, winner.aspect): _edge_to_doc(e, winner.aspect, winner.version)
+                edge_doc_id(e.source, e.relationship, e.destination, winner.aspect): _edge_to_doc(
+                    e, winner.aspect, winner.version
+                )
                 for e in winner.edges
             }
-            new_marker = {"source": winner.source, "aspect": winner.aspect, "version": winner.version, "edges": new_edges}
+            new_marker = {
+                "source": winner.source,
+                "aspect": winner.aspect,
+                "version": winner.version,
+                "edges": new_edges,
+            }
             if marker == new_marker and not repair_edges:
                 continue
             index, doc_id = key
@@ -767,13 +850,25 @@ class ElasticBackend:
 
         for point in points:
             point_doc = dict(point.fields)
-            point_doc.update({"urn": point.urn, "timestampMillis": point.timestamp_ms, "event": point.value,
-                              "systemMetadata": point.system_metadata})
-            ops.append((None, {"index": {"_index": self.timeseries_index(point.entity_type, point.aspect), "_id": point.doc_id}}, point_doc))
+            point_doc.update(
+                {
+                    "urn": point.urn,
+                    "timestampMillis": point.timestamp_ms,
+                    "event": point.value,
+                    "systemMetadata": point.system_metadata,
+                }
+            )
+            ops.append(
+                (
+                    None,
+                    {"index": {"_index": self.timeseries_index(point.entity_type, point.aspect), "_id": point.doc_id}},
+                    point_doc,
+                )
+            )
 
         conflicts: set[tuple[str, str]] = set()
         for start in range(0, len(ops), BULK_CHUNK_OPS):
-            chunk = ops[start:start + BULK_CHUNK_OPS]
+            chunk = ops[start : start + BULK_CHUNK_OPS]
             operations: list[dict[str, Any]] = []
             for _, op, body in chunk:
                 operations.append(op)
@@ -783,7 +878,7 @@ class ElasticBackend:
             if not response.get("errors"):
                 continue
             errors, busy = [], []
-            for (doc_key, op, _), item in zip(chunk, response["items"], strict=True):
+            for (doc_key, _op, _), item in zip(chunk, response["items"], strict=True):
                 action, result = next(iter(item.items()))
                 status = result.get("status", 200)
                 if status < 300:
@@ -797,7 +892,9 @@ class ElasticBackend:
                 elif status == 429 or status >= 500:  # the cluster is busy or failing: not this document's fault
                     busy.append(f"{action} {result.get('_index')}/{result.get('_id')}: {status} {result.get('error')}")
                 else:  # mapping conflicts, immense terms, documents over a limit: the data's
-                    errors.append(f"{action} {result.get('_index')}/{result.get('_id')}: {_item_error(result.get('error'))}")
+                    errors.append(
+                        f"{action} {result.get('_index')}/{result.get('_id')}: {_item_error(result.get('error'))}"
+                    )
             if busy:
                 raise IndexUnavailable(f"search bulk: {len(busy)} documents rejected for now: {busy[:3]}")
             if errors:
@@ -808,8 +905,9 @@ class ElasticBackend:
     def _cas(found: dict[str, Any] | None) -> dict[str, Any]:
         return {"if_seq_no": found["_seq_no"], "if_primary_term": found["_primary_term"]} if found else {}
 
-    def _project_edges(self, new_edges: dict[str, dict[str, Any]], old_edges: dict[str, dict[str, Any]],
-                       marker_version: int) -> Iterable[tuple[dict[str, Any], dict[str, Any] | None]]:
+    def _project_edges(
+        self, new_edges: dict[str, dict[str, Any]], old_edges: dict[str, dict[str, Any]], marker_version: int
+    ) -> Iterable[tuple[dict[str, Any], dict[str, Any] | None]]:
         """Edge documents from an edge set, versioned externally by the `_version` of the marker they come from, so
         a projection from an older marker that lands late is rejected (409, ignored) instead of resurrecting edges."""
         versioning = {"version": marker_version, "version_type": "external_gte"}
@@ -821,7 +919,7 @@ class ElasticBackend:
     async def _mget(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], dict[str, Any]]:
         found: dict[tuple[str, str], dict[str, Any]] = {}
         for start in range(0, len(keys), BULK_CHUNK_OPS):
-            chunk = keys[start:start + BULK_CHUNK_OPS]
+            chunk = keys[start : start + BULK_CHUNK_OPS]
             response = await self.client.mget(docs=[{"_index": i, "_id": d} for i, d in chunk], realtime=True)
             for key, doc in zip(chunk, response["docs"], strict=True):
                 if doc.get("found"):
@@ -846,9 +944,10 @@ class ElasticBackend:
                     versions[change.aspect] = max(versions.get(change.aspect, -1), change.version)
                 continue
             stored = versions.get(change.aspect)
-            if stored is not None and (change.version < stored or (
-                change.version == stored and not change.deleted and change.aspect not in per_aspect
-            )):
+            if stored is not None and (
+                change.version < stored
+                or (change.version == stored and not change.deleted and change.aspect not in per_aspect)
+            ):
                 continue  # older than what is indexed (or deleted at this very version): never regress
             exists, changed, urn = True, True, change.urn
             versions[change.aspect] = change.version
@@ -876,8 +975,12 @@ class ElasticBackend:
         while True:
             kwargs: dict[str, Any] = {"search_after": after} if after else {}
             response = await self.client.search(
-                index=self.edge_set_index, query={"terms": {"source": sorted(urns)}}, size=1000,
-                sort=[{"source": "asc"}, {"aspect": "asc"}], source_includes=["source", "aspect", "version"], **kwargs,
+                index=self.edge_set_index,
+                query={"terms": {"source": sorted(urns)}},
+                size=1000,
+                sort=[{"source": "asc"}, {"aspect": "asc"}],
+                source_includes=["source", "aspect", "version"],
+                **kwargs,
             )
             hits = response["hits"]["hits"]
             markers.extend((h["_source"]["source"], h["_source"]["aspect"], int(h["_source"]["version"])) for h in hits)
@@ -888,9 +991,15 @@ class ElasticBackend:
     async def _delete_edges_of(self, urns: set[str]) -> None:
         urn_list = sorted(urns)
         await self.client.delete_by_query(
-            index=self.graph_index, conflicts="proceed", refresh=True,
-            query={"bool": {"should": [{"terms": {"source": urn_list}}, {"terms": {"destination": urn_list}}],
-                            "minimum_should_match": 1}},
+            index=self.graph_index,
+            conflicts="proceed",
+            refresh=True,
+            query={
+                "bool": {
+                    "should": [{"terms": {"source": urn_list}}, {"terms": {"destination": urn_list}}],
+                    "minimum_should_match": 1,
+                }
+            },
         )
 
     # --- search ---------------------------------------------------------------------------------------------------
@@ -941,8 +1050,17 @@ class ElasticBackend:
                 text_fields.append(f"{spec.name}.text^{spec.boost:g}")
             exact = self._exact_field(entity_type, spec.name) if kind in ("text", "keyword") else None
             if exact:
-                should.append({"term": {exact: {"value": query, "boost": spec.boost * EXACT_MATCH_MULTIPLIER,
-                                                "case_insensitive": True}}})
+                should.append(
+                    {
+                        "term": {
+                            exact: {
+                                "value": query,
+                                "boost": spec.boost * EXACT_MATCH_MULTIPLIER,
+                                "case_insensitive": True,
+                            }
+                        }
+                    }
+                )
         should.append({"term": {URN_FIELD: {"value": query, "boost": 10.0 * EXACT_MATCH_MULTIPLIER}}})
         if text_fields:
             should.append({"multi_match": {"query": query, "fields": text_fields, "type": "best_fields"}})
@@ -959,8 +1077,11 @@ class ElasticBackend:
         if not criterion.field or "*" in criterion.field or "?" in criterion.field:
             return {"match_none": {}}  # no document field has such a name (the engine reads it as a field pattern)
         if condition in EQUALITY_CONDITIONS:
-            return ({"terms": {self._filter_field(entity_type, criterion.field): list(criterion.values)}}
-                    if criterion.values else {"match_none": {}})
+            return (
+                {"terms": {self._filter_field(entity_type, criterion.field): list(criterion.values)}}
+                if criterion.values
+                else {"match_none": {}}
+            )
         name = self._document_field(entity_type, criterion.field)
         if condition == "EXISTS":
             return {"exists": {"field": name}}
@@ -984,8 +1105,10 @@ class ElasticBackend:
         else:
             before = "*" if condition in ("CONTAIN", "END_WITH") else ""
             after = "*" if condition in ("CONTAIN", "START_WITH") else ""
-            should = [{"wildcard": {exact: {"value": before + _wildcard_escape(v) + after, "case_insensitive": True}}}
-                      for v in values]
+            should = [
+                {"wildcard": {exact: {"value": before + _wildcard_escape(v) + after, "case_insensitive": True}}}
+                for v in values
+            ]
         return {"bool": {"should": should, "minimum_should_match": 1}}
 
     def _any_of_query(self, entity_type: str, any_of: Sequence[Sequence[Criterion]]) -> dict[str, Any]:
@@ -1001,9 +1124,17 @@ class ElasticBackend:
         return {"bool": {"should": groups, "minimum_should_match": 1}} if groups else {"match_none": {}}
 
     async def search(
-        self, entity_type: str, query: str, *, filters: dict[str, list[str]] | None = None, count: int = 10,
-        scroll_id: str | None = None, sort: list[tuple[str, str]] | None = None,
-        any_of: Sequence[Sequence[Criterion]] | None = None, facets: bool = True, property_facets: Sequence[str] = (),
+        self,
+        entity_type: str,
+        query: str,
+        *,
+        filters: dict[str, list[str]] | None = None,
+        count: int = 10,
+        scroll_id: str | None = None,
+        sort: list[tuple[str, str]] | None = None,
+        any_of: Sequence[Sequence[Criterion]] | None = None,
+        facets: bool = True,
+        property_facets: Sequence[str] = (),
     ) -> SearchPage:
         await self._follow_registry()
         index = self.entity_index(entity_type)
@@ -1015,8 +1146,11 @@ class ElasticBackend:
                 filter_clauses.append({"terms": {self._filter_field(entity_type, key): list(values)}})
         if any_of is not None:
             filter_clauses.append(self._any_of_query(entity_type, any_of))
-        bool_query: dict[str, Any] = {"must": [must], "filter": filter_clauses,
-                                      "must_not": [{"term": {TOMBSTONE_FIELD: True}}]}  # never a hit, never counted
+        bool_query: dict[str, Any] = {
+            "must": [must],
+            "filter": filter_clauses,
+            "must_not": [{"term": {TOMBSTONE_FIELD: True}}],
+        }  # never a hit, never counted
         if not names_removed(filters, any_of):
             bool_query["must_not"].append({"term": {REMOVED_FIELD: True}})
         sort_clauses: list[dict[str, Any]] = []
@@ -1032,12 +1166,16 @@ class ElasticBackend:
             sort_clauses.append({"_score": "desc"})
         sort_clauses.append({URN_FIELD: "asc"})
         aggs = {}
-        for key, spec in self.filter_specs(entity_type).items():
+        for key in self.filter_specs(entity_type):
             aggs[key] = {"terms": {"field": self._filter_field(entity_type, key), "size": 20}}
-        for key in property_facets:  # a dynamic field: a keyword, or a double for numbers (none until a value is indexed)
+        # a dynamic field: a keyword, or a double for numbers (none until a value is indexed)
+        for key in property_facets:
             aggs[key] = {"terms": {"field": document_field(key), "size": 20}}
         body: dict[str, Any] = {
-            "query": {"bool": bool_query}, "sort": sort_clauses, "size": count + 1, "track_total_hits": True,
+            "query": {"bool": bool_query},
+            "sort": sort_clauses,
+            "size": count + 1,
+            "track_total_hits": True,
         }
         if scroll_id:  # the values of the sort clauses, the urn's last
             after = decode_keyset(scroll_id, keys=len(sort_clauses) - 1, by_relevance=not sort)
@@ -1047,7 +1185,11 @@ class ElasticBackend:
         response = await self.client.search(index=index, **body)
         raw = response["hits"]["hits"]
         hits = [self._hit(entity_type, h) for h in raw[:count]]
-        next_id = keyset_cursor(raw[count - 1]["sort"][:-1], raw[count - 1]["sort"][-1]) if len(raw) > count and count > 0 else None
+        next_id = (
+            keyset_cursor(raw[count - 1]["sort"][:-1], raw[count - 1]["sort"][-1])
+            if len(raw) > count and count > 0
+            else None
+        )
         facet_counts: dict[str, dict[str, int]] = {}
         for key, agg in (response.get("aggregations") or {}).items():
             facet_counts[key] = {self._bucket_key(b): b["doc_count"] for b in agg.get("buckets", [])}
@@ -1063,8 +1205,12 @@ class ElasticBackend:
     def _hit(self, entity_type: str, hit: dict[str, Any]) -> SearchHit:
         source = hit.get("_source") or {}
         fields = {k: v for k, v in source.items() if k != ASPECT_FIELDS_FIELD}
-        return SearchHit(urn=source.get(URN_FIELD, hit["_id"]), entity_type=self._entity_name(entity_type),
-                         score=float(hit.get("_score") or 0.0), fields=fields)
+        return SearchHit(
+            urn=source.get(URN_FIELD, hit["_id"]),
+            entity_type=self._entity_name(entity_type),
+            score=float(hit.get("_score") or 0.0),
+            fields=fields,
+        )
 
     async def autocomplete(self, entity_type: str, prefix: str, *, limit: int = 10) -> list[SearchHit]:
         text = (prefix or "").strip()
@@ -1087,46 +1233,75 @@ class ElasticBackend:
             elif "text" in (field.get("fields") or {}):
                 should.append({"match_phrase_prefix": {f"{spec.name}.text": {"query": text, "boost": spec.boost}}})
         should.append({"prefix": {URN_FIELD: {"value": text, "case_insensitive": True}}})
-        query = {"bool": {"should": should, "minimum_should_match": 1, "must_not": [{"term": {REMOVED_FIELD: True}}, {"term": {TOMBSTONE_FIELD: True}}]}}
-        response = await self.client.search(index=self.entity_index(entity_type), query=query, size=limit,
-                                            sort=[{"_score": "desc"}, {URN_FIELD: "asc"}])
+        query = {
+            "bool": {
+                "should": should,
+                "minimum_should_match": 1,
+                "must_not": [{"term": {REMOVED_FIELD: True}}, {"term": {TOMBSTONE_FIELD: True}}],
+            }
+        }
+        response = await self.client.search(
+            index=self.entity_index(entity_type), query=query, size=limit, sort=[{"_score": "desc"}, {URN_FIELD: "asc"}]
+        )
         return [self._hit(entity_type, h) for h in response["hits"]["hits"]]
 
     # --- graph ----------------------------------------------------------------------------------------------------
 
     async def relationships(
-        self, urn: str, *, direction: Direction, types: list[str] | None = None, start: int = 0, count: int = 100,
+        self,
+        urn: str,
+        *,
+        direction: Direction,
+        types: list[str] | None = None,
+        start: int = 0,
+        count: int = 100,
     ) -> tuple[list[Edge], int]:
         own, other = ("source", "destination") if direction == "OUTGOING" else ("destination", "source")
         filters: list[dict[str, Any]] = [{"term": {own: urn}}]
         if types:
             filters.append({"terms": {"relationshipType": list(types)}})
         response = await self.client.search(
-            index=self.graph_index, query={"bool": {"filter": filters}}, from_=start, size=count,
-            sort=[{"relationshipType": "asc"}, {other: "asc"}, {"aspect": "asc"}], track_total_hits=True,
+            index=self.graph_index,
+            query={"bool": {"filter": filters}},
+            from_=start,
+            size=count,
+            sort=[{"relationshipType": "asc"}, {other: "asc"}, {"aspect": "asc"}],
+            track_total_hits=True,
         )
         edges = [_doc_to_edge(h["_source"]) for h in response["hits"]["hits"]]
         return edges, response["hits"]["total"]["value"]
 
-    async def scroll_edges(self, query: EdgeQuery, *, after: tuple[str, str, str, str] | None = None, count: int = 100) -> EdgePage:
+    async def scroll_edges(
+        self, query: EdgeQuery, *, after: tuple[str, str, str, str] | None = None, count: int = 100
+    ) -> EdgePage:
         """`search_after` on (source, aspect, relationshipType, destination), the edge's identity: a stable total
         order, so an edge that exists throughout a scroll is returned once whatever is written meanwhile."""
         filters: list[dict[str, Any]] = []
         for field, values in (
-            ("relationshipType", query.relationship_types), ("sourceType", query.source_types),
-            ("destinationType", query.destination_types), ("source", query.source_urns),
+            ("relationshipType", query.relationship_types),
+            ("sourceType", query.source_types),
+            ("destinationType", query.destination_types),
+            ("source", query.source_urns),
             ("destination", query.destination_urns),
         ):
             if values:
                 filters.append({"terms": {field: list(values)}})
         if query.either_urns:
             either = list(query.either_urns)
-            filters.append({"bool": {"should": [{"terms": {"source": either}}, {"terms": {"destination": either}}],
-                                     "minimum_should_match": 1}})
+            filters.append(
+                {
+                    "bool": {
+                        "should": [{"terms": {"source": either}}, {"terms": {"destination": either}}],
+                        "minimum_should_match": 1,
+                    }
+                }
+            )
         if query.lineage_only:
             filters.append({"term": {"isLineage": True}})
         body: dict[str, Any] = {
-            "query": {"bool": {"filter": filters}}, "size": count + 1, "track_total_hits": False,
+            "query": {"bool": {"filter": filters}},
+            "size": count + 1,
+            "track_total_hits": False,
             "sort": [{"source": "asc"}, {"aspect": "asc"}, {"relationshipType": "asc"}, {"destination": "asc"}],
         }
         if after is not None:
@@ -1138,7 +1313,11 @@ class ElasticBackend:
         return EdgePage(edges=[_doc_to_edge(h["_source"]) for h in page], after=tuple(last) if last else None)
 
     async def lineage(
-        self, urn: str, *, direction: Literal["UPSTREAM", "DOWNSTREAM"], max_hops: int = 3,
+        self,
+        urn: str,
+        *,
+        direction: Literal["UPSTREAM", "DOWNSTREAM"],
+        max_hops: int = 3,
     ) -> list[tuple[Edge, int]]:
         """Breadth first over lineage edges (isLineage). UPSTREAM follows DownstreamOf-like edges outgoing (and
         Produces-like edges, `DOWNSTREAM_LINEAGE`, incoming); DOWNSTREAM the opposite. Each edge once, at the hop it
@@ -1170,20 +1349,34 @@ class ElasticBackend:
         up = sorted(DOWNSTREAM_LINEAGE)
         out: list[tuple[str, dict[str, Any]]] = []
         for start in range(0, len(frontier), 1000):
-            nodes = frontier[start:start + 1000]
+            nodes = frontier[start : start + 1000]
             # outgoing edges that point the way we go, or incoming edges of the Produces kind
-            forward = {"bool": {"filter": [{"terms": {"source": nodes}}], "must_not": [{"terms": {"relationshipType": up}}]}}
+            forward = {
+                "bool": {"filter": [{"terms": {"source": nodes}}], "must_not": [{"terms": {"relationshipType": up}}]}
+            }
             reverse = {"bool": {"filter": [{"terms": {"destination": nodes}}, {"terms": {"relationshipType": up}}]}}
             if direction == "DOWNSTREAM":
-                forward = {"bool": {"filter": [{"terms": {"destination": nodes}}], "must_not": [{"terms": {"relationshipType": up}}]}}
+                forward = {
+                    "bool": {
+                        "filter": [{"terms": {"destination": nodes}}],
+                        "must_not": [{"terms": {"relationshipType": up}}],
+                    }
+                }
                 reverse = {"bool": {"filter": [{"terms": {"source": nodes}}, {"terms": {"relationshipType": up}}]}}
-            query = {"bool": {"filter": [{"term": {"isLineage": True}}],
-                              "should": [forward, reverse], "minimum_should_match": 1}}
+            query = {
+                "bool": {
+                    "filter": [{"term": {"isLineage": True}}],
+                    "should": [forward, reverse],
+                    "minimum_should_match": 1,
+                }
+            }
             after: list[Any] | None = None
             while True:
                 kwargs: dict[str, Any] = {"search_after": after} if after else {}
                 response = await self.client.search(
-                    index=self.graph_index, query=query, size=1000,
+                    index=self.graph_index,
+                    query=query,
+                    size=1000,
                     sort=[{"source": "asc"}, {"relationshipType": "asc"}, {"destination": "asc"}, {"aspect": "asc"}],
                     **kwargs,
                 )
@@ -1197,7 +1390,12 @@ class ElasticBackend:
     # --- timeseries and versions ----------------------------------------------------------------------------------
 
     async def delete_timeseries(
-        self, urn: str, aspects: list[str], *, start_ms: int | None = None, end_ms: int | None = None,
+        self,
+        urn: str,
+        aspects: list[str],
+        *,
+        start_ms: int | None = None,
+        end_ms: int | None = None,
     ) -> int:
         entity_type = self._entity_name(parse_urn(urn).entity_type)
         filters: list[dict[str, Any]] = [{"term": {"urn": urn}}]
@@ -1208,7 +1406,9 @@ class ElasticBackend:
         for aspect in aspects:
             try:
                 response = await self.client.delete_by_query(
-                    index=self.timeseries_index(entity_type, aspect), query={"bool": {"filter": filters}}, refresh=True,
+                    index=self.timeseries_index(entity_type, aspect),
+                    query={"bool": {"filter": filters}},
+                    refresh=True,
                 )
             except NotFoundError:
                 continue  # no point of this aspect was ever indexed
@@ -1230,7 +1430,9 @@ class ElasticBackend:
             filters.append({"terms" if isinstance(value, list) else "term": {name: value}})
         try:
             response = await self.client.search(
-                index=index, query={"bool": {"filter": filters}}, size=max(0, min(query.limit, 10_000)),
+                index=index,
+                query={"bool": {"filter": filters}},
+                size=max(0, min(query.limit, 10_000)),
                 sort=[{"timestampMillis": "desc"}],
             )
         except NotFoundError:
@@ -1240,11 +1442,18 @@ class ElasticBackend:
             src = dict(hit["_source"])
             value = src.pop("event", None) or {}
             system_metadata = src.pop("systemMetadata", None)
-            points.append(TimeseriesPoint(
-                aspect=query.aspect, doc_id=hit["_id"], urn=src.get("urn", query.urn), entity_type=entity_type,
-                timestamp_ms=int(src["timestampMillis"]), fields=src, value=value,
-                system_metadata=system_metadata,
-            ))
+            points.append(
+                TimeseriesPoint(
+                    aspect=query.aspect,
+                    doc_id=hit["_id"],
+                    urn=src.get("urn", query.urn),
+                    entity_type=entity_type,
+                    timestamp_ms=int(src["timestampMillis"]),
+                    fields=src,
+                    value=value,
+                    system_metadata=system_metadata,
+                )
+            )
         return points
 
     async def document_versions(self, urn: str) -> dict[str, int]:

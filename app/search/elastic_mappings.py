@@ -28,19 +28,28 @@ _TEXT_TYPES = frozenset({"TEXT", "TEXT_PARTIAL", "WORD_GRAM"})
 EDGE_MAPPING: dict[str, Any] = {
     "dynamic": False,
     "properties": {
-        "source": {"type": "keyword"}, "destination": {"type": "keyword"},
-        "relationshipType": {"type": "keyword"}, "sourceType": {"type": "keyword"},
-        "destinationType": {"type": "keyword"}, "via": {"type": "keyword"},
-        "createdOn": {"type": "date", "format": "epoch_millis"}, "createdActor": {"type": "keyword"},
-        "updatedOn": {"type": "date", "format": "epoch_millis"}, "updatedActor": {"type": "keyword"},
+        "source": {"type": "keyword"},
+        "destination": {"type": "keyword"},
+        "relationshipType": {"type": "keyword"},
+        "sourceType": {"type": "keyword"},
+        "destinationType": {"type": "keyword"},
+        "via": {"type": "keyword"},
+        "createdOn": {"type": "date", "format": "epoch_millis"},
+        "createdActor": {"type": "keyword"},
+        "updatedOn": {"type": "date", "format": "epoch_millis"},
+        "updatedActor": {"type": "keyword"},
         "properties": {"type": "object", "enabled": False},
-        "aspect": {"type": "keyword"}, "version": {"type": "long"}, "isLineage": {"type": "boolean"},
+        "aspect": {"type": "keyword"},
+        "version": {"type": "long"},
+        "isLineage": {"type": "boolean"},
     },
 }
 EDGE_SET_MAPPING: dict[str, Any] = {
     "dynamic": False,
     "properties": {
-        "source": {"type": "keyword"}, "aspect": {"type": "keyword"}, "version": {"type": "long"},
+        "source": {"type": "keyword"},
+        "aspect": {"type": "keyword"},
+        "version": {"type": "long"},
         "edges": {"type": "object", "enabled": False},  # the full edge documents, keyed by edge id
     },
 }
@@ -122,8 +131,13 @@ def index_mapping(registry, entity_type: str) -> dict:
         # keyword (a date too: no date detection), a number a double, whatever the first value seen was
         props[STRUCTURED_PROPERTIES_ASPECT] = {"type": "object", "dynamic": True}
         mapping["dynamic_templates"] = [
-            {f"structured_property_{kind}": {"path_match": f"{FIELD_PREFIX}*", "match_mapping_type": kind,
-                                              "mapping": {"type": "double" if kind in ("long", "double") else "keyword"}}}
+            {
+                f"structured_property_{kind}": {
+                    "path_match": f"{FIELD_PREFIX}*",
+                    "match_mapping_type": kind,
+                    "mapping": {"type": "double" if kind in ("long", "double") else "keyword"},
+                }
+            }
             for kind in ("string", "date", "long", "double")
         ]
     return mapping

@@ -49,7 +49,8 @@ def is_transient(error: BaseException) -> bool:
     if isinstance(error, (IndexUnavailable, SearchUnavailable, OSError, TimeoutError, ConnectionError, *_TRANSIENT_PG)):
         return True
     try:
-        from elasticsearch import ApiError, ConnectionError as EsConnectionError, ConnectionTimeout
+        from elasticsearch import ApiError, ConnectionTimeout
+        from elasticsearch import ConnectionError as EsConnectionError
 
         if isinstance(error, (EsConnectionError, ConnectionTimeout)):
             return True
@@ -61,7 +62,9 @@ def is_transient(error: BaseException) -> bool:
     try:
         import sqlalchemy.exc
 
-        if isinstance(error, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.TimeoutError, sqlalchemy.exc.InterfaceError)):
+        if isinstance(
+            error, (sqlalchemy.exc.OperationalError, sqlalchemy.exc.TimeoutError, sqlalchemy.exc.InterfaceError)
+        ):
             return True
     except ImportError:  # pragma: no cover
         pass
@@ -71,7 +74,7 @@ def is_transient(error: BaseException) -> bool:
 def describe(error: BaseException) -> str:
     """The reason recorded for a refused change log."""
     text = f"{type(error).__name__}: {error}" if str(error) else type(error).__name__
-    return text if len(text) <= MAX_REASON_CHARS else text[:MAX_REASON_CHARS - 1] + "…"
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 1] + "…"
 
 
 # --- the table's SQL ------------------------------------------------------------------------------------------------
@@ -122,7 +125,9 @@ class IndexFailures:
     async def record(self, conn: asyncpg.Connection, failed: Sequence[tuple[int, str]]) -> None:
         """Record outbox rows (id, reason) as failed: first retry after `retry_min_s`."""
         if failed:
-            await conn.execute(_RECORD, [i for i, _ in failed], [r for _, r in failed], self.retry_min_s, self.retry_max_s)
+            await conn.execute(
+                _RECORD, [i for i, _ in failed], [r for _, r in failed], self.retry_min_s, self.retry_max_s
+            )
 
     async def due(self, conn: asyncpg.Connection, limit: int) -> list[asyncpg.Record]:
         """Failures whose retry is due, locked (`SKIP LOCKED`: another worker takes the others) until the caller's
@@ -130,20 +135,24 @@ class IndexFailures:
         rows = await conn.fetch(_DUE, limit)
         return sorted(rows, key=lambda r: (r["feed_offset"] is None, r["feed_offset"] or 0, r["outbox_id"]))
 
-    async def retried(self, conn: asyncpg.Connection, indexed: Sequence[int], failed: Sequence[tuple[int, str]]) -> None:
+    async def retried(
+        self, conn: asyncpg.Connection, indexed: Sequence[int], failed: Sequence[tuple[int, str]]
+    ) -> None:
         """After a retry: the rows indexed leave the table; the others count an attempt and back off."""
         if indexed:
             await conn.execute("DELETE FROM search_index_failure WHERE outbox_id = ANY($1::bigint[])", list(indexed))
         if failed:
-            await conn.execute(_RETRY_FAILED, [i for i, _ in failed], [r for _, r in failed], self.retry_min_s,
-                               self.retry_max_s)
+            await conn.execute(
+                _RETRY_FAILED, [i for i, _ in failed], [r for _, r in failed], self.retry_min_s, self.retry_max_s
+            )
 
     async def superseded(self, conn: asyncpg.Connection, topic: str, applied: Sequence[tuple[str, str, int]]) -> int:
         """Drop the failures of aspects now indexed at a version at least theirs ((urn, aspect, version) applied)."""
         if not applied:
             return 0
-        status = await conn.execute(_SUPERSEDED, [a[0] for a in applied], [a[1] for a in applied],
-                                    [a[2] for a in applied], topic)
+        status = await conn.execute(
+            _SUPERSEDED, [a[0] for a in applied], [a[1] for a in applied], [a[2] for a in applied], topic
+        )
         return int(status.rsplit(" ", 1)[1])
 
     @staticmethod

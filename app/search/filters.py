@@ -48,8 +48,9 @@ class InvalidFilter(ValueError):
 
     def at(self, base: str) -> ValidationFailed:
         """The 400 answering it, the filter being at `base` in the caller's request (`$.filter`, `$input.orFilters`)."""
-        return ValidationFailed(str(self), [Issue(str(self), path=json_path(base, self.loc), expected=self.expected,
-                                                  found=self.found)])
+        return ValidationFailed(
+            str(self), [Issue(str(self), path=json_path(base, self.loc), expected=self.expected, found=self.found)]
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,8 +73,9 @@ def criterion(raw: Any, loc: Loc = ()) -> Criterion:
         raise InvalidFilter("not a field name", (*loc, "field"), expected=FIELD_NAME.pattern, found=field)
     condition = raw.get("condition") or "EQUAL"
     if not isinstance(condition, str):
-        raise InvalidFilter("a condition is a string", (*loc, "condition"), expected=", ".join(CONDITION_NAMES),
-                            found=condition)
+        raise InvalidFilter(
+            "a condition is a string", (*loc, "condition"), expected=", ".join(CONDITION_NAMES), found=condition
+        )
     condition = CONDITION_ALIASES.get(condition, condition)
     negated = raw.get("negated")
     if not isinstance(negated, bool | None):
@@ -91,8 +93,9 @@ def criterion(raw: Any, loc: Loc = ()) -> Criterion:
         message = f"filter on field {clip(field, 100)!r}: {problem.message}"
         if problem.value is None:
             raise InvalidFilter(message, (*loc, "condition"), expected=problem.expected, found=condition)
-        raise InvalidFilter(message, (*loc, "values", problem.value), expected=problem.expected,
-                            found=values[problem.value])
+        raise InvalidFilter(
+            message, (*loc, "values", problem.value), expected=problem.expected, found=values[problem.value]
+        )
     name = field.removesuffix(KEYWORD_SUFFIX)
     return Criterion(name, tuple(values), bool(negated), "EQUAL" if condition == "IN" else condition)
 
@@ -118,8 +121,11 @@ def _disjunction(clauses: Any, inner: str, loc: Loc) -> list[list[Placed]]:
 def _limited(values: int) -> None:
     """Every value is a query clause or a few SQL parameters: a search carries at most MAX_FILTER_VALUES."""
     if values > MAX_FILTER_VALUES:
-        raise InvalidFilter(f"the filter carries {values} values; the limit is {MAX_FILTER_VALUES}",
-                            expected=f"at most {MAX_FILTER_VALUES} values", found=values)
+        raise InvalidFilter(
+            f"the filter carries {values} values; the limit is {MAX_FILTER_VALUES}",
+            expected=f"at most {MAX_FILTER_VALUES} values",
+            found=values,
+        )
 
 
 def _within_limit(groups: list[list[Placed]]) -> list[list[Placed]]:
@@ -131,7 +137,9 @@ def placed_filter_groups(filter_: Any) -> list[list[Placed]]:
     """`filter_groups`, each criterion with its place."""
     if filter_ is None:
         return []
-    given = {key: value for key, value in filter_.items() if value is not None} if isinstance(filter_, Mapping) else None
+    given = (
+        {key: value for key, value in filter_.items() if value is not None} if isinstance(filter_, Mapping) else None
+    )
     if given is None or len(given) > 1 or set(given) - {"and", "or", "criteria"}:
         raise InvalidFilter(f"a filter is one of {FILTER_FORMS}", expected=FILTER_FORMS, found=filter_)
     if not given:

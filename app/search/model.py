@@ -178,15 +178,20 @@ class CriterionProblem(NamedTuple):
 def criterion_problem(condition: str, values: Sequence[str]) -> CriterionProblem | None:
     """What is wrong with a criterion's condition and values, or None (app.search.filters names the place)."""
     if condition in REFUSED_CONDITIONS:
-        return CriterionProblem(f"condition {condition} is not supported (it needs DataHub's hierarchy rewriters)",
-                                ", ".join(sorted(CONDITIONS)))
+        return CriterionProblem(
+            f"condition {condition} is not supported (it needs DataHub's hierarchy rewriters)",
+            ", ".join(sorted(CONDITIONS)),
+        )
     if condition not in CONDITIONS:
         return CriterionProblem(f"unknown condition {condition[:40]}", ", ".join(sorted(CONDITIONS)))
     if condition in WILDCARD_CONDITIONS:
         for position, value in enumerate(values):
             if len(value.strip()) > MAX_PATTERN_CHARS:
-                return CriterionProblem(f"a {condition} value is {len(value.strip())} characters long",
-                                        f"at most {MAX_PATTERN_CHARS} characters", position)
+                return CriterionProblem(
+                    f"a {condition} value is {len(value.strip())} characters long",
+                    f"at most {MAX_PATTERN_CHARS} characters",
+                    position,
+                )
     return None
 
 
@@ -315,10 +320,19 @@ class SearchBackend(Protocol):
     async def apply(self, changes: list[IndexChange]) -> None: ...  # idempotent, order-safe, bulk
 
     async def search(
-        self, entity_type: str, query: str, *, filters: dict[str, list[str]] | None = None, count: int = 10,
-        scroll_id: str | None = None, sort: list[tuple[str, str]] | None = None,
-        any_of: Sequence[Sequence[Criterion]] | None = None, facets: bool = True, property_facets: Sequence[str] = (),
+        self,
+        entity_type: str,
+        query: str,
+        *,
+        filters: dict[str, list[str]] | None = None,
+        count: int = 10,
+        scroll_id: str | None = None,
+        sort: list[tuple[str, str]] | None = None,
+        any_of: Sequence[Sequence[Criterion]] | None = None,
+        facets: bool = True,
+        property_facets: Sequence[str] = (),
     ) -> SearchPage: ...
+
     # `filters` AND together (any of a filter's values); `any_of`, when given, must hold as well: at least one of its
     # groups matches (an empty list matches nothing). Soft-deleted entities are hidden unless either names
     # `removed`. `facets=False`: no facet counts (a scroll that does not show them); with facets, each filter field's
@@ -329,11 +343,21 @@ class SearchBackend(Protocol):
     async def autocomplete(self, entity_type: str, prefix: str, *, limit: int = 10) -> list[SearchHit]: ...
 
     async def relationships(
-        self, urn: str, *, direction: Direction, types: list[str] | None = None, start: int = 0, count: int = 100,
+        self,
+        urn: str,
+        *,
+        direction: Direction,
+        types: list[str] | None = None,
+        start: int = 0,
+        count: int = 100,
     ) -> tuple[list[Edge], int]: ...
 
     async def lineage(
-        self, urn: str, *, direction: Literal["UPSTREAM", "DOWNSTREAM"], max_hops: int = 3,
+        self,
+        urn: str,
+        *,
+        direction: Literal["UPSTREAM", "DOWNSTREAM"],
+        max_hops: int = 3,
     ) -> list[tuple[Edge, int]]: ...
 
     async def scroll_edges(self, query: EdgeQuery, *, after: EdgeKey | None = None, count: int = 100) -> EdgePage:
@@ -345,7 +369,12 @@ class SearchBackend(Protocol):
     async def document_versions(self, urn: str) -> dict[str, int]: ...  # aspect -> version indexed (trace, reconcile)
 
     async def delete_timeseries(
-        self, urn: str, aspects: list[str], *, start_ms: int | None = None, end_ms: int | None = None,
+        self,
+        urn: str,
+        aspects: list[str],
+        *,
+        start_ms: int | None = None,
+        end_ms: int | None = None,
     ) -> int: ...  # points of `urn` in those aspects within the (inclusive) range; returns how many
 
     # --- index lifecycle (restore-indices, reconcile) ------------------------------------------------------------

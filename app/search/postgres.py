@@ -45,17 +45,16 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import driver_connection
 from app.search import documents
-from app.search.structured_properties import FIELD_PREFIX as PROPERTY_FIELD_PREFIX, document_field
 from app.search.cursors import decode_keyset, keyset_cursor
 from app.search.model import (
     DOWNSTREAM_LINEAGE,
-    AspectEdges,
-    AspectFields,
     EQUALITY_CONDITIONS,
     RANGE_CONDITIONS,
     REMOVED_FIELD,
     URN_FIELD,
     WILDCARD_CONDITIONS,
+    AspectEdges,
+    AspectFields,
     Criterion,
     Direction,
     Edge,
@@ -72,6 +71,8 @@ from app.search.model import (
     names_removed,
     range_bounds,
 )
+from app.search.structured_properties import FIELD_PREFIX as PROPERTY_FIELD_PREFIX
+from app.search.structured_properties import document_field
 
 # Advisory lock class of search documents (pg_advisory_xact_lock(class, hashtext(urn))); app.changelog.outbox uses
 # 0x4D4C0001..4.
@@ -84,9 +85,17 @@ _TEXT_TYPES = {"TEXT", "TEXT_PARTIAL", "WORD_GRAM", "KEYWORD", "URN", "URN_PARTI
 _NOT_TEXT_TYPES = {"BOOLEAN", "COUNT", "DATETIME", "DOUBLE", "OBJECT", "MAP_ARRAY"}
 # What `clear` deletes: table, URN column.
 _CLEARED_TABLES = (
-    ("search_document", "urn"), ("search_aspect_fields", "urn"), ("search_edge", "source"), ("search_edge_version", "source"),
+    ("search_document", "urn"),
+    ("search_aspect_fields", "urn"),
+    ("search_edge", "source"),
+    ("search_edge_version", "source"),
 )
-_RANGE_OPERATORS = {"GREATER_THAN": ">", "GREATER_THAN_OR_EQUAL_TO": ">=", "LESS_THAN": "<", "LESS_THAN_OR_EQUAL_TO": "<="}
+_RANGE_OPERATORS = {
+    "GREATER_THAN": ">",
+    "GREATER_THAN_OR_EQUAL_TO": ">=",
+    "LESS_THAN": "<",
+    "LESS_THAN_OR_EQUAL_TO": "<=",
+}
 _WEBSEARCH_SYNTAX = re.compile(r'"|(^|\s)-\w|\s(or|OR)\s')
 _TOKEN = re.compile(r"\w+")
 
@@ -190,6 +199,7 @@ SELECT count(pg_advisory_xact_lock($1::int, h)) FROM (
 ) s
 """
 
+
 def _index_text(column: str) -> str:
     """SQL text to index for a column: as written (the parser keeps `db.orders`, e-mails, ...) and split on every
     non-alphanumeric character (so `orders` finds `db.orders`)."""
@@ -243,7 +253,7 @@ WITH rows AS (
 INSERT INTO search_document AS d (urn, entity_type, fields, aspect_versions, removed, search_vector, exact_names,
                                   entity_removed, updated_at)
 SELECT urn, entity_type, fields, aspect_versions, coalesce(fields -> 'removed' = 'true'::jsonb, false),
-       coalesce(search_vector, ''::tsvector) || setweight(to_tsvector('simple', {_index_text('urn')}), 'D'),
+       coalesce(search_vector, ''::tsvector) || setweight(to_tsvector('simple', {_index_text("urn")}), 'D'),
        array_append(coalesce(exact_names, '{{}}'), lower(urn)), false, now()
 FROM docs WHERE live
 UNION ALL
@@ -410,7 +420,9 @@ class PostgresBackend:
                 patterns,
             )
         entries = [IndexedVersion(r["urn"], r["aspect"], "document", int(r["version"]), bool(r["live"])) for r in docs]
-        entries += [IndexedVersion(r["source"], r["aspect"], "edges", int(r["version"]), bool(r["live"])) for r in edges]
+        entries += [
+            IndexedVersion(r["source"], r["aspect"], "edges", int(r["version"]), bool(r["live"])) for r in edges
+        ]
         return entries
 
     @asynccontextmanager
@@ -461,7 +473,11 @@ class PostgresBackend:
             return
         async with self._connection(readonly=False) as conn:
             touched = sorted(
-                {c.urn if not isinstance(c, AspectEdges) else c.source for c in changes if not isinstance(c, TimeseriesPoint)}
+                {
+                    c.urn if not isinstance(c, AspectEdges) else c.source
+                    for c in changes
+                    if not isinstance(c, TimeseriesPoint)
+                }
             )
             if touched:
                 await conn.fetchval(_LOCK_URNS, DOCUMENT_LOCK_CLASS, touched)
@@ -493,15 +509,19 @@ class PostgresBackend:
             if isinstance(change, AspectFields):
                 key = (change.urn, change.aspect)
                 kept = fields.get(key)
-                if kept is None or kept.version < change.version or (
-                    kept.version == change.version and (change.deleted or not kept.deleted)
+                if (
+                    kept is None
+                    or kept.version < change.version
+                    or (kept.version == change.version and (change.deleted or not kept.deleted))
                 ):  # the newest, a delete on a tie (as the table's upsert decides)
                     fields[key] = change
             elif isinstance(change, AspectEdges):
                 key = (change.source, change.aspect)
                 kept_edges = edges.get(key)
-                if kept_edges is None or kept_edges.version < change.version or (
-                    kept_edges.version == change.version and (not change.edges or bool(kept_edges.edges))
+                if (
+                    kept_edges is None
+                    or kept_edges.version < change.version
+                    or (kept_edges.version == change.version and (not change.edges or bool(kept_edges.edges)))
                 ):
                     edges[key] = change
             elif isinstance(change, TimeseriesPoint):
@@ -520,8 +540,9 @@ class PostgresBackend:
         exact: list[str] = []
         chars: list[int] = []
         for c in changes:
-            by_weight, names, kept = aspect_text({} if c.deleted else c.fields, self._field_weights(c.entity_type),
-                                                 self._max_text)
+            by_weight, names, kept = aspect_text(
+                {} if c.deleted else c.fields, self._field_weights(c.entity_type), self._max_text
+            )
             for column, text in zip(texts, by_weight):
                 column.append(text)
             exact.append(orjson.dumps(names).decode())
@@ -589,7 +610,10 @@ class PostgresBackend:
             [p.timestamp_ms for p in points],
             [orjson.dumps(p.fields, default=str).decode() for p in points],
             [orjson.dumps(p.value, default=str).decode() for p in points],
-            [None if p.system_metadata is None else orjson.dumps(p.system_metadata, default=str).decode() for p in points],
+            [
+                None if p.system_metadata is None else orjson.dumps(p.system_metadata, default=str).decode()
+                for p in points
+            ],
         )
 
     async def _remove(self, conn: asyncpg.Connection, removals: list[EntityRemoval]) -> None:
@@ -615,9 +639,7 @@ class PostgresBackend:
         specs = self.filter_fields(entity_type)
         return specs[name].name if name in specs else document_field(name)
 
-    def _filter_sql(
-        self, entity_type: str, filters: dict[str, list[str]] | None, params: list[Any]
-    ) -> list[str]:
+    def _filter_sql(self, entity_type: str, filters: dict[str, list[str]] | None, params: list[Any]) -> list[str]:
         """Conditions on `d.fields` (jsonb containment, GIN `jsonb_path_ops`): for each filter, any of its values,
         as a scalar or as an element of an array; "true"/"false" and numbers also match their JSON types."""
         conditions: list[str] = []
@@ -718,10 +740,14 @@ class PostgresBackend:
         if condition in RANGE_CONDITIONS:
             bound, _ = range_bounds(condition, values)
             if bound is not None:
-                tests.append(f"CASE WHEN jsonb_typeof(e.v) = 'number' THEN (e.v)::numeric {_RANGE_OPERATORS[condition]} "
-                             f"{param(str(bound), 'numeric')} ELSE false END")
-        elements = (f"jsonb_array_elements(CASE WHEN jsonb_typeof(d.fields -> {key}) = 'array' THEN d.fields -> {key} "
-                    f"ELSE jsonb_build_array(d.fields -> {key}) END) e(v)")
+                tests.append(
+                    f"CASE WHEN jsonb_typeof(e.v) = 'number' THEN (e.v)::numeric {_RANGE_OPERATORS[condition]} "
+                    f"{param(str(bound), 'numeric')} ELSE false END"
+                )
+        elements = (
+            f"jsonb_array_elements(CASE WHEN jsonb_typeof(d.fields -> {key}) = 'array' THEN d.fields -> {key} "
+            f"ELSE jsonb_build_array(d.fields -> {key}) END) e(v)"
+        )
         any_element = f"EXISTS (SELECT 1 FROM {elements} WHERE {' OR '.join(tests)})"
         if condition == "IEQUAL":  # numbers and booleans: as EQUAL
             return f"({any_element} OR {self._field_condition(entity_type, name, values, params)})"
@@ -803,8 +829,14 @@ class PostgresBackend:
             ORDER BY s.sort_key {"DESC" if descending else "ASC"}, s.urn
             LIMIT ${limit}
         """
-        facet_names = ({name: spec.name for name, spec in self.filter_fields(entity_type).items()}
-                       | {name: document_field(name) for name in property_facets}) if facets else {}
+        facet_names = (
+            (
+                {name: spec.name for name, spec in self.filter_fields(entity_type).items()}
+                | {name: document_field(name) for name in property_facets}
+            )
+            if facets
+            else {}
+        )
         async with self._connection() as conn:
             rows = await conn.fetch(sql, *params) if count > 0 else []  # count 0: the total alone
             total = await conn.fetchval(f"SELECT count(*) FROM search_document d WHERE {where}", *base_params)
@@ -870,7 +902,8 @@ class PostgresBackend:
             )
         return [
             SearchHit(
-                urn=r["urn"], entity_type=r["entity_type"],
+                urn=r["urn"],
+                entity_type=r["entity_type"],
                 score=(EXACT_MATCH_BONUS / (1 + r["name_len"])) if r["name_len"] is not None else r["rank"],
                 fields=_json(r["fields"]),
             )  # fmt: skip
@@ -941,7 +974,9 @@ class PostgresBackend:
             rows = await conn.fetch(sql, urn, max_hops, sorted(DOWNSTREAM_LINEAGE))
         return [(_edge(r), r["hop"]) for r in rows]
 
-    async def scroll_edges(self, query: EdgeQuery, *, after: tuple[str, str, str, str] | None = None, count: int = 100) -> EdgePage:
+    async def scroll_edges(
+        self, query: EdgeQuery, *, after: tuple[str, str, str, str] | None = None, count: int = 100
+    ) -> EdgePage:
         """Keyset paging in primary-key order (source, aspect, relationship, destination): each page is one index
         range scan from the previous page's last key, so concurrent writes never shift an existing edge's place."""
         params: list[Any] = []
@@ -985,7 +1020,12 @@ class PostgresBackend:
 
     # --- timeseries -----------------------------------------------------------------------------------------------
     async def delete_timeseries(
-        self, urn: str, aspects: list[str], *, start_ms: int | None = None, end_ms: int | None = None,
+        self,
+        urn: str,
+        aspects: list[str],
+        *,
+        start_ms: int | None = None,
+        end_ms: int | None = None,
     ) -> int:
         async with self._connection(readonly=False) as conn:
             status = await conn.execute(
@@ -994,7 +1034,10 @@ class PostgresBackend:
                 WHERE urn = $1 AND aspect = ANY($2::text[])
                   AND ($3::bigint IS NULL OR timestamp_ms >= $3) AND ($4::bigint IS NULL OR timestamp_ms <= $4)
                 """,
-                urn, list(aspects), start_ms, end_ms,
+                urn,
+                list(aspects),
+                start_ms,
+                end_ms,
             )
         return int(status.rsplit(" ", 1)[1])
 
@@ -1024,8 +1067,13 @@ class PostgresBackend:
             )
         return [
             TimeseriesPoint(
-                aspect=r["aspect"], doc_id=r["doc_id"], urn=r["urn"], entity_type=r["entity_type"],
-                timestamp_ms=r["timestamp_ms"], fields=_json(r["fields"]), value=_json(r["value"]),
+                aspect=r["aspect"],
+                doc_id=r["doc_id"],
+                urn=r["urn"],
+                entity_type=r["entity_type"],
+                timestamp_ms=r["timestamp_ms"],
+                fields=_json(r["fields"]),
+                value=_json(r["value"]),
                 system_metadata=_json(r["system_metadata"]),
             )  # fmt: skip
             for r in rows

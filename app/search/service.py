@@ -131,7 +131,11 @@ class Indexer:
             except Exception as error:  # noqa: BLE001 - one unindexable change log must not stop the feed
                 log.error(
                     "change log not indexable; skipped",
-                    extra={"urn": mcl.get("entityUrn"), "aspect": mcl.get("aspectName"), "error": f"{type(error).__name__}: {error}"},
+                    extra={
+                        "urn": mcl.get("entityUrn"),
+                        "aspect": mcl.get("aspectName"),
+                        "error": f"{type(error).__name__}: {error}",
+                    },
                 )
         return out
 

@@ -35,7 +35,7 @@ def is_property_field(name: str) -> bool:
 
 def qualified_name_of(filter_field: str) -> str:
     """DataHub's fieldOrFacetToFQN: `structuredProperties.io.acryl.tier.keyword` → `io.acryl.tier`."""
-    name = filter_field[len(FIELD_PREFIX):]
+    name = filter_field[len(FIELD_PREFIX) :]
     for suffix in _SUBFIELD_SUFFIXES:
         name = name.replace(suffix, "")
     return name
@@ -98,5 +98,6 @@ async def refuse_deleted_property_filters(repo: AspectRepository, placed: Iterab
     for p in placed:
         urn = property_urn_of(p.criterion.field)
         if urn in removed:
-            raise InvalidFilter(f"Cannot filter on deleted Structured Property {urn}", (*p.loc, "field"),
-                                found=p.criterion.field)
+            raise InvalidFilter(
+                f"Cannot filter on deleted Structured Property {urn}", (*p.loc, "field"), found=p.criterion.field
+            )

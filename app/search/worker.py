@@ -51,12 +51,12 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.changelog.cursor import FeedCursor, FeedCursorRepository
+from app.db import close_quietly, connect_dedicated
+from app.ops.metrics import INDEXER_APPLIED, INDEXER_ERRORS, INDEXER_FAILED_ROWS, INDEXER_RETRIED_ROWS
+from app.registry.runtime import ModelFollower
 from app.search.failures import IndexFailures, describe
 from app.search.service import IndexItem, SearchRuntime
-from app.registry.runtime import ModelFollower
 from app.settings import Settings
-from app.ops.metrics import INDEXER_APPLIED, INDEXER_ERRORS, INDEXER_FAILED_ROWS, INDEXER_RETRIED_ROWS
-from app.db import close_quietly, connect_dedicated
 from app.workers import pause
 
 log = logging.getLogger("metaledger.search.worker")
@@ -130,7 +130,10 @@ class IndexWorker:
                 self.failures += 1
                 INDEXER_ERRORS.inc()
                 if failures == 1 or failures % 20 == 0:
-                    log.warning("indexing worker: error; retrying", extra={"attempts": failures, "error": f"{type(error).__name__}: {error}"})
+                    log.warning(
+                        "indexing worker: error; retrying",
+                        extra={"attempts": failures, "error": f"{type(error).__name__}: {error}"},
+                    )
                 await pause(stop, min(MAX_BACKOFF_S, 0.1 * 2**failures))
             finally:
                 if conn is not None:
@@ -155,8 +158,11 @@ class IndexWorker:
                 self._log_failed(rows, "id", failed)
             if failed or self.failing_rows:
                 failed_ids = {key for key, _ in failed}
-                applied = [(r["urn"], r["aspect"], r["version"]) for r in rows
-                           if r["topic"] == self.topics[0] and r["id"] not in failed_ids]
+                applied = [
+                    (r["urn"], r["aspect"], r["version"])
+                    for r in rows
+                    if r["topic"] == self.topics[0] and r["id"] not in failed_ids
+                ]
                 await self.failure_table.superseded(cursor.conn, self.topics[0], applied)
             new_last = rows[-1]["feed_offset"]
             await cursor.advance(new_last)
@@ -179,8 +185,10 @@ class IndexWorker:
             self.failures += 1
             INDEXER_ERRORS.inc()
             self._next_retry_check = time.monotonic() + MAX_BACKOFF_S
-            log.warning("indexing worker: retrying failures failed; the feed goes on",
-                        extra={"error": f"{type(error).__name__}: {error}"})
+            log.warning(
+                "indexing worker: retrying failures failed; the feed goes on",
+                extra={"error": f"{type(error).__name__}: {error}"},
+            )
 
     async def retry_due(self, conn: asyncpg.Connection) -> int:
         """At most every `RETRY_CHECK_S`: look at the failure table and retry the failures that are due (in feed
@@ -207,7 +215,9 @@ class IndexWorker:
         INDEXER_RETRIED_ROWS.inc(len(indexed))
         self.failing_rows -= len(indexed)
         if indexed:
-            log.info("indexing failures retried: indexed", extra={"indexed": len(indexed), "still_failing": len(failed)})
+            log.info(
+                "indexing failures retried: indexed", extra={"indexed": len(indexed), "still_failing": len(failed)}
+            )
         if failed:
             self._log_failed(due, "outbox_id", failed, retry=True)
         return len(indexed)
@@ -237,10 +247,16 @@ class IndexWorker:
         for row_key, reason in failed[:LOGGED_FAILURES]:
             row = by_key.get(row_key)
             log.warning(
-                "change log still refused by the search backend; retried later" if retry else
-                "change log not indexed (refused); recorded in search_index_failure and skipped",
-                extra={"urn": row and row["urn"], "aspect": row and row["aspect"], "version": row and row["version"],
-                       "outbox_id": row_key, "error": reason},
+                "change log still refused by the search backend; retried later"
+                if retry
+                else "change log not indexed (refused); recorded in search_index_failure and skipped",
+                extra={
+                    "urn": row and row["urn"],
+                    "aspect": row and row["aspect"],
+                    "version": row and row["version"],
+                    "outbox_id": row_key,
+                    "error": reason,
+                },
             )
         if len(failed) > LOGGED_FAILURES:
             log.warning("more change logs not indexed", extra={"count": len(failed) - LOGGED_FAILURES})

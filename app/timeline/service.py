@@ -40,8 +40,14 @@ log = logging.getLogger("metaledger.timeline")
 # the `documentation` aspect for DOCUMENTATION and, metaledger's own, DEPRECATION and LIFECYCLE (the entity's key
 # aspect is added for LIFECYCLE). Categories without aspects are accepted and yield nothing, as in DataHub.
 CATEGORY_ASPECTS: dict[str, tuple[str, ...]] = {
-    "DOCUMENTATION": ("institutionalMemory", "editableDatasetProperties", "datasetProperties", "documentation",
-                      "editableSchemaMetadata", "schemaMetadata"),
+    "DOCUMENTATION": (
+        "institutionalMemory",
+        "editableDatasetProperties",
+        "datasetProperties",
+        "documentation",
+        "editableSchemaMetadata",
+        "schemaMetadata",
+    ),
     "GLOSSARY_TERM": ("glossaryTerms", "editableSchemaMetadata"),
     "OWNERSHIP": ("ownership",),
     "TECHNICAL_SCHEMA": ("schemaMetadata",),
@@ -75,7 +81,11 @@ def parse_categories(raw: list[str]) -> frozenset[str]:
     if unknown:
         raise ValidationFailed(
             f"unknown categories: {', '.join(unknown[:10])}",
-            [Issue("unknown category", path="$categories", expected=", ".join(CATEGORY_ASPECTS), found=unknown[0][:100])],
+            [
+                Issue(
+                    "unknown category", path="$categories", expected=", ".join(CATEGORY_ASPECTS), found=unknown[0][:100]
+                )
+            ],
         )
     return frozenset(CATEGORY_ALIASES.get(n, n) for n in names)
 
@@ -161,10 +171,17 @@ class TimelineService:
                 previous = row.value
         transactions = _transactions(steps, by_aspect, raw)
         result = Timeline(transactions, truncated, max(truncated_at) if truncated_at else None)
-        log.info("timeline computed", extra={
-            "urn": urn, "categories": sorted(categories), "aspects": aspects, "versions_read": len(rows),
-            "transactions": len(transactions), "truncated": truncated or None,
-        })
+        log.info(
+            "timeline computed",
+            extra={
+                "urn": urn,
+                "categories": sorted(categories),
+                "aspects": aspects,
+                "versions_read": len(rows),
+                "transactions": len(transactions),
+                "truncated": truncated or None,
+            },
+        )
         return result
 
 

@@ -39,10 +39,10 @@ from app.settings import Settings
 from app.workers import pause
 from app.write.processors import (
     MAX_CAUSE_DEPTH,
-    ProposedChange,
     EmittedProposal,
     Phase,
     Pipeline,
+    ProposedChange,
     cause_depth,
     cause_properties,
 )
@@ -69,8 +69,13 @@ class _Emission:
 class AfterProcessorWorker:
     reader = CHANGE_PROCESSORS  # the feed position it moves
 
-    def __init__(self, settings: Settings, engine: AsyncEngine, sessionmaker: async_sessionmaker[AsyncSession],
-                 writer: WriteService) -> None:
+    def __init__(
+        self,
+        settings: Settings,
+        engine: AsyncEngine,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        writer: WriteService,
+    ) -> None:
         self.settings = settings
         self.engine = engine
         self.sessionmaker = sessionmaker
@@ -100,8 +105,14 @@ class AfterProcessorWorker:
             except Exception as error:  # noqa: BLE001 - the reader outlives database outages and missing processors
                 failures += 1
                 if failures == 1 or failures % 20 == 0:
-                    log.warning("change processors' after phase: error; retrying",
-                                extra={"reader": self.reader, "attempts": failures, "error": f"{type(error).__name__}: {error}"})
+                    log.warning(
+                        "change processors' after phase: error; retrying",
+                        extra={
+                            "reader": self.reader,
+                            "attempts": failures,
+                            "error": f"{type(error).__name__}: {error}",
+                        },
+                    )
                 await pause(stop, min(MAX_BACKOFF_S, 0.1 * 2**failures))
             finally:
                 if poll is not None:
@@ -115,7 +126,8 @@ class AfterProcessorWorker:
             async with conn.transaction(isolation="read_committed"):
                 pipeline = await self.writer.refresh_processors(AspectRepository(session))
                 active = Phase.AFTER in pipeline.phases or any(
-                    s.processor is None and s.step.required for s in pipeline.steps)
+                    s.processor is None and s.step.required for s in pipeline.steps
+                )
                 rows = await cursor.read_after(await cursor.lock(), self.batch, self.topics if active else ())
                 if not rows:
                     return 0
@@ -137,16 +149,26 @@ class AfterProcessorWorker:
                 continue
             result = pipeline.run(Phase.AFTER, change)
             self.processed += 1
-            context = {"urn": change.urn, "aspect": change.aspect, "version": change.version,
-                       "run_id": (change.system_metadata or {}).get("runId")}
+            context = {
+                "urn": change.urn,
+                "aspect": change.aspect,
+                "version": change.version,
+                "run_id": (change.system_metadata or {}).get("runId"),
+            }
             if result.unavailable:
-                raise RequiredProcessorMissing(result.rejected[1] if result.rejected else "a required processor is missing")
+                raise RequiredProcessorMissing(
+                    result.rejected[1] if result.rejected else "a required processor is missing"
+                )
             if result.rejected is not None:
-                log.error("change processor refused in the after phase: its side effects are skipped",
-                          extra={"processor": result.rejected[0], "reason": result.rejected[1], **context})
+                log.error(
+                    "change processor refused in the after phase: its side effects are skipped",
+                    extra={"processor": result.rejected[0], "reason": result.rejected[1], **context},
+                )
             if result.emitted and cause_depth(change.system_metadata) >= MAX_CAUSE_DEPTH:
-                log.error("change processors keep emitting because of each other's emissions: dropped",
-                          extra={"processors": [name for name, _ in result.emitted], **context})
+                log.error(
+                    "change processors keep emitting because of each other's emissions: dropped",
+                    extra={"processors": [name for name, _ in result.emitted], **context},
+                )
                 continue
             emissions.extend(_Emission(change, name, proposal) for name, proposal in result.emitted)
         return emissions
@@ -181,18 +203,36 @@ class AfterProcessorWorker:
     @staticmethod
     def _draft(index: int, emission: _Emission) -> Draft:
         cause, proposal = emission.cause, emission.proposal
-        system_metadata = {"properties": cause_properties(emission.processor, cause.urn, cause.aspect, cause.version,
-                                                          cause.system_metadata)}
+        system_metadata = {
+            "properties": cause_properties(
+                emission.processor, cause.urn, cause.aspect, cause.version, cause.system_metadata
+            )
+        }
         run_id = (cause.system_metadata or {}).get("runId")
         if run_id:
             system_metadata["runId"] = run_id
-        return Draft(index, proposal.entity_type, proposal.aspect, proposal.change_type, urn=proposal.urn,
-                     value=proposal.value, system_metadata=system_metadata)
+        return Draft(
+            index,
+            proposal.entity_type,
+            proposal.aspect,
+            proposal.change_type,
+            urn=proposal.urn,
+            value=proposal.value,
+            system_metadata=system_metadata,
+        )
 
     @staticmethod
     def _refused(emission: _Emission, error: MetaledgerError) -> None:
-        log.error("a proposal emitted in the after phase was refused: dropped", extra={
-            "processor": emission.processor, "urn": emission.proposal.urn, "aspect": emission.proposal.aspect,
-            "cause_urn": emission.cause.urn, "cause_aspect": emission.cause.aspect, "cause_version": emission.cause.version,
-            "error": error.message, "issues": [i.message for i in (error.issues or [])][:5],
-        })
+        log.error(
+            "a proposal emitted in the after phase was refused: dropped",
+            extra={
+                "processor": emission.processor,
+                "urn": emission.proposal.urn,
+                "aspect": emission.proposal.aspect,
+                "cause_urn": emission.cause.urn,
+                "cause_aspect": emission.cause.aspect,
+                "cause_version": emission.cause.version,
+                "error": error.message,
+                "issues": [i.message for i in (error.issues or [])][:5],
+            },
+        )

@@ -27,6 +27,7 @@ from app.db import WRITE_DEADLINE
 from app.write.proposal import AuditStamp, Proposal
 from app.write.service import CommitOutcomeUnknown, WriteResult, WriteService
 
+
 @dataclass(slots=True)
 class _Waiting:
     proposals: Sequence[Proposal]
@@ -43,8 +44,13 @@ SHARED_MAX_PROPOSALS = 100
 
 class WriteCombiner:
     def __init__(
-        self, writer: WriteService, sessionmaker: async_sessionmaker[AsyncSession], *, flushers: int = 2,
-        max_group_proposals: int = 1000, contended: Callable[[], bool] | None = None,
+        self,
+        writer: WriteService,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        *,
+        flushers: int = 2,
+        max_group_proposals: int = 1000,
+        contended: Callable[[], bool] | None = None,
     ) -> None:
         self.writer = writer
         self.contended = contended  # other callers' writes in flight: a large group's decision gives them time
@@ -63,7 +69,9 @@ class WriteCombiner:
     def takes(proposals: Sequence[Proposal]) -> bool:
         return len(proposals) <= SHARED_MAX_PROPOSALS
 
-    async def apply(self, proposals: Sequence[Proposal], audit: AuditStamp, deadline: float | None = None) -> WriteResult:
+    async def apply(
+        self, proposals: Sequence[Proposal], audit: AuditStamp, deadline: float | None = None
+    ) -> WriteResult:
         """Apply one write (a batch of proposals) in the next transaction that has room; its result or its error."""
         done = asyncio.get_running_loop().create_future()
         self._waiting.append(_Waiting(proposals, audit, done, deadline))
@@ -101,7 +109,9 @@ class WriteCombiner:
                 deadlines = [w.deadline for w in group if w.deadline is not None]
                 if len(deadlines) == len(group):  # the group's transaction runs until its latest write's deadline
                     session.info[WRITE_DEADLINE] = max(deadlines)
-                results = await self.writer.apply_group(session, [(w.proposals, w.audit) for w in group], self.contended)
+                results = await self.writer.apply_group(
+                    session, [(w.proposals, w.audit) for w in group], self.contended
+                )
         except Exception as error:  # noqa: BLE001 - answered write by write below
             if len(group) == 1 or isinstance(error, CommitOutcomeUnknown):
                 # An unknown outcome is every write's: applied again one by one, a write that landed would be

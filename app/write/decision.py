@@ -19,12 +19,13 @@ import dataclasses
 import enum
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from types import MappingProxyType
 from typing import Any, NamedTuple
 
 import orjson
 
+from app.changelog.entity_change_events import entity_change_events, platform_event, platform_event_key
 from app.changelog.outbox import OutboxRow
 from app.errors import Issue, MetaledgerError, PayloadTooLarge, ValidationFailed
 from app.limits import MAX_LONG, MIN_LONG, clip, too_deep
@@ -33,7 +34,6 @@ from app.registry.errors import AspectValidationError, RegistryError
 from app.settings import Settings
 from app.turns import TimeSlice
 from app.urns import URN_MAX_STORED_CHARS, InvalidUrnError, entity_type_of, shown, validate_urn
-from app.changelog.entity_change_events import entity_change_events, platform_event, platform_event_key
 from app.write.mcl import build_change_log
 from app.write.patch import PatchDocument, PatchError, apply_patch, parse_patch
 from app.write.processors import (
@@ -106,8 +106,10 @@ class ItemResult:
         if self.processors:
             shown["changeProcessors"] = [report.to_json() for report in self.processors]
         if self.emitted:
-            shown["emitted"] = [{"urn": r.urn, "aspectName": r.aspect, "status": r.status.value, "version": r.version,
-                                 **r.processing()} for r in self.emitted]
+            shown["emitted"] = [
+                {"urn": r.urn, "aspectName": r.aspect, "status": r.status.value, "version": r.version, **r.processing()}
+                for r in self.emitted
+            ]
         return shown
 
 
@@ -179,8 +181,15 @@ class Step:
     def then(self, later: Step) -> Step:
         """Both steps as one (a key aspect created before the aspect that needs it); the later one's result."""
         return Step(
-            later.result, later.verdict, self.rows + later.rows, self.superseded + later.superseded,
-            later.deleted_urn, later.deleted_key, self.floors + later.floors, self.outbox + later.outbox, later.emitted,
+            later.result,
+            later.verdict,
+            self.rows + later.rows,
+            self.superseded + later.superseded,
+            later.deleted_urn,
+            later.deleted_key,
+            self.floors + later.floors,
+            self.outbox + later.outbox,
+            later.emitted,
             self.stored_checks + later.stored_checks,
         )
 
@@ -207,7 +216,9 @@ class Decision:
     updates: tuple[StoredAspect, ...] = ()  # row 0s that exist
     prune: tuple[tuple[str, str, int], ...] = ()  # (urn, aspect, highest history version removed)
     floors: tuple[tuple[str, str, int], ...] = ()  # raised version floors
-    stored_checks: tuple[StoredValueCheck, ...] = ()  # definition changes checked against the stored values, once written
+    stored_checks: tuple[
+        StoredValueCheck, ...
+    ] = ()  # definition changes checked against the stored values, once written
 
     @property
     def outbox(self) -> list[OutboxRow]:
@@ -215,7 +226,7 @@ class Decision:
 
 
 def _now_naive_utc(millis: int) -> datetime:
-    return datetime.fromtimestamp(millis / 1000, tz=timezone.utc).replace(tzinfo=None)
+    return datetime.fromtimestamp(millis / 1000, tz=UTC).replace(tzinfo=None)
 
 
 def _dumps(value: Any) -> str:
@@ -281,7 +292,7 @@ class _Fold:
         if self.refused:
             return Decision(tuple(writes), tuple(self.refused))
         prune = []
-        for (urn, aspect) in self.history:
+        for urn, aspect in self.history:
             cutoff = self.dirty[(urn, aspect)].version - 1 - history_kept(entity_type_of(urn), aspect)
             if cutoff >= 1:
                 prune.append((urn, aspect, cutoff))
@@ -289,8 +300,10 @@ class _Fold:
             writes=tuple(writes),
             deleted_urns=tuple(sorted(self.deleted_urns)),
             deleted_keys=tuple(sorted(self.deleted_keys)),
-            inserts=(*(row for rows in self.history.values() for row in rows),
-                     *(self.dirty[k] for k in sorted(self.dirty) if k in self.inserted)),
+            inserts=(
+                *(row for rows in self.history.values() for row in rows),
+                *(self.dirty[k] for k in sorted(self.dirty) if k in self.inserted),
+            ),
             updates=tuple(self.dirty[k] for k in sorted(self.dirty) if k not in self.inserted),
             prune=tuple(prune),
             floors=tuple((urn, aspect, v) for (urn, aspect), v in sorted(self.raised_floors.items())),
@@ -305,8 +318,11 @@ class WriteCore:
     def __init__(self, registry: EntityRegistry, rules: RuleChain, settings: Settings) -> None:
         self.registry = registry
         chain = rules.with_validators_first(builtin_proposal_rules(registry.urn_to_key))
-        self.rules = RuleChain(chain.mutators, chain.validators,
-                               [*chain.pre_commit_rules, StructuredPropertyValues(), PropertyDefinitionChange()])
+        self.rules = RuleChain(
+            chain.mutators,
+            chain.validators,
+            [*chain.pre_commit_rules, StructuredPropertyValues(), PropertyDefinitionChange()],
+        )
         self.settings = settings
 
     # --- before the transaction --------------------------------------------------------------------------------
@@ -323,7 +339,13 @@ class WriteCore:
                     proposal.value = self._validate_value(aspect, proposal.value, draft.index, proposal.urn)
                 verdict = verdict or self.rules.run_validators(proposal)
                 if verdict is not None:
-                    issue = Issue(f"{verdict.rule}: {verdict.message}", draft.index, proposal.urn, proposal.aspect_name, verdict.path)
+                    issue = Issue(
+                        f"{verdict.rule}: {verdict.message}",
+                        draft.index,
+                        proposal.urn,
+                        proposal.aspect_name,
+                        verdict.path,
+                    )
                     raise ValidationFailed(verdict.message, [issue])
                 proposals.append(proposal)
             except MetaledgerError as error:
@@ -340,6 +362,7 @@ class WriteCore:
     def resolve(self, draft: Draft) -> Proposal:
         """One draft as a proposal: its change type, entity and aspect known to the registry, its URN valid, its
         value validated against the aspect's schema (its patch parsed); ValidationFailed naming the field at fault."""
+
         def fail(message: str, path: str | None = None, **kw: Any) -> ValidationFailed:
             return ValidationFailed(message, [Issue(message, draft.index, draft.urn, draft.aspect_name, path, **kw)])
 
@@ -364,21 +387,36 @@ class WriteCore:
                 urn = draft.urn
                 parsed = validate_urn(urn, self.settings.strict_urn_validation)
                 if parsed.entity_type != entity.name:
-                    raise fail(f"URN {urn!r} is of entity type {parsed.entity_type!r}, not {entity.name!r}", "$.entityUrn")
+                    raise fail(
+                        f"URN {urn!r} is of entity type {parsed.entity_type!r}, not {entity.name!r}", "$.entityUrn"
+                    )
                 self.registry.urn_to_key(entity.name, urn)  # the URN's parts must make a valid key aspect
             else:
                 assert draft.entity_key_aspect is not None  # exactly one of the two is given, checked above
                 urn = self.registry.key_to_urn(entity.name, draft.entity_key_aspect)
                 validate_urn(urn, self.settings.strict_urn_validation)
             if len(urn) > URN_MAX_STORED_CHARS:  # schemaField URNs are exempt from the 512 bytes, not from the column
-                raise InvalidUrnError(f"URN is {len(urn)} characters; an entity URN is at most {URN_MAX_STORED_CHARS}: {shown(urn)}")
+                raise InvalidUrnError(
+                    f"URN is {len(urn)} characters; an entity URN is at most {URN_MAX_STORED_CHARS}: {shown(urn)}"
+                )
         except InvalidUrnError as error:
             raise fail(str(error), "$.entityUrn") from None
         except AspectValidationError as error:
             where = "$.entityUrn" if draft.urn is not None else "$.entityKeyAspect"
             raise ValidationFailed(
                 f"the entity key is invalid: {error}",
-                [Issue(f"key field {i.path}: {i.message}", draft.index, draft.urn, draft.aspect_name, where, i.expected, i.found) for i in error.issues],
+                [
+                    Issue(
+                        f"key field {i.path}: {i.message}",
+                        draft.index,
+                        draft.urn,
+                        draft.aspect_name,
+                        where,
+                        i.expected,
+                        i.found,
+                    )
+                    for i in error.issues
+                ],
             ) from None
         except RegistryError as error:
             raise fail(str(error), "$.entityUrn" if draft.urn is not None else "$.entityKeyAspect") from None
@@ -421,15 +459,23 @@ class WriteCore:
             raise fail("systemMetadata contains a NUL character (\\u0000)", "$.systemMetadata")
         last_observed = (draft.system_metadata or {}).get("lastObserved")
         if last_observed is not None and (type(last_observed) is not int or not MIN_LONG <= last_observed <= MAX_LONG):
-            raise fail("lastObserved must be epoch milliseconds (a 64-bit integer)", "$.systemMetadata.lastObserved",
-                       expected="long", found=clip(repr(last_observed), 40))
+            raise fail(
+                "lastObserved must be epoch milliseconds (a 64-bit integer)",
+                "$.systemMetadata.lastObserved",
+                expected="long",
+                found=clip(repr(last_observed), 40),
+            )
         if draft.headers is not None and not (
             isinstance(draft.headers, dict) and all(isinstance(v, str) for v in draft.headers.values())
         ):
             raise fail("headers must be an object of strings", "$.headers")
         limit = self.settings.max_json_depth
         nested = [("$.systemMetadata", draft.system_metadata), ("$.entityKeyAspect", draft.entity_key_aspect)]
-        if change_type is ChangeType.PATCH or draft.content_type == JSON_PATCH_CONTENT_TYPE or self.settings.trim_unknown_fields:
+        if (
+            change_type is ChangeType.PATCH
+            or draft.content_type == JSON_PATCH_CONTENT_TYPE
+            or self.settings.trim_unknown_fields
+        ):
             nested.append(("$.aspect.value", draft.value))
         for path, value in nested:
             where = too_deep(value, limit) if value is not None else None
@@ -443,7 +489,15 @@ class WriteCore:
             raise ValidationFailed(
                 f"aspect {aspect.name!r} does not match its schema {aspect.record_name}",
                 [
-                    Issue(i.message, index, urn, aspect.name, "$.aspect.value" + i.path.removeprefix("$"), i.expected, i.found)
+                    Issue(
+                        i.message,
+                        index,
+                        urn,
+                        aspect.name,
+                        "$.aspect.value" + i.path.removeprefix("$"),
+                        i.expected,
+                        i.found,
+                    )
                     for i in error.issues
                 ],
             ) from None
@@ -490,7 +544,9 @@ class WriteCore:
             # the definitions of the structured property values these proposals replace, known once locked
             shared = frozenset(definition_keys(proposals, fold.rows).difference(fold.rows))
             if shared:
-                fold.lock(LockRequest(frozenset(), frozenset(), shared), (yield LockRequest(frozenset(), frozenset(), shared)))
+                fold.lock(
+                    LockRequest(frozenset(), frozenset(), shared), (yield LockRequest(frozenset(), frozenset(), shared))
+                )
 
         yield from lock(p for proposals, _ in writes for p in proposals)
         outcomes = []
@@ -559,7 +615,10 @@ class WriteCore:
         if verdict is not None:
             if verdict.is_fatal:
                 return Step(verdict=verdict)
-            return Step(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.FILTERED, message=verdict.message), verdict)
+            return Step(
+                ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.FILTERED, message=verdict.message),
+                verdict,
+            )
         reports: list[StepReport] | None = None
         if processors.steps and processors.governs(Phase.BEFORE, p.entity_type, p.aspect_name, p.change_type.value):
             before = self._run_before_processors(p, previous, audit, processors)
@@ -579,14 +638,21 @@ class WriteCore:
             step = dataclasses.replace(step, emitted=tuple(Emitted(name, e, p, step.result) for name, e in emissions))
         return step
 
-    def _write(self, view: View, p: Proposal, previous: StoredAspect | None, key_aspect: str, audit: AuditStamp) -> Step:
+    def _write(
+        self, view: View, p: Proposal, previous: StoredAspect | None, key_aspect: str, audit: AuditStamp
+    ) -> Step:
         if p.change_type is ChangeType.DELETE:
             return self._delete(view, p, previous, key_aspect, audit)
         step = Step()
         if view.rows.get((p.urn, key_aspect)) is None and p.aspect_name != key_aspect:
             key_proposal = Proposal(
-                p.index, p.entity_type, p.urn, key_aspect, ChangeType.UPSERT,
-                value=self.registry.urn_to_key(p.entity_type, p.urn), system_metadata=p.system_metadata,
+                p.index,
+                p.entity_type,
+                p.urn,
+                key_aspect,
+                ChangeType.UPSERT,
+                value=self.registry.urn_to_key(p.entity_type, p.urn),
+                system_metadata=p.system_metadata,
             )
             step = dataclasses.replace(self._upsert(view, key_proposal, None, audit), result=None)
         if p.is_timeseries:
@@ -600,10 +666,15 @@ class WriteCore:
         left, validated against the schema again), their reports and emissions; or the Step that ends the proposal
         here: rejected (a fatal verdict naming the processor) or ignored (an IGNORED item, nothing written)."""
         change = ProposedChange(
-            p.urn, p.entity_type, p.aspect_name, p.change_type.value, p.value,
+            p.urn,
+            p.entity_type,
+            p.aspect_name,
+            p.change_type.value,
+            p.value,
             previous.value if previous is not None else None,
             previous.system_metadata if previous is not None else None,
-            p.system_metadata, audit.actor,
+            p.system_metadata,
+            audit.actor,
         )
         result = processors.run(Phase.BEFORE, change)
         if result.rejected is not None:
@@ -611,9 +682,17 @@ class WriteCore:
             return Step(verdict=Verdict(VerdictKind.VALIDATION, reason, f"change processor {name}", "$.aspect.value"))
         if result.ignored is not None:
             ignored_reason = next((r.reason for r in result.reports if r.processor == result.ignored), None)
-            return Step(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.IGNORED,
-                                   message=f"ignored by change processor {result.ignored}: {ignored_reason}",
-                                   processors=result.reports))
+            return Step(
+                ItemResult(
+                    p.index,
+                    p.urn,
+                    p.entity_type,
+                    p.aspect_name,
+                    ItemStatus.IGNORED,
+                    message=f"ignored by change processor {result.ignored}: {ignored_reason}",
+                    processors=result.reports,
+                )
+            )
         if result.value is not p.value and result.value is not None:
             aspect = self.registry.aspect(p.entity_type, p.aspect_name)
             try:
@@ -621,38 +700,62 @@ class WriteCore:
             except ValidationFailed as error:
                 name = next(r.processor for r in reversed(result.reports) if r.outcome == "mutated")
                 messages = "; ".join(f"{i.path}: {i.message}" for i in error.issues)
-                return Step(verdict=Verdict(VerdictKind.VALIDATION, f"its mutation does not match the schema: {messages}",
-                                            f"change processor {name}", "$.aspect.value"))
+                return Step(
+                    verdict=Verdict(
+                        VerdictKind.VALIDATION,
+                        f"its mutation does not match the schema: {messages}",
+                        f"change processor {name}",
+                        "$.aspect.value",
+                    )
+                )
         return p, result.reports, result.emitted
 
     def _emitted_proposal(self, e: Emitted) -> Proposal | Verdict:
         """An emitted proposal resolved and validated; or a fatal verdict naming its processor when it is not valid,
         or when processors keep emitting because of each other's emissions."""
+
         def refusal(message: str) -> Verdict:
             return Verdict(VerdictKind.VALIDATION, message, f"change processor {e.processor}", "$.aspect.value")
 
         if cause_depth(e.cause.system_metadata) >= MAX_CAUSE_DEPTH:
-            return refusal(f"emitted a proposal {MAX_CAUSE_DEPTH} emissions deep (processors emitting because of each other)")
+            return refusal(
+                f"emitted a proposal {MAX_CAUSE_DEPTH} emissions deep (processors emitting because of each other)"
+            )
         version = e.cause_result.version if e.cause_result is not None else None
-        system_metadata = {"properties": cause_properties(e.processor, e.cause.urn, e.cause.aspect_name, version,
-                                                          e.cause.system_metadata)}
+        system_metadata = {
+            "properties": cause_properties(
+                e.processor, e.cause.urn, e.cause.aspect_name, version, e.cause.system_metadata
+            )
+        }
         if "runId" in e.cause.system_metadata:
             system_metadata["runId"] = e.cause.system_metadata["runId"]
-        draft = Draft(e.cause.index, e.proposal.entity_type, e.proposal.aspect, e.proposal.change_type, urn=e.proposal.urn,
-                      value=e.proposal.value, system_metadata=system_metadata)
+        draft = Draft(
+            e.cause.index,
+            e.proposal.entity_type,
+            e.proposal.aspect,
+            e.proposal.change_type,
+            urn=e.proposal.urn,
+            value=e.proposal.value,
+            system_metadata=system_metadata,
+        )
         try:
             return self.prepare([draft])[0]
         except MetaledgerError as error:
             details = "; ".join(f"{i.path or ''} {i.message}".strip() for i in error.issues or [])
-            return refusal(f"emitted an invalid proposal for {e.proposal.aspect} of {e.proposal.urn}: {details or error.message}")
+            return refusal(
+                f"emitted an invalid proposal for {e.proposal.aspect} of {e.proposal.urn}: {details or error.message}"
+            )
 
     def _patched(self, p: Proposal, previous: StoredAspect | None, audit: AuditStamp) -> Proposal | Verdict:
         """DataHub's patch semantics (templates, keyed arrays, RFC 6902) against the locked latest value; the result
         is validated like an UPSERT."""
         try:
             patched = apply_patch(
-                p.aspect_name, previous.value if previous is not None else None, p.patch,
-                schema=self.registry.aspect_spec(p.aspect_name).type, now_ms=audit.time,
+                p.aspect_name,
+                previous.value if previous is not None else None,
+                p.patch,
+                schema=self.registry.aspect_spec(p.aspect_name).type,
+                now_ms=audit.time,
             )
         except PatchError as error:
             return Verdict(VerdictKind.VALIDATION, f"the patch does not apply: {error}", "Patch")
@@ -686,7 +789,13 @@ class WriteCore:
                 if carried in previous.system_metadata:
                     sm[carried] = previous.system_metadata[carried]
             row = StoredAspect(
-                p.urn, p.aspect_name, previous.metadata, sm, previous.created_on, previous.created_by, previous.created_for,
+                p.urn,
+                p.aspect_name,
+                previous.metadata,
+                sm,
+                previous.created_on,
+                previous.created_by,
+                previous.created_for,
                 _value=previous.value,
             )
             status = ItemStatus.UNCHANGED
@@ -698,14 +807,22 @@ class WriteCore:
             sm["aspectCreated"] = first or audit.to_json()
             if audit.actor != SYSTEM_ACTOR:
                 sm["aspectModified"] = audit.to_json()
-            row = StoredAspect(p.urn, p.aspect_name, value_json, sm, _now_naive_utc(audit.time), audit.actor, _value=p.value)
+            row = StoredAspect(
+                p.urn, p.aspect_name, value_json, sm, _now_naive_utc(audit.time), audit.actor, _value=p.value
+            )
             status = ItemStatus.CREATED if previous is None else ItemStatus.UPDATED
             if previous is not None and self.history_kept(p.entity_type, p.aspect_name) > 0:
                 superseded = (dataclasses.replace(previous, row_version=previous.version),)
         outbox: tuple[OutboxRow, ...] = ()
         if status is not ItemStatus.UNCHANGED or self.settings.always_emit_change_log:
-            change_type = ChangeType.RESTATE if status is ItemStatus.UNCHANGED else (
-                ChangeType.CREATE if p.change_type in (ChangeType.CREATE, ChangeType.CREATE_ENTITY) else ChangeType.UPSERT
+            change_type = (
+                ChangeType.RESTATE
+                if status is ItemStatus.UNCHANGED
+                else (
+                    ChangeType.CREATE
+                    if p.change_type in (ChangeType.CREATE, ChangeType.CREATE_ENTITY)
+                    else ChangeType.UPSERT
+                )
             )
             outbox = self._change_logs(p, change_type, row, previous, audit)
         result = ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, status, row.value, sm)
@@ -715,17 +832,35 @@ class WriteCore:
         sm = self._system_metadata(p, None, audit)
         assert p.value is not None
         payload = build_change_log(
-            p, change_type=ChangeType.UPSERT, aspect_name=p.aspect_name, aspect_json=_dumps(p.value),
-            system_metadata=sm, previous_json=None, previous_system_metadata=None, created=audit,
+            p,
+            change_type=ChangeType.UPSERT,
+            aspect_name=p.aspect_name,
+            aspect_json=_dumps(p.value),
+            system_metadata=sm,
+            previous_json=None,
+            previous_system_metadata=None,
+            created=audit,
         )
         timestamp = int(p.value.get("timestampMillis", audit.time))
         outbox = (
-            OutboxRow(self.settings.topic_mcl_timeseries, p.urn, p.urn, p.aspect_name, timestamp, ChangeType.UPSERT.value, payload),
+            OutboxRow(
+                self.settings.topic_mcl_timeseries,
+                p.urn,
+                p.urn,
+                p.aspect_name,
+                timestamp,
+                ChangeType.UPSERT.value,
+                payload,
+            ),
             *self._platform_events(p, ChangeType.UPSERT, None, p.value, audit, timestamp),
         )
-        return Step(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.APPENDED, p.value, sm), outbox=outbox)
+        return Step(
+            ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.APPENDED, p.value, sm), outbox=outbox
+        )
 
-    def _delete(self, view: View, p: Proposal, previous: StoredAspect | None, key_aspect: str, audit: AuditStamp) -> Step:
+    def _delete(
+        self, view: View, p: Proposal, previous: StoredAspect | None, key_aspect: str, audit: AuditStamp
+    ) -> Step:
         if previous is None:
             return Step(ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.ABSENT))
         rows: list[tuple[Key, StoredAspect | None]] = []
@@ -744,7 +879,9 @@ class WriteCore:
                     cascaded = dataclasses.replace(p, aspect_name=state_key[1], system_metadata=dict(p.system_metadata))
                     sm = dict(row.system_metadata)
                     sm.update(self._system_metadata(cascaded, row, audit))
-                    outbox += self._change_logs(cascaded, ChangeType.DELETE, None, row, audit, system_metadata=sm, platform_events=False)
+                    outbox += self._change_logs(
+                        cascaded, ChangeType.DELETE, None, row, audit, system_metadata=sm, platform_events=False
+                    )
                 rows.append((state_key, None))
             deleted_urn, deleted_key = p.urn, None
         else:
@@ -757,7 +894,11 @@ class WriteCore:
         outbox += self._change_logs(p, ChangeType.DELETE, None, previous, audit, system_metadata=sm)
         return Step(
             ItemResult(p.index, p.urn, p.entity_type, p.aspect_name, ItemStatus.DELETED, system_metadata=sm),
-            rows=tuple(rows), deleted_urn=deleted_urn, deleted_key=deleted_key, floors=tuple(floors), outbox=tuple(outbox),
+            rows=tuple(rows),
+            deleted_urn=deleted_urn,
+            deleted_key=deleted_key,
+            floors=tuple(floors),
+            outbox=tuple(outbox),
         )
 
     def _change_logs(
@@ -784,28 +925,57 @@ class WriteCore:
             created=audit,
         )
         version = int(sm.get("version", "0"))
-        change_log = OutboxRow(self.settings.topic_mcl_versioned, p.urn, p.urn, p.aspect_name, version, change_type.value, payload)
+        change_log = OutboxRow(
+            self.settings.topic_mcl_versioned, p.urn, p.urn, p.aspect_name, version, change_type.value, payload
+        )
         if not platform_events:
-            return (change_log,)  # an aspect deleted with its entity: the key aspect's delete carries the entity's event
-        return (change_log, *self._platform_events(
-            p, change_type, previous.value if previous is not None else None, row.value if row is not None else None, audit, version
-        ))
+            return (
+                change_log,
+            )  # an aspect deleted with its entity: the key aspect's delete carries the entity's event
+        return (
+            change_log,
+            *self._platform_events(
+                p,
+                change_type,
+                previous.value if previous is not None else None,
+                row.value if row is not None else None,
+                audit,
+                version,
+            ),
+        )
 
     def _platform_events(
-        self, p: Proposal, change_type: ChangeType, previous: dict[str, Any] | None,
-        current: dict[str, Any] | None, audit: AuditStamp, version: int,
+        self,
+        p: Proposal,
+        change_type: ChangeType,
+        previous: dict[str, Any] | None,
+        current: dict[str, Any] | None,
+        audit: AuditStamp,
+        version: int,
     ) -> list[OutboxRow]:
         """Entity Change Events from the previous and new value, both in hand inside the transaction; they commit
         with the change (DataHub derives them later from the MCL stream, and loses them with it)."""
         if not self.settings.platform_events_enabled:
             return []
         events = entity_change_events(
-            entity_type=p.entity_type, urn=p.urn, aspect_name=p.aspect_name, change_type=change_type.value,
-            previous=previous, current=current, audit=audit.to_json(),
+            entity_type=p.entity_type,
+            urn=p.urn,
+            aspect_name=p.aspect_name,
+            change_type=change_type.value,
+            previous=previous,
+            current=current,
+            audit=audit.to_json(),
         )
         return [
-            OutboxRow(self.settings.topic_platform_event, platform_event_key(event), p.urn, p.aspect_name, version,
-                      change_type.value, _dumps(platform_event(event)))
+            OutboxRow(
+                self.settings.topic_platform_event,
+                platform_event_key(event),
+                p.urn,
+                p.aspect_name,
+                version,
+                change_type.value,
+                _dumps(platform_event(event)),
+            )
             for event in events
         ]
 

@@ -33,7 +33,10 @@ def build_change_log(
         "aspectName": aspect_name,
     }
     if proposal.entity_key_aspect is not None and aspect_name == proposal.aspect_name:
-        mcl["entityKeyAspect"] = {"value": orjson.dumps(proposal.entity_key_aspect).decode(), "contentType": JSON_CONTENT_TYPE}
+        mcl["entityKeyAspect"] = {
+            "value": orjson.dumps(proposal.entity_key_aspect).decode(),
+            "contentType": JSON_CONTENT_TYPE,
+        }
     if aspect_json is not None:
         mcl["aspect"] = {"value": aspect_json, "contentType": JSON_CONTENT_TYPE}
     mcl["systemMetadata"] = system_metadata

@@ -14,8 +14,9 @@ from app.write.repository import AspectRepository
 from app.write.rules import MODELS_URN
 
 
-async def refuse_writes_past_the_models(repo: AspectRepository, registry: EntityRegistry,
-                                        items: Iterable[ItemResult]) -> None:
+async def refuse_writes_past_the_models(
+    repo: AspectRepository, registry: EntityRegistry, items: Iterable[ItemResult]
+) -> None:
     """Inside a write transaction, after its verdicts: the values it writes of runtime models (an aspect or entity
     that is not a base one, or no longer in the registry) are written under a share lock of the stored set's row, so
     an apply (which locks it for update through its checks against stored data and its commit) sees them, or they
@@ -33,7 +34,8 @@ async def refuse_writes_past_the_models(repo: AspectRepository, registry: Entity
     if stored != registry.runtime_version:
         raise ServiceUnavailable(
             f"the runtime model set changed (version {stored} is stored, this process holds version "
-            f"{registry.runtime_version}); nothing was written, retry")
+            f"{registry.runtime_version}); nothing was written, retry"
+        )
     issues = []
     for item in runtime:
         try:
@@ -41,11 +43,16 @@ async def refuse_writes_past_the_models(repo: AspectRepository, registry: Entity
         except RegistryError as error:
             issues.append(Issue(f"{error} (the runtime model set changed)", item.index, item.urn, item.aspect))
         except AspectValidationError as error:
-            issues.extend(Issue(f"{i.message} (the runtime model set changed)", item.index, item.urn, item.aspect,
-                                i.path) for i in error.issues)
+            issues.extend(
+                Issue(f"{i.message} (the runtime model set changed)", item.index, item.urn, item.aspect, i.path)
+                for i in error.issues
+            )
     if issues:
-        raise ValidationFailed(f"{len(issues)} values do not pass the runtime model set stored since they were "
-                               "checked; nothing was written", issues)
+        raise ValidationFailed(
+            f"{len(issues)} values do not pass the runtime model set stored since they were "
+            "checked; nothing was written",
+            issues,
+        )
 
 
 _WRITTEN = frozenset({ItemStatus.CREATED, ItemStatus.UPDATED, ItemStatus.APPENDED})
@@ -60,5 +67,9 @@ def _written(items: Iterable[ItemResult]) -> Iterator[ItemResult]:
 
 def _of_runtime_models(registry: EntityRegistry, item: ItemResult) -> bool:
     entity = registry.entities.get(item.entity_type)
-    return (entity is None or registry.is_runtime(entity.key_aspect) or item.aspect not in registry.aspects
-            or registry.is_runtime(item.aspect))
+    return (
+        entity is None
+        or registry.is_runtime(entity.key_aspect)
+        or item.aspect not in registry.aspects
+        or registry.is_runtime(item.aspect)
+    )

@@ -25,14 +25,15 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any
 
 import jsonpatch
 import jsonpointer
 
-from app.urns import InvalidUrnError, entity_type_of
 from app.java_text import java_double
+from app.urns import InvalidUrnError, entity_type_of
 
 __all__ = [
     "PatchDocument",
@@ -171,7 +172,7 @@ def parse_patch(value: object) -> PatchDocument:
         ops_raw = value
     else:
         raise PatchError(
-            "Invalid JSON Patch: expected an array of operations or an object with a \"patch\" array, "
+            'Invalid JSON Patch: expected an array of operations or an object with a "patch" array, '
             f"got {type(value).__name__}"
         )
 
@@ -505,7 +506,7 @@ def _fgl_from_map(mapped: Any) -> list[Any]:
                     if not isinstance(info, dict):
                         raise PatchError(
                             f"cannot patch fineGrainedLineages/{op}/{downstream}/{query_id}/{upstream}: "
-                            "expected an object such as {\"confidenceScore\": 1.0}"
+                            'expected an object such as {"confidenceScore": 1.0}'
                         )
                     if "confidenceScore" in info:
                         s = _float_value(info["confidenceScore"])

@@ -84,8 +84,9 @@ class Scope:
     def governs(self, entity_type: str, aspect: str, change_type: str) -> bool:
         if self.change_types and change_type not in self.change_types:
             return False
-        return (any(fnmatch.fnmatchcase(entity_type, p) for p in self.entity_types)
-                and any(fnmatch.fnmatchcase(aspect, p) for p in self.aspects))
+        return any(fnmatch.fnmatchcase(entity_type, p) for p in self.entity_types) and any(
+            fnmatch.fnmatchcase(aspect, p) for p in self.aspects
+        )
 
     @classmethod
     def from_json(cls, raw: Mapping[str, Any] | None, default: Scope) -> Scope:
@@ -122,9 +123,15 @@ class ProposedChange:
         system_metadata = mcl.get("systemMetadata") or {}
         version = system_metadata.get("version")
         return cls(
-            mcl["entityUrn"], mcl["entityType"], mcl["aspectName"], mcl.get("changeType") or "UPSERT",
-            _generic_value(mcl.get("aspect")), _generic_value(mcl.get("previousAspectValue")),
-            mcl.get("previousSystemMetadata"), system_metadata, (mcl.get("created") or {}).get("actor"),
+            mcl["entityUrn"],
+            mcl["entityType"],
+            mcl["aspectName"],
+            mcl.get("changeType") or "UPSERT",
+            _generic_value(mcl.get("aspect")),
+            _generic_value(mcl.get("previousAspectValue")),
+            mcl.get("previousSystemMetadata"),
+            system_metadata,
+            (mcl.get("created") or {}).get("actor"),
             int(version) if isinstance(version, str) and version.isdigit() else None,
         )
 
@@ -168,12 +175,18 @@ class ProcessorOutcome:
 _ACCEPTED = ProcessorOutcome(ProcessorOutcomeKind.ACCEPTED)  # outcomes are immutable: the common one is made once
 
 
-def cause_properties(processor: str, urn: str, aspect: str, version: int | str | None,
-                     cause_system_metadata: Mapping[str, Any] | None) -> dict[str, str]:
+def cause_properties(
+    processor: str, urn: str, aspect: str, version: int | str | None, cause_system_metadata: Mapping[str, Any] | None
+) -> dict[str, str]:
     """The `systemMetadata.properties` of a proposal emitted by `processor` because of the change of `aspect` of
     `urn` written at `version`."""
-    return {CAUSE_URN: urn, CAUSE_ASPECT: aspect, CAUSE_VERSION: str(version if version is not None else ""),
-            CAUSE_PROCESSOR: processor, CAUSE_DEPTH: str(cause_depth(cause_system_metadata) + 1)}
+    return {
+        CAUSE_URN: urn,
+        CAUSE_ASPECT: aspect,
+        CAUSE_VERSION: str(version if version is not None else ""),
+        CAUSE_PROCESSOR: processor,
+        CAUSE_DEPTH: str(cause_depth(cause_system_metadata) + 1),
+    }
 
 
 def cause_depth(system_metadata: Mapping[str, Any] | None) -> int:
@@ -228,7 +241,9 @@ def find_processor_class(name: str) -> tuple[type[ChangeProcessor], str]:
             try:
                 cls = entry.load()
             except Exception as error:  # noqa: BLE001 - a broken package: reported, never raised past the loader
-                raise ProcessorLoadError(f"change processor {name!r} ({entry.value}) cannot be loaded: {error}") from error
+                raise ProcessorLoadError(
+                    f"change processor {name!r} ({entry.value}) cannot be loaded: {error}"
+                ) from error
             dist = getattr(entry, "dist", None)
             origin = f"{dist.name}=={dist.version}" if dist is not None else entry.value
             return _checked(cls, name), origin
@@ -239,7 +254,9 @@ def find_processor_class(name: str) -> tuple[type[ChangeProcessor], str]:
         except (ImportError, AttributeError) as error:
             raise ProcessorLoadError(f"change processor {name!r} cannot be loaded: {error}") from error
         return _checked(cls, name), module_name
-    raise ProcessorLoadError(f"no change processor {name!r}: not an entry point of {ENTRY_POINT_GROUP} nor a dotted path")
+    raise ProcessorLoadError(
+        f"no change processor {name!r}: not an entry point of {ENTRY_POINT_GROUP} nor a dotted path"
+    )
 
 
 def _checked(cls: Any, name: str) -> type[ChangeProcessor]:
@@ -260,9 +277,12 @@ class PipelineStep:
     def from_json(cls, raw: Mapping[str, Any]) -> PipelineStep:
         """A step as stored (PIPELINE_ASPECT) or as entity_registry.yml lists it. `config` is a map of strings, as
         the stored aspect's schema has it: other YAML values are given as JSON text."""
-        config = {str(k): v if isinstance(v, str) else orjson.dumps(v).decode() for k, v in (raw.get("config") or {}).items()}
-        return cls(str(raw["name"]), bool(raw.get("enabled", True)), bool(raw.get("required", False)),
-                   raw.get("scope"), config)
+        config = {
+            str(k): v if isinstance(v, str) else orjson.dumps(v).decode() for k, v in (raw.get("config") or {}).items()
+        }
+        return cls(
+            str(raw["name"]), bool(raw.get("enabled", True)), bool(raw.get("required", False)), raw.get("scope"), config
+        )
 
 
 @dataclass(slots=True)
@@ -286,8 +306,13 @@ class StepReport:
     elapsed_ms: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
-        return {"processor": self.processor, "outcome": self.outcome, **({"reason": self.reason} if self.reason else {}),
-                **({"emitted": self.emitted} if self.emitted else {}), "ms": round(self.elapsed_ms, 3)}
+        return {
+            "processor": self.processor,
+            "outcome": self.outcome,
+            **({"reason": self.reason} if self.reason else {}),
+            **({"emitted": self.emitted} if self.emitted else {}),
+            "ms": round(self.elapsed_ms, 3),
+        }
 
 
 @dataclass(slots=True)
@@ -325,10 +350,15 @@ class Pipeline:
         key = (phase, entity_type, aspect, change_type)
         plan = self._plans.get(key)
         if plan is None:
-            plan = () if entity_type == PIPELINE_ENTITY else tuple(
-                s for s in self.steps
-                if ((s.processor is not None and s.phase is phase) or (s.processor is None and s.step.required))
-                and s.scope.governs(entity_type, aspect, change_type)
+            plan = (
+                ()
+                if entity_type == PIPELINE_ENTITY
+                else tuple(
+                    s
+                    for s in self.steps
+                    if ((s.processor is not None and s.phase is phase) or (s.processor is None and s.step.required))
+                    and s.scope.governs(entity_type, aspect, change_type)
+                )
             )
             self._plans[key] = plan
         return plan
@@ -374,25 +404,39 @@ class Pipeline:
             try:
                 outcome = loaded.processor.process(current)
             except Exception as error:  # noqa: BLE001 - fail closed: a refusal naming the processor
-                log.exception("change processor failed", extra={"processor": loaded.step.name, "urn": change.urn,
-                                                                "aspect": change.aspect})
+                log.exception(
+                    "change processor failed",
+                    extra={"processor": loaded.step.name, "urn": change.urn, "aspect": change.aspect},
+                )
                 result.rejected = (loaded.step.name, f"change processor failed: {type(error).__name__}: {error}")
-                result.reports.append(StepReport(loaded.step.name, "failed", str(error),
-                                                 elapsed_ms=(time.perf_counter() - started) * 1000))
+                result.reports.append(
+                    StepReport(
+                        loaded.step.name, "failed", str(error), elapsed_ms=(time.perf_counter() - started) * 1000
+                    )
+                )
                 return result
             elapsed_ms = (time.perf_counter() - started) * 1000
             budget = loaded.processor.budget_ms
             if elapsed_ms > budget:
-                result.rejected = (loaded.step.name, f"change processor ran {elapsed_ms:.0f} ms, past its {budget:.0f} ms budget")
+                result.rejected = (
+                    loaded.step.name,
+                    f"change processor ran {elapsed_ms:.0f} ms, past its {budget:.0f} ms budget",
+                )
                 result.reports.append(StepReport(loaded.step.name, "failed", "over budget", elapsed_ms=elapsed_ms))
                 return result
             if not isinstance(outcome, ProcessorOutcome):
-                result.rejected = (loaded.step.name,
-                                   f"change processor returned {type(outcome).__name__}, not a ProcessorOutcome")
-                result.reports.append(StepReport(loaded.step.name, "failed", "not a ProcessorOutcome", elapsed_ms=elapsed_ms))
+                result.rejected = (
+                    loaded.step.name,
+                    f"change processor returned {type(outcome).__name__}, not a ProcessorOutcome",
+                )
+                result.reports.append(
+                    StepReport(loaded.step.name, "failed", "not a ProcessorOutcome", elapsed_ms=elapsed_ms)
+                )
                 return result
             result.emitted.extend((loaded.step.name, e) for e in outcome.emit)
-            result.reports.append(StepReport(loaded.step.name, outcome.kind.value, outcome.reason, len(outcome.emit), elapsed_ms))
+            result.reports.append(
+                StepReport(loaded.step.name, outcome.kind.value, outcome.reason, len(outcome.emit), elapsed_ms)
+            )
             if outcome.kind is ProcessorOutcomeKind.REJECTED:
                 result.rejected = (loaded.step.name, outcome.reason or "rejected")
                 return result
@@ -407,9 +451,19 @@ class Pipeline:
     def describe(self) -> list[dict[str, Any]]:
         """For GET of the pipeline: each step, in order, what is loaded and from where."""
         return [
-            {"name": s.step.name, "enabled": s.step.enabled, "required": s.step.required, "phase": s.phase.value,
-             "loaded": s.processor is not None, "origin": s.origin, "error": s.error,
-             "scope": {"entityTypes": list(s.scope.entity_types), "aspects": list(s.scope.aspects),
-                       "changeTypes": list(s.scope.change_types)}}
+            {
+                "name": s.step.name,
+                "enabled": s.step.enabled,
+                "required": s.step.required,
+                "phase": s.phase.value,
+                "loaded": s.processor is not None,
+                "origin": s.origin,
+                "error": s.error,
+                "scope": {
+                    "entityTypes": list(s.scope.entity_types),
+                    "aspects": list(s.scope.aspects),
+                    "changeTypes": list(s.scope.change_types),
+                },
+            }
             for s in self.steps
         ]

@@ -22,8 +22,14 @@ class ReadRule(Protocol):
 
     def may_read(self, entity_type: str, urn: str, aspect: str, value: Any) -> bool: ...
 
-    async def unreadable(self, urns: Iterable[str], repo: Any, *, in_hand: Mapping[tuple[str, str], Any] | None = None,
-                         complete: Set[str] = frozenset()) -> set[str]: ...
+    async def unreadable(
+        self,
+        urns: Iterable[str],
+        repo: Any,
+        *,
+        in_hand: Mapping[tuple[str, str], Any] | None = None,
+        complete: Set[str] = frozenset(),
+    ) -> set[str]: ...
 
 
 class EntityReader:
@@ -44,9 +50,11 @@ class EntityReader:
         entities are left out, and so are those the caller may not see."""
         found = await self.repo.entities_latest(wanted)
         hidden = await self.reader.unreadable(
-            [urn for urn, _ in wanted], self.repo,
+            [urn for urn, _ in wanted],
+            self.repo,
             in_hand={(row.urn, row.aspect): row for rows in found.values() for row in rows},
-            complete={urn for urn, aspects in wanted if aspects is None})
+            complete={urn for urn, aspects in wanted if aspects is None},
+        )
         if hidden:
             found = {urn: rows for urn, rows in found.items() if urn not in hidden}
         rows = [row for urn_rows in found.values() for row in urn_rows]
@@ -68,8 +76,12 @@ class EntityReader:
         for aspect in aspects or []:
             self.registry.aspect(spec.name, aspect)
         rows = await self.repo.entity_latest(urn, aspects)
-        hidden = await self.reader.unreadable([urn], self.repo, in_hand={(r.urn, r.aspect): r for r in rows},
-                                              complete={urn} if aspects is None else frozenset())
+        hidden = await self.reader.unreadable(
+            [urn],
+            self.repo,
+            in_hand={(r.urn, r.aspect): r for r in rows},
+            complete={urn} if aspects is None else frozenset(),
+        )
         if hidden or (not rows and not await self.repo.entity_exists(urn)):
             raise NotFound(f"entity {urn} does not exist", [Issue("not found", urn=urn)])
         shown = await hide_soft_deleted(self.repo, rows)
@@ -83,8 +95,11 @@ class EntityReader:
             row = rows.get((urn, aspect))
         else:
             row = await self.repo.versioned(urn, aspect, version)
-        if row is None or not self.reader.may_read(spec.name, urn, aspect, row.value) or \
-                await self.reader.unreadable([urn], self.repo, in_hand={(urn, aspect): row} if not version else None):
+        if (
+            row is None
+            or not self.reader.may_read(spec.name, urn, aspect, row.value)
+            or await self.reader.unreadable([urn], self.repo, in_hand={(urn, aspect): row} if not version else None)
+        ):
             what = f"version {version} of aspect" if version else "aspect"
             raise NotFound(f"{what} {aspect!r} of {urn} does not exist", [Issue("not found", urn=urn, aspect=aspect)])
         return (await hide_soft_deleted(self.repo, [row])).get(0, row)

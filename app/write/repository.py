@@ -110,7 +110,7 @@ def _columns(rows: Sequence[StoredAspect], row_version: int | None = None) -> tu
 
 
 # Row 0 of each (urn, aspect) of the arrays $1 (URNs) and $2 (aspect names).
-_ROW0_OF_PAIRS = f"""SELECT m.{_ROW_COLUMNS.replace(', ', ', m.')}
+_ROW0_OF_PAIRS = f"""SELECT m.{_ROW_COLUMNS.replace(", ", ", m.")}
             FROM metadata_aspect_v2 m
             JOIN unnest($1::text[], $2::text[]) AS k(urn, aspect) ON m.urn = k.urn AND m.aspect = k.aspect
             WHERE m.version = 0"""
@@ -119,7 +119,11 @@ _ROW0_OF_PAIRS = f"""SELECT m.{_ROW_COLUMNS.replace(', ', ', m.')}
 class AspectRepository(SessionRepository):
     # --- reads -------------------------------------------------------------------------------------------------
     async def latest(
-        self, keys: Iterable[tuple[str, str]], *, for_update: bool = False, for_share: bool = False,
+        self,
+        keys: Iterable[tuple[str, str]],
+        *,
+        for_update: bool = False,
+        for_share: bool = False,
     ) -> dict[tuple[str, str], StoredAspect]:
         """Row 0 of each (urn, aspect). With `for_update` (`for_share`), the rows are locked (share-locked) in sorted
         key order (no deadlocks between batches that overlap)."""
@@ -255,7 +259,9 @@ class AspectRepository(SessionRepository):
         conn = await self._conn()
         if aspect is None:
             return await conn.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1", urn)
-        return await conn.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = $2", urn, aspect)
+        return await conn.fetchval(
+            "SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = $2", urn, aspect
+        )
 
     async def rows_mentioning(self, needle: str, exclude_urn: str, aspects: Sequence[str]) -> list[asyncpg.Record]:
         """Latest rows of other entities, among `aspects`, whose JSON contains `needle` (a JSON-escaped URN).
@@ -274,7 +280,9 @@ class AspectRepository(SessionRepository):
 
     async def entity_exists(self, urn: str) -> bool:
         conn = await self._conn()
-        return await conn.fetchval("SELECT EXISTS (SELECT 1 FROM metadata_aspect_v2 WHERE urn = $1 AND version = 0)", urn)
+        return await conn.fetchval(
+            "SELECT EXISTS (SELECT 1 FROM metadata_aspect_v2 WHERE urn = $1 AND version = 0)", urn
+        )
 
     # --- writes ------------------------------------------------------------------------------------------------
     async def write_changes(

@@ -15,9 +15,9 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from contextvars import ContextVar
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, ClassVar
 
 from app.registry.runtime import MODELS_ASPECT
@@ -33,7 +33,14 @@ from app.write.repository import StoredAspect
 
 ANY = "*"
 WRITE_CHANGE_TYPES = frozenset(
-    {ChangeType.UPSERT, ChangeType.CREATE, ChangeType.CREATE_ENTITY, ChangeType.UPDATE, ChangeType.PATCH, ChangeType.DELETE}
+    {
+        ChangeType.UPSERT,
+        ChangeType.CREATE,
+        ChangeType.CREATE_ENTITY,
+        ChangeType.UPDATE,
+        ChangeType.PATCH,
+        ChangeType.DELETE,
+    }
 )
 ABSENT_VERSION = "-1"
 EVERY_ENTITY_ASPECT: Sequence[tuple[str, str]] = ((ANY, ANY),)
@@ -128,7 +135,9 @@ class KeyAspectIsNotPatched(ProposalRule):
     def apply(self, proposal: Proposal) -> Verdict | None:
         if not proposal.is_key:
             return None
-        return self.verdict(VerdictKind.VALIDATION, f"key aspect {proposal.aspect_name!r} cannot be patched", "$.changeType")
+        return self.verdict(
+            VerdictKind.VALIDATION, f"key aspect {proposal.aspect_name!r} cannot be patched", "$.changeType"
+        )
 
 
 class KeyAspectMatchesUrn(ProposalRule):
@@ -144,7 +153,9 @@ class KeyAspectMatchesUrn(ProposalRule):
         if not proposal.is_key or proposal.value == self.urn_to_key(proposal.entity_type, proposal.urn):
             return None
         return self.verdict(
-            VerdictKind.VALIDATION, f"key aspect {proposal.aspect_name!r} does not match the URN {proposal.urn!r}", "$.aspect.value"
+            VerdictKind.VALIDATION,
+            f"key aspect {proposal.aspect_name!r} does not match the URN {proposal.urn!r}",
+            "$.aspect.value",
         )
 
 
@@ -175,8 +186,10 @@ def system_entity_refusal(urn: str | None, what: str) -> str:
     """Why `what` (a write, a DELETE, ...) of metaledgerSystem is refused, naming the service to use instead."""
     services = {urn: SYSTEM_SERVICES[urn]} if urn is not None and urn in SYSTEM_SERVICES else SYSTEM_SERVICES
     where = "; ".join(f"{aspect} of {u} through {route}" for u, (aspect, route) in services.items())
-    return (f"{PIPELINE_ENTITY} is metaledger's own configuration, written only by its own services, never by "
-            f"{what} through a general write path: {where}")
+    return (
+        f"{PIPELINE_ENTITY} is metaledger's own configuration, written only by its own services, never by "
+        f"{what} through a general write path: {where}"
+    )
 
 
 class SystemEntityThroughItsServices(ProposalRule):
@@ -199,8 +212,12 @@ class SystemEntityThroughItsServices(ProposalRule):
 
 def builtin_proposal_rules(urn_to_key: Callable[[str, str], dict[str, Any]]) -> list[ProposalRule]:
     """The checks every proposal passes before user validators; `urn_to_key` is the registry's."""
-    return [SystemEntityThroughItsServices(), TimeseriesUpsertOnly(), KeyAspectIsNotPatched(),
-            KeyAspectMatchesUrn(urn_to_key)]
+    return [
+        SystemEntityThroughItsServices(),
+        TimeseriesUpsertOnly(),
+        KeyAspectIsNotPatched(),
+        KeyAspectMatchesUrn(urn_to_key),
+    ]
 
 
 def _actual_version(change: PendingChange) -> str:
@@ -212,12 +229,12 @@ def _parse_instant(header: str, raw: str) -> datetime | str:
         parsed = datetime.fromisoformat(raw.strip().replace("Z", "+00:00"))
     except ValueError:
         return f"{header} must be an ISO-8601 instant such as 2024-01-01T00:00:00Z, got {raw!r}"
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=timezone.utc)
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
 
 
 def _last_modified(previous: StoredAspect) -> datetime:
     # `createdon` is the time of the last value change (a no-op write does not touch it).
-    return previous.created_on.replace(tzinfo=timezone.utc)
+    return previous.created_on.replace(tzinfo=UTC)
 
 
 class IfVersionMatch(PreCommitRule):
@@ -231,7 +248,9 @@ class IfVersionMatch(PreCommitRule):
             return None
         actual = _actual_version(change)
         if expected.strip() != actual:
-            return self.verdict(VerdictKind.PRECONDITION, f"Expected version {expected.strip()}, actual version {actual}")
+            return self.verdict(
+                VerdictKind.PRECONDITION, f"Expected version {expected.strip()}, actual version {actual}"
+            )
         return None
 
 

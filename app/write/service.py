@@ -26,19 +26,19 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
+from app.changelog.outbox import OutboxRow
 from app.db import CommitInterrupted, transaction_status
 from app.errors import ExistenceConflict, Issue, PreconditionFailed, ServiceUnavailable, ValidationFailed
 from app.ops.metrics import TRANSACTION_RETRIES, first_write_fields
 from app.registry import EntityRegistry
 from app.settings import Settings
 from app.turns import turn
-from app.changelog.outbox import OutboxRow
 from app.write.decision import Decision, ItemResult, Locked, Turn, WriteCore
+from app.write.model_writes import refuse_writes_past_the_models
+from app.write.processors import PIPELINE_ASPECT, PIPELINE_URN, Pipeline
 from app.write.proposal import AuditStamp, Draft, Proposal
 from app.write.repository import RETRYABLE_DB_ERRORS, AspectRepository
-from app.write.processors import PIPELINE_ASPECT, PIPELINE_URN, Pipeline
 from app.write.rules import RuleChain, Verdict, VerdictKind
-from app.write.model_writes import refuse_writes_past_the_models
 from app.write.structured_properties import (
     PROPERTY_DEFINITION,
     PropertyDefinitionChange,
@@ -67,8 +67,9 @@ class WriteResult:
 
 
 class WriteService:
-    def __init__(self, registry: EntityRegistry, rules: RuleChain, settings: Settings,
-                 processors: Pipeline | None = None) -> None:
+    def __init__(
+        self, registry: EntityRegistry, rules: RuleChain, settings: Settings, processors: Pipeline | None = None
+    ) -> None:
         self.core = WriteCore(registry, rules, settings)
         self.registry = registry
         self.settings = settings
@@ -92,8 +93,10 @@ class WriteService:
         elif row.version != current.version:
             self.processors = Pipeline.from_aspect(row.value, row.version)
         if self.processors is not current:
-            log.info("change-processor pipeline in force", extra={
-                "version": self.processors.version, "steps": [s.step.name for s in self.processors.steps]})
+            log.info(
+                "change-processor pipeline in force",
+                extra={"version": self.processors.version, "steps": [s.step.name for s in self.processors.steps]},
+            )
         return self.processors
 
     async def current_processors(self, session: AsyncSession) -> Pipeline:
@@ -107,15 +110,24 @@ class WriteService:
     async def check_before_queueing(self, session: AsyncSession, proposals: Sequence[Proposal]) -> None:
         """What an asynchronous write's transaction will refuse that the stored rows tell now (structured property
         values against their definitions): the same error, before the write is queued."""
-        _raise_on_fatal_verdicts(await refusals_before_queueing(AspectRepository(session), proposals), log_refusals=True)
+        _raise_on_fatal_verdicts(
+            await refusals_before_queueing(AspectRepository(session), proposals), log_refusals=True
+        )
 
     # --- the transaction ---------------------------------------------------------------------------------------
-    async def apply(self, session: AsyncSession, proposals: Sequence[Proposal], audit: AuditStamp,
-                    contended: Callable[[], bool] | None = None) -> WriteResult:
+    async def apply(
+        self,
+        session: AsyncSession,
+        proposals: Sequence[Proposal],
+        audit: AuditStamp,
+        contended: Callable[[], bool] | None = None,
+    ) -> WriteResult:
         return (await self.apply_group(session, [(proposals, audit)], contended))[0]
 
     async def apply_group(
-        self, session: AsyncSession, writes: Sequence[tuple[Sequence[Proposal], AuditStamp]],
+        self,
+        session: AsyncSession,
+        writes: Sequence[tuple[Sequence[Proposal], AuditStamp]],
         contended: Callable[[], bool] | None = None,
     ) -> list[WriteResult]:
         """Several independent writes (each a batch of proposals and its caller's audit stamp) in one transaction,
@@ -144,25 +156,52 @@ class WriteService:
                         f"the write could not be committed after {attempts} attempts ({type(error).__name__}); retry"
                     ) from error
                 TRANSACTION_RETRIES.labels(type(error).__name__).inc()
-                log.info("write transaction retried", extra={"attempt": attempts, "reason": type(error).__name__, "detail": getattr(error, "detail", None) or str(error), "items": sum(len(w[0]) for w in writes), **first_write_fields(writes[0][0])})
+                log.info(
+                    "write transaction retried",
+                    extra={
+                        "attempt": attempts,
+                        "reason": type(error).__name__,
+                        "detail": getattr(error, "detail", None) or str(error),
+                        "items": sum(len(w[0]) for w in writes),
+                        **first_write_fields(writes[0][0]),
+                    },
+                )
         if log.isEnabledFor(logging.DEBUG):  # not on the hot path unless asked for
-            log.debug("write committed", extra={"writes": len(writes), "items": sum(len(w[0]) for w in writes), "change_logs": len(decision.outbox), **first_write_fields(writes[0][0])})
+            log.debug(
+                "write committed",
+                extra={
+                    "writes": len(writes),
+                    "items": sum(len(w[0]) for w in writes),
+                    "change_logs": len(decision.outbox),
+                    **first_write_fields(writes[0][0]),
+                },
+            )
         self.processors.publish_metrics()
         if any(p.urn == PIPELINE_URN for proposals, _ in writes for p in proposals):
             self._processors_checked_at = float("-inf")  # this process's next write uses the new pipeline
         return [WriteResult(list(w.items), len(w.outbox), attempts, list(w.outbox)) for w in decision.writes]
 
     async def _settle_interrupted_commit(
-        self, session: AsyncSession, txid: str, interrupted: CommitInterrupted,
+        self,
+        session: AsyncSession,
+        txid: str,
+        interrupted: CommitInterrupted,
         writes: Sequence[tuple[Sequence[Proposal], AuditStamp]],
     ) -> None:
         """Returns if transaction `txid` committed; raises the 503 that tells what is known otherwise."""
         engine = session.bind
         assert isinstance(engine, AsyncEngine)  # write sessions come from app.db's sessionmaker, bound to the engine
         status = await transaction_status(engine, txid, COMMIT_CHECK_S)
-        log.warning("write commit interrupted", extra={
-            "txid": txid, "outcome": status or "unknown", "error": str(interrupted),
-            "items": sum(len(w[0]) for w in writes), **first_write_fields(writes[0][0])})
+        log.warning(
+            "write commit interrupted",
+            extra={
+                "txid": txid,
+                "outcome": status or "unknown",
+                "error": str(interrupted),
+                "items": sum(len(w[0]) for w in writes),
+                **first_write_fields(writes[0][0]),
+            },
+        )
         if status == "committed":
             return
         if status == "aborted":
@@ -176,7 +215,9 @@ class WriteService:
         ) from interrupted
 
     async def _run_transaction(
-        self, repo: AspectRepository, writes: Sequence[tuple[Sequence[Proposal], AuditStamp]],
+        self,
+        repo: AspectRepository,
+        writes: Sequence[tuple[Sequence[Proposal], AuditStamp]],
         contended: Callable[[], bool] | None = None,
     ) -> tuple[Decision, str | None]:
         """Lock what the decision asks for (the group's rows, then those of the proposals change processors emit),
@@ -203,7 +244,9 @@ class WriteService:
         # Deletes go first and alone: a batch may delete an aspect and write it again.
         await repo.delete_entities(decision.deleted_urns)
         await repo.delete_aspects(decision.deleted_keys)
-        txid = await repo.write_changes(decision.inserts, decision.updates, decision.prune, decision.outbox, decision.floors)
+        txid = await repo.write_changes(
+            decision.inserts, decision.updates, decision.prune, decision.outbox, decision.floors
+        )
         # after the writes: the check sees this transaction's own values too; a refusal rolls it all back
         await _raise_on_invalidated_values(repo, decision.stored_checks)
         return decision, txid
@@ -214,12 +257,16 @@ async def _raise_on_invalidated_values(repo: AspectRepository, checks: Sequence[
     for check in checks:
         violations = await stored_value_violations(repo, check)
         if violations:
-            message = (f"{PropertyDefinitionChange.name}: the change of {check.definition.urn} would invalidate stored "
-                       f"values: {'; '.join(violations)}")
+            message = (
+                f"{PropertyDefinitionChange.name}: the change of {check.definition.urn} would invalidate stored "
+                f"values: {'; '.join(violations)}"
+            )
             issues.append(Issue(message, check.index, check.definition.urn, PROPERTY_DEFINITION, "$.aspect.value"))
     if issues:
-        raise ValidationFailed(f"{len(issues)} structured property definition changes would invalidate stored values; "
-                               "nothing was written", issues)
+        raise ValidationFailed(
+            f"{len(issues)} structured property definition changes would invalidate stored values; nothing was written",
+            issues,
+        )
 
 
 def _raise_on_fatal_verdicts(refused: Sequence[tuple[Proposal, Verdict]], *, log_refusals: bool) -> None:

@@ -107,10 +107,16 @@ class Definition:
         DataHub's words; `path` is the assignment's."""
         if entity_type.lower() not in self.entity_types:
             allowed = ", ".join(sorted(self.entity_types)) or "none"
-            yield path, f"Property: {self.urn} cannot be applied to entity type {entity_type} (its definition allows: {allowed})"
+            yield (
+                path,
+                f"Property: {self.urn} cannot be applied to entity type {entity_type} (its definition allows: {allowed})",
+            )
         if self.cardinality == "SINGLE" and len(values) > 1:
             shown = "[" + ", ".join(shown_value(v) for v in values) + "]"
-            yield f"{path}.values", f"Property: {self.urn} has cardinality 1, but multiple values were assigned: {shown}"
+            yield (
+                f"{path}.values",
+                f"Property: {self.urn} has cardinality 1, but multiple values were assigned: {shown}",
+            )
         for i, value in enumerate(values):
             message = self.type_problem(value) or self.allowed_value_problem(value)
             if message is not None:
@@ -206,7 +212,9 @@ def definition_keys(proposals: Iterable[Proposal], rows: Mapping[Key, StoredAspe
                 urns.update(assigned_urns(previous.value))
         elif p.aspect_name == PROPERTY_DEFINITION:
             urns.add(p.urn)
-    return {(urn, aspect) for urn in urns if urn.startswith(PROPERTY_URN_PREFIX) for aspect in (PROPERTY_DEFINITION, STATUS)}
+    return {
+        (urn, aspect) for urn in urns if urn.startswith(PROPERTY_URN_PREFIX) for aspect in (PROPERTY_DEFINITION, STATUS)
+    }
 
 
 def _is_removed(rows: Mapping[Key, StoredAspect | None], property_urn: str) -> bool:
@@ -226,8 +234,16 @@ class StructuredPropertyValues(PreCommitRule):
     at the field it is about."""
 
     name = "StructuredPropertiesValidator"
-    change_types = frozenset({ChangeType.UPSERT, ChangeType.CREATE, ChangeType.CREATE_ENTITY, ChangeType.UPDATE,
-                              ChangeType.PATCH, ChangeType.DELETE})
+    change_types = frozenset(
+        {
+            ChangeType.UPSERT,
+            ChangeType.CREATE,
+            ChangeType.CREATE_ENTITY,
+            ChangeType.UPDATE,
+            ChangeType.PATCH,
+            ChangeType.DELETE,
+        }
+    )
     entity_aspects = ((ANY, STRUCTURED_PROPERTIES),)
 
     def check(self, change: PendingChange) -> Verdict | None:
@@ -236,8 +252,11 @@ class StructuredPropertyValues(PreCommitRule):
         # A PATCH answers for what it adds (DataHub checks a patch's `add` operations only): the assignments it
         # leaves as they were are not checked again, so removing one value is never refused for another's sake
         # (a soft-deleted property's, or one whose definition is being deleted: app.write.structured_property_deletes).
-        kept = ({a["propertyUrn"]: a.get("values") for a in change.previous.value.get("properties", ())}
-                if p.change_type is ChangeType.PATCH and change.previous is not None else {})
+        kept = (
+            {a["propertyUrn"]: a.get("values") for a in change.previous.value.get("properties", ())}
+            if p.change_type is ChangeType.PATCH and change.previous is not None
+            else {}
+        )
         seen: set[str] = set()
         for i, assignment in enumerate(assignments):
             urn, path = assignment["propertyUrn"], f"$.aspect.value.properties[{i}]"
@@ -247,14 +266,19 @@ class StructuredPropertyValues(PreCommitRule):
             if urn in kept and kept[urn] == assignment.get("values"):
                 continue
             if not urn.startswith(PROPERTY_URN_PREFIX):
-                return self._refuse(f"Unexpected entity type. Expected: {PROPERTY_ENTITY} Found: {_entity_type(urn)}",
-                                    f"{path}.propertyUrn")
+                return self._refuse(
+                    f"Unexpected entity type. Expected: {PROPERTY_ENTITY} Found: {_entity_type(urn)}",
+                    f"{path}.propertyUrn",
+                )
             if _is_removed(change.rows, urn):
-                return self._refuse(f"Cannot apply a soft deleted Structured Property value: {urn}", f"{path}.propertyUrn")
+                return self._refuse(
+                    f"Cannot apply a soft deleted Structured Property value: {urn}", f"{path}.propertyUrn"
+                )
             definition = _definition(change.rows, urn)
             if definition is None:
-                return self._refuse(f"Unexpected null value found for {urn} Structured Property Definition.",
-                                    f"{path}.propertyUrn")
+                return self._refuse(
+                    f"Unexpected null value found for {urn} Structured Property Definition.", f"{path}.propertyUrn"
+                )
             for where, message in definition.problems(p.entity_type, assignment.get("values", ()), path):
                 return self._refuse(message, where)
         return self._immutable_problem(change)
@@ -273,7 +297,9 @@ class StructuredPropertyValues(PreCommitRule):
                 return self._refuse(f"Cannot delete an immutable property {urn}", "$.aspect.value.properties")
             if new[urn].get("values") != old.get("values"):
                 index = list(new).index(urn)
-                return self._refuse(f"Cannot mutate an immutable property: {urn}", f"$.aspect.value.properties[{index}].values")
+                return self._refuse(
+                    f"Cannot mutate an immutable property: {urn}", f"$.aspect.value.properties[{index}].values"
+                )
         return None
 
     def _refuse(self, message: str, path: str) -> Verdict:
@@ -303,8 +329,9 @@ class PropertyDefinitionChange(PreCommitRule):
     (`StoredValueCheck`)."""
 
     name = "PropertyDefinitionValidator"
-    change_types = frozenset({ChangeType.UPSERT, ChangeType.CREATE, ChangeType.CREATE_ENTITY, ChangeType.UPDATE,
-                              ChangeType.PATCH})
+    change_types = frozenset(
+        {ChangeType.UPSERT, ChangeType.CREATE, ChangeType.CREATE_ENTITY, ChangeType.UPDATE, ChangeType.PATCH}
+    )
     entity_aspects = ((PROPERTY_ENTITY, PROPERTY_DEFINITION),)
 
     def check(self, change: PendingChange) -> Verdict | None:
@@ -315,20 +342,27 @@ class PropertyDefinitionChange(PreCommitRule):
         version = new.get("version")
         if version is not None:
             if "." in version:
-                return self._refuse(f"Invalid version `{version}` cannot contain the `.` character.", "$.aspect.value.version")
+                return self._refuse(
+                    f"Invalid version `{version}` cannot contain the `.` character.", "$.aspect.value.version"
+                )
             if not _VERSION.fullmatch(version):
-                return self._refuse(f"Invalid version specified. Must match {_VERSION.pattern}", "$.aspect.value.version")
+                return self._refuse(
+                    f"Invalid version specified. Must match {_VERSION.pattern}", "$.aspect.value.version"
+                )
         if " " in p.urn.removeprefix(PROPERTY_URN_PREFIX):
             return self._refuse("Urn ID cannot have spaces", "$.entityUrn")
         if " " in new.get("qualifiedName", ""):
             return self._refuse("Qualified names cannot have spaces", "$.aspect.value.qualifiedName")
         if new.get("valueType") is not None and type_id(new["valueType"]) not in VALUE_TYPES:
-            return self._refuse(f"Validation support for type {new['valueType']} is not yet implemented.", "$.aspect.value.valueType")
+            return self._refuse(
+                f"Validation support for type {new['valueType']} is not yet implemented.", "$.aspect.value.valueType"
+            )
         allowed_types = (new.get("typeQualifier") or {}).get(ALLOWED_TYPES)
         if allowed_types is not None and any(not t.startswith(ENTITY_TYPE_URN_PREFIX) for t in allowed_types):
             return self._refuse(
                 f"Provided allowedType that is not an entityType entity. List of allowedTypes: {allowed_types}",
-                "$.aspect.value.typeQualifier.allowedTypes")
+                "$.aspect.value.typeQualifier.allowedTypes",
+            )
         if change.previous is None:
             return None
         return self._change_problem(change.previous.value, new)
@@ -336,25 +370,35 @@ class PropertyDefinitionChange(PreCommitRule):
     def _change_problem(self, old: Mapping[str, Any], new: Mapping[str, Any]) -> Verdict | None:
         breaking_allowed = _is_version_bump(old, new)
         if new.get("qualifiedName") != old.get("qualifiedName"):
-            return self._refuse("Cannot change the fully qualified name of a Structured Property", "$.aspect.value.qualifiedName")
+            return self._refuse(
+                "Cannot change the fully qualified name of a Structured Property", "$.aspect.value.qualifiedName"
+            )
         if breaking_allowed:
             return None
         if new.get("valueType") != old.get("valueType"):
-            return self._refuse("Value type cannot be changed as this is a backwards incompatible change", "$.aspect.value.valueType")
+            return self._refuse(
+                "Value type cannot be changed as this is a backwards incompatible change", "$.aspect.value.valueType"
+            )
         if new.get("cardinality") == "SINGLE" and old.get("cardinality") == "MULTIPLE":
-            return self._refuse("Property definition cardinality cannot be changed from MULTI to SINGLE", "$.aspect.value.cardinality")
+            return self._refuse(
+                "Property definition cardinality cannot be changed from MULTI to SINGLE", "$.aspect.value.cardinality"
+            )
         new_allowed, old_allowed = new.get("allowedValues"), old.get("allowedValues")
         if new_allowed is not None:
             kept = [a["value"] for a in new_allowed]
             if old_allowed is None or any(a["value"] not in kept for a in old_allowed):
-                return self._refuse("Cannot restrict values that were previously allowed", "$.aspect.value.allowedValues")
+                return self._refuse(
+                    "Cannot restrict values that were previously allowed", "$.aspect.value.allowedValues"
+                )
         return None
 
     def _refuse(self, message: str, path: str = "$.aspect.value") -> Verdict:
         return self.verdict(VerdictKind.VALIDATION, message, path)
 
 
-async def refusals_before_queueing(repo: AspectRepository, proposals: Sequence[Proposal]) -> list[tuple[Proposal, Verdict]]:
+async def refusals_before_queueing(
+    repo: AspectRepository, proposals: Sequence[Proposal]
+) -> list[tuple[Proposal, Verdict]]:
     """The verdicts of `StructuredPropertyValues` on the `structuredProperties` values of an asynchronous write, against
     the definitions and values stored now (read outside any transaction): DataHub's answer at proposal time, before
     the write is queued. The consumer's transaction checks them again against what it locks. Left to it: a PATCH
@@ -366,8 +410,13 @@ async def refusals_before_queueing(repo: AspectRepository, proposals: Sequence[P
     seen: set[Key] = set()
     for p in proposals:
         key = (p.urn, p.aspect_name)
-        if p.aspect_name == STRUCTURED_PROPERTIES and key not in seen and p.patch is None and rule.governs(p) \
-                and defined_here.isdisjoint(assigned_urns(p.value)):
+        if (
+            p.aspect_name == STRUCTURED_PROPERTIES
+            and key not in seen
+            and p.patch is None
+            and rule.governs(p)
+            and defined_here.isdisjoint(assigned_urns(p.value))
+        ):
             checked.append(p)
         seen.add(key)
     if not checked:
@@ -436,7 +485,9 @@ async def stored_value_violations(repo: AspectRepository, check: StoredValueChec
             for i, assignment in enumerate(orjson.loads(metadata).get("properties", ())):
                 if assignment.get("propertyUrn") != check.definition.urn:
                     continue
-                problems = check.definition.problems(entity_type_of(urn), assignment.get("values", ()), f"properties[{i}]")
+                problems = check.definition.problems(
+                    entity_type_of(urn), assignment.get("values", ()), f"properties[{i}]"
+                )
                 found.extend(f"{urn} {where}: {message}" for where, message in problems)
         if len(records) < STORED_CHECK_PAGE:
             break

@@ -55,9 +55,13 @@ REMOVAL_PAGE = 500
 def removal(entity_urn: str, property_urn: str) -> EmittedProposal:
     """The PATCH removing `property_urn`'s values from `entity_urn` (DataHub's, keyed by `propertyUrn`)."""
     path = f"/properties/{jsonpointer.escape(property_urn)}"
-    return EmittedProposal(entity_urn, entity_type_of(entity_urn), STRUCTURED_PROPERTIES,
-                           {"arrayPrimaryKeys": {"properties": ["propertyUrn"]}, "patch": [{"op": "remove", "path": path}]},
-                           ChangeType.PATCH.value)
+    return EmittedProposal(
+        entity_urn,
+        entity_type_of(entity_urn),
+        STRUCTURED_PROPERTIES,
+        {"arrayPrimaryKeys": {"properties": ["propertyUrn"]}, "patch": [{"op": "remove", "path": path}]},
+        ChangeType.PATCH.value,
+    )
 
 
 class PropertyValueRemoval(AfterProcessorWorker):
@@ -70,8 +74,12 @@ class PropertyValueRemoval(AfterProcessorWorker):
         self._resume: tuple[int, str] | None = None  # (feed offset of the DELETE in hand, the last holder read)
 
     def _starts_removal(self, row: asyncpg.Record) -> bool:
-        return (row["topic"] == self.settings.topic_mcl_versioned and row["change_type"] == ChangeType.DELETE.value
-                and row["aspect"] in (PROPERTY_DEFINITION, PROPERTY_KEY) and row["urn"].startswith(PROPERTY_URN_PREFIX))
+        return (
+            row["topic"] == self.settings.topic_mcl_versioned
+            and row["change_type"] == ChangeType.DELETE.value
+            and row["aspect"] in (PROPERTY_DEFINITION, PROPERTY_KEY)
+            and row["urn"].startswith(PROPERTY_URN_PREFIX)
+        )
 
     async def step(self) -> int:
         """One transaction: the change logs up to the next definition DELETE passed over, then one page of its
@@ -101,8 +109,9 @@ class PropertyValueRemoval(AfterProcessorWorker):
         after = self._resume[1] if self._resume is not None and self._resume[0] == offset else ""
         page = await holders(repo, property_urn, after, REMOVAL_PAGE)
         if page:
-            cause = ProposedChange(property_urn, PROPERTY_ENTITY, row["aspect"], ChangeType.DELETE.value, None,
-                                   version=row["version"])
+            cause = ProposedChange(
+                property_urn, PROPERTY_ENTITY, row["aspect"], ChangeType.DELETE.value, None, version=row["version"]
+            )
             await self._apply(session, [_Emission(cause, SIDE_EFFECT, removal(urn, property_urn)) for urn in page])
             self.processed += 1
         if len(page) < REMOVAL_PAGE:
@@ -110,4 +119,3 @@ class PropertyValueRemoval(AfterProcessorWorker):
             return True
         self._resume = (offset, page[-1])
         return False
-

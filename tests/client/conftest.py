@@ -49,12 +49,18 @@ CLIENT_VERSION = "1.7.0.17"
 CLIENT_VENV = Path(os.environ.get("METALEDGER_CLIENT_VENV", ROOT / ".venv-client"))
 ACTIONS_VENV = Path(os.environ.get("METALEDGER_ACTIONS_VENV", ROOT / ".venv-actions"))
 # What each venv holds (the Makefile's client-venv / actions-venv targets install the same) and its stamp file.
-CLIENT_REQUIREMENT = (f"acryl-datahub[datahub-kafka]=={CLIENT_VERSION}", f".acryl-datahub-datahub-kafka-{CLIENT_VERSION}")
+CLIENT_REQUIREMENT = (
+    f"acryl-datahub[datahub-kafka]=={CLIENT_VERSION}",
+    f".acryl-datahub-datahub-kafka-{CLIENT_VERSION}",
+)
 ACTIONS_REQUIREMENT = (f"acryl-datahub-actions=={CLIENT_VERSION}", f".acryl-datahub-actions-{CLIENT_VERSION}")
 # openapi-python-client: generates a Python client from the committed OpenAPI document (tests/client/test_generated_client.py)
 GENERATOR_VENV = Path(os.environ.get("METALEDGER_OPENAPI_CLIENT_VENV", ROOT / ".venv-openapi-client"))
 GENERATOR_VERSION = "0.29.1"
-GENERATOR_REQUIREMENT = (f"openapi-python-client=={GENERATOR_VERSION}", f".acryl-openapi-python-client-{GENERATOR_VERSION}")
+GENERATOR_REQUIREMENT = (
+    f"openapi-python-client=={GENERATOR_VERSION}",
+    f".acryl-openapi-python-client-{GENERATOR_VERSION}",
+)
 
 
 def _ensure_venv(venv: Path, requirement: str | tuple[str, ...], stamp_name: str) -> Path:
@@ -64,7 +70,10 @@ def _ensure_venv(venv: Path, requirement: str | tuple[str, ...], stamp_name: str
     stamp = venv / stamp_name
     if stamp.exists() and python.exists():
         return python
-    lock_path = Path(tempfile.gettempdir()) / f"metaledger-venv-{hashlib.sha256(str(venv.resolve()).encode()).hexdigest()[:12]}.lock"
+    lock_path = (
+        Path(tempfile.gettempdir())
+        / f"metaledger-venv-{hashlib.sha256(str(venv.resolve()).encode()).hexdigest()[:12]}.lock"
+    )
     with open(lock_path, "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if stamp.exists() and python.exists():
@@ -74,8 +83,16 @@ def _ensure_venv(venv: Path, requirement: str | tuple[str, ...], stamp_name: str
             # --seed: pip too, for what the client's own tools may install at run time
             subprocess.run([str(uv), "venv", "-q", "--seed", "--python", sys.executable, str(venv)], check=True)
         subprocess.run(
-            [str(uv), "pip", "install", "-q", "--python", str(python),
-             *([requirement] if isinstance(requirement, str) else requirement)], check=True,
+            [
+                str(uv),
+                "pip",
+                "install",
+                "-q",
+                "--python",
+                str(python),
+                *([requirement] if isinstance(requirement, str) else requirement),
+            ],
+            check=True,
         )
         for old in venv.glob(".acryl-*"):  # the stamps of what it held before
             old.unlink()
@@ -127,7 +144,11 @@ class DataHubClient:
         bound to its value (a Python literal). Fails on a non-zero exit."""
         prelude = "".join(
             f"{name} = {value!r}\n"
-            for name, value in {"GMS": self.env["DATAHUB_GMS_URL"], "TOKEN": self.env.get("DATAHUB_GMS_TOKEN"), **names}.items()
+            for name, value in {
+                "GMS": self.env["DATAHUB_GMS_URL"],
+                "TOKEN": self.env.get("DATAHUB_GMS_TOKEN"),
+                **names,
+            }.items()
         )
         result = self._run({"code": prelude + textwrap.dedent(code)}, ["python", "-c", "<script>"], timeout)
         assert result.returncode == 0, f"client script failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
@@ -136,7 +157,9 @@ class DataHubClient:
     def cli(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess:
         result = self._run({"argv": list(args)}, ["datahub", *args], timeout)
         if check:
-            assert result.returncode == 0, f"datahub {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+            assert result.returncode == 0, (
+                f"datahub {' '.join(args)} failed ({result.returncode}):\n{result.stdout}\n{result.stderr}"
+            )
         return result
 
     def _run(self, request: dict, args: list[str], timeout: float) -> subprocess.CompletedProcess:
@@ -145,16 +168,25 @@ class DataHubClient:
                 self._outputs = Path(tempfile.mkdtemp(prefix="datahub-forkserver-"))
                 with open(self._outputs / "server.log", "wb") as log:
                     self._server = subprocess.Popen(
-                        [str(self.python), str(FORKSERVER)], env=self.env, cwd=self.workdir,
-                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, text=True,
+                        [str(self.python), str(FORKSERVER)],
+                        env=self.env,
+                        cwd=self.workdir,
+                        stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE,
+                        stderr=log,
+                        text=True,
                     )
             stdout, stderr = self._outputs / "stdout", self._outputs / "stderr"
-            self._server.stdin.write(json.dumps({**request, "stdout": str(stdout), "stderr": str(stderr), "timeout": timeout}) + "\n")
+            self._server.stdin.write(
+                json.dumps({**request, "stdout": str(stdout), "stderr": str(stderr), "timeout": timeout}) + "\n"
+            )
             self._server.stdin.flush()
             answer = self._server.stdout.readline()
             if not answer:
-                raise RuntimeError(f"the client's fork server exited ({self._server.wait()}):\n"
-                                   f"{(self._outputs / 'server.log').read_text(errors='replace')[-3000:]}")
+                raise RuntimeError(
+                    f"the client's fork server exited ({self._server.wait()}):\n"
+                    f"{(self._outputs / 'server.log').read_text(errors='replace')[-3000:]}"
+                )
             out, err = stdout.read_text(errors="replace"), stderr.read_text(errors="replace")
             answer = json.loads(answer)
             if answer.get("timeout"):
@@ -186,8 +218,12 @@ def metaledger(make_database: Callable[..., str], migrated_template: str) -> Ite
 def metaledger_process(database_url: str) -> Iterator[Metaledger]:
     """metaledger as its own process on `database_url` (no Kafka), with an admin token, until the caller is done."""
     port = free_port()
-    env = {"METALEDGER_DATABASE_URL": database_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-           "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": "", "METALEDGER_TELEMETRY_CLIENT_ID": "true"}  # as the CLI meets it
+    env = {
+        "METALEDGER_DATABASE_URL": database_url,
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+        "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": "",
+        "METALEDGER_TELEMETRY_CLIENT_ID": "true",
+    }  # as the CLI meets it
     process = start_service(env, port)
     url = f"http://127.0.0.1:{port}"
     try:
@@ -198,7 +234,9 @@ def metaledger_process(database_url: str) -> Iterator[Metaledger]:
 
 
 @pytest.fixture(scope="session")
-def datahub(client_python: Path, metaledger: Metaledger, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataHubClient]:
+def datahub(
+    client_python: Path, metaledger: Metaledger, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DataHubClient]:
     home = tmp_path_factory.mktemp("datahub-home")
     client = DataHubClient(client_python, _client_env(client_python, home, metaledger.url, metaledger.token), home)
     yield client
@@ -247,25 +285,28 @@ def kafka_service_env(database_url: str, bootstrap: str, topics: dict[str, str])
     """The whole environment of a metaledger on the test broker (no METALEDGER_* variable of the caller's leaks in:
     an external registry URL set in a developer's shell would change what is tested)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("METALEDGER_")}
-    env.update({
-        "METALEDGER_DATABASE_URL": database_url,
-        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-        "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
-        "METALEDGER_KAFKA_VALUE_FORMAT": "avro",
-        "METALEDGER_MCP_CONSUMER_ENABLED": "true",
-        "METALEDGER_MCE_CONSUMER_ENABLED": "true",
-        "METALEDGER_MCP_CONSUMER_GROUP": f"group-{topics['topic_mcp']}",
-        "METALEDGER_RELAY_POLL_INTERVAL_MS": "20",
-        "METALEDGER_AUTH_BOOTSTRAP_ADMIN_TOKEN": "false",
-        "METALEDGER_SHUTDOWN_DRAIN_S": "0",  # no load balancer to drain from: stopped at once at the end
-        **{f"METALEDGER_{setting.upper()}": name for setting, name in topics.items()},
-    })
+    env.update(
+        {
+            "METALEDGER_DATABASE_URL": database_url,
+            "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+            "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": bootstrap,
+            "METALEDGER_KAFKA_VALUE_FORMAT": "avro",
+            "METALEDGER_MCP_CONSUMER_ENABLED": "true",
+            "METALEDGER_MCE_CONSUMER_ENABLED": "true",
+            "METALEDGER_MCP_CONSUMER_GROUP": f"group-{topics['topic_mcp']}",
+            "METALEDGER_RELAY_POLL_INTERVAL_MS": "20",
+            "METALEDGER_AUTH_BOOTSTRAP_ADMIN_TOKEN": "false",
+            "METALEDGER_SHUTDOWN_DRAIN_S": "0",  # no load balancer to drain from: stopped at once at the end
+            **{f"METALEDGER_{setting.upper()}": name for setting, name in topics.items()},
+        }
+    )
     return env
 
 
 @pytest.fixture(scope="package")
-def kafka_metaledger(make_database: Callable[..., str], migrated_template: str, kafka_broker,
-                     tmp_path_factory: pytest.TempPathFactory) -> Iterator[KafkaMetaledger]:
+def kafka_metaledger(
+    make_database: Callable[..., str], migrated_template: str, kafka_broker, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[KafkaMetaledger]:
     """One process for the package's Kafka tests (its consumer groups join once: joins are slow on Tansu); topics
     of its own, so nothing another test published reaches it."""
     database_url = make_database(template=migrated_template)
@@ -275,9 +316,21 @@ def kafka_metaledger(make_database: Callable[..., str], migrated_template: str, 
     env = kafka_service_env(database_url, kafka_broker.bootstrap_servers, topics)
     with open(log_path, "wb") as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "uvicorn", "app.main:app", "--port", str(port), "--log-level", "warning",
-             "--no-access-log"],
-            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                "app.main:app",
+                "--port",
+                str(port),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ],
+            cwd=ROOT,
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}"
     server = KafkaMetaledger(url, database_url, service_token(env), kafka_broker.bootstrap_servers, topics, log_path)
@@ -292,11 +345,14 @@ def kafka_metaledger(make_database: Callable[..., str], migrated_template: str, 
 
 
 @pytest.fixture(scope="package")
-def kafka_datahub(client_python: Path, kafka_metaledger: KafkaMetaledger,
-                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataHubClient]:
+def kafka_datahub(
+    client_python: Path, kafka_metaledger: KafkaMetaledger, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DataHubClient]:
     """The `datahub` client (with confluent-kafka) pointed at the Kafka-enabled metaledger."""
     home = tmp_path_factory.mktemp("datahub-kafka-home")
-    client = DataHubClient(client_python, _client_env(client_python, home, kafka_metaledger.url, kafka_metaledger.token), home)
+    client = DataHubClient(
+        client_python, _client_env(client_python, home, kafka_metaledger.url, kafka_metaledger.token), home
+    )
     yield client
     client.close()
 
@@ -323,7 +379,9 @@ class ActionsPipeline:
         return [json.loads(line) for line in self.record_path.read_text().splitlines() if line.strip()]
 
     def log_tail(self, lines: int = 60) -> str:
-        return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:]) if self.log_path.exists() else ""
+        return (
+            "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:]) if self.log_path.exists() else ""
+        )
 
     def wait_for(self, check: Callable[[list[dict]], object], timeout: float = 60, what: str = "events") -> object:
         """Poll the recording until `check(events)` is truthy; returns that. Fails early if the pipeline died."""
@@ -333,10 +391,14 @@ class ActionsPipeline:
             if result:
                 return result
             if self.process.poll() is not None:
-                raise AssertionError(f"datahub actions exited ({self.process.returncode}) before {what}:\n{self.log_tail()}")
+                raise AssertionError(
+                    f"datahub actions exited ({self.process.returncode}) before {what}:\n{self.log_tail()}"
+                )
             if time.monotonic() > deadline:
-                raise AssertionError(f"{what} not recorded within {timeout}s; recorded {len(self.events())} events:\n"
-                                     f"{json.dumps(self.events()[-10:], indent=1)}\n--- actions log ---\n{self.log_tail()}")
+                raise AssertionError(
+                    f"{what} not recorded within {timeout}s; recorded {len(self.events())} events:\n"
+                    f"{json.dumps(self.events()[-10:], indent=1)}\n--- actions log ---\n{self.log_tail()}"
+                )
             time.sleep(0.2)
 
     def stop(self) -> None:
@@ -375,7 +437,11 @@ def actions_pipeline(actions_python: Path, tmp_path: Path) -> Iterator[Callable[
         with open(log_path, "wb") as log:
             process = subprocess.Popen(
                 [str(actions_python.parent / "datahub"), "actions", "-c", str(config_path)],
-                env=env, cwd=tmp_path, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                env=env,
+                cwd=tmp_path,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
             )
         pipeline_ = ActionsPipeline(process, record_path, log_path)
         started.append(pipeline_)
@@ -390,7 +456,10 @@ def actions_pipeline(actions_python: Path, tmp_path: Path) -> Iterator[Callable[
 
 OPENLINEAGE_VERSION = "1.54.0"
 OPENLINEAGE_VENV = Path(os.environ.get("METALEDGER_OPENLINEAGE_VENV", ROOT / ".venv-openlineage"))
-OPENLINEAGE_REQUIREMENT = (f"openlineage-python=={OPENLINEAGE_VERSION}", f".acryl-openlineage-python-{OPENLINEAGE_VERSION}")
+OPENLINEAGE_REQUIREMENT = (
+    f"openlineage-python=={OPENLINEAGE_VERSION}",
+    f".acryl-openlineage-python-{OPENLINEAGE_VERSION}",
+)
 
 
 @pytest.fixture(scope="session")
@@ -402,8 +471,10 @@ def openlineage_python() -> Path:
 # --- dbt with OpenLineage's `dbt-ol` wrapper (tests/client/test_openlineage_dbt.py) --------------------------------
 
 DBT_VENV = Path(os.environ.get("METALEDGER_DBT_VENV", ROOT / ".venv-dbt"))
-DBT_REQUIREMENT = ((f"openlineage-dbt=={OPENLINEAGE_VERSION}", "dbt-core==1.10.15", "dbt-postgres==1.9.1"),
-                   f".acryl-openlineage-dbt-{OPENLINEAGE_VERSION}-dbt-1.10.15-postgres-1.9.1")
+DBT_REQUIREMENT = (
+    (f"openlineage-dbt=={OPENLINEAGE_VERSION}", "dbt-core==1.10.15", "dbt-postgres==1.9.1"),
+    f".acryl-openlineage-dbt-{OPENLINEAGE_VERSION}-dbt-1.10.15-postgres-1.9.1",
+)
 
 
 @pytest.fixture(scope="session")

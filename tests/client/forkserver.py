@@ -47,8 +47,11 @@ def serve() -> dict:
 
 
 def redirect(request: dict) -> None:
-    for fd, path, flags in ((0, os.devnull, os.O_RDONLY), (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
-                            (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)):
+    for fd, path, flags in (
+        (0, os.devnull, os.O_RDONLY),
+        (1, request["stdout"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+        (2, request["stderr"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC),
+    ):
         opened = os.open(path, flags, 0o644)
         os.dup2(opened, fd)
         os.close(opened)

@@ -18,7 +18,13 @@ def propose(server, *proposals: dict) -> dict:
 
 
 def mcp(urn: str, aspect: str, value, change_type: str = "UPSERT", **extra) -> dict:
-    proposal = {"entityType": urn.split(":")[2], "entityUrn": urn, "changeType": change_type, "aspectName": aspect, **extra}
+    proposal = {
+        "entityType": urn.split(":")[2],
+        "entityUrn": urn,
+        "changeType": change_type,
+        "aspectName": aspect,
+        **extra,
+    }
     if value is not None:
         proposal["aspect"] = {"value": value, "contentType": "application/json"}
     return proposal
@@ -34,7 +40,9 @@ def warm_up(pipeline, server, tag: str, timeout: float = 90, every: float = 1) -
         propose(server, mcp(urn, "status", {"removed": False}))
         sent.add(urn)
         try:
-            pipeline.wait_for(lambda events: any(e.get("urn") in sent for e in events), timeout=every, what="a warm-up event")
+            pipeline.wait_for(
+                lambda events: any(e.get("urn") in sent for e in events), timeout=every, what="a warm-up event"
+            )
             return
         except AssertionError:
             if pipeline.process.poll() is not None or time.monotonic() > deadline:

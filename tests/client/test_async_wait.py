@@ -64,11 +64,24 @@ class Emission:
     """`emit_mcps(..., ASYNC_WAIT)` running in the client venv; its output lines are collected as they come."""
 
     def __init__(self, client: DataHubClient, urn: str, description: str, headers: dict | None) -> None:
-        prelude = "".join(f"{k} = {v!r}\n" for k, v in {
-            "GMS": client.env["DATAHUB_GMS_URL"], "TOKEN": client.env.get("DATAHUB_GMS_TOKEN"),
-            "URN": urn, "DESCRIPTION": description, "HEADERS": headers}.items())
-        self.process = subprocess.Popen([str(client.python), "-c", prelude + EMIT], env=client.env,
-                                        cwd=client.workdir, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        prelude = "".join(
+            f"{k} = {v!r}\n"
+            for k, v in {
+                "GMS": client.env["DATAHUB_GMS_URL"],
+                "TOKEN": client.env.get("DATAHUB_GMS_TOKEN"),
+                "URN": urn,
+                "DESCRIPTION": description,
+                "HEADERS": headers,
+            }.items()
+        )
+        self.process = subprocess.Popen(
+            [str(client.python), "-c", prelude + EMIT],
+            env=client.env,
+            cwd=client.workdir,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         self.stderr: list[str] = []  # read as it comes, so that a chatty SDK never blocks on a full pipe
@@ -104,7 +117,9 @@ class Emission:
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait(5)
-            raise AssertionError(f"emit_mcps still waiting after {timeout}s; the SDK's trace answers: {self.traces()}")
+            raise AssertionError(
+                f"emit_mcps still waiting after {timeout}s; the SDK's trace answers: {self.traces()}"
+            ) from None
         while True:
             try:
                 self.seen.append(self.lines.get(timeout=1))
@@ -135,8 +150,9 @@ async def hold_indexing(database_url: str) -> asyncpg.Connection:
     to apply a batch) in a transaction that lasts until the connection is closed; whatever it reads in the meantime
     waits for the lock."""
     conn = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
-    await conn.execute("INSERT INTO feed_reader_state (reader, last_offset) VALUES ($1, 0) ON CONFLICT DO NOTHING",
-                       SEARCH_INDEXER)
+    await conn.execute(
+        "INSERT INTO feed_reader_state (reader, last_offset) VALUES ($1, 0) ON CONFLICT DO NOTHING", SEARCH_INDEXER
+    )
     await conn.execute("BEGIN")
     await conn.execute("SELECT 1 FROM feed_reader_state WHERE reader = $1 FOR UPDATE", SEARCH_INDEXER)
     return conn
@@ -155,8 +171,11 @@ async def test_async_wait_returns_once_every_aspect_is_stored_and_searchable(kaf
     try:
         await asyncio.to_thread(indexer)  # its start overlaps the SDK's
         # The SDK polls again after 2 s, 4 s more, ...: one of its answers has both aspects stored and not searchable.
-        seen = await asyncio.to_thread(emission.wait_for_trace, lambda answer: set(
-            _statuses(answer, urn, "primaryStorage").values()) == {"ACTIVE_STATE"}, 30)
+        seen = await asyncio.to_thread(
+            emission.wait_for_trace,
+            lambda answer: set(_statuses(answer, urn, "primaryStorage").values()) == {"ACTIVE_STATE"},
+            30,
+        )
         assert _statuses(seen, urn, "searchStorage")["datasetProperties"] == "PENDING", seen
         assert emission.process.poll() is None, "emit_mcps returned before the writes were searchable"
         await held.close()  # the indexer catches up

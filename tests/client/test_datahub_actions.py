@@ -21,12 +21,19 @@ from tests.client.helpers import ECE, MCL, of, propose, warm_up
 
 pytestmark = pytest.mark.client
 
+
 def kafka_source(server) -> dict:
-    return {"type": "kafka", "config": {
-        "connection": {"bootstrap": server.bootstrap, "schema_registry_url": server.registry_url},
-        "topic_routes": {"mcl": server.topic("topic_mcl_versioned"), "mcl_timeseries": server.topic("topic_mcl_timeseries"),
-                         "pe": server.topic("topic_platform_event")},
-    }}
+    return {
+        "type": "kafka",
+        "config": {
+            "connection": {"bootstrap": server.bootstrap, "schema_registry_url": server.registry_url},
+            "topic_routes": {
+                "mcl": server.topic("topic_mcl_versioned"),
+                "mcl_timeseries": server.topic("topic_mcl_timeseries"),
+                "pe": server.topic("topic_platform_event"),
+            },
+        },
+    }
 
 
 def test_actions_kafka_source_receives_mcls_and_entity_change_events(actions_pipeline, kafka_metaledger, kafka_datahub):
@@ -58,20 +65,33 @@ def test_actions_kafka_source_receives_mcls_and_entity_change_events(actions_pip
         URN=urn,
     )
     # plain HTTP: the tag replaced (gold removed, silver added)
-    propose(kafka_metaledger, {"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": "globalTags",
-                               "aspect": {"value": {"tags": [{"tag": "urn:li:tag:silver"}]}, "contentType": "application/json"}})
+    propose(
+        kafka_metaledger,
+        {
+            "entityType": "dataset",
+            "entityUrn": urn,
+            "changeType": "UPSERT",
+            "aspectName": "globalTags",
+            "aspect": {"value": {"tags": [{"tag": "urn:li:tag:silver"}]}, "contentType": "application/json"},
+        },
+    )
 
     def complete(events):
         eces = {(e["category"], e["operation"], e.get("modifier")) for e in of(events, urn, ECE)}
         return {("TAG", "REMOVE", "urn:li:tag:gold"), ("TAG", "ADD", "urn:li:tag:silver")} <= eces
+
     pipeline.wait_for(complete, timeout=60, what="the TAG events of the second globalTags write")
     received_s = time.monotonic() - started
     events = pipeline.events()
 
     mcls = of(events, urn, MCL)
     assert [(m["aspect"], m["changeType"]) for m in mcls if m["aspect"] != "datasetProfile"] == [
-        ("datasetKey", "UPSERT"), ("datasetProperties", "UPSERT"), ("globalTags", "UPSERT"), ("ownership", "UPSERT"),
-        ("datasetProperties", "UPSERT"), ("globalTags", "UPSERT"),
+        ("datasetKey", "UPSERT"),
+        ("datasetProperties", "UPSERT"),
+        ("globalTags", "UPSERT"),
+        ("ownership", "UPSERT"),
+        ("datasetProperties", "UPSERT"),
+        ("globalTags", "UPSERT"),
     ]
     by_aspect = {}
     for m in mcls:
@@ -83,22 +103,39 @@ def test_actions_kafka_source_receives_mcls_and_entity_change_events(actions_pip
     assert second["systemMetadata"]["version"] == "2" and second["previousSystemMetadata"]["version"] == "1"
     assert second["systemMetadata"]["properties"]["clientId"] == "acryl-datahub"
     assert second["created"]["actor"] == "urn:li:corpuser:datahub"
-    assert all(m["topic"] == kafka_metaledger.topic("topic_mcl_versioned") for m in mcls if m["aspect"] != "datasetProfile")
+    assert all(
+        m["topic"] == kafka_metaledger.topic("topic_mcl_versioned") for m in mcls if m["aspect"] != "datasetProfile"
+    )
     [profile] = by_aspect["datasetProfile"]
-    assert profile["topic"] == kafka_metaledger.topic("topic_mcl_timeseries") and profile["value"]["value"]["rowCount"] == 7
+    assert (
+        profile["topic"] == kafka_metaledger.topic("topic_mcl_timeseries")
+        and profile["value"]["value"]["rowCount"] == 7
+    )
 
     eces = of(events, urn, ECE)
     seen = [(e["category"], e["operation"], e.get("modifier")) for e in eces]
-    for expected in [("LIFECYCLE", "CREATE", None), ("DOCUMENTATION", "ADD", None), ("TAG", "ADD", "urn:li:tag:gold"),
-                     ("OWNERSHIP", "ADD", "urn:li:corpuser:jdoe"), ("DOCUMENTATION", "MODIFY", None),
-                     ("TAG", "REMOVE", "urn:li:tag:gold"), ("TAG", "ADD", "urn:li:tag:silver")]:
+    for expected in [
+        ("LIFECYCLE", "CREATE", None),
+        ("DOCUMENTATION", "ADD", None),
+        ("TAG", "ADD", "urn:li:tag:gold"),
+        ("OWNERSHIP", "ADD", "urn:li:corpuser:jdoe"),
+        ("DOCUMENTATION", "MODIFY", None),
+        ("TAG", "REMOVE", "urn:li:tag:gold"),
+        ("TAG", "ADD", "urn:li:tag:silver"),
+    ]:
         assert expected in seen, f"{expected} not in {seen}"
-    tag_add = next(e for e in eces if (e["category"], e["operation"], e.get("modifier")) == ("TAG", "ADD", "urn:li:tag:gold"))
+    tag_add = next(
+        e for e in eces if (e["category"], e["operation"], e.get("modifier")) == ("TAG", "ADD", "urn:li:tag:gold")
+    )
     assert tag_add["entityType"] == "dataset" and tag_add["topic"] == kafka_metaledger.topic("topic_platform_event")
     assert tag_add["parameters"]["tagUrn"] == "urn:li:tag:gold"
     assert tag_add["auditStamp"]["actor"] == "urn:li:corpuser:datahub" and tag_add["auditStamp"]["time"] > 0
     # nothing failed to decode: every message on the routed topics was an event for the action
-    assert "Invalid magic byte" not in pipeline.log_tail(400) and "Traceback" not in pipeline.log_tail(400), pipeline.log_tail()
-    print(f"\nDataHub Actions: subscribed after {subscribed_s:.1f}s, all events after {received_s:.1f}s "
-          f"({len(events)} events recorded)")
+    assert "Invalid magic byte" not in pipeline.log_tail(400) and "Traceback" not in pipeline.log_tail(400), (
+        pipeline.log_tail()
+    )
+    print(
+        f"\nDataHub Actions: subscribed after {subscribed_s:.1f}s, all events after {received_s:.1f}s "
+        f"({len(events)} events recorded)"
+    )
     print(json.dumps(eces[:2], indent=1))

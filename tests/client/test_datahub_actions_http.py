@@ -16,6 +16,7 @@ from tests.client.helpers import ECE, MCL, mcp, of, propose, warm_up
 
 pytestmark = pytest.mark.client
 
+
 def test_actions_http_event_source_over_the_change_feed(actions_pipeline, metaledger):
     tag = uuid.uuid4().hex[:8]
     urn = f"urn:li:dataset:(urn:li:dataPlatform:hive,actions_http.orders_{tag},PROD)"
@@ -30,6 +31,7 @@ def test_actions_http_event_source_over_the_change_feed(actions_pipeline, metale
 
     def complete(events):
         return of(events, urn, ECE) and len(of(events, urn, MCL)) >= 3
+
     pipeline.wait_for(complete, timeout=60, what="the MCLs and the tag event")
     events = pipeline.events()
     mcls = of(events, urn, MCL)
@@ -48,7 +50,9 @@ def test_actions_http_event_source_over_the_change_feed(actions_pipeline, metale
 async def _consumer_states(database_url: str) -> list[dict]:
     conn = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
     try:
-        rows = await conn.fetch("SELECT metadata FROM metadata_aspect_v2 WHERE aspect = 'platformResourceInfo' AND version = 0")
+        rows = await conn.fetch(
+            "SELECT metadata FROM metadata_aspect_v2 WHERE aspect = 'platformResourceInfo' AND version = 0"
+        )
     finally:
         await conn.close()
     return [orjson.loads(r["metadata"]) for r in rows]

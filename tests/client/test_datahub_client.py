@@ -22,7 +22,9 @@ RECORDS = 1000  # MCPs in the generated metadata file: ten of the Rest.li sink's
 
 def entity(metaledger, entity_type: str, urn: str) -> dict:
     with metaledger.http() as http:
-        response = http.get(f"/openapi/v3/entity/{entity_type}/{quote(urn, safe='')}", params={"systemMetadata": "true"})
+        response = http.get(
+            f"/openapi/v3/entity/{entity_type}/{quote(urn, safe='')}", params={"systemMetadata": "true"}
+        )
         return response.json() if response.status_code == 200 else {}
 
 
@@ -40,7 +42,7 @@ def test_emitter_single_batch_and_legacy_mce(datahub, metaledger):
         emitter = DatahubRestEmitter(GMS, token=TOKEN)
         emitter.test_connection()
         emitter.emit(MetadataChangeProposalWrapper(entityUrn=ds("single"), aspect=DatasetPropertiesClass(
-            description="Orders table \u00e9\u00e8 \u2713 \U0001F600", customProperties={"k": "v"})))
+            description="Orders table \u00e9\u00e8 \u2713 \U0001f600", customProperties={"k": "v"})))
         schema = SchemaMetadataClass(schemaName="t", platform="urn:li:dataPlatform:hive", version=0, hash="",
             platformSchema=OtherSchemaClass(rawSchema=""),
             fields=[SchemaFieldClass(fieldPath="id", type=SchemaFieldDataTypeClass(StringTypeClass()), nativeDataType="string")])
@@ -97,7 +99,10 @@ def test_without_a_valid_token_the_client_fails_cleanly(datahub, metaledger):
 
     revoked = service_token({"METALEDGER_DATABASE_URL": metaledger.database_url}, "urn:li:corpuser:leaver", "writer")
     with metaledger.http() as http:
-        token_id = next(t["id"] for t in http.get("/openapi/v1/auth/tokens", params={"actor": "urn:li:corpuser:leaver"}).json()["tokens"])
+        token_id = next(
+            t["id"]
+            for t in http.get("/openapi/v1/auth/tokens", params={"actor": "urn:li:corpuser:leaver"}).json()["tokens"]
+        )
         assert http.delete(f"/openapi/v1/auth/tokens/{token_id}").status_code == 200
     out = datahub.script(
         """
@@ -117,7 +122,8 @@ def test_without_a_valid_token_the_client_fails_cleanly(datahub, metaledger):
                 outcomes.append(f"{type(error).__name__}: {error}")
         print(json.dumps(outcomes))
         """,
-        URN=DS.format(name="unauthenticated"), REVOKED=revoked,
+        URN=DS.format(name="unauthenticated"),
+        REVOKED=revoked,
     )
     no_token, revoked_token = json.loads(out.stdout.strip().splitlines()[-1])
     assert no_token.startswith("OperationalError") and "authentication required" in no_token, no_token
@@ -133,7 +139,9 @@ def test_dataset_patch_builders(datahub, metaledger):
     assert patched["datasetProperties"]["value"]["description"] == "before"
     assert [t["tag"] for t in patched["globalTags"]["value"]["tags"]] == ["urn:li:tag:gold"]
     assert [t["urn"] for t in patched["glossaryTerms"]["value"]["terms"]] == ["urn:li:glossaryTerm:revenue"]
-    assert [(o["owner"], o["type"]) for o in patched["ownership"]["value"]["owners"]] == [("urn:li:corpuser:jdoe", "TECHNICAL_OWNER")]
+    assert [(o["owner"], o["type"]) for o in patched["ownership"]["value"]["owners"]] == [
+        ("urn:li:corpuser:jdoe", "TECHNICAL_OWNER")
+    ]
     assert [u["dataset"] for u in patched["upstreamLineage"]["value"]["upstreams"]] == [DS.format(name="upstream")]
 
 
@@ -143,7 +151,17 @@ def test_cli_put_get_soft_and_hard_delete(datahub, metaledger, tmp_path):
     props.write_text(json.dumps({"description": "from the cli", "customProperties": {"a": "b"}}))
     put = datahub.cli("put", "--urn", urn, "-a", "datasetProperties", "-d", str(props))
     assert "Update succeeded" in put.stdout + put.stderr
-    datahub.cli("put", "--urn", urn, "-a", "status", "-d", str(_write(tmp_path / "s.json", {"removed": False})), "--run-id", "my-run")
+    datahub.cli(
+        "put",
+        "--urn",
+        urn,
+        "-a",
+        "status",
+        "-d",
+        str(_write(tmp_path / "s.json", {"removed": False})),
+        "--run-id",
+        "my-run",
+    )
     assert entity(metaledger, "dataset", urn)["status"]["systemMetadata"]["runId"] == "my-run"
 
     got = json.loads(datahub.cli("get", "--urn", urn, "-a", "datasetProperties").stdout)
@@ -164,8 +182,24 @@ def test_cli_put_get_soft_and_hard_delete(datahub, metaledger, tmp_path):
 
     # a tag: the hard delete also removes the references to it (deleteReferences)
     tagged = DS.format(name="tagged")
-    datahub.cli("put", "--urn", tagged, "-a", "globalTags", "-d", str(_write(tmp_path / "t.json", {"tags": [{"tag": "urn:li:tag:doomed"}]})))
-    datahub.cli("put", "--urn", "urn:li:tag:doomed", "-a", "tagProperties", "-d", str(_write(tmp_path / "tp.json", {"name": "doomed"})))
+    datahub.cli(
+        "put",
+        "--urn",
+        tagged,
+        "-a",
+        "globalTags",
+        "-d",
+        str(_write(tmp_path / "t.json", {"tags": [{"tag": "urn:li:tag:doomed"}]})),
+    )
+    datahub.cli(
+        "put",
+        "--urn",
+        "urn:li:tag:doomed",
+        "-a",
+        "tagProperties",
+        "-d",
+        str(_write(tmp_path / "tp.json", {"name": "doomed"})),
+    )
     datahub.cli("delete", "--urn", "urn:li:tag:doomed", "--hard", "-f")
     assert entity(metaledger, "tag", "urn:li:tag:doomed") == {}
     assert entity(metaledger, "dataset", tagged)["globalTags"]["value"]["tags"] == []
@@ -213,9 +247,17 @@ def test_graph_reads_timeseries_and_hard_delete(datahub, metaledger):
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert uuid.UUID(result.pop("server_id"))  # what the CLI reads as the server's id when it connects (app.telemetry)
     assert result == {
-        "props": "graph", "key": "client.graph", "absent": None, "exists": True, "not_exists": False,
-        "raw": ["datasetKey", "datasetProperties", "status"], "raw_all": ["datasetKey", "datasetProperties", "status"],
-        "series": [4, 3, 2], "latest": 2, "deleted": [3, 5], "after": False,
+        "props": "graph",
+        "key": "client.graph",
+        "absent": None,
+        "exists": True,
+        "not_exists": False,
+        "raw": ["datasetKey", "datasetProperties", "status"],
+        "raw_all": ["datasetKey", "datasetProperties", "status"],
+        "series": [4, 3, 2],
+        "latest": 2,
+        "deleted": [3, 5],
+        "after": False,
     }
 
 
@@ -241,8 +283,14 @@ def test_sdk_v2_client_from_env(datahub, metaledger):
         """
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    assert result == {"description": "updated", "tags": ["urn:li:tag:gold"], "owners": ["urn:li:corpuser:jdoe"],
-                      "props": {"a": "b"}, "fields": ["id", "amount"], "openapi": True}
+    assert result == {
+        "description": "updated",
+        "tags": ["urn:li:tag:gold"],
+        "owners": ["urn:li:corpuser:jdoe"],
+        "props": {"a": "b"},
+        "fields": ["id", "amount"],
+        "openapi": True,
+    }
 
 
 GENERATOR = """
@@ -279,11 +327,21 @@ GENERATOR = """
 
 def _ingest(datahub, tmp_path, data_file, name: str, extra_sink: dict) -> float:
     recipe = tmp_path / f"{name}-recipe.yml"  # JSON is YAML
-    recipe.write_text(json.dumps({
-        "source": {"type": "file", "config": {"path": str(data_file)}},
-        "sink": {"type": "datahub-rest", "config": {"server": datahub.env["DATAHUB_GMS_URL"],
-                                                    "token": datahub.env["DATAHUB_GMS_TOKEN"], **extra_sink}},
-    }))
+    recipe.write_text(
+        json.dumps(
+            {
+                "source": {"type": "file", "config": {"path": str(data_file)}},
+                "sink": {
+                    "type": "datahub-rest",
+                    "config": {
+                        "server": datahub.env["DATAHUB_GMS_URL"],
+                        "token": datahub.env["DATAHUB_GMS_TOKEN"],
+                        **extra_sink,
+                    },
+                },
+            }
+        )
+    )
     started = time.perf_counter()
     result = datahub.cli("ingest", "-c", str(recipe), check=False, timeout=600)
     seconds = time.perf_counter() - started
@@ -298,8 +356,11 @@ def test_datahub_ingest_file_timings(datahub, metaledger, tmp_path, request):
     timings = {}
     for name, sink in (("restli", {}), ("openapi", {"endpoint": "OPENAPI"})):
         data_file = tmp_path / f"{name}-mcps.json"
-        generated = datahub.script(GENERATOR.replace("sys.argv[1], sys.argv[2], int(sys.argv[3])",
-                                                     f"{str(data_file)!r}, {f'ingest_{name}'!r}, {RECORDS}"))
+        generated = datahub.script(
+            GENERATOR.replace(
+                "sys.argv[1], sys.argv[2], int(sys.argv[3])", f"{str(data_file)!r}, {f'ingest_{name}'!r}, {RECORDS}"
+            )
+        )
         datasets = int(generated.stdout.strip().splitlines()[-1])
         seconds = _ingest(datahub, tmp_path, data_file, name, sink)
         timings[name] = {"records": RECORDS, "seconds": round(seconds, 2), "records_per_s": round(RECORDS / seconds, 1)}
@@ -312,8 +373,10 @@ def test_datahub_ingest_file_timings(datahub, metaledger, tmp_path, request):
         assert stored["datasetProperties"]["value"]["description"] == f"Table 0 of ingest_{name}"
         assert entity(metaledger, "dataset", last)
         with metaledger.http() as http:
-            series = http.post("/aspects?action=getTimeseriesAspectValues",
-                               json={"urn": first, "entity": "dataset", "aspect": "datasetProfile", "limit": 5}).json()
+            series = http.post(
+                "/aspects?action=getTimeseriesAspectValues",
+                json={"urn": first, "entity": "dataset", "aspect": "datasetProfile", "limit": 5},
+            ).json()
         assert len(series["value"]["values"]) == 1
     request.config.cache.set("metaledger/client_ingest_timings", timings)
     for name, t in timings.items():

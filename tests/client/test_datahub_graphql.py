@@ -32,14 +32,31 @@ def ds(platform: str, name: str, env: str = "PROD") -> str:
 def dataset(platform: str, name: str, env: str = "PROD", title: str | None = None, removed: bool = False) -> list[dict]:
     urn = ds(platform, name, env)
     proposals = [
-        {"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": "datasetKey",
-         "aspect": {"value": {"platform": f"urn:li:dataPlatform:{platform}", "name": name, "origin": env}}},
-        {"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": "status",
-         "aspect": {"value": {"removed": removed}}},
+        {
+            "entityType": "dataset",
+            "entityUrn": urn,
+            "changeType": "UPSERT",
+            "aspectName": "datasetKey",
+            "aspect": {"value": {"platform": f"urn:li:dataPlatform:{platform}", "name": name, "origin": env}},
+        },
+        {
+            "entityType": "dataset",
+            "entityUrn": urn,
+            "changeType": "UPSERT",
+            "aspectName": "status",
+            "aspect": {"value": {"removed": removed}},
+        },
     ]
     if title:
-        proposals.append({"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT",
-                          "aspectName": "datasetProperties", "aspect": {"value": {"name": title}}})
+        proposals.append(
+            {
+                "entityType": "dataset",
+                "entityUrn": urn,
+                "changeType": "UPSERT",
+                "aspectName": "datasetProperties",
+                "aspect": {"value": {"name": title}},
+            }
+        )
     return proposals
 
 
@@ -49,7 +66,9 @@ def service(make_database: Callable[..., str], migrated_template: str) -> Iterat
 
 
 @pytest.fixture(scope="module")
-def client(client_python: Path, service: Metaledger, tmp_path_factory: pytest.TempPathFactory) -> Iterator[DataHubClient]:
+def client(
+    client_python: Path, service: Metaledger, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[DataHubClient]:
     home = tmp_path_factory.mktemp("datahub-graphql-home")
     client = DataHubClient(client_python, _client_env(client_python, home, service.url, service.token), home)
     yield client
@@ -71,7 +90,9 @@ def loaded(service: Metaledger) -> dict[str, list[str]]:
     proposals = [p for entities in groups.values() for entity in entities for p in entity]
     with service.http() as http:
         for start in range(0, len(proposals), 2_000):
-            response = http.post("/openapi/v1/proposals", json=proposals[start:start + 2_000], headers=SYNC, timeout=300)
+            response = http.post(
+                "/openapi/v1/proposals", json=proposals[start : start + 2_000], headers=SYNC, timeout=300
+            )
             assert response.status_code == 200, response.text[:2000]
     return {name: [entity[0]["entityUrn"] for entity in entities] for name, entities in groups.items()}
 
@@ -153,9 +174,18 @@ def test_sdk_v2_search_get_urns(client, loaded):
 def test_tag_mutations_through_the_client(client, service, loaded):
     target = loaded["kafka_clicks"][0]
     with service.http() as http:
-        http.post("/openapi/v1/proposals", json=[{
-            "entityType": "dataset", "entityUrn": target, "changeType": "UPSERT", "aspectName": "globalTags",
-            "aspect": {"value": {"tags": [{"tag": "urn:li:tag:gql-tag"}, {"tag": "urn:li:tag:other"}]}}}]).raise_for_status()
+        http.post(
+            "/openapi/v1/proposals",
+            json=[
+                {
+                    "entityType": "dataset",
+                    "entityUrn": target,
+                    "changeType": "UPSERT",
+                    "aspectName": "globalTags",
+                    "aspect": {"value": {"tags": [{"tag": "urn:li:tag:gql-tag"}, {"tag": "urn:li:tag:other"}]}},
+                }
+            ],
+        ).raise_for_status()
     out = client.script(
         """
         import json
@@ -208,15 +238,31 @@ def test_graphql_errors_through_the_client(client, service):
 
 def test_schema_resolver_bulk_fetch(client, service):
     """The SQL parser's schema resolver: schemaMetadata of a platform's datasets through scrollAcrossEntities."""
-    fields = [{"fieldPath": c, "nativeDataType": "varchar", "type": {"type": {"com.linkedin.schema.StringType": {}}}}
-              for c in ("id", "amount")]
+    fields = [
+        {"fieldPath": c, "nativeDataType": "varchar", "type": {"type": {"com.linkedin.schema.StringType": {}}}}
+        for c in ("id", "amount")
+    ]
     proposals = []
     for name in ("shop.orders", "shop.items"):
         proposals += dataset("mysql", name)
-        proposals.append({"entityType": "dataset", "entityUrn": ds("mysql", name), "changeType": "UPSERT",
-                          "aspectName": "schemaMetadata", "aspect": {"value": {
-                              "schemaName": name, "platform": "urn:li:dataPlatform:mysql", "version": 0, "hash": "",
-                              "platformSchema": {"com.linkedin.schema.MySqlDDL": {"tableSchema": ""}}, "fields": fields}}})
+        proposals.append(
+            {
+                "entityType": "dataset",
+                "entityUrn": ds("mysql", name),
+                "changeType": "UPSERT",
+                "aspectName": "schemaMetadata",
+                "aspect": {
+                    "value": {
+                        "schemaName": name,
+                        "platform": "urn:li:dataPlatform:mysql",
+                        "version": 0,
+                        "hash": "",
+                        "platformSchema": {"com.linkedin.schema.MySqlDDL": {"tableSchema": ""}},
+                        "fields": fields,
+                    }
+                },
+            }
+        )
     with service.http() as http:
         http.post("/openapi/v1/proposals", json=proposals, headers=SYNC).raise_for_status()
     out = client.script(
@@ -238,9 +284,16 @@ def test_sdk_v2_lineage(client, service):
     a, b, c = (ds("postgres", f"lin.{n}") for n in "abc")
     stamp = {"time": 0, "actor": "urn:li:corpuser:unknown"}
     proposals = [p for name in "abc" for p in dataset("postgres", f"lin.{name}")]
-    proposals += [{"entityType": "dataset", "entityUrn": down, "changeType": "UPSERT", "aspectName": "upstreamLineage",
-                   "aspect": {"value": {"upstreams": [{"dataset": up, "type": "TRANSFORMED", "auditStamp": stamp}]}}}
-                  for down, up in ((b, a), (c, b))]
+    proposals += [
+        {
+            "entityType": "dataset",
+            "entityUrn": down,
+            "changeType": "UPSERT",
+            "aspectName": "upstreamLineage",
+            "aspect": {"value": {"upstreams": [{"dataset": up, "type": "TRANSFORMED", "auditStamp": stamp}]}},
+        }
+        for down, up in ((b, a), (c, b))
+    ]
     with service.http() as http:
         http.post("/openapi/v1/proposals", json=proposals, headers=SYNC).raise_for_status()
     out = client.script(
@@ -253,7 +306,8 @@ def test_sdk_v2_lineage(client, service):
         up = client.lineage.get_lineage(source_urn=C, direction="upstream")
         print(json.dumps({"down": [[r.urn, r.hops, r.platform] for r in down], "up": [[r.urn, r.hops] for r in up]}))
         """,
-        A=a, C=c,
+        A=a,
+        C=c,
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     assert result == {"down": [[b, 1, "postgres"], [c, 2, "postgres"]], "up": [[b, 1]]}
@@ -261,6 +315,7 @@ def test_sdk_v2_lineage(client, service):
 
 def test_datahub_delete_by_filter(client, service, loaded):
     """Runs last in the module: it deletes the hive and some kafka datasets."""
+
     def remaining(**kwargs: Any) -> list[str]:
         return urns_by_filter(client, **kwargs)[0]
 

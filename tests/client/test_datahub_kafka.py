@@ -80,7 +80,9 @@ def text(value):
 
 def entity(server, entity_type: str, urn: str) -> dict:
     with server.http() as http:
-        response = http.get(f"/openapi/v3/entity/{entity_type}/{quote(urn, safe='')}", params={"systemMetadata": "true"})
+        response = http.get(
+            f"/openapi/v3/entity/{entity_type}/{quote(urn, safe='')}", params={"systemMetadata": "true"}
+        )
         return response.json() if response.status_code == 200 else {}
 
 
@@ -92,8 +94,10 @@ def wait_entity(server, entity_type: str, urn: str, check, timeout: float = 90) 
         if check(found):
             return found
         if time.monotonic() > deadline:
-            raise AssertionError(f"{urn}: not as expected after {timeout}s: {json.dumps(found)[:2000]}\n"
-                                 f"--- metaledger log ---\n{server.log_tail()}")
+            raise AssertionError(
+                f"{urn}: not as expected after {timeout}s: {json.dumps(found)[:2000]}\n"
+                f"--- metaledger log ---\n{server.log_tail()}"
+            )
         time.sleep(0.3)
 
 
@@ -104,9 +108,12 @@ def outbox_payloads(server, urn: str) -> list[tuple[str, str]]:
     async def fetch():
         conn = await asyncpg.connect(server.database_url.replace("postgresql+asyncpg://", "postgresql://"))
         try:
-            return await conn.fetch("SELECT topic, payload FROM change_log_outbox WHERE urn = $1 AND topic = ANY($2)"
-                                    " ORDER BY feed_offset NULLS LAST, id", urn,
-                                    [server.topic("topic_mcl_versioned"), server.topic("topic_mcl_timeseries")])
+            return await conn.fetch(
+                "SELECT topic, payload FROM change_log_outbox WHERE urn = $1 AND topic = ANY($2)"
+                " ORDER BY feed_offset NULLS LAST, id",
+                urn,
+                [server.topic("topic_mcl_versioned"), server.topic("topic_mcl_timeseries")],
+            )
         finally:
             await conn.close()
 
@@ -126,8 +133,12 @@ def test_registry_is_served_where_datahub_clients_look(kafka_metaledger):
     with httpx.Client(timeout=10) as http:
         root = http.get(kafka_metaledger.registry_url)
         assert root.status_code == 200 and root.json() == {}, root.text  # Confluent's root answer
-        for schema_id, name in [(16, "MetadataChangeProposal"), (17, "FailedMetadataChangeProposal"),
-                                (18, "MetadataChangeLog"), (4, "PlatformEvent")]:
+        for schema_id, name in [
+            (16, "MetadataChangeProposal"),
+            (17, "FailedMetadataChangeProposal"),
+            (18, "MetadataChangeLog"),
+            (4, "PlatformEvent"),
+        ]:
             response = http.get(f"{kafka_metaledger.registry_url}schemas/ids/{schema_id}")
             assert response.status_code == 200, response.text
             assert json.loads(response.json()["schema"])["name"] == name
@@ -158,15 +169,26 @@ def test_datahub_ingest_with_the_datahub_kafka_sink(kafka_datahub, kafka_metaled
                 UpstreamLineageClass(upstreams=[UpstreamClass(dataset=ORDERS, type=DatasetLineageTypeClass.TRANSFORMED)])])),
         ])
         """,
-        PATH=str(metadata), ORDERS=orders, LEGACY=legacy, PROPS=props_only,
+        PATH=str(metadata),
+        ORDERS=orders,
+        LEGACY=legacy,
+        PROPS=props_only,
     )
     recipe = {
         "source": {"type": "file", "config": {"path": str(metadata)}},
-        "sink": {"type": "datahub-kafka", "config": {
-            "connection": {"bootstrap": kafka_metaledger.bootstrap, "schema_registry_url": kafka_metaledger.registry_url},
-            "topic_routes": {"MetadataChangeProposal": kafka_metaledger.topic("topic_mcp"),
-                             "MetadataChangeEvent": kafka_metaledger.topic("topic_mce")},
-        }},
+        "sink": {
+            "type": "datahub-kafka",
+            "config": {
+                "connection": {
+                    "bootstrap": kafka_metaledger.bootstrap,
+                    "schema_registry_url": kafka_metaledger.registry_url,
+                },
+                "topic_routes": {
+                    "MetadataChangeProposal": kafka_metaledger.topic("topic_mcp"),
+                    "MetadataChangeEvent": kafka_metaledger.topic("topic_mce"),
+                },
+            },
+        },
     }
     (tmp_path / "recipe.yml").write_text(yaml.safe_dump(recipe))
     started = time.monotonic()
@@ -180,7 +202,9 @@ def test_datahub_ingest_with_the_datahub_kafka_sink(kafka_datahub, kafka_metaled
         assert latest.status_code == 200, latest.text
         assert json.loads(latest.json()["schema"])["name"] == "MetadataChangeProposal"
 
-    got = wait_entity(kafka_metaledger, "dataset", orders, lambda e: {"datasetProperties", "globalTags", "ownership"} <= set(e))
+    got = wait_entity(
+        kafka_metaledger, "dataset", orders, lambda e: {"datasetProperties", "globalTags", "ownership"} <= set(e)
+    )
     landed_s = time.monotonic() - started
     assert got["datasetProperties"]["value"]["description"] == "orders via Kafka é✓"
     assert got["datasetProperties"]["value"]["customProperties"] == {"k": "v"}
@@ -189,8 +213,12 @@ def test_datahub_ingest_with_the_datahub_kafka_sink(kafka_datahub, kafka_metaled
     assert system["runId"].startswith("file-") and system["lastObserved"] > 0, system
     assert [t["tag"] for t in got["globalTags"]["value"]["tags"]] == ["urn:li:tag:gold"]
     assert got["ownership"]["value"]["owners"][0]["owner"] == "urn:li:corpuser:jdoe"
-    assert wait_entity(kafka_metaledger, "dataset", props_only, lambda e: "status" in e)["status"]["value"] == {"removed": False}
-    got = wait_entity(kafka_metaledger, "dataset", legacy, lambda e: {"datasetProperties", "upstreamLineage", "status"} <= set(e))
+    assert wait_entity(kafka_metaledger, "dataset", props_only, lambda e: "status" in e)["status"]["value"] == {
+        "removed": False
+    }
+    got = wait_entity(
+        kafka_metaledger, "dataset", legacy, lambda e: {"datasetProperties", "upstreamLineage", "status"} <= set(e)
+    )
     assert got["datasetProperties"]["value"]["description"] == "legacy mce in a file"
     assert got["upstreamLineage"]["value"]["upstreams"][0]["dataset"] == orders
     print(f"\ndatahub ingest (datahub-kafka sink) {ingest_s:.1f}s; all applied after {landed_s:.1f}s")
@@ -218,9 +246,12 @@ def test_legacy_mce_on_the_mce_topic(kafka_datahub, kafka_metaledger):
         emitter.flush()
         assert not failures, failures
         """,
-        URN=legacy, **client_globals(kafka_metaledger),
+        URN=legacy,
+        **client_globals(kafka_metaledger),
     )
-    got = wait_entity(kafka_metaledger, "dataset", legacy, lambda e: {"datasetProperties", "status", "ownership"} <= set(e))
+    got = wait_entity(
+        kafka_metaledger, "dataset", legacy, lambda e: {"datasetProperties", "status", "ownership"} <= set(e)
+    )
     assert got["datasetProperties"]["value"]["description"] == "legacy mce on kafka"
     assert got["ownership"]["value"]["owners"][0]["owner"] == "urn:li:corpuser:jdoe"
 
@@ -230,7 +261,8 @@ def test_poison_and_unknown_schema_id_go_to_fmcp_and_the_consumer_goes_on(kafka_
     poison_key, unknown_key, truncated_key = f"poison-{tag}", f"unknown-id-{tag}", f"truncated-{tag}"
     good_avro, good_json = tagged("after_poison_avro"), tagged("after_poison_json")
     out = kafka_datahub.script(
-        READ_TOPIC + """
+        READ_TOPIC
+        + """
 from confluent_kafka import Producer
 from datahub.emitter.kafka_emitter import DatahubKafkaEmitter, KafkaEmitterConfig
 from datahub.emitter.mcp import MetadataChangeProposalWrapper
@@ -259,7 +291,11 @@ assert producer.flush(30) == 0
 records = read_topic(TOPICS["topic_fmcp"], {POISON, UNKNOWN, TRUNCATED}, expect=3, timeout=90)
 print(json.dumps(records, default=text))
 """,
-        POISON=poison_key, UNKNOWN=unknown_key, TRUNCATED=truncated_key, GOOD_AVRO=good_avro, GOOD_JSON=good_json,
+        POISON=poison_key,
+        UNKNOWN=unknown_key,
+        TRUNCATED=truncated_key,
+        GOOD_AVRO=good_avro,
+        GOOD_JSON=good_json,
         **client_globals(kafka_metaledger),
     )
     got = wait_entity(kafka_metaledger, "dataset", good_avro, lambda e: "datasetProperties" in e)
@@ -286,17 +322,23 @@ print(json.dumps(records, default=text))
 def test_avro_deserializer_and_datahub_classes_read_every_mcl_field(kafka_datahub, kafka_metaledger):
     """What the JSON relay test checks on the wire, read the way DataHub's Python consumers read it."""
     urn = tagged("mcl_fields")
-    created = propose(kafka_metaledger, mcp(urn, "status", {"removed": False}, systemMetadata={"runId": "run-1"},
-                                            headers={"X-Custom": "a"}))
+    created = propose(
+        kafka_metaledger,
+        mcp(urn, "status", {"removed": False}, systemMetadata={"runId": "run-1"}, headers={"X-Custom": "a"}),
+    )
     assert created["results"][0]["status"] == "CREATED"
-    propose(kafka_metaledger, mcp(urn, "status", {"removed": True}, systemMetadata={"runId": "run-2", "properties": {"p": "q"}}))
+    propose(
+        kafka_metaledger,
+        mcp(urn, "status", {"removed": True}, systemMetadata={"runId": "run-2", "properties": {"p": "q"}}),
+    )
     propose(kafka_metaledger, mcp(urn, "status", {"removed": True}))  # a no-op: no change log
     propose(kafka_metaledger, mcp(urn, "status", None, change_type="DELETE"))
     propose(kafka_metaledger, mcp(urn, "datasetProfile", {"timestampMillis": 1_700_000_000_000, "rowCount": 42}))
     propose(kafka_metaledger, mcp(urn, "subTypes", {"typeNames": ["Marker"]}))  # arrives after everything above
 
     out = kafka_datahub.script(
-        READ_TOPIC + """
+        READ_TOPIC
+        + """
 from datahub.metadata.schema_classes import MetadataChangeLogClass
 
 def aspect(generic):
@@ -318,20 +360,32 @@ versioned = read_topic(TOPICS["topic_mcl_versioned"], {URN}, expect=5)
 timeseries = read_topic(TOPICS["topic_mcl_timeseries"], {URN}, expect=1)
 print(json.dumps({"versioned": [fields(r) for r in versioned], "timeseries": [fields(r) for r in timeseries]}, default=text))
 """,
-        URN=urn, **client_globals(kafka_metaledger),
+        URN=urn,
+        **client_globals(kafka_metaledger),
     )
     result = json.loads(out.stdout.strip().splitlines()[-1])
     versioned, timeseries = result["versioned"], result["timeseries"]
     assert [(m["aspectName"], m["changeType"]) for m in versioned] == [
-        ("datasetKey", "UPSERT"), ("status", "UPSERT"), ("status", "UPSERT"), ("status", "DELETE"), ("subTypes", "UPSERT"),
+        ("datasetKey", "UPSERT"),
+        ("status", "UPSERT"),
+        ("status", "UPSERT"),
+        ("status", "DELETE"),
+        ("subTypes", "UPSERT"),
     ]
     assert all(m["magic"] == 0 and m["schemaId"] == 18 and m["key"] == urn for m in versioned)
     key, create, update, delete, _ = versioned
     name = urn.split(",")[1]
-    assert key["entityType"] == "dataset" and key["aspect"]["value"] == {"platform": "urn:li:dataPlatform:hive", "name": name, "origin": "PROD"}
+    assert key["entityType"] == "dataset" and key["aspect"]["value"] == {
+        "platform": "urn:li:dataPlatform:hive",
+        "name": name,
+        "origin": "PROD",
+    }
     assert key["systemMetadata"]["version"] == "1"
 
-    assert create["entityUrn"] == urn and create["aspect"] == {"value": {"removed": False}, "contentType": "application/json"}
+    assert create["entityUrn"] == urn and create["aspect"] == {
+        "value": {"removed": False},
+        "contentType": "application/json",
+    }
     assert create["systemMetadata"]["version"] == "1" and create["systemMetadata"]["runId"] == "run-1"
     assert create["previousAspectValue"] is None and create["previousSystemMetadata"] is None
     assert create["created"]["actor"] == "urn:li:corpuser:datahub" and create["created"]["time"] > 0
@@ -341,7 +395,10 @@ print(json.dumps({"versioned": [fields(r) for r in versioned], "timeseries": [fi
     assert update["previousAspectValue"] == {"value": {"removed": False}, "contentType": "application/json"}
     assert update["previousSystemMetadata"]["version"] == "1" and update["previousSystemMetadata"]["runId"] == "run-1"
     assert update["systemMetadata"]["version"] == "2" and update["systemMetadata"]["runId"] == "run-2"
-    assert update["systemMetadata"]["lastRunId"] == "run-1" and update["systemMetadata"]["properties"] == {"p": "q", "telemetryTraceId": ANY_TRACE_ID}
+    assert update["systemMetadata"]["lastRunId"] == "run-1" and update["systemMetadata"]["properties"] == {
+        "p": "q",
+        "telemetryTraceId": ANY_TRACE_ID,
+    }
     assert update["systemMetadata"]["lastObserved"] > 0
     assert update["headers"] == {DB_VERSION_HEADER: "2"}
     assert update["created"]["time"] >= create["created"]["time"]
@@ -352,11 +409,18 @@ print(json.dumps({"versioned": [fields(r) for r in versioned], "timeseries": [fi
     # byte for byte: what is on the topic is fastavro's encoding of the committed outbox row (its JSON form)
     rows = outbox_payloads(kafka_metaledger, urn)
     codec = ValueCodec(Settings(kafka_value_format="avro"))
-    assert [m["raw"] for m in versioned] == [codec.encode("mcl_versioned", p).hex() for t, p in rows if t == "topic_mcl_versioned"]
-    assert [m["raw"] for m in timeseries] == [codec.encode("mcl_timeseries", p).hex() for t, p in rows if t == "topic_mcl_timeseries"]
+    assert [m["raw"] for m in versioned] == [
+        codec.encode("mcl_versioned", p).hex() for t, p in rows if t == "topic_mcl_versioned"
+    ]
+    assert [m["raw"] for m in timeseries] == [
+        codec.encode("mcl_timeseries", p).hex() for t, p in rows if t == "topic_mcl_timeseries"
+    ]
 
     [profile] = timeseries
     assert profile["schemaId"] == 19 and profile["aspectName"] == "datasetProfile" and profile["changeType"] == "UPSERT"
-    assert profile["aspect"]["value"] == {"timestampMillis": 1_700_000_000_000, "rowCount": 42,
-                                          "partitionSpec": {"partition": "FULL_TABLE_SNAPSHOT", "type": "FULL_TABLE"}}
+    assert profile["aspect"]["value"] == {
+        "timestampMillis": 1_700_000_000_000,
+        "rowCount": 42,
+        "partitionSpec": {"partition": "FULL_TABLE_SNAPSHOT", "type": "FULL_TABLE"},
+    }
     assert profile["previousAspectValue"] is None and profile["systemMetadata"]["runId"] == "no-run-id-provided"

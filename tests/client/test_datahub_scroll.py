@@ -12,8 +12,15 @@ SYNC = {"X-DataHub-Sync-Index-Update": "true"}
 
 
 def _write(metaledger) -> None:
-    lineage = {"upstreams": [{"dataset": DATASETS[0], "type": "TRANSFORMED",
-                              "auditStamp": {"time": 0, "actor": "urn:li:corpuser:unknown"}}]}
+    lineage = {
+        "upstreams": [
+            {
+                "dataset": DATASETS[0],
+                "type": "TRANSFORMED",
+                "auditStamp": {"time": 0, "actor": "urn:li:corpuser:unknown"},
+            }
+        ]
+    }
     items = [{"urn": urn, "datasetProperties": {"value": {"description": f"d{i}"}}} for i, urn in enumerate(DATASETS)]
     items[1]["upstreamLineage"] = {"value": lineage}
     with metaledger.http() as http:
@@ -70,15 +77,26 @@ def test_sdk_scrolls_entities_relationships_and_lineage(datahub, metaledger):
     assert lines["batch"] == "d2"
 
 
-CONDITIONS = [f"urn:li:dataset:(urn:li:dataPlatform:hive,client.cond.{name},PROD)" for name in ("orders_a", "Orders%b", "users")]
+CONDITIONS = [
+    f"urn:li:dataset:(urn:li:dataPlatform:hive,client.cond.{name},PROD)" for name in ("orders_a", "Orders%b", "users")
+]
 
 
 def test_sdk_filters_with_conditions(datahub, metaledger):
     """What the SDK sends for conditions beyond EQUAL: `scroll_entities` with an OR of AND clauses (the v3 body's
     `and`), SDK v2 `client.search.get_urns` with `custom_filter`/`not_` (GraphQL orFilters)."""
-    items = [{"urn": urn, "datasetProperties": {"value": {"name": urn.split(".")[-1].split(",")[0],
-                                                          **({"description": "people"} if "users" in urn else {})}}}
-             for urn in CONDITIONS]
+    items = [
+        {
+            "urn": urn,
+            "datasetProperties": {
+                "value": {
+                    "name": urn.split(".")[-1].split(",")[0],
+                    **({"description": "people"} if "users" in urn else {}),
+                }
+            },
+        }
+        for urn in CONDITIONS
+    ]
     with metaledger.http() as http:
         response = http.post("/openapi/v3/entity/dataset?async=false", json=items, headers=SYNC)
         assert response.status_code == 200, response.text

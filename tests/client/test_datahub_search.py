@@ -27,25 +27,46 @@ CONTAINER = "urn:li:container:zf0123456789"
 
 
 def mcp(urn: str, aspect: str, value: dict) -> dict:
-    return {"entityType": urn.split(":")[2], "entityUrn": urn, "changeType": "UPSERT", "aspectName": aspect,
-            "aspect": {"value": value}}
+    return {
+        "entityType": urn.split(":")[2],
+        "entityUrn": urn,
+        "changeType": "UPSERT",
+        "aspectName": aspect,
+        "aspect": {"value": value},
+    }
 
 
 @pytest.fixture(scope="module")
 def loaded(metaledger) -> None:
-    owners = {"owners": [{"owner": USER, "type": "TECHNICAL_OWNER"}, {"owner": GROUP, "type": "BUSINESS_OWNER"}],
-              "lastModified": {"time": 1_700_000_000_000, "actor": USER}}
+    owners = {
+        "owners": [{"owner": USER, "type": "TECHNICAL_OWNER"}, {"owner": GROUP, "type": "BUSINESS_OWNER"}],
+        "lastModified": {"time": 1_700_000_000_000, "actor": USER},
+    }
     proposals = [
-        mcp(ORDERS, "datasetProperties", {"name": "zebrafinch orders", "description": "orders of the zebrafinch shop",
-                                          "customProperties": {"tier": "gold"}}),
+        mcp(
+            ORDERS,
+            "datasetProperties",
+            {
+                "name": "zebrafinch orders",
+                "description": "orders of the zebrafinch shop",
+                "customProperties": {"tier": "gold"},
+            },
+        ),
         mcp(ORDERS, "globalTags", {"tags": [{"tag": TAG}]}),
         mcp(ORDERS, "glossaryTerms", {"terms": [{"urn": TERM}], "auditStamp": {"time": 1, "actor": USER}}),
         mcp(ORDERS, "ownership", owners),
         mcp(ORDERS, "domains", {"domains": [DOMAIN]}),
         mcp(ORDERS, "container", {"container": CONTAINER}),
         mcp(CLICKS, "datasetProperties", {"name": "zebrafinch clicks"}),
-        mcp(CHART, "chartInfo", {"title": "zebrafinch revenue", "description": "revenue by day",
-                                 "lastModified": {"created": {"time": 0, "actor": USER}, "lastModified": {"time": 0, "actor": USER}}}),
+        mcp(
+            CHART,
+            "chartInfo",
+            {
+                "title": "zebrafinch revenue",
+                "description": "revenue by day",
+                "lastModified": {"created": {"time": 0, "actor": USER}, "lastModified": {"time": 0, "actor": USER}},
+            },
+        ),
         mcp(CHART, "globalTags", {"tags": [{"tag": TAG}]}),
         mcp(CHART, "ownership", owners),
         mcp(FLOW, "dataFlowInfo", {"name": "zebrafinch dag"}),
@@ -79,27 +100,41 @@ def test_datahub_search_gets_every_field_it_selects(datahub, loaded):
     assert orders["platform"]["urn"] == "urn:li:dataPlatform:searchcli" and orders["platform"]["name"] == "searchcli"
     assert orders["properties"]["description"] == "orders of the zebrafinch shop"
     assert orders["properties"]["customProperties"] == [{"key": "tier", "value": "gold"}]
-    assert orders["tags"]["tags"] == [{"tag": {"urn": TAG, "name": "PII",
-                                               "properties": {"name": "PII", "description": "personal data"}}}]
-    assert orders["glossaryTerms"]["terms"] == [{"term": {"urn": TERM, "name": "zf.Revenue",
-                                                          "properties": {"name": "Revenue", "description": "money in"}}}]
-    assert orders["ownership"]["owners"] == [{"owner": {"urn": USER, "username": "zf_jdoe"}},
-                                             {"owner": {"urn": GROUP, "name": "zf_team"}}]
-    assert orders["domain"]["domain"] == {"urn": DOMAIN, "properties": {"name": "Sales", "description": "selling things"}}
+    assert orders["tags"]["tags"] == [
+        {"tag": {"urn": TAG, "name": "PII", "properties": {"name": "PII", "description": "personal data"}}}
+    ]
+    assert orders["glossaryTerms"]["terms"] == [
+        {"term": {"urn": TERM, "name": "zf.Revenue", "properties": {"name": "Revenue", "description": "money in"}}}
+    ]
+    assert orders["ownership"]["owners"] == [
+        {"owner": {"urn": USER, "username": "zf_jdoe"}},
+        {"owner": {"urn": GROUP, "name": "zf_team"}},
+    ]
+    assert orders["domain"]["domain"] == {
+        "urn": DOMAIN,
+        "properties": {"name": "Sales", "description": "selling things"},
+    }
     assert orders["container"]["urn"] == CONTAINER and orders["container"]["properties"] == {"name": "zf_schema"}
     assert orders["container"]["platform"]["urn"] == "urn:li:dataPlatform:searchcli"
     clicks = entities[CLICKS]
     assert (clicks["tags"], clicks["ownership"], clicks["domain"], clicks["container"]) == (None, None, None, None)
 
     chart = entities[CHART]
-    assert chart["type"] == "CHART" and chart["properties"] == {"name": "zebrafinch revenue", "description": "revenue by day"}
+    assert chart["type"] == "CHART" and chart["properties"] == {
+        "name": "zebrafinch revenue",
+        "description": "revenue by day",
+    }
     assert chart["platform"]["urn"] == "urn:li:dataPlatform:looker"
     assert chart["tags"]["tags"] == [{"tag": {"urn": TAG, "name": "PII"}}]
     assert [o["owner"]["urn"] for o in chart["ownership"]["owners"]] == [USER, GROUP]
     job = entities[JOB]
     assert (job["jobId"], job["dataFlow"], job["properties"]["name"]) == ("zf_load", {"urn": FLOW}, "zebrafinch load")
     flow = entities[FLOW]
-    assert (flow["flowId"], flow["cluster"], flow["platform"]["urn"]) == ("zf_dag", "prod", "urn:li:dataPlatform:airflow")
+    assert (flow["flowId"], flow["cluster"], flow["platform"]["urn"]) == (
+        "zf_dag",
+        "prod",
+        "urn:li:dataPlatform:airflow",
+    )
 
 
 def test_datahub_search_facets_name_their_entities(datahub, loaded):
@@ -108,8 +143,12 @@ def test_datahub_search_facets_name_their_entities(datahub, loaded):
     assert types == {"DATASET": 2, "CHART": 1, "DATA_FLOW": 1, "DATA_JOB": 1}
     tags = facets["tags"]["aggregations"]
     assert [(a["value"], a["count"]) for a in tags] == [(TAG, 2)]  # the orders dataset and the chart
-    assert tags[0]["entity"] == {"urn": TAG, "type": "TAG", "name": "PII",
-                                 "properties": {"name": "PII", "description": "personal data", "colorHex": None}}
+    assert tags[0]["entity"] == {
+        "urn": TAG,
+        "type": "TAG",
+        "name": "PII",
+        "properties": {"name": "PII", "description": "personal data", "colorHex": None},
+    }
     owners = {a["value"]: a["entity"] for a in facets["owners"]["aggregations"]}
     assert owners[USER]["properties"] == {"displayName": "Jane Doe"}
     assert owners[GROUP]["properties"] == {"displayName": "The team"}
@@ -135,15 +174,25 @@ def test_datahub_graphql_command(datahub, loaded):
     described = datahub.cli("graphql", "--describe", "createTag").stdout
     assert "CreateTagInput!" in described
 
-    query = '{ dataset(urn: "%s") { name tags { tags { tag { urn name } } } domain { domain { urn } } } }' % ORDERS
+    query = '{ dataset(urn: "' + ORDERS + '") { name tags { tags { tag { urn name } } } domain { domain { urn } } } }'
     answer = json.loads(datahub.cli("graphql", "--query", query, "--format", "json").stdout)
-    assert answer["dataset"] == {"name": "zf.orders", "tags": {"tags": [{"tag": {"urn": TAG, "name": "PII"}}]},
-                                 "domain": {"domain": {"urn": DOMAIN}}}
+    assert answer["dataset"] == {
+        "name": "zf.orders",
+        "tags": {"tags": [{"tag": {"urn": TAG, "name": "PII"}}]},
+        "domain": {"domain": {"urn": DOMAIN}},
+    }
 
-    created = datahub.cli("graphql", "--operation", "createTag", "--variables",
-                          json.dumps({"input": {"id": "zf_created", "name": "made by the CLI"}}), "--format", "json")
+    created = datahub.cli(
+        "graphql",
+        "--operation",
+        "createTag",
+        "--variables",
+        json.dumps({"input": {"id": "zf_created", "name": "made by the CLI"}}),
+        "--format",
+        "json",
+    )
     assert json.loads(created.stdout) == {"createTag": "urn:li:tag:zf_created"}
-    unknown = datahub.cli("graphql", "--query", "{ dataset(urn: \"%s\") { nosuchfield } }" % ORDERS, check=False)
+    unknown = datahub.cli("graphql", "--query", '{ dataset(urn: "' + ORDERS + '") { nosuchfield } }', check=False)
     assert unknown.returncode != 0 and "nosuchfield" in unknown.stdout + unknown.stderr
 
 

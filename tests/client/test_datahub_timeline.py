@@ -41,7 +41,7 @@ def test_cli_timeline_lists_the_changes_of_a_category(datahub, metaledger):
 
     # `--category owner` is sent as OWNERSHIP; --verbose prints the JSON as received
     owner = datahub.cli("timeline", "--urn", URN, "--category", "owner", "--verbose").stdout
-    body = json.loads(owner[owner.index("["):])
+    body = json.loads(owner[owner.index("[") :])
     assert [[(e["category"], e["operation"], e["modifier"]) for e in t["changeEvents"]] for t in body] == [
         [("OWNERSHIP", "ADD", "urn:li:corpuser:jdoe")],
     ]
@@ -49,7 +49,7 @@ def test_cli_timeline_lists_the_changes_of_a_category(datahub, metaledger):
 
     # --raw (sent as raw=True) adds each transaction's JSON Patch, which --verbose shows
     raw = datahub.cli("timeline", "--urn", URN, "--category", "TAG", "--raw", "--verbose").stdout
-    diffs = [t["rawDiff"] for t in json.loads(raw[raw.index("["):])]
+    diffs = [t["rawDiff"] for t in json.loads(raw[raw.index("[") :])]
     assert diffs[-1] == [{"op": "remove", "path": "/tags/1"}]
 
 

@@ -36,9 +36,21 @@ def generated(generator_python: Path) -> Path:
     staging = Path(tempfile.mkdtemp(dir=cache, prefix="staging-"))
     env = {**os.environ, "PATH": f"{generator_python.parent}:{os.environ.get('PATH', '')}"}  # its post-hooks run ruff
     done = subprocess.run(
-        [str(generator_python.parent / "openapi-python-client"), "generate", "--path", str(SPEC), "--meta", "none",
-         "--output-path", str(staging / "metaledger_client")],
-        cwd=staging, env=env, capture_output=True, text=True, timeout=600,
+        [
+            str(generator_python.parent / "openapi-python-client"),
+            "generate",
+            "--path",
+            str(SPEC),
+            "--meta",
+            "none",
+            "--output-path",
+            str(staging / "metaledger_client"),
+        ],
+        cwd=staging,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     output = done.stdout + done.stderr
     assert done.returncode == 0, output
@@ -89,7 +101,11 @@ def test_the_generated_client_writes_and_reads(generated: Path, generator_python
     )
     done = subprocess.run(
         [str(generator_python), "-c", script, metaledger.url, metaledger.token],
-        cwd=generated, env={**os.environ, "PYTHONPATH": str(generated)}, capture_output=True, text=True, timeout=120,
+        cwd=generated,
+        env={**os.environ, "PYTHONPATH": str(generated)},
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert done.returncode == 0, done.stdout + done.stderr
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -97,5 +113,8 @@ def test_the_generated_client_writes_and_reads(generated: Path, generator_python
     assert result["created"] == [200, ["urn:li:dataset:(urn:li:dataPlatform:hive,generated.orders,PROD)"]]
     assert result["entity"]["datasetProperties"]["value"]["description"] == "via the generated client"
     assert result["entity"]["globalTags"]["value"]["tags"] == [{"tag": "urn:li:tag:generated"}]
-    assert result["aspect"] == [200, {"name": "orders", "description": "via the generated client", "customProperties": {}, "tags": []}]
+    assert result["aspect"] == [
+        200,
+        {"name": "orders", "description": "via the generated client", "customProperties": {}, "tags": []},
+    ]
     assert result["anonymous"] == [401, "Unauthorized"]

@@ -72,8 +72,9 @@ JOB = f"urn:li:dataJob:({FLOW},revenue.build)"
 def test_openlineage_client_run_is_read_back_by_datahub_sdk(openlineage_python, datahub, metaledger, endpoint):
     run_id = str(uuid.uuid4())
     prelude = f"GMS = {metaledger.url!r}\nTOKEN = {metaledger.token!r}\nENDPOINT = {endpoint!r}\nRUN_ID = {run_id!r}\n"
-    emitted = subprocess.run([str(openlineage_python), "-c", prelude + textwrap.dedent(EMIT)],
-                             capture_output=True, text=True, timeout=120)
+    emitted = subprocess.run(
+        [str(openlineage_python), "-c", prelude + textwrap.dedent(EMIT)], capture_output=True, text=True, timeout=120
+    )
     assert emitted.returncode == 0, emitted.stderr
     assert "Failed" not in emitted.stderr and "error" not in emitted.stderr.lower(), emitted.stderr
 
@@ -81,9 +82,13 @@ def test_openlineage_client_run_is_read_back_by_datahub_sdk(openlineage_python, 
     out = datahub.script(READ, FLOW=FLOW, JOB=JOB, RUN=run, SOURCE=SOURCE, TARGET=TARGET)
     read = json.loads(out.stdout.strip().splitlines()[-1])
     assert read == {
-        "flow": "revenue", "job": "revenue.build", "inputs": [SOURCE], "outputs": [TARGET],
+        "flow": "revenue",
+        "job": "revenue.build",
+        "inputs": [SOURCE],
+        "outputs": [TARGET],
         "columns": [[[f"urn:li:schemaField:({SOURCE},amount)"], [f"urn:li:schemaField:({TARGET},total)"]]],
-        "run": run_id, "template": JOB,
+        "run": run_id,
+        "template": JOB,
         "states": [["COMPLETE", "SUCCESS"], ["STARTED", None]],
         "schemas": {SOURCE: ["id", "amount"], TARGET: ["total"]},
     }, read
@@ -91,5 +96,7 @@ def test_openlineage_client_run_is_read_back_by_datahub_sdk(openlineage_python, 
     # `datahub lineage` (the CLI, over GraphQL searchAcrossLineage): the target's upstream is the job, then the source
     upstream = json.loads(datahub.cli("lineage", "--urn", TARGET, "--direction", "upstream", "--format", "json").stdout)
     assert [(r["urn"], r["hops"]) for r in upstream["results"] if r["urn"] != run] == [(JOB, 1), (SOURCE, 2)], upstream
-    downstream = json.loads(datahub.cli("lineage", "--urn", SOURCE, "--direction", "downstream", "--hops", "2", "--format", "json").stdout)
+    downstream = json.loads(
+        datahub.cli("lineage", "--urn", SOURCE, "--direction", "downstream", "--hops", "2", "--format", "json").stdout
+    )
     assert TARGET in {r["urn"] for r in downstream["results"]}, downstream

@@ -31,18 +31,29 @@ WRITE_FILE = """
 
 def _ingest(datahub, tmp_path, name: str, run_id: str) -> None:
     recipe = tmp_path / f"{name}.yml"
-    recipe.write_text(json.dumps({
-        "run_id": run_id,
-        "source": {"type": "file", "config": {"path": str(tmp_path / f"{name}.json")}},
-        "sink": {"type": "datahub-rest", "config": {"server": datahub.env["DATAHUB_GMS_URL"], "token": datahub.env["DATAHUB_GMS_TOKEN"]}},
-    }))
+    recipe.write_text(
+        json.dumps(
+            {
+                "run_id": run_id,
+                "source": {"type": "file", "config": {"path": str(tmp_path / f"{name}.json")}},
+                "sink": {
+                    "type": "datahub-rest",
+                    "config": {"server": datahub.env["DATAHUB_GMS_URL"], "token": datahub.env["DATAHUB_GMS_TOKEN"]},
+                },
+            }
+        )
+    )
     result = datahub.cli("ingest", "-c", str(recipe), "--no-default-report", timeout=300)
     assert "Pipeline finished successfully" in result.stdout + result.stderr, result.stdout[-3000:]
 
 
 def _runs(datahub, *flags: str) -> dict[str, str]:
     """`datahub ingest list-runs`' table: run id → rows."""
-    rows = [line.strip("|").split("|") for line in datahub.cli("ingest", "list-runs", *flags).stdout.splitlines() if line.startswith("|")]
+    rows = [
+        line.strip("|").split("|")
+        for line in datahub.cli("ingest", "list-runs", *flags).stdout.splitlines()
+        if line.startswith("|")
+    ]
     return {cells[0].strip(): cells[1].strip() for cells in rows[1:]}
 
 
@@ -106,7 +117,10 @@ def test_list_show_and_rollback_with_the_cli(datahub, metaledger, tmp_path):
 
         events = _feed(http, feed_at)
         assert sorted((e["urn"], e["aspect"], e["changeType"]) for e in events) == [
-            (Y, "datasetProperties", "DELETE"), (Y, "status", "UPSERT"), (X, "datasetProperties", "UPSERT")]
+            (Y, "datasetProperties", "DELETE"),
+            (Y, "status", "UPSERT"),
+            (X, "datasetProperties", "UPSERT"),
+        ]
         assert {e["mcl"]["systemMetadata"]["runId"] for e in events} == {"__rollback:cli-run1"}
 
     again = datahub.cli("ingest", "rollback", "--run-id", "cli-run1", "-f").stdout

@@ -87,7 +87,9 @@ def test_properties_upsert_then_sdk_values_checked_against_the_definition(datahu
     definitions.write_text(textwrap.dedent(DEFINITIONS.format(version="20240101000000")))
     datahub.cli("properties", "upsert", "-f", str(definitions))
 
-    out = json.loads(datahub.script(SET_VALUES, DATASET=DATASET, CHART=CHART, TIER=TIER).stdout.strip().splitlines()[-1])
+    out = json.loads(
+        datahub.script(SET_VALUES, DATASET=DATASET, CHART=CHART, TIER=TIER).stdout.strip().splitlines()[-1]
+    )
     assert out["stored"] == [[TIER, ["gold"]]]
     for case, message in out["refusals"].items():
         assert message is not None and TIER in message, (case, message)

@@ -28,8 +28,9 @@ async def clear(backend: ElasticBackend) -> None:
     es = backend.client
     edges = (await es.indices.get_alias(name=[backend.graph_alias, backend.edge_set_alias])).body
     await es.indices.delete(index=sorted(edges))
-    emptied = await es.delete_by_query(index=f"{backend.prefix}*", query={"match_all": {}}, refresh=True,
-                                       conflicts="proceed")
+    emptied = await es.delete_by_query(
+        index=f"{backend.prefix}*", query={"match_all": {}}, refresh=True, conflicts="proceed"
+    )
     assert not emptied["failures"], emptied
 
 

@@ -23,10 +23,16 @@ SINGLE_WRITES = 30  # at least; the single writer goes on until the flood has be
 
 
 def batch(client: int, n: int) -> list[dict]:
-    return [{"entityType": "dataset", "changeType": "UPSERT", "aspectName": "datasetProperties",
-             "entityUrn": f"urn:li:dataset:(urn:li:dataPlatform:hive,flood.c{client}.b{n}.t{i},PROD)",
-             "aspect": {"contentType": "application/json", "value": {"name": f"t{i}", "description": "flooded"}}}
-            for i in range(BATCH)]
+    return [
+        {
+            "entityType": "dataset",
+            "changeType": "UPSERT",
+            "aspectName": "datasetProperties",
+            "entityUrn": f"urn:li:dataset:(urn:li:dataPlatform:hive,flood.c{client}.b{n}.t{i},PROD)",
+            "aspect": {"contentType": "application/json", "value": {"name": f"t{i}", "description": "flooded"}},
+        }
+        for i in range(BATCH)
+    ]
 
 
 def single_path(name: str) -> str:
@@ -37,9 +43,13 @@ def single_path(name: str) -> str:
 @pytest.fixture(scope="module")  # one process for both tests: each leaves the budget as it found it (all answered)
 def service(make_database, migrated_template):
     database_url = make_database(template=migrated_template)
-    env = {"METALEDGER_DATABASE_URL": database_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-           # a budget of two batches: the flood's share is one batch in flight, the other half is everyone else's
-           "METALEDGER_WRITE_BUDGET": str(2 * BATCH), "METALEDGER_WRITE_DEADLINE_MS": "2000"}
+    env = {
+        "METALEDGER_DATABASE_URL": database_url,
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+        # a budget of two batches: the flood's share is one batch in flight, the other half is everyone else's
+        "METALEDGER_WRITE_BUDGET": str(2 * BATCH),
+        "METALEDGER_WRITE_DEADLINE_MS": "2000",
+    }
     port = free_port()
     process = start_service(env, port, workers=1)
     try:

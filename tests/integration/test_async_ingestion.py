@@ -64,53 +64,91 @@ async def settings_overrides(kafka_broker, topics, monkeypatch) -> dict[str, Any
 
 
 # --- async=true through the app ------------------------------------------------------------------------------------
-async def test_async_writes_are_validated_queued_and_applied_by_the_consumer(kafka_broker, topics, database_url, registry, db, monkeypatch):
+async def test_async_writes_are_validated_queued_and_applied_by_the_consumer(
+    kafka_broker, topics, database_url, registry, db, monkeypatch
+):
     bootstrap = kafka_broker.bootstrap_servers
     await create_topics(bootstrap, *topics.values())
     fast_groups(monkeypatch)
-    settings = Settings(database_url=database_url, apply_migrations_on_start=False, mcp_consumer_enabled=True,
-                        **kafka_overrides(bootstrap, topics))
+    settings = Settings(
+        database_url=database_url,
+        apply_migrations_on_start=False,
+        mcp_consumer_enabled=True,
+        **kafka_overrides(bootstrap, topics),
+    )
     app = create_app(settings, registry)
 
     async with app.router.lifespan_context(app):
         assert app.state.proposal_producer is not None
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://metaledger", headers=await bearer(app)) as client:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://metaledger", headers=await bearer(app)
+        ) as client:
             # A bad proposal is refused now, with its index, and nothing is produced.
-            bad = await client.post("/openapi/v1/proposals?async=true", json=[
-                mcp("status", {"removed": False}), mcp("notAnAspect", {"x": 1}, urn=B)])
+            bad = await client.post(
+                "/openapi/v1/proposals?async=true",
+                json=[mcp("status", {"removed": False}), mcp("notAnAspect", {"x": 1}, urn=B)],
+            )
             assert bad.status_code == 400, bad.text
             assert [i["index"] for i in bad.json()["issues"]] == [1]
-            bad_v3 = await client.post("/openapi/v3/entity/dataset", json=[{"urn": B, "status": {"value": {"removed": "no"}}}])
+            bad_v3 = await client.post(
+                "/openapi/v3/entity/dataset", json=[{"urn": B, "status": {"value": {"removed": "no"}}}]
+            )
             assert bad_v3.status_code == 400, bad_v3.text
 
             # v1: queued, 202, what was queued.
             sm = {"runId": "async-run", "lastObserved": 1700000000000}
-            v1 = await client.post("/openapi/v1/proposals?async=true", json=[
-                {**mcp("status", {"removed": False}), "systemMetadata": sm},
-                {**mcp("datasetProperties", {"description": "queued", "customProperties": {}}), "headers": {"X-Test": "1"}},
-            ])
+            v1 = await client.post(
+                "/openapi/v1/proposals?async=true",
+                json=[
+                    {**mcp("status", {"removed": False}), "systemMetadata": sm},
+                    {
+                        **mcp("datasetProperties", {"description": "queued", "customProperties": {}}),
+                        "headers": {"X-Test": "1"},
+                    },
+                ],
+            )
             assert v1.status_code == 202, v1.text
-            assert v1.json() == {"results": [
-                {"index": 0, "urn": A, "aspectName": "status", "status": "QUEUED"},
-                {"index": 1, "urn": A, "aspectName": "datasetProperties", "status": "QUEUED"},
-            ], "changeLogs": 0}
+            assert v1.json() == {
+                "results": [
+                    {"index": 0, "urn": A, "aspectName": "status", "status": "QUEUED"},
+                    {"index": 1, "urn": A, "aspectName": "datasetProperties", "status": "QUEUED"},
+                ],
+                "changeLogs": 0,
+            }
 
             # v3 batch: async is the default; the entities are echoed, one per URN.
-            v3 = await client.post("/openapi/v3/entity/dataset", json=[
-                {"urn": B, "status": {"value": {"removed": True}, "systemMetadata": {"runId": "v3-run"}}},
-                {"urn": B, "subTypes": {"value": {"typeNames": ["Table"]}}},
-            ])
+            v3 = await client.post(
+                "/openapi/v3/entity/dataset",
+                json=[
+                    {"urn": B, "status": {"value": {"removed": True}, "systemMetadata": {"runId": "v3-run"}}},
+                    {"urn": B, "subTypes": {"value": {"typeNames": ["Table"]}}},
+                ],
+            )
             assert v3.status_code == 202, v3.text
-            traced = {"properties": {"telemetryTraceId": ANY_TRACE_ID}}  # every write carries its trace (app.ingest.trace)
-            assert v3.json() == [{"urn": B,
-                                  "status": {"value": {"removed": True}, "systemMetadata": {"runId": "v3-run", **traced},
-                                             "status": "QUEUED"},
-                                  "subTypes": {"value": {"typeNames": ["Table"]}, "systemMetadata": traced, "status": "QUEUED"}}]
+            traced = {
+                "properties": {"telemetryTraceId": ANY_TRACE_ID}
+            }  # every write carries its trace (app.ingest.trace)
+            assert v3.json() == [
+                {
+                    "urn": B,
+                    "status": {
+                        "value": {"removed": True},
+                        "systemMetadata": {"runId": "v3-run", **traced},
+                        "status": "QUEUED",
+                    },
+                    "subTypes": {"value": {"typeNames": ["Table"]}, "systemMetadata": traced, "status": "QUEUED"},
+                }
+            ]
 
             # v3 single aspect: CREATE by default travels in the MCP; a second CREATE fails later, in FMCP.
-            single = await client.post(f"/openapi/v3/entity/dataset/{C}/status?async=true", json={"value": {"removed": False}})
+            single = await client.post(
+                f"/openapi/v3/entity/dataset/{C}/status?async=true", json={"value": {"removed": False}}
+            )
             assert single.status_code == 202, single.text
-            assert single.json() == {"urn": C, "status": {"value": {"removed": False}, "systemMetadata": traced, "status": "QUEUED"}}
+            assert single.json() == {
+                "urn": C,
+                "status": {"value": {"removed": False}, "systemMetadata": traced, "status": "QUEUED"},
+            }
 
             # On the topic: exactly these MCPs, in order, keyed by URN, in DataHub's form (the bad ones never got there):
             # Avro MetadataChangeProposal framed with DataHub's id 16 (systemMetadata with the Avro record's defaults).
@@ -118,10 +156,18 @@ async def test_async_writes_are_validated_queued_and_applied_by_the_consumer(kaf
             assert [r.key.decode() for r in records] == [A, A, B, B, C]
             assert all(r.value[:5] == b"\x00\x00\x00\x00\x10" for r in records)
             values = [decode_value(r.value) for r in records]
-            assert values[0] == {"entityType": "dataset", "entityUrn": A, "changeType": "UPSERT", "aspectName": "status",
-                                 "aspect": {"value": '{"removed":false}', "contentType": "application/json"},
-                                 "systemMetadata": {**sm, "lastRunId": "no-run-id-provided", **traced}}
-            assert values[1]["headers"] == {"X-Test": "1"} and values[1]["systemMetadata"]["properties"] == traced["properties"]
+            assert values[0] == {
+                "entityType": "dataset",
+                "entityUrn": A,
+                "changeType": "UPSERT",
+                "aspectName": "status",
+                "aspect": {"value": '{"removed":false}', "contentType": "application/json"},
+                "systemMetadata": {**sm, "lastRunId": "no-run-id-provided", **traced},
+            }
+            assert (
+                values[1]["headers"] == {"X-Test": "1"}
+                and values[1]["systemMetadata"]["properties"] == traced["properties"]
+            )
             assert orjson.loads(values[1]["aspect"]["value"]) == {"description": "queued", "customProperties": {}}
             assert values[2]["systemMetadata"]["runId"] == "v3-run" and values[3]["aspectName"] == "subTypes"
             assert values[4]["changeType"] == "CREATE" and values[4]["entityUrn"] == C
@@ -133,8 +179,12 @@ async def test_async_writes_are_validated_queued_and_applied_by_the_consumer(kaf
                 return response.status_code == 200
 
             await eventually(applied)
-            for urn, aspect, value in [(A, "status", {"removed": False}), (B, "status", {"removed": True}),
-                                       (B, "subTypes", {"typeNames": ["Table"]}), (C, "status", {"removed": False})]:
+            for urn, aspect, value in [
+                (A, "status", {"removed": False}),
+                (B, "status", {"removed": True}),
+                (B, "subTypes", {"typeNames": ["Table"]}),
+                (C, "status", {"removed": False}),
+            ]:
                 response = await client.get(f"/openapi/v3/entity/dataset/{urn}/{aspect}?systemMetadata=true")
                 assert response.status_code == 200, (urn, aspect, response.text)
                 assert response.json()["value"] == value
@@ -142,9 +192,13 @@ async def test_async_writes_are_validated_queued_and_applied_by_the_consumer(kaf
             assert properties.json()["value"]["description"] == "queued"
             row = await stored(db, A, "status")
             assert row["createdBy"] == SYSTEM_ACTOR  # consumer writes use DataHub's system actor
-            assert row["systemMetadata"]["runId"] == "async-run" and row["systemMetadata"]["lastObserved"] == 1700000000000
+            assert (
+                row["systemMetadata"]["runId"] == "async-run" and row["systemMetadata"]["lastObserved"] == 1700000000000
+            )
 
-            again = await client.post(f"/openapi/v3/entity/dataset/{C}/status?async=true", json={"value": {"removed": True}})
+            again = await client.post(
+                f"/openapi/v3/entity/dataset/{C}/status?async=true", json={"value": {"removed": True}}
+            )
             assert again.status_code == 202
             (failed,) = await read_topic(bootstrap, topics["topic_fmcp"], expect=1)
             payload, trace = dead_letter(failed)
@@ -158,12 +212,18 @@ async def test_async_without_kafka_applies_synchronously(database_url, registry,
 
     async with app.router.lifespan_context(app):
         assert app.state.proposal_producer is None
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://metaledger", headers=await bearer(app)) as client:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://metaledger", headers=await bearer(app)
+        ) as client:
             v1 = await client.post("/openapi/v1/proposals?async=true", json=[mcp("status", {"removed": False})])
             assert v1.status_code == 200 and v1.json()["results"][0]["status"] == "CREATED"
-            v3 = await client.post("/openapi/v3/entity/dataset", json=[{"urn": B, "status": {"value": {"removed": True}}}])
+            v3 = await client.post(
+                "/openapi/v3/entity/dataset", json=[{"urn": B, "status": {"value": {"removed": True}}}]
+            )
             assert v3.status_code == 200 and v3.json()[0]["status"]["status"] == "CREATED"
-            single = await client.post(f"/openapi/v3/entity/dataset/{C}/status?async=true", json={"value": {"removed": False}})
+            single = await client.post(
+                f"/openapi/v3/entity/dataset/{C}/status?async=true", json={"value": {"removed": False}}
+            )
             assert single.status_code == 200
     assert (await stored(db, A, "status"))["createdBy"] == "urn:li:corpuser:datahub"
 
@@ -196,17 +256,21 @@ async def test_poison_records_go_to_fmcp_and_the_consumer_keeps_going(app, kafka
     stale = mcp("status", {"removed": True}, headers={"If-Version-Match": "7"}, systemMetadata={"runId": "poison-run"})
     not_an_mcp = {"hello": "world"}
     schema_bad = mcp("status", {"removed": "yes"}, urn=B)
-    await produce(bootstrap, topics["topic_mcp"], [
-        (A, mcp("status", {"removed": False})),                               # 0 good: status v1
-        (None, not_json),                                                     # 1 poison: not JSON
-        (A, mcp("datasetProperties", {"description": "once"}, change_type="CREATE")),  # 2 good (a CREATE)
-        (B, unknown_aspect),                                                  # 3 poison: unknown aspect
-        (A, stale),                                                           # 4 poison: If-Version-Match fails
-        (None, not_an_mcp),                                                   # 5 poison: JSON, not an MCP
-        (B, mcp("status", {"removed": False}, urn=B)),                        # 6 good
-        (A, mcp("status", {"removed": True}, headers={"If-Version-Match": "1"})),  # 7 good: v1 → v2, after 4 failed
-        (B, schema_bad),                                                      # 8 poison: schema
-    ])
+    await produce(
+        bootstrap,
+        topics["topic_mcp"],
+        [
+            (A, mcp("status", {"removed": False})),  # 0 good: status v1
+            (None, not_json),  # 1 poison: not JSON
+            (A, mcp("datasetProperties", {"description": "once"}, change_type="CREATE")),  # 2 good (a CREATE)
+            (B, unknown_aspect),  # 3 poison: unknown aspect
+            (A, stale),  # 4 poison: If-Version-Match fails
+            (None, not_an_mcp),  # 5 poison: JSON, not an MCP
+            (B, mcp("status", {"removed": False}, urn=B)),  # 6 good
+            (A, mcp("status", {"removed": True}, headers={"If-Version-Match": "1"})),  # 7 good: v1 → v2, after 4 failed
+            (B, schema_bad),  # 8 poison: schema
+        ],
+    )
 
     stop = asyncio.Event()
     consumer = McpConsumer(settings, app.state.sessionmaker, IngestGateway(writer))
@@ -240,7 +304,10 @@ async def test_poison_records_go_to_fmcp_and_the_consumer_keeps_going(app, kafka
         assert status_a["value"] == {"removed": True} and status_a["systemMetadata"]["version"] == "2"
         assert (await stored(db, A, "datasetProperties"))["value"]["description"] == "once"
         assert (await stored(db, B, "status"))["value"] == {"removed": False}
-        assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'notAnAspect'", B) == 0
+        assert (
+            await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'notAnAspect'", B)
+            == 0
+        )
 
         # The consumer keeps going; a database outage is retried, never dead-lettered.
         writer.failures = 2
@@ -254,7 +321,9 @@ async def test_poison_records_go_to_fmcp_and_the_consumer_keeps_going(app, kafka
     assert consumer.stats["dead_letters"] == 5 and consumer.stats["records"] == 10
 
     # Offsets are committed: the group resumes after the last record.
-    check = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=settings.mcp_consumer_group, enable_auto_commit=False)
+    check = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=settings.mcp_consumer_group, enable_auto_commit=False
+    )
     await check.start()
     try:
         assert await check.committed(TopicPartition(topics["topic_mcp"], 0)) == 10
@@ -305,7 +374,9 @@ async def test_isolation_when_most_of_a_batch_fails_and_on_unexpected_errors(app
     records = []
     for i, urn in enumerate(urns):
         if i % 3 == 0:  # 10 records fail their precondition (the aspect does not exist yet)
-            records.append(_Record(i, mcp("status", {"removed": False}, urn=urn, headers={"If-Version-Match": "3"}), urn))
+            records.append(
+                _Record(i, mcp("status", {"removed": False}, urn=urn, headers={"If-Version-Match": "3"}), urn)
+            )
         else:
             records.append(_Record(i, mcp("status", {"removed": False}, urn=urn), urn))
     records.append(_Record(30, mcp("status", {"removed": False}, urn=D), D))  # the buggy one
@@ -324,7 +395,9 @@ async def test_isolation_when_most_of_a_batch_fails_and_on_unexpected_errors(app
     for unit in units[:-1]:
         if unit.error is not None:
             trace = dead_letter_trace(unit)
-            assert trace["status"] == 412 and trace["message"] == "IfVersionMatch: Expected version 3, actual version -1"
+            assert (
+                trace["status"] == 412 and trace["message"] == "IfVersionMatch: Expected version 3, actual version -1"
+            )
             assert trace["body"]["issues"] == [{"message": trace["message"], "urn": unit.urn, "aspect": "status"}]
     bug = dead_letter_trace(units[-1])
     assert bug["status"] == 500 and bug["exceptionClass"] == "builtins.RuntimeError" and bug["stackTrace"]
@@ -332,11 +405,13 @@ async def test_isolation_when_most_of_a_batch_fails_and_on_unexpected_errors(app
     assert sorted(r["urn"] for r in written) == sorted(u for i, u in enumerate(urns) if i % 3)
 
     # A conflict and a failed precondition in one batch: each gets its own kind of error (409, 412).
-    mixed = await consumer.read([
-        _Record(40, mcp("status", {"removed": True}, urn=urns[1], change_type="CREATE"), urns[1]),
-        _Record(41, mcp("status", {"removed": True}, urn=urns[2], headers={"If-Version-Match": "9"}), urns[2]),
-        _Record(42, mcp("subTypes", {"typeNames": ["View"]}, urn=urns[4]), urns[4]),
-    ])
+    mixed = await consumer.read(
+        [
+            _Record(40, mcp("status", {"removed": True}, urn=urns[1], change_type="CREATE"), urns[1]),
+            _Record(41, mcp("status", {"removed": True}, urn=urns[2], headers={"If-Version-Match": "9"}), urns[2]),
+            _Record(42, mcp("subTypes", {"typeNames": ["View"]}, urn=urns[4]), urns[4]),
+        ]
+    )
     await consumer.apply(mixed)
     assert [dead_letter_trace(u)["status"] if u.error else "applied" for u in mixed] == [409, 412, "applied"]
     assert dead_letter_trace(mixed[0])["exceptionClass"] == "app.errors.ExistenceConflict"

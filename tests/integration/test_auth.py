@@ -7,20 +7,18 @@ from __future__ import annotations
 import asyncio
 import re
 import time
-from typing import Any
 
 import httpx
 import jwt
 import orjson
 import pytest
-from fastapi.routing import APIRoute
 
 from app.api.entities import expanded
 from app.auth.model import Permission
+from app.embedded_pg import free_port
 from app.main import create_app
 from app.settings import Settings
 from tests.helpers import TEST_ACTOR, mcp, mint_token
-from app.embedded_pg import free_port
 from tests.processes import start_service, stop_process, wait_healthy
 
 URN = "urn:li:dataset:(urn:li:dataPlatform:hive,auth.orders,PROD)"
@@ -60,9 +58,19 @@ def _flatten(dependant):
 
 
 SAMPLE_PARAMS = {
-    "entity_name": "dataset", "entityName": "dataset", "urn": URN, "aspect_name": "status", "aspectName": "status", "aspect": "status",
-    "subject": "auth-test-value", "version": "1", "schema_id": "1", "rest": "nothing-here", "token_id": "0" * 32,
-    "policy_id": "0" * 32, "traceId": "0" * 32,
+    "entity_name": "dataset",
+    "entityName": "dataset",
+    "urn": URN,
+    "aspect_name": "status",
+    "aspectName": "status",
+    "aspect": "status",
+    "subject": "auth-test-value",
+    "version": "1",
+    "schema_id": "1",
+    "rest": "nothing-here",
+    "token_id": "0" * 32,
+    "policy_id": "0" * 32,
+    "traceId": "0" * 32,
 }
 
 
@@ -117,11 +125,13 @@ async def test_every_route_declares_a_policy_and_enforces_it(app, anonymous, cli
 
 
 async def test_unauthenticated_requests_learn_nothing_about_what_exists(client, anonymous):
-    assert (await client.post("/openapi/v1/proposals", json=[mcp("status", {"removed": False}, URN)])).status_code == 200
+    assert (
+        await client.post("/openapi/v1/proposals", json=[mcp("status", {"removed": False}, URN)])
+    ).status_code == 200
     missing = URN.replace("orders", "nothing")
-    answers = [
-        await anonymous.get(f"/openapi/v3/entity/dataset/{urn}") for urn in (URN, missing)
-    ] + [await anonymous.head(f"/openapi/v3/entity/dataset/{urn}") for urn in (URN, missing)]
+    answers = [await anonymous.get(f"/openapi/v3/entity/dataset/{urn}") for urn in (URN, missing)] + [
+        await anonymous.head(f"/openapi/v3/entity/dataset/{urn}") for urn in (URN, missing)
+    ]
     assert {r.status_code for r in answers} == {401}
     assert answers[0].json() == answers[1].json()
 
@@ -130,8 +140,10 @@ async def test_unauthenticated_requests_learn_nothing_about_what_exists(client, 
     ("authorization", "reason"),
     [
         ("Bearer not-a-token", "not valid"),
-        ("Bearer " + jwt.encode({"iss": "metaledger", "sub": ALICE, "jti": "x" * 32}, "another-key" * 4, "HS256"),
-         "Signature verification failed"),
+        (
+            "Bearer " + jwt.encode({"iss": "metaledger", "sub": ALICE, "jti": "x" * 32}, "another-key" * 4, "HS256"),
+            "Signature verification failed",
+        ),
         ("Basic __datahub_system:wrong", "system client credentials are not valid"),
         ("Digest abc", "unsupported authorization scheme"),
     ],
@@ -165,7 +177,8 @@ async def test_reader_reads_but_cannot_write(app, anonymous, client):
     reader = {"Authorization": f"Bearer {await mint_token(app, 'reader', ALICE)}"}
     assert (await anonymous.get(f"/openapi/v3/entity/dataset/{URN}", headers=reader)).status_code == 200
     series = await anonymous.post(
-        "/aspects?action=getTimeseriesAspectValues", headers=reader,
+        "/aspects?action=getTimeseriesAspectValues",
+        headers=reader,
         json={"urn": URN, "entity": "dataset", "aspect": "datasetProfile"},
     )
     assert series.status_code == 200, series.text
@@ -193,9 +206,13 @@ async def test_policies_narrow_a_writer_to_entity_types_and_aspects(app, anonymo
 
     chart = "urn:li:chart:(looker,auth)"
     refused = await anonymous.post(
-        "/openapi/v1/proposals", headers=alice,
-        json=[mcp("globalTags", tags, URN), mcp("datasetProperties", {"name": "x"}, URN),
-              mcp("globalTags", tags, chart, entity="chart")],
+        "/openapi/v1/proposals",
+        headers=alice,
+        json=[
+            mcp("globalTags", tags, URN),
+            mcp("datasetProperties", {"name": "x"}, URN),
+            mcp("globalTags", tags, chart, entity="chart"),
+        ],
     )
     assert refused.status_code == 403, refused.text
     issues = refused.json()["issues"]
@@ -203,25 +220,35 @@ async def test_policies_narrow_a_writer_to_entity_types_and_aspects(app, anonymo
     assert "no policy of urn:li:corpuser:alice grants WRITE on dataset.datasetProperties" in issues[0]["message"]
     # all or nothing: the allowed first item of the refused batch was not written either
     assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1", chart) == 0
-    assert await db.fetchval(
-        "SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'datasetProperties'", URN) == 0
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'datasetProperties'", URN
+        )
+        == 0
+    )
 
     # Policies take effect within the cache time; deleting the last one gives the writer its whole role back.
     policy_id = created.json()["id"]
     assert (await client.delete(f"/openapi/v1/auth/policies/{policy_id}")).status_code == 200
-    again = await anonymous.post("/openapi/v1/proposals", json=[mcp("datasetProperties", {"name": "x"}, URN)], headers=alice)
+    again = await anonymous.post(
+        "/openapi/v1/proposals", json=[mcp("datasetProperties", {"name": "x"}, URN)], headers=alice
+    )
     assert again.status_code == 200, again.text
 
 
 async def test_policy_names_must_exist_in_the_registry(client):
     response = await client.post("/openapi/v1/auth/policies", json={"actor": ALICE, "aspects": ["globalTagz"]})
     assert response.status_code == 400
-    assert response.json()["issues"][0]["path"] == "$.aspects" and "globalTagz" in response.json()["issues"][0]["message"]
+    assert (
+        response.json()["issues"][0]["path"] == "$.aspects" and "globalTagz" in response.json()["issues"][0]["message"]
+    )
 
 
 async def test_deleting_whole_entities_and_references_is_admin_only(app, anonymous, client, db):
-    await client.post("/openapi/v1/proposals", json=[mcp("status", {"removed": False}, URN),
-                                                     mcp("globalTags", {"tags": [{"tag": "urn:li:tag:t"}]}, URN)])
+    await client.post(
+        "/openapi/v1/proposals",
+        json=[mcp("status", {"removed": False}, URN), mcp("globalTags", {"tags": [{"tag": "urn:li:tag:t"}]}, URN)],
+    )
     writer = {"Authorization": f"Bearer {await mint_token(app, 'writer', ALICE)}"}
     for method, url, body in [
         ("DELETE", f"/openapi/v3/entity/dataset/{URN}", None),
@@ -247,15 +274,20 @@ async def test_the_actor_of_the_token_is_on_the_row_the_change_log_the_event_and
     alice = {"Authorization": f"Bearer {await mint_token(app, 'writer', ALICE)}"}
     for tag in ("urn:li:tag:a", "urn:li:tag:b"):
         response = await anonymous.post(
-            "/openapi/v1/proposals", headers=alice, json=[mcp("globalTags", {"tags": [{"tag": tag}]}, URN)])
+            "/openapi/v1/proposals", headers=alice, json=[mcp("globalTags", {"tags": [{"tag": tag}]}, URN)]
+        )
         assert response.status_code == 200, response.text
     rows = await db.fetch(
         "SELECT version, createdby, systemmetadata FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'globalTags' "
-        "ORDER BY version", URN)
+        "ORDER BY version",
+        URN,
+    )
     assert [(r["version"], r["createdby"]) for r in rows] == [(0, ALICE), (1, ALICE)]  # latest and history
     assert orjson.loads(rows[0]["systemmetadata"])["aspectModified"]["actor"] == ALICE
-    outbox = [orjson.loads(r["payload"]) for r in await db.fetch(
-        "SELECT payload FROM change_log_outbox WHERE aspect = 'globalTags' ORDER BY id")]
+    outbox = [
+        orjson.loads(r["payload"])
+        for r in await db.fetch("SELECT payload FROM change_log_outbox WHERE aspect = 'globalTags' ORDER BY id")
+    ]
     logs = [p for p in outbox if "changeType" in p]
     events = [p for p in outbox if "changeType" not in p]
     assert [log["created"]["actor"] for log in logs] == [ALICE, ALICE]
@@ -264,23 +296,34 @@ async def test_the_actor_of_the_token_is_on_the_row_the_change_log_the_event_and
 
 async def test_impersonation_only_by_the_system_client(app, anonymous, db, monkeypatch):
     monkeypatch.setattr(app.state.auth.settings, "system_client_secret", "s3cret-system")
-    alice = {"Authorization": f"Bearer {await mint_token(app, 'admin', ALICE)}", "X-DataHub-Actor": "urn:li:corpuser:bob"}
-    refused = await anonymous.post("/openapi/v1/proposals", json=[mcp("status", {"removed": False}, URN)], headers=alice)
+    alice = {
+        "Authorization": f"Bearer {await mint_token(app, 'admin', ALICE)}",
+        "X-DataHub-Actor": "urn:li:corpuser:bob",
+    }
+    refused = await anonymous.post(
+        "/openapi/v1/proposals", json=[mcp("status", {"removed": False}, URN)], headers=alice
+    )
     assert refused.status_code == 403 and "reserved for the system client" in refused.json()["message"]
     for system in ("Basic __datahub_system:s3cret-system", "Basic X19kYXRhaHViX3N5c3RlbTpzM2NyZXQtc3lzdGVt"):
         on_behalf = {"Authorization": system, "X-DataHub-Actor": "urn:li:corpuser:bob"}
-        response = await anonymous.post("/openapi/v1/proposals", json=[mcp("status", {"removed": False}, URN)], headers=on_behalf)
+        response = await anonymous.post(
+            "/openapi/v1/proposals", json=[mcp("status", {"removed": False}, URN)], headers=on_behalf
+        )
         assert response.status_code == 200, response.text
-    assert await db.fetchval(
-        "SELECT createdby FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'status' AND version = 0", URN
-    ) == "urn:li:corpuser:bob"
+    assert (
+        await db.fetchval(
+            "SELECT createdby FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'status' AND version = 0", URN
+        )
+        == "urn:li:corpuser:bob"
+    )
     me = await anonymous.get("/openapi/v1/auth/me", headers={"Authorization": "Basic __datahub_system:s3cret-system"})
     assert me.json() == {"actor": "urn:li:corpuser:__datahub_system", "role": "admin", "tokenId": None, "via": "system"}
 
 
 async def test_token_management_over_http(client, anonymous):
-    created = await client.post("/openapi/v1/auth/tokens", json={"actor": ALICE, "role": "writer", "ttl": "2h",
-                                                                 "description": "ci"})
+    created = await client.post(
+        "/openapi/v1/auth/tokens", json={"actor": ALICE, "role": "writer", "ttl": "2h", "description": "ci"}
+    )
     assert created.status_code == 201, created.text
     issued = created.json()
     assert issued["actor"] == ALICE and issued["role"] == "writer"
@@ -304,8 +347,14 @@ async def test_a_revoked_token_is_refused_by_another_process_within_the_cache_ti
     token_id = (await client.get("/openapi/v1/auth/me", headers={"Authorization": f"Bearer {token}"})).json()["tokenId"]
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    other = start_service({"METALEDGER_DATABASE_URL": database_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-                           "METALEDGER_AUTH_CACHE_SECONDS": "2"}, port)
+    other = start_service(
+        {
+            "METALEDGER_DATABASE_URL": database_url,
+            "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+            "METALEDGER_AUTH_CACHE_SECONDS": "2",
+        },
+        port,
+    )
     try:
         await wait_healthy(base, process=other)
         async with httpx.AsyncClient(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=10) as http:
@@ -360,13 +409,17 @@ async def test_schema_registry_reads_are_open_and_changes_need_an_admin(app, ano
     assert (await anonymous.get(f"{registry}/schemas/ids/4")).status_code == 200
     datahub_schema = (await anonymous.get(f"{registry}/schemas/ids/4")).json()["schema"]
     # re-registering what the subject has is a lookup (Confluent's serializers do it): open
-    again = await anonymous.post(f"{registry}/subjects/PlatformEvent_v1-value/versions", json={"schema": datahub_schema})
+    again = await anonymous.post(
+        f"{registry}/subjects/PlatformEvent_v1-value/versions", json={"schema": datahub_schema}
+    )
     assert again.status_code == 200 and again.json() == {"id": 4}
     new = orjson.dumps({"type": "record", "name": "AuthTest", "fields": [{"name": "a", "type": "string"}]}).decode()
     refused = await anonymous.post(f"{registry}/subjects/auth-test-value/versions", json={"schema": new})
     assert refused.status_code == 401 and refused.json()["error_code"] == 401
     reader = {"Authorization": f"Bearer {await mint_token(app, 'reader', ALICE)}"}
-    forbidden = await anonymous.post(f"{registry}/subjects/auth-test-value/versions", json={"schema": new}, headers=reader)
+    forbidden = await anonymous.post(
+        f"{registry}/subjects/auth-test-value/versions", json={"schema": new}, headers=reader
+    )
     assert forbidden.status_code == 403 and "ADMIN" in forbidden.json()["message"]
     assert (await anonymous.put(f"{registry}/config", json={"compatibility": "NONE"})).status_code == 401
     assert (await client.post(f"{registry}/subjects/auth-test-value/versions", json={"schema": new})).status_code == 200

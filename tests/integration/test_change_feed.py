@@ -43,7 +43,9 @@ async def test_feed_pages_through_every_change_in_commit_order(client, db):
     urns = [dataset(f"feed{i}") for i in range(3)]
     for n in range(4):
         await propose(client, *[mcp("status", {"removed": n % 2 == 1}, urn=u) for u in urns])
-    stored = await db.fetch("SELECT id, payload FROM change_log_outbox WHERE topic LIKE 'MetadataChangeLog%' ORDER BY id")
+    stored = await db.fetch(
+        "SELECT id, payload FROM change_log_outbox WHERE topic LIKE 'MetadataChangeLog%' ORDER BY id"
+    )
     assert len(stored) == 3 + 3 * 4  # the key aspects, then four versions of each status
 
     everything = await wait_for_events(client, len(stored))
@@ -55,7 +57,9 @@ async def test_feed_pages_through_every_change_in_commit_order(client, db):
     assert [e["mcl"] for e in everything] == [orjson.loads(r["payload"]) for r in stored]
     # over every topic (platform events too) the offsets are consecutive from 1
     every_topic = await db.fetchval("SELECT count(*) FROM change_log_outbox")
-    topics = [("topic", t) for t in ("MetadataChangeLog_Versioned_v1", "MetadataChangeLog_Timeseries_v1", "PlatformEvent_v1")]
+    topics = [
+        ("topic", t) for t in ("MetadataChangeLog_Versioned_v1", "MetadataChangeLog_Timeseries_v1", "PlatformEvent_v1")
+    ]
     page = (await client.get(FEED, params=[*topics, ("limit", 1000)])).json()
     assert [e["offset"] for e in page["events"]] == list(range(1, every_topic + 1))
     first = everything[0]
@@ -66,7 +70,9 @@ async def test_feed_pages_through_every_change_in_commit_order(client, db):
     for urn in urns:
         versions = [e["version"] for e in everything if e["urn"] == urn and e["aspect"] == "status"]
         assert versions == [1, 2, 3, 4]
-        mcl_versions = [e["mcl"]["systemMetadata"]["version"] for e in everything if e["urn"] == urn and e["aspect"] == "status"]
+        mcl_versions = [
+            e["mcl"]["systemMetadata"]["version"] for e in everything if e["urn"] == urn and e["aspect"] == "status"
+        ]
         assert mcl_versions == ["1", "2", "3", "4"]
 
     # continuing from the middle gives the rest; from the end, an empty page that keeps the offset
@@ -110,12 +116,15 @@ async def test_feed_never_lets_a_late_commit_slip_behind_a_read_offset(client, d
 
 
 async def test_feed_topic_filter(client, app, db):
-    await propose(client, mcp("datasetProfile", {"timestampMillis": 1_700_000_000_000, "rowCount": 1}, dataset("orders")))
+    await propose(
+        client, mcp("datasetProfile", {"timestampMillis": 1_700_000_000_000, "rowCount": 1}, dataset("orders"))
+    )
     pe_topic = app.state.settings.topic_platform_event
     await db.execute(
         "INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload) "
         "VALUES ($1, 'entityChangeEvent-' || $2, $2, 'status', 1, 'UPSERT', '{\"name\": \"entityChangeEvent\"}')",
-        pe_topic, dataset("pe"),
+        pe_topic,
+        dataset("pe"),
     )
     total = await db.fetchval("SELECT count(*) FROM change_log_outbox")
     # (the write path may add platform events of its own: count what each filter should see from the table)
@@ -166,4 +175,14 @@ async def test_feed_is_in_the_openapi_spec(client):
     assert {p["name"] for p in operation["parameters"]} == {"after", "limit", "topic"}
     assert operation["responses"]["200"]["content"]["application/json"]["schema"]["$ref"].endswith("/ChangeFeedPage")
     event = spec["components"]["schemas"]["ChangeFeedEvent"]
-    assert set(event["properties"]) == {"offset", "topic", "key", "urn", "aspect", "version", "changeType", "createdAt", "mcl"}
+    assert set(event["properties"]) == {
+        "offset",
+        "topic",
+        "key",
+        "urn",
+        "aspect",
+        "version",
+        "changeType",
+        "createdAt",
+        "mcl",
+    }

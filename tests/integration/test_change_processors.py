@@ -59,10 +59,12 @@ class TagsNewDatasets(ChangeProcessor):
     def process(self, change: ProposedChange):
         if change.previous is not None:
             return Accept()
-        return Accept(emit=[
-            EmittedProposal(change.urn, "dataset", "globalTags", {"tags": [{"tag": "urn:li:tag:new"}]}),
-            EmittedProposal("urn:li:tag:new", "tag", "tagProperties", {"name": "new"}),
-        ])
+        return Accept(
+            emit=[
+                EmittedProposal(change.urn, "dataset", "globalTags", {"tags": [{"tag": "urn:li:tag:new"}]}),
+                EmittedProposal("urn:li:tag:new", "tag", "tagProperties", {"name": "new"}),
+            ]
+        )
 
 
 class MarksDeprecated(ChangeProcessor):
@@ -75,7 +77,9 @@ class MarksDeprecated(ChangeProcessor):
 
     def process(self, change: ProposedChange):
         note = (change.proposed or {}).get("note", "")
-        return Accept(emit=[EmittedProposal(change.urn, "dataset", "editableDatasetProperties", {"description": f"seen {note}"})])
+        return Accept(
+            emit=[EmittedProposal(change.urn, "dataset", "editableDatasetProperties", {"description": f"seen {note}"})]
+        )
 
 
 # --- fixtures ------------------------------------------------------------------------------------------------------
@@ -98,8 +102,16 @@ PIPELINE_YML = registry_yml(f"""  - name: {P}.NoSecrets
 async def started(tmp_path, database_url, registry, yml: str, **settings):
     path = tmp_path / "entity_registry.yml"
     path.write_text(yml)
-    app = create_app(Settings(database_url=database_url, apply_migrations_on_start=False, registry_path=path,
-                                auth_bootstrap_admin_token=False, **settings), registry)
+    app = create_app(
+        Settings(
+            database_url=database_url,
+            apply_migrations_on_start=False,
+            registry_path=path,
+            auth_bootstrap_admin_token=False,
+            **settings,
+        ),
+        registry,
+    )
     return app
 
 
@@ -112,8 +124,9 @@ async def pipeline_app(tmp_path, database_url, registry):
 
 @pytest_asyncio.fixture
 async def pipeline_client(pipeline_app):
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=pipeline_app), base_url="http://m",
-                                 headers=await bearer(pipeline_app)) as http:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=pipeline_app), base_url="http://m", headers=await bearer(pipeline_app)
+    ) as http:
         yield http
 
 
@@ -129,38 +142,60 @@ def pipeline(*steps: dict) -> dict:
 # --- the before phase ----------------------------------------------------------------------------------------------
 async def test_before_phase_outcomes_over_http(pipeline_client, db: asyncpg.Connection):
     # mutate: tags lower-cased, the result validated and stored; the answer lists what each processor did
-    tags = await pipeline_client.post("/openapi/v1/proposals", json=[mcp(DEV, "globalTags", {"tags": [{"tag": "urn:li:tag:PII"}]})])
+    tags = await pipeline_client.post(
+        "/openapi/v1/proposals", json=[mcp(DEV, "globalTags", {"tags": [{"tag": "urn:li:tag:PII"}]})]
+    )
     assert tags.status_code == 200, tags.text
     reports = tags.json()["results"][0]["changeProcessors"]
-    assert [(r["processor"].rsplit(".", 1)[1], r["outcome"]) for r in reports] == [("NoSecrets", "accepted"), ("Lowercase", "mutated")]
+    assert [(r["processor"].rsplit(".", 1)[1], r["outcome"]) for r in reports] == [
+        ("NoSecrets", "accepted"),
+        ("Lowercase", "mutated"),
+    ]
     stored_tags = (await pipeline_client.get(f"/openapi/v3/entity/dataset/{DEV}/globalTags")).json()
     assert stored_tags["value"]["tags"] == [{"tag": "urn:li:tag:pii"}]
 
     # reject: the batch refused as a whole, the processor named; nothing of the batch written
-    refused = await pipeline_client.post("/openapi/v1/proposals", json=[
-        mcp(DEV, "status", {"removed": False}), mcp(PROD, "datasetProperties", {"name": "orders"})])
+    refused = await pipeline_client.post(
+        "/openapi/v1/proposals",
+        json=[mcp(DEV, "status", {"removed": False}), mcp(PROD, "datasetProperties", {"name": "orders"})],
+    )
     assert refused.status_code == 400
-    assert "NeedsOwner" in refused.text and "need an owner" in refused.text and refused.json()["issues"][0]["index"] == 1
+    assert (
+        "NeedsOwner" in refused.text and "need an owner" in refused.text and refused.json()["issues"][0]["index"] == 1
+    )
     assert await stored(db, DEV, "status") is None
     # the same pipeline for DataHub's Rest.li entry (the `datahub` client's)
-    restli = await restli_propose(pipeline_client, wire_mcp("datasetProperties", {"name": "orders"}, urn=PROD, encode=True))
+    restli = await restli_propose(
+        pipeline_client, wire_mcp("datasetProperties", {"name": "orders"}, urn=PROD, encode=True)
+    )
     assert restli.status_code == 400 and "NeedsOwner" in restli.text and "need an owner" in restli.text
 
     # ignore, by the previous value: a word the previous description did not have is dropped, not an error
-    first = await pipeline_client.post("/openapi/v1/proposals", json=[mcp(DEV, "datasetProperties", {"description": "orders"})])
+    first = await pipeline_client.post(
+        "/openapi/v1/proposals", json=[mcp(DEV, "datasetProperties", {"description": "orders"})]
+    )
     assert first.status_code == 200
-    ignored = await pipeline_client.post("/openapi/v1/proposals", json=[mcp(DEV, "datasetProperties", {"description": "confidential orders"})])
+    ignored = await pipeline_client.post(
+        "/openapi/v1/proposals", json=[mcp(DEV, "datasetProperties", {"description": "confidential orders"})]
+    )
     assert ignored.status_code == 200, ignored.text
     item = ignored.json()["results"][0]
     assert item["status"] == "IGNORED" and "NoSecrets" in item["message"]
     assert item["changeProcessors"][0]["outcome"] == "ignored"
-    assert await db.fetchval(
-        "SELECT count(*) FROM change_log_outbox WHERE urn = $1 AND aspect = 'datasetProperties' "
-        "AND topic = 'MetadataChangeLog_Versioned_v1'", DEV) == 1  # the ignored change has no change log
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM change_log_outbox WHERE urn = $1 AND aspect = 'datasetProperties' "
+            "AND topic = 'MetadataChangeLog_Versioned_v1'",
+            DEV,
+        )
+        == 1
+    )  # the ignored change has no change log
     assert (await stored(db, DEV, "datasetProperties"))["value"]["description"] == "orders"
 
     # a processor that raises, and one past its time budget: refusals naming them; the service still answers
-    failed = await pipeline_client.post("/openapi/v1/proposals", json=[mcp(DEV, "institutionalMemory", {"elements": []})])
+    failed = await pipeline_client.post(
+        "/openapi/v1/proposals", json=[mcp(DEV, "institutionalMemory", {"elements": []})]
+    )
     assert failed.status_code == 400 and "Boom" in failed.text and "kaput" in failed.text
     slow = await pipeline_client.post("/openapi/v1/proposals", json=[mcp(DEV, "subTypes", {"typeNames": ["t"]})])
     assert slow.status_code == 400 and "Slow" in slow.text and "budget" in slow.text
@@ -171,14 +206,18 @@ async def test_before_phase_outcomes_over_http(pipeline_client, db: asyncpg.Conn
 
 async def test_emitted_proposals_are_written_with_their_cause(pipeline_client, db: asyncpg.Connection):
     new = "urn:li:dataset:(urn:li:dataPlatform:hive,db.fresh,DEV)"
-    written = await pipeline_client.post("/openapi/v1/proposals", json=[
-        {**mcp(new, "datasetProperties", {"description": "fresh"}), "systemMetadata": {"runId": "run-7"}}])
+    written = await pipeline_client.post(
+        "/openapi/v1/proposals",
+        json=[{**mcp(new, "datasetProperties", {"description": "fresh"}), "systemMetadata": {"runId": "run-7"}}],
+    )
     assert written.status_code == 200, written.text
     item = written.json()["results"][0]
     assert item["status"] == "CREATED" and item["version"] == "1"
     # the emitted proposals went through the pipeline too (the tag lower-cased already: no mutation needed)
     assert [(e["urn"], e["aspectName"], e["status"]) for e in item["emitted"]] == [
-        (new, "globalTags", "CREATED"), ("urn:li:tag:new", "tagProperties", "CREATED")]
+        (new, "globalTags", "CREATED"),
+        ("urn:li:tag:new", "tagProperties", "CREATED"),
+    ]
     for urn, aspect in [(new, "globalTags"), ("urn:li:tag:new", "tagProperties")]:
         row = await stored(db, urn, aspect)
         assert row is not None, (urn, aspect)
@@ -187,11 +226,19 @@ async def test_emitted_proposals_are_written_with_their_cause(pipeline_client, d
         assert properties[CAUSE_VERSION] == "1" and properties[CAUSE_PROCESSOR].endswith("TagsNewDatasets")
         assert row["systemMetadata"]["runId"] == "run-7"
     # committed with the cause, in one transaction: every change log of it, the cause's first
-    logs = await db.fetch("SELECT urn, aspect FROM change_log_outbox WHERE topic = 'MetadataChangeLog_Versioned_v1' "
-                          "AND aspect <> 'datasetKey' AND aspect <> 'tagKey' ORDER BY id")
-    assert [tuple(r) for r in logs] == [(new, "datasetProperties"), (new, "globalTags"), ("urn:li:tag:new", "tagProperties")]
+    logs = await db.fetch(
+        "SELECT urn, aspect FROM change_log_outbox WHERE topic = 'MetadataChangeLog_Versioned_v1' "
+        "AND aspect <> 'datasetKey' AND aspect <> 'tagKey' ORDER BY id"
+    )
+    assert [tuple(r) for r in logs] == [
+        (new, "datasetProperties"),
+        (new, "globalTags"),
+        ("urn:li:tag:new", "tagProperties"),
+    ]
     # a second change of the properties emits nothing (the processor looks at the previous value)
-    second = await pipeline_client.post("/openapi/v1/proposals", json=[mcp(new, "datasetProperties", {"description": "again"})])
+    second = await pipeline_client.post(
+        "/openapi/v1/proposals", json=[mcp(new, "datasetProperties", {"description": "again"})]
+    )
     assert "emitted" not in second.json()["results"][0]
 
 
@@ -201,43 +248,75 @@ async def test_the_pipeline_is_listed_and_counted(pipeline_client, anonymous):
     body = listed.json()
     assert body["version"] == 0 and "entity_registry.yml" in body["source"]
     steps = body["steps"]
-    assert [s["name"].rsplit(".", 1)[1] for s in steps] == ["NoSecrets", "Lowercase", "NeedsOwner", "Boom", "Slow", "TagsNewDatasets"]
+    assert [s["name"].rsplit(".", 1)[1] for s in steps] == [
+        "NoSecrets",
+        "Lowercase",
+        "NeedsOwner",
+        "Boom",
+        "Slow",
+        "TagsNewDatasets",
+    ]
     assert all(s["loaded"] and s["phase"] == "before" for s in steps)
     assert steps[0]["origin"] == P and steps[3]["scope"]["aspects"] == ["institutionalMemory"]
     assert (await anonymous.get("/openapi/v1/change-processors")).status_code == 401
-    await pipeline_client.post("/openapi/v1/proposals", json=[mcp(DEV, "globalTags", {"tags": [{"tag": "urn:li:tag:A"}]})])
+    await pipeline_client.post(
+        "/openapi/v1/proposals", json=[mcp(DEV, "globalTags", {"tags": [{"tag": "urn:li:tag:A"}]})]
+    )
     metrics = (await pipeline_client.get("/metrics")).text
-    assert f'metaledger_change_processor_calls_total{{outcome="mutated",phase="before",processor="{P}.Lowercase"}}' in metrics
+    assert (
+        f'metaledger_change_processor_calls_total{{outcome="mutated",phase="before",processor="{P}.Lowercase"}}'
+        in metrics
+    )
 
 
 async def test_a_required_step_that_is_missing_refuses_the_writes_in_its_scope(tmp_path, database_url, registry):
-    app = await started(tmp_path, database_url, registry, registry_yml(
-        "  - name: no_such_package.Validator\n    required: true\n    scope: {aspects: [globalTags]}\n"
-        "  - name: no_such_package.Optional\n"))
+    app = await started(
+        tmp_path,
+        database_url,
+        registry,
+        registry_yml(
+            "  - name: no_such_package.Validator\n    required: true\n    scope: {aspects: [globalTags]}\n"
+            "  - name: no_such_package.Optional\n"
+        ),
+    )
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m", headers=await bearer(app)) as http:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://m", headers=await bearer(app)
+        ) as http:
             refused = await http.post("/openapi/v1/proposals", json=[mcp(DEV, "globalTags", {"tags": []})])
             assert refused.status_code == 400
             assert "no_such_package.Validator" in refused.text and "not available" in refused.text
             # out of its scope, and the optional missing step: writes pass
-            assert (await http.post("/openapi/v1/proposals", json=[mcp(DEV, "status", {"removed": False})])).status_code == 200
+            assert (
+                await http.post("/openapi/v1/proposals", json=[mcp(DEV, "status", {"removed": False})])
+            ).status_code == 200
             steps = (await http.get("/openapi/v1/change-processors")).json()["steps"]
             assert [(s["loaded"], s["required"]) for s in steps] == [(False, True), (False, False)]
 
 
 # --- the stored pipeline -------------------------------------------------------------------------------------------
-async def test_the_stored_pipeline_is_admin_only_and_another_process_takes_it_up(make_database, migrated_template, registry):
+async def test_the_stored_pipeline_is_admin_only_and_another_process_takes_it_up(
+    make_database, migrated_template, registry
+):
     database_url = make_database(template=migrated_template)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    other = start_service({"METALEDGER_DATABASE_URL": database_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-                           "METALEDGER_CHANGE_PROCESSOR_REFRESH_S": "1"}, port)
+    other = start_service(
+        {
+            "METALEDGER_DATABASE_URL": database_url,
+            "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+            "METALEDGER_CHANGE_PROCESSOR_REFRESH_S": "1",
+        },
+        port,
+    )
     app = create_app(Settings(database_url=database_url, apply_migrations_on_start=False), registry)
     try:
         await wait_healthy(base, 90, other)
-        async with app.router.lifespan_context(app), \
-                httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m") as here, \
-                httpx.AsyncClient(base_url=base, headers=SYSTEM_AUTH, timeout=30) as there:
+        async with (
+            app.router.lifespan_context(app),
+            httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m") as here,
+            httpx.AsyncClient(base_url=base, headers=SYSTEM_AUTH, timeout=30) as there,
+        ):
             upper = [mcp(DEV, "globalTags", {"tags": [{"tag": "urn:li:tag:PII"}]})]
             lower_first = pipeline({"name": f"{P}.Lowercase"}, {"name": f"{HERE}.RejectsUppercaseTags"})
             reject_first = pipeline({"name": f"{HERE}.RejectsUppercaseTags"}, {"name": f"{P}.Lowercase"})
@@ -255,33 +334,57 @@ async def test_the_stored_pipeline_is_admin_only_and_another_process_takes_it_up
                 return response.status_code == expected
 
             assert await eventually(lambda: there_status(200), timeout=15)
-            assert (await there.get(f"/openapi/v3/entity/dataset/{DEV}/globalTags")).json()["value"]["tags"] == [{"tag": "urn:li:tag:pii"}]
+            assert (await there.get(f"/openapi/v3/entity/dataset/{DEV}/globalTags")).json()["value"]["tags"] == [
+                {"tag": "urn:li:tag:pii"}
+            ]
             listed = (await there.get("/openapi/v1/change-processors")).json()
-            assert listed["version"] == 1 and [s["name"] for s in listed["steps"]] == [f"{P}.Lowercase", f"{HERE}.RejectsUppercaseTags"]
+            assert listed["version"] == 1 and [s["name"] for s in listed["steps"]] == [
+                f"{P}.Lowercase",
+                f"{HERE}.RejectsUppercaseTags",
+            ]
 
             # reordered over the API: now the same write is refused there, naming the processor
-            assert (await here.put("/openapi/v1/change-processors", json=reject_first, headers=admin)).status_code == 200
+            assert (
+                await here.put("/openapi/v1/change-processors", json=reject_first, headers=admin)
+            ).status_code == 200
             assert await eventually(lambda: there_status(400), timeout=15)
             refused = await there.post("/openapi/v1/proposals", json=upper)
             assert "RejectsUppercaseTags" in refused.text
 
             # versioned and audited like any aspect, with a change log
-            history = (await here.get(f"/openapi/v3/entity/metaledgerSystem/{PIPELINE_URN}/changeProcessorPipeline"
-                                      "?systemMetadata=true", headers=admin)).json()
+            history = (
+                await here.get(
+                    f"/openapi/v3/entity/metaledgerSystem/{PIPELINE_URN}/changeProcessorPipeline?systemMetadata=true",
+                    headers=admin,
+                )
+            ).json()
             assert history["systemMetadata"]["version"] == "2"
     finally:
         stop_process(other)
 
 
 # --- the after phase -----------------------------------------------------------------------------------------------
-async def test_after_phase_side_effects_are_applied_exactly_once(tmp_path, database_url, registry, db: asyncpg.Connection):
-    app = await started(tmp_path, database_url, registry, registry_yml(f"  - name: {HERE}.MarksDeprecated\n"),
-                        after_processor_poll_ms=20)
+async def test_after_phase_side_effects_are_applied_exactly_once(
+    tmp_path, database_url, registry, db: asyncpg.Connection
+):
+    app = await started(
+        tmp_path,
+        database_url,
+        registry,
+        registry_yml(f"  - name: {HERE}.MarksDeprecated\n"),
+        after_processor_poll_ms=20,
+    )
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m", headers=await bearer(app)) as http:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://m", headers=await bearer(app)
+        ) as http:
             for note in ("one", "two", "three"):
-                written = await http.post("/openapi/v1/proposals", json=[mcp(DEV, "deprecation", {
-                    "deprecated": True, "note": note, "actor": "urn:li:corpuser:alice"})])
+                written = await http.post(
+                    "/openapi/v1/proposals",
+                    json=[
+                        mcp(DEV, "deprecation", {"deprecated": True, "note": note, "actor": "urn:li:corpuser:alice"})
+                    ],
+                )
                 assert written.status_code == 200, written.text
 
             async def applied() -> bool:
@@ -309,8 +412,10 @@ async def test_after_phase_side_effects_are_applied_exactly_once(tmp_path, datab
                 return result
 
             writer.apply = apply_then_die
-            readers = [AfterProcessorWorker(app.state.settings, app.state.engine, app.state.sessionmaker, writer)
-                       for _ in range(2)]  # and the app's own reader, running all along
+            readers = [
+                AfterProcessorWorker(app.state.settings, app.state.engine, app.state.sessionmaker, writer)
+                for _ in range(2)
+            ]  # and the app's own reader, running all along
             try:
                 await asyncio.gather(*(r.step() for r in readers), return_exceptions=True)
 
@@ -345,23 +450,41 @@ async def test_the_example_package_is_loaded_through_its_entry_points(tmp_path, 
     """examples/change_processors, installed with pip (the Makefile's venv target), found by entry-point name."""
     app = await started(tmp_path, database_url, registry, EXAMPLES_YML, after_processor_poll_ms=20)
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m", headers=await bearer(app)) as http:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://m", headers=await bearer(app)
+        ) as http:
             steps = (await http.get("/openapi/v1/change-processors")).json()["steps"]
             assert [(s["name"], s["origin"], s["loaded"], s["phase"]) for s in steps] == [
                 (name, "metaledger-example-processors==0.1.0", True, phase)
-                for name, phase in (("ignore-disallowed-words", "before"), ("lowercase-tags", "before"),
-                                    ("prod-datasets-need-an-owner", "before"), ("deprecated-datasets-get-a-tag", "after"))
+                for name, phase in (
+                    ("ignore-disallowed-words", "before"),
+                    ("lowercase-tags", "before"),
+                    ("prod-datasets-need-an-owner", "before"),
+                    ("deprecated-datasets-get-a-tag", "after"),
+                )
             ]
             owner = {"owners": [{"owner": "urn:li:corpuser:alice", "type": "DATAOWNER"}]}
             assert (await http.post("/openapi/v1/proposals", json=[mcp(PROD, "ownership", owner)])).status_code == 200
             emptied = await http.post("/openapi/v1/proposals", json=[mcp(PROD, "ownership", {"owners": []})])
             assert emptied.status_code == 400 and "needs an owner" in emptied.text
-            secret = await http.post("/openapi/v1/proposals", json=[mcp(PROD, "datasetProperties", {"description": "a secret"})])
+            secret = await http.post(
+                "/openapi/v1/proposals", json=[mcp(PROD, "datasetProperties", {"description": "a secret"})]
+            )
             assert secret.json()["results"][0]["status"] == "IGNORED"
-            tags = await http.post("/openapi/v1/proposals", json=[mcp(PROD, "globalTags", {"tags": [{"tag": "urn:li:tag:Gold"}]})])
+            tags = await http.post(
+                "/openapi/v1/proposals", json=[mcp(PROD, "globalTags", {"tags": [{"tag": "urn:li:tag:Gold"}]})]
+            )
             assert tags.json()["results"][0]["changeProcessors"][0]["outcome"] == "mutated"
-            deprecated = await http.post("/openapi/v1/proposals", json=[mcp(PROD, "deprecation", {
-                "deprecated": True, "note": "use orders_v2", "actor": "urn:li:corpuser:alice"})])
+            deprecated = await http.post(
+                "/openapi/v1/proposals",
+                json=[
+                    mcp(
+                        PROD,
+                        "deprecation",
+                        {"deprecated": True, "note": "use orders_v2", "actor": "urn:li:corpuser:alice"},
+                    )
+                ],
+            )
             assert deprecated.status_code == 200
 
             async def tagged():
@@ -380,7 +503,15 @@ async def test_the_mcp_topic_runs_the_same_pipeline(tmp_path, database_url, regi
     ignored change is dropped without a failure, a mutation is written."""
     from app.ingest.gateway import IngestGateway
     from app.kafka.consumers import McpConsumer
-    from tests.helpers import create_topics, dead_letter, fast_groups, kafka_overrides, produce, read_topic, unique_topics
+    from tests.helpers import (
+        create_topics,
+        dead_letter,
+        fast_groups,
+        kafka_overrides,
+        produce,
+        read_topic,
+        unique_topics,
+    )
 
     bootstrap = kafka_broker.bootstrap_servers
     topics = unique_topics("topic_mcp", "topic_fmcp", "topic_mce", "topic_fmce")
@@ -388,12 +519,19 @@ async def test_the_mcp_topic_runs_the_same_pipeline(tmp_path, database_url, regi
     fast_groups(monkeypatch)
     app = await started(tmp_path, database_url, registry, PIPELINE_YML, **kafka_overrides(bootstrap, topics))
     async with app.router.lifespan_context(app):
-        await produce(bootstrap, topics["topic_mcp"], [
-            (PROD, wire_mcp("datasetProperties", {"name": "orders"}, urn=PROD, encode=True)),  # rejected: NeedsOwner
-            (DEV, wire_mcp("datasetProperties", {"description": "plain"}, urn=DEV, encode=True)),
-            (DEV, wire_mcp("datasetProperties", {"description": "confidential"}, urn=DEV, encode=True)),  # ignored
-            (DEV, wire_mcp("globalTags", {"tags": [{"tag": "urn:li:tag:Loud"}]}, urn=DEV, encode=True)),  # mutated
-        ])
+        await produce(
+            bootstrap,
+            topics["topic_mcp"],
+            [
+                (
+                    PROD,
+                    wire_mcp("datasetProperties", {"name": "orders"}, urn=PROD, encode=True),
+                ),  # rejected: NeedsOwner
+                (DEV, wire_mcp("datasetProperties", {"description": "plain"}, urn=DEV, encode=True)),
+                (DEV, wire_mcp("datasetProperties", {"description": "confidential"}, urn=DEV, encode=True)),  # ignored
+                (DEV, wire_mcp("globalTags", {"tags": [{"tag": "urn:li:tag:Loud"}]}, urn=DEV, encode=True)),  # mutated
+            ],
+        )
         stop = asyncio.Event()
         consumer = McpConsumer(app.state.settings, app.state.sessionmaker, IngestGateway(app.state.write_service))
         task = asyncio.create_task(consumer.run(stop))
@@ -402,7 +540,9 @@ async def test_the_mcp_topic_runs_the_same_pipeline(tmp_path, database_url, regi
             payload, trace = dead_letter(failed)
             assert payload["entityUrn"] == PROD and trace["status"] == 400
             described = trace["message"] + orjson.dumps(trace["body"]).decode()
-            assert "change processor tests.unit.test_processors.NeedsOwner" in described and "need an owner" in described
+            assert (
+                "change processor tests.unit.test_processors.NeedsOwner" in described and "need an owner" in described
+            )
 
             async def tags_written():
                 row = await stored(db, DEV, "globalTags")

@@ -29,9 +29,15 @@ async def test_read_modify_write_with_if_version_match_loses_no_update(client, d
     async def increment_once() -> None:
         nonlocal losers
         while True:
-            current = (await client.get(f"/openapi/v3/entity/dataset/{DATASET}/datasetProperties", params={"systemMetadata": "true"})).json()
+            current = (
+                await client.get(
+                    f"/openapi/v3/entity/dataset/{DATASET}/datasetProperties", params={"systemMetadata": "true"}
+                )
+            ).json()
             count = int(current["value"]["customProperties"]["count"])
-            response = await client.post("/openapi/v1/proposals", json=[properties(count + 1, current["systemMetadata"]["version"])])
+            response = await client.post(
+                "/openapi/v1/proposals", json=[properties(count + 1, current["systemMetadata"]["version"])]
+            )
             if response.status_code == 200:
                 winners.append(count + 1)
                 return
@@ -48,7 +54,9 @@ async def test_read_modify_write_with_if_version_match_loses_no_update(client, d
     assert orjson.loads(latest["systemmetadata"])["version"] == "33"
     assert orjson.loads(latest["metadata"])["customProperties"]["count"] == "32"
     # contiguous versions: history rows 13..32 (20 kept) and each holds count = version - 1
-    kept = sorted((r["version"], orjson.loads(r["metadata"])["customProperties"]["count"]) for r in history if r["version"])
+    kept = sorted(
+        (r["version"], orjson.loads(r["metadata"])["customProperties"]["count"]) for r in history if r["version"]
+    )
     assert kept == [(v, str(v - 1)) for v in range(13, 33)]
     assert losers > 0
 

@@ -13,15 +13,15 @@ import time
 import uuid
 
 import asyncpg
-import httpx
 import fastavro
+import httpx
 import orjson
 from aiokafka import AIOKafkaConsumer
 
 from app.avro.per_aspect import event_schemas
+from app.embedded_pg import free_port
 from app.registry import load_registry
 from app.settings import Settings
-from app.embedded_pg import free_port
 from tests.helpers import decode_value
 from tests.processes import SYSTEM_AUTH, start_service, wait_healthy
 
@@ -35,8 +35,14 @@ def urn(client: int, i: int) -> str:
 
 
 async def read_topic(bootstrap: str, topic: str, idle_seconds: float = 3.0, decode=decode_value) -> list[dict]:
-    consumer = AIOKafkaConsumer(topic, bootstrap_servers=bootstrap, auto_offset_reset="earliest", group_id=None,
-                                enable_auto_commit=False, max_partition_fetch_bytes=8 * 1024 * 1024)
+    consumer = AIOKafkaConsumer(
+        topic,
+        bootstrap_servers=bootstrap,
+        auto_offset_reset="earliest",
+        group_id=None,
+        enable_auto_commit=False,
+        max_partition_fetch_bytes=8 * 1024 * 1024,
+    )
     await consumer.start()
     messages: list[dict] = []
     try:
@@ -63,7 +69,8 @@ async def test_kill_9_during_ingestion_loses_and_invents_no_change_log(kafka_bro
         "METALEDGER_TOPIC_PLATFORM_EVENT": f"pe_crash_{uuid.uuid4().hex[:8]}",
         "METALEDGER_RETENTION_MAX_VERSIONS": "100000",
         "METALEDGER_EVENTS_V5_ROUTES": orjson.dumps(
-            [{"entityTypes": ["dataset"], "aspects": ["datasetProperties"], "auditTopic": audit_topic}]).decode(),
+            [{"entityTypes": ["dataset"], "aspects": ["datasetProperties"], "auditTopic": audit_topic}]
+        ).decode(),
         "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
     }
     port = free_port()
@@ -82,8 +89,12 @@ async def test_kill_9_during_ingestion_loses_and_invents_no_change_log(kafka_bro
                 while not killed.is_set():
                     round_no += 1
                     body = [
-                        {"entityType": "dataset", "entityUrn": urn(client, i), "aspectName": "datasetProperties",
-                         "aspect": {"value": {"customProperties": {"seq": str(round_no)}}}}
+                        {
+                            "entityType": "dataset",
+                            "entityUrn": urn(client, i),
+                            "aspectName": "datasetProperties",
+                            "aspect": {"value": {"customProperties": {"seq": str(round_no)}}},
+                        }
                         for i in range(BATCH)
                     ]
                     attempted += BATCH
@@ -116,7 +127,9 @@ async def test_kill_9_during_ingestion_loses_and_invents_no_change_log(kafka_bro
                 assert time.monotonic() < deadline, "the relay did not drain the outbox after the restart"
                 await asyncio.sleep(0.2)
             stored = {
-                (r["urn"], int(orjson.loads(r["systemmetadata"])["version"])): orjson.loads(r["metadata"])["customProperties"]["seq"]
+                (r["urn"], int(orjson.loads(r["systemmetadata"])["version"])): orjson.loads(r["metadata"])[
+                    "customProperties"
+                ]["seq"]
                 for r in await conn.fetch(
                     "SELECT urn, metadata, systemmetadata FROM metadata_aspect_v2 WHERE aspect = 'datasetProperties'"
                 )
@@ -127,7 +140,9 @@ async def test_kill_9_during_ingestion_loses_and_invents_no_change_log(kafka_bro
         service.kill()
         service.wait(10)
 
-    logs = [m for m in await read_topic(kafka_broker.bootstrap_servers, topic) if m["aspectName"] == "datasetProperties"]
+    logs = [
+        m for m in await read_topic(kafka_broker.bootstrap_servers, topic) if m["aspectName"] == "datasetProperties"
+    ]
     on_topic: dict[tuple[str, int], set[str]] = {}
     for mcl in logs:
         assert mcl["_key"] == mcl["entityUrn"]
@@ -144,11 +159,15 @@ async def test_kill_9_during_ingestion_loses_and_invents_no_change_log(kafka_bro
     assert len(acknowledged) >= KILLED_AFTER
 
     # the per-aspect audit events, published with the change logs: one for each acknowledged write, none invented
-    document = event_schemas("dataset", "datasetProperties", load_registry(Settings().registry_path)
-                             .aspect_spec("datasetProperties").schema)["MetadataAuditEvent"]
+    document = event_schemas(
+        "dataset", "datasetProperties", load_registry(Settings().registry_path).aspect_spec("datasetProperties").schema
+    )["MetadataAuditEvent"]
     parsed = fastavro.parse_schema(document)
-    audits = await read_topic(kafka_broker.bootstrap_servers, audit_topic,
-                              decode=lambda raw: fastavro.schemaless_reader(io.BytesIO(raw[5:]), parsed))
+    audits = await read_topic(
+        kafka_broker.bootstrap_servers,
+        audit_topic,
+        decode=lambda raw: fastavro.schemaless_reader(io.BytesIO(raw[5:]), parsed),
+    )
     audited: dict[str, set[str]] = {}
     for event in audits:
         assert event["_key"] == event["urn"]

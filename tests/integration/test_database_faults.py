@@ -53,7 +53,9 @@ def own_pg() -> Iterator[EmbeddedPostgres]:
 
 def pg_ctl(pg: EmbeddedPostgres, *args: str) -> None:
     # -l: a server started by pg_ctl keeps its output open, on which pg_ctl's caller would wait for ever
-    done = pg._pg_run([str(pg.bin_dir / "pg_ctl"), *args, "-D", str(pg.pgdata), "-l", str(pg.log_file), "-w", "-t", "60"])
+    done = pg._pg_run(
+        [str(pg.bin_dir / "pg_ctl"), *args, "-D", str(pg.pgdata), "-l", str(pg.log_file), "-w", "-t", "60"]
+    )
     assert done.returncode == 0, done.stdout + done.stderr
 
 
@@ -89,9 +91,14 @@ def properties(marker: str) -> dict:
 
 
 async def change_logs(db: asyncpg.Connection, urn: str) -> list[int]:
-    return [r["version"] for r in await db.fetch(
-        "SELECT version FROM change_log_outbox WHERE urn = $1 AND aspect = 'datasetProperties' AND topic = $2",
-        urn, MCL)]
+    return [
+        r["version"]
+        for r in await db.fetch(
+            "SELECT version FROM change_log_outbox WHERE urn = $1 AND aspect = 'datasetProperties' AND topic = $2",
+            urn,
+            MCL,
+        )
+    ]
 
 
 async def test_restart_and_outage_under_load_answer_503_and_lose_nothing(own_pg, service):
@@ -112,7 +119,9 @@ async def test_restart_and_outage_under_load_answer_503_and_lose_nothing(own_pg,
                 n += 1
                 urn, marker = ds(f"faults.c{client}.n{n}"), f"c{client}-{n}"
                 try:
-                    response = await http.post("/openapi/v1/proposals", json=[mcp("datasetProperties", properties(marker), urn=urn)])
+                    response = await http.post(
+                        "/openapi/v1/proposals", json=[mcp("datasetProperties", properties(marker), urn=urn)]
+                    )
                 except httpx.TransportError as error:
                     outcomes[f"write closed:{type(error).__name__}"] += 1
                     continue
@@ -146,7 +155,9 @@ async def test_restart_and_outage_under_load_answer_503_and_lose_nothing(own_pg,
         answered = outcomes["write 503"]
         await asyncio.to_thread(pg_ctl, own_pg, "stop", "-m", "fast")
         outage_started = time.monotonic()
-        await eventually(lambda: asyncio.sleep(0, outcomes["write 503"] >= answered + 20), timeout=30)  # answered, not hung
+        await eventually(
+            lambda: asyncio.sleep(0, outcomes["write 503"] >= answered + 20), timeout=30
+        )  # answered, not hung
         # the outage itself, ~3 s: its length is the behaviour (writes keep being answered 503 through it)
         await asyncio.sleep(max(0.0, 3 - (time.monotonic() - outage_started)))
         await asyncio.to_thread(start_again, own_pg)
@@ -157,17 +168,27 @@ async def test_restart_and_outage_under_load_answer_503_and_lose_nothing(own_pg,
 
     db = await asyncpg.connect(own_pg.url(driver="postgresql"))  # the fixture's connection died with the restart
     try:
-        stored = {r["urn"]: r["description"] for r in await db.fetch(
-            "SELECT urn, metadata::jsonb ->> 'description' AS description FROM metadata_aspect_v2"
-            " WHERE aspect = 'datasetProperties' AND version = 0 AND urn LIKE '%faults.c%'")}
-        logs = Counter(r["urn"] for r in await db.fetch(
-            "SELECT urn FROM change_log_outbox WHERE aspect = 'datasetProperties' AND topic = $1 AND urn LIKE '%faults.c%'",
-            MCL))
+        stored = {
+            r["urn"]: r["description"]
+            for r in await db.fetch(
+                "SELECT urn, metadata::jsonb ->> 'description' AS description FROM metadata_aspect_v2"
+                " WHERE aspect = 'datasetProperties' AND version = 0 AND urn LIKE '%faults.c%'"
+            )
+        }
+        logs = Counter(
+            r["urn"]
+            for r in await db.fetch(
+                "SELECT urn FROM change_log_outbox WHERE aspect = 'datasetProperties' AND topic = $1 AND urn LIKE '%faults.c%'",
+                MCL,
+            )
+        )
     finally:
         await db.close()
     lost = [u for u, marker in acknowledged.items() if stored.get(u) != marker or logs[u] == 0]
     duplicated = [u for u, count in logs.items() if count > 1]
-    print(f"\noutcomes {dict(outcomes)}; acknowledged {len(acknowledged)}; lost {len(lost)}; duplicated {len(duplicated)}")
+    print(
+        f"\noutcomes {dict(outcomes)}; acknowledged {len(acknowledged)}; lost {len(lost)}; duplicated {len(duplicated)}"
+    )
     assert set(outcomes) <= {"write 200", "write 503", "read 200", "read 503"}, outcomes  # no 500, none closed
     assert outcomes["write 503"] > 0 and not missing_retry_after
     assert not lost and not duplicated
@@ -207,9 +228,13 @@ UNPARK = f"SELECT pg_advisory_unlock({PARK_LOCK})"
 
 async def parked_commit(db: asyncpg.Connection) -> int:
     """The backend of the write whose COMMIT `park` holds."""
-    return await eventually(lambda: db.fetchval(
-        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'advisory'"),
-        timeout=20, interval=0.05)
+    return await eventually(
+        lambda: db.fetchval(
+            "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND wait_event = 'advisory'"
+        ),
+        timeout=20,
+        interval=0.05,
+    )
 
 
 @pytest_asyncio.fixture
@@ -229,8 +254,11 @@ async def committed_unanswered(db: asyncpg.Connection) -> int:
     """The backend of the write `park` holds, let go to commit, once its COMMIT waits for the missing standby."""
     pid = await parked_commit(db)
     await db.execute(UNPARK)
-    await eventually(lambda: db.fetchval(
-        "SELECT wait_event = 'SyncRep' FROM pg_stat_activity WHERE pid = $1", pid), timeout=20, interval=0.05)
+    await eventually(
+        lambda: db.fetchval("SELECT wait_event = 'SyncRep' FROM pg_stat_activity WHERE pid = $1", pid),
+        timeout=20,
+        interval=0.05,
+    )
     return pid
 
 
@@ -239,7 +267,9 @@ async def post(service: str, urn: str, marker: str) -> httpx.Response:
         return await http.post("/openapi/v1/proposals", json=[mcp("datasetProperties", properties(marker), urn=urn)])
 
 
-async def test_a_commit_lost_after_the_server_committed_answers_the_result(service, db, park, synchronous_standby_missing):
+async def test_a_commit_lost_after_the_server_committed_answers_the_result(
+    service, db, park, synchronous_standby_missing
+):
     urn = ds("faults.committed")
     write = asyncio.create_task(post(service, urn, "landed"))
     pid = await committed_unanswered(db)
@@ -267,7 +297,11 @@ async def test_a_commit_lost_before_the_server_committed_answers_503_not_committ
 
 
 async def test_a_commit_whose_outcome_stays_unknown_says_so_and_its_retry_is_applied_once(
-    own_pg, service, db, park, synchronous_standby_missing,
+    own_pg,
+    service,
+    db,
+    park,
+    synchronous_standby_missing,
 ):
     urn = ds("faults.unknown")
     write = asyncio.create_task(post(service, urn, "maybe"))
@@ -290,7 +324,11 @@ async def test_a_commit_whose_outcome_stays_unknown_says_so_and_its_retry_is_app
         assert again.status_code == 200, again.text
         assert again.json()["results"][0] == again.json()["results"][0] | {"status": "UNCHANGED", "version": "1"}
         assert await change_logs(conn, urn) == [1]
-        assert await conn.fetchval(
-            "SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'datasetProperties'", urn) == 1
+        assert (
+            await conn.fetchval(
+                "SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'datasetProperties'", urn
+            )
+            == 1
+        )
     finally:
         await conn.close()

@@ -70,8 +70,12 @@ async def test_history_reads_by_version(client):
 
 
 async def test_delete_endpoints(client):
-    await client.post("/openapi/v3/entity/dataset", json=[{"urn": DATASET, "status": {"value": {"removed": False}},
-                                                          "subTypes": {"value": {"typeNames": ["Table"]}}}])
+    await client.post(
+        "/openapi/v3/entity/dataset",
+        json=[
+            {"urn": DATASET, "status": {"value": {"removed": False}}, "subTypes": {"value": {"typeNames": ["Table"]}}}
+        ],
+    )
     assert (await client.delete(f"{PATH}/subTypes")).json()["status"] == "DELETED"
     assert (await client.get(f"{PATH}/subTypes")).status_code == 404
     assert (await client.delete(PATH)).status_code == 200
@@ -81,7 +85,10 @@ async def test_delete_endpoints(client):
 
 async def test_batch_get(client):
     await client.post("/openapi/v3/entity/dataset", json=[{"urn": DATASET, "status": {"value": {"removed": False}}}])
-    response = await client.post("/openapi/v3/entity/dataset/batchGet", json=[{"urn": DATASET, "status": {}}, {"urn": "urn:li:dataset:(urn:li:dataPlatform:hive,none,PROD)"}])
+    response = await client.post(
+        "/openapi/v3/entity/dataset/batchGet",
+        json=[{"urn": DATASET, "status": {}}, {"urn": "urn:li:dataset:(urn:li:dataPlatform:hive,none,PROD)"}],
+    )
     assert response.json() == [{"urn": DATASET, "status": {"value": {"removed": False}}}]
 
 
@@ -105,20 +112,35 @@ async def test_config_and_health(client):
 
 
 async def test_patch_endpoints(client):
-    await client.post("/openapi/v3/entity/dataset?async=false", json=[{"urn": DATASET, "datasetProperties": {"value": {"name": "orders"}}}])
-    batch = [{"urn": DATASET, "datasetProperties": {"value": {"patch": [{"op": "add", "path": "/description", "value": "patched"}]}}}]
+    await client.post(
+        "/openapi/v3/entity/dataset?async=false",
+        json=[{"urn": DATASET, "datasetProperties": {"value": {"name": "orders"}}}],
+    )
+    batch = [
+        {
+            "urn": DATASET,
+            "datasetProperties": {"value": {"patch": [{"op": "add", "path": "/description", "value": "patched"}]}},
+        }
+    ]
     response = await client.patch("/openapi/v3/entity/dataset?async=false", json=batch)
     assert response.status_code == 200, response.text
     assert response.json()[0]["datasetProperties"]["systemMetadata"]["version"] == "2"
-    single = await client.patch(f"{PATH}/datasetProperties", json={"patch": [{"op": "add", "path": "/customProperties/team", "value": "core"}]})
+    single = await client.patch(
+        f"{PATH}/datasetProperties", json={"patch": [{"op": "add", "path": "/customProperties/team", "value": "core"}]}
+    )
     assert single.status_code == 200, single.text
     value = (await client.get(f"{PATH}/datasetProperties")).json()["value"]
     assert value["description"] == "patched" and value["customProperties"] == {"team": "core"}
     patched = await stored_aspect(client, "datasetProperties")
     assert patched[1] == "3"
-    stale = await client.patch(f"{PATH}/datasetProperties", json=[{"op": "remove", "path": "/description"}], headers={"If-Version-Match": "1"})
+    stale = await client.patch(
+        f"{PATH}/datasetProperties", json=[{"op": "remove", "path": "/description"}], headers={"If-Version-Match": "1"}
+    )
     assert stale.status_code == 412
-    missing = await client.patch("/openapi/v3/entity/dataset?async=false", json=[{"urn": DATASET, "datasetProperties": {"value": {"nopatch": []}}}])
+    missing = await client.patch(
+        "/openapi/v3/entity/dataset?async=false",
+        json=[{"urn": DATASET, "datasetProperties": {"value": {"nopatch": []}}}],
+    )
     assert missing.status_code == 400, missing.text
     assert [i["path"] for i in missing.json()["issues"]] == ["$[0].datasetProperties.value"], missing.text
     assert await stored_aspect(client, "datasetProperties") == patched  # neither changed it

@@ -22,8 +22,12 @@ async def test_pages_through_every_entity_with_its_aspects(client, registry):
     assert names == set(registry.entities["dataset"].aspect_names)
     assert set(dataset["aspectSpecMap"]) == names
     schema = dataset["aspectSpecMap"]["schemaMetadata"]["aspectAnnotation"]
-    assert schema == {"name": "schemaMetadata", "timeseries": False, "autoRender": False,
-                      "schemaVersion": registry.aspects["schemaMetadata"].schema_version}
+    assert schema == {
+        "name": "schemaMetadata",
+        "timeseries": False,
+        "autoRender": False,
+        "schemaVersion": registry.aspects["schemaMetadata"].schema_version,
+    }
     profile = dataset["aspectSpecMap"]["datasetProfile"]["aspectAnnotation"]
     assert profile["timeseries"] is True
 

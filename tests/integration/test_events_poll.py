@@ -49,7 +49,12 @@ async def test_without_an_offset_only_new_events_come_and_offsets_continue(clien
     assert [e["name"] for e in events] == ["entityChangeEvent"]
     # DataHub Actions reads value["payload"] as a GenericPayload whose value is the EntityChangeEvent JSON
     change = orjson.loads(events[0]["payload"]["value"])
-    assert (change["category"], change["operation"], change["modifier"], change["entityUrn"]) == ("TAG", "ADD", "urn:li:tag:new", urn)
+    assert (change["category"], change["operation"], change["modifier"], change["entityUrn"]) == (
+        "TAG",
+        "ADD",
+        "urn:li:tag:new",
+        urn,
+    )
     again = await poll(client, topic=PE, offsetId=offset, pollTimeoutSeconds=0)
     assert again["events"] == [] and again["offsetId"] == offset  # nothing twice
 
@@ -86,7 +91,9 @@ async def test_the_long_poll_returns_when_an_event_arrives(client, db, monkeypat
     body = await waiting
     after_write = time.monotonic() - written
     assert [(m["entityUrn"], m["aspectName"]) for m in map(orjson.loads, (e["value"] for e in body["events"]))] == [
-        (urn, "datasetKey"), (urn, "status")]
+        (urn, "datasetKey"),
+        (urn, "status"),
+    ]
     assert after_write < 10, after_write  # answered once the event came, not at its 20 s timeout
 
 

@@ -37,16 +37,26 @@ async def test_schemathesis_finds_no_server_error_and_no_undocumented_status(dat
     hooks = tmp_path / "poll_wait_hook.py"
     hooks.write_text(POLL_WAIT_HOOK)
     monkeypatch.setenv("SCHEMATHESIS_HOOKS", str(hooks))  # read by the schemathesis process tests.fuzz starts
-    env = {"METALEDGER_DATABASE_URL": database_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-           "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": "", "METALEDGER_ACCESS_LOG": "false"}
+    env = {
+        "METALEDGER_DATABASE_URL": database_url,
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+        "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": "",
+        "METALEDGER_ACCESS_LOG": "false",
+    }
     port = free_port()
     service = start_service(env, port)
     try:
         await wait_healthy(f"http://127.0.0.1:{port}", process=service)
         token = await asyncio.to_thread(service_token, env)
         run = await asyncio.to_thread(
-            fuzz, f"http://127.0.0.1:{port}", token, seed=20261124, max_examples=1, max_time_s=80,
-            path_regex=ci_path_filter(), report_dir=tmp_path,
+            fuzz,
+            f"http://127.0.0.1:{port}",
+            token,
+            seed=20261124,
+            max_examples=1,
+            max_time_s=80,
+            path_regex=ci_path_filter(),
+            report_dir=tmp_path,
         )
     finally:
         stop_process(service)

@@ -37,22 +37,42 @@ async def test_sigterm_under_load_answers_every_request(make_database, migrated_
     database_url = make_database(template=migrated_template)
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = {"METALEDGER_DATABASE_URL": database_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-           "METALEDGER_SHUTDOWN_DRAIN_S": str(DRAIN_S)}
-    argv = [str(Path(sys.executable).with_name("metaledger")), "serve", "--port", str(port), "--workers", str(workers),
-            "--log-level", "warning"]
-    service = subprocess.Popen(argv, cwd=ROOT, env=service_env(env), start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        "METALEDGER_DATABASE_URL": database_url,
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+        "METALEDGER_SHUTDOWN_DRAIN_S": str(DRAIN_S),
+    }
+    argv = [
+        str(Path(sys.executable).with_name("metaledger")),
+        "serve",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--log-level",
+        "warning",
+    ]
+    service = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=service_env(env),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     outcomes: dict[int, str] = {}
     try:
         await wait_healthy(base, 90, service)
         limits = httpx.Limits(max_connections=CONNECTIONS, max_keepalive_connections=CONNECTIONS)
-        async with httpx.AsyncClient(base_url=base, headers=SYSTEM_AUTH, limits=limits,
-                                     timeout=httpx.Timeout(30, pool=60)) as http:
+        async with httpx.AsyncClient(
+            base_url=base, headers=SYSTEM_AUTH, limits=limits, timeout=httpx.Timeout(30, pool=60)
+        ) as http:
+
             async def write(i: int) -> None:
                 try:
-                    response = await http.post(f"/openapi/v3/entity/dataset/{urn(i)}/datasetProperties",
-                                               json={"value": {"name": f"t{i}"}})
+                    response = await http.post(
+                        f"/openapi/v3/entity/dataset/{urn(i)}/datasetProperties", json={"value": {"name": f"t{i}"}}
+                    )
                 except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout):
                     outcomes[i] = "not connected"
                 except httpx.TransportError as error:
@@ -66,8 +86,14 @@ async def test_sigterm_under_load_answers_every_request(make_database, migrated_
                         outcomes[i] = f"{response.status_code} {dict(response.headers)} {response.text[:200]}"
 
             # warm (the first write of a process compiles what it needs): the load then measures the stop
-            warm = await asyncio.gather(*(http.post(f"/openapi/v3/entity/dataset/{urn(-c)}/datasetProperties",
-                                                    json={"value": {"name": "warm"}}) for c in range(1, 2 * CONNECTIONS)))
+            warm = await asyncio.gather(
+                *(
+                    http.post(
+                        f"/openapi/v3/entity/dataset/{urn(-c)}/datasetProperties", json={"value": {"name": "warm"}}
+                    )
+                    for c in range(1, 2 * CONNECTIONS)
+                )
+            )
             assert all(r.status_code == 200 for r in warm), [r.text for r in warm]
             sent: list[asyncio.Task] = []
             signalled_at = None
@@ -107,8 +133,12 @@ async def test_sigterm_under_load_answers_every_request(make_database, migrated_
     acknowledged = sorted(i for i, outcome in outcomes.items() if outcome == "acknowledged")
     conn = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
     try:
-        stored = {r["urn"] for r in await conn.fetch(
-            "SELECT urn FROM metadata_aspect_v2 WHERE aspect = 'datasetProperties' AND version = 0")}
+        stored = {
+            r["urn"]
+            for r in await conn.fetch(
+                "SELECT urn FROM metadata_aspect_v2 WHERE aspect = 'datasetProperties' AND version = 0"
+            )
+        }
     finally:
         await conn.close()
     lost = [i for i in acknowledged if urn(i) not in stored]

@@ -38,16 +38,37 @@ def large_dataset(i: int) -> list[dict]:
     """A dataset of about 0.5 MB of aspects: a long description and a schema of 600 described fields."""
     urn = ds(f"big.t{i:03d}")
     words = " ".join(f"w{i}x{n}" for n in range(DESCRIPTION_CHARS // 8))[:DESCRIPTION_CHARS]
-    fields = [{"fieldPath": f"col_{n}", "nativeDataType": "varchar", "description": f"column {n} of t{i}: " + "d" * 400,
-               "type": {"type": {"com.linkedin.schema.StringType": {}}}} for n in range(SCHEMA_FIELDS)]
-    schema = {"schemaName": f"t{i}", "platform": "urn:li:dataPlatform:hive", "version": 0, "hash": "",
-              "platformSchema": {"com.linkedin.schema.OtherSchema": {"rawSchema": ""}}, "fields": fields}
-    return [{"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": name,
-             "aspect": {"value": value, "contentType": "application/json"}}
-            for name, value in [("datasetKey", {"platform": "urn:li:dataPlatform:hive", "name": f"big.t{i:03d}",
-                                                "origin": "PROD"}),
-                                ("datasetProperties", {"name": f"t{i}", "description": words}),
-                                ("schemaMetadata", schema)]]
+    fields = [
+        {
+            "fieldPath": f"col_{n}",
+            "nativeDataType": "varchar",
+            "description": f"column {n} of t{i}: " + "d" * 400,
+            "type": {"type": {"com.linkedin.schema.StringType": {}}},
+        }
+        for n in range(SCHEMA_FIELDS)
+    ]
+    schema = {
+        "schemaName": f"t{i}",
+        "platform": "urn:li:dataPlatform:hive",
+        "version": 0,
+        "hash": "",
+        "platformSchema": {"com.linkedin.schema.OtherSchema": {"rawSchema": ""}},
+        "fields": fields,
+    }
+    return [
+        {
+            "entityType": "dataset",
+            "entityUrn": urn,
+            "changeType": "UPSERT",
+            "aspectName": name,
+            "aspect": {"value": value, "contentType": "application/json"},
+        }
+        for name, value in [
+            ("datasetKey", {"platform": "urn:li:dataPlatform:hive", "name": f"big.t{i:03d}", "origin": "PROD"}),
+            ("datasetProperties", {"name": f"t{i}", "description": words}),
+            ("schemaMetadata", schema),
+        ]
+    ]
 
 
 BUDGET = 24 * 2**20  # the service's METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES here (the default is 64 MiB)
@@ -55,10 +76,16 @@ BUDGET = 24 * 2**20  # the service's METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES here 
 
 def probe(count: int) -> str:
     """The probe's query: ALIASES aliased searches of `count` datasets, each with its two large aspects' payloads."""
-    return "query { " + " ".join(
-        f"a{n}: searchAcrossEntities(input: {{types: [DATASET], query: \"*\", count: {count}}}) {{ searchResults {{ "
-        f"entity {{ urn ... on Dataset {{ aspects(input: {{aspectNames: [\"datasetProperties\", \"schemaMetadata\"]}}) "
-        f"{{ aspectName payload }} }} }} }} }}" for n in range(ALIASES)) + " }"
+    return (
+        "query { "
+        + " ".join(
+            f'a{n}: searchAcrossEntities(input: {{types: [DATASET], query: "*", count: {count}}}) {{ searchResults {{ '
+            f'entity {{ urn ... on Dataset {{ aspects(input: {{aspectNames: ["datasetProperties", "schemaMetadata"]}}) '
+            f"{{ aspectName payload }} }} }} }} }}"
+            for n in range(ALIASES)
+        )
+        + " }"
+    )
 
 
 def rss_mb(pid: int) -> float:
@@ -100,19 +127,39 @@ def datahub_clients_queries() -> list[tuple[str, dict]]:
                                      searchFlags: {skipHighlighting: true, skipAggregates: true}}) {
           nextScrollId searchResults { entity { urn ... on Dataset {
             schemaMetadata(version: 0) { fields { fieldPath nativeDataType } } } } } } }"""
-    return [(cli, {"query": "*", "count": 50, "start": 0, "types": ["DATASET"]}), (urns, {"n": 10_000}),
-            (schemas, {"types": ["DATASET"], "query": "*", "batchSize": 100})]
+    return [
+        (cli, {"query": "*", "count": 50, "start": 0, "types": ["DATASET"]}),
+        (urns, {"n": 10_000}),
+        (schemas, {"types": ["DATASET"], "query": "*", "batchSize": 100}),
+    ]
 
 
 async def test_aliased_aspects_over_large_datasets_are_refused_in_bounded_memory(make_database, migrated_template):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = {"METALEDGER_DATABASE_URL": make_database(template=migrated_template),
-           "METALEDGER_APPLY_MIGRATIONS_ON_START": "false", "METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES": str(BUDGET)}
-    argv = [str(Path(sys.executable).with_name("metaledger")), "serve", "--port", str(port), "--workers", "1",
-            "--log-level", "warning"]
-    service = subprocess.Popen(argv, cwd=ROOT, env=service_env(env), start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        "METALEDGER_DATABASE_URL": make_database(template=migrated_template),
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+        "METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES": str(BUDGET),
+    }
+    argv = [
+        str(Path(sys.executable).with_name("metaledger")),
+        "serve",
+        "--port",
+        str(port),
+        "--workers",
+        "1",
+        "--log-level",
+        "warning",
+    ]
+    service = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=service_env(env),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         await wait_healthy(base, 90, service)
         reader = {"Authorization": f"Bearer {service_token(env, role='reader')}"}
@@ -130,8 +177,10 @@ async def test_aliased_aspects_over_large_datasets_are_refused_in_bounded_memory
             with PeakRss(service.pid) as peak:
                 refused = await http.post("/api/graphql", headers=reader, json={"query": probe(DATASETS)})
             grown = peak.peak - before
-            print(f"\nprobe ({ALIASES} aliases x {DATASETS} datasets): {refused.status_code}, RSS {before:.0f} MB before, "
-                  f"peak {peak.peak:.0f} MB (+{grown:.0f} MB)")
+            print(
+                f"\nprobe ({ALIASES} aliases x {DATASETS} datasets): {refused.status_code}, RSS {before:.0f} MB before, "
+                f"peak {peak.peak:.0f} MB (+{grown:.0f} MB)"
+            )
             assert refused.status_code == 400, refused.text[:300]  # unbounded: 200 with an 87 MB answer, +212 MB
             error = refused.json()["errors"][0]
             assert f"the limit is {BUDGET} bytes (METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES)" in error["message"], error
@@ -142,16 +191,24 @@ async def test_aliased_aspects_over_large_datasets_are_refused_in_bounded_memory
             few = await http.post("/api/graphql", headers=reader, json={"query": probe(5)})
             assert few.status_code == 200 and "errors" not in few.json(), few.text[:300]
             assert len(few.content) > 8 * 2**20  # 4 aliases x 5 datasets x ~0.5 MB
-            one = await http.post("/api/graphql", headers=reader, json={"query": """query($urn: String!) {
+            one = await http.post(
+                "/api/graphql",
+                headers=reader,
+                json={
+                    "query": """query($urn: String!) {
                 dataset(urn: $urn) { aspects(input: {autoRenderOnly: false}) { aspectName payload } } }""",
-                                                                       "variables": {"urn": ds("big.t007")}})
+                    "variables": {"urn": ds("big.t007")},
+                },
+            )
             assert one.status_code == 200, one.text[:300]
             payloads = {a["aspectName"]: orjson.loads(a["payload"]) for a in one.json()["data"]["dataset"]["aspects"]}
             assert payloads["schemaMetadata"]["fields"][599]["fieldPath"] == "col_599"
             assert payloads["datasetProperties"]["description"] == large_dataset(7)[1]["aspect"]["value"]["description"]
 
             for query, variables in datahub_clients_queries():
-                answered = await http.post("/api/graphql", headers=reader, json={"query": query, "variables": variables})
+                answered = await http.post(
+                    "/api/graphql", headers=reader, json={"query": query, "variables": variables}
+                )
                 assert answered.status_code == 200 and "errors" not in answered.json(), answered.text[:300]
             # the service is as it was: the refused request left nothing running on its session
             assert (await http.post("/api/graphql", headers=reader, json={"query": probe(1)})).status_code == 200
@@ -170,21 +227,39 @@ def settings_overrides() -> dict:
 
 async def test_every_resolver_is_bounded_and_the_request_after_is_answered(client):
     urns = [ds(f"small.t{i}") for i in range(3)]
-    await propose(client, *(mcp("datasetProperties", {"name": f"t{i}", "description": "d" * 2_000}, urn=urn)
-                            for i, urn in enumerate(urns)), headers=SYNC)
+    await propose(
+        client,
+        *(
+            mcp("datasetProperties", {"name": f"t{i}", "description": "d" * 2_000}, urn=urn)
+            for i, urn in enumerate(urns)
+        ),
+        headers=SYNC,
+    )
     one = """query($urn: String!) { dataset(urn: $urn) { urn properties { description }
                                    aspects(input: {aspectNames: ["datasetProperties"]}) { payload } } }"""
     answered = await client.post("/api/graphql", json={"query": one, "variables": {"urn": urns[0]}})
     assert answered.status_code == 200 and "errors" not in answered.json(), answered.text
 
     # the same over three datasets, twice: ~12 KB; refused where it crossed 8 KB, whichever resolver produced it
-    aliased = "query { " + " ".join(
-        f'{alias}{i}: dataset(urn: "{urn}") {{ properties {{ description }} aspects {{ payload }} }}'
-        for alias in "ab" for i, urn in enumerate(urns)) + " }"
+    aliased = (
+        "query { "
+        + " ".join(
+            f'{alias}{i}: dataset(urn: "{urn}") {{ properties {{ description }} aspects {{ payload }} }}'
+            for alias in "ab"
+            for i, urn in enumerate(urns)
+        )
+        + " }"
+    )
     introspection = "query { __schema { types { name description fields { name description } } } }"
     # a small answer read from large aspects: the aspects read count too (3 x 6 KB of schema for 3 names)
-    schema = {"schemaName": "s", "platform": "urn:li:dataPlatform:hive", "version": 0, "hash": "",
-              "platformSchema": {"com.linkedin.schema.OtherSchema": {"rawSchema": "r" * 6_000}}, "fields": []}
+    schema = {
+        "schemaName": "s",
+        "platform": "urn:li:dataPlatform:hive",
+        "version": 0,
+        "hash": "",
+        "platformSchema": {"com.linkedin.schema.OtherSchema": {"rawSchema": "r" * 6_000}},
+        "fields": [],
+    }
     await propose(client, *(mcp("schemaMetadata", schema, urn=ds(f"wide.t{i}")) for i in range(3)), headers=SYNC)
     read = """query { searchAcrossEntities(input: {types: [DATASET], query: "wide", count: 3}) {
                 searchResults { entity { ... on Dataset { schemaMetadata { name } } } } } }"""
@@ -202,12 +277,15 @@ async def test_every_resolver_is_bounded_and_the_request_after_is_answered(clien
 async def test_a_page_is_read_in_chunks_each_counted(client, monkeypatch):
     monkeypatch.setattr(resolvers, "READ_CHUNK", 2)  # 5 entities: three reads of the aspect store
     urns = [ds(f"chunk.t{i}") for i in range(5)]
-    await propose(client, *(mcp("datasetProperties", {"name": f"n{i}"}, urn=urn) for i, urn in enumerate(urns)),
-                  headers=SYNC)
+    await propose(
+        client, *(mcp("datasetProperties", {"name": f"n{i}"}, urn=urn) for i, urn in enumerate(urns)), headers=SYNC
+    )
     page = """query { searchAcrossEntities(input: {types: [DATASET], query: "chunk", count: 5}) {
                 searchResults { entity { urn ... on Dataset { properties { name } } } } } }"""
     body = (await client.post("/api/graphql", json={"query": page})).json()
     assert "errors" not in body, body
-    names = {r["entity"]["urn"]: r["entity"]["properties"]["name"]
-             for r in body["data"]["searchAcrossEntities"]["searchResults"]}
+    names = {
+        r["entity"]["urn"]: r["entity"]["properties"]["name"]
+        for r in body["data"]["searchAcrossEntities"]["searchResults"]
+    }
     assert names == {urn: f"n{i}" for i, urn in enumerate(urns)}

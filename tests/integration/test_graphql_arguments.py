@@ -46,13 +46,25 @@ REFUSED = [
     (AGGREGATE, {"facets": ["platform", f"structuredProperties.io.acryl.a{NUL}b"]}, "$input.facets[1]", "NUL"),
     (AGGREGATE, {"facets": ["structuredProperties." + "a" * 300]}, "$input.facets[0]", "not a facet name"),
     (SEARCH, {"input": search(query=f"orders{NUL}")}, "$input.query", "NUL"),
-    (SEARCH, {"input": search(orFilters=[{"and": [{"field": f"platform{NUL}", "values": ["x"]}]}])},
-     "$input.orFilters[0].and[0].field", "NUL"),
-    (SEARCH, {"input": search(orFilters=[{"and": [{"field": "platform", "values": ["a", f"b{NUL}"]}]}])},
-     "$input.orFilters[0].and[0].values[1]", "NUL"),
+    (
+        SEARCH,
+        {"input": search(orFilters=[{"and": [{"field": f"platform{NUL}", "values": ["x"]}]}])},
+        "$input.orFilters[0].and[0].field",
+        "NUL",
+    ),
+    (
+        SEARCH,
+        {"input": search(orFilters=[{"and": [{"field": "platform", "values": ["a", f"b{NUL}"]}]}])},
+        "$input.orFilters[0].and[0].values[1]",
+        "NUL",
+    ),
     (SEARCH, {"input": search(sortInput=sort(f"name{NUL}"))}, "$input.sortInput.sortCriterion.field", "NUL"),
-    (SEARCH, {"input": search(sortInput={"sortCriteria": [{"field": "a" * 100_000, "sortOrder": "DESCENDING"}]})},
-     "$input.sortInput.sortCriteria[0].field", "not a field name"),
+    (
+        SEARCH,
+        {"input": search(sortInput={"sortCriteria": [{"field": "a" * 100_000, "sortOrder": "DESCENDING"}]})},
+        "$input.sortInput.sortCriteria[0].field",
+        "not a field name",
+    ),
     (SCROLL, {"input": search(scrollId=f"x{NUL}")}, "$input.scrollId", "NUL"),
     (SCROLL, {"input": search(viewUrn=f"urn:li:dataHubView:v{NUL}")}, "$input.viewUrn", "NUL"),
     (SCROLL, {"input": search(sortInput=sort("a b"))}, "$input.sortInput.sortCriterion.field", "not a field name"),
@@ -60,8 +72,12 @@ REFUSED = [
     (ENTITY, {"urn": f"urn:li:tag:a{NUL}"}, "$urn", "NUL"),
     (CREATE_TAG, {"t": {"id": "t1", "name": f"T{NUL}"}}, "$input.name", "NUL"),
     # a literal in the query text, not a variable
-    ('query { aggregateAcrossEntities(input: {query: "*", facets: ["platform\\u0000"]}) { facets { field } } }', {},
-     "$input.facets[0]", "NUL"),
+    (
+        'query { aggregateAcrossEntities(input: {query: "*", facets: ["platform\\u0000"]}) { facets { field } } }',
+        {},
+        "$input.facets[0]",
+        "NUL",
+    ),
 ]
 
 
@@ -75,8 +91,11 @@ class Records(logging.Handler):
 
 
 async def test_nul_and_overlong_arguments_are_errors_naming_the_argument(client):
-    await propose(client, mcp("datasetKey", {"platform": "urn:li:dataPlatform:hive", "name": "arg.a", "origin": "PROD"},
-                              urn=ds("arg.a")), headers=SYNC)
+    await propose(
+        client,
+        mcp("datasetKey", {"platform": "urn:li:dataPlatform:hive", "name": "arg.a", "origin": "PROD"}, urn=ds("arg.a")),
+        headers=SYNC,
+    )
     logged = Records()
     logging.getLogger("metaledger").addHandler(logged)
     try:
@@ -94,18 +113,52 @@ async def test_nul_and_overlong_arguments_are_errors_naming_the_argument(client)
 
 
 async def test_ordinary_facets_sorts_and_filters_are_answered(client):
-    await propose(client, *(mcp("datasetKey", {"platform": f"urn:li:dataPlatform:{p}", "name": f"arg.{p}{i}",
-                                               "origin": "PROD"}, urn=ds(f"arg.{p}{i}", p))
-                            for p in ("hive", "kafka") for i in range(2)), headers=SYNC)
-    body = (await client.post("/api/graphql", json={"query": AGGREGATE, "variables": {
-        "facets": ["platform", "", "_entityType\u241etypeNames", "structuredProperties.io.acryl.tier"]}})).json()
+    await propose(
+        client,
+        *(
+            mcp(
+                "datasetKey",
+                {"platform": f"urn:li:dataPlatform:{p}", "name": f"arg.{p}{i}", "origin": "PROD"},
+                urn=ds(f"arg.{p}{i}", p),
+            )
+            for p in ("hive", "kafka")
+            for i in range(2)
+        ),
+        headers=SYNC,
+    )
+    body = (
+        await client.post(
+            "/api/graphql",
+            json={
+                "query": AGGREGATE,
+                "variables": {
+                    "facets": ["platform", "", "_entityType\u241etypeNames", "structuredProperties.io.acryl.tier"]
+                },
+            },
+        )
+    ).json()
     assert "errors" not in body, body
     facets = {f["field"]: f["aggregations"] for f in body["data"]["aggregateAcrossEntities"]["facets"]}
-    assert {a["value"]: a["count"] for a in facets["platform"]} == {"urn:li:dataPlatform:hive": 2,
-                                                                     "urn:li:dataPlatform:kafka": 2}
-    body = (await client.post("/api/graphql", json={"query": SEARCH, "variables": {"input": search(
-        sortInput={"sortCriteria": [{"field": "urn", "sortOrder": "DESCENDING"}]},
-        orFilters=[{"and": [{"field": "platform.keyword", "values": ["urn:li:dataPlatform:kafka"]}]}])}})).json()
+    assert {a["value"]: a["count"] for a in facets["platform"]} == {
+        "urn:li:dataPlatform:hive": 2,
+        "urn:li:dataPlatform:kafka": 2,
+    }
+    body = (
+        await client.post(
+            "/api/graphql",
+            json={
+                "query": SEARCH,
+                "variables": {
+                    "input": search(
+                        sortInput={"sortCriteria": [{"field": "urn", "sortOrder": "DESCENDING"}]},
+                        orFilters=[{"and": [{"field": "platform.keyword", "values": ["urn:li:dataPlatform:kafka"]}]}],
+                    )
+                },
+            },
+        )
+    ).json()
     assert "errors" not in body, body
     assert [r["entity"]["urn"] for r in body["data"]["searchAcrossEntities"]["searchResults"]] == [
-        ds("arg.kafka1", "kafka"), ds("arg.kafka0", "kafka")]
+        ds("arg.kafka1", "kafka"),
+        ds("arg.kafka0", "kafka"),
+    ]

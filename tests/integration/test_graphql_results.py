@@ -10,7 +10,12 @@ import pytest
 
 from tests.helpers import ds, mcp, propose
 from tests.integration.test_graphql import (  # noqa: F401 - both backends, on the module's shared indices
-    backend_name, chart, gql, key, opensearch_overrides, settings_overrides,
+    backend_name,
+    chart,
+    gql,
+    key,
+    opensearch_overrides,
+    settings_overrides,
 )
 
 pytestmark = pytest.mark.asyncio
@@ -40,17 +45,26 @@ async def test_facets_count_every_match_by_type_and_field(client):
     hive = [key(f"f.h{i}") for i in range(3)]
     kafka = [key(f"f.k{i}", "kafka") for i in range(2)]
     charts = [chart(f"f_c{i}") for i in range(2)]
-    await propose(client, *hive, *kafka, *charts,
-                  tagged(hive[0]["entityUrn"], "pii", "gold"), tagged(hive[1]["entityUrn"], "pii"),
-                  tagged(charts[0]["entityUrn"], "pii", entity="chart"),
-                  mcp("tagProperties", {"name": "Personal data"}, urn="urn:li:tag:pii", entity="tag"), headers=SYNC)
+    await propose(
+        client,
+        *hive,
+        *kafka,
+        *charts,
+        tagged(hive[0]["entityUrn"], "pii", "gold"),
+        tagged(hive[1]["entityUrn"], "pii"),
+        tagged(charts[0]["entityUrn"], "pii", entity="chart"),
+        mcp("tagProperties", {"name": "Personal data"}, urn="urn:li:tag:pii", entity="tag"),
+        headers=SYNC,
+    )
 
     result = await search(client, "*")
     facets = {f["field"]: f for f in result["facets"]}
     assert result["facets"][0]["field"] == "_entityType"
     assert {a["value"]: a["count"] for a in facets["_entityType"]["aggregations"]} == {"DATASET": 5, "CHART": 2}
     assert [(a["value"], a["count"]) for a in facets["platform"]["aggregations"]] == [
-        ("urn:li:dataPlatform:hive", 3), ("urn:li:dataPlatform:kafka", 2)]  # most frequent first
+        ("urn:li:dataPlatform:hive", 3),
+        ("urn:li:dataPlatform:kafka", 2),
+    ]  # most frequent first
     assert facets["platform"]["displayName"] == "Platform"
     tags = facets["tags"]["aggregations"]
     assert [(a["value"], a["count"]) for a in tags] == [("urn:li:tag:pii", 3), ("urn:li:tag:gold", 1)]  # summed
@@ -64,8 +78,13 @@ async def test_facets_count_every_match_by_type_and_field(client):
 
 async def test_matched_fields_of_a_text_query(client):
     urn = ds("m.orders")
-    await propose(client, key("m.orders"), key("m.other"),
-                  mcp("datasetProperties", {"name": "Orders", "description": "every sold item"}, urn=urn), headers=SYNC)
+    await propose(
+        client,
+        key("m.orders"),
+        key("m.other"),
+        mcp("datasetProperties", {"name": "Orders", "description": "every sold item"}, urn=urn),
+        headers=SYNC,
+    )
     result = await search(client, "orders")
     hits = {r["entity"]["urn"]: r["matchedFields"] for r in result["searchResults"]}
     assert urn in hits and ds("m.other") not in hits

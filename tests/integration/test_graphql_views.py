@@ -22,10 +22,13 @@ query search($view: String, $types: [EntityType!], $orFilters: [AndFilterInput!]
 
 
 def view(view_id: str, *, types: list[str], groups: list[list[dict[str, Any]]], personal_of: str | None = None) -> dict:
-    info = {"name": view_id, "type": "PERSONAL" if personal_of else "GLOBAL",
-            "definition": {"entityTypes": types, "filter": {"or": [{"and": group} for group in groups]}},
-            "created": {"time": 1, "actor": personal_of or "urn:li:corpuser:admin"},
-            "lastModified": {"time": 1, "actor": personal_of or "urn:li:corpuser:admin"}}
+    info = {
+        "name": view_id,
+        "type": "PERSONAL" if personal_of else "GLOBAL",
+        "definition": {"entityTypes": types, "filter": {"or": [{"and": group} for group in groups]}},
+        "created": {"time": 1, "actor": personal_of or "urn:li:corpuser:admin"},
+        "lastModified": {"time": 1, "actor": personal_of or "urn:li:corpuser:admin"},
+    }
     return mcp("dataHubViewInfo", info, urn=f"urn:li:dataHubView:{view_id}", entity="dataHubView")
 
 
@@ -37,15 +40,34 @@ async def urns_of(client, headers: dict[str, str] | None = None, **variables: An
 
 
 async def test_a_view_narrows_the_search(app, client):
-    await propose(client, key("v.hive_prod"), key("v.hive_dev", env="DEV"), key("v.kafka", "kafka"), chart("v_chart"),
-                  view("hive", types=["dataset"], groups=[[{"field": "platform", "values": ["urn:li:dataPlatform:hive"],
-                                                             "condition": "EQUAL"}]]),
-                  view("prod_or_kafka", types=[], groups=[[{"field": "origin", "values": ["PROD"]}],
-                                                         [{"field": "platform", "values": ["urn:li:dataPlatform:kafka"]}]]),
-                  view("mine", types=["chart"], groups=[], personal_of="urn:li:corpuser:alice"),
-                  headers=SYNC)
-    hive_prod, hive_dev, kafka, the_chart = ds("v.hive_prod"), ds("v.hive_dev", env="DEV"), ds("v.kafka", "kafka"), \
-        "urn:li:chart:(looker,v_chart)"
+    await propose(
+        client,
+        key("v.hive_prod"),
+        key("v.hive_dev", env="DEV"),
+        key("v.kafka", "kafka"),
+        chart("v_chart"),
+        view(
+            "hive",
+            types=["dataset"],
+            groups=[[{"field": "platform", "values": ["urn:li:dataPlatform:hive"], "condition": "EQUAL"}]],
+        ),
+        view(
+            "prod_or_kafka",
+            types=[],
+            groups=[
+                [{"field": "origin", "values": ["PROD"]}],
+                [{"field": "platform", "values": ["urn:li:dataPlatform:kafka"]}],
+            ],
+        ),
+        view("mine", types=["chart"], groups=[], personal_of="urn:li:corpuser:alice"),
+        headers=SYNC,
+    )
+    hive_prod, hive_dev, kafka, the_chart = (
+        ds("v.hive_prod"),
+        ds("v.hive_dev", env="DEV"),
+        ds("v.kafka", "kafka"),
+        "urn:li:chart:(looker,v_chart)",
+    )
     everything = {hive_prod, hive_dev, kafka, the_chart}
     assert await urns_of(client) >= everything
 
@@ -54,8 +76,12 @@ async def test_a_view_narrows_the_search(app, client):
     # its OR groups, each ANDed with each of the search's own groups
     assert await urns_of(client, view="urn:li:dataHubView:prod_or_kafka") >= {hive_prod, kafka}
     assert hive_dev not in await urns_of(client, view="urn:li:dataHubView:prod_or_kafka")
-    narrowed = await urns_of(client, view="urn:li:dataHubView:prod_or_kafka", types=["DATASET"],
-                             orFilters=[{"and": [{"field": "platform", "values": ["urn:li:dataPlatform:hive"]}]}])
+    narrowed = await urns_of(
+        client,
+        view="urn:li:dataHubView:prod_or_kafka",
+        types=["DATASET"],
+        orFilters=[{"and": [{"field": "platform", "values": ["urn:li:dataPlatform:hive"]}]}],
+    )
     assert narrowed == {hive_prod}
     # types asked for outside the view's: nothing
     assert await urns_of(client, view="urn:li:dataHubView:hive", types=["CHART"]) == set()

@@ -51,8 +51,13 @@ def nested_arrays(depth: int) -> bytes:
 
 
 def mcp(urn: str = DS, aspect: str = "status", value: Any = None, **extra: Any) -> dict[str, Any]:
-    return {"entityType": "dataset", "entityUrn": urn, "aspectName": aspect,
-            "aspect": {"value": {"removed": False} if value is None else value}, **extra}
+    return {
+        "entityType": "dataset",
+        "entityUrn": urn,
+        "aspectName": aspect,
+        "aspect": {"value": {"removed": False} if value is None else value},
+        **extra,
+    }
 
 
 def issue_paths(response) -> list[str]:
@@ -70,91 +75,207 @@ async def exists(db, urn: str = DS) -> bool:
 
 # --- item 3: every input that was a 500 is a 400 naming the field ------------------------------------------------
 
-MCE_1000 = (b'{"entity": {"value": {"' + SNAPSHOT.encode() + b'": {"urn": "' + DS.encode()
-            + b'", "aspects": [{"com.linkedin.dataset.DatasetProperties": {"customProperties": ' + nested_objects(1000)
-            + b"}}]}}}}")
+MCE_1000 = (
+    b'{"entity": {"value": {"'
+    + SNAPSHOT.encode()
+    + b'": {"urn": "'
+    + DS.encode()
+    + b'", "aspects": [{"com.linkedin.dataset.DatasetProperties": {"customProperties": '
+    + nested_objects(1000)
+    + b"}}]}}}}"
+)
 ITEM_3: dict[str, tuple[str, str, bytes | None, str]] = {
     # case: (method, url, JSON body, the path an issue names)
     "search scrollId not base64": ("GET", "/openapi/v3/entity/dataset?scrollId=!!!notbase64", None, "$scrollId"),
-    "search scrollId base64 of text": ("GET", f"/openapi/v3/entity/dataset?scrollId={b64(b'not json')}", None, "$scrollId"),
+    "search scrollId base64 of text": (
+        "GET",
+        f"/openapi/v3/entity/dataset?scrollId={b64(b'not json')}",
+        None,
+        "$scrollId",
+    ),
     "search scrollId not a pair": ("GET", f"/openapi/v3/entity/dataset?scrollId={b64(b'[1]')}", None, "$scrollId"),
     "search scrollId an object": ("GET", f"/openapi/v3/entity/dataset?scrollId={b64(b'{}')}", None, "$scrollId"),
     "search scrollId key not a number": (
-        "GET", f"/openapi/v3/entity/dataset?scrollId={b64(orjson.dumps(['x', DS]))}", None, "$scrollId"),
+        "GET",
+        f"/openapi/v3/entity/dataset?scrollId={b64(orjson.dumps(['x', DS]))}",
+        None,
+        "$scrollId",
+    ),
     "search scrollId with a NUL": (
-        "GET", f"/openapi/v3/entity/dataset?scrollId={b64(orjson.dumps([1.0, DS + chr(0)]))}", None, "$scrollId"),
-    "relationship scrollId above 2^63-1": ("GET", f"/openapi/v3/relationship/dataset/{Q}?scrollId={OVER}", None, "$scrollId"),
-    "relationship scrollId not ASCII digits": ("GET", f"/openapi/v3/relationship/dataset/{Q}?scrollId=%C2%B2", None, "$scrollId"),
-    "v3 aspect version above 2^63-1": ("GET", f"/openapi/v3/entity/dataset/{Q}/status?version={OVER}", None, "$version"),
+        "GET",
+        f"/openapi/v3/entity/dataset?scrollId={b64(orjson.dumps([1.0, DS + chr(0)]))}",
+        None,
+        "$scrollId",
+    ),
+    "relationship scrollId above 2^63-1": (
+        "GET",
+        f"/openapi/v3/relationship/dataset/{Q}?scrollId={OVER}",
+        None,
+        "$scrollId",
+    ),
+    "relationship scrollId not ASCII digits": (
+        "GET",
+        f"/openapi/v3/relationship/dataset/{Q}?scrollId=%C2%B2",
+        None,
+        "$scrollId",
+    ),
+    "v3 aspect version above 2^63-1": (
+        "GET",
+        f"/openapi/v3/entity/dataset/{Q}/status?version={OVER}",
+        None,
+        "$version",
+    ),
     "Rest.li aspect version above 2^63-1": ("GET", f"/aspects/{Q}?aspect=status&version={OVER}", None, "$version"),
     "change feed after above 2^63-1": ("GET", f"/openapi/v1/events/mcl?after={OVER}", None, "$.after"),
     "events poll offsetId a unicode digit": (
-        "GET", "/openapi/v1/events/poll?topic=PlatformEvent_v1&offsetId=%C2%B2&pollTimeoutSeconds=0", None, "$.offsetId"),
+        "GET",
+        "/openapi/v1/events/poll?topic=PlatformEvent_v1&offsetId=%C2%B2&pollTimeoutSeconds=0",
+        None,
+        "$.offsetId",
+    ),
     "timeseries start above 2^63-1": (
-        "GET", f"/openapi/v1/timeseries/dataset/datasetProfile/daily?urn={Q}&start={OVER}", None, "$start"),
+        "GET",
+        f"/openapi/v1/timeseries/dataset/datasetProfile/daily?urn={Q}&start={OVER}",
+        None,
+        "$start",
+    ),
     "timeseries end above 2^63-1": (
-        "GET", f"/openapi/v1/timeseries/dataset/datasetProfile/daily?urn={Q}&end={OVER}", None, "$end"),
+        "GET",
+        f"/openapi/v1/timeseries/dataset/datasetProfile/daily?urn={Q}&end={OVER}",
+        None,
+        "$end",
+    ),
     "getTimeseriesAspectValues startTimeMillis above 2^63-1": (
-        "POST", "/aspects?action=getTimeseriesAspectValues",
-        orjson.dumps({"urn": DS, "entity": "dataset", "aspect": "datasetProfile", "startTimeMillis": 2**63}), "$.startTimeMillis"),
+        "POST",
+        "/aspects?action=getTimeseriesAspectValues",
+        orjson.dumps({"urn": DS, "entity": "dataset", "aspect": "datasetProfile", "startTimeMillis": 2**63}),
+        "$.startTimeMillis",
+    ),
     "getTimeseriesAspectValues endTimeMillis as a long string": (
-        "POST", "/aspects?action=getTimeseriesAspectValues",
-        orjson.dumps({"urn": DS, "entity": "dataset", "aspect": "datasetProfile", "endTimeMillis": OVER}), "$.endTimeMillis"),
+        "POST",
+        "/aspects?action=getTimeseriesAspectValues",
+        orjson.dumps({"urn": DS, "entity": "dataset", "aspect": "datasetProfile", "endTimeMillis": OVER}),
+        "$.endTimeMillis",
+    ),
     "getTimeseriesAspectValues limit with a unicode digit": (
-        "POST", "/aspects?action=getTimeseriesAspectValues",
-        orjson.dumps({"urn": DS, "entity": "dataset", "aspect": "datasetProfile", "limit": "\u00b2"}), "$.limit"),
+        "POST",
+        "/aspects?action=getTimeseriesAspectValues",
+        orjson.dumps({"urn": DS, "entity": "dataset", "aspect": "datasetProfile", "limit": "\u00b2"}),
+        "$.limit",
+    ),
     "entities delete startTimeMillis above 2^63-1": (
-        "POST", "/entities?action=delete",
-        orjson.dumps({"urn": DS, "aspectName": "datasetProfile", "startTimeMillis": 2**63}), "$.startTimeMillis"),
+        "POST",
+        "/entities?action=delete",
+        orjson.dumps({"urn": DS, "aspectName": "datasetProfile", "startTimeMillis": 2**63}),
+        "$.startTimeMillis",
+    ),
     "batchGet URN with a NUL": (
-        "POST", "/openapi/v3/entity/dataset/batchGet",
-        orjson.dumps([{"urn": "urn:li:dataset:(urn:li:dataPlatform:hive,a\u0000b,PROD)"}]), "$[0].urn"),
+        "POST",
+        "/openapi/v3/entity/dataset/batchGet",
+        orjson.dumps([{"urn": "urn:li:dataset:(urn:li:dataPlatform:hive,a\u0000b,PROD)"}]),
+        "$[0].urn",
+    ),
     "single-aspect headers a list": (
-        "POST", f"/openapi/v3/entity/dataset/{Q}/status", orjson.dumps({"value": {"removed": False}, "headers": ["x"]}),
-        "$.headers"),
+        "POST",
+        f"/openapi/v3/entity/dataset/{Q}/status",
+        orjson.dumps({"value": {"removed": False}, "headers": ["x"]}),
+        "$.headers",
+    ),
     "single-aspect systemMetadata a string": (
-        "POST", f"/openapi/v3/entity/dataset/{Q}/status", orjson.dumps({"value": {"removed": False}, "systemMetadata": "x"}),
-        "$.systemMetadata"),
+        "POST",
+        f"/openapi/v3/entity/dataset/{Q}/status",
+        orjson.dumps({"value": {"removed": False}, "systemMetadata": "x"}),
+        "$.systemMetadata",
+    ),
     "v3 batch headers a list": (
-        "POST", "/openapi/v3/entity/dataset", orjson.dumps([{"urn": DS, "status": {"value": {"removed": False}, "headers": ["x"]}}]),
-        "$[0].status.headers"),
+        "POST",
+        "/openapi/v3/entity/dataset",
+        orjson.dumps([{"urn": DS, "status": {"value": {"removed": False}, "headers": ["x"]}}]),
+        "$[0].status.headers",
+    ),
     "systemMetadata nested 300 deep": (
-        "POST", "/openapi/v1/proposals",
+        "POST",
+        "/openapi/v1/proposals",
         b'[{"entityType": "dataset", "entityUrn": "' + DS.encode() + b'", "aspectName": "status", '
         b'"aspect": {"value": {"removed": true}}, "systemMetadata": {"properties": ' + nested_objects(300) + b"}}]",
-        "$[0].systemMetadata.properties"),
+        "$[0].systemMetadata.properties",
+    ),
     "patch value nested 1000 deep": (
-        "PATCH", f"/openapi/v3/entity/dataset/{Q}/datasetProperties",
-        b'[{"op": "add", "path": "/customProperties/a", "value": ' + nested_objects(1000) + b"}]", "$[0].value"),
+        "PATCH",
+        f"/openapi/v3/entity/dataset/{Q}/datasetProperties",
+        b'[{"op": "add", "path": "/customProperties/a", "value": ' + nested_objects(1000) + b"}]",
+        "$[0].value",
+    ),
     "patch value of arrays nested 1000 deep": (
-        "PATCH", f"/openapi/v3/entity/dataset/{Q}/datasetProperties",
-        b'[{"op": "add", "path": "/customProperties/a", "value": ' + nested_arrays(1000) + b"}]", "$[0].value"),
+        "PATCH",
+        f"/openapi/v3/entity/dataset/{Q}/datasetProperties",
+        b'[{"op": "add", "path": "/customProperties/a", "value": ' + nested_arrays(1000) + b"}]",
+        "$[0].value",
+    ),
     "Rest.li patch as JSON text nested 1000 deep": (
-        "POST", "/aspects?action=ingestProposal",
-        orjson.dumps({"proposal": {"entityType": "dataset", "entityUrn": DS, "aspectName": "datasetProperties",
-                                   "changeType": "PATCH", "aspect": {
-                                       "contentType": "application/json-patch+json",
-                                       "value": '[{"op": "add", "path": "/customProperties/a", "value": '
-                                                + nested_objects(1000).decode() + "}]"}}}),
-        "$.proposal.aspect.value"),
+        "POST",
+        "/aspects?action=ingestProposal",
+        orjson.dumps(
+            {
+                "proposal": {
+                    "entityType": "dataset",
+                    "entityUrn": DS,
+                    "aspectName": "datasetProperties",
+                    "changeType": "PATCH",
+                    "aspect": {
+                        "contentType": "application/json-patch+json",
+                        "value": '[{"op": "add", "path": "/customProperties/a", "value": '
+                        + nested_objects(1000).decode()
+                        + "}]",
+                    },
+                }
+            }
+        ),
+        "$.proposal.aspect.value",
+    ),
     "legacy MCE aspect nested 1000 deep": (
-        "POST", "/entities?action=ingest", MCE_1000,
-        f'$.entity.value["{SNAPSHOT}"].aspects[0]["com.linkedin.dataset.DatasetProperties"].customProperties'),
+        "POST",
+        "/entities?action=ingest",
+        MCE_1000,
+        f'$.entity.value["{SNAPSHOT}"].aspects[0]["com.linkedin.dataset.DatasetProperties"].customProperties',
+    ),
     "NUL in systemMetadata": (
-        "POST", "/openapi/v1/proposals", orjson.dumps([mcp(systemMetadata={"runId": "a\u0000b"})]), "$[0].systemMetadata"),
+        "POST",
+        "/openapi/v1/proposals",
+        orjson.dumps([mcp(systemMetadata={"runId": "a\u0000b"})]),
+        "$[0].systemMetadata",
+    ),
     "lastObserved above 2^64": (
-        "POST", "/openapi/v1/proposals", orjson.dumps([mcp()])[:-2] + b', "systemMetadata": {"lastObserved": 18446744073709551616}}]',
-        "$[0].systemMetadata.lastObserved"),
+        "POST",
+        "/openapi/v1/proposals",
+        orjson.dumps([mcp()])[:-2] + b', "systemMetadata": {"lastObserved": 18446744073709551616}}]',
+        "$[0].systemMetadata.lastObserved",
+    ),
     "entity URN longer than the aspect store's column": (
-        "POST", "/openapi/v1/proposals",
-        orjson.dumps([{"entityType": "schemaField", "aspectName": "status", "aspect": {"value": {"removed": False}},
-                       "entityUrn": f"urn:li:schemaField:({DS},{'f' * 600})"}]), "$[0].entityUrn"),
+        "POST",
+        "/openapi/v1/proposals",
+        orjson.dumps(
+            [
+                {
+                    "entityType": "schemaField",
+                    "aspectName": "status",
+                    "aspect": {"value": {"removed": False}},
+                    "entityUrn": f"urn:li:schemaField:({DS},{'f' * 600})",
+                }
+            ]
+        ),
+        "$[0].entityUrn",
+    ),
     "search filter with a NUL": ("GET", "/openapi/v3/entity/dataset?filter_platform=%00", None, "$filter_platform"),
     "search query with a NUL": ("GET", "/openapi/v3/entity/dataset?query=a%00b", None, "$query"),
     "autocomplete query with a NUL": ("GET", "/openapi/v1/search/dataset/autocomplete?query=%00", None, "$query"),
     "v3 GET of a URN with a NUL": ("GET", f"/openapi/v3/entity/dataset/{quote(DS + chr(0), safe='')}", None, "$urn"),
     "timeseries latest of a URN with a NUL": (
-        "GET", "/openapi/v1/timeseries/dataset/datasetProfile/latest?urn=a%00b", None, "$urn"),
+        "GET",
+        "/openapi/v1/timeseries/dataset/datasetProfile/latest?urn=a%00b",
+        None,
+        "$urn",
+    ),
 }
 
 
@@ -172,8 +293,9 @@ async def test_item_3_inputs_are_400s_naming_the_field(client, db, case):
 
 async def test_a_scroll_id_the_search_gave_still_works(client):
     urns = [f"urn:li:dataset:(urn:li:dataPlatform:hive,db.page{i},PROD)" for i in range(3)]
-    written = await client.post("/openapi/v1/proposals", json=[mcp(u) for u in urns],
-                                headers={"X-DataHub-Sync-Index-Update": "true"})  # searchable when answered
+    written = await client.post(
+        "/openapi/v1/proposals", json=[mcp(u) for u in urns], headers={"X-DataHub-Sync-Index-Update": "true"}
+    )  # searchable when answered
     assert written.status_code == 200 and written.json()["index"]["status"] == "UPDATED", written.text
     first = (await client.get("/openapi/v3/entity/dataset", params={"count": 2})).json()
     scroll_id = first["scrollId"]
@@ -186,8 +308,11 @@ async def test_a_scroll_id_the_search_gave_still_works(client):
 async def test_timeseries_points_beyond_the_calendar_do_not_break_daily_buckets(client):
     """A `timestampMillis` is any long: one past year 9999 is stored, read back, and left out of the day buckets."""
     for ts in (2**62, 1_700_000_000_000):
-        response = await client.post("/openapi/v1/proposals", headers={"X-DataHub-Sync-Index-Update": "true"},
-                                     json=[mcp(aspect="datasetProfile", value={"timestampMillis": ts, "rowCount": 1})])
+        response = await client.post(
+            "/openapi/v1/proposals",
+            headers={"X-DataHub-Sync-Index-Update": "true"},
+            json=[mcp(aspect="datasetProfile", value={"timestampMillis": ts, "rowCount": 1})],
+        )
         assert response.status_code == 200, response.text
     daily = await client.get("/openapi/v1/timeseries/dataset/datasetProfile/daily", params={"urn": DS})
     assert daily.status_code == 200, daily.text
@@ -201,7 +326,9 @@ async def test_a_nul_that_reaches_a_query_is_a_400(client):
     for response in (
         await client.get("/openapi/v1/auth/tokens", params={"actor": "a\u0000"}),
         await client.delete("/openapi/v1/auth/tokens/%00"),
-        await client.post("/openapi/v1/auth/tokens", json={"actor": "urn:li:corpuser:a", "role": "reader", "description": "\u0000"}),
+        await client.post(
+            "/openapi/v1/auth/tokens", json={"actor": "urn:li:corpuser:a", "role": "reader", "description": "\u0000"}
+        ),
     ):
         assert response.status_code == 400 and "NUL" in response.json()["message"], response.text
     # the schema registry: no such subject (a read), an invalid one (a write), in Confluent's terms
@@ -263,13 +390,21 @@ async def test_the_batch_limit_is_a_setting(client, db):
     assert (await client.post("/openapi/v1/proposals", json=[mcp(u) for u in urns])).status_code == 413
     assert (await client.post("/openapi/v1/proposals", json=[mcp(u) for u in urns[:2]])).status_code == 200
     # a v3 batch and an MCE count their aspects (one entity may carry hundreds)
-    three = {"status": {"value": {"removed": False}}, "subTypes": {"value": {"typeNames": ["Table"]}},
-             "datasetProperties": {"value": {"name": "x"}}}
+    three = {
+        "status": {"value": {"removed": False}},
+        "subTypes": {"value": {"typeNames": ["Table"]}},
+        "datasetProperties": {"value": {"name": "x"}},
+    }
     v3 = await client.post("/openapi/v3/entity/dataset", json=[{"urn": urns[2], **three}])
     assert v3.status_code == 413 and "3 aspects" in v3.json()["message"]
-    aspects = [{"com.linkedin.common.Status": {"removed": False}}, {"com.linkedin.common.SubTypes": {"typeNames": ["T"]}},
-               {"com.linkedin.dataset.DatasetProperties": {"name": "x"}}]
-    mce = await client.post("/entities?action=ingest", json={"entity": {"value": {SNAPSHOT: {"urn": urns[2], "aspects": aspects}}}})
+    aspects = [
+        {"com.linkedin.common.Status": {"removed": False}},
+        {"com.linkedin.common.SubTypes": {"typeNames": ["T"]}},
+        {"com.linkedin.dataset.DatasetProperties": {"name": "x"}},
+    ]
+    mce = await client.post(
+        "/entities?action=ingest", json={"entity": {"value": {SNAPSHOT: {"urn": urns[2], "aspects": aspects}}}}
+    )
     assert mce.status_code == 413 and "3 aspects" in mce.json()["message"]
     assert not await exists(db, urns[2])
 
@@ -297,7 +432,7 @@ async def test_a_chunked_body_over_the_limit_is_413_without_buffering_it(client,
 
     async def in_pieces():
         for i in range(0, len(small), 10):
-            yield small[i:i + 10]
+            yield small[i : i + 10]
 
     assert (await client.post("/openapi/v1/proposals", content=in_pieces(), headers=JSON)).status_code == 200
 
@@ -321,8 +456,13 @@ async def test_error_bodies_cut_echoed_input(client):
 async def test_a_large_value_is_not_echoed_in_full(client):
     """DataHub echoes the written aspects; metaledger too, up to METALEDGER_MAX_ECHO_VALUE_BYTES (1 MiB) each."""
     description = "d" * 2_000_000
-    body = [{"urn": DS, "status": {"value": {"removed": False}},
-             "datasetProperties": {"value": {"name": "big", "description": description}}}]
+    body = [
+        {
+            "urn": DS,
+            "status": {"value": {"removed": False}},
+            "datasetProperties": {"value": {"name": "big", "description": description}},
+        }
+    ]
     response = await client.post("/openapi/v3/entity/dataset?async=false", json=body)
     assert response.status_code == 200, response.text[:300]
     assert len(response.content) < 10_000
@@ -391,15 +531,25 @@ async def test_a_cross_site_delete_is_415_and_deletes_nothing(anonymous, db, kin
 
 async def test_json_content_types_are_accepted(client, db):
     for content_type in ("application/json", "application/json; charset=utf-8", "Application/JSON"):
-        response = await client.post("/openapi/v1/proposals", content=orjson.dumps([mcp()]), headers={"Content-Type": content_type})
+        response = await client.post(
+            "/openapi/v1/proposals", content=orjson.dumps([mcp()]), headers={"Content-Type": content_type}
+        )
         assert response.status_code == 200, (content_type, response.text)
     patch = [{"op": "add", "path": "/customProperties/k", "value": "v"}]
-    response = await client.patch(f"/openapi/v3/entity/dataset/{Q}/datasetProperties", content=orjson.dumps(patch),
-                                  headers={"Content-Type": "application/json-patch+json"})
+    response = await client.patch(
+        f"/openapi/v3/entity/dataset/{Q}/datasetProperties",
+        content=orjson.dumps(patch),
+        headers={"Content-Type": "application/json-patch+json"},
+    )
     assert response.status_code == 200, response.text
-    stored = {r["aspect"]: (r["version"], orjson.loads(r["metadata"])) for r in await db.fetch(
-        "SELECT aspect, (systemmetadata::jsonb ->> 'version')::int AS version, metadata FROM metadata_aspect_v2 "
-        "WHERE urn = $1 AND aspect IN ('status', 'datasetProperties') AND version = 0", DS)}
+    stored = {
+        r["aspect"]: (r["version"], orjson.loads(r["metadata"]))
+        for r in await db.fetch(
+            "SELECT aspect, (systemmetadata::jsonb ->> 'version')::int AS version, metadata FROM metadata_aspect_v2 "
+            "WHERE urn = $1 AND aspect IN ('status', 'datasetProperties') AND version = 0",
+            DS,
+        )
+    }
     assert stored["status"] == (1, {"removed": False})  # written once, then the same value again (no-ops)
     assert stored["datasetProperties"][1]["customProperties"] == {"k": "v"}
     response = await client.post("/entities?action=delete", content=orjson.dumps({"urn": DS}), headers=JSON)
@@ -413,7 +563,11 @@ async def test_model_bodies_and_the_schema_registry_check_the_content_type(clien
         listed = await client.get("/openapi/v1/auth/tokens", params={"actor": token["actor"]})
         return [t["role"] for t in listed.json()["tokens"]]
 
-    assert (await client.post("/openapi/v1/auth/tokens", content=orjson.dumps(token), headers={"Content-Type": "text/plain"})).status_code == 415
+    assert (
+        await client.post(
+            "/openapi/v1/auth/tokens", content=orjson.dumps(token), headers={"Content-Type": "text/plain"}
+        )
+    ).status_code == 415
     assert await alices_tokens() == []
     assert (await client.post("/openapi/v1/auth/tokens", json=token)).status_code == 201
     assert await alices_tokens() == ["reader"]
@@ -424,8 +578,12 @@ async def test_model_bodies_and_the_schema_registry_check_the_content_type(clien
     assert (await client.post(url, content=schema)).status_code == 415
     assert (await client.get(url)).status_code == 404  # nothing registered
     ids = set()
-    for content_type in ("application/vnd.schemaregistry.v1+json", "application/vnd.schemaregistry+json",
-                         "application/json", "application/octet-stream"):
+    for content_type in (
+        "application/vnd.schemaregistry.v1+json",
+        "application/vnd.schemaregistry+json",
+        "application/json",
+        "application/octet-stream",
+    ):
         response = await client.post(url, content=schema, headers={"Content-Type": content_type})
         assert response.status_code == 200, (content_type, response.text)
         ids.add(response.json()["id"])
@@ -455,8 +613,10 @@ async def test_cors_allows_the_configured_origins_only(client):
     assert response.headers["access-control-allow-origin"] == "https://ui.example.com"
     other = await client.options("/openapi/v1/proposals", headers={"Origin": "https://evil.example.com", **PREFLIGHT})
     assert "access-control-allow-origin" not in other.headers
-    assert "access-control-allow-origin" not in (
-        await client.get("/openapi/v1/auth/me", headers={"Origin": "https://evil.example.com"})).headers
+    assert (
+        "access-control-allow-origin"
+        not in (await client.get("/openapi/v1/auth/me", headers={"Origin": "https://evil.example.com"})).headers
+    )
 
 
 # --- Kafka records: the same depth limit, dead-lettered with the reason --------------------------------------------
@@ -482,16 +642,23 @@ class TestKafkaRecords:
         from tests.helpers import dead_letter, produce, read_topic
 
         bootstrap = kafka_broker.bootstrap_servers
-        deep_mcp = (b'{"entityType": "dataset", "entityUrn": "' + DS.encode() + b'", "aspectName": "status", '
-                    b'"aspect": {"value": "{\\"removed\\": false}"}, "systemMetadata": {"properties": ' + nested_objects(900) + b"}}")
-        deep_mce = (b'{"proposedSnapshot": {"' + SNAPSHOT.encode() + b'": {"urn": "' + DS.encode() + b'", "aspects": '
-                    b'[{"com.linkedin.dataset.DatasetProperties": {"customProperties": ' + nested_arrays(900) + b"}}]}}}")
+        deep_mcp = (
+            b'{"entityType": "dataset", "entityUrn": "' + DS.encode() + b'", "aspectName": "status", '
+            b'"aspect": {"value": "{\\"removed\\": false}"}, "systemMetadata": {"properties": '
+            + nested_objects(900)
+            + b"}}"
+        )
+        deep_mce = (
+            b'{"proposedSnapshot": {"' + SNAPSHOT.encode() + b'": {"urn": "' + DS.encode() + b'", "aspects": '
+            b'[{"com.linkedin.dataset.DatasetProperties": {"customProperties": ' + nested_arrays(900) + b"}}]}}}"
+        )
         await produce(bootstrap, topics["topic_mcp"], [(DS, deep_mcp)])
         await produce(bootstrap, topics["topic_mce"], [(DS, deep_mce)])
         for consumer_class, failed_topic in ((McpConsumer, "topic_fmcp"), (MceConsumer, "topic_fmce")):
             stop = asyncio.Event()
-            consumer = consumer_class(app.state.settings, app.state.sessionmaker, app.state.gateway,
-                                      group_id=f"deep-{topics[failed_topic]}")
+            consumer = consumer_class(
+                app.state.settings, app.state.sessionmaker, app.state.gateway, group_id=f"deep-{topics[failed_topic]}"
+            )
             task = asyncio.create_task(consumer.run(stop))
             try:
                 (record,) = await read_topic(bootstrap, topics[failed_topic], expect=1)

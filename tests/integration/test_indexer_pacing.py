@@ -31,9 +31,11 @@ async def running_a_statement(dsn: str, application_name: str = "") -> tuple[asy
     busy = asyncio.create_task(conn.execute("SELECT pg_sleep(10)"))
     watcher = await asyncpg.connect(dsn)
     try:
+
         async def running() -> bool:
             return await watcher.fetchval(
-                "SELECT state = 'active' AND query = 'SELECT pg_sleep(10)' FROM pg_stat_activity WHERE pid = $1", pid)
+                "SELECT state = 'active' AND query = 'SELECT pg_sleep(10)' FROM pg_stat_activity WHERE pid = $1", pid
+            )
 
         await eventually(running, timeout=10, interval=0.02, what="the other session's statement running")
     finally:
@@ -86,8 +88,13 @@ async def test_the_indexer_pauses_after_a_full_batch_only_under_write_load(app, 
         rows the worker applied, once it has caught up: a step begun after they were sequenced found nothing left,
         so the pause after the last batch, if any, is over."""
         applied = worker.applied_rows
-        await propose(client, *(mcp("datasetProperties", {"name": name, "description": description}, dataset(name))
-                                for name in names[:count]))
+        await propose(
+            client,
+            *(
+                mcp("datasetProperties", {"name": name, "description": description}, dataset(name))
+                for name in names[:count]
+            ),
+        )
         before = await db.fetchval("SELECT last_offset FROM change_log_feed_state")
         await outbox.sequence(db, 100)
         rows = await db.fetchval("SELECT last_offset FROM change_log_feed_state") - before

@@ -65,8 +65,10 @@ async def trace(client, urn: str, aspect: str) -> dict[str, Any]:
 async def test_a_nul_in_a_value_is_stored_and_indexing_goes_on(client, db):
     poisoned, after = ds("poison.nul"), ds("poison.after_nul")
     await propose(client, mcp("datasetProperties", {"name": "a\u0000b", "description": "nul\u0000inside"}, poisoned))
-    stored = await db.fetchval("SELECT metadata FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'datasetProperties' "
-                               "AND version = 0", poisoned)
+    stored = await db.fetchval(
+        "SELECT metadata FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'datasetProperties' AND version = 0",
+        poisoned,
+    )
     assert orjson.loads(stored)["name"] == "a\u0000b"  # the stored aspect is untouched: only the index copy is cleaned
 
     await propose(client, mcp("datasetProperties", {"name": "afternul", "description": "the next write"}, after))
@@ -82,8 +84,11 @@ async def test_ten_megabytes_of_distinct_words_are_stored_and_indexing_goes_on(c
     description = " ".join(f"w{i:07d}x" for i in range(1_000_100))  # 10 MB, a million distinct words
     assert len(description) >= 10_000_000
     await propose(client, mcp("datasetProperties", {"name": "bigdescription", "description": description}, big))
-    length = await db.fetchval("SELECT length(metadata) FROM metadata_aspect_v2 WHERE urn = $1 "
-                               "AND aspect = 'datasetProperties' AND version = 0", big)
+    length = await db.fetchval(
+        "SELECT length(metadata) FROM metadata_aspect_v2 WHERE urn = $1 "
+        "AND aspect = 'datasetProperties' AND version = 0",
+        big,
+    )
     assert length > 10_000_000  # stored whole
 
     await propose(client, mcp("datasetProperties", {"name": "afterbig", "description": "the next write"}, after))
@@ -102,8 +107,12 @@ async def scrape(client) -> dict[str, float]:
     """/metrics as {sample name: value} (the unlabelled series)."""
     response = await client.get("/metrics")
     assert response.status_code == 200, response.text
-    return {s.name: s.value for family in text_string_to_metric_families(response.text) for s in family.samples
-            if not s.labels}
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(response.text)
+        for s in family.samples
+        if not s.labels
+    }
 
 
 class RefuseUrn:
@@ -113,11 +122,16 @@ class RefuseUrn:
 
     def __init__(self, backend, backend_name: str, urn: str) -> None:
         self.apply, self.urn, self.active, self.refusals = backend.apply, urn, True, 0
-        self.error = (lambda: asyncpg.exceptions.ProgramLimitExceededError("index row size exceeds maximum (test)")) \
-            if backend_name == "postgres" else (lambda: IndexRefused("search bulk refused 1 documents (test)"))
+        self.error = (
+            (lambda: asyncpg.exceptions.ProgramLimitExceededError("index row size exceeds maximum (test)"))
+            if backend_name == "postgres"
+            else (lambda: IndexRefused("search bulk refused 1 documents (test)"))
+        )
 
     async def __call__(self, changes):
-        if self.active and any(getattr(c, "urn", None) == self.urn and c.aspect == "datasetProperties" for c in changes):
+        if self.active and any(
+            getattr(c, "urn", None) == self.urn and c.aspect == "datasetProperties" for c in changes
+        ):
             self.refusals += 1
             raise self.error()
         return await self.apply(changes)
@@ -131,8 +145,11 @@ async def test_a_refused_change_log_is_recorded_visible_skipped_and_retried(app,
     monkeypatch.setattr(backend, "apply", refuser)
 
     # one batch: the refused change log is isolated, its neighbour (same bulk) is indexed
-    await propose(client, mcp("datasetProperties", {"name": "refusedname", "description": "cannot be held"}, refused),
-                  mcp("datasetProperties", {"name": "neighbourname", "description": "fine"}, neighbour))
+    await propose(
+        client,
+        mcp("datasetProperties", {"name": "refusedname", "description": "cannot be held"}, refused),
+        mcp("datasetProperties", {"name": "neighbourname", "description": "fine"}, neighbour),
+    )
     await searchable_within(client, "neighbourname", neighbour)
     await propose(client, mcp("datasetProperties", {"name": "latername", "description": "fine too"}, later))
     await searchable_within(client, "latername", later)
@@ -199,8 +216,11 @@ async def _has_failure(db, urn: str) -> bool:
 async def test_a_document_the_search_server_refuses_is_recorded_and_the_stream_goes_on(client, db):
     """A real refusal by the search server: a date it cannot parse (a valid long for the schema and for Postgres)."""
     bad, good = ds("refuse.date"), ds("refuse.date_neighbour")
-    await propose(client, mcp("datasetProperties", {"name": "baddate", "created": {"time": -(2**63)}}, bad),
-                  mcp("datasetProperties", {"name": "gooddate", "created": {"time": 1_700_000_000_000}}, good))
+    await propose(
+        client,
+        mcp("datasetProperties", {"name": "baddate", "created": {"time": -(2**63)}}, bad),
+        mcp("datasetProperties", {"name": "gooddate", "created": {"time": 1_700_000_000_000}}, good),
+    )
     await searchable_within(client, "gooddate", good)
     await eventually(lambda: _has_failure(db, bad), timeout=5, interval=0.05, what="failure recorded")
     reason = await db.fetchval("SELECT reason FROM search_index_failure WHERE urn = $1", bad)
@@ -218,8 +238,13 @@ async def test_one_refused_change_log_in_a_large_batch_costs_only_itself(app, cl
     backend = app.state.search.backend
     refuser = RefuseUrn(backend, backend_name, urns[117])
     monkeypatch.setattr(backend, "apply", refuser)
-    await propose(client, *[mcp("datasetProperties", {"name": f"bulkname{i:03d}", "description": "bulkword"}, u)
-                            for i, u in enumerate(urns)])
+    await propose(
+        client,
+        *[
+            mcp("datasetProperties", {"name": f"bulkname{i:03d}", "description": "bulkword"}, u)
+            for i, u in enumerate(urns)
+        ],
+    )
 
     async def all_but_one():
         response = await client.get("/openapi/v3/entity/dataset", params={"query": "bulkword", "count": 500})

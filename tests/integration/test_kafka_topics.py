@@ -42,7 +42,8 @@ async def test_an_existing_topic_with_another_partition_count_is_kept_and_warned
     others = sorted(set(topics.values()) - {versioned})
     assert sorted(created) == others and described[versioned] == 4  # left as it is
     assert [(r.topic, r.partitions, r.kafka_topic_partitions) for r in warnings] == [
-        (versioned, 4, settings.kafka_topic_partitions)]
+        (versioned, 4, settings.kafka_topic_partitions)
+    ]
     warnings.clear()
     assert await create_missing_topics(settings.model_copy(update={"kafka_topic_partitions": 4})) == []
     assert sorted(r.topic for r in warnings) == others

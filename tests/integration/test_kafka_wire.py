@@ -57,8 +57,12 @@ def read_framed(raw: bytes, schema: Any) -> tuple[int, dict[str, Any]]:
 
 
 async def outbox(db, topic: str) -> list[dict[str, Any]]:
-    return [dict(r) for r in await db.fetch(
-        "SELECT topic, message_key, payload FROM change_log_outbox WHERE topic = $1 ORDER BY feed_offset", topic)]
+    return [
+        dict(r)
+        for r in await db.fetch(
+            "SELECT topic, message_key, payload FROM change_log_outbox WHERE topic = $1 ORDER BY feed_offset", topic
+        )
+    ]
 
 
 # --- the relay ---------------------------------------------------------------------------------------------------
@@ -75,8 +79,16 @@ def settings_overrides(request, kafka_broker, topics) -> dict[str, Any]:
 
 
 async def test_the_relay_publishes_datahubs_avro_by_default(app, client, db, kafka_broker, topics):
-    await propose(client, mcp("status", {"removed": False}, URN, systemMetadata={"runId": "run-1", "properties": {"a": "b"}},
-                              headers={"X-Custom": "a"}))
+    await propose(
+        client,
+        mcp(
+            "status",
+            {"removed": False},
+            URN,
+            systemMetadata={"runId": "run-1", "properties": {"a": "b"}},
+            headers={"X-Custom": "a"},
+        ),
+    )
     await propose(client, mcp("status", {"removed": True}, URN, systemMetadata={"runId": "run-2"}))
     await propose(client, mcp("globalTags", {"tags": [{"tag": "urn:li:tag:pii"}]}, URN))
     await wait_delivered(db)
@@ -99,7 +111,12 @@ async def test_the_relay_publishes_datahubs_avro_by_default(app, client, db, kaf
     assert create["aspect"] == {"value": b'{"removed":false}', "contentType": JSON}
     assert create["previousAspectValue"] is None and create["previousSystemMetadata"] is None
     sm = create["systemMetadata"]
-    assert sm["runId"] == "run-1" and sm["version"] == "1" and sm["properties"] == {"a": "b", "telemetryTraceId": ANY_TRACE_ID} and sm["lastObserved"] > 0
+    assert (
+        sm["runId"] == "run-1"
+        and sm["version"] == "1"
+        and sm["properties"] == {"a": "b", "telemetryTraceId": ANY_TRACE_ID}
+        and sm["lastObserved"] > 0
+    )
     assert sm["aspectCreated"]["actor"] == "urn:li:corpuser:datahub"
     assert create["headers"] == {"X-Custom": "a", DB_VERSION_HEADER: "1"}
     assert create["created"]["actor"] == "urn:li:corpuser:datahub" and create["created"]["time"] > 0
@@ -120,8 +137,11 @@ async def test_the_relay_publishes_datahubs_avro_by_default(app, client, db, kaf
         assert envelope["name"] == "entityChangeEvent" and envelope["payload"]["contentType"] == JSON
         envelopes.append(envelope)
     eces = [orjson.loads(e["payload"]["value"]) for e in envelopes]
-    assert [(e["category"], e["operation"]) for e in eces] == [("LIFECYCLE", "CREATE"), ("LIFECYCLE", "SOFT_DELETE"),
-                                                               ("TAG", "ADD")]
+    assert [(e["category"], e["operation"]) for e in eces] == [
+        ("LIFECYCLE", "CREATE"),
+        ("LIFECYCLE", "SOFT_DELETE"),
+        ("TAG", "ADD"),
+    ]
     assert eces[2]["modifier"] == "urn:li:tag:pii"
     assert all(e["header"]["timestampMillis"] == ece["auditStamp"]["time"] for e, ece in zip(envelopes, eces))
 
@@ -146,14 +166,23 @@ async def test_json_format_keeps_the_json_text(app, client, db, kafka_broker, to
     assert all(r["schema_id"] is None for r in records)
 
 
-async def test_a_row_that_is_not_a_change_log_stays_in_the_outbox_with_the_reason(app, client, db, kafka_broker, topics):
+async def test_a_row_that_is_not_a_change_log_stays_in_the_outbox_with_the_reason(
+    app, client, db, kafka_broker, topics
+):
     topic = topics["topic_mcl_versioned"]
     await db.execute(
         "INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload) "
-        "VALUES ($1, $2, $2, 'status', 1, 'UPSERT', $3)", topic, URN, '{"entityUrn": "x", "changeType": "SIDEWAYS"}')
+        "VALUES ($1, $2, $2, 'status', 1, 'UPSERT', $3)",
+        topic,
+        URN,
+        '{"entityUrn": "x", "changeType": "SIDEWAYS"}',
+    )
     await propose(client, mcp("status", {"removed": False}, URN))  # the same URN: not held back by the bad row
-    await eventually(lambda: db.fetchval("SELECT count(*) FROM change_log_outbox WHERE delivered_at IS NOT NULL "
-                                         "AND aspect = 'status'"))
+    await eventually(
+        lambda: db.fetchval(
+            "SELECT count(*) FROM change_log_outbox WHERE delivered_at IS NOT NULL AND aspect = 'status'"
+        )
+    )
     error = await db.fetchval("SELECT publish_error FROM change_log_outbox WHERE payload LIKE '%SIDEWAYS%'")
     assert error.startswith("AvroEncodeError: the row is not a valid mcl_versioned record") and "entityType" in error
 
@@ -173,25 +202,36 @@ async def consumer_app(kafka_broker, consumer_topics, monkeypatch, database_url,
 
     await create_topics(kafka_broker.bootstrap_servers, *consumer_topics.values())
     fast_groups(monkeypatch)
-    settings = Settings(database_url=database_url, apply_migrations_on_start=False,
-                        **kafka_overrides(kafka_broker.bootstrap_servers, consumer_topics))
+    settings = Settings(
+        database_url=database_url,
+        apply_migrations_on_start=False,
+        **kafka_overrides(kafka_broker.bootstrap_servers, consumer_topics),
+    )
     application = create_app(settings, registry)
     async with application.router.lifespan_context(application):
         yield application
 
 
-def avro_mcp(value: dict[str, Any], urn: str, aspect: str = "status", schema_id: int = 16, schema: Any = None,
-             **extra: Any) -> bytes:
+def avro_mcp(
+    value: dict[str, Any], urn: str, aspect: str = "status", schema_id: int = 16, schema: Any = None, **extra: Any
+) -> bytes:
     """An MCP as DataHub's `datahub-kafka` sink writes it: fastavro + the package's schema, framed."""
-    datum = {"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": aspect,
-             "aspect": {"value": orjson.dumps(value), "contentType": JSON}, **extra}
+    datum = {
+        "entityType": "dataset",
+        "entityUrn": urn,
+        "changeType": "UPSERT",
+        "aspectName": aspect,
+        "aspect": {"value": orjson.dumps(value), "contentType": JSON},
+        **extra,
+    }
     out = io.BytesIO()
     fastavro.schemaless_writer(out, schema or datahub_schema("MetadataChangeProposal"), datum)
     return b"\x00" + schema_id.to_bytes(4, "big") + out.getvalue()
 
 
-async def test_the_mcp_consumer_reads_avro_and_json_and_dead_letters_what_is_neither(consumer_app, kafka_broker,
-                                                                                     consumer_topics, db):
+async def test_the_mcp_consumer_reads_avro_and_json_and_dead_letters_what_is_neither(
+    consumer_app, kafka_broker, consumer_topics, db
+):
     app, bootstrap = consumer_app, kafka_broker.bootstrap_servers
     urns = [dataset(f"consume{i}") for i in range(4)]
     # a variant of the MCP schema (no `headers`) registered in metaledger's registry: an SDK of another version
@@ -199,8 +239,11 @@ async def test_the_mcp_consumer_reads_avro_and_json_and_dead_letters_what_is_nei
     variant["fields"] = [f for f in variant["fields"] if f["name"] != "headers"]
     variant_id = await app.state.schema_registry.register(f"{consumer_topics['topic_mcp']}-value", json.dumps(variant))
     assert variant_id >= 1000
-    good_avro = avro_mcp({"removed": True}, urns[0], systemMetadata={"runId": "avro-run", "lastObserved": 1,
-                                                                     "lastRunId": "x", "properties": {"via": "kafka"}})
+    good_avro = avro_mcp(
+        {"removed": True},
+        urns[0],
+        systemMetadata={"runId": "avro-run", "lastObserved": 1, "lastRunId": "x", "properties": {"via": "kafka"}},
+    )
     registered = avro_mcp({"typeNames": ["View"]}, urns[2], "subTypes", variant_id, fastavro.parse_schema(variant))
     poison = {
         "truncated frame": b"\x00\x00\x00",
@@ -209,17 +252,21 @@ async def test_the_mcp_consumer_reads_avro_and_json_and_dead_letters_what_is_nei
         "undecodable Avro value for schema id 16": b"\x00\x00\x00\x00\x10\x02\xff\xff\xff\xff",
         "not valid JSON": b"neither json nor avro",
     }
-    await produce(bootstrap, consumer_topics["topic_mcp"], [
-        (urns[0], good_avro),                                                                  # 0 Avro, DataHub's id
-        (None, poison["truncated frame"]),                                                     # 1
-        (urns[1], mcp("status", {"removed": False}, urns[1])),                                 # 2 JSON
-        (None, poison["wrong magic byte 0x07"]),                                               # 3
-        (None, poison["unknown schema id 4242"]),                                              # 4
-        (urns[2], registered),                                                                 # 5 Avro, registered id
-        (None, poison["undecodable Avro value for schema id 16"]),                             # 6
-        (None, poison["not valid JSON"]),                                                      # 7
-        (urns[3], avro_mcp({"removed": False}, urns[3])),                                      # 8 after all of them
-    ])
+    await produce(
+        bootstrap,
+        consumer_topics["topic_mcp"],
+        [
+            (urns[0], good_avro),  # 0 Avro, DataHub's id
+            (None, poison["truncated frame"]),  # 1
+            (urns[1], mcp("status", {"removed": False}, urns[1])),  # 2 JSON
+            (None, poison["wrong magic byte 0x07"]),  # 3
+            (None, poison["unknown schema id 4242"]),  # 4
+            (urns[2], registered),  # 5 Avro, registered id
+            (None, poison["undecodable Avro value for schema id 16"]),  # 6
+            (None, poison["not valid JSON"]),  # 7
+            (urns[3], avro_mcp({"removed": False}, urns[3])),  # 8 after all of them
+        ],
+    )
     stop = asyncio.Event()
     consumer = McpConsumer(app.state.settings, app.state.sessionmaker, app.state.gateway, codec=app.state.value_codec)
     task = asyncio.create_task(consumer.run(stop))
@@ -252,8 +299,9 @@ async def test_the_mcp_consumer_reads_avro_and_json_and_dead_letters_what_is_nei
         stop.set()
         await asyncio.wait_for(task, 15)
     assert consumer.stats["records"] == 9 and consumer.stats["dead_letters"] == 5 and consumer.stats["applied"] == 4
-    check = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=app.state.settings.mcp_consumer_group,
-                             enable_auto_commit=False)
+    check = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=app.state.settings.mcp_consumer_group, enable_auto_commit=False
+    )
     await check.start()
     try:
         assert await check.committed(TopicPartition(consumer_topics["topic_mcp"], 0)) == 9

@@ -8,7 +8,7 @@ import copy
 import json
 import re
 import uuid
-from datetime import timezone
+from datetime import UTC
 from urllib.parse import quote
 
 import orjson
@@ -20,7 +20,6 @@ import app.api.openlineage as openlineage_api
 from app.errors import PayloadTooLarge
 from app.openlineage.mapping import WriteBudget, map_event
 from app.openlineage.validation import CORE_ID, SPEC_DIR
-
 from tests.helpers import stored
 
 PATH = "/openapi/openlineage/api/v1/lineage"
@@ -40,12 +39,21 @@ def facet(**fields):
 
 def run_event(event_type, run_id, *, inputs=(), outputs=(), time="2024-05-01T10:00:00.000Z", **run_facets):
     return {
-        "eventType": event_type, "eventTime": time, "producer": PRODUCER, "schemaURL": SCHEMA_URL,
+        "eventType": event_type,
+        "eventTime": time,
+        "producer": PRODUCER,
+        "schemaURL": SCHEMA_URL,
         "run": {"runId": run_id, "facets": {"processing_engine": facet(name="Spark", version="3.5.1"), **run_facets}},
-        "job": {"namespace": "analytics", "name": "etl.revenue",
-                "facets": {"documentation": facet(description="Daily revenue"),
-                           "ownership": facet(owners=[{"name": "user:alice", "type": "TECHNICAL_OWNER"}])}},
-        "inputs": list(inputs), "outputs": list(outputs),
+        "job": {
+            "namespace": "analytics",
+            "name": "etl.revenue",
+            "facets": {
+                "documentation": facet(description="Daily revenue"),
+                "ownership": facet(owners=[{"name": "user:alice", "type": "TECHNICAL_OWNER"}]),
+            },
+        },
+        "inputs": list(inputs),
+        "outputs": list(outputs),
     }
 
 
@@ -58,12 +66,17 @@ def customers():
 
 
 def report():
-    return {"namespace": "s3://reports", "name": "/daily/revenue", "facets": {
-        "schema": facet(fields=[{"name": "day", "type": "DATE"}, {"name": "total", "type": "DECIMAL(12,2)"}]),
-        "columnLineage": facet(fields={"total": {"inputFields": [
-            {"namespace": PG, "name": "shop.public.orders", "field": "amount"}]}}),
-        "tags": facet(tags=[{"key": "pii", "value": "false"}]),
-    }}
+    return {
+        "namespace": "s3://reports",
+        "name": "/daily/revenue",
+        "facets": {
+            "schema": facet(fields=[{"name": "day", "type": "DATE"}, {"name": "total", "type": "DECIMAL(12,2)"}]),
+            "columnLineage": facet(
+                fields={"total": {"inputFields": [{"namespace": PG, "name": "shop.public.orders", "field": "amount"}]}}
+            ),
+            "tags": facet(tags=[{"key": "pii", "value": "false"}]),
+        },
+    }
 
 
 async def post(client, body, path=PATH):
@@ -80,8 +93,12 @@ def edges(value, side):
 
 async def test_a_run_becomes_flow_job_run_and_datasets(client, db):
     run_id = str(uuid.uuid4())
-    start = run_event("START", run_id, inputs=[orders(schema=facet(fields=[{"name": "amount", "type": "numeric"}]))],
-                      outputs=[report()])
+    start = run_event(
+        "START",
+        run_id,
+        inputs=[orders(schema=facet(fields=[{"name": "amount", "type": "numeric"}]))],
+        outputs=[report()],
+    )
     complete = run_event("COMPLETE", run_id, inputs=[orders()], outputs=[report()], time="2024-05-01T10:05:00.000Z")
     response = await post(client, start)
     assert response.status_code == 200, response.text
@@ -92,17 +109,24 @@ async def test_a_run_becomes_flow_job_run_and_datasets(client, db):
     assert info["name"] == "etl.revenue" and info["description"] == "Daily revenue" and info["flowUrn"] == FLOW
     io = (await stored(db, JOB, "dataJobInputOutput"))["value"]
     assert edges(io, "inputDatasetEdges") == [ORDERS] and edges(io, "outputDatasetEdges") == [REPORT]
-    assert io["fineGrainedLineages"] == [{
-        "upstreamType": "FIELD_SET", "upstreams": [f"urn:li:schemaField:({ORDERS},amount)"],
-        "downstreamType": "FIELD", "downstreams": [f"urn:li:schemaField:({REPORT},total)"],
-        "transformOperation": "TRANSFORM", "confidenceScore": 1.0,
-    }]
+    assert io["fineGrainedLineages"] == [
+        {
+            "upstreamType": "FIELD_SET",
+            "upstreams": [f"urn:li:schemaField:({ORDERS},amount)"],
+            "downstreamType": "FIELD",
+            "downstreams": [f"urn:li:schemaField:({REPORT},total)"],
+            "transformOperation": "TRANSFORM",
+            "confidenceScore": 1.0,
+        }
+    ]
     owners = (await stored(db, JOB, "ownership"))["value"]["owners"]
     assert [(o["owner"], o["type"]) for o in owners] == [("urn:li:corpuser:alice", "TECHNICAL_OWNER")]
 
     schema = (await stored(db, REPORT, "schemaMetadata"))["value"]
     assert [(f["fieldPath"], f["nativeDataType"], next(iter(f["type"]["type"]))) for f in schema["fields"]] == [
-        ("day", "DATE", "com.linkedin.schema.DateType"), ("total", "DECIMAL(12,2)", "com.linkedin.schema.NumberType")]
+        ("day", "DATE", "com.linkedin.schema.DateType"),
+        ("total", "DECIMAL(12,2)", "com.linkedin.schema.NumberType"),
+    ]
     assert (await stored(db, REPORT, "globalTags"))["value"]["tags"] == [{"tag": "urn:li:tag:pii:false"}]
     assert (await stored(db, ORDERS, "schemaMetadata"))["value"]["platform"] == "urn:li:dataPlatform:postgres"
 
@@ -113,13 +137,23 @@ async def test_a_run_becomes_flow_job_run_and_datasets(client, db):
     assert (await stored(db, run, "dataProcessInstanceInput"))["value"]["inputs"] == [ORDERS]
     assert (await stored(db, run, "dataProcessInstanceOutput"))["value"]["outputs"] == [REPORT]
     assert (await stored(db, run, "dataProcessInstanceRelationships"))["value"]["parentTemplate"] == JOB
-    points = await db.fetch("SELECT payload FROM change_log_outbox WHERE urn = $1 AND aspect = 'dataProcessInstanceRunEvent' "
-                            "AND topic = 'MetadataChangeLog_Timeseries_v1' ORDER BY id", run)
+    points = await db.fetch(
+        "SELECT payload FROM change_log_outbox WHERE urn = $1 AND aspect = 'dataProcessInstanceRunEvent' "
+        "AND topic = 'MetadataChangeLog_Timeseries_v1' ORDER BY id",
+        run,
+    )
     assert [orjson.loads(orjson.loads(p["payload"])["aspect"]["value"]) for p in points] == [
-        {"timestampMillis": 1714557600000, "partitionSpec": {"partition": "FULL_TABLE_SNAPSHOT", "type": "FULL_TABLE"},
-         "status": "STARTED"},
-        {"timestampMillis": 1714557900000, "partitionSpec": {"partition": "FULL_TABLE_SNAPSHOT", "type": "FULL_TABLE"},
-         "status": "COMPLETE", "result": {"type": "SUCCESS", "nativeResultType": "openlineage"}},
+        {
+            "timestampMillis": 1714557600000,
+            "partitionSpec": {"partition": "FULL_TABLE_SNAPSHOT", "type": "FULL_TABLE"},
+            "status": "STARTED",
+        },
+        {
+            "timestampMillis": 1714557900000,
+            "partitionSpec": {"partition": "FULL_TABLE_SNAPSHOT", "type": "FULL_TABLE"},
+            "status": "COMPLETE",
+            "result": {"type": "SUCCESS", "nativeResultType": "openlineage"},
+        },
     ]
 
 
@@ -130,7 +164,9 @@ async def test_edges_merge_and_a_running_event_without_datasets_erases_nothing(c
     io = (await stored(db, JOB, "dataJobInputOutput"))["value"]
     assert edges(io, "inputDatasetEdges") == sorted([ORDERS, CUSTOMERS])  # merged, not replaced
     assert edges(io, "outputDatasetEdges") == [REPORT]
-    assert (await stored(db, f"urn:li:dataProcessInstance:{run_id}", "dataProcessInstanceInput"))["value"]["inputs"] == [ORDERS, CUSTOMERS]
+    assert (await stored(db, f"urn:li:dataProcessInstance:{run_id}", "dataProcessInstanceInput"))["value"][
+        "inputs"
+    ] == [ORDERS, CUSTOMERS]
 
     # COMPLETE carries the job's final datasets: they replace the edges
     assert (await post(client, run_event("COMPLETE", run_id, inputs=[orders()], outputs=[report()]))).status_code == 200
@@ -148,9 +184,17 @@ async def test_concurrent_events_of_one_run_lose_nothing(client, db):
     run_id = str(uuid.uuid4())
     sources = [{"namespace": PG, "name": f"shop.public.part_{i}"} for i in range(12)]
     targets = [{"namespace": "s3://lake", "name": f"out/part_{i}"} for i in range(12)]
-    events = [run_event("RUNNING", run_id, inputs=[sources[i]], outputs=[targets[i]], time=f"2024-05-01T10:{10 + i}:00Z",
-                        parent=facet(run={"runId": parent}, job={"namespace": "analytics", "name": "etl"}))
-              for i, parent in enumerate([str(uuid.uuid4()) for _ in range(12)])]
+    events = [
+        run_event(
+            "RUNNING",
+            run_id,
+            inputs=[sources[i]],
+            outputs=[targets[i]],
+            time=f"2024-05-01T10:{10 + i}:00Z",
+            parent=facet(run={"runId": parent}, job={"namespace": "analytics", "name": "etl"}),
+        )
+        for i, parent in enumerate([str(uuid.uuid4()) for _ in range(12)])
+    ]
     events[7] = {**events[7], "eventType": "START", "eventTime": "2024-05-01T10:00:00Z"}
     responses = await asyncio.gather(*(post(client, event) for event in events))
     assert [r.status_code for r in responses] == [200] * len(events), [r.text for r in responses]
@@ -158,43 +202,73 @@ async def test_concurrent_events_of_one_run_lose_nothing(client, db):
     run = f"urn:li:dataProcessInstance:{run_id}"
     dataset_urns = [f"urn:li:dataset:(urn:li:dataPlatform:postgres,shop.public.part_{i},PROD)" for i in range(12)]
     inputs = (await stored(db, run, "dataProcessInstanceInput"))["value"]
-    assert sorted(inputs["inputs"]) == sorted(dataset_urns) and sorted(edges(inputs, "inputEdges")) == sorted(dataset_urns)
+    assert sorted(inputs["inputs"]) == sorted(dataset_urns) and sorted(edges(inputs, "inputEdges")) == sorted(
+        dataset_urns
+    )
     outputs = (await stored(db, run, "dataProcessInstanceOutput"))["value"]
     assert len(set(outputs["outputs"])) == len(outputs["outputEdges"]) == 12
     relationships = (await stored(db, run, "dataProcessInstanceRelationships"))["value"]
-    assert len(set(relationships["upstreamInstances"])) == 12 and relationships["parentTemplate"].endswith(",etl.revenue)")
-    assert (await stored(db, run, "dataProcessInstanceProperties"))["value"]["created"]["time"] == 1714557600000  # START's
+    assert len(set(relationships["upstreamInstances"])) == 12 and relationships["parentTemplate"].endswith(
+        ",etl.revenue)"
+    )
+    assert (await stored(db, run, "dataProcessInstanceProperties"))["value"]["created"][
+        "time"
+    ] == 1714557600000  # START's
     io = (await stored(db, JOB, "dataJobInputOutput"))["value"]
     assert sorted(edges(io, "inputDatasetEdges")) == sorted(dataset_urns)
 
 
 async def test_replaying_an_event_writes_no_new_version(client, db):
     run_id = str(uuid.uuid4())
-    events = [run_event("START", run_id, inputs=[orders()], outputs=[report()]),
-              run_event("COMPLETE", run_id, inputs=[orders()], outputs=[report()], time="2024-05-01T10:05:00.000Z")]
+    events = [
+        run_event("START", run_id, inputs=[orders()], outputs=[report()]),
+        run_event("COMPLETE", run_id, inputs=[orders()], outputs=[report()], time="2024-05-01T10:05:00.000Z"),
+    ]
     assert (await post(client, events)).status_code == 200
-    counted = [(urn, aspect, await versions(db, urn, aspect)) for urn, aspect in (
-        (JOB, "dataJobInputOutput"), (JOB, "dataJobInfo"), (FLOW, "dataFlowInfo"), (REPORT, "schemaMetadata"),
-        (f"urn:li:dataProcessInstance:{run_id}", "dataProcessInstanceProperties"))]
+    counted = [
+        (urn, aspect, await versions(db, urn, aspect))
+        for urn, aspect in (
+            (JOB, "dataJobInputOutput"),
+            (JOB, "dataJobInfo"),
+            (FLOW, "dataFlowInfo"),
+            (REPORT, "schemaMetadata"),
+            (f"urn:li:dataProcessInstance:{run_id}", "dataProcessInstanceProperties"),
+        )
+    ]
     for event in events:
         replay = await post(client, event)
         assert replay.status_code == 200, replay.text
-        statuses = {(r["aspectName"], r["status"]) for r in replay.json()["results"]
-                    if r["aspectName"] != "dataProcessInstanceRunEvent" and r["status"] != "UNCHANGED"}
+        statuses = {
+            (r["aspectName"], r["status"])
+            for r in replay.json()["results"]
+            if r["aspectName"] != "dataProcessInstanceRunEvent" and r["status"] != "UNCHANGED"
+        }
         assert statuses == {("dataProcessInstanceProperties", "FILTERED")}, replay.json()  # the create-if-absent
     assert [(urn, aspect, await versions(db, urn, aspect)) for urn, aspect, _ in counted] == counted
 
 
 async def test_openlineage_path_job_event_dataset_event_and_unknown_producer_are_accepted(client, db):
-    job_event = {"eventTime": "2024-05-01T10:00:00Z", "producer": "https://example.com/my-own-tool",
-                 "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/JobEvent",
-                 "job": {"namespace": "homegrown", "name": "nightly.load", "facets": {"myFacet": facet(anything=[1])}},
-                 "inputs": [customers()], "outputs": [orders()]}
-    dataset_event = {"eventTime": "2024-05-01T10:00:00Z", "producer": "https://example.com/my-own-tool",
-                     "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/DatasetEvent",
-                     "dataset": {"namespace": "bigquery", "name": "proj.ds.events",
-                                 "facets": {"documentation": facet(description="raw events"),
-                                            "ownership": facet(owners=[{"name": "team:data", "type": "owner"}])}}}
+    job_event = {
+        "eventTime": "2024-05-01T10:00:00Z",
+        "producer": "https://example.com/my-own-tool",
+        "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/JobEvent",
+        "job": {"namespace": "homegrown", "name": "nightly.load", "facets": {"myFacet": facet(anything=[1])}},
+        "inputs": [customers()],
+        "outputs": [orders()],
+    }
+    dataset_event = {
+        "eventTime": "2024-05-01T10:00:00Z",
+        "producer": "https://example.com/my-own-tool",
+        "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/DatasetEvent",
+        "dataset": {
+            "namespace": "bigquery",
+            "name": "proj.ds.events",
+            "facets": {
+                "documentation": facet(description="raw events"),
+                "ownership": facet(owners=[{"name": "team:data", "type": "owner"}]),
+            },
+        },
+    }
     response = await post(client, [job_event, dataset_event], path="/api/v1/lineage")
     assert response.status_code == 200, response.text
     job = "urn:li:dataJob:(urn:li:dataFlow:(homegrown,nightly,homegrown),nightly.load)"  # orchestrator: the namespace
@@ -223,14 +297,19 @@ async def test_malformed_events_are_400s_naming_the_field(client, db):
     for body in ([1], "event", {}):
         assert (await post(client, body)).status_code == 400
     # a tag or an owner whose name makes no URN (a NUL in it) is refused at its place, not as the aspect it becomes
-    bad_tag = run_event("START", str(uuid.uuid4()), outputs=[orders(tags=facet(tags=[
-        {"key": "pii", "value": "yes"}, {"key": "x", "value": "a\u0000b"}]))])
+    bad_tag = run_event(
+        "START",
+        str(uuid.uuid4()),
+        outputs=[orders(tags=facet(tags=[{"key": "pii", "value": "yes"}, {"key": "x", "value": "a\u0000b"}]))],
+    )
     bad_owner = copy.deepcopy(good)
     bad_owner["job"]["facets"]["ownership"]["owners"].append({"name": "user:bob\u0000"})
     response = await post(client, [bad_tag, bad_owner])
     assert response.status_code == 400, response.text
     assert [i["path"] for i in response.json()["issues"]] == [
-        "$[0].outputs[0].facets.tags.tags[1]", "$[1].job.facets.ownership.owners[1].name"], response.text
+        "$[0].outputs[0].facets.tags.tags[1]",
+        "$[1].job.facets.ownership.owners[1].name",
+    ], response.text
     assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn LIKE 'urn:li:data%'") == 0
 
 
@@ -259,7 +338,9 @@ async def rows(db, like):
 def too_large(response, path, count=WRITES_LIMIT + 1):
     assert response.status_code == 413, response.text
     message = response.json()["message"]
-    assert f"more than {WRITES_LIMIT} aspect writes" in message and f"{count} when the mapping stopped" in message, message
+    assert f"more than {WRITES_LIMIT} aspect writes" in message and f"{count} when the mapping stopped" in message, (
+        message
+    )
     assert f"the limit is {WRITES_LIMIT} (METALEDGER_MAX_BATCH_ITEMS)" in message, message
     assert [i["path"] for i in response.json()["issues"]] == [path], response.text
     return message
@@ -279,16 +360,20 @@ async def test_the_limit_counts_the_aspect_writes_events_map_to_not_the_events(c
     assert len(accepted.json()["results"]) == WRITES_LIMIT
     assert all([await versions(db, table_urn(i), "status") == 1 for i in range(18)])
     assert await versions(db, table_urn(18), "status") == 0
-    assert edges((await stored(db, JOB, "dataJobInputOutput"))["value"], "inputDatasetEdges") == sorted(table_urn(i) for i in range(18))
+    assert edges((await stored(db, JOB, "dataJobInputOutput"))["value"], "inputDatasetEdges") == sorted(
+        table_urn(i) for i in range(18)
+    )
 
     # a batch counts its writes once per aspect: START, two RUNNING and COMPLETE of one run, 15 datasets each in START
     # and COMPLETE, are 76 aspect changes but 30 writes (the later events add their run points only): accepted; one
     # more RUNNING, 31: refused at the event that went past the limit (the COMPLETE, after it)
     other = str(uuid.uuid4())
-    batch = [run_event("START", other, inputs=tables(15, "u")),
-             run_event("RUNNING", other, time="2024-05-01T10:10:00.000Z"),
-             run_event("RUNNING", other, time="2024-05-01T10:20:00.000Z"),
-             run_event("COMPLETE", other, inputs=tables(15, "u"), time="2024-05-01T11:00:00.000Z")]
+    batch = [
+        run_event("START", other, inputs=tables(15, "u")),
+        run_event("RUNNING", other, time="2024-05-01T10:10:00.000Z"),
+        run_event("RUNNING", other, time="2024-05-01T10:20:00.000Z"),
+        run_event("COMPLETE", other, inputs=tables(15, "u"), time="2024-05-01T11:00:00.000Z"),
+    ]
     merged = await post(client, batch)
     assert merged.status_code == 200, merged.text
     assert len(merged.json()["results"]) == WRITES_LIMIT and merged.json()["events"] == 4
@@ -309,24 +394,40 @@ async def test_an_event_listing_more_datasets_or_facets_than_the_limit_is_refuse
     assert response.status_code == 413, response.text
     assert "$.inputs has 31 datasets; the limit is 30 (METALEDGER_MAX_BATCH_ITEMS)" in response.json()["message"]
     assert [i["path"] for i in response.json()["issues"]] == ["$.inputs"]
-    outputs = await post(client, [run_event("START", str(uuid.uuid4())), run_event("START", str(uuid.uuid4()),
-                                                                                  outputs=tables(WRITES_LIMIT + 1))])
+    outputs = await post(
+        client,
+        [
+            run_event("START", str(uuid.uuid4())),
+            run_event("START", str(uuid.uuid4()), outputs=tables(WRITES_LIMIT + 1)),
+        ],
+    )
     assert outputs.status_code == 413 and outputs.json()["issues"][0]["path"] == "$[1].outputs", outputs.text
     # and the request's, whatever the events (16 and 15 datasets: 31)
-    spread = await post(client, [run_event("START", str(uuid.uuid4()), inputs=tables(16)),
-                                 run_event("START", str(uuid.uuid4()), outputs=tables(15))])
+    spread = await post(
+        client,
+        [
+            run_event("START", str(uuid.uuid4()), inputs=tables(16)),
+            run_event("START", str(uuid.uuid4()), outputs=tables(15)),
+        ],
+    )
     assert spread.status_code == 413, spread.text
     assert "has 31 datasets (inputs and outputs); the limit is 30" in spread.json()["message"], spread.text
-    facets = run_event("START", str(uuid.uuid4()), inputs=[{**customers(), "facets": {
-        f"custom{i}": facet(i=i) for i in range(WRITES_LIMIT + 1)}}])
+    facets = run_event(
+        "START",
+        str(uuid.uuid4()),
+        inputs=[{**customers(), "facets": {f"custom{i}": facet(i=i) for i in range(WRITES_LIMIT + 1)}}],
+    )
     response = await post(client, facets)
     assert response.status_code == 413 and "31 facets" in response.json()["message"], response.text
     assert response.json()["issues"][0]["path"] == "$.inputs[0].facets"
     assert await rows(db, "urn:li:data%") == 0
 
     # at the limit: 30 facets on a dataset and 18 datasets (30 writes) are accepted
-    facets = run_event("START", str(uuid.uuid4()), inputs=[{**customers(), "facets": {
-        f"custom{i}": facet(i=i) for i in range(WRITES_LIMIT)}}, *tables(17)])
+    facets = run_event(
+        "START",
+        str(uuid.uuid4()),
+        inputs=[{**customers(), "facets": {f"custom{i}": facet(i=i) for i in range(WRITES_LIMIT)}}, *tables(17)],
+    )
     accepted = await post(client, facets)
     assert accepted.status_code == 200 and len(accepted.json()["results"]) == WRITES_LIMIT, accepted.text
     assert await versions(db, CUSTOMERS, "status") == 1
@@ -347,7 +448,9 @@ def test_the_mapping_stops_at_the_first_write_past_the_limit(monkeypatch):
     with pytest.raises(PayloadTooLarge) as refused:
         openlineage_api._drafts([event], False, WriteBudget(50))
     assert len(made) == 51
-    assert refused.value.issues[0].path == "$.inputs" and "45 of them by $.inputs (10000 datasets)" in str(refused.value)
+    assert refused.value.issues[0].path == "$.inputs" and "45 of them by $.inputs (10000 datasets)" in str(
+        refused.value
+    )
     assert len(list(map_event(event))) == 10_012  # without a budget: every write
 
 
@@ -358,54 +461,88 @@ LINEAGE = """query($input: SearchAcrossLineageInput!) { searchAcrossLineage(inpu
 
 async def test_the_lineage_is_read_back_as_datahub_users_read_it(client, db):
     run_id = str(uuid.uuid4())
-    start = run_event("START", run_id, inputs=[orders(schema=facet(fields=[{"name": "amount", "type": "numeric"}])), customers()],
-                      outputs=[report()])
-    complete = run_event("COMPLETE", run_id, inputs=[orders(), customers()], outputs=[report()], time="2024-05-01T10:05:00Z")
+    start = run_event(
+        "START",
+        run_id,
+        inputs=[orders(schema=facet(fields=[{"name": "amount", "type": "numeric"}])), customers()],
+        outputs=[report()],
+    )
+    complete = run_event(
+        "COMPLETE", run_id, inputs=[orders(), customers()], outputs=[report()], time="2024-05-01T10:05:00Z"
+    )
     for event in (start, complete):
         assert (await client.post(PATH, json=event, headers=SYNC)).status_code == 200
 
     # GraphQL searchAcrossLineage: orders → the job → the report, downstream; and back upstream
-    response = await client.post("/api/graphql", json={"query": LINEAGE, "variables": {"input": {"urn": ORDERS, "direction": "DOWNSTREAM"}}})
+    response = await client.post(
+        "/api/graphql", json={"query": LINEAGE, "variables": {"input": {"urn": ORDERS, "direction": "DOWNSTREAM"}}}
+    )
     results = response.json()["data"]["searchAcrossLineage"]["searchResults"]
     run = f"urn:li:dataProcessInstance:{run_id}"
     assert [(r["entity"]["urn"], r["entity"]["type"], r["degree"]) for r in results] == [
-        (JOB, "DATA_JOB", 1), (REPORT, "DATASET", 2)], results
+        (JOB, "DATA_JOB", 1),
+        (REPORT, "DATASET", 2),
+    ], results
     path = [p["urn"] for p in next(r for r in results if r["entity"]["urn"] == REPORT)["paths"][0]["path"]]
     assert path in ([ORDERS, JOB, REPORT], [ORDERS, run, REPORT])  # through the job or its run, both one hop
-    response = await client.post("/api/graphql", json={"query": LINEAGE, "variables": {"input": {"urn": REPORT, "direction": "UPSTREAM", "types": ["DATASET"]}}})
-    assert {r["entity"]["urn"] for r in response.json()["data"]["searchAcrossLineage"]["searchResults"]} == {ORDERS, CUSTOMERS}
+    response = await client.post(
+        "/api/graphql",
+        json={"query": LINEAGE, "variables": {"input": {"urn": REPORT, "direction": "UPSTREAM", "types": ["DATASET"]}}},
+    )
+    assert {r["entity"]["urn"] for r in response.json()["data"]["searchAcrossLineage"]["searchResults"]} == {
+        ORDERS,
+        CUSTOMERS,
+    }
 
     # the v3 lineage scroll: the job's edges, upstream and downstream ends as DataHub's relationship annotations say
     response = await client.post("/openapi/v3/lineage/scroll", json={"urns": [JOB]}, params={"count": 100})
     assert response.status_code == 200, response.text
-    assert sorted((r["upstream"], r["downstream"], r["relationshipType"]) for r in response.json()["results"]) == sorted([
-        (ORDERS, JOB, "Consumes"), (CUSTOMERS, JOB, "Consumes"), (JOB, REPORT, "Produces")])
+    assert sorted(
+        (r["upstream"], r["downstream"], r["relationshipType"]) for r in response.json()["results"]
+    ) == sorted([(ORDERS, JOB, "Consumes"), (CUSTOMERS, JOB, "Consumes"), (JOB, REPORT, "Produces")])
 
     # the Timeline: the orders table's schema (its START facet) and the job's owner, as changes the events wrote
     # (a dataset whose name has a `/`, as the report's, is left out: the Timeline route does not take an encoded `/`)
     def timeline(urn, categories):
-        return client.get(f"/openapi/v2/timeline/v1/{quote(urn, safe='')}", params={"categories": categories, "startTime": 0})
-    changes = [(e["category"], e["operation"], e.get("modifier")) for t in (await timeline(ORDERS, "TECHNICAL_SCHEMA")).json()
-               for e in t["changeEvents"]]
+        return client.get(
+            f"/openapi/v2/timeline/v1/{quote(urn, safe='')}", params={"categories": categories, "startTime": 0}
+        )
+
+    changes = [
+        (e["category"], e["operation"], e.get("modifier"))
+        for t in (await timeline(ORDERS, "TECHNICAL_SCHEMA")).json()
+        for e in t["changeEvents"]
+    ]
     assert ("TECHNICAL_SCHEMA", "ADD", f"urn:li:schemaField:({ORDERS},amount)") in changes, changes
-    owners = [(e["operation"], e.get("modifier")) for t in (await timeline(JOB, "OWNERSHIP")).json() for e in t["changeEvents"]]
+    owners = [
+        (e["operation"], e.get("modifier"))
+        for t in (await timeline(JOB, "OWNERSHIP")).json()
+        for e in t["changeEvents"]
+    ]
     assert owners == [("ADD", "urn:li:corpuser:alice")], owners
 
     # the run in timeseries reads (DataHub's Rest.li action, as the SDK's get_timeseries_values calls it)
-    response = await client.post("/aspects?action=getTimeseriesAspectValues",
-                                 json={"urn": run, "entity": "dataProcessInstance", "aspect": "dataProcessInstanceRunEvent"})
+    response = await client.post(
+        "/aspects?action=getTimeseriesAspectValues",
+        json={"urn": run, "entity": "dataProcessInstance", "aspect": "dataProcessInstanceRunEvent"},
+    )
     assert response.status_code == 200, response.text
     points = [orjson.loads(v["aspect"]["value"]) for v in response.json()["value"]["values"]]
     assert sorted((p["timestampMillis"], p["status"], (p.get("result") or {}).get("type")) for p in points) == [
-        (1714557600000, "STARTED", None), (1714557900000, "COMPLETE", "SUCCESS")]
+        (1714557600000, "STARTED", None),
+        (1714557900000, "COMPLETE", "SUCCESS"),
+    ]
 
 
 # --- fuzzing: events drawn from the shipped spec, and valid events broken ------------------------------------------
 
+
 def _absolute_refs(node, doc_id: str):
     """A spec document with its `#/…` references made absolute: parts of several documents can then be merged."""
     if isinstance(node, dict):
-        return {k: (doc_id + v if k == "$ref" and v.startswith("#") else _absolute_refs(v, doc_id)) for k, v in node.items()}
+        return {
+            k: (doc_id + v if k == "$ref" and v.startswith("#") else _absolute_refs(v, doc_id)) for k, v in node.items()
+        }
     return [_absolute_refs(v, doc_id) for v in node] if isinstance(node, list) else node
 
 
@@ -415,7 +552,10 @@ class _FromSpec:
     its place (with their own schemas) and facets of any other name."""
 
     def __init__(self) -> None:
-        documents = [json.loads(p.read_text()) for p in [SPEC_DIR / "OpenLineage.json", *sorted((SPEC_DIR / "facets").glob("*.json"))]]
+        documents = [
+            json.loads(p.read_text())
+            for p in [SPEC_DIR / "OpenLineage.json", *sorted((SPEC_DIR / "facets").glob("*.json"))]
+        ]
         self.docs = {doc["$id"]: _absolute_refs(doc, doc["$id"]) for doc in documents}
         self.refs: dict[str, st.SearchStrategy] = {}
         self.standard: dict[str, dict[str, str]] = {}  # facet kind (RunFacet, ...) -> name -> its definition's $ref
@@ -459,9 +599,11 @@ class _FromSpec:
             return st.sampled_from(schema["enum"])
         kind = schema.get("type", "object" if "properties" in schema else None)
         if kind == "string":
-            return {"uuid": st.uuids().map(str), "uri": st.from_regex(r"\Ahttps?://[a-z]{1,8}(/[a-z0-9._-]{0,6}){0,3}\Z"),
-                    "date-time": st.datetimes(timezones=st.just(timezone.utc)).map(lambda d: d.isoformat())
-                    }.get(schema.get("format"), st.text(max_size=12))
+            return {
+                "uuid": st.uuids().map(str),
+                "uri": st.from_regex(r"\Ahttps?://[a-z]{1,8}(/[a-z0-9._-]{0,6}){0,3}\Z"),
+                "date-time": st.datetimes(timezones=st.just(UTC)).map(lambda d: d.isoformat()),
+            }.get(schema.get("format"), st.text(max_size=12))
         if kind in ("integer", "number"):
             return st.integers(min_value=schema.get("minimum", -(2**40)), max_value=2**40)
         if kind == "boolean":
@@ -472,8 +614,10 @@ class _FromSpec:
             return _json_values
         properties = {name: self.of(sub) for name, sub in (schema.get("properties") or {}).items()}
         required = set(schema.get("required", []))
-        known = st.fixed_dictionaries({k: v for k, v in properties.items() if k in required},
-                                      optional={k: v for k, v in properties.items() if k not in required})
+        known = st.fixed_dictionaries(
+            {k: v for k, v in properties.items() if k in required},
+            optional={k: v for k, v in properties.items() if k not in required},
+        )
         extra = schema.get("additionalProperties")
         if not isinstance(extra, dict):
             return known
@@ -482,7 +626,9 @@ class _FromSpec:
         more = st.dictionaries(st.text(min_size=1, max_size=8), self.of(extra), max_size=2)
         if facet_kind is not None:
             standard = {name: self.of_ref(ref) for name, ref in self.standard[facet_kind].items()}
-            more = st.tuples(more, st.fixed_dictionaries({}, optional=standard)).map(lambda pair: {**pair[0], **pair[1]})
+            more = st.tuples(more, st.fixed_dictionaries({}, optional=standard)).map(
+                lambda pair: {**pair[0], **pair[1]}
+            )
         return st.tuples(known, more).map(lambda pair: {**pair[1], **pair[0]})
 
 
@@ -493,9 +639,11 @@ def _merge(a: dict, b: dict) -> dict:
     return merged
 
 
-_json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False)
-                            | st.text(max_size=20), lambda inner: st.lists(inner, max_size=3)
-                            | st.dictionaries(st.text(max_size=6), inner, max_size=3), max_leaves=8)
+_json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=8,
+)
 
 
 def _paths(value, prefix=()):
@@ -526,8 +674,17 @@ def _broken(draw, event: dict) -> dict:
     parent = event
     for key in place[:-1]:
         parent = parent[key]
-    replacement = draw(st.one_of(st.just(_DELETE), _json_values, st.just("x" * 200_000), st.just(10**30),
-                                 st.just(_DEEP), st.just("\ud800"), st.just(-1)))
+    replacement = draw(
+        st.one_of(
+            st.just(_DELETE),
+            _json_values,
+            st.just("x" * 200_000),
+            st.just(10**30),
+            st.just(_DEEP),
+            st.just("\ud800"),
+            st.just(-1),
+        )
+    )
     if replacement is _DELETE:
         del parent[place[-1]]
     else:
@@ -543,7 +700,9 @@ def _drawn(strategy: st.SearchStrategy, n: int, seed_: int) -> list:
     examples: list = []
 
     @seed(seed_)
-    @settings(max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck), phases=[Phase.generate])
+    @settings(
+        max_examples=n, database=None, deadline=None, suppress_health_check=list(HealthCheck), phases=[Phase.generate]
+    )
     @given(strategy)
     def draw(example):
         examples.append(example)
@@ -556,13 +715,22 @@ async def test_fuzzed_events_are_answered_200_or_a_400_naming_the_field_never_5x
     spec = _FromSpec()
     kinds = [spec.of_ref(f"{CORE_ID}#/$defs/{kind}") for kind in ("RunEvent", "JobEvent", "DatasetEvent")]
     drawn = _drawn(st.one_of(kinds), 60, 20261125)
-    valid = run_event("COMPLETE", str(uuid.uuid4()), inputs=[orders(schema=facet(fields=[{"name": "amount", "type": "numeric"}]))],
-                      outputs=[report()], parent=facet(run={"runId": str(uuid.uuid4())}, job={"namespace": "a", "name": "b"}))
+    valid = run_event(
+        "COMPLETE",
+        str(uuid.uuid4()),
+        inputs=[orders(schema=facet(fields=[{"name": "amount", "type": "numeric"}]))],
+        outputs=[report()],
+        parent=facet(run={"runId": str(uuid.uuid4())}, job={"namespace": "a", "name": "b"}),
+    )
     broken = _drawn(_broken(valid), 60, 20261126)
     accepted = 0
     for body in [*drawn, *broken, drawn[:10], [*broken[:5], valid]]:
         response = await client.post(PATH, content=_body(body), headers={"Content-Type": "application/json"})
-        assert response.status_code == 200 or 400 <= response.status_code < 500, (response.status_code, response.text[:2000], body)
+        assert response.status_code == 200 or 400 <= response.status_code < 500, (
+            response.status_code,
+            response.text[:2000],
+            body,
+        )
         if response.status_code == 200:
             accepted += 1
             continue
@@ -575,4 +743,3 @@ async def test_fuzzed_events_are_answered_200_or_a_400_naming_the_field_never_5x
     # Many drawn events are spec-valid but name no URN (an empty name: refused above, at its place); the examples
     # differ between environments (26 to 39 of the 60 accepted), so the bound only makes sure the mapping runs.
     assert accepted >= 15, accepted
-

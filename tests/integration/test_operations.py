@@ -72,7 +72,9 @@ async def test_metrics_count_writes_requests_rejections_and_the_outbox(client, d
         return value(after, name, **labels) - value(before, name, **labels)
 
     # writes: exactly the proposals written (the key aspects the first writes add are not proposals)
-    assert delta("metaledger_writes_total", entity_type="dataset", aspect="datasetProperties", change_type="UPSERT") == 4
+    assert (
+        delta("metaledger_writes_total", entity_type="dataset", aspect="datasetProperties", change_type="UPSERT") == 4
+    )
     assert delta("metaledger_writes_total", entity_type="dataset", aspect="status", change_type="UPSERT") == 0
     assert delta("metaledger_write_validation_failures_total", reason="aspect_value") == 1
     assert delta("metaledger_write_conflicts_total", kind="precondition") == 1
@@ -80,10 +82,19 @@ async def test_metrics_count_writes_requests_rejections_and_the_outbox(client, d
     assert delta("metaledger_http_requests_total", route="/openapi/v1/proposals", method="POST", status="200") == 1
     assert delta("metaledger_http_requests_total", route="/openapi/v1/proposals", method="POST", status="400") == 1
     assert delta("metaledger_http_requests_total", route="/openapi/v1/proposals", method="POST", status="412") == 1
-    assert delta("metaledger_http_requests_total", route="/openapi/v3/entity/dataset/{urn}/{aspectName}",
-                 method="POST", status="200") == 1
-    assert delta("metaledger_http_requests_total", route="/openapi/v3/entity/dataset/{urn}",
-                 method="GET", status="200") == 1
+    assert (
+        delta(
+            "metaledger_http_requests_total",
+            route="/openapi/v3/entity/dataset/{urn}/{aspectName}",
+            method="POST",
+            status="200",
+        )
+        == 1
+    )
+    assert (
+        delta("metaledger_http_requests_total", route="/openapi/v3/entity/dataset/{urn}", method="GET", status="200")
+        == 1
+    )
     assert delta("metaledger_http_requests_total", route="unmatched", method="GET", status="404") == 1
     assert delta("metaledger_http_request_duration_seconds_count", route="/openapi/v1/proposals", method="POST") == 3
     assert not [labels for _, labels in after if any("urn:li:" in v for _, v in labels)]
@@ -247,8 +258,11 @@ async def test_ready_names_the_database_when_it_is_unreachable(app, client, data
     assert response.status_code == 200, response.text
 
 
-@pytest.mark.parametrize("settings_overrides", [{"kafka_bootstrap_servers": f"127.0.0.1:{free_port()}",
-                                                 "relay_enabled": False}], indirect=True)
+@pytest.mark.parametrize(
+    "settings_overrides",
+    [{"kafka_bootstrap_servers": f"127.0.0.1:{free_port()}", "relay_enabled": False}],
+    indirect=True,
+)
 async def test_ready_names_the_broker_when_it_is_unreachable(client):
     response = await client.get("/ready")
     assert response.status_code == 503
@@ -270,7 +284,9 @@ async def test_ready_with_a_reachable_broker(client, kafka_broker):
 # --- backpressure ------------------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("settings_overrides", [{"max_in_flight_writes": 2, "write_queue_timeout_ms": 50}], indirect=True)
+@pytest.mark.parametrize(
+    "settings_overrides", [{"max_in_flight_writes": 2, "write_queue_timeout_ms": 50}], indirect=True
+)
 async def test_overload_sheds_writes_with_429_and_loses_no_acknowledged_write(client, db):
     before = await scrape(client)
     writers, per_request = 40, 25
@@ -284,21 +300,28 @@ async def test_overload_sheds_writes_with_429_and_loses_no_acknowledged_write(cl
     statuses = [r.status_code for _, r in results]
     assert set(statuses) <= {200, 429}, statuses  # no 5xx, nothing else
     assert statuses.count(429) > 0 and statuses.count(200) > 0, statuses
-    for urns, response in results:
+    for _urns, response in results:
         if response.status_code == 429:
             assert response.headers["retry-after"] == "1"
             assert response.json()["error"] == "Too Many Requests"
     acknowledged = [u for urns, r in results if r.status_code == 200 for u in urns]
     refused = [u for urns, r in results if r.status_code == 429 for u in urns]
-    stored = {r["urn"] for r in await db.fetch(
-        "SELECT urn FROM metadata_aspect_v2 WHERE aspect = 'datasetProperties' AND version = 0")}
-    logged = {r["urn"] for r in await db.fetch(
-        "SELECT urn FROM change_log_outbox WHERE aspect = 'datasetProperties' AND topic = 'MetadataChangeLog_Versioned_v1'")}
+    stored = {
+        r["urn"]
+        for r in await db.fetch("SELECT urn FROM metadata_aspect_v2 WHERE aspect = 'datasetProperties' AND version = 0")
+    }
+    logged = {
+        r["urn"]
+        for r in await db.fetch(
+            "SELECT urn FROM change_log_outbox WHERE aspect = 'datasetProperties' AND topic = 'MetadataChangeLog_Versioned_v1'"
+        )
+    }
     assert set(acknowledged) <= stored and set(acknowledged) <= logged  # every 200 is stored with its change log
     assert not set(refused) & (stored | logged)  # a 429 wrote nothing
     after = await scrape(client)
     rejected = value(after, "metaledger_write_rejections_total", reason="in_flight") - value(
-        before, "metaledger_write_rejections_total", reason="in_flight")
+        before, "metaledger_write_rejections_total", reason="in_flight"
+    )
     assert rejected == statuses.count(429)
     assert value(after, "metaledger_writes_in_flight") == 0
 
@@ -307,7 +330,9 @@ async def test_overload_sheds_writes_with_429_and_loses_no_acknowledged_write(cl
 async def test_writes_answer_429_while_the_outbox_backlog_is_over_its_limit(app, client, db):
     await propose(client, *[mcp("datasetProperties", properties(i), urn=ds(f"ops.held_{i}")) for i in range(2)])
     await app.state.ops.sampler.sample()  # what the sampler task does every ops_sample_interval_s
-    response = await client.post("/openapi/v1/proposals", json=[mcp("datasetProperties", properties(5), urn=ds("ops.held_5"))])
+    response = await client.post(
+        "/openapi/v1/proposals", json=[mcp("datasetProperties", properties(5), urn=ds("ops.held_5"))]
+    )
     assert response.status_code == 429, response.text
     assert response.headers["retry-after"] == "1" and "backlog" in response.json()["message"]
     assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1", ds("ops.held_5")) == 0
@@ -317,8 +342,10 @@ async def test_writes_answer_429_while_the_outbox_backlog_is_over_its_limit(app,
     await db.execute("DELETE FROM change_log_outbox")
     await app.state.ops.sampler.sample()
     await propose(client, mcp("datasetProperties", properties(5), urn=ds("ops.held_5")))
-    stored = await db.fetchval("SELECT metadata FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'datasetProperties' "
-                               "AND version = 0", ds("ops.held_5"))
+    stored = await db.fetchval(
+        "SELECT metadata FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'datasetProperties' AND version = 0",
+        ds("ops.held_5"),
+    )
     assert orjson.loads(stored) == {**properties(5), "customProperties": {}, "tags": []}  # with the schema's defaults
 
 

@@ -33,7 +33,10 @@ async def connect(database_url: str) -> AsyncIterator:
 
 
 async def offsets(db: asyncpg.Connection) -> list[tuple[str, int | None]]:
-    return [(r["urn"], r["feed_offset"]) for r in await db.fetch("SELECT urn, feed_offset FROM change_log_outbox ORDER BY id")]
+    return [
+        (r["urn"], r["feed_offset"])
+        for r in await db.fetch("SELECT urn, feed_offset FROM change_log_outbox ORDER BY id")
+    ]
 
 
 async def test_rows_of_a_transaction_open_at_a_pass_are_taken_once_it_ends(db, connect):
@@ -90,8 +93,11 @@ async def test_a_sequencer_that_starts_walks_from_the_stored_horizon(db, connect
     assert count == 1 and await stored_horizon(db) == horizon > 0
     # an entry below the stored horizon without an offset cannot be a committed row still due (every row there has
     # its offset): a new sequencer (horizon 0) does not walk there. Planted with an explicit txid to show it.
-    await db.execute("""INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload, txid)
-                        VALUES ('t', 'k', 'planted', 'status', 1, 'UPSERT', '{}', ($1::bigint - 1)::text::xid8)""", horizon)
+    await db.execute(
+        """INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload, txid)
+                        VALUES ('t', 'k', 'planted', 'status', 1, 'UPSERT', '{}', ($1::bigint - 1)::text::xid8)""",
+        horizon,
+    )
     await db.fetchval(INSERT_ROW, dataset("after"), 1)
     count, _ = await outbox.sequence(await connect(), 10)
     assert count == 1

@@ -15,7 +15,6 @@ import fastavro
 import httpx
 import orjson
 import pytest
-import pytest_asyncio
 
 from app.avro import per_aspect, schemas
 from app.avro.wire import frame
@@ -24,7 +23,6 @@ from app.settings import Settings
 from tests.helpers import (
     create_topics,
     dataset,
-    dead_letter,
     eventually,
     fast_groups,
     mcp,
@@ -59,10 +57,14 @@ def topics(tag) -> dict[str, Any]:
 @pytest.fixture
 def settings_overrides(kafka_broker, topics, monkeypatch) -> dict[str, Any]:
     fast_groups(monkeypatch)
-    return {"kafka_bootstrap_servers": kafka_broker.bootstrap_servers, **topics,
-            "events_v5_routes": [{"entityTypes": ["dataset"], "aspects": ["globalTags", "status"]}],
-            "mae_v4_enabled": True, "events_v5_consumer_enabled": True,
-            "mcp_consumer_group": f"group-{topics['topic_mcp']}"}
+    return {
+        "kafka_bootstrap_servers": kafka_broker.bootstrap_servers,
+        **topics,
+        "events_v5_routes": [{"entityTypes": ["dataset"], "aspects": ["globalTags", "status"]}],
+        "mae_v4_enabled": True,
+        "events_v5_consumer_enabled": True,
+        "mcp_consumer_group": f"group-{topics['topic_mcp']}",
+    }
 
 
 async def served_schema(client: httpx.AsyncClient, schema_id: int) -> Any:
@@ -81,15 +83,16 @@ def tags(*names: str) -> dict[str, Any]:
     return {"tags": [{"tag": f"urn:li:tag:{n}"} for n in names]}
 
 
-async def test_audit_events_and_mae_v4_are_published_with_the_change_logs(app, client, anonymous, db, kafka_broker, topics,
-                                                                         tag):
+async def test_audit_events_and_mae_v4_are_published_with_the_change_logs(
+    app, client, anonymous, db, kafka_broker, topics, tag
+):
     bootstrap = kafka_broker.bootstrap_servers
-    await propose(client, mcp("globalTags", tags("a"), URN))                       # create
-    await propose(client, mcp("datasetProperties", {"description": "x"}, URN))     # not routed
-    await propose(client, mcp("globalTags", tags("a", "b"), URN))                  # update
-    await propose(client, mcp("globalTags", tags("a", "b"), URN))                  # no-op: no change log, no event
-    await propose(client, mcp("status", {"removed": False}, OTHER))                # another routed pair
-    await propose(client, mcp("globalTags", None, URN, change_type="DELETE"))      # delete
+    await propose(client, mcp("globalTags", tags("a"), URN))  # create
+    await propose(client, mcp("datasetProperties", {"description": "x"}, URN))  # not routed
+    await propose(client, mcp("globalTags", tags("a", "b"), URN))  # update
+    await propose(client, mcp("globalTags", tags("a", "b"), URN))  # no-op: no change log, no event
+    await propose(client, mcp("status", {"removed": False}, OTHER))  # another routed pair
+    await propose(client, mcp("globalTags", None, URN, change_type="DELETE"))  # delete
     await wait_delivered(db)
 
     audit = await read_topic(bootstrap, f"audit_{tag}.dataset.globalTags", expect=3)
@@ -125,7 +128,11 @@ async def test_audit_events_and_mae_v4_are_published_with_the_change_logs(app, c
         assert name == "com.linkedin.pegasus2avro.metadata.snapshot.DatasetSnapshot"
         return body["aspects"]
 
-    touched = [e for e in events if any(name.endswith(".GlobalTags") for name, _ in aspects(e["newSnapshot"]) + aspects(e["oldSnapshot"]))]
+    touched = [
+        e
+        for e in events
+        if any(name.endswith(".GlobalTags") for name, _ in aspects(e["newSnapshot"]) + aspects(e["oldSnapshot"]))
+    ]
     first, second, deleted = touched
     assert first["oldSnapshot"] is None and first["newSnapshot"][1]["urn"] == URN
     assert [[t["tag"] for t in value["tags"]] for _, value in aspects(first["newSnapshot"])] == [["urn:li:tag:a"]]
@@ -143,14 +150,17 @@ async def test_audit_events_and_mae_v4_are_published_with_the_change_logs(app, c
     assert pairs["dataset", "globalTags"]["schemas"]["MetadataAuditEvent"]["name"] == "MetadataAuditEvent"
 
 
-async def test_per_aspect_change_events_are_applied_and_failures_go_to_the_pairs_failed_topic(app, client, db, kafka_broker, tag,
-                                                                                            topics):
+async def test_per_aspect_change_events_are_applied_and_failures_go_to_the_pairs_failed_topic(
+    app, client, db, kafka_broker, tag, topics
+):
     bootstrap = kafka_broker.bootstrap_servers
     change_topic = f"change_{tag}.dataset.globalTags"
     await create_topics(bootstrap, change_topic, f"failed_{tag}.dataset.globalTags")
     document = per_aspect.event_schemas("dataset", "globalTags", app.state.registry.aspect_spec("globalTags").schema)
     # a producer registers the exported schema under its topic's subject (as Confluent's AvroSerializer does)
-    schema_id = await app.state.schema_registry.register(f"{change_topic}-value", orjson.dumps(document["MetadataChangeEvent"]).decode())
+    schema_id = await app.state.schema_registry.register(
+        f"{change_topic}-value", orjson.dumps(document["MetadataChangeEvent"]).decode()
+    )
     parsed = fastavro.parse_schema(document["MetadataChangeEvent"])
 
     def event(urn: str, value: Any) -> bytes:
@@ -159,12 +169,16 @@ async def test_per_aspect_change_events_are_applied_and_failures_go_to_the_pairs
         return frame(schema_id, out.getvalue())
 
     bad = "urn:li:chart:(looker,not_a_dataset)"
-    await produce(bootstrap, change_topic, [
-        (URN, event(URN, tags("in"))),          # UPSERT
-        (OTHER, event(OTHER, tags("x"))),
-        (OTHER, event(OTHER, None)),            # no proposedValue: DELETE of the aspect
-        (bad, event(bad, tags("y"))),           # not a dataset: refused
-    ])
+    await produce(
+        bootstrap,
+        change_topic,
+        [
+            (URN, event(URN, tags("in"))),  # UPSERT
+            (OTHER, event(OTHER, tags("x"))),
+            (OTHER, event(OTHER, None)),  # no proposedValue: DELETE of the aspect
+            (bad, event(bad, tags("y"))),  # not a dataset: refused
+        ],
+    )
 
     async def applied() -> bool:
         row = await stored(db, URN, "globalTags")
@@ -180,8 +194,15 @@ async def test_per_aspect_change_events_are_applied_and_failures_go_to_the_pairs
     assert trace["status"] == 400 and "dataset" in trace["message"]
 
     async def deleted() -> bool:
-        return await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE urn = $1 AND aspect = 'globalTags' "
-                                 "AND change_type = 'DELETE' AND topic = $2", OTHER, topics["topic_mcl_versioned"]) == 1
+        return (
+            await db.fetchval(
+                "SELECT count(*) FROM change_log_outbox WHERE urn = $1 AND aspect = 'globalTags' "
+                "AND change_type = 'DELETE' AND topic = $2",
+                OTHER,
+                topics["topic_mcl_versioned"],
+            )
+            == 1
+        )
 
     assert await eventually(deleted, timeout=30)
     assert await stored(db, OTHER, "globalTags") is None
@@ -199,8 +220,21 @@ def test_routes_are_checked_at_start_up(registry):
         routes({"entityTypes": ["dataset"], "aspects": ["status"], "auditTopic": "no spaces allowed"})
     with pytest.raises(EventRoutingError, match="several schemas on one topic"):
         routes({"entityTypes": ["dataset", "chart"], "aspects": ["status"], "auditTopic": "shared"})
-    assert len(routes({"entityTypes": ["dataset", "chart"], "aspects": ["status"], "auditTopic": "shared",
-                       "changeTopic": "c.{entity}", "failedTopic": "f.{entity}", "sharedTopic": True})) == 2
+    assert (
+        len(
+            routes(
+                {
+                    "entityTypes": ["dataset", "chart"],
+                    "aspects": ["status"],
+                    "auditTopic": "shared",
+                    "changeTopic": "c.{entity}",
+                    "failedTopic": "f.{entity}",
+                    "sharedTopic": True,
+                }
+            )
+        )
+        == 2
+    )
     with pytest.raises(EventRoutingError, match="unknown key"):
         routes({"entityTypes": ["dataset"], "aspects": ["status"], "topic": "x"})
     assert schemas.schema(schemas.MAE)["name"] == "MetadataAuditEvent"

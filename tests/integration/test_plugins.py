@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import httpx
-
-from tests.helpers import bearer
 import pytest_asyncio
 
 from app.main import create_app
 from app.settings import Settings
+from tests.helpers import bearer
 
 DATASET = "urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)"
 
@@ -38,13 +37,21 @@ async def plugin_client(tmp_path, database_url, registry):
     settings = Settings(database_url=database_url, apply_migrations_on_start=False, registry_path=path)
     app = create_app(settings, registry)
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m", headers=await bearer(app)) as http:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://m", headers=await bearer(app)
+        ) as http:
             yield http
 
 
 def props(description: str, **custom: str) -> list[dict]:
-    return [{"entityType": "dataset", "entityUrn": DATASET, "aspectName": "datasetProperties",
-             "aspect": {"value": {"description": description, "customProperties": custom}}}]
+    return [
+        {
+            "entityType": "dataset",
+            "entityUrn": DATASET,
+            "aspectName": "datasetProperties",
+            "aspect": {"value": {"description": description, "customProperties": custom}},
+        }
+    ]
 
 
 async def test_validators_mutators_and_pre_commit_rules_run_in_order(plugin_client):
@@ -67,7 +74,9 @@ async def test_a_mutator_result_is_validated_again(tmp_path, database_url, regis
     path.write_text("plugins:\n  mutationHooks:\n    - className: tests.plugins.BreakTheSchema\n")
     app = create_app(Settings(database_url=database_url, apply_migrations_on_start=False, registry_path=path), registry)
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://m", headers=await bearer(app)) as http:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://m", headers=await bearer(app)
+        ) as http:
             response = await http.post("/openapi/v1/proposals", json=props("ok"))
     assert response.status_code == 400
     assert response.json()["issues"][0]["path"] == "$[0].aspect.value.customProperties"

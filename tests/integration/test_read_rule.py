@@ -24,8 +24,13 @@ NAMES = {PERSONAL: "zebra private view", GLOBAL: "zebra shared view"}
 
 
 def view_info(urn: str, kind: str) -> dict[str, Any]:
-    return {"name": NAMES[urn], "type": kind, "definition": {"entityTypes": ["dataset"], "filter": {"or": []}},
-            "created": {"time": 1, "actor": OWNER}, "lastModified": {"time": 1, "actor": OWNER}}
+    return {
+        "name": NAMES[urn],
+        "type": kind,
+        "definition": {"entityTypes": ["dataset"], "filter": {"or": []}},
+        "created": {"time": 1, "actor": OWNER},
+        "lastModified": {"time": 1, "actor": OWNER},
+    }
 
 
 Seen = Callable[[Any, str, dict[str, Any]], Awaitable[bool]]
@@ -80,8 +85,11 @@ async def v3_list(c, urn, ctx):
 
 
 async def v3_scroll(c, urn, ctx):
-    r = await c.post("/openapi/v3/entity/scroll", params={"count": 100},
-                     json={"entities": ["dataHubView"], "aspects": ["dataHubViewInfo"]})
+    r = await c.post(
+        "/openapi/v3/entity/scroll",
+        params={"count": 100},
+        json={"entities": ["dataHubView"], "aspects": ["dataHubViewInfo"]},
+    )
     assert r.status_code == 200, r.text
     assert r.json()["totalCount"] == len(r.json()["entities"])
     return urn in {e["urn"] for e in r.json()["entities"]}
@@ -129,7 +137,9 @@ async def graphql_search(c, urn, ctx):
     found = (await gql(c, SEARCH))["data"]["searchAcrossEntities"]
     urns = {r["entity"]["urn"] for r in found["searchResults"]}
     assert found["total"] == len(urns)
-    type_counts = {a["value"]: a["count"] for f in found["facets"] if f["field"] == "_entityType" for a in f["aggregations"]}
+    type_counts = {
+        a["value"]: a["count"] for f in found["facets"] if f["field"] == "_entityType" for a in f["aggregations"]
+    }
     assert type_counts.get("DATAHUB_VIEW", 0) == len(urns)  # the facets count what is shown
     return urn in urns
 
@@ -152,8 +162,15 @@ async def change_feed(c, urn, ctx):
 
 
 async def events_api(c, urn, ctx):
-    r = await c.get("/openapi/v1/events/poll", params={"topic": "MetadataChangeLog_Versioned_v1", "lookbackWindowDays": 1,
-                                                       "pollTimeoutSeconds": 0, "limit": 1000})
+    r = await c.get(
+        "/openapi/v1/events/poll",
+        params={
+            "topic": "MetadataChangeLog_Versioned_v1",
+            "lookbackWindowDays": 1,
+            "pollTimeoutSeconds": 0,
+            "limit": 1000,
+        },
+    )
     assert r.status_code == 200, r.text
     return any(urn in e["value"] for e in r.json()["events"])
 
@@ -165,52 +182,81 @@ async def trace_of_urn(c, urn, ctx):
 
 
 async def trace_of_write(c, urn, ctx):
-    r = await c.post(f"/openapi/v1/trace/write/{ctx['trace'][urn]}", params={"onlyIncludeErrors": "false"},
-                     json={urn: ["dataHubViewInfo"]})
+    r = await c.post(
+        f"/openapi/v1/trace/write/{ctx['trace'][urn]}",
+        params={"onlyIncludeErrors": "false"},
+        json={urn: ["dataHubViewInfo"]},
+    )
     assert r.status_code == 200, r.text
     return r.json()[urn]["dataHubViewInfo"]["primaryStorage"]["writeStatus"] != "UNKNOWN"
 
 
 SURFACES: list[tuple[str, Seen]] = [
-    ("v3 GET entity", v3_get_entity), ("v3 HEAD entity", v3_head_entity), ("v3 GET aspect", v3_get_info),
-    ("v3 GET aspect version", v3_get_info_version), ("v3 GET its key aspect", v3_get_key),
-    ("v3 HEAD aspect", v3_head_info), ("v3 batchGet", v3_batch_get), ("v3 list", v3_list), ("v3 scroll", v3_scroll),
-    ("v2 batch get", v2_batch_get), ("autocomplete", autocomplete), ("Rest.li /aspects", restli_aspect),
-    ("Rest.li /entitiesV2", restli_entity_v2), ("GraphQL entity aspects(input:)", graphql_entity_aspects),
-    ("GraphQL searchAcrossEntities", graphql_search), ("GraphQL viewUrn", graphql_view_urn),
-    ("change feed", change_feed), ("Events API", events_api),
-    ("trace API by urn", trace_of_urn), ("trace API by trace id", trace_of_write),
+    ("v3 GET entity", v3_get_entity),
+    ("v3 HEAD entity", v3_head_entity),
+    ("v3 GET aspect", v3_get_info),
+    ("v3 GET aspect version", v3_get_info_version),
+    ("v3 GET its key aspect", v3_get_key),
+    ("v3 HEAD aspect", v3_head_info),
+    ("v3 batchGet", v3_batch_get),
+    ("v3 list", v3_list),
+    ("v3 scroll", v3_scroll),
+    ("v2 batch get", v2_batch_get),
+    ("autocomplete", autocomplete),
+    ("Rest.li /aspects", restli_aspect),
+    ("Rest.li /entitiesV2", restli_entity_v2),
+    ("GraphQL entity aspects(input:)", graphql_entity_aspects),
+    ("GraphQL searchAcrossEntities", graphql_search),
+    ("GraphQL viewUrn", graphql_view_urn),
+    ("change feed", change_feed),
+    ("Events API", events_api),
+    ("trace API by urn", trace_of_urn),
+    ("trace API by trace id", trace_of_write),
 ]
 
 
 async def sequenced(db) -> None:
     """Every change log has its place in the feed (the sequencer's)."""
+
     async def done() -> bool:
         return await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL") == 0
 
     assert await eventually(done)
 
 
-EXPECTED = {("owner", PERSONAL): True, ("owner", GLOBAL): True, ("other", PERSONAL): False,
-            ("other", GLOBAL): True, ("admin", PERSONAL): True, ("admin", GLOBAL): True}
+EXPECTED = {
+    ("owner", PERSONAL): True,
+    ("owner", GLOBAL): True,
+    ("other", PERSONAL): False,
+    ("other", GLOBAL): True,
+    ("admin", PERSONAL): True,
+    ("admin", GLOBAL): True,
+}
 
 
 async def seen_by(app, client, db, seen: Seen) -> dict[tuple[str, str], bool]:
     """The owner writes a PERSONAL and a GLOBAL view; whether the owner, another reader and an admin each sees each
     view on the surface `seen` asks."""
-    callers = {"owner": await bearer(app, "writer", actor=OWNER), "other": await bearer(app, "reader", actor=OTHER),
-               "admin": {"Authorization": client.headers["Authorization"]}}
+    callers = {
+        "owner": await bearer(app, "writer", actor=OWNER),
+        "other": await bearer(app, "reader", actor=OTHER),
+        "admin": {"Authorization": client.headers["Authorization"]},
+    }
     ctx: dict[str, Any] = {"trace": {}}
     for urn, kind in ((PERSONAL, "PERSONAL"), (GLOBAL, "GLOBAL")):
-        written = await client.post("/openapi/v1/proposals", headers={**callers["owner"], **SYNC},
-                                    json=[mcp("dataHubViewInfo", view_info(urn, kind), urn=urn, entity="dataHubView")])
+        written = await client.post(
+            "/openapi/v1/proposals",
+            headers={**callers["owner"], **SYNC},
+            json=[mcp("dataHubViewInfo", view_info(urn, kind), urn=urn, entity="dataHubView")],
+        )
         assert written.status_code == 200, written.text
         ctx["trace"][urn] = written.headers["traceparent"].split("-")[1]
     await sequenced(db)
     table = {}
     for who, headers in callers.items():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://metaledger",
-                                     headers=headers) as caller:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://metaledger", headers=headers
+        ) as caller:
             for urn in (PERSONAL, GLOBAL):
                 table[who, urn] = await seen(caller, urn, ctx)
     return table

@@ -8,8 +8,12 @@ import pytest
 from tests.integration.test_read_rule import EXPECTED, autocomplete, graphql_search, seen_by, v3_list, v3_scroll
 from tests.search_server import backend_settings
 
-SEARCHES = [("v3 list", v3_list), ("v3 scroll", v3_scroll), ("autocomplete", autocomplete),
-            ("GraphQL searchAcrossEntities", graphql_search)]
+SEARCHES = [
+    ("v3 list", v3_list),
+    ("v3 scroll", v3_scroll),
+    ("autocomplete", autocomplete),
+    ("GraphQL searchAcrossEntities", graphql_search),
+]
 
 
 @pytest.fixture

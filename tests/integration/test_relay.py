@@ -45,7 +45,9 @@ DB_VERSION_HEADER = "X-DataHub-Database-Aspect-Version"
 
 
 async def outbox_rows(db: asyncpg.Connection, topic: str | None = None) -> list[dict[str, Any]]:
-    query = "SELECT id, feed_offset, topic, message_key, urn, aspect, version, change_type, payload FROM change_log_outbox"
+    query = (
+        "SELECT id, feed_offset, topic, message_key, urn, aspect, version, change_type, payload FROM change_log_outbox"
+    )
     args = []
     if topic is not None:
         query += " WHERE topic = $1"
@@ -70,20 +72,27 @@ def settings_overrides(request, kafka_broker, topics) -> dict[str, Any]:
 @pytest.fixture
 async def reader(kafka_broker, app, topics):
     settings = app.state.settings
-    async with TopicReader(kafka_broker.bootstrap_servers, settings.topic_mcl_versioned, settings.topic_mcl_timeseries) as r:
+    async with TopicReader(
+        kafka_broker.bootstrap_servers, settings.topic_mcl_versioned, settings.topic_mcl_timeseries
+    ) as r:
         yield r
 
 
 def mcls(records, aspect: str | None = None, urn: str | None = None) -> list[dict[str, Any]]:
-    return [r for r in records if (aspect is None or r["value"]["aspectName"] == aspect)
-            and (urn is None or r["value"]["entityUrn"] == urn)]
+    return [
+        r
+        for r in records
+        if (aspect is None or r["value"]["aspectName"] == aspect) and (urn is None or r["value"]["entityUrn"] == urn)
+    ]
 
 
 # --- the wire ---------------------------------------------------------------------------------------------------
 
 
 async def test_topics_are_created_with_their_configs_idempotently(kafka_broker, topics):
-    settings = Settings(kafka_bootstrap_servers=kafka_broker.bootstrap_servers, kafka_max_message_bytes=3_000_000, **topics)
+    settings = Settings(
+        kafka_bootstrap_servers=kafka_broker.bootstrap_servers, kafka_max_message_bytes=3_000_000, **topics
+    )
     assert sorted(await create_missing_topics(settings)) == sorted(topics.values())
     assert await create_missing_topics(settings) == []  # idempotent
     await ensure_topics(settings)
@@ -93,7 +102,8 @@ async def test_topics_are_created_with_their_configs_idempotently(kafka_broker, 
         responses = await admin.describe_configs([ConfigResource(ConfigResourceType.TOPIC, t) for t in topics.values()])
         configs = {
             resource[3]: {entry[0]: entry[1] for entry in resource[4]}
-            for response in responses for resource in response.resources
+            for response in responses
+            for resource in response.resources
         }
         described = {t["topic"]: len(t["partitions"]) for t in await admin.describe_topics(list(topics.values()))}
     finally:
@@ -126,8 +136,9 @@ async def test_ensure_topics_tolerates_an_unreachable_broker():
 
 
 async def test_every_mcl_field_on_the_wire_for_create_update_delete(app, client, db, reader, topics):
-    created = await propose(client, mcp("status", {"removed": False}, DATASET, systemMetadata={"runId": "run-1"},
-                                        headers={"X-Custom": "a"}))
+    created = await propose(
+        client, mcp("status", {"removed": False}, DATASET, systemMetadata={"runId": "run-1"}, headers={"X-Custom": "a"})
+    )
     assert created["results"][0]["status"] == "CREATED"
     await propose(client, mcp("status", {"removed": True}, DATASET, systemMetadata={"runId": "run-2"}))
     await propose(client, mcp("status", {"removed": True}, DATASET))  # a no-op: no change log
@@ -140,16 +151,26 @@ async def test_every_mcl_field_on_the_wire_for_create_update_delete(app, client,
     assert all(r["key"] == DATASET for r in records)
     # the wire carries exactly the committed outbox rows (Avro-encoded at publish time), byte for byte, in order
     stored = await outbox_rows(db, topics["topic_mcl_versioned"])
-    assert [r["raw"] for r in records] == [published_value(app.state.settings, row["topic"], row["payload"]) for row in stored]
+    assert [r["raw"] for r in records] == [
+        published_value(app.state.settings, row["topic"], row["payload"]) for row in stored
+    ]
     assert {r["schema_id"] for r in records} == {18}  # DataHub's MetadataChangeLog id on the versioned topic
     assert [r["value"] for r in records] == [orjson.loads(row["payload"]) for row in stored]
     assert [(r["value"]["aspectName"], r["value"]["changeType"]) for r in records] == [
-        ("datasetKey", "UPSERT"), ("status", "UPSERT"), ("status", "UPSERT"), ("status", "DELETE"), ("subTypes", "UPSERT"),
+        ("datasetKey", "UPSERT"),
+        ("status", "UPSERT"),
+        ("status", "UPSERT"),
+        ("status", "DELETE"),
+        ("subTypes", "UPSERT"),
     ]
     key, create, update, delete, _ = (r["value"] for r in records)
 
     assert key["entityType"] == "dataset" and key["entityUrn"] == DATASET and key["aspectName"] == "datasetKey"
-    assert orjson.loads(key["aspect"]["value"]) == {"platform": "urn:li:dataPlatform:hive", "name": "relay.orders", "origin": "PROD"}
+    assert orjson.loads(key["aspect"]["value"]) == {
+        "platform": "urn:li:dataPlatform:hive",
+        "name": "relay.orders",
+        "origin": "PROD",
+    }
     assert key["systemMetadata"]["version"] == "1"
 
     assert create["entityType"] == "dataset" and create["entityUrn"] == DATASET
@@ -271,9 +292,13 @@ async def test_two_relays_share_the_lanes_and_publish_each_row_once(app, client,
 
         async def writer(w: int) -> None:
             for n in range(10):
-                await propose(client, *[
-                    mcp("datasetProperties", {"description": f"round {n}"}, urn=dataset(f"shared{w}_{i}")) for i in range(5)
-                ])
+                await propose(
+                    client,
+                    *[
+                        mcp("datasetProperties", {"description": f"round {n}"}, urn=dataset(f"shared{w}_{i}"))
+                        for i in range(5)
+                    ],
+                )
 
         await asyncio.gather(*(writer(w) for w in range(6)))
         total = await wait_delivered(db)
@@ -305,13 +330,24 @@ VALUES ($1, $2, $2, 'status', $3, 'UPSERT', $4)
 """
 
 
-async def test_a_row_kafka_refuses_is_kept_with_its_error_and_does_not_block_its_urn(database_url, db, kafka_broker, topics):
-    settings = Settings(database_url=database_url, kafka_bootstrap_servers=kafka_broker.bootstrap_servers,
-                        kafka_max_message_bytes=2000, **topics)
+async def test_a_row_kafka_refuses_is_kept_with_its_error_and_does_not_block_its_urn(
+    database_url, db, kafka_broker, topics
+):
+    settings = Settings(
+        database_url=database_url,
+        kafka_bootstrap_servers=kafka_broker.bootstrap_servers,
+        kafka_max_message_bytes=2000,
+        **topics,
+    )
     topic, urn = topics["topic_mcl_versioned"], dataset("big")
     for version, size in ((1, 10), (2, 5000), (3, 10)):
-        mcl = {"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": "status",
-               "aspect": {"value": orjson.dumps({"v": version, "pad": "x" * size}).decode(), "contentType": JSON}}
+        mcl = {
+            "entityType": "dataset",
+            "entityUrn": urn,
+            "changeType": "UPSERT",
+            "aspectName": "status",
+            "aspect": {"value": orjson.dumps({"v": version, "pad": "x" * size}).decode(), "contentType": JSON},
+        }
         await db.execute(INSERT_ROW, topic, urn, version, orjson.dumps(mcl).decode())
     relay, finish = await run_relay(settings, database_url)
     try:
@@ -321,7 +357,9 @@ async def test_a_row_kafka_refuses_is_kept_with_its_error_and_does_not_block_its
     finally:
         await finish()
     assert [orjson.loads(m["value"]["aspect"]["value"])["v"] for m in records] == [1, 3]
-    rows = await db.fetch("SELECT version, delivered_at IS NOT NULL AS delivered, publish_error FROM change_log_outbox ORDER BY id")
+    rows = await db.fetch(
+        "SELECT version, delivered_at IS NOT NULL AS delivered, publish_error FROM change_log_outbox ORDER BY id"
+    )
     assert [(r["version"], r["delivered"]) for r in rows] == [(1, True), (2, False), (3, True)]
     assert "MessageSizeTooLarge" in rows[1]["publish_error"]
     assert relay.published == 2
@@ -349,8 +387,12 @@ async def test_without_kafka_the_relay_sequences_and_prunes_the_feed_window(data
 
 
 async def test_with_kafka_unreachable_rows_are_sequenced_but_never_pruned_undelivered(database_url, db, topics):
-    settings = Settings(database_url=database_url, kafka_bootstrap_servers=f"127.0.0.1:{free_port()}",
-                        outbox_retention_hours=0.1 / 3600, **topics)
+    settings = Settings(
+        database_url=database_url,
+        kafka_bootstrap_servers=f"127.0.0.1:{free_port()}",
+        outbox_retention_hours=0.1 / 3600,
+        **topics,
+    )
     for version in (1, 2):
         await db.execute(INSERT_ROW, topics["topic_mcl_versioned"], dataset("stuck"), version, "{}")
     relay, finish = await run_relay(settings, database_url)

@@ -62,8 +62,11 @@ def plain(url: str) -> str:
 
 async def fill_outbox(db: asyncpg.Connection, topic: str) -> None:
     """URNS × VERSIONS change logs, the versions of each URN in order, URNs interleaved (so in many lanes)."""
-    rows = [(f"urn:li:dataset:(urn:li:dataPlatform:hive,exactly.once{u},PROD)", v)
-            for v in range(1, VERSIONS + 1) for u in range(URNS)]
+    rows = [
+        (f"urn:li:dataset:(urn:li:dataPlatform:hive,exactly.once{u},PROD)", v)
+        for v in range(1, VERSIONS + 1)
+        for u in range(URNS)
+    ]
     await db.execute(
         """
         INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload)
@@ -87,27 +90,39 @@ async def wait_for(condition, what: str, timeout: float = 30.0) -> None:
 
 async def parked_marks(db: asyncpg.Connection) -> list[int]:
     """The backends waiting for FAULT_LOCK: marks parked after their rows were produced."""
-    return [r[0] for r in await db.fetch(
-        "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1::bigint::oid",
-        FAULT_LOCK & 0xFFFFFFFF,
-    )]
+    return [
+        r[0]
+        for r in await db.fetch(
+            "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND objid = $1::bigint::oid",
+            FAULT_LOCK & 0xFFFFFFFF,
+        )
+    ]
 
 
 async def topic_records(bootstrap: str, topic: str) -> list[tuple[str, int, int, int]]:
     """Every record of the topic's one partition up to its high watermark: (key, version, feed offset, lane)."""
-    consumer = AIOKafkaConsumer(bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False,
-                                fetch_max_wait_ms=10)
+    consumer = AIOKafkaConsumer(
+        bootstrap_servers=bootstrap, group_id=None, enable_auto_commit=False, fetch_max_wait_ms=10
+    )
     await consumer.start()
     try:
         partition = TopicPartition(topic, 0)
         consumer.assign([partition])
         consumer.seek(partition, 0)
         records = []
-        while consumer.highwater(partition) is None or await consumer.position(partition) < consumer.highwater(partition):
+        while consumer.highwater(partition) is None or await consumer.position(partition) < consumer.highwater(
+            partition
+        ):
             for r in (await consumer.getmany(partition, timeout_ms=100)).get(partition, ()):
                 headers = dict(r.headers)
-                records.append((r.key.decode(), orjson.loads(r.value)["version"], int(headers[FEED_OFFSET_HEADER]),
-                                int(headers[LANE_HEADER])))
+                records.append(
+                    (
+                        r.key.decode(),
+                        orjson.loads(r.value)["version"],
+                        int(headers[FEED_OFFSET_HEADER]),
+                        int(headers[LANE_HEADER]),
+                    )
+                )
         return records
     finally:
         await consumer.stop()
@@ -117,8 +132,10 @@ async def assert_exactly_once(db: asyncpg.Connection, bootstrap: str, topic: str
     """Each outbox row once on the topic, with its own feed offset and lane, each URN's versions in order."""
     total = await wait_delivered(db, timeout=60)
     assert total == URNS * VERSIONS
-    rows = {r["feed_offset"]: (r["message_key"], r["version"], r["lane"])
-            for r in await db.fetch("SELECT feed_offset, message_key, version, lane FROM change_log_outbox")}
+    rows = {
+        r["feed_offset"]: (r["message_key"], r["version"], r["lane"])
+        for r in await db.fetch("SELECT feed_offset, message_key, version, lane FROM change_log_outbox")
+    }
     records = await topic_records(bootstrap, topic)
     offsets = [offset for _, _, offset, _ in records]
     assert len(offsets) == len(set(offsets)), f"{len(offsets) - len(set(offsets))} records on the topic twice"
@@ -130,8 +147,13 @@ async def assert_exactly_once(db: asyncpg.Connection, bootstrap: str, topic: str
 
 
 def relay_settings(database_url: str, bootstrap: str, topics: dict[str, str]) -> Settings:
-    return Settings(database_url=database_url, kafka_bootstrap_servers=bootstrap, kafka_value_format="json",
-                    relay_batch_size=BATCH, **topics)
+    return Settings(
+        database_url=database_url,
+        kafka_bootstrap_servers=bootstrap,
+        kafka_value_format="json",
+        relay_batch_size=BATCH,
+        **topics,
+    )
 
 
 @pytest.fixture
@@ -187,17 +209,27 @@ async def test_a_database_restart_between_produce_and_mark_publishes_nothing_twi
         await db.close()
 
 
-async def test_a_relay_killed_between_produce_and_mark_is_taken_over_without_duplicates(database_url, db, kafka_broker, topics):
+async def test_a_relay_killed_between_produce_and_mark_is_taken_over_without_duplicates(
+    database_url, db, kafka_broker, topics
+):
     topic = topics["topic_mcl_versioned"]
     await install_fault(db, "park")
     await db.fetchval("SELECT pg_advisory_lock($1::bigint)", FAULT_LOCK)
     await fill_outbox(db, topic)
-    env = {"METALEDGER_DATABASE_URL": database_url, "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": kafka_broker.bootstrap_servers,
-           "METALEDGER_KAFKA_VALUE_FORMAT": "json", "METALEDGER_RELAY_BATCH_SIZE": str(BATCH),
-           "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-           **{f"METALEDGER_{name.upper()}": value for name, value in topics.items()}}
-    doomed = subprocess.Popen([str(Path(sys.executable).with_name("metaledger")), "relay"], env=service_env(env),
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        "METALEDGER_DATABASE_URL": database_url,
+        "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": kafka_broker.bootstrap_servers,
+        "METALEDGER_KAFKA_VALUE_FORMAT": "json",
+        "METALEDGER_RELAY_BATCH_SIZE": str(BATCH),
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+        **{f"METALEDGER_{name.upper()}": value for name, value in topics.items()},
+    }
+    doomed = subprocess.Popen(
+        [str(Path(sys.executable).with_name("metaledger")), "relay"],
+        env=service_env(env),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         await wait_for(lambda: parked_marks(db), "the first relay's mark parked after its batch was produced", 60)
         os.kill(doomed.pid, signal.SIGKILL)

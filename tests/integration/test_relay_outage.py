@@ -23,7 +23,11 @@ OUTAGE_SECONDS = 30
 
 @pytest.fixture
 def settings_overrides(kafka_broker):
-    return {"kafka_bootstrap_servers": kafka_broker.bootstrap_servers, "retention_max_versions": 1000, **unique_topics()}
+    return {
+        "kafka_bootstrap_servers": kafka_broker.bootstrap_servers,
+        "retention_max_versions": 1000,
+        **unique_topics(),
+    }
 
 
 async def test_broker_outage_of_30s_loses_no_change_log(app, client, db, kafka_broker):
@@ -44,9 +48,11 @@ async def test_broker_outage_of_30s_loses_no_change_log(app, client, db, kafka_b
 
     writer = asyncio.create_task(ingest())
     try:
+
         async def published() -> bool:
-            return await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE aspect = 'datasetProperties' "
-                                     "AND delivered_at IS NOT NULL") >= 2 * len(urns)
+            return await db.fetchval(
+                "SELECT count(*) FROM change_log_outbox WHERE aspect = 'datasetProperties' AND delivered_at IS NOT NULL"
+            ) >= 2 * len(urns)
 
         await eventually(published, what="the relay publishing the first writes' change logs")
         await wait_delivered(db)  # (writes continue; this only shows the relay is publishing before the outage)
@@ -61,8 +67,10 @@ async def test_broker_outage_of_30s_loses_no_change_log(app, client, db, kafka_b
         assert await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE delivered_at IS NULL") >= len(during)
         kafka_broker.start()  # same port, empty: no topics, no messages
         restarted_at = time.monotonic()
-        await eventually(lambda: asyncio.sleep(0, sum(at > restarted_at for _, _, at in acknowledged) >= 3 * len(urns)),
-                         what="three batches written after the broker came back")
+        await eventually(
+            lambda: asyncio.sleep(0, sum(at > restarted_at for _, _, at in acknowledged) >= 3 * len(urns)),
+            what="three batches written after the broker came back",
+        )
     finally:
         writing = False
         await writer

@@ -34,11 +34,14 @@ def tag() -> str:
 
 
 def v5_settings(tag: str, kafka_broker, aspects: list[str]) -> dict[str, Any]:
-    return {"kafka_bootstrap_servers": kafka_broker.bootstrap_servers, **unique_topics(),
-            "events_v5_routes": [{"entityTypes": ["dataset"], "aspects": aspects}],
-            "events_v5_audit_topic": f"audit_{tag}.{{entity}}.{{aspect}}",
-            "events_v5_change_topic": f"change_{tag}.{{entity}}.{{aspect}}",
-            "events_v5_failed_topic": f"failed_{tag}.{{entity}}.{{aspect}}"}
+    return {
+        "kafka_bootstrap_servers": kafka_broker.bootstrap_servers,
+        **unique_topics(),
+        "events_v5_routes": [{"entityTypes": ["dataset"], "aspects": aspects}],
+        "events_v5_audit_topic": f"audit_{tag}.{{entity}}.{{aspect}}",
+        "events_v5_change_topic": f"change_{tag}.{{entity}}.{{aspect}}",
+        "events_v5_failed_topic": f"failed_{tag}.{{entity}}.{{aspect}}",
+    }
 
 
 async def settled(db: asyncpg.Connection, timeout: float = 30.0) -> dict[int, tuple[bool, str | None]]:
@@ -74,14 +77,20 @@ class FlakyRegistry:
         return await self.registry.schema_by_id(schema_id)
 
 
-async def test_a_row_that_cannot_be_built_keeps_its_error_and_service_faults_are_retried(database_url, db, kafka_broker,
-                                                                                          registry, tag):
+async def test_a_row_that_cannot_be_built_keeps_its_error_and_service_faults_are_retried(
+    database_url, db, kafka_broker, registry, tag
+):
     settings = Settings(database_url=database_url, **v5_settings(tag, kafka_broker, ["status", "globalTags"]))
     topic, urn = settings.topic_mcl_versioned, dataset("faults")
 
     def mcl(aspect: str, value: Any, **leave_out: bool) -> str:
-        log = {"entityType": "dataset", "entityUrn": urn, "changeType": "UPSERT", "aspectName": aspect,
-               "aspect": {"value": orjson.dumps(value).decode(), "contentType": JSON}}
+        log = {
+            "entityType": "dataset",
+            "entityUrn": urn,
+            "changeType": "UPSERT",
+            "aspectName": aspect,
+            "aspect": {"value": orjson.dumps(value).decode(), "contentType": JSON},
+        }
         return orjson.dumps({k: v for k, v in log.items() if not leave_out.get(k)}).decode()
 
     async def row(aspect: str, version: int, payload: str) -> int:
@@ -104,7 +113,9 @@ async def test_a_row_that_cannot_be_built_keeps_its_error_and_service_faults_are
         assert flaky.calls > flaky.outage  # the registry outage was waited out, not made a row's error
 
         # the relay's database connections lost: retried, and the next row published
-        await db.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'metaledger-relay'")
+        await db.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'metaledger-relay'"
+        )
         after = await row("status", 4, mcl("status", {"removed": False}))
         assert (await settled(db))[after] == (True, None)
     finally:

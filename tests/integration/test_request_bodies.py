@@ -51,15 +51,22 @@ def test_no_route_has_its_body_read_before_its_policy(app):
         if any(isinstance(d.call, JsonBody) for d in _dependencies(dependant)):
             json_bodies.add(context.path_format)
     assert parsed_by_fastapi == []
-    assert {"/openapi/v1/models", "/openapi/v1/auth/tokens", "/openapi/v1/trace/write/{traceId}",
-            "/openapi/v3/entity/scroll"} <= json_bodies
+    assert {
+        "/openapi/v1/models",
+        "/openapi/v1/auth/tokens",
+        "/openapi/v1/trace/write/{traceId}",
+        "/openapi/v3/entity/scroll",
+    } <= json_bodies
 
 
 def test_the_document_declares_each_json_body_by_its_model(app):
     document = app.openapi()
-    for path, model in [("/openapi/v1/auth/tokens", "TokenRequest"), ("/openapi/v1/models", "ModelSet"),
-                        ("/openapi/v1/trace/write/{traceId}", "TraceRequest"),
-                        ("/openapi/v3/entity/scroll", "ScrollEntitiesBody")]:
+    for path, model in [
+        ("/openapi/v1/auth/tokens", "TokenRequest"),
+        ("/openapi/v1/models", "ModelSet"),
+        ("/openapi/v1/trace/write/{traceId}", "TraceRequest"),
+        ("/openapi/v3/entity/scroll", "ScrollEntitiesBody"),
+    ]:
         body = document["paths"][path]["post"]["requestBody"]
         assert body["required"] is True
         assert body["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{model}"}
@@ -80,8 +87,9 @@ def _array_of_empty_objects(size: int) -> Iterator[bytes]:
 def send_body(port: int, path: str, token: str | None, mb: int = BODY_MB) -> tuple[bytes, int]:
     """POST `path` with a JSON array of `mb` MB of empty objects (about 50 bytes of Python objects per 3 bytes sent),
     streamed until an answer arrives: the answer's first bytes and the bytes of the body sent."""
-    head = (f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-            f"Content-Length: {mb * CHUNK}\r\n").encode()
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {mb * CHUNK}\r\n"
+    ).encode()
     if token is not None:
         head += f"Authorization: Bearer {token}\r\n".encode()
     sent = 0
@@ -111,7 +119,9 @@ def _whole_answer(sock: socket.socket, received: bytes) -> bytes:
     while b"\r\n\r\n" not in received:
         received += sock.recv(65536)
     head, _, body = received.partition(b"\r\n\r\n")
-    length = next(int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:"))
+    length = next(
+        int(line.split(b":", 1)[1]) for line in head.split(b"\r\n") if line.lower().startswith(b"content-length:")
+    )
     while len(body) < length:
         body += sock.recv(65536)
     return head + b"\r\n\r\n" + body
@@ -120,8 +130,10 @@ def _whole_answer(sock: socket.socket, received: bytes) -> bytes:
 @pytest.fixture
 async def service(make_database, migrated_template):
     port = free_port()
-    env = {"METALEDGER_DATABASE_URL": make_database(template=migrated_template),
-           "METALEDGER_APPLY_MIGRATIONS_ON_START": "false"}
+    env = {
+        "METALEDGER_DATABASE_URL": make_database(template=migrated_template),
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+    }
     process = start_service(env, port, workers=1)
     try:
         await wait_healthy(f"http://127.0.0.1:{port}", 90, process)
@@ -148,8 +160,9 @@ async def test_large_anonymous_bodies_are_refused_unread_and_cost_no_memory(serv
         assert b"METALEDGER_MAX_REQUEST_BYTES" in answer
         assert rss_mb(process) - before < 30, (path, before, rss_mb(process))
 
-    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30,
-                                 headers={"Authorization": f"Bearer {admin}"}) as http:
+    async with httpx.AsyncClient(
+        base_url=f"http://127.0.0.1:{port}", timeout=30, headers={"Authorization": f"Bearer {admin}"}
+    ) as http:
         deep = "[" * 500 + "]" * 500  # past MAX_JSON_DEPTH (100), within what orjson parses (1024)
         for path in BODY_ROUTES:
             refused = await http.post(path, content=deep, headers={"content-type": "application/json"})

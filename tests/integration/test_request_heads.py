@@ -70,12 +70,28 @@ def send_whole_head(port: int, header_bytes: int) -> bytes:
 async def test_huge_and_many_headers_are_refused_at_once(make_database, migrated_template, workers: int):
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = {"METALEDGER_DATABASE_URL": make_database(template=migrated_template),
-           "METALEDGER_APPLY_MIGRATIONS_ON_START": "false"}
-    argv = [str(Path(sys.executable).with_name("metaledger")), "serve", "--port", str(port), "--workers", str(workers),
-            "--log-level", "warning"]
-    service = subprocess.Popen(argv, cwd=ROOT, env=service_env(env), start_new_session=True,
-                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    env = {
+        "METALEDGER_DATABASE_URL": make_database(template=migrated_template),
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+    }
+    argv = [
+        str(Path(sys.executable).with_name("metaledger")),
+        "serve",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--log-level",
+        "warning",
+    ]
+    service = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=service_env(env),
+        start_new_session=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         await wait_healthy(base, 90, service)
         async with httpx.AsyncClient(base_url=base, timeout=10) as http:

@@ -13,14 +13,20 @@ from tests.helpers import DATASET, RESTLI_HEADERS, restli_propose
 OTHER = "urn:li:dataset:(urn:li:dataPlatform:hive,db.customers,PROD)"
 TAG = "urn:li:tag:pii"
 USER = "urn:li:corpuser:jdoe"
-CLIENT_SYSTEM_METADATA = {"lastObserved": 1700000000000, "runId": "restli-test", "lastRunId": "no-run-id-provided",
-                          "properties": {"clientId": "acryl-datahub", "clientVersion": "1.7.0.17"}}
+CLIENT_SYSTEM_METADATA = {
+    "lastObserved": 1700000000000,
+    "runId": "restli-test",
+    "lastRunId": "no-run-id-provided",
+    "properties": {"clientId": "acryl-datahub", "clientVersion": "1.7.0.17"},
+}
 # As DataHub's Python client sends them: the aspect value as a JSON string, with the client's systemMetadata.
 mcp = partial(helpers.mcp, encode=True, systemMetadata=CLIENT_SYSTEM_METADATA)
 
 
 async def get_aspect(client, urn: str, aspect: str, version: int = 0):
-    return await client.get(f"/aspects/{quote(urn, safe='')}", params={"aspect": aspect, "version": version}, headers=RESTLI_HEADERS)
+    return await client.get(
+        f"/aspects/{quote(urn, safe='')}", params={"aspect": aspect, "version": version}, headers=RESTLI_HEADERS
+    )
 
 
 async def test_ingest_proposal_and_batch_then_versioned_aspect_reads(client, db):
@@ -31,23 +37,39 @@ async def test_ingest_proposal_and_batch_then_versioned_aspect_reads(client, db)
     del put["systemMetadata"]
     response = await restli_propose(client, put, path="/aspects/")
     assert response.status_code == 200, response.text
-    response = await restli_propose(client, mcp("datasetProperties", {"description": "v2"}), mcp("status", {"removed": False}, urn=OTHER),
-                             async_="true")  # no Kafka configured: applied synchronously
+    response = await restli_propose(
+        client,
+        mcp("datasetProperties", {"description": "v2"}),
+        mcp("status", {"removed": False}, urn=OTHER),
+        async_="true",
+    )  # no Kafka configured: applied synchronously
     assert response.status_code == 200 and response.json() == {"value": "success"}
 
     latest = await get_aspect(client, DATASET, "datasetProperties")
     assert latest.status_code == 200
-    assert latest.json() == {"aspect": {"com.linkedin.dataset.DatasetProperties": {"description": "v2", "customProperties": {}, "tags": []}},
-                             "version": 0}
+    assert latest.json() == {
+        "aspect": {"com.linkedin.dataset.DatasetProperties": {"description": "v2", "customProperties": {}, "tags": []}},
+        "version": 0,
+    }
     first = (await get_aspect(client, DATASET, "datasetProperties", version=1)).json()
     assert first["version"] == 1 and first["aspect"]["com.linkedin.dataset.DatasetProperties"]["description"] == "v1"
     key = (await get_aspect(client, DATASET, "datasetKey")).json()
-    assert key["aspect"] == {"com.linkedin.metadata.key.DatasetKey": {"platform": "urn:li:dataPlatform:hive", "name": "db.orders", "origin": "PROD"}}
-    assert await db.fetchval("SELECT count(DISTINCT urn) FROM metadata_aspect_v2 WHERE urn LIKE 'urn:li:dataset:%'") == 2
+    assert key["aspect"] == {
+        "com.linkedin.metadata.key.DatasetKey": {
+            "platform": "urn:li:dataPlatform:hive",
+            "name": "db.orders",
+            "origin": "PROD",
+        }
+    }
+    assert (
+        await db.fetchval("SELECT count(DISTINCT urn) FROM metadata_aspect_v2 WHERE urn LIKE 'urn:li:dataset:%'") == 2
+    )
 
     missing = await get_aspect(client, DATASET, "ownership")
     assert missing.status_code == 404 and set(missing.json()) == {"error", "message", "issues"}
-    assert (await get_aspect(client, "urn:li:dataset:(urn:li:dataPlatform:hive,nope,PROD)", "datasetKey")).status_code == 404
+    assert (
+        await get_aspect(client, "urn:li:dataset:(urn:li:dataPlatform:hive,nope,PROD)", "datasetKey")
+    ).status_code == 404
     assert (await get_aspect(client, DATASET, "datasetProfile")).status_code == 404  # timeseries: never versioned
     assert (await get_aspect(client, DATASET, "noSuchAspect")).status_code == 400
     # telemetry, as the client's test_connection asks (404 means "not there")
@@ -77,10 +99,17 @@ async def test_batch_is_one_transaction_and_names_every_bad_proposal(client, db)
 
 async def test_patch_proposals_with_json_patch_content_type(client):
     assert (await restli_propose(client, mcp("datasetProperties", {"description": "d"}))).status_code == 200
-    patch = [{"op": "add", "path": "/description", "value": "patched"}, {"op": "add", "path": "/customProperties/k", "value": "v"}]
-    response = await restli_propose(client, mcp("datasetProperties", patch, change_type="PATCH", content_type="application/json-patch+json"))
+    patch = [
+        {"op": "add", "path": "/description", "value": "patched"},
+        {"op": "add", "path": "/customProperties/k", "value": "v"},
+    ]
+    response = await restli_propose(
+        client, mcp("datasetProperties", patch, change_type="PATCH", content_type="application/json-patch+json")
+    )
     assert response.status_code == 200, response.text
-    value = (await get_aspect(client, DATASET, "datasetProperties")).json()["aspect"]["com.linkedin.dataset.DatasetProperties"]
+    value = (await get_aspect(client, DATASET, "datasetProperties")).json()["aspect"][
+        "com.linkedin.dataset.DatasetProperties"
+    ]
     assert value["description"] == "patched" and value["customProperties"] == {"k": "v"}
 
 
@@ -105,7 +134,11 @@ async def test_entities_v2(client):
     unknown_urn = "urn:li:dataset:(urn:li:dataPlatform:hive,nope,PROD)"
     unknown = (await client.get(f"/entitiesV2/{quote(unknown_urn, safe='')}")).json()
     assert list(unknown["aspects"]) == ["datasetKey"]
-    assert unknown["aspects"]["datasetKey"]["value"] == {"platform": "urn:li:dataPlatform:hive", "name": "nope", "origin": "PROD"}
+    assert unknown["aspects"]["datasetKey"]["value"] == {
+        "platform": "urn:li:dataPlatform:hive",
+        "name": "nope",
+        "origin": "PROD",
+    }
     assert (await client.get(f"{base}?aspects=List(bogus)")).status_code == 400
 
 
@@ -120,7 +153,9 @@ def profile(ts: int, rows: int, partition: str | None = None, message_id: str | 
 
 async def timeseries(client, **body):
     body = {"urn": DATASET, "entity": "dataset", "aspect": "datasetProfile", **body}
-    response = await client.post("/aspects?action=getTimeseriesAspectValues", content=orjson.dumps(body), headers=RESTLI_HEADERS)
+    response = await client.post(
+        "/aspects?action=getTimeseriesAspectValues", content=orjson.dumps(body), headers=RESTLI_HEADERS
+    )
     assert response.status_code == 200, response.text
     value = response.json()["value"]
     assert value["entityName"] == "dataset" and value["aspectName"] == "datasetProfile"
@@ -132,10 +167,15 @@ def row_counts(value) -> list[int]:
 
 
 async def test_timeseries_values_newest_first_filtered_and_deduplicated(client):
-    assert (await restli_propose(client, *[mcp("datasetProfile", profile(1000 * i, i)) for i in range(1, 6)],
-                          mcp("datasetProfile", profile(2000, 22)),  # same point as rowCount 2: newest write wins
-                          mcp("datasetProfile", profile(3000, 33, partition="p1")),  # another partition: another point
-                          mcp("datasetProfile", profile(9000, 99), urn=OTHER))).status_code == 200
+    assert (
+        await restli_propose(
+            client,
+            *[mcp("datasetProfile", profile(1000 * i, i)) for i in range(1, 6)],
+            mcp("datasetProfile", profile(2000, 22)),  # same point as rowCount 2: newest write wins
+            mcp("datasetProfile", profile(3000, 33, partition="p1")),  # another partition: another point
+            mcp("datasetProfile", profile(9000, 99), urn=OTHER),
+        )
+    ).status_code == 200
     everything = await timeseries(client)
     # points with the same timestamp (33 and 3) come in either order, as in DataHub
     assert row_counts(everything) in ([5, 4, 33, 3, 22, 1], [5, 4, 3, 33, 22, 1]) and everything["limit"] == 10_000
@@ -152,15 +192,21 @@ async def test_timeseries_values_newest_first_filtered_and_deduplicated(client):
     assert sorted(row_counts(await timeseries(client, filter={"or": [{"and": []}]}))) == [1, 3, 4, 5, 22, 33]
     assert sorted(row_counts(await timeseries(client, filter={}))) == [1, 3, 4, 5, 22, 33]
 
-    bad = await client.post("/aspects?action=getTimeseriesAspectValues", json={"urn": DATASET, "entity": "dataset", "aspect": "status"})
+    bad = await client.post(
+        "/aspects?action=getTimeseriesAspectValues", json={"urn": DATASET, "entity": "dataset", "aspect": "status"}
+    )
     assert bad.status_code == 400
 
 
 async def test_delete_entity_aspect_and_timeseries_range(client, db):
-    await restli_propose(client, mcp("status", {"removed": False}), mcp("datasetProperties", {"description": "a"}),
-                  mcp("datasetProperties", {"description": "b"}),
-                  *[mcp("datasetProfile", profile(1000 * i, i)) for i in range(1, 5)],
-                  mcp("status", {"removed": False}, urn=OTHER))
+    await restli_propose(
+        client,
+        mcp("status", {"removed": False}),
+        mcp("datasetProperties", {"description": "a"}),
+        mcp("datasetProperties", {"description": "b"}),
+        *[mcp("datasetProfile", profile(1000 * i, i)) for i in range(1, 5)],
+        mcp("status", {"removed": False}, urn=OTHER),
+    )
 
     async def delete(body):
         response = await client.post("/entities?action=delete", content=orjson.dumps(body), headers=RESTLI_HEADERS)
@@ -168,11 +214,16 @@ async def test_delete_entity_aspect_and_timeseries_range(client, db):
         return response.json()["value"]
 
     # a timeseries range (bounds inclusive)
-    assert await delete({"urn": DATASET, "aspectName": "datasetProfile", "startTimeMillis": 2000, "endTimeMillis": 3000}) == {
-        "urn": DATASET, "rows": 0, "timeseriesRows": 2}
+    assert await delete(
+        {"urn": DATASET, "aspectName": "datasetProfile", "startTimeMillis": 2000, "endTimeMillis": 3000}
+    ) == {"urn": DATASET, "rows": 0, "timeseriesRows": 2}
     assert row_counts(await timeseries(client)) == [4, 1]
     # a versioned aspect (every version)
-    assert await delete({"urn": DATASET, "aspectName": "datasetProperties"}) == {"urn": DATASET, "rows": 2, "timeseriesRows": 0}
+    assert await delete({"urn": DATASET, "aspectName": "datasetProperties"}) == {
+        "urn": DATASET,
+        "rows": 2,
+        "timeseriesRows": 0,
+    }
     assert (await get_aspect(client, DATASET, "datasetProperties")).status_code == 404
     # the entity: its rows and its remaining timeseries points
     assert await delete({"urn": DATASET}) == {"urn": DATASET, "rows": 2, "timeseriesRows": 2}
@@ -180,24 +231,38 @@ async def test_delete_entity_aspect_and_timeseries_range(client, db):
     assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1", OTHER) == 2
     assert await delete({"urn": DATASET}) == {"urn": DATASET, "rows": 0, "timeseriesRows": 0}
     # a delete change log was committed for the entity
-    assert await db.fetchval(
-        "SELECT count(*) FROM change_log_outbox WHERE urn = $1 AND change_type = 'DELETE' AND aspect = 'datasetKey'"
-        " AND topic = 'MetadataChangeLog_Versioned_v1'", DATASET) == 1
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM change_log_outbox WHERE urn = $1 AND change_type = 'DELETE' AND aspect = 'datasetKey'"
+            " AND topic = 'MetadataChangeLog_Versioned_v1'",
+            DATASET,
+        )
+        == 1
+    )
 
-    for body in ({}, {"urn": "not-an-urn"}, {"urn": DATASET, "aspectName": "nope"},
-                 {"urn": DATASET, "aspectName": "status", "startTimeMillis": 1}):
+    for body in (
+        {},
+        {"urn": "not-an-urn"},
+        {"urn": DATASET, "aspectName": "nope"},
+        {"urn": DATASET, "aspectName": "status", "startTimeMillis": 1},
+    ):
         response = await client.post("/entities?action=delete", json=body)
         assert response.status_code == 400, (body, response.text)
 
 
 async def test_delete_references(client, db):
-    owners = {"owners": [{"owner": USER, "type": "DATAOWNER"}, {"owner": "urn:li:corpuser:other", "type": "DATAOWNER"}],
-              "lastModified": {"time": 1, "actor": USER}}
+    owners = {
+        "owners": [{"owner": USER, "type": "DATAOWNER"}, {"owner": "urn:li:corpuser:other", "type": "DATAOWNER"}],
+        "lastModified": {"time": 1, "actor": USER},
+    }
     await restli_propose(
         client,
         mcp("globalTags", {"tags": [{"tag": TAG}, {"tag": "urn:li:tag:gold"}]}),
         mcp("ownership", owners),
-        mcp("editableSchemaMetadata", {"editableSchemaFieldInfo": [{"fieldPath": "email", "globalTags": {"tags": [{"tag": TAG}]}}]}),
+        mcp(
+            "editableSchemaMetadata",
+            {"editableSchemaFieldInfo": [{"fieldPath": "email", "globalTags": {"tags": [{"tag": TAG}]}}]},
+        ),
         mcp("globalTags", {"tags": [{"tag": TAG}]}, urn=OTHER),
         mcp("datasetProperties", {"description": f"mentions {TAG} in text only"}, urn=OTHER),
         mcp("tagProperties", {"name": "pii"}, urn=TAG, entity="tag"),
@@ -206,28 +271,45 @@ async def test_delete_references(client, db):
     assert dry.status_code == 200, dry.text
     value = dry.json()["value"]
     assert value["total"] == 3
-    assert sorted((r["relationshipType"], r["entity"], r["aspect"]) for r in value["relatedAspects"]) == sorted([
-        ("TaggedWith", DATASET, "editableSchemaMetadata"), ("TaggedWith", DATASET, "globalTags"), ("TaggedWith", OTHER, "globalTags")])
-    assert (await get_aspect(client, OTHER, "globalTags")).json()["aspect"]["com.linkedin.common.GlobalTags"]["tags"] == [{"tag": TAG}]
+    assert sorted((r["relationshipType"], r["entity"], r["aspect"]) for r in value["relatedAspects"]) == sorted(
+        [
+            ("TaggedWith", DATASET, "editableSchemaMetadata"),
+            ("TaggedWith", DATASET, "globalTags"),
+            ("TaggedWith", OTHER, "globalTags"),
+        ]
+    )
+    assert (await get_aspect(client, OTHER, "globalTags")).json()["aspect"]["com.linkedin.common.GlobalTags"][
+        "tags"
+    ] == [{"tag": TAG}]
 
     done = await client.post("/entities?action=deleteReferences", json={"urn": TAG, "dryRun": False})
     assert done.status_code == 200 and done.json()["value"]["total"] == 3
     tags = (await get_aspect(client, DATASET, "globalTags")).json()["aspect"]["com.linkedin.common.GlobalTags"]["tags"]
     assert tags == [{"tag": "urn:li:tag:gold"}]
-    assert (await get_aspect(client, OTHER, "globalTags")).json()["aspect"]["com.linkedin.common.GlobalTags"]["tags"] == []
+    assert (await get_aspect(client, OTHER, "globalTags")).json()["aspect"]["com.linkedin.common.GlobalTags"][
+        "tags"
+    ] == []
     schema = (await get_aspect(client, DATASET, "editableSchemaMetadata")).json()["aspect"]
-    assert schema["com.linkedin.schema.EditableSchemaMetadata"]["editableSchemaFieldInfo"][0]["globalTags"]["tags"] == []
+    assert (
+        schema["com.linkedin.schema.EditableSchemaMetadata"]["editableSchemaFieldInfo"][0]["globalTags"]["tags"] == []
+    )
     # a mere mention is not a reference
-    props = (await get_aspect(client, OTHER, "datasetProperties")).json()["aspect"]["com.linkedin.dataset.DatasetProperties"]
+    props = (await get_aspect(client, OTHER, "datasetProperties")).json()["aspect"][
+        "com.linkedin.dataset.DatasetProperties"
+    ]
     assert TAG in props["description"]
     again = await client.post("/entities?action=deleteReferences", json={"urn": TAG, "dryRun": False})
     assert again.json()["value"] == {"total": 0, "relatedAspects": []}
 
     # a user: the owner entry goes, the audit stamp naming the user stays
     done = await client.post("/entities?action=deleteReferences", json={"urn": USER, "dryRun": False})
-    assert done.json()["value"]["relatedAspects"] == [{"relationshipType": "OwnedBy", "entity": DATASET, "aspect": "ownership"}]
+    assert done.json()["value"]["relatedAspects"] == [
+        {"relationshipType": "OwnedBy", "entity": DATASET, "aspect": "ownership"}
+    ]
     ownership = (await get_aspect(client, DATASET, "ownership")).json()["aspect"]["com.linkedin.common.Ownership"]
-    assert [o["owner"] for o in ownership["owners"]] == ["urn:li:corpuser:other"] and ownership["lastModified"]["actor"] == USER
+    assert [o["owner"] for o in ownership["owners"]] == ["urn:li:corpuser:other"] and ownership["lastModified"][
+        "actor"
+    ] == USER
 
     # a container reference outside any array: the aspect cannot live without it and is deleted
     container = "urn:li:container:abc"
@@ -238,8 +320,18 @@ async def test_delete_references(client, db):
 
 
 async def test_legacy_mce_still_served(client):
-    body = {"entity": {"value": {"com.linkedin.metadata.snapshot.DatasetSnapshot": {
-        "urn": DATASET, "aspects": [{"com.linkedin.common.Status": {"removed": False}}]}}}}
+    body = {
+        "entity": {
+            "value": {
+                "com.linkedin.metadata.snapshot.DatasetSnapshot": {
+                    "urn": DATASET,
+                    "aspects": [{"com.linkedin.common.Status": {"removed": False}}],
+                }
+            }
+        }
+    }
     response = await client.post("/entities?action=ingest", json=body, headers=RESTLI_HEADERS)
     assert response.status_code == 200 and response.json() == {}
-    assert (await get_aspect(client, DATASET, "status")).json()["aspect"] == {"com.linkedin.common.Status": {"removed": False}}
+    assert (await get_aspect(client, DATASET, "status")).json()["aspect"] == {
+        "com.linkedin.common.Status": {"removed": False}
+    }

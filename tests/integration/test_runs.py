@@ -22,24 +22,43 @@ async def runs(client, action, **body):
 
 
 async def change_logs(db):
-    return [(r["urn"], r["aspect"], r["change_type"], orjson.loads(r["payload"]))
-            for r in await db.fetch("SELECT urn, aspect, change_type, payload FROM change_log_outbox "
-                                    "WHERE topic LIKE 'MetadataChangeLog_%' ORDER BY id")]
+    return [
+        (r["urn"], r["aspect"], r["change_type"], orjson.loads(r["payload"]))
+        for r in await db.fetch(
+            "SELECT urn, aspect, change_type, payload FROM change_log_outbox "
+            "WHERE topic LIKE 'MetadataChangeLog_%' ORDER BY id"
+        )
+    ]
 
 
 async def seed_and_two_runs(client):
     ok = lambda r: r.status_code == 200 or AssertionError(r.text)  # noqa: E731
-    assert ok(await restli_propose(client, mcp("datasetProperties", {"description": "before"}, run="seed"),
-                                   mcp("status", {"removed": False}, run="seed")))
+    assert ok(
+        await restli_propose(
+            client,
+            mcp("datasetProperties", {"description": "before"}, run="seed"),
+            mcp("status", {"removed": False}, run="seed"),
+        )
+    )
     # r1: updates A's description, creates A's tags, re-observes A's status, creates B
-    assert ok(await restli_propose(
-        client, mcp("datasetProperties", {"description": "by r1"}), mcp("globalTags", {"tags": [{"tag": "urn:li:tag:r1"}]}),
-        mcp("status", {"removed": False}), mcp("datasetProperties", {"description": "new"}, urn=B),
-        mcp("status", {"removed": False}, urn=B),
-    ))
+    assert ok(
+        await restli_propose(
+            client,
+            mcp("datasetProperties", {"description": "by r1"}),
+            mcp("globalTags", {"tags": [{"tag": "urn:li:tag:r1"}]}),
+            mcp("status", {"removed": False}),
+            mcp("datasetProperties", {"description": "new"}, urn=B),
+            mcp("status", {"removed": False}, urn=B),
+        )
+    )
     # r2 changes what r1 created on A, later
-    assert ok(await restli_propose(client, mcp("globalTags", {"tags": [{"tag": "urn:li:tag:r2"}]}, run="r2"),
-                                   mcp("ownership", {"owners": []}, run="r2")))
+    assert ok(
+        await restli_propose(
+            client,
+            mcp("globalTags", {"tags": [{"tag": "urn:li:tag:r2"}]}, run="r2"),
+            mcp("ownership", {"owners": []}, run="r2"),
+        )
+    )
 
 
 async def test_list_describe_and_rollback_aspect_by_aspect(client, db):
@@ -51,9 +70,12 @@ async def test_list_describe_and_rollback_aspect_by_aspect(client, db):
 
     described = await runs(client, "describe", runId="r1", start=0, count=100, includeSoft=False, includeAspect=True)
     assert [(r["urn"], r["aspectName"]) for r in described] == sorted(
-        [(A, "datasetProperties"), (A, "status"), (B, "datasetKey"), (B, "datasetProperties"), (B, "status")])
+        [(A, "datasetProperties"), (A, "status"), (B, "datasetKey"), (B, "datasetProperties"), (B, "status")]
+    )
     props = next(r for r in described if r["urn"] == A and r["aspectName"] == "datasetProperties")
-    assert props["aspect"] == {"com.linkedin.dataset.DatasetProperties": {"description": "by r1", "customProperties": {}, "tags": []}}
+    assert props["aspect"] == {
+        "com.linkedin.dataset.DatasetProperties": {"description": "by r1", "customProperties": {}, "tags": []}
+    }
     assert props["runId"] == "r1" and props["keyAspect"] is False
     assert next(r for r in described if r["aspectName"] == "datasetKey")["keyAspect"] is True
     soft = await runs(client, "describe", runId="r1", start=0, count=100, includeSoft=True)
@@ -66,7 +88,10 @@ async def test_list_describe_and_rollback_aspect_by_aspect(client, db):
     assert await change_logs(db) == logs_before  # a dry run writes nothing
     assert plan["aspectsReverted"] == 2 and plan["entitiesDeleted"] == 1
     assert plan["unsafeEntitiesCount"] == 1 and plan["unsafeEntities"] == [{"urn": A}] and plan["aspectsAffected"] == 1
-    assert {(r["urn"], r["aspectName"]) for r in plan["aspectRowSummaries"]} == {(A, "datasetProperties"), (B, "datasetProperties")}
+    assert {(r["urn"], r["aspectName"]) for r in plan["aspectRowSummaries"]} == {
+        (A, "datasetProperties"),
+        (B, "datasetProperties"),
+    }
 
     done = await runs(client, "rollback", runId="r1", dryRun=False, safe=True)
     assert done == plan  # the dry run said exactly what happened
@@ -76,13 +101,16 @@ async def test_list_describe_and_rollback_aspect_by_aspect(client, db):
     assert await stored(db, B, "datasetProperties") is None  # created by r1: deleted
     assert (await stored(db, B, "status"))["value"] == {"removed": True}  # B, created by r1: soft-removed
     assert await stored(db, B, "datasetKey") is not None
-    new_logs = (await change_logs(db))[len(logs_before):]
+    new_logs = (await change_logs(db))[len(logs_before) :]
     assert sorted((u, a, c) for u, a, c, _ in new_logs) == [  # one change log per aspect rolled back
-        (B, "datasetProperties", "DELETE"), (B, "status", "UPSERT"), (A, "datasetProperties", "UPSERT")]
+        (B, "datasetProperties", "DELETE"),
+        (B, "status", "UPSERT"),
+        (A, "datasetProperties", "UPSERT"),
+    ]
     for _, _, _, payload in new_logs:  # attributed to the caller, under the rollback's own run id
         assert payload["created"]["actor"] == helpers.TEST_ACTOR
         assert payload["systemMetadata"]["runId"] == "__rollback:r1"
-    restored = (await stored(db, A, "datasetProperties"))
+    restored = await stored(db, A, "datasetProperties")
     assert restored["createdBy"] == helpers.TEST_ACTOR and restored["systemMetadata"]["version"] == "3"
 
     again = await runs(client, "rollback", runId="r1", dryRun=False, safe=True)  # idempotent
@@ -100,7 +128,9 @@ async def test_list_describe_and_rollback_aspect_by_aspect(client, db):
 
 
 async def test_reserved_and_unknown_runs(client):
-    response = await client.post("/runs?action=rollback", content=orjson.dumps({"runId": "no-run-id-provided"}), headers=RESTLI_HEADERS)
+    response = await client.post(
+        "/runs?action=rollback", content=orjson.dumps({"runId": "no-run-id-provided"}), headers=RESTLI_HEADERS
+    )
     assert response.status_code == 400 and "no-run-id-provided" in response.json()["message"]
     assert (await runs(client, "rollback", runId="never-ran"))["aspectsReverted"] == 0
     assert await runs(client, "describe", runId="never-ran") == []
@@ -114,15 +144,21 @@ async def test_rollback_pages_through_a_large_run(client, db, monkeypatch):
     monkeypatch.setattr(service, "PAGE", 7)  # many pages, entities split across them
     urns = [helpers.ds(f"db.t{i:03d}") for i in range(40)]
     for urn in urns:
-        assert (await restli_propose(client, mcp("datasetProperties", {"description": "old"}, urn=urn, run="seed"))).status_code == 200
+        assert (
+            await restli_propose(client, mcp("datasetProperties", {"description": "old"}, urn=urn, run="seed"))
+        ).status_code == 200
     batch = [mcp("datasetProperties", {"description": "big"}, urn=u, run="big") for u in urns]
     batch += [mcp("status", {"removed": False}, urn=helpers.ds(f"db.new{i:03d}"), run="big") for i in range(20)]
     assert (await restli_propose(client, *batch)).status_code == 200
     done = await runs(client, "rollback", runId="big")
     assert done["aspectsReverted"] == 40 and done["entitiesDeleted"] == 20 and done["entitiesAffected"] == 60
     assert len(done["aspectRowSummaries"]) == 40  # a soft-removed entity's key aspect is not listed (DataHub's)
-    assert await db.fetchval(
-        "SELECT count(*) FROM metadata_aspect_v2 WHERE version = 0 AND aspect = 'datasetProperties' AND metadata LIKE '%big%'") == 0
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM metadata_aspect_v2 WHERE version = 0 AND aspect = 'datasetProperties' AND metadata LIKE '%big%'"
+        )
+        == 0
+    )
 
 
 async def test_an_interrupted_rollback_resumes_where_it_stopped(client, db, monkeypatch):
@@ -133,10 +169,16 @@ async def test_an_interrupted_rollback_resumes_where_it_stopped(client, db, monk
 
     monkeypatch.setattr(service, "PAGE", 5)
     urns = [helpers.ds(f"db.r{i:02d}") for i in range(20)]
-    assert (await restli_propose(client, *[mcp("datasetProperties", {"description": "old"}, urn=u, run="seed")
-                                           for u in urns])).status_code == 200
-    assert (await restli_propose(client, *[mcp("datasetProperties", {"description": "bad"}, urn=u, run="bad")
-                                           for u in urns])).status_code == 200
+    assert (
+        await restli_propose(
+            client, *[mcp("datasetProperties", {"description": "old"}, urn=u, run="seed") for u in urns]
+        )
+    ).status_code == 200
+    assert (
+        await restli_propose(
+            client, *[mcp("datasetProperties", {"description": "bad"}, urn=u, run="bad") for u in urns]
+        )
+    ).status_code == 200
     pages, page = 0, service.Rollback._page
 
     async def lost_on_the_third_page(self, keys):
@@ -147,7 +189,9 @@ async def test_an_interrupted_rollback_resumes_where_it_stopped(client, db, monk
         await page(self, keys)
 
     monkeypatch.setattr(service.Rollback, "_page", lost_on_the_third_page)
-    response = await client.post("/runs?action=rollback", content=orjson.dumps({"runId": "bad"}), headers=RESTLI_HEADERS)
+    response = await client.post(
+        "/runs?action=rollback", content=orjson.dumps({"runId": "bad"}), headers=RESTLI_HEADERS
+    )
     assert response.status_code == 503 and response.headers["Retry-After"] == "1"
     bad_left = "SELECT count(*) FROM metadata_aspect_v2 WHERE version = 0 AND metadata LIKE '%bad%'"
     assert await db.fetchval(bad_left) == 10  # two pages of five rolled back, committed
@@ -155,7 +199,10 @@ async def test_an_interrupted_rollback_resumes_where_it_stopped(client, db, monk
     resumed = await runs(client, "rollback", runId="bad")
     assert resumed["aspectsReverted"] == 10  # the rest; the first ten are not reverted again
     assert await db.fetchval(bad_left) == 0
-    logs = [(u, a) for u, a, _, payload in await change_logs(db)
-            if payload["systemMetadata"].get("runId") == "__rollback:bad"]
+    logs = [
+        (u, a)
+        for u, a, _, payload in await change_logs(db)
+        if payload["systemMetadata"].get("runId") == "__rollback:bad"
+    ]
     assert sorted(logs) == sorted((u, "datasetProperties") for u in urns)  # one change log per aspect
     assert (await runs(client, "rollback", runId="bad"))["aspectsReverted"] == 0  # and again: nothing left

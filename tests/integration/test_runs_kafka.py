@@ -27,18 +27,26 @@ async def test_a_rollbacks_change_logs_and_events_are_published(client, db, kafk
     await runs(client, "rollback", runId="r1", dryRun=False, safe=True)
     published = await wait_delivered(db)
 
-    async with TopicReader(kafka_broker.bootstrap_servers, topics["topic_mcl_versioned"],
-                           topics["topic_platform_event"]) as reader:
+    async with TopicReader(
+        kafka_broker.bootstrap_servers, topics["topic_mcl_versioned"], topics["topic_platform_event"]
+    ) as reader:
         records = await reader.read_count(published)
         await reader.settle()
     mcls = [r["value"] for r in records if r["topic"] == topics["topic_mcl_versioned"]]
     rollback = [m for m in mcls if m["systemMetadata"]["runId"] == "__rollback:r1"]
     assert sorted((m["entityUrn"], m["aspectName"], m["changeType"]) for m in rollback) == [
-        (B, "datasetProperties", "DELETE"), (B, "status", "UPSERT"), (A, "datasetProperties", "UPSERT")]
-    assert mcls[-len(rollback):] == rollback  # after everything the runs wrote
+        (B, "datasetProperties", "DELETE"),
+        (B, "status", "UPSERT"),
+        (A, "datasetProperties", "UPSERT"),
+    ]
+    assert mcls[-len(rollback) :] == rollback  # after everything the runs wrote
     assert {m["previousSystemMetadata"]["runId"] for m in rollback} == {"r1"}  # each replaced r1's write
-    events = [orjson.loads(r["value"]["payload"]["value"]) for r in records
-              if r["topic"] == topics["topic_platform_event"]]
+    events = [
+        orjson.loads(r["value"]["payload"]["value"]) for r in records if r["topic"] == topics["topic_platform_event"]
+    ]
     # B soft-removed and its description gone, A's description back: the last three events, the rollback's
     assert sorted((e["entityUrn"], e["category"], e["operation"]) for e in events[-3:]) == [
-        (B, "DOCUMENTATION", "REMOVE"), (B, "LIFECYCLE", "SOFT_DELETE"), (A, "DOCUMENTATION", "MODIFY")]
+        (B, "DOCUMENTATION", "REMOVE"),
+        (B, "LIFECYCLE", "SOFT_DELETE"),
+        (A, "DOCUMENTATION", "MODIFY"),
+    ]

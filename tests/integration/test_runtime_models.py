@@ -10,10 +10,10 @@ import pytest
 
 from app.api.entities import expanded
 from app.main import create_app
-from app.registry import load_registry
-from app.settings import Settings
 from app.modelset.watcher import ModelWatcher
+from app.registry import load_registry
 from app.registry.runtime import MODELS_ASPECT
+from app.settings import Settings
 from app.write.rules import MODELS_URN
 from tests.helpers import mcp, mint_token
 
@@ -21,17 +21,25 @@ MODELS = "/openapi/v1/models"
 DATASET = "urn:li:dataset:(urn:li:dataPlatform:hive,models.orders,PROD)"
 
 RATING = {
-    "type": "record", "name": "Rating", "namespace": "com.acme", "Aspect": {"name": "acmeRating"},
+    "type": "record",
+    "name": "Rating",
+    "namespace": "com.acme",
+    "Aspect": {"name": "acmeRating"},
     "fields": [{"name": "stars", "type": "int"}, {"name": "note", "type": ["null", "string"], "default": None}],
 }
 WIDGET_KEY = {
-    "type": "record", "name": "WidgetKey", "namespace": "com.acme", "Aspect": {"name": "acmeWidgetKey"},
+    "type": "record",
+    "name": "WidgetKey",
+    "namespace": "com.acme",
+    "Aspect": {"name": "acmeWidgetKey"},
     "fields": [{"name": "id", "type": "string"}],
 }
 MODEL_SET = {
     "aspects": [{"schema": RATING}, {"schema": WIDGET_KEY}],
-    "entities": [{"name": "dataset", "aspects": ["acmeRating"]},
-                 {"name": "acmeWidget", "keyAspect": "acmeWidgetKey", "aspects": ["acmeRating", "status"]}],
+    "entities": [
+        {"name": "dataset", "aspects": ["acmeRating"]},
+        {"name": "acmeWidget", "keyAspect": "acmeWidgetKey", "aspects": ["acmeRating", "status"]},
+    ],
 }
 
 
@@ -57,13 +65,22 @@ async def test_apply_takes_up_at_once_and_is_versioned(client, app, db):
     assert applied.status_code == 200, applied.text
     assert applied.json()["version"] == 1 and applied.json()["diff"]["entities"]["added"] == ["acmeWidget", "dataset"]
     # written through the ordinary write path: a change log in the outbox, the admin's actor on the row
-    assert await db.fetchval("SELECT createdby FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = $2 AND version = 0",
-                             MODELS_URN, MODELS_ASPECT) == "urn:li:corpuser:datahub"
+    assert (
+        await db.fetchval(
+            "SELECT createdby FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = $2 AND version = 0",
+            MODELS_URN,
+            MODELS_ASPECT,
+        )
+        == "urn:li:corpuser:datahub"
+    )
 
     written = await client.post(f"/openapi/v3/entity/dataset/{DATASET}/acmeRating", json={"value": {"stars": 4}})
     assert written.status_code in (200, 201), written.text
-    widget = await client.post("/openapi/v3/entity/acmeWidget", params={"async": "false"},
-                               json=[{"urn": "urn:li:acmeWidget:w1", "acmeRating": {"value": {"stars": 5}}}])
+    widget = await client.post(
+        "/openapi/v3/entity/acmeWidget",
+        params={"async": "false"},
+        json=[{"urn": "urn:li:acmeWidget:w1", "acmeRating": {"value": {"stars": 5}}}],
+    )
     assert widget.status_code == 200, widget.text
     read = await client.get("/openapi/v3/entity/acmeWidget/urn:li:acmeWidget:w1")
     assert read.status_code == 200 and read.json()["acmeRating"]["value"] == {"stars": 5}
@@ -72,8 +89,12 @@ async def test_apply_takes_up_at_once_and_is_versioned(client, app, db):
     assert any("acmeRating" in name or "AcmeRating" in name for name in document["components"]["schemas"])
     # their change logs are queued as any (the GenericAspect JSON needs no new Avro schema), and the model set's own
     assert await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE aspect = 'acmeRating'") == 2
-    assert await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE urn = $1 AND aspect = $2",
-                             MODELS_URN, MODELS_ASPECT) == 1
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM change_log_outbox WHERE urn = $1 AND aspect = $2", MODELS_URN, MODELS_ASPECT
+        )
+        == 1
+    )
 
     current = (await client.get(MODELS)).json()
     assert current["version"] == 1 and [a["name"] for a in current["aspects"]] == ["acmeRating", "acmeWidgetKey"]
@@ -85,11 +106,14 @@ async def test_apply_takes_up_at_once_and_is_versioned(client, app, db):
     assert history[0]["aspects"] == {"acmeRating": "BACKWARD", "acmeWidgetKey": "BACKWARD"}
 
 
-@pytest.mark.parametrize(("fields", "rule", "path"), [
-    ([{"name": "stars", "type": "string"}, RATING["fields"][1]], "TypeChanged", "$.fields.stars.type"),
-    ([RATING["fields"][0]], "FieldRemoved", "$.fields.note"),
-    ([*RATING["fields"], {"name": "source", "type": "string"}], "FieldAddedWithoutDefault", "$.fields.source"),
-])
+@pytest.mark.parametrize(
+    ("fields", "rule", "path"),
+    [
+        ([{"name": "stars", "type": "string"}, RATING["fields"][1]], "TypeChanged", "$.fields.stars.type"),
+        ([RATING["fields"][0]], "FieldRemoved", "$.fields.note"),
+        ([*RATING["fields"], {"name": "source", "type": "string"}], "FieldAddedWithoutDefault", "$.fields.source"),
+    ],
+)
 async def test_incompatible_changes_are_refused_naming_the_rule_and_the_field(client, fields, rule, path):
     assert (await client.post(MODELS, json=MODEL_SET)).status_code == 200
     refused = await client.post(MODELS, json=with_rating(fields=fields))
@@ -101,8 +125,9 @@ async def test_incompatible_changes_are_refused_naming_the_rule_and_the_field(cl
 
 async def test_compatibility_none_accepts_a_change_that_stored_values_still_pass(client):
     assert (await client.post(MODELS, json=MODEL_SET)).status_code == 200
-    models = with_rating(fields=[{"name": "stars", "type": "long"}, RATING["fields"][1],
-                                 {"name": "extra", "type": "string"}])
+    models = with_rating(
+        fields=[{"name": "stars", "type": "long"}, RATING["fields"][1], {"name": "extra", "type": "string"}]
+    )
     models["aspects"][0]["compatibility"] = "NONE"
     assert (await client.post(MODELS, json=models)).status_code == 200
 
@@ -148,10 +173,14 @@ async def test_the_set_is_written_only_through_the_models_api(client):
     unchecked = {"aspects": [{"name": "acmeRating", "schema": "{}", "compatibility": "BACKWARD"}], "entities": []}
     writes = [
         client.post(f"/openapi/v3/entity/metaledgerSystem/{MODELS_URN}/{MODELS_ASPECT}", json={"value": unchecked}),
-        client.post("/aspects?action=ingestProposal",
-                    json={"proposal": mcp(MODELS_ASPECT, unchecked, MODELS_URN, entity="metaledgerSystem")}),
-        client.post("/aspects?action=ingestProposal",
-                    json={"proposal": mcp(MODELS_ASPECT, None, MODELS_URN, "DELETE", entity="metaledgerSystem")}),
+        client.post(
+            "/aspects?action=ingestProposal",
+            json={"proposal": mcp(MODELS_ASPECT, unchecked, MODELS_URN, entity="metaledgerSystem")},
+        ),
+        client.post(
+            "/aspects?action=ingestProposal",
+            json={"proposal": mcp(MODELS_ASPECT, None, MODELS_URN, "DELETE", entity="metaledgerSystem")},
+        ),
     ]
     for write in writes:
         refused = await write

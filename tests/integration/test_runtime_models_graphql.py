@@ -42,27 +42,41 @@ async def test_runtime_aspects_and_entities_through_graphql(client):
     assert (await client.post(MODELS, json=MODEL_SET)).status_code == 200
     rated = await client.post(f"/openapi/v3/entity/dataset/{DATASET}/acmeRating", json={"value": {"stars": 4}})
     assert rated.status_code in (200, 201), rated.text
-    widget = await client.post("/openapi/v3/entity/acmeWidget", params={"async": "false"}, headers=SYNC,
-                               json=[{"urn": WIDGET, "acmeRating": {"value": {"stars": 5}}}])
+    widget = await client.post(
+        "/openapi/v3/entity/acmeWidget",
+        params={"async": "false"},
+        headers=SYNC,
+        json=[{"urn": WIDGET, "acmeRating": {"value": {"stars": 5}}}],
+    )
     assert widget.status_code == 200, widget.text
 
     # a runtime aspect of a base entity, through the entity's `aspects`; an unknown name is left out
-    answer = await graphql(client, """query($urn: String!) { dataset(urn: $urn) {
+    answer = await graphql(
+        client,
+        """query($urn: String!) { dataset(urn: $urn) {
         aspects(input: {aspectNames: ["acmeRating", "noSuchAspect"]}) { aspectName payload renderSpec { key } } } }""",
-                           urn=DATASET)
+        urn=DATASET,
+    )
     assert answer["data"]["dataset"]["aspects"] == [
-        {"aspectName": "acmeRating", "payload": '{"stars":4}', "renderSpec": None}]
+        {"aspectName": "acmeRating", "payload": '{"stars":4}', "renderSpec": None}
+    ]
 
     # the new entity type: an object type implementing Entity, typed OTHER (DataHub's EntityType is unchanged)
     found = (await graphql(client, WIDGET_QUERY, urn=WIDGET))["data"]["entity"]
     assert found["urn"] == WIDGET and found["type"] == "OTHER"
     assert {a["aspectName"]: orjson.loads(a["payload"]) for a in found["aspects"]} == {
-        "acmeWidgetKey": {"id": "w1"}, "acmeRating": {"stars": 5}}
-    searched = await graphql(client, """{ searchAcrossEntities(input: {types: [OTHER], query: "*"}) {
+        "acmeWidgetKey": {"id": "w1"},
+        "acmeRating": {"stars": 5},
+    }
+    searched = await graphql(
+        client,
+        """{ searchAcrossEntities(input: {types: [OTHER], query: "*"}) {
         total searchResults { entity { urn type ... on AcmeWidget { aspects(input: {aspectNames: ["acmeRating"]}) {
-        payload } } } } } }""")
+        payload } } } } } }""",
+    )
     assert searched["data"]["searchAcrossEntities"]["searchResults"] == [
-        {"entity": {"urn": WIDGET, "type": "OTHER", "aspects": [{"payload": '{"stars":5}'}]}}]
+        {"entity": {"urn": WIDGET, "type": "OTHER", "aspects": [{"payload": '{"stars":5}'}]}}
+    ]
 
     # the base types' schema is as it was
     assert await graphql(client, INTROSPECT) == before
@@ -72,7 +86,9 @@ async def test_a_removed_aspect_is_answered_as_an_unknown_name(client):
     assert (await client.post(MODELS, json=MODEL_SET)).status_code == 200
     query = """query($urn: String!, $names: [String!]) { dataset(urn: $urn) {
                aspects(input: {aspectNames: $names}) { aspectName } } }"""
-    written = await client.post(f"/openapi/v3/entity/dataset/{OTHER_DATASET}/status", json={"value": {"removed": False}})
+    written = await client.post(
+        f"/openapi/v3/entity/dataset/{OTHER_DATASET}/status", json={"value": {"removed": False}}
+    )
     assert written.status_code in (200, 201), written.text
     unknown = await graphql(client, query, urn=OTHER_DATASET, names=["noSuchAspect"])
     assert unknown == {"data": {"dataset": {"aspects": []}}}
@@ -83,6 +99,7 @@ async def test_a_removed_aspect_is_answered_as_an_unknown_name(client):
     assert await graphql(client, query, urn=OTHER_DATASET, names=["acmeRating"]) == unknown
     # the entity type removed with the set: no longer a type of the schema
     assert (await graphql(client, query, urn=OTHER_DATASET, names=["status"]))["data"]["dataset"]["aspects"] == [
-        {"aspectName": "status"}]
+        {"aspectName": "status"}
+    ]
     assert (await client.post(MODELS, json={"aspects": [], "entities": []})).status_code == 200
     assert "AcmeWidget" in (await graphql(client, WIDGET_QUERY, urn=WIDGET))["errors"][0]["message"]

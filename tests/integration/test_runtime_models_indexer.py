@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from app.changelog import outbox
+from app.modelset.watcher import ModelWatcher
 from app.registry import load_registry
 from app.search.service import SearchRuntime
-from app.modelset.watcher import ModelWatcher
 from app.search.worker import IndexWorker
 from app.settings import Settings
 from tests.helpers import ds
@@ -23,10 +23,19 @@ from tests.helpers import ds
 MODELS = "/openapi/v1/models"
 GOLD = ds("rated.gold")
 RATING = {
-    "type": "record", "name": "Rating", "namespace": "com.acme", "Aspect": {"name": "acmeRating"},
-    "fields": [{"name": "stars", "type": "int"},
-               {"name": "note", "type": ["null", "string"], "default": None,
-                "Searchable": {"fieldType": "TEXT", "fieldName": "ratingNote"}}],
+    "type": "record",
+    "name": "Rating",
+    "namespace": "com.acme",
+    "Aspect": {"name": "acmeRating"},
+    "fields": [
+        {"name": "stars", "type": "int"},
+        {
+            "name": "note",
+            "type": ["null", "string"],
+            "default": None,
+            "Searchable": {"fieldType": "TEXT", "fieldName": "ratingNote"},
+        },
+    ],
 }
 MODEL_SET = {"aspects": [{"schema": RATING}], "entities": [{"name": "dataset", "aspects": ["acmeRating"]}]}
 
@@ -46,8 +55,9 @@ async def rated(client) -> None:
     """The set applied (the app's registry takes it up at once) and GOLD rated; nothing indexes it yet."""
     applied = await client.post(MODELS, json=MODEL_SET)
     assert applied.status_code == 200, applied.text
-    written = await client.post(f"/openapi/v3/entity/dataset/{GOLD}/acmeRating",
-                                json={"value": {"stars": 5, "note": "crunchy ledger"}})
+    written = await client.post(
+        f"/openapi/v3/entity/dataset/{GOLD}/acmeRating", json={"value": {"stars": 5, "note": "crunchy ledger"}}
+    )
     assert written.status_code in (200, 201), written.text
     assert await found(client, "crunchy") == []
 

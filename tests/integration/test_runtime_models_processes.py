@@ -44,7 +44,9 @@ async def every_worker(requests: list) -> float:
         answers = await asyncio.gather(*(request() for request in requests for _ in range(ROUND // len(requests))))
         if all(a.status_code in (200, 201) for a in answers):
             return time.monotonic() - started
-        assert time.monotonic() - started < TAKE_UP_S, [(a.status_code, a.text[:200]) for a in answers if a.status_code >= 300]
+        assert time.monotonic() - started < TAKE_UP_S, [
+            (a.status_code, a.text[:200]) for a in answers if a.status_code >= 300
+        ]
         await asyncio.sleep(0.1)
 
 
@@ -85,14 +87,17 @@ async def test_serve_two_workers_take_up_runtime_models(make_database, migrated_
     tag = uuid.uuid4().hex[:8]
     audit_topic = f"mae5_{tag}.{{entity}}.{{aspect}}"
     env = kafka_service_env(database_url, kafka_broker.bootstrap_servers, topics)
-    env.update({
-        "METALEDGER_MODEL_REFRESH_S": "0.5",
-        # dataset's existing status pair at start; the runtime aspect's pair joins when the set is taken up
-        "METALEDGER_EVENTS_V5_ROUTES": orjson.dumps([{"entityTypes": ["dataset"], "aspects": ["status", "acmeRating"],
-                                                      "auditTopic": audit_topic}]).decode(),
-        "METALEDGER_EVENTS_V5_CHANGE_TOPIC": f"mce5_{tag}.{{entity}}.{{aspect}}",
-        "METALEDGER_EVENTS_V5_FAILED_TOPIC": f"fmce5_{tag}.{{entity}}.{{aspect}}",
-    })
+    env.update(
+        {
+            "METALEDGER_MODEL_REFRESH_S": "0.5",
+            # dataset's existing status pair at start; the runtime aspect's pair joins when the set is taken up
+            "METALEDGER_EVENTS_V5_ROUTES": orjson.dumps(
+                [{"entityTypes": ["dataset"], "aspects": ["status", "acmeRating"], "auditTopic": audit_topic}]
+            ).decode(),
+            "METALEDGER_EVENTS_V5_CHANGE_TOPIC": f"mce5_{tag}.{{entity}}.{{aspect}}",
+            "METALEDGER_EVENTS_V5_FAILED_TOPIC": f"fmce5_{tag}.{{entity}}.{{aspect}}",
+        }
+    )
     port = free_port()
     base = f"http://127.0.0.1:{port}"
     log = tmp_path / "metaledger.log"
@@ -105,18 +110,32 @@ async def test_serve_two_workers_take_up_runtime_models(make_database, migrated_
         assert applied.status_code == 200, applied.text
 
         widget = f"urn:li:acmeWidget:w{tag}"
-        taken_up = await every_worker([
-            lambda: fresh(base, "POST", f"/openapi/v3/entity/dataset/{DATASET}/acmeRating",
-                          params={"createIfNotExists": "false"}, json={"value": {"stars": 4}}),
-            lambda: fresh(base, "POST", "/openapi/v3/entity/acmeWidget", params={"async": "false"},
-                          json=[{"urn": widget, "acmeRating": {"value": {"stars": 5}}}]),
-            lambda: fresh(base, "GET", f"/openapi/v3/entity/acmeWidget/{widget}"),
-        ])
+        taken_up = await every_worker(
+            [
+                lambda: fresh(
+                    base,
+                    "POST",
+                    f"/openapi/v3/entity/dataset/{DATASET}/acmeRating",
+                    params={"createIfNotExists": "false"},
+                    json={"value": {"stars": 4}},
+                ),
+                lambda: fresh(
+                    base,
+                    "POST",
+                    "/openapi/v3/entity/acmeWidget",
+                    params={"async": "false"},
+                    json=[{"urn": widget, "acmeRating": {"value": {"stars": 5}}}],
+                ),
+                lambda: fresh(base, "GET", f"/openapi/v3/entity/acmeWidget/{widget}"),
+            ]
+        )
         assert taken_up < TAKE_UP_S
         for _ in range(4):  # the OpenAPI document of each worker
             document = (await fresh(base, "GET", "/openapi.json")).json()
             assert "/openapi/v3/entity/acmeWidget/{urn}" in document["paths"]
-            assert any("acmeRating" in name.lower() or "AcmeRating" in name for name in document["components"]["schemas"])
+            assert any(
+                "acmeRating" in name.lower() or "AcmeRating" in name for name in document["components"]["schemas"]
+            )
 
         # The background process publishes every change log as Avro under registered schemas, and with each one of
         # the new dataset pair its per-aspect audit event: also those written before it took the set up (its relay
@@ -128,8 +147,13 @@ async def test_serve_two_workers_take_up_runtime_models(make_database, migrated_
         records = await read_topic(bootstrap, mcl_topic, expect=sum(row["topic"] == mcl_topic for row in rows))
         logs = [deserialize(r.value, SerializationContext(mcl_topic, MessageField.VALUE)) for r in records]
         rated = [log for log in logs if log["aspectName"] == "acmeRating"]
-        assert {(log["entityUrn"], log["entityType"]) for log in rated} == {(DATASET, "dataset"), (widget, "acmeWidget")}
-        assert orjson.loads(next(log for log in rated if log["entityType"] == "acmeWidget")["aspect"]["value"]) == {"stars": 5}
+        assert {(log["entityUrn"], log["entityType"]) for log in rated} == {
+            (DATASET, "dataset"),
+            (widget, "acmeWidget"),
+        }
+        assert orjson.loads(next(log for log in rated if log["entityType"] == "acmeWidget")["aspect"]["value"]) == {
+            "stars": 5
+        }
         dataset_rated = [log for log in rated if log["entityType"] == "dataset"]
 
         def audit_events(records) -> list[tuple[str, dict]]:
@@ -140,23 +164,34 @@ async def test_serve_two_workers_take_up_runtime_models(make_database, migrated_
         audits = await read_topic(bootstrap, pair_topic, expect=len(dataset_rated))
         assert audit_events(audits) == [(DATASET, {"stars": 4, "note": None})] * len(dataset_rated)
 
-        written = await fresh(base, "POST", f"/openapi/v3/entity/dataset/{DATASET}/acmeRating",
-                              params={"createIfNotExists": "false"}, json={"value": {"stars": 2}})
+        written = await fresh(
+            base,
+            "POST",
+            f"/openapi/v3/entity/dataset/{DATASET}/acmeRating",
+            params={"createIfNotExists": "false"},
+            json={"value": {"stars": 2}},
+        )
         assert written.status_code == 200, written.text
         audits = await read_topic(bootstrap, pair_topic, expect=len(dataset_rated) + 1)
         assert audit_events(audits)[-1] == (DATASET, {"stars": 2, "note": None})
         subject = registry.get_latest_version(f"{pair_topic}-value")
-        assert orjson.loads(subject.schema.schema_str)["name"] == "com.linkedin.mxe.dataset.acmeRating.MetadataAuditEvent"
+        assert (
+            orjson.loads(subject.schema.schema_str)["name"] == "com.linkedin.mxe.dataset.acmeRating.MetadataAuditEvent"
+        )
 
-        refused = await fresh(base, "POST", MODELS, json=with_rating(
-            fields=[{"name": "stars", "type": "string"}, RATING["fields"][1]]))
+        refused = await fresh(
+            base, "POST", MODELS, json=with_rating(fields=[{"name": "stars", "type": "string"}, RATING["fields"][1]])
+        )
         assert refused.status_code == 400, refused.text
         issue = refused.json()["issues"][0]
         assert issue["message"].startswith("TypeChanged") and issue["path"] == "$.fields.stars.type"
         assert supervisor.poll() is None
     except BaseException:
-        print("\n".join(line for line in log.read_text(errors="replace").splitlines()
-                        if '"level":"INFO"' not in line)[-8000:])
+        print(
+            "\n".join(line for line in log.read_text(errors="replace").splitlines() if '"level":"INFO"' not in line)[
+                -8000:
+            ]
+        )
         raise
     finally:
         stop_process(supervisor)

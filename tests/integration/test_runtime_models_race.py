@@ -8,13 +8,16 @@ import asyncio
 
 import pytest
 
+from app.modelset import service as runtime_models
 from app.registry import load_registry
 from app.settings import Settings
-from app.modelset import service as runtime_models
 from tests.integration.test_runtime_models import DATASET, MODEL_SET, MODELS
 
 USAGE = {
-    "type": "record", "name": "Usage", "namespace": "com.acme", "Aspect": {"name": "acmeUsage", "type": "timeseries"},
+    "type": "record",
+    "name": "Usage",
+    "namespace": "com.acme",
+    "Aspect": {"name": "acmeUsage", "type": "timeseries"},
     "fields": [{"name": "timestampMillis", "type": "long"}, {"name": "hits", "type": "int"}],
 }
 WITH_USAGE = {"aspects": [{"schema": USAGE}], "entities": [{"name": "dataset", "aspects": ["acmeUsage"]}]}
@@ -28,13 +31,22 @@ def registry():
 
 async def test_timeseries_points_are_checked_against_the_new_schema_and_block_a_removal(client):
     assert (await client.post(MODELS, json=WITH_USAGE)).status_code == 200
-    point = await client.post("/openapi/v3/entity/dataset", params={"async": "false"},
-                              json=[{"urn": DATASET, "acmeUsage": {"value": {"timestampMillis": 1_700_000_000_000,
-                                                                             "hits": 3}}}])
+    point = await client.post(
+        "/openapi/v3/entity/dataset",
+        params={"async": "false"},
+        json=[{"urn": DATASET, "acmeUsage": {"value": {"timestampMillis": 1_700_000_000_000, "hits": 3}}}],
+    )
     assert point.status_code in (200, 201), point.text
 
-    retyped = {"aspects": [{"schema": {**USAGE, "fields": [USAGE["fields"][0], {"name": "hits", "type": "string"}]},
-                            "compatibility": "NONE"}], "entities": WITH_USAGE["entities"]}
+    retyped = {
+        "aspects": [
+            {
+                "schema": {**USAGE, "fields": [USAGE["fields"][0], {"name": "hits", "type": "string"}]},
+                "compatibility": "NONE",
+            }
+        ],
+        "entities": WITH_USAGE["entities"],
+    }
     refused = await client.post(MODELS, json=retyped)
     assert refused.status_code == 400, refused.text
     issue = refused.json()["issues"][0]
@@ -64,7 +76,8 @@ async def test_a_write_during_an_apply_is_checked_against_the_set_it_stores(clie
     apply = asyncio.create_task(client.post(MODELS, json=removal))
     await checked.wait()
     write = asyncio.create_task(
-        client.post(f"/openapi/v3/entity/dataset/{DATASET}/acmeRating", json={"value": {"stars": 4}}))
+        client.post(f"/openapi/v3/entity/dataset/{DATASET}/acmeRating", json={"value": {"stars": 4}})
+    )
     await asyncio.sleep(1.0)  # unchecked, the write would have committed by now
     assert not write.done()
     release.set()

@@ -24,24 +24,44 @@ MODELS = "/openapi/v1/models"
 SYNC = {"X-DataHub-Sync-Index-Update": "true"}
 GOLD, SILVER = ds("rated.gold"), ds("rated.silver")
 RATING = {
-    "type": "record", "name": "Rating", "namespace": "com.acme", "Aspect": {"name": "acmeRating"},
+    "type": "record",
+    "name": "Rating",
+    "namespace": "com.acme",
+    "Aspect": {"name": "acmeRating"},
     "fields": [
         {"name": "stars", "type": "int", "Searchable": {"fieldType": "COUNT", "fieldName": "ratingStars"}},
-        {"name": "grade", "type": "string",
-         "Searchable": {"fieldType": "KEYWORD", "addToFilters": True, "fieldName": "ratingGrade"}},
-        {"name": "note", "type": ["null", "string"], "default": None,
-         "Searchable": {"fieldType": "TEXT", "fieldName": "ratingNote"}},
+        {
+            "name": "grade",
+            "type": "string",
+            "Searchable": {"fieldType": "KEYWORD", "addToFilters": True, "fieldName": "ratingGrade"},
+        },
+        {
+            "name": "note",
+            "type": ["null", "string"],
+            "default": None,
+            "Searchable": {"fieldType": "TEXT", "fieldName": "ratingNote"},
+        },
     ],
 }
 WIDGET_KEY = {
-    "type": "record", "name": "WidgetKey", "namespace": "com.acme", "Aspect": {"name": "acmeWidgetKey"},
-    "fields": [{"name": "id", "type": "string", "Searchable": {"fieldType": "TEXT_PARTIAL", "boostScore": 10.0,
-                                                               "fieldName": "widgetId"}}],
+    "type": "record",
+    "name": "WidgetKey",
+    "namespace": "com.acme",
+    "Aspect": {"name": "acmeWidgetKey"},
+    "fields": [
+        {
+            "name": "id",
+            "type": "string",
+            "Searchable": {"fieldType": "TEXT_PARTIAL", "boostScore": 10.0, "fieldName": "widgetId"},
+        }
+    ],
 }
 MODEL_SET = {
     "aspects": [{"schema": RATING}, {"schema": WIDGET_KEY}],
-    "entities": [{"name": "dataset", "aspects": ["acmeRating"]},
-                 {"name": "acmeWidget", "keyAspect": "acmeWidgetKey", "aspects": ["acmeRating", "status"]}],
+    "entities": [
+        {"name": "dataset", "aspects": ["acmeRating"]},
+        {"name": "acmeWidget", "keyAspect": "acmeWidgetKey", "aspects": ["acmeRating", "status"]},
+    ],
 }
 SEARCH = """query($orFilters: [AndFilterInput!], $query: String!) {
   searchAcrossEntities(input: {types: [DATASET], query: $query, count: 10, orFilters: $orFilters}) {
@@ -67,19 +87,31 @@ async def write(client, entity: str, urn: str, **aspects: dict[str, Any]) -> htt
 async def rated(client) -> None:
     """GOLD and SILVER, named (a base aspect) and rated (the runtime one)."""
     for urn, grade, stars, note in ((GOLD, "gold", 5, "crunchy ledger"), (SILVER, "silver", 3, "soggy ledger")):
-        written = await write(client, "dataset", urn, datasetProperties={"name": f"{grade} orders"},
-                              acmeRating={"grade": grade, "stars": stars, "note": note})
+        written = await write(
+            client,
+            "dataset",
+            urn,
+            datasetProperties={"name": f"{grade} orders"},
+            acmeRating={"grade": grade, "stars": stars, "note": note},
+        )
         assert written.status_code == 200 and written.headers["X-Metaledger-Index-Update"] == "UPDATED", written.text
 
 
 async def graphql(client, *criteria: dict[str, Any], query: str = "*") -> dict[str, Any]:
     """The search's URNs and facets (field -> value -> count), with one AND group of `criteria`."""
-    response = await client.post("/api/graphql", json={"query": SEARCH, "variables": {
-        "query": query, "orFilters": [{"and": list(criteria)}] if criteria else None}})
+    response = await client.post(
+        "/api/graphql",
+        json={
+            "query": SEARCH,
+            "variables": {"query": query, "orFilters": [{"and": list(criteria)}] if criteria else None},
+        },
+    )
     assert response.status_code == 200 and not response.json().get("errors"), response.text
     found = response.json()["data"]["searchAcrossEntities"]
-    return {"urns": sorted(r["entity"]["urn"] for r in found["searchResults"]),
-            "facets": {f["field"]: {a["value"]: a["count"] for a in f["aggregations"]} for f in found["facets"]}}
+    return {
+        "urns": sorted(r["entity"]["urn"] for r in found["searchResults"]),
+        "facets": {f["field"]: {a["value"]: a["count"] for a in f["aggregations"]} for f in found["facets"]},
+    }
 
 
 async def v3_urns(client, entity: str = "dataset", **params: Any) -> list[str]:
@@ -91,16 +123,20 @@ async def v3_urns(client, entity: str = "dataset", **params: Any) -> list[str]:
 def live_mapping(app, entity: str) -> dict[str, Any]:
     """The properties of the entity index's mapping as the search server holds it (OpenSearch only)."""
     settings = app.state.settings
-    (index,) = httpx.get(f"{settings.search_url}/{index_name(settings.search_index_prefix, entity)}/_mapping",
-                         timeout=30).json().values()
+    (index,) = (
+        httpx.get(f"{settings.search_url}/{index_name(settings.search_index_prefix, entity)}/_mapping", timeout=30)
+        .json()
+        .values()
+    )
     return index["mappings"]["properties"]
 
 
 def live_index(app, entity: str) -> str:
     """The concrete index behind the entity type's alias (OpenSearch only)."""
     settings = app.state.settings
-    (index,) = httpx.get(f"{settings.search_url}/_alias/{index_name(settings.search_index_prefix, entity)}",
-                         timeout=30).json()
+    (index,) = httpx.get(
+        f"{settings.search_url}/_alias/{index_name(settings.search_index_prefix, entity)}", timeout=30
+    ).json()
     return index
 
 
@@ -117,7 +153,9 @@ async def test_a_runtime_aspect_s_fields_are_searched_filtered_and_faceted(clien
     await rated(client)
 
     assert (await graphql(client, {"field": "ratingGrade", "values": ["gold"]}))["urns"] == [GOLD]
-    assert (await graphql(client, {"field": "ratingStars", "values": ["4"], "condition": "GREATER_THAN"}))["urns"] == [GOLD]
+    assert (await graphql(client, {"field": "ratingStars", "values": ["4"], "condition": "GREATER_THAN"}))["urns"] == [
+        GOLD
+    ]
     assert (await graphql(client, query="soggy"))["urns"] == [SILVER]  # a TEXT field: queried by default
     assert (await graphql(client))["facets"]["ratingGrade"] == {"gold": 1, "silver": 1}
     assert await v3_urns(client, filter_ratingGrade="silver") == [SILVER]
@@ -134,14 +172,25 @@ async def test_a_new_entity_type_is_searchable(client):
     await warmed(client)
     await apply(client, MODEL_SET)
     for name, grade in (("w1", "gold"), ("w2", "bronze")):
-        written = await write(client, "acmeWidget", f"urn:li:acmeWidget:{name}",
-                              acmeWidgetKey={"id": name}, acmeRating={"grade": grade, "stars": 1})
+        written = await write(
+            client,
+            "acmeWidget",
+            f"urn:li:acmeWidget:{name}",
+            acmeWidgetKey={"id": name},
+            acmeRating={"grade": grade, "stars": 1},
+        )
         assert written.status_code == 200 and written.headers["X-Metaledger-Index-Update"] == "UPDATED", written.text
 
     assert await v3_urns(client, "acmeWidget", filter_ratingGrade="gold") == ["urn:li:acmeWidget:w1"]
     assert await v3_urns(client, "acmeWidget", query="w2") == ["urn:li:acmeWidget:w2"]
-    scrolled = await client.post("/openapi/v3/entity/scroll", params={"count": 10}, json={
-        "entities": ["acmeWidget"], "filter": {"and": [{"criteria": [{"field": "ratingGrade", "values": ["bronze"]}]}]}})
+    scrolled = await client.post(
+        "/openapi/v3/entity/scroll",
+        params={"count": 10},
+        json={
+            "entities": ["acmeWidget"],
+            "filter": {"and": [{"criteria": [{"field": "ratingGrade", "values": ["bronze"]}]}]},
+        },
+    )
     assert scrolled.status_code == 200, scrolled.text
     assert [e["urn"] for e in scrolled.json()["entities"]] == ["urn:li:acmeWidget:w2"]
 
@@ -154,11 +203,17 @@ async def test_a_later_apply_s_new_field_is_searchable_and_the_mapping_grows_in_
 
     models = copy.deepcopy(MODEL_SET)
     models["aspects"][0]["schema"]["fields"].append(
-        {"name": "reviewer", "type": "string", "default": "",
-         "Searchable": {"fieldType": "KEYWORD", "addToFilters": True, "fieldName": "ratingReviewer"}})
+        {
+            "name": "reviewer",
+            "type": "string",
+            "default": "",
+            "Searchable": {"fieldType": "KEYWORD", "addToFilters": True, "fieldName": "ratingReviewer"},
+        }
+    )
     await apply(client, models)
-    written = await write(client, "dataset", SILVER,
-                          acmeRating={"grade": "silver", "stars": 3, "reviewer": "urn:li:corpuser:ann"})
+    written = await write(
+        client, "dataset", SILVER, acmeRating={"grade": "silver", "stars": 3, "reviewer": "urn:li:corpuser:ann"}
+    )
     assert written.status_code == 200 and written.headers["X-Metaledger-Index-Update"] == "UPDATED", written.text
 
     assert (await graphql(client, {"field": "ratingReviewer", "values": ["urn:li:corpuser:ann"]}))["urns"] == [SILVER]
@@ -182,8 +237,10 @@ async def test_an_aspect_the_set_no_longer_holds_is_refused_and_no_search_field(
     await warmed(client)
     await apply(client, MODEL_SET)
     assert "ratingGrade" in documents.filter_fields(app.state.registry, "dataset")
-    without = {"aspects": [{"schema": WIDGET_KEY}],
-               "entities": [{"name": "acmeWidget", "keyAspect": "acmeWidgetKey", "aspects": ["status"]}]}
+    without = {
+        "aspects": [{"schema": WIDGET_KEY}],
+        "entities": [{"name": "acmeWidget", "keyAspect": "acmeWidgetKey", "aspects": ["status"]}],
+    }
     await apply(client, without)
 
     refused = await write(client, "dataset", GOLD, acmeRating={"grade": "gold", "stars": 5})

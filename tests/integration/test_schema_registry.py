@@ -51,7 +51,9 @@ DATAHUB_SUBJECTS = {
 }
 
 
-def record(name: str = "Order", namespace: str = "com.example", fields: list[dict[str, Any]] | None = None, **extra: Any) -> dict:
+def record(
+    name: str = "Order", namespace: str = "com.example", fields: list[dict[str, Any]] | None = None, **extra: Any
+) -> dict:
     fields = fields if fields is not None else [{"name": "id", "type": "string"}, {"name": "amount", "type": "int"}]
     return {"type": "record", "name": name, "namespace": namespace, "fields": fields, **extra}
 
@@ -195,16 +197,17 @@ async def test_register_is_content_addressed_with_ids_from_1000(client, db):
     # the same schema under another subject: the same id, that subject's version 1
     elsewhere = subject()
     assert (await register(client, elsewhere, record()))["id"] == first
-    assert sorted((await client.get(f"{API}/schemas/ids/{first}/versions")).json(), key=lambda v: v["subject"]) == sorted(
-        [{"subject": name, "version": 1}, {"subject": elsewhere, "version": 1}], key=lambda v: v["subject"]
-    )
+    assert sorted(
+        (await client.get(f"{API}/schemas/ids/{first}/versions")).json(), key=lambda v: v["subject"]
+    ) == sorted([{"subject": name, "version": 1}, {"subject": elsewhere, "version": 1}], key=lambda v: v["subject"])
     assert sorted((await client.get(f"{API}/schemas/ids/{first}/subjects")).json()) == sorted([name, elsewhere])
     assert set((await client.get(f"{API}/subjects")).json()) >= {name, elsewhere}
     # stored once, in normal form
     assert await db.fetchval("SELECT count(*) FROM schema_registry_schema WHERE id = $1", first) == 1
     served = (await client.get(f"{API}/schemas/ids/{first}")).json()["schema"]
     assert orjson.loads(served) == {
-        "type": "record", "name": "com.example.Order",
+        "type": "record",
+        "name": "com.example.Order",
         "fields": [{"name": "id", "type": "string"}, {"name": "amount", "type": "int"}],
     }
 
@@ -243,7 +246,8 @@ async def test_concurrent_registrations_agree(client):
     assert (await client.get(f"{API}/subjects/{name}/versions")).json() == [1]
     # distinct compatible schemas at once get consecutive versions
     variants = [
-        record(name=schema["name"], fields=[*schema["fields"], {"name": f"f{i}", "type": "int", "default": i}]) for i in range(5)
+        record(name=schema["name"], fields=[*schema["fields"], {"name": f"f{i}", "type": "int", "default": i}])
+        for i in range(5)
     ]
     ids = await asyncio.gather(*(register(client, name, variant) for variant in variants))
     assert len({answer["id"] for answer in ids}) == 5
@@ -306,10 +310,14 @@ async def test_incompatible_registration_is_409_with_the_reason(client, case):
 COMPATIBLE = {
     "added field with default": record(fields=[*record()["fields"], {"name": "c", "type": "string", "default": "EUR"}]),
     "removed field": record(fields=[{"name": "id", "type": "string"}]),
-    "renamed field with alias": record(fields=[{"name": "id", "type": "string"}, {"name": "total", "type": "int", "aliases": ["amount"]}]),
+    "renamed field with alias": record(
+        fields=[{"name": "id", "type": "string"}, {"name": "total", "type": "int", "aliases": ["amount"]}]
+    ),
     "int promoted to long": record(fields=[{"name": "id", "type": "string"}, {"name": "amount", "type": "long"}]),
     "string read as bytes": record(fields=[{"name": "id", "type": "bytes"}, {"name": "amount", "type": "double"}]),
-    "widened to a union": record(fields=[{"name": "id", "type": ["string", "null"]}, {"name": "amount", "type": "int"}]),
+    "widened to a union": record(
+        fields=[{"name": "id", "type": ["string", "null"]}, {"name": "amount", "type": "int"}]
+    ),
     "record renamed with alias": record(name="Purchase", aliases=["com.example.Order"]),
 }
 
@@ -330,13 +338,20 @@ async def test_enum_with_default_and_recursive_records(client):
     enum = {"type": "enum", "name": "State", "symbols": ["A", "B", "C"]}
     first = await register(client, name, record(fields=[{"name": "s", "type": enum}]))
     without_default = {"type": "enum", "name": "State", "symbols": ["A", "B"]}
-    message = confluent_error(await client.post(
-        f"{API}/subjects/{name}/versions", json={"schema": text(record(fields=[{"name": "s", "type": without_default}]))}),
-        409, 409)
+    message = confluent_error(
+        await client.post(
+            f"{API}/subjects/{name}/versions",
+            json={"schema": text(record(fields=[{"name": "s", "type": without_default}]))},
+        ),
+        409,
+        409,
+    )
     assert "at /s: the enum com.example.State lost the symbols ['C'] and has no default" in message, message
     reduced = {"type": "enum", "name": "State", "symbols": ["A", "B"], "default": "A"}
-    check = await client.post(f"{API}/compatibility/subjects/{name}/versions/latest",
-                              json={"schema": text(record(fields=[{"name": "s", "type": reduced}]))})
+    check = await client.post(
+        f"{API}/compatibility/subjects/{name}/versions/latest",
+        json={"schema": text(record(fields=[{"name": "s", "type": reduced}]))},
+    )
     assert check.json() == {"is_compatible": True, "messages": []}
     second = await register(client, name, record(fields=[{"name": "s", "type": reduced}]))
     assert second["id"] > first["id"]
@@ -345,21 +360,35 @@ async def test_enum_with_default_and_recursive_records(client):
     assert (latest["version"], latest["id"]) == (2, second["id"])
     assert latest["schema"] == normalize(text(record(fields=[{"name": "s", "type": reduced}]))).text
 
-    linked = {"type": "record", "name": "Node", "fields": [
-        {"name": "value", "type": "int"}, {"name": "next", "type": ["null", "Node"], "default": None}]}
+    linked = {
+        "type": "record",
+        "name": "Node",
+        "fields": [{"name": "value", "type": "int"}, {"name": "next", "type": ["null", "Node"], "default": None}],
+    }
     other = subject()
     node = await register(client, other, linked)
-    evolved = {"type": "record", "name": "Node", "fields": [
-        {"name": "value", "type": "long"}, {"name": "next", "type": ["null", "Node"], "default": None},
-        {"name": "label", "type": "string", "default": ""}]}
+    evolved = {
+        "type": "record",
+        "name": "Node",
+        "fields": [
+            {"name": "value", "type": "long"},
+            {"name": "next", "type": ["null", "Node"], "default": None},
+            {"name": "label", "type": "string", "default": ""},
+        ],
+    }
     node2 = await register(client, other, evolved)
     assert (await client.get(f"{API}/subjects/{other}/versions")).json() == [1, 2]
     assert (await client.get(f"{API}/schemas/ids/{node['id']}")).json()["schema"] == normalize(text(linked)).text
     assert (await client.get(f"{API}/schemas/ids/{node2['id']}")).json()["schema"] == normalize(text(evolved)).text
     # and checked like any record: a field changed incompatibly is refused
-    broken = {"type": "record", "name": "Node", "fields": [
-        {"name": "value", "type": "string"}, {"name": "next", "type": ["null", "Node"], "default": None}]}
-    message = confluent_error(await client.post(f"{API}/subjects/{other}/versions", json={"schema": text(broken)}), 409, 409)
+    broken = {
+        "type": "record",
+        "name": "Node",
+        "fields": [{"name": "value", "type": "string"}, {"name": "next", "type": ["null", "Node"], "default": None}],
+    }
+    message = confluent_error(
+        await client.post(f"{API}/subjects/{other}/versions", json={"schema": text(broken)}), 409, 409
+    )
     assert "at /value: the type changed from long to string" in message, message
 
 
@@ -379,15 +408,23 @@ async def test_compatibility_levels_per_subject_and_global(client):
     await client.put(f"{API}/config/{forward}", json={"compatibility": "forward"})
     await register(client, forward, record())
     message = confluent_error(
-        await client.post(f"{API}/subjects/{forward}/versions", json={"schema": text(record(fields=[{"name": "id", "type": "string"}]))}),
-        409, 409,
+        await client.post(
+            f"{API}/subjects/{forward}/versions",
+            json={"schema": text(record(fields=[{"name": "id", "type": "string"}]))},
+        ),
+        409,
+        409,
     )
     assert "'amount'" in message and "FORWARD" in message
     # FULL_TRANSITIVE checks every earlier version
     full = subject()
     await client.put(f"{API}/config/{full}", json={"compatibility": "FULL_TRANSITIVE"})
     await register(client, full, record(fields=[{"name": "a", "type": "int", "default": 0}]))
-    await register(client, full, record(fields=[{"name": "a", "type": "int", "default": 0}, {"name": "b", "type": "int", "default": 0}]))
+    await register(
+        client,
+        full,
+        record(fields=[{"name": "a", "type": "int", "default": 0}, {"name": "b", "type": "int", "default": 0}]),
+    )
     # deleting the subject's level falls back to the global one
     deleted = await client.delete(f"{API}/config/{name}")
     assert deleted.json() == {"compatibilityLevel": "NONE"}
@@ -410,7 +447,9 @@ INVALID_SCHEMAS = {
     "unknown type": text(record(fields=[{"name": "a", "type": "Missing"}])),
     "duplicate field": text(record(fields=[{"name": "a", "type": "int"}, {"name": "a", "type": "int"}])),
     "default of the wrong type": text(record(fields=[{"name": "a", "type": "int", "default": "x"}])),
-    "union default not matching the first branch": text(record(fields=[{"name": "a", "type": ["null", "int"], "default": 3}])),
+    "union default not matching the first branch": text(
+        record(fields=[{"name": "a", "type": ["null", "int"], "default": 3}])
+    ),
     "invalid name": text(record(name="1Order")),
     "invalid field name": text(record(fields=[{"name": "a-b", "type": "int"}])),
     "record without fields": text({"type": "record", "name": "R"}),
@@ -423,9 +462,14 @@ INVALID_SCHEMAS = {
     "empty union": "[]",
     "a number": "5",
     "an object without type": "{}",
-    "a type defined twice": text(record(fields=[
-        {"name": "a", "type": {"type": "fixed", "name": "F", "size": 1}},
-        {"name": "b", "type": {"type": "fixed", "name": "F", "size": 2}}])),
+    "a type defined twice": text(
+        record(
+            fields=[
+                {"name": "a", "type": {"type": "fixed", "name": "F", "size": 1}},
+                {"name": "b", "type": {"type": "fixed", "name": "F", "size": 2}},
+            ]
+        )
+    ),
     "deeply nested": "[" * 5000 + "]" * 5000,
     "types nested 65 levels": '{"type":"array","items":' * 65 + '"int"' + "}" * 65,
     "deeply nested arrays": '{"type":"array","items":' * 3000 + '"int"' + "}" * 3000,
@@ -450,12 +494,17 @@ async def test_hostile_requests_get_confluent_4xx_bodies(client):
     confluent_error(await client.post(post, json={"schema": 5}), 422, 42201)
     confluent_error(await client.post(post, json={"schema": '"string"', "schemaType": "PROTOBUF"}), 422, 42201)
     confluent_error(
-        await client.post(post, json={"schema": '"string"', "references": [{"name": "x", "subject": "y", "version": 1}]}),
-        422, 42201,
+        await client.post(
+            post, json={"schema": '"string"', "references": [{"name": "x", "subject": "y", "version": 1}]}
+        ),
+        422,
+        42201,
     )
     too_large = '"' + "x" * (1024 * 1024 + 10) + '"'
     confluent_error(await client.post(post, json={"schema": too_large}), 422, 42201)
-    confluent_error(await client.post(post, content=b" " * (3 * 1024 * 1024), headers={"Content-Type": SR_JSON}), 413, 413)
+    confluent_error(
+        await client.post(post, content=b" " * (3 * 1024 * 1024), headers={"Content-Type": SR_JSON}), 413, 413
+    )
     # nothing of the above was registered
     confluent_error(await client.get(f"{API}/subjects/{name}/versions"), 404, 40401)
     # a subject name that is too long
@@ -554,7 +603,9 @@ async def test_make_registry_client_chooses_by_setting(database_url):
     try:
         internal = make_registry_client(Settings(database_url=database_url), engine)
         assert isinstance(internal, InternalRegistry)
-        external = make_registry_client(Settings(database_url=database_url, schema_registry_url="http://sr:8081"), engine)
+        external = make_registry_client(
+            Settings(database_url=database_url, schema_registry_url="http://sr:8081"), engine
+        )
         assert isinstance(external, ConfluentRegistryClient) and external.url == "http://sr:8081"
         await external.aclose()
     finally:
@@ -586,7 +637,9 @@ class Process:
         from confluent_kafka.schema_registry import SchemaRegistryClient as ConfluentClient
 
         # As the system client (admin): these tests register new schemas.
-        return ConfluentClient({"url": f"{self.url}{API}/", "basic.auth.user.info": f"{SYSTEM_CLIENT_ID}:{SYSTEM_CLIENT_SECRET}"})
+        return ConfluentClient(
+            {"url": f"{self.url}{API}/", "basic.auth.user.info": f"{SYSTEM_CLIENT_ID}:{SYSTEM_CLIENT_SECRET}"}
+        )
 
 
 @pytest.fixture(scope="module")
@@ -615,7 +668,12 @@ def test_confluent_schema_registry_client(metaledger_process):
     assert sr.get_compatibility() == "BACKWARD"
     assert sr.get_compatibility(MCP_SUBJECT) == "BACKWARD"
     # (a fresh client: this one cached version 1's schema, the same text, under id 0)
-    assert metaledger_process.registry().register_schema(MCP_SUBJECT, Schema(schema_text("MetadataChangeProposal"), "AVRO")) == 16
+    assert (
+        metaledger_process.registry().register_schema(
+            MCP_SUBJECT, Schema(schema_text("MetadataChangeProposal"), "AVRO")
+        )
+        == 16
+    )
 
     name = subject()
     schema = Schema(text(record()), "AVRO")
@@ -628,11 +686,15 @@ def test_confluent_schema_registry_client(metaledger_process):
     assert sr.test_compatibility(name, Schema(text(record(fields=[{"name": "x", "type": "int"}])), "AVRO")) is False
 
     with pytest.raises(SchemaRegistryError) as incompatible:
-        sr.register_schema(name, Schema(text(record(fields=[*record()["fields"], {"name": "currency", "type": "string"}])), "AVRO"))
+        sr.register_schema(
+            name, Schema(text(record(fields=[*record()["fields"], {"name": "currency", "type": "string"}])), "AVRO")
+        )
     assert (incompatible.value.http_status_code, incompatible.value.error_code) == (409, 409)
     assert "'currency'" in incompatible.value.error_message
     with pytest.raises(SchemaRegistryError) as invalid:
-        sr.register_schema(subject(), Schema('{"type": "record", "name": "R", "fields": [{"name": "a", "type": "nope"}]}', "AVRO"))
+        sr.register_schema(
+            subject(), Schema('{"type": "record", "name": "R", "fields": [{"name": "a", "type": "nope"}]}', "AVRO")
+        )
     assert (invalid.value.http_status_code, invalid.value.error_code) == (422, 42201)
     with pytest.raises(SchemaRegistryError) as unknown:
         sr.get_schema(777)
@@ -667,14 +729,21 @@ def test_confluent_avro_serializer_and_deserializer(metaledger_process):
     assert deserializer(value, context) == {"id": "o-1", "amount": 42}
 
     mcp = {
-        "auditHeader": None, "entityType": "dataset", "entityUrn": "urn:li:dataset:(urn:li:dataPlatform:hive,t,PROD)",
-        "entityKeyAspect": None, "changeType": "UPSERT", "aspectName": "status",
+        "auditHeader": None,
+        "entityType": "dataset",
+        "entityUrn": "urn:li:dataset:(urn:li:dataPlatform:hive,t,PROD)",
+        "entityKeyAspect": None,
+        "changeType": "UPSERT",
+        "aspectName": "status",
         "aspect": {"value": b'{"removed": false}', "contentType": "application/json"},
-        "systemMetadata": None, "headers": None,
+        "systemMetadata": None,
+        "headers": None,
     }
     buffer = io.BytesIO()
     fastavro.schemaless_writer(buffer, fastavro.parse_schema(orjson.loads(schema_text("MetadataChangeProposal"))), mcp)
-    decoded = deserializer(frame(16, buffer.getvalue()), SerializationContext("MetadataChangeProposal_v1", MessageField.VALUE))
+    decoded = deserializer(
+        frame(16, buffer.getvalue()), SerializationContext("MetadataChangeProposal_v1", MessageField.VALUE)
+    )
     assert decoded["entityUrn"] == mcp["entityUrn"] and decoded["aspect"]["value"] == b'{"removed": false}'
 
 
@@ -698,7 +767,9 @@ def test_ids_are_stable_across_a_restart(metaledger_process):
 
 
 CUSTOM_ASPECT = {
-    "type": "record", "name": "WidgetQuality", "namespace": "com.example.widgets",
+    "type": "record",
+    "name": "WidgetQuality",
+    "namespace": "com.example.widgets",
     "Aspect": {"name": "widgetQuality"},
     "fields": [
         {"name": "score", "type": "double"},
@@ -727,9 +798,11 @@ def test_per_aspect_event_schemas_round_trip_through_confluent_serdes(metaledger
         old = {"score": 0.5, "notes": []}
         new = {"score": 0.9, "checkedBy": {"time": 1, "actor": "urn:li:corpuser:qa"}, "notes": ["ok"]}
     sr = metaledger_process.registry()
-    for record, value in [("MetadataAuditEvent", {"urn": "urn:li:x:1", "oldValue": old, "newValue": new}),
-                          ("MetadataChangeEvent", {"urn": "urn:li:x:1", "proposedValue": new}),
-                          ("FailedMetadataChangeEvent", {"metadataChangeEvent": {"urn": "urn:li:x:1"}, "error": "no"})]:
+    for record, value in [
+        ("MetadataAuditEvent", {"urn": "urn:li:x:1", "oldValue": old, "newValue": new}),
+        ("MetadataChangeEvent", {"urn": "urn:li:x:1", "proposedValue": new}),
+        ("FailedMetadataChangeEvent", {"metadataChangeEvent": {"urn": "urn:li:x:1"}, "error": "no"}),
+    ]:
         topic = f"{record}_v5.{pair}.{uuid.uuid4().hex[:6]}"
         context = SerializationContext(topic, MessageField.VALUE)
         written = AvroSerializer(sr, orjson.dumps(documents[record]).decode())(value, context)
@@ -737,7 +810,10 @@ def test_per_aspect_event_schemas_round_trip_through_confluent_serdes(metaledger
         assert _without_nulls(read) == _without_nulls(value), record
         alone = fastavro.schemaless_reader(io.BytesIO(written[5:]), fastavro.parse_schema(documents[record]))
         assert _without_nulls(alone) == _without_nulls(value)
-    assert documents["MetadataAuditEvent"]["namespace"] == f"com.linkedin.mxe.{'widget' if entity == 'custom' else entity}.{aspect}"
+    assert (
+        documents["MetadataAuditEvent"]["namespace"]
+        == f"com.linkedin.mxe.{'widget' if entity == 'custom' else entity}.{aspect}"
+    )
 
 
 def _without_nulls(value: Any) -> Any:

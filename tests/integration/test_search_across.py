@@ -9,9 +9,8 @@ import pytest_asyncio
 from app.db import create_engine
 from app.errors import ValidationFailed
 from app.search.across import TypeSearch, scroll_across, search_across
-from app.search.model import MAX_PAGE_SIZE
 from app.search.cursors import InvalidCursor
-from app.search.model import AspectFields
+from app.search.model import MAX_PAGE_SIZE, AspectFields
 from app.search.postgres import PostgresBackend
 from app.settings import Settings
 from tests.helpers import ds
@@ -22,8 +21,12 @@ async def backend(database_url, registry):
     engine = create_engine(database_url)
     backend = PostgresBackend(Settings(database_url=database_url), registry, engine)
     await backend.start()
-    datasets = [AspectFields("dataset", ds(f"t{i}"), "datasetKey", 1,
-                             {"platform": "urn:li:dataPlatform:hive", "origin": "PROD"}) for i in range(4)]
+    datasets = [
+        AspectFields(
+            "dataset", ds(f"t{i}"), "datasetKey", 1, {"platform": "urn:li:dataPlatform:hive", "origin": "PROD"}
+        )
+        for i in range(4)
+    ]
     charts = [AspectFields("chart", f"urn:li:chart:(looker,c{i})", "chartKey", 1, {}) for i in range(3)]
     await backend.apply(datasets + charts)
     yield backend
@@ -83,8 +86,13 @@ class CountingBackend:
 
 
 async def test_a_first_page_does_not_walk_the_types_nothing_matches(backend):
-    searches = [TypeSearch("corpuser"), TypeSearch("dataset"), TypeSearch("corpGroup"), TypeSearch("chart"),
-                TypeSearch("tag")]
+    searches = [
+        TypeSearch("corpuser"),
+        TypeSearch("dataset"),
+        TypeSearch("corpGroup"),
+        TypeSearch("chart"),
+        TypeSearch("tag"),
+    ]
     counting = CountingBackend(backend)
     first = await scroll_across(counting, searches, "*", count=4)
     assert [h.entity_type for h in first.hits] == ["dataset"] * 4 and first.total == 7

@@ -16,7 +16,9 @@ from app.embedded_pg import free_port
 from tests import helpers
 from tests.helpers import ds, eventually, propose
 from tests.integration.search_indices import (  # noqa: F401 - the module runs on both backends, on shared indices
-    backend_name, opensearch_overrides, settings_overrides,
+    backend_name,
+    opensearch_overrides,
+    settings_overrides,
 )
 
 pytestmark = pytest.mark.asyncio
@@ -64,11 +66,13 @@ async def urns_of(client, **params) -> list[str]:
 
 async def caught_up(db) -> None:
     """Wait until the indexing worker has applied every sequenced outbox row (and every row is sequenced)."""
+
     async def done():
         pending = await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL")
         last = await db.fetchval("SELECT last_offset FROM feed_reader_state WHERE reader = 'search-indexer'")
         top = await db.fetchval("SELECT coalesce(max(feed_offset), 0) FROM change_log_outbox")
         return pending == 0 and last is not None and last >= top
+
     await eventually(done, timeout=30, interval=0.05, what="indexing worker caught up")
 
 
@@ -100,17 +104,27 @@ async def test_sync_header_is_visible_in_the_very_next_search(client):
     # v3 with the HTTP header (extension) answers in a response header
     urn2 = ds("sync.two")
     response = await client.post(
-        "/openapi/v3/entity/dataset?async=false", headers=SYNC,
+        "/openapi/v3/entity/dataset?async=false",
+        headers=SYNC,
         json=[{"urn": urn2, "datasetProperties": {"value": {"name": "okapicorn"}}}],
     )
     assert response.status_code == 200 and response.headers["X-Metaledger-Index-Update"] == "UPDATED"
     assert urn2 in await urns_of(client, query="okapicorn")
     # Rest.li ingestProposal with the MCP header
     urn3 = ds("sync.three")
-    response = await client.post("/aspects?action=ingestProposal", json={"proposal": {
-        "entityType": "dataset", "entityUrn": urn3, "changeType": "UPSERT", "aspectName": "datasetProperties",
-        "aspect": {"value": orjson.dumps({"name": "quokkacorn"}).decode(), "contentType": "application/json"},
-        "headers": SYNC}})
+    response = await client.post(
+        "/aspects?action=ingestProposal",
+        json={
+            "proposal": {
+                "entityType": "dataset",
+                "entityUrn": urn3,
+                "changeType": "UPSERT",
+                "aspectName": "datasetProperties",
+                "aspect": {"value": orjson.dumps({"name": "quokkacorn"}).decode(), "contentType": "application/json"},
+                "headers": SYNC,
+            }
+        },
+    )
     assert response.status_code == 200 and response.headers["X-Metaledger-Index-Update"] == "UPDATED"
     assert urn3 in await urns_of(client, query="quokkacorn")
     # without the header: no index field
@@ -120,7 +134,12 @@ async def test_sync_header_is_visible_in_the_very_next_search(client):
 
 async def test_exact_name_beats_a_description_match(client):
     named, described = ds("rel.a"), ds("rel.b")
-    await write(client, described, {"datasetProperties": {"name": "misc", "description": "holds every invoices row of the shop"}}, sync=True)
+    await write(
+        client,
+        described,
+        {"datasetProperties": {"name": "misc", "description": "holds every invoices row of the shop"}},
+        sync=True,
+    )
     await write(client, named, {"datasetProperties": {"name": "invoices", "description": "money"}}, sync=True)
     hits = await urns_of(client, query="invoices")
     assert hits[:2] == [named, described]
@@ -132,7 +151,9 @@ async def test_filters_on_filter_fields(client):
         await write(client, urn, {"datasetProperties": {"name": "filtered thing"}}, sync=True)
     assert await urns_of(client, query="filtered", filter_platform="urn:li:dataPlatform:hive") == [hive]
     assert await urns_of(client, query="filtered", filter_platform="urn:li:dataPlatform:snowflake") == [snow]
-    both = await urns_of(client, query="filtered", filter_platform=["urn:li:dataPlatform:hive", "urn:li:dataPlatform:snowflake"])
+    both = await urns_of(
+        client, query="filtered", filter_platform=["urn:li:dataPlatform:hive", "urn:li:dataPlatform:snowflake"]
+    )
     assert sorted(both) == sorted([hive, snow])
 
 
@@ -151,7 +172,13 @@ async def test_scroll_through_every_document(client, db):
     total = 2_000
     batch = 500
     for start in range(0, total, batch):
-        await propose(client, *[mcp("datasetProperties", {"name": f"scrolly {i}"}, ds(f"scroll.t{i:05d}")) for i in range(start, start + batch)])
+        await propose(
+            client,
+            *[
+                mcp("datasetProperties", {"name": f"scrolly {i}"}, ds(f"scroll.t{i:05d}"))
+                for i in range(start, start + batch)
+            ],
+        )
     await caught_up(db)
     seen: list[str] = []
     scroll_id = None
@@ -185,7 +212,12 @@ async def test_autocomplete(client):
 
 
 def upstreams(*urns: str) -> dict[str, Any]:
-    return {"upstreams": [{"dataset": u, "type": "TRANSFORMED", "auditStamp": {"time": 0, "actor": "urn:li:corpuser:unknown"}} for u in urns]}
+    return {
+        "upstreams": [
+            {"dataset": u, "type": "TRANSFORMED", "auditStamp": {"time": 0, "actor": "urn:li:corpuser:unknown"}}
+            for u in urns
+        ]
+    }
 
 
 async def test_lineage_three_hops_both_ways(client):
@@ -210,13 +242,25 @@ async def test_lineage_three_hops_both_ways(client):
 
 async def test_relationships_in_both_directions(client):
     urn, owner = ds("rel.owned"), "urn:li:corpuser:jdoe"
-    await write(client, urn, {"ownership": {"owners": [{"owner": owner, "type": "DATAOWNER"}],
-                                            "lastModified": {"time": 1, "actor": "urn:li:corpuser:admin"}}}, sync=True)
-    out = await client.get(f"/openapi/v3/relationship/dataset/{q(urn)}",
-                           params={"relationshipType[]": "OwnedBy", "direction": "OUTGOING"})
+    await write(
+        client,
+        urn,
+        {
+            "ownership": {
+                "owners": [{"owner": owner, "type": "DATAOWNER"}],
+                "lastModified": {"time": 1, "actor": "urn:li:corpuser:admin"},
+            }
+        },
+        sync=True,
+    )
+    out = await client.get(
+        f"/openapi/v3/relationship/dataset/{q(urn)}", params={"relationshipType[]": "OwnedBy", "direction": "OUTGOING"}
+    )
     assert out.status_code == 200, out.text
     results = out.json()["results"]
-    assert [(r["source"]["urn"], r["destination"]["urn"], r["relationshipType"]) for r in results] == [(urn, owner, "OwnedBy")]
+    assert [(r["source"]["urn"], r["destination"]["urn"], r["relationshipType"]) for r in results] == [
+        (urn, owner, "OwnedBy")
+    ]
     assert results[0]["destination"]["entityType"] == "corpuser"
     incoming = await client.get(f"/openapi/v3/relationship/corpuser/{q(owner)}", params={"direction": "INCOMING"})
     assert incoming.status_code == 200, incoming.text
@@ -241,8 +285,10 @@ async def test_timeseries_range_query_through_the_restli_action(client):
     await propose(client, *[mcp("datasetProfile", profile(ts, rows), urn, sync=True) for ts, rows in points])
 
     async def action(**body):
-        response = await client.post("/aspects?action=getTimeseriesAspectValues",
-                                      json={"urn": urn, "entity": "dataset", "aspect": "datasetProfile", **body})
+        response = await client.post(
+            "/aspects?action=getTimeseriesAspectValues",
+            json={"urn": urn, "entity": "dataset", "aspect": "datasetProfile", **body},
+        )
         assert response.status_code == 200, response.text
         return [orjson.loads(v["aspect"]["value"]) for v in response.json()["value"]["values"]]
 
@@ -254,7 +300,9 @@ async def test_timeseries_range_query_through_the_restli_action(client):
     assert [v["rowCount"] for v in await action(latestValue=True)] == [500]
     filtered = await action(filter={"or": [{"and": [{"field": "rowCount", "condition": "EQUAL", "values": ["102"]}]}]})
     assert [v["rowCount"] for v in filtered] == [102]
-    greater = await action(filter={"or": [{"and": [{"field": "rowCount", "condition": "GREATER_THAN", "values": ["103"]}]}]})
+    greater = await action(
+        filter={"or": [{"and": [{"field": "rowCount", "condition": "GREATER_THAN", "values": ["103"]}]}]}
+    )
     assert [v["rowCount"] for v in greater] == [500, 104]
     # re-sending a point overwrites it (DataHub's document id)
     await propose(client, mcp("datasetProfile", profile(T0, 999), urn, sync=True))
@@ -262,11 +310,15 @@ async def test_timeseries_range_query_through_the_restli_action(client):
 
     latest = await client.get("/openapi/v1/timeseries/dataset/datasetProfile/latest", params={"urn": urn})
     assert latest.status_code == 200 and latest.json()["value"]["rowCount"] == 500
-    daily = await client.get("/openapi/v1/timeseries/dataset/datasetProfile/daily", params={"urn": urn, "field": "rowCount"})
+    daily = await client.get(
+        "/openapi/v1/timeseries/dataset/datasetProfile/daily", params={"urn": urn, "field": "rowCount"}
+    )
     assert daily.status_code == 200, daily.text
     buckets = daily.json()["buckets"]
     assert [(b["startMillis"], b["count"], b["sum"], b["latest"]) for b in buckets] == [
-        (T0, 5, 999 + 101 + 102 + 103 + 104, 104), (T0 + DAY, 1, 500, 500)]
+        (T0, 5, 999 + 101 + 102 + 103 + 104, 104),
+        (T0 + DAY, 1, 500, 500),
+    ]
     missing = await client.get("/openapi/v1/timeseries/dataset/datasetProfile/latest", params={"urn": ds("ts.none")})
     assert missing.status_code == 404
 
@@ -280,8 +332,10 @@ async def test_trace_reports_primary_and_search_storage(client):
     response = await client.get(f"/openapi/v1/trace/write/{q(urn)}", params={"aspect": "datasetProperties"})
     assert response.status_code == 200, response.text
     status = response.json()["aspects"]["datasetProperties"]
-    assert status == {"primaryStorage": {"writeStatus": "ACTIVE_STATE", "version": "1"},
-                      "searchStorage": {"writeStatus": "ACTIVE_STATE", "version": "1"}}
+    assert status == {
+        "primaryStorage": {"writeStatus": "ACTIVE_STATE", "version": "1"},
+        "searchStorage": {"writeStatus": "ACTIVE_STATE", "version": "1"},
+    }
     # a change the index has not seen yet is PENDING: write around the index (backend apply skipped)
     runtime = client._transport.app.state.search
     original = runtime.backend.apply
@@ -303,7 +357,10 @@ async def test_trace_reports_primary_and_search_storage(client):
     async def active():
         r = await client.get(f"/openapi/v1/trace/write/{q(urn)}", params={"aspect": "datasetProperties"})
         return r.json()["aspects"]["datasetProperties"]["searchStorage"]["writeStatus"] == "ACTIVE_STATE"
-    await eventually(active, timeout=INDEX_DEADLINE_S, interval=0.05, what="the worker caught up after the failed sync update")
+
+    await eventually(
+        active, timeout=INDEX_DEADLINE_S, interval=0.05, what="the worker caught up after the failed sync update"
+    )
 
 
 async def test_out_of_order_and_replayed_change_logs_never_regress(client, db):
@@ -313,7 +370,9 @@ async def test_out_of_order_and_replayed_change_logs_never_regress(client, db):
     await caught_up(db)
     rows = await db.fetch(
         "SELECT payload FROM change_log_outbox WHERE urn = $1 AND aspect = 'datasetProperties' AND topic = $2 ORDER BY version",
-        urn, "MetadataChangeLog_Versioned_v1")
+        urn,
+        "MetadataChangeLog_Versioned_v1",
+    )
     mcls = [orjson.loads(r["payload"]) for r in rows]
     assert len(mcls) == 2
     runtime = client._transport.app.state.search
@@ -355,16 +414,26 @@ async def test_get_entity_by_urn_still_routes_next_to_search(client):
 
 
 @pytest.mark.parametrize("backend_name", ["opensearch-down"])
-@pytest.mark.parametrize("settings_overrides", [{"search_url": f"http://127.0.0.1:{free_port()}", "search_flavor": "opensearch"}])
+@pytest.mark.parametrize(
+    "settings_overrides", [{"search_url": f"http://127.0.0.1:{free_port()}", "search_flavor": "opensearch"}]
+)
 async def test_sync_index_with_the_backend_down_commits_and_answers_pending(client, db):
     urn = ds("down.one")
     body = await propose(client, mcp("datasetProperties", {"name": "stillwritten"}, urn, sync=True))
     assert body["index"]["status"] == "PENDING" and body["index"]["error"]
     assert body["results"][0]["status"] == "CREATED"
-    response = await client.post("/openapi/v3/entity/dataset?async=false", headers=SYNC,
-                                 json=[{"urn": urn, "datasetProperties": {"value": {"name": "again"}}}])
+    response = await client.post(
+        "/openapi/v3/entity/dataset?async=false",
+        headers=SYNC,
+        json=[{"urn": urn, "datasetProperties": {"value": {"name": "again"}}}],
+    )
     assert response.status_code == 200 and response.headers["X-Metaledger-Index-Update"] == "PENDING"
-    assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'datasetProperties'", urn) == 2
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'datasetProperties'", urn
+        )
+        == 2
+    )
     assert (await client.get("/openapi/v3/entity/dataset", params={"query": "again"})).status_code == 503
 
 
@@ -378,7 +447,9 @@ async def test_pruning_keeps_rows_the_indexer_has_not_applied(db):
     for offset in (1, 2, 3):
         await db.execute(
             "INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload, created_at, feed_offset)"
-            " VALUES ('t', 'k', 'urn:li:corpuser:x', 'a', $1, 'UPSERT', '{}', now() - interval '2 days', $1)", offset)
+            " VALUES ('t', 'k', 'urn:li:corpuser:x', 'a', $1, 'UPSERT', '{}', now() - interval '2 days', $1)",
+            offset,
+        )
     # an indexer registered at offset 1: rows 2 and 3 stay until it has applied them
     await db.execute("INSERT INTO feed_reader_state (reader, last_offset) VALUES ('search-indexer', 1)")
     deleted, after = await outbox.prune(db, 3600, kafka=False, after=0)
@@ -394,7 +465,8 @@ async def test_pruning_keeps_rows_the_indexer_has_not_applied(db):
 
 async def _versioned_mcls(db, urn: str) -> list[dict[str, Any]]:
     rows = await db.fetch(
-        "SELECT payload FROM change_log_outbox WHERE urn = $1 AND topic = 'MetadataChangeLog_Versioned_v1' ORDER BY id", urn
+        "SELECT payload FROM change_log_outbox WHERE urn = $1 AND topic = 'MetadataChangeLog_Versioned_v1' ORDER BY id",
+        urn,
     )
     return [orjson.loads(r["payload"]) for r in rows]
 
@@ -404,13 +476,19 @@ async def _index_state(backend, gone: str, neighbour: str) -> dict[str, Any]:
     page = await backend.search("dataset", "*", count=50)
     soft = await backend.search("dataset", "*", count=50, filters={"removed": ["true", "false"]})
     return {
-        "hits": sorted(h.urn for h in page.hits), "total": page.total,
-        "platform_facet": page.facets.get("platform"), "with_soft_deleted": sorted(h.urn for h in soft.hits),
+        "hits": sorted(h.urn for h in page.hits),
+        "total": page.total,
+        "platform_facet": page.facets.get("platform"),
+        "with_soft_deleted": sorted(h.urn for h in soft.hits),
         "named": sorted(h.urn for h in (await backend.search("dataset", "tombstoned")).hits),
         "autocomplete": sorted(h.urn for h in await backend.autocomplete("dataset", "tombstoned")),
         "versions": await backend.document_versions(gone),
-        "out": sorted((e.relationship, e.destination) for e in (await backend.relationships(gone, direction="OUTGOING"))[0]),
-        "in": sorted((e.relationship, e.source) for e in (await backend.relationships(neighbour, direction="INCOMING"))[0]),
+        "out": sorted(
+            (e.relationship, e.destination) for e in (await backend.relationships(gone, direction="OUTGOING"))[0]
+        ),
+        "in": sorted(
+            (e.relationship, e.source) for e in (await backend.relationships(neighbour, direction="INCOMING"))[0]
+        ),
         "upstream": sorted((e.destination, hop) for e, hop in await backend.lineage(gone, direction="UPSTREAM")),
         "downstream": sorted((e.source, hop) for e, hop in await backend.lineage(neighbour, direction="DOWNSTREAM")),
     }
@@ -427,11 +505,15 @@ async def test_a_hard_delete_leaves_a_tombstone_that_older_change_logs_cannot_re
     gone, up, other = ds("tomb_a"), ds("tomb_up"), ds("tomb_other")
     await write(client, up, {"datasetProperties": {"name": "upstream"}})
     await write(client, other, {"datasetProperties": {"name": "other"}})
-    await write(client, gone, {
-        "datasetProperties": {"name": "tombstoned", "description": "first"},
-        "globalTags": {"tags": [{"tag": "urn:li:tag:pii"}]},
-        "upstreamLineage": {"upstreams": [{"dataset": up, "type": "TRANSFORMED"}]},
-    })
+    await write(
+        client,
+        gone,
+        {
+            "datasetProperties": {"name": "tombstoned", "description": "first"},
+            "globalTags": {"tags": [{"tag": "urn:li:tag:pii"}]},
+            "upstreamLineage": {"upstreams": [{"dataset": up, "type": "TRANSFORMED"}]},
+        },
+    )
     await write(client, gone, {"datasetProperties": {"name": "tombstoned", "description": "second"}})
     await caught_up(db)
     runtime = client._transport.app.state.search
@@ -445,9 +527,17 @@ async def test_a_hard_delete_leaves_a_tombstone_that_older_change_logs_cannot_re
     await caught_up(db)
     in_order = await _index_state(backend, gone, up)
     assert in_order == {
-        "hits": sorted([up, other]), "total": 2, "platform_facet": before["platform_facet"] and {"urn:li:dataPlatform:hive": 2},
-        "with_soft_deleted": sorted([up, other]), "named": [], "autocomplete": [], "versions": {}, "out": [], "in": [],
-        "upstream": [], "downstream": [],
+        "hits": sorted([up, other]),
+        "total": 2,
+        "platform_facet": before["platform_facet"] and {"urn:li:dataPlatform:hive": 2},
+        "with_soft_deleted": sorted([up, other]),
+        "named": [],
+        "autocomplete": [],
+        "versions": {},
+        "out": [],
+        "in": [],
+        "upstream": [],
+        "downstream": [],
     }
     mcls = await _versioned_mcls(db, gone)
     indexer = Indexer(runtime.settings, registry, backend)
@@ -459,8 +549,14 @@ async def test_a_hard_delete_leaves_a_tombstone_that_older_change_logs_cannot_re
     assert await _index_state(backend, gone, up) == in_order
 
     # re-created: versions continue past the deleted ones, so the new values win and the old logs stay stale
-    await write(client, gone, {"datasetProperties": {"name": "tombstoned", "description": "reborn"},
-                               "upstreamLineage": {"upstreams": [{"dataset": other, "type": "TRANSFORMED"}]}})
+    await write(
+        client,
+        gone,
+        {
+            "datasetProperties": {"name": "tombstoned", "description": "reborn"},
+            "upstreamLineage": {"upstreams": [{"dataset": other, "type": "TRANSFORMED"}]},
+        },
+    )
     await caught_up(db)
     reborn = await _index_state(backend, gone, other)
     assert reborn["named"] == [gone] and reborn["autocomplete"] == [gone] and reborn["total"] == 3
@@ -476,7 +572,9 @@ async def test_a_hard_delete_leaves_a_tombstone_that_older_change_logs_cannot_re
     props = (await backend.search("dataset", "tombstoned")).hits[0].fields
     assert props.get("description") == "reborn" and not props.get("tags")
     # the old upstream stays gone from both sides
-    assert (await _index_state(backend, gone, up))["in"] == [] and (await _index_state(backend, gone, up))["downstream"] == []
+    assert (await _index_state(backend, gone, up))["in"] == [] and (await _index_state(backend, gone, up))[
+        "downstream"
+    ] == []
 
 
 async def test_a_tombstone_is_never_a_search_hit_even_with_soft_deleted_included(client, db):

@@ -25,8 +25,9 @@ from tests.helpers import ds
 
 
 def _settings(url: str, prefix: str | None = None) -> SimpleNamespace:
-    return SimpleNamespace(search_url=url, search_flavor="opensearch",
-                           search_index_prefix=prefix or f"t{uuid.uuid4().hex[:10]}_")
+    return SimpleNamespace(
+        search_url=url, search_flavor="opensearch", search_index_prefix=prefix or f"t{uuid.uuid4().hex[:10]}_"
+    )
 
 
 @pytest_asyncio.fixture
@@ -41,7 +42,10 @@ async def backend(search_server, registry):
 def mcl(urn: str, aspect: str, value: dict[str, Any], version: int, entity_type: str = "dataset") -> dict[str, Any]:
     """An UPSERT's change log."""
     return {
-        "entityType": entity_type, "entityUrn": urn, "aspectName": aspect, "changeType": "UPSERT",
+        "entityType": entity_type,
+        "entityUrn": urn,
+        "aspectName": aspect,
+        "changeType": "UPSERT",
         "systemMetadata": {"version": str(version), "runId": "test", "lastObserved": 1},
         "aspect": {"value": orjson.dumps(value).decode(), "contentType": "application/json"},
     }
@@ -56,8 +60,11 @@ def props(name: str, description: str = "", **extra: Any) -> dict[str, Any]:
 
 
 def upstreams(*urns: str) -> dict[str, Any]:
-    return {"upstreams": [{"auditStamp": {"time": 1, "actor": "urn:li:corpuser:x"}, "dataset": u, "type": "TRANSFORMED"}
-                          for u in urns]}
+    return {
+        "upstreams": [
+            {"auditStamp": {"time": 1, "actor": "urn:li:corpuser:x"}, "dataset": u, "type": "TRANSFORMED"} for u in urns
+        ]
+    }
 
 
 async def test_opensearch_node_maps_vendor_media_type(search_server, registry):
@@ -119,9 +126,14 @@ async def test_concurrent_writers_conflict_and_retry(backend, registry):
     backend._apply_once = counting
     urn = ds("db.race")
     # eight writers, each with its own version of the document and of the lineage edge set of the same source
-    batches = [changes(registry, mcl(urn, "datasetProperties", props(f"race {v}"), v),
-                       mcl(urn, "upstreamLineage", upstreams(ds(f"db.up{v}"), ds(f"db.up{v}b")), v))
-               for v in (3, 8, 1, 5, 2, 7, 4, 6)]
+    batches = [
+        changes(
+            registry,
+            mcl(urn, "datasetProperties", props(f"race {v}"), v),
+            mcl(urn, "upstreamLineage", upstreams(ds(f"db.up{v}"), ds(f"db.up{v}b")), v),
+        )
+        for v in (3, 8, 1, 5, 2, 7, 4, 6)
+    ]
     await asyncio.gather(*(backend.apply(b) for b in batches))
     assert rounds > len(batches)  # conditional writes conflicted and were retried
     assert (await backend.document_versions(urn))["datasetProperties"] == 8
@@ -135,7 +147,9 @@ async def test_alias_swap_on_mapping_change(search_server, registry, monkeypatch
     first = ElasticBackend(_settings(search_server.url, prefix), registry)
     await first.start()
     urns = [ds(f"db.swap{i}") for i in range(30)]
-    await first.apply(changes(registry, *(mcl(u, "datasetProperties", props(f"swap {i}"), 1) for i, u in enumerate(urns))))
+    await first.apply(
+        changes(registry, *(mcl(u, "datasetProperties", props(f"swap {i}"), 1) for i, u in enumerate(urns)))
+    )
     alias = first.entity_index("dataset")
     old_indices = set((await first.client.indices.get_alias(name=alias)).body)
     await first.close()
@@ -169,7 +183,6 @@ async def test_alias_swap_on_mapping_change(search_server, registry, monkeypatch
         await second.close()
 
 
-
 async def test_an_alias_on_a_restored_index_of_the_same_mapping_is_current(search_server, registry):
     """A restore job builds `<alias>_<digest>_r<timestamp>` and swaps the alias onto it: same mapping, no reindex;
     another digest with a suffix is still a mapping change."""
@@ -183,10 +196,15 @@ async def test_an_alias_on_a_restored_index_of_the_same_mapping_is_current(searc
         await first.apply(changes(registry, mcl(urn, "datasetProperties", props("restored"), 1)))
         restored = f"{built}_r1767225600000"
         mapping, index_settings = first.entity_index_body("dataset")
-        await first.client.indices.create(index=restored, mappings=mapping, **({"settings": index_settings} if index_settings else {}))
-        await first.client.reindex(source={"index": built}, dest={"index": restored}, refresh=True, wait_for_completion=True)
-        await first.client.indices.update_aliases(actions=[{"remove": {"index": built, "alias": alias}},
-                                                           {"add": {"index": restored, "alias": alias}}])
+        await first.client.indices.create(
+            index=restored, mappings=mapping, **({"settings": index_settings} if index_settings else {})
+        )
+        await first.client.reindex(
+            source={"index": built}, dest={"index": restored}, refresh=True, wait_for_completion=True
+        )
+        await first.client.indices.update_aliases(
+            actions=[{"remove": {"index": built, "alias": alias}}, {"add": {"index": restored, "alias": alias}}]
+        )
         await first.client.indices.delete(index=built)
 
         second = ElasticBackend(_settings(search_server.url, prefix), registry)
@@ -240,10 +258,14 @@ async def test_rebuild_target_is_built_aside_then_swapped_in(search_server, regi
         await live.start()
         urn, user = ds("db.rebuilt"), "urn:li:corpuser:rebuilt"
         owners = {"owners": [{"owner": user, "type": "DATAOWNER"}], "lastModified": {"time": 1, "actor": user}}
-        await live.apply(changes(registry, mcl(urn, "datasetProperties", props("rebuilt"), 1),
-                                 mcl(urn, "ownership", owners, 1),
-                                 mcl(user, "corpUserInfo", {"active": True, "displayName": "before"}, 1,
-                                     entity_type="corpuser")))
+        await live.apply(
+            changes(
+                registry,
+                mcl(urn, "datasetProperties", props("rebuilt"), 1),
+                mcl(urn, "ownership", owners, 1),
+                mcl(user, "corpUserInfo", {"active": True, "displayName": "before"}, 1, entity_type="corpuser"),
+            )
+        )
         aliases = [live.entity_index("corpuser"), live.graph_index, live.edge_set_index]
         before = {a: set((await live.client.indices.get_alias(name=a)).body) for a in aliases}
         dataset_before = set((await live.client.indices.get_alias(name=live.entity_index("dataset"))).body)
@@ -253,8 +275,12 @@ async def test_rebuild_target_is_built_aside_then_swapped_in(search_server, regi
         assert all(target.indices[a].startswith(f"{a}_") and "_r" in target.indices[a].removeprefix(a) for a in aliases)
         into = live.writing_into(target)
         try:
-            await into.apply(changes(registry, mcl(user, "corpUserInfo", {"active": True, "displayName": "after"},
-                                                      2, entity_type="corpuser")))
+            await into.apply(
+                changes(
+                    registry,
+                    mcl(user, "corpUserInfo", {"active": True, "displayName": "after"}, 2, entity_type="corpuser"),
+                )
+            )
         finally:
             await into.close()
         assert (await live.search("corpuser", "before")).total == 1  # the aliases still serve the old indices
@@ -265,12 +291,15 @@ async def test_rebuild_target_is_built_aside_then_swapped_in(search_server, regi
             assert list((await live.client.indices.get_alias(name=alias)).body) == [target.indices[alias]]
             assert not any([await live.client.indices.exists(index=i) for i in before[alias]])
         assert set((await live.client.indices.get_alias(name=live.entity_index("dataset"))).body) == dataset_before
-        assert (await live.search("corpuser", "after")).total == 1 and (await live.search("corpuser", "before")).total == 0
+        assert (await live.search("corpuser", "after")).total == 1 and (
+            await live.search("corpuser", "before")
+        ).total == 0
         edges, _ = await live.relationships(urn, direction="OUTGOING", types=["OwnedBy"])
         assert [e.destination for e in edges] == [user]  # another entity type's edges, copied into the fresh index
 
         assert set(await live.indexed_versions(["dataset"])) >= {
-            IndexedVersion(urn, "datasetProperties", "document", 1, True), IndexedVersion(urn, "ownership", "edges", 1, True),
+            IndexedVersion(urn, "datasetProperties", "document", 1, True),
+            IndexedVersion(urn, "ownership", "edges", 1, True),
         }
         assert IndexedVersion(user, "corpUserInfo", "document", 2, True) in await live.indexed_versions(["corpuser"])
 
@@ -278,7 +307,9 @@ async def test_rebuild_target_is_built_aside_then_swapped_in(search_server, regi
         assert set(dropped.indices) >= set(aliases) | {live.entity_index("dataset")}
         await live.drop_rebuild_target(dropped)
         assert not any([await live.client.indices.exists(index=i) for i in dropped.indices.values()])
-        assert list((await live.client.indices.get_alias(name=live.graph_index)).body) == [target.indices[live.graph_index]]
+        assert list((await live.client.indices.get_alias(name=live.graph_index)).body) == [
+            target.indices[live.graph_index]
+        ]
     finally:
         await live.client.indices.delete(index=f"{prefix}*", ignore_unavailable=True)
         await live.close()
@@ -314,8 +345,9 @@ async def test_create_missing_indices_leaves_existing_ones_alone(search_server, 
         await backend.close()
 
 
-async def test_a_document_the_server_refuses_raises_index_refused_and_the_others_are_written(backend, registry,
-                                                                                               monkeypatch):
+async def test_a_document_the_server_refuses_raises_index_refused_and_the_others_are_written(
+    backend, registry, monkeypatch
+):
     """Bulk item errors: refused for the data (400: a date the server cannot parse) → `IndexRefused` naming the item,
     after every other document of the bulk is written; rejected for capacity (429) → `IndexUnavailable` (transient)."""
     from app.search.failures import is_transient
@@ -323,11 +355,13 @@ async def test_a_document_the_server_refuses_raises_index_refused_and_the_others
 
     bad, good = ds("db.bad_date"), ds("db.good_date")
     with pytest.raises(IndexRefused) as refused:
-        await backend.apply(changes(
-            registry,
-            mcl(bad, "datasetProperties", props("bad", "x", created={"time": -(2**63)}), 1),
-            mcl(good, "datasetProperties", props("good", "y", created={"time": 1_700_000_000_000}), 1),
-        ))
+        await backend.apply(
+            changes(
+                registry,
+                mcl(bad, "datasetProperties", props("bad", "x", created={"time": -(2**63)}), 1),
+                mcl(good, "datasetProperties", props("good", "y", created={"time": 1_700_000_000_000}), 1),
+            )
+        )
     assert len(refused.value.items) == 1 and "date" in refused.value.items[0] and not is_transient(refused.value)
     assert [h.urn for h in (await backend.search("dataset", "good")).hits] == [good]
     assert await backend.document_versions(bad) == {}

@@ -12,8 +12,8 @@ import pytest
 import pytest_asyncio
 
 from app.db import create_engine
-from app.search.cursors import InvalidCursor
 from app.search.across import TypeSearch, scroll_across
+from app.search.cursors import InvalidCursor
 from app.search.elastic import ElasticBackend
 from app.search.model import AspectFields, Criterion, criterion_problem
 from app.search.postgres import PostgresBackend
@@ -26,10 +26,20 @@ D1, D2, D3, D4, D5 = (ds(f"cond.d{i}") for i in range(1, 6))
 # name: a text field (keyword subfield in Elasticsearch); customProperties: an array; columnCount: a number;
 # createdAt: a datetime (epoch ms); externalUrl: a keyword holding digits (compared as text)
 DOCUMENTS = {
-    D1: {"name": "Orders_2024%x", "customProperties": ["team=sales", "tier=Gold"], "columnCount": 5,
-         "createdAt": 1_700_000_000_000, "externalUrl": "10"},
-    D2: {"name": "orders archive", "customProperties": ["team=ops"], "columnCount": 50,
-         "createdAt": 1_600_000_000_000, "externalUrl": "9"},
+    D1: {
+        "name": "Orders_2024%x",
+        "customProperties": ["team=sales", "tier=Gold"],
+        "columnCount": 5,
+        "createdAt": 1_700_000_000_000,
+        "externalUrl": "10",
+    },
+    D2: {
+        "name": "orders archive",
+        "customProperties": ["team=ops"],
+        "columnCount": 50,
+        "createdAt": 1_600_000_000_000,
+        "externalUrl": "9",
+    },
     D3: {"name": "Cust*mers?", "columnCount": 9, "externalUrl": "abc"},
     D4: {"name": "orders-2024x", "customProperties": []},
     D5: {},
@@ -50,12 +60,14 @@ async def backend(backend_name, request, registry):
         await started.start()
     else:
         server = request.getfixturevalue("search_server")
-        settings = SimpleNamespace(search_url=server.url, search_flavor="opensearch",
-                                   search_index_prefix=f"t{uuid.uuid4().hex[:10]}_")
+        settings = SimpleNamespace(
+            search_url=server.url, search_flavor="opensearch", search_index_prefix=f"t{uuid.uuid4().hex[:10]}_"
+        )
         started = ElasticBackend(settings, registry)
         await started.start()
-    await started.apply([AspectFields("dataset", urn, "datasetProperties", 1, fields)
-                         for urn, fields in DOCUMENTS.items()])
+    await started.apply(
+        [AspectFields("dataset", urn, "datasetProperties", 1, fields) for urn, fields in DOCUMENTS.items()]
+    )
     yield started
     if backend_name == "postgres":
         await started.close()
@@ -147,8 +159,7 @@ async def test_comparisons_numeric_for_numbers_and_text_for_strings(backend):
 
 
 async def test_conditions_combine_in_groups_and_cursors_are_per_condition(backend):
-    groups = [(c("name", "START_WITH", "orders"), c("columnCount", "GREATER_THAN", "6")),
-              (c("name", "CONTAIN", "*"),)]
+    groups = [(c("name", "START_WITH", "orders"), c("columnCount", "GREATER_THAN", "6")), (c("name", "CONTAIN", "*"),)]
     page = await backend.search("dataset", "*", count=100, any_of=groups, facets=False)
     assert {hit.urn for hit in page.hits} == {D2, D3}
     contain = [TypeSearch("dataset", ((c("name", "CONTAIN", "orders"),),))]

@@ -55,8 +55,10 @@ async def test_a_text_query_is_answered_by_indexes(backend, monkeypatch):
     # a type, is dropped from this test's database.
     orders = ds("db.orders")
     others = [ds(f"db.t{i}") for i in range(200)]
-    await backend.apply([key(orders), props(orders, "orders", "one row per order")]
-                        + [c for u in others for c in (key(u), props(u, u.split(",")[1], "a table"))])
+    await backend.apply(
+        [key(orders), props(orders, "orders", "one row per order")]
+        + [c for u in others for c in (key(u), props(u, u.split(",")[1], "a table"))]
+    )
     async with backend._connection(readonly=False) as conn:
         await conn.execute("DROP INDEX ix_search_document_type_urn")
         await conn.execute("ANALYZE search_document")
@@ -108,9 +110,16 @@ async def test_reads_are_planned_for_their_parameters(backend):
 async def test_clear_by_entity_type(backend):
     """restore-indices --clean: every table's rows of those entity types (or of all), as counted."""
     a, b, user = ds("a"), ds("b"), "urn:li:corpuser:u1"
-    await backend.apply([key(a), props(a, "alpha", version=2), owners(a, "u1"), key(b),
-                         AspectFields("dataset", b, "status", 3, {}, deleted=True),
-                         AspectFields("corpuser", user, "corpUserInfo", 4, {"displayName": "User One"})])
+    await backend.apply(
+        [
+            key(a),
+            props(a, "alpha", version=2),
+            owners(a, "u1"),
+            key(b),
+            AspectFields("dataset", b, "status", 3, {}, deleted=True),
+            AspectFields("corpuser", user, "corpUserInfo", 4, {"displayName": "User One"}),
+        ]
+    )
     cleared = await backend.clear(["dataset"])
     assert cleared == {"search_document": 2, "search_aspect_fields": 4, "search_edge": 1, "search_edge_version": 1}
     assert await backend.indexed_versions(["dataset"]) == []
@@ -118,8 +127,12 @@ async def test_clear_by_entity_type(backend):
     assert await backend.indexed_versions(["corpuser"]) == [IndexedVersion(user, "corpUserInfo", "document", 4, True)]
     assert [h.urn for h in (await backend.search("corpuser", "User")).hits] == [user]
 
-    assert await backend.clear() == {"search_document": 1, "search_aspect_fields": 1, "search_edge": 0,
-                                     "search_edge_version": 0}
+    assert await backend.clear() == {
+        "search_document": 1,
+        "search_aspect_fields": 1,
+        "search_edge": 0,
+        "search_edge_version": 0,
+    }
     assert await backend.indexed_versions(["corpuser", "dataset"]) == []
 
 
@@ -149,8 +162,13 @@ async def test_a_write_replaces_only_its_aspects_pieces_of_the_document(backend)
     and exact name, the other aspects' stay searchable, a deleted aspect takes its words with it, and the last live
     aspect gone leaves a tombstone."""
     urn = ds("pieces.t1")
-    await backend.apply([key(urn), props(urn, "orders", "placed through the webshop"),
-                         AspectFields("dataset", urn, "editableDatasetProperties", 1, {"editedDescription": "curated"})])
+    await backend.apply(
+        [
+            key(urn),
+            props(urn, "orders", "placed through the webshop"),
+            AspectFields("dataset", urn, "editableDatasetProperties", 1, {"editedDescription": "curated"}),
+        ]
+    )
     assert await urns_of(backend, "webshop") == [urn]
     assert await urns_of(backend, "curated") == [urn]
 
@@ -167,6 +185,8 @@ async def test_a_write_replaces_only_its_aspects_pieces_of_the_document(backend)
     assert await urns_of(backend, "curated") == []
     assert await urns_of(backend, "billed") == [urn]
 
-    await backend.apply([AspectFields("dataset", urn, a, 3, {}, deleted=True) for a in ("datasetKey", "datasetProperties")])
+    await backend.apply(
+        [AspectFields("dataset", urn, a, 3, {}, deleted=True) for a in ("datasetKey", "datasetProperties")]
+    )
     assert (await backend.search("dataset", "*")).total == 0
     assert await backend.document_versions(urn) == {}

@@ -17,7 +17,12 @@ METALEDGER = str(Path(sys.executable).with_name("metaledger"))
 BAD_SETTINGS = [  # (setting, value, what the line says, serve's --workers)
     ("METALEDGER_EVENTS_V5_ROUTES", "garbage", "cannot be parsed", "1"),
     ("METALEDGER_EVENTS_V5_ROUTES", "garbage", "cannot be parsed", "2"),  # the supervisor checks before its children
-    ("METALEDGER_EVENTS_V5_ROUTES", '[{"entityTypes": ["nope"], "aspects": ["x"]}]', "matches no entity/aspect pair", "1"),
+    (
+        "METALEDGER_EVENTS_V5_ROUTES",
+        '[{"entityTypes": ["nope"], "aspects": ["x"]}]',
+        "matches no entity/aspect pair",
+        "1",
+    ),
     ("METALEDGER_DATABASE_URL", "garbage", "not a URL", "2"),
     ("METALEDGER_DATABASE_URL", "mysql://u@localhost/db", "not supported", "1"),
     ("METALEDGER_REGISTRY_PATH", "/nonexistent/entity_registry.yml", "does not exist", "2"),
@@ -27,7 +32,9 @@ BAD_SETTINGS = [  # (setting, value, what the line says, serve's --workers)
 
 
 def _run(argv: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([METALEDGER, *argv], cwd=ROOT, env=service_env(env), capture_output=True, text=True, timeout=180)
+    return subprocess.run(
+        [METALEDGER, *argv], cwd=ROOT, env=service_env(env), capture_output=True, text=True, timeout=180
+    )
 
 
 def test_serve_refuses_a_bad_setting_in_one_line(database_url):

@@ -18,9 +18,13 @@ async def stored_value(db, urn: str, aspect: str) -> dict[str, Any]:
 
 
 def definition(**overrides: Any) -> dict[str, Any]:
-    return {"qualifiedName": "io.acryl.tier", "valueType": "urn:li:dataType:datahub.string",
-            "entityTypes": ["urn:li:entityType:datahub.dataset"],
-            "allowedValues": [{"value": {"string": "gold"}}, {"value": {"string": "silver"}}], **overrides}
+    return {
+        "qualifiedName": "io.acryl.tier",
+        "valueType": "urn:li:dataType:datahub.string",
+        "entityTypes": ["urn:li:entityType:datahub.dataset"],
+        "allowedValues": [{"value": {"string": "gold"}}, {"value": {"string": "silver"}}],
+        **overrides,
+    }
 
 
 def define(**overrides: Any) -> dict[str, Any]:
@@ -28,7 +32,9 @@ def define(**overrides: Any) -> dict[str, Any]:
 
 
 def values(*assigned: tuple[str, list[dict[str, Any]]], urn: str = DATASET, **kw: Any) -> dict[str, Any]:
-    return mcp("structuredProperties", {"properties": [{"propertyUrn": p, "values": v} for p, v in assigned]}, urn=urn, **kw)
+    return mcp(
+        "structuredProperties", {"properties": [{"propertyUrn": p, "values": v} for p, v in assigned]}, urn=urn, **kw
+    )
 
 
 def gold(urn: str = DATASET) -> dict[str, Any]:
@@ -52,9 +58,18 @@ async def test_wrong_type_two_values_for_single_other_entity_type_and_no_definit
     await propose(client, define())
     cases = [
         (values((TIER, [{"double": 1.0}])), "should be a string"),
-        (values((TIER, [{"string": "gold"}, {"string": "silver"}])), "has cardinality 1, but multiple values were assigned"),
-        (values((TIER, [{"string": "gold"}]), urn="urn:li:chart:(looker,c1)", entity="chart"), "cannot be applied to entity type chart"),
-        (values(("urn:li:structuredProperty:nope", [{"string": "x"}])), "Unexpected null value found for urn:li:structuredProperty:nope"),
+        (
+            values((TIER, [{"string": "gold"}, {"string": "silver"}])),
+            "has cardinality 1, but multiple values were assigned",
+        ),
+        (
+            values((TIER, [{"string": "gold"}]), urn="urn:li:chart:(looker,c1)", entity="chart"),
+            "cannot be applied to entity type chart",
+        ),
+        (
+            values(("urn:li:structuredProperty:nope", [{"string": "x"}])),
+            "Unexpected null value found for urn:li:structuredProperty:nope",
+        ),
     ]
     for proposal, reason in cases:
         (issue,) = (await propose(client, proposal, expect=400))["issues"]
@@ -64,8 +79,9 @@ async def test_wrong_type_two_values_for_single_other_entity_type_and_no_definit
 async def test_v3_entities_and_restli_take_the_same_checks(client, db):
     await propose(client, define())
     bad = {"properties": [{"propertyUrn": TIER, "values": [{"string": "bronze"}]}]}
-    response = await client.post("/openapi/v3/entity/dataset?async=false",
-                                  json=[{"urn": DATASET, "structuredProperties": {"value": bad}}])
+    response = await client.post(
+        "/openapi/v3/entity/dataset?async=false", json=[{"urn": DATASET, "structuredProperties": {"value": bad}}]
+    )
     assert response.status_code == 400, response.text
     (issue,) = response.json()["issues"]
     assert TIER in issue["message"] and issue["path"] == "$[0].structuredProperties.value.properties[0].values[0]"
@@ -78,7 +94,8 @@ async def test_v3_entities_and_restli_take_the_same_checks(client, db):
     response = await restli_propose(client, gold())
     assert response.status_code == 200, response.text
     assert (await stored_value(db, DATASET, "structuredProperties"))["properties"] == [
-        {"propertyUrn": TIER, "values": [{"string": "gold"}]}]
+        {"propertyUrn": TIER, "values": [{"string": "gold"}]}
+    ]
 
 
 async def test_a_patch_goes_through_the_same_checks(client, db):
@@ -86,13 +103,18 @@ async def test_a_patch_goes_through_the_same_checks(client, db):
     path = f"/properties/{TIER}"
 
     def patch(value: str) -> dict[str, Any]:
-        return mcp("structuredProperties", [{"op": "add", "path": path, "value": {"propertyUrn": TIER, "values": [{"string": value}]}}],
-                   change_type="PATCH")
+        return mcp(
+            "structuredProperties",
+            [{"op": "add", "path": path, "value": {"propertyUrn": TIER, "values": [{"string": value}]}}],
+            change_type="PATCH",
+        )
 
     (issue,) = (await propose(client, patch("bronze"), expect=400))["issues"]
     assert TIER in issue["message"] and "should be one of" in issue["message"]
     await propose(client, patch("silver"))
-    assert (await stored_value(db, DATASET, "structuredProperties"))["properties"][0]["values"] == [{"string": "silver"}]
+    assert (await stored_value(db, DATASET, "structuredProperties"))["properties"][0]["values"] == [
+        {"string": "silver"}
+    ]
 
 
 async def test_a_definition_and_its_values_in_one_batch_are_checked_in_order(client):
@@ -131,8 +153,15 @@ async def test_a_version_bump_may_narrow_only_when_no_stored_value_breaks(client
 async def test_a_soft_deleted_definition_hides_its_values_on_read_and_refuses_new_ones(client):
     await propose(client, define())
     kept = "urn:li:structuredProperty:io.acryl.kept"
-    await propose(client, mcp("propertyDefinition", definition(qualifiedName="io.acryl.kept", allowedValues=None),
-                              urn=kept, entity="structuredProperty"))
+    await propose(
+        client,
+        mcp(
+            "propertyDefinition",
+            definition(qualifiedName="io.acryl.kept", allowedValues=None),
+            urn=kept,
+            entity="structuredProperty",
+        ),
+    )
     await propose(client, values((TIER, [{"string": "gold"}]), (kept, [{"string": "x"}])))
     await propose(client, mcp("status", {"removed": True}, urn=TIER, entity="structuredProperty"))
 
@@ -143,8 +172,10 @@ async def test_a_soft_deleted_definition_hides_its_values_on_read_and_refuses_ne
     assert shown(aspect.json()["value"]) == [kept]
     entity = await client.get(f"/openapi/v3/entity/dataset/{quote(DATASET, safe='')}")
     assert shown(entity.json()["structuredProperties"]["value"]) == [kept]
-    restli = await client.get(f"/aspects/{quote(DATASET, safe='')}?aspect=structuredProperties&version=0",
-                              headers={"X-RestLi-Protocol-Version": "2.0.0"})
+    restli = await client.get(
+        f"/aspects/{quote(DATASET, safe='')}?aspect=structuredProperties&version=0",
+        headers={"X-RestLi-Protocol-Version": "2.0.0"},
+    )
     assert shown(restli.json()["aspect"]["com.linkedin.structured.StructuredProperties"]) == [kept]
 
     (issue,) = (await propose(client, values((TIER, [{"string": "gold"}])), expect=400))["issues"]
@@ -163,70 +194,115 @@ async def test_an_asynchronous_write_s_values_are_checked_before_it_is_queued(ka
 
     topics = unique_topics("topic_mcp", "topic_fmcp", "topic_mce", "topic_fmce")
     await create_topics(kafka_broker.bootstrap_servers, *topics.values())
-    settings = Settings(database_url=database_url, apply_migrations_on_start=False,
-                        **kafka_overrides(kafka_broker.bootstrap_servers, topics))
+    settings = Settings(
+        database_url=database_url,
+        apply_migrations_on_start=False,
+        **kafka_overrides(kafka_broker.bootstrap_servers, topics),
+    )
     app = create_app(settings, registry)
     async with app.router.lifespan_context(app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://metaledger",
-                                     headers=await bearer(app)) as client:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=app), base_url="http://metaledger", headers=await bearer(app)
+        ) as client:
             assert (await client.post("/openapi/v1/proposals?async=false", json=[define()])).status_code == 200
-            bad = await client.post("/openapi/v1/proposals?async=true",
-                                    json=[mcp("status", {"removed": False}), values((TIER, [{"string": "bronze"}]))])
+            bad = await client.post(
+                "/openapi/v1/proposals?async=true",
+                json=[mcp("status", {"removed": False}), values((TIER, [{"string": "bronze"}]))],
+            )
             assert bad.status_code == 400, bad.text
             (issue,) = bad.json()["issues"]
             assert issue["index"] == 1 and issue["path"] == "$[1].aspect.value.properties[0].values[0]"
             assert TIER in issue["message"] and "should be one of" in issue["message"]
-            bad_v3 = await client.post("/openapi/v3/entity/dataset", json=[
-                {"urn": DATASET, "structuredProperties": {"value": {"properties": [
-                    {"propertyUrn": TIER, "values": [{"string": "gold"}, {"string": "silver"}]}]}}}])
+            bad_v3 = await client.post(
+                "/openapi/v3/entity/dataset",
+                json=[
+                    {
+                        "urn": DATASET,
+                        "structuredProperties": {
+                            "value": {
+                                "properties": [
+                                    {"propertyUrn": TIER, "values": [{"string": "gold"}, {"string": "silver"}]}
+                                ]
+                            }
+                        },
+                    }
+                ],
+            )
             assert bad_v3.status_code == 400 and "has cardinality 1" in bad_v3.text, bad_v3.text
 
             fresh = "urn:li:structuredProperty:io.acryl.fresh"
-            queued = await client.post("/openapi/v1/proposals?async=true", json=[
-                gold(),
-                mcp("propertyDefinition", definition(qualifiedName="io.acryl.fresh", allowedValues=None), urn=fresh,
-                    entity="structuredProperty"),
-                values((fresh, [{"string": "anything"}]), urn=OTHER),
-            ])
+            queued = await client.post(
+                "/openapi/v1/proposals?async=true",
+                json=[
+                    gold(),
+                    mcp(
+                        "propertyDefinition",
+                        definition(qualifiedName="io.acryl.fresh", allowedValues=None),
+                        urn=fresh,
+                        entity="structuredProperty",
+                    ),
+                    values((fresh, [{"string": "anything"}]), urn=OTHER),
+                ],
+            )
             assert queued.status_code == 202, queued.text
             records = await read_topic(kafka_broker.bootstrap_servers, topics["topic_mcp"], expect=3)
             assert [decode_value(r.value)["aspectName"] for r in records] == [
-                "structuredProperties", "propertyDefinition", "structuredProperties"]  # the refused ones never got there
+                "structuredProperties",
+                "propertyDefinition",
+                "structuredProperties",
+            ]  # the refused ones never got there
 
 
 # --- deleting a definition removes its values (DataHub's PropertyDefinitionDeleteSideEffect) --------------------------
 def named(name: str, **overrides: Any) -> tuple[str, dict[str, Any]]:
     urn = f"urn:li:structuredProperty:io.acryl.{name}"
-    return urn, mcp("propertyDefinition", definition(qualifiedName=f"io.acryl.{name}", allowedValues=None, **overrides),
-                    urn=urn, entity="structuredProperty")
+    return urn, mcp(
+        "propertyDefinition",
+        definition(qualifiedName=f"io.acryl.{name}", allowedValues=None, **overrides),
+        urn=urn,
+        entity="structuredProperty",
+    )
 
 
 def held(row: dict[str, Any] | None) -> dict[str, list[dict[str, Any]]]:
     return {a["propertyUrn"]: a["values"] for a in row["value"]["properties"]} if row else {}
 
 
-async def test_hard_deleting_a_definition_removes_its_values_from_every_entity_a_version_and_change_log_each(client, db):
+async def test_hard_deleting_a_definition_removes_its_values_from_every_entity_a_version_and_change_log_each(
+    client, db
+):
     """Each entry deletes one property: v3 DELETE of the entity, v3 DELETE of its definition aspect, Rest.li delete.
     A soft-deleted property's values stay (hidden on read), and do not stop the removal of another's."""
     (by_entity, d1), (by_aspect, d2), (by_restli, d3), (soft, d4), (kept, d5) = (
-        named(n) for n in ("entity", "aspect", "restli", "soft", "kept"))
+        named(n) for n in ("entity", "aspect", "restli", "soft", "kept")
+    )
     await propose(client, d1, d2, d3, d4, d5)
     x = [{"string": "x"}]
-    await propose(client, values((by_entity, x), (by_aspect, x), (by_restli, x), (soft, x), (kept, x)),
-                  values((by_entity, x), (by_restli, x), urn=OTHER))
+    await propose(
+        client,
+        values((by_entity, x), (by_aspect, x), (by_restli, x), (soft, x), (kept, x)),
+        values((by_entity, x), (by_restli, x), urn=OTHER),
+    )
     await propose(client, mcp("status", {"removed": True}, urn=soft, entity="structuredProperty"))
-    before = {urn: (await stored(db, urn, "structuredProperties"))["systemMetadata"]["version"] for urn in (DATASET, OTHER)}
+    before = {
+        urn: (await stored(db, urn, "structuredProperties"))["systemMetadata"]["version"] for urn in (DATASET, OTHER)
+    }
     assert before == {DATASET: "1", OTHER: "1"}
 
     assert (await client.delete(f"/openapi/v3/entity/structuredProperty/{by_entity}")).status_code == 200
-    assert (await client.delete(f"/openapi/v3/entity/structuredProperty/{by_aspect}/propertyDefinition")).status_code == 200
-    response = await client.post("/entities?action=delete", json={"urn": by_restli},
-                                 headers={"X-RestLi-Protocol-Version": "2.0.0"})
+    assert (
+        await client.delete(f"/openapi/v3/entity/structuredProperty/{by_aspect}/propertyDefinition")
+    ).status_code == 200
+    response = await client.post(
+        "/entities?action=delete", json={"urn": by_restli}, headers={"X-RestLi-Protocol-Version": "2.0.0"}
+    )
     assert response.status_code == 200 and response.json()["value"]["rows"] > 0, response.text
 
     async def removed() -> bool:
-        return (set(held(await stored(db, DATASET, "structuredProperties"))) == {soft, kept}
-                and held(await stored(db, OTHER, "structuredProperties")) == {})
+        return (
+            set(held(await stored(db, DATASET, "structuredProperties"))) == {soft, kept}
+            and held(await stored(db, OTHER, "structuredProperties")) == {}
+        )
 
     await eventually(removed, what="the deleted properties' values removed")
     rows = {urn: await stored(db, urn, "structuredProperties") for urn in (DATASET, OTHER)}
@@ -236,10 +312,19 @@ async def test_hard_deleting_a_definition_removes_its_values_from_every_entity_a
     cause = rows[DATASET]["systemMetadata"]["properties"]
     assert cause["metaledger.cause.processor"] == "PropertyDefinitionDeleteSideEffect"
     assert cause["metaledger.cause.urn"] in (by_entity, by_aspect, by_restli)
-    logged = await db.fetch("SELECT DISTINCT urn, version FROM change_log_outbox WHERE aspect = 'structuredProperties'"
-                            " AND change_type = 'UPSERT'")  # one per version, whatever the topics
-    assert sorted((r["urn"], r["version"]) for r in logged) == [(OTHER, 1), (OTHER, 2), (OTHER, 3),
-                                                                (DATASET, 1), (DATASET, 2), (DATASET, 3), (DATASET, 4)]
+    logged = await db.fetch(
+        "SELECT DISTINCT urn, version FROM change_log_outbox WHERE aspect = 'structuredProperties'"
+        " AND change_type = 'UPSERT'"
+    )  # one per version, whatever the topics
+    assert sorted((r["urn"], r["version"]) for r in logged) == [
+        (OTHER, 1),
+        (OTHER, 2),
+        (OTHER, 3),
+        (DATASET, 1),
+        (DATASET, 2),
+        (DATASET, 3),
+        (DATASET, 4),
+    ]
     # the soft-deleted property's value is still stored, hidden on read
     aspect = await client.get(f"/openapi/v3/entity/dataset/{quote(DATASET, safe='')}/structuredProperties")
     assert [a["propertyUrn"] for a in aspect.json()["value"]["properties"]] == [kept]
@@ -260,7 +345,13 @@ async def test_a_write_committed_while_the_values_are_removed_is_kept(client, db
         found = await real_holders(repo, property_urn, after, limit)
         if found and not raced:
             raced.append(property_urn)
-            change = [{"op": "add", "path": f"/properties/{kept}", "value": {"propertyUrn": kept, "values": [{"string": "after"}]}}]
+            change = [
+                {
+                    "op": "add",
+                    "path": f"/properties/{kept}",
+                    "value": {"propertyUrn": kept, "values": [{"string": "after"}]},
+                }
+            ]
             await propose(client, mcp("structuredProperties", change, change_type="PATCH"))
         return found
 

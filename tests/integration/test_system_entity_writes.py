@@ -11,8 +11,8 @@ from typing import Any
 import orjson
 import pytest
 
-from app.write.processors import PIPELINE_ASPECT, PIPELINE_URN
 from app.registry.runtime import MODELS_ASPECT
+from app.write.processors import PIPELINE_ASPECT, PIPELINE_URN
 from app.write.rules import MODELS_URN
 from tests import helpers
 from tests.helpers import RESTLI_HEADERS, bearer, restli_propose, stored
@@ -24,7 +24,10 @@ PROCESSORS = "/openapi/v1/change-processors"
 P = "tests.unit.test_processors"
 DATASET = helpers.ds("db.system_writes")
 RATING = {
-    "type": "record", "name": "Rating", "namespace": "com.acme", "Aspect": {"name": "acmeRating"},
+    "type": "record",
+    "name": "Rating",
+    "namespace": "com.acme",
+    "Aspect": {"name": "acmeRating"},
     "fields": [{"name": "stars", "type": "int"}],
 }
 MODEL_SET = {"aspects": [{"schema": RATING}], "entities": [{"name": "dataset", "aspects": ["acmeRating"]}]}
@@ -39,8 +42,10 @@ def system_mcp(urn: str, aspect: str, value: Any = None, change_type: str = "UPS
 
 async def system_rows(db) -> list[tuple]:
     """Every stored row of metaledgerSystem, every version."""
-    rows = await db.fetch("SELECT urn, aspect, version, metadata FROM metadata_aspect_v2 "
-                          "WHERE urn LIKE 'urn:li:metaledgerSystem:%' ORDER BY urn, aspect, version")
+    rows = await db.fetch(
+        "SELECT urn, aspect, version, metadata FROM metadata_aspect_v2 "
+        "WHERE urn LIKE 'urn:li:metaledgerSystem:%' ORDER BY urn, aspect, version"
+    )
     return [tuple(r) for r in rows]
 
 
@@ -52,7 +57,11 @@ async def seed(client, db) -> list[tuple]:
     assert put.status_code == 200, put.text
     rows = await system_rows(db)
     assert {(urn, aspect) for urn, aspect, _, _ in rows} == {
-        (MODELS_URN, KEY), (MODELS_URN, MODELS_ASPECT), (PIPELINE_URN, KEY), (PIPELINE_URN, PIPELINE_ASPECT)}
+        (MODELS_URN, KEY),
+        (MODELS_URN, MODELS_ASPECT),
+        (PIPELINE_URN, KEY),
+        (PIPELINE_URN, PIPELINE_ASPECT),
+    }
     return rows
 
 
@@ -62,53 +71,126 @@ def _patched_lineage(monkeypatch, change_type: str, aspect: str, value: Any) -> 
     import app.api.openlineage as openlineage
     from app.openlineage.mapping import Change
 
-    monkeypatch.setattr(openlineage, "map_event", lambda event: [Change(SYSTEM, MODELS_URN, aspect, value, change_type)])
+    monkeypatch.setattr(
+        openlineage, "map_event", lambda event: [Change(SYSTEM, MODELS_URN, aspect, value, change_type)]
+    )
 
 
 LINEAGE_EVENT = {
-    "eventType": "COMPLETE", "eventTime": "2024-05-01T10:00:00.000Z",
+    "eventType": "COMPLETE",
+    "eventTime": "2024-05-01T10:00:00.000Z",
     "producer": "https://github.com/OpenLineage/OpenLineage/tree/1.30.0/client/python",
     "schemaURL": "https://openlineage.io/spec/2-0-2/OpenLineage.json#/$defs/RunEvent",
-    "run": {"runId": "0190b7e4-3b5e-7a4e-9b1e-5f0f6d9c2a11"}, "job": {"namespace": "analytics", "name": "etl"},
+    "run": {"runId": "0190b7e4-3b5e-7a4e-9b1e-5f0f6d9c2a11"},
+    "job": {"namespace": "analytics", "name": "etl"},
 }
 
 # (name, the route it names, the request): each a general write path's write or delete of metaledgerSystem
 WRITE_SURFACES = [
-    ("v1 proposals: DELETE of the models' key aspect", MODELS,
-     lambda c, mp: c.post("/openapi/v1/proposals", json=[system_mcp(MODELS_URN, KEY, change_type="DELETE")])),
-    ("v1 proposals: DELETE of the pipeline's key aspect", PROCESSORS,
-     lambda c, mp: c.post("/openapi/v1/proposals", json=[system_mcp(PIPELINE_URN, KEY, change_type="DELETE")])),
-    ("v1 proposals: UPSERT of the pipeline", PROCESSORS,
-     lambda c, mp: c.post("/openapi/v1/proposals", json=[system_mcp(PIPELINE_URN, PIPELINE_ASPECT, OTHER_PIPELINE)])),
-    ("v1 proposals: UPSERT of the models", MODELS,
-     lambda c, mp: c.post("/openapi/v1/proposals", json=[system_mcp(MODELS_URN, MODELS_ASPECT, UNCHECKED_MODELS)])),
-    ("v1 proposals, async: DELETE of the pipeline", PROCESSORS,
-     lambda c, mp: c.post("/openapi/v1/proposals", params={"async": "true"},
-                          json=[system_mcp(PIPELINE_URN, PIPELINE_ASPECT, change_type="DELETE")])),
-    ("v3 POST entities", PROCESSORS,
-     lambda c, mp: c.post(f"/openapi/v3/entity/{SYSTEM}", json=[{"urn": PIPELINE_URN, PIPELINE_ASPECT: {"value": OTHER_PIPELINE}}])),
-    ("v3 POST aspect", MODELS,
-     lambda c, mp: c.post(f"/openapi/v3/entity/{SYSTEM}/{MODELS_URN}/{MODELS_ASPECT}", json={"value": UNCHECKED_MODELS})),
-    ("v3 PATCH aspect", PROCESSORS,
-     lambda c, mp: c.patch(f"/openapi/v3/entity/{SYSTEM}/{PIPELINE_URN}/{PIPELINE_ASPECT}",
-                           json=[{"op": "add", "path": "/steps/-", "value": {"name": f"{P}.Boom"}}])),
+    (
+        "v1 proposals: DELETE of the models' key aspect",
+        MODELS,
+        lambda c, mp: c.post("/openapi/v1/proposals", json=[system_mcp(MODELS_URN, KEY, change_type="DELETE")]),
+    ),
+    (
+        "v1 proposals: DELETE of the pipeline's key aspect",
+        PROCESSORS,
+        lambda c, mp: c.post("/openapi/v1/proposals", json=[system_mcp(PIPELINE_URN, KEY, change_type="DELETE")]),
+    ),
+    (
+        "v1 proposals: UPSERT of the pipeline",
+        PROCESSORS,
+        lambda c, mp: c.post("/openapi/v1/proposals", json=[system_mcp(PIPELINE_URN, PIPELINE_ASPECT, OTHER_PIPELINE)]),
+    ),
+    (
+        "v1 proposals: UPSERT of the models",
+        MODELS,
+        lambda c, mp: c.post("/openapi/v1/proposals", json=[system_mcp(MODELS_URN, MODELS_ASPECT, UNCHECKED_MODELS)]),
+    ),
+    (
+        "v1 proposals, async: DELETE of the pipeline",
+        PROCESSORS,
+        lambda c, mp: c.post(
+            "/openapi/v1/proposals",
+            params={"async": "true"},
+            json=[system_mcp(PIPELINE_URN, PIPELINE_ASPECT, change_type="DELETE")],
+        ),
+    ),
+    (
+        "v3 POST entities",
+        PROCESSORS,
+        lambda c, mp: c.post(
+            f"/openapi/v3/entity/{SYSTEM}", json=[{"urn": PIPELINE_URN, PIPELINE_ASPECT: {"value": OTHER_PIPELINE}}]
+        ),
+    ),
+    (
+        "v3 POST aspect",
+        MODELS,
+        lambda c, mp: c.post(
+            f"/openapi/v3/entity/{SYSTEM}/{MODELS_URN}/{MODELS_ASPECT}", json={"value": UNCHECKED_MODELS}
+        ),
+    ),
+    (
+        "v3 PATCH aspect",
+        PROCESSORS,
+        lambda c, mp: c.patch(
+            f"/openapi/v3/entity/{SYSTEM}/{PIPELINE_URN}/{PIPELINE_ASPECT}",
+            json=[{"op": "add", "path": "/steps/-", "value": {"name": f"{P}.Boom"}}],
+        ),
+    ),
     ("v3 DELETE entity", MODELS, lambda c, mp: c.delete(f"/openapi/v3/entity/{SYSTEM}/{MODELS_URN}")),
-    ("v3 DELETE aspects", PROCESSORS,
-     lambda c, mp: c.delete(f"/openapi/v3/entity/{SYSTEM}/{PIPELINE_URN}", params={"aspects": PIPELINE_ASPECT})),
+    (
+        "v3 DELETE aspects",
+        PROCESSORS,
+        lambda c, mp: c.delete(f"/openapi/v3/entity/{SYSTEM}/{PIPELINE_URN}", params={"aspects": PIPELINE_ASPECT}),
+    ),
     ("v3 DELETE aspect", MODELS, lambda c, mp: c.delete(f"/openapi/v3/entity/{SYSTEM}/{MODELS_URN}/{MODELS_ASPECT}")),
-    ("Rest.li ingestProposal: DELETE of the key aspect", MODELS,
-     lambda c, mp: restli_propose(c, system_mcp(MODELS_URN, KEY, change_type="DELETE"))),
-    ("Rest.li ingestProposalBatch: UPSERT of the pipeline", PROCESSORS,
-     lambda c, mp: restli_propose(c, system_mcp(PIPELINE_URN, PIPELINE_ASPECT, OTHER_PIPELINE, encode=True),
-                                  helpers.mcp("status", {"removed": False}, DATASET, encode=True))),
-    ("Rest.li entities delete", MODELS,
-     lambda c, mp: c.post("/entities?action=delete", content=orjson.dumps({"urn": MODELS_URN}), headers=RESTLI_HEADERS)),
-    ("Rest.li entities ingest (an MCE)", PROCESSORS,
-     lambda c, mp: c.post("/entities?action=ingest", headers=RESTLI_HEADERS, content=orjson.dumps({"entity": {"value": {
-         "com.linkedin.metadata.snapshot.MetaledgerSystemSnapshot": {"urn": PIPELINE_URN, "aspects": [
-             {"io.metaledger.system.ChangeProcessorPipeline": OTHER_PIPELINE}]}}}}))),
-    ("OpenLineage: DELETE of the key aspect", MODELS,
-     lambda c, mp: (_patched_lineage(mp, "DELETE", KEY, None), c.post("/api/v1/lineage", json=LINEAGE_EVENT))[1]),
+    (
+        "Rest.li ingestProposal: DELETE of the key aspect",
+        MODELS,
+        lambda c, mp: restli_propose(c, system_mcp(MODELS_URN, KEY, change_type="DELETE")),
+    ),
+    (
+        "Rest.li ingestProposalBatch: UPSERT of the pipeline",
+        PROCESSORS,
+        lambda c, mp: restli_propose(
+            c,
+            system_mcp(PIPELINE_URN, PIPELINE_ASPECT, OTHER_PIPELINE, encode=True),
+            helpers.mcp("status", {"removed": False}, DATASET, encode=True),
+        ),
+    ),
+    (
+        "Rest.li entities delete",
+        MODELS,
+        lambda c, mp: c.post(
+            "/entities?action=delete", content=orjson.dumps({"urn": MODELS_URN}), headers=RESTLI_HEADERS
+        ),
+    ),
+    (
+        "Rest.li entities ingest (an MCE)",
+        PROCESSORS,
+        lambda c, mp: c.post(
+            "/entities?action=ingest",
+            headers=RESTLI_HEADERS,
+            content=orjson.dumps(
+                {
+                    "entity": {
+                        "value": {
+                            "com.linkedin.metadata.snapshot.MetaledgerSystemSnapshot": {
+                                "urn": PIPELINE_URN,
+                                "aspects": [{"io.metaledger.system.ChangeProcessorPipeline": OTHER_PIPELINE}],
+                            }
+                        }
+                    }
+                }
+            ),
+        ),
+    ),
+    (
+        "OpenLineage: DELETE of the key aspect",
+        MODELS,
+        lambda c, mp: (_patched_lineage(mp, "DELETE", KEY, None), c.post("/api/v1/lineage", json=LINEAGE_EVENT))[1],
+    ),
 ]
 
 
@@ -128,8 +210,9 @@ async def test_general_write_paths_refuse_metaledger_system(surface, client, db,
 async def test_a_writer_is_refused_too_naming_the_service(app, client, db):
     before = await seed(client, db)
     writer = await bearer(app, role="writer", actor="urn:li:corpuser:alice")
-    refused = await client.post("/openapi/v1/proposals", headers=writer,
-                                json=[system_mcp(PIPELINE_URN, PIPELINE_ASPECT, OTHER_PIPELINE)])
+    refused = await client.post(
+        "/openapi/v1/proposals", headers=writer, json=[system_mcp(PIPELINE_URN, PIPELINE_ASPECT, OTHER_PIPELINE)]
+    )
     assert refused.status_code == 403 and SYSTEM in refused.text and PROCESSORS in refused.text, refused.text
     assert (await client.put(PROCESSORS, json=OTHER_PIPELINE, headers=writer)).status_code == 403
     assert (await client.post(MODELS, json=MODEL_SET, headers=writer)).status_code == 403
@@ -149,13 +232,20 @@ async def test_the_kafka_consumers_refuse_metaledger_system(kind, app, client, d
     if kind == "MCP":
         payload = system_mcp(MODELS_URN, KEY, change_type="DELETE")
     else:
-        payload = {"proposedSnapshot": {"com.linkedin.metadata.snapshot.MetaledgerSystemSnapshot": {
-            "urn": PIPELINE_URN, "aspects": [{"io.metaledger.system.ChangeProcessorPipeline": OTHER_PIPELINE}]}}}
+        payload = {
+            "proposedSnapshot": {
+                "com.linkedin.metadata.snapshot.MetaledgerSystemSnapshot": {
+                    "urn": PIPELINE_URN,
+                    "aspects": [{"io.metaledger.system.ChangeProcessorPipeline": OTHER_PIPELINE}],
+                }
+            }
+        }
     record = SimpleNamespace(topic="t", partition=0, offset=0, timestamp=0, key=b"k", value=orjson.dumps(payload))
     (unit,) = await read_batch([record], MCP if kind == "MCP" else MCE, app.state.gateway, codec("json"))
     assert unit.error is not None and not unit.proposals
     assert "SystemEntityThroughItsServices" in str(getattr(unit.error, "message", unit.error)) or any(
-        "SystemEntityThroughItsServices" in i.message for i in getattr(unit.error, "issues", ()))
+        "SystemEntityThroughItsServices" in i.message for i in getattr(unit.error, "issues", ())
+    )
     assert await system_rows(db) == before
 
 
@@ -167,20 +257,31 @@ async def test_rollback_of_a_run_never_touches_metaledger_system(app, client, db
     from app.write.rules import system_service_write
 
     run = {"runId": "r-system", "lastObserved": 1700000000000}
-    written = await restli_propose(client, helpers.mcp("datasetProperties", {"description": "by the run"}, DATASET,
-                                                       encode=True, systemMetadata=run))
+    written = await restli_propose(
+        client,
+        helpers.mcp("datasetProperties", {"description": "by the run"}, DATASET, encode=True, systemMetadata=run),
+    )
     assert written.status_code == 200, written.text
     gateway = app.state.gateway
-    for urn, aspect, value in ((PIPELINE_URN, PIPELINE_ASPECT, PIPELINE), (MODELS_URN, MODELS_ASPECT, {"aspects": [], "entities": []})):
+    for urn, aspect, value in (
+        (PIPELINE_URN, PIPELINE_ASPECT, PIPELINE),
+        (MODELS_URN, MODELS_ASPECT, {"aspects": [], "entities": []}),
+    ):
         with system_service_write(urn, aspect):
             async with app.state.sessionmaker() as session:
-                await gateway.submit(session, [Draft(0, SYSTEM, aspect, "UPSERT", urn=urn, value=value, system_metadata=run)],
-                                     SYSTEM_PRINCIPAL)
+                await gateway.submit(
+                    session,
+                    [Draft(0, SYSTEM, aspect, "UPSERT", urn=urn, value=value, system_metadata=run)],
+                    SYSTEM_PRINCIPAL,
+                )
     before = await system_rows(db)
     assert len(before) == 4
 
-    response = await client.post("/runs?action=rollback", headers=RESTLI_HEADERS,
-                                 content=orjson.dumps({"runId": "r-system", "dryRun": False, "safe": False}))
+    response = await client.post(
+        "/runs?action=rollback",
+        headers=RESTLI_HEADERS,
+        content=orjson.dumps({"runId": "r-system", "dryRun": False, "safe": False}),
+    )
     assert response.status_code == 200, response.text
     assert await stored(db, DATASET, "datasetProperties") is None  # the run's own write: reverted
     assert await system_rows(db) == before
@@ -198,8 +299,12 @@ async def test_delete_references_never_touches_metaledger_system(client, db, reg
     paths[PIPELINE_ASPECT] = [(["steps", "*", "config", "*"], "Mentions")]
     monkeypatch.setattr(registry, "_restli_relationship_paths", paths)
     await seed(client, db)
-    assert (await client.put(PROCESSORS, json={"steps": [{"name": f"{P}.Lowercase", "config": {"tag": tag}}]})).status_code == 200
-    assert (await restli_propose(client, helpers.mcp("globalTags", {"tags": [{"tag": tag}]}, DATASET, encode=True))).status_code == 200
+    assert (
+        await client.put(PROCESSORS, json={"steps": [{"name": f"{P}.Lowercase", "config": {"tag": tag}}]})
+    ).status_code == 200
+    assert (
+        await restli_propose(client, helpers.mcp("globalTags", {"tags": [{"tag": tag}]}, DATASET, encode=True))
+    ).status_code == 200
     before = await system_rows(db)
 
     done = await client.post("/entities?action=deleteReferences", json={"urn": tag, "dryRun": False})
@@ -219,10 +324,18 @@ async def test_the_models_api_and_the_processors_api_still_write_it(client, db, 
     put = await client.put(PROCESSORS, json=PIPELINE)
     assert put.status_code == 200, put.text
     body = put.json()
-    assert body["version"] == 1 and body["urn"] == PIPELINE_URN and [s["name"] for s in body["steps"]] == [f"{P}.Lowercase"]
+    assert (
+        body["version"] == 1
+        and body["urn"] == PIPELINE_URN
+        and [s["name"] for s in body["steps"]] == [f"{P}.Lowercase"]
+    )
     assert body["steps"][0]["loaded"] is True
-    tags = await client.post("/openapi/v1/proposals", json=[helpers.mcp("globalTags", {"tags": [{"tag": "urn:li:tag:PII"}]}, DATASET)])
-    assert tags.status_code == 200 and (await stored(db, DATASET, "globalTags"))["value"]["tags"] == [{"tag": "urn:li:tag:pii"}]
+    tags = await client.post(
+        "/openapi/v1/proposals", json=[helpers.mcp("globalTags", {"tags": [{"tag": "urn:li:tag:PII"}]}, DATASET)]
+    )
+    assert tags.status_code == 200 and (await stored(db, DATASET, "globalTags"))["value"]["tags"] == [
+        {"tag": "urn:li:tag:pii"}
+    ]
     stale = await client.put(PROCESSORS, params={"ifVersion": "0"}, json=OTHER_PIPELINE)
     assert stale.status_code == 409, stale.text
     again = await client.put(PROCESSORS, params={"ifVersion": "1"}, json=OTHER_PIPELINE)
@@ -233,5 +346,12 @@ async def test_the_models_api_and_the_processors_api_still_write_it(client, db, 
     row = await stored(db, PIPELINE_URN, PIPELINE_ASPECT)
     assert row["createdBy"] == helpers.TEST_ACTOR and row["systemMetadata"]["version"] == "2"
     # with its change log, as any aspect
-    assert await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE urn = $1 AND aspect = $2 "
-                             "AND topic = 'MetadataChangeLog_Versioned_v1'", PIPELINE_URN, PIPELINE_ASPECT) == 2
+    assert (
+        await db.fetchval(
+            "SELECT count(*) FROM change_log_outbox WHERE urn = $1 AND aspect = $2 "
+            "AND topic = 'MetadataChangeLog_Versioned_v1'",
+            PIPELINE_URN,
+            PIPELINE_ASPECT,
+        )
+        == 2
+    )

@@ -21,15 +21,28 @@ async def client_id(client) -> str:
     return response.json()["aspect"]["com.linkedin.telemetry.TelemetryClientId"]["clientId"]
 
 
-async def test_the_first_start_creates_it_with_a_change_log_and_later_starts_keep_it(client, db, database_url, registry):
+async def test_the_first_start_creates_it_with_a_change_log_and_later_starts_keep_it(
+    client, db, database_url, registry
+):
     first = await client_id(client)
     assert uuid.UUID(first)
-    logs = await db.fetch("SELECT urn, aspect, change_type FROM change_log_outbox WHERE topic LIKE 'MetadataChangeLog_%'")
-    assert sorted(tuple(r) for r in logs) == [(CLIENT_ID_URN, CLIENT_ID_ASPECT, "CREATE"),
-                                              (CLIENT_ID_URN, "telemetryKey", "UPSERT")]
+    logs = await db.fetch(
+        "SELECT urn, aspect, change_type FROM change_log_outbox WHERE topic LIKE 'MetadataChangeLog_%'"
+    )
+    assert sorted(tuple(r) for r in logs) == [
+        (CLIENT_ID_URN, CLIENT_ID_ASPECT, "CREATE"),
+        (CLIENT_ID_URN, "telemetryKey", "UPSERT"),
+    ]
 
-    again = create_app(Settings(database_url=database_url, apply_migrations_on_start=False,
-                                auth_bootstrap_admin_token=False, telemetry_client_id=True), registry)
+    again = create_app(
+        Settings(
+            database_url=database_url,
+            apply_migrations_on_start=False,
+            auth_bootstrap_admin_token=False,
+            telemetry_client_id=True,
+        ),
+        registry,
+    )
     async with again.router.lifespan_context(again):
         pass
     assert await client_id(client) == first

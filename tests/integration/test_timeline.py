@@ -30,11 +30,21 @@ def owners(*users):
 
 def schema(*fields):
     return {
-        "schemaName": "orders", "platform": "urn:li:dataPlatform:hive", "version": 0, "hash": "",
+        "schemaName": "orders",
+        "platform": "urn:li:dataPlatform:hive",
+        "version": 0,
+        "hash": "",
         "platformSchema": {"com.linkedin.schema.OtherSchema": {"rawSchema": ""}},
         "fields": [
-            {"fieldPath": path, "nativeDataType": native,
-             "type": {"type": {"com.linkedin.schema.NumberType" if native == "int" else "com.linkedin.schema.StringType": {}}}}
+            {
+                "fieldPath": path,
+                "nativeDataType": native,
+                "type": {
+                    "type": {
+                        "com.linkedin.schema.NumberType" if native == "int" else "com.linkedin.schema.StringType": {}
+                    }
+                },
+            }
             for path, native in fields
         ],
     }
@@ -48,26 +58,45 @@ def properties(description):
 CHANGES = [
     ("globalTags", tags("pii"), [("TAG", "ADD", "urn:li:tag:pii")], "0.0.0-computed"),
     ("ownership", owners("jdoe"), [("OWNERSHIP", "ADD", "urn:li:corpuser:jdoe")], "0.1.0-computed"),
-    ("schemaMetadata", schema(("id", "int"), ("amount", "int")), [
-        ("TECHNICAL_SCHEMA", "ADD", f"urn:li:schemaField:({DATASET},amount)"),
-        ("TECHNICAL_SCHEMA", "ADD", f"urn:li:schemaField:({DATASET},id)"),
-    ], "0.2.0-computed"),
+    (
+        "schemaMetadata",
+        schema(("id", "int"), ("amount", "int")),
+        [
+            ("TECHNICAL_SCHEMA", "ADD", f"urn:li:schemaField:({DATASET},amount)"),
+            ("TECHNICAL_SCHEMA", "ADD", f"urn:li:schemaField:({DATASET},id)"),
+        ],
+        "0.2.0-computed",
+    ),
     ("datasetProperties", properties("orders"), [("DOCUMENTATION", "ADD", None)], "0.3.0-computed"),
     ("globalTags", tags("pii", "gold"), [("TAG", "ADD", "urn:li:tag:gold")], "0.4.0-computed"),
-    ("schemaMetadata", schema(("id", "int"), ("amount", "int"), ("note", "string")),
-     [("TECHNICAL_SCHEMA", "ADD", f"urn:li:schemaField:({DATASET},note)")], "0.5.0-computed"),
-    ("ownership", owners("alice"), [("OWNERSHIP", "REMOVE", "urn:li:corpuser:jdoe"),
-                                    ("OWNERSHIP", "ADD", "urn:li:corpuser:alice")], "0.6.0-computed"),
+    (
+        "schemaMetadata",
+        schema(("id", "int"), ("amount", "int"), ("note", "string")),
+        [("TECHNICAL_SCHEMA", "ADD", f"urn:li:schemaField:({DATASET},note)")],
+        "0.5.0-computed",
+    ),
+    (
+        "ownership",
+        owners("alice"),
+        [("OWNERSHIP", "REMOVE", "urn:li:corpuser:jdoe"), ("OWNERSHIP", "ADD", "urn:li:corpuser:alice")],
+        "0.6.0-computed",
+    ),
     ("datasetProperties", properties("all orders"), [("DOCUMENTATION", "MODIFY", None)], "0.7.0-computed"),
     # dropping a column breaks readers: MAJOR
-    ("schemaMetadata", schema(("id", "int"), ("note", "string")),
-     [("TECHNICAL_SCHEMA", "REMOVE", f"urn:li:schemaField:({DATASET},amount)")], "1.0.0-computed"),
+    (
+        "schemaMetadata",
+        schema(("id", "int"), ("note", "string")),
+        [("TECHNICAL_SCHEMA", "REMOVE", f"urn:li:schemaField:({DATASET},amount)")],
+        "1.0.0-computed",
+    ),
     ("globalTags", tags("gold"), [("TAG", "REMOVE", "urn:li:tag:pii")], "1.1.0-computed"),
 ]
 
 
 async def write(client, aspect, value, urn=DATASET):
-    response = await client.post("/openapi/v3/entity/dataset?async=false", json=[{"urn": urn, aspect: {"value": value}}])
+    response = await client.post(
+        "/openapi/v3/entity/dataset?async=false", json=[{"urn": urn, aspect: {"value": value}}]
+    )
     assert response.status_code == 200, response.text
     # the next version is of a later millisecond (versions of one millisecond are one transaction): the clock has
     # moved past the one this version was written at
@@ -107,10 +136,14 @@ async def test_ten_changes_in_order_with_categories_and_semantic_versions(client
     assert "rawDiff" not in first
     event = first["changeEvents"][0]
     assert event == {
-        "entityUrn": DATASET, "category": "TAG", "operation": "ADD", "modifier": "urn:li:tag:pii",
+        "entityUrn": DATASET,
+        "category": "TAG",
+        "operation": "ADD",
+        "modifier": "urn:li:tag:pii",
         "parameters": {"tagUrn": "urn:li:tag:pii", "context": "{}", "sourceDetails": "{}"},
         "auditStamp": {"time": first["timestamp"], "actor": "urn:li:corpuser:datahub"},
-        "semVerChange": "MINOR", "description": f"Tag 'pii' added to entity '{DATASET}'.",
+        "semVerChange": "MINOR",
+        "description": f"Tag 'pii' added to entity '{DATASET}'.",
     }
     dropped = timeline[8]["changeEvents"][0]
     assert dropped["semVerChange"] == "MAJOR"
@@ -126,8 +159,13 @@ async def test_category_filter_and_its_own_semantic_versions(client):
     assert [t["semVer"] for t in only_tags] == ["0.0.0-computed", "0.1.0-computed", "0.2.0-computed"]
     both = (await client.get(TIMELINE, params={"categories": ["OWNER", "TECHNICAL_SCHEMA"]})).json()
     assert [brief(t) for t in both] == [CHANGES[i][2] for i in (1, 2, 5, 6, 8)]
-    assert [t["semVer"] for t in both] == ["0.0.0-computed", "0.1.0-computed", "0.2.0-computed", "0.3.0-computed",
-                                           "1.0.0-computed"]
+    assert [t["semVer"] for t in both] == [
+        "0.0.0-computed",
+        "0.1.0-computed",
+        "0.2.0-computed",
+        "0.3.0-computed",
+        "1.0.0-computed",
+    ]
     # a category with nothing to show for a dataset yields nothing, as in DataHub
     assert (await client.get(TIMELINE, params={"categories": "RUN"})).json() == []
 
@@ -186,9 +224,19 @@ async def test_an_entity_without_history_has_an_empty_timeline(client):
 
 async def test_lifecycle_and_documentation_of_links(client):
     await write(client, "status", {"removed": False})
-    await write(client, "institutionalMemory", {"elements": [
-        {"url": "https://wiki/orders", "description": "runbook",
-         "createStamp": {"time": 0, "actor": "urn:li:corpuser:jdoe"}}]})
+    await write(
+        client,
+        "institutionalMemory",
+        {
+            "elements": [
+                {
+                    "url": "https://wiki/orders",
+                    "description": "runbook",
+                    "createStamp": {"time": 0, "actor": "urn:li:corpuser:jdoe"},
+                }
+            ]
+        },
+    )
     await write(client, "status", {"removed": True})
     lifecycle = (await client.get(TIMELINE, params={"categories": "LIFECYCLE"})).json()
     assert [brief(t) for t in lifecycle] == [[("LIFECYCLE", "CREATE", None)], [("LIFECYCLE", "SOFT_DELETE", None)]]

@@ -33,29 +33,59 @@ async def test_an_encoded_nul_beside_an_encoded_slash_is_never_read_as_a_slash(c
 
 @pytest.fixture
 async def s3_dataset(client):
-    response = await client.post("/openapi/v3/entity/dataset", json=[{
-        "urn": S3,
-        # indexed before the answer: the lineage and relationship reads see the edge at once
-        "datasetProperties": {"value": {"name": "orders", "description": "raw orders"}, "headers": SYNC},
-        "upstreamLineage": {"value": {"upstreams": [{"dataset": UPSTREAM, "type": "TRANSFORMED"}]}, "headers": SYNC},
-    }])
+    response = await client.post(
+        "/openapi/v3/entity/dataset",
+        json=[
+            {
+                "urn": S3,
+                # indexed before the answer: the lineage and relationship reads see the edge at once
+                "datasetProperties": {"value": {"name": "orders", "description": "raw orders"}, "headers": SYNC},
+                "upstreamLineage": {
+                    "value": {"upstreams": [{"dataset": UPSTREAM, "type": "TRANSFORMED"}]},
+                    "headers": SYNC,
+                },
+            }
+        ],
+    )
     assert response.status_code == 200, response.text
     return S3
 
 
-@pytest.mark.parametrize(("path", "read", "expected"), [
-    (f"/openapi/v3/entity/dataset/{ENCODED}",
-     lambda body: (body["urn"], body["datasetProperties"]["value"]["description"]), (S3, "raw orders")),
-    (f"/openapi/v3/entity/dataset/{ENCODED}/datasetProperties",
-     lambda body: body["value"]["description"], "raw orders"),
-    (f"/openapi/v2/timeline/v1/{ENCODED}?categories=DOCUMENTATION",
-     lambda body: [(e["entityUrn"], e["category"]) for t in body for e in t["changeEvents"]], [(S3, "DOCUMENTATION")]),
-    (f"/openapi/v1/lineage/{ENCODED}?direction=UPSTREAM", lambda body: [e["urn"] for e in body["entities"]], [UPSTREAM]),
-    (f"/openapi/v3/relationship/dataset/{ENCODED}?relationshipType[]=DownstreamOf&direction=OUTGOING",
-     lambda body: [(r["source"]["urn"], r["destination"]["urn"]) for r in body["results"]], [(S3, UPSTREAM)]),
-    (f"/aspects/{ENCODED}?aspect=datasetProperties&version=0",
-     lambda body: body["aspect"]["com.linkedin.dataset.DatasetProperties"]["description"], "raw orders"),
-])
+@pytest.mark.parametrize(
+    ("path", "read", "expected"),
+    [
+        (
+            f"/openapi/v3/entity/dataset/{ENCODED}",
+            lambda body: (body["urn"], body["datasetProperties"]["value"]["description"]),
+            (S3, "raw orders"),
+        ),
+        (
+            f"/openapi/v3/entity/dataset/{ENCODED}/datasetProperties",
+            lambda body: body["value"]["description"],
+            "raw orders",
+        ),
+        (
+            f"/openapi/v2/timeline/v1/{ENCODED}?categories=DOCUMENTATION",
+            lambda body: [(e["entityUrn"], e["category"]) for t in body for e in t["changeEvents"]],
+            [(S3, "DOCUMENTATION")],
+        ),
+        (
+            f"/openapi/v1/lineage/{ENCODED}?direction=UPSTREAM",
+            lambda body: [e["urn"] for e in body["entities"]],
+            [UPSTREAM],
+        ),
+        (
+            f"/openapi/v3/relationship/dataset/{ENCODED}?relationshipType[]=DownstreamOf&direction=OUTGOING",
+            lambda body: [(r["source"]["urn"], r["destination"]["urn"]) for r in body["results"]],
+            [(S3, UPSTREAM)],
+        ),
+        (
+            f"/aspects/{ENCODED}?aspect=datasetProperties&version=0",
+            lambda body: body["aspect"]["com.linkedin.dataset.DatasetProperties"]["description"],
+            "raw orders",
+        ),
+    ],
+)
 async def test_every_urn_route_reads_an_s3_dataset(client, s3_dataset, path, read, expected):
     response = await client.get(path)
     assert response.status_code == 200, response.text

@@ -46,9 +46,13 @@ async def background_pid(dsn: str, supervisor: int) -> int | None:
     indexer's connection can outlive it for a moment."""
     conn = await asyncpg.connect(dsn)
     try:
-        ports = {r["client_port"] for r in await conn.fetch(
-            "SELECT client_port FROM pg_stat_activity "
-            "WHERE datname = current_database() AND application_name = 'metaledger-indexer'")}
+        ports = {
+            r["client_port"]
+            for r in await conn.fetch(
+                "SELECT client_port FROM pg_stat_activity "
+                "WHERE datname = current_database() AND application_name = 'metaledger-indexer'"
+            )
+        }
     finally:
         await conn.close()
     for child in children(supervisor):
@@ -76,18 +80,26 @@ async def test_serve_with_two_workers(make_database, migrated_template):
     dsn = database_url.replace("postgresql+asyncpg://", "postgresql://")
     port = free_port()
     base = f"http://127.0.0.1:{port}"
-    env = {"METALEDGER_DATABASE_URL": database_url, "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
-           "METALEDGER_SEARCH_WORKER_POLL_MS": "20"}
+    env = {
+        "METALEDGER_DATABASE_URL": database_url,
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+        "METALEDGER_SEARCH_WORKER_POLL_MS": "20",
+    }
     # an indexer of another database on the same server, as a full run has (tests/client's session-scoped service)
-    other_indexer = await asyncpg.connect(make_database().replace("postgresql+asyncpg://", "postgresql://"),
-                                          server_settings={"application_name": "metaledger-indexer"})
+    other_indexer = await asyncpg.connect(
+        make_database().replace("postgresql+asyncpg://", "postgresql://"),
+        server_settings={"application_name": "metaledger-indexer"},
+    )
     supervisor = start_service(env, port, workers=2)
     try:
         await wait_healthy(base, 90, supervisor)
         # every process is up: 2 API workers, 1 background process (and uvicorn's supervisor thread in this one)
-        assert await wait_for(lambda: _count_children(supervisor.pid, 3)), [p.cmdline() for p in children(supervisor.pid)]
+        assert await wait_for(lambda: _count_children(supervisor.pid, 3)), [
+            p.cmdline() for p in children(supervisor.pid)
+        ]
 
         async with httpx.AsyncClient(base_url=base, headers=SYSTEM_AUTH, timeout=60) as http:
+
             async def writer(c: int) -> list[int]:
                 statuses = []
                 for i in range(WRITES_PER_CLIENT):
@@ -108,25 +120,32 @@ async def test_serve_with_two_workers(make_database, migrated_template):
                 # exactly one versioned change log per acknowledged write, each a version of its own
                 rows = await conn.fetch(
                     "SELECT urn, version, feed_offset FROM change_log_outbox WHERE topic = 'MetadataChangeLog_Versioned_v1' "
-                    "AND aspect = 'datasetProperties'")
+                    "AND aspect = 'datasetProperties'"
+                )
                 assert len(rows) == writes
                 assert len({(r["urn"], r["version"]) for r in rows}) == writes
+
                 # the background process's sequencer gives every committed change log its offset, densely
                 async def sequenced() -> bool:
                     return await conn.fetchval("SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL") == 0
+
                 assert await wait_for(sequenced)
-                offsets = [r["feed_offset"] for r in await conn.fetch("SELECT feed_offset FROM change_log_outbox ORDER BY 1")]
+                offsets = [
+                    r["feed_offset"] for r in await conn.fetch("SELECT feed_offset FROM change_log_outbox ORDER BY 1")
+                ]
                 assert offsets == list(range(1, len(offsets) + 1))
                 # per aspect, the feed has the versions in order (commit order), whichever process wrote them
                 by_urn: dict[str, list[int]] = {}
                 for r in await conn.fetch(
-                        "SELECT urn, version FROM change_log_outbox WHERE topic = 'MetadataChangeLog_Versioned_v1' "
-                        "AND aspect = 'datasetProperties' ORDER BY feed_offset"):
+                    "SELECT urn, version FROM change_log_outbox WHERE topic = 'MetadataChangeLog_Versioned_v1' "
+                    "AND aspect = 'datasetProperties' ORDER BY feed_offset"
+                ):
                     by_urn.setdefault(r["urn"], []).append(r["version"])
                 assert all(versions == sorted(versions) for versions in by_urn.values()), by_urn
                 latest = await conn.fetch(
                     "SELECT urn, systemmetadata::jsonb ->> 'version' AS v FROM metadata_aspect_v2 "
-                    "WHERE aspect = 'datasetProperties' AND version = 0")
+                    "WHERE aspect = 'datasetProperties' AND version = 0"
+                )
                 assert sorted(int(r["v"]) for r in latest) == [writes // ENTITIES] * ENTITIES
             finally:
                 await conn.close()
@@ -135,21 +154,31 @@ async def test_serve_with_two_workers(make_database, migrated_template):
             async def indexed() -> bool:
                 found = await http.get("/openapi/v3/entity/dataset", params={"query": "client", "count": 100})
                 return found.status_code == 200 and len(found.json()["entities"]) == ENTITIES
-            assert await wait_for(indexed), (await http.get("/openapi/v3/entity/dataset", params={"query": "client"})).text
+
+            assert await wait_for(indexed), (
+                await http.get("/openapi/v3/entity/dataset", params={"query": "client"})
+            ).text
 
             # /metrics sums the processes: every write counted once, whichever process took it and the scrape; the
             # rows applied are counted by the background process (which may still be applying the last ones: every
             # entity found does not mean every version indexed), scraped through an API process
             async def scrape() -> tuple[float, float]:
                 lines = (await http.get("/metrics")).text.splitlines()
-                counted = sum(float(line.rsplit(" ", 1)[1]) for line in lines
-                              if line.startswith("metaledger_writes_total{") and 'aspect="datasetProperties"' in line)
-                applied = sum(float(line.rsplit(" ", 1)[1]) for line in lines
-                              if line.startswith("metaledger_indexer_applied_rows_total"))
+                counted = sum(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in lines
+                    if line.startswith("metaledger_writes_total{") and 'aspect="datasetProperties"' in line
+                )
+                applied = sum(
+                    float(line.rsplit(" ", 1)[1])
+                    for line in lines
+                    if line.startswith("metaledger_indexer_applied_rows_total")
+                )
                 return counted, applied
 
             async def all_applied() -> bool:
                 return (await scrape())[1] >= writes
+
             assert await wait_for(all_applied), await scrape()
             for _ in range(3):
                 counted, applied = await scrape()
@@ -163,15 +192,19 @@ async def test_serve_with_two_workers(make_database, migrated_template):
             async def replaced() -> int | None:
                 pid = await background_pid(dsn, supervisor.pid)
                 return pid if pid != old else None
+
             new = await wait_for(replaced)
             assert new, "the background process was not replaced"
-            response = await http.post(f"/openapi/v3/entity/dataset/{urn(99, 0)}/datasetProperties",
-                                       json={"value": {"name": "after the restart"}})
+            response = await http.post(
+                f"/openapi/v3/entity/dataset/{urn(99, 0)}/datasetProperties",
+                json={"value": {"name": "after the restart"}},
+            )
             assert response.status_code == 200, response.text
 
             async def indexed_after() -> bool:
                 found = await http.get("/openapi/v3/entity/dataset", params={"query": "restart"})
                 return found.status_code == 200 and len(found.json()["entities"]) == 1
+
             assert await wait_for(indexed_after)
         pids = [p.pid for p in children(supervisor.pid)]
     finally:
@@ -203,8 +236,10 @@ def _running(pid: int) -> bool:
 async def test_children_stop_when_the_supervisor_is_killed(make_database, migrated_template):
     """kill -9 of the supervisor leaves no orphan: the API workers and the background process stop on their own
     (they would otherwise keep the port and run a relay nobody supervises)."""
-    env = {"METALEDGER_DATABASE_URL": make_database(template=migrated_template),
-           "METALEDGER_APPLY_MIGRATIONS_ON_START": "false"}
+    env = {
+        "METALEDGER_DATABASE_URL": make_database(template=migrated_template),
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+    }
     port = free_port()
     supervisor = start_service(env, port, workers=2)
     try:

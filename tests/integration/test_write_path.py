@@ -24,7 +24,9 @@ async def rows(db, urn: str = DATASET, aspect: str | None = None):
 
 async def outbox(db, aspect: str | None = None, topic_prefix: str = "MetadataChangeLog_"):
     """Outbox rows (change logs by default; `topic_prefix="PlatformEvent"` for entity change events)."""
-    query = "SELECT topic, message_key, aspect, version, change_type, payload FROM change_log_outbox WHERE topic LIKE $1"
+    query = (
+        "SELECT topic, message_key, aspect, version, change_type, payload FROM change_log_outbox WHERE topic LIKE $1"
+    )
     args = [topic_prefix + "%"]
     if aspect:
         query += " AND aspect = $2"
@@ -44,7 +46,10 @@ async def test_first_upsert_creates_row_zero_and_the_key_aspect(client, db):
     assert sm["version"] == "1" and sm["runId"] == "no-run-id-provided" and sm["lastRunId"] == "no-run-id-provided"
     assert sm["lastObserved"] > 0 and sm["aspectCreated"] == sm["aspectModified"]
     logs = await outbox(db)
-    assert [(o["aspect"], o["change_type"], o["version"]) for o in logs] == [("datasetKey", "UPSERT", 1), ("status", "UPSERT", 1)]
+    assert [(o["aspect"], o["change_type"], o["version"]) for o in logs] == [
+        ("datasetKey", "UPSERT", 1),
+        ("status", "UPSERT", 1),
+    ]
 
 
 async def test_changed_value_bumps_version_and_keeps_history(client, db):
@@ -67,7 +72,9 @@ async def test_changed_value_bumps_version_and_keeps_history(client, db):
 async def test_no_op_keeps_version_refreshes_run_and_logs_nothing(client, db):
     await propose(client, mcp("status", {"removed": False}, systemMetadata={"runId": "a", "lastObserved": 1000}))
     logs_before = len(await outbox(db))
-    result = await propose(client, mcp("status", {"removed": False}, systemMetadata={"runId": "b", "lastObserved": 2000}))
+    result = await propose(
+        client, mcp("status", {"removed": False}, systemMetadata={"runId": "b", "lastObserved": 2000})
+    )
     assert result["results"][0]["status"] == "UNCHANGED" and result["results"][0]["version"] == "1"
     stored = await rows(db, aspect="status")
     assert len(stored) == 1
@@ -135,7 +142,9 @@ async def test_if_modified_and_unmodified_since(client, db):
     await propose(client, mcp("status", {"removed": False}, headers={"If-Modified-Since": future}), expect=412)
     await propose(client, mcp("status", {"removed": False}, headers={"If-Unmodified-Since": past}), expect=412)
     await propose(client, mcp("status", {"removed": False}, headers={"If-Unmodified-Since": future}))
-    bad = await propose(client, mcp("status", {"removed": True}, headers={"If-Unmodified-Since": "yesterday"}), expect=400)
+    bad = await propose(
+        client, mcp("status", {"removed": True}, headers={"If-Unmodified-Since": "yesterday"}), expect=400
+    )
     assert "ISO-8601" in bad["issues"][0]["message"]
 
 
@@ -175,12 +184,19 @@ async def test_soft_delete_is_a_status_upsert(client, db):
 
 async def test_patch_applies_to_the_locked_latest_value_and_is_validated(client, db):
     await propose(client, mcp("datasetProperties", {"name": "orders", "description": "old"}))
-    patch = [{"op": "add", "path": "/description", "value": "new"}, {"op": "add", "path": "/customProperties/team", "value": "core"}]
+    patch = [
+        {"op": "add", "path": "/description", "value": "new"},
+        {"op": "add", "path": "/customProperties/team", "value": "core"},
+    ]
     result = await propose(client, mcp("datasetProperties", patch, change_type="PATCH"))
     assert result["results"][0]["version"] == "2"
     value = (await rows(db, aspect="datasetProperties"))[0][2]
     assert value["description"] == "new" and value["customProperties"] == {"team": "core"} and value["name"] == "orders"
-    bad = await propose(client, mcp("datasetProperties", [{"op": "add", "path": "/description", "value": 5}], change_type="PATCH"), expect=400)
+    bad = await propose(
+        client,
+        mcp("datasetProperties", [{"op": "add", "path": "/description", "value": 5}], change_type="PATCH"),
+        expect=400,
+    )
     assert "description" in bad["issues"][0]["message"]
 
 
@@ -247,18 +263,28 @@ async def test_timeseries_aspects_are_upsert_only_and_go_to_the_change_log(clien
     assert "UPSERT only" in body["issues"][0]["message"]
 
 
-@pytest.mark.parametrize("settings_overrides", [{"retention_max_versions": 3, "retention_overrides": {"dataset/subTypes": 0}}])
+@pytest.mark.parametrize(
+    "settings_overrides", [{"retention_max_versions": 3, "retention_overrides": {"dataset/subTypes": 0}}]
+)
 async def test_retention_keeps_n_history_versions(client, db, settings_overrides):
     for i in range(6):
         await propose(client, mcp("status", {"removed": i % 2 == 1}), mcp("subTypes", {"typeNames": [f"T{i}"]}))
-    assert [(v, sm["version"]) for _, v, _, sm in await rows(db, aspect="status")] == [(0, "6"), (3, "3"), (4, "4"), (5, "5")]
+    assert [(v, sm["version"]) for _, v, _, sm in await rows(db, aspect="status")] == [
+        (0, "6"),
+        (3, "3"),
+        (4, "4"),
+        (5, "5"),
+    ]
     assert [v for _, v, _, _ in await rows(db, aspect="subTypes")] == [0]
 
 
 async def test_versions_within_one_batch_apply_in_order(client, db):
     result = await propose(client, mcp("status", {"removed": False}), mcp("status", {"removed": True}))
     assert [r["version"] for r in result["results"]] == ["1", "2"]
-    assert [(v, value) for _, v, value, _ in await rows(db, aspect="status")] == [(0, {"removed": True}), (1, {"removed": False})]
+    assert [(v, value) for _, v, value, _ in await rows(db, aspect="status")] == [
+        (0, {"removed": True}),
+        (1, {"removed": False}),
+    ]
 
 
 async def test_a_batch_of_more_change_logs_than_one_statement_takes_stores_them_all_in_order(client, db):
@@ -267,7 +293,9 @@ async def test_a_batch_of_more_change_logs_than_one_statement_takes_stores_them_
     count = OUTBOX_ROWS_PER_STATEMENT + 50  # each dataset: its properties' and its key aspect's change logs
     urns = [f"urn:li:dataset:(urn:li:dataPlatform:hive,db.t{i},PROD)" for i in range(count)]
     await propose(client, *(mcp("datasetProperties", {"name": f"t{i}"}, urn=urn) for i, urn in enumerate(urns)))
-    logged = [(row["payload"]["entityUrn"], row["aspect"]) for row in await outbox(db) if row["payload"]["entityUrn"] in urns]
+    logged = [
+        (row["payload"]["entityUrn"], row["aspect"]) for row in await outbox(db) if row["payload"]["entityUrn"] in urns
+    ]
     assert len(logged) == 2 * count
     assert [urn for urn, aspect in logged if aspect == "datasetProperties"] == urns  # the batch's order
     # one transaction, the rows too (more than one statement's INSERT_ROWS_PER_STATEMENT of them)
@@ -275,10 +303,15 @@ async def test_a_batch_of_more_change_logs_than_one_statement_takes_stores_them_
     assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = ANY($1)", urns) == 2 * count
     # a second version of each: as many history rows inserted, every row 0 updated
     await propose(client, *(mcp("datasetProperties", {"name": f"v2.t{i}"}, urn=urn) for i, urn in enumerate(urns)))
-    rows = await db.fetch("SELECT version, metadata FROM metadata_aspect_v2 WHERE urn = ANY($1) AND aspect = "
-                          "'datasetProperties' ORDER BY urn, version", urns)
-    assert sorted((r["version"], orjson.loads(r["metadata"])["name"].startswith("v2.")) for r in rows) == \
-        [(0, True)] * count + [(1, False)] * count
+    rows = await db.fetch(
+        "SELECT version, metadata FROM metadata_aspect_v2 WHERE urn = ANY($1) AND aspect = "
+        "'datasetProperties' ORDER BY urn, version",
+        urns,
+    )
+    assert (
+        sorted((r["version"], orjson.loads(r["metadata"])["name"].startswith("v2.")) for r in rows)
+        == [(0, True)] * count + [(1, False)] * count
+    )
 
 
 async def test_request_limits(client, app, db):
@@ -287,7 +320,9 @@ async def test_request_limits(client, app, db):
     response = await client.post("/openapi/v1/proposals", json=[mcp("datasetProperties", big)])
     assert response.status_code == 413, response.text
     assert response.json()["error"] == "Payload Too Large" and str(limit) in response.json()["message"], response.text
-    response = await client.post("/openapi/v1/proposals", content=b"{not json", headers={"content-type": "application/json"})
+    response = await client.post(
+        "/openapi/v1/proposals", content=b"{not json", headers={"content-type": "application/json"}
+    )
     assert response.status_code == 400 and response.json()["error"] == "Validation Error"
     # neither wrote anything
     assert await rows(db) == [] and await outbox(db) == []
@@ -331,21 +366,45 @@ async def test_platform_events_can_be_turned_off(client, db, settings_overrides)
 
 
 async def test_keyed_and_template_patches_as_the_client_sends_them(client, db):
-    add_tag = {"arrayPrimaryKeys": {"tags": ["attribution\u241fsource", "tag"]},
-               "patch": [{"op": "add", "path": "/tags//urn:li:tag:gold", "value": {"tag": "urn:li:tag:gold"}}]}
+    add_tag = {
+        "arrayPrimaryKeys": {"tags": ["attribution\u241fsource", "tag"]},
+        "patch": [{"op": "add", "path": "/tags//urn:li:tag:gold", "value": {"tag": "urn:li:tag:gold"}}],
+    }
     patch_mcp = mcp("globalTags", None, change_type="PATCH")
     patch_mcp["aspect"] = {"value": orjson.dumps(add_tag).decode(), "contentType": "application/json-patch+json"}
     await propose(client, patch_mcp)
-    await propose(client, dict(patch_mcp, aspect={"value": orjson.dumps(
-        {**add_tag, "patch": [{"op": "add", "path": "/tags//urn:li:tag:pii", "value": {"tag": "urn:li:tag:pii"}}]}).decode(),
-        "contentType": "application/json-patch+json"}))
-    assert (await rows(db, aspect="globalTags"))[0][2] == {"tags": [{"tag": "urn:li:tag:gold"}, {"tag": "urn:li:tag:pii"}]}
+    await propose(
+        client,
+        dict(
+            patch_mcp,
+            aspect={
+                "value": orjson.dumps(
+                    {
+                        **add_tag,
+                        "patch": [{"op": "add", "path": "/tags//urn:li:tag:pii", "value": {"tag": "urn:li:tag:pii"}}],
+                    }
+                ).decode(),
+                "contentType": "application/json-patch+json",
+            },
+        ),
+    )
+    assert (await rows(db, aspect="globalTags"))[0][2] == {
+        "tags": [{"tag": "urn:li:tag:gold"}, {"tag": "urn:li:tag:pii"}]
+    }
     # a template patch (no arrayPrimaryKeys) on an absent aspect starts from the template's default
-    owner = [{"op": "add", "path": "/owners/urn:li:corpuser:ann/DATAOWNER", "value": {"owner": "urn:li:corpuser:ann", "type": "DATAOWNER"}}]
+    owner = [
+        {
+            "op": "add",
+            "path": "/owners/urn:li:corpuser:ann/DATAOWNER",
+            "value": {"owner": "urn:li:corpuser:ann", "type": "DATAOWNER"},
+        }
+    ]
     await propose(client, mcp("ownership", owner, change_type="PATCH"))
     ownership = (await rows(db, aspect="ownership"))[0][2]
     assert ownership["owners"] == [{"owner": "urn:li:corpuser:ann", "type": "DATAOWNER"}]
-    bad = await propose(client, mcp("globalTags", [{"op": "remove", "path": "/nothing/here"}], change_type="PATCH"), expect=400)
+    bad = await propose(
+        client, mcp("globalTags", [{"op": "remove", "path": "/nothing/here"}], change_type="PATCH"), expect=400
+    )
     assert "patch" in bad["issues"][0]["message"].lower()
 
 
@@ -364,7 +423,10 @@ async def test_recreate_after_an_aspect_delete_continues_the_version(client, db)
     assert result["results"][0]["status"] == "CREATED" and result["results"][0]["version"] == "3"
     assert [(a, v, sm["version"]) for a, v, _, sm in await rows(db, aspect="status")] == [("status", 0, "3")]
     assert _mcl_versions(await outbox(db, "status")) == [
-        ("status", "UPSERT", 1, "1"), ("status", "UPSERT", 2, "2"), ("status", "DELETE", 2, "2"), ("status", "UPSERT", 3, "3"),
+        ("status", "UPSERT", 1, "1"),
+        ("status", "UPSERT", 2, "2"),
+        ("status", "DELETE", 2, "2"),
+        ("status", "UPSERT", 3, "3"),
     ]
     # deleted and written again in one batch: the same
     result = await propose(client, mcp("status", None, change_type="DELETE"), mcp("status", {"removed": True}))
@@ -385,19 +447,25 @@ async def test_recreate_after_an_entity_delete_continues_every_version(client, d
     # every deleted aspect has its DELETE change log at the version it was deleted at, the key aspect's last
     deletes = [o for o in await outbox(db) if o["change_type"] == "DELETE"]
     assert _mcl_versions(deletes) == [
-        ("globalTags", "DELETE", 2, "2"), ("status", "DELETE", 1, "1"), ("datasetKey", "DELETE", 1, "1"),
+        ("globalTags", "DELETE", 2, "2"),
+        ("status", "DELETE", 1, "1"),
+        ("datasetKey", "DELETE", 1, "1"),
     ]
     assert orjson.loads(deletes[0]["payload"]["previousAspectValue"]["value"]) == {"tags": [{"tag": "urn:li:tag:b"}]}
     # one entity event for the hard delete, not one per aspect
     assert [e["operation"] for e in await platform_events(db)][-2:] == ["CREATE", "HARD_DELETE"]  # OTHER's, ours
 
-    result = await propose(client, mcp("globalTags", {"tags": [{"tag": "urn:li:tag:c"}]}), mcp("subTypes", {"typeNames": ["View"]}))
+    result = await propose(
+        client, mcp("globalTags", {"tags": [{"tag": "urn:li:tag:c"}]}), mcp("subTypes", {"typeNames": ["View"]})
+    )
     assert [r["version"] for r in result["results"]] == ["3", "1"]
     versions = {a: sm["version"] for a, v, _, sm in await rows(db) if v == 0}
     assert versions == {"datasetKey": "2", "globalTags": "3", "subTypes": "1"}
     logs = await outbox(db)
     assert _mcl_versions(logs[-3:]) == [
-        ("datasetKey", "UPSERT", 2, "2"), ("globalTags", "UPSERT", 3, "3"), ("subTypes", "UPSERT", 1, "1"),
+        ("datasetKey", "UPSERT", 2, "2"),
+        ("globalTags", "UPSERT", 3, "3"),
+        ("subTypes", "UPSERT", 1, "1"),
     ]
     # another entity's versions are its own
     assert [sm["version"] for _, _, _, sm in await rows(db, urn=OTHER, aspect="status")] == ["1"]

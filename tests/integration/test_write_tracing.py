@@ -31,8 +31,9 @@ def trace_id_of(response: httpx.Response) -> str:
 
 
 async def trace(client: httpx.AsyncClient, trace_id: str, wanted: dict[str, list[str]], **params: Any) -> dict:
-    response = await client.post(f"/openapi/v1/trace/write/{trace_id}",
-                                 params={"onlyIncludeErrors": "false", **params}, json=wanted)
+    response = await client.post(
+        f"/openapi/v1/trace/write/{trace_id}", params={"onlyIncludeErrors": "false", **params}, json=wanted
+    )
     assert response.status_code == 200, response.text
     return response.json()
 
@@ -44,24 +45,37 @@ def statuses(answer: dict, urn: str, aspect: str) -> tuple[str, str, bool]:
 
 async def test_every_write_answers_a_traceparent_and_keeps_its_trace_id(client, db):
     theirs = "4bf92f3577b34da6a3ce929d0e0e4736"
-    v3 = await client.post("/openapi/v3/entity/dataset?async=false",
-                           headers={"traceparent": f"00-{theirs}-00f067aa0ba902b7-01"},
-                           json=[{"urn": URN, "status": {"value": {"removed": False}}}])
+    v3 = await client.post(
+        "/openapi/v3/entity/dataset?async=false",
+        headers={"traceparent": f"00-{theirs}-00f067aa0ba902b7-01"},
+        json=[{"urn": URN, "status": {"value": {"removed": False}}}],
+    )
     assert v3.status_code == 200, v3.text
     assert trace_id_of(v3) == theirs  # the caller's trace continues
     assert (await stored(db, URN, "status"))["systemMetadata"]["properties"]["telemetryTraceId"] == theirs
 
-    restli = await client.post("/aspects?action=ingestProposal", json={"proposal": mcp(
-        "datasetProperties", {"description": "x"}, URN, encode=True,
-        systemMetadata={"runId": "r1", "properties": {"clientId": "acryl-datahub"}})})
+    restli = await client.post(
+        "/aspects?action=ingestProposal",
+        json={
+            "proposal": mcp(
+                "datasetProperties",
+                {"description": "x"},
+                URN,
+                encode=True,
+                systemMetadata={"runId": "r1", "properties": {"clientId": "acryl-datahub"}},
+            )
+        },
+    )
     assert restli.status_code == 200, restli.text
     ours = trace_id_of(restli)
     assert ours != theirs and trace_time_ms(ours) is not None  # DataHub's form: its time comes first
     properties = (await stored(db, URN, "datasetProperties"))["systemMetadata"]["properties"]
     assert properties == {"clientId": "acryl-datahub", "telemetryTraceId": ours}  # the caller's properties kept
 
-    batch = await client.post("/aspects?action=ingestProposalBatch", json={"proposals": [
-        mcp("subTypes", {"typeNames": ["Table"]}, URN, encode=True)]})
+    batch = await client.post(
+        "/aspects?action=ingestProposalBatch",
+        json={"proposals": [mcp("subTypes", {"typeNames": ["Table"]}, URN, encode=True)]},
+    )
     v1 = await client.post("/openapi/v1/proposals", json=[mcp("globalTags", {"tags": []}, URN)])
     assert batch.status_code == 200 and v1.status_code == 200
     assert (await stored(db, URN, "subTypes"))["systemMetadata"]["properties"]["telemetryTraceId"] == trace_id_of(batch)
@@ -70,8 +84,10 @@ async def test_every_write_answers_a_traceparent_and_keeps_its_trace_id(client, 
 
 
 async def test_a_synchronous_write_is_active_then_searchable_then_historic(client):
-    first = await client.post("/openapi/v3/entity/dataset?async=false", json=[
-        {"urn": URN, "datasetProperties": {"value": {"description": "first"}}}])
+    first = await client.post(
+        "/openapi/v3/entity/dataset?async=false",
+        json=[{"urn": URN, "datasetProperties": {"value": {"description": "first"}}}],
+    )
     assert first.status_code == 200, first.text
     first_id = trace_id_of(first)
     wanted = {URN: ["datasetProperties"]}
@@ -87,9 +103,15 @@ async def test_a_synchronous_write_is_active_then_searchable_then_historic(clien
     quiet = await client.post(f"/openapi/v1/trace/write/{first_id}", json=wanted)
     assert quiet.status_code == 200 and quiet.json() == {}
 
-    second = await client.post("/openapi/v3/entity/dataset?async=false", json=[
-        {"urn": URN, "datasetProperties": {"value": {"description": "second"}}}])
-    assert statuses(await trace(client, first_id, wanted), URN, "datasetProperties") == ("HISTORIC_STATE", "HISTORIC_STATE", True)
+    second = await client.post(
+        "/openapi/v3/entity/dataset?async=false",
+        json=[{"urn": URN, "datasetProperties": {"value": {"description": "second"}}}],
+    )
+    assert statuses(await trace(client, first_id, wanted), URN, "datasetProperties") == (
+        "HISTORIC_STATE",
+        "HISTORIC_STATE",
+        True,
+    )
     assert statuses(await trace(client, trace_id_of(second), wanted), URN, "datasetProperties")[0] == "ACTIVE_STATE"
     # The whole traceparent is accepted in the path too (DataHub's extractTraceId).
     assert (await trace(client, second.headers["traceparent"], wanted))[URN]["datasetProperties"]["success"] is True
@@ -149,26 +171,38 @@ class Checkouts:
 # auth_cache_seconds: the caller's token is verified once, by the first request, and not again in the test
 @pytest.mark.parametrize("settings_overrides", [{"max_batch_items": TRACE_LIMIT, "auth_cache_seconds": 3600}])
 async def test_a_trace_of_more_aspects_than_the_batch_limit_is_a_413_before_any_lookup(client, app):
-    write = await client.post("/openapi/v3/entity/dataset?async=false", json=[{"urn": URN, "status": {"value": {"removed": False}}}])
+    write = await client.post(
+        "/openapi/v3/entity/dataset?async=false", json=[{"urn": URN, "status": {"value": {"removed": False}}}]
+    )
     assert write.status_code == 200, write.text
     trace_id = trace_id_of(write)
     # 7 (urn, aspect) pairs, a URN asked with none counting as one: one past the limit, refused as it was sent (the
     # unknown aspect name is not even looked at), without a connection taken
     seven = {URN: ["status", "datasetProperties", "subTypes", "notAnAspect"], OTHER: ["status", "ownership"], THIRD: []}
     with Checkouts(app) as checkouts:
-        refused = await client.post(f"/openapi/v1/trace/write/{trace_id}", params={"onlyIncludeErrors": "false"}, json=seven)
+        refused = await client.post(
+            f"/openapi/v1/trace/write/{trace_id}", params={"onlyIncludeErrors": "false"}, json=seven
+        )
     assert refused.status_code == 413, refused.text
     message = refused.json()["message"]
     assert "has 7 aspects to trace; the limit is 6 (METALEDGER_MAX_BATCH_ITEMS)" in message, message
-    assert refused.json()["issues"] == [{"message": "too many aspects to trace", "path": "$",
-                                         "expected": "at most 6 aspects to trace", "found": "7 aspects to trace"}]
+    assert refused.json()["issues"] == [
+        {
+            "message": "too many aspects to trace",
+            "path": "$",
+            "expected": "at most 6 aspects to trace",
+            "found": "7 aspects to trace",
+        }
+    ]
     assert checkouts.taken == 0
 
     # at the limit: answered, every pair
     six = {URN: ["status", "datasetProperties", "subTypes", "globalTags"], OTHER: ["status"], THIRD: []}
     answer = await trace(client, trace_id, six)
     assert statuses(answer, URN, "status")[0] == "ACTIVE_STATE"
-    assert {statuses(answer, URN, a) for a in ("datasetProperties", "subTypes", "globalTags")} == {("UNKNOWN", "UNKNOWN", True)}
+    assert {statuses(answer, URN, a) for a in ("datasetProperties", "subTypes", "globalTags")} == {
+        ("UNKNOWN", "UNKNOWN", True)
+    }
     assert statuses(answer, OTHER, "status") == ("UNKNOWN", "UNKNOWN", True) and THIRD not in answer
 
 
@@ -185,20 +219,39 @@ async def test_a_trace_is_looked_up_in_rounds_giving_the_connection_back_after_e
         return await apply(changes)
 
     monkeypatch.setattr(backend, "apply", refusing)
-    first = await client.post("/openapi/v3/entity/dataset?async=false", json=[
-        {"urn": URN, "status": {"value": {"removed": False}}, "datasetProperties": {"value": {"description": "first"}}},
-        {"urn": OTHER, "status": {"value": {"removed": False}}, "datasetProperties": {"value": {"description": "x"}}}])
+    first = await client.post(
+        "/openapi/v3/entity/dataset?async=false",
+        json=[
+            {
+                "urn": URN,
+                "status": {"value": {"removed": False}},
+                "datasetProperties": {"value": {"description": "first"}},
+            },
+            {
+                "urn": OTHER,
+                "status": {"value": {"removed": False}},
+                "datasetProperties": {"value": {"description": "x"}},
+            },
+        ],
+    )
     assert first.status_code == 200, first.text
     first_id = trace_id_of(first)
-    second = await client.post("/openapi/v3/entity/dataset?async=false", json=[
-        {"urn": URN, "datasetProperties": {"value": {"description": "second"}}}])
+    second = await client.post(
+        "/openapi/v3/entity/dataset?async=false",
+        json=[{"urn": URN, "datasetProperties": {"value": {"description": "second"}}}],
+    )
     assert second.status_code == 200, second.text
-    wanted = {URN: ["status", "datasetProperties", "datasetProfile"], OTHER: ["datasetProperties", "status", "subTypes"]}
+    wanted = {
+        URN: ["status", "datasetProperties", "datasetProfile"],
+        OTHER: ["datasetProperties", "status", "subTypes"],
+    }
 
     async def settled():
         answer = await trace(client, first_id, wanted)
-        return (statuses(answer, URN, "status")[1] == statuses(answer, OTHER, "status")[1] == "ACTIVE_STATE"
-                and statuses(answer, OTHER, "datasetProperties")[1] == "ERROR")
+        return (
+            statuses(answer, URN, "status")[1] == statuses(answer, OTHER, "status")[1] == "ACTIVE_STATE"
+            and statuses(answer, OTHER, "datasetProperties")[1] == "ERROR"
+        )
 
     await eventually(settled, what="indexed, and OTHER's datasetProperties refused by the index")
     with Checkouts(app) as checkouts:
@@ -214,8 +267,9 @@ async def test_a_trace_is_looked_up_in_rounds_giving_the_connection_back_after_e
     assert checkouts.taken >= 4 and checkouts.most == 1, (checkouts.taken, checkouts.most)
 
 
-async def test_async_writes_are_pending_on_the_topic_then_active_or_refused(kafka_broker, database_url, registry, db,
-                                                                           monkeypatch):
+async def test_async_writes_are_pending_on_the_topic_then_active_or_refused(
+    kafka_broker, database_url, registry, db, monkeypatch
+):
     bootstrap = kafka_broker.bootstrap_servers
     topics = unique_topics("topic_mcp", "topic_fmcp", "topic_mce", "topic_fmce")
     await create_topics(bootstrap, *topics.values())
@@ -226,11 +280,16 @@ async def test_async_writes_are_pending_on_the_topic_then_active_or_refused(kafk
     # No consumer yet: the writes wait on the MCP topic.
     queued_app = create_app(Settings(**base), registry)
     async with queued_app.router.lifespan_context(queued_app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=queued_app), base_url="http://m",
-                                     headers=await bearer(queued_app)) as client:
-            queued = await client.post("/openapi/v3/entity/dataset", json=[
-                {"urn": URN, "status": {"value": {"removed": False}}},
-                {"urn": URN, "datasetProperties": {"value": {"description": "async"}}}])
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=queued_app), base_url="http://m", headers=await bearer(queued_app)
+        ) as client:
+            queued = await client.post(
+                "/openapi/v3/entity/dataset",
+                json=[
+                    {"urn": URN, "status": {"value": {"removed": False}}},
+                    {"urn": URN, "datasetProperties": {"value": {"description": "async"}}},
+                ],
+            )
             assert queued.status_code == 202, queued.text
             trace_id = trace_id_of(queued)
             answer = await trace(client, trace_id, wanted)
@@ -241,8 +300,10 @@ async def test_async_writes_are_pending_on_the_topic_then_active_or_refused(kafk
     # The consumer applies them; a CREATE of an existing aspect is refused (FMCP) with its reason.
     consuming_app = create_app(Settings(**base, mcp_consumer_enabled=True), registry)
     async with consuming_app.router.lifespan_context(consuming_app):
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=consuming_app), base_url="http://m",
-                                     headers=await bearer(consuming_app)) as client:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=consuming_app), base_url="http://m", headers=await bearer(consuming_app)
+        ) as client:
+
             async def applied():
                 answer = await trace(client, trace_id, wanted)
                 return all(statuses(answer, URN, a)[0] == "ACTIVE_STATE" for a in wanted[URN]) and answer
@@ -253,8 +314,10 @@ async def test_async_writes_are_pending_on_the_topic_then_active_or_refused(kafk
             row = await stored(db, URN, "status")
             assert row["systemMetadata"]["properties"]["telemetryTraceId"] == trace_id  # carried through the topic
 
-            refused = await client.post(f"/openapi/v3/entity/dataset/{URN}/status?async=true&createIfNotExists=true",
-                                        json={"value": {"removed": True}})
+            refused = await client.post(
+                f"/openapi/v3/entity/dataset/{URN}/status?async=true&createIfNotExists=true",
+                json={"value": {"removed": True}},
+            )
             assert refused.status_code == 202, refused.text
             refused_id = trace_id_of(refused)
 

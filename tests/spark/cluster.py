@@ -24,8 +24,18 @@ ROOT = Path(__file__).resolve().parents[2]
 SITE = Path(sys.prefix) / "lib" / f"python{sys.version_info.major}.{sys.version_info.minor}" / "site-packages"
 SPARK_HOME = SITE / "pyspark"
 # What a cluster image's Python typically has: PySpark (its Python part; the JVM side is the worker's) and pandas.
-CLUSTER_PACKAGES = ("pyspark", "py4j", "pyarrow", "pandas", "numpy", "dateutil", "python_dateutil", "pytz", "tzdata",
-                    "six")
+CLUSTER_PACKAGES = (
+    "pyspark",
+    "py4j",
+    "pyarrow",
+    "pandas",
+    "numpy",
+    "dateutil",
+    "python_dateutil",
+    "pytz",
+    "tzdata",
+    "six",
+)
 
 
 def spark_dist() -> tuple[Path, Path]:
@@ -42,22 +52,34 @@ def cluster_python(base: Path) -> Path:
     env = base / "cluster-python"
     venv.create(env, with_pip=False, symlinks=True)
     target = env / "lib" / SITE.parent.name / "site-packages"
-    for source in sorted({p for name in CLUSTER_PACKAGES for p in SITE.glob(f"{name}*")
-                          if p.name in (name, f"{name}.py") or p.name.startswith((f"{name}.libs", f"{name}-"))}):
+    for source in sorted(
+        {
+            p
+            for name in CLUSTER_PACKAGES
+            for p in SITE.glob(f"{name}*")
+            if p.name in (name, f"{name}.py") or p.name.startswith((f"{name}.libs", f"{name}-"))
+        }
+    ):
         name = source.name
         if source.is_dir():
-            shutil.copytree(source, target / name, copy_function=os.link,
-                            ignore=shutil.ignore_patterns("jars", "__pycache__"))
+            shutil.copytree(
+                source, target / name, copy_function=os.link, ignore=shutil.ignore_patterns("jars", "__pycache__")
+            )
         else:
             os.link(source, target / name)
     wrapper = base / "cluster-python.sh"
     wrapper.write_text(
         "#!/bin/sh\n"
         f"exec unshare -m --propagation private sh -c 'mount -t tmpfs none {ROOT} && exec {env}/bin/python \"$@\"' "
-        "sh \"$@\"\n")
+        'sh "$@"\n'
+    )
     wrapper.chmod(0o755)
-    probe = subprocess.run([wrapper, "-c", "import pyspark, pyarrow, pandas\ntry:\n import app\nexcept ImportError:\n"
-                                           " print('bare')"], capture_output=True, text=True, timeout=60)
+    probe = subprocess.run(
+        [wrapper, "-c", "import pyspark, pyarrow, pandas\ntry:\n import app\nexcept ImportError:\n print('bare')"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert probe.stdout.strip() == "bare", (probe.stdout, probe.stderr)
     return wrapper
 
@@ -75,19 +97,50 @@ class Cluster:
 
     def _start(self, name: str, *args: str) -> None:
         log = (self.base / f"{name}.log").open("ab")
-        env = {**os.environ, "SPARK_HOME": str(SPARK_HOME), "SPARK_LOG_DIR": str(self.base / "logs"),
-               "SPARK_NO_DAEMONIZE": "1", "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1"}  # less JVM CPU
-        self.processes[name] = subprocess.Popen([str(SPARK_HOME / "bin" / "spark-class"), *args], env=env,
-                                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        env = {
+            **os.environ,
+            "SPARK_HOME": str(SPARK_HOME),
+            "SPARK_LOG_DIR": str(self.base / "logs"),
+            "SPARK_NO_DAEMONIZE": "1",
+            "SPARK_DAEMON_JAVA_OPTS": "-XX:TieredStopAtLevel=1",
+        }  # less JVM CPU
+        self.processes[name] = subprocess.Popen(
+            [str(SPARK_HOME / "bin" / "spark-class"), *args],
+            env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
     def start(self, workers: int = 2) -> None:
-        self._start("master", "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                    "--port", str(self.master_port), "--webui-port", str(self.ui_port))
+        self._start(
+            "master",
+            "org.apache.spark.deploy.master.Master",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(self.master_port),
+            "--webui-port",
+            str(self.ui_port),
+        )
         for i in range(workers):
             work = self.base / f"worker-{i}"
             work.mkdir(parents=True, exist_ok=True)
-            self._start(f"worker-{i}", "org.apache.spark.deploy.worker.Worker", "--host", "127.0.0.1", "--cores", "1",
-                        "--memory", "1g", "--work-dir", str(work), "--webui-port", str(free_port()), self.url)
+            self._start(
+                f"worker-{i}",
+                "org.apache.spark.deploy.worker.Worker",
+                "--host",
+                "127.0.0.1",
+                "--cores",
+                "1",
+                "--memory",
+                "1g",
+                "--work-dir",
+                str(work),
+                "--webui-port",
+                str(free_port()),
+                self.url,
+            )
         self.wait(lambda state: sum(w["state"] == "ALIVE" for w in state["workers"]) == workers, "workers alive")
 
     def state(self) -> dict:

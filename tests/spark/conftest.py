@@ -12,13 +12,12 @@ from types import SimpleNamespace
 
 import asyncpg
 import httpx
-
-from tests.helpers import bearer
 import pytest
 import pytest_asyncio
 
 from app.main import create_app
 from app.settings import Settings
+from tests.helpers import bearer
 from tests.spark.dataset import drop_prefix, proposals
 
 
@@ -51,8 +50,11 @@ def spark_scratch(tmp_path_factory) -> Iterator[Path]:
 def spark() -> Iterator[object]:
     from spark_indexer.session import build_session
 
-    session = build_session("local[2]", app_name="metaledger-tests", conf={"spark.sql.shuffle.partitions": "2",
-                                                                            "spark.default.parallelism": "2"})
+    session = build_session(
+        "local[2]",
+        app_name="metaledger-tests",
+        conf={"spark.sql.shuffle.partitions": "2", "spark.default.parallelism": "2"},
+    )
     yield session
     session.stop()
 
@@ -76,12 +78,21 @@ async def ingested(make_database, migrated_template, registry, search_server) ->
     end); the Postgres backend's search tables in the database are the embedded-backend test's alone."""
     database_url = make_database(template=migrated_template)
     reference = f"t{uuid.uuid4().hex[:8]}_"
-    settings = Settings(database_url=database_url, apply_migrations_on_start=False, search_url=search_server.url,
-                        search_flavor="opensearch", search_index_prefix=reference)
+    settings = Settings(
+        database_url=database_url,
+        apply_migrations_on_start=False,
+        search_url=search_server.url,
+        search_flavor="opensearch",
+        search_index_prefix=reference,
+    )
     application = create_app(settings, registry)
     async with application.router.lifespan_context(application):
         assert application.state.search.started, application.state.search.last_error
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=application), base_url="http://metaledger", headers=await bearer(application)) as http:
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=application),
+            base_url="http://metaledger",
+            headers=await bearer(application),
+        ) as http:
             for batch in proposals():
                 response = await http.post("/openapi/v1/proposals", json=batch)
                 assert response.status_code == 200, response.text
@@ -97,8 +108,9 @@ async def ingested(make_database, migrated_template, registry, search_server) ->
             rows = await conn.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE version = 0")
         finally:
             await conn.close()
-    data = SimpleNamespace(database_url=database_url, search_url=search_server.url, reference=reference, rows=rows,
-                           prefixes=[reference])
+    data = SimpleNamespace(
+        database_url=database_url, search_url=search_server.url, reference=reference, rows=rows, prefixes=[reference]
+    )
     yield data
     for prefix in data.prefixes:
         drop_prefix(search_server.url, prefix)

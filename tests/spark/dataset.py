@@ -31,13 +31,24 @@ def tag(k: int) -> str:
 
 def schema(i: int) -> dict[str, Any]:
     return {
-        "schemaName": f"db{i % 5}.table{i:02d}", "platform": "urn:li:dataPlatform:hive", "version": 0, "hash": "",
+        "schemaName": f"db{i % 5}.table{i:02d}",
+        "platform": "urn:li:dataPlatform:hive",
+        "version": 0,
+        "hash": "",
         "platformSchema": {"com.linkedin.schema.MySqlDDL": {"tableSchema": "CREATE TABLE t (id INT)"}},
         "fields": [
-            {"fieldPath": "id", "nativeDataType": "INT", "type": {"type": {"com.linkedin.schema.NumberType": {}}},
-             "globalTags": {"tags": [{"tag": tag(i % 3)}]}},
-            {"fieldPath": f"col_{i}", "nativeDataType": "VARCHAR", "description": f"column {i}",
-             "type": {"type": {"com.linkedin.schema.StringType": {}}}},
+            {
+                "fieldPath": "id",
+                "nativeDataType": "INT",
+                "type": {"type": {"com.linkedin.schema.NumberType": {}}},
+                "globalTags": {"tags": [{"tag": tag(i % 3)}]},
+            },
+            {
+                "fieldPath": f"col_{i}",
+                "nativeDataType": "VARCHAR",
+                "description": f"column {i}",
+                "type": {"type": {"com.linkedin.schema.StringType": {}}},
+            },
         ],
     }
 
@@ -45,8 +56,11 @@ def schema(i: int) -> dict[str, Any]:
 def dataset_aspects(i: int, generation: int = 1) -> dict[str, Any]:
     stamp = {"time": 1_700_000_000_000 + i, "actor": "urn:li:corpuser:admin"}
     aspects: dict[str, Any] = {
-        "datasetProperties": {"name": f"table{i:02d}", "description": f"table number {i} generation {generation}",
-                              "customProperties": {"team": f"team{i % 4}"}},
+        "datasetProperties": {
+            "name": f"table{i:02d}",
+            "description": f"table number {i} generation {generation}",
+            "customProperties": {"team": f"team{i % 4}"},
+        },
         "schemaMetadata": schema(i),
         "ownership": {"owners": [{"owner": user(i % 5), "type": "DATAOWNER"}], "lastModified": stamp},
         "globalTags": {"tags": [{"tag": tag(i % 3)}]},
@@ -59,19 +73,34 @@ def dataset_aspects(i: int, generation: int = 1) -> dict[str, Any]:
 
 def proposals() -> Iterator[list[dict[str, Any]]]:
     """The data set as batches of sync-indexed proposals."""
+
     def sync_mcp(entity: str, urn: str, aspect: str, value: dict[str, Any]) -> dict[str, Any]:
         return mcp(aspect, value, urn, entity=entity, content_type=None, headers=SYNC)
 
-    batch = [sync_mcp("corpuser", user(k), "corpUserInfo", {"active": True, "displayName": f"User {k}",
-                                                           "fullName": f"User Number{k}", "email": f"u{k}@example.com"})
-             for k in range(5)]
-    batch += [sync_mcp("tag", tag(k), "tagProperties", {"name": f"tag{k}", "description": f"tag {k}"}) for k in range(3)]
+    batch = [
+        sync_mcp(
+            "corpuser",
+            user(k),
+            "corpUserInfo",
+            {"active": True, "displayName": f"User {k}", "fullName": f"User Number{k}", "email": f"u{k}@example.com"},
+        )
+        for k in range(5)
+    ]
+    batch += [
+        sync_mcp("tag", tag(k), "tagProperties", {"name": f"tag{k}", "description": f"tag {k}"}) for k in range(3)
+    ]
     yield batch
     for start in range(0, N_DATASETS, 10):
-        yield [sync_mcp("dataset", ds(i), a, v) for i in range(start, start + 10) for a, v in dataset_aspects(i).items()]
+        yield [
+            sync_mcp("dataset", ds(i), a, v) for i in range(start, start + 10) for a, v in dataset_aspects(i).items()
+        ]
     # a second generation for some: versions > 1
-    yield [sync_mcp("dataset", ds(i), a, v) for i in range(0, 10) for a, v in dataset_aspects(i, 2).items()
-           if a in ("datasetProperties", "ownership")]
+    yield [
+        sync_mcp("dataset", ds(i), a, v)
+        for i in range(0, 10)
+        for a, v in dataset_aspects(i, 2).items()
+        if a in ("datasetProperties", "ownership")
+    ]
 
 
 # --- index helpers (sync: the restore functions run their own event loops) ----------------------------------------
@@ -87,18 +116,24 @@ def dump(url: str, index: str) -> dict[str, dict[str, Any]]:
 
 
 def indices_with(url: str, prefix: str) -> list[str]:
-    return sorted(i["index"] for i in httpx.get(f"{url}/_cat/indices?format=json", timeout=30).json()
-                  if i["index"].startswith(prefix))
+    return sorted(
+        i["index"]
+        for i in httpx.get(f"{url}/_cat/indices?format=json", timeout=30).json()
+        if i["index"].startswith(prefix)
+    )
 
 
 def drop_prefix(url: str, prefix: str) -> None:
     names = indices_with(url, prefix)
     for start in range(0, len(names), 50):
-        httpx.delete(f"{url}/{','.join(names[start:start + 50])}", timeout=30).raise_for_status()
+        httpx.delete(f"{url}/{','.join(names[start : start + 50])}", timeout=30).raise_for_status()
 
 
 def indexer_settings(data: SimpleNamespace, prefix: str | None, **overrides: Any) -> IndexerSettings:
-    search = {"search_url": data.search_url, "search_flavor": "opensearch", "search_index_prefix": prefix} if prefix else {
-        "search_url": None}
+    search = (
+        {"search_url": data.search_url, "search_flavor": "opensearch", "search_index_prefix": prefix}
+        if prefix
+        else {"search_url": None}
+    )
     values = {"database_url": data.database_url, "spark_restore_partitions": 4, "spark_apply_chunk": 500, **search}
     return IndexerSettings(**{**values, **overrides})

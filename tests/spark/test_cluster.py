@@ -27,9 +27,20 @@ from tests.spark.cluster import ROOT, SPARK_HOME, Cluster, cluster_python, spark
 from tests.spark.env import metaledger_env
 from tests.spark.test_stream import assert_index_current, ds, lineage, search_urns, settings_overrides  # noqa: F401
 
-SETTINGS = ("database_url", "kafka_bootstrap_servers", "topic_mcl_versioned", "topic_mcl_timeseries", "search_url",
-            "search_flavor", "search_index_prefix", "spark_work_dir", "spark_max_offsets_per_trigger",
-            "spark_index_partitions", "spark_restore_partitions", "spark_apply_chunk")
+SETTINGS = (
+    "database_url",
+    "kafka_bootstrap_servers",
+    "topic_mcl_versioned",
+    "topic_mcl_timeseries",
+    "search_url",
+    "search_flavor",
+    "search_index_prefix",
+    "spark_work_dir",
+    "spark_max_offsets_per_trigger",
+    "spark_index_partitions",
+    "spark_restore_partitions",
+    "spark_apply_chunk",
+)
 
 
 @pytest.fixture(scope="module")
@@ -45,26 +56,46 @@ def cluster(tmp_path_factory, spark_scratch) -> Cluster:
     cluster.stop()
 
 
-def submit(cluster: Cluster, settings: IndexerSettings, *args: str, log: Path, deps: Path | None = None,
-           conf: dict[str, str] | None = None) -> subprocess.Popen:
+def submit(
+    cluster: Cluster,
+    settings: IndexerSettings,
+    *args: str,
+    log: Path,
+    deps: Path | None = None,
+    conf: dict[str, str] | None = None,
+) -> subprocess.Popen:
     """docs/spark-indexer.md's standalone spark-submit line, with the settings as METALEDGER_* variables."""
     command = [
-        str(SPARK_HOME / "bin" / "spark-submit"), "--master", cluster.url, "--name", "metaledger-indexer",
-        "--archives", f"{deps or cluster.deps}#metaledger_deps",
-        "--conf", "spark.executorEnv.PYTHONPATH=metaledger_deps",
-        "--conf", f"spark.pyspark.python={cluster.python}",
-        "--conf", f"spark.pyspark.driver.python={ROOT / '.venv' / 'bin' / 'python'}",
-        "--conf", "spark.sql.shuffle.partitions=4",
+        str(SPARK_HOME / "bin" / "spark-submit"),
+        "--master",
+        cluster.url,
+        "--name",
+        "metaledger-indexer",
+        "--archives",
+        f"{deps or cluster.deps}#metaledger_deps",
+        "--conf",
+        "spark.executorEnv.PYTHONPATH=metaledger_deps",
+        "--conf",
+        f"spark.pyspark.python={cluster.python}",
+        "--conf",
+        f"spark.pyspark.driver.python={ROOT / '.venv' / 'bin' / 'python'}",
+        "--conf",
+        "spark.sql.shuffle.partitions=4",
         # short jobs on a shared machine: the client-only JIT (less JVM CPU) for the driver and the executors; no UI
-        "--conf", "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
-        "--conf", f"spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -Djava.io.tmpdir={cluster.java_tmp}",
-        "--conf", "spark.ui.enabled=false",
+        "--conf",
+        "spark.driver.extraJavaOptions=-XX:TieredStopAtLevel=1",
+        "--conf",
+        f"spark.executor.extraJavaOptions=-XX:TieredStopAtLevel=1 -Djava.io.tmpdir={cluster.java_tmp}",
+        "--conf",
+        "spark.ui.enabled=false",
         *[arg for key, value in (conf or {}).items() for arg in ("--conf", f"{key}={value}")],
-        "spark_indexer/job.py", *args,
+        "spark_indexer/job.py",
+        *args,
     ]
     env = {**os.environ, **metaledger_env(settings, *SETTINGS), "SPARK_HOME": str(SPARK_HOME), "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT,
-                            start_new_session=True)
+    return subprocess.Popen(
+        command, cwd=ROOT, env=env, stdout=log.open("ab"), stderr=subprocess.STDOUT, start_new_session=True
+    )
 
 
 def finished(job: subprocess.Popen, log: Path, timeout: float = 240) -> int:
@@ -78,9 +109,15 @@ def finished(job: subprocess.Popen, log: Path, timeout: float = 240) -> int:
 @pytest.fixture
 def cluster_settings(settings_overrides, database_url, tmp_path) -> IndexerSettings:  # noqa: F811
     shared = tmp_path / "shared"  # every node (and the next driver) reaches it: a file:/// URI
-    return IndexerSettings(database_url=database_url, spark_work_dir=shared.as_uri(), spark_index_partitions=2,
-                           spark_max_offsets_per_trigger=500, spark_restore_partitions=4, spark_apply_chunk=200,
-                           **settings_overrides)
+    return IndexerSettings(
+        database_url=database_url,
+        spark_work_dir=shared.as_uri(),
+        spark_index_partitions=2,
+        spark_max_offsets_per_trigger=500,
+        spark_restore_partitions=4,
+        spark_apply_chunk=200,
+        **settings_overrides,
+    )
 
 
 def without_httpx(deps: Path, target: Path) -> Path:
@@ -92,26 +129,33 @@ def without_httpx(deps: Path, target: Path) -> Path:
 
 
 async def test_stream_and_restore_on_a_standalone_cluster_survive_a_broken_archive_and_a_lost_worker(
-        cluster, spark, client, db, cluster_settings, tmp_path):
+    cluster, spark, client, db, cluster_settings, tmp_path
+):
     from spark_indexer.reconcile import reconcile
 
     urns = [ds(f"cluster_{i}") for i in range(300)]
-    proposals = [mcp("datasetProperties", {"name": f"cluster_{i}", "description": "on the cluster"}, u)
-                 for i, u in enumerate(urns)]
+    proposals = [
+        mcp("datasetProperties", {"name": f"cluster_{i}", "description": "on the cluster"}, u)
+        for i, u in enumerate(urns)
+    ]
     proposals += [mcp("upstreamLineage", lineage(urns[i - 1]), urns[i]) for i in range(1, 300, 3)]
-    proposals += [mcp("datasetProfile", {"timestampMillis": 1_763_700_000_000, "rowCount": i}, u)
-                  for i, u in enumerate(urns[:20])]
+    proposals += [
+        mcp("datasetProfile", {"timestampMillis": 1_763_700_000_000, "rowCount": i}, u) for i, u in enumerate(urns[:20])
+    ]
     await propose(client, *proposals, batch_size=500)
     await wait_delivered(db)
-    mcls = await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE topic = ANY($1::text[])",
-                             [cluster_settings.topic_mcl_versioned, cluster_settings.topic_mcl_timeseries])
+    mcls = await db.fetchval(
+        "SELECT count(*) FROM change_log_outbox WHERE topic = ANY($1::text[])",
+        [cluster_settings.topic_mcl_versioned, cluster_settings.topic_mcl_timeseries],
+    )
     shared = Path(cluster_settings.spark_work_dir.removeprefix("file://"))
 
     # the search client's dependency missing from the shipped archive: the batch fails, the job exits non-zero
     broken = await asyncio.to_thread(without_httpx, cluster.deps, tmp_path / "deps-without-httpx.zip")
     log = tmp_path / "stream-broken.log"
-    job = submit(cluster, cluster_settings, "stream", "--once", log=log, deps=broken,
-                 conf={"spark.task.maxFailures": "2"})
+    job = submit(
+        cluster, cluster_settings, "stream", "--once", log=log, deps=broken, conf={"spark.task.maxFailures": "2"}
+    )
     assert await asyncio.to_thread(finished, job, log) != 0, log.read_text()[-5000:]
     text = log.read_text()
     # (the executor meets the missing module setting up the search backend, or first in the runtime-model watcher)
@@ -135,8 +179,11 @@ async def test_stream_and_restore_on_a_standalone_cluster_survive_a_broken_archi
     assert not (ROOT / "_batches").exists() and not (ROOT / "timeseries").exists()
 
     # restore-indices into fresh indices, a worker's JVM killed with -9 while its tasks run
-    await propose(client, *[mcp("datasetProperties", {"name": f"cluster_{i}", "description": "restored"}, u)
-                            for i, u in enumerate(urns)], batch_size=500)
+    await propose(
+        client,
+        *[mcp("datasetProperties", {"name": f"cluster_{i}", "description": "restored"}, u) for i, u in enumerate(urns)],
+        batch_size=500,
+    )
     await wait_delivered(db)
     log = tmp_path / "restore.log"
     job = submit(cluster, cluster_settings, "restore-indices", "--clean", log=log)

@@ -29,8 +29,12 @@ def data_dir() -> Iterator[Path]:
 
 def env_of(data_dir: Path, port: int) -> dict[str, str | None]:
     """The environment of `python -m spark_indexer …` next to `make run`: no database URL, no search server."""
-    return {"METALEDGER_DATA_DIR": str(data_dir), "METALEDGER_EMBEDDED_PG_PORT": str(port),
-            "METALEDGER_DATABASE_URL": None, "METALEDGER_SEARCH_URL": None}
+    return {
+        "METALEDGER_DATA_DIR": str(data_dir),
+        "METALEDGER_EMBEDDED_PG_PORT": str(port),
+        "METALEDGER_DATABASE_URL": None,
+        "METALEDGER_SEARCH_URL": None,
+    }
 
 
 def test_no_database_url_and_no_embedded_postgres_says_what_to_do(data_dir):
@@ -52,7 +56,9 @@ def test_no_database_url_uses_the_running_embedded_postgres(data_dir):
     url = server.start()
     try:
         settings = IndexerSettings(database_url=None, data_dir=data_dir, embedded_pg_port=port)
-        assert with_database(settings).database_url == url == f"postgresql+asyncpg://postgres@127.0.0.1:{port}/metaledger"
+        assert (
+            with_database(settings).database_url == url == f"postgresql+asyncpg://postgres@127.0.0.1:{port}/metaledger"
+        )
         # the server's own port wins over a stale setting (as `make run` reuses a running server)
         elsewhere = IndexerSettings(database_url=None, data_dir=data_dir, embedded_pg_port=free_port())
         assert with_database(elsewhere).database_url == url

@@ -59,14 +59,19 @@ def produce(bootstrap: str, topic: str, count: int, start: int = 0, size: int = 
     """`count` keyed records (acks=all, batched); returns where each landed."""
 
     async def go() -> list[Record]:
-        producer = AIOKafkaProducer(bootstrap_servers=bootstrap, acks="all", linger_ms=5,
-                                    max_batch_size=256 * 1024, max_request_size=8 * 1024 * 1024)
+        producer = AIOKafkaProducer(
+            bootstrap_servers=bootstrap,
+            acks="all",
+            linger_ms=5,
+            max_batch_size=256 * 1024,
+            max_request_size=8 * 1024 * 1024,
+        )
         await producer.start()
         try:
             pending = []
             for i in range(start, start + count):
                 key = f"key-{i}".encode()
-                value = (f"value-{i}-".encode() * (size // 8 + 1))[:max(size, 12)]
+                value = (f"value-{i}-".encode() * (size // 8 + 1))[: max(size, 12)]
                 pending.append((key, value, await producer.send(topic, key=key, value=value)))
             out = []
             for key, value, fut in pending:
@@ -99,8 +104,9 @@ class Collector:
 
 def stream(spark, bootstrap: str, topics: list[str], **options: str):
     register(spark)
-    reader = (spark.readStream.format(SOURCE_NAME).option("bootstrap.servers", bootstrap)
-              .option("topics", ",".join(topics)))
+    reader = (
+        spark.readStream.format(SOURCE_NAME).option("bootstrap.servers", bootstrap).option("topics", ",".join(topics))
+    )
     for key, value in options.items():
         reader = reader.option(key, value)
     return reader.load()
@@ -108,8 +114,12 @@ def stream(spark, bootstrap: str, topics: list[str], **options: str):
 
 def run_available_now(df, checkpoint: Path, timeout: float = 120) -> Collector:
     collector = Collector()
-    query = (df.writeStream.foreachBatch(collector).option("checkpointLocation", str(checkpoint))
-             .trigger(availableNow=True).start())
+    query = (
+        df.writeStream.foreachBatch(collector)
+        .option("checkpointLocation", str(checkpoint))
+        .trigger(availableNow=True)
+        .start()
+    )
     try:
         assert query.awaitTermination(timeout), "the availableNow query did not finish"
     finally:
@@ -186,8 +196,7 @@ def test_max_offsets_per_trigger_splits_into_micro_batches(spark, kafka_broker, 
     topic = unique()
     create_topic(bootstrap, topic, 3)
     produced = produce(bootstrap, topic, 200)
-    collector = run_available_now(stream(spark, bootstrap, [topic], maxOffsetsPerTrigger="60"),
-                                  tmp_path / "checkpoint")
+    collector = run_available_now(stream(spark, bootstrap, [topic], maxOffsetsPerTrigger="60"), tmp_path / "checkpoint")
     sizes = [n for _, n in collector.batches if n]
     assert len(sizes) == 4 and max(sizes) == 60 and sum(sizes) == 200, collector.batches
     assert_exactly(collector.records(), produced)
@@ -198,9 +207,13 @@ def test_missing_and_empty_topics_then_a_topic_created_later(spark, kafka_broker
     empty, later = unique("empty"), unique("later")
     create_topic(bootstrap, empty, 2)
     collector = Collector()
-    query = (stream(spark, bootstrap, [empty, later]).writeStream.foreachBatch(collector)
-             .option("checkpointLocation", str(tmp_path / "checkpoint"))
-             .trigger(processingTime="200 milliseconds").start())
+    query = (
+        stream(spark, bootstrap, [empty, later])
+        .writeStream.foreachBatch(collector)
+        .option("checkpointLocation", str(tmp_path / "checkpoint"))
+        .trigger(processingTime="200 milliseconds")
+        .start()
+    )
     try:
         query.processAllAvailable()
         # a few more triggers over the empty and the missing topic: they come on the query's 200 ms clock (the
@@ -227,8 +240,9 @@ def test_read_stream_gives_the_same_columns_for_both_sources(spark, kafka_broker
     topic = unique()
     create_topic(bootstrap, topic, 2)
     produced = produce(bootstrap, topic, 90)
-    settings = IndexerSettings(kafka_bootstrap_servers=bootstrap, spark_source="python",
-                               spark_max_offsets_per_trigger=50)
+    settings = IndexerSettings(
+        kafka_bootstrap_servers=bootstrap, spark_source="python", spark_max_offsets_per_trigger=50
+    )
     df = read_stream(spark, settings, [topic])
     assert df.columns == COLUMNS and df.isStreaming
     collector = run_available_now(df, tmp_path / "checkpoint")
@@ -252,8 +266,9 @@ def test_options_are_checked(spark) -> None:
         SourceOptions.parse({"bootstrap.servers": "x:1", "topics": " , "})
     with pytest.raises(ValueError, match="startingOffsets"):
         SourceOptions.parse({"bootstrap.servers": "x:1", "topics": "a", "startingOffsets": "latest"})
-    parsed = SourceOptions.parse({"bootstrap.servers": "x:1", "topics": "a, b", "maxOffsetsPerTrigger": "7",
-                                  "failOnDataLoss": "false"})
+    parsed = SourceOptions.parse(
+        {"bootstrap.servers": "x:1", "topics": "a, b", "maxOffsetsPerTrigger": "7", "failOnDataLoss": "false"}
+    )
     assert parsed.topics == ("a", "b") and parsed.max_offsets_per_trigger == 7 and not parsed.fail_on_data_loss
 
 
@@ -269,8 +284,11 @@ def test_reader_offsets_limits_and_available_now_target(kafka_broker) -> None:
     create_topic(bootstrap, topic, 2)
     produced = produce(bootstrap, topic, 100)
     ends = topic_end_offsets(bootstrap, [topic])[topic]
-    reader = KafkaStreamReader(SourceOptions.parse({"bootstrap.servers": bootstrap, "topics": f"{topic},{missing}",
-                                                    "maxOffsetsPerTrigger": "30"}))
+    reader = KafkaStreamReader(
+        SourceOptions.parse(
+            {"bootstrap.servers": bootstrap, "topics": f"{topic},{missing}", "maxOffsetsPerTrigger": "30"}
+        )
+    )
     try:
         start = reader.initialOffset()
         assert start == {topic: {"0": 0, "1": 0}}

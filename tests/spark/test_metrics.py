@@ -17,15 +17,21 @@ from spark_indexer.stream import BatchMetrics
 
 
 def parse(text: str) -> dict[str, float]:
-    return {s.name: s.value for family in text_string_to_metric_families(text) for s in family.samples
-            if s.name.startswith("metaledger_spark_")}
+    return {
+        s.name: s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+        if s.name.startswith("metaledger_spark_")
+    }
 
 
 def test_a_textfile_per_batch(tmp_path: Path):
     path = tmp_path / "textfile" / "metaledger_spark.prom"
     reporter = BatchReporter.from_settings(IndexerSettings(spark_metrics_file=path))
     assert reporter is not None
-    reporter.report(BatchMetrics(7, rows=1200, applied=1100, changes=2500, dead_letters=3, seconds=1.5, task_seconds=0.9))
+    reporter.report(
+        BatchMetrics(7, rows=1200, applied=1100, changes=2500, dead_letters=3, seconds=1.5, task_seconds=0.9)
+    )
     first = parse(path.read_text())
     assert first["metaledger_spark_batch_id"] == 7
     assert first["metaledger_spark_batch_records"] == 1200

@@ -98,11 +98,13 @@ def test_edge_set_drift_is_reported_and_repaired(spark, ingested, own_index):
     url, prefix = ingested.search_url, own_index
     sets = dump(url, prefix + "graph_service_v1_sets")
     marker_id, marker = next((i, m) for i, m in sets.items() if m["source"] == ds(8) and m["aspect"] == "ownership")
-    httpx.delete(_doc_url(url, prefix + "graph_service_v1_sets", marker_id), params={"refresh": "true"},
-                 timeout=30).raise_for_status()
+    httpx.delete(
+        _doc_url(url, prefix + "graph_service_v1_sets", marker_id), params={"refresh": "true"}, timeout=30
+    ).raise_for_status()
     report = reconcile(spark, indexer_settings(ingested, prefix), entities=["dataset"])
     assert report.counts["missing"] == 1 and [(d.kind, d.target, d.urn) for d in report.examples] == [
-        ("missing", "edges", ds(8))]
+        ("missing", "edges", ds(8))
+    ]
     repaired = reconcile(spark, indexer_settings(ingested, prefix), entities=["dataset"], repair=True)
     assert repaired.ok, repaired.summary()
     assert dump(url, prefix + "graph_service_v1_sets")[marker_id] == marker
@@ -123,8 +125,10 @@ def test_restore_and_reconcile_on_the_embedded_postgres_backend(spark, ingested)
     result = restore_indices(spark, settings, clean=True, progress=False)
     assert result.backend == "postgres" and result.mode == "in-place" and result.rows_failed == 0
     assert set(result.cleared) == {"search_document", "search_aspect_fields", "search_edge", "search_edge_version"}
-    versions = {r["urn"]: json.loads(r["aspect_versions"])
-                for r in asyncio.run(query("SELECT urn, aspect_versions::text FROM search_document"))}
+    versions = {
+        r["urn"]: json.loads(r["aspect_versions"])
+        for r in asyncio.run(query("SELECT urn, aspect_versions::text FROM search_document"))
+    }
     reference = dump(ingested.search_url, ingested.reference + "datasetindex_v2")
     assert {u: versions[u] for u in reference} == {u: d["aspectVersions"] for u, d in reference.items()}
     edges = asyncio.run(query("SELECT count(*) AS n FROM search_edge"))[0]["n"]
@@ -132,22 +136,37 @@ def test_restore_and_reconcile_on_the_embedded_postgres_backend(spark, ingested)
 
     assert reconcile(spark, settings).ok
     asyncio.run(query("DELETE FROM search_aspect_fields WHERE urn = $1 AND aspect = 'ownership'", ds(10)))
-    asyncio.run(query("UPDATE search_aspect_fields SET version = 0 WHERE urn = $1 AND aspect = 'datasetProperties'", ds(11)))
-    asyncio.run(query("INSERT INTO search_aspect_fields (urn, aspect, entity_type, version) VALUES ($1, 'status', 'dataset', 1)",
-                      ORPHAN))
+    asyncio.run(
+        query("UPDATE search_aspect_fields SET version = 0 WHERE urn = $1 AND aspect = 'datasetProperties'", ds(11))
+    )
+    asyncio.run(
+        query(
+            "INSERT INTO search_aspect_fields (urn, aspect, entity_type, version) VALUES ($1, 'status', 'dataset', 1)",
+            ORPHAN,
+        )
+    )
     report = reconcile(spark, settings, entities=["dataset"])
     assert (report.counts["missing"], report.counts["stale"], report.counts["orphan"]) == (1, 1, 1), report.summary()
     repaired = reconcile(spark, settings, entities=["dataset"], repair=True)
     assert repaired.ok, repaired.summary()
     # the orphan became a tombstone: version markers only (deleted), no live aspect
-    assert {r["deleted"] for r in asyncio.run(query("SELECT deleted FROM search_aspect_fields WHERE urn = $1", ORPHAN))} == {True}
+    assert {
+        r["deleted"] for r in asyncio.run(query("SELECT deleted FROM search_aspect_fields WHERE urn = $1", ORPHAN))
+    } == {True}
 
 
 def test_restore_then_reconcile_exit_status_follows_drift(spark, ingested):
     prefix = f"t{uuid.uuid4().hex[:8]}_"
     ingested.prefixes.append(prefix)
-    env = metaledger_env(indexer_settings(ingested, prefix), "database_url", "search_url", "search_flavor",
-                         "search_index_prefix", "spark_restore_partitions", "spark_apply_chunk")
+    env = metaledger_env(
+        indexer_settings(ingested, prefix),
+        "database_url",
+        "search_url",
+        "search_flavor",
+        "search_index_prefix",
+        "spark_restore_partitions",
+        "spark_apply_chunk",
+    )
     runner = CliRunner()
 
     restored = runner.invoke(main, ["restore-indices", "--clean"], env=env)

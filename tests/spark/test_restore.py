@@ -12,7 +12,7 @@ import os
 import threading
 import time
 import uuid
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
 
@@ -36,7 +36,7 @@ def alias_targets(url: str, prefix: str) -> dict[str, list[str]]:
     response.raise_for_status()
     out: dict[str, list[str]] = {}
     for index, body in response.json().items():
-        for alias in (body.get("aliases") or {}):
+        for alias in body.get("aliases") or {}:
             if alias.startswith(prefix):
                 out.setdefault(alias, []).append(index)
     return out
@@ -90,8 +90,11 @@ def test_restore_into_deleted_indices_equals_the_live_index(ingested, restored):
             await backend.close()
 
     (outgoing, _), (_, owned_count) = asyncio.run(edges())
-    assert {(e.relationship, e.destination) for e in outgoing} >= {("DownstreamOf", ds(4)), ("OwnedBy", user(0)),
-                                                                  ("TaggedWith", tag(2))}
+    assert {(e.relationship, e.destination) for e in outgoing} >= {
+        ("DownstreamOf", ds(4)),
+        ("OwnedBy", user(0)),
+        ("TaggedWith", tag(2)),
+    }
     assert owned_count == N_DATASETS // 5
 
 
@@ -123,7 +126,9 @@ def test_clean_rebuild_swaps_aliases_and_search_keeps_serving(spark, ingested, r
 
     def poll() -> None:
         while not done.is_set():
-            response = httpx.post(f"{url}/{prefix}datasetindex_v2/_count", json={"query": {"match_all": {}}}, timeout=30)
+            response = httpx.post(
+                f"{url}/{prefix}datasetindex_v2/_count", json={"query": {"match_all": {}}}, timeout=30
+            )
             counts.append(response.json()["count"] if response.status_code == 200 else -response.status_code)
             time.sleep(0.02)
 
@@ -150,8 +155,9 @@ def test_filtered_restore_touches_only_matching_documents(spark, ingested, resto
     url, prefix = ingested.search_url, restored.prefix
     before = alias_targets(url, prefix)
     for alias, doc in (("datasetindex_v2", ds(1)), ("datasetindex_v2", ds(2)), ("corpuserindex_v2", user(1))):
-        httpx.delete(f"{url}/{prefix}{alias}/_doc/{_quote(doc)}",
-                     params={"refresh": "true"}, timeout=30).raise_for_status()
+        httpx.delete(
+            f"{url}/{prefix}{alias}/_doc/{_quote(doc)}", params={"refresh": "true"}, timeout=30
+        ).raise_for_status()
     result = restore_indices(spark, indexer_settings(ingested, prefix), urn_like="%,db1.%", progress=False)
     assert result.mode == "in-place" and not result.swapped
     assert result.entities == N_DATASETS // 5 and result.rows_read == result.rows_total
@@ -164,13 +170,24 @@ def test_filtered_restore_touches_only_matching_documents(spark, ingested, resto
     assert user(1) in dump(url, prefix + "corpuserindex_v2")
     assert ds(2) not in dump(url, prefix + "datasetindex_v2")
 
-    result = restore_indices(spark, indexer_settings(ingested, prefix), entities=["dataset"],
-                             aspects=["datasetProperties", "datasetKey", "status"], urn_like="%table02%", progress=False)
+    result = restore_indices(
+        spark,
+        indexer_settings(ingested, prefix),
+        entities=["dataset"],
+        aspects=["datasetProperties", "datasetKey", "status"],
+        urn_like="%table02%",
+        progress=False,
+    )
     assert result.entities == 1 and result.rows_read == 3
     partial = dump(url, prefix + "datasetindex_v2")[ds(2)]
     assert set(partial["aspectVersions"]) == {"datasetProperties", "datasetKey", "status"}
-    restore_indices(spark, indexer_settings(ingested, prefix), urn_like="%table02%",
-                    since=datetime(2000, 1, 1, tzinfo=timezone.utc), progress=False)
+    restore_indices(
+        spark,
+        indexer_settings(ingested, prefix),
+        urn_like="%table02%",
+        since=datetime(2000, 1, 1, tzinfo=UTC),
+        progress=False,
+    )
     assert alias_targets(url, prefix) == before, "in place: no alias moved"
     assert_same_indices(url, ingested.reference, prefix)
 
@@ -178,7 +195,9 @@ def test_filtered_restore_touches_only_matching_documents(spark, ingested, resto
 def test_clean_rebuild_of_one_entity_type_keeps_the_other_edges(spark, ingested, restored, registry):
     url, prefix = ingested.search_url, restored.prefix
     before = alias_targets(url, prefix)
-    result = restore_indices(spark, indexer_settings(ingested, prefix), clean=True, entities=["corpuser"], progress=False)
+    result = restore_indices(
+        spark, indexer_settings(ingested, prefix), clean=True, entities=["corpuser"], progress=False
+    )
     assert result.mode == "rebuild" and result.entities == 5
     after = alias_targets(url, prefix)
     assert after[prefix + "datasetindex_v2"] == before[prefix + "datasetindex_v2"]
@@ -193,10 +212,18 @@ def test_clean_rebuild_of_one_entity_type_keeps_the_other_edges(spark, ingested,
 
         backend = ElasticBackend(indexer_settings(ingested, prefix), registry)
         try:
-            value = {"owners": [{"owner": user(4), "type": "DATAOWNER"}],
-                     "lastModified": {"time": 1, "actor": "urn:li:corpuser:admin"}}
-            mcl = {"entityType": "dataset", "entityUrn": ds(20), "aspectName": "ownership", "changeType": "UPSERT",
-                   "aspect": {"value": orjson.dumps(value).decode()}, "systemMetadata": {"version": "7"}}
+            value = {
+                "owners": [{"owner": user(4), "type": "DATAOWNER"}],
+                "lastModified": {"time": 1, "actor": "urn:li:corpuser:admin"},
+            }
+            mcl = {
+                "entityType": "dataset",
+                "entityUrn": ds(20),
+                "aspectName": "ownership",
+                "changeType": "UPSERT",
+                "aspect": {"value": orjson.dumps(value).decode()},
+                "systemMetadata": {"version": "7"},
+            }
             await backend.apply(changes_from_mcl(mcl, registry))
             edges, _ = await backend.relationships(ds(20), direction="OUTGOING", types=["OwnedBy"])
             return [e.destination for e in edges]
@@ -235,16 +262,21 @@ BENCH_ROWS = int(os.environ.get("METALEDGER_RESTORE_BENCH_ROWS", "2000"))  # set
 
 def bench_rows(n_entities: int) -> list[tuple[Any, ...]]:
     rows = []
-    now = datetime.now(timezone.utc).replace(tzinfo=None) - timedelta(days=1)  # older than the run: no catch-up
+    now = datetime.now(UTC).replace(tzinfo=None) - timedelta(days=1)  # older than the run: no catch-up
     for i in range(n_entities):
         urn = f"urn:li:dataset:(urn:li:dataPlatform:kafka,bench.topic{i:06d},PROD)"
         sm = orjson.dumps({"version": "1", "runId": "bench", "lastObserved": 1}).decode()
         aspects = {
             "datasetKey": {"platform": "urn:li:dataPlatform:kafka", "name": f"bench.topic{i:06d}", "origin": "PROD"},
-            "datasetProperties": {"name": f"topic{i:06d}", "description": f"benchmark topic {i} " * 4,
-                                  "customProperties": {"team": f"team{i % 17}", "tier": str(i % 3)}},
-            "ownership": {"owners": [{"owner": f"urn:li:corpuser:u{i % 100}", "type": "DATAOWNER"}],
-                          "lastModified": {"time": 1, "actor": "urn:li:corpuser:admin"}},
+            "datasetProperties": {
+                "name": f"topic{i:06d}",
+                "description": f"benchmark topic {i} " * 4,
+                "customProperties": {"team": f"team{i % 17}", "tier": str(i % 3)},
+            },
+            "ownership": {
+                "owners": [{"owner": f"urn:li:corpuser:u{i % 100}", "type": "DATAOWNER"}],
+                "lastModified": {"time": 1, "actor": "urn:li:corpuser:admin"},
+            },
             "globalTags": {"tags": [{"tag": f"urn:li:tag:t{i % 10}"}]},
             "status": {"removed": False},
         }
@@ -260,8 +292,20 @@ def test_restore_throughput(spark, make_database, migrated_template, search_serv
     async def load() -> None:
         conn = await asyncpg.connect(database_url.replace("postgresql+asyncpg://", "postgresql://"))
         try:
-            await conn.copy_records_to_table("metadata_aspect_v2", records=rows, columns=[
-                "urn", "aspect", "version", "metadata", "systemmetadata", "createdon", "createdby", "createdfor"])
+            await conn.copy_records_to_table(
+                "metadata_aspect_v2",
+                records=rows,
+                columns=[
+                    "urn",
+                    "aspect",
+                    "version",
+                    "metadata",
+                    "systemmetadata",
+                    "createdon",
+                    "createdby",
+                    "createdfor",
+                ],
+            )
             await conn.execute("ANALYZE metadata_aspect_v2")
         finally:
             await conn.close()

@@ -25,6 +25,7 @@ class Recorder:
         def call(*args: Any, **kwargs: Any) -> Recorder:
             self.calls.append((name, args))
             return self
+
         return call
 
     writeStream = write = sparkContext = property(lambda self: self)  # noqa: N815 - Spark's names
@@ -36,7 +37,10 @@ def test_storage_uris_reach_spark_unchanged(uri, monkeypatch):
         monkeypatch.setenv(f"METALEDGER_SPARK_{name}_DIR", f"{uri}/{name.lower()}")
     settings = IndexerSettings(kafka_bootstrap_servers="broker:9092", search_url="http://search:9200")
     assert (settings.checkpoint_dir, settings.dead_letter_dir, settings.timeseries_dir) == (
-        f"{uri}/checkpoint", f"{uri}/dead_letter", f"{uri}/timeseries")
+        f"{uri}/checkpoint",
+        f"{uri}/dead_letter",
+        f"{uri}/timeseries",
+    )
     on_executor = settings_from_payload(orjson.loads(orjson.dumps(settings_payload(settings))))
     assert on_executor.dead_letter_dir == f"{uri}/dead_letter" and on_executor.timeseries_dir == f"{uri}/timeseries"
 
@@ -47,8 +51,21 @@ def test_storage_uris_reach_spark_unchanged(uri, monkeypatch):
 
     calls.clear()
     sink = stream.BatchSink(Recorder(calls), settings, echo=False)
-    sink._write_dead_letters([{"topic": "t", "partition": 0, "offset": 1, "urn": None, "aspect": None, "reason": "r",
-                               "key": None, "value": b"x"}], batch_id=3)
+    sink._write_dead_letters(
+        [
+            {
+                "topic": "t",
+                "partition": 0,
+                "offset": 1,
+                "urn": None,
+                "aspect": None,
+                "reason": "r",
+                "key": None,
+                "value": b"x",
+            }
+        ],
+        batch_id=3,
+    )
     assert ("parquet", (f"{uri}/dead_letter",)) in calls
 
 
@@ -57,7 +74,10 @@ def test_the_work_dir_is_the_parent_of_every_location(uri):
     settings = IndexerSettings(spark_work_dir=uri)
     assert settings.spark_work_dir == uri
     assert [settings.checkpoint_dir, settings.dead_letter_dir, settings.timeseries_dir] == [
-        f"{uri}/checkpoint", f"{uri}/dead_letter", f"{uri}/timeseries"]
+        f"{uri}/checkpoint",
+        f"{uri}/dead_letter",
+        f"{uri}/timeseries",
+    ]
 
 
 def test_the_timeseries_replay_marker_lives_under_the_timeseries_uri(spark, tmp_path, monkeypatch):

@@ -21,9 +21,17 @@ def registry():
 
 
 def change_log(aspect: str, value: dict, **extra) -> bytes:
-    return orjson.dumps({"entityType": "dataset", "entityUrn": URN, "aspectName": aspect, "changeType": "UPSERT",
-                         "aspect": {"value": orjson.dumps(value).decode(), "contentType": "application/json"},
-                         "systemMetadata": {"version": "1", "runId": "run-7"}, **extra})
+    return orjson.dumps(
+        {
+            "entityType": "dataset",
+            "entityUrn": URN,
+            "aspectName": aspect,
+            "changeType": "UPSERT",
+            "aspect": {"value": orjson.dumps(value).decode(), "contentType": "application/json"},
+            "systemMetadata": {"version": "1", "runId": "run-7"},
+            **extra,
+        }
+    )
 
 
 def test_points_are_the_timeseries_topics_placeable_records_known_or_not(registry):
@@ -47,13 +55,17 @@ def test_points_are_the_timeseries_topics_placeable_records_known_or_not(registr
 
 
 def test_a_tasks_points_are_rows_of_its_result_and_counted(registry):
-    records = [Record(TIMESERIES, 0, i, b"k", change_log("datasetProfile", {"timestampMillis": 1000 + i}))
-               for i in range(3)]
+    records = [
+        Record(TIMESERIES, 0, i, b"k", change_log("datasetProfile", {"timestampMillis": 1000 + i})) for i in range(3)
+    ]
     result = TaskResult(rows=3, points=plan(records, registry, TIMESERIES).points)
     batch = result_batch(result)
 
     assert batch.schema.names == [column.split()[0] for column in RESULT_SCHEMA.split(", ")]
     rows = batch.to_pylist()
     assert [(r["offset"], r["timestamp_ms"], r["aspect"]) for r in rows if r["kind"] == POINT] == [
-        (0, 1000, "datasetProfile"), (1, 1001, "datasetProfile"), (2, 1002, "datasetProfile")]
+        (0, 1000, "datasetProfile"),
+        (1, 1001, "datasetProfile"),
+        (2, 1002, "datasetProfile"),
+    ]
     assert [r["count"] for r in rows if r["kind"] == "timeseries_rows"] == [3]

@@ -203,8 +203,9 @@ async def test_while_another_caller_is_active_a_write_rests_as_long_as_it_took()
     assert 0.15 <= loop.time() - asked < 1.0
     admission.release(nxt)
     # its rest, if any, ends: then the admission forgets the caller
-    await eventually(lambda: asyncio.sleep(0, not admission._callers), timeout=5, interval=0.02,
-                     what="the flood's last rest to end")
+    await eventually(
+        lambda: asyncio.sleep(0, not admission._callers), timeout=5, interval=0.02, what="the flood's last rest to end"
+    )
     assert (admission.in_flight, admission.cost_in_flight, admission.waiting) == (0, 0, 0)
 
 
@@ -245,10 +246,15 @@ async def test_another_callers_writes_in_another_process_make_a_write_rest(tmp_p
         # a single writer's connection in another worker process, writing there all along (a real process: the file
         # is what they share, with time.monotonic()); marking until stopped, so that a loaded machine's delays
         # cannot age its last mark past the active window before this process looks
-        single = subprocess.Popen([
-            sys.executable, "-c", "import sys, time; from app.ops.activity import SharedActivity; "
-            "a = SharedActivity(sys.argv[1])\nwhile True: a.mark('single', time.monotonic()); time.sleep(0.02)",
-            str(path)])
+        single = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import sys, time; from app.ops.activity import SharedActivity; "
+                "a = SharedActivity(sys.argv[1])\nwhile True: a.mark('single', time.monotonic()); time.sleep(0.02)",
+                str(path),
+            ]
+        )
         try:
             shared = SharedActivity(path)
             deadline = time.monotonic() + 30
@@ -269,8 +275,12 @@ async def test_another_callers_writes_in_another_process_make_a_write_rest(tmp_p
         shared = SharedActivity(path)
         alone = WriteAdmission(40, 2.0, budget=200, caller_share=0.5, duty=0.5, shared=shared)
         # the killed writer's last mark ages past the active window
-        await eventually(lambda: asyncio.sleep(0, not shared.others_since("flood", time.monotonic() - backpressure.ACTIVE_WINDOW_S)),
-                         timeout=backpressure.ACTIVE_WINDOW_S + 5, interval=0.05, what="the single writer's last mark to age")
+        await eventually(
+            lambda: asyncio.sleep(0, not shared.others_since("flood", time.monotonic() - backpressure.ACTIVE_WINDOW_S)),
+            timeout=backpressure.ACTIVE_WINDOW_S + 5,
+            interval=0.05,
+            what="the single writer's last mark to age",
+        )
         flood = await alone.acquire("flood", 100)
         await asyncio.sleep(0.1)  # a write of 0.1 s: one that would rest as long, were it to rest
         alone.release(flood)
@@ -390,9 +400,21 @@ def test_giving_memory_back_after_a_flood_forgets_the_cached_urns():
     for urn in flood:
         parse_urn(urn)
         validate_urn(urn)
-    lineage = Record("record", name="Lineage", fields=[
-        Field("upstreams", Array("array", items=Primitive("string")), optional=False, default=MISSING, annotations={},
-              urn_entity="dataset", urn_is_array=True)])
+    lineage = Record(
+        "record",
+        name="Lineage",
+        fields=[
+            Field(
+                "upstreams",
+                Array("array", items=Primitive("string")),
+                optional=False,
+                default=MISSING,
+                annotations={},
+                urn_entity="dataset",
+                urn_is_array=True,
+            )
+        ],
+    )
     validate = compile_validator(lineage, label="lineage", strict_urns=False)
     validate({"upstreams": flood})
     assert urns._parse_cached.cache_info().currsize >= 50 and urns._validate_cached.cache_info().currsize >= 50

@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from app.auth.model import Policy, Principal, Role, TokenInfo
-from app.auth.service import AuthService, token_hash
+from app.auth.service import AuthService
 from app.errors import Forbidden
 from app.settings import Settings
 from app.write.proposal import ChangeType, Draft

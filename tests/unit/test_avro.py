@@ -16,9 +16,9 @@ import pytest
 from app.avro import records, schemas
 from app.avro.records import AvroEncodeError, from_avro, to_avro
 from app.avro.wire import ValueCodec, WireFormatError, frame, topic_roles, unframe
+from app.changelog.entity_change_events import platform_event
 from app.ingest.mcp import proposal_to_mcp
 from app.settings import Settings
-from app.changelog.entity_change_events import platform_event
 from app.write.mcl import build_change_log
 from app.write.proposal import AuditStamp, ChangeType, Draft, Proposal
 
@@ -34,47 +34,91 @@ def proposal(aspect: str, value: Any, change_type: ChangeType = ChangeType.UPSER
 
 
 def system_metadata(version: int, run_id: str = "run-1", **extra: Any) -> dict[str, Any]:
-    return {"runId": run_id, "lastObserved": 1_763_700_000_000 + version, "lastRunId": "run-0", "version": str(version),
-            "aspectCreated": {"time": 1_763_700_000_000, "actor": ACTOR}, **extra}
+    return {
+        "runId": run_id,
+        "lastObserved": 1_763_700_000_000 + version,
+        "lastRunId": "run-0",
+        "version": str(version),
+        "aspectCreated": {"time": 1_763_700_000_000, "actor": ACTOR},
+        **extra,
+    }
 
 
 def mcl_create() -> dict[str, Any]:
     key = {"platform": "urn:li:dataPlatform:hive", "name": "db.orders", "origin": "PROD"}
     p = proposal("datasetKey", key, entity_key_aspect=key, headers={"X-Custom": "a"})
-    return orjson.loads(build_change_log(
-        p, change_type=ChangeType.UPSERT, aspect_name="datasetKey", aspect_json=orjson.dumps(key).decode(),
-        system_metadata=system_metadata(1, properties={"clientId": "acryl", "ünï": "cödé"}, pipelineName="p1"),
-        previous_json=None, previous_system_metadata=None, created=AuditStamp(1_763_700_000_001, ACTOR)))
+    return orjson.loads(
+        build_change_log(
+            p,
+            change_type=ChangeType.UPSERT,
+            aspect_name="datasetKey",
+            aspect_json=orjson.dumps(key).decode(),
+            system_metadata=system_metadata(1, properties={"clientId": "acryl", "ünï": "cödé"}, pipelineName="p1"),
+            previous_json=None,
+            previous_system_metadata=None,
+            created=AuditStamp(1_763_700_000_001, ACTOR),
+        )
+    )
 
 
 def mcl_update() -> dict[str, Any]:
     p = proposal("datasetProperties", {"description": "v2"}, headers={"X-Other": "b"})
     sm = system_metadata(2, aspectModified={"time": 1_763_700_000_002, "actor": "urn:li:corpuser:jdoe"})
-    return orjson.loads(build_change_log(
-        p, change_type=ChangeType.UPSERT, aspect_name="datasetProperties", aspect_json='{"description":"v2"}',
-        system_metadata=sm, previous_json='{"description":"v1 ✓"}', previous_system_metadata=system_metadata(1),
-        created=AuditStamp(1_763_700_000_002, "urn:li:corpuser:jdoe")))
+    return orjson.loads(
+        build_change_log(
+            p,
+            change_type=ChangeType.UPSERT,
+            aspect_name="datasetProperties",
+            aspect_json='{"description":"v2"}',
+            system_metadata=sm,
+            previous_json='{"description":"v1 ✓"}',
+            previous_system_metadata=system_metadata(1),
+            created=AuditStamp(1_763_700_000_002, "urn:li:corpuser:jdoe"),
+        )
+    )
 
 
 def mcl_delete() -> dict[str, Any]:
     p = proposal("status", None, ChangeType.DELETE)
-    return orjson.loads(build_change_log(
-        p, change_type=ChangeType.DELETE, aspect_name="status", aspect_json=None, system_metadata=system_metadata(3),
-        previous_json='{"removed":true}', previous_system_metadata=system_metadata(2),
-        created=AuditStamp(1_763_700_000_003, ACTOR)))
+    return orjson.loads(
+        build_change_log(
+            p,
+            change_type=ChangeType.DELETE,
+            aspect_name="status",
+            aspect_json=None,
+            system_metadata=system_metadata(3),
+            previous_json='{"removed":true}',
+            previous_system_metadata=system_metadata(2),
+            created=AuditStamp(1_763_700_000_003, ACTOR),
+        )
+    )
 
 
 def a_platform_event() -> dict[str, Any]:
-    ece = {"entityType": "dataset", "entityUrn": URN, "category": "TAG", "operation": "ADD",
-           "modifier": "urn:li:tag:pii", "parameters": {"tagUrn": "urn:li:tag:pii", "context": "{}"},
-           "auditStamp": {"time": 1_763_700_000_004, "actor": ACTOR}, "version": 0}
+    ece = {
+        "entityType": "dataset",
+        "entityUrn": URN,
+        "category": "TAG",
+        "operation": "ADD",
+        "modifier": "urn:li:tag:pii",
+        "parameters": {"tagUrn": "urn:li:tag:pii", "context": "{}"},
+        "auditStamp": {"time": 1_763_700_000_004, "actor": ACTOR},
+        "version": 0,
+    }
     return platform_event(ece)
 
 
 def an_mcp(change_type: ChangeType = ChangeType.UPSERT) -> dict[str, Any]:
-    draft = Draft(0, "dataset", "globalTags", change_type.value, URN, value={"tags": [{"tag": "urn:li:tag:pii"}]},
-                  system_metadata={"runId": "ingest-1", "lastObserved": 1_763_700_000_000, "properties": {"k": "v"}},
-                  headers={"If-Version-Match": "3"})
+    draft = Draft(
+        0,
+        "dataset",
+        "globalTags",
+        change_type.value,
+        URN,
+        value={"tags": [{"tag": "urn:li:tag:pii"}]},
+        system_metadata={"runId": "ingest-1", "lastObserved": 1_763_700_000_000, "properties": {"k": "v"}},
+        headers={"If-Version-Match": "3"},
+    )
     return proposal_to_mcp(draft, proposal("globalTags", draft.value, change_type))
 
 
@@ -117,13 +161,16 @@ def test_frame_and_unframe():
     assert unframe(frame(1001, b"\x00\x01")) == (1001, b"\x00\x01")
 
 
-@pytest.mark.parametrize(("raw", "reason"), [
-    (b"", "empty value"),
-    (b"\x00", "truncated frame: 1 bytes"),
-    (b"\x00\x00\x00\x12", "truncated frame: 4 bytes"),
-    (b"\x01\x00\x00\x00\x12avro", "wrong magic byte 0x01"),
-    (b"{}", "wrong magic byte 0x7b"),
-])
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"", "empty value"),
+        (b"\x00", "truncated frame: 1 bytes"),
+        (b"\x00\x00\x00\x12", "truncated frame: 4 bytes"),
+        (b"\x01\x00\x00\x00\x12avro", "wrong magic byte 0x01"),
+        (b"{}", "wrong magic byte 0x7b"),
+    ],
+)
 def test_unframe_says_what_is_wrong(raw, reason):
     with pytest.raises(WireFormatError, match=reason):
         unframe(raw)
@@ -152,7 +199,10 @@ def test_the_schemas_written_from_datahubs_pdl():
     assert [f["name"] for f in fmcp["fields"]] == ["auditHeader", "metadataChangeProposal", "error"]
     assert fmcp["fields"][0]["default"] is None and fmcp["fields"][0]["type"][1]["name"] == "KafkaAuditHeader"
     mcp = fmcp["fields"][1]["type"]
-    assert mcp["name"] == "MetadataChangeProposal" and mcp == {**schemas.schema("MetadataChangeProposal"), "fields": mcp["fields"]}
+    assert mcp["name"] == "MetadataChangeProposal" and mcp == {
+        **schemas.schema("MetadataChangeProposal"),
+        "fields": mcp["fields"],
+    }
     assert [f["name"] for f in mcp["fields"]] == [f["name"] for f in schemas.schema("MetadataChangeProposal")["fields"]]
     assert mcp["fields"][0]["type"] == ["null", "com.linkedin.events.KafkaAuditHeader"]  # defined once, above
     fmce = schemas.schema("FailedMetadataChangeEvent")
@@ -164,8 +214,16 @@ def test_the_schemas_written_from_datahubs_pdl():
 
 
 def test_datahubs_schema_ids():
-    assert schemas.CURRENT_SCHEMA_ID == {"mcp": 16, "fmcp": 17, "mcl_versioned": 18, "mcl_timeseries": 19,
-                                         "platform_event": 4, "mce": 20, "fmce": 21, "mae": 22}
+    assert schemas.CURRENT_SCHEMA_ID == {
+        "mcp": 16,
+        "fmcp": 17,
+        "mcl_versioned": 18,
+        "mcl_timeseries": 19,
+        "platform_event": 4,
+        "mce": 20,
+        "fmce": 21,
+        "mae": 22,
+    }
     for role, schema_id in schemas.CURRENT_SCHEMA_ID.items():
         assert schemas.DATAHUB_SCHEMA_IDS[schema_id] == schemas.ROLE_RECORD[role]
     assert {schemas.DATAHUB_SCHEMA_IDS[i] for i in (0, 9, 16)} == {"MetadataChangeProposal"}
@@ -193,14 +251,20 @@ def test_the_fast_encoder_is_byte_for_byte_fastavro_and_reads_back(record, build
 def test_mcl_fields_on_the_avro_side():
     obj = mcl_update()
     datum = fastavro_read("MetadataChangeLog", records.encoder("MetadataChangeLog")(obj))
-    assert datum["aspect"] == ("com.linkedin.pegasus2avro.mxe.GenericAspect",
-                               {"value": b'{"description":"v2"}', "contentType": "application/json"})
+    assert datum["aspect"] == (
+        "com.linkedin.pegasus2avro.mxe.GenericAspect",
+        {"value": b'{"description":"v2"}', "contentType": "application/json"},
+    )
     assert datum["previousAspectValue"][1]["value"] == '{"description":"v1 ✓"}'.encode()
     assert datum["changeType"] == "UPSERT" and datum["auditHeader"] is None and datum["entityKeyAspect"] is None
     sm = datum["systemMetadata"][1]
     assert sm["version"] == "2" and sm["runId"] == "run-1" and sm["lastObserved"] == 1_763_700_000_002
-    assert sm["aspectModified"][1] == {"time": 1_763_700_000_002, "actor": "urn:li:corpuser:jdoe", "impersonator": None,
-                                       "message": None}
+    assert sm["aspectModified"][1] == {
+        "time": 1_763_700_000_002,
+        "actor": "urn:li:corpuser:jdoe",
+        "impersonator": None,
+        "message": None,
+    }
     assert datum["previousSystemMetadata"][1]["version"] == "1"
     assert datum["created"][1]["time"] == 1_763_700_000_002
     assert datum["headers"] == {"X-Other": "b", "X-DataHub-Database-Aspect-Version": "2"}
@@ -223,29 +287,55 @@ def test_json_form_details():
 
 
 def test_mce_unions_in_pegasus_and_avro_spelling():
-    pegasus = {"proposedSnapshot": {"com.linkedin.metadata.snapshot.DatasetSnapshot": {
-        "urn": URN, "aspects": [{"com.linkedin.common.Status": {"removed": True}},
-                                {"com.linkedin.common.GlobalTags": {"tags": [{"tag": "urn:li:tag:pii"}]}}]}},
-        "systemMetadata": {"runId": "mce"}}
+    pegasus = {
+        "proposedSnapshot": {
+            "com.linkedin.metadata.snapshot.DatasetSnapshot": {
+                "urn": URN,
+                "aspects": [
+                    {"com.linkedin.common.Status": {"removed": True}},
+                    {"com.linkedin.common.GlobalTags": {"tags": [{"tag": "urn:li:tag:pii"}]}},
+                ],
+            }
+        },
+        "systemMetadata": {"runId": "mce"},
+    }
     encoded = records.encoder("MetadataChangeEvent")(pegasus)
     assert encoded == fastavro_bytes("MetadataChangeEvent", pegasus)
     back = records.codecs("MetadataChangeEvent").read(encoded)
     snapshot = back["proposedSnapshot"]["com.linkedin.pegasus2avro.metadata.snapshot.DatasetSnapshot"]
     assert snapshot["urn"] == URN
     assert snapshot["aspects"][0] == {"com.linkedin.pegasus2avro.common.Status": {"removed": True}}
-    assert snapshot["aspects"][1] == {"com.linkedin.pegasus2avro.common.GlobalTags": {"tags": [{"tag": "urn:li:tag:pii"}]}}
+    assert snapshot["aspects"][1] == {
+        "com.linkedin.pegasus2avro.common.GlobalTags": {"tags": [{"tag": "urn:li:tag:pii"}]}
+    }
     assert records.encoder("MetadataChangeEvent")(back) == encoded  # Avro spelling encodes the same
 
 
-@pytest.mark.parametrize(("record", "obj", "path", "reason"), [
-    ("MetadataChangeLog", {"entityUrn": URN, "changeType": "UPSERT"}, "entityType", "required field missing"),
-    ("MetadataChangeLog", {"entityType": "dataset", "changeType": "FLIP"}, "changeType", "'FLIP' is not one of UPSERT"),
-    ("MetadataChangeLog", {"entityType": "dataset", "changeType": "UPSERT", "systemMetadata": {"properties": {"k": 1}}},
-     "systemMetadata.properties.k", "expected a string, found an integer"),
-    ("MetadataChangeLog", {"entityType": "dataset", "changeType": "UPSERT", "systemMetadata": {"lastObserved": "x"}},
-     "systemMetadata.lastObserved", "expected long, found a string"),
-    ("PlatformEvent", {"header": {"timestampMillis": 1}, "name": "x"}, "payload", "required field missing"),
-])
+@pytest.mark.parametrize(
+    ("record", "obj", "path", "reason"),
+    [
+        ("MetadataChangeLog", {"entityUrn": URN, "changeType": "UPSERT"}, "entityType", "required field missing"),
+        (
+            "MetadataChangeLog",
+            {"entityType": "dataset", "changeType": "FLIP"},
+            "changeType",
+            "'FLIP' is not one of UPSERT",
+        ),
+        (
+            "MetadataChangeLog",
+            {"entityType": "dataset", "changeType": "UPSERT", "systemMetadata": {"properties": {"k": 1}}},
+            "systemMetadata.properties.k",
+            "expected a string, found an integer",
+        ),
+        (
+            "MetadataChangeLog",
+            {"entityType": "dataset", "changeType": "UPSERT", "systemMetadata": {"lastObserved": "x"}},
+            "systemMetadata.lastObserved",
+            "expected long, found a string",
+        ),
+        ("PlatformEvent", {"header": {"timestampMillis": 1}, "name": "x"}, "payload", "required field missing"),
+    ],
+)
 def test_a_value_that_does_not_fit_says_where(record, obj, path, reason):
     with pytest.raises(AvroEncodeError, match=reason) as error:
         records.encoder(record)(obj)
@@ -286,16 +376,22 @@ async def test_codec_decodes_avro_and_json():
         assert (await codec.decode(frame(old_id, records.encoder("MetadataChangeLog")(obj))))[0] == value
 
 
-@pytest.mark.parametrize(("raw", "reason"), [
-    (b"", "empty value"),
-    (b"\x00\x00\x00", "truncated frame: 3 bytes"),
-    (b"\x05\x00\x00\x00\x12abc", "wrong magic byte 0x05"),
-    (b"not json", "not valid JSON"),
-    (b"[1, 2]", "a JSON list, not an object"),
-    (frame(999, b"\x02"), "unknown schema id 999: not one of DataHub's ids and no schema registry"),
-    (frame(18, b"\xff\xff\xff"), "undecodable Avro value for schema id 18 \\(com.linkedin.pegasus2avro.mxe.MetadataChangeLog\\)"),
-    (frame(4, b"\x02\x00\x00\x00\x00\x00"), "undecodable Avro value for schema id 4"),
-])
+@pytest.mark.parametrize(
+    ("raw", "reason"),
+    [
+        (b"", "empty value"),
+        (b"\x00\x00\x00", "truncated frame: 3 bytes"),
+        (b"\x05\x00\x00\x00\x12abc", "wrong magic byte 0x05"),
+        (b"not json", "not valid JSON"),
+        (b"[1, 2]", "a JSON list, not an object"),
+        (frame(999, b"\x02"), "unknown schema id 999: not one of DataHub's ids and no schema registry"),
+        (
+            frame(18, b"\xff\xff\xff"),
+            "undecodable Avro value for schema id 18 \\(com.linkedin.pegasus2avro.mxe.MetadataChangeLog\\)",
+        ),
+        (frame(4, b"\x02\x00\x00\x00\x00\x00"), "undecodable Avro value for schema id 4"),
+    ],
+)
 async def test_codec_says_why_a_value_is_neither(raw, reason):
     with pytest.raises(WireFormatError, match=reason):
         await ValueCodec(Settings()).decode(raw)

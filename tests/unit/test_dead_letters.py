@@ -33,15 +33,25 @@ def written(settings: Settings, record_format, u: Unit) -> tuple[bytes | None, d
 
 
 def test_an_mcp_is_carried_as_an_mcp_with_its_coordinates_in_the_error():
-    mcp = {"entityType": "dataset", "entityUrn": URN, "changeType": "UPSERT", "aspectName": "status",
-           "aspect": {"value": '{"removed":"no"}', "contentType": "application/json"}, "headers": {"h": "1"}}
+    mcp = {
+        "entityType": "dataset",
+        "entityUrn": URN,
+        "changeType": "UPSERT",
+        "aspectName": "status",
+        "aspect": {"value": '{"removed":"no"}', "contentType": "application/json"},
+        "headers": {"h": "1"},
+    }
     key, letter, trace = written(Settings(), MCP, unit(mcp, orjson.dumps(mcp), URN, "status"))
     assert key == URN.encode()
     assert letter["metadataChangeProposal"] == mcp and set(letter) == {"metadataChangeProposal", "error"}
     assert trace["message"] == "the aspect is invalid" and trace["status"] == 400
     assert trace["exceptionClass"] == "app.errors.ValidationFailed" and "rawRecord" not in trace
-    assert trace["source"] == {"topic": "MetadataChangeProposal_v1", "partition": 2, "offset": 41,
-                               "timestamp": 1_700_000_000_000}
+    assert trace["source"] == {
+        "topic": "MetadataChangeProposal_v1",
+        "partition": 2,
+        "offset": 41,
+        "timestamp": 1_700_000_000_000,
+    }
 
 
 def test_a_record_that_is_not_an_mcp_travels_raw_in_a_placeholder():
@@ -49,22 +59,33 @@ def test_a_record_that_is_not_an_mcp_travels_raw_in_a_placeholder():
     key, letter, trace = written(Settings(), MCP, unit(raw.decode("utf-8", "backslashreplace"), raw))
     assert key == b"key"  # no URN could be read: the record's own key
     placeholder = letter["metadataChangeProposal"]
-    assert placeholder == {"entityType": "unknown", "changeType": "UPSERT", "aspectName": "unknown",
-                           "aspect": {"value": raw.decode("utf-8", "backslashreplace"),
-                                      "contentType": "application/octet-stream"}}
+    assert placeholder == {
+        "entityType": "unknown",
+        "changeType": "UPSERT",
+        "aspectName": "unknown",
+        "aspect": {"value": raw.decode("utf-8", "backslashreplace"), "contentType": "application/octet-stream"},
+    }
     assert trace["rawRecord"] is True and "payloadTruncated" not in trace
     # what could be read is kept: a JSON object that is not an MCP
     not_mcp = {"entityUrn": URN, "changeType": "DELETE", "oops": True}
     _, letter, _ = written(Settings(), MCP, unit(not_mcp, orjson.dumps(not_mcp), URN, "status"))
     assert letter["metadataChangeProposal"]["entityUrn"] == URN
-    assert letter["metadataChangeProposal"]["changeType"] == "DELETE" and letter["metadataChangeProposal"]["aspectName"] == "status"
+    assert (
+        letter["metadataChangeProposal"]["changeType"] == "DELETE"
+        and letter["metadataChangeProposal"]["aspectName"] == "status"
+    )
     assert orjson.loads(letter["metadataChangeProposal"]["aspect"]["value"]) == not_mcp
 
 
 def test_a_dead_letter_too_large_for_the_topic_keeps_the_head_of_the_record():
     settings = Settings(kafka_max_message_bytes=4000)
-    mcp = {"entityType": "dataset", "entityUrn": URN, "changeType": "UPSERT", "aspectName": "status",
-           "aspect": {"value": orjson.dumps({"pad": "x" * 10_000}).decode(), "contentType": "application/json"}}
+    mcp = {
+        "entityType": "dataset",
+        "entityUrn": URN,
+        "changeType": "UPSERT",
+        "aspectName": "status",
+        "aspect": {"value": orjson.dumps({"pad": "x" * 10_000}).decode(), "contentType": "application/json"},
+    }
     raw = orjson.dumps(mcp)
     codec = ValueCodec(settings)
     _, value = DeadLetterWriter(settings, MCP, codec).record(unit(mcp, raw, URN, "status"))
@@ -82,7 +103,9 @@ def test_an_mce_that_cannot_be_written_as_one_keeps_its_bytes_in_system_metadata
     u.topic = "MetadataChangeEvent_v4"
     _, letter, trace = written(Settings(), MCE, u)
     event = letter["metadataChangeEvent"]
-    assert event["proposedSnapshot"] == {"com.linkedin.pegasus2avro.metadata.snapshot.DatasetSnapshot": {"urn": URN, "aspects": []}}
+    assert event["proposedSnapshot"] == {
+        "com.linkedin.pegasus2avro.metadata.snapshot.DatasetSnapshot": {"urn": URN, "aspects": []}
+    }
     properties = event["systemMetadata"]["properties"]
     assert properties["metaledger.rawRecordEncoding"] == "base64"
     assert base64.b64decode(properties["metaledger.rawRecord"]) == raw

@@ -79,8 +79,7 @@ def test_relative_links_reach_their_file_and_heading(page: Path):
 
 def test_architecture_names_every_package_and_module_of_app():
     text = (DOCS / "architecture.md").read_text(encoding="utf-8")
-    packages = sorted(p.name for p in APP.iterdir()
-                      if p.is_dir() and p.name != "__pycache__" and any(p.rglob("*.py")))
+    packages = sorted(p.name for p in APP.iterdir() if p.is_dir() and p.name != "__pycache__" and any(p.rglob("*.py")))
     modules = sorted(p.name for p in APP.glob("*.py") if p.name != "__init__.py")
     assert packages and modules
     missing = [f"app/{name}/" for name in packages if f"app/{name}/" not in text]
@@ -104,6 +103,5 @@ def test_readme_is_short_enough_to_read_in_five_minutes():
 
 
 def test_readme_leads_to_every_page():
-    linked = {Path(target.partition("#")[0]).name for target in links(ROOT / "README.md")
-              if target.startswith("docs/")}
+    linked = {Path(target.partition("#")[0]).name for target in links(ROOT / "README.md") if target.startswith("docs/")}
     assert sorted(p.name for p in DOCS.glob("*.md") if p.name not in linked) == []

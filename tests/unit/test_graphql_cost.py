@@ -19,13 +19,16 @@ def cost(query: str, variables: dict | None = None, operation: str | None = None
     return measured[0]
 
 
-SEARCH = "searchAcrossEntities(input: {query: \"*\", count: %s}) { total searchResults { entity { urn } } }"
+SEARCH = 'searchAcrossEntities(input: {query: "*", count: %s}) { total searchResults { entity { urn } } }'
 
 
 def test_results_are_paid_per_result_of_the_page():
     # searchAcrossEntities + total + searchResults × (itself + entity + urn)
     assert cost("query { " + SEARCH % 100 + " }") == 2 + 100 * 3
-    assert cost("query { searchAcrossEntities(input: {query: \"*\"}) { searchResults { entity { urn } } } }") == 1 + DEFAULT_COUNT * 3
+    assert (
+        cost('query { searchAcrossEntities(input: {query: "*"}) { searchResults { entity { urn } } } }')
+        == 1 + DEFAULT_COUNT * 3
+    )
     assert cost("query { " + SEARCH % 100_000 + " }") == 2 + 10_000 * 3  # cut as the resolver cuts it
     assert cost("query { " + SEARCH % 100_000 + " }", max_count=50) == 2 + 50 * 3
 
@@ -36,29 +39,37 @@ def test_aliases_multiply():
 
 
 def test_count_from_variables_and_defaults():
-    by_count = "query($n: Int) { searchAcrossEntities(input: {query: \"*\", count: $n}) { searchResults { entity { urn } } } }"
+    by_count = (
+        'query($n: Int) { searchAcrossEntities(input: {query: "*", count: $n}) { searchResults { entity { urn } } } }'
+    )
     assert cost(by_count, {"n": 500}) == 1 + 500 * 3
     assert cost(by_count.replace("$n: Int", "$n: Int = 40")) == 1 + 40 * 3
     assert cost(by_count, {"n": "x"}) == 1 + DEFAULT_COUNT * 3  # not a count: graphql-core refuses it anyway
-    whole = "query($i: ScrollAcrossEntitiesInput!) { scrollAcrossEntities(input: $i) { searchResults { entity { urn } } } }"
+    whole = (
+        "query($i: ScrollAcrossEntitiesInput!) { scrollAcrossEntities(input: $i) { searchResults { entity { urn } } } }"
+    )
     assert cost(whole, {"i": {"query": "*", "count": 7000}}) == 1 + 7000 * 3
-    start = "query { searchAcrossEntities(input: {query: \"*\", start: 9990, count: 100}) { searchResults { entity { urn } } } }"
+    start = 'query { searchAcrossEntities(input: {query: "*", start: 9990, count: 100}) { searchResults { entity { urn } } } }'
     assert cost(start) == 1 + 10 * 3  # start + count is at most max_count
 
 
 def test_nested_selections_and_fragments_count_as_executed():
-    nested = ("query { scrollAcrossLineage(input: {urn: \"u\", direction: UPSTREAM, count: 10}) { searchResults { "
-              "entity { urn ... on Dataset { name properties { name description } } } paths { path { urn } } } } }")
+    nested = (
+        'query { scrollAcrossLineage(input: {urn: "u", direction: UPSTREAM, count: 10}) { searchResults { '
+        "entity { urn ... on Dataset { name properties { name description } } } paths { path { urn } } } } }"
+    )
     assert cost(nested) == 1 + 10 * (1 + 1 + 1 + 1 + 3 + 3)
-    spread = ("query { ...Q } fragment Q on Query { a: searchAcrossEntities(input: {query: \"*\", count: 1000}) { ...R } } "
-              "fragment R on SearchResults { searchResults { ...E } } fragment E on SearchResult { entity { urn } }")
+    spread = (
+        'query { ...Q } fragment Q on Query { a: searchAcrossEntities(input: {query: "*", count: 1000}) { ...R } } '
+        "fragment R on SearchResults { searchResults { ...E } } fragment E on SearchResult { entity { urn } }"
+    )
     assert cost(spread) == 1 + 1000 * 3  # the page multiplies through fragments too
     twice = spread.replace("{ ...R }", "{ ...R ...R }")
     assert cost(twice) == 1 + 2 * 1000 * 3
 
 
 def test_facets_cost_an_aggregation_and_their_values():
-    facets = "query($f: SearchFlags) { searchAcrossEntities(input: {query: \"*\", count: 0, searchFlags: $f}) { facets { field aggregations { value entity { urn } } } } }"
+    facets = 'query($f: SearchFlags) { searchAcrossEntities(input: {query: "*", count: 0, searchFlags: $f}) { facets { field aggregations { value entity { urn } } } } }'
     assert cost(facets) == 1 + FACET_AGGREGATION_COST + FACET_FIELDS * (1 + 1 + DEFAULT_AGG_VALUES * 4)
     assert cost(facets, {"f": {"maxAggValues": 5}}) == 1 + FACET_AGGREGATION_COST + FACET_FIELDS * (2 + 5 * 4)
     assert cost(facets, {"f": {"skipAggregates": True}}) == 1

@@ -41,4 +41,6 @@ def test_the_cache_keeps_the_most_recently_used():
         documents.put(key, document)
     assert documents.get(keys[0]) is parsed[0]  # used: kept over keys[1]
     documents.put(keys[2], parsed[2])
-    assert documents.get(keys[1]) is None and documents.get(keys[0]) is parsed[0] and documents.get(keys[2]) is parsed[2]
+    assert (
+        documents.get(keys[1]) is None and documents.get(keys[0]) is parsed[0] and documents.get(keys[2]) is parsed[2]
+    )

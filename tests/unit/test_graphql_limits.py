@@ -26,7 +26,8 @@ def test_aliases_and_fields_count_each_spread():
     found = messages("query Q { ...F ...F } fragment F on T { x: a y: b }")
     assert any("operation 'Q' has 4 aliased fields" in m for m in found)
     bomb = "query { ...F20 } fragment F0 on T { a } " + " ".join(
-        f"fragment F{i} on T {{ ...F{i - 1} ...F{i - 1} }}" for i in range(1, 21))
+        f"fragment F{i} on T {{ ...F{i - 1} ...F{i - 1} }}" for i in range(1, 21)
+    )
     assert any("selects 1048576 fields" in m for m in messages(bomb, Limits(100, 100, 1_000)))
 
 

@@ -39,12 +39,19 @@ async def test_reads_asked_for_together_are_one_read():
     store = Store()
     load = loader(store)
     values = await asyncio.gather(
-        load.aspect("urn:li:tag:a", "tagProperties"), load.aspect("urn:li:tag:b", "tagProperties"),
-        load.aspect("urn:li:tag:a", "tagKey"), load.aspect("urn:li:tag:missing", "tagProperties"),
+        load.aspect("urn:li:tag:a", "tagProperties"),
+        load.aspect("urn:li:tag:b", "tagProperties"),
+        load.aspect("urn:li:tag:a", "tagKey"),
+        load.aspect("urn:li:tag:missing", "tagProperties"),
     )
     assert values == [{"name": "A"}, {"name": "B"}, {"name": "a"}, None]
-    assert store.reads == [[("urn:li:tag:a", ("tagKey", "tagProperties")), ("urn:li:tag:b", ("tagProperties",)),
-                            ("urn:li:tag:missing", ("tagProperties",))]]
+    assert store.reads == [
+        [
+            ("urn:li:tag:a", ("tagKey", "tagProperties")),
+            ("urn:li:tag:b", ("tagProperties",)),
+            ("urn:li:tag:missing", ("tagProperties",)),
+        ]
+    ]
     # read once: known values and known absences are not asked for again
     assert await load.aspect("urn:li:tag:a", "tagKey") == {"name": "a"}
     assert await load.aspect("urn:li:tag:missing", "tagProperties") is None
@@ -83,9 +90,9 @@ async def test_forget_reads_again_and_a_failed_read_fails_every_waiter():
     assert len(store.reads) == 2
 
     store.fail = True
-    results = await asyncio.gather(load.aspect("urn:li:tag:x", "tagKey"), load.entity("urn:li:tag:y"),
-                                   return_exceptions=True)
+    results = await asyncio.gather(
+        load.aspect("urn:li:tag:x", "tagKey"), load.entity("urn:li:tag:y"), return_exceptions=True
+    )
     assert [type(r) for r in results] == [ConnectionError, ConnectionError]
     store.fail = False
     assert await load.aspect("urn:li:tag:b", "tagProperties") == {"name": "B"}  # the next batch is read anew
-

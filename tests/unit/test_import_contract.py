@@ -116,16 +116,24 @@ def test_no_package_cycle_type_only_imports_included():
     report = []
     for component in cycles(graph):
         members = set(component)
-        edges = [f"  {a} -> {b}: {', '.join(sorted(files))}"
-                 for a in component for b, files in sorted(graph.get(a, {}).items()) if b in members]
+        edges = [
+            f"  {a} -> {b}: {', '.join(sorted(files))}"
+            for a in component
+            for b, files in sorted(graph.get(a, {}).items())
+            if b in members
+        ]
         report.append(" <-> ".join(component) + "\n" + "\n".join(edges))
     assert not report, "package cycles:\n" + "\n".join(report)
 
 
 def test_no_router_module_imports_another():
     routers = {_module_name(p): p for p in [*APP.glob("api/*.py"), *APP.glob("api/restli/*.py")] if _declares_routes(p)}
-    crossings = sorted(f"{name} imports {module}" for name, path in routers.items()
-                       for module in set(_imported_modules(path)) if module in routers and module != name)
+    crossings = sorted(
+        f"{name} imports {module}"
+        for name, path in routers.items()
+        for module in set(_imported_modules(path))
+        if module in routers and module != name
+    )
     assert not crossings, crossings
 
 

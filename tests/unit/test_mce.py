@@ -32,16 +32,34 @@ def issues(excinfo) -> list[dict]:
 def test_client_capture_unbundles_into_one_upsert_per_aspect(registry):
     # The body DataHub's Python client sends (client-protocol notes §5.3, capture A_emitter_restli #7).
     body = {
-        "entity": {"value": {SNAPSHOT: {
-            "urn": DATASET,
-            "aspects": [
-                {"com.linkedin.common.Status": {"removed": False}},
-                {"com.linkedin.dataset.DatasetProperties": {"customProperties": {"a": "b"}, "description": "legacy mce", "tags": []}},
-                {"com.linkedin.dataset.UpstreamLineage": {"upstreams": [{
-                    "auditStamp": {"time": 0, "actor": "urn:li:corpuser:unknown"},
-                    "dataset": "urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)", "type": "TRANSFORMED"}]}},
-            ],
-        }}},
+        "entity": {
+            "value": {
+                SNAPSHOT: {
+                    "urn": DATASET,
+                    "aspects": [
+                        {"com.linkedin.common.Status": {"removed": False}},
+                        {
+                            "com.linkedin.dataset.DatasetProperties": {
+                                "customProperties": {"a": "b"},
+                                "description": "legacy mce",
+                                "tags": [],
+                            }
+                        },
+                        {
+                            "com.linkedin.dataset.UpstreamLineage": {
+                                "upstreams": [
+                                    {
+                                        "auditStamp": {"time": 0, "actor": "urn:li:corpuser:unknown"},
+                                        "dataset": "urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)",
+                                        "type": "TRANSFORMED",
+                                    }
+                                ]
+                            }
+                        },
+                    ],
+                }
+            }
+        },
         "systemMetadata": {"lastObserved": 1795288480532, "runId": "no-run-id-provided"},
     }
     event = unbundle_restli_entity(body, registry)
@@ -54,18 +72,38 @@ def test_client_capture_unbundles_into_one_upsert_per_aspect(registry):
     assert event.drafts[1].value == {"customProperties": {"a": "b"}, "description": "legacy mce", "tags": []}
     assert all(d.system_metadata == body["systemMetadata"] for d in event.drafts)
     assert all(d.content_type == "application/json" for d in event.drafts)
-    assert event.drafts[2].location.value == f'$.entity.value["{SNAPSHOT}"].aspects[2]["com.linkedin.dataset.UpstreamLineage"]'
+    assert (
+        event.drafts[2].location.value
+        == f'$.entity.value["{SNAPSHOT}"].aspects[2]["com.linkedin.dataset.UpstreamLineage"]'
+    )
 
 
 def test_avro_spelling_of_snapshot_aspects_and_nested_unions(registry):
-    mce = {"proposedSnapshot": {"com.linkedin.pegasus2avro.metadata.snapshot.DatasetSnapshot": {
-        "urn": DATASET,
-        "aspects": [{"com.linkedin.pegasus2avro.schema.SchemaMetadata": {
-            "schemaName": "x", "platform": "urn:li:dataPlatform:hive", "version": 0, "hash": "",
-            "platformSchema": {"com.linkedin.pegasus2avro.schema.OtherSchema": {"rawSchema": ""}},
-            "fields": [{"fieldPath": "id", "nativeDataType": "int", "type": {"type": {"com.linkedin.pegasus2avro.schema.NumberType": {}}}}],
-        }}],
-    }}}
+    mce = {
+        "proposedSnapshot": {
+            "com.linkedin.pegasus2avro.metadata.snapshot.DatasetSnapshot": {
+                "urn": DATASET,
+                "aspects": [
+                    {
+                        "com.linkedin.pegasus2avro.schema.SchemaMetadata": {
+                            "schemaName": "x",
+                            "platform": "urn:li:dataPlatform:hive",
+                            "version": 0,
+                            "hash": "",
+                            "platformSchema": {"com.linkedin.pegasus2avro.schema.OtherSchema": {"rawSchema": ""}},
+                            "fields": [
+                                {
+                                    "fieldPath": "id",
+                                    "nativeDataType": "int",
+                                    "type": {"type": {"com.linkedin.pegasus2avro.schema.NumberType": {}}},
+                                }
+                            ],
+                        }
+                    }
+                ],
+            }
+        }
+    }
     event = unbundle_mce(mce, registry, first_index=7)
     assert event.snapshot_class == SNAPSHOT
     (draft,) = event.drafts
@@ -79,12 +117,24 @@ def test_avro_spelling_of_snapshot_aspects_and_nested_unions(registry):
 
 def test_snapshot_names_are_matched_case_insensitively_to_the_urn_entity(registry):
     cases = {
-        "com.linkedin.metadata.snapshot.CorpUserSnapshot": ("urn:li:corpuser:jdoe", "corpuser", "com.linkedin.identity.CorpUserInfo",
-                                                            {"active": True}),
-        "com.linkedin.metadata.snapshot.MLModelSnapshot": ("urn:li:mlModel:(urn:li:dataPlatform:sagemaker,m,PROD)", "mlModel",
-                                                           "com.linkedin.common.Status", {"removed": False}),
-        "com.linkedin.metadata.snapshot.GlossaryTermSnapshot": ("urn:li:glossaryTerm:t", "glossaryTerm", "com.linkedin.common.Status",
-                                                                {"removed": False}),
+        "com.linkedin.metadata.snapshot.CorpUserSnapshot": (
+            "urn:li:corpuser:jdoe",
+            "corpuser",
+            "com.linkedin.identity.CorpUserInfo",
+            {"active": True},
+        ),
+        "com.linkedin.metadata.snapshot.MLModelSnapshot": (
+            "urn:li:mlModel:(urn:li:dataPlatform:sagemaker,m,PROD)",
+            "mlModel",
+            "com.linkedin.common.Status",
+            {"removed": False},
+        ),
+        "com.linkedin.metadata.snapshot.GlossaryTermSnapshot": (
+            "urn:li:glossaryTerm:t",
+            "glossaryTerm",
+            "com.linkedin.common.Status",
+            {"removed": False},
+        ),
     }
     for snapshot_class, (urn, entity, record, value) in cases.items():
         event = unbundle_snapshot({snapshot_class: {"urn": urn, "aspects": [{record: value}]}}, registry)
@@ -104,7 +154,9 @@ def test_reverse_map_covers_every_aspect_once(registry):
 
 def test_unknown_snapshot_class(registry):
     with pytest.raises(ValidationFailed) as excinfo:
-        unbundle_snapshot({"com.linkedin.metadata.snapshot.FooSnapshot": {"urn": "urn:li:foo:x", "aspects": []}}, registry)
+        unbundle_snapshot(
+            {"com.linkedin.metadata.snapshot.FooSnapshot": {"urn": "urn:li:foo:x", "aspects": []}}, registry
+        )
     (issue,) = issues(excinfo)
     assert issue["path"] == "$.proposedSnapshot" and "unknown snapshot class" in issue["message"]
     assert issue["found"] == "com.linkedin.metadata.snapshot.FooSnapshot"
@@ -120,8 +172,15 @@ def test_unknown_snapshot_class(registry):
 
 def test_snapshot_class_must_match_the_urn(registry):
     with pytest.raises(ValidationFailed) as excinfo:
-        unbundle_snapshot({"com.linkedin.metadata.snapshot.ChartSnapshot": {"urn": DATASET, "aspects": [
-            {"com.linkedin.common.Status": {"removed": False}}]}}, registry)
+        unbundle_snapshot(
+            {
+                "com.linkedin.metadata.snapshot.ChartSnapshot": {
+                    "urn": DATASET,
+                    "aspects": [{"com.linkedin.common.Status": {"removed": False}}],
+                }
+            },
+            registry,
+        )
     (issue,) = issues(excinfo)
     assert "does not match the URN's entity type 'dataset'" in issue["message"]
     assert issue["expected"].startswith("com.linkedin.metadata.snapshot.DatasetSnapshot")
@@ -143,12 +202,22 @@ def test_bad_urn_and_missing_parts_name_their_path(registry):
 
 def test_every_bad_aspect_is_reported_with_its_path(registry):
     with pytest.raises(ValidationFailed) as excinfo:
-        unbundle_mce({"proposedSnapshot": {SNAPSHOT: {"urn": DATASET, "aspects": [
-            {"com.linkedin.common.Status": {"removed": False}},
-            {"com.linkedin.chart.ChartInfo": {"title": "t", "description": "d"}},
-            {"com.example.Unknown": {}},
-            {"com.linkedin.common.Status": {}, "com.linkedin.common.Ownership": {}},
-        ]}}}, registry)
+        unbundle_mce(
+            {
+                "proposedSnapshot": {
+                    SNAPSHOT: {
+                        "urn": DATASET,
+                        "aspects": [
+                            {"com.linkedin.common.Status": {"removed": False}},
+                            {"com.linkedin.chart.ChartInfo": {"title": "t", "description": "d"}},
+                            {"com.example.Unknown": {}},
+                            {"com.linkedin.common.Status": {}, "com.linkedin.common.Ownership": {}},
+                        ],
+                    }
+                }
+            },
+            registry,
+        )
     found = issues(excinfo)
     base = f'$.proposedSnapshot["{SNAPSHOT}"].aspects'
     assert [(i["index"], i["path"]) for i in found] == [(1, f"{base}[1]"), (2, f"{base}[2]"), (3, f"{base}[3]")]
@@ -163,8 +232,13 @@ def test_event_envelope_errors(registry):
         ({}, "$.proposedSnapshot"),
         ({"proposedSnapshot": {}, "bogus": 1}, "$"),
         ({"proposedDelta": {"x": 1}, "proposedSnapshot": {}}, "$.proposedDelta"),
-        ({"proposedSnapshot": {SNAPSHOT: {"urn": DATASET, "aspects": [{"com.linkedin.common.Status": {}}]}}, "systemMetadata": "x"},
-         "$.systemMetadata"),
+        (
+            {
+                "proposedSnapshot": {SNAPSHOT: {"urn": DATASET, "aspects": [{"com.linkedin.common.Status": {}}]}},
+                "systemMetadata": "x",
+            },
+            "$.systemMetadata",
+        ),
     ]:
         with pytest.raises(ValidationFailed) as excinfo:
             unbundle_mce(mce, registry)
@@ -175,14 +249,29 @@ def test_event_envelope_errors(registry):
 
 
 def test_write_path_issues_are_relocated_into_the_event(registry):
-    event = unbundle_restli_entity({"entity": {"value": {SNAPSHOT: {"urn": DATASET, "aspects": [
-        {"com.linkedin.common.Status": {"removed": False}},
-        {"com.linkedin.dataset.DatasetProperties": {"description": 5}},
-    ]}}}}, registry)
-    error = ValidationFailed("1 of 2 proposals are invalid", [
-        Issue("expected string", 1, DATASET, "datasetProperties", "$.aspect.value.description", "string", "int 5"),
-        Issue("bad urn", 0, DATASET, "status", "$.entityUrn"),
-    ])
+    event = unbundle_restli_entity(
+        {
+            "entity": {
+                "value": {
+                    SNAPSHOT: {
+                        "urn": DATASET,
+                        "aspects": [
+                            {"com.linkedin.common.Status": {"removed": False}},
+                            {"com.linkedin.dataset.DatasetProperties": {"description": 5}},
+                        ],
+                    }
+                }
+            }
+        },
+        registry,
+    )
+    error = ValidationFailed(
+        "1 of 2 proposals are invalid",
+        [
+            Issue("expected string", 1, DATASET, "datasetProperties", "$.aspect.value.description", "string", "int 5"),
+            Issue("bad urn", 0, DATASET, "status", "$.entityUrn"),
+        ],
+    )
     moved = in_callers_terms(error, event.drafts)
     assert isinstance(moved, ValidationFailed)
     base = f'$.entity.value["{SNAPSHOT}"]'

@@ -6,7 +6,13 @@ from __future__ import annotations
 import pytest
 
 from app.registry.compatibility import (
-    EnumNarrowed, EnumWidened, FieldAddedWithoutDefault, FieldRemoved, RecordRenamed, TypeChanged, TypeChangedForward,
+    EnumNarrowed,
+    EnumWidened,
+    FieldAddedWithoutDefault,
+    FieldRemoved,
+    RecordRenamed,
+    TypeChanged,
+    TypeChangedForward,
     schema_refusals,
 )
 from app.registry.runtime import Compatibility
@@ -15,8 +21,13 @@ BACKWARD, FULL, NONE = Compatibility.BACKWARD, Compatibility.FULL, Compatibility
 
 
 def aspect(*fields: dict, name: str = "Rating") -> dict:
-    return {"type": "record", "name": name, "namespace": "com.acme", "Aspect": {"name": "acmeRating"},
-            "fields": list(fields)}
+    return {
+        "type": "record",
+        "name": name,
+        "namespace": "com.acme",
+        "Aspect": {"name": "acmeRating"},
+        "fields": list(fields),
+    }
 
 
 def field(name: str, type_, **extra) -> dict:
@@ -31,35 +42,98 @@ STARS = field("stars", "int")
 COLOR = field("color", {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN"]})
 
 
-@pytest.mark.parametrize(("rule", "old", "new", "mode", "expected"), [
-    # fires
-    (TypeChanged(), aspect(STARS), aspect(field("stars", "string")), BACKWARD, [("TypeChanged", "$.fields.stars.type")]),
-    (TypeChanged(), aspect(field("n", ["null", "int"])), aspect(field("n", "int")), BACKWARD, [("TypeChanged", "$.fields.n.type")]),
-    (TypeChanged(), aspect(field("l", {"type": "array", "items": "long"})),
-     aspect(field("l", {"type": "array", "items": "int"})), BACKWARD, [("TypeChanged", "$.fields.l.type.items")]),
-    (TypeChangedForward(), aspect(STARS), aspect(field("stars", "long")), FULL, [("TypeChangedForward", "$.fields.stars.type")]),
-    (FieldRemoved(), aspect(STARS, COLOR), aspect(STARS), BACKWARD, [("FieldRemoved", "$.fields.color")]),
-    (FieldAddedWithoutDefault(), aspect(STARS), aspect(STARS, field("x", "string")), FULL,
-     [("FieldAddedWithoutDefault", "$.fields.x")]),
-    (RecordRenamed(), aspect(STARS), aspect(STARS, name="Score"), BACKWARD, [("RecordRenamed", "$.name")]),
-    (EnumNarrowed(), aspect(COLOR), aspect(field("color", {"type": "enum", "name": "Color", "symbols": ["RED"]})),
-     BACKWARD, [("EnumNarrowed", "$.fields.color.type.symbols")]),
-    (EnumWidened(), aspect(COLOR), aspect(field("color", {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN", "BLUE"]})),
-     FULL, [("EnumWidened", "$.fields.color.type.symbols")]),
-    # must not fire
-    (TypeChanged(), aspect(STARS), aspect(field("stars", "long")), BACKWARD, []),  # a promotion
-    (TypeChanged(), aspect(STARS), aspect(field("stars", ["null", "int"], default=None)), BACKWARD, []),  # made optional
-    (TypeChanged(), aspect(STARS), aspect(field("stars", "string")), NONE, []),
-    (TypeChangedForward(), aspect(STARS), aspect(field("stars", "long")), BACKWARD, []),
-    (FieldRemoved(), aspect(STARS, COLOR), aspect(STARS), NONE, []),
-    (FieldAddedWithoutDefault(), aspect(STARS), aspect(STARS, field("x", "string", default="")), BACKWARD, []),
-    (FieldAddedWithoutDefault(), aspect(STARS), aspect(STARS, field("x", ["null", "string"], default=None)), FULL, []),
-    (RecordRenamed(), aspect(STARS), aspect(STARS, field("x", "string", default="")), FULL, []),
-    (EnumNarrowed(), aspect(COLOR), aspect(field("color", {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN", "BLUE"]})),
-     BACKWARD, []),
-    (EnumWidened(), aspect(COLOR), aspect(field("color", {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN", "BLUE"]})),
-     BACKWARD, []),
-])
+@pytest.mark.parametrize(
+    ("rule", "old", "new", "mode", "expected"),
+    [
+        # fires
+        (
+            TypeChanged(),
+            aspect(STARS),
+            aspect(field("stars", "string")),
+            BACKWARD,
+            [("TypeChanged", "$.fields.stars.type")],
+        ),
+        (
+            TypeChanged(),
+            aspect(field("n", ["null", "int"])),
+            aspect(field("n", "int")),
+            BACKWARD,
+            [("TypeChanged", "$.fields.n.type")],
+        ),
+        (
+            TypeChanged(),
+            aspect(field("l", {"type": "array", "items": "long"})),
+            aspect(field("l", {"type": "array", "items": "int"})),
+            BACKWARD,
+            [("TypeChanged", "$.fields.l.type.items")],
+        ),
+        (
+            TypeChangedForward(),
+            aspect(STARS),
+            aspect(field("stars", "long")),
+            FULL,
+            [("TypeChangedForward", "$.fields.stars.type")],
+        ),
+        (FieldRemoved(), aspect(STARS, COLOR), aspect(STARS), BACKWARD, [("FieldRemoved", "$.fields.color")]),
+        (
+            FieldAddedWithoutDefault(),
+            aspect(STARS),
+            aspect(STARS, field("x", "string")),
+            FULL,
+            [("FieldAddedWithoutDefault", "$.fields.x")],
+        ),
+        (RecordRenamed(), aspect(STARS), aspect(STARS, name="Score"), BACKWARD, [("RecordRenamed", "$.name")]),
+        (
+            EnumNarrowed(),
+            aspect(COLOR),
+            aspect(field("color", {"type": "enum", "name": "Color", "symbols": ["RED"]})),
+            BACKWARD,
+            [("EnumNarrowed", "$.fields.color.type.symbols")],
+        ),
+        (
+            EnumWidened(),
+            aspect(COLOR),
+            aspect(field("color", {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN", "BLUE"]})),
+            FULL,
+            [("EnumWidened", "$.fields.color.type.symbols")],
+        ),
+        # must not fire
+        (TypeChanged(), aspect(STARS), aspect(field("stars", "long")), BACKWARD, []),  # a promotion
+        (
+            TypeChanged(),
+            aspect(STARS),
+            aspect(field("stars", ["null", "int"], default=None)),
+            BACKWARD,
+            [],
+        ),  # made optional
+        (TypeChanged(), aspect(STARS), aspect(field("stars", "string")), NONE, []),
+        (TypeChangedForward(), aspect(STARS), aspect(field("stars", "long")), BACKWARD, []),
+        (FieldRemoved(), aspect(STARS, COLOR), aspect(STARS), NONE, []),
+        (FieldAddedWithoutDefault(), aspect(STARS), aspect(STARS, field("x", "string", default="")), BACKWARD, []),
+        (
+            FieldAddedWithoutDefault(),
+            aspect(STARS),
+            aspect(STARS, field("x", ["null", "string"], default=None)),
+            FULL,
+            [],
+        ),
+        (RecordRenamed(), aspect(STARS), aspect(STARS, field("x", "string", default="")), FULL, []),
+        (
+            EnumNarrowed(),
+            aspect(COLOR),
+            aspect(field("color", {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN", "BLUE"]})),
+            BACKWARD,
+            [],
+        ),
+        (
+            EnumWidened(),
+            aspect(COLOR),
+            aspect(field("color", {"type": "enum", "name": "Color", "symbols": ["RED", "GREEN", "BLUE"]})),
+            BACKWARD,
+            [],
+        ),
+    ],
+)
 def test_rule(rule, old, new, mode, expected):
     assert refusals(old, new, mode, rule) == expected
 

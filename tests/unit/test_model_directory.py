@@ -13,8 +13,13 @@ from click.testing import CliRunner
 from app.cli import main as cli
 from app.registry.runtime import MODELS_FILE, ModelSetError, RuntimeModelSet
 
-SCHEMA = {"type": "record", "name": "Rating", "namespace": "com.example", "Aspect": {"name": "rating"},
-          "fields": [{"name": "stars", "type": "int"}]}
+SCHEMA = {
+    "type": "record",
+    "name": "Rating",
+    "namespace": "com.example",
+    "Aspect": {"name": "rating"},
+    "fields": [{"name": "stars", "type": "int"}],
+}
 
 
 def model_directory(tmp_path: Path, **files: str) -> Path:
@@ -42,8 +47,9 @@ def test_an_entity_registry_yml_is_refused_naming_it_and_the_file_expected(tmp_p
 
 
 def test_every_unread_file_is_named_and_hidden_files_are_not(tmp_path):
-    folder = model_directory(tmp_path, **{"notes.txt": "", "sub__old.json": "{}", ".editorconfig": "",
-                                          ".git__HEAD": "ref"})
+    folder = model_directory(
+        tmp_path, **{"notes.txt": "", "sub__old.json": "{}", ".editorconfig": "", ".git__HEAD": "ref"}
+    )
     with pytest.raises(ModelSetError) as refused:
         RuntimeModelSet.from_directory(folder)
     assert refused.value.reason.startswith("notes.txt, sub/old.json: not read")

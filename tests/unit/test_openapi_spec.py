@@ -11,7 +11,6 @@ import copy
 import json
 import time
 from dataclasses import dataclass, field
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -149,7 +148,14 @@ def stub_registry(
     )
 
 
-def record(name: str, fields: list[dict[str, Any]], *, aspect: str | None = None, namespace: str = "com.linkedin.pegasus2avro.test", **extra) -> dict[str, Any]:
+def record(
+    name: str,
+    fields: list[dict[str, Any]],
+    *,
+    aspect: str | None = None,
+    namespace: str = "com.linkedin.pegasus2avro.test",
+    **extra,
+) -> dict[str, Any]:
     raw: dict[str, Any] = {"type": "record", "name": name, "namespace": namespace, "fields": fields, **extra}
     if aspect:
         raw["Aspect"] = {"name": aspect}
@@ -196,15 +202,15 @@ def test_parameter_defaults_are_the_handlers_defaults(app, spec):
     checked = 0
     for path, method, route in operations(app):
         documented = {p["name"]: p for p in spec["paths"][path][method].get("parameters", []) if p.get("in") == "query"}
-        for field in route.dependant.query_params:
-            if not field.field_info.include_in_schema:
+        for param in route.dependant.query_params:
+            if not param.field_info.include_in_schema:
                 continue  # an alias kept for old clients
-            default = field.field_info.default
-            schema = documented[field.alias]["schema"]
-            if field.field_info.is_required() or default is None:
-                assert "default" not in schema, (path, method, field.alias)
+            default = param.field_info.default
+            schema = documented[param.alias]["schema"]
+            if param.field_info.is_required() or default is None:
+                assert "default" not in schema, (path, method, param.alias)
             else:
-                assert schema.get("default") == default, (path, method, field.alias)
+                assert schema.get("default") == default, (path, method, param.alias)
             checked += 1
     assert checked > 500  # the entity routes of every entity type among them
 
@@ -215,17 +221,17 @@ def test_boolean_parameters_refuse_anything_but_true_and_false(app, spec):
 
     booleans = 0
     for path, method, route in operations(app):
-        for field in route.dependant.query_params:
-            annotation = field.field_info.annotation
+        for param in route.dependant.query_params:
+            annotation = param.field_info.annotation
             if annotation is bool or annotation == bool | None:
-                validators = [getattr(m, "func", None) for m in field.field_info.metadata]
-                assert strict_flag in validators, (path, method, field.alias)
+                validators = [getattr(m, "func", None) for m in param.field_info.metadata]
+                assert strict_flag in validators, (path, method, param.alias)
                 booleans += 1
     assert booleans > 300
 
 
 def test_every_component_schema_is_valid_and_every_ref_resolves(spec, schemas):
-    for name, schema in schemas.items():
+    for schema in schemas.values():
         Draft202012Validator.check_schema(schema)
     for ref in all_refs(spec):
         section, _, name = ref.removeprefix("#/components/").partition("/")
@@ -552,13 +558,20 @@ def test_entity_request_and_response_components(schemas, registry):
         "datasetProperties": {"value": DATASET_PROPERTIES},
     }
     assert errors(schemas, "DatasetEntityRequest", body_item) == []
-    assert not is_valid(schemas, "DatasetEntityRequest", {**body_item, "chartInfo": {"value": {}}})  # not a dataset aspect
+    assert not is_valid(
+        schemas, "DatasetEntityRequest", {**body_item, "chartInfo": {"value": {}}}
+    )  # not a dataset aspect
     assert not is_valid(schemas, "DatasetEntityRequest", {"globalTags": {"value": GLOBAL_TAGS}})  # no urn
     assert not is_valid(schemas, "DatasetEntityRequest", {**body_item, "globalTags": {"value": {"tags": "x"}}})
 
     answer = {
         "urn": body_item["urn"],
-        "globalTags": {"value": GLOBAL_TAGS, "systemMetadata": {"lastObserved": 1}, "version": "2", "status": "UPDATED"},
+        "globalTags": {
+            "value": GLOBAL_TAGS,
+            "systemMetadata": {"lastObserved": 1},
+            "version": "2",
+            "status": "UPDATED",
+        },
     }
     assert errors(schemas, "DatasetEntityResponse", answer) == []
     batch_get = {"urn": body_item["urn"], "globalTags": {}, "status": {"headers": {"X-A": "b"}}}
@@ -575,7 +588,13 @@ def test_single_aspect_body_is_any_of_the_entity_aspects(schemas, registry):
     assert not is_valid(schemas, "DatasetEntityAspectRequest", {"value": {"noSuchField": 1}})
     # matches several aspects with no required fields (datasetProperties, editableDatasetProperties, ...)
     assert is_valid(schemas, "DatasetEntityAspectRequest", {"value": {"description": "x"}})
-    assert set(schemas["DatasetEntityAspectResponse"]["properties"]) == {"value", "systemMetadata", "version", "status", "message"}
+    assert set(schemas["DatasetEntityAspectResponse"]["properties"]) == {
+        "value",
+        "systemMetadata",
+        "version",
+        "status",
+        "message",
+    }
 
 
 def test_dataset_paths(spec, registry):
@@ -640,13 +659,19 @@ def test_dataset_paths(spec, registry):
     version = params(get_aspect)["version"]["schema"]
     assert (version["type"], version["default"], version["minimum"], version["maximum"]) == ("integer", 0, 0, 2**63 - 1)
     assert {k: p["urn"]["schema"][k] for k in ("type", "pattern", "maxLength")} == {
-        "type": "string", "pattern": "^urn:li:dataset:.", "maxLength": 512}
+        "type": "string",
+        "pattern": "^urn:li:dataset:.",
+        "maxLength": 512,
+    }
     assert get_aspect["responses"]["200"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/DatasetEntityAspectResponse"
     }
     assert "204" in aspect_path["head"]["responses"] and "404" in aspect_path["head"]["responses"]
     assert aspect_path["delete"]["responses"]["200"]["content"]["application/json"]["schema"]["required"] == [
-        "urn", "aspect", "status"]
+        "urn",
+        "aspect",
+        "status",
+    ]
 
     batch = paths[f"{base}/batchGet"]["post"]
     assert batch["requestBody"]["content"]["application/json"]["schema"] == {
@@ -703,8 +728,13 @@ def test_clash_with_a_fastapi_component_qualifies_ours():
 
 
 def test_unions_defaults_and_scalars():
-    color = {"type": "enum", "name": "Color", "namespace": "com.linkedin.pegasus2avro.test", "symbols": ["RED", "BLUE"],
-             "symbolDocs": {"RED": "red!"}}
+    color = {
+        "type": "enum",
+        "name": "Color",
+        "namespace": "com.linkedin.pegasus2avro.test",
+        "symbols": ["RED", "BLUE"],
+        "symbolDocs": {"RED": "red!"},
+    }
     inner = record("Inner", [{"name": "n", "type": "long", "default": 7}])
     md5 = {"type": "fixed", "name": "MD5", "namespace": "com.linkedin.pegasus2avro.test", "size": 16}
     aspect = record(
@@ -718,8 +748,7 @@ def test_unions_defaults_and_scalars():
             {"name": "color", "type": color, "default": "BLUE"},
             {"name": "inner", "type": inner, "default": {"n": 3}},
             {"name": "hash", "type": ["null", md5], "default": None},
-            {"name": "choice", "type": ["com.linkedin.pegasus2avro.test.Inner", "string"],
-             "default": {"n": 1}},
+            {"name": "choice", "type": ["com.linkedin.pegasus2avro.test.Inner", "string"], "default": {"n": 1}},
             {"name": "maybeChoice", "type": ["null", "int", "com.linkedin.pegasus2avro.test.Color"], "default": None},
             {"name": "list", "type": {"type": "array", "items": ["string", {"type": "map", "values": "long"}]}},
             {"name": "lastSeen", "type": ["long", "null"], "default": 0},
@@ -774,9 +803,18 @@ def test_unions_defaults_and_scalars():
 
 
 def test_recursive_types_are_supported():
-    node = record("Node", [{"name": "label", "type": "string"},
-                           {"name": "children", "type": {"type": "array", "items": "com.linkedin.pegasus2avro.test.Node"},
-                            "default": []}], aspect="node")
+    node = record(
+        "Node",
+        [
+            {"name": "label", "type": "string"},
+            {
+                "name": "children",
+                "type": {"type": "array", "items": "com.linkedin.pegasus2avro.test.Node"},
+                "default": [],
+            },
+        ],
+        aspect="node",
+    )
     components = aspect_components(stub_registry(KEY, node))
     tree = {"label": "a", "children": [{"label": "b", "children": [{"label": "c"}]}]}
     assert errors(components, "Node", tree) == []
@@ -787,8 +825,11 @@ def test_references_to_types_defined_in_other_documents():
     # A user aspect referencing DataHub's AuditStamp by name; AuditStamp is defined in a non-aspect document.
     # A user aspect referencing a DataHub type by name (Pegasus or pegasus2avro form) that is defined only in a
     # non-aspect document of the registry's model sources.
-    stamp = record("Stamp", [{"name": "time", "type": "long"}, {"name": "actor", "type": "string"}],
-                   namespace="com.linkedin.pegasus2avro.common")
+    stamp = record(
+        "Stamp",
+        [{"name": "time", "type": "long"}, {"name": "actor", "type": "string"}],
+        namespace="com.linkedin.pegasus2avro.common",
+    )
     holder = record("Lib", [{"name": "stamp", "type": stamp}])
     mine = record(
         "MyAspect",
@@ -830,8 +871,12 @@ def test_patch_operations_are_typed(spec, schemas):
     assert spec["paths"][f"{base}/{{urn}}/{{aspectName}}"]["patch"]["operationId"] == "patchDatasetAspect"
     item = {
         "urn": "urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)",
-        "globalTags": {"value": {"patch": [{"op": "add", "path": "/tags/urn:li:tag:x", "value": {"tag": "urn:li:tag:x"}}],
-                                 "arrayPrimaryKeys": {"tags": ["tag"]}}},
+        "globalTags": {
+            "value": {
+                "patch": [{"op": "add", "path": "/tags/urn:li:tag:x", "value": {"tag": "urn:li:tag:x"}}],
+                "arrayPrimaryKeys": {"tags": ["tag"]},
+            }
+        },
     }
     assert errors(schemas, "DatasetEntityPatchRequest", item) == []
     assert not is_valid(schemas, "DatasetEntityPatchRequest", {**item, "globalTags": {"value": {"ops": []}}})
@@ -840,13 +885,18 @@ def test_patch_operations_are_typed(spec, schemas):
 def test_every_operation_declares_the_statuses_it_can_answer():
     from app.openapi_spec import declare_statuses
 
-    spec = {"paths": {
-        "/health": {"get": {"security": [], "responses": {"200": {"description": "ok"}}}},
-        "/x/{urn}": {
-            "head": {"responses": {"204": {"description": "Exists"}}},
-            "post": {"requestBody": {}, "responses": {"200": {"description": "ok"}, "422": {"description": "FastAPI's"}}},
-        },
-    }}
+    spec = {
+        "paths": {
+            "/health": {"get": {"security": [], "responses": {"200": {"description": "ok"}}}},
+            "/x/{urn}": {
+                "head": {"responses": {"204": {"description": "Exists"}}},
+                "post": {
+                    "requestBody": {},
+                    "responses": {"200": {"description": "ok"}, "422": {"description": "FastAPI's"}},
+                },
+            },
+        }
+    }
     paths = declare_statuses(spec)["paths"]
     assert list(paths["/health"]["get"]["responses"]) == ["200", "400", "503"]
     head = paths["/x/{urn}"]["head"]["responses"]

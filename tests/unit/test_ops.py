@@ -3,7 +3,6 @@ tests/unit/test_admission.py)."""
 
 from __future__ import annotations
 
-
 import pytest
 
 from app.errors import Issue, TooManyRequests
@@ -40,7 +39,9 @@ async def _call(headers: list[tuple[bytes, bytes]], method: str = "GET") -> tupl
     async def send(message):
         sent.append(message)
 
-    await OperationsMiddleware(inner, access_log=False)({"type": "http", "method": method, "headers": headers}, receive, send)
+    await OperationsMiddleware(inner, access_log=False)(
+        {"type": "http", "method": method, "headers": headers}, receive, send
+    )
     return dict(sent[0]["headers"]), seen
 
 

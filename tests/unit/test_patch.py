@@ -87,21 +87,32 @@ def test_tags_map_order_groups_by_first_key_field():
 
 def test_tags_attributed_and_unattributed_entries_coexist():
     current = {"tags": [{"tag": "urn:li:tag:gold"}]}
-    attributed = {"tag": "urn:li:tag:gold", "attribution": {"source": "urn:li:dataHubAction:x", "actor": JDOE, "time": 5}}
-    doc = generic(TAG_KEYS, [{"op": "add", "path": "/tags/urn:li:dataHubAction:x/urn:li:tag:gold", "value": attributed}])
+    attributed = {
+        "tag": "urn:li:tag:gold",
+        "attribution": {"source": "urn:li:dataHubAction:x", "actor": JDOE, "time": 5},
+    }
+    doc = generic(
+        TAG_KEYS, [{"op": "add", "path": "/tags/urn:li:dataHubAction:x/urn:li:tag:gold", "value": attributed}]
+    )
     assert patch("globalTags", current, doc) == {"tags": [{"tag": "urn:li:tag:gold"}, attributed]}
 
 
 def test_tags_remove_without_source_removes_every_source():
     # remove_tag("urn:li:tag:gold") reorders the keys to [tag, attribution␟source] and sends a key prefix.
-    attributed = {"tag": "urn:li:tag:gold", "attribution": {"source": "urn:li:dataHubAction:x", "actor": JDOE, "time": 5}}
+    attributed = {
+        "tag": "urn:li:tag:gold",
+        "attribution": {"source": "urn:li:dataHubAction:x", "actor": JDOE, "time": 5},
+    }
     current = {"tags": [{"tag": "urn:li:tag:gold"}, {"tag": "urn:li:tag:keep"}, attributed]}
     doc = generic(TAG_REMOVE_KEYS, [{"op": "remove", "path": "/tags/urn:li:tag:gold", "value": {}}])
     assert patch("globalTags", current, doc) == {"tags": [{"tag": "urn:li:tag:keep"}]}
 
 
 def test_tags_remove_with_source_removes_only_that_entry():
-    attributed = {"tag": "urn:li:tag:gold", "attribution": {"source": "urn:li:dataHubAction:x", "actor": JDOE, "time": 5}}
+    attributed = {
+        "tag": "urn:li:tag:gold",
+        "attribution": {"source": "urn:li:dataHubAction:x", "actor": JDOE, "time": 5},
+    }
     current = {"tags": [{"tag": "urn:li:tag:gold"}, attributed]}
     doc = generic(TAG_KEYS, [{"op": "remove", "path": "/tags/urn:li:dataHubAction:x/urn:li:tag:gold", "value": {}}])
     assert patch("globalTags", current, doc) == {"tags": [{"tag": "urn:li:tag:gold"}]}
@@ -178,7 +189,13 @@ def test_terms_template_patch_adds_missing_audit_stamp():
 def test_owner_add_on_missing_aspect():
     doc = generic(
         OWNER_KEYS,
-        [{"op": "add", "path": f"/owners/{JDOE}/TECHNICAL_OWNER//", "value": {"owner": JDOE, "type": "TECHNICAL_OWNER"}}],
+        [
+            {
+                "op": "add",
+                "path": f"/owners/{JDOE}/TECHNICAL_OWNER//",
+                "value": {"owner": JDOE, "type": "TECHNICAL_OWNER"},
+            }
+        ],
     )
     assert patch("ownership", None, doc) == {
         "owners": [{"owner": JDOE, "type": "TECHNICAL_OWNER"}],
@@ -199,7 +216,13 @@ def test_owner_add_replaces_same_owner_and_type_keeps_others():
     }
     doc = generic(
         OWNER_KEYS,
-        [{"op": "add", "path": f"/owners/{JDOE}/TECHNICAL_OWNER//", "value": {"owner": JDOE, "type": "TECHNICAL_OWNER"}}],
+        [
+            {
+                "op": "add",
+                "path": f"/owners/{JDOE}/TECHNICAL_OWNER//",
+                "value": {"owner": JDOE, "type": "TECHNICAL_OWNER"},
+            }
+        ],
     )
     assert patch("ownership", current, doc) == {
         "owners": [
@@ -215,7 +238,9 @@ def test_owner_add_replaces_same_owner_and_type_keeps_others():
 def test_owner_with_type_urn_coexists_with_plain_type():
     current = {"owners": [{"owner": JDOE, "type": "CUSTOM"}], "lastModified": {"time": 1, "actor": JDOE}}
     value = {"owner": JDOE, "type": "CUSTOM", "typeUrn": "urn:li:ownershipType:steward"}
-    doc = generic(OWNER_KEYS, [{"op": "add", "path": f"/owners/{JDOE}/CUSTOM/urn:li:ownershipType:steward/", "value": value}])
+    doc = generic(
+        OWNER_KEYS, [{"op": "add", "path": f"/owners/{JDOE}/CUSTOM/urn:li:ownershipType:steward/", "value": value}]
+    )
     assert patch("ownership", current, doc)["owners"] == [{"owner": JDOE, "type": "CUSTOM"}, value]
 
 
@@ -295,7 +320,9 @@ def test_upstream_patch_normalises_existing_fine_grained_lineages():
     f_b = f"urn:li:schemaField:({DS_B},c1)"
     current = {
         "upstreams": [_upstream(DS_A)],
-        "fineGrainedLineages": [{"upstreamType": "FIELD_SET", "upstreams": [f_a], "downstreamType": "FIELD", "downstreams": [f_b]}],
+        "fineGrainedLineages": [
+            {"upstreamType": "FIELD_SET", "upstreams": [f_a], "downstreamType": "FIELD", "downstreams": [f_b]}
+        ],
     }
     ops = [{"op": "remove", "path": f"/upstreams/{DS_A}"}]
     assert patch("upstreamLineage", current, ops) == {
@@ -319,8 +346,16 @@ def test_fine_grained_lineage_builder_add_and_remove():
     f_b2 = f"urn:li:schemaField:({DS_B},c2)"
     # add_fine_grained_lineage: one op per upstream, value {"confidenceScore": ...}
     ops = [
-        {"op": "add", "path": f"/fineGrainedLineages/TRANSFORM/{f_b}/urn:li:query:q1/{f_a}", "value": {"confidenceScore": 0.9}},
-        {"op": "add", "path": f"/fineGrainedLineages/TRANSFORM/{f_b}/urn:li:query:q1/{f_b2}", "value": {"confidenceScore": 0.5}},
+        {
+            "op": "add",
+            "path": f"/fineGrainedLineages/TRANSFORM/{f_b}/urn:li:query:q1/{f_a}",
+            "value": {"confidenceScore": 0.9},
+        },
+        {
+            "op": "add",
+            "path": f"/fineGrainedLineages/TRANSFORM/{f_b}/urn:li:query:q1/{f_b2}",
+            "value": {"confidenceScore": 0.5},
+        },
     ]
     result = patch("upstreamLineage", {"upstreams": []}, ops)
     assert result == {
@@ -356,7 +391,10 @@ def test_fine_grained_lineage_builder_add_and_remove():
 
 
 def test_fine_grained_lineage_dataset_upstream_type_is_inferred():
-    current = {"upstreams": [], "fineGrainedLineages": [{"upstreams": [DS_A], "downstreams": [f"urn:li:schemaField:({DS_B},c)"]}]}
+    current = {
+        "upstreams": [],
+        "fineGrainedLineages": [{"upstreams": [DS_A], "downstreams": [f"urn:li:schemaField:({DS_B},c)"]}],
+    }
     result = patch("upstreamLineage", current, [{"op": "add", "path": "/upstreams/" + DS_A, "value": _upstream(DS_A)}])
     assert result["fineGrainedLineages"][0]["upstreamType"] == "DATASET"
 
@@ -380,7 +418,10 @@ def test_fine_grained_lineage_with_two_downstreams_cannot_be_patched():
 
 def test_custom_property_add_creates_missing_map():
     current = {"name": "orders"}
-    ops = [{"op": "add", "path": "/description", "value": "patched desc"}, {"op": "add", "path": "/customProperties/k", "value": "v"}]
+    ops = [
+        {"op": "add", "path": "/description", "value": "patched desc"},
+        {"op": "add", "path": "/customProperties/k", "value": "v"},
+    ]
     # DatasetPropertiesTemplate always writes back the (string) tags array
     assert patch("datasetProperties", current, ops) == {
         "name": "orders",
@@ -397,7 +438,10 @@ def test_custom_property_add_on_missing_aspect():
 
 def test_custom_property_replace_value_and_remove():
     current = {"customProperties": {"a": "1", "b": "2"}, "tags": []}
-    ops = [{"op": "add", "path": "/customProperties/a", "value": "one"}, {"op": "remove", "path": "/customProperties/b", "value": {}}]
+    ops = [
+        {"op": "add", "path": "/customProperties/a", "value": "one"},
+        {"op": "remove", "path": "/customProperties/b", "value": {}},
+    ]
     assert patch("datasetProperties", current, ops) == {"customProperties": {"a": "one"}, "tags": []}
 
 
@@ -431,7 +475,13 @@ ESM_STAMP = {"time": 1, "actor": JDOE}
 
 
 def test_field_tag_add_on_missing_aspect():
-    ops = [{"op": "add", "path": "/editableSchemaFieldInfo/address~1zip/globalTags/tags/urn:li:tag:pii", "value": {"tag": "urn:li:tag:pii"}}]
+    ops = [
+        {
+            "op": "add",
+            "path": "/editableSchemaFieldInfo/address~1zip/globalTags/tags/urn:li:tag:pii",
+            "value": {"tag": "urn:li:tag:pii"},
+        }
+    ]
     assert patch("editableSchemaMetadata", None, ops) == {
         "created": STAMP,
         "lastModified": STAMP,
@@ -444,22 +494,45 @@ def test_field_tags_and_terms_add_remove_on_existing():
         "created": ESM_STAMP,
         "lastModified": ESM_STAMP,
         "editableSchemaFieldInfo": [
-            {"fieldPath": "id", "description": "key", "globalTags": {"tags": [{"tag": "urn:li:tag:a"}, {"tag": "urn:li:tag:b"}]}},
-            {"fieldPath": "name", "glossaryTerms": {"terms": [{"urn": "urn:li:glossaryTerm:t1"}], "auditStamp": ESM_STAMP}},
+            {
+                "fieldPath": "id",
+                "description": "key",
+                "globalTags": {"tags": [{"tag": "urn:li:tag:a"}, {"tag": "urn:li:tag:b"}]},
+            },
+            {
+                "fieldPath": "name",
+                "glossaryTerms": {"terms": [{"urn": "urn:li:glossaryTerm:t1"}], "auditStamp": ESM_STAMP},
+            },
         ],
     }
     ops = [
         {"op": "remove", "path": "/editableSchemaFieldInfo/id/globalTags/tags/urn:li:tag:a", "value": {}},
-        {"op": "add", "path": "/editableSchemaFieldInfo/id/globalTags/tags/urn:li:tag:c", "value": {"tag": "urn:li:tag:c"}},
-        {"op": "add", "path": "/editableSchemaFieldInfo/name/glossaryTerms/terms/urn:li:glossaryTerm:t2", "value": {"urn": "urn:li:glossaryTerm:t2"}},
-        {"op": "remove", "path": "/editableSchemaFieldInfo/name/glossaryTerms/terms/urn:li:glossaryTerm:t1", "value": {}},
+        {
+            "op": "add",
+            "path": "/editableSchemaFieldInfo/id/globalTags/tags/urn:li:tag:c",
+            "value": {"tag": "urn:li:tag:c"},
+        },
+        {
+            "op": "add",
+            "path": "/editableSchemaFieldInfo/name/glossaryTerms/terms/urn:li:glossaryTerm:t2",
+            "value": {"urn": "urn:li:glossaryTerm:t2"},
+        },
+        {
+            "op": "remove",
+            "path": "/editableSchemaFieldInfo/name/glossaryTerms/terms/urn:li:glossaryTerm:t1",
+            "value": {},
+        },
         {"op": "add", "path": "/editableSchemaFieldInfo/name/description", "value": "the name"},
     ]
     assert patch("editableSchemaMetadata", current, ops) == {
         "created": ESM_STAMP,
         "lastModified": ESM_STAMP,
         "editableSchemaFieldInfo": [
-            {"fieldPath": "id", "description": "key", "globalTags": {"tags": [{"tag": "urn:li:tag:b"}, {"tag": "urn:li:tag:c"}]}},
+            {
+                "fieldPath": "id",
+                "description": "key",
+                "globalTags": {"tags": [{"tag": "urn:li:tag:b"}, {"tag": "urn:li:tag:c"}]},
+            },
             {
                 "fieldPath": "name",
                 "glossaryTerms": {"terms": [{"urn": "urn:li:glossaryTerm:t2"}], "auditStamp": ESM_STAMP},
@@ -471,7 +544,13 @@ def test_field_tags_and_terms_add_remove_on_existing():
 
 def test_field_term_add_creates_glossary_terms_with_audit_stamp():
     current = {"created": ESM_STAMP, "lastModified": ESM_STAMP, "editableSchemaFieldInfo": [{"fieldPath": "id"}]}
-    ops = [{"op": "add", "path": "/editableSchemaFieldInfo/id/glossaryTerms/terms/urn:li:glossaryTerm:t", "value": {"urn": "urn:li:glossaryTerm:t"}}]
+    ops = [
+        {
+            "op": "add",
+            "path": "/editableSchemaFieldInfo/id/glossaryTerms/terms/urn:li:glossaryTerm:t",
+            "value": {"urn": "urn:li:glossaryTerm:t"},
+        }
+    ]
     assert patch("editableSchemaMetadata", current, ops)["editableSchemaFieldInfo"] == [
         {"fieldPath": "id", "glossaryTerms": {"terms": [{"urn": "urn:li:glossaryTerm:t"}], "auditStamp": STAMP}}
     ]
@@ -576,7 +655,9 @@ def test_datajob_inlets_outlets():
         "outputDatasetFields": [],
         "fineGrainedLineages": [],
     }
-    removed = patch("dataJobInputOutput", current, [{"op": "remove", "path": f"/outputDatasetEdges/{DS_A}", "value": {}}])
+    removed = patch(
+        "dataJobInputOutput", current, [{"op": "remove", "path": f"/outputDatasetEdges/{DS_A}", "value": {}}]
+    )
     assert removed["outputDatasetEdges"] == []
 
 
@@ -614,14 +695,20 @@ def test_status_siblings_domains_editable_properties():
         "siblings": [DS_A],
         "primary": False,
     }
-    assert patch("siblings", {"siblings": [DS_A, DS_B], "primary": True}, [{"op": "remove", "path": f"/siblings/{DS_A}", "value": {}}]) == {
+    assert patch(
+        "siblings",
+        {"siblings": [DS_A, DS_B], "primary": True},
+        [{"op": "remove", "path": f"/siblings/{DS_A}", "value": {}}],
+    ) == {
         "siblings": [DS_B],
         "primary": True,
     }
     assert patch("domains", None, [{"op": "add", "path": "/domains/urn:li:domain:d", "value": "urn:li:domain:d"}]) == {
         "domains": ["urn:li:domain:d"]
     }
-    assert patch("editableDatasetProperties", None, [{"op": "add", "path": "/description", "value": "x"}]) == {"description": "x"}
+    assert patch("editableDatasetProperties", None, [{"op": "add", "path": "/description", "value": "x"}]) == {
+        "description": "x"
+    }
 
 
 def test_structured_properties_generic_and_documentation():
@@ -632,9 +719,9 @@ def test_structured_properties_generic_and_documentation():
     assert patch("structuredProperties", None, doc) == {"properties": [value]}
     docs_keys = {"documentations": [f"attribution{SEP}source"]}
     d = {"documentation": "hello"}
-    assert patch("documentation", None, generic(docs_keys, [{"op": "add", "path": "/documentations/", "value": d}])) == {
-        "documentations": [d]
-    }
+    assert patch(
+        "documentation", None, generic(docs_keys, [{"op": "add", "path": "/documentations/", "value": d}])
+    ) == {"documentations": [d]}
 
 
 def test_data_product_assets():
@@ -692,9 +779,11 @@ def test_generic_patch_on_non_templated_aspect_with_nested_keys():
         ],
     )
     assert patch("institutionalMemory", cur, doc) == {"elements": [cur["elements"][0], new]}
-    assert patch("institutionalMemory", None, generic(keys, [{"op": "add", "path": f"/elements/{JDOE}/https:~1~1c", "value": new}])) == {
-        "elements": [new]
-    }
+    assert patch(
+        "institutionalMemory",
+        None,
+        generic(keys, [{"op": "add", "path": f"/elements/{JDOE}/https:~1~1c", "value": new}]),
+    ) == {"elements": [new]}
 
 
 def test_generic_patch_reinjects_flat_scalar_key_only():
@@ -704,7 +793,13 @@ def test_generic_patch_reinjects_flat_scalar_key_only():
     # GenericPatchTemplateTest.testRecordTypedFlatKeyFieldIsNotReinjectedAsString
     tags_doc = generic(
         {"tags": ["attribution", "source"]},
-        [{"op": "add", "path": "/tags/urn:li:platformResource:my-source/urn:li:tag:tag1", "value": {"tag": "urn:li:tag:tag1"}}],
+        [
+            {
+                "op": "add",
+                "path": "/tags/urn:li:platformResource:my-source/urn:li:tag:tag1",
+                "value": {"tag": "urn:li:tag:tag1"},
+            }
+        ],
     )
     assert patch("globalTags", {"tags": []}, tags_doc) == {"tags": [{"tag": "urn:li:tag:tag1"}]}
 
@@ -725,7 +820,9 @@ def test_reinjection_uses_the_registry_schema_when_given():
     result = patch("ownership", None, ops, schema=schema)
     assert result["owners"] == [{"type": "DATAOWNER", "owner": JDOE}]
     # Owner.source is a record: a key path segment is never injected into it
-    doc = generic({"owners": ["owner", "source"]}, [{"op": "add", "path": f"/owners/{JDOE}/MANUAL", "value": {"type": "NONE"}}])
+    doc = generic(
+        {"owners": ["owner", "source"]}, [{"op": "add", "path": f"/owners/{JDOE}/MANUAL", "value": {"type": "NONE"}}]
+    )
     assert patch("ownership", {"owners": []}, doc, schema=schema)["owners"] == [{"type": "NONE", "owner": JDOE}]
     esm = registry.aspect_spec("editableSchemaMetadata").type
     ops = [{"op": "add", "path": "/editableSchemaFieldInfo/f/globalTags/tags/urn:li:tag:t", "value": {"context": "c"}}]
@@ -764,7 +861,11 @@ def test_rfc6902_on_missing_value_starts_from_empty_object():
 
 def test_rfc6902_is_strict_about_missing_parents():
     with pytest.raises(PatchError) as e:
-        patch("containerProperties", {"name": "n"}, [{"op": "add", "path": "/name", "value": "m"}, {"op": "add", "path": "/customProperties/k", "value": "v"}])
+        patch(
+            "containerProperties",
+            {"name": "n"},
+            [{"op": "add", "path": "/name", "value": "m"}, {"op": "add", "path": "/customProperties/k", "value": "v"}],
+        )
     assert str(e.value) == "op 1 (add /customProperties/k): path not found"
     assert (e.value.index, e.value.op, e.value.path) == (1, "add", "/customProperties/k")
 
@@ -813,7 +914,9 @@ def test_parse_forms():
     assert parse_patch(text) == env
     assert parse_patch(text.encode()) == env
     # op names are normalised; unknown members are dropped (RFC 6902 §4)
-    assert parse_patch([{"op": "ADD", "path": "/a", "value": 1, "x": 2}]).operations == ({"op": "add", "path": "/a", "value": 1},)
+    assert parse_patch([{"op": "ADD", "path": "/a", "value": 1, "x": 2}]).operations == (
+        {"op": "add", "path": "/a", "value": 1},
+    )
     # remove ops may carry a value (the client sends {}); it is ignored
     assert parse_patch([{"op": "remove", "path": "/a", "value": {}}]).operations == ({"op": "remove", "path": "/a"},)
     assert parse_patch([{"op": "add", "path": "/a", "value": None}]).operations[0]["value"] is None
@@ -875,15 +978,26 @@ def test_current_must_be_an_object():
         ),
         (
             "editableSchemaMetadata",
-            {"created": ESM_STAMP, "lastModified": ESM_STAMP, "editableSchemaFieldInfo": [{"fieldPath": "f", "glossaryTerms": {"terms": []}}]},
+            {
+                "created": ESM_STAMP,
+                "lastModified": ESM_STAMP,
+                "editableSchemaFieldInfo": [{"fieldPath": "f", "glossaryTerms": {"terms": []}}],
+            },
             [{"op": "add", "path": "/editableSchemaFieldInfo/f/globalTags/tags/urn:li:tag:t", "value": {}}],
         ),
         (
             "upstreamLineage",
-            {"upstreams": [], "fineGrainedLineages": [{"upstreams": [DS_A], "downstreams": ["urn:li:schemaField:(x,c)"]}]},
+            {
+                "upstreams": [],
+                "fineGrainedLineages": [{"upstreams": [DS_A], "downstreams": ["urn:li:schemaField:(x,c)"]}],
+            },
             [{"op": "add", "path": f"/upstreams/{DS_B}", "value": {"dataset": DS_B, "type": "COPY"}}],
         ),
-        ("containerProperties", {"name": "a", "customProperties": {"k": "v"}}, [{"op": "remove", "path": "/customProperties/k"}]),
+        (
+            "containerProperties",
+            {"name": "a", "customProperties": {"k": "v"}},
+            [{"op": "remove", "path": "/customProperties/k"}],
+        ),
     ],
 )
 def test_current_and_document_are_not_mutated(aspect, current, doc):

@@ -67,7 +67,9 @@ def schema(*fields, **extra):
 
 def test_global_tags_add_and_remove_in_tag_urn_order():
     prev = {"tags": [{"tag": "urn:li:tag:pii"}, {"tag": "urn:li:tag:gold"}]}
-    cur = {"tags": [{"tag": "urn:li:tag:zeta", "context": "ctx"}, {"tag": "urn:li:tag:pii"}, {"tag": "urn:li:tag:alpha"}]}
+    cur = {
+        "tags": [{"tag": "urn:li:tag:zeta", "context": "ctx"}, {"tag": "urn:li:tag:pii"}, {"tag": "urn:li:tag:alpha"}]
+    }
     events = ece("globalTags", prev, cur)
     assert brief(events) == [
         ("TAG", "ADD", "urn:li:tag:alpha"),
@@ -88,8 +90,14 @@ def test_global_tags_add_and_remove_in_tag_urn_order():
 
 
 def test_tag_attribution_source_detail_is_a_json_string():
-    attribution = {"time": 1, "actor": "urn:li:corpuser:bot", "sourceDetail": {"origin": "urn:li:dataset:x", "depth": "1"}}
-    events = ece("globalTags", None, {"tags": [{"tag": "urn:li:tag:pii", "attribution": attribution}]}, change_type="CREATE")
+    attribution = {
+        "time": 1,
+        "actor": "urn:li:corpuser:bot",
+        "sourceDetail": {"origin": "urn:li:dataset:x", "depth": "1"},
+    }
+    events = ece(
+        "globalTags", None, {"tags": [{"tag": "urn:li:tag:pii", "attribution": attribution}]}, change_type="CREATE"
+    )
     assert json.loads(events[0]["parameters"]["sourceDetails"]) == {"origin": "urn:li:dataset:x", "depth": "1"}
 
 
@@ -130,7 +138,11 @@ def test_ownership_add_remove_with_category_ownership():
     prev = {"owners": [{"owner": "urn:li:corpuser:a", "type": "DATAOWNER"}], "lastModified": LAST_MODIFIED}
     cur = {
         "owners": [
-            {"owner": "urn:li:corpGroup:eng", "type": "TECHNICAL_OWNER", "typeUrn": "urn:li:ownershipType:__system__technical_owner"},
+            {
+                "owner": "urn:li:corpGroup:eng",
+                "type": "TECHNICAL_OWNER",
+                "typeUrn": "urn:li:ownershipType:__system__technical_owner",
+            },
         ],
         "lastModified": LAST_MODIFIED,
     }
@@ -156,7 +168,9 @@ def test_owner_type_change_is_remove_then_add():
 
 
 def test_ownership_order_is_deterministic():
-    owners = [{"owner": f"urn:li:corpuser:u{i}", "type": t} for i, t in enumerate(["DATAOWNER", "NONE", "PRODUCER"] * 3)]
+    owners = [
+        {"owner": f"urn:li:corpuser:u{i}", "type": t} for i, t in enumerate(["DATAOWNER", "NONE", "PRODUCER"] * 3)
+    ]
     events = ece("ownership", None, {"owners": list(reversed(owners))}, change_type="CREATE")
     keys = [(e["parameters"]["ownerType"], e["modifier"]) for e in events]
     assert keys == sorted(keys) and len(keys) == 9
@@ -168,7 +182,10 @@ def test_domain_set_change_unset():
     set_ = ece("domains", None, {"domains": [d1]}, change_type="CREATE")
     assert brief(set_) == [("DOMAIN", "ADD", d1)]
     assert set_[0]["parameters"] == {"domainUrn": d1, "context": "{}", "sourceDetails": "{}"}
-    assert brief(ece("domains", {"domains": [d1]}, {"domains": [d2]})) == [("DOMAIN", "REMOVE", d1), ("DOMAIN", "ADD", d2)]
+    assert brief(ece("domains", {"domains": [d1]}, {"domains": [d2]})) == [
+        ("DOMAIN", "REMOVE", d1),
+        ("DOMAIN", "ADD", d2),
+    ]
     assert brief(ece("domains", {"domains": [d2]}, {"domains": []})) == [("DOMAIN", "REMOVE", d2)]
     # only the first domain is compared (SingleDomainChangeEventGenerator)
     assert ece("domains", {"domains": [d1]}, {"domains": [d1, d2]}) == []
@@ -181,7 +198,12 @@ def test_domain_context_from_domain_associations():
 
 
 def test_deprecation_modify_parameters():
-    dep = {"deprecated": True, "note": "use orders_v2", "actor": "urn:li:corpuser:jdoe", "decommissionTime": 1735689600000}
+    dep = {
+        "deprecated": True,
+        "note": "use orders_v2",
+        "actor": "urn:li:corpuser:jdoe",
+        "decommissionTime": 1735689600000,
+    }
     events = ece("deprecation", None, dep, change_type="CREATE")
     assert events == [
         {
@@ -289,7 +311,10 @@ def test_key_aspect_create_and_hard_delete():
 
 def test_key_aspects_outside_the_hook_list_emit_nothing():
     assert "corpUserKey" not in KEY_ASPECTS
-    assert ece("corpUserKey", None, {"username": "a"}, entity_type="corpuser", urn="urn:li:corpuser:a", is_key_aspect=True) == []
+    assert (
+        ece("corpUserKey", None, {"username": "a"}, entity_type="corpuser", urn="urn:li:corpuser:a", is_key_aspect=True)
+        == []
+    )
     tag = ece("tagKey", None, {"name": "pii"}, entity_type="tag", urn="urn:li:tag:pii", is_key_aspect=True)
     assert [(e["entityType"], e["operation"]) for e in tag] == [("tag", "CREATE")]
 
@@ -349,7 +374,9 @@ def test_schema_rename_detected():
 
 
 def test_schema_same_type_without_description_counts_as_rename():
-    events = ece("schemaMetadata", schema(field("id"), field("old", "string")), schema(field("id"), field("new", "string")))
+    events = ece(
+        "schemaMetadata", schema(field("id"), field("old", "string")), schema(field("id"), field("new", "string"))
+    )
     assert [(e["operation"], e["parameters"]["modificationCategory"]) for e in events] == [("MODIFY", "RENAME")]
 
 
@@ -380,7 +407,12 @@ def test_schema_field_level_events_are_on_the_schema_field_entity():
     ]
     assert {e["entityType"] for e in events} == {"schemaField"}
     assert events[0]["parameters"] == {"description": "contact", "fieldPath": "email", "parentUrn": DATASET}
-    assert events[1]["parameters"] == {"fieldPath": "email", "parentUrn": DATASET, "tagUrn": "urn:li:tag:pii", "context": "{}"}
+    assert events[1]["parameters"] == {
+        "fieldPath": "email",
+        "parentUrn": DATASET,
+        "tagUrn": "urn:li:tag:pii",
+        "context": "{}",
+    }
     assert events[2]["parameters"] == {
         "fieldPath": "email",
         "parentUrn": DATASET,
@@ -427,7 +459,11 @@ def test_editable_schema_metadata_passes_doc_then_tag_then_term():
     }
     cur = {
         "editableSchemaFieldInfo": [
-            {"fieldPath": "b", "description": "new b", "glossaryTerms": {"terms": [{"urn": "urn:li:glossaryTerm:T"}], "auditStamp": LAST_MODIFIED}},
+            {
+                "fieldPath": "b",
+                "description": "new b",
+                "glossaryTerms": {"terms": [{"urn": "urn:li:glossaryTerm:T"}], "auditStamp": LAST_MODIFIED},
+            },
             {"fieldPath": "a", "description": "new a", "globalTags": {"tags": [{"tag": "urn:li:tag:y"}]}},
         ],
         "created": LAST_MODIFIED,
@@ -444,7 +480,12 @@ def test_editable_schema_metadata_passes_doc_then_tag_then_term():
     assert {e["entityType"] for e in events} == {"schemaField"}
     assert events[0]["parameters"] == {"description": "new a", "fieldPath": "a", "parentUrn": DATASET}
     assert events[2]["parameters"] == {"description": "bye", "fieldPath": "gone", "parentUrn": DATASET}
-    assert events[4]["parameters"] == {"fieldPath": "a", "parentUrn": DATASET, "tagUrn": "urn:li:tag:y", "context": "{}"}
+    assert events[4]["parameters"] == {
+        "fieldPath": "a",
+        "parentUrn": DATASET,
+        "tagUrn": "urn:li:tag:y",
+        "context": "{}",
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -453,8 +494,15 @@ def test_editable_schema_metadata_passes_doc_then_tag_then_term():
 
 def test_structured_properties_add_modify_remove():
     p1, p2, p3 = (f"urn:li:structuredProperty:io.acryl.p{i}" for i in (1, 2, 3))
-    prev = {"properties": [{"propertyUrn": p1, "values": [{"string": "a"}]}, {"propertyUrn": p2, "values": [{"double": 1}]}]}
-    cur = {"properties": [{"propertyUrn": p2, "values": [{"double": 2.5}, {"double": 1e7}]}, {"propertyUrn": p3, "values": [{"string": "x"}]}]}
+    prev = {
+        "properties": [{"propertyUrn": p1, "values": [{"string": "a"}]}, {"propertyUrn": p2, "values": [{"double": 1}]}]
+    }
+    cur = {
+        "properties": [
+            {"propertyUrn": p2, "values": [{"double": 2.5}, {"double": 1e7}]},
+            {"propertyUrn": p3, "values": [{"string": "x"}]},
+        ]
+    }
     events = ece("structuredProperties", prev, cur)
     assert brief(events) == [
         ("STRUCTURED_PROPERTY", "REMOVE", p1),
@@ -472,7 +520,16 @@ def test_structured_properties_add_modify_remove():
 
 @pytest.mark.parametrize(
     "value, text",
-    [(1.0, "1.0"), (2.5, "2.5"), (0.001, "0.001"), (1e-4, "1.0E-4"), (1e7, "1.0E7"), (12345678.9, "1.23456789E7"), (-3.0, "-3.0"), (0.0, "0.0")],
+    [
+        (1.0, "1.0"),
+        (2.5, "2.5"),
+        (0.001, "0.001"),
+        (1e-4, "1.0E-4"),
+        (1e7, "1.0E7"),
+        (12345678.9, "1.23456789E7"),
+        (-3.0, "-3.0"),
+        (0.0, "0.0"),
+    ],
 )
 def test_java_double_formatting(value, text):
     assert _java_double(value) == text
@@ -490,19 +547,35 @@ def test_assertion_run_event_completed():
     }
     events = ece("assertionRunEvent", None, run, entity_type="assertion", urn=assertion)
     assert [(e["entityType"], e["category"], e["operation"], e["parameters"]) for e in events] == [
-        ("assertion", "RUN", "COMPLETED", {"asserteeUrn": DATASET, "assertionResult": "FAILURE", "runId": "run-1", "runResult": "COMPLETE"})
+        (
+            "assertion",
+            "RUN",
+            "COMPLETED",
+            {"asserteeUrn": DATASET, "assertionResult": "FAILURE", "runId": "run-1", "runResult": "COMPLETE"},
+        )
     ]
     assert ece("assertionRunEvent", None, {**run, "status": "RUNNING"}, entity_type="assertion", urn=assertion) == []
 
 
 def test_data_process_instance_run_event():
     dpi = "urn:li:dataProcessInstance:abc"
-    started = ece("dataProcessInstanceRunEvent", None, {"timestampMillis": 1, "status": "STARTED", "attempt": 1}, entity_type="dataProcessInstance", urn=dpi)
+    started = ece(
+        "dataProcessInstanceRunEvent",
+        None,
+        {"timestampMillis": 1, "status": "STARTED", "attempt": 1},
+        entity_type="dataProcessInstance",
+        urn=dpi,
+    )
     assert [(e["operation"], e["parameters"]) for e in started] == [("STARTED", {"attempt": 1})]
     done = ece(
         "dataProcessInstanceRunEvent",
         None,
-        {"timestampMillis": 2, "status": "COMPLETE", "attempt": 1, "result": {"type": "SUCCESS", "nativeResultType": "airflow"}},
+        {
+            "timestampMillis": 2,
+            "status": "COMPLETE",
+            "attempt": 1,
+            "result": {"type": "SUCCESS", "nativeResultType": "airflow"},
+        },
         entity_type="dataProcessInstance",
         urn=dpi,
     )
@@ -553,7 +626,14 @@ def test_excluded_entity_type():
 
 @pytest.mark.parametrize(
     "aspect_name",
-    ["upstreamLineage", "institutionalMemory", "glossaryTermInfo", "corpGroupKey", "containerProperties", "editableContainerProperties"],
+    [
+        "upstreamLineage",
+        "institutionalMemory",
+        "glossaryTermInfo",
+        "corpGroupKey",
+        "containerProperties",
+        "editableContainerProperties",
+    ],
 )
 def test_aspects_the_hook_does_not_process(aspect_name):
     assert ece(aspect_name, None, {"description": "x", "elements": []}, change_type="CREATE") == []
@@ -599,14 +679,18 @@ def test_envelope_keeps_non_ascii_text():
 
 
 def changes(aspect_name, previous, current, urn=DATASET):
-    return [(c.category, c.operation, c.semver, c.description) for c in aspect_changes(urn, aspect_name, previous, current)]
+    return [
+        (c.category, c.operation, c.semver, c.description) for c in aspect_changes(urn, aspect_name, previous, current)
+    ]
 
 
 def test_timeline_changes_carry_datahubs_semantic_change_and_description():
     assert changes("globalTags", None, {"tags": [{"tag": "urn:li:tag:pii"}]}) == [
         ("TAG", "ADD", "MINOR", f"Tag 'pii' added to entity '{DATASET}'."),
     ]
-    assert changes("ownership", {"owners": [{"owner": "urn:li:corpuser:jdoe", "type": "DATAOWNER"}]}, {"owners": []}) == [
+    assert changes(
+        "ownership", {"owners": [{"owner": "urn:li:corpuser:jdoe", "type": "DATAOWNER"}]}, {"owners": []}
+    ) == [
         ("OWNERSHIP", "REMOVE", "MINOR", f"'jdoe' removed as a `DATAOWNER` of '{DATASET}'."),
     ]
     assert changes("datasetProperties", {"description": "a"}, {"description": "b"}) == [
@@ -618,28 +702,55 @@ def test_timeline_schema_changes_are_major_when_they_break_readers():
     before = schema(field("id"), field("amount"), field("note", "string"))
     after = schema(field("id", "bigint"), field("note", "string"), field("created", "string"), primaryKeys=["id"])
     got = changes("schemaMetadata", before, after)
-    assert ("TECHNICAL_SCHEMA", "REMOVE", "MAJOR", "A backwards incompatible change due to removal of field: 'amount'.") in got
-    assert ("TECHNICAL_SCHEMA", "ADD", "MINOR",
-            "A forwards & backwards compatible change due to the newly added field 'created'.") in got
-    assert ("TECHNICAL_SCHEMA", "MODIFY", "MAJOR",
-            "A backwards incompatible change due to native datatype of the field 'id' changed from 'int' to 'bigint'.") in got
-    assert ("TECHNICAL_SCHEMA", "MODIFY", "MAJOR",
-            "A backwards incompatible change due to addition of the primary key field 'id'") in got
+    assert (
+        "TECHNICAL_SCHEMA",
+        "REMOVE",
+        "MAJOR",
+        "A backwards incompatible change due to removal of field: 'amount'.",
+    ) in got
+    assert (
+        "TECHNICAL_SCHEMA",
+        "ADD",
+        "MINOR",
+        "A forwards & backwards compatible change due to the newly added field 'created'.",
+    ) in got
+    assert (
+        "TECHNICAL_SCHEMA",
+        "MODIFY",
+        "MAJOR",
+        "A backwards incompatible change due to native datatype of the field 'id' changed from 'int' to 'bigint'.",
+    ) in got
+    assert (
+        "TECHNICAL_SCHEMA",
+        "MODIFY",
+        "MAJOR",
+        "A backwards incompatible change due to addition of the primary key field 'id'",
+    ) in got
 
 
 def test_timeline_v2_field_paths_are_shown_downgraded():
     v2 = "[version=2.0].[type=struct].[type=int].total"
     got = changes("schemaMetadata", schema(), schema(field(v2)))
-    assert got == [("TECHNICAL_SCHEMA", "ADD", "MINOR",
-                    "A forwards & backwards compatible change due to the newly added field 'total'.")]
+    assert got == [
+        (
+            "TECHNICAL_SCHEMA",
+            "ADD",
+            "MINOR",
+            "A forwards & backwards compatible change due to the newly added field 'total'.",
+        )
+    ]
 
 
 def test_timeline_institutional_memory_is_diffed_but_never_a_platform_event():
     link = {"url": "https://wiki/orders", "description": "runbook", "createStamp": AUDIT}
     edited = {**link, "description": "the runbook"}
     assert changes("institutionalMemory", None, {"elements": [link]}) == [
-        ("DOCUMENTATION", "ADD", "MINOR",
-         f"Institutional Memory 'https://wiki/orders' with documentation of '{DATASET}' has been added: 'runbook'"),
+        (
+            "DOCUMENTATION",
+            "ADD",
+            "MINOR",
+            f"Institutional Memory 'https://wiki/orders' with documentation of '{DATASET}' has been added: 'runbook'",
+        ),
     ]
     assert [c[:3] for c in changes("institutionalMemory", {"elements": [link]}, {"elements": [edited]})] == [
         ("DOCUMENTATION", "MODIFY", "PATCH"),
@@ -653,6 +764,6 @@ def test_timeline_and_platform_events_come_from_the_same_changes():
     after = schema(field("id", description="the key", globalTags={"tags": [{"tag": "urn:li:tag:b"}]}), field("x"))
     events = ece("schemaMetadata", before, after)
     timeline = aspect_changes(DATASET, "schemaMetadata", before, after)
-    assert [(e["entityUrn"], e["category"], e["operation"], e.get("modifier"), e.get("parameters")) for e in events] == [
-        tuple(c[:5]) for c in timeline
-    ]
+    assert [
+        (e["entityUrn"], e["category"], e["operation"], e.get("modifier"), e.get("parameters")) for e in events
+    ] == [tuple(c[:5]) for c in timeline]

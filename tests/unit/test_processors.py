@@ -92,9 +92,17 @@ def step(cls: type, **kwargs) -> PipelineStep:
     return PipelineStep(f"{HERE}.{cls.__name__}", **kwargs)
 
 
-def change(aspect: str = "globalTags", value=None, previous=None, urn="urn:li:dataset:(urn:li:dataPlatform:hive,t,PROD)"):
-    return ProposedChange(urn, "dataset", aspect, "UPSERT",
-                          value if value is not None else {"tags": [{"tag": "urn:li:tag:PII"}]}, previous)
+def change(
+    aspect: str = "globalTags", value=None, previous=None, urn="urn:li:dataset:(urn:li:dataPlatform:hive,t,PROD)"
+):
+    return ProposedChange(
+        urn,
+        "dataset",
+        aspect,
+        "UPSERT",
+        value if value is not None else {"tags": [{"tag": "urn:li:tag:PII"}]},
+        previous,
+    )
 
 
 def test_mutations_chain_in_order_and_the_next_processor_sees_the_new_value():
@@ -102,7 +110,10 @@ def test_mutations_chain_in_order_and_the_next_processor_sees_the_new_value():
     result = Pipeline([step(Lowercase), step(SeesValue)]).run(Phase.BEFORE, change(previous={"tags": []}))
     assert result.value == {"tags": [{"tag": "urn:li:tag:pii"}]}
     assert SeesValue.seen == [({"tags": [{"tag": "urn:li:tag:pii"}]}, {"tags": []})]
-    assert [(r.processor.rsplit(".", 1)[1], r.outcome) for r in result.reports] == [("Lowercase", "mutated"), ("SeesValue", "accepted")]
+    assert [(r.processor.rsplit(".", 1)[1], r.outcome) for r in result.reports] == [
+        ("Lowercase", "mutated"),
+        ("SeesValue", "accepted"),
+    ]
 
 
 def test_ignore_uses_the_previous_value_and_stops_the_pipeline():
@@ -110,7 +121,9 @@ def test_ignore_uses_the_previous_value_and_stops_the_pipeline():
     pipeline = Pipeline([step(NoSecrets, config={"word": "secret"}), step(SeesValue)])
     ignored = pipeline.run(Phase.BEFORE, change("datasetProperties", {"description": "a secret"}, {"description": "x"}))
     assert ignored.ignored.endswith("NoSecrets") and ignored.rejected is None and SeesValue.seen == []
-    kept = pipeline.run(Phase.BEFORE, change("datasetProperties", {"description": "a secret"}, {"description": "secret"}))
+    kept = pipeline.run(
+        Phase.BEFORE, change("datasetProperties", {"description": "a secret"}, {"description": "secret"})
+    )
     assert kept.ignored is None and len(SeesValue.seen) == 1
 
 
@@ -144,7 +157,9 @@ def test_required_steps_that_cannot_load_refuse_the_changes_in_their_scope():
 def test_emitted_proposals_are_collected_and_phases_are_kept_apart():
     result = Pipeline([step(Emits), step(After)]).run(Phase.BEFORE, change())
     assert result.rejected is None
-    assert [(name.rsplit(".", 1)[1], e.aspect, e.value) for name, e in result.emitted] == [("Emits", "globalTags", {"tags": []})]
+    assert [(name.rsplit(".", 1)[1], e.aspect, e.value) for name, e in result.emitted] == [
+        ("Emits", "globalTags", {"tags": []})
+    ]
     assert result.reports[0].emitted == 1
     assert Pipeline([step(After)]).run(Phase.AFTER, change()).rejected[0].endswith("After")
 

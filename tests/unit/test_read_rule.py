@@ -16,20 +16,36 @@ VIEW = "urn:li:dataHubView:v"
 
 
 def info(kind: str, creator: str = ALICE.actor) -> dict:
-    return {"name": "v", "type": kind, "definition": {"entityTypes": [], "filter": {"or": []}},
-            "created": {"time": 1, "actor": creator}, "lastModified": {"time": 1, "actor": creator}}
+    return {
+        "name": "v",
+        "type": kind,
+        "definition": {"entityTypes": [], "filter": {"or": []}},
+        "created": {"time": 1, "actor": creator},
+        "lastModified": {"time": 1, "actor": creator},
+    }
 
 
-@pytest.mark.parametrize("caller, kind, readable", [
-    (ALICE, "PERSONAL", True), (BOB, "PERSONAL", False), (ADMIN, "PERSONAL", True), (SYSTEM_PRINCIPAL, "PERSONAL", True),
-    (UNAUTHENTICATED_ADMIN, "PERSONAL", True), (ALICE, "GLOBAL", True), (BOB, "GLOBAL", True), (ADMIN, "GLOBAL", True),
-])
+@pytest.mark.parametrize(
+    "caller, kind, readable",
+    [
+        (ALICE, "PERSONAL", True),
+        (BOB, "PERSONAL", False),
+        (ADMIN, "PERSONAL", True),
+        (SYSTEM_PRINCIPAL, "PERSONAL", True),
+        (UNAUTHENTICATED_ADMIN, "PERSONAL", True),
+        (ALICE, "GLOBAL", True),
+        (BOB, "GLOBAL", True),
+        (ADMIN, "GLOBAL", True),
+    ],
+)
 def test_a_personal_view_is_its_creators_and_the_admins(caller, kind, readable):
     assert may_read_aspect(caller, "dataHubView", VIEW, "dataHubViewInfo", info(kind)) is readable
     # the search condition says the same of the view's document (`type`, `createdBy`)
     scope = search_scope(caller, "dataHubView")
     document = {"type": kind, "createdBy": ALICE.actor}
-    found = scope is None or any(all((document.get(c.field) in c.values) != c.negated for c in group) for group in scope)
+    found = scope is None or any(
+        all((document.get(c.field) in c.values) != c.negated for c in group) for group in scope
+    )
     assert found is readable
 
 

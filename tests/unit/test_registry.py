@@ -117,9 +117,16 @@ def test_aspect_spec_fields(registry):
 def test_schema_version_from_the_aspect_annotation(registry):
     versions = {a.name: a.schema_version for a in registry.aspects.values()}
     # DataHub's `@Aspect` schemaVersion, where its schemas give one; 1 where they do not
-    assert {name: versions[name] for name in ("upstreamLineage", "editableSchemaMetadata", "dataHubViewInfo",
-                                              "incidentInfo", "assertionInfo")} == {
-        "upstreamLineage": 2, "editableSchemaMetadata": 2, "dataHubViewInfo": 3, "incidentInfo": 4, "assertionInfo": 7}
+    assert {
+        name: versions[name]
+        for name in ("upstreamLineage", "editableSchemaMetadata", "dataHubViewInfo", "incidentInfo", "assertionInfo")
+    } == {
+        "upstreamLineage": 2,
+        "editableSchemaMetadata": 2,
+        "dataHubViewInfo": 3,
+        "incidentInfo": 4,
+        "assertionInfo": 7,
+    }
     assert "schemaVersion" not in registry.aspects["corpUserInfo"].annotation
     assert versions["status"] == versions["corpUserInfo"] == 1
     assert all(v == int(registry.aspects[name].annotation.get("schemaVersion", 1)) for name, v in versions.items())

@@ -83,12 +83,15 @@ def test_the_index_picks_the_scans_route_for_every_route(app):
         assert indexed(index, scope) == chosen, (method, path)
 
 
-@pytest.mark.parametrize("method, path", [
-    ("GET", "/nowhere"),  # 404
-    ("PUT", "/openapi/v3/entity/dataset/urn:li:dataset:x/status"),  # 405: a partial match, the scan's to answer
-    ("GET", "/health/"),  # a slash redirect, the scan's too
-    ("GET", "/openapi/v3/entity/notAnEntity/urn:li:notAnEntity:x"),
-])
+@pytest.mark.parametrize(
+    "method, path",
+    [
+        ("GET", "/nowhere"),  # 404
+        ("PUT", "/openapi/v3/entity/dataset/urn:li:dataset:x/status"),  # 405: a partial match, the scan's to answer
+        ("GET", "/health/"),  # a slash redirect, the scan's too
+        ("GET", "/openapi/v3/entity/notAnEntity/urn:li:notAnEntity:x"),
+    ],
+)
 def test_no_full_match_is_left_to_the_scan(app, method, path):
     assert indexed(app.router.routes[0], scope_of(method, path)) is None
 
@@ -128,7 +131,8 @@ async def test_an_entity_types_routes_are_made_by_the_first_request_that_reaches
     assert answer.status_code == 405
     assert answer.json() == {"error": "Method Not Allowed", "message": "Method Not Allowed", "issues": []}
     assert [r.route for r in caplog.records if r.name == "metaledger.access"] == [
-        "/openapi/v3/entity/dataset/{urn}/{aspectName}"]
+        "/openapi/v3/entity/dataset/{urn}/{aspectName}"
+    ]
 
     [dataset_routes] = [r for r in fresh_app.router.routes if isinstance(r, EntityRoutes) and r.spec.name == "dataset"]
     made_first = dataset_routes.routes
@@ -147,9 +151,16 @@ def test_the_openapi_document_lists_every_entity_route(app):
     spec = app.openapi()
     entity_routes = [r for r in app.router.routes if isinstance(r, EntityRoutes)]
     assert {r.spec.name for r in entity_routes} == set(app.state.registry.entities)
-    declared = [(route.path_format, method.lower(), route.operation_id)
-                for stand_in in entity_routes for route in stand_in.routes for method in route.methods]
+    declared = [
+        (route.path_format, method.lower(), route.operation_id)
+        for stand_in in entity_routes
+        for route in stand_in.routes
+        for method in route.methods
+    ]
     assert len(declared) > 700
-    documented = {(path, method, operation["operationId"])
-                  for path, operations in spec["paths"].items() for method, operation in operations.items()}
+    documented = {
+        (path, method, operation["operationId"])
+        for path, operations in spec["paths"].items()
+        for method, operation in operations.items()
+    }
     assert set(declared) <= documented

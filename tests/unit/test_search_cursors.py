@@ -10,8 +10,18 @@ import pytest
 
 from app.limits import MAX_LONG
 from app.search.cursors import (
-    MAX_CURSOR_CHARS, AcrossCursor, InvalidCursor, Keyset, across_cursor, decode_across, decode_edge, decode_keyset,
-    decode_offset, edge_cursor, keyset_cursor, offset_cursor,
+    MAX_CURSOR_CHARS,
+    AcrossCursor,
+    InvalidCursor,
+    Keyset,
+    across_cursor,
+    decode_across,
+    decode_edge,
+    decode_keyset,
+    decode_offset,
+    edge_cursor,
+    keyset_cursor,
+    offset_cursor,
 )
 
 DS = "urn:li:dataset:(urn:li:dataPlatform:hive,db.orders,PROD)"
@@ -32,25 +42,30 @@ def test_keyset_round_trip(keys):
 def test_keyset_is_read_padded_or_not():
     padded = b64([2.0, DS], padded=True)
     assert padded.endswith("=")
-    assert decode_keyset(padded, keys=1, by_relevance=True) == decode_keyset(padded.rstrip("="), keys=1, by_relevance=True)
+    assert decode_keyset(padded, keys=1, by_relevance=True) == decode_keyset(
+        padded.rstrip("="), keys=1, by_relevance=True
+    )
 
 
-@pytest.mark.parametrize(("cursor", "reason"), [
-    ("!!!notbase64", "not URL-safe base64"),
-    ("a" * (MAX_CURSOR_CHARS + 1), "too long"),
-    (b64("x")[:-1] + "===", "not URL-safe base64"),
-    (base64.urlsafe_b64encode(b"not json").decode(), "not base64 of JSON"),
-    (b64({}), "sort key"),
-    (b64([1]), "sort key"),
-    (b64([1, 2, DS]), "sort key"),  # two keys for a backend sorting on one
-    (b64([1.0, "not a urn"]), "not a URN"),
-    (b64([1.0, 7]), "not a URN"),
-    (b64([1.0, DS + "\x00"]), "not a cursor of this service"),
-    (b64(["a\x00", DS]), "not a cursor of this service"),
-    (b64([[[[[[[[[[1]]]]]]]]], DS]), "not a cursor of this service"),
-    (b64([True, DS]), "not a sort key"),
-    (b64([MAX_LONG + 1, DS]), "not a sort key"),
-])
+@pytest.mark.parametrize(
+    ("cursor", "reason"),
+    [
+        ("!!!notbase64", "not URL-safe base64"),
+        ("a" * (MAX_CURSOR_CHARS + 1), "too long"),
+        (b64("x")[:-1] + "===", "not URL-safe base64"),
+        (base64.urlsafe_b64encode(b"not json").decode(), "not base64 of JSON"),
+        (b64({}), "sort key"),
+        (b64([1]), "sort key"),
+        (b64([1, 2, DS]), "sort key"),  # two keys for a backend sorting on one
+        (b64([1.0, "not a urn"]), "not a URN"),
+        (b64([1.0, 7]), "not a URN"),
+        (b64([1.0, DS + "\x00"]), "not a cursor of this service"),
+        (b64(["a\x00", DS]), "not a cursor of this service"),
+        (b64([[[[[[[[[[1]]]]]]]]], DS]), "not a cursor of this service"),
+        (b64([True, DS]), "not a sort key"),
+        (b64([MAX_LONG + 1, DS]), "not a sort key"),
+    ],
+)
 def test_keyset_garbage_is_refused(cursor, reason):
     with pytest.raises(InvalidCursor, match=reason) as caught:
         decode_keyset(cursor, keys=1, by_relevance=False)
@@ -73,17 +88,20 @@ def test_across_round_trip_and_fingerprint():
         decode_across(text, fingerprint="0" * 16, types=2)
 
 
-@pytest.mark.parametrize("value", [
-    [1, None, 0, "f"],
-    {"p": 0, "a": None, "n": 0},  # a member missing
-    {"p": 0, "a": None, "n": 0, "f": "f", "x": 1},  # one too many
-    {"p": 2, "a": None, "n": 0, "f": "f"},  # past the types searched
-    {"p": -1, "a": None, "n": 0, "f": "f"},
-    {"p": True, "a": None, "n": 0, "f": "f"},
-    {"p": 0, "a": None, "n": -1, "f": "f"},
-    {"p": 0, "a": None, "n": MAX_LONG + 1, "f": "f"},
-    {"p": 0, "a": 5, "n": 0, "f": "f"},
-])
+@pytest.mark.parametrize(
+    "value",
+    [
+        [1, None, 0, "f"],
+        {"p": 0, "a": None, "n": 0},  # a member missing
+        {"p": 0, "a": None, "n": 0, "f": "f", "x": 1},  # one too many
+        {"p": 2, "a": None, "n": 0, "f": "f"},  # past the types searched
+        {"p": -1, "a": None, "n": 0, "f": "f"},
+        {"p": True, "a": None, "n": 0, "f": "f"},
+        {"p": 0, "a": None, "n": -1, "f": "f"},
+        {"p": 0, "a": None, "n": MAX_LONG + 1, "f": "f"},
+        {"p": 0, "a": 5, "n": 0, "f": "f"},
+    ],
+)
 def test_across_tampered_is_refused(value):
     with pytest.raises(InvalidCursor, match="not a cursor of this service"):
         decode_across(b64(value), fingerprint="f", types=2)

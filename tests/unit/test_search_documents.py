@@ -94,7 +94,11 @@ def test_schema_metadata_field_paths_and_field_tags(registry):
                 "description": "primary key",
                 "globalTags": {"tags": [{"tag": "urn:li:tag:pii"}]},
             },
-            {"fieldPath": "amount", "nativeDataType": "double", "type": {"type": {"com.linkedin.schema.NumberType": {}}}},
+            {
+                "fieldPath": "amount",
+                "nativeDataType": "double",
+                "type": {"type": {"com.linkedin.schema.NumberType": {}}},
+            },
         ],
     }
     changes = d.changes_from_mcl(mcl("schemaMetadata", value), registry)
@@ -158,8 +162,11 @@ def test_upstream_lineage_edges(registry):
                 "properties": {"source": "sql"},
                 "query": "urn:li:query:abc",
             },
-            {"dataset": "urn:li:dataset:(urn:li:dataPlatform:hive,db.dim,PROD)", "type": "COPY",
-             "auditStamp": {"time": 0, "actor": "urn:li:corpuser:unknown"}},
+            {
+                "dataset": "urn:li:dataset:(urn:li:dataPlatform:hive,db.dim,PROD)",
+                "type": "COPY",
+                "auditStamp": {"time": 0, "actor": "urn:li:corpuser:unknown"},
+            },
         ]
     }
     changes = d.changes_from_mcl(mcl("upstreamLineage", value, version=4), registry)
@@ -170,7 +177,12 @@ def test_upstream_lineage_edges(registry):
     assert e.source == U and e.aspect == "upstreamLineage" and e.version == 4
     first, second = e.edges
     assert first.relationship == "DownstreamOf" and first.is_lineage
-    assert (first.source, first.destination, first.source_type, first.destination_type) == (U, RAW, "dataset", "dataset")
+    assert (first.source, first.destination, first.source_type, first.destination_type) == (
+        U,
+        RAW,
+        "dataset",
+        "dataset",
+    )
     assert (first.created_on, first.created_actor) == (1700000000001, "urn:li:corpuser:creator")
     assert (first.updated_on, first.updated_actor) == (1700000000002, "urn:li:corpuser:etl")
     assert first.properties == {"source": "sql"} and first.via == "urn:li:query:abc"
@@ -182,7 +194,11 @@ def test_container(registry):
     changes = d.changes_from_mcl(mcl("container", {"container": "urn:li:container:abc"}), registry)
     assert one(changes, AspectFields).fields == {"container": "urn:li:container:abc", "hasContainer": True}
     [edge] = one(changes, AspectEdges).edges
-    assert (edge.relationship, edge.destination, edge.destination_type) == ("IsPartOf", "urn:li:container:abc", "container")
+    assert (edge.relationship, edge.destination, edge.destination_type) == (
+        "IsPartOf",
+        "urn:li:container:abc",
+        "container",
+    )
 
 
 def test_data_job_input_output(registry):
@@ -230,9 +246,17 @@ def test_status_removed(registry):
 
 
 def test_aspect_delete_uses_previous_version(registry):
-    m = mcl("globalTags", None, version=5, change_type="DELETE",
-            previousAspectValue={"value": json.dumps({"tags": [{"tag": "urn:li:tag:pii"}]}), "contentType": "application/json"},
-            previousSystemMetadata={"version": "5", "runId": "x"})
+    m = mcl(
+        "globalTags",
+        None,
+        version=5,
+        change_type="DELETE",
+        previousAspectValue={
+            "value": json.dumps({"tags": [{"tag": "urn:li:tag:pii"}]}),
+            "contentType": "application/json",
+        },
+        previousSystemMetadata={"version": "5", "runId": "x"},
+    )
     changes = d.changes_from_mcl(m, registry)
     f = one(changes, AspectFields)
     assert f.deleted and f.fields == {} and f.version == 5
@@ -340,8 +364,22 @@ def test_timeseries_mapping_and_names(registry):
 
 
 # DataHub's SearchableAnnotation.FieldType values, and the Elasticsearch types the mappings use
-FIELD_TYPES = {"KEYWORD", "TEXT", "TEXT_PARTIAL", "BROWSE_PATH", "URN", "URN_PARTIAL", "BOOLEAN", "COUNT", "DATETIME",
-               "OBJECT", "BROWSE_PATH_V2", "WORD_GRAM", "DOUBLE", "MAP_ARRAY"}
+FIELD_TYPES = {
+    "KEYWORD",
+    "TEXT",
+    "TEXT_PARTIAL",
+    "BROWSE_PATH",
+    "URN",
+    "URN_PARTIAL",
+    "BOOLEAN",
+    "COUNT",
+    "DATETIME",
+    "OBJECT",
+    "BROWSE_PATH_V2",
+    "WORD_GRAM",
+    "DOUBLE",
+    "MAP_ARRAY",
+}
 ES_TYPES = {"keyword", "text", "boolean", "long", "double", "date", "object"}
 
 
@@ -380,8 +418,12 @@ def test_every_aspect_compiles(registry):
 
 def test_merge_aspect_fields():
     doc = d.merge_aspect_fields(
-        {"datasetProperties": {"hasDescription": True, "name": "x"}, "schemaMetadata": {"hasDescription": False},
-         "globalTags": {"tags": ["a"]}, "editableSchemaMetadata": {"tags": ["b", "a"]}},
+        {
+            "datasetProperties": {"hasDescription": True, "name": "x"},
+            "schemaMetadata": {"hasDescription": False},
+            "globalTags": {"tags": ["a"]},
+            "editableSchemaMetadata": {"tags": ["b", "a"]},
+        },
         {"datasetProperties": 2},
     )
     assert doc["hasDescription"] is True and sorted(doc["tags"]) == ["a", "b"]
@@ -396,7 +438,9 @@ def props_fields(registry, value, limits=d.DEFAULT_LIMITS):
 
 
 def test_nul_is_stripped_from_the_index_copy_only(registry):
-    m = mcl("datasetProperties", {"name": "a\u0000b", "description": "x\u0000y", "customProperties": {"k\u0000": "v\u0000"}})
+    m = mcl(
+        "datasetProperties", {"name": "a\u0000b", "description": "x\u0000y", "customProperties": {"k\u0000": "v\u0000"}}
+    )
     raw = m["aspect"]["value"]
     fields = one(d.changes_from_mcl(m, registry), AspectFields).fields
     assert fields["name"] == "ab" and fields["description"] == "xy" and fields["customProperties"] == ["k=v"]
@@ -418,44 +462,74 @@ def test_each_string_is_capped_keyword_values_to_a_lucene_term(registry):
 
 def test_the_document_budget_is_spent_on_the_boosted_fields_first(registry):
     limits = d.IndexLimits(field_chars=1_000, document_chars=1_500)
-    fields = props_fields(registry, {"description": "d" * 5_000, "name": "n" * 5_000, "customProperties":
-                                     {f"k{i}": "v" for i in range(100)}}, limits)
+    fields = props_fields(
+        registry,
+        {"description": "d" * 5_000, "name": "n" * 5_000, "customProperties": {f"k{i}": "v" for i in range(100)}},
+        limits,
+    )
     assert len(fields["name"]) == 1_000  # boost 10: spent first
     assert len(fields["description"]) == 500  # what was left
     assert fields["customProperties"] == []  # the list stops where the budget ends
-    total = sum(len(v) if isinstance(v, str) else sum(map(len, v)) if isinstance(v, list) else 1 for v in fields.values())
+    total = sum(
+        len(v) if isinstance(v, str) else sum(map(len, v)) if isinstance(v, list) else 1 for v in fields.values()
+    )
     assert total <= 1_500 + len(fields)
 
 
 def test_edges_lose_nul_and_urns_too_long_to_be_keys(registry):
     good, long_urn = "urn:li:dataset:(urn:li:dataPlatform:hive,db.a\u0000,PROD)", "urn:li:dataset:" + "x" * 2_000
-    value = {"upstreams": [{"auditStamp": {"time": 1, "actor": "urn:li:corpuser:x"}, "dataset": u, "type": "COPY"}
-                           for u in (good, long_urn)]}
+    value = {
+        "upstreams": [
+            {"auditStamp": {"time": 1, "actor": "urn:li:corpuser:x"}, "dataset": u, "type": "COPY"}
+            for u in (good, long_urn)
+        ]
+    }
     edges = one(d.changes_from_mcl(mcl("upstreamLineage", value), registry), AspectEdges).edges
     assert [e.destination for e in edges] == ["urn:li:dataset:(urn:li:dataPlatform:hive,db.a,PROD)"]
     assert edges[0].destination_type == "dataset"
 
 
 def test_timeseries_values_lose_nul_only(registry):
-    value = {"timestampMillis": 1_700_000_000_000, "rowCount": 3, "partitionSpec": {"partition": "p\u0000"},
-             "fieldProfiles": [{"fieldPath": "c\u0000", "sampleValues": ["s" * 50_000]}]}
+    value = {
+        "timestampMillis": 1_700_000_000_000,
+        "rowCount": 3,
+        "partitionSpec": {"partition": "p\u0000"},
+        "fieldProfiles": [{"fieldPath": "c\u0000", "sampleValues": ["s" * 50_000]}],
+    }
     m = mcl("datasetProfile", value, systemMetadata={"version": "1", "runId": "run\u0000"})
     point = one(d.changes_from_mcl(m, registry), TimeseriesPoint)
     assert point.value["fieldProfiles"][0]["fieldPath"] == "c"
     assert len(point.value["fieldProfiles"][0]["sampleValues"][0]) == 50_000  # the only store: nothing cut
-    assert point.fields["partition"] == "p" and point.fields["runId"] == "run" and point.system_metadata["runId"] == "run"
+    assert (
+        point.fields["partition"] == "p" and point.fields["runId"] == "run" and point.system_metadata["runId"] == "run"
+    )
     # DataHub's document id is the id of the point as sent
-    assert point.doc_id == one(d.changes_from_mcl(mcl("datasetProfile", {**value, "fieldProfiles": []},
-                                                      systemMetadata={"version": "1"}), registry), TimeseriesPoint).doc_id
+    assert (
+        point.doc_id
+        == one(
+            d.changes_from_mcl(
+                mcl("datasetProfile", {**value, "fieldProfiles": []}, systemMetadata={"version": "1"}), registry
+            ),
+            TimeseriesPoint,
+        ).doc_id
+    )
 
 
 def test_huge_lists_are_extracted_in_linear_time(registry):
     import time
 
-    fields = [{"fieldPath": f"col_{i}", "nativeDataType": "int", "type": {"type": {"com.linkedin.schema.NumberType": {}}}}
-              for i in range(100_000)]
-    value = {"schemaName": "s", "platform": "urn:li:dataPlatform:hive", "version": 0, "hash": "",
-             "platformSchema": {"com.linkedin.schema.OtherSchema": {"rawSchema": ""}}, "fields": fields}
+    fields = [
+        {"fieldPath": f"col_{i}", "nativeDataType": "int", "type": {"type": {"com.linkedin.schema.NumberType": {}}}}
+        for i in range(100_000)
+    ]
+    value = {
+        "schemaName": "s",
+        "platform": "urn:li:dataPlatform:hive",
+        "version": 0,
+        "hash": "",
+        "platformSchema": {"com.linkedin.schema.OtherSchema": {"rawSchema": ""}},
+        "fields": fields,
+    }
     started = time.process_time()  # this process's CPU time: other processes on the machine do not count
     got = one(d.changes_from_mcl(mcl("schemaMetadata", value), registry), AspectFields).fields
     assert time.process_time() - started < 5  # quadratic de-duplication took minutes

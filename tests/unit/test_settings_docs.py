@@ -16,7 +16,7 @@ ENV_NAME = re.compile(r"\bMETALEDGER_[A-Z0-9_]*[A-Z0-9]\b(?!\*)")
 
 def test_every_setting_has_a_description():
     assert settings_docs.missing_descriptions() == [], (
-        "give each of these settings a Field(..., description=\"...\") in app/settings.py (or spark_indexer/config.py)"
+        'give each of these settings a Field(..., description="...") in app/settings.py (or spark_indexer/config.py)'
     )
 
 

@@ -20,19 +20,32 @@ def registry():
     return load_registry(Settings().registry_path)
 
 
-def mcl(aspect: str, version: int, urn: str = URN, change_type: str = "UPSERT", value: dict | None = None, **extra) -> dict:
+def mcl(
+    aspect: str, version: int, urn: str = URN, change_type: str = "UPSERT", value: dict | None = None, **extra
+) -> dict:
     body = {"entityType": "dataset", "entityUrn": urn, "aspectName": aspect, "changeType": change_type, **extra}
     if change_type == "DELETE":
         body["previousSystemMetadata"] = {"version": str(version)}
     else:
-        body["aspect"] = {"value": orjson.dumps(value or {"description": f"v{version}"}).decode(), "contentType": "application/json"}
+        body["aspect"] = {
+            "value": orjson.dumps(value or {"description": f"v{version}"}).decode(),
+            "contentType": "application/json",
+        }
         body["systemMetadata"] = {"version": str(version)}
     return body
 
 
 def records(*bodies, topic: str = VERSIONED, start: int = 0) -> list[Record]:
-    return [Record(topic, 0, start + i, b.get("entityUrn", "").encode() if isinstance(b, dict) else None,
-                   b if isinstance(b, bytes) else orjson.dumps(b)) for i, b in enumerate(bodies)]
+    return [
+        Record(
+            topic,
+            0,
+            start + i,
+            b.get("entityUrn", "").encode() if isinstance(b, dict) else None,
+            b if isinstance(b, bytes) else orjson.dumps(b),
+        )
+        for i, b in enumerate(bodies)
+    ]
 
 
 def kept(result) -> list[tuple[str, str, int, str]]:
@@ -40,22 +53,38 @@ def kept(result) -> list[tuple[str, str, int, str]]:
 
 
 def test_newest_version_per_aspect_wins_and_order_is_the_topics(registry):
-    result = plan(records(mcl("datasetProperties", 1), mcl("status", 1, value={"removed": False}),
-                          mcl("datasetProperties", 2), mcl("datasetProperties", 3, urn=OTHER)), registry, TIMESERIES)
-    assert kept(result) == [(URN, "status", 1, "UPSERT"), (URN, "datasetProperties", 2, "UPSERT"),
-                            (OTHER, "datasetProperties", 3, "UPSERT")]
+    result = plan(
+        records(
+            mcl("datasetProperties", 1),
+            mcl("status", 1, value={"removed": False}),
+            mcl("datasetProperties", 2),
+            mcl("datasetProperties", 3, urn=OTHER),
+        ),
+        registry,
+        TIMESERIES,
+    )
+    assert kept(result) == [
+        (URN, "status", 1, "UPSERT"),
+        (URN, "datasetProperties", 2, "UPSERT"),
+        (OTHER, "datasetProperties", 3, "UPSERT"),
+    ]
     assert result.superseded == 1 and result.dead == []
 
 
 def test_a_duplicate_of_an_older_version_published_later_never_wins(registry):
     # the relay is at-least-once: v1 may be published again after v2
-    result = plan(records(mcl("datasetProperties", 1), mcl("datasetProperties", 2), mcl("datasetProperties", 1)),
-                  registry, TIMESERIES)
+    result = plan(
+        records(mcl("datasetProperties", 1), mcl("datasetProperties", 2), mcl("datasetProperties", 1)),
+        registry,
+        TIMESERIES,
+    )
     assert kept(result) == [(URN, "datasetProperties", 2, "UPSERT")]
 
 
 def test_delete_of_the_same_version_comes_after_its_upsert(registry):
-    result = plan(records(mcl("datasetProperties", 5), mcl("datasetProperties", 5, change_type="DELETE")), registry, TIMESERIES)
+    result = plan(
+        records(mcl("datasetProperties", 5), mcl("datasetProperties", 5, change_type="DELETE")), registry, TIMESERIES
+    )
     assert kept(result) == [(URN, "datasetProperties", 5, "DELETE")]
 
 
@@ -65,18 +94,29 @@ def test_timeseries_points_are_all_kept(registry):
     assert len(result.to_apply) == 3 and all(p.timeseries for p in result.to_apply)
 
 
-@pytest.mark.parametrize(("value", "reason"), [
-    (b"{not json", "unparseable change log"),
-    (b"[1, 2]", "a JSON list, not an object"),
-    (orjson.dumps({"aspectName": "status", "changeType": "UPSERT"}), "without entityUrn"),
-    (orjson.dumps({"entityUrn": URN, "changeType": "UPSERT"}), "without aspectName"),
-    (orjson.dumps({"entityType": "spaceship", "entityUrn": "urn:li:spaceship:x", "aspectName": "status"}),
-     "entity type 'spaceship' is not in the entity registry"),
-    (orjson.dumps({"entityType": "dataset", "entityUrn": URN, "aspectName": "warpDrive"}),
-     "aspect 'warpDrive' is not an aspect of entity 'dataset'"),
-])
+@pytest.mark.parametrize(
+    ("value", "reason"),
+    [
+        (b"{not json", "unparseable change log"),
+        (b"[1, 2]", "a JSON list, not an object"),
+        (orjson.dumps({"aspectName": "status", "changeType": "UPSERT"}), "without entityUrn"),
+        (orjson.dumps({"entityUrn": URN, "changeType": "UPSERT"}), "without aspectName"),
+        (
+            orjson.dumps({"entityType": "spaceship", "entityUrn": "urn:li:spaceship:x", "aspectName": "status"}),
+            "entity type 'spaceship' is not in the entity registry",
+        ),
+        (
+            orjson.dumps({"entityType": "dataset", "entityUrn": URN, "aspectName": "warpDrive"}),
+            "aspect 'warpDrive' is not an aspect of entity 'dataset'",
+        ),
+    ],
+)
 def test_bad_records_become_dead_letters_with_the_reason(registry, value, reason):
-    result = plan([Record(VERSIONED, 3, 42, b"k", value), *records(mcl("status", 1, value={"removed": True}))], registry, TIMESERIES)
+    result = plan(
+        [Record(VERSIONED, 3, 42, b"k", value), *records(mcl("status", 1, value={"removed": True}))],
+        registry,
+        TIMESERIES,
+    )
     assert len(result.dead) == 1
     dead = result.dead[0]
     assert isinstance(dead, DeadLetter) and reason in dead.reason
@@ -136,10 +176,19 @@ def test_a_refused_change_log_is_dead_lettered_and_the_rest_applied(registry):
 
     runtime = _Runtime(registry, refuse=OTHER)
     task = IndexTask(runtime, chunk=100)
-    result = task.run(records(mcl("datasetProperties", 1, value={"name": "a\u0000b"}),
-                              mcl("datasetProperties", 1, urn=OTHER), mcl("status", 1, value={"removed": False})), TIMESERIES)
+    result = task.run(
+        records(
+            mcl("datasetProperties", 1, value={"name": "a\u0000b"}),
+            mcl("datasetProperties", 1, urn=OTHER),
+            mcl("status", 1, value={"removed": False}),
+        ),
+        TIMESERIES,
+    )
     assert [(d.urn, d.aspect) for d in result.dead] == [(OTHER, "datasetProperties")]
-    assert result.dead[0].reason == "search backend refused the change: IndexRefused: search bulk refused 1 documents (test)"
+    assert (
+        result.dead[0].reason
+        == "search backend refused the change: IndexRefused: search bulk refused 1 documents (test)"
+    )
     assert result.dead[0].record.offset == 1  # the record itself, for the dead-letter table
     names = [c.fields.get("name") for c in runtime.applied if getattr(c, "aspect", None) == "datasetProperties"]
     assert names == ["ab"]  # the NUL is stripped in the index copy: nothing refused, nothing dead-lettered

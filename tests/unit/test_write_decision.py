@@ -11,7 +11,7 @@ import pytest
 
 from app import turns
 from app.settings import Settings
-from app.write.decision import Decision, ItemStatus, Key, LockRequest, Locked, Turn, WriteCore
+from app.write.decision import Decision, ItemStatus, Key, Locked, LockRequest, Turn, WriteCore
 from app.write.processors import Accept, ChangeProcessor, EmittedProposal, Pipeline, PipelineStep, ProposedChange
 from app.write.proposal import AuditStamp, Draft
 from app.write.repository import StoredAspect
@@ -32,8 +32,13 @@ def core(registry) -> WriteCore:
 
 
 def make_draft(change_type: str = "UPSERT", **overrides: Any) -> Draft:
-    fields: dict[str, Any] = {"index": 0, "entity_type": "dataset", "aspect_name": "datasetProperties", "urn": URN,
-                              "value": {"name": "table"}}
+    fields: dict[str, Any] = {
+        "index": 0,
+        "entity_type": "dataset",
+        "aspect_name": "datasetProperties",
+        "urn": URN,
+        "value": {"name": "table"},
+    }
     return Draft(change_type=change_type, **{**fields, **overrides})
 
 
@@ -42,19 +47,32 @@ def normalized(properties: dict[str, Any]) -> dict[str, Any]:
     return {"customProperties": {}, "tags": [], **properties}
 
 
-def make_row(key: Key = PROPS, value: dict[str, Any] | None = None, version: int = 3, **system_metadata: Any) -> StoredAspect:
+def make_row(
+    key: Key = PROPS, value: dict[str, Any] | None = None, version: int = 3, **system_metadata: Any
+) -> StoredAspect:
     value = normalized({"name": "table"}) if value is None else value
-    return StoredAspect(key[0], key[1], orjson.dumps(value).decode(), {"version": str(version), "runId": "r0", **system_metadata},
-                        datetime(2024, 1, 1), "urn:li:corpuser:bob")
+    return StoredAspect(
+        key[0],
+        key[1],
+        orjson.dumps(value).decode(),
+        {"version": str(version), "runId": "r0", **system_metadata},
+        datetime(2024, 1, 1),
+        "urn:li:corpuser:bob",
+    )
 
 
 def key_row(urn: str = URN) -> StoredAspect:
-    return make_row((urn, "datasetKey"), {"platform": "urn:li:dataPlatform:hive", "name": urn.split(",")[1], "origin": "PROD"}, 1)
+    return make_row(
+        (urn, "datasetKey"), {"platform": "urn:li:dataPlatform:hive", "name": urn.split(",")[1], "origin": "PROD"}, 1
+    )
 
 
 def decide(
-    core: WriteCore, *writes: list[Draft], rows: dict[Key, StoredAspect] | None = None,
-    floors: dict[Key, int] | None = None, processors: Pipeline = NO_PROCESSORS,
+    core: WriteCore,
+    *writes: list[Draft],
+    rows: dict[Key, StoredAspect] | None = None,
+    floors: dict[Key, int] | None = None,
+    processors: Pipeline = NO_PROCESSORS,
 ) -> tuple[Decision, list[LockRequest]]:
     """Each write's drafts prepared and decided against `rows` (row 0 by key) and `floors`; the decision and every
     lock request it made."""
@@ -70,13 +88,17 @@ def decide(
                 continue
             requests.append(request)
             wanted = {k for k in rows if k in request.keys or k[0] in request.entity_urns}
-            locked = Locked({k: rows[k] for k in wanted}, {k: v for k, v in floors.items() if k in request.keys and k not in rows})
+            locked = Locked(
+                {k: rows[k] for k in wanted}, {k: v for k, v in floors.items() if k in request.keys and k not in rows}
+            )
     except StopIteration as done:
         return done.value, requests
 
 
 def versioned(decision: Decision) -> list[tuple[str, str, int, str]]:
-    return [(o.urn, o.aspect, o.version, o.change_type) for o in decision.outbox if o.topic == SETTINGS.topic_mcl_versioned]
+    return [
+        (o.urn, o.aspect, o.version, o.change_type) for o in decision.outbox if o.topic == SETTINGS.topic_mcl_versioned
+    ]
 
 
 def the_item(decision: Decision, write: int = 0):
@@ -89,7 +111,9 @@ def test_a_first_upsert_inserts_the_aspect_and_the_entity_key_at_version_1(core)
     decision, requests = decide(core, [make_draft()])
     assert requests == [LockRequest(frozenset({PROPS, KEY}), frozenset())]
     assert [(r.urn, r.aspect, r.version, r.row_version) for r in decision.inserts] == [
-        (URN, "datasetKey", 1, 0), (URN, "datasetProperties", 1, 0)]
+        (URN, "datasetKey", 1, 0),
+        (URN, "datasetProperties", 1, 0),
+    ]
     assert decision.updates == () and decision.prune == () and decision.floors == ()
     item = the_item(decision)
     assert item.status is ItemStatus.CREATED and item.version == "1" and item.value == normalized({"name": "table"})
@@ -114,7 +138,9 @@ def test_a_changed_value_is_the_next_version_and_keeps_the_previous_as_history(c
 
 
 def test_the_same_value_is_unchanged_keeps_its_version_and_logs_nothing(core):
-    decision, _ = decide(core, [make_draft(system_metadata={"runId": "r1"})], rows={PROPS: make_row(version=3), KEY: key_row()})
+    decision, _ = decide(
+        core, [make_draft(system_metadata={"runId": "r1"})], rows={PROPS: make_row(version=3), KEY: key_row()}
+    )
     item = the_item(decision)
     assert item.status is ItemStatus.UNCHANGED and item.version == "3"
     (row,) = decision.updates  # lastObserved and runId refreshed, nothing else
@@ -133,7 +159,9 @@ def test_history_beyond_retention_is_pruned(registry):
     decision, _ = decide(core, [make_draft(value={"name": "v6"})], rows={PROPS: make_row(version=5), KEY: key_row()})
     assert decision.prune == ((URN, "datasetProperties", 3),)  # versions 4 and 5 stay as history
     no_history = WriteCore(registry, RuleChain(), Settings(platform_events_enabled=False, retention_max_versions=0))
-    decision, _ = decide(no_history, [make_draft(value={"name": "v6"})], rows={PROPS: make_row(version=5), KEY: key_row()})
+    decision, _ = decide(
+        no_history, [make_draft(value={"name": "v6"})], rows={PROPS: make_row(version=5), KEY: key_row()}
+    )
     assert decision.inserts == () and decision.prune == () and decision.updates[0].version == 6
 
 
@@ -156,8 +184,11 @@ def test_an_aspect_delete_raises_its_floor_and_logs_the_deleted_version(core):
 
 
 def test_a_delete_then_a_write_in_one_batch_continues_after_the_deleted_version(core):
-    decision, _ = decide(core, [make_draft("DELETE", value=None), make_draft(index=1, value={"name": "again"})],
-                         rows={PROPS: make_row(version=3), KEY: key_row()})
+    decision, _ = decide(
+        core,
+        [make_draft("DELETE", value=None), make_draft(index=1, value={"name": "again"})],
+        rows={PROPS: make_row(version=3), KEY: key_row()},
+    )
     assert decision.deleted_keys == (PROPS,)
     (row,) = decision.inserts
     assert row.version == 4 and row.value == normalized({"name": "again"})
@@ -167,14 +198,22 @@ def test_a_delete_then_a_write_in_one_batch_continues_after_the_deleted_version(
 
 def test_deleting_the_key_aspect_deletes_the_entity_and_logs_every_aspect(core):
     ownership = make_row((URN, "ownership"), {"owners": []}, 2)
-    rows = {PROPS: make_row(version=3), KEY: key_row(), (URN, "ownership"): ownership, (OTHER, "datasetKey"): key_row(OTHER)}
+    rows = {
+        PROPS: make_row(version=3),
+        KEY: key_row(),
+        (URN, "ownership"): ownership,
+        (OTHER, "datasetKey"): key_row(OTHER),
+    }
     decision, requests = decide(core, [make_draft("DELETE", aspect_name="datasetKey", value=None)], rows=rows)
     assert requests[0].entity_urns == frozenset({URN})
     assert decision.deleted_urns == (URN,) and decision.deleted_keys == ()
     assert decision.floors == ((URN, "datasetKey", 1), (URN, "datasetProperties", 3), (URN, "ownership", 2))
     # every other aspect first (the search index tombstones each at its version), then the key aspect's
-    assert versioned(decision) == [(URN, "datasetProperties", 3, "DELETE"), (URN, "ownership", 2, "DELETE"),
-                                   (URN, "datasetKey", 1, "DELETE")]
+    assert versioned(decision) == [
+        (URN, "datasetProperties", 3, "DELETE"),
+        (URN, "ownership", 2, "DELETE"),
+        (URN, "datasetKey", 1, "DELETE"),
+    ]
 
 
 def test_a_delete_of_an_absent_aspect_writes_nothing(core):
@@ -185,17 +224,28 @@ def test_a_delete_of_an_absent_aspect_writes_nothing(core):
 
 # --- change types ---------------------------------------------------------------------------------------------------
 def test_create_of_an_existing_aspect_refuses_the_batch(core):
-    decision, _ = decide(core, [make_draft("CREATE", value={"name": "x"}), make_draft(index=1, aspect_name="status", value={"removed": False})],
-                         rows={PROPS: make_row(), KEY: key_row()})
+    decision, _ = decide(
+        core,
+        [
+            make_draft("CREATE", value={"name": "x"}),
+            make_draft(index=1, aspect_name="status", value={"removed": False}),
+        ],
+        rows={PROPS: make_row(), KEY: key_row()},
+    )
     ((proposal, verdict),) = decision.refused
     assert (proposal.index, verdict.kind, verdict.rule) == (0, VerdictKind.CONFLICT, "CreateIfNotExists")
     assert decision.inserts == decision.updates == () and decision.outbox == []
 
 
 def test_create_with_if_none_match_star_is_filtered_and_the_rest_is_written(core):
-    decision, _ = decide(core, [make_draft("CREATE", value={"name": "x"}, headers={"If-None-Match": "*"}),
-                                make_draft(index=1, aspect_name="status", value={"removed": False})],
-                         rows={PROPS: make_row(), KEY: key_row()})
+    decision, _ = decide(
+        core,
+        [
+            make_draft("CREATE", value={"name": "x"}, headers={"If-None-Match": "*"}),
+            make_draft(index=1, aspect_name="status", value={"removed": False}),
+        ],
+        rows={PROPS: make_row(), KEY: key_row()},
+    )
     assert decision.refused == ()
     assert [i.status for i in decision.writes[0].items] == [ItemStatus.FILTERED, ItemStatus.CREATED]
     assert [(r.aspect, r.version) for r in decision.inserts] == [("status", 1)]
@@ -238,16 +288,25 @@ def test_a_patch_that_does_not_apply_refuses_the_batch(core):
 
 
 def test_failed_preconditions_are_all_reported_and_nothing_is_written(core):
-    batch = [make_draft(headers={"If-Version-Match": "2"}), make_draft(index=1, aspect_name="status", value={"removed": True}),
-             make_draft(index=2, aspect_name="ownership", value={"owners": []}, headers={"If-Version-Match": "1"})]
+    batch = [
+        make_draft(headers={"If-Version-Match": "2"}),
+        make_draft(index=1, aspect_name="status", value={"removed": True}),
+        make_draft(index=2, aspect_name="ownership", value={"owners": []}, headers={"If-Version-Match": "1"}),
+    ]
     decision, _ = decide(core, batch, rows={PROPS: make_row(version=3), KEY: key_row()})
-    assert [(p.index, v.kind) for p, v in decision.refused] == [(0, VerdictKind.PRECONDITION), (2, VerdictKind.PRECONDITION)]
+    assert [(p.index, v.kind) for p, v in decision.refused] == [
+        (0, VerdictKind.PRECONDITION),
+        (2, VerdictKind.PRECONDITION),
+    ]
     assert decision.inserts == decision.updates == () and decision.outbox == []
 
 
 def test_a_matching_version_precondition_writes(core):
-    decision, _ = decide(core, [make_draft(value={"name": "n"}, headers={"If-Version-Match": "3"})],
-                         rows={PROPS: make_row(version=3), KEY: key_row()})
+    decision, _ = decide(
+        core,
+        [make_draft(value={"name": "n"}, headers={"If-Version-Match": "3"})],
+        rows={PROPS: make_row(version=3), KEY: key_row()},
+    )
     assert decision.refused == () and decision.updates[0].version == 4
 
 
@@ -263,9 +322,12 @@ def test_a_timeseries_point_is_appended_to_the_change_log_only(core):
 
 # --- groups ---------------------------------------------------------------------------------------------------------
 def test_each_write_of_a_group_sees_the_rows_the_writes_before_it_left(core):
-    decision, requests = decide(core, [make_draft(value={"name": "one"})], [make_draft(value={"name": "two"})],
-                                [make_draft("CREATE_ENTITY", aspect_name="status", value={"removed": False},
-                                            headers={"If-None-Match": "*"})])
+    decision, requests = decide(
+        core,
+        [make_draft(value={"name": "one"})],
+        [make_draft(value={"name": "two"})],
+        [make_draft("CREATE_ENTITY", aspect_name="status", value={"removed": False}, headers={"If-None-Match": "*"})],
+    )
     assert len(requests) == 1  # the group's rows are locked at once
     assert [the_item(decision, w).version for w in range(2)] == ["1", "2"]
     assert the_item(decision, 2).status is ItemStatus.FILTERED  # the entity existed before its write
@@ -292,7 +354,9 @@ def test_an_emitted_proposal_is_locked_then_applied_and_reported_on_its_cause(co
     decision, requests = decide(core, [make_draft()], rows={KEY: key_row()}, processors=pipeline)
     assert requests[1] == LockRequest(frozenset({(OTHER, "datasetKey"), (OTHER, "status")}), frozenset())
     item = the_item(decision)
-    assert [(r.processor, r.outcome, r.emitted) for r in item.processors] == [(f"{__name__}.TagEveryDataset", "accepted", 1)]
+    assert [(r.processor, r.outcome, r.emitted) for r in item.processors] == [
+        (f"{__name__}.TagEveryDataset", "accepted", 1)
+    ]
     assert [(e.urn, e.aspect, e.status) for e in item.emitted] == [(OTHER, "status", ItemStatus.CREATED)]
     assert {(r.urn, r.aspect) for r in decision.inserts} == {PROPS, (OTHER, "datasetKey"), (OTHER, "status")}
     assert (OTHER, "status", 1, "UPSERT") in versioned(decision)
@@ -322,7 +386,9 @@ def test_a_batch_offers_a_turn_whenever_its_time_slice_is_over_and_decides_the_s
     assert (no_turns, every_proposal) == (0, len(drafts))
     assert locks == 1  # the rows are locked once, before the first proposal is decided
     assert len(sliced.inserts) == len(drafts) * 2  # each dataset's properties and its key aspect
-    assert [(r.urn, r.aspect, r.row_version) for r in sliced.inserts] == [(r.urn, r.aspect, r.row_version) for r in unsliced.inserts]
+    assert [(r.urn, r.aspect, r.row_version) for r in sliced.inserts] == [
+        (r.urn, r.aspect, r.row_version) for r in unsliced.inserts
+    ]
     assert sliced.refused == ()
 
 

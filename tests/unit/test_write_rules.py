@@ -30,22 +30,33 @@ LAST_MODIFIED = datetime(2024, 3, 1, 12, 0, 0)  # `createdon` of the stored row:
 
 def make_proposal(**overrides: Any) -> Proposal:
     fields: dict[str, Any] = {
-        "index": 0, "entity_type": "dataset", "urn": URN, "aspect_name": "datasetProperties",
-        "change_type": ChangeType.UPSERT, "value": {"name": "table"},
+        "index": 0,
+        "entity_type": "dataset",
+        "urn": URN,
+        "aspect_name": "datasetProperties",
+        "change_type": ChangeType.UPSERT,
+        "value": {"name": "table"},
     }
     return Proposal(**{**fields, **overrides})
 
 
 def make_row(version: int = 3, created_on: datetime = LAST_MODIFIED, **overrides: Any) -> StoredAspect:
     fields: dict[str, Any] = {
-        "urn": URN, "aspect": "datasetProperties", "metadata": '{"name": "table"}',
-        "_system_metadata": {"version": str(version)}, "created_on": created_on, "created_by": "urn:li:corpuser:alice",
+        "urn": URN,
+        "aspect": "datasetProperties",
+        "metadata": '{"name": "table"}',
+        "_system_metadata": {"version": str(version)},
+        "created_on": created_on,
+        "created_by": "urn:li:corpuser:alice",
     }
     return StoredAspect(**{**fields, **overrides})
 
 
 def make_change(
-    *, previous: StoredAspect | None = None, entity_exists: bool | None = None, headers: dict[str, str] | None = None,
+    *,
+    previous: StoredAspect | None = None,
+    entity_exists: bool | None = None,
+    headers: dict[str, str] | None = None,
     **proposal_overrides: Any,
 ) -> PendingChange:
     """A pending change of `make_proposal(**proposal_overrides)`; the entity exists when the aspect does, unless told."""
@@ -92,13 +103,16 @@ def test_if_version_match_governs_deletes_and_patches_too():
 
 
 # --- IfModifiedSince / IfUnmodifiedSince ---------------------------------------------------------------------------
-@pytest.mark.parametrize("since, fires", [
-    ("2024-03-01T11:59:59Z", False),  # modified after it
-    ("2024-03-01T12:00:00Z", True),  # not after: equal
-    ("2024-03-02T00:00:00+00:00", True),
-    ("2024-03-01T13:00:00+02:00", False),  # 11:00 UTC: an offset is honoured
-    ("2024-03-01T11:00:00", False),  # no offset: UTC
-])
+@pytest.mark.parametrize(
+    "since, fires",
+    [
+        ("2024-03-01T11:59:59Z", False),  # modified after it
+        ("2024-03-01T12:00:00Z", True),  # not after: equal
+        ("2024-03-02T00:00:00+00:00", True),
+        ("2024-03-01T13:00:00+02:00", False),  # 11:00 UTC: an offset is honoured
+        ("2024-03-01T11:00:00", False),  # no offset: UTC
+    ],
+)
 def test_if_modified_since_compares_with_the_last_value_change(since, fires):
     verdict = check(IfModifiedSince(), make_change(previous=make_row(), headers={"If-Modified-Since": since}))
     assert (verdict is not None) is fires
@@ -111,11 +125,14 @@ def test_if_modified_since_fails_on_an_absent_aspect():
     assert verdict.kind is VerdictKind.PRECONDITION and verdict.message.startswith("Item last modified never")
 
 
-@pytest.mark.parametrize("since, fires", [
-    ("2024-03-01T12:00:00Z", False),  # equal: unmodified since
-    ("2024-03-02T00:00:00Z", False),
-    ("2024-03-01T11:59:59Z", True),
-])
+@pytest.mark.parametrize(
+    "since, fires",
+    [
+        ("2024-03-01T12:00:00Z", False),  # equal: unmodified since
+        ("2024-03-02T00:00:00Z", False),
+        ("2024-03-01T11:59:59Z", True),
+    ],
+)
 def test_if_unmodified_since_compares_with_the_last_value_change(since, fires):
     verdict = check(IfUnmodifiedSince(), make_change(previous=make_row(), headers={"If-Unmodified-Since": since}))
     assert (verdict is not None) is fires
@@ -208,7 +225,9 @@ def test_a_written_key_aspect_must_match_the_urn(registry):
     verdict = rule.apply(other)
     assert verdict.kind is VerdictKind.VALIDATION and verdict.path == "$.aspect.value"
     assert rule.apply(make_proposal(value={"name": "not a key"})) is None  # not a key aspect
-    assert not rule.governs(make_proposal(aspect_name="datasetKey", is_key=True, change_type=ChangeType.DELETE, value=None))
+    assert not rule.governs(
+        make_proposal(aspect_name="datasetKey", is_key=True, change_type=ChangeType.DELETE, value=None)
+    )
 
 
 # --- the chain ------------------------------------------------------------------------------------------------------
@@ -223,4 +242,6 @@ def test_a_rule_governs_only_its_entity_aspect_pairs():
     rule = UpdateRequiresExisting()
     rule.entity_aspects = (("dataset", "*"),)
     assert rule.governs(make_proposal(change_type=ChangeType.UPDATE))
-    assert not rule.governs(make_proposal(change_type=ChangeType.UPDATE, entity_type="chart", urn="urn:li:chart:(looker,c)"))
+    assert not rule.governs(
+        make_proposal(change_type=ChangeType.UPDATE, entity_type="chart", urn="urn:li:chart:(looker,c)")
+    )

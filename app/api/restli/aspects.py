@@ -20,7 +20,15 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from app.api.deps import (
-    ALLOW_READ, Caller, Gateway, Reader, Registry, Session, admit_before_body, get_backend, get_read_your_writes,
+    ALLOW_READ,
+    Caller,
+    Gateway,
+    Reader,
+    Registry,
+    Session,
+    admit_before_body,
+    get_backend,
+    get_read_your_writes,
 )
 from app.api.http import UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response, read_json
 from app.api.restli.common import ACTION_BODY, optional_int, require_object, require_urn
@@ -53,12 +61,16 @@ ACTIONS = ("ingestProposal", "ingestProposalBatch", "getTimeseriesAspectValues")
 )
 @router.post("/aspects/", include_in_schema=False)
 async def aspects_action(
-    caller: Reader, request: Request, session: Session, gateway: Gateway,
+    caller: Reader,
+    request: Request,
+    session: Session,
+    gateway: Gateway,
     action: Annotated[str, Query(description=", ".join(ACTIONS))],
 ) -> Response:
     if action not in ACTIONS:
         raise ValidationFailed(
-            f"unknown action {action!r} on /aspects", [Issue(f"supported actions: {', '.join(ACTIONS)}", path="$action")]
+            f"unknown action {action!r} on /aspects",
+            [Issue(f"supported actions: {', '.join(ACTIONS)}", path="$action")],
         )
     if action == "getTimeseriesAspectValues":
         body = require_object(await read_json(request, gateway.settings))
@@ -70,7 +82,9 @@ async def aspects_action(
             drafts = await gateway.parse_in_turns(body.get("proposals"), "$.proposals")
         else:
             if not isinstance(body.get("proposal"), dict):
-                raise ValidationFailed("`proposal` must be a proposal object", [Issue("expected an object", path="$.proposal")])
+                raise ValidationFailed(
+                    "`proposal` must be a proposal object", [Issue("expected an object", path="$.proposal")]
+                )
             drafts = [parse_mcp(body["proposal"], Location(0, "$.proposal"))]
         queue = str(body.get("async", "false")).lower() == "true"
         outcome = await gateway.submit(session, drafts, caller, queue=queue, request_headers=request.headers)
@@ -82,19 +96,25 @@ async def _timeseries(body: dict[str, Any], request: Request, registry: EntityRe
     entity = entity_of_urn(registry, urn, "$.urn")
     if isinstance(body.get("entity"), str) and body["entity"].lower() != entity.lower():
         raise ValidationFailed(
-            f"URN {urn} is of entity type {entity!r}, not {body['entity']!r}", [Issue("entity mismatch", urn=urn, path="$.entity")]
+            f"URN {urn} is of entity type {entity!r}, not {body['entity']!r}",
+            [Issue("entity mismatch", urn=urn, path="$.entity")],
         )
     aspect_name = body.get("aspect")
     if not isinstance(aspect_name, str):
-        raise ValidationFailed("`aspect` is required", [Issue("missing required string field 'aspect'", path="$.aspect")])
+        raise ValidationFailed(
+            "`aspect` is required", [Issue("missing required string field 'aspect'", path="$.aspect")]
+        )
     with invalid_at("$.aspect", urn=urn, aspect=aspect_name):
         aspect = registry.aspect(entity, aspect_name)
     if not aspect.is_timeseries:
         raise ValidationFailed(
-            f"aspect {aspect_name!r} is not a timeseries aspect", [Issue("not a timeseries aspect", urn=urn, aspect=aspect_name, path="$.aspect")]
+            f"aspect {aspect_name!r} is not a timeseries aspect",
+            [Issue("not a timeseries aspect", urn=urn, aspect=aspect_name, path="$.aspect")],
         )
     limit = optional_int(body, "limit")
-    limit = DEFAULT_LIMIT if limit is None else min(limit, DEFAULT_LIMIT)  # DataHub's search window holds 10,000 at most
+    limit = (
+        DEFAULT_LIMIT if limit is None else min(limit, DEFAULT_LIMIT)
+    )  # DataHub's search window holds 10,000 at most
     if body.get("latestValue") in (True, "true"):
         limit = min(limit, 1)
     groups = check_filter(body.get("filter"))
@@ -102,8 +122,13 @@ async def _timeseries(body: dict[str, Any], request: Request, registry: EntityRe
     caught_up = await get_read_your_writes(request)
     await caught_up()  # DataHub's clients read their own timeseries writes
     values = await timeseries_from_backend(
-        backend, urn, aspect.name,
-        start=optional_int(body, "startTimeMillis"), end=optional_int(body, "endTimeMillis"), limit=limit, groups=groups,
+        backend,
+        urn,
+        aspect.name,
+        start=optional_int(body, "startTimeMillis"),
+        end=optional_int(body, "endTimeMillis"),
+        limit=limit,
+        groups=groups,
     )
     return {"entityName": entity, "aspectName": aspect.name, "limit": limit, "values": values}
 
@@ -117,7 +142,10 @@ async def _timeseries(body: dict[str, Any], request: Request, registry: EntityRe
     "The URN is percent-encoded in the path.",
 )
 async def get_versioned_aspect(
-    urn: UrnPath, session: Session, registry: Registry, caller: Caller,
+    urn: UrnPath,
+    session: Session,
+    registry: Registry,
+    caller: Caller,
     aspect: Annotated[str, Query(description="Aspect name, e.g. datasetProperties")],
     version: Annotated[int, Query(ge=0)] = 0,
 ) -> Response:

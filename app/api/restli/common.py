@@ -14,14 +14,18 @@ ACTION_BODY = {"requestBody": {"required": True, "content": {"application/json":
 
 def require_object(body: Any) -> dict[str, Any]:
     if not isinstance(body, dict):
-        raise ValidationFailed("the body of a Rest.li action must be a JSON object", [Issue("expected an object", path="$")])
+        raise ValidationFailed(
+            "the body of a Rest.li action must be a JSON object", [Issue("expected an object", path="$")]
+        )
     return body
 
 
 def require_urn(body: dict[str, Any], key: str = "urn") -> str:
     urn = body.get(key)
     if not isinstance(urn, str) or not urn:
-        raise ValidationFailed(f"`{key}` is required", [Issue(f"missing required string field {key!r}", path=f"$.{key}")])
+        raise ValidationFailed(
+            f"`{key}` is required", [Issue(f"missing required string field {key!r}", path=f"$.{key}")]
+        )
     return urn
 
 
@@ -31,10 +35,14 @@ def optional_int(body: dict[str, Any], key: str) -> int | None:
     if raw is None:
         return None
     digits = raw.removeprefix("-") if isinstance(raw, str) else ""
-    if isinstance(raw, bool) or not isinstance(raw, (int, str)) or (
-        isinstance(raw, str) and not (digits.isascii() and digits.isdigit() and len(digits) <= 20)
+    if (
+        isinstance(raw, bool)
+        or not isinstance(raw, (int, str))
+        or (isinstance(raw, str) and not (digits.isascii() and digits.isdigit() and len(digits) <= 20))
     ):
-        raise ValidationFailed(f"`{key}` must be an integer", [Issue("expected an integer", path=f"$.{key}", found=clip(repr(raw), 100))])
+        raise ValidationFailed(
+            f"`{key}` must be an integer", [Issue("expected an integer", path=f"$.{key}", found=clip(repr(raw), 100))]
+        )
     value = int(raw)
     if not MIN_LONG <= value <= MAX_LONG:
         raise ValidationFailed(

@@ -19,15 +19,34 @@
 
 from __future__ import annotations
 
-from datetime import timezone
+from datetime import UTC
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 
-from app.auth.model import Permission
-from app.api.deps import ALLOW_READ, Caller, Gateway, ReadYourWrites, Reader, Registry, Search, Session, admit_before_body
-from app.api.http import Flag, UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response, parse_bool, read_json
+from app.api.deps import (
+    ALLOW_READ,
+    Caller,
+    Gateway,
+    Reader,
+    ReadYourWrites,
+    Registry,
+    Search,
+    Session,
+    admit_before_body,
+)
+from app.api.http import (
+    Flag,
+    UrnPath,
+    check_batch_size,
+    entity_of_urn,
+    invalid_at,
+    json_response,
+    parse_bool,
+    read_json,
+)
 from app.api.restli.common import ACTION_BODY, optional_int, parse_restli_list, require_object, require_urn
+from app.auth.model import Permission
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
 from app.ingest.deletion import delete_entity, delete_references
 from app.ingest.mce import unbundle_restli_entity
@@ -55,12 +74,18 @@ ACTIONS = ("ingest", "delete", "deleteReferences")
     openapi_extra=ACTION_BODY,
 )
 async def entities_action(
-    caller: Reader, request: Request, session: Session, gateway: Gateway, search: Search, caught_up: ReadYourWrites,
+    caller: Reader,
+    request: Request,
+    session: Session,
+    gateway: Gateway,
+    search: Search,
+    caught_up: ReadYourWrites,
     action: Annotated[str, Query(description=", ".join(ACTIONS))],
 ) -> Response:
     if action not in ACTIONS:
         raise ValidationFailed(
-            f"unknown action {action!r} on /entities", [Issue(f"supported actions: {', '.join(ACTIONS)}", path="$action")]
+            f"unknown action {action!r} on /entities",
+            [Issue(f"supported actions: {', '.join(ACTIONS)}", path="$action")],
         )
     if action == "ingest":
         async with admit_before_body(request, caller):  # a write refused with 429 is never parsed
@@ -77,7 +102,11 @@ async def entities_action(
 
 
 async def _delete(
-    body: dict[str, Any], session: Session, gateway: Gateway, caller: Caller, search: SearchRuntime | None,
+    body: dict[str, Any],
+    session: Session,
+    gateway: Gateway,
+    caller: Caller,
+    search: SearchRuntime | None,
     caught_up: ReadYourWrites,
 ) -> dict[str, Any]:
     registry = gateway.registry
@@ -93,18 +122,24 @@ async def _delete(
     else:
         spec = None
     # Before anything is read: a caller who may not delete learns nothing about what exists.
-    await gateway.authorize(caller, [Draft(0, entity.name, spec.name if spec else entity.key_aspect, ChangeType.DELETE.value, urn=urn)])
+    await gateway.authorize(
+        caller, [Draft(0, entity.name, spec.name if spec else entity.key_aspect, ChangeType.DELETE.value, urn=urn)]
+    )
     if spec is None or not spec.is_timeseries:
         if start is not None or end is not None:
             raise ValidationFailed(
                 "startTimeMillis/endTimeMillis apply to timeseries aspects only",
                 [Issue("a time range needs a timeseries aspectName", urn=urn, path="$.aspectName")],
             )
-    deleted = await delete_entity(session, gateway, caller, entity, spec, urn, start, end, search=search, caught_up=caught_up)
+    deleted = await delete_entity(
+        session, gateway, caller, entity, spec, urn, start, end, search=search, caught_up=caught_up
+    )
     return {"urn": urn, "rows": deleted.rows, "timeseriesRows": deleted.timeseries_rows}
 
 
-async def _delete_references(body: dict[str, Any], session: Session, gateway: Gateway, caller: Caller) -> dict[str, Any]:
+async def _delete_references(
+    body: dict[str, Any], session: Session, gateway: Gateway, caller: Caller
+) -> dict[str, Any]:
     urn = require_urn(body)
     entity_of_urn(gateway.registry, urn, "$.urn")
     dry_run = parse_bool(str(body.get("dryRun", "false")), False, ".dryRun")
@@ -115,9 +150,15 @@ async def _delete_references(body: dict[str, Any], session: Session, gateway: Ga
     return {"total": len(references), "relatedAspects": related}
 
 
-def _envelope(name: str, value: dict[str, Any], created_ms: int, actor: str, system_metadata: dict[str, Any] | None) -> dict[str, Any]:
+def _envelope(
+    name: str, value: dict[str, Any], created_ms: int, actor: str, system_metadata: dict[str, Any] | None
+) -> dict[str, Any]:
     envelope: dict[str, Any] = {
-        "name": name, "type": "VERSIONED", "version": 0, "value": value, "created": {"time": created_ms, "actor": actor},
+        "name": name,
+        "type": "VERSIONED",
+        "version": 0,
+        "value": value,
+        "created": {"time": created_ms, "actor": actor},
     }
     if system_metadata is not None:
         envelope["systemMetadata"] = system_metadata
@@ -134,7 +175,11 @@ def _envelope(name: str, value: dict[str, Any], created_ms: int, actor: str, sys
     "the key aspect is always included unless `alwaysIncludeKeyAspect=false`; an unknown URN gives the key aspect only.",
 )
 async def get_entity_v2(
-    urn: UrnPath, request: Request, session: Session, registry: Registry, caller: Caller,
+    urn: UrnPath,
+    request: Request,
+    session: Session,
+    registry: Registry,
+    caller: Caller,
     always_include_key_aspect: Annotated[Flag, Query(alias="alwaysIncludeKeyAspect")] = True,
 ) -> Response:
     entity = registry.entity(entity_of_urn(registry, urn))
@@ -148,12 +193,16 @@ async def get_entity_v2(
             wanted.append(entity.key_aspect)
     else:
         wanted = None
-    rows = (await EntityReader(session, registry, caller).latest_of_many([(urn, wanted)])).get(urn, []) if wanted != [] else []
+    rows = (
+        (await EntityReader(session, registry, caller).latest_of_many([(urn, wanted)])).get(urn, [])
+        if wanted != []
+        else []
+    )
     if requested is None and not always_include_key_aspect:
         rows = [r for r in rows if r.aspect != entity.key_aspect]
     aspects: dict[str, Any] = {}
     for row in rows:
-        created_on = row.created_on if row.created_on.tzinfo else row.created_on.replace(tzinfo=timezone.utc)
+        created_on = row.created_on if row.created_on.tzinfo else row.created_on.replace(tzinfo=UTC)
         created_ms = int(created_on.timestamp() * 1000)
         aspects[row.aspect] = _envelope(row.aspect, row.value, created_ms, row.created_by, row.system_metadata)
     if always_include_key_aspect and entity.key_aspect not in aspects:

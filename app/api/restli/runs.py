@@ -45,7 +45,10 @@ MAX_PAGE_SIZE = 10_000
     openapi_extra=ACTION_BODY,
 )
 async def runs_action(
-    request: Request, session: Session, gateway: Gateway, caller: Caller,
+    request: Request,
+    session: Session,
+    gateway: Gateway,
+    caller: Caller,
     action: Annotated[str, Query(description=", ".join(ACTIONS))],
 ) -> Response:
     if action not in ACTIONS:
@@ -59,12 +62,26 @@ async def runs_action(
     run_id = check_run_id(body.get("runId"))
     if action == "describe":
         offset, size = _page(body, "start", "count")
-        return json_response({"value": await describe_run(
-            session, gateway.registry, run_id, offset, size,
-            include_soft=_flag(body, "includeSoft", False), include_aspect=_flag(body, "includeAspect", False),
-        )})
+        return json_response(
+            {
+                "value": await describe_run(
+                    session,
+                    gateway.registry,
+                    run_id,
+                    offset,
+                    size,
+                    include_soft=_flag(body, "includeSoft", False),
+                    include_aspect=_flag(body, "includeAspect", False),
+                )
+            }
+        )
     rollback = Rollback(
-        session, gateway, caller, run_id, dry_run=_flag(body, "dryRun", False), safe=_flag(body, "safe", True),
+        session,
+        gateway,
+        caller,
+        run_id,
+        dry_run=_flag(body, "dryRun", False),
+        safe=_flag(body, "safe", True),
     )
     return json_response({"value": await rollback.run()})
 

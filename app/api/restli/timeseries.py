@@ -11,7 +11,16 @@ from app.errors import Issue, ValidationFailed
 from app.search.model import TimeseriesQuery
 
 DEFAULT_LIMIT = 10_000  # DataHub's default for this action
-SUPPORTED_CONDITIONS = ("EQUAL", "IN", "NOT_EQUAL", "EXISTS", "GREATER_THAN", "GREATER_THAN_OR_EQUAL_TO", "LESS_THAN", "LESS_THAN_OR_EQUAL_TO")
+SUPPORTED_CONDITIONS = (
+    "EQUAL",
+    "IN",
+    "NOT_EQUAL",
+    "EXISTS",
+    "GREATER_THAN",
+    "GREATER_THAN_OR_EQUAL_TO",
+    "LESS_THAN",
+    "LESS_THAN_OR_EQUAL_TO",
+)
 
 
 def _field_value(value: dict[str, Any], field: str) -> Any:
@@ -47,7 +56,9 @@ def _criterion_matches(value: dict[str, Any], criterion: dict[str, Any]) -> bool
         values = [criterion["value"]] if "value" in criterion else []
     wanted = [_as_text(v) for v in values]
     found = _field_value(value, field) if isinstance(field, str) else None
-    found_texts = [_as_text(v) for v in found] if isinstance(found, list) else ([] if found is None else [_as_text(found)])
+    found_texts = (
+        [_as_text(v) for v in found] if isinstance(found, list) else ([] if found is None else [_as_text(found)])
+    )
     if condition == "EXISTS":
         matched = found is not None
     elif condition in ("EQUAL", "IN"):
@@ -88,12 +99,18 @@ def check_filter(raw: Any) -> list[list[dict[str, Any]]]:
     for g, criteria in enumerate(groups):
         for c, criterion in enumerate(criteria):
             if not isinstance(criterion, dict) or not isinstance(criterion.get("field"), str):
-                raise ValidationFailed("bad filter criterion", [Issue("a criterion needs a `field`", path=f"$.filter.or[{g}].and[{c}]")])
+                raise ValidationFailed(
+                    "bad filter criterion", [Issue("a criterion needs a `field`", path=f"$.filter.or[{g}].and[{c}]")]
+                )
             condition = str(criterion.get("condition") or "EQUAL").upper()
             if condition not in SUPPORTED_CONDITIONS:
                 raise ValidationFailed(
                     f"filter condition {condition!r} is not supported on timeseries reads",
-                    [Issue(f"supported: {', '.join(SUPPORTED_CONDITIONS)}", path=f"$.filter.or[{g}].and[{c}].condition")],
+                    [
+                        Issue(
+                            f"supported: {', '.join(SUPPORTED_CONDITIONS)}", path=f"$.filter.or[{g}].and[{c}].condition"
+                        )
+                    ],
                 )
     return groups
 
@@ -105,7 +122,13 @@ def filter_matches(groups: list[list[dict[str, Any]]], value: dict[str, Any]) ->
 
 
 async def timeseries_from_backend(
-    backend: Any, urn: str, aspect: str, *, start: int | None, end: int | None, limit: int,
+    backend: Any,
+    urn: str,
+    aspect: str,
+    *,
+    start: int | None,
+    end: int | None,
+    limit: int,
     groups: list[list[dict[str, Any]]],
 ) -> list[dict[str, Any]]:
     """Up to `limit` points from the search backend's timeseries store (`SearchBackend.timeseries`), newest first,
@@ -117,9 +140,13 @@ async def timeseries_from_backend(
     # filter goes to the backend as is and every filter is matched here, over the range's points.
     equals: dict[str, Any] | None = None if groups else {}
     if equals is not None:
-        points = await backend.timeseries(TimeseriesQuery(urn=urn, aspect=aspect, start_ms=start, end_ms=end, limit=limit, equals=equals))
+        points = await backend.timeseries(
+            TimeseriesQuery(urn=urn, aspect=aspect, start_ms=start, end_ms=end, limit=limit, equals=equals)
+        )
     else:
-        candidates = await backend.timeseries(TimeseriesQuery(urn=urn, aspect=aspect, start_ms=start, end_ms=end, limit=max(limit, DEFAULT_LIMIT) * 10))
+        candidates = await backend.timeseries(
+            TimeseriesQuery(urn=urn, aspect=aspect, start_ms=start, end_ms=end, limit=max(limit, DEFAULT_LIMIT) * 10)
+        )
         points = [p for p in candidates if filter_matches(groups, p.value)][:limit]
     values = []
     for p in points[:limit]:

@@ -33,8 +33,8 @@ import asyncio
 import base64
 import logging
 import traceback
-from functools import cache
 from collections.abc import Awaitable, Callable
+from functools import cache
 from typing import Any
 
 import orjson
@@ -99,7 +99,12 @@ class DeadLetterWriter:
         value = {
             self.format.payload_field: unit.payload,
             "error": orjson.dumps([trace_exception(unit.error)]).decode(),
-            "source": {"topic": unit.topic, "partition": unit.partition, "offset": unit.offset, "timestamp": unit.timestamp},
+            "source": {
+                "topic": unit.topic,
+                "partition": unit.partition,
+                "offset": unit.offset,
+                "timestamp": unit.timestamp,
+            },
         }
         encoded = orjson.dumps(value)
         if len(encoded) > self.limit:
@@ -115,8 +120,12 @@ class DeadLetterWriter:
         """The FMCP / FMCE record: the record as received when it is one, else a placeholder carrying its bytes."""
         assert unit.error is not None
         trace = trace_exception(unit.error)
-        trace["source"] = {"topic": unit.topic, "partition": unit.partition, "offset": unit.offset,
-                           "timestamp": unit.timestamp}
+        trace["source"] = {
+            "topic": unit.topic,
+            "partition": unit.partition,
+            "offset": unit.offset,
+            "timestamp": unit.timestamp,
+        }
         field = self.format.payload_field
         if isinstance(unit.payload, dict):
             try:
@@ -170,7 +179,9 @@ class DeadLetterWriter:
                 await self.codec.start()  # an external registry: the failure topics' schemas registered
                 break
             except Exception as error:  # noqa: BLE001 - the registry is unreachable: wait, like for the broker
-                log.warning("dead letters wait for the schema registry", extra={"topic": self.topic, "error": repr(error)})
+                log.warning(
+                    "dead letters wait for the schema registry", extra={"topic": self.topic, "error": repr(error)}
+                )
                 if not await wait():
                     return False
         records = [(*self.record(unit), unit) for unit in dead]
@@ -179,7 +190,11 @@ class DeadLetterWriter:
             try:
                 futures = [await producer.send(self.topic_of(unit), value, key=key) for key, value, unit in pending]
                 outcomes = await asyncio.gather(*futures, return_exceptions=True)
-                failed = [(record, outcome) for record, outcome in zip(pending, outcomes) if isinstance(outcome, BaseException)]
+                failed = [
+                    (record, outcome)
+                    for record, outcome in zip(pending, outcomes)
+                    if isinstance(outcome, BaseException)
+                ]
                 for _, outcome in failed:
                     if not isinstance(outcome, KafkaError):
                         raise outcome
@@ -187,8 +202,10 @@ class DeadLetterWriter:
                 if failed:
                     raise failed[0][1]
             except KafkaError as error:
-                log.warning("dead letters not acknowledged; retrying",
-                            extra={"topic": self.topic, "pending": len(pending), "error": repr(error)})
+                log.warning(
+                    "dead letters not acknowledged; retrying",
+                    extra={"topic": self.topic, "pending": len(pending), "error": repr(error)},
+                )
                 if not await wait():
                     return False
         for _, _, unit in records:
@@ -204,8 +221,12 @@ class DeadLetterWriter:
         log.warning(
             f"{self.format.kind} dead-lettered",
             extra={
-                "urn": unit.urn, "aspect": unit.aspect, "run_id": unit.run_id or DEFAULT_RUN_ID,
-                "topic": unit.topic, "partition": unit.partition, "offset": unit.offset,
+                "urn": unit.urn,
+                "aspect": unit.aspect,
+                "run_id": unit.run_id or DEFAULT_RUN_ID,
+                "topic": unit.topic,
+                "partition": unit.partition,
+                "offset": unit.offset,
                 "dead_letter_topic": self.topic_of(unit),
                 "error_class": class_name(unit.error),
                 "reason": unit.error.message if isinstance(unit.error, MetaledgerError) else str(unit.error),
@@ -231,7 +252,11 @@ def _snapshots() -> tuple[str, ...]:
 def _snapshot_for(payload: Any, urn: str | None) -> str:
     """The snapshot record of a placeholder MCE: the one the record named, else its URN's entity's, else the first."""
     names = _snapshots()
-    if isinstance(payload, dict) and isinstance(payload.get("proposedSnapshot"), dict) and len(payload["proposedSnapshot"]) == 1:
+    if (
+        isinstance(payload, dict)
+        and isinstance(payload.get("proposedSnapshot"), dict)
+        and len(payload["proposedSnapshot"]) == 1
+    ):
         (named,) = payload["proposedSnapshot"]
         short = str(named).rpartition(".")[2]
         for name in names:

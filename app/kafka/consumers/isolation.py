@@ -85,7 +85,7 @@ class IsolatingWriter:
                 await self.apply([culprit])
             else:
                 fail(culprit, batch_error)
-            remaining = remaining[position + 1:]
+            remaining = remaining[position + 1 :]
 
     async def _transaction(self, units: list[Unit]) -> None:
         # No drafts given: the issues keep the proposals' indices, which tell the failing record (see `fail`).
@@ -96,8 +96,11 @@ class IsolatingWriter:
 def fail(unit: Unit, error: Exception) -> None:
     """The unit's error from a batch error: its own issues, placed in its record's terms, as a record's error."""
     if not isinstance(error, MetaledgerError):
-        log.error("unexpected error applying a record", exc_info=error,
-                  extra={"topic": unit.topic, "offset": unit.offset, "urn": unit.urn, "aspect": unit.aspect})
+        log.error(
+            "unexpected error applying a record",
+            exc_info=error,
+            extra={"topic": unit.topic, "offset": unit.offset, "urn": unit.urn, "aspect": unit.aspect},
+        )
         unit.error = error
         return
     mine = {p.index for p in unit.proposals}

@@ -83,7 +83,10 @@ class Consumer:
         if producer is None:
             await consumer.stop()
             return
-        log.info("consumer started", extra={"topic": self.topic, "group": self.group_id, "dead_letters": self.dead_letters.topic})
+        log.info(
+            "consumer started",
+            extra={"topic": self.topic, "group": self.group_id, "dead_letters": self.dead_letters.topic},
+        )
         try:
             while not stop.is_set():
                 try:
@@ -126,7 +129,10 @@ class Consumer:
                 return client
             except (KafkaError, OSError) as error:
                 await client.stop()
-                log.warning("Kafka unreachable; retrying", extra={"topic": self.topic, "error": repr(error), "retry_in_s": backoff})
+                log.warning(
+                    "Kafka unreachable; retrying",
+                    extra={"topic": self.topic, "error": repr(error), "retry_in_s": backoff},
+                )
                 await pause(stop, backoff)
                 backoff = min(backoff * 2, BACKOFF_MAX_S)
         return None
@@ -148,8 +154,15 @@ class Consumer:
                     if not is_transient(error):
                         raise
                     self.stats["retries"] += 1
-                    log.warning("schema registry unavailable; batch kept and read again",
-                                extra={"topic": self.topic, "records": len(records), "error": repr(error), "retry_in_s": wait.delay})
+                    log.warning(
+                        "schema registry unavailable; batch kept and read again",
+                        extra={
+                            "topic": self.topic,
+                            "records": len(records),
+                            "error": repr(error),
+                            "retry_in_s": wait.delay,
+                        },
+                    )
                     if not await wait():
                         return
 
@@ -165,7 +178,12 @@ class Consumer:
                     self.stats["retries"] += 1
                     log.warning(
                         "database unavailable; batch kept and retried (nothing dead-lettered, nothing committed)",
-                        extra={"topic": self.topic, "records": len(units), "error": repr(error), "retry_in_s": wait.delay},
+                        extra={
+                            "topic": self.topic,
+                            "records": len(units),
+                            "error": repr(error),
+                            "retry_in_s": wait.delay,
+                        },
                     )
                     if not await wait():
                         return  # stopping: uncommitted, the batch is consumed again after a restart
@@ -190,9 +208,14 @@ class Consumer:
             await consumer.commit(offsets)
         except (CommitFailedError, IllegalStateError, KafkaError) as error:
             # The partitions moved to another member during the batch: it re-reads from the last commit (at least once).
-            log.warning("offset commit failed; the batch may be re-applied by the partition's new owner",
-                        extra={"topic": self.topic, "offsets": {f"{tp.topic}/{tp.partition}": o for tp, o in offsets.items()},
-                               "error": repr(error)})
+            log.warning(
+                "offset commit failed; the batch may be re-applied by the partition's new owner",
+                extra={
+                    "topic": self.topic,
+                    "offsets": {f"{tp.topic}/{tp.partition}": o for tp, o in offsets.items()},
+                    "error": repr(error),
+                },
+            )
 
 
 class _Hold:
@@ -228,12 +251,26 @@ class McpConsumer(Consumer):
     """MetadataChangeProposal_v1 → the ingest gateway in batches; failures → FailedMetadataChangeProposal_v1."""
 
     def __init__(
-        self, settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], gateway: IngestGateway, *,
-        group_id: str | None = None, session_timeout_ms: int | None = None, heartbeat_interval_ms: int | None = None,
+        self,
+        settings: Settings,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        gateway: IngestGateway,
+        *,
+        group_id: str | None = None,
+        session_timeout_ms: int | None = None,
+        heartbeat_interval_ms: int | None = None,
         codec: ValueCodec | None = None,
     ) -> None:
-        super().__init__(MCP, settings, sessionmaker, gateway, group_id=group_id,
-                         session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms, codec=codec)
+        super().__init__(
+            MCP,
+            settings,
+            sessionmaker,
+            gateway,
+            group_id=group_id,
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            codec=codec,
+        )
 
 
 class MceConsumer(Consumer):
@@ -241,9 +278,23 @@ class MceConsumer(Consumer):
     An event is all or nothing: one bad aspect dead-letters the whole event."""
 
     def __init__(
-        self, settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], gateway: IngestGateway, *,
-        group_id: str | None = None, session_timeout_ms: int | None = None, heartbeat_interval_ms: int | None = None,
+        self,
+        settings: Settings,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        gateway: IngestGateway,
+        *,
+        group_id: str | None = None,
+        session_timeout_ms: int | None = None,
+        heartbeat_interval_ms: int | None = None,
         codec: ValueCodec | None = None,
     ) -> None:
-        super().__init__(MCE, settings, sessionmaker, gateway, group_id=group_id,
-                         session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms, codec=codec)
+        super().__init__(
+            MCE,
+            settings,
+            sessionmaker,
+            gateway,
+            group_id=group_id,
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            codec=codec,
+        )

@@ -62,21 +62,33 @@ class PairChangeFormat:
             raise ValidationFailed(f"a {where} is an object", [Issue("not an object", path="$")])
         unknown = sorted(set(payload) - EVENT_FIELDS)
         if unknown:
-            raise ValidationFailed(f"unknown field(s) {unknown} in a {where}", [Issue("unknown field", path=f"$.{unknown[0]}")])
+            raise ValidationFailed(
+                f"unknown field(s) {unknown} in a {where}", [Issue("unknown field", path=f"$.{unknown[0]}")]
+            )
         if not isinstance(payload.get("urn"), str):
             raise ValidationFailed(f"a {where} needs its urn (a string)", [Issue("missing urn", path="$.urn")])
         value = payload.get("proposedValue")
         change_type = "UPSERT" if value is not None else "DELETE"
-        return [Draft(first_index, self.route.entity, self.route.aspect, change_type, urn=payload["urn"], value=value,
-                      location=RECORD)]
+        return [
+            Draft(
+                first_index,
+                self.route.entity,
+                self.route.aspect,
+                change_type,
+                urn=payload["urn"],
+                value=value,
+                location=RECORD,
+            )
+        ]
 
 
 class PairDeadLetters(DeadLetterWriter):
     """FailedMetadataChangeEvent of the unit's pair, on the pair's failed topic: the event as received when it is
     one, else a placeholder `{urn}` with the raw record in the error's trace."""
 
-    def __init__(self, settings: Settings, formats: dict[str, PairChangeFormat], derived: DerivedEvents,
-                 codec: ValueCodec) -> None:
+    def __init__(
+        self, settings: Settings, formats: dict[str, PairChangeFormat], derived: DerivedEvents, codec: ValueCodec
+    ) -> None:
         super().__init__(settings, next(iter(formats.values())), codec)
         self.formats = formats
         self.derived = derived
@@ -100,34 +112,58 @@ class PairDeadLetters(DeadLetterWriter):
         route = self.formats[unit.topic].route
         key = unit.urn.encode() if unit.urn else unit.key
         trace = trace_exception(unit.error)
-        trace["source"] = {"topic": unit.topic, "partition": unit.partition, "offset": unit.offset,
-                           "timestamp": unit.timestamp}
+        trace["source"] = {
+            "topic": unit.topic,
+            "partition": unit.partition,
+            "offset": unit.offset,
+            "timestamp": unit.timestamp,
+        }
         event = unit.payload if isinstance(unit.payload, dict) else None
         if event is not None:
             try:
-                return key, route.encode(per_aspect.FAILED, {"metadataChangeEvent": event,
-                                                             "error": orjson.dumps([trace]).decode()}, self.codec.avro)
+                return key, route.encode(
+                    per_aspect.FAILED,
+                    {"metadataChangeEvent": event, "error": orjson.dumps([trace]).decode()},
+                    self.codec.avro,
+                )
             except ValueError:  # not an event its record can carry: the placeholder below
                 pass
         raw = unit.raw if unit.raw is not None else b""
         trace["rawRecord"] = raw[: min(self.limit // 2, 1024 * 1024)].decode("utf-8", errors="backslashreplace")
         placeholder = {"urn": unit.urn or ""}
-        return key, route.encode(per_aspect.FAILED, {"metadataChangeEvent": placeholder,
-                                                     "error": orjson.dumps([trace]).decode()}, self.codec.avro)
+        return key, route.encode(
+            per_aspect.FAILED,
+            {"metadataChangeEvent": placeholder, "error": orjson.dumps([trace]).decode()},
+            self.codec.avro,
+        )
 
 
 class PerAspectChangeConsumer(Consumer):
     """Every routed pair's change topic → the ingest gateway in batches; failures → the pair's failed topic."""
 
     def __init__(
-        self, settings: Settings, sessionmaker: async_sessionmaker[AsyncSession], gateway: IngestGateway,
-        derived: DerivedEvents, *, group_id: str | None = None,
-        session_timeout_ms: int | None = None, heartbeat_interval_ms: int | None = None,
+        self,
+        settings: Settings,
+        sessionmaker: async_sessionmaker[AsyncSession],
+        gateway: IngestGateway,
+        derived: DerivedEvents,
+        *,
+        group_id: str | None = None,
+        session_timeout_ms: int | None = None,
+        heartbeat_interval_ms: int | None = None,
         codec: ValueCodec | None = None,
     ) -> None:
         self.formats = {route.change_topic: PairChangeFormat(route) for route in derived.routes.values()}
-        super().__init__(next(iter(self.formats.values())), settings, sessionmaker, gateway, group_id=group_id,
-                         session_timeout_ms=session_timeout_ms, heartbeat_interval_ms=heartbeat_interval_ms, codec=codec)
+        super().__init__(
+            next(iter(self.formats.values())),
+            settings,
+            sessionmaker,
+            gateway,
+            group_id=group_id,
+            session_timeout_ms=session_timeout_ms,
+            heartbeat_interval_ms=heartbeat_interval_ms,
+            codec=codec,
+        )
         self.topics = list(self.formats)
         self.topic = ",".join(self.topics)  # in its logs
         self.dead_letters = PairDeadLetters(settings, self.formats, derived, self.codec)
@@ -138,6 +174,7 @@ class PerAspectChangeConsumer(Consumer):
             by_topic.setdefault(record.topic, []).append(record)
         units: list[Unit] = []
         for topic, group in by_topic.items():  # each topic's records keep their order
-            units += await read_batch(group, self.formats[topic], self.gateway, self.codec,
-                                      first_index=sum(len(u.drafts) for u in units))
+            units += await read_batch(
+                group, self.formats[topic], self.gateway, self.codec, first_index=sum(len(u.drafts) for u in units)
+            )
         return units

@@ -104,7 +104,11 @@ class McpFormat:
     def describe(self, payload: Any) -> tuple[str | None, str | None, str | None]:
         if not isinstance(payload, dict):
             return None, None, None
-        return _string(payload.get("entityUrn")), _string(payload.get("aspectName")), _run_id(payload.get("systemMetadata"))
+        return (
+            _string(payload.get("entityUrn")),
+            _string(payload.get("aspectName")),
+            _run_id(payload.get("systemMetadata")),
+        )
 
     def drafts(self, payload: Any, first_index: int, registry: EntityRegistry) -> list[Draft]:
         return [parse_mcp(payload, RECORD, first_index)]
@@ -149,9 +153,7 @@ MCE = MceFormat()
 def for_record(error: MetaledgerError) -> MetaledgerError:
     """An error as a record's: no request indices, `$` is the record (not `$[0]`), and a message made of the
     record's issues (not a batch summary such as "1 of 1 proposals are invalid")."""
-    issues = [
-        replace(i, index=None, path=i.path.replace("$[0]", "$", 1) if i.path else i.path) for i in error.issues
-    ]
+    issues = [replace(i, index=None, path=i.path.replace("$[0]", "$", 1) if i.path else i.path) for i in error.issues]
     if not issues:
         return error.with_issues(issues)
     said = dict.fromkeys(i.message + (f" (at {i.path})" if i.path and i.path != "$" else "") for i in issues)
@@ -179,8 +181,9 @@ async def decode_values(records: list[Any], codec: ValueCodec) -> list[tuple[Any
     return out
 
 
-async def read_batch(records: Iterable[Any], record_format: RecordFormat, gateway: IngestGateway,
-                     codec: ValueCodec, first_index: int = 0) -> list[Unit]:
+async def read_batch(
+    records: Iterable[Any], record_format: RecordFormat, gateway: IngestGateway, codec: ValueCodec, first_index: int = 0
+) -> list[Unit]:
     """Each record (as aiokafka gives it) → a unit: decoded, turned into drafts, prepared; or with its error. Draft
     indices run on from `first_index` (unique across the batch applied together)."""
     records = list(records)

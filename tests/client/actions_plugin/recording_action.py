@@ -39,8 +39,12 @@ class RecordingAction(Action):
         if event.event_type == "MetadataChangeLogEvent_v1":
             system = e.systemMetadata
             record.update(
-                urn=e.entityUrn, entityType=e.entityType, aspect=e.aspectName, changeType=e.changeType,
-                value=_aspect(e.aspect), previousValue=_aspect(e.previousAspectValue),
+                urn=e.entityUrn,
+                entityType=e.entityType,
+                aspect=e.aspectName,
+                changeType=e.changeType,
+                value=_aspect(e.aspect),
+                previousValue=_aspect(e.previousAspectValue),
                 systemMetadata=system.to_obj() if system is not None else None,
                 previousSystemMetadata=e.previousSystemMetadata.to_obj() if e.previousSystemMetadata else None,
                 created=e.created.to_obj() if e.created is not None else None,
@@ -48,8 +52,13 @@ class RecordingAction(Action):
             )
         elif event.event_type == "EntityChangeEvent_v1":
             record.update(
-                urn=e.entityUrn, entityType=e.entityType, category=e.category, operation=e.operation,
-                modifier=e.modifier, version=e.version, auditStamp=e.auditStamp.to_obj(),
+                urn=e.entityUrn,
+                entityType=e.entityType,
+                category=e.category,
+                operation=e.operation,
+                modifier=e.modifier,
+                version=e.version,
+                auditStamp=e.auditStamp.to_obj(),
                 parameters=e._inner_dict.get("__parameters_json"),
             )
         else:

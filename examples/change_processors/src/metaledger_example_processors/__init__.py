@@ -30,8 +30,11 @@ DEPRECATED_TAG = "urn:li:tag:deprecated"
 
 class IgnoreDisallowedWords(ChangeProcessor):
     name = "ignore-disallowed-words"
-    scope = Scope(entity_types=("dataset",), aspects=("datasetProperties", "editableDatasetProperties"),
-                  change_types=("UPSERT", "PATCH", "UPDATE"))
+    scope = Scope(
+        entity_types=("dataset",),
+        aspects=("datasetProperties", "editableDatasetProperties"),
+        change_types=("UPSERT", "PATCH", "UPDATE"),
+    )
 
     def __init__(self, config=None) -> None:
         super().__init__(config)
@@ -74,7 +77,9 @@ class LowercaseTags(ChangeProcessor):
 class DeprecatedDatasetsGetATag(ChangeProcessor):
     name = "deprecated-datasets-get-a-tag"
     phase = Phase.AFTER
-    scope = Scope(entity_types=("dataset",), aspects=("deprecation",), change_types=("UPSERT", "CREATE", "PATCH", "UPDATE"))
+    scope = Scope(
+        entity_types=("dataset",), aspects=("deprecation",), change_types=("UPSERT", "CREATE", "PATCH", "UPDATE")
+    )
 
     def process(self, change: ProposedChange):
         was = bool((change.previous or {}).get("deprecated"))
