@@ -365,7 +365,10 @@ async def test_900_distinct_100kb_urns_do_not_grow_the_process(client):
         await send(i)
     grown = rss_mb() - before
     assert grown < 20, f"RSS grew by {grown:.1f} MB"
-    assert (_parse_cached.cache_info().currsize, _validate_cached.cache_info().currsize) == cached
+    # None of them was cached: the caches hold no more than before (fewer when settling memory after the suite's
+    # earlier writes emptied them meanwhile: app.ops.backpressure.settle_memory, which made an equality flaky)
+    after = (_parse_cached.cache_info().currsize, _validate_cached.cache_info().currsize)
+    assert after[0] <= cached[0] and after[1] <= cached[1], (cached, after)
 
 
 async def test_a_100000_item_batch_is_refused_naming_the_limit(client, db):
