@@ -12,6 +12,7 @@ from pydantic import AfterValidator, BeforeValidator
 
 from app.api.urn_paths import restore_slashes
 from app.errors import Issue, PayloadTooLarge, UnsupportedMediaType, ValidationFailed
+from app.flags import strict_flag
 from app.limits import check_depth, clip
 from app.registry import EntityRegistry
 from app.registry.errors import RegistryError
@@ -109,37 +110,9 @@ def json_response(content: Any, status_code: int = 200, headers: dict[str, str] 
     return Response(orjson.dumps(content), status_code=status_code, headers=headers, media_type="application/json")
 
 
-_TRUE, _FALSE = frozenset({"true", "1", "yes"}), frozenset({"false", "0", "no"})
-
-
-def strict_flag(raw: Any) -> bool:
-    """true/false, 1/0, yes/no in any case; anything else (pydantic would also take `on`, `t`, `y`) is refused."""
-    if isinstance(raw, bool):
-        return raw
-    flag = raw.strip().lower() if isinstance(raw, str) else None
-    if flag in _TRUE:
-        return True
-    if flag in _FALSE:
-        return False
-    raise ValueError("must be true or false (1/0, yes/no)")
-
-
 # The one boolean of query parameters and body flags. Declared once: FastAPI parses with it (a 400 naming the
 # parameter otherwise) and the document says `boolean`.
 Flag = Annotated[bool, BeforeValidator(strict_flag)]
-
-
-def parse_bool(raw: str | None, default: bool, name: str | None = None) -> bool:
-    """A boolean inside a body (Rest.li's `dryRun`): :func:`strict_flag`, a 400 naming `name` otherwise."""
-    if raw is None or raw == "":
-        return default
-    try:
-        return strict_flag(raw)
-    except ValueError:
-        where = f"${name}" if name else None
-        raise ValidationFailed(
-            f"{name or 'a flag'} must be true or false", [Issue("not a boolean", path=where, found=str(raw)[:50])]
-        ) from None
 
 
 def parameter_path(loc: tuple[Any, ...]) -> str:

@@ -24,6 +24,7 @@ from typing import Any
 
 import orjson
 
+from app.flags import parse_bool
 from app.search.model import IndexChange, SearchBackend, SearchUnavailable
 from app.settings import Settings
 
@@ -181,17 +182,13 @@ class Indexer:
 # --- sync indexing ----------------------------------------------------------------------------------------------
 
 
-def _truthy(value: str | None) -> bool:
-    return value is not None and value.strip().lower() == "true"
-
-
 def wants_sync_index(request_headers: Any, proposals: Iterable[Any]) -> bool:
     """True when the HTTP request or any proposal carries `X-DataHub-Sync-Index-Update: true`."""
-    if request_headers is not None and _truthy(request_headers.get(SYNC_INDEX_HEADER)):
+    if request_headers is not None and parse_bool(request_headers.get(SYNC_INDEX_HEADER), False, SYNC_INDEX_HEADER):
         return True
     for proposal in proposals:
         for key, value in (getattr(proposal, "headers", None) or {}).items():
-            if key.lower() == SYNC_INDEX_HEADER and _truthy(value):
+            if key.lower() == SYNC_INDEX_HEADER and parse_bool(value, False, SYNC_INDEX_HEADER):
                 return True
     return False
 

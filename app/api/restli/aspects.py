@@ -34,6 +34,7 @@ from app.api.http import UrnPath, check_batch_size, entity_of_urn, invalid_at, j
 from app.api.restli.common import ACTION_BODY, optional_int, require_object, require_urn
 from app.api.restli.timeseries import DEFAULT_LIMIT, check_filter, timeseries_from_backend
 from app.errors import ERROR_RESPONSES, Issue, Location, NotFound, ValidationFailed
+from app.flags import parse_bool
 from app.ingest.mcp import parse_mcp
 from app.limits import check_long
 from app.registry import EntityRegistry
@@ -86,7 +87,7 @@ async def aspects_action(
                     "`proposal` must be a proposal object", [Issue("expected an object", path="$.proposal")]
                 )
             drafts = [parse_mcp(body["proposal"], Location(0, "$.proposal"))]
-        queue = str(body.get("async", "false")).lower() == "true"
+        queue = parse_bool(body.get("async"), False, ".async")
         outcome = await gateway.submit(session, drafts, caller, queue=queue, request_headers=request.headers)
     return json_response(SUCCESS, headers=outcome.response_headers)
 

@@ -42,12 +42,12 @@ from app.api.http import (
     entity_of_urn,
     invalid_at,
     json_response,
-    parse_bool,
     read_json,
 )
 from app.api.restli.common import ACTION_BODY, optional_int, parse_restli_list, require_object, require_urn
 from app.auth.model import Permission
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
+from app.flags import parse_bool
 from app.ingest.deletion import delete_entity, delete_references
 from app.ingest.mce import unbundle_restli_entity
 from app.search.service import SearchRuntime
@@ -142,7 +142,7 @@ async def _delete_references(
 ) -> dict[str, Any]:
     urn = require_urn(body)
     entity_of_urn(gateway.registry, urn, "$.urn")
-    dry_run = parse_bool(str(body.get("dryRun", "false")), False, ".dryRun")
+    dry_run = parse_bool(body.get("dryRun"), False, ".dryRun")
     references = await delete_references(session, gateway, caller, urn, dry_run=dry_run)
     related = [
         {"relationshipType": t, "entity": r.urn, "aspect": r.aspect} for r in references for t in r.relationship_types

@@ -17,9 +17,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query, Request, Response
 
 from app.api.deps import ALLOW_ADMIN, Caller, Gateway, Session
-from app.api.http import json_response, parse_bool, read_json
+from app.api.http import json_response, read_json
 from app.api.restli.common import ACTION_BODY, optional_int, require_object
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
+from app.flags import parse_bool
 from app.runs.service import Rollback, check_run_id, describe_run, list_runs
 
 router = APIRouter(tags=["rest.li"], dependencies=[ALLOW_ADMIN])
@@ -88,7 +89,7 @@ async def runs_action(
 
 def _flag(body: dict[str, Any], key: str, default: bool) -> bool:
     raw = body.get(key)
-    return default if raw is None else parse_bool(str(raw), default, f".{key}")
+    return parse_bool(raw, default, f".{key}")
 
 
 def _page(body: dict[str, Any], offset_key: str, size_key: str) -> tuple[int, int]:
