@@ -429,6 +429,8 @@ async def test_after_phase_side_effects_are_applied_exactly_once(
                     pass  # the feed read to its end (the side effects' own change logs are not in scope)
             finally:
                 writer.apply = real_apply
+            # what is asserted is that nothing more happens: the app's own reader, running all along, gets time to
+            # write a side effect a fourth time (nothing to wait on for a write that must not come)
             await asyncio.sleep(0.3)
             row = await stored(db, DEV, "editableDatasetProperties")
             # the replay wrote the side effects of the three change logs once more each (the position was reset by

@@ -129,7 +129,11 @@ async def test_compatibility_none_accepts_a_change_that_stored_values_still_pass
         fields=[{"name": "stars", "type": "long"}, RATING["fields"][1], {"name": "extra", "type": "string"}]
     )
     models["aspects"][0]["compatibility"] = "NONE"
-    assert (await client.post(MODELS, json=models)).status_code == 200
+    applied = await client.post(MODELS, json=models)
+    assert applied.status_code == 200, applied.text
+    assert applied.json()["version"] == 2 and applied.json()["diff"]["aspects"]["changed"] == ["acmeRating"]
+    current = (await client.get(MODELS)).json()
+    assert [a["compatibility"] for a in current["aspects"] if a["name"] == "acmeRating"] == ["NONE"]
 
 
 async def test_checks_against_stored_data(client):
@@ -193,7 +197,8 @@ async def test_the_set_is_written_only_through_the_models_api(client):
 async def test_a_concurrent_apply_is_a_conflict(client):
     assert (await client.post(MODELS, json=MODEL_SET)).status_code == 200
     stale = await client.post(MODELS, params={"ifVersion": "0"}, json=MODEL_SET)
-    assert stale.status_code == 409
+    assert stale.status_code == 409 and "version 1, not 0" in stale.json()["message"], stale.text
+    assert [v["version"] for v in (await client.get(f"{MODELS}/history")).json()["versions"]] == [1]
 
 
 async def test_only_admins_apply_or_read(app, anonymous):

@@ -11,6 +11,7 @@ import pytest
 from app.modelset import service as runtime_models
 from app.registry import load_registry
 from app.settings import Settings
+from tests.helpers import eventually
 from tests.integration.test_runtime_models import DATASET, MODEL_SET, MODELS
 
 USAGE = {
@@ -78,7 +79,15 @@ async def test_a_write_during_an_apply_is_checked_against_the_set_it_stores(clie
     write = asyncio.create_task(
         client.post(f"/openapi/v3/entity/dataset/{DATASET}/acmeRating", json={"value": {"stars": 4}})
     )
-    await asyncio.sleep(1.0)  # unchecked, the write would have committed by now
+
+    async def write_waits_on_the_apply() -> bool:  # the write's transaction blocked by the apply's lock of the set
+        return bool(
+            await db.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND cardinality(pg_blocking_pids(pid)) > 0"
+            )
+        )
+
+    assert await eventually(write_waits_on_the_apply, timeout=30)
     assert not write.done()
     release.set()
     applied, written = await apply, await write

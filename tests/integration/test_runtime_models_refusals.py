@@ -128,6 +128,8 @@ async def test_an_aspect_name_of_the_longest_length_applies_and_is_written(clien
     )
     written = await client.post(f"/openapi/v3/entity/dataset/{DATASET}/{name}", json={"value": {"stars": 4}})
     assert written.status_code in (200, 201), written.text
+    read = await client.get(f"/openapi/v3/entity/dataset/{DATASET}/{name}")
+    assert read.status_code == 200 and read.json()["value"] == {"stars": 4}, read.text
 
 
 # --- nesting ----------------------------------------------------------------------------------------------------
@@ -160,13 +162,16 @@ async def test_a_schema_nested_past_the_limit_is_refused_alike_by_the_dry_run_an
 
 
 async def test_a_schema_nested_to_the_limit_applies(client):
-    await applies(
+    applied = await applies(
         client,
         {
             "aspects": [{"schema": orjson.dumps(nested(100)).decode()}],
             "entities": [{"name": "dataset", "aspects": ["acmeDeep"]}],
         },
     )
+    assert applied["diff"]["aspects"]["added"] == ["acmeDeep"] and applied["version"] == 1
+    current = await client.get(MODELS)
+    assert [a["name"] for a in current.json()["aspects"]] == ["acmeDeep"]
 
 
 # --- annotations ------------------------------------------------------------------------------------------------
