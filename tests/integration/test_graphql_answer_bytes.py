@@ -185,7 +185,9 @@ async def test_aliased_aspects_over_large_datasets_are_refused_in_bounded_memory
             error = refused.json()["errors"][0]
             assert f"the limit is {BUDGET} bytes (METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES)" in error["message"], error
             assert ".aspects." in error["message"] and error["extensions"]["code"] == 400, error
-            assert grown < 64, f"RSS grew by {grown:.0f} MB"
+            # bounded by the budget (24 MiB of answer and of aspects read), not by what was asked: unbounded, the
+            # same query took +205-218 MB; refused it takes +43 MB on a quiet machine, +65 MB beside the whole suite
+            assert grown < 110, f"RSS grew by {grown:.0f} MB"
 
             # under the budget: a page of a few, and one dataset's every aspect (DataHub's RawAspect)
             few = await http.post("/api/graphql", headers=reader, json={"query": probe(5)})
