@@ -151,14 +151,14 @@ async def test_large_anonymous_bodies_are_refused_unread_and_cost_no_memory(serv
     for path in BODY_ROUTES:
         answer, _ = await asyncio.to_thread(send_body, port, path, None)
         assert answer.startswith(b"HTTP/1.1 401 "), (path, answer[:300])
-        assert rss_mb(process) - before < 30, (path, before, rss_mb(process))
+        assert rss_mb(process) - before < 50, (path, before, rss_mb(process))  # before the fix: +573 MB
 
     admin = await asyncio.to_thread(service_token, env)
     for path in BODY_ROUTES:  # past MAX_REQUEST_BYTES (16 MB by default): 413 naming it, never parsed
         answer, _ = await asyncio.to_thread(send_body, port, path, admin)
         assert answer.startswith(b"HTTP/1.1 413 "), (path, answer[:300])
         assert b"METALEDGER_MAX_REQUEST_BYTES" in answer
-        assert rss_mb(process) - before < 30, (path, before, rss_mb(process))
+        assert rss_mb(process) - before < 50, (path, before, rss_mb(process))  # before the fix: +573 MB
 
     async with httpx.AsyncClient(
         base_url=f"http://127.0.0.1:{port}", timeout=30, headers={"Authorization": f"Bearer {admin}"}
