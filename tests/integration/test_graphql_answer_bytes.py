@@ -5,8 +5,6 @@ bounded; DataHub's clients' queries and a normal `aspects(input:)` query are ans
 
 from __future__ import annotations
 
-import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -21,7 +19,7 @@ import pytest
 from app.embedded_pg import free_port
 from app.graphql import resolvers
 from tests.helpers import mcp, propose
-from tests.processes import ROOT, service_env, service_token, stop_process, wait_healthy
+from tests.processes import service_token, start_service, stop_process, wait_healthy
 
 SYNC = {"X-DataHub-Sync-Index-Update": "true"}
 DATASETS = 40
@@ -142,24 +140,7 @@ async def test_aliased_aspects_over_large_datasets_are_refused_in_bounded_memory
         "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
         "METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES": str(BUDGET),
     }
-    argv = [
-        str(Path(sys.executable).with_name("metaledger")),
-        "serve",
-        "--port",
-        str(port),
-        "--workers",
-        "1",
-        "--log-level",
-        "warning",
-    ]
-    service = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        env=service_env(env),
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    service = start_service(env, port, workers=1)
     try:
         await wait_healthy(base, 90, service)
         reader = {"Authorization": f"Bearer {service_token(env, role='reader')}"}
