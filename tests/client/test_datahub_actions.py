@@ -76,11 +76,16 @@ def test_actions_kafka_source_receives_mcls_and_entity_change_events(actions_pip
         },
     )
 
+    # The source reads three topics; the consumer's order across them is not the order of the writes, so the last
+    # write is complete only once both its Entity Change Events and its change log have arrived.
     def complete(events):
         eces = {(e["category"], e["operation"], e.get("modifier")) for e in of(events, urn, ECE)}
-        return {("TAG", "REMOVE", "urn:li:tag:gold"), ("TAG", "ADD", "urn:li:tag:silver")} <= eces
+        versioned = [m["aspect"] for m in of(events, urn, MCL) if m["aspect"] != "datasetProfile"]
+        return {("TAG", "REMOVE", "urn:li:tag:gold"), ("TAG", "ADD", "urn:li:tag:silver")} <= eces and (
+            versioned.count("globalTags") == 2
+        )
 
-    pipeline.wait_for(complete, timeout=60, what="the TAG events of the second globalTags write")
+    pipeline.wait_for(complete, timeout=60, what="the TAG events and the change log of the second globalTags write")
     received_s = time.monotonic() - started
     events = pipeline.events()
 

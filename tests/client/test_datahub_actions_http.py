@@ -29,8 +29,10 @@ def test_actions_http_event_source_over_the_change_feed(actions_pipeline, metale
     propose(metaledger, mcp(urn, "globalTags", {"tags": [{"tag": "urn:li:tag:gold"}]}))
     propose(metaledger, mcp(urn, "datasetProperties", {"description": "over http"}))
 
+    # the source polls two topics in turn: wait for what is asserted from each, not for a count on one
     def complete(events):
-        return of(events, urn, ECE) and len(of(events, urn, MCL)) >= 3
+        tags = {(e["category"], e["operation"], e.get("modifier")) for e in of(events, urn, ECE)}
+        return ("TAG", "ADD", "urn:li:tag:gold") in tags and len(of(events, urn, MCL)) >= 3
 
     pipeline.wait_for(complete, timeout=60, what="the MCLs and the tag event")
     events = pipeline.events()
