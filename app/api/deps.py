@@ -36,6 +36,7 @@ from app.search.model import SearchBackend
 from app.search.service import SearchRuntime, SearchUnavailable
 from app.search.worker import wait_until_indexed
 from app.settings import Settings
+from app.write.reader import EntityReader
 
 Body = TypeVar("Body", bound=BaseModel)
 _PRINCIPAL = "metaledger.principal"  # the scope key of the request's caller, once authenticated
@@ -276,3 +277,12 @@ Reader = Annotated[Principal, ALLOW_READ]
 Writer = Annotated[Principal, ALLOW_WRITE]
 RegistryCaller = Annotated[Principal | None, ALLOW_REGISTRY_READ]  # None: an open read without credentials
 ReadYourWrites = Annotated[Callable[[], Awaitable[bool]], Depends(get_read_your_writes)]
+
+
+async def get_entity_reader(session: Session, registry: Registry, caller: Caller) -> EntityReader:
+    """The aspect store as the request's caller may read it (its read rule), on the request's session (the one its
+    other dependencies get: FastAPI solves `Session` once per request)."""
+    return EntityReader(session, registry, caller)
+
+
+StoredEntities = Annotated[EntityReader, Depends(get_entity_reader)]  # with a route policy in front of it
