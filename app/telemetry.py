@@ -27,7 +27,7 @@ async def ensure_client_id(writer: WriteService, sessionmaker: async_sessionmake
     try:
         proposals = writer.prepare([draft])
         async with sessionmaker() as session:
-            await writer.apply(session, proposals, AuditStamp.now(SYSTEM_ACTOR))
+            await writer.commit(session, proposals, AuditStamp.now(SYSTEM_ACTOR))
     except MetaledgerError as error:
         if error.status_code >= 500:
             log.warning(

@@ -30,7 +30,7 @@ from app.search.service import IndexOutcome, SearchRuntime, sync_index, wants_sy
 from app.turns import TimeSlice
 from app.write.combiner import WriteCombiner
 from app.write.proposal import AuditStamp, Draft, Proposal
-from app.write.service import WriteResult, WriteService
+from app.write.service import CommitResult, WriteService
 
 # Drafts validated between two looks at the time slice when a write prepares many (~1 ms of CPU): the writes beside
 # a large batch are served while it is validated, not after.
@@ -49,7 +49,7 @@ class SubmitOutcome:
 
     drafts: list[Draft]
     proposals: list[Proposal]
-    result: WriteResult | None = None  # None when queued
+    result: CommitResult | None = None  # None when queued
     index: IndexOutcome | None = None  # None unless a sync index update was asked for
     queued: list[tuple[Draft, Proposal]] = field(default_factory=list)
 
@@ -136,7 +136,7 @@ class IngestGateway:
                 return self.prepare(drafts)
         return proposals
 
-    async def apply(
+    async def commit(
         self,
         session: AsyncSession,
         proposals: Sequence[Proposal],
@@ -145,17 +145,17 @@ class IngestGateway:
         *,
         combine: bool = False,
         deadline: float | None = None,
-    ) -> WriteResult:
+    ) -> CommitResult:
         """The transaction: the session's own, or with `combine` (and a combiner that takes a write this size) the next
         shared one. With a `deadline` (the event loop's time) the transaction is over by then: committed, or 503 and
         nothing committed."""
         try:
             if combine and self.combiner is not None and self.combiner.takes(proposals):
-                result = await self.combiner.apply(proposals, audit, deadline)
+                result = await self.combiner.commit(proposals, audit, deadline)
             else:
                 if deadline is not None:
                     session.info[WRITE_DEADLINE] = deadline
-                result = await self.writer.apply(session, proposals, audit, self._contended)
+                result = await self.writer.commit(session, proposals, audit, self._contended)
         except MetaledgerError as error:
             write_refused(error, drafts or proposals)
             raise in_callers_terms(error, drafts) from None
@@ -202,7 +202,7 @@ class IngestGateway:
             await self.queue.send([proposal_to_mcp(draft, proposal) for draft, proposal in pairs])
             return SubmitOutcome(drafts, proposals, queued=pairs)
         async with self._admit(caller, proposals, request_headers):  # 429 when the caller is over its share
-            result = await self.apply(
+            result = await self.commit(
                 session, proposals, caller.audit_stamp(), drafts, combine=True, deadline=self._deadline()
             )
         index = None

@@ -212,7 +212,7 @@ async def apply_models(
         checked = await _checked(gateway, session, caller, proposed, if_version)
         current = checked.current
         try:
-            result = await gateway.apply(session, checked.proposals, caller.audit_stamp(), [checked.draft])
+            result = await gateway.commit(session, checked.proposals, caller.audit_stamp(), [checked.draft])
         except PreconditionFailed as error:
             raise ExistenceConflict(
                 f"another apply stored a model set since version {current.version} was read; "

@@ -135,7 +135,7 @@ class AfterProcessorWorker:
                     emissions = self._run(pipeline, rows)
                     pipeline.publish_metrics()
                     if emissions:
-                        await self._apply(session, emissions)
+                        await self._commit(session, emissions)
                 await cursor.advance(rows[-1]["feed_offset"])
         return len(rows)
 
@@ -173,7 +173,7 @@ class AfterProcessorWorker:
             emissions.extend(_Emission(change, name, proposal) for name, proposal in result.emitted)
         return emissions
 
-    async def _apply(self, session: AsyncSession, emissions: list[_Emission]) -> None:
+    async def _commit(self, session: AsyncSession, emissions: list[_Emission]) -> None:
         """Write the emitted proposals: together, or one by one when that is refused (only the refused are lost)."""
         prepared: list[tuple[_Emission, Proposal]] = []
         for index, emission in enumerate(emissions):
@@ -185,7 +185,7 @@ class AfterProcessorWorker:
             return
         audit = AuditStamp.now(SYSTEM_ACTOR)
         try:
-            await self.writer.apply(session, [p for _, p in prepared], audit)
+            await self.writer.commit(session, [p for _, p in prepared], audit)
             self.applied += len(prepared)
             return
         except MetaledgerError as error:
@@ -193,7 +193,7 @@ class AfterProcessorWorker:
                 raise
         for emission, proposal in prepared:
             try:
-                await self.writer.apply(session, [proposal], audit)
+                await self.writer.commit(session, [proposal], audit)
                 self.applied += 1
             except MetaledgerError as error:
                 if error.status_code >= 500:

@@ -4,7 +4,7 @@ A single-aspect write costs a transaction: BEGIN, the lock statement, the write 
 (fsync on), most of it fixed cost. Under load many such writes are waiting at the same moment; instead of each
 taking a connection and a commit of its own, they queue here and up to `flushers` transactions at a time each take
 every write waiting (up to `max_group_proposals` proposals) and apply them together with
-`WriteService.apply_group`: in arrival order, each seeing the rows as the writes before it left them, as if committed
+`WriteService.commit_group`: in arrival order, each seeing the rows as the writes before it left them, as if committed
 one after the other. Nothing waits for a group to fill: a write that arrives while a flusher is free starts a
 transaction at once, so an idle service answers as fast as without combining, and a busy one commits in groups.
 
@@ -25,7 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
 from app.db import WRITE_DEADLINE
 from app.write.proposal import AuditStamp, Proposal
-from app.write.service import CommitOutcomeUnknown, WriteResult, WriteService
+from app.write.service import CommitOutcomeUnknown, CommitResult, WriteService
 
 
 @dataclass(slots=True)
@@ -69,9 +69,9 @@ class WriteCombiner:
     def takes(proposals: Sequence[Proposal]) -> bool:
         return len(proposals) <= SHARED_MAX_PROPOSALS
 
-    async def apply(
+    async def commit(
         self, proposals: Sequence[Proposal], audit: AuditStamp, deadline: float | None = None
-    ) -> WriteResult:
+    ) -> CommitResult:
         """Apply one write (a batch of proposals) in the next transaction that has room; its result or its error."""
         done = asyncio.get_running_loop().create_future()
         self._waiting.append(_Waiting(proposals, audit, done, deadline))
@@ -88,7 +88,7 @@ class WriteCombiner:
     async def _flush(self) -> None:
         try:
             while self._waiting:
-                await self._apply(self._take())
+                await self._commit_group(self._take())
         finally:
             self._running -= 1
 
@@ -101,7 +101,7 @@ class WriteCombiner:
             group.append(self._waiting.popleft())
         return group
 
-    async def _apply(self, group: list[_Waiting]) -> None:
+    async def _commit_group(self, group: list[_Waiting]) -> None:
         self.groups += 1
         self.writes += len(group)
         try:
@@ -109,7 +109,7 @@ class WriteCombiner:
                 deadlines = [w.deadline for w in group if w.deadline is not None]
                 if len(deadlines) == len(group):  # the group's transaction runs until its latest write's deadline
                     session.info[WRITE_DEADLINE] = max(deadlines)
-                results = await self.writer.apply_group(
+                results = await self.writer.commit_group(
                     session, [(w.proposals, w.audit) for w in group], self.contended
                 )
         except Exception as error:  # noqa: BLE001 - answered write by write below
@@ -137,14 +137,14 @@ class WriteCombiner:
                 async with self.sessionmaker() as session:
                     if waiting.deadline is not None:
                         session.info[WRITE_DEADLINE] = waiting.deadline
-                    result = await self.writer.apply(session, waiting.proposals, waiting.audit)
+                    result = await self.writer.commit(session, waiting.proposals, waiting.audit)
             except Exception as error:  # noqa: BLE001 - the caller's error, raised in the caller's task
                 _settle(waiting.done, error=error)
             else:
                 _settle(waiting.done, result=result)
 
 
-def _settle(done: asyncio.Future, *, result: WriteResult | None = None, error: BaseException | None = None) -> None:
+def _settle(done: asyncio.Future, *, result: CommitResult | None = None, error: BaseException | None = None) -> None:
     if done.done():  # the caller went away (cancelled); its write was applied or refused all the same
         return
     if error is not None:

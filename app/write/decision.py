@@ -195,7 +195,7 @@ class Step:
 
 
 @dataclass(frozen=True, slots=True)
-class WriteOutcome:
+class DecidedWrite:
     """One write of a group: its results (by index) and its change logs."""
 
     items: tuple[ItemResult, ...]
@@ -208,7 +208,7 @@ class Decision:
     aspect and write it again), then one statement with every other row, the prunes, the outbox and the floors.
     When `refused` holds the fatal verdicts, nothing is written."""
 
-    writes: tuple[WriteOutcome, ...]
+    writes: tuple[DecidedWrite, ...]
     refused: tuple[tuple[Proposal, Verdict], ...] = ()
     deleted_urns: tuple[str, ...] = ()
     deleted_keys: tuple[Key, ...] = ()
@@ -288,7 +288,7 @@ class _Fold:
                 self.dirty[key] = written
             self.rows[key] = written
 
-    def decision(self, writes: list[WriteOutcome], history_kept: Callable[[str, str], int]) -> Decision:
+    def decision(self, writes: list[DecidedWrite], history_kept: Callable[[str, str], int]) -> Decision:
         if self.refused:
             return Decision(tuple(writes), tuple(self.refused))
         prune = []
@@ -590,7 +590,7 @@ class WriteCore:
                             e.cause_result.emitted = [*(e.cause_result.emitted or []), step.result]
                         emitted += step.emitted
             items.sort(key=lambda r: r.index)
-            outcomes.append(WriteOutcome(tuple(items), tuple(outbox)))
+            outcomes.append(DecidedWrite(tuple(items), tuple(outbox)))
         return fold.decision(outcomes, self.history_kept)
 
     def _key_of_entity(self, p: Proposal) -> Key:

@@ -5,9 +5,9 @@
     commit → publish
 
 Everything but the transaction's I/O is app.write.decision (`WriteCore`): `prepare` runs the stages before the
-transaction and reports every bad item of a batch at once; `apply` runs the transaction: lock the rows the decision
+transaction and reports every bad item of a batch at once; `commit` runs the transaction: lock the rows the decision
 asks for, decide, write what it decided in one statement (after the deletes, when there are any); retried whole on a
-lost first-insert race, a deadlock or a serialization failure. `apply_group` runs several independent writes in one
+lost first-insert race, a deadlock or a serialization failure. `commit_group` runs several independent writes in one
 transaction (app.write.combiner).
 
 A connection lost during COMMIT leaves the outcome open: the transaction may have committed. The service then asks the
@@ -49,7 +49,7 @@ from app.write.structured_properties import (
 
 log = logging.getLogger("metaledger.write")
 
-__all__ = ["CommitOutcomeUnknown", "ItemResult", "WriteResult", "WriteService"]  # ItemResult: app.write.decision's
+__all__ = ["CommitOutcomeUnknown", "ItemResult", "CommitResult", "WriteService"]  # ItemResult: app.write.decision's
 
 COMMIT_CHECK_S = 5.0  # how long an interrupted COMMIT waits for the database to say whether it committed
 
@@ -59,7 +59,7 @@ class CommitOutcomeUnknown(ServiceUnavailable):
 
 
 @dataclass(slots=True)
-class WriteResult:
+class CommitResult:
     items: list[ItemResult]
     change_logs: int = 0
     attempts: int = 1
@@ -115,21 +115,21 @@ class WriteService:
         )
 
     # --- the transaction ---------------------------------------------------------------------------------------
-    async def apply(
+    async def commit(
         self,
         session: AsyncSession,
         proposals: Sequence[Proposal],
         audit: AuditStamp,
         contended: Callable[[], bool] | None = None,
-    ) -> WriteResult:
-        return (await self.apply_group(session, [(proposals, audit)], contended))[0]
+    ) -> CommitResult:
+        return (await self.commit_group(session, [(proposals, audit)], contended))[0]
 
-    async def apply_group(
+    async def commit_group(
         self,
         session: AsyncSession,
         writes: Sequence[tuple[Sequence[Proposal], AuditStamp]],
         contended: Callable[[], bool] | None = None,
-    ) -> list[WriteResult]:
+    ) -> list[CommitResult]:
         """Several independent writes (each a batch of proposals and its caller's audit stamp) in one transaction,
         in order: each sees the rows as the writes before it left them, as if they had been committed one after the
         other. A refusal of any of them refuses the group (app.write.combiner then applies them one by one).
@@ -179,7 +179,7 @@ class WriteService:
         self.processors.publish_metrics()
         if any(p.urn == PIPELINE_URN for proposals, _ in writes for p in proposals):
             self._processors_checked_at = float("-inf")  # this process's next write uses the new pipeline
-        return [WriteResult(list(w.items), len(w.outbox), attempts, list(w.outbox)) for w in decision.writes]
+        return [CommitResult(list(w.items), len(w.outbox), attempts, list(w.outbox)) for w in decision.writes]
 
     async def _settle_interrupted_commit(
         self,

@@ -112,7 +112,7 @@ class PropertyValueRemoval(AfterProcessorWorker):
             cause = ProposedChange(
                 property_urn, PROPERTY_ENTITY, row["aspect"], ChangeType.DELETE.value, None, version=row["version"]
             )
-            await self._apply(session, [_Emission(cause, SIDE_EFFECT, removal(urn, property_urn)) for urn in page])
+            await self._commit(session, [_Emission(cause, SIDE_EFFECT, removal(urn, property_urn)) for urn in page])
             self.processed += 1
         if len(page) < REMOVAL_PAGE:
             self._resume = None

@@ -230,7 +230,7 @@ async def test_async_without_kafka_applies_synchronously(database_url, registry,
 
 # --- poison records ------------------------------------------------------------------------------------------------
 class FlakyWriter:
-    """The app's writer, whose `apply` fails with a 503 (database down) the next `failures` times."""
+    """The app's writer, whose `commit` fails with a 503 (database down) the next `failures` times."""
 
     def __init__(self, inner) -> None:
         self.inner, self.failures, self.calls = inner, 0, 0
@@ -239,12 +239,12 @@ class FlakyWriter:
     def prepare(self, drafts):
         return self.inner.prepare(drafts)
 
-    async def apply(self, session, proposals, audit, contended=None):
+    async def commit(self, session, proposals, audit, contended=None):
         self.calls += 1
         if self.failures:
             self.failures -= 1
             raise ServiceUnavailable("the database is unreachable (injected)")
-        return await self.inner.apply(session, proposals, audit, contended)
+        return await self.inner.commit(session, proposals, audit, contended)
 
 
 async def test_poison_records_go_to_fmcp_and_the_consumer_keeps_going(app, kafka_broker, topics, db):
@@ -361,10 +361,10 @@ class BuggyWriter(FlakyWriter):
         super().__init__(inner)
         self.urn = urn
 
-    async def apply(self, session, proposals, audit, contended=None):
+    async def commit(self, session, proposals, audit, contended=None):
         if any(p.urn == self.urn for p in proposals):
             raise RuntimeError("a bug in the write path")
-        return await super().apply(session, proposals, audit, contended)
+        return await super().commit(session, proposals, audit, contended)
 
 
 async def test_isolation_when_most_of_a_batch_fails_and_on_unexpected_errors(app, db):
@@ -385,9 +385,9 @@ async def test_isolation_when_most_of_a_batch_fails_and_on_unexpected_errors(app
     units = await consumer.read(records)
     assert all(u.error is None and len(u.proposals) == 1 for u in units)
     applies = writer.calls
-    await consumer.apply(units[:-1])  # 10 failures: 8 first-failure rounds, then one by one
+    await consumer.commit(units[:-1])  # 10 failures: 8 first-failure rounds, then one by one
     assert writer.calls - applies > 8
-    await consumer.apply(units[-1:])
+    await consumer.commit(units[-1:])
 
     failed = [u.offset for u in units if u.error is not None]
     assert failed == [0, 3, 6, 9, 12, 15, 18, 21, 24, 27, 30]
@@ -412,7 +412,7 @@ async def test_isolation_when_most_of_a_batch_fails_and_on_unexpected_errors(app
             _Record(42, mcp("subTypes", {"typeNames": ["View"]}, urn=urns[4]), urns[4]),
         ]
     )
-    await consumer.apply(mixed)
+    await consumer.commit(mixed)
     assert [dead_letter_trace(u)["status"] if u.error else "applied" for u in mixed] == [409, 412, "applied"]
     assert dead_letter_trace(mixed[0])["exceptionClass"] == "app.errors.ExistenceConflict"
 

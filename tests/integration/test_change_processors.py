@@ -401,17 +401,17 @@ async def test_after_phase_side_effects_are_applied_exactly_once(
             # side effects were written. The position is moved in the transaction that writes them: each once.
             await db.execute("UPDATE feed_reader_state SET last_offset = 0 WHERE reader = 'change-processors'")
             writer = app.state.write_service
-            real_apply = writer.apply
+            real_commit = writer.commit
             crashes = []
 
-            async def apply_then_die(session, proposals, audit):
-                result = await real_apply(session, proposals, audit)
+            async def commit_then_die(session, proposals, audit):
+                result = await real_commit(session, proposals, audit)
                 if not crashes:
                     crashes.append(1)
                     raise ConnectionResetError("the process died after writing the side effects")
                 return result
 
-            writer.apply = apply_then_die
+            writer.commit = commit_then_die
             readers = [
                 AfterProcessorWorker(app.state.settings, app.state.engine, app.state.sessionmaker, writer)
                 for _ in range(2)
@@ -428,7 +428,7 @@ async def test_after_phase_side_effects_are_applied_exactly_once(
                 while sum(await asyncio.gather(*(r.step() for r in readers))):
                     pass  # the feed read to its end (the side effects' own change logs are not in scope)
             finally:
-                writer.apply = real_apply
+                writer.commit = real_commit
             # what is asserted is that nothing more happens: the app's own reader, running all along, gets time to
             # write a side effect a fourth time (nothing to wait on for a write that must not come)
             await asyncio.sleep(0.3)

@@ -99,7 +99,7 @@ async def test_one_group_refused_is_applied_one_by_one(app, db: asyncpg.Connecti
         )
 
     outcomes = await asyncio.gather(
-        *(combiner.apply(proposals(i), AuditStamp.now()) for i in range(5)), return_exceptions=True
+        *(combiner.commit(proposals(i), AuditStamp.now()) for i in range(5)), return_exceptions=True
     )
     assert combiner.groups == 1 and combiner.writes == 5 and combiner.fallbacks == 1  # then one by one
     assert isinstance(outcomes[2], PreconditionFailed), outcomes[2]
@@ -163,7 +163,7 @@ async def test_a_database_error_of_one_write_stays_its_own(app, db: asyncpg.Conn
     urns = [dataset(f"neighbour{i}") for i in range(2)] + [refused] + [dataset(f"neighbour{i}") for i in range(2, 4)]
     outcomes = await asyncio.gather(
         *(
-            combiner.apply(
+            combiner.commit(
                 writer.prepare([Draft(0, "dataset", "datasetProperties", "UPSERT", urn=u, value={"name": "n"})]),
                 AuditStamp.now(),
             )

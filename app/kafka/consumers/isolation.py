@@ -43,7 +43,7 @@ class IsolatingWriter:
     def __init__(self, sessionmaker: async_sessionmaker[AsyncSession], gateway: IngestGateway) -> None:
         self.sessionmaker, self.gateway = sessionmaker, gateway
 
-    async def apply(self, units: list[Unit]) -> None:
+    async def commit(self, units: list[Unit]) -> None:
         """Apply the units' proposals in one transaction; on a client error isolate the failing units (in record
         order) so that only they get an error (`unit.error`) and everything else commits (`unit.applied`).
         Transient errors propagate."""
@@ -71,18 +71,18 @@ class IsolatingWriter:
             rounds += 1
             if not failing_indices or rounds > MAX_ISOLATION_ROUNDS:
                 for unit in remaining:
-                    await self.apply([unit])
+                    await self.commit([unit])
                 return
             # The first failure is genuine (everything before it applied cleanly in the same transaction); what
             # follows it may have been judged against a state without it, so it is tried again.
             culprit = owner[failing_indices[0]]
             position = remaining.index(culprit)
             if position:
-                await self.apply(remaining[:position])
+                await self.commit(remaining[:position])
             if len({id(owner[i]) for i in failing_indices}) > 1:
                 # A batch error has one class for all its issues (e.g. 412 when a precondition and a conflict
                 # failed together): the culprit alone gives its own, exact error.
-                await self.apply([culprit])
+                await self.commit([culprit])
             else:
                 fail(culprit, batch_error)
             remaining = remaining[position + 1 :]
@@ -90,7 +90,7 @@ class IsolatingWriter:
     async def _transaction(self, units: list[Unit]) -> None:
         # No drafts given: the issues keep the proposals' indices, which tell the failing record (see `fail`).
         async with self.sessionmaker() as session:
-            await self.gateway.apply(session, [p for u in units for p in u.proposals], AuditStamp.now(SYSTEM_ACTOR))
+            await self.gateway.commit(session, [p for u in units for p in u.proposals], AuditStamp.now(SYSTEM_ACTOR))
 
 
 def fail(unit: Unit, error: Exception) -> None:

@@ -70,9 +70,9 @@ class Consumer:
         is needed from a registry that cannot answer."""
         return await read_batch(records, self.format, self.gateway, self.codec)
 
-    async def apply(self, units: list[Unit]) -> None:
+    async def commit(self, units: list[Unit]) -> None:
         """The units applied in one transaction, the failing ones isolated; transient errors propagate."""
-        await self.writer.apply(units)
+        await self.writer.commit(units)
 
     # --- the loop --------------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
@@ -170,7 +170,7 @@ class Consumer:
             wait = _Hold(consumer, stop, paused)
             while True:
                 try:
-                    await self.apply([u for u in units if u.error is None and not u.applied and u.proposals])
+                    await self.commit([u for u in units if u.error is None and not u.applied and u.proposals])
                     break
                 except Exception as error:
                     if not is_transient(error):
