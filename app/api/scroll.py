@@ -29,7 +29,7 @@ import orjson
 from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.deps import ALLOW_READ, Backend, Caller, JsonBody, Registry, Session, SettingsDep
+from app.api.deps import ALLOW_READ, Backend, JsonBody, Registry, SettingsDep, StoredEntities
 from app.api.http import Flag, check_batch_size, invalid_at, json_response, stored_envelope
 from app.api.search_models import RelationshipItem, ScrollEntity
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed, clip
@@ -49,7 +49,6 @@ from app.search.filters import (
 from app.search.model import MAX_FILTER_VALUES, MAX_PAGE_SIZE, MAX_PATTERN_CHARS, Edge, EdgeQuery, upstream_downstream
 from app.search.structured_properties import refuse_deleted_property_filters
 from app.urns import entity_type_of
-from app.write.reader import EntityReader
 
 log = logging.getLogger("metaledger.api.scroll")
 
@@ -221,10 +220,9 @@ def _sort(
     ),
 )
 async def scroll_entities(
-    session: Session,
     registry: Registry,
     backend: Backend,
-    caller: Caller,
+    reader: StoredEntities,
     body: Annotated[ScrollEntitiesBody, Depends(JsonBody(ScrollEntitiesBody))],
     count: Count = 10,
     query: Annotated[str, Query()] = "*",
@@ -251,9 +249,7 @@ async def scroll_entities(
     # `include_removed`, or a criterion on `removed`).
     try:
         placed = placed_filter_groups(_filter_json(body.filter))
-        await refuse_deleted_property_filters(
-            EntityReader(session, registry, caller).repo, (p for g in placed for p in g)
-        )
+        await refuse_deleted_property_filters(reader, (p for g in placed for p in g))
     except InvalidFilter as error:
         raise error.at("$.filter") from None
     any_of = criteria_groups(placed) or None
@@ -267,7 +263,7 @@ async def scroll_entities(
     entities: list[dict[str, Any]] = [{"urn": hit.urn} for hit in page.hits]
     if aspects is not None:
         wanted = [(e["urn"], aspects or None) for e in entities]
-        found = await EntityReader(session, registry, caller).latest_of_many(wanted)
+        found = await reader.latest_of_many(wanted)
         for entity in entities:
             for row in found.get(entity["urn"], ()):
                 entity[row.aspect] = stored_envelope(row, systemMetadata)
@@ -509,10 +505,9 @@ class BatchGetUrnResponseV2(BaseModel):
 )
 async def batch_get_v2(
     entityName: str,
-    session: Session,
     registry: Registry,
     settings: SettingsDep,
-    caller: Caller,
+    reader: StoredEntities,
     body: Annotated[BatchGetUrnRequestV2, Depends(JsonBody(BatchGetUrnRequestV2))],
 ) -> Response:
     with invalid_at("$entityName"):
@@ -526,7 +521,7 @@ async def batch_get_v2(
         with invalid_at(f"$.aspectNames[{position}]", aspect=aspect):
             registry.aspect(entity, aspect)
     wanted = [(urn, body.aspectNames or None) for urn in urns]
-    found = await EntityReader(session, registry, caller).latest_of_many(wanted)
+    found = await reader.latest_of_many(wanted)
     entities = [
         {
             "urn": urn,

@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Query, Request
 from pydantic import BaseModel, Field
 
-from app.api.deps import ALLOW_READ, Backend, Caller, Registry, Session
+from app.api.deps import ALLOW_READ, Backend, Registry, Session, StoredEntities
 from app.api.http import Flag, UrnPath, UrnQuery, checked_urn, entity_of_urn, invalid_at, stored_envelope
 from app.api.search_models import RelationshipItem, ScrollEntity
 from app.errors import ERROR_RESPONSES, Issue, NotFound, ValidationFailed
@@ -37,7 +37,6 @@ from app.search.failures import FailureReader
 from app.search.filters import InvalidFilter, Placed
 from app.search.model import MAX_PAGE_SIZE, REMOVED_FIELD, Criterion, TimeseriesQuery
 from app.search.structured_properties import refuse_deleted_property_filters
-from app.write.reader import EntityReader
 
 router = APIRouter(tags=["search"], dependencies=[ALLOW_READ])
 
@@ -85,10 +84,9 @@ def _filters(request: Request) -> dict[str, list[str]]:
 async def scroll_entities(
     entityName: str,
     request: Request,
-    session: Session,
     registry: Registry,
     backend: Backend,
-    caller: Caller,
+    reader: StoredEntities,
     query: Annotated[str, Query()] = "*",
     count: Annotated[int, Query(ge=0, le=MAX_PAGE_SIZE)] = 10,
     scrollId: Annotated[str | None, Query()] = None,
@@ -110,10 +108,9 @@ async def scroll_entities(
     sort = [(field, order) for field in sortCriteria] if sortCriteria else None
     if "\x00" in query or any("\x00" in field for field in sortCriteria or ()):
         raise ValidationFailed("the query contains a NUL character (\\u0000)", [Issue("NUL character", path="$query")])
-    reader = EntityReader(session, registry, caller)
     try:
         await refuse_deleted_property_filters(
-            reader.repo, (Placed((), Criterion(name, tuple(values))) for name, values in filters.items())
+            reader, (Placed((), Criterion(name, tuple(values))) for name, values in filters.items())
         )
     except InvalidFilter as error:
         raise ValidationFailed(str(error), [Issue(str(error), path=f"${FILTER_PREFIX}{error.found}")]) from None
@@ -468,14 +465,13 @@ async def trace_write(
     session: Session,
     registry: Registry,
     backend: Backend,
-    caller: Caller,
+    reader: StoredEntities,
     aspect: Annotated[list[str] | None, Query()] = None,
 ) -> Any:
     entity = entity_of_urn(registry, urn)
     if any("\x00" in a for a in aspect or ()):
         raise ValidationFailed("aspect contains a NUL character (\\u0000)", [Issue("NUL character", path="$aspect")])
-    reader = EntityReader(session, registry, caller)  # an entity the caller may not see has no stored aspects
-    rows = [] if await reader.unreadable([urn]) else await reader.repo.entity_latest(urn, aspect)
+    rows = await reader.latest_of(urn, aspect)  # an entity the caller may not see has no stored aspects
     if not rows:
         raise NotFound(
             f"entity {urn} has no stored aspects" + (f" named {aspect}" if aspect else ""),

@@ -117,9 +117,7 @@ class Context:
         """A 400 when a requested facet names a soft-deleted structured property, at its index below `base`."""
         async with self._lock:
             try:
-                await refuse_deleted_property_facets(
-                    EntityReader(self.session, self.registry, self.caller).repo, facets
-                )
+                await refuse_deleted_property_facets(EntityReader(self.session, self.registry, self.caller), facets)
             except InvalidFilter as error:
                 raise error.at(base) from None
 
@@ -129,7 +127,7 @@ class Context:
         async with self._lock:
             try:
                 await refuse_deleted_property_filters(
-                    EntityReader(self.session, self.registry, self.caller).repo, (p for group in placed for p in group)
+                    EntityReader(self.session, self.registry, self.caller), (p for group in placed for p in group)
                 )
             except InvalidFilter as error:
                 if error.loc[:-1]:

@@ -1,5 +1,5 @@
-"""Structured property values in the search documents, named as DataHub names them (no I/O: the Spark indexer
-builds documents with it too).
+"""Structured property values in the search documents, named as DataHub names them (no I/O of its own: the Spark
+indexer builds documents with it too).
 
 An entity's `structuredProperties` aspect contributes one document field per property it holds a value of:
 `structuredProperties.<id>`, the id being the property URN's (`urn:li:structuredProperty:<id>`, DataHub's
@@ -10,23 +10,28 @@ for every value of a `number` property; here a number given as a string stays on
 
 A filter names the property as DataHub's UI and GraphQL do, `structuredProperties.<qualified name>` (a `.keyword`
 or `.delimited` suffix dropped): `document_field` is the field it filters on. Whether the property's definition
-is soft-deleted is decided when the search is asked (app.write.structured_properties.refuse_deleted_property_filters),
-so a soft delete or an undelete changes what is found at once, with no document rewritten.
+is soft-deleted is decided when the search is asked (`refuse_deleted_property_filters`, which asks the request's
+`PropertyDefinitions`), so a soft delete or an undelete changes what is found at once, with no document rewritten.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from app.search.filters import InvalidFilter, Placed
-from app.write.repository import AspectRepository
-from app.write.structured_properties import soft_deleted
 
 STRUCTURED_PROPERTIES_ASPECT = "structuredProperties"
 FIELD_PREFIX = "structuredProperties."  # DataHub's STRUCTURED_PROPERTY_MAPPING_FIELD_PREFIX
 PROPERTY_URN_PREFIX = "urn:li:structuredProperty:"
 _SUBFIELD_SUFFIXES = (".keyword", ".delimited")
+
+
+class PropertyDefinitions(Protocol):
+    """Which structured properties are soft-deleted: app.write.reader.EntityReader, the request's read of the aspect
+    store (a handler passes its reader, never a repository)."""
+
+    async def deleted_properties(self, property_urns: Iterable[str]) -> set[str]: ...
 
 
 def is_property_field(name: str) -> bool:
@@ -79,22 +84,22 @@ def document_fields(value: Mapping[str, Any]) -> dict[str, list[Any]]:
     return fields
 
 
-async def refuse_deleted_property_facets(repo: AspectRepository, facets: Sequence[str]) -> None:
+async def refuse_deleted_property_facets(definitions: PropertyDefinitions, facets: Sequence[str]) -> None:
     """DataHub's validateStructuredPropertyFQN on a requested facet: one naming a soft-deleted property is refused
     (InvalidFilter at its index in `facets`)."""
     named = {i: property_urn_of(name) for i, name in enumerate(facets) if is_property_field(name)}
-    removed = await soft_deleted(repo, named.values())
+    removed = await definitions.deleted_properties(named.values())
     for i, urn in named.items():
         if urn in removed:
             raise InvalidFilter(f"Cannot aggregate on deleted Structured Property {urn}", (i,), found=facets[i])
 
 
-async def refuse_deleted_property_filters(repo: AspectRepository, placed: Iterable[Placed]) -> None:
+async def refuse_deleted_property_filters(definitions: PropertyDefinitions, placed: Iterable[Placed]) -> None:
     """DataHub's StructuredPropertyUtils.validateFilter: a search filtering on a property whose definition is
     soft-deleted is refused (InvalidFilter at the criterion's field), so its values are never found; decided when
     the search is asked, a soft delete or an undelete holds for the next search."""
     placed = [p for p in placed if is_property_field(p.criterion.field)]
-    removed = await soft_deleted(repo, (property_urn_of(p.criterion.field) for p in placed))
+    removed = await definitions.deleted_properties(property_urn_of(p.criterion.field) for p in placed)
     for p in placed:
         urn = property_urn_of(p.criterion.field)
         if urn in removed:
