@@ -63,7 +63,7 @@ def _model_set(body: ModelSet) -> RuntimeModelSet:
 
 
 @router.post("", summary="Apply a runtime model set (checked; dryRun: the diff only)")
-async def apply_model_set(
+async def apply(
     body: Annotated[ModelSet, Depends(JsonBody(ModelSet))],
     gateway: Gateway,
     session: Session,
