@@ -97,6 +97,9 @@ TAIL_READ_TIMEOUT_S = PRODUCE_TIMEOUT_MS / 1000  # a tail not read within this f
 Encoded = tuple[dict[int, bytes], dict[int, list[tuple[str, bytes | None]]], list[tuple[outbox.PendingRow, str]]]
 # A produced batch: the rows delivered, the rows refused with the reason, the first error (None: no row failed).
 Produced = tuple[list[outbox.PendingRow], list[tuple[outbox.PendingRow, str]], BaseException | None]
+# A batch as sent, in the order sent: each row with the future of a record batch holding one of its records (its
+# change log and derived events may be in several), or the error that kept one from being sent.
+Sent = list[tuple[outbox.PendingRow, asyncio.Future | BaseException]]
 
 
 @dataclass(slots=True)
@@ -505,7 +508,10 @@ class Publisher:
         the first error or None). A row is delivered only if no earlier row with the same topic and key failed, so
         a retry can never put a key's change logs out of order. A record found on its partition when its lane was
         taken (`_resume`) is not produced again; a row whose records are all there is delivered as it is.
-        `encoded`: the rows' values and encoding refusals when read ahead."""
+        `encoded`: the rows' values and encoding refusals when read ahead.
+
+        Three steps: send the records (`_send_in_batches`), await the broker's acknowledgements (`_await_acks`),
+        tell from them which rows were delivered (`_outcome`). `_settle` then marks the rows."""
         producer = self._producer
         assert producer is not None
         refused: list[tuple[outbox.PendingRow, str]] = []
@@ -515,32 +521,38 @@ class Publisher:
         else:
             values, derived, refused_encoding = encoded
             refused.extend(refused_encoding)
-        refused_ids = {row.id for row, _ in refused}
-        sent: list[tuple[outbox.PendingRow, asyncio.Future | BaseException]] = []
-        # Records go into one batch per topic-partition (aiokafka's batch API: no future and no coroutine per
-        # record); a row's records are delivered when every batch holding one of them is acknowledged.
-        batches: dict[tuple[str, int], tuple[Any, list[outbox.PendingRow]]] = {}
-        partitions: dict[str, list[int]] = {}
-        resuming, resume_until = self._resuming, self._resume_until
-        tails: PartitionTails | None = None
         on_broker = asyncio.get_running_loop().create_future()  # the outcome of a row found on the broker
         on_broker.set_result(None)
+        sent = await self._send_in_batches(producer, rows, values, derived, refused, on_broker)
+        await self._await_acks(sent)
+        delivered, first_error, only_too_large = self._outcome(rows, sent, on_broker)
+        if only_too_large:
+            # Only size refusals: send the rest one by one to find the rows that are too large on their own.
+            return await self._produce_one_by_one(rows, values, derived, delivered, refused)
+        return delivered, refused, first_error
 
-        async def found(tp: tuple[str, int]) -> set[int]:
-            nonlocal tails
-            if tp not in self._on_broker:
-                tails = tails or PartitionTails(self.settings)
-                self._on_broker[tp] = await tails.feed_offsets(tp, resuming)
-            return self._on_broker[tp]
-
-        async def submit(tp: tuple[str, int]) -> None:
-            builder, in_batch = batches.pop(tp)
-            try:
-                future: asyncio.Future | BaseException = await producer.send_batch(builder, tp[0], partition=tp[1])
-            except Exception as error:  # noqa: BLE001 - e.g. metadata timeout: these rows wait
-                future = error
-            sent.extend((row, future) for row in in_batch)
-
+    async def _send_in_batches(
+        self,
+        producer: AIOKafkaProducer,
+        rows: list[outbox.PendingRow],
+        values: dict[int, bytes],
+        derived: dict[int, list[tuple[str, bytes | None]]],
+        refused: list[tuple[outbox.PendingRow, str]],
+        on_broker: asyncio.Future,
+    ) -> Sent:
+        """Send the records of the rows not refused, in feed order, and return the rows with their record batches'
+        futures, not waiting for the broker: every batch is awaited at once after (`_await_acks`). Records go into
+        one batch per topic-partition (aiokafka's batch API: no future and no coroutine per record), each sent when
+        full and the rest at the end. A row with a record too large for the settings is added to `refused`; a row
+        whose records are all on the broker already (`_resume`) is given `on_broker`. A fault here (e.g. no metadata
+        for a topic) is the error of every row not refused before: none of them is delivered, so the batch goes out
+        again in order."""
+        refused_ids = {row.id for row, _ in refused}
+        sent: Sent = []
+        batches: dict[tuple[str, int], tuple[Any, list[outbox.PendingRow]]] = {}  # (builder, its rows) being filled
+        partitions: dict[str, list[int]] = {}
+        resuming, resume_until = self._resuming, self._resume_until
+        tails = PartitionTails(self.settings)  # connects only to read a partition back (`_found_on_broker`)
         try:
             for row in rows:
                 value = values.get(row.id)
@@ -549,14 +561,7 @@ class Publisher:
                 key = row.key.encode()
                 headers = [(FEED_OFFSET_HEADER, b"%d" % row.feed_offset), LANE_HEADERS[row.lane]]
                 records = ((row.topic, value), *derived.get(row.id, ()))  # delivered together, or not at all
-                too_large = next(
-                    (
-                        size
-                        for _, record in records
-                        if (size := estimate_size(key, record, headers)) > self.settings.kafka_max_message_bytes
-                    ),
-                    None,
-                )
+                too_large = self._too_large(key, records, headers)
                 if too_large is not None:  # can never be produced with these settings (as `send` would refuse it)
                     refused.append(
                         (
@@ -572,20 +577,18 @@ class Publisher:
                     if topic not in partitions:
                         partitions[topic] = sorted(await producer.partitions_for(topic))
                     tp = (topic, self._partitioner(key, partitions[topic], partitions[topic]))
-                    if resumed and row.feed_offset in await found(tp):
+                    if resumed and row.feed_offset in await self._found_on_broker(tails, tp, resuming):
                         continue
                     produced += 1
                     if tp not in batches:
                         batches[tp] = (producer.create_batch(), [])
-                    if (
-                        batches[tp][0].append(timestamp=None, key=key, value=record, headers=headers) is None
-                    ):  # full: send it
-                        await submit(tp)
-                        batches[tp] = (producer.create_batch(), [])
-                        batches[tp][0].append(
-                            timestamp=None, key=key, value=record, headers=headers
-                        )  # a first record always fits
-                    batches[tp][1].append(row)
+                    builder, in_batch = batches[tp]
+                    if builder.append(timestamp=None, key=key, value=record, headers=headers) is None:  # full: send it
+                        await self._submit(producer, tp, batches.pop(tp), sent)
+                        builder, in_batch = producer.create_batch(), []
+                        batches[tp] = (builder, in_batch)
+                        builder.append(timestamp=None, key=key, value=record, headers=headers)  # a first record fits
+                    in_batch.append(row)
                 if not produced:
                     sent.append((row, on_broker))
         except Exception as error:  # noqa: BLE001 - e.g. no metadata for a topic: nothing of this batch is sent
@@ -594,21 +597,70 @@ class Publisher:
             batches.clear()
             sent.extend((row, error) for row in rows if row.id not in refused_ids and row.id in values)
         finally:
-            if tails is not None:
-                await tails.close()
+            await tails.close()
         for tp in list(batches):
-            await submit(tp)
+            await self._submit(producer, tp, batches.pop(tp), sent)
+        return sent
+
+    def _too_large(
+        self, key: bytes, records: tuple[tuple[str, bytes | None], ...], headers: list[tuple[str, bytes]]
+    ) -> int | None:
+        """The serialized size of the first of a row's records over `kafka_max_message_bytes` (None: they all fit).
+        Such a row can never be produced with these settings: it is refused up front with its own error, rather
+        than sent for the broker to refuse with the whole record batch it is in."""
+        limit = self.settings.kafka_max_message_bytes
+        return next((size for _, record in records if (size := estimate_size(key, record, headers)) > limit), None)
+
+    async def _found_on_broker(
+        self, tails: PartitionTails, tp: tuple[str, int], resuming: dict[int, outbox.LaneFront]
+    ) -> set[int]:
+        """The feed offsets of the resuming lanes' rows that are on a partition already. The tail is read back the
+        first time a row of theirs goes there, and kept in `_on_broker` until every row that may be on the broker
+        is settled: once per partition when lanes are taken, not per batch."""
+        if tp not in self._on_broker:
+            self._on_broker[tp] = await tails.feed_offsets(tp, resuming)
+        return self._on_broker[tp]
+
+    @staticmethod
+    async def _submit(
+        producer: AIOKafkaProducer, tp: tuple[str, int], batch: tuple[Any, list[outbox.PendingRow]], sent: Sent
+    ) -> None:
+        """Send one topic-partition's record batch and add its rows to `sent` with its future. A batch that cannot
+        be sent (e.g. a metadata timeout) gives its rows the error instead: they wait, while the other batches
+        still go out and are acknowledged."""
+        builder, in_batch = batch
+        try:
+            future: asyncio.Future | BaseException = await producer.send_batch(builder, tp[0], partition=tp[1])
+        except Exception as error:  # noqa: BLE001 - e.g. metadata timeout: these rows wait
+            future = error
+        sent.extend((row, future) for row in in_batch)
+
+    @staticmethod
+    async def _await_acks(sent: Sent) -> None:
+        """Wait for the acknowledgement of every record batch sent (once, whatever number of rows it holds), but no
+        longer than a little past the producer's request timeout: a batch still unanswered then is its rows' error
+        (`_future_error`), so a broker that never answers fails the batch, to be retried, instead of stalling
+        the lanes."""
         futures = list({id(f): f for _, f in sent if isinstance(f, asyncio.Future)}.values())
         if futures:
             try:
                 await asyncio.wait_for(asyncio.wait(futures), timeout=PRODUCE_TIMEOUT_MS / 1000 + 5)
             except TimeoutError:
                 pass
+
+    def _outcome(
+        self, rows: list[outbox.PendingRow], sent: Sent, on_broker: asyncio.Future
+    ) -> tuple[list[outbox.PendingRow], BaseException | None, bool]:
+        """The acknowledged batch told row by row, in feed order: (the rows delivered, the first error, whether
+        every failure was the broker refusing a record batch as too large). A row is delivered when every record
+        of it was acknowledged (or was on the broker already: counted in `found_published`) and no earlier row of
+        its topic and key failed, so a key's change logs are never marked out of order. A size refusal is the
+        whole record batch's, not necessarily its rows' own: the caller sends such rows again one by one."""
         order = {row.id: n for n, row in enumerate(rows)}
-        sent.sort(key=lambda item: order[item[0].id])  # rows in feed order, whichever batch sent their records
         outcomes: dict[int, list[asyncio.Future | BaseException]] = {}  # a row's change log and derived events
         sent_rows: list[outbox.PendingRow] = []
-        for row, outcome in sent:
+        # rows in feed order, whichever batch sent their records
+        for row, outcome in sorted(sent, key=lambda item: order[item[0].id]):
             if row.id not in outcomes:
                 sent_rows.append(row)
                 outcomes[row.id] = []
@@ -629,10 +681,8 @@ class Publisher:
                 broker_too_large.append(row)  # the broker refused the whole record batch this row was in
             failed_keys.add((row.topic, row.key))
             first_error = first_error or row_error
-        if broker_too_large and len(broker_too_large) == len(sent_rows) - len(delivered):
-            # Only size refusals: send the rest one by one to find the rows that are too large on their own.
-            return await self._produce_one_by_one(rows, values, derived, delivered, refused)
-        return delivered, refused, first_error
+        only_too_large = bool(broker_too_large) and len(broker_too_large) == len(sent_rows) - len(delivered)
+        return delivered, first_error, only_too_large
 
     def _encode(self, rows: list[outbox.PendingRow], refused: list[tuple[outbox.PendingRow, str]]) -> dict[int, bytes]:
         """Each row's value as published (row id → bytes); a row that does not fit its topic's record is refused
