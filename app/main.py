@@ -26,7 +26,7 @@ from starlette.routing import BaseRoute
 
 from app import __version__
 from app.api import documented_models, route_index, routers
-from app.api.deps import ALLOW_PUBLIC, ALLOW_READ, JsonBody
+from app.api.deps import ALLOW_PUBLIC, ALLOW_READ, DeclaredBody, JsonBody
 from app.api.entities import EntityRoutes, entity_routes, expanded
 from app.api.http import json_response, parameter_path
 from app.api.trace_write import TraceparentMiddleware
@@ -182,22 +182,23 @@ def follow_registry(app: FastAPI, registry: EntityRegistry) -> None:
 
 
 def _declare_json_bodies(spec: dict[str, Any], routes: list[BaseRoute]) -> list[type[BaseModel]]:
-    """Each operation whose body a `JsonBody` dependency parses gets that model as its request body (FastAPI
-    documents only the bodies it parses itself, which are read before the route's policy: app.api.deps). Returns
-    the models, for the document's components."""
+    """Each operation whose body a `DeclaredBody` dependency reads gets that body's schema as its request body
+    (FastAPI documents only the bodies it parses itself, which are read before the route's policy: app.api.deps).
+    Returns the models of the `JsonBody` ones, for the document's components."""
     models: list[type[BaseModel]] = []
     for context in iter_route_contexts(expanded(routes)):
         dependant = getattr(context, "dependant", None)
-        bodies = [d.call for d in _dependencies(dependant) if isinstance(d.call, JsonBody)] if dependant else []
+        bodies = [d.call for d in _dependencies(dependant) if isinstance(d.call, DeclaredBody)] if dependant else []
         if not bodies or not context.include_in_schema:
             continue
-        model = bodies[0].model
+        body = bodies[0]
         for method in context.methods or ():
             spec["paths"][context.path_format][method.lower()]["requestBody"] = {
-                "content": {"application/json": {"schema": {"$ref": f"#/components/schemas/{model.__name__}"}}},
+                "content": {"application/json": {"schema": body.request_body_schema()}},
                 "required": True,
             }
-        models.append(model)
+        if isinstance(body, JsonBody):
+            models.append(body.model)
     return models
 
 

@@ -11,8 +11,9 @@ dependency's end."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+from contextlib import AsyncExitStack
 from functools import partial
 from typing import Annotated, Any, Generic, TypeVar, cast
 
@@ -39,6 +40,7 @@ from app.settings import Settings
 from app.write.reader import EntityReader
 
 Body = TypeVar("Body", bound=BaseModel)
+Parsed = TypeVar("Parsed")
 _PRINCIPAL = "metaledger.principal"  # the scope key of the request's caller, once authenticated
 
 
@@ -178,13 +180,11 @@ async def _admit(request: Request, principal: Principal, stack: AsyncExitStack) 
         raise
 
 
-@asynccontextmanager
-async def admit_before_body(request: Request, principal: Principal) -> AsyncIterator[None]:
-    """The write admission, held through the block: for routes whose policy is not `AllowWrite` (the Rest.li
-    actions, most of which are writes)."""
-    async with AsyncExitStack() as stack:
-        await _admit(request, principal, stack)
-        yield
+async def admit_before_body(request: Request) -> None:
+    """The write admission of a route whose policy is not `AllowWrite` (the Rest.li actions, most of which are
+    writes: app.api.restli.common.ActionBody), taken as `AllowWrite` takes it: before the body is read, held until
+    the response is sent."""
+    await _admit(request, await authenticate(request), _on_exit(request))
 
 
 async def _discard_body(request: Request) -> None:
@@ -210,23 +210,42 @@ class AllowWrite(Allow):
         return principal
 
 
-class JsonBody(Generic[Body]):
-    """A route's JSON body as its model: the one declaration that parses the body and documents it (app.main takes
-    the operation's `requestBody` from here). Used as `body: Annotated[Model, Depends(JsonBody(Model))]`.
+class DeclaredBody(ABC, Generic[Parsed]):
+    """A route's JSON body, declared once: the dependency that reads it and parses it into what the handler needs,
+    and the schema app.main documents it by (the operation's `requestBody`). Used as
+    `body: Annotated[Parsed, Depends(SomeBody(...))]`, after the route's policy in the handler's signature.
 
     A dependency, never a body FastAPI parses itself: FastAPI reads and parses such a body before it solves any
     dependency, the route's policy included, with no bound on its size or nesting (an anonymous 42 MB body took a
-    worker from 193 MB to 1.27 GB before its 401). As a dependency it comes after the route's policy, and is read by
-    `read_json` (415, 413 past MAX_REQUEST_BYTES, 400 past MAX_JSON_DEPTH). What does not fit the model is answered
-    as the framework's own validation errors are (app.main): a 400 naming each place, `$.a[0].b`."""
+    worker from 193 MB to 1.27 GB before its 401), and documents only such bodies. As a dependency it comes after the
+    route's policy, and is read by `read_json` (415, 413 past MAX_REQUEST_BYTES, 400 past MAX_JSON_DEPTH); each kind
+    says what its body must be (`request_body_schema`) and makes it what its handler needs (`parse`: a model, the
+    write's drafts, ...), raising the 400 or 413 of what does not fit."""
+
+    @abstractmethod
+    def request_body_schema(self) -> dict[str, Any]:
+        """The body's schema in the OpenAPI document: a `$ref` to a component, or the schema itself."""
+
+    @abstractmethod
+    async def parse(self, document: Any, request: Request) -> Parsed:
+        """What the handler takes, from the body `read_json` read."""
+
+    async def __call__(self, request: Request) -> Parsed:
+        return await self.parse(await read_json(request, request.app.state.settings), request)
+
+
+class JsonBody(DeclaredBody[Body]):
+    """A body modelled by pydantic: `body: Annotated[Model, Depends(JsonBody(Model))]`. The model validates it and
+    is its schema, a component of the document (app.main). What does not fit the model is answered as the
+    framework's own validation errors are (app.main): a 400 naming each place, `$.a[0].b`."""
 
     def __init__(self, model: type[Body]) -> None:
         self.model = model
 
-    async def __call__(self, request: Request) -> Body:
-        return self.parse(await read_json(request, request.app.state.settings))
+    def request_body_schema(self) -> dict[str, Any]:
+        return {"$ref": f"#/components/schemas/{self.model.__name__}"}
 
-    def parse(self, document: Any) -> Body:
+    async def parse(self, document: Any, request: Request) -> Body:
         try:
             return self.model.model_validate(document)
         except ValidationError as error:

@@ -11,14 +11,24 @@ from functools import cached_property
 from typing import Annotated, Any
 
 import orjson
-from fastapi import APIRouter, Path, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from pydantic import AfterValidator, WithJsonSchema
 from starlette._utils import get_route_path
 from starlette.datastructures import URLPath
 from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import Receive, Scope, Send
 
-from app.api.deps import ALLOW_READ, Caller, Gateway, Registry, Session, SettingsDep, Writer
+from app.api.deps import (
+    ALLOW_READ,
+    Caller,
+    DeclaredBody,
+    Gateway,
+    Registry,
+    Session,
+    Writer,
+    get_registry,
+    get_settings,
+)
 from app.api.http import (
     Flag,
     aspect_envelope,
@@ -26,7 +36,6 @@ from app.api.http import (
     checked_urn,
     invalid_at,
     json_response,
-    read_json,
     stored_envelope,
 )
 from app.api.urn_paths import restore_slashes
@@ -173,11 +182,8 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
     def component(suffix: str) -> dict[str, str]:
         return schema_ref(entity_component(entity, suffix))
 
-    def array_of(schema: dict[str, Any]) -> dict[str, Any]:
-        return {"type": "array", "items": schema}
-
     entity_response = component("EntityResponse")
-    entities_response = array_of(entity_response)
+    entities_response = _array_of(entity_response)
     aspect_response = component("EntityAspectResponse")
 
     def answers(description: str, schema: dict[str, Any], *, accepted: bool = False) -> dict[int | str, Any]:
@@ -188,21 +194,16 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
 
     exists_answers: dict[int | str, Any] = {404: {"description": "Not found"}}
 
-    def request_body(schema: dict[str, Any]) -> dict[str, Any]:
-        # The body is read as JSON by the handler and checked by the registry's validators: its schema is the
-        # registry's component, declared here.
-        return {"requestBody": {"required": True, **json_body(schema)}}
-
     @router.post(
         f"/{entity}",
         operation_id=f"create{p}",
         tags=tags,
         summary=f"Create or upsert {entity} entities",
-        openapi_extra=request_body(array_of(component("EntityRequest"))),
         responses=answers("Written", entities_response, accepted=True),
     )
     async def upsert_entities(
         caller: Writer,
+        drafts: Annotated[list[Draft], Depends(EntityBatch(entity, ChangeType.UPSERT, "EntityRequest"))],
         request: Request,
         session: Session,
         gateway: Gateway,
@@ -210,9 +211,7 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         async_: AsyncFlag = True,
     ) -> Response:
         # `async` defaults to true, as DataHub's: validated now, queued on the proposal topic, 202 with the echo.
-        return await _write_entities(
-            entity, ChangeType.UPSERT, request, session, gateway, caller, system_metadata, async_
-        )
+        return await _write_entities(drafts, request, session, gateway, caller, system_metadata, async_)
 
     @router.patch(
         f"/{entity}",
@@ -221,20 +220,18 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         summary=f"Patch aspects of {entity} entities (applied to the locked latest values)",
         description='Each aspect\'s `value` is DataHub\'s `{"patch": [...], "arrayPrimaryKeys"?, '
         '"forceGenericPatch"?}`, applied inside the transaction to the locked latest value.',
-        openapi_extra=request_body(array_of(component("EntityPatchRequest"))),
         responses=answers("Written", entities_response, accepted=True),
     )
     async def patch_entities(
         caller: Writer,
+        drafts: Annotated[list[Draft], Depends(EntityBatch(entity, ChangeType.PATCH, "EntityPatchRequest"))],
         request: Request,
         session: Session,
         gateway: Gateway,
         system_metadata: SystemMetadataFlag = True,
         async_: AsyncFlag = True,
     ) -> Response:
-        return await _write_entities(
-            entity, ChangeType.PATCH, request, session, gateway, caller, system_metadata, async_
-        )
+        return await _write_entities(drafts, request, session, gateway, caller, system_metadata, async_)
 
     @router.post(
         f"/{entity}/batchGet",
@@ -242,18 +239,16 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         operation_id=f"batchGet{p}",
         tags=tags,
         summary=f"Get several {entity} entities",
-        openapi_extra=request_body(array_of(component("BatchGetRequest"))),
         responses=answers("Found entities (absent ones left out)", entities_response),
     )
     async def batch_get(
-        request: Request,
+        wanted: Annotated[list[Wanted], Depends(BatchGet(entity))],
         session: Session,
         registry: Registry,
-        settings: SettingsDep,
         caller: Caller,
         system_metadata: SystemMetadataFlag = False,
     ) -> Response:
-        return await _batch_get(entity, request, session, registry, settings, system_metadata, caller)
+        return await _batch_get(wanted, session, registry, system_metadata, caller)
 
     @router.get(
         f"/{entity}/{{urn}}",
@@ -328,13 +323,13 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         operation_id=f"create{p}Aspect",
         tags=tags,
         summary=f"Create or upsert one aspect of a {entity} entity",
-        openapi_extra=request_body(component("EntityAspectRequest")),
         responses=answers("Written", entity_response, accepted=True),
     )
     async def upsert_aspect(
         caller: Writer,
         urn: Urn,
         aspect_name: AspectName,
+        body: Annotated[dict[str, Any], Depends(AspectWrite(entity))],
         request: Request,
         session: Session,
         gateway: Gateway,
@@ -354,15 +349,6 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         system_metadata: SystemMetadataFlag = True,
         async_: AsyncFlag = False,
     ) -> Response:
-        body = await read_json(request, gateway.settings)
-        if not isinstance(body, dict) or "value" not in body:
-            raise ValidationFailed(
-                'the body must be {"value": {...}, "systemMetadata"?, "headers"?}',
-                [Issue("missing value", path="$.value")],
-            )
-        envelope_issues = _envelope_issues(body, "$")
-        if envelope_issues:
-            raise ValidationFailed(envelope_issues[0].message, envelope_issues)
         headers = {**_http_conditional_headers(request), **(body.get("headers") or {})}
         # DataHub defaults createIfNotExists to true, which silently turns every write into CREATE and defeats
         # If-Version-Match (DataHub #19127): an explicit precondition header makes the default false.
@@ -396,26 +382,25 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         tags=tags,
         summary=f"Patch one aspect of a {entity} entity",
         description='Body: an RFC 6902 array or DataHub\'s GenericJsonPatch `{"patch": [...], "arrayPrimaryKeys"?}`.',
-        openapi_extra=request_body(schema_ref("GenericJsonPatch")),
         responses=answers("Written", entity_response),
     )
     async def patch_aspect(
         caller: Writer,
         urn: Urn,
         aspect_name: AspectName,
+        patch: Annotated[Any, Depends(AspectPatch())],
         request: Request,
         session: Session,
         gateway: Gateway,
         system_metadata: SystemMetadataFlag = True,
     ) -> Response:
-        body = await read_json(request, gateway.settings)
         draft = Draft(
             0,
             entity,
             aspect_name,
             ChangeType.PATCH.value,
             urn=urn,
-            value=body,
+            value=patch,
             headers=_http_conditional_headers(request),
             location=SINGLE_PATCH,
         )
@@ -496,9 +481,106 @@ _DELETED_ASPECT = {
 }
 
 
+# --- the v3 bodies: each route's one declaration of its body (app.api.deps.DeclaredBody) ---------------------------
+
+Wanted = tuple[str, list[str] | None]  # a URN a batch get asks for, and its aspects (None: all)
+
+
+class EntityBatch(DeclaredBody[list[Draft]]):
+    """A v3 batch of entities, `[{"urn", "<aspect>": {"value", "systemMetadata"?, "headers"?}}, ...]`, at most
+    MAX_BATCH_ITEMS entities and as many aspects (413): one draft per aspect (`drafts_from_entity_batch`)."""
+
+    def __init__(self, entity: str, change_type: ChangeType, component: str) -> None:
+        self.entity, self.change_type, self.component = entity, change_type, component
+
+    def request_body_schema(self) -> dict[str, Any]:
+        return _array_of(schema_ref(entity_component(self.entity, self.component)))
+
+    async def parse(self, document: Any, request: Request) -> list[Draft]:
+        settings = await get_settings(request)
+        check_batch_size(document, settings)
+        if isinstance(document, list):  # and its aspects, before a draft is made of each
+            aspects = sum(len(item) - ("urn" in item) for item in document if isinstance(item, dict))
+            check_batch_size(document, settings, count=aspects, what="aspects")
+        return drafts_from_entity_batch(self.entity, document, self.change_type)
+
+
+class BatchGet(DeclaredBody[list[Wanted]]):
+    """`[{"urn", "<aspect>": {}, ...}, ...]`, at most MAX_BATCH_ITEMS (413): the URNs and aspects asked for, each
+    checked (a 400 naming every bad one) before anything is read."""
+
+    def __init__(self, entity: str) -> None:
+        self.entity = entity
+
+    def request_body_schema(self) -> dict[str, Any]:
+        return _array_of(schema_ref(entity_component(self.entity, "BatchGetRequest")))
+
+    async def parse(self, document: Any, request: Request) -> list[Wanted]:
+        if not isinstance(document, list):
+            raise ValidationFailed(
+                "the body must be a JSON array of {urn, <aspect>: {}}", [Issue("expected an array", path="$")]
+            )
+        check_batch_size(document, await get_settings(request))
+        registry = await get_registry(request)
+        wanted: list[Wanted] = []
+        issues: list[Issue] = []
+        for position, item in enumerate(document):
+            if not isinstance(item, dict) or not isinstance(item.get("urn"), str):
+                raise ValidationFailed(
+                    "each item needs a `urn`", [Issue("Missing `urn` field", position, path=f"$[{position}].urn")]
+                )
+            urn = item["urn"]
+            try:
+                entity_type_of(urn)  # too long, a NUL, not a URN: never sent to the database
+            except InvalidUrnError as error:
+                issues.append(Issue(str(error), position, urn, path=f"$[{position}].urn"))
+                continue
+            aspects = [a for a in item if a != "urn"] or None
+            for aspect in aspects or ():
+                try:
+                    with invalid_at(f"$[{position}]", urn=urn, aspect=aspect):
+                        registry.aspect(self.entity, aspect)
+                except ValidationFailed as error:
+                    issues.extend(Issue(i.message, position, urn, aspect, i.path) for i in error.issues)
+            wanted.append((urn, aspects))
+        if issues:
+            raise ValidationFailed(f"{len({i.index for i in issues})} of {len(document)} items are invalid", issues)
+        return wanted
+
+
+class AspectWrite(DeclaredBody[dict[str, Any]]):
+    """One aspect's write, `{"value": {...}, "systemMetadata"?, "headers"?}`."""
+
+    def __init__(self, entity: str) -> None:
+        self.entity = entity
+
+    def request_body_schema(self) -> dict[str, Any]:
+        return schema_ref(entity_component(self.entity, "EntityAspectRequest"))
+
+    async def parse(self, document: Any, request: Request) -> dict[str, Any]:
+        if not isinstance(document, dict) or "value" not in document:
+            raise ValidationFailed(
+                'the body must be {"value": {...}, "systemMetadata"?, "headers"?}',
+                [Issue("missing value", path="$.value")],
+            )
+        envelope_issues = _envelope_issues(document, "$")
+        if envelope_issues:
+            raise ValidationFailed(envelope_issues[0].message, envelope_issues)
+        return document
+
+
+class AspectPatch(DeclaredBody[Any]):
+    """One aspect's patch, as sent: the write checks it (app.write.patch)."""
+
+    def request_body_schema(self) -> dict[str, Any]:
+        return schema_ref("GenericJsonPatch")
+
+    async def parse(self, document: Any, request: Request) -> Any:
+        return document
+
+
 async def _write_entities(
-    entity: str,
-    change_type: ChangeType,
+    drafts: list[Draft],
     request: Request,
     session: Session,
     gateway: Gateway,
@@ -506,54 +588,13 @@ async def _write_entities(
     system_metadata: bool,
     queue: bool,
 ) -> Response:
-    body = await read_json(request, gateway.settings)
-    check_batch_size(body, gateway.settings)
-    if isinstance(body, list):  # and its aspects, before a draft is made of each
-        aspects = sum(len(item) - ("urn" in item) for item in body if isinstance(item, dict))
-        check_batch_size(body, gateway.settings, count=aspects, what="aspects")
-    drafts = drafts_from_entity_batch(entity, body, change_type)
     outcome = await gateway.submit(session, drafts, caller, queue=queue, request_headers=request.headers)
     return _entities_response(outcome, system_metadata, echo_limit=gateway.settings.max_echo_value_bytes)
 
 
 async def _batch_get(
-    entity: str,
-    request: Request,
-    session: Session,
-    registry: Registry,
-    settings: SettingsDep,
-    system_metadata: bool,
-    caller: Principal,
+    wanted: list[Wanted], session: Session, registry: Registry, system_metadata: bool, caller: Principal
 ) -> Response:
-    body = await read_json(request, settings)
-    if not isinstance(body, list):
-        raise ValidationFailed(
-            "the body must be a JSON array of {urn, <aspect>: {}}", [Issue("expected an array", path="$")]
-        )
-    check_batch_size(body, settings)
-    wanted: list[tuple[str, list[str] | None]] = []
-    issues: list[Issue] = []
-    for position, item in enumerate(body):
-        if not isinstance(item, dict) or not isinstance(item.get("urn"), str):
-            raise ValidationFailed(
-                "each item needs a `urn`", [Issue("Missing `urn` field", position, path=f"$[{position}].urn")]
-            )
-        urn = item["urn"]
-        try:
-            entity_type_of(urn)  # too long, a NUL, not a URN: never sent to the database
-        except InvalidUrnError as error:
-            issues.append(Issue(str(error), position, urn, path=f"$[{position}].urn"))
-            continue
-        aspects = [a for a in item if a != "urn"] or None
-        for aspect in aspects or ():
-            try:
-                with invalid_at(f"$[{position}]", urn=urn, aspect=aspect):
-                    registry.aspect(entity, aspect)
-            except ValidationFailed as error:
-                issues.extend(Issue(i.message, position, urn, aspect, i.path) for i in error.issues)
-        wanted.append((urn, aspects))
-    if issues:
-        raise ValidationFailed(f"{len({i.index for i in issues})} of {len(body)} items are invalid", issues)
     found = await EntityReader(session, registry, caller).latest_of_many(wanted)  # one query for the whole batch
     out = []
     for urn, aspects in wanted:
@@ -565,6 +606,10 @@ async def _batch_get(
             entity_out[row.aspect] = stored_envelope(row, system_metadata)
         out.append(entity_out)
     return json_response(out)
+
+
+def _array_of(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": schema}
 
 
 def _http_conditional_headers(request: Request) -> dict[str, str]:

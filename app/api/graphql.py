@@ -5,15 +5,15 @@ their writes go through the ingest gateway with the caller's principal (which ap
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 
-from app.api.deps import ALLOW_READ, Caller, Gateway, Registry, Session, SettingsDep, get_backend
-from app.api.http import json_response, read_json
+from app.api.deps import ALLOW_READ, Caller, DeclaredBody, Gateway, Registry, Session, SettingsDep, get_backend
+from app.api.http import json_response
 from app.errors import ERROR_RESPONSES
 from app.graphql.resolvers import Context
-from app.graphql.service import read_request, run
+from app.graphql.service import GraphQLRequest, read_request, run
 
 router = APIRouter(tags=["graphql"], dependencies=[ALLOW_READ])
 
@@ -26,6 +26,18 @@ _BODY = {
         "operationName": {"type": "string"},
     },
 }
+
+
+class GraphQLBody(DeclaredBody[GraphQLRequest]):
+    """`{"query", "variables"?, "operationName"?}`: anything else is a 400 (app.graphql.service.read_request)."""
+
+    def request_body_schema(self) -> dict[str, Any]:
+        return _BODY
+
+    async def parse(self, document: Any, request: Request) -> GraphQLRequest:
+        return read_request(document)
+
+
 _RESULT = {
     "type": "object",
     "properties": {
@@ -37,7 +49,6 @@ _RESULT = {
 
 @router.post(
     "/api/graphql",
-    openapi_extra={"requestBody": {"required": True, "content": {"application/json": {"schema": _BODY}}}},
     responses={
         **ERROR_RESPONSES,
         200: {
@@ -59,9 +70,9 @@ async def graphql(
     registry: Registry,
     settings: SettingsDep,
     caller: Caller,
+    operation: Annotated[GraphQLRequest, Depends(GraphQLBody())],
 ) -> Response:
-    body: Any = await read_json(request, settings)
     context = Context(
         session, registry, gateway, caller, partial(get_backend, request), settings.graphql_max_count, request.headers
     )
-    return json_response(*await run(read_request(body), context, settings))
+    return json_response(*await run(operation, context, settings))

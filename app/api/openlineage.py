@@ -10,12 +10,12 @@ one past the limit."""
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 
-from app.api.deps import ALLOW_WRITE, Caller, Gateway, Session
-from app.api.http import check_batch_size, json_response, read_json
+from app.api.deps import ALLOW_WRITE, Caller, DeclaredBody, Gateway, Session, get_settings
+from app.api.http import check_batch_size, json_response
 from app.errors import ERROR_RESPONSES, Issue, Location, PayloadTooLarge
 from app.openlineage.mapping import Change, TooManyWrites, WriteBudget, map_event
 from app.openlineage.validation import validate_events
@@ -39,11 +39,34 @@ class EventLocation(Location):
         return replace(issue, index=self.index, path=self.base)
 
 
-async def _ingest(request: Request, session: Session, gateway: Gateway, caller: Caller):
-    body = await read_json(request, gateway.settings)
-    check_batch_size(body, gateway.settings)
-    _check_list_sizes(body, gateway.settings)
-    events, batch = validate_events(body)
+Events = tuple[list[dict[str, Any]], bool]  # a request's events, and whether they came as an array
+
+
+class LineageEvents(DeclaredBody[Events]):
+    """An event of the OpenLineage spec or a JSON array of them, bounded (MAX_BATCH_ITEMS events, `_check_list_sizes`)
+    and checked against the spec."""
+
+    def request_body_schema(self) -> dict[str, Any]:
+        return {
+            "description": f"An event of the OpenLineage spec ({_SPEC}), or an array of them",
+            "oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "object"}}],
+        }
+
+    async def parse(self, document: Any, request: Request) -> Events:
+        settings = await get_settings(request)
+        check_batch_size(document, settings)
+        _check_list_sizes(document, settings)
+        return validate_events(document)
+
+
+async def _ingest(
+    request: Request,
+    session: Session,
+    gateway: Gateway,
+    caller: Caller,
+    body: Annotated[Events, Depends(LineageEvents())],
+):
+    events, batch = body
     drafts = _drafts(events, batch, WriteBudget(gateway.settings.max_batch_items))
     outcome = await gateway.submit(session, drafts, caller, request_headers=request.headers)
     assert outcome.result is not None
@@ -156,19 +179,6 @@ def _too_many(error: TooManyWrites, index: int | None) -> PayloadTooLarge:
     )
 
 
-_OPENAPI = {
-    "requestBody": {
-        "required": True,
-        "content": {
-            "application/json": {
-                "schema": {
-                    "description": f"An event of the OpenLineage spec ({_SPEC}), or an array of them",
-                    "oneOf": [{"type": "object"}, {"type": "array", "items": {"type": "object"}}],
-                }
-            }
-        },
-    },
-}
 _DESCRIPTION = (
     "An OpenLineage RunEvent, JobEvent or DatasetEvent, or a JSON array of them (written in one transaction), "
     "checked against the OpenLineage spec shipped with metaledger; a refused event is a 400 naming the field "
@@ -183,7 +193,6 @@ router.add_api_route(
     description=_DESCRIPTION,
     operation_id="postOpenLineageEvents",
     responses=ERROR_RESPONSES,
-    openapi_extra=_OPENAPI,
 )
 router.add_api_route(
     "/api/v1/lineage",
@@ -193,5 +202,4 @@ router.add_api_route(
     description=_DESCRIPTION,
     operation_id="postOpenLineageEventsOpenLineagePath",
     responses=ERROR_RESPONSES,
-    openapi_extra=_OPENAPI,
 )

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Depends, Query, Request
 from pydantic import BaseModel, Field
 
-from app.api.deps import Gateway, Session, Writer
-from app.api.http import Flag, check_batch_size, json_response, read_json
+from app.api.deps import DeclaredBody, Gateway, Session, Writer, get_gateway
+from app.api.http import Flag, check_batch_size, json_response
 from app.errors import ERROR_RESPONSES
 from app.ingest.gateway import SubmitOutcome
 from app.ingest.mcp import MCP_FIELDS
-from app.write.proposal import JSON_CONTENT_TYPE
+from app.write.proposal import JSON_CONTENT_TYPE, Draft
 
 router = APIRouter(prefix="/openapi/v1", tags=["proposals"])
 
@@ -94,19 +94,22 @@ class QueuedResponse(BaseModel):
 assert frozenset(MetadataChangeProposal.model_fields) == MCP_FIELDS, "the documented MCP and the parsed one differ"
 
 
+class ProposalBatch(DeclaredBody[list[Draft]]):
+    """A JSON array of MCPs, at most MAX_BATCH_ITEMS (413), parsed into their drafts (a 400 naming every bad one).
+    Documented by reference: MetadataChangeProposal is a component of the document (app.api.documented_models)."""
+
+    def request_body_schema(self) -> dict[str, Any]:
+        return {"type": "array", "items": {"$ref": "#/components/schemas/MetadataChangeProposal"}}
+
+    async def parse(self, document: Any, request: Request) -> list[Draft]:
+        gateway = await get_gateway(request)
+        check_batch_size(document, gateway.settings)
+        return await gateway.parse_in_turns(document)
+
+
 @router.post(
     "/proposals",
     response_model=ProposalsResponse,
-    openapi_extra={
-        "requestBody": {
-            "required": True,
-            "content": {
-                "application/json": {
-                    "schema": {"type": "array", "items": {"$ref": "#/components/schemas/MetadataChangeProposal"}}
-                }
-            },
-        }
-    },
     responses={
         **ERROR_RESPONSES,
         202: {"model": QueuedResponse, "description": "Queued (async=true): validated and on the proposal topic"},
@@ -116,6 +119,7 @@ assert frozenset(MetadataChangeProposal.model_fields) == MCP_FIELDS, "the docume
 )
 async def ingest_proposals(
     caller: Writer,
+    drafts: Annotated[list[Draft], Depends(ProposalBatch())],
     request: Request,
     session: Session,
     gateway: Gateway,
@@ -134,9 +138,6 @@ async def ingest_proposals(
     With `async=true` the validation still happens now (400), and the 202 lists what was queued.
     A proposal with header `X-DataHub-Sync-Index-Update: true` (or that HTTP request header) is indexed before the
     response: top-level `"index": {"status": "UPDATED"|"PENDING", "error"?}` (PENDING: the index catches up later)."""
-    body = await read_json(request, gateway.settings)
-    check_batch_size(body, gateway.settings)
-    drafts = await gateway.parse_in_turns(body)
     outcome = await gateway.submit(session, drafts, caller, queue=async_, request_headers=request.headers)
     if outcome.result is None:
         return json_response(_queued(outcome), 202)

@@ -1,7 +1,9 @@
-"""A request body is read after the route's policy, by one bounded parser (app.api.deps.JsonBody, app.api.http.read_json):
-no route lets FastAPI read its body first (it would, for a body it parses itself, before any dependency and with no
-bound: an anonymous 42 MB body took a worker from 193 MB to 1.27 GB before its 401). Held on a real `metaledger
-serve`: large anonymous bodies are answered 401 and cost the API process no memory; an admin's are 413 or 400."""
+"""A request body is read after the route's policy, by one bounded parser (app.api.http.read_json), through the
+route's one declaration of its body (app.api.deps.DeclaredBody: it parses and documents it): no route lets FastAPI
+read its body first (it would, for a body it parses itself, before any dependency and with no bound: an anonymous
+42 MB body took a worker from 193 MB to 1.27 GB before its 401), nor declares a body a second time in its OpenAPI
+declaration. Held on a real `metaledger serve`: large anonymous bodies are answered 401 and cost the API process no
+memory; an admin's are 413 or 400."""
 
 from __future__ import annotations
 
@@ -14,49 +16,76 @@ import httpx
 import pytest
 from fastapi.routing import iter_route_contexts
 
-from app.api.deps import JsonBody
+from app.api.deps import DeclaredBody
 from app.api.entities import expanded
 from app.embedded_pg import free_port
 from tests.integration.test_request_heads import rss_mb
 from tests.processes import service_token, start_service, stop_process, wait_healthy
 
-# The routes whose body FastAPI parsed for them before this was fixed, and a scroll route (its body read by hand then).
+# The routes whose body FastAPI parsed for them before this was fixed, and routes whose body was read by hand then.
 BODY_ROUTES = [
     "/openapi/v1/models",
     "/openapi/v1/auth/tokens",
     "/openapi/v1/auth/policies",
     "/openapi/v1/trace/write/" + "0" * 32,
     "/openapi/v3/entity/scroll",
+    "/openapi/v3/entity/dataset",
+    "/openapi/v1/proposals",
+    "/aspects?action=ingestProposalBatch",
+    "/api/graphql",
+    "/openapi/openlineage/api/v1/lineage",
 ]
 BODY_MB = 24
 CHUNK = 1 << 20
 
 
-def _dependencies(dependant):
+def _in_call_order(dependant):
+    """The dependencies of `dependant` in the order FastAPI calls them: each one's own before it."""
     for dependency in dependant.dependencies:
+        yield from _in_call_order(dependency)
         yield dependency
-        yield from _dependencies(dependency)
 
 
-def test_no_route_has_its_body_read_before_its_policy(app):
+def test_no_route_has_its_body_read_before_its_policy_or_declared_twice(app):
     """FastAPI reads a body it parses itself (a pydantic parameter, `Body()`) before it solves any dependency: every
-    body is a `JsonBody` dependency or read by its handler, after the policy."""
-    parsed_by_fastapi, json_bodies = [], set()
+    body is a `DeclaredBody` dependency, called after the route's policy, and documented by it alone (a `requestBody`
+    in `openapi_extra` would be a second declaration, which nothing keeps in step with the parsing)."""
+    parsed_by_fastapi, declared_twice, read_first, declared_bodies = [], [], [], set()
     for context in iter_route_contexts(expanded(app.router.routes)):
         dependant = getattr(context, "dependant", None)
         if dependant is None:
             continue
+        route = f"{sorted(context.methods)} {context.path_format}"
         if getattr(context, "body_field", None) is not None:
-            parsed_by_fastapi.append(f"{sorted(context.methods)} {context.path_format}")
-        if any(isinstance(d.call, JsonBody) for d in _dependencies(dependant)):
-            json_bodies.add(context.path_format)
+            parsed_by_fastapi.append(route)
+        if "requestBody" in (context.openapi_extra or {}):
+            declared_twice.append(route)
+        calls = [d.call for d in _in_call_order(dependant)]
+        bodies = [i for i, call in enumerate(calls) if isinstance(call, DeclaredBody)]
+        if bodies:
+            declared_bodies.add(context.path_format)
+            policies = [i for i, call in enumerate(calls) if hasattr(call, "permission")]
+            if not policies or policies[0] > bodies[0]:
+                read_first.append(route)
     assert parsed_by_fastapi == []
+    assert declared_twice == []
+    assert read_first == []
     assert {
         "/openapi/v1/models",
         "/openapi/v1/auth/tokens",
         "/openapi/v1/trace/write/{traceId}",
         "/openapi/v3/entity/scroll",
-    } <= json_bodies
+        "/openapi/v1/proposals",
+        "/api/graphql",
+        "/openapi/openlineage/api/v1/lineage",
+        "/api/v1/lineage",
+        "/aspects",
+        "/entities",
+        "/runs",
+        "/openapi/v3/entity/dataset",
+        "/openapi/v3/entity/dataset/batchGet",
+        "/openapi/v3/entity/dataset/{urn}/{aspectName}",
+    } <= declared_bodies
 
 
 def test_the_document_declares_each_json_body_by_its_model(app):
@@ -71,6 +100,31 @@ def test_the_document_declares_each_json_body_by_its_model(app):
         assert body["required"] is True
         assert body["content"]["application/json"]["schema"] == {"$ref": f"#/components/schemas/{model}"}
         assert model in document["components"]["schemas"]
+
+
+def test_the_document_declares_each_other_body_by_its_schema(app):
+    """The bodies that are no pydantic model: a registry component, or a schema of their own."""
+    document = app.openapi()
+
+    def schema(path: str, method: str = "post") -> dict:
+        body = document["paths"][path][method]["requestBody"]
+        assert body["required"] is True
+        return body["content"]["application/json"]["schema"]
+
+    def array_of(component: str) -> dict:
+        return {"type": "array", "items": {"$ref": f"#/components/schemas/{component}"}}
+
+    assert schema("/openapi/v3/entity/dataset") == array_of("DatasetEntityRequest")
+    assert schema("/openapi/v3/entity/dataset", "patch") == array_of("DatasetEntityPatchRequest")
+    assert schema("/openapi/v3/entity/dataset/batchGet") == array_of("DatasetBatchGetRequest")
+    aspect = "/openapi/v3/entity/dataset/{urn}/{aspectName}"
+    assert schema(aspect) == {"$ref": "#/components/schemas/DatasetEntityAspectRequest"}
+    assert schema(aspect, "patch") == {"$ref": "#/components/schemas/GenericJsonPatch"}
+    assert schema("/openapi/v1/proposals") == array_of("MetadataChangeProposal")
+    assert schema("/api/graphql")["required"] == ["query"]
+    assert "oneOf" in schema("/api/v1/lineage")
+    for action_route in ("/aspects", "/entities", "/runs"):
+        assert schema(action_route) == {"type": "object"}
 
 
 def _array_of_empty_objects(size: int) -> Iterator[bytes]:

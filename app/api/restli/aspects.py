@@ -17,21 +17,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
-from app.api.deps import (
-    ALLOW_READ,
-    Caller,
-    Gateway,
-    Reader,
-    Registry,
-    Session,
-    admit_before_body,
-    get_backend,
-    get_read_your_writes,
-)
-from app.api.http import UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response, read_json
-from app.api.restli.common import ACTION_BODY, optional_int, require_object, require_urn
+from app.api.deps import ALLOW_READ, Caller, Gateway, Reader, Registry, Session, get_backend, get_read_your_writes
+from app.api.http import UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response
+from app.api.restli.common import ObjectActionBody, optional_int, require_urn
 from app.api.restli.timeseries import DEFAULT_LIMIT, check_filter, timeseries_from_backend
 from app.errors import ERROR_RESPONSES, Issue, Location, NotFound, ValidationFailed
 from app.flags import parse_bool
@@ -45,6 +35,7 @@ router = APIRouter(tags=["rest.li"])
 
 SUCCESS = {"value": "success"}
 ACTIONS = ("ingestProposal", "ingestProposalBatch", "getTimeseriesAspectValues")
+_BODY = ObjectActionBody("/aspects", ACTIONS, writes={"ingestProposal", "ingestProposalBatch"})
 
 
 @router.post(
@@ -58,37 +49,29 @@ ACTIONS = ("ingestProposal", "ingestProposalBatch", "getTimeseriesAspectValues")
         '"limit"?, "latestValue"?, "filter"?}` → `{"value": {"entityName", "aspectName", "limit", "values": '
         '[{"aspect": {"value": "<JSON text>", "contentType"}, "systemMetadata"}]}}`, newest first.'
     ),
-    openapi_extra=ACTION_BODY,
 )
 @router.post("/aspects/", include_in_schema=False)
 async def aspects_action(
     caller: Reader,
+    body: Annotated[dict[str, Any], Depends(_BODY)],
     request: Request,
     session: Session,
     gateway: Gateway,
     action: Annotated[str, Query(description=", ".join(ACTIONS))],
 ) -> Response:
-    if action not in ACTIONS:
-        raise ValidationFailed(
-            f"unknown action {action!r} on /aspects",
-            [Issue(f"supported actions: {', '.join(ACTIONS)}", path="$action")],
-        )
     if action == "getTimeseriesAspectValues":
-        body = require_object(await read_json(request, gateway.settings))
         return json_response({"value": await _timeseries(body, request, gateway.registry)})
-    async with admit_before_body(request, caller):  # a write refused with 429 is never parsed
-        body = require_object(await read_json(request, gateway.settings))
-        if action == "ingestProposalBatch":
-            check_batch_size(body.get("proposals"), gateway.settings, "$.proposals")
-            drafts = await gateway.parse_in_turns(body.get("proposals"), "$.proposals")
-        else:
-            if not isinstance(body.get("proposal"), dict):
-                raise ValidationFailed(
-                    "`proposal` must be a proposal object", [Issue("expected an object", path="$.proposal")]
-                )
-            drafts = [parse_mcp(body["proposal"], Location(0, "$.proposal"))]
-        queue = parse_bool(body.get("async"), False, ".async")
-        outcome = await gateway.submit(session, drafts, caller, queue=queue, request_headers=request.headers)
+    if action == "ingestProposalBatch":
+        check_batch_size(body.get("proposals"), gateway.settings, "$.proposals")
+        drafts = await gateway.parse_in_turns(body.get("proposals"), "$.proposals")
+    else:
+        if not isinstance(body.get("proposal"), dict):
+            raise ValidationFailed(
+                "`proposal` must be a proposal object", [Issue("expected an object", path="$.proposal")]
+            )
+        drafts = [parse_mcp(body["proposal"], Location(0, "$.proposal"))]
+    queue = parse_bool(body.get("async"), False, ".async")
+    outcome = await gateway.submit(session, drafts, caller, queue=queue, request_headers=request.headers)
     return json_response(SUCCESS, headers=outcome.response_headers)
 
 

@@ -2,14 +2,48 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Collection, Sequence
+from typing import Any, TypeVar
 from urllib.parse import unquote
 
+from fastapi import Request
+
+from app.api.deps import DeclaredBody, admit_before_body
 from app.errors import Issue, ValidationFailed
 from app.limits import MAX_LONG, MIN_LONG, clip
 
-# The request body of every Rest.li action is a JSON object; documented per action in the route's description.
-ACTION_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}}
+Parsed = TypeVar("Parsed")
+
+
+class ActionBody(DeclaredBody[Parsed]):
+    """The body of a Rest.li action route (`POST /aspects?action=ingestProposal`), read for an action the route
+    serves: an unknown one is refused unread, a write's (`writes`) once the write admission is taken, which the route's
+    READ policy does not take (a write refused with 429 is never parsed). Documented as a JSON object: each action's
+    fields are in the route's description."""
+
+    def __init__(self, route: str, actions: Sequence[str], *, writes: Collection[str] = ()) -> None:
+        self.route, self.actions, self.writes = route, actions, writes
+
+    def request_body_schema(self) -> dict[str, Any]:
+        return {"type": "object"}
+
+    async def __call__(self, request: Request) -> Parsed:
+        action = request.query_params.get("action")  # absent: refused for the handler's `action` parameter, after this
+        if action is not None and action not in self.actions:
+            raise ValidationFailed(
+                f"unknown action {action!r} on {self.route}",
+                [Issue(f"supported actions: {', '.join(self.actions)}", path="$action")],
+            )
+        if action in self.writes:
+            await admit_before_body(request)
+        return await super().__call__(request)
+
+
+class ObjectActionBody(ActionBody[dict[str, Any]]):
+    """The body of an action route whose every action takes a JSON object."""
+
+    async def parse(self, document: Any, request: Request) -> dict[str, Any]:
+        return require_object(document)
 
 
 def require_object(body: Any) -> dict[str, Any]:

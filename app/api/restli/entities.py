@@ -22,7 +22,7 @@ from __future__ import annotations
 from datetime import UTC
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
 from app.api.deps import (
     ALLOW_READ,
@@ -33,23 +33,16 @@ from app.api.deps import (
     Registry,
     Search,
     Session,
-    admit_before_body,
+    get_registry,
+    get_settings,
 )
-from app.api.http import (
-    Flag,
-    UrnPath,
-    check_batch_size,
-    entity_of_urn,
-    invalid_at,
-    json_response,
-    read_json,
-)
-from app.api.restli.common import ACTION_BODY, optional_int, parse_restli_list, require_object, require_urn
+from app.api.http import Flag, UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response
+from app.api.restli.common import ActionBody, optional_int, parse_restli_list, require_object, require_urn
 from app.auth.model import Permission
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
 from app.flags import parse_bool
 from app.ingest.deletion import delete_entity, delete_references
-from app.ingest.mce import unbundle_restli_entity
+from app.ingest.mce import UnbundledEvent, unbundle_restli_entity
 from app.search.service import SearchRuntime
 from app.write.proposal import ChangeType, Draft
 from app.write.reader import EntityReader
@@ -58,6 +51,21 @@ from app.write.reader import EntityReader
 router = APIRouter(tags=["rest.li"])
 
 ACTIONS = ("ingest", "delete", "deleteReferences")
+
+
+class EntityActionBody(ActionBody[dict[str, Any] | UnbundledEvent]):
+    """`ingest`'s body is a legacy MCE, unbundled into the drafts of its aspects (app.ingest.mce, which names the shape
+    it expects), at most MAX_BATCH_ITEMS of them; the other actions' a JSON object."""
+
+    async def parse(self, document: Any, request: Request) -> dict[str, Any] | UnbundledEvent:
+        if request.query_params.get("action") != "ingest":
+            return require_object(document)
+        event = unbundle_restli_entity(document, await get_registry(request))
+        check_batch_size(None, await get_settings(request), "$.entity.value", count=len(event.drafts), what="aspects")
+        return event
+
+
+_BODY = EntityActionBody("/entities", ACTIONS, writes={"ingest"})
 
 
 @router.post(
@@ -71,10 +79,10 @@ ACTIONS = ("ingest", "delete", "deleteReferences")
         '"timeseriesRows"}}`. `action=deleteReferences` `{"urn", "dryRun"}` → `{"value": {"total", "relatedAspects": '
         '[{"relationshipType", "entity", "aspect"}]}}`.'
     ),
-    openapi_extra=ACTION_BODY,
 )
 async def entities_action(
     caller: Reader,
+    body: Annotated[dict[str, Any] | UnbundledEvent, Depends(_BODY)],
     request: Request,
     session: Session,
     gateway: Gateway,
@@ -82,19 +90,9 @@ async def entities_action(
     caught_up: ReadYourWrites,
     action: Annotated[str, Query(description=", ".join(ACTIONS))],
 ) -> Response:
-    if action not in ACTIONS:
-        raise ValidationFailed(
-            f"unknown action {action!r} on /entities",
-            [Issue(f"supported actions: {', '.join(ACTIONS)}", path="$action")],
-        )
-    if action == "ingest":
-        async with admit_before_body(request, caller):  # a write refused with 429 is never parsed
-            # Every aspect of the snapshot is committed together, or none is.
-            event = unbundle_restli_entity(await read_json(request, gateway.settings), gateway.registry)
-            check_batch_size(None, gateway.settings, "$.entity.value", count=len(event.drafts), what="aspects")
-            outcome = await gateway.submit(session, event.drafts, caller, request_headers=request.headers)
+    if isinstance(body, UnbundledEvent):  # `ingest`: every aspect of the snapshot is committed together, or none is
+        outcome = await gateway.submit(session, body.drafts, caller, request_headers=request.headers)
         return json_response({}, headers=outcome.response_headers)
-    body = require_object(await read_json(request, gateway.settings))
     if action == "delete":
         return json_response({"value": await _delete(body, session, gateway, caller, search, caught_up)})
     caller.require(Permission.ADMIN)

@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Query, Request, Response
+from fastapi import APIRouter, Depends, Query, Response
 
 from app.api.deps import ALLOW_ADMIN, Caller, Gateway, Session
-from app.api.http import json_response, read_json
-from app.api.restli.common import ACTION_BODY, optional_int, require_object
+from app.api.http import json_response
+from app.api.restli.common import ObjectActionBody, optional_int
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
 from app.flags import parse_bool
 from app.runs.service import Rollback, check_run_id, describe_run, list_runs
@@ -28,6 +28,7 @@ router = APIRouter(tags=["rest.li"], dependencies=[ALLOW_ADMIN])
 ACTIONS = ("list", "describe", "rollback")
 DEFAULT_PAGE_SIZE = 100  # GMS's
 MAX_PAGE_SIZE = 10_000
+_BODY = ObjectActionBody("/runs", ACTIONS)
 
 
 @router.post(
@@ -43,20 +44,14 @@ MAX_PAGE_SIZE = 10_000
         "aspect the run changed goes back to its value before the run, what it created is removed, what others "
         "changed since is reported and kept unless `safe` is false."
     ),
-    openapi_extra=ACTION_BODY,
 )
 async def runs_action(
-    request: Request,
+    body: Annotated[dict[str, Any], Depends(_BODY)],
     session: Session,
     gateway: Gateway,
     caller: Caller,
     action: Annotated[str, Query(description=", ".join(ACTIONS))],
 ) -> Response:
-    if action not in ACTIONS:
-        raise ValidationFailed(
-            f"unknown action {action!r} on /runs", [Issue(f"supported actions: {', '.join(ACTIONS)}", path="$action")]
-        )
-    body = require_object(await read_json(request, gateway.settings))
     if action == "list":
         offset, size = _page(body, "pageOffset", "pageSize")
         return json_response({"value": await list_runs(session, offset, size, _flag(body, "includeSoft", False))})
