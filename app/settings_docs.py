@@ -85,6 +85,7 @@ def _machine_independent(text: str) -> str:
 
 def render_default(field: FieldInfo) -> str:
     if field.default_factory is not None:
+        # pydantic types default_factory as taking the validated data or not; the settings' factories take none
         value = field.default_factory()  # type: ignore[call-arg]
     elif field.default is PydanticUndefined:
         return "required"

@@ -560,6 +560,7 @@ def bind_entities(schema: GraphQLSchema, runtime_types: Mapping[str, str]) -> No
             return runtime_types[value.entity_name] if value.type == OTHER else ENTITY_TYPES[value.type][1]
         return ENTITY_TYPES[value["type"]][1]  # a plain object the resolvers built (a platform instance)
 
+    # type_map holds GraphQLNamedType; these two are interface/union types, which have resolve_type
     for abstract in ("Entity", "OwnerType"):
         schema.type_map[abstract].resolve_type = resolve_entity_type  # type: ignore[attr-defined]
     for type_name, fields in FIELD_RESOLVERS.items():

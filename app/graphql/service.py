@@ -92,6 +92,7 @@ def build(runtime_sdl: str = "", runtime_types: Mapping[str, str] | None = None)
     # graphql-core 3.3 coerces through coerce_*; parse_*/serialize are the 3.2 names it still offers
     for name in ("serialize", "parse_value", "coerce_output_value", "coerce_input_value"):
         setattr(long_type, name, _long)
+    # graphql-core's stubs declare the 3.3 names only; 3.2's parse_literal is still read for literals in queries
     long_type.parse_literal = _long_literal  # type: ignore[attr-defined]
     bind_entities(schema, runtime_types or {})
     for root, resolvers in ((schema.query_type, QUERY_RESOLVERS), (schema.mutation_type, MUTATION_RESOLVERS)):
@@ -295,6 +296,7 @@ class AnswerBoundExecutor(Executor):
             return None
         return super().execute_field(parent_type, source, field_details_list, path, position_context)
 
+    # graphql-core declares it a static method taking GraphQLLeafType; this override needs the executor's state
     def complete_leaf_value(self, return_type: Any, result: Any) -> Any:  # type: ignore[override]
         completed = Executor.complete_leaf_value(return_type, result)
         self.context_value.answer.charge(completed)
@@ -350,6 +352,7 @@ async def run(request: GraphQLRequest, context: Context, settings: Settings) -> 
         return _too_large(context.answer, request.operation_name), 400
     for error in result.errors or ():
         if _retryable(error.original_error):
+            # original_error is typed Exception | None; _retryable returned True, so it is an exception
             raise error.original_error  # type: ignore[misc]
     body: dict[str, Any] = {"data": result.data}
     if result.errors:

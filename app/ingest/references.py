@@ -54,6 +54,7 @@ def relationship_paths(registry: EntityRegistry) -> dict[str, list[tuple[list[st
             relationship = annotated.get("Relationship")
             if isinstance(relationship, dict) and "name" in relationship:
                 out.setdefault(name, []).append(([s for s in path.split("/") if s], relationship["name"]))
+    # kept on the registry it was computed from, so a new registry (a model set applied) computes its own
     registry._restli_relationship_paths = out  # type: ignore[attr-defined]
     return out
 

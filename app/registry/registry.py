@@ -181,9 +181,9 @@ def _walk_annotations(t: Type, prefix: str, stack: set[int]) -> Iterator[FieldAn
             yield from _walk_annotations(f.type, path, stack)
         stack.discard(id(t))
     elif isinstance(t, Array):
-        yield from _walk_annotations(t.items, prefix + "/*", stack)  # type: ignore[arg-type]
+        yield from _walk_annotations(t.items, prefix + "/*", stack)
     elif isinstance(t, Map):
-        yield from _walk_annotations(t.values, prefix + "/*", stack)  # type: ignore[arg-type]
+        yield from _walk_annotations(t.values, prefix + "/*", stack)
     elif isinstance(t, (Union, AliasedUnion)):
         for key, m in t.members:
             yield from _walk_annotations(m, f"{prefix}/{key}", stack)

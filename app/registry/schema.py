@@ -70,7 +70,7 @@ class Fixed(Type):
 
 @dataclass(eq=False)
 class Array(Type):
-    items: Type | None = None
+    items: Type
 
     def describe(self) -> str:
         return "array"
@@ -78,7 +78,7 @@ class Array(Type):
 
 @dataclass(eq=False)
 class Map(Type):
-    values: Type | None = None
+    values: Type
 
     def describe(self) -> str:
         return "object (map)"
@@ -315,9 +315,9 @@ def avro_default_to_pegasus(t: Type, value: Any, optional: bool = False) -> Any:
         key, member = t.members[0]
         return {key: avro_default_to_pegasus(member, value)}
     if isinstance(t, Array):
-        return [avro_default_to_pegasus(t.items, v) for v in value]  # type: ignore[arg-type]
+        return [avro_default_to_pegasus(t.items, v) for v in value]
     if isinstance(t, Map):
-        return {k: avro_default_to_pegasus(t.values, v) for k, v in value.items()}  # type: ignore[arg-type]
+        return {k: avro_default_to_pegasus(t.values, v) for k, v in value.items()}
     if t.kind in ("float", "double") and isinstance(value, int) and not isinstance(value, bool):
         return float(value)
     return value
