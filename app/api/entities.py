@@ -4,11 +4,14 @@ answers: the OpenAPI document is generated from these declarations, the body and
 components (app.openapi_spec). Issues name paths in the body the client sent (`$[0].datasetProperties.value.name`)."""
 
 # No `from __future__ import annotations`: the parameter types of each entity's routes (its URN pattern, its
-# aspect names) are built per entity, and FastAPI reads them from the handlers' signatures when they are registered.
+# aspect names) are built per entity (`EntityType`), and FastAPI reads them from the handlers' signatures when they
+# are registered.
 
 from collections.abc import Iterable
+from dataclasses import dataclass
+from enum import Enum
 from functools import cached_property
-from typing import Annotated, Any
+from typing import Annotated, Any, Self
 
 import orjson
 from fastapi import APIRouter, Depends, Path, Query, Request, Response
@@ -18,17 +21,7 @@ from starlette.datastructures import URLPath
 from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import Receive, Scope, Send
 
-from app.api.deps import (
-    ALLOW_READ,
-    Caller,
-    DeclaredBody,
-    Gateway,
-    Registry,
-    Session,
-    Writer,
-    get_registry,
-    get_settings,
-)
+from app.api.deps import ALLOW_READ, DeclaredBody, Gateway, Session, StoredEntities, Writer, get_registry, get_settings
 from app.api.http import (
     Flag,
     aspect_envelope,
@@ -39,7 +32,6 @@ from app.api.http import (
     stored_envelope,
 )
 from app.api.urn_paths import restore_slashes
-from app.auth.model import Principal
 from app.errors import Issue, Location, ValidationFailed
 from app.ingest.gateway import SubmitOutcome
 from app.limits import check_long
@@ -56,7 +48,6 @@ from app.registry.registry import EntitySpec
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.decision import ItemResult
 from app.write.proposal import CONDITIONAL_HEADERS, PRECONDITION_HEADERS, ChangeType, Draft
-from app.write.reader import EntityReader
 
 ENVELOPE_KEYS = frozenset({"value", "systemMetadata", "headers"})
 
@@ -72,6 +63,20 @@ AsyncFlag = Annotated[
     ),
 ]
 Version = Annotated[int, Query(description="Aspect version (0: latest)", ge=0, le=2**63 - 1)]
+CreateIfNotExists = Annotated[
+    Flag | None,
+    WithJsonSchema({"type": "boolean"}),
+    Query(
+        alias="createIfNotExists",
+        description="Create the aspect only if it does not exist (a 409 otherwise). Default: true, as DataHub's, "
+        "unless the request carries a precondition (If-Version-Match, If-Modified-Since, "
+        "If-Unmodified-Since): then false, so that the precondition decides",
+    ),
+]
+CreateIfEntityNotExists = Annotated[
+    Flag, Query(alias="createIfEntityNotExists", description="Create the entity only if it does not exist")
+]
+ClearFlag = Annotated[Flag, Query(description="Delete every aspect except the key aspect")]
 
 
 # The scope key of the route an `EntityRoutes` matched, for its `handle` (that route's own child scope names it as
@@ -147,63 +152,89 @@ def expanded(routes: Iterable[BaseRoute]) -> list[BaseRoute]:
     return [inner for route in routes for inner in (route.routes if isinstance(route, EntityRoutes) else (route,))]
 
 
+# --- the routes of one entity type ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class EntityType:
+    """What the routes of one entity type are declared with: its names and the metadata of its parameters (its URN
+    pattern, its aspect names), which each handler spells into its signature, `urn: Annotated[str, *e.urn]`: FastAPI
+    reads them there, a type checker reads the `str`."""
+
+    spec: EntitySpec
+    urn: tuple[Any, ...]  # {urn}
+    aspect_name: tuple[Any, ...]  # {aspectName}
+    aspects_to_read: tuple[Any, ...]  # ?aspects= of a read
+    aspects_to_delete: tuple[Any, ...]  # ?aspects= of a delete
+
+    @classmethod
+    def of(cls, spec: EntitySpec) -> Self:
+        urn_schema: dict[str, Any] = {"type": "string", "pattern": f"^urn:li:{spec.name}:."}
+        if spec.name != "schemaField":  # DataHub exempts schemaField URNs from its length limit
+            urn_schema["maxLength"] = URN_MAX_CHARS
+        # The handlers check URNs and aspect names themselves (a 400 naming the parameter and the reason, or a 404 for
+        # an aspect the entity does not have): the schemas document those checks.
+        aspect_names = schema_ref(aspect_name_component(spec.name))
+        some_aspects = WithJsonSchema({"type": "array", "items": aspect_names})
+        return cls(
+            spec,
+            urn=(
+                AfterValidator(restore_slashes),
+                WithJsonSchema(urn_schema),
+                Path(description=f"URN of the {spec.name} (URL-encoded)"),
+            ),
+            aspect_name=(WithJsonSchema(aspect_names), Path(alias="aspectName", description="Name of the aspect")),
+            aspects_to_read=(some_aspects, Query(description="Aspects to return (default: all)")),
+            aspects_to_delete=(some_aspects, Query(description="Aspects to delete (default: the whole entity)")),
+        )
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    @property
+    def title(self) -> str:  # in operation ids: `getDataset`
+        return upper_first(self.spec.name)
+
+    @property
+    def tags(self) -> list[str | Enum]:
+        return [self.spec.name]
+
+    def component(self, suffix: str) -> dict[str, str]:
+        """A reference to the entity type's component of the registry's: `DatasetEntityResponse`."""
+        return schema_ref(entity_component(self.spec.name, suffix))
+
+
 def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
-    entity = spec.name
-    p = upper_first(entity)
-    tags: list[str | Any] = [entity]
-    urn_schema: dict[str, Any] = {"type": "string", "pattern": f"^urn:li:{entity}:."}
-    if entity != "schemaField":  # DataHub exempts schemaField URNs from its length limit
-        urn_schema["maxLength"] = URN_MAX_CHARS
-    # The handlers check URNs and aspect names themselves (a 400 naming the parameter and the reason, or a 404 for
-    # an aspect the entity does not have): the schemas document those checks.
-    Urn = Annotated[
-        str,
-        AfterValidator(restore_slashes),
-        WithJsonSchema(urn_schema),
-        Path(description=f"URN of the {entity} (URL-encoded)"),
-    ]
-    aspect_names = schema_ref(aspect_name_component(entity))
-    AspectName = Annotated[
-        str, WithJsonSchema(aspect_names), Path(alias="aspectName", description="Name of the aspect")
-    ]
+    """The routes of one entity type, in the document's order; each function adds one, declared with its handler."""
+    e = EntityType.of(spec)
+    # /{entity}: several entities
+    _upsert_entities(router, e)  # POST
+    _patch_entities(router, e)  # PATCH
+    _batch_get(router, e)  # POST /batchGet
+    # /{entity}/{urn}: one entity
+    _get_entity(router, e)  # GET
+    _entity_exists(router, e)  # HEAD
+    _delete_entity(router, e)  # DELETE
+    # /{entity}/{urn}/{aspectName}: one aspect of an entity
+    _upsert_aspect(router, e)  # POST
+    _patch_aspect(router, e)  # PATCH
+    _get_aspect(router, e)  # GET
+    _aspect_exists(router, e)  # HEAD
+    _delete_aspect(router, e)  # DELETE
 
-    # Spelled out (not made by a helper function) so that type checkers take them as type aliases.
-    AspectsToRead = Annotated[
-        list[str] | None,
-        WithJsonSchema({"type": "array", "items": aspect_names}),
-        Query(description="Aspects to return (default: all)"),
-    ]
-    AspectsToDelete = Annotated[
-        list[str] | None,
-        WithJsonSchema({"type": "array", "items": aspect_names}),
-        Query(description="Aspects to delete (default: the whole entity)"),
-    ]
 
-    def component(suffix: str) -> dict[str, str]:
-        return schema_ref(entity_component(entity, suffix))
-
-    entity_response = component("EntityResponse")
-    entities_response = _array_of(entity_response)
-    aspect_response = component("EntityAspectResponse")
-
-    def answers(description: str, schema: dict[str, Any], *, accepted: bool = False) -> dict[int | str, Any]:
-        out: dict[int | str, Any] = {200: {"description": description, **json_body(schema)}}
-        if accepted:
-            out[202] = {"description": "Accepted: validated and queued (async=true)", **json_body(schema)}
-        return out
-
-    exists_answers: dict[int | str, Any] = {404: {"description": "Not found"}}
-
+def _upsert_entities(router: APIRouter, e: EntityType) -> None:
     @router.post(
-        f"/{entity}",
-        operation_id=f"create{p}",
-        tags=tags,
-        summary=f"Create or upsert {entity} entities",
-        responses=answers("Written", entities_response, accepted=True),
+        f"/{e.name}",
+        operation_id=f"create{e.title}",
+        tags=e.tags,
+        summary=f"Create or upsert {e.name} entities",
+        responses=_answers("Written", _array_of(e.component("EntityResponse")), accepted=True),
     )
     async def upsert_entities(
         caller: Writer,
-        drafts: Annotated[list[Draft], Depends(EntityBatch(entity, ChangeType.UPSERT, "EntityRequest"))],
+        drafts: Annotated[list[Draft], Depends(EntityBatch(e.name, ChangeType.UPSERT, "EntityRequest"))],
         request: Request,
         session: Session,
         gateway: Gateway,
@@ -211,106 +242,118 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         async_: AsyncFlag = True,
     ) -> Response:
         # `async` defaults to true, as DataHub's: validated now, queued on the proposal topic, 202 with the echo.
-        return await _write_entities(drafts, request, session, gateway, caller, system_metadata, async_)
+        outcome = await gateway.submit(session, drafts, caller, queue=async_, request_headers=request.headers)
+        return _entities_response(outcome, system_metadata, echo_limit=gateway.settings.max_echo_value_bytes)
 
+
+def _patch_entities(router: APIRouter, e: EntityType) -> None:
     @router.patch(
-        f"/{entity}",
-        operation_id=f"patch{p}",
-        tags=tags,
-        summary=f"Patch aspects of {entity} entities (applied to the locked latest values)",
+        f"/{e.name}",
+        operation_id=f"patch{e.title}",
+        tags=e.tags,
+        summary=f"Patch aspects of {e.name} entities (applied to the locked latest values)",
         description='Each aspect\'s `value` is DataHub\'s `{"patch": [...], "arrayPrimaryKeys"?, '
         '"forceGenericPatch"?}`, applied inside the transaction to the locked latest value.',
-        responses=answers("Written", entities_response, accepted=True),
+        responses=_answers("Written", _array_of(e.component("EntityResponse")), accepted=True),
     )
     async def patch_entities(
         caller: Writer,
-        drafts: Annotated[list[Draft], Depends(EntityBatch(entity, ChangeType.PATCH, "EntityPatchRequest"))],
+        drafts: Annotated[list[Draft], Depends(EntityBatch(e.name, ChangeType.PATCH, "EntityPatchRequest"))],
         request: Request,
         session: Session,
         gateway: Gateway,
         system_metadata: SystemMetadataFlag = True,
         async_: AsyncFlag = True,
     ) -> Response:
-        return await _write_entities(drafts, request, session, gateway, caller, system_metadata, async_)
+        outcome = await gateway.submit(session, drafts, caller, queue=async_, request_headers=request.headers)
+        return _entities_response(outcome, system_metadata, echo_limit=gateway.settings.max_echo_value_bytes)
 
+
+def _batch_get(router: APIRouter, e: EntityType) -> None:
     @router.post(
-        f"/{entity}/batchGet",
+        f"/{e.name}/batchGet",
         dependencies=[ALLOW_READ],
-        operation_id=f"batchGet{p}",
-        tags=tags,
-        summary=f"Get several {entity} entities",
-        responses=answers("Found entities (absent ones left out)", entities_response),
+        operation_id=f"batchGet{e.title}",
+        tags=e.tags,
+        summary=f"Get several {e.name} entities",
+        responses=_answers("Found entities (absent ones left out)", _array_of(e.component("EntityResponse"))),
     )
     async def batch_get(
-        wanted: Annotated[list[Wanted], Depends(BatchGet(entity))],
-        session: Session,
-        registry: Registry,
-        caller: Caller,
+        wanted: Annotated[list[Wanted], Depends(BatchGet(e.name))],
+        reader: StoredEntities,
         system_metadata: SystemMetadataFlag = False,
     ) -> Response:
-        return await _batch_get(wanted, session, registry, system_metadata, caller)
+        found = await reader.latest_of_many(wanted)  # one query for the whole batch
+        out = []
+        for urn, aspects in wanted:
+            rows = [r for r in found.get(urn, ()) if aspects is None or r.aspect in aspects]
+            if rows:
+                out.append({"urn": urn, **{row.aspect: stored_envelope(row, system_metadata) for row in rows}})
+        return json_response(out)
 
+
+def _get_entity(router: APIRouter, e: EntityType) -> None:
     @router.get(
-        f"/{entity}/{{urn}}",
+        f"/{e.name}/{{urn}}",
         dependencies=[ALLOW_READ],
-        operation_id=f"get{p}",
-        tags=tags,
-        summary=f"Get a {entity} entity",
-        responses=answers("The entity", entity_response),
+        operation_id=f"get{e.title}",
+        tags=e.tags,
+        summary=f"Get a {e.name} entity",
+        responses=_answers("The entity", e.component("EntityResponse")),
     )
     async def get_entity(
-        urn: Urn,
-        session: Session,
-        registry: Registry,
-        caller: Caller,
-        aspects: AspectsToRead = None,
+        urn: Annotated[str, *e.urn],
+        reader: StoredEntities,
+        aspects: Annotated[list[str] | None, *e.aspects_to_read] = None,
         system_metadata: SystemMetadataFlag = False,
     ) -> Response:
-        rows = await EntityReader(session, registry, caller).entity(entity, checked_urn(urn), aspects)
-        found: dict[str, Any] = {"urn": urn}
-        for row in rows:
-            found[row.aspect] = stored_envelope(row, system_metadata)
-        return json_response(found)
+        rows = await reader.entity(e.name, checked_urn(urn), aspects)
+        return json_response({"urn": urn, **{row.aspect: stored_envelope(row, system_metadata) for row in rows}})
 
+
+def _entity_exists(router: APIRouter, e: EntityType) -> None:
     @router.head(
-        f"/{entity}/{{urn}}",
+        f"/{e.name}/{{urn}}",
         dependencies=[ALLOW_READ],
-        operation_id=f"head{p}",
-        tags=tags,
-        summary=f"Check that a {entity} entity exists",
+        operation_id=f"head{e.title}",
+        tags=e.tags,
+        summary=f"Check that a {e.name} entity exists",
         status_code=204,
         response_description="Exists",
-        responses=exists_answers,
+        responses=_EXISTS_ANSWERS,
     )
-    async def entity_exists(urn: Urn, session: Session, registry: Registry, caller: Caller) -> Response:
-        exists = await EntityReader(session, registry, caller).exists(checked_urn(urn))
-        return Response(status_code=204 if exists else 404)
+    async def entity_exists(urn: Annotated[str, *e.urn], reader: StoredEntities) -> Response:
+        return Response(status_code=204 if await reader.exists(checked_urn(urn)) else 404)
 
+
+def _delete_entity(router: APIRouter, e: EntityType) -> None:
     # Deleting the whole entity (its key aspect) needs ADMIN: the gateway checks each draft.
     @router.delete(
-        f"/{entity}/{{urn}}",
-        operation_id=f"delete{p}",
-        tags=tags,
-        summary=f"Delete a {entity} entity or some of its aspects",
-        responses=answers("Deleted", _DELETED_ASPECTS),
+        f"/{e.name}/{{urn}}",
+        operation_id=f"delete{e.title}",
+        tags=e.tags,
+        summary=f"Delete a {e.name} entity or some of its aspects",
+        responses=_answers("Deleted", _DELETED_ASPECTS),
     )
     async def delete_entity(
         caller: Writer,
-        urn: Urn,
+        urn: Annotated[str, *e.urn],
         request: Request,
         session: Session,
         gateway: Gateway,
-        aspects: AspectsToDelete = None,
-        clear: Annotated[Flag, Query(description="Delete every aspect except the key aspect")] = False,
+        reader: StoredEntities,
+        aspects: Annotated[list[str] | None, *e.aspects_to_delete] = None,
+        clear: ClearFlag = False,
     ) -> Response:
+        key_aspect = e.spec.key_aspect
         if clear:
-            rows = await EntityReader(session, gateway.registry, caller).entity(entity, checked_urn(urn), None)
-            targets = [row.aspect for row in rows if row.aspect != spec.key_aspect]
-        elif aspects and spec.key_aspect not in aspects:
+            rows = await reader.entity(e.name, checked_urn(urn), None)
+            targets = [row.aspect for row in rows if row.aspect != key_aspect]
+        elif aspects and key_aspect not in aspects:
             targets = aspects
         else:
-            targets = [spec.key_aspect]  # no aspects, or the key aspect: a hard delete of the entity
-        drafts = [Draft(i, entity, aspect, ChangeType.DELETE.value, urn=urn) for i, aspect in enumerate(targets)]
+            targets = [key_aspect]  # no aspects, or the key aspect: a hard delete of the entity
+        drafts = [Draft(i, e.name, aspect, ChangeType.DELETE.value, urn=urn) for i, aspect in enumerate(targets)]
         if not drafts:  # `clear` of an entity that has only its key aspect
             return json_response({"urn": urn, "deleted": []})
         outcome = await gateway.submit(session, drafts, caller, request_headers=request.headers)
@@ -318,51 +361,33 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         deleted = [r.aspect for r in outcome.result.items if r.status.value == "DELETED"]
         return json_response({"urn": urn, "deleted": deleted}, headers=outcome.response_headers)
 
+
+def _upsert_aspect(router: APIRouter, e: EntityType) -> None:
     @router.post(
-        f"/{entity}/{{urn}}/{{aspectName}}",
-        operation_id=f"create{p}Aspect",
-        tags=tags,
-        summary=f"Create or upsert one aspect of a {entity} entity",
-        responses=answers("Written", entity_response, accepted=True),
+        f"/{e.name}/{{urn}}/{{aspectName}}",
+        operation_id=f"create{e.title}Aspect",
+        tags=e.tags,
+        summary=f"Create or upsert one aspect of a {e.name} entity",
+        responses=_answers("Written", e.component("EntityResponse"), accepted=True),
     )
     async def upsert_aspect(
         caller: Writer,
-        urn: Urn,
-        aspect_name: AspectName,
-        body: Annotated[dict[str, Any], Depends(AspectWrite(entity))],
+        urn: Annotated[str, *e.urn],
+        aspect_name: Annotated[str, *e.aspect_name],
+        body: Annotated[dict[str, Any], Depends(AspectWrite(e.name))],
         request: Request,
         session: Session,
         gateway: Gateway,
-        create_if_not_exists: Annotated[
-            Flag | None,
-            WithJsonSchema({"type": "boolean"}),
-            Query(
-                alias="createIfNotExists",
-                description="Create the aspect only if it does not exist (a 409 otherwise). Default: true, as DataHub's, "
-                "unless the request carries a precondition (If-Version-Match, If-Modified-Since, "
-                "If-Unmodified-Since): then false, so that the precondition decides",
-            ),
-        ] = None,
-        create_if_entity_not_exists: Annotated[
-            Flag, Query(alias="createIfEntityNotExists", description="Create the entity only if it does not exist")
-        ] = False,
+        create_if_not_exists: CreateIfNotExists = None,
+        create_if_entity_not_exists: CreateIfEntityNotExists = False,
         system_metadata: SystemMetadataFlag = True,
         async_: AsyncFlag = False,
     ) -> Response:
         headers = {**_http_conditional_headers(request), **(body.get("headers") or {})}
-        # DataHub defaults createIfNotExists to true, which silently turns every write into CREATE and defeats
-        # If-Version-Match (DataHub #19127): an explicit precondition header makes the default false.
-        if create_if_not_exists is None:
-            create_if_not_exists = not any(h.lower() in PRECONDITION_HEADERS for h in headers)
-        if create_if_entity_not_exists:
-            change_type = ChangeType.CREATE_ENTITY
-        elif create_if_not_exists:
-            change_type = ChangeType.CREATE
-        else:
-            change_type = ChangeType.UPSERT
+        change_type = _aspect_change_type(create_if_not_exists, create_if_entity_not_exists, headers)
         draft = Draft(
             0,
-            entity,
+            e.name,
             aspect_name,
             change_type.value,
             urn=urn,
@@ -376,91 +401,95 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
             outcome, system_metadata, single=True, echo_limit=gateway.settings.max_echo_value_bytes
         )
 
+
+def _patch_aspect(router: APIRouter, e: EntityType) -> None:
     @router.patch(
-        f"/{entity}/{{urn}}/{{aspectName}}",
-        operation_id=f"patch{p}Aspect",
-        tags=tags,
-        summary=f"Patch one aspect of a {entity} entity",
+        f"/{e.name}/{{urn}}/{{aspectName}}",
+        operation_id=f"patch{e.title}Aspect",
+        tags=e.tags,
+        summary=f"Patch one aspect of a {e.name} entity",
         description='Body: an RFC 6902 array or DataHub\'s GenericJsonPatch `{"patch": [...], "arrayPrimaryKeys"?}`.',
-        responses=answers("Written", entity_response),
+        responses=_answers("Written", e.component("EntityResponse")),
     )
     async def patch_aspect(
         caller: Writer,
-        urn: Urn,
-        aspect_name: AspectName,
+        urn: Annotated[str, *e.urn],
+        aspect_name: Annotated[str, *e.aspect_name],
         patch: Annotated[Any, Depends(AspectPatch())],
         request: Request,
         session: Session,
         gateway: Gateway,
         system_metadata: SystemMetadataFlag = True,
     ) -> Response:
+        headers = _http_conditional_headers(request)
         draft = Draft(
-            0,
-            entity,
-            aspect_name,
-            ChangeType.PATCH.value,
-            urn=urn,
-            value=patch,
-            headers=_http_conditional_headers(request),
-            location=SINGLE_PATCH,
+            0, e.name, aspect_name, ChangeType.PATCH.value, urn=urn, value=patch, headers=headers, location=SINGLE_PATCH
         )
         outcome = await gateway.submit(session, [draft], caller, request_headers=request.headers)
         return _entities_response(
             outcome, system_metadata, single=True, echo_limit=gateway.settings.max_echo_value_bytes
         )
 
+
+def _get_aspect(router: APIRouter, e: EntityType) -> None:
     @router.get(
-        f"/{entity}/{{urn}}/{{aspectName}}",
+        f"/{e.name}/{{urn}}/{{aspectName}}",
         dependencies=[ALLOW_READ],
-        operation_id=f"get{p}Aspect",
-        tags=tags,
-        summary=f"Get one aspect of a {entity} entity",
-        responses=answers("The aspect", aspect_response),
+        operation_id=f"get{e.title}Aspect",
+        tags=e.tags,
+        summary=f"Get one aspect of a {e.name} entity",
+        responses=_answers("The aspect", e.component("EntityAspectResponse")),
     )
     async def get_aspect(
-        urn: Urn,
-        aspect_name: AspectName,
-        session: Session,
-        registry: Registry,
-        caller: Caller,
+        urn: Annotated[str, *e.urn],
+        aspect_name: Annotated[str, *e.aspect_name],
+        reader: StoredEntities,
         version: Version = 0,
         system_metadata: SystemMetadataFlag = False,
     ) -> Response:
         check_long(version, "version", minimum=0)
-        row = await EntityReader(session, registry, caller).aspect(entity, checked_urn(urn), aspect_name, version)
+        row = await reader.aspect(e.name, checked_urn(urn), aspect_name, version)
         envelope = stored_envelope(row, system_metadata)
         envelope["version"] = row.system_metadata.get("version", str(row.version))
         return json_response(envelope)
 
+
+def _aspect_exists(router: APIRouter, e: EntityType) -> None:
     @router.head(
-        f"/{entity}/{{urn}}/{{aspectName}}",
+        f"/{e.name}/{{urn}}/{{aspectName}}",
         dependencies=[ALLOW_READ],
-        operation_id=f"head{p}Aspect",
-        tags=tags,
-        summary=f"Check that an aspect of a {entity} entity exists",
+        operation_id=f"head{e.title}Aspect",
+        tags=e.tags,
+        summary=f"Check that an aspect of a {e.name} entity exists",
         status_code=204,
         response_description="Exists",
-        responses=exists_answers,
+        responses=_EXISTS_ANSWERS,
     )
     async def aspect_exists(
-        urn: Urn, aspect_name: AspectName, session: Session, registry: Registry, caller: Caller
+        urn: Annotated[str, *e.urn], aspect_name: Annotated[str, *e.aspect_name], reader: StoredEntities
     ) -> Response:
-        exists = await EntityReader(session, registry, caller).has_aspect(entity, checked_urn(urn), aspect_name)
+        exists = await reader.has_aspect(e.name, checked_urn(urn), aspect_name)
         return Response(status_code=204 if exists else 404)
 
+
+def _delete_aspect(router: APIRouter, e: EntityType) -> None:
     @router.delete(
-        f"/{entity}/{{urn}}/{{aspectName}}",
-        operation_id=f"delete{p}Aspect",
-        tags=tags,
-        summary=f"Delete one aspect of a {entity} entity",
-        responses=answers("Deleted (or already absent: status ABSENT)", _DELETED_ASPECT),
+        f"/{e.name}/{{urn}}/{{aspectName}}",
+        operation_id=f"delete{e.title}Aspect",
+        tags=e.tags,
+        summary=f"Delete one aspect of a {e.name} entity",
+        responses=_answers("Deleted (or already absent: status ABSENT)", _DELETED_ASPECT),
     )
     async def delete_aspect(
-        caller: Writer, urn: Urn, aspect_name: AspectName, request: Request, session: Session, gateway: Gateway
+        caller: Writer,
+        urn: Annotated[str, *e.urn],
+        aspect_name: Annotated[str, *e.aspect_name],
+        request: Request,
+        session: Session,
+        gateway: Gateway,
     ) -> Response:
-        draft = Draft(
-            0, entity, aspect_name, ChangeType.DELETE.value, urn=urn, headers=_http_conditional_headers(request)
-        )
+        headers = _http_conditional_headers(request)
+        draft = Draft(0, e.name, aspect_name, ChangeType.DELETE.value, urn=urn, headers=headers)
         outcome = await gateway.submit(session, [draft], caller, request_headers=request.headers)
         assert outcome.result is not None
         item = outcome.result.items[0]
@@ -469,6 +498,18 @@ def _add_entity_routes(router: APIRouter, spec: EntitySpec) -> None:
         )
 
 
+def _array_of(schema: dict[str, Any]) -> dict[str, Any]:
+    return {"type": "array", "items": schema}
+
+
+def _answers(description: str, schema: dict[str, Any], *, accepted: bool = False) -> dict[int | str, Any]:
+    out: dict[int | str, Any] = {200: {"description": description, **json_body(schema)}}
+    if accepted:
+        out[202] = {"description": "Accepted: validated and queued (async=true)", **json_body(schema)}
+    return out
+
+
+_EXISTS_ANSWERS: dict[int | str, Any] = {404: {"description": "Not found"}}
 _DELETED_ASPECTS = {
     "type": "object",
     "properties": {"urn": {"type": "string"}, "deleted": {"type": "array", "items": {"type": "string"}}},
@@ -479,6 +520,24 @@ _DELETED_ASPECT = {
     "properties": {"urn": {"type": "string"}, "aspect": {"type": "string"}, "status": {"type": "string"}},
     "required": ["urn", "aspect", "status"],
 }
+
+
+def _aspect_change_type(
+    create_if_not_exists: bool | None, create_if_entity_not_exists: bool, headers: dict[str, str]
+) -> ChangeType:
+    """The change type of a single-aspect write, from its flags and its conditional-write headers."""
+    # DataHub defaults createIfNotExists to true, which silently turns every write into CREATE and defeats
+    # If-Version-Match (DataHub #19127): an explicit precondition header makes the default false.
+    if create_if_not_exists is None:
+        create_if_not_exists = not any(h.lower() in PRECONDITION_HEADERS for h in headers)
+    if create_if_entity_not_exists:
+        return ChangeType.CREATE_ENTITY
+    return ChangeType.CREATE if create_if_not_exists else ChangeType.UPSERT
+
+
+def _http_conditional_headers(request: Request) -> dict[str, str]:
+    """Documented extension: the conditional-write headers may also come as HTTP headers on single-aspect writes."""
+    return {name: request.headers[name] for name in CONDITIONAL_HEADERS if name in request.headers}
 
 
 # --- the v3 bodies: each route's one declaration of its body (app.api.deps.DeclaredBody) ---------------------------
@@ -577,44 +636,6 @@ class AspectPatch(DeclaredBody[Any]):
 
     async def parse(self, document: Any, request: Request) -> Any:
         return document
-
-
-async def _write_entities(
-    drafts: list[Draft],
-    request: Request,
-    session: Session,
-    gateway: Gateway,
-    caller: Writer,
-    system_metadata: bool,
-    queue: bool,
-) -> Response:
-    outcome = await gateway.submit(session, drafts, caller, queue=queue, request_headers=request.headers)
-    return _entities_response(outcome, system_metadata, echo_limit=gateway.settings.max_echo_value_bytes)
-
-
-async def _batch_get(
-    wanted: list[Wanted], session: Session, registry: Registry, system_metadata: bool, caller: Principal
-) -> Response:
-    found = await EntityReader(session, registry, caller).latest_of_many(wanted)  # one query for the whole batch
-    out = []
-    for urn, aspects in wanted:
-        rows = [r for r in found.get(urn, ()) if aspects is None or r.aspect in aspects]
-        if not rows:
-            continue
-        entity_out: dict[str, Any] = {"urn": urn}
-        for row in rows:
-            entity_out[row.aspect] = stored_envelope(row, system_metadata)
-        out.append(entity_out)
-    return json_response(out)
-
-
-def _array_of(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "array", "items": schema}
-
-
-def _http_conditional_headers(request: Request) -> dict[str, str]:
-    """Documented extension: the conditional-write headers may also come as HTTP headers on single-aspect writes."""
-    return {name: request.headers[name] for name in CONDITIONAL_HEADERS if name in request.headers}
 
 
 # --- v3 bodies ↔ drafts, outcomes ↔ v3 responses ----------------------------------------------------------------
