@@ -33,7 +33,7 @@ from app.api.http import (
 )
 from app.api.urn_paths import restore_slashes
 from app.errors import Issue, Location, ValidationFailed
-from app.ingest.gateway import SubmitOutcome
+from app.ingest.gateway import Submission
 from app.limits import check_long
 from app.openapi_spec import (
     API_PREFIX,
@@ -773,9 +773,7 @@ def entities_from_results(
     return list(entities.values())
 
 
-def _queued_entities(
-    outcome: SubmitOutcome, with_system_metadata: bool, echo_limit: int | None
-) -> list[dict[str, Any]]:
+def _queued_entities(outcome: Submission, with_system_metadata: bool, echo_limit: int | None) -> list[dict[str, Any]]:
     """The echo of an accepted asynchronous write: the entities as sent, one per URN, each aspect QUEUED."""
     entities: dict[str, dict[str, Any]] = {}
     for draft, proposal in outcome.queued:
@@ -789,7 +787,7 @@ def _queued_entities(
 
 
 def _entities_response(
-    outcome: SubmitOutcome,
+    outcome: Submission,
     with_system_metadata: bool,
     *,
     single: bool = False,

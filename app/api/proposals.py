@@ -10,7 +10,7 @@ from pydantic import BaseModel, Field
 from app.api.deps import DeclaredBody, Gateway, Session, Writer, get_gateway
 from app.api.http import Flag, check_batch_size, json_response
 from app.errors import ERROR_RESPONSES
-from app.ingest.gateway import SubmitOutcome
+from app.ingest.gateway import Submission
 from app.ingest.mcp import MCP_FIELDS
 from app.write.proposal import JSON_CONTENT_TYPE, Draft
 
@@ -144,14 +144,14 @@ async def ingest_proposals(
     return json_response(_written(outcome))
 
 
-def _queued(outcome: SubmitOutcome) -> dict[str, Any]:
+def _queued(outcome: Submission) -> dict[str, Any]:
     results = [
         {"index": p.index, "urn": p.urn, "aspectName": p.aspect_name, "status": "QUEUED"} for _, p in outcome.queued
     ]
     return {"results": results, "changeLogs": 0}
 
 
-def _written(outcome: SubmitOutcome) -> dict[str, Any]:
+def _written(outcome: Submission) -> dict[str, Any]:
     assert outcome.result is not None
     return {
         **({"index": outcome.index.to_json()} if outcome.index is not None else {}),

@@ -1,7 +1,7 @@
 """The ingest gateway: the one path every write takes, whatever protocol brought it.
 
     drafts → authorize (the caller's role and policies) → prepare (registry, schema, URN, proposal rules) → queue (async, with Kafka) | apply (one transaction)
-           → sync index (when a proposal or the request asks for it) → SubmitOutcome
+           → sync index (when a proposal or the request asks for it) → Submission
 
 The protocols (app.api.*, the Kafka consumers) only turn what they received into drafts and the outcome into
 their answer. Every error leaves here in the caller's terms: each draft's `Location` re-expresses the write
@@ -44,7 +44,7 @@ class ProposalQueue(Protocol):
 
 
 @dataclass(slots=True)
-class SubmitOutcome:
+class Submission:
     """What became of a submission: queued (async, nothing committed yet) or applied, and the sync index outcome."""
 
     drafts: list[Draft]
@@ -183,7 +183,7 @@ class IngestGateway:
         *,
         queue: bool = False,
         request_headers: Mapping[str, str] | None = None,
-    ) -> SubmitOutcome:
+    ) -> Submission:
         """Prepare, then queue (`queue=True` and a proposal queue configured) or apply and sync-index.
         Without a queue an asynchronous write is applied now (documented: 200 means committed)."""
         stamp_trace(drafts)  # the request's trace id kept with each write (app.ingest.trace)
@@ -200,7 +200,7 @@ class IngestGateway:
             by_index = {draft.index: draft for draft in drafts}
             pairs = [(by_index[p.index], p) for p in proposals]
             await self.queue.send([proposal_to_mcp(draft, proposal) for draft, proposal in pairs])
-            return SubmitOutcome(drafts, proposals, queued=pairs)
+            return Submission(drafts, proposals, queued=pairs)
         async with self._admit(caller, proposals, request_headers):  # 429 when the caller is over its share
             result = await self.commit(
                 session, proposals, caller.audit_stamp(), drafts, combine=True, deadline=self._deadline()
@@ -208,7 +208,7 @@ class IngestGateway:
         index = None
         if wants_sync_index(request_headers, proposals):
             index = await sync_index(self.search, result.outbox)
-        return SubmitOutcome(drafts, proposals, result, index)
+        return Submission(drafts, proposals, result, index)
 
     def _admit(
         self,

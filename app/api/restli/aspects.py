@@ -19,7 +19,16 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
-from app.api.deps import ALLOW_READ, Caller, Gateway, Reader, Registry, Session, get_backend, get_read_your_writes
+from app.api.deps import (
+    ALLOW_READ,
+    Gateway,
+    Reader,
+    Registry,
+    Session,
+    StoredEntities,
+    get_backend,
+    get_read_your_writes,
+)
 from app.api.http import UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response
 from app.api.restli.common import ObjectActionBody, optional_int, require_urn
 from app.api.restli.timeseries import DEFAULT_LIMIT, check_filter, timeseries_from_backend
@@ -28,7 +37,6 @@ from app.flags import parse_bool
 from app.ingest.mcp import parse_mcp
 from app.limits import check_long
 from app.registry import EntityRegistry
-from app.write.reader import EntityReader
 
 # The actions route needs READ (getTimeseriesAspectValues); the gateway checks WRITE for the ingest actions.
 router = APIRouter(tags=["rest.li"])
@@ -127,9 +135,8 @@ async def _timeseries(body: dict[str, Any], request: Request, registry: EntityRe
 )
 async def get_versioned_aspect(
     urn: UrnPath,
-    session: Session,
     registry: Registry,
-    caller: Caller,
+    reader: StoredEntities,
     aspect: Annotated[str, Query(description="Aspect name, e.g. datasetProperties")],
     version: Annotated[int, Query(ge=0)] = 0,
 ) -> Response:
@@ -139,5 +146,5 @@ async def get_versioned_aspect(
         spec = registry.aspect(entity, aspect)
     if spec.is_timeseries:  # never in the aspect store (DataHub: no SQL row either)
         raise NotFound(f"timeseries aspect {aspect!r} is not versioned", [Issue("not found", urn=urn, aspect=aspect)])
-    row = await EntityReader(session, registry, caller).aspect(entity, urn, aspect, version)
+    row = await reader.aspect(entity, urn, aspect, version)
     return json_response({"aspect": {spec.record_name: row.value}, "version": version})

@@ -33,6 +33,7 @@ from app.api.deps import (
     Registry,
     Search,
     Session,
+    StoredEntities,
     get_registry,
     get_settings,
 )
@@ -45,7 +46,6 @@ from app.ingest.deletion import delete_entity, delete_references
 from app.ingest.mce import UnbundledEvent, unbundle_restli_entity
 from app.search.service import SearchRuntime
 from app.write.proposal import ChangeType, Draft
-from app.write.reader import EntityReader
 
 # The actions route needs READ; `ingest` is checked per draft by the gateway, the deletes before they look at data.
 router = APIRouter(tags=["rest.li"])
@@ -175,9 +175,8 @@ def _envelope(
 async def get_entity_v2(
     urn: UrnPath,
     request: Request,
-    session: Session,
     registry: Registry,
-    caller: Caller,
+    reader: StoredEntities,
     always_include_key_aspect: Annotated[Flag, Query(alias="alwaysIncludeKeyAspect")] = True,
 ) -> Response:
     entity = registry.entity(entity_of_urn(registry, urn))
@@ -191,11 +190,7 @@ async def get_entity_v2(
             wanted.append(entity.key_aspect)
     else:
         wanted = None
-    rows = (
-        (await EntityReader(session, registry, caller).latest_of_many([(urn, wanted)])).get(urn, [])
-        if wanted != []
-        else []
-    )
+    rows = (await reader.latest_of_many([(urn, wanted)])).get(urn, []) if wanted != [] else []
     if requested is None and not always_include_key_aspect:
         rows = [r for r in rows if r.aspect != entity.key_aspect]
     aspects: dict[str, Any] = {}
