@@ -1,19 +1,33 @@
-"""Execution limits on a GraphQL document, checked after parsing and before graphql-core's own validation (some of
-whose rules, e.g. OverlappingFieldsCanBeMerged, cost more than linear time in the number of fields).
+"""Execution limits on a GraphQL document, checked after parsing and before graphql-core's own validation, on the
+operation the request runs (the one `operationName` names, or the only one; every operation when neither picks one,
+and graphql-core then refuses the request):
 
-* depth: the deepest field nesting of an operation, fragments expanded (introspection included);
+* depth: the deepest field nesting of the operation, fragments expanded (introspection included);
 * aliases: aliased fields, counted as executed (a fragment spread k times counts k times);
 * fields: selected fields as executed (the query's complexity: every one is a resolver call per parent).
 
-Fragments are measured once each (memoized), so a document that multiplies fragments costs the check linear time;
-a fragment cycle counts as nothing here and is reported by validation (NoFragmentCyclesRule).
+Measured as the operation executes, for the object type that costs most wherever a value may be of several
+(`_Walker`): a field of an interface or union type (`entity`, a search result's `entity`) resolves to one object
+type, so what an inline fragment or a fragment spread selects counts only for the object types its type condition
+applies to, and such a field costs what its dearest possible type selects, not the sum of every fragment. DataHub's
+own clients select each entity type's fields in a fragment of its own (mcp-server-datahub's `GetEntity`: 7,585
+fields summed over 20-odd types, 992 for a Dataset, the dearest, in DataHub's schema). A type condition the schema
+does not know counts as applying to every type, a field it does not know as of any type (validation refuses such a
+document anyway). Each selection set is measured once (memoized, with what it costs per object type), so a document
+that multiplies fragments costs the check linear time; a fragment cycle counts as nothing here and is reported by
+validation (NoFragmentCyclesRule).
+
+What validation costs is bounded by the document's text (METALEDGER_GRAPHQL_MAX_QUERY_CHARS, _MAX_TOKENS), not by
+these limits: graphql-core visits every operation and fragment as written, and meters the comparisons of its
+OverlappingFieldsCanBeMergedRule, the one rule whose work grows faster (MAX_COMPLEXITY_BUDGET: past it the
+document is refused, "Validation aborted.").
 
 The shape does not say what a document costs to run: 50 aliased searches of 10,000 results each are within every
 shape limit. `query_cost` does, per request (it needs the variables): every field resolved costs 1 each time it is
 resolved, so what a search's `searchResults` select is paid once per result of its page (the input's `count`, cut
 as the resolvers cut it), and `facets` cost an aggregation over every match (FACET_AGGREGATION_COST) plus what each
 of their values selects. Fields of the other lists (tags, owners, schema fields) count once: they are read with
-their entity's aspects. Inline fragments on different types count in full (an upper bound).
+their entity's aspects. Inline fragments are counted as the shape is: for the dearest object type a value may be.
 
 Two checks hold while an operation runs:
 
@@ -32,9 +46,10 @@ Two checks hold while an operation runs:
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
+from collections import OrderedDict
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
 
 from graphql import (
     DocumentNode,
@@ -42,9 +57,17 @@ from graphql import (
     FragmentDefinitionNode,
     FragmentSpreadNode,
     GraphQLError,
+    GraphQLField,
+    GraphQLNamedType,
+    GraphQLSchema,
     InlineFragmentNode,
     OperationDefinitionNode,
+    SchemaMetaFieldDef,
     SelectionSetNode,
+    TypeMetaFieldDef,
+    get_named_type,
+    is_abstract_type,
+    is_object_type,
     value_from_ast_untyped,
 )
 
@@ -62,77 +85,225 @@ class Limits:
 
 
 @dataclass(frozen=True, slots=True)
-class _Cost:
+class Shape:
+    """An operation's shape as executed: its depth, aliased fields and fields."""
+
     depth: int = 0
     aliases: int = 0
     fields: int = 0
 
+    def __add__(self, other: Shape) -> Shape:
+        """Two selections run together: the deeper one's depth, the sum of their aliases and fields."""
+        return Shape(max(self.depth, other.depth), self.aliases + other.aliases, self.fields + other.fields)
 
-def check_limits(document: DocumentNode, limits: Limits) -> list[GraphQLError]:
-    fragments = {d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)}
-    measured: dict[str, _Cost] = {}
-    visiting: set[str] = set()
+    def dearest(self, other: Shape) -> Shape:
+        """Of two selections of which one runs: the most of each measure."""
+        return Shape(max(self.depth, other.depth), max(self.aliases, other.aliases), max(self.fields, other.fields))
 
-    def selection_set(node: SelectionSetNode | None) -> _Cost:
-        depth = aliases = fields = 0
-        for selection in node.selections if node else ():
+
+V = TypeVar("V", int, Shape)
+
+
+@dataclass(slots=True)
+class _Profile(Generic[V]):
+    """What a selection set costs by the object type it runs for: `base` whatever the type, plus `extra[name]` for
+    the object type of that name (what the inline fragments and fragment spreads whose type conditions apply to
+    it select)."""
+
+    base: V
+    extra: dict[str, V] = field(default_factory=dict)
+
+
+class _Walker(Generic[V]):
+    """Measures selection sets as they execute (`selection`): a field of an object type runs every selection whose
+    type condition applies to that type; a field of an interface or union type runs for one of its possible object
+    types, so it costs what the dearest of them runs. Each selection set is measured once per context (`profiles`),
+    as a _Profile, whose merging costs at most the schema's number of object types. Without a schema every type
+    condition applies (the sum of every fragment, an upper bound); one the schema does not know applies to every
+    type, and a field it does not know may be of any type.
+
+    Subclasses say what a field costs (`field`, given its parent type and the context its selection runs in:
+    nothing for the shape, the paged fields in scope for the cost), how two selections running together add up
+    (`+`), and which of two that may run is dearer (`dearest`)."""
+
+    def __init__(self, document: DocumentNode, schema: GraphQLSchema | None, zero: V) -> None:
+        self.schema = schema
+        self.zero: V = zero
+        self.fragments = {d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)}
+        self.profiles: dict[tuple[int, Hashable], _Profile[V]] = {}
+        self.possible: dict[str, Sequence[str]] = {}
+        self.visiting: set[str] = set()
+
+    def field(self, node: FieldNode, parent: GraphQLNamedType | None, context: Any) -> V:
+        raise NotImplementedError
+
+    def dearest(self, one: V, other: V) -> V:
+        raise NotImplementedError
+
+    def operation(self, operation: OperationDefinitionNode, context: Hashable) -> V:
+        root = self.schema.get_root_type(operation.operation) if self.schema is not None else None
+        return self.selection(operation.selection_set, root, context)
+
+    def selection(self, node: SelectionSetNode | None, type_: GraphQLNamedType | None, context: Hashable) -> V:
+        """What `node` costs where it runs for a value of `type_`: for the dearest object type that value may be
+        (of any type the profile names when `type_` is not known)."""
+        if node is None:
+            return self.zero
+        profile = self.profile(node, type_, context)
+        if not profile.extra:
+            return profile.base
+        types = self.object_types(type_)
+        extras: Iterable[V] = (
+            profile.extra.values() if types is None else (profile.extra[t] for t in types if t in profile.extra)
+        )
+        dearest = self.zero
+        for extra in extras:
+            dearest = self.dearest(dearest, extra)
+        return profile.base + dearest
+
+    def field_type(self, parent: GraphQLNamedType | None, node: FieldNode) -> GraphQLNamedType | None:
+        """The named type of the field `node` selects on `parent`; None when the schema does not know it."""
+        if parent is None or self.schema is None:
+            return None
+        name = node.name.value
+        definition: GraphQLField | None
+        if parent is self.schema.query_type and name in ("__schema", "__type"):
+            definition = SchemaMetaFieldDef if name == "__schema" else TypeMetaFieldDef
+        else:
+            definition = getattr(parent, "fields", {}).get(name)  # object and interface types have fields
+        return get_named_type(definition.type) if definition is not None else None
+
+    def object_types(self, type_: GraphQLNamedType | None) -> Sequence[str] | None:
+        """The names of the object types a value of `type_` may be; None when not known (no schema, a type it does
+        not know, a type that is not composite)."""
+        if self.schema is None or type_ is None:
+            return None
+        if is_object_type(type_):
+            return (type_.name,)
+        if not is_abstract_type(type_):
+            return None
+        known = self.possible.get(type_.name)
+        if known is None:
+            known = self.possible[type_.name] = tuple(t.name for t in self.schema.get_possible_types(type_))
+        return known
+
+    def named(self, name: str) -> GraphQLNamedType | None:
+        return self.schema.type_map.get(name) if self.schema is not None else None
+
+    def profile(self, node: SelectionSetNode, scope: GraphQLNamedType | None, context: Hashable) -> _Profile[V]:
+        """The profile of `node`, whose fields are `scope`'s."""
+        key = (id(node), context)
+        known = self.profiles.get(key)
+        if known is not None:
+            return known
+        profile = _Profile(self.zero)
+        for selection in node.selections:
             if isinstance(selection, FieldNode):
-                inner = selection_set(selection.selection_set)
-                depth = max(depth, 1 + inner.depth)
-                aliases += inner.aliases + (1 if selection.alias else 0)
-                fields += inner.fields + 1
-            else:
-                inner = (
-                    fragment(selection.name.value)
-                    if isinstance(selection, FragmentSpreadNode)
-                    else selection_set(selection.selection_set)
-                    if isinstance(selection, InlineFragmentNode)
-                    else _Cost()
-                )
-                depth = max(depth, inner.depth)
-                aliases += inner.aliases
-                fields += inner.fields
-        return _Cost(depth, aliases, fields)
+                profile.base = profile.base + self.field(selection, scope, context)
+            elif isinstance(selection, InlineFragmentNode):
+                condition = selection.type_condition.name.value if selection.type_condition else None
+                inner_scope = self.named(condition) if condition is not None else scope
+                self.merge(profile, self.profile(selection.selection_set, inner_scope, context), condition)
+            elif isinstance(selection, FragmentSpreadNode):
+                name = selection.name.value
+                definition = self.fragments.get(name)
+                if definition is None or name in self.visiting:
+                    continue  # unknown or cyclic: validation says so
+                self.visiting.add(name)
+                condition = definition.type_condition.name.value
+                inner = self.profile(definition.selection_set, self.named(condition), context)
+                self.visiting.discard(name)
+                self.merge(profile, inner, condition)
+        self.profiles[key] = profile
+        return profile
 
-    def fragment(name: str) -> _Cost:
-        if name in measured:
-            return measured[name]
-        definition = fragments.get(name)
-        if definition is None or name in visiting:
-            return _Cost()
-        visiting.add(name)
-        cost = measured[name] = selection_set(definition.selection_set)
-        visiting.discard(name)
-        return cost
+    def merge(self, into: _Profile[V], inner: _Profile[V], condition: str | None) -> None:
+        """A fragment's profile (`inner`, whose type condition is `condition`) into the profile it is selected in."""
+        types = self.object_types(self.named(condition)) if condition is not None else None
+        if types is None:  # no type condition, or one not known here: it runs whatever the type
+            into.base = into.base + inner.base
+            for name, extra in inner.extra.items():
+                into.extra[name] = into.extra.get(name, self.zero) + extra
+            return
+        for name in types:
+            into.extra[name] = into.extra.get(name, self.zero) + inner.base + inner.extra.get(name, self.zero)
 
+
+_LEAF, _ALIASED_LEAF = Shape(1, 0, 1), Shape(1, 1, 1)
+
+
+class _ShapeWalker(_Walker[Shape]):
+    def __init__(self, document: DocumentNode, schema: GraphQLSchema | None) -> None:
+        super().__init__(document, schema, Shape())
+
+    def field(self, node: FieldNode, parent: GraphQLNamedType | None, context: Any) -> Shape:
+        if node.selection_set is None:
+            return _ALIASED_LEAF if node.alias else _LEAF
+        inner = self.selection(node.selection_set, self.field_type(parent, node), None)
+        return Shape(1 + inner.depth, inner.aliases + (1 if node.alias else 0), inner.fields + 1)
+
+    def dearest(self, one: Shape, other: Shape) -> Shape:
+        return one.dearest(other)
+
+
+def _run(document: DocumentNode, operation_name: str | None) -> list[OperationDefinitionNode]:
+    """The operation a request runs: the one named `operation_name`, or the document's only one; none (an empty
+    list) when no single one is picked (graphql-core refuses such a request)."""
+    chosen = [
+        d
+        for d in document.definitions
+        if isinstance(d, OperationDefinitionNode)
+        and (operation_name is None or (d.name is not None and d.name.value == operation_name))
+    ]
+    return chosen if len(chosen) == 1 else []
+
+
+def measure(
+    document: DocumentNode, schema: GraphQLSchema | None = None, operation_name: str | None = None
+) -> dict[OperationDefinitionNode, Shape]:
+    """The shape of the operation the request runs (`operation_name`, or the only one), as executed in `schema`
+    (every type condition applying without one); of every operation when no single one is picked."""
+    walker = _ShapeWalker(document, schema)
+    operations = _run(document, operation_name) or [
+        d for d in document.definitions if isinstance(d, OperationDefinitionNode)
+    ]
+    return {operation: walker.operation(operation, None) for operation in operations}
+
+
+def check_limits(
+    document: DocumentNode, limits: Limits, schema: GraphQLSchema | None = None, operation_name: str | None = None
+) -> list[GraphQLError]:
+    """The limits the operation the request runs is over (see `measure`), as errors naming it."""
     errors: list[GraphQLError] = []
-    for definition in document.definitions:
-        if not isinstance(definition, OperationDefinitionNode):
-            continue
-        cost = selection_set(definition.selection_set)
+    for definition, shape in measure(document, schema, operation_name).items():
         name = f"operation {definition.name.value!r}" if definition.name else "the operation"
-        if cost.depth > limits.max_depth:
+        if shape.depth > limits.max_depth:
             errors.append(
-                GraphQLError(f"{name} is nested {cost.depth} fields deep; the limit is {limits.max_depth}", definition)
+                GraphQLError(f"{name} is nested {shape.depth} fields deep; the limit is {limits.max_depth}", definition)
             )
-        if cost.aliases > limits.max_aliases:
-            errors.append(
-                GraphQLError(f"{name} has {cost.aliases} aliased fields; the limit is {limits.max_aliases}", definition)
-            )
-        if cost.fields > limits.max_fields:
+        if shape.aliases > limits.max_aliases:
             errors.append(
                 GraphQLError(
-                    f"{name} selects {cost.fields} fields (fragments expanded); the limit is {limits.max_fields}",
+                    f"{name} has {shape.aliases} aliased fields; the limit is {limits.max_aliases}", definition
+                )
+            )
+        if shape.fields > limits.max_fields:
+            errors.append(
+                GraphQLError(
+                    f"{name} selects {shape.fields} fields (fragments expanded, for the dearest type where a value "
+                    f"may be of several); the limit is {limits.max_fields}",
                     definition,
                 )
             )
     return errors
 
 
-# The root fields that answer a page of results, and what their cost depends on (app.graphql.resolvers)
+# The root fields that answer a page of results, and what their cost depends on (app.graphql.resolvers; DataHub's
+# semanticSearchAcrossEntities, which metaledger does not serve, pages as searchAcrossEntities does)
 PAGED_FIELDS = frozenset(
     {
         "searchAcrossEntities",
+        "semanticSearchAcrossEntities",
         "scrollAcrossEntities",
         "searchAcrossLineage",
         "scrollAcrossLineage",
@@ -175,19 +346,80 @@ def _page_scope(field: FieldNode, variables: dict[str, Any], max_count: int) -> 
     )
 
 
+class _CostWalker(_Walker[int]):
+    """Each field once per time it is resolved: the paged fields in scope (the context) say how many times."""
+
+    def __init__(
+        self, document: DocumentNode, schema: GraphQLSchema | None, variables: dict[str, Any], max_count: int
+    ) -> None:
+        super().__init__(document, schema, 0)
+        self.variables = variables
+        self.max_count = max_count
+
+    def field(self, node: FieldNode, parent: GraphQLNamedType | None, context: Any) -> int:
+        scope: Scope = context
+        name = node.name.value
+        times, fixed, inner = (
+            next(((t, f, s) for n, t, f, s in scope if n == name), (1, 0, ())) if scope else (1, 0, ())
+        )
+        if name in PAGED_FIELDS:
+            inner = _page_scope(node, self.variables, self.max_count)
+        if not times:
+            return 0
+        if node.selection_set is None:
+            return fixed + times
+        return fixed + times * (1 + self.selection(node.selection_set, self.field_type(parent, node), inner))
+
+    def dearest(self, one: int, other: int) -> int:
+        return max(one, other)
+
+
+def _paged_fields(document: DocumentNode, operation: OperationDefinitionNode) -> list[FieldNode]:
+    """The paged fields (PAGED_FIELDS) `operation` selects, fragments expanded, each once: what its variables can
+    change of its cost."""
+    fragments = {d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)}
+    found: dict[int, FieldNode] = {}
+    spread: set[str] = set()
+    pending: list[SelectionSetNode | None] = [operation.selection_set]
+    while pending:
+        node = pending.pop()
+        for selection in node.selections if node else ():
+            if isinstance(selection, FieldNode):
+                if selection.name.value in PAGED_FIELDS:
+                    found[id(selection)] = selection
+                pending.append(selection.selection_set)
+            elif isinstance(selection, InlineFragmentNode):
+                pending.append(selection.selection_set)
+            elif isinstance(selection, FragmentSpreadNode) and selection.name.value not in spread:
+                spread.add(selection.name.value)
+                definition = fragments.get(selection.name.value)
+                pending.append(definition.selection_set if definition else None)
+    return list(found.values())
+
+
+# Costs computed, by document, schema, operation and what the variables made of its paged fields' pages: clients
+# send the same few documents again and again (app.graphql.service.ValidatedDocuments keeps them), and measuring a
+# large one as executed costs more than finding its pages (mcp-server-datahub's GetEntity: 6 ms against 0.3 ms).
+# An entry holds its document and schema, so that their ids in its key stay theirs.
+COSTS_KEPT = 256
+_COSTS: OrderedDict[tuple[int, int, int, tuple[Scope, ...]], tuple[DocumentNode, GraphQLSchema | None, int]] = (
+    OrderedDict()
+)
+
+
 def query_cost(
-    document: DocumentNode, operation_name: str | None, variables: Mapping[str, Any] | None, max_count: int
+    document: DocumentNode,
+    operation_name: str | None,
+    variables: Mapping[str, Any] | None,
+    max_count: int,
+    schema: GraphQLSchema | None = None,
 ) -> tuple[int, OperationDefinitionNode] | None:
     """The cost of the operation the request runs (`operation_name`, with `variables` and the operation's defaults),
     and that operation; None when no single operation runs (graphql-core answers that). `max_count`: the page size
-    searches are cut to."""
-    chosen = [
-        d
-        for d in document.definitions
-        if isinstance(d, OperationDefinitionNode)
-        and (operation_name is None or (d.name is not None and d.name.value == operation_name))
-    ]
-    if len(chosen) != 1:
+    searches are cut to. In `schema`, a fragment costs only for the object types its type condition applies to (the
+    dearest where a value may be of several); without one, every fragment counts."""
+    chosen = _run(document, operation_name)
+    if not chosen:
         return None
     operation = chosen[0]
     values: dict[str, Any] = {}
@@ -197,39 +429,18 @@ def query_cost(
             values[name] = variables[name]
         elif definition.default_value is not None:
             values[name] = value_from_ast_untyped(definition.default_value)
-    fragments = {d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)}
-    measured: dict[tuple[str, Scope], int] = {}
-    visiting: set[str] = set()
-
-    def selection_set(node: SelectionSetNode | None, scope: Scope) -> int:
-        cost = 0
-        for selection in node.selections if node else ():
-            if isinstance(selection, FieldNode):
-                name = selection.name.value
-                times, fixed, inner = next(((t, f, s) for n, t, f, s in scope if n == name), (1, 0, ()))
-                if name in PAGED_FIELDS:
-                    inner = _page_scope(selection, values, max_count)
-                if times:
-                    cost += fixed + times * (1 + selection_set(selection.selection_set, inner))
-            elif isinstance(selection, FragmentSpreadNode):
-                cost += fragment(selection.name.value, scope)
-            elif isinstance(selection, InlineFragmentNode):
-                cost += selection_set(selection.selection_set, scope)
-        return cost
-
-    def fragment(name: str, scope: Scope) -> int:
-        key = (name, scope)
-        if key in measured:
-            return measured[key]
-        definition = fragments.get(name)
-        if definition is None or name in visiting:
-            return 0
-        visiting.add(name)
-        cost = measured[key] = selection_set(definition.selection_set, scope)
-        visiting.discard(name)
-        return cost
-
-    return selection_set(operation.selection_set, ()), operation
+    pages = tuple(_page_scope(field, values, max_count) for field in _paged_fields(document, operation))
+    key = (id(document), id(schema), id(operation), pages)
+    kept = _COSTS.get(key)
+    if kept is not None and kept[0] is document and kept[1] is schema:
+        _COSTS.move_to_end(key)
+        return kept[2], operation
+    empty: Scope = ()
+    cost = _CostWalker(document, schema, values, max_count).operation(operation, empty)
+    _COSTS[key] = (document, schema, cost)
+    if len(_COSTS) > COSTS_KEPT:
+        _COSTS.popitem(last=False)
+    return cost, operation
 
 
 # --- the arguments of a root field ------------------------------------------------------------------------------

@@ -214,23 +214,28 @@ def _errors(errors: list[GraphQLError], classification: str) -> dict[str, Any]:
     }
 
 
+# What a checked document was checked for: its text, the operation run, the limits and the schema
+DocumentKey = tuple[str, str | None, Limits, int, GraphQLSchema]
+
+
 class ValidatedDocuments:
-    """Documents that passed parsing, the limits and validation, by query text and limits, the most recently used
-    kept. Clients send the same few queries again and again with other variables, and checking a document costs
-    more than running a small one: 2.7 ms for a one-page search, 39 ms for `datahub search`'s bundled query. A
-    document is immutable once parsed, so one serves every request that sends its text."""
+    """Documents that passed parsing, the limits and validation, by query text, operation and limits, the most
+    recently used kept. Clients send the same few queries again and again with other variables, and checking a
+    document costs more than running a small one: 2.7 ms for a one-page search, 39 ms for `datahub search`'s bundled
+    query. A document is immutable once parsed, so one serves every request that sends its text (and operation: the
+    limits measure the operation a request runs)."""
 
     def __init__(self, size: int) -> None:
         self._size = size
-        self._documents: OrderedDict[tuple[str, Limits, int, GraphQLSchema], DocumentNode] = OrderedDict()
+        self._documents: OrderedDict[DocumentKey, DocumentNode] = OrderedDict()
 
-    def get(self, key: tuple[str, Limits, int, GraphQLSchema]) -> DocumentNode | None:
+    def get(self, key: DocumentKey) -> DocumentNode | None:
         document = self._documents.get(key)
         if document is not None:
             self._documents.move_to_end(key)
         return document
 
-    def put(self, key: tuple[str, Limits, int, GraphQLSchema], document: DocumentNode) -> None:
+    def put(self, key: DocumentKey, document: DocumentNode) -> None:
         self._documents[key] = document
         if len(self._documents) > self._size:
             self._documents.popitem(last=False)
@@ -239,12 +244,15 @@ class ValidatedDocuments:
 VALIDATED = ValidatedDocuments(256)
 
 
-def _checked(query: str, settings: Settings, schema: GraphQLSchema) -> DocumentNode | dict[str, Any]:
-    """The document of `query`, valid in `schema`, or the response refusing it."""
+def _checked(
+    query: str, settings: Settings, schema: GraphQLSchema, operation_name: str | None = None
+) -> DocumentNode | dict[str, Any]:
+    """The document of `query`, valid in `schema`, its operation `operation_name` (or its only one) within the
+    limits, or the response refusing it."""
     if len(query) > settings.graphql_max_query_chars:
         return _refused(f"the query is {len(query)} characters; the limit is {settings.graphql_max_query_chars}")
     limits = Limits(settings.graphql_max_depth, settings.graphql_max_aliases, settings.graphql_max_fields)
-    key = (query, limits, settings.graphql_max_tokens, schema)
+    key: DocumentKey = (query, operation_name, limits, settings.graphql_max_tokens, schema)
     document = VALIDATED.get(key)
     if document is not None:
         return document
@@ -255,7 +263,7 @@ def _checked(query: str, settings: Settings, schema: GraphQLSchema) -> DocumentN
     except RecursionError:
         return _refused("the query is nested too deeply to parse", "InvalidSyntax")
     try:
-        refused = check_limits(document, limits)
+        refused = check_limits(document, limits, schema, operation_name)
         if refused:
             return _errors(refused, "ValidationError")
         invalid = validate(schema, document)
@@ -267,9 +275,15 @@ def _checked(query: str, settings: Settings, schema: GraphQLSchema) -> DocumentN
     return document
 
 
-def _too_costly(document: DocumentNode, request: GraphQLRequest, settings: Settings) -> dict[str, Any] | None:
-    """The response refusing the request's operation when it costs more than METALEDGER_GRAPHQL_MAX_COST."""
-    measured = query_cost(document, request.operation_name, request.variables, settings.graphql_max_count)
+def _too_costly(
+    document: DocumentNode, request: GraphQLRequest, settings: Settings, schema: GraphQLSchema
+) -> dict[str, Any] | None:
+    """The response refusing the request's operation when it costs more than METALEDGER_GRAPHQL_MAX_COST (what its
+    fragments select counted for the dearest object type a value may be, in `schema`)."""
+    try:
+        measured = query_cost(document, request.operation_name, request.variables, settings.graphql_max_count, schema)
+    except RecursionError:  # walked as check_limits walks it, which refuses it first, give or take a stack frame
+        return _refused("the query is nested too deeply")
     if measured is None or measured[0] <= settings.graphql_max_cost:
         return None
     cost, operation = measured
@@ -327,10 +341,10 @@ async def run(request: GraphQLRequest, context: Context, settings: Settings) -> 
     METALEDGER_GRAPHQL_MAX_RESPONSE_BYTES (refused as it is produced)."""
     served = served_schema(context.registry)
     context.runtime_types = served.runtime_types
-    document = _checked(request.query, settings, served.schema)
+    document = _checked(request.query, settings, served.schema, request.operation_name)
     if isinstance(document, dict):
         return document, 200
-    refused = _too_costly(document, request, settings)
+    refused = _too_costly(document, request, settings, served.schema)
     if refused is not None:
         return refused, 400
     context.answer = AnswerBudget(settings.graphql_max_response_bytes)
