@@ -16,6 +16,9 @@ DataHub's Kafka wire (Avro, the schema registry metaledger serves), with the rea
   publishing Avro (`METALEDGER_KAFKA_VALUE_FORMAT=avro`) and the MCP and MCE consumers running; its registry is
   `<url>/schema-registry/api/`. Its log is kept in a file (`.log_tail()`), for failure messages.
 * `kafka_datahub` (package): the `datahub` client (as `datahub`) pointed at that process.
+
+DataHub's MCP server (`mcp-server-datahub`, pinned, with the `acryl-datahub` it pins) lives in `<repo>/.venv-mcp`
+(override with `METALEDGER_MCP_VENV`), made the same way: `mcp_python` (session).
 """
 
 from __future__ import annotations
@@ -481,3 +484,17 @@ DBT_REQUIREMENT = (
 def dbt_python() -> Path:
     """The Python of a virtualenv with dbt (Postgres adapter) and OpenLineage's `dbt-ol` beside it (its bin/)."""
     return _ensure_venv(DBT_VENV, *DBT_REQUIREMENT)
+
+
+# --- DataHub's MCP server (tests/client/test_mcp_server_operations.py, test_reported_version.py) ------------------
+
+MCP_SERVER_VERSION = "0.8.0"
+MCP_VENV = Path(os.environ.get("METALEDGER_MCP_VENV", ROOT / ".venv-mcp"))
+MCP_REQUIREMENT = (f"mcp-server-datahub=={MCP_SERVER_VERSION}", f".acryl-mcp-server-datahub-{MCP_SERVER_VERSION}")
+
+
+@pytest.fixture(scope="session")
+def mcp_python() -> Path:
+    """The Python of a virtualenv with DataHub's MCP server (`mcp-server-datahub`, which brings its own pinned
+    `acryl-datahub`, fastmcp and the `mcp` SDK) and its `mcp-server-datahub` command beside it (its bin/)."""
+    return _ensure_venv(MCP_VENV, *MCP_REQUIREMENT)

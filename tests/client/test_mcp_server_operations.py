@@ -1,0 +1,220 @@
+"""Every GraphQL operation DataHub's MCP server (PyPI `mcp-server-datahub`, pinned, in its own virtualenv
+`.venv-mcp`) can send, against metaledger (issue 41):
+
+* the operations are what the installed package holds: its `gql/*.gql` files and every string constant of its
+  modules that is a GraphQL operation, as the package sends them to a DataHub core server without `baseUrl` (which
+  metaledger's /config is): lines marked `#[CLOUD]` or `#[NEWER_GMS]` commented out by the package's own functions;
+* each passes metaledger's limits (app.graphql.limits with the default settings, the depth, alias and field limits
+  and the cost) with the variables its tools send: the most results a tool asks for (50 for `search` and
+  `documentSearch`; 30, `get_lineage`'s default, and 100, `get_lineage_paths_between`'s, for `GetEntityLineage`);
+* each validates against the schema metaledger's `/api/graphql` answers by introspection, in the document the
+  package sends it in (the whole `.gql` file: metaledger validates the whole document), except those of
+  KNOWN_GAPS, each with what it lacks. The test fails when an operation not listed there does not validate, and
+  when a listed one does (or is gone): the list only shrinks, and says what is left to build."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from graphql import (
+    DocumentNode,
+    FragmentDefinitionNode,
+    FragmentSpreadNode,
+    GraphQLSchema,
+    OperationDefinitionNode,
+    SelectionSetNode,
+    build_client_schema,
+    get_introspection_query,
+    parse,
+    validate,
+)
+
+from app.graphql.limits import Limits, check_limits, measure, query_cost
+from app.settings import Settings
+from tests.client.conftest import Metaledger
+
+pytestmark = pytest.mark.client
+
+# Run in the MCP server's virtualenv: the package's GraphQL as it sends it to a core server without `baseUrl`
+# (graphql_helpers.execute_graphql: `_is_datahub_cloud` is false, so CLOUD and NEWER_GMS lines are commented out).
+# Source: a `.gql` file's path, or a module's path and the line of the string constant.
+EXTRACT = r"""
+import ast, json, pathlib, re
+import mcp_server_datahub
+from mcp_server_datahub.graphql_helpers import _disable_cloud_fields, _disable_newer_gms_fields
+
+package = pathlib.Path(mcp_server_datahub.__file__).parent
+found = {str(path.relative_to(package)): path.read_text() for path in sorted(package.rglob("*.gql"))}
+for path in sorted(package.rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and re.search(OPERATION, node.value, re.M):
+            found[f"{path.relative_to(package)}:{node.lineno}"] = node.value
+print(json.dumps({source: _disable_newer_gms_fields(_disable_cloud_fields(text)) for source, text in found.items()}))
+"""
+OPERATION = r"^\s*(query|mutation)\b[^{]*\{"  # a string that begins an operation on one of its lines
+
+# The variables each paged operation is sent with, at the most results its tools ask for (others: none matter to
+# the cost, which counts a field once per result only under a search's page)
+LINEAGE_FLAGS = {"maxAggValues": 3}
+PAGE = [{"query": "*", "count": 50, "start": 0}]
+VARIABLES: dict[str, list[dict[str, Any]]] = {
+    **dict.fromkeys(("search", "semanticSearch", "smartSearch"), PAGE),  # tools/search.py: num_results cut to 50
+    **dict.fromkeys(("documentSearch", "documentSemanticSearch"), PAGE),  # tools/documents.py: max_num_results 50
+    "GetEntityLineage": [
+        {"input": {"urn": "u", "query": "*", "start": 0, "count": count, "searchFlags": LINEAGE_FLAGS}}
+        for count in (30, 100)  # get_lineage's default max_results, get_lineage_paths_between's
+    ],
+}
+
+# The operations that do not validate against metaledger's schema yet, each with what it lacks (the first four
+# elements validation names; issue 41's report has them all). Key: `<operation> (<source file>)`.
+KNOWN_GAPS: dict[str, str] = {
+    "GetAssertionParent (sub_entity_urls.py)": "Query.assertion (sent only to a server with a `baseUrl`, for links)",
+    "GetEntity (gql/entity_details.gql)": "Dataset.editableProperties, Dataset.structuredProperties, Dataset.subTypes, Dataset.deprecation and 92 more",
+    "GetEntityLineage (gql/entity_details.gql)": "(and GetEntity, sent in the same document) SchemaFieldEntity.fieldPath, SchemaFieldEntity.parent, Dataset.editableProperties, Dataset.structuredProperties and 92 more",
+    "GetIncidentParent (sub_entity_urls.py)": "Incident.entity (sent only to a server with a `baseUrl`, for links)",
+    "GetQueryEntity (gql/query_entity.gql)": "QueryEntity.properties, QueryEntity.platform, QueryEntity.subjects",
+    "SearchDatasetAssertions (tools/assertions.py)": "(a DataHub Cloud tool) Assertion.platform, Assertion.info, Assertion.runEvents, Assertion.tags",
+    "batchAddOwners (tools/owners.py)": "type BatchAddOwnersInput, Mutation.batchAddOwners",
+    "batchAddTags (tools/tags.py)": "type BatchAddTagsInput, Mutation.batchAddTags",
+    "batchAddTerms (tools/terms.py)": "type BatchAddTermsInput, Mutation.batchAddTerms",
+    "batchRemoveOwners (tools/owners.py)": "type BatchRemoveOwnersInput, Mutation.batchRemoveOwners",
+    "batchRemoveTags (tools/tags.py)": "type BatchRemoveTagsInput, Mutation.batchRemoveTags",
+    "batchRemoveTerms (tools/terms.py)": "type BatchRemoveTermsInput, Mutation.batchRemoveTerms",
+    "batchSetDomain (tools/domains.py)": "type BatchSetDomainInput, Mutation.batchSetDomain",
+    "documentContent (gql/document_content.gql)": "Query.entities, DocumentInfo.contents",
+    "documentSearch (gql/document_search.gql)": "DocumentInfo.source, DocumentInfo.lastModified, DocumentInfo.created",
+    "documentSemanticSearch (gql/document_semantic_search.gql)": "Query.semanticSearchAcrossEntities, DocumentInfo.source, DocumentInfo.lastModified, DocumentInfo.created",
+    "getEntity (tools/descriptions.py)": "Dataset.editableProperties, Container.editableProperties, Chart.editableProperties, Dashboard.editableProperties and 7 more",
+    "getGlobalViewsSettings (view_helpers.py)": "Query.globalViewsSettings",
+    "getGlossaryTerms (tools/terms.py)": "Query.entities",
+    "getMe (__main__.py)": "Query.me",
+    "getMe (tools/get_me.py)": "Query.me",
+    "getMe (tools/save_document.py)": "Query.me",
+    "getOwners (tools/owners.py)": "Query.entities",
+    "getRelatedDocuments (gql/related_documents.gql)": "type RelatedDocumentsInput, Dataset.relatedDocuments, Dashboard.relatedDocuments, Chart.relatedDocuments and 14 more",
+    "getStructuredProperty (tools/structured_properties.py)": "StructuredPropertyEntity.definition",
+    "getTags (tools/tags.py)": "Query.entities",
+    "getUserDefaultView (view_helpers.py)": "Query.me",
+    "listOwnershipTypes (tools/owners.py)": "type ListOwnershipTypesInput, Query.listOwnershipTypes",
+    "listQueries (gql/queries.gql)": "type ListQueriesInput, Query.listQueries, QueryEntity.properties, QueryEntity.platform and 1 more",
+    "removeStructuredProperties (tools/structured_properties.py)": "type RemoveStructuredPropertiesInput, Mutation.removeStructuredProperties",
+    "search (gql/search.gql)": "GlossaryNode.properties, DataProduct.properties, Container.subTypes",
+    "semanticSearch (gql/semantic_search.gql)": "Query.semanticSearchAcrossEntities, GlossaryNode.properties, DataProduct.properties, Container.subTypes",
+    "smartSearch (gql/smart_search.gql)": "Dataset.editableProperties, Dataset.editableSchemaMetadata, Dashboard.editableProperties, Chart.editableProperties and 7 more",
+    "updateDescription (tools/descriptions.py)": "type DescriptionUpdateInput, Mutation.updateDescription",
+    "upsertStructuredProperties (tools/structured_properties.py)": "type UpsertStructuredPropertiesInput, Mutation.upsertStructuredProperties",
+}
+
+
+@dataclass(frozen=True)
+class Operation:
+    key: str  # `<operation> (<source file>)`
+    name: str
+    document: DocumentNode  # the document the package sends it in
+    alone: DocumentNode  # the operation with the fragments it uses, for what validation says of it alone
+
+
+def _alone(document: DocumentNode, operation: OperationDefinitionNode) -> DocumentNode:
+    fragments = {d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)}
+    used: dict[str, FragmentDefinitionNode] = {}
+
+    def walk(node: SelectionSetNode | None) -> None:
+        for selection in node.selections if node else ():
+            if isinstance(selection, FragmentSpreadNode):
+                name = selection.name.value
+                if name in fragments and name not in used:
+                    used[name] = fragments[name]
+                    walk(fragments[name].selection_set)
+            else:
+                walk(getattr(selection, "selection_set", None))
+
+    walk(operation.selection_set)
+    return DocumentNode(definitions=(operation, *used.values()))
+
+
+@pytest.fixture(scope="module")
+def operations(mcp_python: Path) -> dict[str, Operation]:
+    """Every operation of the installed package, by key; the same operation sent from two places of one file once."""
+    extracted = subprocess.run(
+        [str(mcp_python), "-c", f"OPERATION = {OPERATION!r}\n{EXTRACT}"],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    found: dict[str, Operation] = {}
+    for source, text in json.loads(extracted.stdout).items():
+        document = parse(text)  # every string that begins an operation is one: none is skipped
+        file = source.split(":")[0]
+        for definition in document.definitions:
+            if not isinstance(definition, OperationDefinitionNode):
+                continue
+            assert definition.name is not None, f"{source}: an anonymous operation"
+            key = f"{definition.name.value} ({file})"
+            operation = Operation(key, definition.name.value, document, _alone(document, definition))
+            if key in found:
+                assert re.sub(r"\s+", " ", text) == re.sub(r"\s+", " ", found[key].document.loc.source.body), key
+            found[key] = operation
+    assert len(found) >= 30, sorted(found)  # the package's 10 .gql files and its tools' inline operations
+    return found
+
+
+@pytest.fixture(scope="module")
+def served_schema(metaledger: Metaledger) -> GraphQLSchema:
+    """metaledger's schema as `/api/graphql` answers it by introspection."""
+    with metaledger.http() as http:
+        answer = http.post("/api/graphql", json={"query": get_introspection_query(descriptions=False)})
+    assert answer.status_code == 200 and "errors" not in answer.json(), answer.text
+    return build_client_schema(answer.json()["data"])
+
+
+def test_every_operation_is_within_the_limits(operations: dict[str, Operation], served_schema: GraphQLSchema):
+    settings = Settings()
+    limits = Limits(settings.graphql_max_depth, settings.graphql_max_aliases, settings.graphql_max_fields)
+    over: dict[str, list[str]] = {}
+    figures: list[str] = []
+    for key, operation in sorted(operations.items()):
+        refused = [e.message for e in check_limits(operation.document, limits, served_schema, operation.name)]
+        (shape,) = measure(operation.document, served_schema, operation.name).values()
+        for variables in VARIABLES.get(operation.name, [{}]):
+            measured = query_cost(
+                operation.document, operation.name, variables, settings.graphql_max_count, served_schema
+            )
+            assert measured is not None, key
+            if measured[0] > settings.graphql_max_cost:
+                refused.append(f"costs {measured[0]} with {variables}; the limit is {settings.graphql_max_cost}")
+            figures.append(f"{key}: {shape}, cost {measured[0]}" + (f" with {variables}" if variables else ""))
+        if refused:
+            over[key] = refused
+    print("\n".join(figures))
+    assert not over, json.dumps(over, indent=1)
+    # the two largest, for the record: DataHub's measure passes them too (graphql-java's complexity of the operation
+    # run); summed over every fragment they were 7,585 and 6,526 fields (issue 41)
+    entity = operations["GetEntity (gql/entity_details.gql)"]
+    (shape,) = measure(entity.document, served_schema, "GetEntity").values()
+    assert shape.fields < 2_000 and shape.depth <= settings.graphql_max_depth, shape
+
+
+def test_every_operation_validates_but_the_known_gaps(operations: dict[str, Operation], served_schema: GraphQLSchema):
+    gaps: dict[str, str] = {}
+    for key, operation in sorted(operations.items()):
+        if validate(served_schema, operation.document):
+            errors = validate(served_schema, operation.alone) or validate(served_schema, operation.document)
+            gaps[key] = f"{len(errors)} errors, the first: {errors[0].message}"
+    validating = len(operations) - len(gaps)
+    print(f"{validating} of {len(operations)} operations of mcp-server-datahub validate against metaledger's schema")
+    for key, gap in sorted(gaps.items()):
+        print(f"  {key}: {gap}")
+    unexpected = {key: gap for key, gap in gaps.items() if key not in KNOWN_GAPS}
+    closed = sorted(key for key in KNOWN_GAPS if key not in gaps)
+    assert not unexpected, (
+        f"operations that do not validate and are not in KNOWN_GAPS:\n{json.dumps(unexpected, indent=1)}"
+    )
+    assert not closed, f"operations of KNOWN_GAPS that validate now (or are gone): take them out of it: {closed}"
