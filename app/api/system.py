@@ -16,11 +16,18 @@ from app.ops import CONTENT_TYPE as METRICS_CONTENT_TYPE
 OPEN: dict[str, Any] = {"security": []}  # the spec says these need no credentials
 router = APIRouter(tags=["system"])  # each route declares its policy: the probes and /config are open
 
-# The DataHub version metaledger claims. At >= 1.0.1 the Python SDK v2 (`DataHubClient`) writes through the OpenAPI
-# v3 endpoints, which metaledger serves as the SDK sends them (POST/PATCH /openapi/v3/entity/{entity}, verified with
-# acryl-datahub 1.7.0.17 in tests/client). Below 1.7.0: from there, ingestion sources send `status` as a PATCH, which
-# works too but is not covered by the client tests yet.
-REPORTED_DATAHUB_VERSION = "v1.3.0"
+# The DataHub server version whose API metaledger serves (docs/datahub-compatibility.md): DataHub's clients decide
+# what to send, and which of their features to offer, by it (`versions["acryldata/datahub"].version`, with
+# `datahub.serverEnv: core`, a DataHub core server, and no `baseUrl`, which only DataHub Cloud reports):
+# * acryl-datahub 1.7.0.17 (tests/client/test_reported_version.py): >= 1.0.1, the Python SDK v2 (`DataHubClient`)
+#   writes through the OpenAPI v3 endpoints, which metaledger serves as the SDK sends them; >= 1.7.0, ingestion
+#   sources send `status` as a PATCH, and >= 1.7.0.1 the `assertionNote` aspect: not claimed until the client tests
+#   cover them. Nothing between changes.
+# * mcp-server-datahub 0.8.0: its user, document, history and curation tools (`get_me`, `save_document`,
+#   `add_tags`, …) are listed from 1.4.0 only.
+# 1.5.0: the DataHub release whose APIs metaledger's follow (issue 41 takes its GraphQL schema, datahub-graphql-core,
+# as the reference); what metaledger does not serve of them is documented.
+REPORTED_DATAHUB_VERSION = "v1.5.0"
 
 
 @router.get("/health", summary="Liveness and database reachability", dependencies=[ALLOW_PUBLIC], openapi_extra=OPEN)
