@@ -18,6 +18,7 @@ from typing import Any
 import orjson
 from graphql import GraphQLSchema
 
+from app.errors import Issue, ValidationFailed
 from app.registry import EntityRegistry
 from app.registry.errors import RegistryError
 from app.urns import InvalidUrnError, entity_type_of
@@ -293,6 +294,165 @@ async def _data_flow(ref: EntityRef, info: Any) -> EntityRef | None:
 ASSOCIATIONS = {"tags": _tags, "glossaryTerms": _glossary_terms, "ownership": _ownership, "domain": _domain}
 
 
+async def _sub_types(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    value = await _aspect(info, ref, "subTypes")
+    return None if value is None else {"typeNames": value.get("typeNames")}
+
+
+async def readable(info: Any, urn: str, entity: str | None = None) -> EntityRef | None:
+    """The entity `urn` names when it exists and the caller may see it (its key aspect read through the caller's
+    reader, which leaves out what it may not see), of a type DataHub's GraphQL (or the request's schema) has."""
+    context = info.context
+    name = entity or related_entity(context, urn)
+    spec = context.registry.entities.get(name) if name else None
+    if spec is None or await context.aspect(urn, spec.key_aspect) is None:
+        return None
+    return EntityRef(urn, spec.name)
+
+
+def related_entity(context: Any, urn: str) -> str | None:
+    """The registry entity of an URN an aspect or an edge names, when the request's schema has a type for it."""
+    try:
+        name = entity_type_of(urn)
+    except InvalidUrnError:
+        return None
+    spec = context.registry.entities.get(name)
+    if spec is None or (spec.name not in GRAPHQL_TYPE_OF_ENTITY and spec.name not in context.runtime_types):
+        return None
+    return str(spec.name)
+
+
+# --- corp users: DataHub's CorpUserMapper over corpUserInfo, corpUserEditableInfo and corpUserSettings ------------
+
+
+async def _corp_user_info(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    value = await _aspect(info, ref, "corpUserInfo")
+    if value is None:
+        return None
+    manager = value.get("managerUrn")
+    return {
+        **value,
+        "active": bool(value.get("active")),
+        "manager": EntityRef(manager, "corpuser") if manager else None,
+        "customProperties": _custom_properties(value),
+    }
+
+
+async def _corp_user_editable(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    value = await _aspect(info, ref, "corpUserEditableInfo")
+    if value is None:
+        return None
+    platforms = [_platform(urn) for urn in value.get("platforms") or () if urn]
+    return {**value, "platforms": platforms}
+
+
+async def _corp_user_settings(ref: EntityRef, info: Any) -> dict[str, Any]:
+    """As DataHub's CorpUserMapper: settings always, their appearance always (its flags false when not set), the
+    views when the user has saved a default."""
+    value = await _aspect(info, ref, "corpUserSettings") or {}
+    appearance = value.get("appearance") or {}
+    views = value.get("views")
+    default_view = (views or {}).get("defaultView")
+
+    async def resolve_default_view(_info: Any) -> EntityRef | None:
+        return await readable(info, default_view, "dataHubView") if default_view else None
+
+    return {
+        "appearance": {
+            "showSimplifiedHomepage": bool(appearance.get("showSimplifiedHomepage")),
+            "showThemeV2": appearance.get("showThemeV2"),
+        },
+        "views": {"defaultView": resolve_default_view} if views is not None else None,
+    }
+
+
+# --- relationships: the graph's edges (the search backend's), as DataHub's EntityRelationshipsResultResolver ------
+
+DEFAULT_RELATIONSHIPS = 100  # a page's relationships when `count` is not given (DataHub's graph client's default)
+STATUS_ASPECT = "status"
+
+
+def _urn_of(source: Any) -> str | None:
+    return source.urn if isinstance(source, EntityRef) else (source or {}).get("urn")
+
+
+def _non_negative(value: int | None, default: int, name: str) -> int:
+    if value is None:
+        return default
+    if value < 0:
+        raise ValidationFailed(
+            f"{name} must not be negative", [Issue("negative", path=f"$input.{name}", found=str(value))]
+        )
+    return value
+
+
+async def _relationships(source: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
+    """One page of the entity's edges of `input.types` (every type when none) in `input.direction`: OUTGOING, the
+    entity is the edge's source and the related entity its destination; INCOMING the other way round. As DataHub
+    answers them: a related entity the caller may not see is left out of the page (and of `total`), and so, with
+    `includeSoftDelete: false`, is one that is soft-deleted or does not exist; `count` is what the page holds."""
+    context = info.context
+    urn = _urn_of(source)
+    start = _non_negative(input.get("start"), 0, "start")
+    count = min(_non_negative(input.get("count"), DEFAULT_RELATIONSHIPS, "count"), context.max_count)
+    if not urn or count == 0:
+        return {"start": start, "count": 0, "total": 0, "relationships": []}
+    direction = input["direction"]
+    backend = await context.backend()
+    edges, total = await backend.relationships(
+        urn, direction=direction, types=list(input.get("types") or ()) or None, start=start, count=count
+    )
+    outgoing = direction == "OUTGOING"
+    related = [edge.destination if outgoing else edge.source for edge in edges]
+    hidden = await context.unreadable(related)
+    if input.get("includeSoftDelete") is False:
+        present = await asyncio.gather(*(_present(info, other) for other in related))
+        hidden |= {other for other, shown in zip(related, present) if not shown}
+    relationships = [
+        {
+            "type": edge.relationship,
+            "direction": direction,
+            "entity": _related_ref(context, other),
+            "created": {"time": edge.created_on, "actor": edge.created_actor} if edge.created_on is not None else None,
+        }
+        for edge, other in zip(edges, related)
+        if other not in hidden
+    ]
+    left_out = len(edges) - len(relationships)
+    return {"start": start, "count": len(relationships), "total": total - left_out, "relationships": relationships}
+
+
+def _related_ref(context: Any, urn: str) -> EntityRef | None:
+    name = related_entity(context, urn)
+    return EntityRef(urn, name) if name else None
+
+
+async def _present(info: Any, urn: str) -> bool:
+    """Whether `urn` exists, is not soft-deleted, and the caller may see it."""
+    try:
+        spec = info.context.registry.entities.get(entity_type_of(urn))
+    except InvalidUrnError:
+        return False
+    if spec is None:
+        return False
+    key, status = await asyncio.gather(
+        info.context.aspect(urn, spec.key_aspect), info.context.aspect(urn, STATUS_ASPECT)
+    )
+    return key is not None and not (status or {}).get("removed")
+
+
+async def _data_product_properties(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    value = await _aspect(info, ref, "dataProductProperties")
+    if value is None:
+        return None
+    return {
+        **value,
+        "name": value.get("name") or _key_field(ref, info, "id"),
+        "numAssets": len(value.get("assets") or ()),
+        "customProperties": _custom_properties(value),
+    }
+
+
 async def _dataset_properties(ref: EntityRef, info: Any) -> dict[str, Any] | None:
     value = await _aspect(info, ref, "datasetProperties")
     if value is None:
@@ -414,6 +574,7 @@ async def _raw_aspects(ref: EntityRef, info: Any, input: dict[str, Any] | None =
 
 FIELD_RESOLVERS: dict[str, dict[str, Any]] = {
     "Dataset": {
+        "subTypes": _sub_types,
         "name": _from_key("name"),
         "platform": _key_platform("platform"),
         "origin": _from_key("origin"),
@@ -426,6 +587,7 @@ FIELD_RESOLVERS: dict[str, dict[str, Any]] = {
     },
     "DataPlatform": {"name": _from_key("platformName"), "properties": _platform_properties},
     "DataJob": {
+        "subTypes": _sub_types,
         "jobId": _from_key("jobId"),
         "dataFlow": _data_flow,
         "properties": _properties("dataJobInfo"),
@@ -434,6 +596,7 @@ FIELD_RESOLVERS: dict[str, dict[str, Any]] = {
         **ASSOCIATIONS,
     },
     "DataFlow": {
+        "subTypes": _sub_types,
         "orchestrator": _from_key("orchestrator"),
         "flowId": _from_key("flowId"),
         "cluster": _from_key("cluster"),
@@ -446,16 +609,27 @@ FIELD_RESOLVERS: dict[str, dict[str, Any]] = {
     "CorpUser": {
         "username": _from_key("username"),
         "properties": _properties("corpUserInfo", defaults={"active": False}),
+        "info": _corp_user_info,
+        "editableProperties": _corp_user_editable,
+        "editableInfo": _corp_user_editable,
+        "exists": _exists,
+        "settings": _corp_user_settings,
     },
+    "GlossaryNode": {
+        "properties": _properties("glossaryNodeInfo", renamed={"description": "definition"}, name_from_key="name"),
+    },
+    "DataProduct": {"properties": _data_product_properties},
     "CorpGroup": {"name": _from_key("name"), "properties": _properties("corpGroupInfo")},
     "Domain": {"id": _from_key("id"), "properties": _properties("domainProperties", name_from_key="id")},
     "Container": {
+        "subTypes": _sub_types,
         "platform": _instance_platform("unknown"),
         "container": _container,
         "properties": _properties("containerProperties", name_from_key="guid"),
         **ASSOCIATIONS,
     },
     "Chart": {
+        "subTypes": _sub_types,
         "tool": _from_key("dashboardTool"),
         "chartId": _from_key("chartId"),
         "platform": _key_platform("dashboardTool"),
@@ -464,6 +638,7 @@ FIELD_RESOLVERS: dict[str, dict[str, Any]] = {
         **ASSOCIATIONS,
     },
     "Dashboard": {
+        "subTypes": _sub_types,
         "tool": _from_key("dashboardTool"),
         "dashboardId": _from_key("dashboardId"),
         "platform": _key_platform("dashboardTool"),
@@ -513,6 +688,8 @@ FIELD_RESOLVERS: dict[str, dict[str, Any]] = {
         "properties": _properties("mlPrimaryKeyProperties"),
         **ASSOCIATIONS,
     },
+    "Notebook": {"subTypes": _sub_types},
+    "DataProcessInstance": {"subTypes": _sub_types},
     "Document": {
         "subType": _sub_type,
         "platform": _instance_platform("datahub"),
@@ -546,7 +723,8 @@ def runtime_entity_sdl(registry: EntityRegistry, types: Mapping[str, str]) -> st
     return "\n".join(
         f"{orjson.dumps(registry.entities[name].doc or f'{name}: an entity type registered at run time').decode()}\n"
         f"type {type_name} implements Entity {{\n  urn: String!\n  type: EntityType!\n"
-        f"  aspects(input: AspectParams): [RawAspect!]\n}}\n"
+        f"  aspects(input: AspectParams): [RawAspect!]\n"
+        f"  relationships(input: RelationshipsInput!): EntityRelationshipsResult\n}}\n"
         for name, type_name in types.items()
     )
 
@@ -570,3 +748,4 @@ def bind_entities(schema: GraphQLSchema, runtime_types: Mapping[str, str]) -> No
     for implementation in schema.get_implementations(schema.type_map["Entity"]).objects:  # type: ignore[arg-type]
         if "aspects" in implementation.fields:
             implementation.fields["aspects"].resolve = _raw_aspects
+        implementation.fields["relationships"].resolve = _relationships

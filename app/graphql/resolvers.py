@@ -23,6 +23,7 @@ from app.graphql.entities import (
     SEARCHABLE_TYPES,
     EntityRef,
     entity_ref,
+    readable,
     type_of_entity,
 )
 from app.graphql.loader import AspectLoader
@@ -156,6 +157,14 @@ class Context:
     async def exists(self, urn: str) -> bool:
         """Whether `urn` has any aspect (its values are read, not parsed)."""
         return bool(await self.loader.entity(urn))
+
+    async def unreadable(self, urns: Sequence[str]) -> set[str]:
+        """The entities among `urns` the caller may not see at all (the read rule, app.auth.reads): no query for an
+        admin, nor for URNs of entity types the rule does not guard."""
+        if not urns:
+            return set()
+        async with self._lock:
+            return await EntityReader(self.session, self.registry, self.caller).unreadable(list(dict.fromkeys(urns)))
 
     async def aspect_version(self, ref: EntityRef, aspect: str, version: int) -> dict[str, Any] | None:
         """One version of an aspect (0: the latest), None when there is no such version."""
@@ -552,14 +561,15 @@ async def resolve_search_across_lineage(_root: Any, info: Any, input: dict[str, 
 # --- entities -----------------------------------------------------------------------------------------------------
 
 
-def _entity_of(urn: str, registry: EntityRegistry, runtime_types: Collection[str] = ()) -> str | None:
-    """The registry entity of `urn`, when it is one DataHub's GraphQL has a type for (or one of `runtime_types`)."""
+def _entity_of(
+    urn: str, registry: EntityRegistry, runtime_types: Collection[str] = (), path: str = "$urn"
+) -> str | None:
+    """The registry entity of `urn`, when it is one DataHub's GraphQL has a type for (or one of `runtime_types`);
+    a 400 naming `path` when it is no URN."""
     try:
         name = entity_type_of(urn)
     except InvalidUrnError as error:
-        raise ValidationFailed(
-            f"not a URN: {error}", [Issue("invalid urn", path="$urn", found=clip(urn, 100))]
-        ) from None
+        raise ValidationFailed(f"not a URN: {error}", [Issue("invalid urn", path=path, found=clip(urn, 100))]) from None
     entity = registry.entities.get(name)
     if entity is None or (entity.name not in GRAPHQL_TYPE_OF_ENTITY and entity.name not in runtime_types):
         return None
@@ -571,6 +581,23 @@ async def resolve_entity(_root: Any, info: Any, urn: str) -> EntityRef | None:
     if entity is None or not await info.context.exists(urn):
         return None
     return EntityRef(urn, entity)
+
+
+async def resolve_entities(
+    _root: Any, info: Any, urns: list[str], checkForExistence: bool | None = None
+) -> list[EntityRef | None]:
+    """DataHub's BatchGetEntitiesResolver: one answer per URN, in their order (a URN given twice answered twice), null
+    where there is no such entity, where the caller may not see it (the read rule), or where DataHub's GraphQL has
+    no type for its entity type. Every answer is checked, so `checkForExistence` changes nothing. A string that is
+    no URN is a 400 naming its place (`$urns[i]`)."""
+    context: Context = info.context
+    names = [_entity_of(urn, context.registry, context.runtime_types, f"$urns[{i}]") for i, urn in enumerate(urns)]
+    found = await asyncio.gather(*(readable(info, urn, name) if name else _absent() for urn, name in zip(urns, names)))
+    return list(found)
+
+
+async def _absent() -> None:
+    return None
 
 
 def _typed_lookup(wanted: str):
@@ -653,6 +680,74 @@ async def resolve_remove_tag(_root: Any, info: Any, input: dict[str, Any]) -> bo
     return True
 
 
+# --- the caller and the platform's settings ---------------------------------------------------------------------
+
+# DataHub's platform privileges (PlatformPrivileges), by the role that holds them here: a writer those of creating and
+# editing metadata, an admin every one (the service's administration, deletes of entities, tokens, policies); a
+# reader none. A writer's write policies (app.auth) may still refuse one of its writes.
+WRITER_PRIVILEGES = (
+    "createDomains",
+    "manageDomains",
+    "manageGlossaries",
+    "manageDocuments",
+    "createTags",
+    "viewManageTags",
+    "manageStructuredProperties",
+    "viewStructuredPropertiesPage",
+    "createBusinessAttributes",
+    "manageBusinessAttributes",
+    "manageApplications",
+)
+ADMIN_PRIVILEGES = (
+    "viewAnalytics",
+    "managePolicies",
+    "manageIdentities",
+    "generatePersonalAccessTokens",
+    "manageIngestion",
+    "manageSecrets",
+    "manageTokens",
+    "viewTests",
+    "manageTests",
+    "manageUserCredentials",
+    "manageTags",
+    "manageGlobalViews",
+    "manageGlobalSettings",
+    "manageOwnershipTypes",
+    "manageGlobalAnnouncements",
+    "manageFeatures",
+    "manageHomePageTemplates",
+    "manageServiceAccounts",
+)
+GLOBAL_SETTINGS_URN = "urn:li:globalSettings:0"  # DataHub's one global settings entity
+GLOBAL_SETTINGS_ENTITY, GLOBAL_SETTINGS_INFO = "globalSettings", "globalSettingsInfo"
+
+
+def platform_privileges(caller: Principal) -> dict[str, bool]:
+    writer, admin = caller.allows(Permission.WRITE), caller.allows(Permission.ADMIN)
+    return {
+        **{name: writer for name in WRITER_PRIVILEGES},
+        **{name: admin for name in ADMIN_PRIVILEGES},
+    }
+
+
+async def resolve_me(_root: Any, info: Any) -> dict[str, Any]:
+    """DataHub's MeResolver: the user the request's bearer token names (its actor), whether or not that user has
+    been written as an entity (`exists` tells), and what the caller's role allows."""
+    caller: Principal = info.context.caller
+    return {"corpUser": EntityRef(caller.actor, "corpuser"), "platformPrivileges": platform_privileges(caller)}
+
+
+async def resolve_global_views_settings(_root: Any, info: Any) -> dict[str, Any]:
+    """DataHub's GlobalViewsSettingsResolver: the global default view of the global settings' globalSettingsInfo
+    (null when there is none, or when the registry has no global settings), through the caller's reader."""
+    context: Context = info.context
+    entity = context.registry.entities.get(GLOBAL_SETTINGS_ENTITY)
+    if entity is None or GLOBAL_SETTINGS_INFO not in entity.aspect_names:
+        return {"defaultView": None}
+    settings = await context.aspect(GLOBAL_SETTINGS_URN, GLOBAL_SETTINGS_INFO) or {}
+    return {"defaultView": (settings.get("views") or {}).get("defaultView")}
+
+
 async def resolve_app_config(_root: Any, _info: Any) -> dict[str, Any]:
     """What DataHub's AppConfigResolver answers for the fields served: no third-party telemetry, no semantic search."""
     return {
@@ -668,6 +763,9 @@ QUERY_RESOLVERS = {
     "scrollAcrossLineage": resolve_scroll_across_lineage,
     "searchAcrossLineage": resolve_search_across_lineage,
     "entity": resolve_entity,
+    "entities": resolve_entities,
+    "me": resolve_me,
+    "globalViewsSettings": resolve_global_views_settings,
     "dataset": _typed_lookup("dataset"),
     "tag": _typed_lookup("tag"),
     "appConfig": resolve_app_config,
