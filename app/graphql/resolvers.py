@@ -31,6 +31,7 @@ from app.graphql.views import VIEW_PATH, apply_view
 from app.ingest.gateway import IngestGateway
 from app.limits import clip
 from app.registry import EntityRegistry
+from app.search import query_syntax
 from app.search.across import (
     TypeSearch,
     facets_across,
@@ -268,11 +269,14 @@ def _sort(sort_input: dict[str, Any] | None) -> list[tuple[str, str]] | None:
 
 
 def _query(text: str | None) -> str:
+    """The query text a search runs; a structured one (DataHub's `/q ` prefix, app.search.query_syntax) must
+    parse, or it is a 400 naming `$input.query`."""
     if text and len(text) > MAX_QUERY_TEXT:
         raise ValidationFailed(
             f"the query text is {len(text)} characters; the limit is {MAX_QUERY_TEXT}",
             [Issue("too long", path="$input.query", found=clip(text, 100))],
         )
+    query_syntax.check(text, "$input.query")
     return (text or "*").strip() or "*"
 
 
@@ -294,9 +298,10 @@ _QUERY_TERMS = re.compile(r"[^\W_]+")
 
 def _terms(query: str, flags: dict[str, Any]) -> list[str]:
     """The words of a text query that highlighting looks for (none for `*` or when highlighting is skipped)."""
-    if flags.get("skipHighlighting") or query == "*":
+    text = query_syntax.plain_text(query)
+    if flags.get("skipHighlighting") or text == "*":
         return []
-    return [t for t in _QUERY_TERMS.findall(query.lower()) if t not in {"and", "or", "not"}]
+    return [t for t in _QUERY_TERMS.findall(text.lower()) if t not in {"and", "or", "not"}]
 
 
 def _matched_fields(hit: SearchHit, terms: list[str]) -> list[dict[str, str]]:

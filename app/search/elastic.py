@@ -63,7 +63,7 @@ from elastic_transport import HttpxAsyncHttpNode
 from elasticsearch import AsyncElasticsearch, BadRequestError, NotFoundError
 
 from app.limits import MAX_LONG, MIN_LONG
-from app.search import documents, elastic_mappings
+from app.search import documents, elastic_mappings, query_syntax
 from app.search.cursors import decode_keyset, keyset_cursor
 from app.search.elastic_mappings import ASPECT_FIELDS_FIELD, EDGE_MAPPING, EDGE_SET_MAPPING, mapping_hash
 from app.search.model import (
@@ -1036,18 +1036,86 @@ class ElasticBackend:
         spec = specs.get(key) or next((s for s in specs.values() if s.name == key), None)
         return spec.name if spec else document_field(key)
 
-    def _text_query(self, entity_type: str, query: str) -> dict[str, Any]:
-        should: list[dict[str, Any]] = []
+    def _text_fields(self, entity_type: str) -> list[str]:
+        """The analyzed fields a text query searches, with their boosts: the default search fields' (their `text`
+        subfield where the field itself is a keyword)."""
         text_fields: list[str] = []
         for spec in self.search_specs(entity_type):
             if not spec.query_by_default:
                 continue
             field = self._field_mapping(entity_type, spec.name)
-            kind = field.get("type")
-            if kind == "text":
+            if field.get("type") == "text":
                 text_fields.append(f"{spec.name}^{spec.boost:g}")
             elif "text" in (field.get("fields") or {}):
                 text_fields.append(f"{spec.name}.text^{spec.boost:g}")
+        return text_fields
+
+    @staticmethod
+    def _query_string(term: query_syntax.Term, fields: list[str]) -> dict[str, Any]:
+        """One word or phrase of a structured query, as DataHub's structured query is answered: `query_string`,
+        AND between the words a term analyzes to, wildcards analyzed."""
+        return {
+            "query_string": {
+                "query": query_syntax.lucene_word(term),
+                "fields": fields,
+                "default_operator": "AND",
+                "analyze_wildcard": True,
+                "lenient": True,
+            }
+        }
+
+    def _structured_query(self, entity_type: str, node: query_syntax.Node) -> dict[str, Any]:
+        """A structured query's tree (app.search.query_syntax) as a bool query: each word a `query_string` on the
+        default text fields, a field's words on that field (an URN-valued keyword field also by the URN's last
+        part: `tags:pii` finds `urn:li:tag:PII`)."""
+        if isinstance(node, query_syntax.Term):
+            if node.field is None:
+                return self._query_string(node, self._text_fields(entity_type) or [URN_FIELD])
+            return self._field_term_query(entity_type, node)
+        if isinstance(node, query_syntax.Every):
+            if node.field is None:
+                return {"match_all": {}}
+            return {"exists": {"field": self._document_field(entity_type, node.field)}}
+        if isinstance(node, query_syntax.Nothing):
+            return {"match_none": {}}
+        if isinstance(node, query_syntax.Not):
+            return {"bool": {"must_not": [self._structured_query(entity_type, node.child)]}}
+        children = [self._structured_query(entity_type, child) for child in node.children]
+        if isinstance(node, query_syntax.And):
+            return {"bool": {"must": children}}
+        return {"bool": {"should": children, "minimum_should_match": 1}}
+
+    def _field_term_query(self, entity_type: str, term: query_syntax.Term) -> dict[str, Any]:
+        name = self._document_field(entity_type, term.field or "")
+        field = self._field_mapping(entity_type, name)
+        kind = field.get("type")
+        should: list[dict[str, Any]] = []
+        if kind == "text":
+            should.append(self._query_string(term, [name]))
+        elif "text" in (field.get("fields") or {}):
+            should.append(self._query_string(term, [f"{name}.text"]))
+        if kind == "keyword" or name == URN_FIELD:
+            pattern = "".join(
+                c if i in term.wild else ("\\" + c if c in "*?\\" else c) for i, c in enumerate(term.text)
+            )
+            should.append({"wildcard": {name: {"value": pattern, "case_insensitive": True}}})
+            if not term.phrase:  # an URN's last part
+                should.append({"wildcard": {name: {"value": "*:" + pattern, "case_insensitive": True}}})
+        if not should:  # a number, a boolean, a date, a field not mapped (which matches nothing)
+            should.append(self._query_string(term, [name]))
+        return should[0] if len(should) == 1 else {"bool": {"should": should, "minimum_should_match": 1}}
+
+    def _text_query(self, entity_type: str, query: str) -> dict[str, Any]:
+        tree = query_syntax.parsed(query)
+        if tree is not None:
+            return self._structured_query(entity_type, tree)
+        should: list[dict[str, Any]] = []
+        text_fields = self._text_fields(entity_type)
+        for spec in self.search_specs(entity_type):
+            if not spec.query_by_default:
+                continue
+            field = self._field_mapping(entity_type, spec.name)
+            kind = field.get("type")
             exact = self._exact_field(entity_type, spec.name) if kind in ("text", "keyword") else None
             if exact:
                 should.append(

@@ -44,7 +44,7 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import driver_connection
-from app.search import documents
+from app.search import documents, query_syntax
 from app.search.cursors import decode_keyset, keyset_cursor
 from app.search.model import (
     DOWNSTREAM_LINEAGE,
@@ -98,6 +98,10 @@ _RANGE_OPERATORS = {
 }
 _WEBSEARCH_SYNTAX = re.compile(r'"|(^|\s)-\w|\s(or|OR)\s')
 _TOKEN = re.compile(r"\w+")
+# The parts of a word of a structured query (app.search.query_syntax): letters and digits, with the wildcards in
+# them; what is between parts splits them, as `_index_text` splits the text indexed.
+_WORD_PARTS = re.compile(r"(?:[^\W_]|[*?])+")
+_WORDS = re.compile(r"[^\W_]+")
 
 
 def field_weight(spec: SearchFieldSpec) -> tuple[str, bool]:
@@ -184,6 +188,16 @@ def _json(value: Any) -> Any:
 
 def _like_escape(text: str) -> str:
     return text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+
+
+def _lexeme(word: str, *, prefix: bool = False) -> str:
+    """One quoted tsquery operand (a word the parser may split further, as it splits the text indexed)."""
+    return "'" + word.replace("\\", "\\\\").replace("'", "''") + "'" + (":*" if prefix else "")
+
+
+def _like_pattern(part: str) -> str:
+    """A LIKE pattern of a word with wildcards (`*`: any characters, `?`: one)."""
+    return "".join({"*": "%", "?": "_"}.get(c) or ("\\" + c if c in "%_\\" else c) for c in part)
 
 
 def _prefix_tsquery(text: str) -> str | None:
@@ -753,9 +767,13 @@ class PostgresBackend:
             return f"({any_element} OR {self._field_condition(entity_type, name, values, params)})"
         return any_element
 
-    def _query_sql(self, query: str, params: list[Any]) -> tuple[str | None, str]:
-        """(match condition, score expression) for a query; None for all documents ("*" or empty)."""
+    def _query_sql(self, entity_type: str, query: str, params: list[Any]) -> tuple[str | None, str]:
+        """(match condition, score expression) for a query; None for all documents ("*" or empty). A structured
+        query (DataHub's `/q ` prefix) is parsed (app.search.query_syntax), the rest is full text."""
         text = (query or "").strip()
+        tree = query_syntax.parsed(text)
+        if tree is not None:
+            return self._structured_sql(entity_type, tree, params)
         if text in ("", "*"):
             return None, "0::float8"
         if _WEBSEARCH_SYNTAX.search(text):
@@ -779,6 +797,114 @@ class PostgresBackend:
         )
         return match, score
 
+    def _structured_sql(self, entity_type: str, tree: query_syntax.Node, params: list[Any]) -> tuple[str | None, str]:
+        """(match condition, score expression) of a structured query's tree: the words of the default fields in one
+        tsquery where they can be (the GIN index of `search_vector` answers it), a field's words on that field's
+        values, a wildcard inside a word on the words indexed (LIKE); ranked by its words that must be present."""
+
+        def tsquery(text: str) -> str:
+            params.append(text)
+            return f"to_tsquery('simple', ${len(params)})"
+
+        def like(pattern: str) -> str:
+            params.append(pattern)
+            return f"${len(params)}"
+
+        def word_parts(term: query_syntax.Term) -> tuple[list[str], list[str]]:
+            """(tsquery operands, LIKE patterns on single words) of a term: a phrase's words adjacent; a word's
+            parts all present (as an analyzer splits `user+transaction`), one ending in `*` a prefix, one with a
+            wildcard elsewhere a LIKE on the words indexed (and a prefix when it starts with letters)."""
+            if term.phrase:
+                return [" <-> ".join(_lexeme(w) for w in _WORDS.findall(term.text.lower()))], []
+            parts = _WORD_PARTS.findall(term.text.lower())
+            if len(parts) > 1 and not _WORDS.search(parts[-1]):  # `revenue_*`: the part before it is a prefix
+                parts[-2:] = [parts[-2] + "*"]
+            operands, patterns = [], []
+            for part in parts:
+                literal = re.split(r"[*?]", part, maxsplit=1)[0]
+                if part == literal:
+                    operands.append(_lexeme(part))
+                    continue
+                if literal:
+                    operands.append(_lexeme(literal, prefix=True))
+                if part != literal + "*" and _WORDS.search(part):
+                    patterns.append(_like_pattern(part))
+            return operands, patterns
+
+        def value_condition(name: str, operands: list[str], patterns: list[str]) -> str:
+            """A value of document field `name` has the words (split as the text indexed is)."""
+            params.append(name)
+            values = (
+                "(SELECT d.urn AS value) v"
+                if name == URN_FIELD
+                else f"jsonb_array_elements_text(CASE jsonb_typeof(d.fields -> ${len(params)}::text) WHEN 'array' "
+                f"THEN d.fields -> ${len(params)}::text ELSE jsonb_build_array(d.fields -> ${len(params)}::text) END) "
+                "v(value)"
+            )
+            tests = []
+            if operands:
+                tests.append(
+                    f"to_tsvector('simple', regexp_replace(v.value, '[^[:alnum:]]+', ' ', 'g')) @@ "
+                    f"{tsquery(' & '.join(operands))}"
+                )
+            for pattern in patterns:
+                tests.append(
+                    f"EXISTS (SELECT 1 FROM regexp_split_to_table(lower(v.value), '[^[:alnum:]]+') w "
+                    f"WHERE w LIKE {like(pattern)})"
+                )
+            return f"EXISTS (SELECT 1 FROM {values} WHERE {' AND '.join(tests) or 'true'})"
+
+        # A rendered node: ("ts", tsquery text) while it is one tsquery of the default fields, else ("sql", condition)
+        def render(node: query_syntax.Node) -> tuple[str, str]:
+            if isinstance(node, query_syntax.Term):
+                operands, patterns = word_parts(node)
+                if node.field is not None:
+                    return "sql", value_condition(self._document_field(entity_type, node.field), operands, patterns)
+                if not patterns:
+                    return "ts", " & ".join(operands)
+                tests = [f"d.search_vector @@ {tsquery(' & '.join(operands))}"] if operands else []
+                tests += [
+                    f"EXISTS (SELECT 1 FROM unnest(tsvector_to_array(d.search_vector)) w WHERE w LIKE {like(p)})"
+                    for p in patterns
+                ]
+                return "sql", "(" + " AND ".join(tests) + ")"
+            if isinstance(node, query_syntax.Every):
+                if node.field is None or self._document_field(entity_type, node.field) == URN_FIELD:
+                    return "sql", "true"
+                params.append(self._document_field(entity_type, node.field))
+                return "sql", f"coalesce(d.fields -> ${len(params)}::text, 'null'::jsonb) <> 'null'::jsonb"
+            if isinstance(node, query_syntax.Nothing):
+                return "sql", "false"
+            if isinstance(node, query_syntax.Not):
+                kind, inner = render(node.child)
+                return (kind, f"!({inner})") if kind == "ts" else (kind, f"NOT {inner}")
+            rendered = [render(child) for child in node.children]
+            if all(kind == "ts" for kind, _ in rendered):
+                joiner = " & " if isinstance(node, query_syntax.And) else " | "
+                return "ts", "(" + joiner.join(inner for _, inner in rendered) + ")"
+            joiner = " AND " if isinstance(node, query_syntax.And) else " OR "
+            return "sql", "(" + joiner.join(as_condition(kind, inner) for kind, inner in rendered) + ")"
+
+        def as_condition(kind: str, inner: str) -> str:
+            return f"d.search_vector @@ {tsquery(inner)}" if kind == "ts" else inner
+
+        kind, inner = render(tree)
+        if kind == "ts":
+            query = tsquery(inner)
+            return f"d.search_vector @@ {query}", f"ts_rank_cd(d.search_vector, {query})::float8"
+        ranked = [
+            " & ".join(word_parts(t)[0])
+            for t in query_syntax.positive_terms(tree)
+            if t.field is None and word_parts(t)[0]
+        ]
+        condition = as_condition(kind, inner)
+        if not ranked:
+            return condition, "0::float8"
+        # A literal, not a parameter: the count of the same condition takes no score (its text is quoted words of
+        # letters and digits, and tsquery operators)
+        literal = "'" + " | ".join(f"({r})" for r in ranked).replace("'", "''") + "'"
+        return condition, f"ts_rank_cd(d.search_vector, to_tsquery('simple', {literal}))::float8"
+
     async def search(
         self, entity_type: str, query: str, *, filters: dict[str, list[str]] | None = None, count: int = 10,
         scroll_id: str | None = None, sort: list[tuple[str, str]] | None = None,
@@ -786,7 +912,7 @@ class PostgresBackend:
     ) -> SearchPage:  # fmt: skip
         params: list[Any] = [entity_type]
         conditions = ["d.entity_type = $1"]
-        match, score = self._query_sql(query, params)
+        match, score = self._query_sql(entity_type, query, params)
         if match:
             conditions.append(match)
         conditions += self._filter_sql(entity_type, filters, params)
