@@ -1,5 +1,5 @@
 """Executing a GraphQL request: size and token limits → parse → depth/alias/field limits → graphql-core's validation
-→ the cost of the operation with its variables → execution against the schema built once from `schema.graphql`
+→ the cost of the operation with its variables → execution against the schema built once from the `*.graphql` files
 (schema-first: the SDL is the contract, resolvers are attached to it; the schema of a registry holding entity types
 registered at run time has an object type for each of them, and follows the registry's changes). Every failure is a GraphQL error in the
 response body, in DataHub's form (`extensions.code`, `extensions.classification`); nothing a client sends ends in a
@@ -46,6 +46,9 @@ from app.settings import Settings
 log = logging.getLogger("metaledger.graphql")
 
 SCHEMA_PATH = Path(__file__).with_name("schema.graphql")
+# DataHub splits its schema by topic (entity.graphql, search.graphql, ...); here `schema.graphql` holds the core and
+# each further `*.graphql` beside it a topic, adding to the root types with `extend type Query` / `extend type Mutation`.
+SCHEMA_FILES = (SCHEMA_PATH, *sorted(p for p in SCHEMA_PATH.parent.glob("*.graphql") if p != SCHEMA_PATH))
 # DataHub's DataHubGraphQLErrorCode names, by status
 ERROR_TYPES = {
     400: "BAD_REQUEST",
@@ -85,9 +88,9 @@ def _arguments_checked(resolver: Any) -> Callable[..., Any]:
 
 
 def build(runtime_sdl: str = "", runtime_types: Mapping[str, str] | None = None) -> GraphQLSchema:
-    """The schema of `schema.graphql`, with the object types of entity types registered at run time
+    """The schema of `SCHEMA_FILES`, with the object types of entity types registered at run time
     (`runtime_sdl`, of `runtime_types`: entity name -> object type) when a registry holds some."""
-    schema = build_schema(SCHEMA_PATH.read_text() + runtime_sdl)
+    schema = build_schema("\n".join(path.read_text() for path in SCHEMA_FILES) + runtime_sdl)
     long_type = schema.type_map["Long"]
     # graphql-core 3.3 coerces through coerce_*; parse_*/serialize are the 3.2 names it still offers
     for name in ("serialize", "parse_value", "coerce_output_value", "coerce_input_value"):
