@@ -5,7 +5,7 @@ from app.api.auth import router as auth_router
 from app.api.change_feed import router as change_feed_router
 from app.api.entity_registry import router as entity_registry_router
 from app.api.graphql import router as graphql_router
-from app.api.models import router as models_router
+from app.api.model_sets import router as model_sets_router
 from app.api.openlineage import router as openlineage_router
 from app.api.per_aspect_events import router as per_aspect_events_router
 from app.api.processors import router as processors_router
@@ -39,7 +39,7 @@ routers = [
     entity_registry_router,
     graphql_router,
     openlineage_router,
-    models_router,
+    model_sets_router,
 ]
 
 # A body the routes read themselves and refer to by name in their declarations (the `JsonBody` ones are found from
