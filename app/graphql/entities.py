@@ -493,6 +493,8 @@ def _schema_field(field: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _schema_metadata(ref: EntityRef, info: Any, version: int | None = None) -> dict[str, Any] | None:
+    from app.graphql.read_model import schema_field_extras
+
     value = await info.context.aspect_version(ref, "schemaMetadata", version or 0)
     if value is None:
         return None
@@ -501,7 +503,7 @@ async def _schema_metadata(ref: EntityRef, info: Any, version: int | None = None
         "name": value.get("schemaName", ""),
         "platformUrn": value.get("platform"),
         "hash": value.get("hash", ""),
-        "fields": [_schema_field(f) for f in value.get("fields") or ()],
+        "fields": [{**_schema_field(f), **schema_field_extras(ref.urn, f)} for f in value.get("fields") or ()],
     }
 
 
@@ -745,7 +747,15 @@ def bind_entities(schema: GraphQLSchema, runtime_types: Mapping[str, str]) -> No
         object_type = schema.type_map[type_name]
         for field_name, resolver in fields.items():
             object_type.fields[field_name].resolve = resolver  # type: ignore[attr-defined]
+    from app.graphql.read_model import read_model_resolvers, resolve_property_value
+
+    if "PropertyValue" in schema.type_map:  # the curation topic's union (curation.graphql), read here too
+        schema.type_map["PropertyValue"].resolve_type = resolve_property_value  # type: ignore[attr-defined]
     for implementation in schema.get_implementations(schema.type_map["Entity"]).objects:  # type: ignore[arg-type]
+        own = FIELD_RESOLVERS.get(implementation.name, {})
+        # DataHub's read model (app.graphql.read_model): the aspect-read fields the type declares, bound generically
+        for field_name, resolver in read_model_resolvers(implementation.name, implementation.fields, own).items():
+            implementation.fields[field_name].resolve = resolver
         if "aspects" in implementation.fields:
             implementation.fields["aspects"].resolve = _raw_aspects
         implementation.fields["relationships"].resolve = _relationships

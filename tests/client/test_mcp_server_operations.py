@@ -76,8 +76,8 @@ VARIABLES: dict[str, list[dict[str, Any]]] = {
 # elements validation names; issue 41's report has them all). Key: `<operation> (<source file>)`.
 KNOWN_GAPS: dict[str, str] = {
     "GetAssertionParent (sub_entity_urls.py)": "Query.assertion (sent only to a server with a `baseUrl`, for links)",
-    "GetEntity (gql/entity_details.gql)": "Dataset.editableProperties, Dataset.structuredProperties, Dataset.deprecation, Dataset.health and 89 more",
-    "GetEntityLineage (gql/entity_details.gql)": "(and GetEntity, sent in the same document) SchemaFieldEntity.fieldPath, SchemaFieldEntity.parent, Dataset.editableProperties, Dataset.structuredProperties and 89 more",
+    "GetEntity (gql/entity_details.gql)": "DashboardProperties.access, DashboardProperties.lastModified, ChartProperties.type, ChartProperties.access and 42 more",
+    "GetEntityLineage (gql/entity_details.gql)": "(and GetEntity, sent in the same document) DashboardProperties.access, DashboardProperties.lastModified, ChartProperties.type, ChartProperties.access and 31 more",
     "GetIncidentParent (sub_entity_urls.py)": "Incident.entity (sent only to a server with a `baseUrl`, for links)",
     "GetQueryEntity (gql/query_entity.gql)": "QueryEntity.properties, QueryEntity.platform, QueryEntity.subjects",
     "SearchDatasetAssertions (tools/assertions.py)": "(a DataHub Cloud tool) Assertion.platform, Assertion.info, Assertion.runEvents, Assertion.tags",
@@ -91,14 +91,11 @@ KNOWN_GAPS: dict[str, str] = {
     "documentContent (gql/document_content.gql)": "DocumentInfo.contents",
     "documentSearch (gql/document_search.gql)": "DocumentInfo.source, DocumentInfo.lastModified, DocumentInfo.created",
     "documentSemanticSearch (gql/document_semantic_search.gql)": "Query.semanticSearchAcrossEntities, DocumentInfo.source, DocumentInfo.lastModified, DocumentInfo.created",
-    "getEntity (tools/descriptions.py)": "Dataset.editableProperties, Container.editableProperties, Chart.editableProperties, Dashboard.editableProperties and 6 more",
     "getRelatedDocuments (gql/related_documents.gql)": "type RelatedDocumentsInput, Dataset.relatedDocuments, Dashboard.relatedDocuments, Chart.relatedDocuments and 14 more",
-    "getStructuredProperty (tools/structured_properties.py)": "StructuredPropertyEntity.definition",
     "listOwnershipTypes (tools/owners.py)": "type ListOwnershipTypesInput, Query.listOwnershipTypes",
     "listQueries (gql/queries.gql)": "type ListQueriesInput, Query.listQueries, QueryEntity.properties, QueryEntity.platform and 1 more",
     "removeStructuredProperties (tools/structured_properties.py)": "type RemoveStructuredPropertiesInput, Mutation.removeStructuredProperties",
     "semanticSearch (gql/semantic_search.gql)": "Query.semanticSearchAcrossEntities",
-    "smartSearch (gql/smart_search.gql)": "Dataset.editableProperties, Dataset.editableSchemaMetadata, Dashboard.editableProperties, Chart.editableProperties and 5 more",
     "updateDescription (tools/descriptions.py)": "type DescriptionUpdateInput, Mutation.updateDescription",
     "upsertStructuredProperties (tools/structured_properties.py)": "type UpsertStructuredPropertiesInput, Mutation.upsertStructuredProperties",
 }
