@@ -32,9 +32,9 @@ from app.api.http import (
     stored_envelope,
 )
 from app.api.urn_paths import restore_slashes
-from app.errors import Issue, Location, ValidationFailed
+from app.errors import Issue, Location, NotFound, ValidationFailed
 from app.ingest.gateway import Submission
-from app.limits import check_long
+from app.limits import MAX_LONG, check_long, clip
 from app.openapi_spec import (
     API_PREFIX,
     URN_MAX_CHARS,
@@ -47,7 +47,7 @@ from app.openapi_spec import (
 from app.registry.registry import EntitySpec
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.decision import ItemResult
-from app.write.proposal import CONDITIONAL_HEADERS, PRECONDITION_HEADERS, ChangeType, Draft
+from app.write.proposal import CONDITIONAL_HEADERS, IF_VERSION_MATCH, PRECONDITION_HEADERS, ChangeType, Draft
 
 ENVELOPE_KEYS = frozenset({"value", "systemMetadata", "headers"})
 
@@ -279,16 +279,30 @@ def _batch_get(router: APIRouter, e: EntityType) -> None:
         responses=_answers("Found entities (absent ones left out)", _array_of(e.component("EntityResponse"))),
     )
     async def batch_get(
-        wanted: Annotated[list[Wanted], Depends(BatchGet(e.name))],
+        wanted: Annotated[list[WantedVersions], Depends(BatchGet(e.name))],
         reader: StoredEntities,
         system_metadata: SystemMetadataFlag = False,
     ) -> Response:
-        found = await reader.latest_of_many(wanted)  # one query for the whole batch
+        # the latest of what no If-Version-Match asks an older version of: one query for the whole batch
+        latest: list[Wanted] = []
+        for urn, aspects, versions in wanted:
+            if aspects is None or any(a not in versions for a in aspects):
+                latest.append((urn, None if aspects is None else [a for a in aspects if a not in versions]))
+        found = await reader.latest_of_many(latest)
         out = []
-        for urn, aspects in wanted:
-            rows = [r for r in found.get(urn, ()) if aspects is None or r.aspect in aspects]
-            if rows:
-                out.append({"urn": urn, **{row.aspect: stored_envelope(row, system_metadata) for row in rows}})
+        for urn, aspects, versions in wanted:
+            rows = [
+                r for r in found.get(urn, ()) if aspects is None or (r.aspect in aspects and r.aspect not in versions)
+            ]
+            envelopes = {row.aspect: stored_envelope(row, system_metadata) for row in rows}
+            for aspect, version in versions.items():  # DataHub's batchGet: that version, left out when there is none
+                try:
+                    row = await reader.aspect(e.name, urn, aspect, version)
+                except NotFound:
+                    continue
+                envelopes[aspect] = stored_envelope(row, system_metadata)
+            if envelopes:
+                out.append({"urn": urn, **envelopes})
         return json_response(out)
 
 
@@ -543,6 +557,30 @@ def _http_conditional_headers(request: Request) -> dict[str, str]:
 # --- the v3 bodies: each route's one declaration of its body (app.api.deps.DeclaredBody) ---------------------------
 
 Wanted = tuple[str, list[str] | None]  # a URN a batch get asks for, and its aspects (None: all)
+# ... and the older version of each aspect an If-Version-Match header asks for (the others: the latest)
+WantedVersions = tuple[str, list[str] | None, dict[str, int]]
+
+
+def _version_asked(envelope: Any, path: str) -> int:
+    """The version a batch get's `{"headers": {"If-Version-Match": "<n>"}}` asks for (0, the latest, when none), as
+    DataHub's v3 batchGet reads it: a non-negative 64-bit integer, or a 400 naming `path`'s header."""
+    if not isinstance(envelope, dict) or envelope.get("headers") is None:
+        return 0
+    headers = envelope["headers"]
+    if not isinstance(headers, dict) or not all(isinstance(v, str) for v in headers.values()):
+        raise ValidationFailed(
+            "`headers` must be an object of strings", [Issue("expected an object of strings", path=f"{path}.headers")]
+        )
+    raw = next((v for k, v in headers.items() if k.lower() == IF_VERSION_MATCH), None)
+    if raw is None:
+        return 0
+    digits = raw.strip()
+    if not digits.isascii() or not digits.isdigit() or int(digits) > MAX_LONG:
+        raise ValidationFailed(
+            "If-Version-Match must be an aspect version: a non-negative integer",
+            [Issue("not a version", path=f"{path}.headers.If-Version-Match", found=clip(raw, 100))],
+        )
+    return int(digits)
 
 
 class EntityBatch(DeclaredBody[list[Draft]]):
@@ -564,9 +602,11 @@ class EntityBatch(DeclaredBody[list[Draft]]):
         return drafts_from_entity_batch(self.entity, document, self.change_type)
 
 
-class BatchGet(DeclaredBody[list[Wanted]]):
-    """`[{"urn", "<aspect>": {}, ...}, ...]`, at most MAX_BATCH_ITEMS (413): the URNs and aspects asked for, each
-    checked (a 400 naming every bad one) before anything is read."""
+class BatchGet(DeclaredBody[list[WantedVersions]]):
+    """`[{"urn", "<aspect>": {"headers"?: {"If-Version-Match"?: "<n>"}}, ...}, ...]`, at most MAX_BATCH_ITEMS (413):
+    the URNs and aspects asked for, and the version asked of an aspect (DataHub's batchGet: an `If-Version-Match`
+    header in the aspect's object; the latest without one), each checked (a 400 naming every bad one) before anything
+    is read."""
 
     def __init__(self, entity: str) -> None:
         self.entity = entity
@@ -574,14 +614,14 @@ class BatchGet(DeclaredBody[list[Wanted]]):
     def request_body_schema(self) -> dict[str, Any]:
         return _array_of(schema_ref(entity_component(self.entity, "BatchGetRequest")))
 
-    async def parse(self, document: Any, request: Request) -> list[Wanted]:
+    async def parse(self, document: Any, request: Request) -> list[WantedVersions]:
         if not isinstance(document, list):
             raise ValidationFailed(
                 "the body must be a JSON array of {urn, <aspect>: {}}", [Issue("expected an array", path="$")]
             )
         check_batch_size(document, await get_settings(request))
         registry = await get_registry(request)
-        wanted: list[Wanted] = []
+        wanted: list[WantedVersions] = []
         issues: list[Issue] = []
         for position, item in enumerate(document):
             if not isinstance(item, dict) or not isinstance(item.get("urn"), str):
@@ -595,13 +635,33 @@ class BatchGet(DeclaredBody[list[Wanted]]):
                 issues.append(Issue(str(error), position, urn, path=f"$[{position}].urn"))
                 continue
             aspects = [a for a in item if a != "urn"] or None
+            versions: dict[str, int] = {}
             for aspect in aspects or ():
                 try:
                     with invalid_at(f"$[{position}]", urn=urn, aspect=aspect):
-                        registry.aspect(self.entity, aspect)
+                        spec = registry.aspect(self.entity, aspect)
                 except ValidationFailed as error:
                     issues.extend(Issue(i.message, position, urn, aspect, i.path) for i in error.issues)
-            wanted.append((urn, aspects))
+                    continue
+                try:
+                    version = _version_asked(item[aspect], f"$[{position}].{aspect}")
+                except ValidationFailed as error:
+                    issues.extend(Issue(i.message, position, urn, aspect, i.path, found=i.found) for i in error.issues)
+                    continue
+                if version and spec.is_timeseries:
+                    issues.append(
+                        Issue(
+                            "a timeseries aspect has no versions to ask for",
+                            position,
+                            urn,
+                            aspect,
+                            f"$[{position}].{aspect}.headers.If-Version-Match",
+                            found=str(version),
+                        )
+                    )
+                elif version:
+                    versions[aspect] = version
+            wanted.append((urn, aspects, versions))
         if issues:
             raise ValidationFailed(f"{len({i.index for i in issues})} of {len(document)} items are invalid", issues)
         return wanted
