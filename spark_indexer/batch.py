@@ -19,6 +19,7 @@ from typing import Any
 import orjson
 
 from app.avro.wire import ValueCodec, WireFormatError
+from app.registry import EntityRegistry
 from app.registry.errors import RegistryConfigError
 from app.search.documents import IndexLimits, changes_from_mcl
 from app.search.model import IndexChange, SearchBackend
@@ -137,7 +138,9 @@ def decoded(record: Record, decode: Any = None) -> dict[str, Any] | DeadLetter:
         return DeadLetter(record, f"unparseable change log: {error}")
 
 
-def checked(record: Record, mcl: dict[str, Any], registry: Any, timeseries_topic: str) -> Planned | DeadLetter:
+def checked(
+    record: Record, mcl: dict[str, Any], registry: EntityRegistry, timeseries_topic: str
+) -> Planned | DeadLetter:
     """A decoded change log as one the registry knows, or the reason it is not one."""
     urn, aspect = mcl.get("entityUrn"), mcl.get("aspectName")
     if not isinstance(urn, str) or not urn:
@@ -207,7 +210,7 @@ def timeseries_point(record: Record, mcl: dict[str, Any]) -> Point | None:
     )
 
 
-def plan(records: Iterable[Record], registry: Any, timeseries_topic: str, decode: Any = None) -> Plan:
+def plan(records: Iterable[Record], registry: EntityRegistry, timeseries_topic: str, decode: Any = None) -> Plan:
     """Parse a task's records; of the versioned change logs keep, per (urn, aspect), only the newest: the highest
     version, and of equal versions the last on the topic (an upsert then the delete of that same version). A
     duplicate of an older version published later (the relay is at-least-once) therefore never wins. Timeseries

@@ -31,6 +31,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.registry import EntityRegistry
 from app.urns import entity_type_of
 from spark_indexer.config import IndexerSettings, database_url_of, with_database
 from spark_indexer.postgres_source import RowFilter, asyncpg_dsn, fetch_latest, read_latest_aspects
@@ -101,7 +102,7 @@ class ReconcileReport:
 # --- what produces index content ------------------------------------------------------------------------------
 
 
-def indexed_aspects(registry: Any, entity_types: Sequence[str]) -> tuple[set[str], set[str]]:
+def indexed_aspects(registry: EntityRegistry, entity_types: Sequence[str]) -> tuple[set[str], set[str]]:
     """(aspects whose rows go into entity documents, aspects that also declare edges) of these entity types."""
     from app.search import documents
 
@@ -115,7 +116,7 @@ def indexed_aspects(registry: Any, entity_types: Sequence[str]) -> tuple[set[str
 
 
 async def index_entries(
-    settings: IndexerSettings, registry: Any, entity_types: list[str], timeseries: set[str]
+    settings: IndexerSettings, registry: EntityRegistry, entity_types: list[str], timeseries: set[str]
 ) -> list[tuple[str, str, str, int, bool]]:
     """(urn, aspect, target, index version, live) of everything the index holds for these entity types (the
     backend's `indexed_versions`, not started: read only), timeseries aspects left out."""
@@ -127,7 +128,9 @@ async def index_entries(
 # --- comparison ---------------------------------------------------------------------------------------------------
 
 
-def _compare(spark: Any, settings: IndexerSettings, registry: Any, entity_types: list[str]) -> tuple[Any, Any, int]:
+def _compare(
+    spark: Any, settings: IndexerSettings, registry: EntityRegistry, entity_types: list[str]
+) -> tuple[Any, Any, int]:
     """The drift DataFrame (urn, aspect, target, pg_version, index_version, kind), the PG side's DataFrame (cached:
     the caller unpersists it), the number of index entries."""
     from pyspark.sql import functions as F
@@ -164,7 +167,7 @@ def _compare(spark: Any, settings: IndexerSettings, registry: Any, entity_types:
 
 
 def _check(
-    spark: Any, settings: IndexerSettings, registry: Any, entity_types: list[str], collect_all: bool
+    spark: Any, settings: IndexerSettings, registry: EntityRegistry, entity_types: list[str], collect_all: bool
 ) -> tuple[dict[str, int], list[Drift], list[Drift], int, int]:
     drift_df, pg, index_entries = _compare(spark, settings, registry, entity_types)
     try:
@@ -194,7 +197,7 @@ def _check(
 # --- repair -------------------------------------------------------------------------------------------------------
 
 
-async def _repair(settings: IndexerSettings, registry: Any, drifts: list[Drift]) -> int:
+async def _repair(settings: IndexerSettings, registry: EntityRegistry, drifts: list[Drift]) -> int:
     import asyncpg
 
     from app.search.model import AspectEdges, AspectFields, EntityRemoval

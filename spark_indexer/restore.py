@@ -46,6 +46,7 @@ from typing import Any
 
 import orjson
 
+from app.registry import EntityRegistry
 from app.search.model import RebuildTarget
 from app.urns import InvalidUrnError, entity_type_of
 from spark_indexer.config import IndexerSettings, database_url_of, with_database
@@ -167,7 +168,13 @@ def row_mcl(
 
 
 def row_changes(
-    registry: Any, urn: str, aspect: str, version: int, metadata: str, systemmetadata: str | None, limits: Any = None
+    registry: EntityRegistry,
+    urn: str,
+    aspect: str,
+    version: int,
+    metadata: str,
+    systemmetadata: str | None,
+    limits: Any = None,
 ) -> list[Any]:
     """The index changes of one latest row (timeseries points dropped: restore never touches timeseries indices),
     within `limits` (`IndexLimits`; None: the defaults), as live indexing builds them."""
@@ -183,7 +190,9 @@ def row_changes(
     return [c for c in changes if not isinstance(c, TimeseriesPoint)]
 
 
-def backend_for_task(settings: IndexerSettings, registry: Any, target: RebuildTarget | None = None) -> tuple[Any, Any]:
+def backend_for_task(
+    settings: IndexerSettings, registry: EntityRegistry, target: RebuildTarget | None = None
+) -> tuple[Any, Any]:
     """(backend, engine or None), not started: the driver made sure the indices/tables exist. With `target`, the
     backend writes into the rebuild target's fresh indices."""
     return build_backend(settings, registry, pool_size=IN_FLIGHT_BULKS + 1, target=target)
@@ -357,7 +366,7 @@ def apply_latest_rows(
 # --- driver side -------------------------------------------------------------------------------------------------
 
 
-def _canonical_entities(registry: Any, entities: Sequence[str] | None) -> list[str]:
+def _canonical_entities(registry: EntityRegistry, entities: Sequence[str] | None) -> list[str]:
     if not entities:
         return []
     names = []
@@ -373,7 +382,7 @@ def backend_label(settings: IndexerSettings) -> str:
     return (settings.search_flavor or "elasticsearch").lower() if settings.search_url else "postgres"
 
 
-def _with_backend(settings: IndexerSettings, registry: Any, action: Any) -> Any:
+def _with_backend(settings: IndexerSettings, registry: EntityRegistry, action: Any) -> Any:
     """Run `action(backend)` (a coroutine function) with the configured backend, not started (the index lifecycle
     calls create what they need), closed after."""
 

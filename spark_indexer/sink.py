@@ -22,6 +22,7 @@ from typing import Any, TypeVar
 import orjson
 import yaml
 
+from app.registry import EntityRegistry
 from app.search.model import RebuildTarget, SearchBackend
 from spark_indexer.config import IndexerSettings
 
@@ -112,7 +113,7 @@ def current_registry(settings: IndexerSettings) -> Any:
     return registry
 
 
-async def _take_up_stored_models(settings: IndexerSettings, database_url: str, registry: Any) -> None:
+async def _take_up_stored_models(settings: IndexerSettings, database_url: str, registry: EntityRegistry) -> None:
     from app.db import create_engine, create_sessionmaker
     from app.modelset.watcher import ModelWatcher
 
@@ -125,7 +126,7 @@ async def _take_up_stored_models(settings: IndexerSettings, database_url: str, r
 
 def build_backend(
     settings: IndexerSettings,
-    registry: Any,
+    registry: EntityRegistry,
     *,
     refresh: bool | str = False,
     pool_size: int = 10,
@@ -159,7 +160,7 @@ def build_backend(
 
 @asynccontextmanager
 async def opened_backend(
-    settings: IndexerSettings, registry: Any, *, refresh: bool | str = False, start: bool = True
+    settings: IndexerSettings, registry: EntityRegistry, *, refresh: bool | str = False, start: bool = True
 ) -> AsyncIterator[Any]:
     """The configured backend, started (unless `start=False`: driver-side index lifecycle and reads, which create
     no index on their own), and closed (with its engine) on exit."""

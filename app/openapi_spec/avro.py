@@ -31,6 +31,8 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from app.registry import EntityRegistry
+
 log = logging.getLogger(__name__)
 
 API_PREFIX = "/openapi/v3/entity"
@@ -400,7 +402,7 @@ class RegistryModel:
     entities: list[tuple[str, Any, list[str]]]  # (entity name, spec, sorted aspect names)
 
 
-def _entity_aspects(registry: Any) -> list[tuple[str, Any, list[str]]]:
+def _entity_aspects(registry: EntityRegistry) -> list[tuple[str, Any, list[str]]]:
     out = []
     for name in sorted(registry.entities):
         spec = registry.entities[name]
@@ -456,7 +458,7 @@ def _system_metadata_schema() -> dict[str, Any]:
     return pool.definitions[SYSTEM_METADATA_RECORD][0].raw
 
 
-def build_model(registry: Any, extra_reserved: Iterable[str] = ()) -> RegistryModel:
+def build_model(registry: EntityRegistry, extra_reserved: Iterable[str] = ()) -> RegistryModel:
     entities = _entity_aspects(registry)
     reserved = frozenset(_synthesized_names(entities)) | frozenset(extra_reserved)
 
@@ -532,7 +534,7 @@ def _reachable(components: Mapping[str, Any], roots: Iterable[str]) -> set[str]:
     return seen
 
 
-def aspect_components(registry: Any) -> dict[str, dict[str, Any]]:
+def aspect_components(registry: EntityRegistry) -> dict[str, dict[str, Any]]:
     """Component name -> JSON Schema (Pegasus JSON) for every aspect of the registry, every named type nested in
     them, and ``SystemMetadata`` (with ``AuditStamp``). Sorted by component name; ``$ref``s point at
     ``#/components/schemas/<name>``. Raises ValueError for an inconsistent registry (an entity listing an unknown

@@ -29,6 +29,7 @@ from app.openapi_spec.avro import (
     schema_ref,
     upper_first,
 )
+from app.registry import EntityRegistry
 
 _JSON = "application/json"
 RESPONSE_PREFIX = "#/components/responses/"
@@ -270,7 +271,7 @@ def _merge(target: dict[str, Any], additions: Mapping[str, Any], what: str) -> N
         target[key] = value
 
 
-def add_registry_components(spec: dict[str, Any], registry: Any) -> dict[str, Any]:
+def add_registry_components(spec: dict[str, Any], registry: EntityRegistry) -> dict[str, Any]:
     """Add the registry's components (every aspect's schema and the v3 bodies and answers built on them, which the
     entity routes of app.api.entities reference by name) and the shared error answers to a FastAPI-generated
     OpenAPI 3.1 document.
@@ -293,7 +294,7 @@ def add_registry_components(spec: dict[str, Any], registry: Any) -> dict[str, An
     return spec
 
 
-def entity_tags(registry: Any) -> list[dict[str, Any]]:
+def entity_tags(registry: EntityRegistry) -> list[dict[str, Any]]:
     """One tag per entity type (its operations are tagged with its name), described by the entity's doc."""
     tags = []
     for name in sorted(registry.entities):

@@ -25,6 +25,7 @@ from app.ops.backpressure import WriteAdmission
 from app.ops.metrics import EVENT_LOOP_LAG, exposition
 from app.ops.readiness import Readiness
 from app.ops.sampler import OutboxSampler
+from app.registry import EntityRegistry
 from app.settings import Settings
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the text format generate_latest writes (names escaped to underscores)
@@ -40,7 +41,11 @@ def in_flight_limit(settings: Settings) -> int:
 
 class Operations:
     def __init__(
-        self, settings: Settings, engine: AsyncEngine, registry: Any = None, schema_registry: Any = None
+        self,
+        settings: Settings,
+        engine: AsyncEngine,
+        registry: EntityRegistry | None = None,
+        schema_registry: Any = None,
     ) -> None:
         self.settings = settings
         self.engine = engine

@@ -24,6 +24,7 @@ import httpx
 
 from app.db import MIGRATIONS_DIR
 from app.ops.sampler import OutboxSampler
+from app.registry import EntityRegistry
 from app.settings import Settings
 
 
@@ -76,7 +77,9 @@ def _error(error: BaseException) -> str:
 
 
 class Readiness:
-    def __init__(self, settings: Settings, sampler: OutboxSampler, registry: Any, schema_registry: Any) -> None:
+    def __init__(
+        self, settings: Settings, sampler: OutboxSampler, registry: EntityRegistry | None, schema_registry: Any
+    ) -> None:
         self.settings = settings
         self.sampler = sampler
         self.registry = registry

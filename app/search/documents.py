@@ -51,6 +51,7 @@ from typing import Any
 
 import orjson
 
+from app.registry import EntityRegistry
 from app.registry.schema import AliasedUnion, Array, Enum, Map, Primitive, Record, Type, Union
 from app.search import structured_properties
 from app.search.model import (
@@ -174,7 +175,7 @@ _CACHE: weakref.WeakKeyDictionary[Any, tuple[int, dict[Any, Any]]] = weakref.Wea
 _CACHE_LOCK = threading.Lock()
 
 
-def _registry_cache(registry: Any) -> dict[Any, Any]:
+def _registry_cache(registry: EntityRegistry) -> dict[Any, Any]:
     """The entries derived from `registry` as it is now: a registry swapped in place by a runtime model set
     (`EntityRegistry.replace_with` bumps `generation`) starts a new cache, in every process that holds one."""
     generation = registry.generation
@@ -337,7 +338,7 @@ def _compile_aspect(aspect_spec: Any) -> _AspectModel:
     )
 
 
-def _aspect_model(registry: Any, aspect: str) -> _AspectModel | None:
+def _aspect_model(registry: EntityRegistry, aspect: str) -> _AspectModel | None:
     cache = _registry_cache(registry)
     key = ("aspect", aspect)
     m = cache.get(key, _MISSING)

@@ -63,6 +63,7 @@ from elastic_transport import HttpxAsyncHttpNode
 from elasticsearch import AsyncElasticsearch, BadRequestError, NotFoundError
 
 from app.limits import MAX_LONG, MIN_LONG
+from app.registry import EntityRegistry
 from app.search import documents, elastic_mappings, query_syntax
 from app.search.cursors import decode_keyset, keyset_cursor
 from app.search.elastic_mappings import ASPECT_FIELDS_FIELD, EDGE_MAPPING, EDGE_SET_MAPPING, mapping_hash
@@ -316,7 +317,7 @@ class ElasticBackend:
     def __init__(
         self,
         settings: Any,
-        registry: Any,
+        registry: EntityRegistry,
         *,
         refresh: bool | str = "wait_for",
         client: AsyncElasticsearch | None = None,

@@ -44,6 +44,7 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import driver_connection
+from app.registry import EntityRegistry
 from app.search import documents, query_syntax
 from app.search.cursors import decode_keyset, keyset_cursor
 from app.search.model import (
@@ -380,7 +381,7 @@ _EDGE_SELECT = (
 class PostgresBackend:
     """`SearchBackend` on the service's own Postgres (the embedded default)."""
 
-    def __init__(self, settings: Any, registry: Any, engine: AsyncEngine) -> None:
+    def __init__(self, settings: Any, registry: EntityRegistry, engine: AsyncEngine) -> None:
         self._settings = settings
         self._registry = registry
         self._engine = engine

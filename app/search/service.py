@@ -25,6 +25,7 @@ from typing import Any
 import orjson
 
 from app.flags import parse_bool
+from app.registry import EntityRegistry
 from app.search.model import IndexChange, SearchBackend, SearchUnavailable
 from app.settings import Settings
 
@@ -35,7 +36,9 @@ INDEX_STATUS_HEADER = "X-Metaledger-Index-Update"
 RESTART_INTERVAL_S = 1.0  # a backend that failed to start is retried at most this often (per use)
 
 
-def make_backend(settings: Settings, registry: Any, engine: Any, *, refresh: bool | str = "wait_for") -> SearchBackend:
+def make_backend(
+    settings: Settings, registry: EntityRegistry, engine: Any, *, refresh: bool | str = "wait_for"
+) -> SearchBackend:
     """Elasticsearch/OpenSearch when `search_url` is set, else the embedded Postgres backend (on `engine`).
     `refresh`: Elasticsearch's write refresh ("wait_for" for read-your-writes; False for bulk loaders)."""
     if settings.search_url:
@@ -50,7 +53,7 @@ def make_backend(settings: Settings, registry: Any, engine: Any, *, refresh: boo
 class SearchRuntime:
     """The process's backend and whether it is started; shared by the endpoints, sync indexing and the worker."""
 
-    def __init__(self, settings: Settings, registry: Any, backend: SearchBackend) -> None:
+    def __init__(self, settings: Settings, registry: EntityRegistry, backend: SearchBackend) -> None:
         self.settings = settings
         self.registry = registry
         self.backend = backend
@@ -62,7 +65,7 @@ class SearchRuntime:
         self.sync_timeout_s = settings.search_sync_timeout_s
 
     @classmethod
-    def create(cls, settings: Settings, registry: Any, engine: Any) -> SearchRuntime:
+    def create(cls, settings: Settings, registry: EntityRegistry, engine: Any) -> SearchRuntime:
         return cls(settings, registry, make_backend(settings, registry, engine))
 
     async def start(self, *, force: bool = False) -> bool:
@@ -109,7 +112,7 @@ class IndexItem:
 class Indexer:
     """Change logs → index changes (within the settings' `IndexLimits`) → the backend."""
 
-    def __init__(self, settings: Settings, registry: Any, backend: SearchBackend) -> None:
+    def __init__(self, settings: Settings, registry: EntityRegistry, backend: SearchBackend) -> None:
         from app.search.documents import IndexLimits
 
         self.settings = settings
