@@ -238,7 +238,12 @@ async def _glossary_terms(ref: EntityRef, info: Any) -> dict[str, Any] | None:
         return None
     return {
         "terms": [
-            {"term": EntityRef(t["urn"], "glossaryTerm"), "associatedUrn": ref.urn, "context": t.get("context")}
+            {
+                "term": EntityRef(t["urn"], "glossaryTerm"),
+                "associatedUrn": ref.urn,
+                "context": t.get("context"),
+                "actor": EntityRef(t["actor"], "corpuser") if t.get("actor") else None,
+            }
             for t in value.get("terms") or ()
             if t.get("urn")
         ],
@@ -493,7 +498,7 @@ def _schema_field(field: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _schema_metadata(ref: EntityRef, info: Any, version: int | None = None) -> dict[str, Any] | None:
-    from app.graphql.read_model import schema_field_extras
+    from app.graphql.read_model import schema_field_extras, schema_metadata_extras
 
     value = await info.context.aspect_version(ref, "schemaMetadata", version or 0)
     if value is None:
@@ -504,6 +509,7 @@ async def _schema_metadata(ref: EntityRef, info: Any, version: int | None = None
         "platformUrn": value.get("platform"),
         "hash": value.get("hash", ""),
         "fields": [{**_schema_field(f), **schema_field_extras(ref.urn, f)} for f in value.get("fields") or ()],
+        **schema_metadata_extras(ref.urn, value),
     }
 
 
@@ -747,7 +753,11 @@ def bind_entities(schema: GraphQLSchema, runtime_types: Mapping[str, str]) -> No
         object_type = schema.type_map[type_name]
         for field_name, resolver in fields.items():
             object_type.fields[field_name].resolve = resolver  # type: ignore[attr-defined]
-    from app.graphql.read_model import read_model_resolvers, resolve_property_value
+    from app.graphql.read_model import NESTED_FIELDS, read_model_resolvers, resolve_property_value
+
+    for type_name, fields in NESTED_FIELDS.items():
+        for field_name, resolver in fields.items():
+            schema.type_map[type_name].fields[field_name].resolve = resolver  # type: ignore[attr-defined]
 
     if "PropertyValue" in schema.type_map:  # the curation topic's union (curation.graphql), read here too
         schema.type_map["PropertyValue"].resolve_type = resolve_property_value  # type: ignore[attr-defined]

@@ -19,8 +19,12 @@ from typing import Any
 
 from app.graphql.entities import (
     EntityRef,
+    _custom_properties,
+    _domain,
+    _glossary_terms,
     _key,
     _ownership,
+    _tags,
     readable,
     related_entity,
     type_of_entity,
@@ -140,7 +144,12 @@ def _term_list(owner: str, value: dict[str, Any] | None) -> dict[str, Any] | Non
     if value is None:
         return None
     terms = [
-        {"term": EntityRef(t["urn"], "glossaryTerm"), "associatedUrn": owner, "context": t.get("context")}
+        {
+            "term": EntityRef(t["urn"], "glossaryTerm"),
+            "associatedUrn": owner,
+            "context": t.get("context"),
+            "actor": EntityRef(t["actor"], "corpuser") if t.get("actor") else None,
+        }
         for t in value.get("terms") or ()
         if t.get("urn")
     ]
@@ -359,15 +368,209 @@ async def _entity_type_info(ref: EntityRef, info: Any) -> dict[str, Any]:
     }
 
 
+def _from_aspect(aspect: str, field: str) -> Callable[..., Awaitable[Any]]:
+    """One value of one aspect (DataHub's deprecated top-level copies of a properties field)."""
+
+    async def resolve(ref: EntityRef, info: Any) -> Any:
+        return (await info.context.aspect(ref.urn, aspect) or {}).get(field)
+
+    return resolve
+
+
+def _refs(urns: Any, entity: str) -> list[EntityRef]:
+    return [EntityRef(urn, entity) for urn in urns or () if isinstance(urn, str)]
+
+
+async def _feature_table_properties(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    value = await info.context.aspect(ref.urn, "mlFeatureTableProperties")
+    return None if value is None else {**value, "customProperties": _custom_properties(value)}
+
+
+def _nested_refs(field: str, entity: str) -> Callable[..., list[EntityRef]]:
+    """A field of an aspect's object that lists URNs, as the entities they name."""
+
+    def resolve(parent: dict[str, Any], _info: Any) -> list[EntityRef]:
+        return _refs(parent.get(field), entity)
+
+    return resolve
+
+
+def _change_stamp(parent: dict[str, Any], _info: Any) -> dict[str, Any]:
+    """ChartInfo's/DashboardInfo's `lastModified` (ChangeAuditStamps) as DataHub's mappers answer it: its last
+    modification (non-null in DataHub's schema: time 0 without one)."""
+    stamps = parent.get("lastModified") or {}
+    stamp = stamps.get("lastModified") if "lastModified" in stamps or "created" in stamps else stamps
+    return stamp or {"time": 0, "actor": None}
+
+
+async def _corp_group_info(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    value = await info.context.aspect(ref.urn, "corpGroupInfo")
+    if value is None:
+        return None
+    return {
+        **value,
+        "admins": _refs(value.get("admins"), "corpuser"),
+        "members": _refs(value.get("members"), "corpuser"),
+    }
+
+
+async def _status(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    value = await info.context.aspect(ref.urn, "status")
+    return None if value is None else {"removed": bool(value.get("removed"))}
+
+
+async def _input_output(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    value = await info.context.aspect(ref.urn, "dataJobInputOutput")
+    if value is None:
+        return None
+    inputs, outputs, jobs = await asyncio.gather(
+        _seen_all(info, value.get("inputDatasets") or ()),
+        _seen_all(info, value.get("outputDatasets") or ()),
+        _seen_all(info, value.get("inputDatajobs") or ()),
+    )
+    return {"inputDatasets": inputs, "outputDatasets": outputs, "inputDatajobs": jobs}
+
+
+async def _documentation(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    value = await info.context.aspect(ref.urn, "documentation")
+    if value is None:
+        return None
+    out = []
+    for doc in value.get("documentations") or ():
+        attribution = doc.get("attribution")
+        out.append(
+            {
+                "documentation": doc.get("documentation") or "",
+                "attribution": {
+                    "time": attribution.get("time") or 0,
+                    "actor": EntityRef(
+                        attribution["actor"], related_entity(info.context, attribution["actor"]) or "corpuser"
+                    ),
+                    "source": _lazy(info, attribution.get("source")),
+                    "sourceDetail": [
+                        {"key": k, "value": v} for k, v in sorted((attribution.get("sourceDetail") or {}).items())
+                    ],
+                }
+                if attribution and attribution.get("actor")
+                else None,
+            }
+        )
+    return {"documentations": out}
+
+
+# A schemaMetadata.platformSchema member's text, by member (DataHub's PlatformSchemaMapper answers a TableSchema)
+SCHEMA_TEXT = ("tableSchema", "documentSchema", "schema", "rawSchema", "ddl")
+
+
+def _platform_schema(value: Any) -> dict[str, Any] | None:
+    if not isinstance(value, dict) or not value:
+        return None
+    member, body = next(iter(value.items()))
+    body = body if isinstance(body, dict) else {}
+    if member.endswith("KeyValueSchema"):
+        return {
+            "__typename": "KeyValueSchema",
+            "keySchema": body.get("keySchema") or "",
+            "valueSchema": body.get("valueSchema") or "",
+        }
+    text = next((body[k] for k in SCHEMA_TEXT if isinstance(body.get(k), str)), "")
+    return {"__typename": "TableSchema", "schema": text}
+
+
+def schema_metadata_extras(dataset: str, value: dict[str, Any]) -> dict[str, Any]:
+    """DataHub's SchemaMetadataMapper's fields beside the fields: creation time, the dataset, the platform schema
+    and the foreign keys (their fields and dataset as the entities they name)."""
+    return {
+        "createdAt": (value.get("created") or {}).get("time"),
+        "datasetUrn": dataset,
+        "cluster": value.get("cluster"),
+        "platformSchema": _platform_schema(value.get("platformSchema")),
+        "foreignKeys": [
+            {
+                "name": key.get("name"),
+                "foreignFields": _refs(key.get("foreignFields"), "schemaField"),
+                "sourceFields": _refs(key.get("sourceFields"), "schemaField"),
+                "foreignDataset": EntityRef(key["foreignDataset"], "dataset") if key.get("foreignDataset") else None,
+            }
+            for key in value.get("foreignKeys") or ()
+        ]
+        if value.get("foreignKeys") is not None
+        else None,
+    }
+
+
+def _with_filters(groups: list[list[dict[str, Any]]], extra: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [{"and": [*group, *extra]} for group in groups or [[]]]
+
+
+async def _domain_entities(ref: EntityRef, info: Any, input: dict[str, Any] | None = None) -> dict[str, Any]:
+    """DataHub's DomainEntitiesResolver: a search of the entities in the domain (its `filters` ANDed)."""
+    from app.graphql.resolvers import resolve_search_across_entities
+
+    input = input or {}
+    filters = [{k: v for k, v in f.items() if v is not None} for f in input.get("filters") or ()]
+    search = {
+        "query": input.get("query") or "*",
+        "start": input.get("start") or 0,
+        "count": input.get("count") if input.get("count") is not None else 20,
+        "orFilters": _with_filters([filters], [{"field": "domains", "values": [ref.urn]}]),
+    }
+    return await resolve_search_across_entities(None, info, search)
+
+
+async def _data_product_entities(ref: EntityRef, info: Any, input: dict[str, Any] | None = None) -> dict[str, Any]:
+    """DataHub's ListDataProductAssetsResolver: a search among the data product's assets."""
+    from app.graphql.resolvers import resolve_search_across_entities
+
+    input = dict(input or {})
+    assets = [
+        a.get("destinationUrn")
+        for a in (await info.context.aspect(ref.urn, "dataProductProperties") or {}).get("assets") or ()
+    ]
+    assets = [a for a in assets if a]
+    start = input.get("start") or 0
+    if not assets:
+        return {"start": start, "count": 0, "total": 0, "searchResults": [], "facets": []}
+    groups = [list(g.get("and") or ()) for g in input.get("orFilters") or ()]
+    input["orFilters"] = _with_filters(groups, [{"field": "urn", "values": assets}])
+    input.setdefault("query", "*")
+    return await resolve_search_across_entities(None, info, input)
+
+
 # Fields of one object type each (the rest: ASPECT_FIELDS, on every entity type declaring them)
 TYPE_FIELDS: dict[str, dict[str, Any]] = {
     "GlossaryTerm": {"parentNodes": _parent_nodes},
     "GlossaryNode": {"parentNodes": _parent_nodes},
-    "Domain": {"parentDomains": _parent_domains},
-    "SchemaFieldEntity": {"fieldPath": _field_path, "parent": _field_parent},
+    "SchemaFieldEntity": {"fieldPath": _field_path, "parent": _field_parent, "documentation": _documentation},
     "StructuredPropertyEntity": {"definition": _definition, "settings": _settings},
     "DataTypeEntity": {"info": _data_type_info},
     "EntityTypeEntity": {"info": _entity_type_info},
+    "MLModel": {"description": _from_aspect("mlModelProperties", "description")},
+    "MLModelGroup": {"description": _from_aspect("mlModelGroupProperties", "description")},
+    "MLFeature": {"description": _from_aspect("mlFeatureProperties", "description")},
+    "MLFeatureTable": {
+        "description": _from_aspect("mlFeatureTableProperties", "description"),
+        "featureTableProperties": _feature_table_properties,
+    },
+    "DataProduct": {
+        "domain": _domain,
+        "tags": _tags,
+        "glossaryTerms": _glossary_terms,
+        "entities": _data_product_entities,
+    },
+    "Domain": {"parentDomains": _parent_domains, "entities": _domain_entities},
+    "CorpGroup": {"info": _corp_group_info},
+    "OwnershipTypeEntity": {"status": _status},
+    "DataJob": {"inputOutput": _input_output},
+}
+# Fields of objects inside an entity (not entities): their parent is the converted aspect value
+NESTED_FIELDS: dict[str, dict[str, Any]] = {
+    "MLFeatureTableProperties": {
+        "mlFeatures": _nested_refs("mlFeatures", "mlFeature"),
+        "mlPrimaryKeys": _nested_refs("mlPrimaryKeys", "mlPrimaryKey"),
+    },
+    "ChartProperties": {"lastModified": _change_stamp},
+    "DashboardProperties": {"lastModified": _change_stamp},
 }
 
 
@@ -392,4 +595,4 @@ def read_model_resolvers(type_name: str, fields: Iterable[str], bound: Iterable[
 
 def resolve_property_value(value: Any, _info: Any, _type: Any) -> str:
     """The member of the PropertyValue union a converted value is."""
-    return "StringValue" if "stringValue" in value else "NumberValue"
+    return str(value.get("__typename") or ("StringValue" if "stringValue" in value else "NumberValue"))

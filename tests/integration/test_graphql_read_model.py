@@ -555,3 +555,91 @@ async def test_an_entity_the_reader_may_not_see_is_left_out(app, client):
     ]
     assert [e["urn"] for e in as_alice["valueEntities"]] == [ALICE, PRIVATE]
     assert (await data(client, GET_ENTITY, {"urn": PRIVATE}, headers=bob))["entity"] is None
+
+
+# gql/entity_details.gql's domainEntitiesFields, verbatim, and the data product's assets
+DOMAIN_ENTITIES = """
+fragment domainEntitiesFields on Domain {
+    entities(
+        input: {
+            start: 0
+            count: 0
+            filters: [
+                {
+                    field: "_entityType"
+                    negated: true
+                    values: ["DATA_PRODUCT", "DOMAIN"]
+                }
+            ]
+        }
+    ) {
+        total
+        __typename
+    }
+    dataProducts: entities(
+        input: {
+            start: 0
+            count: 0
+            filters: [{ field: "_entityType", values: ["DATA_PRODUCT"] }]
+        }
+    ) {
+        total
+        __typename
+    }
+    __typename
+}
+
+query domain($urn: String!, $product: String!, $dataset: String!) {
+    domain: entity(urn: $urn) { ...domainEntitiesFields }
+    product: entity(urn: $product) {
+        ... on DataProduct {
+            entities(input: {query: "*", start: 0, count: 10}) { total searchResults { entity { urn } } }
+            domain { domain { urn } }
+        }
+    }
+    dataset: entity(urn: $dataset) {
+        ... on Dataset {
+            schemaMetadata(version: 0) {
+                createdAt datasetUrn cluster
+                platformSchema { ... on TableSchema { schema } ... on KeyValueSchema { keySchema valueSchema } }
+                foreignKeys { name }
+            }
+            glossaryTerms { terms { term { urn } actor { urn } } }
+        }
+    }
+}
+"""
+
+
+async def test_domain_and_data_product_entities_and_schema_extras(client):
+    await write(client)
+    product = "urn:li:dataProduct:orders_product"
+    await propose(
+        client,
+        mcp(
+            "dataProductProperties",
+            {"name": "Orders product", "assets": [{"destinationUrn": ORDERS}]},
+            urn=product,
+            entity="dataProduct",
+        ),
+        mcp("domains", {"domains": [DOMAIN]}, urn=product, entity="dataProduct"),
+        mcp(
+            "glossaryTerms",
+            {"terms": [{"urn": TERM, "actor": ALICE}], "auditStamp": {"time": 1, "actor": ALICE}},
+            urn=ORDERS,
+        ),
+        headers=SYNC,
+    )
+    answer = await data(client, DOMAIN_ENTITIES, {"urn": DOMAIN, "product": product, "dataset": ORDERS})
+    assert answer["domain"]["entities"]["total"] == 1  # the dataset; the data product is left out by the filter
+    assert answer["domain"]["dataProducts"]["total"] == 1
+    assert answer["product"]["entities"] == {"total": 1, "searchResults": [{"entity": {"urn": ORDERS}}]}
+    assert answer["product"]["domain"] == {"domain": {"urn": DOMAIN}}
+    assert answer["dataset"]["schemaMetadata"] == {
+        "createdAt": 0,  # schemaMetadata.created defaults to time 0
+        "datasetUrn": ORDERS,
+        "cluster": None,
+        "platformSchema": {"schema": ""},
+        "foreignKeys": None,
+    }
+    assert answer["dataset"]["glossaryTerms"] == {"terms": [{"term": {"urn": TERM}, "actor": {"urn": ALICE}}]}
