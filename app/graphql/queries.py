@@ -85,6 +85,14 @@ async def _query_properties(ref: EntityRef, info: Any) -> dict[str, Any] | None:
         return None
     statement = value.get("statement") or {}
     origin = value.get("origin")
+
+    async def resolve_origin(_info: Any) -> EntityRef | None:
+        """The asset the query came from, unless the caller may not see it (the read rule: a PERSONAL view)."""
+        ref = entity_ref(origin) if origin else None
+        if ref is None or origin in await info.context.unreadable([origin]):
+            return None
+        return ref
+
     return {
         "statement": {"value": statement.get("value") or "", "language": statement.get("language") or "SQL"},
         "source": value.get("source"),
@@ -92,7 +100,7 @@ async def _query_properties(ref: EntityRef, info: Any) -> dict[str, Any] | None:
         "description": value.get("description"),
         "created": _stamp(value.get("created")),
         "lastModified": _stamp(value.get("lastModified")),
-        "origin": entity_ref(origin) if origin else None,
+        "origin": resolve_origin,
         "customProperties": _custom_properties(value),
     }
 

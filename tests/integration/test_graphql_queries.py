@@ -311,3 +311,30 @@ async def test_get_query_entity_as_the_mcp_server_asks(app, client, anonymous):
         "/api/graphql", json={"query": LIST_QUERIES, "variables": {"input": {"orFilters": entities_filter(ORDERS)}}}
     )
     assert response.status_code == 401
+
+
+async def test_an_origin_the_caller_may_not_see_is_null(app, client):
+    """A query's origin that is a PERSONAL view is its creator's to see: to another reader it is null."""
+    alice_view = "urn:li:dataHubView:alice_private"
+    info = {
+        "name": "mine",
+        "type": "PERSONAL",
+        "definition": {"entityTypes": [], "filter": {"or": []}},
+        "created": {"time": 1, "actor": "urn:li:corpuser:alice"},
+        "lastModified": {"time": 1, "actor": "urn:li:corpuser:alice"},
+    }
+    await propose(
+        client,
+        mcp("dataHubViewInfo", info, urn=alice_view, entity="dataHubView"),
+        *query("urn:li:query:from_view", "SELECT 3", "MANUAL", 5_000, [ORDERS], origin=alice_view),
+        headers=SYNC,
+    )
+    alice = await bearer(app, "reader", actor="urn:li:corpuser:alice")
+    bob = await bearer(app, "reader", actor="urn:li:corpuser:bob")
+    variables = {"input": {"orFilters": entities_filter(ORDERS)}}
+    mine = (await data(client, LIST_QUERIES, variables, headers=alice))["listQueries"]["queries"]
+    assert mine[0]["properties"]["origin"] == {"urn": alice_view, "type": "DATAHUB_VIEW"}
+    theirs = (await data(client, LIST_QUERIES, variables, headers=bob))["listQueries"]["queries"]
+    assert theirs[0]["urn"] == "urn:li:query:from_view" and theirs[0]["properties"]["origin"] is None
+    entity = (await data(client, GET_QUERY_ENTITY, {"urn": "urn:li:query:from_view"}, headers=bob))["entity"]
+    assert entity["properties"]["origin"] is None
