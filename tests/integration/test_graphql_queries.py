@@ -1,7 +1,8 @@
-"""DataHub's queries over GraphQL: `listQueries` (a search of the `query` entities: by `source`, by `datasetUrn`, by
-the `entities` filter DataHub's MCP server sends, newest first) and the query entity's `properties`, `subjects` and
-`platform` (its queryProperties, querySubjects and dataPlatformInstance aspects). The operations DataHub's MCP server
-sends are sent as it sends them (its text, its variables). Data is written over HTTP, as a client writes it."""
+"""DataHub's queries over GraphQL, on both search backends: `listQueries` (a search of the `query` entities: by
+`source`, by `datasetUrn`, by the `entities` filter DataHub's MCP server sends, newest first) and the query entity's
+`properties`, `subjects` and `platform` (its queryProperties, querySubjects and dataPlatformInstance aspects). The
+operations DataHub's MCP server sends are sent as it sends them (its text, its variables). Data is written over HTTP,
+as a client writes it."""
 
 from __future__ import annotations
 
@@ -11,6 +12,11 @@ from typing import Any
 import pytest
 
 from tests.helpers import bearer, ds, mcp, propose
+from tests.integration.search_indices import (  # noqa: F401 - the module runs on both backends, on shared indices
+    backend_name,
+    opensearch_overrides,
+    settings_overrides,
+)
 
 pytestmark = pytest.mark.asyncio
 
