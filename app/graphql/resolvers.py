@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.auth.model import Permission, Principal
 from app.errors import Issue, NotFound, ValidationFailed
+from app.graphql.curation import CURATION_MUTATIONS, CURATION_QUERIES
 from app.graphql.entities import (
     ENTITY_TYPES,
     GRAPHQL_TYPE_OF_ENTITY,
@@ -27,6 +28,7 @@ from app.graphql.entities import (
     type_of_entity,
 )
 from app.graphql.loader import AspectLoader
+from app.graphql.queries import resolve_list_queries
 from app.graphql.views import VIEW_PATH, apply_view
 from app.ingest.gateway import IngestGateway
 from app.limits import clip
@@ -774,9 +776,12 @@ QUERY_RESOLVERS = {
     "dataset": _typed_lookup("dataset"),
     "tag": _typed_lookup("tag"),
     "appConfig": resolve_app_config,
+    "listQueries": resolve_list_queries,
+    **CURATION_QUERIES,
 }
 MUTATION_RESOLVERS = {
     "createTag": resolve_create_tag,
     "deleteTag": resolve_delete_tag,
     "removeTag": resolve_remove_tag,
+    **CURATION_MUTATIONS,
 }

@@ -1,0 +1,537 @@
+"""DataHub's curation mutations (curation.graphql): tags, glossary terms, owners and domains on many resources at once,
+descriptions of entities and of dataset fields, structured properties, and the ownership types an owner can be given.
+
+Each mutation refuses a caller without the WRITE permission, checks that what it names exists (the resources, the
+fields, the tags, terms, owners, domains and properties: DataHub's LabelUtils/OwnerUtils/DomainUtils validations), then
+reads each aspect it changes, changes it, and writes every changed aspect of every resource in one submission through
+the ingest gateway with the caller's principal, as every other write: its policies, processors, validation, change
+log (naming the actor) and trace apply. As in DataHub, adding what is there already and removing what is not change
+nothing (and write nothing).
+
+The read-modify-write is not conditional: a write of the same aspect between the read and the submission is
+overwritten (as DataHub's own resolvers do)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING, Any
+
+from app.auth.model import Permission
+from app.errors import Issue, ValidationFailed
+from app.graphql.entities import FIELD_RESOLVERS, EntityRef, entity_ref
+from app.limits import clip
+from app.urns import InvalidUrnError, entity_type_of
+from app.write.proposal import AuditStamp, ChangeType, Draft
+
+if TYPE_CHECKING:
+    from app.graphql.resolvers import Context
+
+log = logging.getLogger("metaledger.graphql")
+
+DATASET_FIELD = "DATASET_FIELD"
+EDITABLE_SCHEMA = "editableSchemaMetadata"
+SYSTEM_OWNERSHIP_PREFIX = "urn:li:ownershipType:__system__"
+# DataHub's built-in ownership types (its bootstrap's ownership_types.json): id -> name
+SYSTEM_OWNERSHIP_TYPES = {
+    "technical_owner": "Technical Owner",
+    "business_owner": "Business Owner",
+    "data_steward": "Data Steward",
+    "none": "None",
+}
+OWNER_ENTITY = {"CORP_USER": "corpuser", "CORP_GROUP": "corpGroup"}
+# DataHub's DescriptionUtils: the aspect (and its field) an entity-level description goes to, by entity type
+DESCRIPTION_ASPECTS: dict[str, tuple[str, str]] = {
+    "dataset": ("editableDatasetProperties", "description"),
+    "container": ("editableContainerProperties", "description"),
+    "chart": ("editableChartProperties", "description"),
+    "dashboard": ("editableDashboardProperties", "description"),
+    "dataFlow": ("editableDataFlowProperties", "description"),
+    "dataJob": ("editableDataJobProperties", "description"),
+    "notebook": ("editableNotebookProperties", "description"),
+    "mlModel": ("editableMlModelProperties", "description"),
+    "mlModelGroup": ("editableMlModelGroupProperties", "description"),
+    "mlFeatureTable": ("editableMlFeatureTableProperties", "description"),
+    "mlFeature": ("editableMlFeatureProperties", "description"),
+    "mlPrimaryKey": ("editableMlPrimaryKeyProperties", "description"),
+    "corpGroup": ("corpGroupEditableInfo", "description"),
+    "tag": ("tagProperties", "description"),
+    "domain": ("domainProperties", "description"),
+    "glossaryTerm": ("glossaryTermInfo", "definition"),
+    "glossaryNode": ("glossaryNodeInfo", "definition"),
+    "dataProduct": ("dataProductProperties", "description"),
+}
+
+
+def _refuse(message: str, path: str, found: str | None = None) -> ValidationFailed:
+    return ValidationFailed(message, [Issue(message, path=path, found=None if found is None else clip(found, 200))])
+
+
+def _entity_name(urn: str, path: str) -> str:
+    try:
+        return entity_type_of(urn)
+    except InvalidUrnError:
+        raise _refuse(f"{clip(urn, 100)} is not a valid urn", path, urn) from None
+
+
+class Changes:
+    """The aspects one mutation changes, read once each and written together."""
+
+    def __init__(self, context: Context) -> None:
+        self.context = context
+        self.stamp = AuditStamp.now(context.caller.actor).to_json()
+        self._values: dict[tuple[str, str], dict[str, Any]] = {}
+        self._read: dict[tuple[str, str], dict[str, Any] | None] = {}
+
+    async def get(self, urn: str, aspect: str) -> dict[str, Any]:
+        """The aspect as this mutation has it so far (a copy of the stored one; empty when absent)."""
+        pair = (urn, aspect)
+        if pair not in self._values:
+            stored = await self.context.aspect(urn, aspect)
+            self._read[pair] = stored
+            self._values[pair] = _copy(stored or {})
+        return self._values[pair]
+
+    def drafts(self) -> list[Draft]:
+        return [
+            Draft(0, entity_type_of(urn), aspect, ChangeType.UPSERT.value, urn=urn, value=value)
+            for (urn, aspect), value in self._values.items()
+            if value != (self._read[(urn, aspect)] or {})
+        ]
+
+    async def write(self, what: str) -> bool:
+        drafts = self.drafts()
+        if drafts:
+            context = self.context
+            await context.gateway.submit(
+                context.session, drafts, context.caller, request_headers=context.request_headers
+            )
+            context.forget_aspects()
+        log.info("curation", extra={"mutation": what, "aspects": len(drafts), "actor": self.context.caller.actor})
+        return True
+
+
+def _copy(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {k: _copy(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_copy(v) for v in value]
+    return value
+
+
+async def _require_exists(context: Context, urn: str, path: str, kinds: Iterable[str], what: str) -> None:
+    kinds = tuple(kinds)
+    if _entity_name(urn, path) not in kinds:
+        raise _refuse(f"{clip(urn, 100)} is not a {what} urn", path, urn)
+    if not await context.exists(urn):
+        raise _refuse(f"Failed to update: {what} {clip(urn, 100)} does not exist", path, urn)
+
+
+def _resources(input: dict[str, Any]) -> list[tuple[int, dict[str, Any]]]:
+    return [(i, r) for i, r in enumerate(input.get("resources") or ()) if r is not None]
+
+
+async def _check_resource(context: Context, resource: dict[str, Any], path: str, fields: bool) -> str | None:
+    """The resource exists (and its field, for a DATASET_FIELD sub-resource): its fieldPath, or None."""
+    urn = resource["resourceUrn"]
+    entity = _entity_name(urn, f"{path}.resourceUrn")
+    if not await context.exists(urn):
+        raise _refuse(
+            f"Failed to update resource with urn {clip(urn, 100)}. Entity does not exist.", f"{path}.resourceUrn", urn
+        )
+    sub_type, sub = resource.get("subResourceType"), resource.get("subResource")
+    if not sub_type and not sub:
+        return None
+    if not fields:
+        raise _refuse("this mutation takes no sub-resource", f"{path}.subResource", sub)
+    if sub_type != DATASET_FIELD or not sub or entity != "dataset":
+        raise _refuse(
+            "a sub-resource is a dataset's field: subResourceType DATASET_FIELD and subResource its fieldPath",
+            f"{path}.subResource",
+            sub,
+        )
+    schema = await context.aspect(urn, "schemaMetadata") or {}
+    if not any(f.get("fieldPath") == sub for f in schema.get("fields") or ()):
+        raise _refuse(
+            f"Failed to update {clip(urn, 100)} & field {clip(sub, 100)}. "
+            f"Field {clip(sub, 100)} does not exist in the datasets schema.",
+            f"{path}.subResource",
+            sub,
+        )
+    return str(sub)
+
+
+async def _field_info(changes: Changes, urn: str, field_path: str, create: bool = True) -> dict[str, Any] | None:
+    """The editableSchemaMetadata entry of one field (added when there is none and `create`)."""
+    value = await changes.get(urn, EDITABLE_SCHEMA)
+    infos = value.get("editableSchemaFieldInfo") or []
+    for info in infos:
+        if info.get("fieldPath") == field_path:
+            return info
+    if not create:
+        return None
+    info = {"fieldPath": field_path}
+    value["editableSchemaFieldInfo"] = [*infos, info]
+    await _touch_schema(changes, urn)
+    return info
+
+
+async def _touch_schema(changes: Changes, urn: str) -> None:
+    value = await changes.get(urn, EDITABLE_SCHEMA)
+    value.setdefault("editableSchemaFieldInfo", [])
+    value.setdefault("created", changes.stamp)
+    value["lastModified"] = changes.stamp
+
+
+# --- tags and terms -----------------------------------------------------------------------------------------------
+
+# kind -> (input list, entity of its urns, aspect, list in the aspect, key of the urn in an entry, what)
+LABELS = {
+    "tags": ("tagUrns", ("tag",), "globalTags", "tags", "tag", "tag"),
+    "terms": ("termUrns", ("glossaryTerm",), "glossaryTerms", "terms", "urn", "glossary term"),
+}
+
+
+def _labels(kind: str, add: bool, field_key: str) -> Callable[..., Any]:
+    input_key, kinds, aspect, list_key, urn_key, what = LABELS[kind]
+
+    async def resolve(_root: Any, info: Any, input: dict[str, Any]) -> bool:
+        context: Context = info.context
+        context.caller.require(Permission.WRITE)
+        labels = list(dict.fromkeys(input[input_key]))
+        for i, label in enumerate(input[input_key]):
+            if add:
+                await _require_exists(context, label, f"$input.{input_key}[{i}]", kinds, what)
+            else:
+                _entity_name(label, f"$input.{input_key}[{i}]")
+        changes = Changes(context)
+        for i, resource in _resources(input):
+            field_path = await _check_resource(context, resource, f"$input.resources[{i}]", fields=True)
+            urn = resource["resourceUrn"]
+            if field_path is None:
+                holder = await changes.get(urn, aspect)
+            elif add:
+                entry = await _field_info(changes, urn, field_path)
+                assert entry is not None
+                holder = entry.setdefault(field_key, {})
+            else:
+                entry = await _field_info(changes, urn, field_path, create=False)
+                holder = {} if entry is None else entry.get(field_key) or {}
+            current = holder.get(list_key) or []
+            if add:
+                present = {e.get(urn_key) for e in current}
+                wanted = current + [{urn_key: label} for label in labels if label not in present]
+            else:
+                wanted = [e for e in current if e.get(urn_key) not in labels]
+            if wanted != current:
+                holder[list_key] = wanted
+                if kind == "terms":
+                    holder["auditStamp"] = changes.stamp
+                if field_path is not None:
+                    await _touch_schema(changes, urn)
+        return await changes.write(f"{'add' if add else 'remove'} {kind}")
+
+    return resolve
+
+
+# --- owners -------------------------------------------------------------------------------------------------------
+
+
+def _ownership_type_urn(owner: dict[str, Any], batch_type: str | None) -> str:
+    """DataHub's OwnerUtils: the owner's ownership type, else the batch's, else its deprecated `type`, else NONE."""
+    if owner.get("ownershipTypeUrn"):
+        return str(owner["ownershipTypeUrn"])
+    if batch_type:
+        return batch_type
+    return SYSTEM_OWNERSHIP_PREFIX + str(owner.get("type") or "NONE").lower()
+
+
+def _legacy_type(type_urn: str) -> str:
+    """The deprecated `type` DataHub still sets: the system type's name, CUSTOM for any other."""
+    if type_urn.startswith(SYSTEM_OWNERSHIP_PREFIX):
+        return type_urn.removeprefix(SYSTEM_OWNERSHIP_PREFIX).upper()
+    return "CUSTOM"
+
+
+async def _check_ownership_type(context: Context, urn: str, path: str) -> None:
+    if urn.startswith(SYSTEM_OWNERSHIP_PREFIX):
+        if urn.removeprefix(SYSTEM_OWNERSHIP_PREFIX).upper() in OWNERSHIP_TYPE_NAMES:
+            return
+        raise _refuse(f"{clip(urn, 100)} is not one of DataHub's system ownership types", path, urn)
+    await _require_exists(context, urn, path, ("ownershipType",), "ownership type")
+
+
+# The system ownership types: DataHub's OwnershipType enum but CUSTOM (`__system__<name in lower case>`)
+OWNERSHIP_TYPE_NAMES = (
+    "TECHNICAL_OWNER",
+    "BUSINESS_OWNER",
+    "DATA_STEWARD",
+    "NONE",
+    "DATAOWNER",
+    "PRODUCER",
+    "DEVELOPER",
+    "CONSUMER",
+    "STAKEHOLDER",
+    "DELEGATE",
+)
+
+
+async def resolve_batch_add_owners(_root: Any, info: Any, input: dict[str, Any]) -> bool:
+    context: Context = info.context
+    context.caller.require(Permission.WRITE)
+    batch_type = input.get("ownershipTypeUrn")
+    if batch_type:
+        await _check_ownership_type(context, batch_type, "$input.ownershipTypeUrn")
+    owners: list[tuple[str, str]] = []
+    for i, owner in enumerate(input["owners"]):
+        path = f"$input.owners[{i}]"
+        urn = owner["ownerUrn"]
+        expected = OWNER_ENTITY[owner["ownerEntityType"]]
+        await _require_exists(
+            context, urn, f"{path}.ownerUrn", (expected,), "user" if expected == "corpuser" else "group"
+        )
+        type_urn = _ownership_type_urn(owner, batch_type)
+        if type_urn != batch_type:
+            await _check_ownership_type(context, type_urn, f"{path}.ownershipTypeUrn")
+        owners.append((urn, type_urn))
+    changes = Changes(context)
+    for i, resource in _resources(input):
+        await _check_resource(context, resource, f"$input.resources[{i}]", fields=False)
+        value = await changes.get(resource["resourceUrn"], "ownership")
+        entries = value.setdefault("owners", [])
+        before = _copy(entries)
+        for urn, type_urn in owners:
+            if not any(e.get("owner") == urn and _type_urn_of(e) == type_urn for e in entries):
+                entries.append(
+                    {"owner": urn, "type": _legacy_type(type_urn), "typeUrn": type_urn, "source": {"type": "MANUAL"}}
+                )
+        if entries != before:
+            value["lastModified"] = changes.stamp
+    return await changes.write("add owners")
+
+
+def _type_urn_of(owner: dict[str, Any]) -> str:
+    return str(owner.get("typeUrn") or SYSTEM_OWNERSHIP_PREFIX + str(owner.get("type") or "NONE").lower())
+
+
+async def resolve_batch_remove_owners(_root: Any, info: Any, input: dict[str, Any]) -> bool:
+    context: Context = info.context
+    context.caller.require(Permission.WRITE)
+    owner_urns = set(input["ownerUrns"])
+    type_urn = input.get("ownershipTypeUrn")
+    changes = Changes(context)
+    for i, resource in _resources(input):
+        await _check_resource(context, resource, f"$input.resources[{i}]", fields=False)
+        value = await changes.get(resource["resourceUrn"], "ownership")
+        entries = value.get("owners") or []
+        kept = [
+            e for e in entries if not (e.get("owner") in owner_urns and (not type_urn or _type_urn_of(e) == type_urn))
+        ]
+        if len(kept) != len(entries):
+            value["owners"] = kept
+            value["lastModified"] = changes.stamp
+    return await changes.write("remove owners")
+
+
+# --- domains ------------------------------------------------------------------------------------------------------
+
+
+async def resolve_batch_set_domain(_root: Any, info: Any, input: dict[str, Any]) -> bool:
+    context: Context = info.context
+    context.caller.require(Permission.WRITE)
+    domain = input.get("domainUrn")
+    if domain:
+        await _require_exists(context, domain, "$input.domainUrn", ("domain",), "domain")
+    changes = Changes(context)
+    for i, resource in _resources(input):
+        await _check_resource(context, resource, f"$input.resources[{i}]", fields=False)
+        value = await changes.get(resource["resourceUrn"], "domains")
+        wanted = [domain] if domain else []
+        if (value.get("domains") or []) != wanted:
+            value["domains"] = wanted
+    return await changes.write("set domain")
+
+
+# --- descriptions -------------------------------------------------------------------------------------------------
+
+
+async def resolve_update_description(_root: Any, info: Any, input: dict[str, Any]) -> bool:
+    """DataHub's UpdateDescriptionResolver: a dataset field's description in editableSchemaMetadata, an entity's in
+    its editable properties (DESCRIPTION_ASPECTS)."""
+    context: Context = info.context
+    context.caller.require(Permission.WRITE)
+    description = input["description"]
+    urn = input["resourceUrn"]
+    field_path = await _check_resource(context, input, "$input", fields=True)
+    changes = Changes(context)
+    if field_path is not None:
+        entry = await _field_info(changes, urn, field_path)
+        assert entry is not None
+        if entry.get("description") != description:
+            entry["description"] = description
+            await _touch_schema(changes, urn)
+        return await changes.write("update field description")
+    entity = entity_type_of(urn)
+    target = DESCRIPTION_ASPECTS.get(entity)
+    if target is None or target[0] not in context.registry.entity(entity).aspect_names:
+        raise _refuse(f"descriptions of {entity} entities are not supported", "$input.resourceUrn", urn)
+    aspect, key = target
+    value = await changes.get(urn, aspect)
+    if value.get(key) != description:
+        value[key] = description
+        _required(value, aspect, context.registry.aspect(entity, aspect).field_names, urn, changes.stamp)
+    return await changes.write("update description")
+
+
+NAMED_ASPECTS = ("tagProperties", "domainProperties")  # their `name` is required (DataHub's PDL)
+
+
+def _required(value: dict[str, Any], aspect: str, fields: Iterable[str], urn: str, stamp: dict[str, Any]) -> None:
+    """What an aspect written for the first time must hold besides its description (DataHub's PDL): its audit
+    stamps where it has them, a required name (the URN's id) and a term's source."""
+    fields = set(fields)
+    if "lastModified" in fields:
+        value["lastModified"] = stamp
+    if "created" in fields:
+        value.setdefault("created", stamp)
+    if aspect in NAMED_ASPECTS:
+        value.setdefault("name", urn.split(":", 3)[3])
+    if "termSource" in fields:
+        value.setdefault("termSource", "INTERNAL")
+
+
+# --- structured properties ----------------------------------------------------------------------------------------
+
+
+def _property_value(value: dict[str, Any], path: str) -> dict[str, Any]:
+    if value.get("stringValue") is not None and value.get("numberValue") is None:
+        return {"string": value["stringValue"]}
+    if value.get("numberValue") is not None and value.get("stringValue") is None:
+        return {"double": float(value["numberValue"])}
+    raise _refuse("a value is a stringValue or a numberValue: exactly one of them", path)
+
+
+def _answer(urn: str, value: dict[str, Any]) -> dict[str, Any]:
+    """DataHub's StructuredProperties of the aspect's value."""
+    entries = []
+    for assignment in value.get("properties") or ():
+        values: list[dict[str, Any]] = []
+        entities = []
+        for v in assignment.get("values") or ():
+            if "double" in v:
+                values.append({"__typename": "NumberValue", "numberValue": v["double"]})
+            else:
+                values.append({"__typename": "StringValue", "stringValue": v.get("string")})
+                ref = entity_ref(str(v.get("string") or ""))
+                if ref is not None:
+                    entities.append(ref)
+        entries.append(
+            {
+                "structuredProperty": EntityRef(assignment["propertyUrn"], "structuredProperty"),
+                "values": values,
+                "valueEntities": entities,
+                "associatedUrn": urn,
+            }
+        )
+    return {"properties": entries}
+
+
+async def resolve_upsert_structured_properties(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
+    context: Context = info.context
+    context.caller.require(Permission.WRITE)
+    urn = input["assetUrn"]
+    await _check_resource(context, {"resourceUrn": urn}, "$input.assetUrn", fields=False)
+    wanted: dict[str, list[dict[str, Any]]] = {}
+    for i, params in enumerate(input["structuredPropertyInputParams"]):
+        path = f"$input.structuredPropertyInputParams[{i}]"
+        prop = params["structuredPropertyUrn"]
+        await _require_exists(
+            context, prop, f"{path}.structuredPropertyUrn", ("structuredProperty",), "structured property"
+        )
+        wanted[prop] = [_property_value(v, f"{path}.values[{j}]") for j, v in enumerate(params["values"])]
+    changes = Changes(context)
+    value = await changes.get(urn, "structuredProperties")
+    assignments = value.setdefault("properties", [])
+    for prop, values in wanted.items():
+        current = next((a for a in assignments if a.get("propertyUrn") == prop), None)
+        if current is None:
+            assignments.append(
+                {"propertyUrn": prop, "values": values, "created": changes.stamp, "lastModified": changes.stamp}
+            )
+        elif current.get("values") != values:
+            current["values"] = values
+            current["lastModified"] = changes.stamp
+    await changes.write("upsert structured properties")
+    return _answer(urn, await context.aspect(urn, "structuredProperties") or {})
+
+
+async def resolve_remove_structured_properties(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
+    context: Context = info.context
+    context.caller.require(Permission.WRITE)
+    urn = input["assetUrn"]
+    await _check_resource(context, {"resourceUrn": urn}, "$input.assetUrn", fields=False)
+    removed = set(input["structuredPropertyUrns"])
+    changes = Changes(context)
+    value = await changes.get(urn, "structuredProperties")
+    assignments = value.get("properties") or []
+    kept = [a for a in assignments if a.get("propertyUrn") not in removed]
+    if len(kept) != len(assignments):
+        value["properties"] = kept
+    await changes.write("remove structured properties")
+    return _answer(urn, await context.aspect(urn, "structuredProperties") or {})
+
+
+# --- ownership types ----------------------------------------------------------------------------------------------
+
+
+async def resolve_list_ownership_types(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
+    """DataHub's system ownership types whose name holds `query` (case-insensitive). Custom ownership types (the
+    ownershipType entities written) are not listed: a custom type is given by its urn (which the MCP server passes
+    through without this lookup)."""
+    start = max(int(input.get("start") or 0), 0)
+    asked = input.get("count")
+    count = min(max(20 if asked is None else int(asked), 0), 1000)
+    query = (input.get("query") or "").strip().lower()
+    if query == "*":
+        query = ""
+    found = [
+        SYSTEM_OWNERSHIP_PREFIX + type_id
+        for type_id, name in SYSTEM_OWNERSHIP_TYPES.items()
+        if query in name.lower() or query in type_id
+    ]
+    page = found[start : start + count]
+    return {
+        "start": start,
+        "count": len(page),
+        "total": len(found),
+        "ownershipTypes": [EntityRef(urn, "ownershipType") for urn in page],
+    }
+
+
+async def _ownership_type_info(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    """ownershipTypeInfo; a system ownership type's built-in name when it was never written."""
+    value = await info.context.aspect(ref.urn, "ownershipTypeInfo")
+    if value is not None:
+        return value
+    type_id = ref.urn.removeprefix(SYSTEM_OWNERSHIP_PREFIX)
+    if ref.urn.startswith(SYSTEM_OWNERSHIP_PREFIX) and type_id in SYSTEM_OWNERSHIP_TYPES:
+        return {"name": SYSTEM_OWNERSHIP_TYPES[type_id]}
+    return None
+
+
+# This topic's field of OwnershipTypeEntity, bound with the others (app.graphql.entities.bind_entities).
+FIELD_RESOLVERS.setdefault("OwnershipTypeEntity", {})["info"] = _ownership_type_info
+
+CURATION_MUTATIONS = {
+    "batchAddTags": _labels("tags", True, "globalTags"),
+    "batchRemoveTags": _labels("tags", False, "globalTags"),
+    "batchAddTerms": _labels("terms", True, "glossaryTerms"),
+    "batchRemoveTerms": _labels("terms", False, "glossaryTerms"),
+    "batchAddOwners": resolve_batch_add_owners,
+    "batchRemoveOwners": resolve_batch_remove_owners,
+    "batchSetDomain": resolve_batch_set_domain,
+    "updateDescription": resolve_update_description,
+    "upsertStructuredProperties": resolve_upsert_structured_properties,
+    "removeStructuredProperties": resolve_remove_structured_properties,
+}
+CURATION_QUERIES = {"listOwnershipTypes": resolve_list_ownership_types}
