@@ -537,11 +537,140 @@ async def _data_product_entities(ref: EntityRef, info: Any, input: dict[str, Any
     return await resolve_search_across_entities(None, info, input)
 
 
+# --- assertions and incidents (GetEntity's): assertionInfo / incidentInfo as DataHub's mappers answer them ------------
+
+
+def _entries(value: Any) -> list[dict[str, Any]] | None:
+    return None if value is None else [{"key": k, "value": v} for k, v in sorted(value.items())]
+
+
+def _with_entity_urn(value: dict[str, Any] | None) -> dict[str, Any] | None:
+    """An assertion kind's info: its `entity` as `entityUrn` (DataHub's mappers)."""
+    return None if value is None else {**value, "entityUrn": value.get("entity") or ""}
+
+
+async def _assertion_info(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    value = await info.context.aspect(ref.urn, "assertionInfo")
+    if value is None:
+        return None
+    dataset = value.get("datasetAssertion")
+    if dataset is not None:
+        dataset = {
+            **dataset,
+            "datasetUrn": dataset.get("dataset") or "",
+            "fields": [{"urn": u, "path": u.rsplit(",", 1)[-1].rstrip(")")} for u in dataset.get("fields") or ()],
+            "nativeParameters": _entries(dataset.get("nativeParameters")),
+        }
+    return {
+        **value,
+        "datasetAssertion": dataset,
+        "volumeAssertion": _with_entity_urn(value.get("volumeAssertion")),
+        "sqlAssertion": _with_entity_urn(value.get("sqlAssertion")),
+        "fieldAssertion": _with_entity_urn(value.get("fieldAssertion")),
+    }
+
+
+async def _assertion_platform(ref: EntityRef, info: Any) -> EntityRef:
+    platform = (await info.context.aspect(ref.urn, "dataPlatformInstance") or {}).get("platform") or "unknown"
+    return EntityRef(platform if platform.startswith("urn:li:") else f"urn:li:dataPlatform:{platform}", "dataPlatform")
+
+
+async def _run_events(_ref: EntityRef, _info: Any, **_arguments: Any) -> dict[str, Any]:
+    """Run events are timeseries (assertionRunEvent): metaledger does not answer them here (none, documented)."""
+    return {"total": 0, "failed": 0, "succeeded": 0, "runEvents": []}
+
+
+PRIORITIES = {0: "CRITICAL", 1: "HIGH", 2: "MEDIUM", 3: "LOW"}  # incidentInfo.priority, as DataHub's mapper
+
+
+async def _incident_info(ref: EntityRef, info: Any) -> dict[str, Any]:
+    return await info.context.aspect(ref.urn, "incidentInfo") or {}
+
+
+def _incident_field(convert: Callable[[dict[str, Any], Any], Any]) -> Callable[..., Awaitable[Any]]:
+    async def resolve(ref: EntityRef, info: Any) -> Any:
+        return convert(await _incident_info(ref, info), info)
+
+    return resolve
+
+
+def _incident_entity(value: dict[str, Any], info: Any) -> EntityRef:
+    urn = next(iter(value.get("entities") or ()), "")
+    return EntityRef(urn, related_entity(info.context, urn) or "dataset")
+
+
+def _incident_source(value: dict[str, Any], info: Any) -> dict[str, Any] | None:
+    source = value.get("source")
+    if not source:
+        return None
+    return {"type": source.get("type") or "MANUAL", "source": _lazy(info, source.get("sourceUrn"))}
+
+
+def _assignees(value: dict[str, Any], info: Any) -> list[EntityRef]:
+    out = []
+    for assignee in value.get("assignees") or ():
+        name = related_entity(info.context, assignee.get("actor") or "")
+        if name in ("corpuser", "corpGroup"):
+            out.append(EntityRef(assignee["actor"], name))
+    return out
+
+
+INCIDENT_FIELDS: dict[str, Any] = {
+    "incidentType": _incident_field(lambda v, _i: v.get("type") or "CUSTOM"),
+    "customType": _incident_field(lambda v, _i: v.get("customType")),
+    "title": _incident_field(lambda v, _i: v.get("title")),
+    "description": _incident_field(lambda v, _i: v.get("description")),
+    "priority": _incident_field(lambda v, _i: PRIORITIES.get(v["priority"]) if "priority" in v else None),
+    "startedAt": _incident_field(lambda v, _i: v.get("startedAt")),
+    "created": _incident_field(lambda v, _i: v.get("created") or {"time": 0, "actor": None}),
+    "assignees": _incident_field(_assignees),
+    "entity": _incident_field(_incident_entity),
+    "source": _incident_field(_incident_source),
+    "tags": _tags,
+}
+
+
+async def _business_attributes(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    value = await info.context.aspect(ref.urn, "businessAttributes")
+    if value is None:
+        return None
+    urn = (value.get("businessAttribute") or {}).get("businessAttributeUrn")
+    attribute = await _seen(info, urn)
+    association = {"businessAttribute": attribute, "associatedUrn": ref.urn} if attribute else None
+    return {"businessAttribute": association}
+
+
+async def _business_attribute_info(ref: EntityRef, info: Any) -> dict[str, Any] | None:
+    from app.graphql.entities import FIELD_TYPES
+
+    value = await info.context.aspect(ref.urn, "businessAttributeInfo")
+    if value is None:
+        return None
+    pegasus = next(iter(((value.get("type") or {}).get("type")) or {"NullType": {}}), "NullType")
+    never = {"time": 0, "actor": None}
+    return {
+        **value,
+        "name": value.get("name") or str(_key(ref, info).get("id") or ""),
+        "type": FIELD_TYPES.get(pegasus.rsplit(".", 1)[-1], "NULL") if value.get("type") else None,
+        "tags": _tag_list(ref.urn, value.get("globalTags")),
+        "glossaryTerms": _term_list(ref.urn, value.get("glossaryTerms")),
+        "customProperties": _custom_properties(value),
+        "created": value.get("created") or never,
+        "lastModified": value.get("lastModified") or never,
+    }
+
+
 # Fields of one object type each (the rest: ASPECT_FIELDS, on every entity type declaring them)
 TYPE_FIELDS: dict[str, dict[str, Any]] = {
     "GlossaryTerm": {"parentNodes": _parent_nodes},
     "GlossaryNode": {"parentNodes": _parent_nodes},
-    "SchemaFieldEntity": {"fieldPath": _field_path, "parent": _field_parent, "documentation": _documentation},
+    "SchemaFieldEntity": {
+        "fieldPath": _field_path,
+        "parent": _field_parent,
+        "documentation": _documentation,
+        "businessAttributes": _business_attributes,
+    },
+    "BusinessAttribute": {"properties": _business_attribute_info},
     "StructuredPropertyEntity": {"definition": _definition, "settings": _settings},
     "DataTypeEntity": {"info": _data_type_info},
     "EntityTypeEntity": {"info": _entity_type_info},
@@ -562,6 +691,8 @@ TYPE_FIELDS: dict[str, dict[str, Any]] = {
     "CorpGroup": {"info": _corp_group_info},
     "OwnershipTypeEntity": {"status": _status},
     "DataJob": {"inputOutput": _input_output},
+    "Assertion": {"info": _assertion_info, "platform": _assertion_platform, "runEvents": _run_events},
+    "Incident": INCIDENT_FIELDS,
 }
 # Fields of objects inside an entity (not entities): their parent is the converted aspect value
 NESTED_FIELDS: dict[str, dict[str, Any]] = {

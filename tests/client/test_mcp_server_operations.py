@@ -76,11 +76,8 @@ VARIABLES: dict[str, list[dict[str, Any]]] = {
 # elements validation names; issue 41's report has them all). Key: `<operation> (<source file>)`.
 KNOWN_GAPS: dict[str, str] = {
     "GetAssertionParent (sub_entity_urls.py)": "Query.assertion (sent only to a server with a `baseUrl`, for links)",
-    "GetEntity (gql/entity_details.gql)": "DashboardProperties.access, DashboardProperties.lastModified, ChartProperties.type, ChartProperties.access and 42 more",
-    "GetEntityLineage (gql/entity_details.gql)": "(and GetEntity, sent in the same document) DashboardProperties.access, DashboardProperties.lastModified, ChartProperties.type, ChartProperties.access and 31 more",
-    "GetIncidentParent (sub_entity_urls.py)": "Incident.entity (sent only to a server with a `baseUrl`, for links)",
     "GetQueryEntity (gql/query_entity.gql)": "QueryEntity.properties, QueryEntity.platform, QueryEntity.subjects",
-    "SearchDatasetAssertions (tools/assertions.py)": "(a DataHub Cloud tool) Assertion.platform, Assertion.info, Assertion.runEvents, Assertion.tags",
+    "SearchDatasetAssertions (tools/assertions.py)": "(a DataHub Cloud tool) AssertionInfo.note, AssertionInfo.externalUrl, AssertionInfo.entityUrn, AssertionInfo.freshnessAssertion and 11 more",
     "batchAddOwners (tools/owners.py)": "type BatchAddOwnersInput, Mutation.batchAddOwners",
     "batchAddTags (tools/tags.py)": "type BatchAddTagsInput, Mutation.batchAddTags",
     "batchAddTerms (tools/terms.py)": "type BatchAddTermsInput, Mutation.batchAddTerms",

@@ -8,6 +8,8 @@ data is written over HTTP as a client writes it. An entity the caller may not se
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -643,3 +645,49 @@ async def test_domain_and_data_product_entities_and_schema_extras(client):
         "foreignKeys": None,
     }
     assert answer["dataset"]["glossaryTerms"] == {"terms": [{"term": {"urn": TERM}, "actor": {"urn": ALICE}}]}
+
+
+# The MCP server's whole document, as it sends it to a core server (its `#[CLOUD]` and `#[NEWER_GMS]` lines commented
+# out), from its own virtualenv (made by tests/client: `.venv-mcp`)
+ENTITY_DETAILS = next(
+    Path(__file__)
+    .resolve()
+    .parents[2]
+    .glob(".venv-mcp/lib/python*/site-packages/mcp_server_datahub/gql/entity_details.gql"),
+    None,
+)
+
+
+def as_sent(text: str) -> str:
+    return re.sub(r"^(.*#\[(?:CLOUD|NEWER_GMS)\].*)$", r"# \1", text, flags=re.M)
+
+
+@pytest.mark.skipif(ENTITY_DETAILS is None, reason="mcp-server-datahub's virtualenv (.venv-mcp) is not installed")
+async def test_the_mcp_servers_own_get_entity_answers_every_entity_without_errors(client):
+    await write(client)
+    assert ENTITY_DETAILS is not None
+    document = as_sent(ENTITY_DETAILS.read_text())
+    for urn in (ORDERS, TERM, NODE, DOMAIN, TIER, PII, ALICE):
+        response = await client.post(
+            "/api/graphql", json={"query": document, "variables": {"urn": urn}, "operationName": "GetEntity"}
+        )
+        assert response.status_code == 200, response.text
+        body = response.json()
+        assert "errors" not in body, (urn, body["errors"][:3])
+        assert body["data"]["entity"]["urn"] == urn
+    response = await client.post(
+        "/api/graphql", json={"query": document, "variables": {"urn": ORDERS}, "operationName": "GetEntity"}
+    )
+    entity = response.json()["data"]["entity"]
+    assert entity["editableProperties"] == {"name": "Orders", "description": "edited in the UI"}
+    assert entity["deprecation"]["note"] == "use orders_v2" and entity["health"] == []
+    assert [p["structuredProperty"]["urn"] for p in entity["structuredProperties"]["properties"]] == [TIER, STEWARD]
+    assert entity["domain"]["domain"]["parentDomains"]["domains"][0]["urn"] == PARENT_DOMAIN
+    (term,) = entity["glossaryTerms"]["terms"]
+    assert [n["urn"] for n in term["term"]["parentNodes"]["nodes"]] == [NODE, ROOT_NODE]
+    fields = {f["fieldPath"]: f for f in entity["schemaMetadata"]["fields"]}
+    assert fields["id"]["isPartitioningKey"] is True
+    assert fields["email"]["schemaFieldEntity"]["deprecation"]["note"] == "gone"
+    (edited,) = entity["editableSchemaMetadata"]["editableSchemaFieldInfo"]
+    assert [t["tag"]["urn"] for t in edited["tags"]["tags"]] == [PII]
+    assert entity["viewProperties"] == {"materialized": False, "logic": "select * from raw.orders", "language": "SQL"}
