@@ -76,25 +76,12 @@ VARIABLES: dict[str, list[dict[str, Any]]] = {
 # elements validation names; issue 41's report has them all). Key: `<operation> (<source file>)`.
 KNOWN_GAPS: dict[str, str] = {
     "GetAssertionParent (sub_entity_urls.py)": "Query.assertion (sent only to a server with a `baseUrl`, for links)",
-    "GetQueryEntity (gql/query_entity.gql)": "QueryEntity.properties, QueryEntity.platform, QueryEntity.subjects",
     "SearchDatasetAssertions (tools/assertions.py)": "(a DataHub Cloud tool) AssertionInfo.note, AssertionInfo.externalUrl, AssertionInfo.entityUrn, AssertionInfo.freshnessAssertion and 11 more",
-    "batchAddOwners (tools/owners.py)": "type BatchAddOwnersInput, Mutation.batchAddOwners",
-    "batchAddTags (tools/tags.py)": "type BatchAddTagsInput, Mutation.batchAddTags",
-    "batchAddTerms (tools/terms.py)": "type BatchAddTermsInput, Mutation.batchAddTerms",
-    "batchRemoveOwners (tools/owners.py)": "type BatchRemoveOwnersInput, Mutation.batchRemoveOwners",
-    "batchRemoveTags (tools/tags.py)": "type BatchRemoveTagsInput, Mutation.batchRemoveTags",
-    "batchRemoveTerms (tools/terms.py)": "type BatchRemoveTermsInput, Mutation.batchRemoveTerms",
-    "batchSetDomain (tools/domains.py)": "type BatchSetDomainInput, Mutation.batchSetDomain",
     "documentContent (gql/document_content.gql)": "DocumentInfo.contents",
     "documentSearch (gql/document_search.gql)": "DocumentInfo.source, DocumentInfo.lastModified, DocumentInfo.created",
     "documentSemanticSearch (gql/document_semantic_search.gql)": "Query.semanticSearchAcrossEntities, DocumentInfo.source, DocumentInfo.lastModified, DocumentInfo.created",
     "getRelatedDocuments (gql/related_documents.gql)": "type RelatedDocumentsInput, Dataset.relatedDocuments, Dashboard.relatedDocuments, Chart.relatedDocuments and 14 more",
-    "listOwnershipTypes (tools/owners.py)": "type ListOwnershipTypesInput, Query.listOwnershipTypes",
-    "listQueries (gql/queries.gql)": "type ListQueriesInput, Query.listQueries, QueryEntity.properties, QueryEntity.platform and 1 more",
-    "removeStructuredProperties (tools/structured_properties.py)": "type RemoveStructuredPropertiesInput, Mutation.removeStructuredProperties",
     "semanticSearch (gql/semantic_search.gql)": "Query.semanticSearchAcrossEntities",
-    "updateDescription (tools/descriptions.py)": "type DescriptionUpdateInput, Mutation.updateDescription",
-    "upsertStructuredProperties (tools/structured_properties.py)": "type UpsertStructuredPropertiesInput, Mutation.upsertStructuredProperties",
 }
 
 
