@@ -9,11 +9,11 @@ data is written over HTTP as a client writes it. An entity the caller may not se
 from __future__ import annotations
 
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.client.conftest import MCP_REQUIREMENT, MCP_VENV, _ensure_venv
 from tests.helpers import bearer, ds, mcp, propose
 
 pytestmark = pytest.mark.asyncio
@@ -647,26 +647,22 @@ async def test_domain_and_data_product_entities_and_schema_extras(client):
     assert answer["dataset"]["glossaryTerms"] == {"terms": [{"term": {"urn": TERM}, "actor": {"urn": ALICE}}]}
 
 
-# The MCP server's whole document, as it sends it to a core server (its `#[CLOUD]` and `#[NEWER_GMS]` lines commented
-# out), from its own virtualenv (made by tests/client: `.venv-mcp`)
-ENTITY_DETAILS = next(
-    Path(__file__)
-    .resolve()
-    .parents[2]
-    .glob(".venv-mcp/lib/python*/site-packages/mcp_server_datahub/gql/entity_details.gql"),
-    None,
-)
-
-
 def as_sent(text: str) -> str:
     return re.sub(r"^(.*#\[(?:CLOUD|NEWER_GMS)\].*)$", r"# \1", text, flags=re.M)
 
 
-@pytest.mark.skipif(ENTITY_DETAILS is None, reason="mcp-server-datahub's virtualenv (.venv-mcp) is not installed")
-async def test_the_mcp_servers_own_get_entity_answers_every_entity_without_errors(client):
+@pytest.fixture(scope="module")
+def entity_details() -> str:
+    """The MCP server's whole document, as it sends it to a core server (its `#[CLOUD]` and `#[NEWER_GMS]` lines
+    commented out), from its own virtualenv (`.venv-mcp`, made here when absent, as tests/client makes it)."""
+    python = _ensure_venv(MCP_VENV, *MCP_REQUIREMENT)
+    (path,) = python.parent.parent.glob("lib/python*/site-packages/mcp_server_datahub/gql/entity_details.gql")
+    return as_sent(path.read_text())
+
+
+async def test_the_mcp_servers_own_get_entity_answers_every_entity_without_errors(client, entity_details):
     await write(client)
-    assert ENTITY_DETAILS is not None
-    document = as_sent(ENTITY_DETAILS.read_text())
+    document = entity_details
     for urn in (ORDERS, TERM, NODE, DOMAIN, TIER, PII, ALICE):
         response = await client.post(
             "/api/graphql", json={"query": document, "variables": {"urn": urn}, "operationName": "GetEntity"}
