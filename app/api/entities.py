@@ -44,6 +44,7 @@ from app.openapi_spec import (
     schema_ref,
     upper_first,
 )
+from app.registry import EntityRegistry
 from app.registry.registry import EntitySpec
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.decision import ItemResult
@@ -133,10 +134,10 @@ class EntityRoutes(BaseRoute):
 
 # The entity types' routes of a registry, kept for the process: an app made again with the same registry (the tests
 # make one per test) takes them with the routes they have made.
-_ROUTES: dict[int, tuple[Any, list[EntityRoutes]]] = {}
+_ROUTES: dict[int, tuple[EntityRegistry, list[EntityRoutes]]] = {}
 
 
-def entity_routes(registry: Any) -> list[EntityRoutes]:
+def entity_routes(registry: EntityRegistry) -> list[EntityRoutes]:
     """The v3 routes of every entity type of `registry`, for the app's own router (not an included router: FastAPI
     would build every route for the inclusion)."""
     cached = _ROUTES.get(id(registry))
