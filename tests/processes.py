@@ -43,10 +43,12 @@ def start_service(
     quiet: bool = True,
     workers: int | None = None,
     log: Path | None = None,
+    new_session: bool = False,
 ) -> subprocess.Popen:
     """metaledger as its own process with `env` on top of this process's environment: one process (`uvicorn
     app.main:app`), or with `workers` `metaledger serve --workers N` (N API processes and a background process).
-    Its output: discarded (`quiet`), this process's, or appended to `log`."""
+    Its output: discarded (`quiet`), this process's, or appended to `log`. `new_session`: its own process group, for
+    a test that signals the supervisor and its children at once (`os.killpg`)."""
     output = subprocess.DEVNULL if quiet else None
     if log is not None:
         output = log.open("ab")
@@ -73,7 +75,9 @@ def start_service(
             "--log-level",
             "warning",
         ]
-    return subprocess.Popen(argv, cwd=ROOT, env=service_env(env), stdout=output, stderr=output)
+    return subprocess.Popen(
+        argv, cwd=ROOT, env=service_env(env), stdout=output, stderr=output, start_new_session=new_session
+    )
 
 
 def issue_token(

@@ -10,17 +10,14 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import asyncpg
 import httpx
 import pytest
 
 from app.embedded_pg import free_port
-from tests.processes import ROOT, SYSTEM_AUTH, service_env, stop_process, wait_healthy
+from tests.processes import SYSTEM_AUTH, start_service, stop_process, wait_healthy
 
 RATE = 150  # writes a second, sent on schedule whatever the answers (open loop)
 CONNECTIONS = 6
@@ -42,24 +39,7 @@ async def test_sigterm_under_load_answers_every_request(make_database, migrated_
         "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
         "METALEDGER_SHUTDOWN_DRAIN_S": str(DRAIN_S),
     }
-    argv = [
-        str(Path(sys.executable).with_name("metaledger")),
-        "serve",
-        "--port",
-        str(port),
-        "--workers",
-        str(workers),
-        "--log-level",
-        "warning",
-    ]
-    service = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        env=service_env(env),
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    service = start_service(env, port, workers=workers, new_session=True)
     outcomes: dict[int, str] = {}
     try:
         await wait_healthy(base, 90, service)

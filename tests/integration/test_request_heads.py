@@ -8,16 +8,14 @@ from __future__ import annotations
 import asyncio
 import socket
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import httpx
 import psutil
 import pytest
 
 from app.embedded_pg import free_port
-from tests.processes import ROOT, service_env, stop_process, wait_healthy
+from tests.processes import start_service, stop_process, wait_healthy
 
 HEADER_MB = 100
 CHUNK = 1 << 20
@@ -74,24 +72,7 @@ async def test_huge_and_many_headers_are_refused_at_once(make_database, migrated
         "METALEDGER_DATABASE_URL": make_database(template=migrated_template),
         "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
     }
-    argv = [
-        str(Path(sys.executable).with_name("metaledger")),
-        "serve",
-        "--port",
-        str(port),
-        "--workers",
-        str(workers),
-        "--log-level",
-        "warning",
-    ]
-    service = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        env=service_env(env),
-        start_new_session=True,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    service = start_service(env, port, workers=workers, new_session=True)
     try:
         await wait_healthy(base, 90, service)
         async with httpx.AsyncClient(base_url=base, timeout=10) as http:
