@@ -36,6 +36,7 @@ from graphql import (
 
 from app.db_faults import DatabaseFault, classify
 from app.errors import Issue, MetaledgerError, ValidationFailed
+from app.graphql.documents import DOCUMENT_QUERIES
 from app.graphql.entities import bind_entities, runtime_entity_sdl, runtime_entity_types
 from app.graphql.limits import AnswerBudget, AnswerTooLarge, Limits, check_arguments, check_limits, query_cost
 from app.graphql.resolvers import MUTATION_RESOLVERS, QUERY_RESOLVERS, Context
@@ -98,7 +99,8 @@ def build(runtime_sdl: str = "", runtime_types: Mapping[str, str] | None = None)
     # graphql-core's stubs declare the 3.3 names only; 3.2's parse_literal is still read for literals in queries
     long_type.parse_literal = _long_literal  # type: ignore[attr-defined]
     bind_entities(schema, runtime_types or {})
-    for root, resolvers in ((schema.query_type, QUERY_RESOLVERS), (schema.mutation_type, MUTATION_RESOLVERS)):
+    query_resolvers = {**QUERY_RESOLVERS, **DOCUMENT_QUERIES}  # the documents topic (documents.graphql)
+    for root, resolvers in ((schema.query_type, query_resolvers), (schema.mutation_type, MUTATION_RESOLVERS)):
         assert root is not None
         for name, resolver in resolvers.items():
             root.fields[name].resolve = _arguments_checked(resolver)
