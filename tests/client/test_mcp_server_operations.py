@@ -77,11 +77,6 @@ VARIABLES: dict[str, list[dict[str, Any]]] = {
 KNOWN_GAPS: dict[str, str] = {
     "GetAssertionParent (sub_entity_urls.py)": "Query.assertion (sent only to a server with a `baseUrl`, for links)",
     "SearchDatasetAssertions (tools/assertions.py)": "(a DataHub Cloud tool) AssertionInfo.note, AssertionInfo.externalUrl, AssertionInfo.entityUrn, AssertionInfo.freshnessAssertion and 11 more",
-    "documentContent (gql/document_content.gql)": "DocumentInfo.contents",
-    "documentSearch (gql/document_search.gql)": "DocumentInfo.source, DocumentInfo.lastModified, DocumentInfo.created",
-    "documentSemanticSearch (gql/document_semantic_search.gql)": "Query.semanticSearchAcrossEntities, DocumentInfo.source, DocumentInfo.lastModified, DocumentInfo.created",
-    "getRelatedDocuments (gql/related_documents.gql)": "type RelatedDocumentsInput, Dataset.relatedDocuments, Dashboard.relatedDocuments, Chart.relatedDocuments and 14 more",
-    "semanticSearch (gql/semantic_search.gql)": "Query.semanticSearchAcrossEntities",
 }
 
 
