@@ -41,6 +41,7 @@ from app.ingest.gateway import IngestGateway
 from app.kafka.per_aspect import resolve_routes
 from app.kafka.producer import ProposalProducer
 from app.logs import configure_logging
+from app.mcp import server as mcp_server
 from app.modelset.watcher import ModelWatcher
 from app.ops import Operations
 from app.ops.drain import Drain, DrainMiddleware
@@ -120,10 +121,14 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.drain.take_over_sigterm(ops.readiness)  # SIGTERM drains, then stops (app.ops.drain)
     # A worker of `serve --workers N` stops (as on SIGTERM: uvicorn's graceful shutdown) if its supervisor is killed.
     orphan_watch = asyncio.create_task(follow_supervisor(lambda: os.kill(os.getpid(), signal.SIGTERM)))
+    # The MCP endpoint's task group (app.mcp.server): closed after the requests in flight drained, before the services.
+    mcp_running = app.state.mcp.running()
+    await mcp_running.__aenter__()
     log.info("metaledger started", extra={"database": engine.url.render_as_string(hide_password=True)})
     try:
         yield
     finally:
+        await mcp_running.__aexit__(None, None, None)
         orphan_watch.cancel()
         model_stop.set()
         if model_watch is not None:
@@ -336,6 +341,7 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
     app.state.drain = Drain(settings)
     app.router.routes.extend(_included_routers(app))
     app.router.routes.extend(entity_routes(app.state.registry))  # each entity type's made on first use
+    mcp_server.install(app)  # POST /mcp, metaledger's MCP endpoint
     route_index.install(app.router)  # the routes along a request's path asked, not all (app.api.route_index)
     _install_error_handlers(app)
     _install_offline_docs(app, settings)

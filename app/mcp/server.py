@@ -1,0 +1,181 @@
+"""metaledger's own MCP endpoint: `POST /mcp`, the Model Context Protocol's streamable HTTP transport (the `mcp` SDK's
+low-level `Server` and its session manager), stateless and answering JSON.
+
+Stateless, with JSON answers, because every call then is one HTTP request that ends with its answer: nothing lives
+between requests (no session to lose when a worker of `serve --workers N` is not the one that opened it, none to
+drain on SIGTERM: a graceful stop waits for the requests in flight, app.ops.drain, and the SDK's task group is
+closed after them, in the app's lifespan), and the route is an ordinary one of the app: its policy (READ) runs first
+and answers 401 with `WWW-Authenticate` without a token, its body is read by the app's bounded parser (413, 415,
+400 past MAX_JSON_DEPTH) before the SDK sees it, and its metrics, request id, trace and drain are every route's.
+
+The caller is the request's (its bearer token: a cookie never authorizes anything here); each tool decides what it
+needs beyond READ (the curation tools WRITE, the runs and model set ADMIN) and its writes go through the ingest
+gateway as that caller, attributed to the tool (app.mcp.call)."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Annotated, Any
+
+import mcp_types as types
+import orjson
+from fastapi import APIRouter, Depends, FastAPI, Request
+from mcp.server.lowlevel.server import Server
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from sqlalchemy.exc import SQLAlchemyError
+from starlette.responses import Response
+from starlette.types import Message, Receive, Scope, Send
+
+from app import __version__
+from app.api.deps import ALLOW_READ, Caller, DeclaredBody, authenticate
+from app.db_faults import DatabaseFault, classify
+from app.errors import ERROR_RESPONSES, MetaledgerError
+from app.mcp import datahub as _datahub  # noqa: F401  (declares DataHub's tools)
+from app.mcp import extras as _extras  # noqa: F401  (declares metaledger's)
+from app.mcp.call import ToolCall
+from app.mcp.tools import TOOLS, definitions
+
+log = logging.getLogger("metaledger.mcp")
+PATH = "/mcp"
+INSTRUCTIONS = (
+    "metaledger: a metadata catalog that speaks DataHub's API. DataHub's MCP tools (search, get_entities, "
+    "get_lineage, ...) with the same names and answers, and metaledger's own: get_changes_since, "
+    "diff_aspect_versions, trace_write, preview_run_rollback, get_model_set. A list answer says its `total`, and "
+    "`truncated` with `nextOffset` when a limit cut it."
+)
+
+router = APIRouter(tags=["mcp"], dependencies=[ALLOW_READ])
+
+
+class JsonRpcBody(DeclaredBody[bytes]):
+    """A JSON-RPC message of MCP, read by the app's bounded parser, handed on to the SDK as JSON text."""
+
+    def request_body_schema(self) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "required": ["jsonrpc", "method"],
+            "properties": {
+                "jsonrpc": {"type": "string", "enum": ["2.0"]},
+                "id": {"oneOf": [{"type": "string"}, {"type": "integer"}]},
+                "method": {"type": "string", "examples": ["initialize", "tools/list", "tools/call"]},
+                "params": {"type": "object", "additionalProperties": True},
+            },
+        }
+
+    async def parse(self, document: Any, request: Request) -> bytes:
+        return orjson.dumps(document)
+
+
+class _Forwarded(Response):
+    """The request, its body already read (and checked), handed to the SDK's transport, which answers it."""
+
+    def __init__(self, manager: StreamableHTTPSessionManager, body: bytes) -> None:
+        self.manager, self.body_bytes = manager, body
+        self.background = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": self.body_bytes, "more_body": False}
+            return await receive()  # the disconnect, when it comes
+
+        headers = [(k, v) for k, v in scope["headers"] if k != b"content-length"]
+        headers.append((b"content-length", str(len(self.body_bytes)).encode()))
+        await self.manager.handle_request({**scope, "headers": headers}, replay, send)
+
+
+@router.post(
+    PATH,
+    summary="metaledger's MCP endpoint (Model Context Protocol, streamable HTTP, stateless, JSON answers)",
+    description=(
+        "One JSON-RPC message of MCP per request (`initialize`, `tools/list`, `tools/call`, ...), answered as JSON "
+        "(`Accept: application/json, text/event-stream`). The bearer token decides what each tool may do: READ "
+        "for the reads, WRITE for the curation tools, ADMIN for the runs and the model set. A refused or invalid "
+        "tool call is a tool result with `isError: true` naming what is missing. Tools: " + ", ".join(TOOLS)
+    ),
+    responses={
+        **ERROR_RESPONSES,
+        200: {"description": "The JSON-RPC answer", "content": {"application/json": {"schema": {"type": "object"}}}},
+        202: {"description": "A notification or response was accepted (no answer)"},
+    },
+    operation_id="mcp",
+)
+async def mcp_endpoint(request: Request, caller: Caller, message: Annotated[bytes, Depends(JsonRpcBody())]) -> Response:
+    return _Forwarded(request.app.state.mcp.manager, message)
+
+
+async def _list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
+    return types.ListToolsResult(tools=definitions())
+
+
+def _text(value: Any) -> str:
+    return orjson.dumps(value, default=str).decode()
+
+
+def _refusal(error: MetaledgerError) -> types.CallToolResult:
+    body = {**error.to_json(), "status": error.status_code}
+    return types.CallToolResult(content=[types.TextContent(text=_text(body))], is_error=True)
+
+
+async def _call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.CallToolResult:
+    request: Request | None = ctx.request
+    found = TOOLS.get(params.name)
+    if found is None or request is None:
+        message = f"unknown tool {params.name!r}" if found is None else "no HTTP request carries this call"
+        return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)
+    try:
+        arguments = found.parse(params.arguments)
+        caller = await authenticate(request)  # the route's policy authenticated it: kept on the request's scope
+        async with request.app.state.sessionmaker() as session:
+            result = await found.run(ToolCall(found.name, request, caller, session), arguments)
+    except MetaledgerError as error:
+        return _refusal(error)
+    except (SQLAlchemyError, OSError) as error:
+        if classify(error) is not DatabaseFault.UNAVAILABLE:
+            raise
+        log.warning("mcp tool: database unavailable", extra={"tool": found.name, "error": str(error)[:300]})
+        return types.CallToolResult(
+            content=[types.TextContent(text="the database is unavailable; retry shortly")], is_error=True
+        )
+    structured = result if isinstance(result, dict) else {"result": result}
+    return types.CallToolResult(content=[types.TextContent(text=_text(result))], structured_content=structured)
+
+
+class McpEndpoint:
+    """The MCP server of one app and its session manager (started and stopped by the app's lifespan)."""
+
+    def __init__(self, max_request_bytes: int) -> None:
+        self.server: Server[Any] = Server(
+            "metaledger",
+            version=__version__,
+            instructions=INSTRUCTIONS,
+            on_list_tools=_list_tools,
+            on_call_tool=_call_tool,
+        )
+        self.manager = StreamableHTTPSessionManager(
+            self.server,
+            json_response=True,
+            stateless=True,
+            # Bearer tokens authorize (never a cookie), so a page a DNS rebinding points at a local metaledger has
+            # no credentials to use; browsers' cross-origin calls follow the app's CORS setting like every route's.
+            security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
+            max_request_body_size=max_request_bytes,
+        )
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[None]:
+        async with self.manager.run():
+            yield
+
+
+def install(app: FastAPI) -> None:
+    """The `/mcp` route and its server, on `app` (before app.api.route_index files the routes)."""
+    app.state.mcp = McpEndpoint(app.state.settings.max_request_bytes)
+    app.include_router(router)
