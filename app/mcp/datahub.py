@@ -431,7 +431,10 @@ async def aspect_versions(call: ToolCall, urn: str, aspect: str, path: str) -> l
     entity_type = _entity_type(urn, path)
     await call.reader.aspect(entity_type, urn, aspect)  # the registry's names and the read rule, a 404 otherwise
     rows = await TimelineRepository(call.session).versions_in_range(
-        urn, [aspect], datetime.fromtimestamp(0, UTC), datetime.now(UTC)
+        urn,
+        [aspect],
+        datetime(1970, 1, 1),
+        datetime.now(UTC).replace(tzinfo=None),  # createdon is UTC, naive
     )
     return sorted(rows, key=_version_of, reverse=True)
 

@@ -144,6 +144,9 @@ async def _call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Cal
         return types.CallToolResult(
             content=[types.TextContent(text="the database is unavailable; retry shortly")], is_error=True
         )
+    except Exception:  # a bug of the tool's: logged whole, answered without internals (as app.graphql.service does)
+        log.exception("mcp tool failed", extra={"tool": found.name})
+        return types.CallToolResult(content=[types.TextContent(text="An unknown error occurred.")], is_error=True)
     structured = result if isinstance(result, dict) else {"result": result}
     return types.CallToolResult(content=[types.TextContent(text=_text(result))], structured_content=structured)
 
