@@ -122,13 +122,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     # A worker of `serve --workers N` stops (as on SIGTERM: uvicorn's graceful shutdown) if its supervisor is killed.
     orphan_watch = asyncio.create_task(follow_supervisor(lambda: os.kill(os.getpid(), signal.SIGTERM)))
     # The MCP endpoint's task group (app.mcp.server): closed after the requests in flight drained, before the services.
-    mcp_running = app.state.mcp.running()
-    await mcp_running.__aenter__()
+    await app.state.mcp.start()
     log.info("metaledger started", extra={"database": engine.url.render_as_string(hide_password=True)})
     try:
         yield
     finally:
-        await mcp_running.__aexit__(None, None, None)
+        await app.state.mcp.stop()
         orphan_watch.cancel()
         model_stop.set()
         if model_watch is not None:

@@ -14,9 +14,8 @@ gateway as that caller, attributed to the tool (app.mcp.call)."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Annotated, Any
 
 import mcp_types as types
@@ -171,11 +170,28 @@ class McpEndpoint:
             security_settings=TransportSecuritySettings(enable_dns_rebinding_protection=False),
             max_request_body_size=max_request_bytes,
         )
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
 
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[None]:
-        async with self.manager.run():
-            yield
+    async def start(self) -> None:
+        """Run the session manager in a task of its own: its task group is entered and left in that task, whichever
+        tasks start and stop the app (a test's lifespan may start in one and stop in another)."""
+        started = asyncio.Event()
+        self._stop = asyncio.Event()
+
+        async def run() -> None:
+            async with self.manager.run():
+                started.set()
+                await self._stop.wait()
+
+        self._task = asyncio.create_task(run(), name="mcp-session-manager")
+        await started.wait()
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._stop.set()
+            await self._task
+            self._task = None
 
 
 def install(app: FastAPI) -> None:
