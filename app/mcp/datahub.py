@@ -8,11 +8,12 @@ Where DataHub's tool cuts a list silently (its search caps `num_results` at 50 a
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import Field, StringConstraints
+from pydantic import BeforeValidator, Field, StringConstraints, WithJsonSchema
 
 from app.auth.model import Permission
 from app.errors import Issue, NotFound, ValidationFailed
@@ -26,7 +27,36 @@ from app.urns import InvalidUrnError, entity_type_of
 from app.write.proposal import ChangeType, Draft
 
 Urn = Annotated[str, StringConstraints(min_length=1, max_length=MAX_URN)]
-Urns = Annotated[list[Urn], Field(min_length=1, max_length=MAX_URNS)]
+
+
+def _coerce_list(value: Any) -> Any:
+    """What agents send for a list, as DataHub's tools take it (arg_validation): a JSON array in a string parsed,
+    `""` and `"null"` as absent."""
+    if isinstance(value, str):
+        text = value.strip()
+        if text in ("", "null"):
+            return None
+        if text.startswith("["):
+            try:
+                return json.loads(text)
+            except ValueError:
+                return value
+    return value
+
+
+def _as_list(value: Any) -> Any:
+    """A list argument DataHub's tools also take as one string (`urns`, `aspect_names`, `keywords`)."""
+    value = _coerce_list(value)
+    return [value] if isinstance(value, str) else value
+
+
+Urns = Annotated[list[Urn], Field(min_length=1, max_length=MAX_URNS), BeforeValidator(_coerce_list)]
+# DataHub's StrListOrStr: an array in the schema; a single URN is taken too (and answered as one entity)
+UrnsOrUrn = Annotated[
+    Annotated[list[Urn], Field(min_length=1, max_length=MAX_URNS)] | Urn,
+    BeforeValidator(_coerce_list),
+    WithJsonSchema({"type": "array", "items": {"type": "string"}, "minItems": 1, "maxItems": MAX_URNS}),
+]
 Text = Annotated[str, StringConstraints(max_length=MAX_TEXT)]
 MAX_SEARCH_RESULTS = 50  # DataHub's tool's cap, kept; a cut page says so
 MAX_LINEAGE_RESULTS = 100
@@ -123,7 +153,9 @@ async def search(call: ToolCall, arguments: SearchInput) -> Any:
 
 
 class EntitiesInput(ToolInput):
-    urns: Urns = Field(description="The URNs of the entities (pass several at once: 3-10 search results to compare)")
+    urns: UrnsOrUrn = Field(
+        description="The URNs of the entities (pass several at once: 3-10 search results to compare)"
+    )
 
 
 def _cut_schema(entity: dict[str, Any]) -> dict[str, Any]:
@@ -154,22 +186,28 @@ async def _entity(call: ToolCall, urn: str) -> dict[str, Any] | None:
     "dashboards, charts, users, groups, queries, ...). An entity that does not exist answers `{urn, error}`.",
 )
 async def get_entities(call: ToolCall, arguments: EntitiesInput) -> Any:
+    single = isinstance(arguments.urns, str)
+    urns = [arguments.urns] if isinstance(arguments.urns, str) else arguments.urns
     results: list[dict[str, Any]] = []
-    for index, raw in enumerate(arguments.urns):
+    for index, raw in enumerate(urns):
         urn = raw.strip()
-        _entity_type(urn, f"$.arguments.urns[{index}]")
+        _entity_type(urn, "$.arguments.urns" if single else f"$.arguments.urns[{index}]")
         entity = await _entity(call, urn) if await call.reader.exists(urn) else None
+        if entity is None and single:
+            raise NotFound(f"Entity {urn} not found", [Issue("not found", urn=urn, path="$.arguments.urns")])
         results.append(_cut_schema(clean(entity)) if entity else {"error": f"Entity {urn} not found", "urn": urn})
-    return results
+    return results[0] if single else results
 
 
 class SchemaFieldsInput(ToolInput):
     urn: Urn = Field(description="Dataset URN")
-    keywords: list[Annotated[str, StringConstraints(max_length=200)]] | None = Field(
-        None,
-        max_length=50,
-        description="Keywords (any of them): fields whose path, description, tags or terms hold one come first, "
-        "by how many they hold",
+    keywords: Annotated[list[Annotated[str, StringConstraints(max_length=200)]] | None, BeforeValidator(_as_list)] = (
+        Field(
+            None,
+            max_length=50,
+            description="Keywords (any of them): fields whose path, description, tags or terms hold one come first, "
+            "by how many they hold",
+        )
     )
     limit: int = Field(100, ge=1, le=1000, description="At most this many fields")
     offset: int = Field(0, ge=0, description="Fields to skip")
@@ -398,9 +436,13 @@ async def get_dataset_queries(call: ToolCall, arguments: DatasetQueriesInput) ->
 
 
 class AspectHistoryInput(ToolInput):
-    urns: Annotated[list[Urn], Field(min_length=1, max_length=10)] = Field(description="The entities (1 to 10)")
+    urns: Annotated[list[Urn], Field(min_length=1, max_length=10), BeforeValidator(_as_list)] = Field(
+        description="The entities (1 to 10)"
+    )
     aspect_names: Annotated[
-        list[Annotated[str, StringConstraints(max_length=200)]], Field(min_length=1, max_length=10)
+        list[Annotated[str, StringConstraints(max_length=200)]],
+        Field(min_length=1, max_length=10),
+        BeforeValidator(_as_list),
     ] = Field(description="The aspects (1 to 10), e.g. globalTags, ownership, schemaMetadata")
     from_version: int | None = Field(
         None, ge=0, description="Start at this logical version and go back (default: the newest)"
@@ -902,7 +944,7 @@ async def update_description(call: ToolCall, arguments: DescriptionInput) -> Any
     text = arguments.description or ""
     if arguments.operation == "append":
         current = await _current_description(call, arguments.entity_urn, arguments.column_path)
-        text = f"{current}\n\n{text}" if current else text
+        text = current + text  # DataHub's append: the text as given, after the current description
     elif arguments.operation == "remove":
         text = ""
     variables: dict[str, Any] = {"description": text, "resourceUrn": arguments.entity_urn}

@@ -9,6 +9,7 @@ the caller) and its parsed input, and returns the JSON the tool answers, or rais
 
 from __future__ import annotations
 
+import re
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
@@ -26,6 +27,10 @@ Input = TypeVar("Input", bound=BaseModel)
 MAX_URNS = 100  # URNs one call names (get_entities, the curation tools): DataHub's tools take "a few"
 MAX_TEXT = 10_000  # a query, a filter, a description's characters
 MAX_URN = 2_000  # a URN's characters (a dataset URN with a long name stays well under)
+
+
+# How pydantic names a union's member in an error's location (`list[constrained-str]`): not a place in the arguments
+_UNION_MEMBER = re.compile(r"(list|dict|str|int|float|bool|constrained-[a-z]+|function-[a-z]+|nullable)(\[.*\])?")
 
 
 class ToolInput(BaseModel):
@@ -62,16 +67,13 @@ class Tool(Generic[Input]):
         try:
             return self.model.model_validate(arguments or {})
         except ValidationError as error:
-            issues = [
-                Issue(
-                    e["msg"],
-                    path="$.arguments" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in e["loc"]),
-                    found=clip(repr(e.get("input")), 200),
-                )
-                for e in error.errors(include_url=False)
-            ]
-            names = ", ".join(i.path or "" for i in issues)
-            raise ValidationFailed(f"invalid arguments of {self.name}: {names}", issues) from None
+            issues: dict[str, Issue] = {}  # one per argument: a union's members each report the same one
+            for e in error.errors(include_url=False):
+                place = [p for p in e["loc"] if isinstance(p, int) or not _UNION_MEMBER.fullmatch(p)]
+                path = "$.arguments" + "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in place)
+                issues.setdefault(path, Issue(e["msg"], path=path, found=clip(repr(e.get("input")), 200)))
+            names = ", ".join(issues)
+            raise ValidationFailed(f"invalid arguments of {self.name}: {names}", list(issues.values())) from None
 
 
 TOOLS: dict[str, Tool[Any]] = {}

@@ -170,6 +170,10 @@ async def test_reads_answer_what_the_write_path_wrote(seeded, tokens):
         assert entity["properties"]["description"] == "Every order placed"
         assert [f["fieldPath"] for f in entity["schemaMetadata"]["fields"]] == ["order_id", "customer_email", "amount"]
         assert missing["error"].endswith("not found")
+        one = await call(client, "get_entities", {"urns": ORDERS})  # one URN, as DataHub's tool takes it: one answer
+        assert one["urn"] == ORDERS
+        as_text = await call(client, "get_entities", {"urns": json.dumps([ORDERS])})  # an array sent as a string
+        assert [e["urn"] for e in as_text] == [ORDERS]
         lineage = await call(client, "get_lineage", {"urn": ORDERS, "upstream": True})
         assert [r["entity"]["urn"] for r in lineage["upstreams"]["searchResults"]] == [RAW]
         assert lineage["upstreams"]["total"] == 1 and lineage["upstreams"]["truncated"] is False
@@ -242,12 +246,12 @@ async def test_update_description_replaces_appends_and_removes_a_columns_descrip
     async with session(seeded, tokens["writer"]) as client:
         column = {"entity_urn": ORDERS, "column_path": "amount"}
         await call(client, "update_description", {**column, "description": "In cents"})
-        await call(client, "update_description", {**column, "operation": "append", "description": "Tax included"})
+        await call(client, "update_description", {**column, "operation": "append", "description": " (tax included)"})
         await call(client, "update_description", {**column, "operation": "remove"})
         changes = await _changes(client, 0, "editableSchemaMetadata", 3)
     assert {c["origin"] for c in changes} == {"mcp:update_description"}, changes
     descriptions = [c["aspectValue"]["editableSchemaFieldInfo"][0]["description"] for c in changes]
-    assert descriptions == ["In cents", "In cents\n\nTax included", ""]
+    assert descriptions == ["In cents", "In cents (tax included)", ""]
 
 
 async def test_a_readers_curation_is_refused_naming_the_permission_and_its_reads_are_not(seeded, tokens):
