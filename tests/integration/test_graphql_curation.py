@@ -6,6 +6,7 @@ log naming the actor."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 from urllib.parse import quote
 
@@ -390,3 +391,24 @@ async def test_refusals_name_why(app, client):
     assert await aspect(client, urn, "globalTags") is None
     # nothing was written by any refusal
     assert await aspect(client, urn, "ownership") is None and await aspect(client, urn, "domains") is None
+
+
+async def test_concurrent_curations_of_one_aspect_lose_nothing(app, client):
+    """Each mutation writes on the version it read (If-Version-Match) and reads again when another came between: the
+    tags of eight concurrent batchAddTags all end up in globalTags (an unconditional read-modify-write keeps only
+    some, each overwriting what the others added)."""
+    writer = await bearer(app, "writer", actor="urn:li:corpuser:curator")
+    urn = await world(client, "raced")
+    tags = [f"urn:li:tag:race{i}" for i in range(8)]
+    await propose(
+        client, *(mcp("tagProperties", {"name": tag.rsplit(":", 1)[1]}, urn=tag, entity="tag") for tag in tags)
+    )
+
+    async def add(tag: str) -> dict[str, Any]:
+        variables = {"input": {"tagUrns": [tag], "resources": resources(urn)}}
+        return await gql(client, BATCH_ADD_TAGS, variables, "batchAddTags", headers=writer)
+
+    answers = await asyncio.gather(*(add(tag) for tag in tags))
+    assert answers == [{"data": {"batchAddTags": True}}] * len(tags)
+    assert sorted(t["tag"] for t in (await aspect(client, urn, "globalTags"))["tags"]) == sorted(tags)
+    assert await versions(client, urn, "globalTags") == len(tags)  # one version per mutation, none overwritten
