@@ -297,6 +297,21 @@ async def _lineage(
     return data.get("searchAcrossLineage") or {}
 
 
+def _lineage_columns(result: dict[str, Any]) -> dict[str, Any]:
+    """DataHub's column-level answer: a dataset's `paths` (column chains) replaced by the columns they end at
+    (`lineageColumns`), the last schema field of each path."""
+    paths = result.get("paths") or []
+    if not paths:
+        return result
+    columns: list[str] = []
+    for path in paths:
+        last = (path.get("path") or [None])[-1] or {}
+        if last.get("type") == "SCHEMA_FIELD" and last.get("fieldPath") and last["fieldPath"] not in columns:
+            columns.append(last["fieldPath"])
+    kept = {"entity": result.get("entity"), "degree": result.get("degree", 0)}
+    return {**kept, "lineageColumns": columns} if columns else kept
+
+
 @tool(
     "get_lineage",
     LineageInput,
@@ -320,6 +335,8 @@ async def get_lineage(call: ToolCall, arguments: LineageInput) -> Any:
         count,
         [_degree(arguments.max_hops)],
     )
+    if arguments.column:
+        result["searchResults"] = [_lineage_columns(r) for r in result.get("searchResults") or []]
     returned = len(result.get("searchResults") or [])
     cut_by = f"max_results is at most {MAX_LINEAGE_RESULTS}" if arguments.max_results > count else None
     page = Page(result.get("total") or 0, returned, arguments.offset, cut_by)
