@@ -96,6 +96,10 @@ class EntityRoutes(BaseRoute):
         self.spec = spec
         self.prefix = f"{API_PREFIX}/{spec.name}"  # every path of its routes is this one or one below it
         self._below = self.prefix + "/"
+        # The one rule for an entity name in a path, as every `{entityName}` route reads it (EntityRegistry.entity):
+        # the registry's name in any case (`dataflow`, DataHub's lowercase path form, is `dataFlow`). The routes are
+        # declared, and documented, once, in the registry's spelling.
+        self._folded = self.prefix.lower()
 
     @cached_property
     def routes(self) -> list[BaseRoute]:
@@ -110,7 +114,13 @@ class EntityRoutes(BaseRoute):
             return Match.NONE, {}
         path = get_route_path(scope)
         if path != self.prefix and not path.startswith(self._below):
-            return Match.NONE, {}
+            named = path[: len(self.prefix)]
+            if named.lower() != self._folded or (len(path) > len(named) and path[len(named)] != "/"):
+                return Match.NONE, {}
+            # another spelling of the name: its routes match the path in the registry's spelling
+            full = scope["path"]
+            at = len(full) - len(path)  # where the route path starts (after the root path)
+            scope = {**scope, "path": full[:at] + self.prefix + full[at + len(self.prefix) :]}
         partial: Scope | None = None
         for route in self.routes:
             match, child_scope = route.matches(scope)

@@ -11,14 +11,14 @@
   v3 shape `{"scrollId", "results": [{"source": {"urn", "entityType"}, "destination": {...}, "relationshipType",
   "createdOn"?, "createdActor"?, "updatedOn"?, "updatedActor"?, "via"?, "properties"?}]}`.
 * `GET /openapi/v1/lineage/{urn}?direction=UPSTREAM|DOWNSTREAM&maxHops=3` → `{"urn", "direction", "entities":
-  [{"urn", "entityType", "hop", "via"?}]}` (each entity once, at its smallest hop, breadth first).
+  [{"urn", "entityType", "hop", "via"?}]}` (each entity once, at its smallest hop, by hop then URN: the walk of
+  app.search.lineage, which GraphQL's lineage searches read too; a schema field's lineage is its fields').
 * `GET /openapi/v1/timeseries/{entityName}/{aspect}/latest?urn=` and `.../daily?urn=&field=&start=&end=`.
 * `GET /openapi/v1/trace/write/{urn}?aspect=` → per aspect primary and search storage status.
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -35,6 +35,7 @@ from app.search.cursors import InvalidCursor, decode_offset, offset_cursor
 from app.search.documents import indexed_aspects
 from app.search.failures import FailureReader
 from app.search.filters import InvalidFilter, Placed
+from app.search.lineage import walk as lineage_walk
 from app.search.model import MAX_PAGE_SIZE, REMOVED_FIELD, Criterion, TimeseriesQuery
 from app.search.structured_properties import refuse_deleted_property_filters
 
@@ -279,18 +280,9 @@ async def lineage(
     maxHops: Annotated[int, Query(ge=1, le=20)] = 3,
 ) -> Any:
     entity_of_urn(registry, urn)
-    found: OrderedDict[str, dict[str, Any]] = OrderedDict()
-    for edge, hop in await backend.lineage(urn, direction=direction, max_hops=maxHops):
-        if direction == "UPSTREAM":
-            other, other_type = edge.destination, edge.destination_type
-        else:
-            other, other_type = edge.source, edge.source_type
-        if other == urn:
-            continue
-        known = found.get(other)
-        if known is None or hop < known["hop"]:
-            found[other] = {"urn": other, "entityType": other_type, "hop": hop, "via": edge.via}
-    entities = sorted(found.values(), key=lambda e: e["hop"])
+    # the one walk every lineage surface reads (app.search.lineage): a job between two datasets is on it both ways
+    walked = await lineage_walk(backend, urn, direction=direction, max_hops=maxHops)
+    entities = [{"urn": s.urn, "entityType": s.entity_type, "hop": s.degree, "via": s.edge.via} for s in walked]
     return {"urn": urn, "direction": direction, "entities": entities}
 
 

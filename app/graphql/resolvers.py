@@ -16,6 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.auth.model import Permission, Principal
 from app.errors import Issue, NotFound, ValidationFailed
+from app.graphql import lineage  # registers the lineage and assertions fields (lineage.graphql)
 from app.graphql.curation import CURATION_MUTATIONS, CURATION_QUERIES
 from app.graphql.entities import (
     ENTITY_TYPES,
@@ -505,11 +506,6 @@ def _offset(scroll_id: str | None) -> int:
         raise error.at(SCROLL_ID_PATH) from None
 
 
-def _path_entity(urn: str, entity_type: str, registry: EntityRegistry) -> EntityRef | None:
-    entity = registry.entities.get(entity_type)
-    return EntityRef(urn, entity.name) if entity is not None and entity.name in GRAPHQL_TYPE_OF_ENTITY else None
-
-
 async def _lineage(context: Context, input: dict[str, Any], start: int, count: int) -> tuple[list[dict[str, Any]], int]:
     urn = input.get("urn")
     if not urn:
@@ -525,6 +521,7 @@ async def _lineage(context: Context, input: dict[str, Any], start: int, count: i
         searches=searches,
         query=_query(input.get("query")),
         max_hops=lineage_hops(searches, MAX_LINEAGE_HOPS),
+        group_fields=lineage.groups_fields(input.get("searchFlags")),
     )
     results = [
         {
@@ -535,7 +532,7 @@ async def _lineage(context: Context, input: dict[str, Any], start: int, count: i
             "explored": True,
             "truncatedChildren": False,
             "ignoredAsHop": False,
-            "paths": [{"path": [_path_entity(u, t, context.registry) for u, t in hit.path]}],
+            "paths": lineage.entity_paths(hit.paths, context.registry),
         }
         for hit in hits[start : start + count]
     ]
@@ -605,6 +602,22 @@ async def resolve_entities(
 
 async def _absent() -> None:
     return None
+
+
+# DataHub's other root lookups by URN (lookups.graphql): Query field -> registry entity type.
+TYPED_LOOKUPS = {
+    **{
+        name: name
+        for name in (
+            "dataPlatform corpGroup dashboard notebook chart dataFlow dataJob form role structuredProperty "
+            "erModelRelationship glossaryTerm glossaryNode container domain assertion mlModel mlModelGroup mlFeature "
+            "mlFeatureTable mlPrimaryKey dataProduct dataPlatformInstance businessAttribute dataProcessInstance "
+            "application test versionSet"
+        ).split()
+    },
+    "corpUser": "corpuser",
+    "view": "dataHubView",
+}
 
 
 def _typed_lookup(wanted: str):
@@ -775,6 +788,7 @@ QUERY_RESOLVERS = {
     "globalViewsSettings": resolve_global_views_settings,
     "dataset": _typed_lookup("dataset"),
     "tag": _typed_lookup("tag"),
+    **{field: _typed_lookup(entity) for field, entity in TYPED_LOOKUPS.items()},
     "appConfig": resolve_app_config,
     "listQueries": resolve_list_queries,
     **CURATION_QUERIES,

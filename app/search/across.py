@@ -23,9 +23,10 @@ import orjson
 
 from app.errors import Issue, ValidationFailed
 from app.limits import clip
+from app.search import lineage
 from app.search.cursors import AcrossCursor, InvalidCursor, across_cursor, decode_across
+from app.search.lineage import Path
 from app.search.model import (
-    DOWNSTREAM_LINEAGE,
     EQUALITY_CONDITIONS,
     MAX_PAGE_SIZE,
     REMOVED_FIELD,
@@ -233,7 +234,9 @@ class LineageHit:
     urn: str
     entity_type: str
     degree: int  # the fewest hops from the start
-    path: tuple[tuple[str, str], ...]  # (urn, entity type) from the start to this entity, along one shortest path
+    # (urn, entity type) from the start to this entity (or to one of its schema fields, one path each), along a
+    # shortest path: DataHub's `paths`
+    paths: tuple[Path, ...]
 
 
 def _degree_test(criteria: Sequence[Criterion]) -> tuple[Callable[[int], bool], int | None]:
@@ -296,24 +299,20 @@ async def lineage_across(
     searches: Sequence[TypeSearch],
     query: str,
     max_hops: int,
+    group_fields: bool = True,
 ) -> list[LineageHit]:
     """The entities `max_hops` or fewer lineage hops from `urn` that the searches accept (each once, at its fewest
-    hops), by degree then urn. A search's groups filter on degree here; the rest of each group, the query and the
-    soft-delete rule are the backend's, asked about the walk's entities by urn (entities without a search
-    document, never ingested, are left out, as DataHub leaves them)."""
-    start_type = urn.split(":", 3)[2] if urn.count(":") >= 3 else ""
-    found: dict[str, LineageHit] = {}
-    for edge, hop in await backend.lineage(urn, direction=direction, max_hops=max_hops):  # breadth first
-        # the far end of the step: a job's `Produces` edge leads downstream from its source, as the walk followed it
-        far_is_source = (direction == "UPSTREAM") == (edge.relationship in DOWNSTREAM_LINEAGE)
-        if far_is_source:
-            other, other_type, parent = edge.source, edge.source_type, edge.destination
-        else:
-            other, other_type, parent = edge.destination, edge.destination_type, edge.source
-        if other == urn or other in found:
-            continue
-        before = found[parent].path if parent in found else ((urn, start_type),)
-        found[other] = LineageHit(other, other_type, hop, (*before, (other, other_type)))
+    hops), by degree then urn: the walk (app.search.lineage), with schema fields counted as their parent entity
+    unless `group_fields` is off (DataHub's default grouping of a lineage search). A search's groups filter on
+    degree here; the rest of each group, the query and the soft-delete rule are the backend's, asked about the
+    walk's entities by urn (entities without a search document, never ingested, are left out, as DataHub leaves
+    them)."""
+    walked = await lineage.walk(backend, urn, direction=direction, max_hops=max_hops)
+    if group_fields:
+        grouped = lineage.by_parent(urn, walked)
+        found = {g.urn: LineageHit(g.urn, g.entity_type, g.degree, tuple(g.paths)) for g in grouped}
+    else:
+        found = {s.urn: LineageHit(s.urn, s.entity_type, s.degree, (s.path,)) for s in walked}
     by_type: dict[str, list[LineageHit]] = {}
     for hit in found.values():
         by_type.setdefault(hit.entity_type, []).append(hit)

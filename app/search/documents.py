@@ -51,6 +51,7 @@ from typing import Any
 
 import orjson
 
+from app.changelog.entity_change_events import schema_field_urn
 from app.registry import EntityRegistry
 from app.registry.schema import AliasedUnion, Array, Enum, Map, Primitive, Record, Type, Union
 from app.search import structured_properties
@@ -531,6 +532,67 @@ def _extract_edges(model: _AspectModel, urn: str, entity_type: str, value: dict[
     return tuple(out)
 
 
+# Column-level lineage (DataHub's GraphIndexUtils): the `@Relationship` annotations link an aspect's entity to others
+# only, so DataHub adds, by hand, `DownstreamOf` edges between schema fields from three aspects: a dataset's
+# `upstreamLineage.fineGrainedLineages` and a job's `dataJobInputOutput.fineGrainedLineages` (each downstream field
+# DownstreamOf each upstream field of an entry; `via` the job, or the entry's query) and a chart's `inputFields` (the
+# chart's own field DownstreamOf the field it reads). The edges' source is a schema field, not the aspect's entity:
+# the aspect's entity owns them (DataHub's lifecycleOwner), so they are part of its edge set, replaced and removed
+# with it (the backends key them by that owner as well: app.search.model.edge_set_aspect).
+FIELD_LINEAGE_ASPECTS = frozenset({"upstreamLineage", "dataJobInputOutput", "inputFields"})
+_SCHEMA_FIELD = "schemaField"
+
+
+def _field_edge(source: Any, destination: Any, via: Any) -> Edge | None:
+    source = _edge_urn(source) if isinstance(source, str) else None
+    destination = _edge_urn(destination) if isinstance(destination, str) else None
+    if not source or not destination or source == destination:
+        return None  # a field is not its own upstream (DataHub would store the loop; a walk never follows it)
+    if _entity_type_of(source) != _SCHEMA_FIELD or _entity_type_of(destination) != _SCHEMA_FIELD:
+        return None  # DataHub's lineage registry walks a schema field's DownstreamOf edges to schema fields only
+    return Edge(
+        source=source,
+        destination=destination,
+        relationship="DownstreamOf",
+        source_type=_entity_type_of(source),
+        destination_type=_entity_type_of(destination),
+        via=_edge_urn(via) if isinstance(via, str) else None,
+        is_lineage=True,
+    )
+
+
+def field_lineage_edges(aspect: str, urn: str, entity_type: str, value: dict[str, Any]) -> tuple[Edge, ...]:
+    """The schema-field lineage edges an aspect value declares (none for any other aspect), each once."""
+    if aspect not in FIELD_LINEAGE_ASPECTS:
+        return ()
+    found: dict[tuple[str, str], Edge] = {}
+
+    def add(edge: Edge | None) -> None:
+        # the edge's key holds its owner as well (app.search.model.edge_set_aspect): beyond this, no index key holds it
+        if edge is not None and len(f"{edge.source}{edge.destination}{urn}".encode()) <= 2 * EDGE_URN_MAX_BYTES:
+            found.setdefault((edge.source, edge.destination), edge)
+
+    if aspect == "inputFields":
+        for item in value.get("fields") or ():
+            if not isinstance(item, dict):
+                continue
+            schema_field = item.get("schemaField")
+            field_path = schema_field.get("fieldPath") if isinstance(schema_field, dict) else None
+            if isinstance(field_path, str) and field_path:
+                add(_field_edge(schema_field_urn(urn, field_path), item.get("schemaFieldUrn"), None))
+        return tuple(found.values())
+    for entry in value.get("fineGrainedLineages") or ():
+        if not isinstance(entry, dict):
+            continue
+        # DataHub stops at the first entry without downstreams or upstreams (a `break`); every other entry counts here
+        upstreams, downstreams = entry.get("upstreams") or (), entry.get("downstreams") or ()
+        via = urn if entity_type == "dataJob" else entry.get("query")
+        for downstream in downstreams if isinstance(downstreams, list) else ():
+            for upstream in upstreams if isinstance(upstreams, list) else ():
+                add(_field_edge(downstream, upstream, via))
+    return tuple(found.values())
+
+
 # ---------------------------------------------------------------------------------------------------------
 # Timeseries document id (DataHub TimeseriesAspectTransformer.getDocId)
 # ---------------------------------------------------------------------------------------------------------
@@ -861,7 +923,8 @@ def changes_from_mcl(mcl: dict, registry, limits: IndexLimits = DEFAULT_LIMITS) 
     out = [AspectFields(entity_type, urn, aspect, version, fields)]
     if model.edges:
         edges = _extract_edges(model, urn, entity_type, value)
-        out.append(AspectEdges(urn, aspect, version, edges if clean else _bounded_edges(edges)))
+        edges = edges if clean else _bounded_edges(edges)
+        out.append(AspectEdges(urn, aspect, version, edges + field_lineage_edges(aspect, urn, entity_type, value)))
     return out
 
 

@@ -93,6 +93,7 @@ from app.search.model import (
     SearchPage,
     TimeseriesPoint,
     TimeseriesQuery,
+    edge_set_aspect,
     names_removed,
     number,
     range_bounds,
@@ -823,15 +824,18 @@ class ElasticBackend:
                 if repair_edges:  # we may have projected a stale set before losing the race: re-project the truth
                     assert found is not None  # stale: a marker is stored (versions are never negative)
                     ours: dict[str, dict[str, Any]] = {
-                        edge_doc_id(e.source, e.relationship, e.destination, winner.aspect): {} for e in winner.edges
+                        edge_doc_id(
+                            e.source, e.relationship, e.destination, edge_set_aspect(winner.source, winner.aspect, e)
+                        ): {}
+                        for e in winner.edges
                     }
                     ops.extend((None, op, body) for op, body in self._project_edges(old_edges, ours, found["_version"]))
                 continue
+            # an edge that starts elsewhere (a schema field's lineage) is keyed by its owner too (app.search.model)
             new_edges = {
-                edge_doc_id(e.source, e.relationship, e.destination, winner.aspect): _edge_to_doc(
-                    e, winner.aspect, winner.version
-                )
+                edge_doc_id(e.source, e.relationship, e.destination, aspect): _edge_to_doc(e, aspect, winner.version)
                 for e in winner.edges
+                for aspect in (edge_set_aspect(winner.source, winner.aspect, e),)
             }
             new_marker = {
                 "source": winner.source,

@@ -94,9 +94,24 @@ def upstream_downstream(edge: Edge) -> tuple[str, str]:
     return edge.destination, edge.source
 
 
+# An edge whose source is not the entity whose aspect declares it (column-level lineage: a dataset's
+# fineGrainedLineages link its schema fields, app.search.documents.field_lineage_edges) is owned by that entity, as
+# DataHub's lifecycleOwner: it belongs to the owner's edge set. Its key names the owner as well, so that two
+# entities declaring the same field edge (two jobs writing one column) each keep their own, as DataHub's edge
+# document id holds the lifecycleOwner.
+OWNED_EDGE_SEPARATOR = "\x1f"
+
+
+def edge_set_aspect(owner: str, aspect: str, edge: Edge) -> str:
+    """The aspect an edge is keyed by in the index: the aspect's name, with the owner when the edge's source is not
+    the owner (`upstreamLineage\x1furn:li:dataset:...`)."""
+    return aspect if edge.source == owner else f"{aspect}{OWNED_EDGE_SEPARATOR}{owner}"
+
+
 @dataclass(frozen=True, slots=True)
 class AspectEdges:
-    """The complete set of edges one aspect of `source` declares (it replaces the previous set from that aspect)."""
+    """The complete set of edges one aspect of `source` declares (it replaces the previous set from that aspect); an
+    edge of it may start elsewhere (`edge_set_aspect`)."""
 
     source: str
     aspect: str

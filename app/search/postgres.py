@@ -1,7 +1,7 @@
 """The embedded search backend: search documents, the relationship/lineage graph and timeseries points in Postgres.
 
 Tables come from migration 0003 (`search_aspect_fields`, `search_document`, `search_edge`, `search_edge_version`,
-`timeseries_point`), the index of `search_document.exact_names` from 0010 (a text query is answered by two GIN
+`timeseries_point`; `search_edge.owner` from 0015), the index of `search_document.exact_names` from 0010 (a text query is answered by two GIN
 indexes), each aspect's pieces of the document and the aggregates that combine them from 0013. All statements run on the asyncpg connection under a SQLAlchemy `AsyncEngine` connection; bulk statements
 take parallel arrays (`unnest`), so a batch of any size costs a fixed number of round trips.
 
@@ -69,6 +69,7 @@ from app.search.model import (
     SearchPage,
     TimeseriesPoint,
     TimeseriesQuery,
+    edge_set_aspect,
     names_removed,
     range_bounds,
 )
@@ -292,35 +293,39 @@ INSERT INTO search_edge_version AS s (source, aspect, version)
 SELECT c.source, c.aspect, c.version FROM c
 LEFT JOIN search_edge_version v ON v.source = c.source AND v.aspect = c.aspect
 WHERE v.version IS NULL OR v.version < c.version OR (v.version = c.version AND (
-    c.empty OR EXISTS (SELECT 1 FROM search_edge e WHERE e.source = c.source AND e.aspect = c.aspect)))
+    c.empty OR EXISTS (SELECT 1 FROM search_edge e WHERE e.source = c.source AND e.aspect = c.aspect)
+    OR EXISTS (SELECT 1 FROM search_edge e WHERE e.owner = c.source AND e.aspect = c.aspect || chr(31) || c.source)))
 ON CONFLICT (source, aspect) DO UPDATE SET version = EXCLUDED.version
 WHERE s.version <= EXCLUDED.version
 RETURNING source, aspect
 """
 
+# An edge set's rows: its own edges, and the ones it owns that start elsewhere (schema fields' lineage, keyed by an
+# aspect that names the owner: app.search.model.edge_set_aspect).
 _DELETE_EDGE_SETS = """
 DELETE FROM search_edge e USING unnest($1::text[], $2::text[]) AS k(source, aspect)
-WHERE e.source = k.source AND e.aspect = k.aspect
+WHERE (e.source = k.source AND e.aspect = k.aspect)
+   OR (e.owner = k.source AND e.aspect = k.aspect || chr(31) || k.source)
 """
 
 _EDGE_COLUMNS = (
     "source, aspect, relationship, destination, version, source_type, destination_type, is_lineage, via, "
-    "created_on, created_actor, updated_on, updated_actor, properties"
+    "created_on, created_actor, updated_on, updated_actor, properties, owner"
 )
 
 _INSERT_EDGES = f"""
 INSERT INTO search_edge ({_EDGE_COLUMNS})
 SELECT source, aspect, relationship, destination, version, source_type, destination_type, is_lineage, via,
-       created_on, created_actor, updated_on, updated_actor, properties::jsonb
+       created_on, created_actor, updated_on, updated_actor, properties::jsonb, owner
 FROM unnest($1::text[], $2::text[], $3::text[], $4::text[], $5::bigint[], $6::text[], $7::text[], $8::boolean[],
-            $9::text[], $10::bigint[], $11::text[], $12::bigint[], $13::text[], $14::text[])
+            $9::text[], $10::bigint[], $11::text[], $12::bigint[], $13::text[], $14::text[], $15::text[])
      AS e(source, aspect, relationship, destination, version, source_type, destination_type, is_lineage, via,
-          created_on, created_actor, updated_on, updated_actor, properties)
+          created_on, created_actor, updated_on, updated_actor, properties, owner)
 ON CONFLICT (source, aspect, relationship, destination) DO UPDATE
 SET version = EXCLUDED.version, source_type = EXCLUDED.source_type, destination_type = EXCLUDED.destination_type,
     is_lineage = EXCLUDED.is_lineage, via = EXCLUDED.via, created_on = EXCLUDED.created_on,
     created_actor = EXCLUDED.created_actor, updated_on = EXCLUDED.updated_on, updated_actor = EXCLUDED.updated_actor,
-    properties = EXCLUDED.properties
+    properties = EXCLUDED.properties, owner = EXCLUDED.owner
 """
 
 _UPSERT_POINTS = """
@@ -355,6 +360,8 @@ WITH r AS (
         search_vector = ''::tsvector, exact_names = '{}', text_chars = 0, updated_at = now()
 ), outgoing AS (
     DELETE FROM search_edge e USING live WHERE e.source = live.urn
+), owned AS (
+    DELETE FROM search_edge e USING live WHERE e.owner = live.urn
 ), incoming AS (
     DELETE FROM search_edge e USING live WHERE e.destination = live.urn
 )
@@ -410,6 +417,15 @@ class PostgresBackend:
         cleared: dict[str, int] = {}
         async with self._connection(readonly=False) as conn:
             for table, column in _CLEARED_TABLES:
+                if (
+                    patterns and table == "search_edge"
+                ):  # an owned edge (a field's, app.search.model) goes with its owner
+                    status = await conn.execute(
+                        "DELETE FROM search_edge WHERE source LIKE ANY($1::text[]) AND owner IS NULL", patterns
+                    )
+                    owned = await conn.execute("DELETE FROM search_edge WHERE owner LIKE ANY($1::text[])", patterns)
+                    cleared[table] = int(status.split()[-1]) + int(owned.split()[-1])
+                    continue
                 if patterns:
                     status = await conn.execute(f"DELETE FROM {table} WHERE {column} LIKE ANY($1::text[])", patterns)
                 else:
@@ -429,7 +445,9 @@ class PostgresBackend:
             edges = await conn.fetch(
                 """
                 SELECT v.source, v.aspect, v.version,
-                       EXISTS (SELECT 1 FROM search_edge e WHERE e.source = v.source AND e.aspect = v.aspect) AS live
+                       EXISTS (SELECT 1 FROM search_edge e WHERE e.source = v.source AND e.aspect = v.aspect)
+                       OR EXISTS (SELECT 1 FROM search_edge e
+                                  WHERE e.owner = v.source AND e.aspect = v.aspect || chr(31) || v.source) AS live
                 FROM search_edge_version v WHERE v.source LIKE ANY($1::text[])
                 """,
                 patterns,
@@ -593,14 +611,16 @@ class PostgresBackend:
             if (change.source, change.aspect) not in keys:
                 continue
             for edge in change.edges:
-                rows[(change.source, change.aspect, edge.relationship, edge.destination)] = (change, edge)
+                key = (edge.source, edge_set_aspect(change.source, change.aspect, edge), edge.relationship)
+                rows[(*key, edge.destination)] = (change, edge)
         if not rows:
             return
-        values = list(rows.values())
+        keyed = list(rows.items())
+        values = [value for _, value in keyed]
         await conn.execute(
             _INSERT_EDGES,
-            [c.source for c, _ in values],
-            [c.aspect for c, _ in values],
+            [key[0] for key, _ in keyed],
+            [key[1] for key, _ in keyed],
             [e.relationship for _, e in values],
             [e.destination for _, e in values],
             [c.version for c, _ in values],
@@ -613,6 +633,7 @@ class PostgresBackend:
             [e.updated_on for _, e in values],
             [e.updated_actor for _, e in values],
             [orjson.dumps(e.properties or {}, default=str).decode() for _, e in values],
+            [None if e.source == c.source else c.source for c, e in values],
         )
 
     async def _apply_points(self, conn: asyncpg.Connection, points: list[TimeseriesPoint]) -> None:

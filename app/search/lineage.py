@@ -1,0 +1,133 @@
+"""The lineage walk: the one every lineage surface reads (`GET /openapi/v1/lineage/{urn}`, GraphQL's
+`searchAcrossLineage`/`scrollAcrossLineage` through app.search.across, `lineage(input:)` of the entity types).
+
+A backend gives the lineage edges breadth first, each with the hop it was reached at (`SearchBackend.lineage`);
+`steps` turns them into the entities reached, each once at its fewest hops, with one shortest path from the start
+(DataHub's `paths`: the start first, then each entity on the way, a step's `via` entity (the query of a lineage
+edge, the job of a job's column lineage) before the entity it leads to). Which way an edge is followed is the
+edge's: `DownstreamOf`-like edges point upstream, `DOWNSTREAM_LINEAGE` ones (a job `Produces` its output) point
+downstream, so a job between two datasets (`dataJobInputOutput`) is on the walk in both directions.
+
+Column-level lineage is the same walk from a schema field: the edges between schema fields come from
+`fineGrainedLineages` (app.search.documents.field_lineage_edges). `by_parent` groups a walk's schema fields under
+their parent entity, as DataHub's lineage search answers a column's lineage: the datasets, each with the paths to
+its fields.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Literal
+
+from app.search.model import DOWNSTREAM_LINEAGE, Edge, SearchBackend
+from app.urns import InvalidUrnError, entity_type_of
+
+Direction = Literal["UPSTREAM", "DOWNSTREAM"]
+Path = tuple[tuple[str, str], ...]  # (urn, entity type), from the start
+SCHEMA_FIELD = "schemaField"
+SCHEMA_FIELD_PREFIX = "urn:li:schemaField:("
+
+
+def type_of(urn: str) -> str:
+    """The entity type of a URN ("" when it is none)."""
+    try:
+        return entity_type_of(urn)
+    except InvalidUrnError:
+        return ""
+
+
+def schema_field_parent(urn: str) -> str | None:
+    """The parent entity of a schema field's URN (`urn:li:schemaField:(<parent>,<fieldPath>)`): everything up to the
+    last top-level comma, as DataHub reads the first key part. None when `urn` is no schema field's."""
+    if not urn.startswith(SCHEMA_FIELD_PREFIX) or not urn.endswith(")"):
+        return None
+    inner = urn[len(SCHEMA_FIELD_PREFIX) : -1]
+    depth = 0
+    for i, char in enumerate(inner):
+        if char == "(":
+            depth += 1
+        elif char == ")":
+            depth -= 1
+        elif char == "," and depth == 0:
+            return inner[:i] or None
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class LineageStep:
+    """An entity the walk reached: at its fewest hops (`degree`), along `path`, by `edge` (the last step's edge: its
+    relationship type and stamps)."""
+
+    urn: str
+    entity_type: str
+    degree: int
+    path: Path
+    edge: Edge
+
+
+def far_end(edge: Edge, direction: Direction) -> tuple[str, str, str]:
+    """(the entity a step along `edge` reaches, its type, the entity it starts from), walking `direction`."""
+    upstream_first = edge.relationship in DOWNSTREAM_LINEAGE  # its source is the upstream end
+    if (direction == "UPSTREAM") == upstream_first:
+        return edge.source, edge.source_type or type_of(edge.source), edge.destination
+    return edge.destination, edge.destination_type or type_of(edge.destination), edge.source
+
+
+def steps(urn: str, direction: Direction, edges: Iterable[tuple[Edge, int]]) -> list[LineageStep]:
+    """The entities reached by `edges` (a backend's breadth-first walk from `urn`: each edge with its hop), each once,
+    by degree then URN. Among the edges of one hop the order is the edge's own (relationship, source, destination),
+    not the backend's, so every backend gives the same path."""
+    by_hop: dict[int, list[Edge]] = {}
+    for edge, hop in edges:
+        by_hop.setdefault(hop, []).append(edge)
+    paths: dict[str, Path] = {urn: ((urn, type_of(urn)),)}
+    found: dict[str, LineageStep] = {}
+    for hop in sorted(by_hop):
+        for edge in sorted(by_hop[hop], key=lambda e: (e.relationship, e.source, e.destination, e.via or "")):
+            other, other_type, near = far_end(edge, direction)
+            if other in paths or near not in paths:
+                continue  # reached already (at fewer hops, or earlier in this one), or from nowhere the walk reached
+            before = paths[near]
+            via = (edge.via, type_of(edge.via)) if edge.via and edge.via not in (other, near) else None
+            path = (*before, *((via,) if via else ()), (other, other_type))
+            paths[other] = path
+            found[other] = LineageStep(other, other_type, hop, path, edge)
+    return sorted(found.values(), key=lambda s: (s.degree, s.urn))
+
+
+async def walk(backend: SearchBackend, urn: str, *, direction: Direction, max_hops: int) -> list[LineageStep]:
+    """The entities `max_hops` or fewer lineage hops from `urn` (every backend, every surface)."""
+    return steps(urn, direction, await backend.lineage(urn, direction=direction, max_hops=max_hops))
+
+
+@dataclass(slots=True)
+class Grouped:
+    """An entity of a walk with its schema fields folded into it: its fewest hops, and one path per step that
+    reached it or one of its fields (each path ends at that field)."""
+
+    urn: str
+    entity_type: str
+    degree: int
+    paths: list[Path] = field(default_factory=list)
+
+
+def by_parent(start: str, walked: Sequence[LineageStep]) -> list[Grouped]:
+    """DataHub's lineage search's grouping of schema fields into their parent (a dataset): each field the walk reached
+    counts as its parent, at the field's degree, with the path to the field. The start itself is never a result (a
+    field's sibling field of the same dataset makes the dataset one). By degree then URN."""
+    grouped: dict[str, Grouped] = {}
+    for step in walked:
+        target, target_type = step.urn, step.entity_type
+        if target_type == SCHEMA_FIELD and (parent := schema_field_parent(target)) is not None:
+            target, target_type = parent, type_of(parent)
+        if target == start:
+            continue
+        known = grouped.get(target)
+        if known is None:
+            grouped[target] = Grouped(target, target_type, step.degree, [step.path])
+        else:
+            known.degree = min(known.degree, step.degree)
+            if step.path not in known.paths:
+                known.paths.append(step.path)
+    return sorted(grouped.values(), key=lambda g: (g.degree, g.urn))
