@@ -3,6 +3,8 @@ DocumentMapper reads them, `relatedDocuments` of an asset as DataHub's RelatedDo
 `semanticSearchAcrossEntities`, which metaledger declares and refuses as DataHub refuses it where semantic search is
 disabled.
 
+* `document(urn:)`: the entity when it exists, is a document and the caller may see it, else null (as every root
+  lookup by URN, app.graphql.resolvers `_typed_lookup`).
 * `Document.info`: the documentInfo aspect — `contents` and the audit stamps non-null as DataHub declares them (a
   stamp's actor as a CorpUser, whether or not that user exists, as MapperUtils.createResolvedAuditStamp), `source`,
   `status`, and the assets, documents and parent it names, each left out when the caller may not see it (the read
@@ -37,7 +39,7 @@ from app.graphql.entities import (
     related_entity,
 )
 from app.graphql.limits import check_arguments
-from app.graphql.resolvers import _count, _facets
+from app.graphql.resolvers import _count, _facets, _typed_lookup
 from app.search.across import TypeSearch, search_across
 from app.search.model import MAX_FILTER_VALUES, Criterion
 
@@ -233,4 +235,7 @@ async def _related_documents(source: Any, info: Any, input: dict[str, Any]) -> d
 FIELD_RESOLVERS.setdefault("Document", {}).update({"info": _document_info, "settings": _document_settings})
 for _type in RELATED_DOCUMENTS_TYPES:
     FIELD_RESOLVERS.setdefault(_type, {})["relatedDocuments"] = _related_documents
-DOCUMENT_QUERIES = {"semanticSearchAcrossEntities": resolve_semantic_search_across_entities}
+DOCUMENT_QUERIES = {
+    "document": _typed_lookup(DOCUMENT_ENTITY),  # as lookups.graphql's: the entity when it is a document
+    "semanticSearchAcrossEntities": resolve_semantic_search_across_entities,
+}

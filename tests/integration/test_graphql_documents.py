@@ -272,6 +272,16 @@ async def test_a_documents_info_as_datahub_maps_it(client):
     assert bare == {"urn": "urn:li:document:bare", "info": None, "settings": {"showInGlobalContext": True}}
 
 
+async def test_document_by_urn(client):
+    """`document(urn:)`: the document; null for a URN that is no document's or names nothing written."""
+    await write_documents(client)
+    text = "query($urn: String!) { document(urn: $urn) { urn type info { title } } }"
+    found = (await data(client, text, {"urn": GUIDE}))["document"]
+    assert found == {"urn": GUIDE, "type": "DOCUMENT", "info": {"title": "Service guides"}}
+    assert (await data(client, text, {"urn": ORDERS}))["document"] is None
+    assert (await data(client, text, {"urn": "urn:li:document:never"}))["document"] is None
+
+
 async def related(client, mcp_gql, urn: str, headers: dict[str, str] | None = None, **input: Any) -> dict[str, Any]:
     answer = await data(
         client,
