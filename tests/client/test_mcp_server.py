@@ -30,7 +30,7 @@ from tests.processes import service_token
 pytestmark = pytest.mark.client
 
 SESSION = Path(__file__).resolve().parent / "mcp_session.py"
-RUN = "mcpcat"  # one search token, in every seeded name
+RUN = "mcpcat"  # one search token, in every seeded name (the document's: in its text)
 
 # Every tool DataHub's MCP server lists on an OSS server of DataHub >= 1.4.0 with mutations and get_me turned on and a
 # document in the catalog (get_dataset_assertions is DataHub Cloud's only).
@@ -142,7 +142,7 @@ for urn, source, sql, subjects, extra in (
     emit(MCPW(entityUrn=urn, aspect=m.QuerySubjectsClass(subjects=[m.QuerySubjectClass(entity=s) for s in subjects])))
 client.entities.upsert(Document.create_document(
     id=f"{RUN}-runbook", title="Orders runbook", subtype="Runbook", related_assets=[ORDERS],
-    text=f"# Deploying the orders pipeline\\n\\nRun the kubernetes job `orders-etl`. Token {DOC_WORD}.\\n",
+    text=f"# Deploying the orders pipeline\\n\\nRun the kubernetes job `orders-etl`. Token {DOC_WORD}, {RUN}.\\n",
     show_in_global_context=True))
 """
 
@@ -218,7 +218,7 @@ def catalog(service: Metaledger, client_python: Path, tmp_path_factory: pytest.T
         while True:
             answer = http.post("/api/graphql", json={"query": query, "variables": {"q": RUN}}).json()
             found = {r["entity"]["urn"] for r in answer["data"]["searchAcrossEntities"]["searchResults"]}
-            if {ORDERS, SUMMARY, RAW, PII, REVENUE, SALES, ALICE} <= found:
+            if {ORDERS, SUMMARY, RAW, PII, REVENUE, SALES, ALICE, DOCUMENT} <= found:
                 return service
             assert time.monotonic() < deadline, f"the seeded catalog is not searchable; found {sorted(found)}"
             time.sleep(0.5)
