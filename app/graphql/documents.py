@@ -32,11 +32,13 @@ from typing import Any
 from app.errors import Issue, ValidationFailed
 from app.graphql.entities import (
     FIELD_RESOLVERS,
+    NO_STAMP,
     EntityRef,
     _custom_properties,
     _non_negative,
     _urn_of,
     related_entity,
+    resolved_stamp,
 )
 from app.graphql.limits import check_arguments
 from app.graphql.resolvers import _count, _facets, _typed_lookup
@@ -80,13 +82,6 @@ async def resolve_semantic_search_across_entities(_root: Any, _info: Any, input:
 
 
 # --- Document's fields (obj: the EntityRef) --------------------------------------------------------------------------
-
-
-def _stamp(value: Any) -> dict[str, Any]:
-    """A ResolvedAuditStamp (non-null in DataHub's schema: time 0 and no actor without a stamp)."""
-    stamp = value if isinstance(value, dict) else {}
-    actor = stamp.get("actor")
-    return {"time": stamp.get("time") or 0, "actor": EntityRef(actor, "corpuser") if actor else None}
 
 
 def _source(value: Any) -> dict[str, Any] | None:
@@ -140,8 +135,8 @@ async def _document_info(ref: EntityRef, info: Any) -> dict[str, Any] | None:
         "source": _source(value.get("source")),
         "status": {"state": state} if state in STATES else None,
         "contents": {"text": (value.get("contents") or {}).get("text") or ""},
-        "created": _stamp(value.get("created")),
-        "lastModified": _stamp(value.get("lastModified")),
+        "created": resolved_stamp(value.get("created")) or NO_STAMP,
+        "lastModified": resolved_stamp(value.get("lastModified")) or NO_STAMP,
         "relatedAssets": related_assets,
         "relatedDocuments": related_documents,
         "parentDocument": parent_document,

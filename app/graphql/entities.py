@@ -130,6 +130,19 @@ def _id_of(urn: str) -> str:
     return urn.split(":", 3)[3] if urn.count(":") >= 3 else urn
 
 
+# DataHub's non-null ResolvedAuditStamp where an aspect has no stamp
+NO_STAMP: dict[str, Any] = {"time": 0, "actor": None}
+
+
+def resolved_stamp(value: Any) -> dict[str, Any] | None:
+    """DataHub's ResolvedAuditStamp of an aspect's AuditStamp: its actor as a CorpUser, whether or not that user
+    exists (MapperUtils.createResolvedAuditStamp); None without a stamp."""
+    if not isinstance(value, dict) or not value:
+        return None
+    actor = value.get("actor")
+    return {"time": value.get("time") or 0, "actor": EntityRef(actor, "corpuser") if actor else None}
+
+
 def entity_ref(urn: str) -> EntityRef | None:
     """The entity a URN in an aspect names, when DataHub's GraphQL has a type for it."""
     try:

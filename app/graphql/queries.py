@@ -15,10 +15,12 @@ from typing import Any
 
 from app.graphql.entities import (
     FIELD_RESOLVERS,
+    NO_STAMP,
     EntityRef,
     _custom_properties,
     _platform,
     entity_ref,
+    resolved_stamp,
 )
 from app.registry.errors import RegistryError
 from app.search.across import TypeSearch, search_across
@@ -100,6 +102,7 @@ async def _query_properties(ref: EntityRef, info: Any) -> dict[str, Any] | None:
         "description": value.get("description"),
         "created": _stamp(value.get("created")),
         "lastModified": _stamp(value.get("lastModified")),
+        "createdOn": resolved_stamp(value.get("created")) or NO_STAMP,
         "origin": resolve_origin,
         "customProperties": _custom_properties(value),
     }

@@ -27,6 +27,7 @@ from app.graphql.entities import (
     _tags,
     readable,
     related_entity,
+    resolved_stamp,
     type_of_entity,
 )
 
@@ -292,13 +293,6 @@ async def _field_parent(ref: EntityRef, info: Any) -> EntityRef:
     return EntityRef(parent, name)
 
 
-def _audit_stamp(value: dict[str, Any] | None) -> dict[str, Any] | None:
-    if not value:
-        return None
-    actor = value.get("actor")
-    return {"time": value.get("time") or 0, "actor": EntityRef(actor, "corpuser") if actor else None}
-
-
 def _data_type(urn: str) -> EntityRef:
     return EntityRef(urn, "dataType")
 
@@ -329,8 +323,8 @@ async def _definition(ref: EntityRef, info: Any) -> dict[str, Any]:
         "typeQualifier": {"allowedTypes": [_entity_type(u) for u in allowed_types]} if allowed_types else None,
         "entityTypes": [_entity_type(u) for u in value.get("entityTypes") or ()],
         "immutable": bool(value.get("immutable")),
-        "created": _audit_stamp(value.get("created")),
-        "lastModified": _audit_stamp(value.get("lastModified")),
+        "created": resolved_stamp(value.get("created")),
+        "lastModified": resolved_stamp(value.get("lastModified")),
     }
 
 

@@ -269,11 +269,17 @@ async def test_list_queries_of_a_dataset_as_the_mcp_server_asks(app, client):
 async def test_list_queries_by_dataset_urn_paging_and_sort(client):
     await write_queries(client)
     text = """query($input: ListQueriesInput!) {
-        listQueries(input: $input) { start count total queries { urn properties { created { time actor } } } } }"""
+        listQueries(input: $input) { start count total queries { urn properties {
+            created { time actor } createdOn { time actor { urn username } } } } } }"""
 
     by_dataset = (await data(client, text, {"input": {"datasetUrn": USERS}}))["listQueries"]
     assert [q["urn"] for q in by_dataset["queries"]] == [OTHER, CRAWLED]
     assert by_dataset["queries"][0]["properties"]["created"] == {"time": 3_000, "actor": "urn:li:corpuser:alice"}
+    # the same stamp resolved: its actor a CorpUser (whether or not that user was written)
+    assert by_dataset["queries"][0]["properties"]["createdOn"] == {
+        "time": 3_000,
+        "actor": {"urn": "urn:li:corpuser:alice", "username": "alice"},
+    }
 
     everything = (await data(client, text, {"input": {}}))["listQueries"]
     assert [q["urn"] for q in everything["queries"]] == [OTHER, CRAWLED, BY_HAND]
