@@ -22,7 +22,7 @@ UV              := $(VENV)/bin/uv
 INSTALL_KEY := $(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)-$(DATAHUB_VERSION)
 STAMP       := $(VENV)/.metaledger-installed-$(INSTALL_KEY)
 
-.PHONY: help venv client-venv actions-venv postgres-bin java-bin zip-bin run test openapi-check docs-check lint format clean-venv spark-dist
+.PHONY: help venv client-venv actions-venv mcp-venv postgres-bin java-bin zip-bin run test openapi-check docs-check lint format clean-venv spark-dist
 
 help:
 	@echo "make run            serve on $(HOST):$(PORT) (HOST=, PORT= to change)"
@@ -34,6 +34,7 @@ help:
 	@echo "make lint           ruff format --check, ruff check and mypy (make format rewrites what ruff can fix)"
 	@echo "make client-venv    create .venv-client: the real DataHub client for tests/client (the tests create it too)"
 	@echo "make actions-venv   create .venv-actions: DataHub Actions for tests/client (the tests create it too)"
+	@echo "make mcp-venv       create .venv-mcp: DataHub's MCP server for docs/mcp.md and tests/client (the tests create it too)"
 	@echo "make spark-dist     build $(SPARK_DIST)/: the Spark indexer's wheel and the dependency archive for --archives"
 
 venv: $(STAMP)
@@ -86,6 +87,20 @@ $(ACTIONS_STAMP): | $(STAMP)
 	test -x $(ACTIONS_VENV)/bin/python || $(UV) venv -q --seed --python $(PYTHON) $(ACTIONS_VENV)
 	$(UV) pip install --python $(ACTIONS_VENV)/bin/python -q '$(ACTIONS_REQ)'
 	@rm -f $(ACTIONS_VENV)/.acryl-datahub-actions-*
+	@touch $@
+
+# DataHub's MCP server (mcp-server-datahub, with the acryl-datahub it pins), for docs/mcp.md and tests/client, in a
+# virtualenv of its own too.
+MCP_VENV       ?= .venv-mcp
+MCP_SERVER_VERSION := 0.8.0
+MCP_REQ        := mcp-server-datahub==$(MCP_SERVER_VERSION)
+MCP_STAMP      := $(MCP_VENV)/.acryl-mcp-server-datahub-$(MCP_SERVER_VERSION)
+mcp-venv: $(MCP_STAMP)
+
+$(MCP_STAMP): | $(STAMP)
+	test -x $(MCP_VENV)/bin/python || $(UV) venv -q --seed --python $(PYTHON) $(MCP_VENV)
+	$(UV) pip install --python $(MCP_VENV)/bin/python -q '$(MCP_REQ)'
+	@rm -f $(MCP_VENV)/.acryl-mcp-server-datahub-*
 	@touch $@
 
 # The Spark indexer on a cluster (docs/spark-indexer.md, "The indexer on a Spark cluster"): what spark-submit ships to
