@@ -23,6 +23,7 @@ from app.auth.model import Permission
 from app.errors import Issue, PreconditionFailed, ValidationFailed
 from app.graphql.entities import FIELD_RESOLVERS, EntityRef, entity_ref
 from app.limits import clip
+from app.search.across import TypeSearch, search_across
 from app.urns import InvalidUrnError, entity_type_of
 from app.write.proposal import IF_VERSION_MATCH, AuditStamp, ChangeType, Draft
 from app.write.rules import ABSENT_VERSION
@@ -43,6 +44,8 @@ SYSTEM_OWNERSHIP_TYPES = {
     "data_steward": "Data Steward",
     "none": "None",
 }
+OWNERSHIP_TYPE_ENTITY = "ownershipType"
+DEFAULT_OWNERSHIP_TYPES = 20  # a page's ownership types when `count` is not given (DataHub's resolver)
 ATTEMPTS = 10  # optimistic: each round one of the racing writers wins, so n racers need at most n rounds
 OWNER_ENTITY = {"CORP_USER": "corpuser", "CORP_GROUP": "corpGroup"}
 # DataHub's DescriptionUtils: the aspect (and its field) an entity-level description goes to, by entity type
@@ -549,26 +552,36 @@ async def resolve_remove_structured_properties(_root: Any, info: Any, input: dic
 
 
 async def resolve_list_ownership_types(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
-    """DataHub's system ownership types whose name holds `query` (case-insensitive). Custom ownership types (the
-    ownershipType entities written) are not listed: a custom type is given by its urn (which the MCP server passes
-    through without this lookup)."""
+    """The ownership types whose name holds `query` (DataHub's ListOwnershipTypesResolver): DataHub's four system
+    types that were never written first (DataHub bootstraps them; metaledger answers them from SYSTEM_OWNERSHIP_TYPES),
+    then the ownershipType entities found by a search the caller may see (a custom type, or a system type written)."""
+    from app.graphql.resolvers import _count, _query  # the search helpers of app.graphql.resolvers, which imports this
+
+    context: Context = info.context
     start = max(int(input.get("start") or 0), 0)
-    asked = input.get("count")
-    count = min(max(20 if asked is None else int(asked), 0), 1000)
-    query = (input.get("query") or "").strip().lower()
-    if query == "*":
-        query = ""
-    found = [
-        SYSTEM_OWNERSHIP_PREFIX + type_id
-        for type_id, name in SYSTEM_OWNERSHIP_TYPES.items()
-        if query in name.lower() or query in type_id
+    count = _count(input.get("count"), DEFAULT_OWNERSHIP_TYPES, context.max_count)
+    query = (input.get("query") or "").strip()
+    words = "" if query == "*" else query.lower()
+    unwritten = [
+        urn
+        for urn, name in ((SYSTEM_OWNERSHIP_PREFIX + type_id, name) for type_id, name in SYSTEM_OWNERSHIP_TYPES.items())
+        if words in name.lower() or words in urn
     ]
-    page = found[start : start + count]
+    unwritten = [urn for urn in unwritten if not await context.exists(urn)]
+    from_search = max(start - len(unwritten), 0)
+    page = await search_across(
+        await context.backend(),
+        [TypeSearch(OWNERSHIP_TYPE_ENTITY, None)],
+        _query(query or None),
+        start=from_search,
+        count=min(max(count - len(unwritten[start:]), 0), max(context.max_count - from_search, 0)),
+    )
+    urns = [*unwritten[start : start + count], *(hit.urn for hit in page.hits)]
     return {
         "start": start,
-        "count": len(page),
-        "total": len(found),
-        "ownershipTypes": [EntityRef(urn, "ownershipType") for urn in page],
+        "count": len(urns),
+        "total": len(unwritten) + page.total,
+        "ownershipTypes": [EntityRef(urn, OWNERSHIP_TYPE_ENTITY) for urn in urns],
     }
 
 

@@ -412,3 +412,39 @@ async def test_concurrent_curations_of_one_aspect_lose_nothing(app, client):
     assert answers == [{"data": {"batchAddTags": True}}] * len(tags)
     assert sorted(t["tag"] for t in (await aspect(client, urn, "globalTags"))["tags"]) == sorted(tags)
     assert await versions(client, urn, "globalTags") == len(tags)  # one version per mutation, none overwritten
+
+
+async def test_list_ownership_types_finds_custom_types_by_name(app, client):
+    """The MCP server's add_owners looks a type given by name up here: a custom ownershipType written like any entity
+    is found by the words of its name, beside DataHub's system types; a system type that was written is listed once."""
+    stamp = {"time": 1, "actor": "urn:li:corpuser:datahub"}
+    custodian, steward = "urn:li:ownershipType:custodian", "urn:li:ownershipType:__system__data_steward"
+    await propose(
+        client,
+        mcp(
+            "ownershipTypeInfo",
+            {"name": "Data Custodian", "created": stamp, "lastModified": stamp},
+            urn=custodian,
+            entity="ownershipType",
+            sync=True,
+        ),
+        mcp(
+            "ownershipTypeInfo",
+            {"name": "Data Steward", "created": stamp, "lastModified": stamp},
+            urn=steward,
+            entity="ownershipType",
+            sync=True,
+        ),
+    )
+
+    async def listed(query: str) -> list[str]:
+        variables = {"input": {"start": 0, "count": 100, "query": query}}
+        answer = await gql(client, LIST_OWNERSHIP_TYPES, variables, "listOwnershipTypes")
+        return [t["urn"] for t in answer["data"]["listOwnershipTypes"]["ownershipTypes"]]
+
+    assert await listed("Custodian") == [custodian]
+    assert await listed("Steward") == [steward]  # written: found by the search, not listed again as a system type
+    assert await listed("Technical Owner") == ["urn:li:ownershipType:__system__technical_owner"]
+    everything = await listed("*")
+    assert set(everything) >= {custodian, steward, "urn:li:ownershipType:__system__business_owner"}
+    assert len(everything) == len(set(everything))
