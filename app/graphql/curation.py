@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, cast
 from app.auth.model import Permission
 from app.errors import Issue, PreconditionFailed, ValidationFailed
 from app.graphql.entities import FIELD_RESOLVERS, EntityRef, entity_ref
+from app.graphql.paging import declare_paged
 from app.limits import clip
 from app.search.across import TypeSearch, search_across
 from app.urns import InvalidUrnError, entity_type_of
@@ -46,6 +47,7 @@ SYSTEM_OWNERSHIP_TYPES = {
 }
 OWNERSHIP_TYPE_ENTITY = "ownershipType"
 DEFAULT_OWNERSHIP_TYPES = 20  # a page's ownership types when `count` is not given (DataHub's resolver)
+declare_paged("listOwnershipTypes", "ownershipTypes", DEFAULT_OWNERSHIP_TYPES)
 ATTEMPTS = 10  # optimistic: each round one of the racing writers wins, so n racers need at most n rounds
 OWNER_ENTITY = {"CORP_USER": "corpuser", "CORP_GROUP": "corpGroup"}
 # DataHub's DescriptionUtils: the aspect (and its field) an entity-level description goes to, by entity type

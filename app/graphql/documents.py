@@ -41,6 +41,7 @@ from app.graphql.entities import (
     resolved_stamp,
 )
 from app.graphql.limits import check_arguments
+from app.graphql.paging import declare_paged
 from app.graphql.resolvers import _count, _facets, _typed_lookup
 from app.search.across import TypeSearch, search_across
 from app.search.model import MAX_FILTER_VALUES, Criterion
@@ -48,6 +49,7 @@ from app.search.model import MAX_FILTER_VALUES, Criterion
 DOCUMENT_ENTITY = "document"
 DOCUMENT_INFO, DOCUMENT_SETTINGS = "documentInfo", "documentSettings"
 DEFAULT_RELATED = 100  # a page's documents when `count` is not given (DataHub's RelatedDocumentsResolver)
+declare_paged("relatedDocuments", "documents", DEFAULT_RELATED)
 # The search document's fields of documentInfo and the aspects it is filtered on (their Searchable annotations)
 RELATED_ASSETS, PARENT, STATE, SOURCE_TYPE = "relatedAssets", "parentDocument", "state", "sourceType"
 SUB_TYPES, DOMAINS, OWNERS, LAST_MODIFIED = "typeNames", "domains", "owners", "lastModifiedAt"

@@ -19,6 +19,7 @@ import orjson
 from graphql import GraphQLSchema
 
 from app.errors import Issue, ValidationFailed
+from app.graphql.paging import declare_paged
 from app.registry import EntityRegistry
 from app.registry.errors import RegistryError
 from app.urns import InvalidUrnError, entity_type_of
@@ -388,6 +389,7 @@ async def _corp_user_settings(ref: EntityRef, info: Any) -> dict[str, Any]:
 # --- relationships: the graph's edges (the search backend's), as DataHub's EntityRelationshipsResultResolver ------
 
 DEFAULT_RELATIONSHIPS = 100  # a page's relationships when `count` is not given (DataHub's graph client's default)
+declare_paged("relationships", "relationships", DEFAULT_RELATIONSHIPS)
 STATUS_ASPECT = "status"
 
 

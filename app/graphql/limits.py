@@ -26,8 +26,10 @@ The shape does not say what a document costs to run: 50 aliased searches of 10,0
 shape limit. `query_cost` does, per request (it needs the variables): every field resolved costs 1 each time it is
 resolved, so what a search's `searchResults` select is paid once per result of its page (the input's `count`, cut
 as the resolvers cut it), and `facets` cost an aggregation over every match (FACET_AGGREGATION_COST) plus what each
-of their values selects. Fields of the other lists (tags, owners, schema fields) count once: they are read with
-their entity's aspects. Inline fragments are counted as the shape is: for the dearest object type a value may be.
+of their values selects. The pages below the root (`relationships`, `lineage`, `assertions`, `relatedDocuments`,
+`listQueries`, …: app.graphql.paging) are paid the same way, per result of the page asked for, and `entities(urns:)`
+per URN. Fields of the other lists (tags, owners, schema fields) count once: they are read with their entity's
+aspects. Inline fragments are counted as the shape is: for the dearest object type a value may be.
 
 Two checks hold while an operation runs:
 
@@ -72,6 +74,7 @@ from graphql import (
 )
 
 from app.errors import Issue, ValidationFailed
+from app.graphql.paging import PAGED_LISTS, PagedList
 from app.graphql.resolvers import DEFAULT_AGG_VALUES, DEFAULT_COUNT, MAX_AGG_VALUES
 from app.limits import clip
 from app.search.filters import FIELD_NAME
@@ -311,6 +314,7 @@ PAGED_FIELDS = frozenset(
     }
 )
 RESULTS_FIELD, FACETS_FIELD, AGGREGATIONS_FIELD = "searchResults", "facets", "aggregations"
+URNS_ARGUMENT = "urns"  # of `entities(urns:)`
 # Facets: one aggregation over every match of the search, weighed as reading this many results, answering
 # `_entityType` and the searched types' filter fields that have values (about this many), each with up to
 # `searchFlags.maxAggValues` values.
@@ -346,6 +350,15 @@ def _page_scope(field: FieldNode, variables: dict[str, Any], max_count: int) -> 
     )
 
 
+def _list_scope(field: FieldNode, paged: PagedList, variables: dict[str, Any], max_count: int) -> Scope:
+    """What a paged list below the root (app.graphql.paging) resolves: its results once per result of the page."""
+    given = {a.name.value: value_from_ast_untyped(a.value, variables) for a in field.arguments or ()}
+    holder = given.get("input") if paged.in_input else given
+    inputs: dict[Any, Any] = holder if isinstance(holder, dict) else {}
+    page = max(0, min(_int(inputs.get("count"), paged.default_count), max_count))
+    return ((paged.results, page, 0, ()),)
+
+
 class _CostWalker(_Walker[int]):
     """Each field once per time it is resolved: the paged fields in scope (the context) say how many times."""
 
@@ -364,6 +377,11 @@ class _CostWalker(_Walker[int]):
         )
         if name in PAGED_FIELDS:
             inner = _page_scope(node, self.variables, self.max_count)
+        elif name in PAGED_LISTS:
+            inner = _list_scope(node, PAGED_LISTS[name], self.variables, self.max_count)
+        urns = self._argument(node, URNS_ARGUMENT)
+        if isinstance(urns, list):  # `entities(urns:)`: one entity read and answered per URN
+            times *= len(urns)
         if not times:
             return 0
         if node.selection_set is None:
@@ -373,9 +391,36 @@ class _CostWalker(_Walker[int]):
     def dearest(self, one: int, other: int) -> int:
         return max(one, other)
 
+    def _argument(self, node: FieldNode, name: str) -> Any:
+        return next(
+            (value_from_ast_untyped(a.value, self.variables) for a in node.arguments or () if a.name.value == name),
+            None,
+        )
+
+
+def _sized_by_arguments(field: FieldNode) -> bool:
+    """Whether what `field` costs depends on its arguments: a page's size, a list of URNs."""
+    name = field.name.value
+    return (
+        name in PAGED_FIELDS or name in PAGED_LISTS or any(a.name.value == URNS_ARGUMENT for a in field.arguments or ())
+    )
+
+
+def _size_of(field: FieldNode, variables: dict[str, Any], max_count: int) -> Hashable:
+    """What the arguments make of a field's cost (_sized_by_arguments), as a key part of the cost's cache."""
+    name = field.name.value
+    urns = next((a for a in field.arguments or () if a.name.value == URNS_ARGUMENT), None)
+    return (
+        _page_scope(field, variables, max_count) if name in PAGED_FIELDS else (),
+        _list_scope(field, PAGED_LISTS[name], variables, max_count) if name in PAGED_LISTS else (),
+        len(found)
+        if urns is not None and isinstance(found := value_from_ast_untyped(urns.value, variables), list)
+        else 0,
+    )
+
 
 def _paged_fields(document: DocumentNode, operation: OperationDefinitionNode) -> list[FieldNode]:
-    """The paged fields (PAGED_FIELDS) `operation` selects, fragments expanded, each once: what its variables can
+    """The fields `operation` selects whose cost depends on their arguments (_sized_by_arguments), fragments expanded, each once: what its variables can
     change of its cost."""
     fragments = {d.name.value: d for d in document.definitions if isinstance(d, FragmentDefinitionNode)}
     found: dict[int, FieldNode] = {}
@@ -385,7 +430,7 @@ def _paged_fields(document: DocumentNode, operation: OperationDefinitionNode) ->
         node = pending.pop()
         for selection in node.selections if node else ():
             if isinstance(selection, FieldNode):
-                if selection.name.value in PAGED_FIELDS:
+                if _sized_by_arguments(selection):
                     found[id(selection)] = selection
                 pending.append(selection.selection_set)
             elif isinstance(selection, InlineFragmentNode):
@@ -402,7 +447,7 @@ def _paged_fields(document: DocumentNode, operation: OperationDefinitionNode) ->
 # large one as executed costs more than finding its pages (mcp-server-datahub's GetEntity: 6 ms against 0.3 ms).
 # An entry holds its document and schema, so that their ids in its key stay theirs.
 COSTS_KEPT = 256
-_COSTS: OrderedDict[tuple[int, int, int, tuple[Scope, ...]], tuple[DocumentNode, GraphQLSchema | None, int]] = (
+_COSTS: OrderedDict[tuple[int, int, int, tuple[Hashable, ...]], tuple[DocumentNode, GraphQLSchema | None, int]] = (
     OrderedDict()
 )
 
@@ -429,7 +474,7 @@ def query_cost(
             values[name] = variables[name]
         elif definition.default_value is not None:
             values[name] = value_from_ast_untyped(definition.default_value)
-    pages = tuple(_page_scope(field, values, max_count) for field in _paged_fields(document, operation))
+    pages = tuple(_size_of(field, values, max_count) for field in _paged_fields(document, operation))
     key = (id(document), id(schema), id(operation), pages)
     kept = _COSTS.get(key)
     if kept is not None and kept[0] is document and kept[1] is schema:

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.errors import Issue, ValidationFailed
 from app.graphql.entities import FIELD_RESOLVERS, GRAPHQL_TYPE_OF_ENTITY, EntityRef, entity_ref
+from app.graphql.paging import declare_paged
 from app.registry import EntityRegistry
 from app.search import lineage
 from app.search.lineage import LineageStep, Path
@@ -23,6 +24,8 @@ if TYPE_CHECKING:
 
 DEFAULT_LINEAGE_COUNT = 100  # DataHub's EntityLineageResultResolver
 DEFAULT_ASSERTIONS_COUNT = 200  # DataHub's EntityAssertionsResolver
+declare_paged("lineage", "relationships", DEFAULT_LINEAGE_COUNT)
+declare_paged("assertions", "assertions", DEFAULT_ASSERTIONS_COUNT, in_input=False)
 MAX_LIST = 10_000  # start + count of one page of either (DataHub's result window)
 ASSERTS = "Asserts"  # assertionInfo's relationship to the entity it checks
 # DataHub's lineage search groups schema fields into their dataset unless the search's groupingSpec says otherwise

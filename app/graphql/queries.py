@@ -22,6 +22,7 @@ from app.graphql.entities import (
     entity_ref,
     resolved_stamp,
 )
+from app.graphql.paging import declare_paged
 from app.registry.errors import RegistryError
 from app.search.across import TypeSearch, search_across
 from app.search.filters import InvalidFilter, both, criteria_groups
@@ -30,6 +31,7 @@ from app.urns import InvalidUrnError, entity_type_of
 
 QUERY_ENTITY = "query"
 DEFAULT_QUERIES = 100  # a page's queries when `count` is not given (DataHub's ListQueriesResolver)
+declare_paged("listQueries", "queries", DEFAULT_QUERIES)
 CREATED_AT_FIELD = "createdAt"  # queryProperties.created.time, as the search document names it
 SOURCE_FIELD, ENTITIES_FIELD = "source", "entities"
 

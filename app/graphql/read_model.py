@@ -30,6 +30,7 @@ from app.graphql.entities import (
     resolved_stamp,
     type_of_entity,
 )
+from app.graphql.paging import declare_paged
 
 Converter = Callable[[EntityRef, Any, dict[str, Any]], Awaitable[Any]]
 
@@ -497,6 +498,10 @@ def _with_filters(groups: list[list[dict[str, Any]]], extra: list[dict[str, Any]
     return [{"and": [*group, *extra]} for group in groups or [[]]]
 
 
+DEFAULT_DOMAIN_ENTITIES = 20  # DataHub's DomainEntitiesResolver; DataProduct.entities pages as a search does
+declare_paged("entities", "searchResults", DEFAULT_DOMAIN_ENTITIES)
+
+
 async def _domain_entities(ref: EntityRef, info: Any, input: dict[str, Any] | None = None) -> dict[str, Any]:
     """DataHub's DomainEntitiesResolver: a search of the entities in the domain (its `filters` ANDed)."""
     from app.graphql.resolvers import resolve_search_across_entities
@@ -506,7 +511,7 @@ async def _domain_entities(ref: EntityRef, info: Any, input: dict[str, Any] | No
     search = {
         "query": input.get("query") or "*",
         "start": input.get("start") or 0,
-        "count": input.get("count") if input.get("count") is not None else 20,
+        "count": input.get("count") if input.get("count") is not None else DEFAULT_DOMAIN_ENTITIES,
         "orFilters": _with_filters([filters], [{"field": "domains", "values": [ref.urn]}]),
     }
     return await resolve_search_across_entities(None, info, search)

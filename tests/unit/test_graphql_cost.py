@@ -86,3 +86,31 @@ def test_datahub_search_bundled_query_is_far_below_the_default_limit():
     gql = Path(datahub.cli.__file__).with_name("gql")
     document = (gql / "search.gql").read_text() + (gql / "fragments.gql").read_text()
     assert cost(document, {"query": "*", "count": 50, "start": 0}) < 30_000  # the CLI asks for at most 50
+
+
+def test_paged_lists_below_the_root_are_paid_per_result():
+    """relationships, lineage, assertions, relatedDocuments, listQueries, listOwnershipTypes, a domain's entities: each
+    topic declares its page (app.graphql.paging), and what the results select is paid once per result asked for."""
+    import app.graphql.service  # noqa: F401 - imports every topic module, as the running service has
+    from app.graphql.entities import DEFAULT_RELATIONSHIPS
+    from app.graphql.lineage import DEFAULT_ASSERTIONS_COUNT
+
+    related = 'query($n: Int) { entity(urn: "u") { urn relationships(input: {types: [], count: $n}) { total relationships { entity { urn } } } } }'
+    # entity + urn + relationships + total + relationships × (itself + entity + urn)
+    assert cost(related, {"n": 1}) == 4 + 1 * 3
+    assert cost(related, {"n": 1000}) == 4 + 1000 * 3  # same document, another count: not the cached cost
+    assert cost(related, {"n": 10**9}) == 4 + 10_000 * 3  # cut as the resolvers cut it
+    assert cost(related.replace("count: $n", "")) == 4 + DEFAULT_RELATIONSHIPS * 3
+    assertions = 'query { dataset(urn: "u") { assertions(count: 50) { total assertions { urn } } } }'
+    assert cost(assertions) == 3 + 50 * 2
+    assert cost(assertions.replace("(count: 50)", "")) == 3 + DEFAULT_ASSERTIONS_COUNT * 2
+    queries = "query { listQueries(input: {count: 30}) { total queries { urn properties { name } } } }"
+    assert cost(queries) == 2 + 30 * 4
+
+
+def test_entities_by_urns_are_paid_per_urn():
+    batch = "query($u: [String!]!) { entities(urns: $u) { urn type } }"
+    assert cost(batch, {"u": ["a"]}) == 3
+    assert cost(batch, {"u": [f"u{i}" for i in range(500)]}) == 500 * 3
+    # a field named like a paged list that is not one where it is selected costs as written
+    assert cost('query { dataProduct(urn: "p") { urn } }') == 2
