@@ -29,7 +29,7 @@ from app.api.http import (
     checked_urn,
     invalid_at,
     json_response,
-    stored_envelope,
+    stored_envelope_v3,
 )
 from app.api.urn_paths import restore_slashes
 from app.errors import Issue, Location, NotFound, ValidationFailed
@@ -305,13 +305,13 @@ def _batch_get(router: APIRouter, e: EntityType) -> None:
             rows = [
                 r for r in found.get(urn, ()) if aspects is None or (r.aspect in aspects and r.aspect not in versions)
             ]
-            envelopes = {row.aspect: stored_envelope(row, system_metadata) for row in rows}
+            envelopes = {row.aspect: stored_envelope_v3(row, system_metadata) for row in rows}
             for aspect, version in versions.items():  # DataHub's batchGet: that version, left out when there is none
                 try:
                     row = await reader.aspect(e.name, urn, aspect, version)
                 except NotFound:
                     continue
-                envelopes[aspect] = stored_envelope(row, system_metadata)
+                envelopes[aspect] = stored_envelope_v3(row, system_metadata)
             if envelopes:
                 out.append({"urn": urn, **envelopes})
         return json_response(out)
@@ -333,7 +333,7 @@ def _get_entity(router: APIRouter, e: EntityType) -> None:
         system_metadata: SystemMetadataFlag = False,
     ) -> Response:
         rows = await reader.entity(e.name, checked_urn(urn), aspects)
-        return json_response({"urn": urn, **{row.aspect: stored_envelope(row, system_metadata) for row in rows}})
+        return json_response({"urn": urn, **{row.aspect: stored_envelope_v3(row, system_metadata) for row in rows}})
 
 
 def _entity_exists(router: APIRouter, e: EntityType) -> None:
@@ -474,7 +474,7 @@ def _get_aspect(router: APIRouter, e: EntityType) -> None:
     ) -> Response:
         check_long(version, "version", minimum=0)
         row = await reader.aspect(e.name, checked_urn(urn), aspect_name, version)
-        envelope = stored_envelope(row, system_metadata)
+        envelope = stored_envelope_v3(row, system_metadata)
         envelope["version"] = row.system_metadata.get("version", str(row.version))
         return json_response(envelope)
 

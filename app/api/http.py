@@ -158,3 +158,15 @@ def aspect_envelope(
 
 def stored_envelope(row: StoredAspect, with_system_metadata: bool) -> dict[str, Any]:
     return aspect_envelope(row.value, row.system_metadata, with_system_metadata)
+
+
+def stored_envelope_v3(row: StoredAspect, with_system_metadata: bool) -> dict[str, Any]:
+    """The v3 read's aspect: with its system metadata, DataHub's `auditStamp` too — who wrote this version, and when
+    (the row's `createdby`/`createdon`; DataHub's EnvelopedAspect `created`)."""
+    envelope = stored_envelope(row, with_system_metadata)
+    if with_system_metadata:
+        envelope["auditStamp"] = {
+            "time": row.created_ms,
+            "actor": row.created_by,
+        }
+    return envelope

@@ -30,7 +30,7 @@ from fastapi import APIRouter, Depends, Query, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from app.api.deps import ALLOW_READ, Backend, JsonBody, Registry, SettingsDep, StoredEntities
-from app.api.http import Flag, check_batch_size, invalid_at, json_response, stored_envelope
+from app.api.http import Flag, check_batch_size, invalid_at, json_response, stored_envelope, stored_envelope_v3
 from app.api.search_models import RelationshipItem, ScrollEntity
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed, clip
 from app.registry import EntityRegistry
@@ -266,7 +266,7 @@ async def scroll_entities(
         found = await reader.latest_of_many(wanted)
         for entity in entities:
             for row in found.get(entity["urn"], ()):
-                entity[row.aspect] = stored_envelope(row, systemMetadata)
+                entity[row.aspect] = stored_envelope_v3(row, systemMetadata)
     log.debug(
         "entity scroll page",
         extra={"types": len(types), "count": count, "hits": len(entities), "more": page.scroll_id is not None},

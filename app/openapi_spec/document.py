@@ -216,6 +216,16 @@ def _aspect_response(value: dict[str, Any], sm: dict[str, Any]) -> dict[str, Any
         "properties": {
             "value": value,
             "systemMetadata": sm,
+            "auditStamp": {
+                "type": "object",
+                "description": "On reads with systemMetadata=true: who wrote this version of the aspect, and when",
+                "properties": {
+                    "time": {"type": "integer", "format": "int64", "description": "epoch milliseconds"},
+                    "actor": {"type": "string", "description": "the actor's urn"},
+                },
+                "required": ["time", "actor"],
+                "additionalProperties": False,
+            },
             "version": {"type": "string", "description": "Logical version of the aspect (systemMetadata.version)"},
             "status": {
                 "type": "string",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
@@ -63,6 +63,12 @@ class StoredAspect:
         if not isinstance(self._system_metadata, dict):
             self._system_metadata = orjson.loads(self._system_metadata) if self._system_metadata else {}
         return self._system_metadata
+
+    @property
+    def created_ms(self) -> int:
+        """When this version was written, in epoch milliseconds (`createdon` is stored without a zone, in UTC)."""
+        created_on = self.created_on if self.created_on.tzinfo else self.created_on.replace(tzinfo=UTC)
+        return int(created_on.timestamp() * 1000)
 
     @property
     def version(self) -> int:

@@ -5,7 +5,9 @@ entity left out when nothing of it is found); 0 or no header: the latest. What t
 
 from __future__ import annotations
 
+import time
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -132,3 +134,28 @@ async def test_a_version_the_caller_may_not_see_is_left_out(app, client):
     ):
         theirs = await client.post(path, json=asked, headers=bob)
         assert theirs.status_code == 200 and theirs.json() == [], theirs.text
+
+
+async def test_each_version_says_who_wrote_it_and_when(app, client):
+    """DataHub's auditStamp beside each aspect of a v3 read with systemMetadata=true: the history tool shows it."""
+    await propose(
+        client,
+        mcp("datasetProperties", {"description": "by alice"}, urn=ORDERS),
+        headers=await bearer(app, "writer", actor=ALICE),
+    )
+    await propose(
+        client,
+        mcp("datasetProperties", {"description": "by bob"}, urn=ORDERS),
+        headers=await bearer(app, "writer", actor=BOB),
+    )
+    body = [{"urn": ORDERS, "datasetProperties": asking(1)}]
+    first = (await batch_get(client, body, params={"systemMetadata": "true"}))[0]["datasetProperties"]["auditStamp"]
+    latest_read = await client.get(
+        f"/openapi/v3/entity/dataset/{quote(ORDERS, safe='')}", params={"systemMetadata": "true"}
+    )
+    latest = latest_read.json()["datasetProperties"]["auditStamp"]
+    assert (first["actor"], latest["actor"]) == (ALICE, BOB)
+    assert 0 < first["time"] <= latest["time"] <= time.time() * 1000
+    # without the system metadata, neither
+    plain = await batch_get(client, body)
+    assert set(plain[0]["datasetProperties"]) == {"value"}

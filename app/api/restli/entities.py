@@ -19,7 +19,6 @@
 
 from __future__ import annotations
 
-from datetime import UTC
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Request, Response
@@ -195,9 +194,7 @@ async def get_entity_v2(
         rows = [r for r in rows if r.aspect != entity.key_aspect]
     aspects: dict[str, Any] = {}
     for row in rows:
-        created_on = row.created_on if row.created_on.tzinfo else row.created_on.replace(tzinfo=UTC)
-        created_ms = int(created_on.timestamp() * 1000)
-        aspects[row.aspect] = _envelope(row.aspect, row.value, created_ms, row.created_by, row.system_metadata)
+        aspects[row.aspect] = _envelope(row.aspect, row.value, row.created_ms, row.created_by, row.system_metadata)
     if always_include_key_aspect and entity.key_aspect not in aspects:
         # GMS answers for any URN: at least the key aspect, derived from the URN.
         aspects[entity.key_aspect] = _envelope(
