@@ -1,7 +1,7 @@
 """What only metaledger has, as tools: the change feed since a point, an aspect's history and the diff between two of
 its versions, a write's trace, an ingestion run and its rollback preview, the runtime model set. Each calls the
-service its HTTP route calls (app.changelog.feed, app.timeline, app.changelog.entity_change_events, the trace API,
-app.runs, app.modelset) with the same permission: the runs and the model set are an admin's."""
+service its HTTP route calls (app.changelog.feed, app.timeline, app.changelog.entity_change_events,
+app.ingest.write_trace, app.runs, app.modelset) with the same permission: the runs and the model set are an admin's."""
 
 from __future__ import annotations
 
@@ -11,15 +11,13 @@ from typing import Annotated, Any
 import jsonpatch
 import orjson
 from pydantic import Field, StringConstraints
-from starlette.responses import Response
 
-from app.api.trace_write import TraceRequest, trace_writes
 from app.auth.model import Permission
 from app.auth.reads import readable_events
 from app.changelog import feed
 from app.changelog.entity_change_events import aspect_changes
-from app.errors import Issue, NotFound, ValidationFailed
-from app.ingest.trace import trace_id_of_path
+from app.errors import Issue, NotFound
+from app.ingest.write_trace import trace_writes
 from app.limits import MAX_LONG
 from app.mcp.call import ToolCall
 from app.mcp.datahub import NoInput, Urn, aspect_versions, version_json
@@ -161,25 +159,20 @@ class TraceInput(ToolInput):
     metaledger=True,
 )
 async def trace_write(call: ToolCall, arguments: TraceInput) -> Any:
-    if trace_id_of_path(arguments.trace_id) is None:
-        raise ValidationFailed(
-            "trace_id is not a trace id (32 hex digits) nor a traceparent",
-            [Issue("not a trace id", path="$.arguments.trace_id")],
-        )
-    # The route's handler is the trace service (no service module of its own yet): called as the route calls it.
-    answer = await trace_writes(
-        call.request,
+    return await trace_writes(
         call.session,
         call.registry,
         await call.backend(),
         call.caller,
-        TraceRequest(arguments.aspects),
+        call.settings,
+        call.request.app.state.value_codec,
+        arguments.aspects,
         arguments.trace_id,
-        onlyIncludeErrors=False,
+        only_include_errors=False,  # an agent asks where its writes stand, not only which failed
         detailed=True,
-        skipCache=False,
+        trace_id_path="$.arguments.trace_id",
+        aspects_path="$.arguments.aspects",
     )
-    return orjson.loads(answer.body) if isinstance(answer, Response) else answer
 
 
 class RunPreviewInput(ToolInput):
