@@ -22,7 +22,7 @@ UV              := $(VENV)/bin/uv
 INSTALL_KEY := $(shell cat pyproject.toml 2>/dev/null | sha256sum | cut -c1-16)-$(DATAHUB_VERSION)
 STAMP       := $(VENV)/.metaledger-installed-$(INSTALL_KEY)
 
-.PHONY: help venv client-venv actions-venv mcp-venv postgres-bin java-bin zip-bin run test openapi-check docs-check lint format clean-venv spark-dist
+.PHONY: help venv client-venv actions-venv mcp-venv chromium-bin postgres-bin java-bin zip-bin run test openapi-check docs-check lint format clean-venv spark-dist
 
 help:
 	@echo "make run            serve on $(HOST):$(PORT) (HOST=, PORT= to change)"
@@ -165,6 +165,11 @@ java-bin:
 	@if command -v java >/dev/null; then exit 0; fi; \
 	$(call apt_install,openjdk-17-jre-headless,Spark runs on it,install a Java 17 runtime)
 
+# The web view's browser tests drive Debian's chromium through its chromedriver (no browser download).
+chromium-bin:
+	@if command -v chromium >/dev/null && command -v chromedriver >/dev/null; then exit 0; fi; \
+	$(call apt_install,chromium chromium-driver,the web view's browser tests drive it,install Chromium and its chromedriver)
+
 zip-bin:
 	@if command -v zip >/dev/null && command -v unzip >/dev/null; then exit 0; fi; \
 	$(call apt_install,zip unzip,make spark-dist packs the Spark job's archive with them,install zip and unzip)
@@ -172,7 +177,7 @@ zip-bin:
 run: venv postgres-bin
 	$(VENV)/bin/metaledger serve --host $(HOST) --port $(PORT)
 
-test: venv postgres-bin java-bin zip-bin
+test: venv postgres-bin java-bin zip-bin chromium-bin
 	@rc=0; $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5): treated as a failure" >&2; fi; \
 	exit $$rc
