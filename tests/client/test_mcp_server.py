@@ -321,6 +321,26 @@ def test_list_schema_fields_filters_by_keyword(agent: Agent):
     assert (answer["fields"][0]["tags"], answer["fields"][0]["glossaryTerms"]) == (["PII"], ["Revenue"])  # names
 
 
+def test_list_schema_fields_pages_by_offset(agent: Agent):
+    first = agent.call("list_schema_fields", urn=ORDERS, limit=2)
+    rest = agent.call("list_schema_fields", urn=ORDERS, limit=2, offset=first["offset"] + first["returned"])
+    assert (first["returned"], first["remainingCount"], rest["returned"], rest["remainingCount"]) == (2, 1, 1, 0)
+    assert {f["fieldPath"] for f in first["fields"] + rest["fields"]} == {"order_id", "customer_email", "amount"}
+
+
+def test_get_entities_answers_schema_fields_with_tag_and_term_names(agent: Agent):
+    """DataHub's tool keeps what SQL needs of a field: its tags and terms by name, the editable metadata merged."""
+    entity = agent.call("get_entities", urns=ORDERS)
+    email = next(f for f in entity["schemaMetadata"]["fields"] if f["fieldPath"] == "customer_email")
+    assert (email["tags"], email["glossaryTerms"]) == (["PII"], ["Revenue"])
+    assert "editableSchemaMetadata" not in entity
+
+
+def test_get_entities_attaches_the_related_documents(agent: Agent):
+    entity = agent.call("get_entities", urns=ORDERS)
+    assert DOCUMENT in urns_in(entity["relatedDocuments"]["documents"])
+
+
 # --- lineage -------------------------------------------------------------------------------------------------------
 
 
@@ -338,6 +358,14 @@ def test_get_lineage_of_a_column(agent: Agent):
     answer = agent.call("get_lineage", urn=ORDERS, column="customer_email", upstream=True)
     results = answer["upstreams"]["searchResults"]
     assert [(r["entity"]["urn"], r["lineageColumns"]) for r in results] == [(RAW, ["customer_email"])]
+
+
+def test_get_lineage_of_a_column_says_its_results_are_datasets(agent: Agent):
+    answer = agent.call("get_lineage", urn=ORDERS, column="customer_email", upstream=False)
+    assert answer["metadata"]["queryType"] == "column-level-lineage" and answer["metadata"]["groupedBy"] == "dataset"
+    assert [(r["entity"]["urn"], r["lineageColumns"]) for r in answer["downstreams"]["searchResults"]] == [
+        (SUMMARY, ["customer_email"])
+    ]
 
 
 def test_a_column_without_column_lineage_has_none(agent: Agent):
@@ -361,6 +389,21 @@ def test_lineage_path_between_columns(agent: Agent):
     )
     assert answer["pathCount"] >= 1
     assert f"urn:li:schemaField:({ORDERS},customer_email)" in json.dumps(answer["paths"])
+
+
+def test_lineage_path_between_columns_reads_from_the_source_to_the_target(agent: Agent):
+    answer = agent.call(
+        "get_lineage_paths_between",
+        source_urn=RAW,
+        target_urn=SUMMARY,
+        source_column="customer_email",
+        target_column="customer_email",
+        direction="downstream",
+    )
+    steps = [s["urn"] for s in answer["paths"][0]["path"] if s.get("type") == "SCHEMA_FIELD"]
+    assert steps[0] == f"urn:li:schemaField:({RAW},customer_email)"
+    assert steps[-1] == f"urn:li:schemaField:({SUMMARY},customer_email)"
+    assert answer["metadata"]["pathType"] == "column-level" and answer["target"]["column"] == "customer_email"
 
 
 # --- queries -------------------------------------------------------------------------------------------------------
@@ -468,6 +511,14 @@ def test_aspect_history_shows_each_version(agent: Agent):
     assert CURATED in history  # in the version that added it, though the latest has it no more
 
 
+def test_aspect_history_answers_the_current_value_and_pages_of_history(agent: Agent):
+    answer = agent.call("get_aspect_history", urns=[ORDERS], aspect_names=["globalTags"], limit=5)
+    [pair] = answer["results"]
+    assert (pair["urn"], pair["aspectName"], pair["error"]) == (ORDERS, "globalTags", None)
+    assert pair["current"]["version"] == 0 and PII in json.dumps(pair["current"]["value"])
+    assert {"hasMore", "nextFromVersion", "returned", "anchorSource"} <= set(pair["page"])
+
+
 # --- documents -----------------------------------------------------------------------------------------------------
 
 
@@ -493,6 +544,20 @@ def test_save_a_document_then_find_and_grep_it(agent: Agent):
 
 def test_search_documents_by_a_word_of_the_text(agent: Agent):
     assert DOCUMENT in urns_in(agent.call("search_documents", query=DOC_WORD)["searchResults"])
+
+
+def test_grep_documents_counts_the_matches(agent: Agent):
+    answer = agent.call("grep_documents", urns=[DOCUMENT], pattern="orders", context_chars=10)
+    [found] = answer["results"]
+    assert (found["urn"], found["title"], answer["documents_with_matches"]) == (DOCUMENT, "Orders runbook", 1)
+    assert found["total_matches"] == answer["total_matches"] >= 2 and found["matches"][0]["position"] >= 0
+
+
+def test_search_documents_answers_the_documents_title_and_sub_type(agent: Agent):
+    [result] = [
+        r for r in agent.call("search_documents", query=DOC_WORD)["searchResults"] if r["entity"]["urn"] == DOCUMENT
+    ]
+    assert (result["entity"]["info"]["title"], result["entity"]["subType"]) == ("Orders runbook", "Runbook")
 
 
 def test_search_documents_by_sub_type(agent: Agent):
