@@ -82,7 +82,6 @@ async def trace_writes(
     detailed: bool = False,
     trace_id_path: str = "$traceId",
     aspects_path: str = "$",
-    round_pairs: int = TRACE_ROUND_PAIRS,
 ) -> dict[str, dict[str, Any]]:
     """urn → aspect → `{success, primaryStorage, searchStorage}` for the aspects asked of the trace
     (`raw_trace_id`: 32 hex digits or a whole traceparent), as `caller` may read them (an entity it may not read is
@@ -107,11 +106,11 @@ async def trace_writes(
 
     async def look_up(pairs: list[tuple[str, str]]) -> list[tuple[str, str]]:
         """Settles what the rows tell about `pairs` (ACTIVE_STATE, HISTORIC_STATE, or replaced by a later write), in
-        rounds of `round_pairs` pairs: two queries each, then the session's connection goes back to the pool.
+        rounds of TRACE_ROUND_PAIRS pairs: two queries each, then the session's connection goes back to the pool.
         Returns the pairs the rows tell nothing about."""
         untold: list[tuple[str, str]] = []
-        for start in range(0, len(pairs), round_pairs):
-            chunk = pairs[start : start + round_pairs]
+        for start in range(0, len(pairs), TRACE_ROUND_PAIRS):
+            chunk = pairs[start : start + TRACE_ROUND_PAIRS]
             rows = TraceRows(session)
             latest = await rows.latest(chunk)
             remaining = []
@@ -150,7 +149,7 @@ async def trace_writes(
     else:
         for urn, aspect in unresolved:
             primary[urn][aspect] = _status("HISTORIC_STATE" if (urn, aspect) in replaced else "UNKNOWN")
-    failing = await _index_failures(session, sorted({urn for urn, _ in versions}), round_pairs)
+    failing = await _index_failures(session, sorted({urn for urn, _ in versions}), TRACE_ROUND_PAIRS)
     out: dict[str, dict[str, Any]] = {}
     for urn, statuses in primary.items():
         search = await _search_statuses(registry, backend, urn, statuses, versions, failing.get(urn, {}))

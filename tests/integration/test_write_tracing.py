@@ -14,7 +14,7 @@ import httpx
 import pytest
 from sqlalchemy import event
 
-import app.api.trace_write as trace_write
+from app.ingest import write_trace
 from app.ingest.trace import trace_time_ms
 from app.main import create_app
 from app.settings import Settings
@@ -209,7 +209,7 @@ async def test_a_trace_of_more_aspects_than_the_batch_limit_is_a_413_before_any_
 async def test_a_trace_is_looked_up_in_rounds_giving_the_connection_back_after_each(client, app, monkeypatch):
     """Every state a trace can find in the database, over rounds of 2 pairs: the request holds one connection at a
     time, for a round, never for the whole trace."""
-    monkeypatch.setattr(trace_write, "TRACE_ROUND_PAIRS", 2)
+    monkeypatch.setattr(write_trace, "TRACE_ROUND_PAIRS", 2)
     backend = app.state.search.backend
     apply = backend.apply
 
