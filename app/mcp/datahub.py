@@ -9,13 +9,16 @@ the answer also carries `total`, `truncated` and the `nextOffset` to continue fr
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import time
 import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
+import regex
 from pydantic import BeforeValidator, Field, StringConstraints, WithJsonSchema
 
 from app.auth.model import Permission
@@ -967,9 +970,21 @@ async def grep_documents(call: ToolCall, arguments: GrepDocumentsInput) -> Any:
     empty = {"results": [], "total_matches": 0, "documents_with_matches": 0}
     data = await call.graphql(operation("document_content.gql"), {"urns": arguments.urns}, "documentContent")
     try:
-        pattern = re.compile(arguments.pattern)
-    except re.error as error:
+        pattern = regex.compile(arguments.pattern, regex.VERSION0)
+    except regex.error as error:
         return {"error": f"Invalid regex pattern: {error}", **empty}
+    try:
+        return await asyncio.to_thread(_grep, pattern, data, arguments)
+    except TimeoutError:
+        # DataHub matches with RE2 (linear time); a backtracking pattern here gets a time limit instead of a worker
+        return {"error": f"The pattern took more than {GREP_TIME_LIMIT_S:g} s to match; simplify it", **empty}
+
+
+GREP_TIME_LIMIT_S = 1.0  # for all the documents of one call
+
+
+def _grep(pattern: regex.Pattern[str], data: dict[str, Any], arguments: GrepDocumentsInput) -> dict[str, Any]:
+    deadline = time.monotonic() + GREP_TIME_LIMIT_S
     results: list[dict[str, Any]] = []
     total = 0
     start, context, most = arguments.start_offset, arguments.context_chars, arguments.max_matches_per_doc
@@ -984,7 +999,8 @@ async def grep_documents(call: ToolCall, arguments: GrepDocumentsInput) -> Any:
         text = text[start:]
         excerpts: list[dict[str, Any]] = []
         matches = 0
-        for match in pattern.finditer(text):
+        # concurrent: the match lets go of the GIL, so the event loop runs on while it works
+        for match in pattern.finditer(text, timeout=max(deadline - time.monotonic(), 0.001), concurrent=True):
             matches += 1
             if len(excerpts) < most:
                 begin, end = max(0, match.start() - context), min(len(text), match.end() + context)

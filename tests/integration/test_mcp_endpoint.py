@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import UTC, datetime
@@ -376,3 +377,37 @@ async def test_a_runs_rollback_preview_writes_nothing_and_the_model_set_is_an_ad
     async with session(seeded, tokens["writer"]) as client:
         error = await refused(client, "preview_run_rollback", {"run_id": "mcp-run-1"})
         assert error["status"] == 403 and "ADMIN" in error["message"]
+
+
+async def test_a_pattern_that_backtracks_is_stopped_and_the_service_answers_meanwhile(seeded, tokens):
+    """grep_documents matches the caller's regular expression with a time limit (DataHub's RE2 is linear; Python's re
+    would hold a worker for as long as the pattern backtracks), and the match lets other requests run."""
+    urn = "urn:li:document:mcp-backtracking"
+    stamp = {"time": 1, "actor": "urn:li:corpuser:datahub"}
+    text = "a" * 5_000 + "!"
+    async with httpx.AsyncClient(base_url=seeded, timeout=60, headers=_auth(tokens["admin"])) as http:
+        info = {
+            "title": "Backtracking",
+            "contents": {"text": text},
+            "created": stamp,
+            "lastModified": stamp,
+            "status": {"state": "PUBLISHED"},
+            "customProperties": {},
+        }
+        proposal = {
+            "entityType": "document",
+            "entityUrn": urn,
+            "changeType": "UPSERT",
+            "aspectName": "documentInfo",
+            "aspect": {"value": info},
+        }
+        assert (await http.post("/openapi/v1/proposals", json=[proposal])).status_code == 200
+        async with session(seeded, tokens["reader"]) as client:
+            grep = asyncio.create_task(call(client, "grep_documents", {"urns": [urn], "pattern": "(a|a)+$"}))
+            started = time.monotonic()
+            while not grep.done():  # the service keeps answering while the pattern runs
+                assert (await http.get("/health")).status_code == 200
+                await asyncio.sleep(0.05)
+            answer = await grep
+            assert time.monotonic() - started < 10
+    assert answer["total_matches"] == 0 and "took more than" in answer["error"]
