@@ -493,6 +493,21 @@ MCP_VENV = Path(os.environ.get("METALEDGER_MCP_VENV", ROOT / ".venv-mcp"))
 MCP_REQUIREMENT = (f"mcp-server-datahub=={MCP_SERVER_VERSION}", f".acryl-mcp-server-datahub-{MCP_SERVER_VERSION}")
 
 
+AGENT_CONTEXT_VERSION = "1.7.0.17"
+AGENT_CONTEXT_VENV = Path(os.environ.get("METALEDGER_AGENT_CONTEXT_VENV", ROOT / ".venv-agent-context"))
+# apart from the MCP server's: it pins another acryl-datahub (1.6.0.6)
+AGENT_CONTEXT_REQUIREMENT = (
+    f"datahub-agent-context=={AGENT_CONTEXT_VERSION}",
+    f".acryl-datahub-agent-context-{AGENT_CONTEXT_VERSION}",
+)
+
+
+@pytest.fixture(scope="session")
+def agent_context_python() -> Path:
+    """The Python of a virtualenv with `datahub-agent-context` (DataHub's agent tools for LangChain, Google ADK, …)."""
+    return _ensure_venv(AGENT_CONTEXT_VENV, *AGENT_CONTEXT_REQUIREMENT)
+
+
 @pytest.fixture(scope="session")
 def mcp_python() -> Path:
     """The Python of a virtualenv with DataHub's MCP server (`mcp-server-datahub`, which brings its own pinned
