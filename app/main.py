@@ -24,7 +24,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.routing import BaseRoute
 
-from app import __version__
+from app import __version__, web
 from app.api import documented_models, route_index, routers
 from app.api.deps import ALLOW_PUBLIC, ALLOW_READ, DeclaredBody, JsonBody
 from app.api.entities import EntityRoutes, entity_routes, expanded
@@ -341,6 +341,7 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
     app.router.routes.extend(_included_routers(app))
     app.router.routes.extend(entity_routes(app.state.registry))  # each entity type's made on first use
     mcp_server.install(app)  # POST /mcp, metaledger's MCP endpoint
+    web.install(app)  # the web view: pages at DataHub's frontend paths, its sign-in sessions and assets
     route_index.install(app.router)  # the routes along a request's path asked, not all (app.api.route_index)
     _install_error_handlers(app)
     _install_offline_docs(app, settings)

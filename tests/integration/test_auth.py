@@ -12,6 +12,7 @@ import httpx
 import jwt
 import orjson
 import pytest
+from fastapi.routing import iter_route_contexts
 
 from app.api.entities import expanded
 from app.auth.model import Permission
@@ -48,6 +49,17 @@ def routes_with_policies(app) -> list[tuple[str, str, Permission | None]]:
 
     for route in expanded(app.router.routes):  # every entity type's routes too, made here if they were not
         walk(route)
+    return found
+
+
+def web_routes(app) -> set[tuple[str, str]]:
+    """(method, path) of the web view's routes (app.web): their policies say `web`, a session (a cookie) allows them,
+    and a bearer token never does (the pages answer as their own kind: a redirect to sign in, or a 403 page)."""
+    found = set()
+    for context in iter_route_contexts(expanded(app.router.routes)):
+        dependant = getattr(context, "dependant", None)
+        if dependant is not None and any(getattr(d.call, "web", False) for d in _flatten(dependant)):
+            found.update((method, context.path) for method in context.methods or ())
     return found
 
 
@@ -99,10 +111,25 @@ async def test_every_route_declares_a_policy_and_enforces_it(app, anonymous, cli
     reader = {"Authorization": f"Bearer {await mint_token(app, 'reader', ALICE)}"}
     writer = {"Authorization": f"Bearer {await mint_token(app, 'writer', ALICE)}"}
     public = set()
+    web = web_routes(app)
+    assert {("GET", "/search"), ("GET", "/dataset/{rest:path}"), ("POST", "/web/description")} <= web
     for method, path, permission in routes:
         url = concrete(path)
         body = {} if method in ("POST", "PUT", "PATCH") else None
         response = await anonymous.request(method, url, json=body)
+        if (method, path) in web:
+            # a page without a session: redirected to sign in (GET) or refused (a form's POST), with or without a
+            # bearer token; the sign-in form itself is open
+            for headers in ({}, reader, writer):
+                response = await anonymous.request(method, url, data={}, headers=headers)
+                if permission is Permission.PUBLIC:  # the sign-in form (its POST checks the form's CSRF token)
+                    assert response.status_code == (200 if method == "GET" else 403), f"{method} {path}"
+                elif method == "GET":
+                    assert response.status_code == 303, f"{method} {path} without a session: {response.status_code}"
+                    assert response.headers["location"].startswith("/login?next=/")
+                else:
+                    assert response.status_code == 403, f"{method} {path} without a session: {response.status_code}"
+            continue
         registry_read = path.startswith("/schema-registry/") and permission is Permission.READ
         if permission is Permission.PUBLIC or registry_read:
             assert response.status_code != 401, f"{method} {path} is public but answered 401"

@@ -1,0 +1,483 @@
+"""What the pages show and do, as the signed-in principal: search and edits through DataHub's GraphQL executed
+in-process (app.graphql.service.run, as app.mcp.call runs a tool's operations: the same limits, cost, read rule and
+policies as `POST /api/graphql`), an entity's aspects through the aspect store as that principal may read it
+(app.write.reader.EntityReader: its system metadata too, which GraphQL's RawAspect does not carry).
+
+The handlers (app.web.routes) parse the request, call one function here and render what it returns."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from sqlalchemy.ext.asyncio import AsyncSession
+from starlette.requests import Request
+
+from app.auth.model import Principal
+from app.auth.reads import scoped_backend
+from app.errors import ServiceUnavailable
+from app.graphql.resolvers import Context
+from app.graphql.service import GraphQLRequest, run
+from app.ingest.gateway import IngestGateway, Submission
+from app.registry.errors import RegistryError
+from app.search.model import SearchBackend
+from app.search.service import SearchRuntime, SearchUnavailable
+from app.settings import Settings
+from app.web.paths import Filter, entity_url
+from app.write.proposal import Draft
+from app.write.reader import EntityReader
+
+ORIGIN_KEY = "metaledger.origin"  # as app.mcp.call records a tool: the change log says the web view made the write
+ORIGIN = "web"
+PAGE_SIZE = 20
+FACET_FIELDS = ("_entityType", "platform", "tags", "glossaryTerms", "domains", "owners")
+FACET_LABELS = {
+    "_entityType": "Type",
+    "platform": "Platform",
+    "tags": "Tags",
+    "glossaryTerms": "Glossary terms",
+    "domains": "Domain",
+    "owners": "Owners",
+}
+
+
+class GraphQLRefused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+class _AttributedGateway:
+    """The gateway as the web view uses it: each draft records the web view as its origin; all else is the
+    gateway's (authorization by the principal's role and policies, admission, the write path)."""
+
+    def __init__(self, gateway: IngestGateway) -> None:
+        self._gateway = gateway
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gateway, name)
+
+    async def submit(self, session: AsyncSession, drafts: list[Draft], caller: Principal, **options: Any) -> Submission:
+        for draft in drafts:
+            system_metadata = draft.system_metadata if isinstance(draft.system_metadata, dict) else {}
+            properties = system_metadata.get("properties")
+            properties = properties if isinstance(properties, dict) else {}
+            draft.system_metadata = {**system_metadata, "properties": {**properties, ORIGIN_KEY: ORIGIN}}
+        return await self._gateway.submit(session, drafts, caller, **options)
+
+
+async def _backend(request: Request, principal: Principal) -> SearchBackend:
+    """The search backend as the principal may search it (the read rule in every query), as app.api.deps does for a
+    bearer caller: a session's principal is never the request's Authorization header."""
+    runtime: SearchRuntime | None = getattr(request.app.state, "search", None)
+    if runtime is None:
+        raise ServiceUnavailable("no search backend in this process")
+    try:
+        backend = await runtime.ready_backend()
+    except SearchUnavailable as error:
+        raise ServiceUnavailable(f"the search backend is unavailable: {error}") from None
+    return scoped_backend(backend, principal)
+
+
+async def graphql(
+    request: Request, session: AsyncSession, principal: Principal, query: str, variables: dict[str, Any]
+) -> dict[str, Any]:
+    """`data` of `query` run as `principal`; GraphQLRefused with DataHub's error code (403 for a refused mutation)."""
+    state = request.app.state
+    settings = cast(Settings, state.settings)
+
+    async def backend() -> SearchBackend:
+        return await _backend(request, principal)
+
+    context = Context(
+        session,
+        state.registry,
+        cast(IngestGateway, _AttributedGateway(state.gateway)),
+        principal,
+        backend,
+        settings.graphql_max_count,
+        request.headers,
+    )
+    body, _ = await run(GraphQLRequest(query, variables, None), context, settings)
+    errors = body.get("errors") or []
+    if errors:
+        codes = [(e.get("extensions") or {}).get("code") for e in errors]
+        status = next((c for c in codes if isinstance(c, int)), 500)
+        raise GraphQLRefused(status, "; ".join(str(e.get("message")) for e in errors[:3]))
+    return cast(dict[str, Any], body.get("data") or {})
+
+
+# --- search
+
+SEARCH = """
+query webSearch($query: String!, $start: Int!, $count: Int!, $orFilters: [AndFilterInput!]) {
+  searchAcrossEntities(input: {query: $query, start: $start, count: $count, orFilters: $orFilters,
+                               searchFlags: {skipHighlighting: true, maxAggValues: 20}}) {
+    start count total
+    searchResults {
+      entity {
+        urn type
+        ... on Dataset { name platform { name } properties { name description }
+                         ownership { owners { owner { ... on CorpUser { urn username } ... on CorpGroup { urn name } } } } }
+        ... on Chart { platform { name } properties { name description }
+                       ownership { owners { owner { ... on CorpUser { urn username } ... on CorpGroup { urn name } } } } }
+        ... on Dashboard { platform { name } properties { name description }
+                           ownership { owners { owner { ... on CorpUser { urn username } ... on CorpGroup { urn name } } } } }
+        ... on DataFlow { platform { name } properties { name description }
+                          ownership { owners { owner { ... on CorpUser { urn username } ... on CorpGroup { urn name } } } } }
+        ... on DataJob { properties { name description }
+                         ownership { owners { owner { ... on CorpUser { urn username } ... on CorpGroup { urn name } } } } }
+        ... on Container { properties { name description }
+                           ownership { owners { owner { ... on CorpUser { urn username } ... on CorpGroup { urn name } } } } }
+        ... on Tag { name properties { name description } }
+        ... on GlossaryTerm { properties { name description } }
+        ... on Domain { properties { name description } }
+        ... on CorpGroup { name }
+      }
+    }
+    facets { field displayName aggregations { value count displayName } }
+  }
+}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Hit:
+    urn: str
+    url: str | None
+    entity_type: str
+    name: str
+    platform: str | None
+    description: str
+    owners: list[tuple[str, str | None]]  # (name, page)
+
+
+@dataclass(frozen=True, slots=True)
+class FacetValue:
+    value: str
+    label: str
+    count: int
+    selected: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Facet:
+    field: str
+    label: str
+    values: list[FacetValue]
+
+
+@dataclass(slots=True)
+class SearchPage:
+    query: str
+    filters: list[Filter]
+    start: int
+    total: int = 0
+    hits: list[Hit] = field(default_factory=list)
+    facets: list[Facet] = field(default_factory=list)
+
+
+def short_name(urn: str) -> str:
+    """A readable name from a URN alone: a dataset's name, else what follows the entity type."""
+    parts = urn.split(":", 3)
+    if len(parts) < 4:
+        return urn
+    key = parts[3]
+    if key.startswith("(") and key.endswith(")"):
+        inner = [p for p in key[1:-1].split(",")]
+        return inner[1] if len(inner) >= 2 else key
+    return key
+
+
+def snippet(text: str | None, length: int = 200) -> str:
+    text = " ".join((text or "").split())
+    return text if len(text) <= length else text[: length - 1].rstrip() + "…"
+
+
+def _owners(entity: dict[str, Any]) -> list[tuple[str, str | None]]:
+    owners = ((entity.get("ownership") or {}).get("owners")) or []
+    found = []
+    for owner in owners:
+        who = owner.get("owner") or {}
+        urn = who.get("urn")
+        if urn:
+            found.append((who.get("username") or who.get("name") or short_name(urn), entity_url(urn)))
+    return found
+
+
+def _hit(entity: dict[str, Any]) -> Hit:
+    urn = entity["urn"]
+    properties = entity.get("properties") or {}
+    name = properties.get("name") or entity.get("name") or short_name(urn)
+    platform = (entity.get("platform") or {}).get("name")
+    return Hit(
+        urn=urn,
+        url=entity_url(urn),
+        entity_type=urn.split(":", 3)[2] if urn.count(":") >= 3 else "",
+        name=name,
+        platform=platform,
+        description=snippet(properties.get("description")),
+        owners=_owners(entity),
+    )
+
+
+async def search(
+    request: Request, session: AsyncSession, principal: Principal, query: str, filters: list[Filter], start: int
+) -> SearchPage:
+    variables = {
+        "query": query or "*",
+        "start": start,
+        "count": PAGE_SIZE,
+        "orFilters": [{"and": [f.to_graphql() for f in filters]}] if filters else None,
+    }
+    data = await graphql(request, session, principal, SEARCH, variables)
+    found = data.get("searchAcrossEntities") or {}
+    page = SearchPage(query=query, filters=filters, start=start, total=int(found.get("total") or 0))
+    page.hits = [_hit(r["entity"]) for r in found.get("searchResults") or []]
+    chosen = {(f.field, v) for f in filters if not f.negated for v in f.values}
+    by_field = {f["field"]: f for f in found.get("facets") or []}
+    for name in FACET_FIELDS:
+        facet = by_field.get(name)
+        if not facet or not facet.get("aggregations"):
+            continue
+        values = [
+            FacetValue(
+                value=a["value"],
+                label=a.get("displayName") or short_name(a["value"]),
+                count=int(a["count"]),
+                selected=(name, a["value"]) in chosen,
+            )
+            for a in facet["aggregations"]
+            if int(a["count"]) > 0
+        ]
+        if values:
+            page.facets.append(Facet(name, FACET_LABELS[name], values))
+    return page
+
+
+# --- an entity's page
+
+
+@dataclass(frozen=True, slots=True)
+class FieldRow:
+    path: str  # DataHub's fieldPath as written
+    name: str  # its last part, without the [version=2.0]/[type=…] tokens of the v2 paths
+    depth: int
+    type: str
+    description: str
+    tags: list[str]
+    terms: list[str]
+
+
+@dataclass(frozen=True, slots=True)
+class RawAspectView:
+    name: str
+    version: str | None
+    run_id: str | None
+    trace_id: str | None
+    created_by: str
+    created_on: str
+    json: str
+
+
+@dataclass(slots=True)
+class EntityView:
+    urn: str
+    entity_type: str
+    name: str
+    platform: str | None = None
+    description: str | None = None
+    description_source: str | None = None  # "edited" when a person's description stands over the ingested one
+    custom_properties: list[tuple[str, str]] = field(default_factory=list)
+    properties: list[tuple[str, str]] = field(default_factory=list)
+    fields: list[FieldRow] = field(default_factory=list)
+    owners: list[tuple[str, str | None, str]] = field(default_factory=list)  # (name, page, ownership type)
+    tags: list[tuple[str, str | None]] = field(default_factory=list)
+    terms: list[tuple[str, str | None]] = field(default_factory=list)
+    domains: list[tuple[str, str | None]] = field(default_factory=list)
+    structured: list[tuple[str, str]] = field(default_factory=list)
+    deprecation: dict[str, Any] | None = None
+    links: list[tuple[str, str]] = field(default_factory=list)
+    aspects: list[RawAspectView] = field(default_factory=list)
+
+
+def _field_name(path: str) -> tuple[str, int]:
+    """The name and depth of a field path; v2 paths' `[version=2.0].[type=struct]` tokens are not names."""
+    parts = [p for p in path.split(".") if not (p.startswith("[") and p.endswith("]"))]
+    return (parts[-1] if parts else path), max(len(parts) - 1, 0)
+
+
+def _linked(urns: list[str]) -> list[tuple[str, str | None]]:
+    return [(short_name(u), entity_url(u)) for u in urns]
+
+
+def _value_text(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, sort_keys=True)
+
+
+def _describe(view: EntityView, values: dict[str, dict[str, Any]]) -> None:
+    """The description as DataHub shows it: the edited one (editable*Properties) over the ingested one."""
+    for aspect, data in values.items():
+        if aspect.endswith("Properties") or aspect.endswith("Info"):
+            editable = aspect.startswith("editable") or aspect == "corpUserEditableInfo"
+            text = data.get("description") or data.get("definition")
+            if isinstance(text, str) and text and (editable or view.description is None):
+                view.description = text
+                view.description_source = "edited" if editable else "ingested"
+
+
+async def entity(reader: EntityReader, entity_type: str, urn: str) -> EntityView | None:
+    """The entity as the reader may see it; None when it does not exist (or is not the reader's to see)."""
+    try:
+        rows = await reader.latest_of(urn, None)
+    except RegistryError:
+        return None
+    if not rows:
+        return None
+    values = {row.aspect: row.value for row in rows}
+    view = EntityView(urn=urn, entity_type=entity_type, name=short_name(urn))
+    for aspect, data in values.items():
+        if aspect.endswith("Properties") or aspect.endswith("Info"):
+            if isinstance(data.get("name"), str) and not aspect.startswith("editable"):
+                view.name = data["name"]
+            custom = data.get("customProperties")
+            if isinstance(custom, dict):
+                view.custom_properties.extend(sorted((str(k), str(v)) for k, v in custom.items()))
+            for key in ("qualifiedName", "externalUrl", "displayName", "title", "email"):
+                if isinstance(data.get(key), str):
+                    view.properties.append((key, data[key]))
+    _describe(view, values)
+    if urn.startswith("urn:li:dataset:(urn:li:dataPlatform:"):
+        view.platform = urn.split(",", 1)[0].rsplit(":", 1)[1]
+    view.fields = _schema(values.get("schemaMetadata"), values.get("editableSchemaMetadata"))
+    ownership = values.get("ownership") or {}
+    for owner in ownership.get("owners") or []:
+        kind = owner.get("typeUrn") or owner.get("type") or ""
+        view.owners.append((short_name(owner["owner"]), entity_url(owner["owner"]), short_name(kind) if kind else ""))
+    view.tags = _linked([t["tag"] for t in (values.get("globalTags") or {}).get("tags") or []])
+    view.terms = _linked([t["urn"] for t in (values.get("glossaryTerms") or {}).get("terms") or []])
+    view.domains = _linked(list((values.get("domains") or {}).get("domains") or []))
+    for assignment in (values.get("structuredProperties") or {}).get("properties") or []:
+        shown = ", ".join(_value_text(v.get("string", v.get("double", v))) for v in assignment.get("values") or [])
+        view.structured.append((short_name(assignment.get("propertyUrn", "")), shown))
+    deprecation = values.get("deprecation")
+    if deprecation and deprecation.get("deprecated"):
+        view.deprecation = deprecation
+    for link in (values.get("institutionalMemory") or {}).get("elements") or []:
+        view.links.append((link.get("description") or link.get("url", ""), link.get("url", "")))
+    for row in sorted(rows, key=lambda r: r.aspect):
+        system = row.system_metadata
+        props = system.get("properties") or {}
+        view.aspects.append(
+            RawAspectView(
+                name=row.aspect,
+                version=system.get("version"),
+                run_id=system.get("runId"),
+                trace_id=props.get("telemetryTraceId") if isinstance(props, dict) else None,
+                created_by=row.created_by,
+                created_on=row.created_on.isoformat(timespec="seconds"),
+                json=json.dumps({"value": row.value, "systemMetadata": system}, indent=2, sort_keys=True),
+            )
+        )
+    return view
+
+
+def _schema(schema: dict[str, Any] | None, editable: dict[str, Any] | None) -> list[FieldRow]:
+    """The schema's fields in their order, each with what people edited of it (editableSchemaMetadata) over what
+    was ingested, as DataHub's schema tab shows them."""
+    if not schema:
+        return []
+    edits = {f.get("fieldPath"): f for f in (editable or {}).get("editableSchemaFieldInfo") or []}
+    rows = []
+    for f in schema.get("fields") or []:
+        path = f.get("fieldPath", "")
+        edit = edits.get(path) or {}
+        tags = [t["tag"] for t in ((f.get("globalTags") or {}).get("tags") or [])]
+        tags += [t["tag"] for t in ((edit.get("globalTags") or {}).get("tags") or []) if t["tag"] not in tags]
+        terms = [t["urn"] for t in ((f.get("glossaryTerms") or {}).get("terms") or [])]
+        terms += [t["urn"] for t in ((edit.get("glossaryTerms") or {}).get("terms") or []) if t["urn"] not in terms]
+        data_type = f.get("nativeDataType") or next(iter((f.get("type") or {}).get("type") or {}), "")
+        name, depth = _field_name(path)
+        rows.append(
+            FieldRow(
+                path=path,
+                name=name,
+                depth=depth,
+                type=str(data_type).rsplit(".", 1)[-1],
+                description=edit.get("description") or f.get("description") or "",
+                tags=[short_name(t) for t in tags],
+                terms=[short_name(t) for t in terms],
+            )
+        )
+    return rows
+
+
+# --- lineage
+
+LINEAGE = """
+query webLineage($urn: String!, $direction: LineageDirection!) {
+  searchAcrossLineage(input: {urn: $urn, direction: $direction, query: "*", start: 0, count: 100,
+                              orFilters: [{and: [{field: "degree", values: ["1", "2"]}]}]}) {
+    total
+    searchResults { degree entity { urn type ... on Dataset { name platform { name } properties { name } } } }
+  }
+}
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class LineageHit:
+    urn: str
+    url: str | None
+    name: str
+    platform: str | None
+    degree: int
+
+
+async def lineage(
+    request: Request, session: AsyncSession, principal: Principal, urn: str
+) -> dict[str, list[LineageHit]]:
+    """Upstream and downstream, one and two hops, nearest first."""
+    found: dict[str, list[LineageHit]] = {}
+    for direction in ("UPSTREAM", "DOWNSTREAM"):
+        data = await graphql(request, session, principal, LINEAGE, {"urn": urn, "direction": direction})
+        results = (data.get("searchAcrossLineage") or {}).get("searchResults") or []
+        hits = []
+        for result in results:
+            e = result["entity"]
+            hits.append(
+                LineageHit(
+                    urn=e["urn"],
+                    url=entity_url(e["urn"]),
+                    name=(e.get("properties") or {}).get("name") or e.get("name") or short_name(e["urn"]),
+                    platform=(e.get("platform") or {}).get("name"),
+                    degree=int(result.get("degree") or 1),
+                )
+            )
+        found[direction.lower()] = sorted(hits, key=lambda h: (h.degree, h.name))
+    return found
+
+
+# --- edits
+
+UPDATE_DESCRIPTION = """
+mutation webUpdateDescription($input: DescriptionUpdateInput!) { updateDescription(input: $input) }
+"""
+
+
+async def update_description(
+    request: Request,
+    session: AsyncSession,
+    principal: Principal,
+    urn: str,
+    description: str,
+    field_path: str | None = None,
+) -> None:
+    """DataHub's curation mutation, as the principal: the gateway authorizes it by the principal's role and
+    policies, and its change log's actor is the principal's."""
+    update: dict[str, Any] = {"resourceUrn": urn, "description": description}
+    if field_path:
+        update.update(subResourceType="DATASET_FIELD", subResource=field_path)
+    await graphql(request, session, principal, UPDATE_DESCRIPTION, {"input": update})

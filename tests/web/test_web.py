@@ -1,0 +1,334 @@
+"""The web view against the app (httpx, real Postgres, no mocks): sign-in sessions and their end, CSRF on every
+state-changing form, cookies that never authorize the JSON APIs, DataHub's paths and query parameters, the pages'
+404s, and the policies, each rule alone and where it must not fire."""
+
+from __future__ import annotations
+
+import re
+from urllib.parse import quote
+
+import httpx
+import pytest
+import pytest_asyncio
+
+from app.web.sessions import SESSION_COOKIE
+from tests.helpers import ds, mcp, mint_token, propose
+
+ALICE = "urn:li:corpuser:alice"
+ORDERS = ds("web.orders")
+CUSTOMERS = ds("web.customers", platform="snowflake")
+PII = "urn:li:tag:pii"
+CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
+
+
+def page_url(urn: str, tab: str | None = None) -> str:
+    return f"/dataset/{quote(urn, safe='')}" + (f"/{tab}" if tab else "")
+
+
+def field(name: str, description: str, native: str = "VARCHAR") -> dict:
+    return {
+        "fieldPath": name,
+        "nativeDataType": native,
+        "type": {"type": {"com.linkedin.schema.StringType": {}}},
+        "description": description,
+    }
+
+
+@pytest_asyncio.fixture
+async def catalog(client: httpx.AsyncClient) -> None:
+    schema = {
+        "schemaName": "orders",
+        "platform": "urn:li:dataPlatform:hive",
+        "version": 0,
+        "hash": "",
+        "platformSchema": {"com.linkedin.schema.MySqlDDL": {"tableSchema": ""}},
+        "fields": [
+            field("order_id", "Order id", "NUMBER"),
+            {**field("customer", "The buyer", "STRUCT")},
+            field("customer.email", "The buyer's <b>e-mail</b>"),
+        ],
+    }
+    await propose(  # indexed before the answer (DataHub's sync-index header): searched at once
+        client,
+        mcp(
+            "datasetProperties",
+            {"name": "orders", "description": "All orders", "customProperties": {"tier": "1"}},
+            ORDERS,
+            sync=True,
+        ),
+        mcp("schemaMetadata", schema, ORDERS, sync=True),
+        mcp("ownership", {"owners": [{"owner": ALICE, "type": "DATAOWNER"}]}, ORDERS, sync=True),
+        mcp("globalTags", {"tags": [{"tag": PII}]}, ORDERS, sync=True),
+        mcp("datasetProperties", {"name": "customers", "description": "Who buys"}, CUSTOMERS, sync=True),
+        mcp(
+            "upstreamLineage",
+            {"upstreams": [{"dataset": CUSTOMERS, "type": "TRANSFORMED", "auditStamp": {"time": 0, "actor": ALICE}}]},
+            ORDERS,
+            sync=True,
+        ),
+    )
+
+
+async def sign_in(
+    app, role: str = "writer", actor: str = ALICE, base_url: str = "http://metaledger"
+) -> httpx.AsyncClient:
+    browser = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base_url)
+    token = await mint_token(app, role, actor)
+    form = await browser.get("/login")
+    answer = await browser.post(
+        "/login", data={"token": token, "csrf_token": CSRF.search(form.text).group(1), "next": "/search"}
+    )
+    assert answer.status_code == 303 and answer.headers["location"] == "/search", answer.text
+    return browser
+
+
+def csrf_of(html: str) -> str:
+    return CSRF.search(html).group(1)
+
+
+# --- sign-in and sessions
+
+
+async def test_a_page_without_a_session_redirects_to_the_sign_in_form_with_a_local_next(anonymous):
+    answer = await anonymous.get("/search?query=orders")
+    assert answer.status_code == 303
+    assert answer.headers["location"] == "/login?next=/search%3Fquery%3Dorders"
+    form = await anonymous.get("/login", params={"next": "//evil.example/x"})
+    assert 'name="next" value="/search"' in form.text  # another host is never a `next`
+    form = await anonymous.get("/login", params={"next": "/dataset/x"})
+    assert 'name="next" value="/dataset/x"' in form.text
+
+
+async def test_sign_in_sets_a_strict_http_only_cookie_secure_only_over_tls(app):
+    plain = await sign_in(app)
+    cookie = plain.cookies.jar
+    header = [c for c in cookie if c.name == SESSION_COOKIE][0]
+    assert header.has_nonstandard_attr("HttpOnly") and header._rest.get("SameSite", "").lower() == "strict"
+    assert not header.secure
+    tls = await sign_in(app, base_url="https://metaledger")
+    assert [c for c in tls.cookies.jar if c.name == SESSION_COOKIE][0].secure
+    page = await plain.get("/search")
+    assert page.status_code == 200 and "alice" in page.text and "Sign out" in page.text
+
+
+async def test_a_wrong_token_is_refused_and_opens_no_session(app, anonymous):
+    form = await anonymous.get("/login")
+    answer = await anonymous.post("/login", data={"token": "nope", "csrf_token": csrf_of(form.text)})
+    assert answer.status_code == 401 and "not valid" in answer.text
+    assert SESSION_COOKIE not in anonymous.cookies
+
+
+async def test_sign_in_without_the_forms_own_csrf_token_is_403(app, anonymous):
+    token = await mint_token(app, "reader", ALICE)
+    await anonymous.get("/login")  # sets the login cookie
+    for data in ({"token": token}, {"token": token, "csrf_token": "forged"}):
+        answer = await anonymous.post("/login", data=data)
+        assert answer.status_code == 403
+    assert SESSION_COOKIE not in anonymous.cookies
+    fresh = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://metaledger")
+    answer = await fresh.post("/login", data={"token": token, "csrf_token": "x"})  # no login cookie at all
+    assert answer.status_code == 403
+
+
+async def test_sign_out_needs_the_csrf_token_and_ends_the_session(app):
+    browser = await sign_in(app)
+    assert (await browser.post("/logout", data={})).status_code == 403
+    assert (await browser.post("/logout", data={"csrf_token": "forged"})).status_code == 403
+    assert (await browser.get("/search")).status_code == 200  # still signed in
+    page = await browser.get("/search")
+    cookie = browser.cookies[SESSION_COOKIE]
+    answer = await browser.post("/logout", data={"csrf_token": csrf_of(page.text)})
+    assert answer.status_code == 303 and answer.headers["location"] == "/login"
+    browser.cookies.set(SESSION_COOKIE, cookie)  # the old cookie, replayed: the session is gone
+    assert (await browser.get("/search")).status_code == 303
+
+
+async def test_another_sessions_csrf_token_is_refused(app, catalog):
+    alice, bob = await sign_in(app), await sign_in(app, actor="urn:li:corpuser:bob")
+    bobs = csrf_of((await bob.get("/search")).text)
+    answer = await alice.post("/web/description", data={"csrf_token": bobs, "urn": ORDERS, "description": "x"})
+    assert answer.status_code == 403
+    assert (await alice.post("/logout", data={"csrf_token": bobs})).status_code == 403
+
+
+async def test_a_revoked_token_ends_its_session(app, client):
+    browser = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://metaledger")
+    issued = (await client.post("/openapi/v1/auth/tokens", json={"actor": ALICE, "role": "reader"})).json()
+    form = await browser.get("/login")
+    await browser.post("/login", data={"token": issued["token"], "csrf_token": csrf_of(form.text)})
+    assert (await browser.get("/search")).status_code == 200
+    assert (await client.delete(f"/openapi/v1/auth/tokens/{issued['id']}")).status_code == 200
+    assert (await browser.get("/search")).status_code == 303  # at once, not after the token cache's seconds
+
+
+async def test_an_expired_token_ends_its_session(app, db):
+    browser = await sign_in(app, role="reader")
+    await db.execute("UPDATE auth_token SET expires_at = now() - interval '1 second' WHERE actor = $1", ALICE)
+    assert (await browser.get("/search")).status_code == 303
+
+
+# --- cookies never authorize the JSON APIs
+
+
+async def test_the_session_cookie_never_authorizes_the_json_apis(app):
+    browser = await sign_in(app, role="admin")
+    assert (await browser.get("/search")).status_code == 200
+    for method, path, body in (
+        ("GET", f"/openapi/v3/entity/dataset/{quote(ORDERS, safe='')}", None),
+        ("GET", "/openapi/v1/auth/me", None),
+        ("POST", "/api/graphql", {"query": "{ me { corpUser { urn } } }"}),
+        ("POST", "/mcp", {"jsonrpc": "2.0", "id": 1, "method": "tools/list"}),
+    ):
+        answer = await browser.request(
+            method, path, json=body, headers={"Accept": "application/json, text/event-stream"}
+        )
+        assert answer.status_code == 401, (path, answer.status_code, answer.text[:200])
+
+
+async def test_a_bearer_token_opens_no_page(app):
+    token = await mint_token(app, "admin")
+    anonymous = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://metaledger")
+    answer = await anonymous.get("/search", headers={"Authorization": f"Bearer {token}"})
+    assert answer.status_code == 303
+
+
+# --- search
+
+
+async def test_search_with_datahubs_filter_parameters_and_facets(app, catalog):
+    browser = await sign_in(app, role="reader")
+    page = await browser.get("/search", params={"query": "orders"})
+    assert page.status_code == 200
+    assert "orders" in page.text and "All orders" in page.text and "alice" in page.text
+    assert "Platform" in page.text and "hive" in page.text
+    # a facet's link adds DataHub's filter parameter; following it narrows the results
+    platform = "urn:li:dataPlatform:snowflake"
+    link = re.search(r'href="(/search\?[^"]*filter_platform___false___EQUAL___0=[^"]*snowflake[^"]*)"', page.text)
+    everything = await browser.get("/search", params={"query": "*"})
+    link = link or re.search(
+        r'href="(/search\?[^"]*filter_platform___false___EQUAL___0=[^"]*snowflake[^"]*)"', everything.text
+    )
+    assert link, everything.text
+    narrowed = await browser.get("/search", params={"query": "*", "filter_platform___false___EQUAL___0": platform})
+    assert "customers" in narrowed.text and ">orders<" not in narrowed.text
+    older = await browser.get("/search", params={"query": "*", "filter_platform": platform})  # DataHub's older form
+    assert "customers" in older.text and ">orders<" not in older.text
+    negated = await browser.get("/search", params={"query": "*", "filter_platform___true___EQUAL___0": platform})
+    assert ">orders<" in negated.text and ">customers<" not in negated.text
+
+
+# --- entity pages
+
+
+async def test_entity_page_tabs_at_datahubs_paths(app, catalog):
+    browser = await sign_in(app, role="reader")
+    schema = await browser.get(page_url(ORDERS, "Schema"))
+    assert schema.status_code == 200
+    assert "order_id" in schema.text and 'class="depth-1"' in schema.text  # customer.email, nested
+    assert "&lt;b&gt;e-mail&lt;/b&gt;" in schema.text  # escaped, never markup
+    assert "alice" in schema.text and "pii" in schema.text
+    default = await browser.get(page_url(ORDERS))
+    assert 'aria-current="page" class="active">Schema' in default.text
+    unknown_tab = await browser.get(page_url(ORDERS, "NoSuchTab"))
+    assert unknown_tab.status_code == 200 and 'class="active">Schema' in unknown_tab.text
+    props = await browser.get(page_url(ORDERS, "Properties"))
+    assert "tier" in props.text
+    docs = await browser.get(page_url(ORDERS, "Documentation"))
+    assert "All orders" in docs.text
+    aspects = await browser.get(page_url(ORDERS, "Aspects"))
+    assert "schemaMetadata" in aspects.text and "runId" in aspects.text
+    lineage = await browser.get(page_url(ORDERS, "Lineage"))
+    assert lineage.status_code == 200 and "customers" in lineage.text
+    tag = await browser.get(f"/tag/{quote(PII, safe='')}")
+    assert tag.status_code == 404 and "There is no tag" in tag.text  # a tag only referenced has no page yet
+
+
+async def test_unknown_urns_and_types_are_404_pages(app, catalog):
+    browser = await sign_in(app, role="reader")
+    missing = await browser.get(page_url(ds("web.nothing")))
+    assert missing.status_code == 404 and "There is no dataset" in missing.text
+    assert missing.headers["content-type"].startswith("text/html")
+    wrong_type = await browser.get(f"/dataset/{quote('urn:li:tag:pii', safe='')}")
+    assert wrong_type.status_code == 404 and "/tag/" in wrong_type.text
+    unknown = await browser.get(f"/dataset/{quote('urn:li:nosuchtype:x', safe='')}")
+    assert unknown.status_code == 404
+    not_urn = await browser.get("/chart/nothing")
+    assert not_urn.status_code == 404
+
+
+# --- edits and the policies
+
+
+async def test_a_writer_edits_a_description_through_graphql_as_the_person(app, client, catalog, db):
+    browser = await sign_in(app, role="writer")
+    page = await browser.get(page_url(ORDERS, "Documentation"))
+    assert 'action="/web/description"' in page.text
+    answer = await browser.post(
+        "/web/description", data={"csrf_token": csrf_of(page.text), "urn": ORDERS, "description": "Every order"}
+    )
+    assert answer.status_code == 303 and answer.headers["location"] == page_url(ORDERS, "Documentation")
+    stored = await client.get(f"/openapi/v3/entity/dataset/{quote(ORDERS, safe='')}/editableDatasetProperties")
+    assert stored.json()["value"]["description"] == "Every order"
+    actor = await db.fetchval(
+        "SELECT createdby FROM metadata_aspect_v2 WHERE urn = $1 AND aspect = 'editableDatasetProperties'", ORDERS
+    )
+    assert actor == ALICE
+    assert "Every order" in (await browser.get(page_url(ORDERS, "Documentation"))).text
+    field_answer = await browser.post(
+        "/web/description",
+        data={"csrf_token": csrf_of(page.text), "urn": ORDERS, "field": "order_id", "description": "The key"},
+    )
+    assert field_answer.status_code == 303
+    assert "The key" in (await browser.get(page_url(ORDERS, "Schema"))).text
+
+
+async def test_a_reader_sees_no_edit_control_and_its_forged_post_is_403(app, client, catalog):
+    browser = await sign_in(app, role="reader")
+    for tab in ("Documentation", "Schema"):
+        page = await browser.get(page_url(ORDERS, tab))
+        assert 'action="/web/description"' not in page.text
+    forged = await browser.post(
+        "/web/description", data={"csrf_token": csrf_of(page.text), "urn": ORDERS, "description": "forged"}
+    )
+    assert forged.status_code == 403 and "WRITE" in forged.text
+    stored = await client.get(f"/openapi/v3/entity/dataset/{quote(ORDERS, safe='')}/editableDatasetProperties")
+    assert stored.status_code == 404
+
+
+async def test_a_writers_policies_still_apply_to_its_edits(app, client, catalog):
+    created = await client.post(
+        "/openapi/v1/auth/policies", json={"actor": ALICE, "entityTypes": ["dataset"], "aspects": ["globalTags"]}
+    )
+    assert created.status_code == 201, created.text
+    browser = await sign_in(app, role="writer")
+    page = await browser.get(page_url(ORDERS, "Documentation"))
+    refused = await browser.post(
+        "/web/description", data={"csrf_token": csrf_of(page.text), "urn": ORDERS, "description": "narrowed"}
+    )
+    assert refused.status_code == 403
+
+
+async def test_a_form_without_a_session_is_403_and_a_form_is_bounded(app, anonymous, catalog):
+    answer = await anonymous.post("/web/description", data={"csrf_token": "x", "urn": ORDERS, "description": "x"})
+    assert answer.status_code == 403
+    browser = await sign_in(app)
+    big = await browser.post(
+        "/web/description", content=b"a" * 100_000, headers={"content-type": "application/x-www-form-urlencoded"}
+    )
+    assert big.status_code == 413
+    json_body = await browser.post("/web/description", json={"csrf_token": "x"})
+    assert json_body.status_code == 415
+
+
+async def test_pages_carry_no_store_and_deny_framing(app):
+    browser = await sign_in(app, role="reader")
+    page = await browser.get("/search")
+    assert page.headers["cache-control"] == "no-store" and page.headers["x-frame-options"] == "DENY"
+    assert "frame-ancestors 'none'" in page.headers["content-security-policy"]
+    css = await browser.get("/web/static/app.css")
+    assert css.status_code == 200 and "text/css" in css.headers["content-type"]
+
+
+@pytest.mark.parametrize("path", ["/openapi.json", "/health"])
+async def test_the_api_routes_are_untouched(anonymous, path):
+    assert (await anonymous.get(path)).headers["content-type"].startswith("application/json")
