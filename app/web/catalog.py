@@ -112,6 +112,12 @@ async def graphql(
 # --- search
 
 SEARCH = """
+fragment webOwners on Ownership {
+  owners {
+    owner { ... on CorpUser { urn username properties { displayName } } ... on CorpGroup { urn name properties { displayName } } }
+  }
+}
+
 query webSearch($query: String!, $start: Int!, $count: Int!, $orFilters: [AndFilterInput!]) {
   searchAcrossEntities(input: {query: $query, start: $start, count: $count, orFilters: $orFilters,
                                searchFlags: {skipHighlighting: true, maxAggValues: 20}}) {
@@ -119,18 +125,18 @@ query webSearch($query: String!, $start: Int!, $count: Int!, $orFilters: [AndFil
     searchResults {
       entity {
         urn type
-        ... on Dataset { name platform { name } properties { name description }
-                         ownership { owners { owner { ... on CorpUser { urn username } ... on CorpGroup { urn name } } } } }
-        ... on Chart { platform { name } properties { name description }
-                       ownership { owners { owner { ... on CorpUser { urn username } ... on CorpGroup { urn name } } } } }
-        ... on Dashboard { platform { name } properties { name description }
-                           ownership { owners { owner { ... on CorpUser { urn username } ... on CorpGroup { urn name } } } } }
-        ... on DataFlow { platform { name } properties { name description }
-                          ownership { owners { owner { ... on CorpUser { urn username } ... on CorpGroup { urn name } } } } }
-        ... on DataJob { properties { name description }
-                         ownership { owners { owner { ... on CorpUser { urn username } ... on CorpGroup { urn name } } } } }
-        ... on Container { properties { name description }
-                           ownership { owners { owner { ... on CorpUser { urn username } ... on CorpGroup { urn name } } } } }
+        ... on Dataset { name platform { name } properties { name description } editableProperties { description }
+                         ownership { ...webOwners } }
+        ... on Chart { platform { name } properties { name description } editableProperties { description }
+                       ownership { ...webOwners } }
+        ... on Dashboard { platform { name } properties { name description } editableProperties { description }
+                           ownership { ...webOwners } }
+        ... on DataFlow { platform { name } properties { name description } editableProperties { description }
+                          ownership { ...webOwners } }
+        ... on DataJob { properties { name description } editableProperties { description }
+                         ownership { ...webOwners } }
+        ... on Container { properties { name description } editableProperties { description }
+                           ownership { ...webOwners } }
         ... on Tag { name properties { name description } }
         ... on GlossaryTerm { properties { name description } }
         ... on Domain { properties { name description } }
@@ -203,7 +209,8 @@ def _owners(entity: dict[str, Any]) -> list[tuple[str, str | None]]:
         who = owner.get("owner") or {}
         urn = who.get("urn")
         if urn:
-            found.append((who.get("username") or who.get("name") or short_name(urn), entity_url(urn)))
+            shown = (who.get("properties") or {}).get("displayName") or who.get("username") or who.get("name")
+            found.append((shown or short_name(urn), entity_url(urn)))
     return found
 
 
@@ -218,7 +225,10 @@ def _hit(entity: dict[str, Any]) -> Hit:
         entity_type=urn.split(":", 3)[2] if urn.count(":") >= 3 else "",
         name=name,
         platform=platform,
-        description=snippet(properties.get("description")),
+        # what a person wrote stands over what ingestion brought, as on DataHub's result cards
+        description=snippet(
+            (entity.get("editableProperties") or {}).get("description") or properties.get("description")
+        ),
         owners=_owners(entity),
     )
 
