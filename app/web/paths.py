@@ -69,13 +69,18 @@ class EntityPath:
     tab: str | None  # as the path says it, not yet checked
 
 
+_TAB = re.compile(r"[A-Za-z][A-Za-z0-9 _-]{0,60}")
+
+
 def split_entity_path(rest: str) -> EntityPath:
-    """`<urn>[/<Tab>]` as the router hands it (decoded, a `%2F` of the URN as app.api.urn_paths routes it). A tab is
-    a last segment without a `:`: every URN has one after `urn:li`, so a URN with a `/` of its own stays whole."""
-    head, slash, last = rest.rstrip("/").rpartition("/")
-    if slash and head and ":" not in last:
+    """`<urn>[/<Tab>]` as the router hands it (decoded, a `%2F` of the URN as app.api.urn_paths routes it). A link
+    may also carry a URN's `/` unencoded (an s3 key: `…s3,bucket/key,PROD)`), so the last segment is a tab only if it
+    is a word and what comes before it is a whole URN (its parentheses closed)."""
+    whole = rest.rstrip("/")
+    head, slash, last = whole.rpartition("/")
+    if slash and head.startswith("urn:") and _TAB.fullmatch(last) and head.count("(") == head.count(")"):
         return EntityPath(restore_slashes(head), last)
-    return EntityPath(restore_slashes(rest.rstrip("/")), None)
+    return EntityPath(restore_slashes(whole), None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -332,3 +332,13 @@ async def test_pages_carry_no_store_and_deny_framing(app):
 @pytest.mark.parametrize("path", ["/openapi.json", "/health"])
 async def test_the_api_routes_are_untouched(anonymous, path):
     assert (await anonymous.get(path)).headers["content-type"].startswith("application/json")
+
+
+async def test_a_urn_with_a_slash_opens_encoded_or_not(app, client):
+    s3 = "urn:li:dataset:(urn:li:dataPlatform:s3,bucket/orders/2026.csv,PROD)"
+    await propose(client, mcp("datasetProperties", {"name": "2026.csv", "description": "On s3"}, s3))
+    browser = await sign_in(app, role="reader")
+    for url in (page_url(s3, "Documentation"), f"/dataset/{quote(s3, safe='/')}/Documentation"):
+        answer = await browser.get(url)
+        assert answer.status_code == 200, url
+        assert "On s3" in answer.text and 'class="active">Documentation' in answer.text
