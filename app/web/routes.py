@@ -67,7 +67,10 @@ async def login(request: Request, form: FormOfSignIn, auth: Auth) -> Response:
         _set_cookie(response, request, LOGIN_COOKIE, csrf, max_age=3600)
         return response
     info = await auth.repository.token(principal.token_id) if principal.token_id else None
-    session_id, _ = await session_store(request).open(principal, info.expires_at if info else None)
+    store = session_store(request)
+    if SESSION_COOKIE in request.cookies:  # a sign-in replaces the browser's session: the old one ends here
+        await store.close(request.cookies[SESSION_COOKIE])
+    session_id, _ = await store.open(principal, info.expires_at if info else None)
     signed_in = _see_other(next_path)
     _set_cookie(signed_in, request, SESSION_COOKIE, session_id)
     signed_in.delete_cookie(LOGIN_COOKIE, path="/")

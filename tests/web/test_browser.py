@@ -139,6 +139,16 @@ def shot(driver, artifacts: Path, name: str) -> None:
     driver.set_window_size(width, 800)
 
 
+def arrived(driver, where: Callable[[str], bool], timeout: float = 20) -> None:
+    """Wait for the navigation a click started: on a loaded machine the click returns before the next page is in."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout).until(
+        lambda d: where(d.current_url) and d.execute_script("return document.readyState") == "complete",
+        message=f"still at {driver.current_url}",
+    )
+
+
 def page_url(urn: str, tab: str | None = None) -> str:
     return f"/dataset/{quote(urn, safe='')}" + (f"/{tab}" if tab else "")
 
@@ -152,7 +162,7 @@ def sign_in(driver, service: Metaledger, token: str, artifacts: Path | None = No
     if artifacts is not None:
         shot(driver, artifacts, "01-sign-in")
     driver.find_element(By.CSS_SELECTOR, "form[action='/login'] button").click()
-    assert driver.current_url == service.url + "/search?query=" + RUN
+    arrived(driver, lambda url: url == service.url + "/search?query=" + RUN)
 
 
 def test_sign_in_with_a_token(browser, catalog: Metaledger, artifacts: Path):
@@ -173,7 +183,7 @@ def test_search_with_a_facet(browser, catalog: Metaledger, artifacts: Path):
     shot(browser, artifacts, "02-search")
     kafka = browser.find_element(By.XPATH, "//section[@class='facet'][h3='Platform']//a[contains(., 'kafka')]")
     kafka.click()
-    assert "filter_platform___false___EQUAL___0=" in browser.current_url
+    arrived(browser, lambda url: "filter_platform___false___EQUAL___0=" in url)
     names = [e.text for e in browser.find_elements(By.CSS_SELECTOR, ".hit-name")]
     assert [n.rsplit(".", 1)[-1] for n in names] == ["events"], names
     shot(browser, artifacts, "03-search-facet")
@@ -184,7 +194,7 @@ def test_open_a_dataset_and_read_its_schema_and_owners(browser, catalog: Metaled
 
     browser.get(catalog.url + "/search?query=" + RUN + ".shop.orders")
     browser.find_element(By.LINK_TEXT, "orders").click()
-    assert browser.current_url == catalog.url + page_url(ORDERS)
+    arrived(browser, lambda url: url == catalog.url + page_url(ORDERS))
     assert browser.find_element(By.CSS_SELECTOR, ".tabs a.active").text == "Schema"
     rows = browser.find_elements(By.CSS_SELECTOR, "#schema-table tbody tr")
     assert [r.find_element(By.TAG_NAME, "th").text.lstrip("└ ") for r in rows] == [
@@ -236,7 +246,7 @@ def test_edit_the_description_and_read_it_back_through_the_sdk(
     box.send_keys(EDITED)
     shot(browser, artifacts, "09-edit-description")
     browser.find_element(By.CSS_SELECTOR, ".edit-description button").click()
-    assert browser.current_url == catalog.url + page_url(ORDERS, "Documentation")
+    arrived(browser, lambda url: url == catalog.url + page_url(ORDERS, "Documentation"))
     assert browser.find_element(By.ID, "description").text == EDITED
     read = sdk.script(READ_BACK, URN=ORDERS).stdout.strip()
     assert read == EDITED
@@ -296,7 +306,7 @@ def test_a_readers_session_shows_no_edit_control_and_its_forged_post_is_refused(
     from selenium.webdriver.common.by import By
 
     browser.find_element(By.CSS_SELECTOR, "form[action='/logout'] button").click()
-    assert browser.current_url.endswith("/login")
+    arrived(browser, lambda url: url.endswith("/login"))
     env = {"METALEDGER_DATABASE_URL": catalog.database_url, "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": ""}
     reader = service_token(env, actor=f"urn:li:corpuser:{RUN}-reader", role="reader")
     sign_in(browser, catalog, reader)

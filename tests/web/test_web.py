@@ -11,7 +11,7 @@ import httpx
 import pytest
 import pytest_asyncio
 
-from app.web.sessions import SESSION_COOKIE
+from app.web.sessions import LOGIN_COOKIE, SESSION_COOKIE
 from tests.helpers import ds, mcp, mint_token, propose
 
 ALICE = "urn:li:corpuser:alice"
@@ -342,3 +342,16 @@ async def test_a_urn_with_a_slash_opens_encoded_or_not(app, client):
         answer = await browser.get(url)
         assert answer.status_code == 200, url
         assert "On s3" in answer.text and 'class="active">Documentation' in answer.text
+
+
+async def test_signing_in_again_ends_the_previous_session(app):
+    browser = await sign_in(app, role="reader")
+    first = browser.cookies[SESSION_COOKIE]
+    token = await mint_token(app, "writer", ALICE)
+    form = await httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://metaledger").get("/login")
+    browser.cookies.set(LOGIN_COOKIE, form.cookies[LOGIN_COOKIE])
+    answer = await browser.post("/login", data={"token": token, "csrf_token": csrf_of(form.text)})
+    assert answer.status_code == 303 and browser.cookies[SESSION_COOKIE] != first
+    assert "role-writer" in (await browser.get("/search")).text
+    browser.cookies.set(SESSION_COOKIE, first)
+    assert (await browser.get("/search")).status_code == 303
