@@ -109,6 +109,12 @@ async def get_search_runtime(request: Request) -> SearchRuntime | None:
 async def get_backend(request: Request) -> SearchBackend:
     """The started search backend as the caller may search it (app.auth.reads: the read rule is part of every query);
     503 when there is none or it cannot be reached now."""
+    return await scoped_search_backend(request, await authenticate(request))
+
+
+async def scoped_search_backend(request: Request, principal: Principal) -> SearchBackend:
+    """The started search backend as `principal` may search it (the web view's signed-in person, or the bearer
+    caller); 503 when there is none or it cannot be reached now."""
     runtime: SearchRuntime | None = getattr(request.app.state, "search", None)
     if runtime is None:
         raise ServiceUnavailable("no search backend in this process")
@@ -116,7 +122,7 @@ async def get_backend(request: Request) -> SearchBackend:
         backend = await runtime.ready_backend()
     except SearchUnavailable as error:
         raise ServiceUnavailable(f"the search backend is unavailable: {error}") from None
-    return scoped_backend(backend, await authenticate(request))
+    return scoped_backend(backend, principal)
 
 
 async def _already_current() -> bool:

@@ -230,3 +230,27 @@ class IngestGateway:
         if not self.settings.write_deadline_ms:
             return None
         return asyncio.get_running_loop().time() + self.settings.write_deadline_ms / 1000
+
+
+ORIGIN_KEY = "metaledger.origin"  # systemMetadata.properties: which surface made a write (an MCP tool, the web view)
+
+
+class AttributedGateway:
+    """The ingest gateway as one surface uses it: every draft it submits records `origin` under ORIGIN_KEY, so the
+    change log says what made the write. Everything else is the gateway's own (authorization, admission, the write
+    path)."""
+
+    def __init__(self, gateway: IngestGateway, origin: str) -> None:
+        self._gateway = gateway
+        self._origin = origin
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._gateway, name)
+
+    async def submit(self, session: AsyncSession, drafts: list[Draft], caller: Principal, **options: Any) -> Submission:
+        for draft in drafts:
+            system_metadata = draft.system_metadata if isinstance(draft.system_metadata, dict) else {}
+            properties = system_metadata.get("properties")
+            properties = properties if isinstance(properties, dict) else {}
+            draft.system_metadata = {**system_metadata, "properties": {**properties, ORIGIN_KEY: self._origin}}
+        return await self._gateway.submit(session, drafts, caller, **options)

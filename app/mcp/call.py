@@ -17,17 +17,15 @@ from app.auth.model import Permission, Principal
 from app.errors import Forbidden, Issue, MetaledgerError, NotFound, ValidationFailed
 from app.graphql.resolvers import Context
 from app.graphql.service import GraphQLRequest, run
-from app.ingest.gateway import IngestGateway, Submission
+from app.ingest.gateway import AttributedGateway, IngestGateway
 from app.registry import EntityRegistry
 from app.search.model import SearchBackend
 from app.settings import Settings
-from app.write.proposal import Draft
 from app.write.reader import EntityReader
 
 # Where a write records its origin: its system metadata's `properties`, beside DataHub's `telemetryTraceId` (the
 # request's trace, app.ingest.trace) and the change processors' `metaledger.cause.*` (app.write.processors). The
 # change log carries the system metadata, so it names the tool beside the actor.
-ORIGIN_KEY = "metaledger.origin"
 GQL_DIR = Path(__file__).with_name("gql")
 
 
@@ -38,26 +36,6 @@ def operation(file: str) -> str:
     marked for those commented out."""
     lines = (GQL_DIR / file).read_text().split("\n")
     return "\n".join("# " + line if "#[CLOUD]" in line or "#[NEWER_GMS]" in line else line for line in lines)
-
-
-class AttributedGateway:
-    """The ingest gateway as one tool call uses it: every draft it submits records the tool as its origin. Everything
-    else is the gateway's own (authorization, admission, the write path)."""
-
-    def __init__(self, gateway: IngestGateway, origin: str) -> None:
-        self._gateway = gateway
-        self._origin = origin
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._gateway, name)
-
-    async def submit(self, session: AsyncSession, drafts: list[Draft], caller: Principal, **options: Any) -> Submission:
-        for draft in drafts:
-            system_metadata = draft.system_metadata if isinstance(draft.system_metadata, dict) else {}
-            properties = system_metadata.get("properties")
-            properties = properties if isinstance(properties, dict) else {}
-            draft.system_metadata = {**system_metadata, "properties": {**properties, ORIGIN_KEY: self._origin}}
-        return await self._gateway.submit(session, drafts, caller, **options)
 
 
 class GraphQLFailed(MetaledgerError):

@@ -14,21 +14,17 @@ from typing import Any, cast
 from sqlalchemy.ext.asyncio import AsyncSession
 from starlette.requests import Request
 
+from app.api.deps import scoped_search_backend
 from app.auth.model import Principal
-from app.auth.reads import scoped_backend
-from app.errors import ServiceUnavailable
 from app.graphql.resolvers import Context
 from app.graphql.service import GraphQLRequest, run
-from app.ingest.gateway import IngestGateway, Submission
+from app.ingest.gateway import AttributedGateway, IngestGateway
 from app.registry.errors import RegistryError
 from app.search.model import SearchBackend
-from app.search.service import SearchRuntime, SearchUnavailable
 from app.settings import Settings
 from app.web.paths import Filter, entity_url
-from app.write.proposal import Draft
 from app.write.reader import EntityReader
 
-ORIGIN_KEY = "metaledger.origin"  # as app.mcp.call records a tool: the change log says the web view made the write
 ORIGIN = "web"
 PAGE_SIZE = 20
 FACET_FIELDS = ("_entityType", "platform", "tags", "glossaryTerms", "domains", "owners")
@@ -49,38 +45,6 @@ class GraphQLRefused(Exception):
         self.message = message
 
 
-class _AttributedGateway:
-    """The gateway as the web view uses it: each draft records the web view as its origin; all else is the
-    gateway's (authorization by the principal's role and policies, admission, the write path)."""
-
-    def __init__(self, gateway: IngestGateway) -> None:
-        self._gateway = gateway
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._gateway, name)
-
-    async def submit(self, session: AsyncSession, drafts: list[Draft], caller: Principal, **options: Any) -> Submission:
-        for draft in drafts:
-            system_metadata = draft.system_metadata if isinstance(draft.system_metadata, dict) else {}
-            properties = system_metadata.get("properties")
-            properties = properties if isinstance(properties, dict) else {}
-            draft.system_metadata = {**system_metadata, "properties": {**properties, ORIGIN_KEY: ORIGIN}}
-        return await self._gateway.submit(session, drafts, caller, **options)
-
-
-async def _backend(request: Request, principal: Principal) -> SearchBackend:
-    """The search backend as the principal may search it (the read rule in every query), as app.api.deps does for a
-    bearer caller: a session's principal is never the request's Authorization header."""
-    runtime: SearchRuntime | None = getattr(request.app.state, "search", None)
-    if runtime is None:
-        raise ServiceUnavailable("no search backend in this process")
-    try:
-        backend = await runtime.ready_backend()
-    except SearchUnavailable as error:
-        raise ServiceUnavailable(f"the search backend is unavailable: {error}") from None
-    return scoped_backend(backend, principal)
-
-
 async def graphql(
     request: Request, session: AsyncSession, principal: Principal, query: str, variables: dict[str, Any]
 ) -> dict[str, Any]:
@@ -89,12 +53,12 @@ async def graphql(
     settings = cast(Settings, state.settings)
 
     async def backend() -> SearchBackend:
-        return await _backend(request, principal)
+        return await scoped_search_backend(request, principal)
 
     context = Context(
         session,
         state.registry,
-        cast(IngestGateway, _AttributedGateway(state.gateway)),
+        cast(IngestGateway, AttributedGateway(state.gateway, ORIGIN)),
         principal,
         backend,
         settings.graphql_max_count,
