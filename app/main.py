@@ -121,13 +121,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.drain.take_over_sigterm(ops.readiness)  # SIGTERM drains, then stops (app.ops.drain)
     # A worker of `serve --workers N` stops (as on SIGTERM: uvicorn's graceful shutdown) if its supervisor is killed.
     orphan_watch = asyncio.create_task(follow_supervisor(lambda: os.kill(os.getpid(), signal.SIGTERM)))
-    # The MCP endpoint's task group (app.mcp.server): closed after the requests in flight drained, before the services.
-    await app.state.mcp.start()
     log.info("metaledger started", extra={"database": engine.url.render_as_string(hide_password=True)})
     try:
         yield
     finally:
-        await app.state.mcp.stop()
+        await app.state.mcp.stop()  # the MCP endpoint's task group (app.mcp.server), started by its first call
         orphan_watch.cancel()
         model_stop.set()
         if model_watch is not None:

@@ -15,6 +15,7 @@ gateway as that caller, attributed to the tool (app.mcp.call)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Annotated, Any
 
@@ -107,7 +108,9 @@ class _Forwarded(Response):
     operation_id="mcp",
 )
 async def mcp_endpoint(request: Request, caller: Caller, message: Annotated[bytes, Depends(JsonRpcBody())]) -> Response:
-    return _Forwarded(request.app.state.mcp.manager, message)
+    endpoint: McpEndpoint = request.app.state.mcp
+    await endpoint.start()
+    return _Forwarded(endpoint.manager, message)
 
 
 async def _list_tools(ctx: Any, params: types.PaginatedRequestParams | None) -> types.ListToolsResult:
@@ -150,6 +153,9 @@ async def _call_tool(ctx: Any, params: types.CallToolRequestParams) -> types.Cal
     return types.CallToolResult(content=[types.TextContent(text=_text(result))], structured_content=structured)
 
 
+STOP_WAIT_S = 5.0
+
+
 class McpEndpoint:
     """The MCP server of one app and its session manager (started and stopped by the app's lifespan)."""
 
@@ -172,11 +178,17 @@ class McpEndpoint:
         )
         self._task: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        self._started = asyncio.Event()
 
     async def start(self) -> None:
-        """Run the session manager in a task of its own: its task group is entered and left in that task, whichever
-        tasks start and stop the app (a test's lifespan may start in one and stop in another)."""
-        started = asyncio.Event()
+        """Run the session manager in a task of its own, on the first call (at once when it runs already): its task
+        group is entered and left in that task, whichever tasks start and stop the app (a test's lifespan may start
+        in one and stop in another). Not in the lifespan's start-up: a worker whose supervisor was killed while it
+        started up stayed, its session manager's task in the way of its stop."""
+        if self._task is not None:
+            await self._started.wait()
+            return
+        started = self._started = asyncio.Event()
         self._stop = asyncio.Event()
 
         async def run() -> None:
@@ -188,9 +200,16 @@ class McpEndpoint:
         await started.wait()
 
     async def stop(self) -> None:
+        """Leave the session manager's task group; cancelled if it has not left within STOP_WAIT_S: a stop never
+        waits on it for ever."""
         if self._task is not None:
             self._stop.set()
-            await self._task
+            try:
+                await asyncio.wait_for(asyncio.shield(self._task), STOP_WAIT_S)
+            except TimeoutError:
+                self._task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await self._task
             self._task = None
 
 

@@ -548,7 +548,7 @@ def test_entity_request_and_response_components(schemas, registry):
     assert aspect_request["properties"]["systemMetadata"] == {"$ref": "#/components/schemas/SystemMetadata"}
     assert aspect_request["required"] == ["value"]
     response = schemas["GlobalTagsAspectResponse"]
-    assert set(response["properties"]) == {"value", "systemMetadata", "version", "status", "message"}
+    assert set(response["properties"]) == {"value", "systemMetadata", "auditStamp", "version", "status", "message"}
     assert set(schemas["DatasetEntityResponse"]["properties"]) == {"urn"} | set(dataset.aspect_names)
 
     body_item = {
@@ -591,6 +591,7 @@ def test_single_aspect_body_is_any_of_the_entity_aspects(schemas, registry):
     assert set(schemas["DatasetEntityAspectResponse"]["properties"]) == {
         "value",
         "systemMetadata",
+        "auditStamp",
         "version",
         "status",
         "message",
