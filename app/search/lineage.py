@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from app.search.model import DOWNSTREAM_LINEAGE, Edge, SearchBackend
-from app.urns import InvalidUrnError, entity_type_of
+from app.urns import InvalidUrnError, entity_type_of, parse_urn
 
 Direction = Literal["UPSTREAM", "DOWNSTREAM"]
 Path = tuple[tuple[str, str], ...]  # (urn, entity type), from the start
@@ -38,20 +38,15 @@ def type_of(urn: str) -> str:
 
 
 def schema_field_parent(urn: str) -> str | None:
-    """The parent entity of a schema field's URN (`urn:li:schemaField:(<parent>,<fieldPath>)`): everything up to the
-    last top-level comma, as DataHub reads the first key part. None when `urn` is no schema field's."""
-    if not urn.startswith(SCHEMA_FIELD_PREFIX) or not urn.endswith(")"):
+    """The parent entity of a schema field's URN (`urn:li:schemaField:(<parent>,<fieldPath>)`): its first key part,
+    as DataHub reads it. None when `urn` is no schema field's."""
+    if not urn.startswith(SCHEMA_FIELD_PREFIX):
         return None
-    inner = urn[len(SCHEMA_FIELD_PREFIX) : -1]
-    depth = 0
-    for i, char in enumerate(inner):
-        if char == "(":
-            depth += 1
-        elif char == ")":
-            depth -= 1
-        elif char == "," and depth == 0:
-            return inner[:i] or None
-    return None
+    try:
+        parts = parse_urn(urn).parts
+    except InvalidUrnError:
+        return None
+    return parts[0] or None if len(parts) >= 2 else None
 
 
 @dataclass(frozen=True, slots=True)
