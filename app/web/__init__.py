@@ -10,14 +10,15 @@ from fastapi import FastAPI, Request
 from fastapi.staticfiles import StaticFiles
 from starlette.responses import RedirectResponse, Response
 
+from app.web import edits, operations, routes, runs, tokens
 from app.web.policy import SignInRequired, WebError, current_session, sign_in_url
 from app.web.render import STATIC, STATIC_URL, message
-from app.web.routes import router
 
 
 def install(app: FastAPI) -> None:
     app.mount(STATIC_URL, StaticFiles(directory=STATIC), name="web-static")
-    app.include_router(router)
+    for pages in (routes, edits, runs, operations, tokens):
+        app.include_router(pages.router)
     app.add_exception_handler(SignInRequired, _sign_in)  # type: ignore[arg-type]
     app.add_exception_handler(WebError, _refused)  # type: ignore[arg-type]
 

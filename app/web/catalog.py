@@ -388,52 +388,6 @@ def _schema(schema: dict[str, Any] | None, editable: dict[str, Any] | None) -> l
     return rows
 
 
-# --- lineage
-
-LINEAGE = """
-query webLineage($urn: String!, $direction: LineageDirection!) {
-  searchAcrossLineage(input: {urn: $urn, direction: $direction, query: "*", start: 0, count: 100,
-                              orFilters: [{and: [{field: "degree", values: ["1", "2"]}]}]}) {
-    total
-    searchResults { degree entity { urn type ... on Dataset { name platform { name } properties { name } } } }
-  }
-}
-"""
-
-
-@dataclass(frozen=True, slots=True)
-class LineageHit:
-    urn: str
-    url: str | None
-    name: str
-    platform: str | None
-    degree: int
-
-
-async def lineage(
-    request: Request, session: AsyncSession, principal: Principal, urn: str
-) -> dict[str, list[LineageHit]]:
-    """Upstream and downstream, one and two hops, nearest first."""
-    found: dict[str, list[LineageHit]] = {}
-    for direction in ("UPSTREAM", "DOWNSTREAM"):
-        data = await graphql(request, session, principal, LINEAGE, {"urn": urn, "direction": direction})
-        results = (data.get("searchAcrossLineage") or {}).get("searchResults") or []
-        hits = []
-        for result in results:
-            e = result["entity"]
-            hits.append(
-                LineageHit(
-                    urn=e["urn"],
-                    url=entity_url(e["urn"]),
-                    name=(e.get("properties") or {}).get("name") or e.get("name") or short_name(e["urn"]),
-                    platform=(e.get("platform") or {}).get("name"),
-                    degree=int(result.get("degree") or 1),
-                )
-            )
-        found[direction.lower()] = sorted(hits, key=lambda h: (h.degree, h.name))
-    return found
-
-
 # --- edits
 
 UPDATE_DESCRIPTION = """

@@ -42,9 +42,11 @@ PATH_NAMES = {
 ENTITY_TYPES = {path: entity for entity, path in PATH_NAMES.items()}
 
 # DataHub's tab names as they appear in the path; the first of each list is the type's default.
-SCHEMA, DOCUMENTATION, PROPERTIES, LINEAGE, ASPECTS = "Schema", "Documentation", "Properties", "Lineage", "Aspects"
-DATASET_TABS = (SCHEMA, DOCUMENTATION, PROPERTIES, LINEAGE, ASPECTS)
-OTHER_TABS = (DOCUMENTATION, PROPERTIES, LINEAGE, ASPECTS)
+# DataHub has no History tab (its Timeline API has no page) and no Aspects tab: both are metaledger's.
+SCHEMA, DOCUMENTATION, PROPERTIES, LINEAGE = "Schema", "Documentation", "Properties", "Lineage"
+STATS, HISTORY, ASPECTS = "Stats", "History", "Aspects"
+DATASET_TABS = (SCHEMA, DOCUMENTATION, PROPERTIES, LINEAGE, STATS, HISTORY, ASPECTS)
+OTHER_TABS = (DOCUMENTATION, PROPERTIES, LINEAGE, HISTORY, ASPECTS)
 
 FILTER_PREFIX = "filter_"
 SEPARATOR = "___"  # DataHub's URL_PARAM_SEPARATOR: filter_<field>___<negated>___<condition>___<index>

@@ -10,8 +10,18 @@ from starlette.responses import RedirectResponse, Response
 
 from app.api.deps import Auth, Registry, Session
 from app.errors import MetaledgerError
-from app.web import catalog
-from app.web.paths import ENTITY_TYPES, LINEAGE, PATH_NAMES, entity_url, parse_filters, split_entity_path, tabs_of
+from app.web import catalog, history, lineage_graph, stats
+from app.web.paths import (
+    ENTITY_TYPES,
+    HISTORY,
+    LINEAGE,
+    PATH_NAMES,
+    STATS,
+    entity_url,
+    parse_filters,
+    split_entity_path,
+    tabs_of,
+)
 from app.web.policy import (
     ALLOW_PAGE_PUBLIC,
     FormOfSession,
@@ -25,9 +35,13 @@ from app.web.policy import (
 from app.web.render import message
 from app.web.render import page as render
 from app.web.sessions import LOGIN_COOKIE, SESSION_COOKIE, new_secret, session_store
+from app.web.tabs import Tab, TabRequest
 from app.write.reader import EntityReader
 
 router = APIRouter(include_in_schema=False)  # pages, not API operations: out of the OpenAPI document
+
+# the tabs that load more than the entity's own aspects, or bring their own assets
+TABS = {LINEAGE: lineage_graph.TAB, HISTORY: history.TAB, STATS: stats.TAB}
 
 
 def _secure(request: Request) -> bool:
@@ -111,8 +125,9 @@ async def entity_page(request: Request, session: PageReader, db: Session, regist
         return message(session, 404, "Not found", f"There is no {entity_type} {wanted.urn}.")
     tabs = tabs_of(entity_type)
     tab = wanted.tab if wanted.tab in tabs else (tabs[1] if tabs[0] == "Schema" and not view.fields else tabs[0])
-    lineage = await catalog.lineage(request, db, session.principal, wanted.urn) if tab == LINEAGE else None
-    return render("entity.html", session, view=view, tab=tab, tabs=tabs, lineage=lineage, path_name=path_name)
+    chosen = TABS.get(tab, Tab())
+    loaded = await chosen.load(TabRequest(request, db, registry, session, view)) if chosen.load else {}
+    return render("entity.html", session, view=view, tab=tab, tabs=tabs, path_name=path_name, assets=chosen, **loaded)
 
 
 for _path_name in sorted(ENTITY_TYPES):

@@ -13,16 +13,12 @@ import pytest_asyncio
 
 from app.web.sessions import LOGIN_COOKIE, SESSION_COOKIE
 from tests.helpers import ds, mcp, mint_token, propose
+from tests.web.browsing import csrf_of, page_url, sign_in
 
 ALICE = "urn:li:corpuser:alice"
 ORDERS = ds("web.orders")
 CUSTOMERS = ds("web.customers", platform="snowflake")
 PII = "urn:li:tag:pii"
-CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
-
-
-def page_url(urn: str, tab: str | None = None) -> str:
-    return f"/dataset/{quote(urn, safe='')}" + (f"/{tab}" if tab else "")
 
 
 def field(name: str, description: str, native: str = "VARCHAR") -> dict:
@@ -67,23 +63,6 @@ async def catalog(client: httpx.AsyncClient) -> None:
             sync=True,
         ),
     )
-
-
-async def sign_in(
-    app, role: str = "writer", actor: str = ALICE, base_url: str = "http://metaledger"
-) -> httpx.AsyncClient:
-    browser = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=base_url)
-    token = await mint_token(app, role, actor)
-    form = await browser.get("/login")
-    answer = await browser.post(
-        "/login", data={"token": token, "csrf_token": CSRF.search(form.text).group(1), "next": "/search"}
-    )
-    assert answer.status_code == 303 and answer.headers["location"] == "/search", answer.text
-    return browser
-
-
-def csrf_of(html: str) -> str:
-    return CSRF.search(html).group(1)
 
 
 # --- sign-in and sessions

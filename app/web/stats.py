@@ -1,0 +1,7 @@
+"""The Stats tab."""
+
+from __future__ import annotations
+
+from app.web.tabs import Tab
+
+TAB = Tab()
