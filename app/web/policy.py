@@ -153,5 +153,6 @@ class SignInForm(DeclaredBody[dict[str, str]]):
 ALLOW_PAGE_PUBLIC = Depends(public_page)
 PageReader = Annotated[WebSession, Depends(SessionPolicy(Permission.READ))]
 PageWriter = Annotated[WebSession, Depends(SessionPolicy(Permission.WRITE))]
+PageAdmin = Annotated[WebSession, Depends(SessionPolicy(Permission.ADMIN))]
 FormOfSession = Annotated[dict[str, str], Depends(SessionForm())]
 FormOfSignIn = Annotated[dict[str, str], Depends(SignInForm())]
