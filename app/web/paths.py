@@ -39,7 +39,10 @@ PATH_NAMES = {
     "application": "application",
     "erModelRelationship": "erModelRelationship",
 }
-ENTITY_TYPES = {path: entity for entity, path in PATH_NAMES.items()}
+# DataHub's SDK writes a type's own name where its frontend path is not one of the SDK's few special cases
+# (datahub.ingestion.graph.links.make_url_for_urn: `/mlModel/<urn>/`, `/dataPlatform/<urn>/`, …): those links open
+# the same pages.
+ENTITY_TYPES = {entity: entity for entity in PATH_NAMES} | {path: entity for entity, path in PATH_NAMES.items()}
 
 # DataHub's tab names as they appear in the path; the first of each list is the type's default.
 # DataHub has no History tab (its Timeline API has no page) and no Aspects tab: both are metaledger's.
@@ -72,17 +75,30 @@ class EntityPath:
 
 
 _TAB = re.compile(r"[A-Za-z][A-Za-z0-9 _-]{0,60}")
+# DataHub's tabs whose paths carry a sub-tab (`…/Quality/List`: the MCP server's links to an assertion)
+TABS_WITH_SUB_TABS = frozenset({"Quality"})
+
+
+def _whole_urn(head: str) -> bool:
+    """`head` could be a whole URN: a tuple key's parentheses closed, and nothing after its last one."""
+    if not head.startswith("urn:"):
+        return False
+    return "(" not in head or (head.endswith(")") and head.count("(") == head.count(")"))
 
 
 def split_entity_path(rest: str) -> EntityPath:
-    """`<urn>[/<Tab>]` as the router hands it (decoded, a `%2F` of the URN as app.api.urn_paths routes it). A link
-    may also carry a URN's `/` unencoded (an s3 key: `…s3,bucket/key,PROD)`), so the last segment is a tab only if it
-    is a word and what comes before it is a whole URN (its parentheses closed)."""
-    whole = rest.rstrip("/")
-    head, slash, last = whole.rpartition("/")
-    if slash and head.startswith("urn:") and _TAB.fullmatch(last) and head.count("(") == head.count(")"):
-        return EntityPath(restore_slashes(head), last)
-    return EntityPath(restore_slashes(whole), None)
+    """`<urn>[/<Tab>[/<Sub-tab>]]` as the router hands it (decoded, a `%2F` of the URN as app.api.urn_paths routes
+    it). A link may also carry a URN's `/` unencoded (an s3 key: `…s3,bucket/key,PROD)`), so the last segment is a
+    tab only if it is a word and what comes before it is a whole URN; two segments are a tab and its sub-tab when
+    the first is one of TABS_WITH_SUB_TABS."""
+    segments = rest.rstrip("/").split("/")
+    for depth in (2, 1):
+        head, tail = "/".join(segments[:-depth]), segments[-depth:]
+        if len(segments) <= depth or not all(_TAB.fullmatch(t) for t in tail):
+            continue
+        if (depth == 1 or tail[0] in TABS_WITH_SUB_TABS) and _whole_urn(head):
+            return EntityPath(restore_slashes(head), "/".join(tail))
+    return EntityPath(restore_slashes("/".join(segments)), None)
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,11 @@ S3 = "urn:li:dataset:(urn:li:dataPlatform:s3,bucket/key/file.csv,PROD)"
         ("urn:li:tag:pii/Documentation", "urn:li:tag:pii", "Documentation"),
         ("urn:li:corpuser:jdoe@example.com/Ownership", "urn:li:corpuser:jdoe@example.com", "Ownership"),
         ("urn:li:glossaryTerm:a/b", "urn:li:glossaryTerm:a", "b"),  # a word after a whole URN is a tab name
+        (f"{ORDERS}/Quality/List", ORDERS, "Quality/List"),  # a tab and its sub-tab (the MCP server's links)
+        (f"{S3}/Quality/List", S3, "Quality/List"),
+        ("urn:li:container:abc/Quality/List", "urn:li:container:abc", "Quality/List"),
+        (f"{ORDERS}/Schema/List", f"{ORDERS}/Schema/List", None),  # only a tab with sub-tabs has one: not found
+        (f"{ORDERS}/", ORDERS, None),  # the SDK's links end with a slash
     ],
 )
 def test_an_entity_path_is_a_urn_and_a_tab(rest, urn, tab):
