@@ -82,6 +82,7 @@ SAMPLE_PARAMS = {
     "rest": "nothing-here",
     "token_id": "0" * 32,
     "policy_id": "0" * 32,
+    "run_id": "auth-test-run",
     "traceId": "0" * 32,
 }
 
