@@ -16,26 +16,18 @@ from starlette.requests import Request
 
 from app.api.deps import scoped_search_backend
 from app.auth.model import Principal
+from app.graphql.curation import SYSTEM_OWNERSHIP_PREFIX, SYSTEM_OWNERSHIP_TYPES
 from app.graphql.resolvers import Context
 from app.graphql.service import GraphQLRequest, run
 from app.ingest.gateway import AttributedGateway, IngestGateway
 from app.registry.errors import RegistryError
 from app.search.model import SearchBackend
+from app.search.structured_properties import FIELD_PREFIX
 from app.settings import Settings
 from app.web.paths import Filter, entity_url
 from app.write.reader import EntityReader
 
 ORIGIN = "web"
-PAGE_SIZE = 20
-FACET_FIELDS = ("_entityType", "platform", "tags", "glossaryTerms", "domains", "owners")
-FACET_LABELS = {
-    "_entityType": "Type",
-    "platform": "Platform",
-    "tags": "Tags",
-    "glossaryTerms": "Glossary terms",
-    "domains": "Domain",
-    "owners": "Owners",
-}
 
 
 class GraphQLRefused(Exception):
@@ -75,42 +67,96 @@ async def graphql(
 
 # --- search
 
-SEARCH = """
+PAGE_SIZE = 20
+FACET_FIELDS = ("_entityType", "platform", "tags", "glossaryTerms", "domains", "owners")
+FACET_LABELS = {
+    "_entityType": "Type",
+    "platform": "Platform",
+    "tags": "Tags",
+    "glossaryTerms": "Glossary terms",
+    "domains": "Domain",
+    "owners": "Owners",
+}
+FACET_VALUES = 20  # per facet (DataHub's search page asks for as many)
+# The structured properties offered as facets: those whose settings say showInSearchFilters (DataHub's search page
+# lists them the same way), at most this many.
+MAX_PROPERTY_FACETS = 20
+
+PROPERTY_FILTERS = f"""
+query webPropertyFilters {{
+  searchAcrossEntities(input: {{types: [STRUCTURED_PROPERTY], query: "*", start: 0, count: {MAX_PROPERTY_FACETS},
+                               orFilters: [{{and: [{{field: "showInSearchFilters", values: ["true"]}}]}}],
+                               searchFlags: {{skipAggregates: true, skipHighlighting: true}}}}) {{
+    searchResults {{ entity {{ urn ... on StructuredPropertyEntity {{ definition {{ qualifiedName displayName }} }} }} }}
+  }}
+}}
+"""
+
+_HIT = """
 fragment webOwners on Ownership {
   owners {
     owner { ... on CorpUser { urn username properties { displayName } } ... on CorpGroup { urn name properties { displayName } } }
   }
 }
 
-query webSearch($query: String!, $start: Int!, $count: Int!, $orFilters: [AndFilterInput!]) {
-  searchAcrossEntities(input: {query: $query, start: $start, count: $count, orFilters: $orFilters,
-                               searchFlags: {skipHighlighting: true, maxAggValues: 20}}) {
-    start count total
-    searchResults {
-      entity {
-        urn type
-        ... on Dataset { name platform { name } properties { name description } editableProperties { description }
-                         ownership { ...webOwners } }
-        ... on Chart { platform { name } properties { name description } editableProperties { description }
+fragment webHit on SearchResult {
+  entity {
+    urn type
+    ... on Dataset { name platform { name } properties { name description } editableProperties { description }
+                     ownership { ...webOwners } }
+    ... on Chart { platform { name } properties { name description } editableProperties { description }
+                   ownership { ...webOwners } }
+    ... on Dashboard { platform { name } properties { name description } editableProperties { description }
                        ownership { ...webOwners } }
-        ... on Dashboard { platform { name } properties { name description } editableProperties { description }
-                           ownership { ...webOwners } }
-        ... on DataFlow { platform { name } properties { name description } editableProperties { description }
-                          ownership { ...webOwners } }
-        ... on DataJob { properties { name description } editableProperties { description }
-                         ownership { ...webOwners } }
-        ... on Container { properties { name description } editableProperties { description }
-                           ownership { ...webOwners } }
-        ... on Tag { name properties { name description } }
-        ... on GlossaryTerm { properties { name description } }
-        ... on Domain { properties { name description } }
-        ... on CorpGroup { name }
-      }
-    }
-    facets { field displayName aggregations { value count displayName } }
+    ... on DataFlow { platform { name } properties { name description } editableProperties { description }
+                      ownership { ...webOwners } }
+    ... on DataJob { properties { name description } editableProperties { description }
+                     ownership { ...webOwners } }
+    ... on Container { properties { name description } editableProperties { description }
+                       ownership { ...webOwners } }
+    ... on Tag { name properties { name description } }
+    ... on GlossaryTerm { properties { name description } }
+    ... on Domain { properties { name description } }
+    ... on CorpGroup { name }
   }
 }
 """
+
+# The facets, structured properties' among them, in one aggregation beside the page: the page's own query asks for
+# none (a scroll's facets would be counted again on every page).
+_FACETS = f"""
+  aggregates: aggregateAcrossEntities(input: {{query: $query, orFilters: $orFilters, facets: $facets,
+                                               searchFlags: {{maxAggValues: {FACET_VALUES}}}}}) {{
+    facets {{ field displayName aggregations {{ value count displayName }} }}
+  }}
+"""
+
+# The first page and the pages after it, by cursor (scrollAcrossEntities' scrollId): the only way past the
+# searches' window of 10,000 results.
+SCROLL = (
+    _HIT
+    + """
+query webScroll($query: String!, $count: Int!, $scrollId: String, $orFilters: [AndFilterInput!], $facets: [String]) {
+  page: scrollAcrossEntities(input: {query: $query, count: $count, scrollId: $scrollId, orFilters: $orFilters,
+                                     searchFlags: {skipHighlighting: true}}) {
+    total nextScrollId searchResults { ...webHit }
+  }"""
+    + _FACETS
+    + "}\n"
+)
+
+# DataHub's `page=N`, as the links DataHub prints carry it: within the window only.
+SEARCH = (
+    _HIT
+    + """
+query webSearch($query: String!, $start: Int!, $count: Int!, $orFilters: [AndFilterInput!], $facets: [String]) {
+  page: searchAcrossEntities(input: {query: $query, start: $start, count: $count, orFilters: $orFilters,
+                                     searchFlags: {skipHighlighting: true}}) {
+    total searchResults { ...webHit }
+  }"""
+    + _FACETS
+    + "}\n"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,10 +189,11 @@ class Facet:
 class SearchPage:
     query: str
     filters: list[Filter]
-    start: int
+    start: int  # the results before this page (a cursor's page: as its link said)
     total: int = 0
     hits: list[Hit] = field(default_factory=list)
     facets: list[Facet] = field(default_factory=list)
+    next_cursor: str | None = None  # the scrollId of the next page, for a page read by cursor
 
 
 def short_name(urn: str) -> str:
@@ -197,22 +244,50 @@ def _hit(entity: dict[str, Any]) -> Hit:
     )
 
 
+async def property_filters(request: Request, session: AsyncSession, principal: Principal) -> dict[str, str]:
+    """The structured properties whose settings show them in search filters: their filter field
+    (`structuredProperties.<qualified name>`, as DataHub's search page names it) and label."""
+    data = await graphql(request, session, principal, PROPERTY_FILTERS, {})
+    found: dict[str, str] = {}
+    for result in (data.get("searchAcrossEntities") or {}).get("searchResults") or []:
+        definition = result["entity"].get("definition") or {}
+        name = definition.get("qualifiedName")
+        if name:
+            found[FIELD_PREFIX + name] = definition.get("displayName") or name
+    return found
+
+
 async def search(
-    request: Request, session: AsyncSession, principal: Principal, query: str, filters: list[Filter], start: int
+    request: Request,
+    session: AsyncSession,
+    principal: Principal,
+    query: str,
+    filters: list[Filter],
+    start: int = 0,
+    cursor: str | None = None,
+    by_page: bool = False,
 ) -> SearchPage:
-    variables = {
+    """A page of results with the facets: by cursor (`cursor`: a previous page's scrollId, None for the first
+    page), or at `start` when `by_page` (DataHub's page numbers)."""
+    properties = await property_filters(request, session, principal)
+    variables: dict[str, Any] = {
         "query": query or "*",
-        "start": start,
         "count": PAGE_SIZE,
         "orFilters": [{"and": [f.to_graphql() for f in filters]}] if filters else None,
+        "facets": [*FACET_FIELDS, *properties],
     }
-    data = await graphql(request, session, principal, SEARCH, variables)
-    found = data.get("searchAcrossEntities") or {}
+    if by_page:
+        data = await graphql(request, session, principal, SEARCH, variables | {"start": start})
+    else:
+        data = await graphql(request, session, principal, SCROLL, variables | {"scrollId": cursor})
+    found = data.get("page") or {}
     page = SearchPage(query=query, filters=filters, start=start, total=int(found.get("total") or 0))
     page.hits = [_hit(r["entity"]) for r in found.get("searchResults") or []]
+    page.next_cursor = None if by_page else found.get("nextScrollId")
+    labels = FACET_LABELS | properties
     chosen = {(f.field, v) for f in filters if not f.negated for v in f.values}
-    by_field = {f["field"]: f for f in found.get("facets") or []}
-    for name in FACET_FIELDS:
+    by_field = {f["field"]: f for f in (data.get("aggregates") or {}).get("facets") or []}
+    for name in labels:
         facet = by_field.get(name)
         if not facet or not facet.get("aggregations"):
             continue
@@ -227,11 +302,31 @@ async def search(
             if int(a["count"]) > 0
         ]
         if values:
-            page.facets.append(Facet(name, FACET_LABELS[name], values))
+            page.facets.append(Facet(name, labels[name], values))
     return page
 
 
 # --- an entity's page
+
+
+@dataclass(frozen=True, slots=True)
+class Chip:
+    """A tag, term, domain (or any entity) shown by name, linked to its page; `editable`: a person's edit may
+    remove it (a schema field's tags and terms that ingestion wrote are not the edit's to remove, as in DataHub)."""
+
+    urn: str
+    name: str
+    url: str | None
+    editable: bool = True
+
+
+@dataclass(frozen=True, slots=True)
+class OwnerView:
+    urn: str
+    name: str
+    url: str | None
+    type_urn: str  # the ownership type, as a removal names it
+    type_name: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,8 +336,8 @@ class FieldRow:
     depth: int
     type: str
     description: str
-    tags: list[str]
-    terms: list[str]
+    tags: list[Chip]
+    terms: list[Chip]
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,10 +362,10 @@ class EntityView:
     custom_properties: list[tuple[str, str]] = field(default_factory=list)
     properties: list[tuple[str, str]] = field(default_factory=list)
     fields: list[FieldRow] = field(default_factory=list)
-    owners: list[tuple[str, str | None, str]] = field(default_factory=list)  # (name, page, ownership type)
-    tags: list[tuple[str, str | None]] = field(default_factory=list)
-    terms: list[tuple[str, str | None]] = field(default_factory=list)
-    domains: list[tuple[str, str | None]] = field(default_factory=list)
+    owners: list[OwnerView] = field(default_factory=list)
+    tags: list[Chip] = field(default_factory=list)
+    terms: list[Chip] = field(default_factory=list)
+    domains: list[Chip] = field(default_factory=list)
     structured: list[tuple[str, str]] = field(default_factory=list)
     deprecation: dict[str, Any] | None = None
     links: list[tuple[str, str]] = field(default_factory=list)
@@ -283,8 +378,22 @@ def _field_name(path: str) -> tuple[str, int]:
     return (parts[-1] if parts else path), max(len(parts) - 1, 0)
 
 
-def _linked(urns: list[str]) -> list[tuple[str, str | None]]:
-    return [(short_name(u), entity_url(u)) for u in urns]
+def _chips(urns: list[str], editable: bool = True) -> list[Chip]:
+    return [Chip(u, short_name(u), entity_url(u), editable) for u in urns]
+
+
+def ownership_type_urn(owner: dict[str, Any]) -> str:
+    """An owner's ownership type: its `typeUrn`, else the system type of its deprecated `type` (as DataHub's
+    OwnerUtils reads it, and as batchRemoveOwners matches it)."""
+    return str(owner.get("typeUrn") or SYSTEM_OWNERSHIP_PREFIX + str(owner.get("type") or "NONE").lower())
+
+
+def ownership_type_name(type_urn: str) -> str:
+    """DataHub's name of a system ownership type (Technical Owner, …); a custom type's id."""
+    if type_urn.startswith(SYSTEM_OWNERSHIP_PREFIX):
+        key = type_urn.removeprefix(SYSTEM_OWNERSHIP_PREFIX)
+        return SYSTEM_OWNERSHIP_TYPES.get(key) or key.replace("_", " ").capitalize()
+    return short_name(type_urn)
 
 
 def _value_text(value: Any) -> str:
@@ -328,11 +437,12 @@ async def entity(reader: EntityReader, entity_type: str, urn: str) -> EntityView
     view.fields = _schema(values.get("schemaMetadata"), values.get("editableSchemaMetadata"))
     ownership = values.get("ownership") or {}
     for owner in ownership.get("owners") or []:
-        kind = owner.get("typeUrn") or owner.get("type") or ""
-        view.owners.append((short_name(owner["owner"]), entity_url(owner["owner"]), short_name(kind) if kind else ""))
-    view.tags = _linked([t["tag"] for t in (values.get("globalTags") or {}).get("tags") or []])
-    view.terms = _linked([t["urn"] for t in (values.get("glossaryTerms") or {}).get("terms") or []])
-    view.domains = _linked(list((values.get("domains") or {}).get("domains") or []))
+        kind = ownership_type_urn(owner)
+        who = owner["owner"]
+        view.owners.append(OwnerView(who, short_name(who), entity_url(who), kind, ownership_type_name(kind)))
+    view.tags = _chips([t["tag"] for t in (values.get("globalTags") or {}).get("tags") or []])
+    view.terms = _chips([t["urn"] for t in (values.get("glossaryTerms") or {}).get("terms") or []])
+    view.domains = _chips(list((values.get("domains") or {}).get("domains") or []))
     for assignment in (values.get("structuredProperties") or {}).get("properties") or []:
         shown = ", ".join(_value_text(v.get("string", v.get("double", v))) for v in assignment.get("values") or [])
         view.structured.append((short_name(assignment.get("propertyUrn", "")), shown))
@@ -369,9 +479,11 @@ def _schema(schema: dict[str, Any] | None, editable: dict[str, Any] | None) -> l
         path = f.get("fieldPath", "")
         edit = edits.get(path) or {}
         tags = [t["tag"] for t in ((f.get("globalTags") or {}).get("tags") or [])]
-        tags += [t["tag"] for t in ((edit.get("globalTags") or {}).get("tags") or []) if t["tag"] not in tags]
+        edited_tags = [t["tag"] for t in ((edit.get("globalTags") or {}).get("tags") or []) if t["tag"] not in tags]
         terms = [t["urn"] for t in ((f.get("glossaryTerms") or {}).get("terms") or [])]
-        terms += [t["urn"] for t in ((edit.get("glossaryTerms") or {}).get("terms") or []) if t["urn"] not in terms]
+        edited_terms = [
+            t["urn"] for t in ((edit.get("glossaryTerms") or {}).get("terms") or []) if t["urn"] not in terms
+        ]
         data_type = f.get("nativeDataType") or next(iter((f.get("type") or {}).get("type") or {}), "")
         name, depth = _field_name(path)
         rows.append(
@@ -381,31 +493,84 @@ def _schema(schema: dict[str, Any] | None, editable: dict[str, Any] | None) -> l
                 depth=depth,
                 type=str(data_type).rsplit(".", 1)[-1],
                 description=edit.get("description") or f.get("description") or "",
-                tags=[short_name(t) for t in tags],
-                terms=[short_name(t) for t in terms],
+                tags=_chips(tags, editable=False) + _chips(edited_tags),
+                terms=_chips(terms, editable=False) + _chips(edited_terms),
             )
         )
     return rows
 
 
-# --- edits
+# --- what an edit offers to choose from
 
-UPDATE_DESCRIPTION = """
-mutation webUpdateDescription($input: DescriptionUpdateInput!) { updateDescription(input: $input) }
+MAX_CHOICES = 200  # of each kind: a page's datalist, not a directory (a name typed in is taken too)
+_CHOICE_FLAGS = "searchFlags: {skipAggregates: true, skipHighlighting: true}"
+CHOICES = f"""
+query webChoices {{
+  tags: searchAcrossEntities(input: {{types: [TAG], query: "*", start: 0, count: {MAX_CHOICES}, {_CHOICE_FLAGS}}}) {{
+    searchResults {{ entity {{ urn ... on Tag {{ name properties {{ name }} }} }} }}
+  }}
+  terms: searchAcrossEntities(input: {{types: [GLOSSARY_TERM], query: "*", start: 0, count: {MAX_CHOICES},
+                                      {_CHOICE_FLAGS}}}) {{
+    searchResults {{ entity {{ urn ... on GlossaryTerm {{ properties {{ name }} }} }} }}
+  }}
+  owners: searchAcrossEntities(input: {{types: [CORP_USER, CORP_GROUP], query: "*", start: 0, count: {MAX_CHOICES},
+                                       {_CHOICE_FLAGS}}}) {{
+    searchResults {{ entity {{ urn ... on CorpUser {{ username properties {{ displayName }} }}
+                             ... on CorpGroup {{ name properties {{ displayName }} }} }} }}
+  }}
+  domains: searchAcrossEntities(input: {{types: [DOMAIN], query: "*", start: 0, count: {MAX_CHOICES},
+                                        {_CHOICE_FLAGS}}}) {{
+    searchResults {{ entity {{ urn ... on Domain {{ properties {{ name }} }} }} }}
+  }}
+  ownershipTypes: listOwnershipTypes(input: {{start: 0, count: 50}}) {{ ownershipTypes {{ urn info {{ name }} }} }}
+}}
 """
 
 
-async def update_description(
-    request: Request,
-    session: AsyncSession,
-    principal: Principal,
-    urn: str,
-    description: str,
-    field_path: str | None = None,
-) -> None:
-    """DataHub's curation mutation, as the principal: the gateway authorizes it by the principal's role and
-    policies, and its change log's actor is the principal's."""
-    update: dict[str, Any] = {"resourceUrn": urn, "description": description}
-    if field_path:
-        update.update(subResourceType="DATASET_FIELD", subResource=field_path)
-    await graphql(request, session, principal, UPDATE_DESCRIPTION, {"input": update})
+@dataclass(frozen=True, slots=True)
+class Choice:
+    value: str  # a URN
+    label: str
+
+
+@dataclass(slots=True)
+class Choices:
+    tags: list[Choice] = field(default_factory=list)
+    terms: list[Choice] = field(default_factory=list)
+    owners: list[Choice] = field(default_factory=list)
+    domains: list[Choice] = field(default_factory=list)
+    ownership_types: list[Choice] = field(default_factory=list)
+
+
+def _choice(entity: dict[str, Any]) -> Choice:
+    properties = entity.get("properties") or {}
+    label = (
+        properties.get("displayName")
+        or properties.get("name")
+        or entity.get("username")
+        or entity.get("name")
+        or short_name(entity["urn"])
+    )
+    return Choice(entity["urn"], label)
+
+
+async def choices(request: Request, session: AsyncSession, principal: Principal) -> Choices:
+    """The existing tags, glossary terms, users and groups, domains and ownership types an edit's form offers (its
+    datalists; DataHub's edit dialogs search the same). A search that fails leaves the lists empty: the forms still
+    take a name or a URN typed in."""
+    system = [Choice(SYSTEM_OWNERSHIP_PREFIX + key, name) for key, name in SYSTEM_OWNERSHIP_TYPES.items()]
+    try:
+        data = await graphql(request, session, principal, CHOICES, {})
+    except GraphQLRefused:
+        return Choices(ownership_types=system)
+
+    def listed(name: str) -> list[Choice]:
+        results = (data.get(name) or {}).get("searchResults") or []
+        return sorted((_choice(r["entity"]) for r in results), key=lambda c: c.label.lower())
+
+    custom = [
+        Choice(t["urn"], (t.get("info") or {}).get("name") or short_name(t["urn"]))
+        for t in (data.get("ownershipTypes") or {}).get("ownershipTypes") or []
+        if not t["urn"].startswith(SYSTEM_OWNERSHIP_PREFIX)
+    ]
+    return Choices(listed("tags"), listed("terms"), listed("owners"), listed("domains"), system + custom)

@@ -3,12 +3,11 @@ app.web.catalog or the session store, and renders a template (app.web.render).""
 
 from __future__ import annotations
 
-from urllib.parse import quote
-
 from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
-from app.api.deps import Auth, Registry, Session
+from app.api.deps import Auth, Registry, Session, SettingsDep
+from app.auth.model import Permission
 from app.errors import MetaledgerError
 from app.web import catalog, history, lineage_graph, stats
 from app.web.paths import (
@@ -16,8 +15,8 @@ from app.web.paths import (
     HISTORY,
     LINEAGE,
     PATH_NAMES,
+    SCHEMA,
     STATS,
-    entity_url,
     parse_filters,
     split_entity_path,
     tabs_of,
@@ -27,14 +26,19 @@ from app.web.policy import (
     FormOfSession,
     FormOfSignIn,
     PageReader,
-    PageWriter,
-    WebError,
     current_session,
     local_path,
 )
 from app.web.render import message
 from app.web.render import page as render
-from app.web.sessions import LOGIN_COOKIE, SESSION_COOKIE, new_secret, session_store
+from app.web.sessions import (
+    LOGIN_COOKIE,
+    SESSION_COOKIE,
+    new_secret,
+    session_store,
+    sign_in_keys,
+    sign_in_throttle,
+)
 from app.web.tabs import Tab, TabRequest
 from app.write.reader import EntityReader
 
@@ -63,8 +67,13 @@ def _see_other(url: str) -> RedirectResponse:
 async def login_form(request: Request, next: str = "/search") -> Response:
     if await current_session(request) is not None:
         return _see_other(local_path(next))
+    return _login_page(request, 200, local_path(next), None)
+
+
+def _login_page(request: Request, status: int, next_path: str, error: str | None) -> Response:
+    """The sign-in form, with a CSRF token of its own (double submit: LOGIN_COOKIE)."""
     csrf = new_secret()
-    response = render("login.html", None, next=local_path(next), csrf_token=csrf, error=None)
+    response = render("login.html", None, status=status, next=next_path, csrf_token=csrf, error=error)
     _set_cookie(response, request, LOGIN_COOKIE, csrf, max_age=3600)
     return response
 
@@ -73,13 +82,22 @@ async def login_form(request: Request, next: str = "/search") -> Response:
 async def login(request: Request, form: FormOfSignIn, auth: Auth) -> Response:
     next_path = local_path(form.get("next"))
     token = form.get("token", "").strip()
+    throttle = sign_in_throttle(request)
+    keys = sign_in_keys(request.client.host if request.client else None, token)
+    wait = await throttle.wait(keys)
+    if wait is not None:  # refused before the token is checked: a guess made now tells nothing
+        minutes = max(1, round(wait / 60))
+        error = f"Too many failed sign-ins: try again in about {minutes} minute{'s' if minutes > 1 else ''}."
+        refused = _login_page(request, 429, next_path, error)
+        refused.headers["Retry-After"] = str(wait)
+        return refused
     try:
         principal = await auth.authenticate({"authorization": f"Bearer {token}"})
     except MetaledgerError as error:
-        csrf = new_secret()
-        response = render("login.html", None, status=401, next=next_path, csrf_token=csrf, error=error.message)
-        _set_cookie(response, request, LOGIN_COOKIE, csrf, max_age=3600)
-        return response
+        if error.status_code == 401:
+            await throttle.failed(keys)
+        return _login_page(request, error.status_code, next_path, error.message)
+    await throttle.forget(keys[1])
     info = await auth.repository.token(principal.token_id) if principal.token_id else None
     store = session_store(request)
     if SESSION_COOKIE in request.cookies:  # a sign-in replaces the browser's session: the old one ends here
@@ -99,16 +117,48 @@ async def logout(request: Request, session: PageReader, form: FormOfSession) -> 
     return response
 
 
+@router.get("/")
+async def home(session: PageReader) -> Response:
+    return _see_other("/search")
+
+
+def _number(raw: str, top: int) -> int | None:
+    return min(int(raw), top) if raw.isdigit() and len(raw) < 10 else None
+
+
 @router.get("/search")
-async def search(request: Request, session: PageReader, db: Session, query: str = "", page: str = "1") -> Response:
+async def search(
+    request: Request,
+    session: PageReader,
+    db: Session,
+    settings: SettingsDep,
+    query: str = "",
+    page: str = "",
+    cursor: str = "",
+    offset: str = "",
+) -> Response:
+    """The first page and the ones a `cursor` (a page's scrollId) continues from, as far as the results go; DataHub's
+    `page=N` for the links it prints. `offset`: the results before a cursor's page, for its heading only."""
     filters = parse_filters(list(request.query_params.multi_items()))
-    page_number = min(max(int(page), 1), 500) if page.isdigit() and len(page) < 6 else 1  # DataHub's `page`
-    start = (page_number - 1) * catalog.PAGE_SIZE
+    # DataHub's page numbers reach as far as a search's window (GRAPHQL_MAX_COUNT results); past it, pages go by cursor
+    last_page = max(1, -(-settings.graphql_max_count // catalog.PAGE_SIZE))
+    page_number = max(_number(page, last_page) or 1, 1)
+    by_page = page_number > 1 and not cursor
+    start = (page_number - 1) * catalog.PAGE_SIZE if by_page else (_number(offset, 10**9) or 0) if cursor else 0
     try:
-        found = await catalog.search(request, db, session.principal, query.strip(), filters, start)
+        found = await catalog.search(
+            request, db, session.principal, query.strip(), filters, start, cursor or None, by_page
+        )
     except catalog.GraphQLRefused as refused:
         return message(session, refused.status if refused.status < 500 else 503, "Search failed", refused.message)
-    return render("search.html", session, found=found, page_size=catalog.PAGE_SIZE, page_number=page_number)
+    return render(
+        "search.html",
+        session,
+        found=found,
+        page_size=catalog.PAGE_SIZE,
+        page_number=page_number if by_page else None,
+        last_page=min(last_page, -(-found.total // catalog.PAGE_SIZE)),
+    )
 
 
 async def entity_page(request: Request, session: PageReader, db: Session, registry: Registry, rest: str) -> Response:
@@ -127,21 +177,23 @@ async def entity_page(request: Request, session: PageReader, db: Session, regist
     tab = wanted.tab if wanted.tab in tabs else (tabs[1] if tabs[0] == "Schema" and not view.fields else tabs[0])
     chosen = TABS.get(tab, Tab())
     loaded = await chosen.load(TabRequest(request, db, registry, session, view)) if chosen.load else {}
-    return render("entity.html", session, view=view, tab=tab, tabs=tabs, path_name=path_name, assets=chosen, **loaded)
+    can_edit = session.principal.allows(Permission.WRITE)
+    choices = await catalog.choices(request, db, session.principal) if can_edit else None
+    editing = request.query_params.get("field") if can_edit and tab == SCHEMA else None
+    return render(
+        "entity.html",
+        session,
+        view=view,
+        tab=tab,
+        tabs=tabs,
+        path_name=path_name,
+        assets=chosen,
+        can_edit=can_edit,
+        choices=choices,
+        editing=editing,
+        **loaded,
+    )
 
 
 for _path_name in sorted(ENTITY_TYPES):
     router.add_api_route(f"/{_path_name}/{{rest:path}}", entity_page, methods=["GET"], name=f"web:{_path_name}")
-
-
-@router.post("/web/description")
-async def edit_description(request: Request, session: PageWriter, form: FormOfSession, db: Session) -> Response:
-    urn, field_path = form.get("urn", ""), form.get("field") or None
-    back = entity_url(urn, "Schema" if field_path else "Documentation")
-    if back is None:
-        raise WebError(400, "This form names no entity the web view shows.")
-    try:
-        await catalog.update_description(request, db, session.principal, urn, form.get("description", ""), field_path)
-    except catalog.GraphQLRefused as refused:
-        return message(session, refused.status if refused.status < 500 else 503, "Not saved", refused.message)
-    return _see_other(back + ("#field-" + quote(field_path, safe="") if field_path else ""))

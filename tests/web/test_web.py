@@ -5,13 +5,23 @@ state-changing form, cookies that never authorize the JSON APIs, DataHub's paths
 from __future__ import annotations
 
 import re
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 import pytest
 import pytest_asyncio
 
-from app.web.sessions import LOGIN_COOKIE, SESSION_COOKIE
+from app.main import create_app
+from app.settings import Settings
+from app.web.sessions import (
+    ADDRESS_FAILURES,
+    LOGIN_COOKIE,
+    SESSION_COOKIE,
+    SIGN_IN_WINDOW,
+    TOKEN_FAILURES,
+    client_address,
+    sign_in_keys,
+)
 from tests.helpers import ds, mcp, mint_token, propose
 from tests.web.browsing import csrf_of, page_url, sign_in
 
@@ -334,3 +344,270 @@ async def test_signing_in_again_ends_the_previous_session(app):
     assert "role-writer" in (await browser.get("/search")).text
     browser.cookies.set(SESSION_COOKIE, first)
     assert (await browser.get("/search")).status_code == 303
+
+
+# --- search: structured properties' facets, and paging by cursor
+
+TIER = "urn:li:structuredProperty:io.acryl.tier"
+COST_CENTER = "urn:li:structuredProperty:io.acryl.costCenter"
+
+
+async def test_a_structured_property_shown_in_search_filters_is_a_facet(app, client, catalog):
+    definition = {"valueType": "urn:li:dataType:datahub.string", "entityTypes": ["urn:li:entityType:datahub.dataset"]}
+    await propose(
+        client,
+        mcp(
+            "propertyDefinition",
+            {**definition, "qualifiedName": "io.acryl.tier", "displayName": "Tier"},
+            TIER,
+            entity="structuredProperty",
+            sync=True,
+        ),
+        mcp("structuredPropertySettings", {"showInSearchFilters": True}, TIER, entity="structuredProperty", sync=True),
+        # a property whose settings do not show it in the filters: no facet
+        mcp(
+            "propertyDefinition",
+            {**definition, "qualifiedName": "io.acryl.costCenter"},
+            COST_CENTER,
+            entity="structuredProperty",
+            sync=True,
+        ),
+        *(
+            mcp(
+                "structuredProperties",
+                {
+                    "properties": [
+                        {"propertyUrn": TIER, "values": [{"string": tier}]},
+                        {"propertyUrn": COST_CENTER, "values": [{"string": "cc-1"}]},
+                    ]
+                },
+                urn,
+                sync=True,
+            )
+            for urn, tier in ((ORDERS, "gold"), (CUSTOMERS, "silver"))
+        ),
+    )
+    browser = await sign_in(app, role="reader")
+    page = await browser.get("/search", params={"query": "*", "filter__entityType": "DATASET"})
+    facets = re.findall(r"<h3>([^<]+)</h3>", page.text)
+    assert "Tier" in facets and "io.acryl.costCenter" not in facets and "cc-1" not in page.text
+    link = re.search(
+        r'href="(/search\?[^"]*filter_structuredProperties\.io\.acryl\.tier___false___EQUAL___1=gold)"', page.text
+    )
+    assert link, page.text
+    narrowed = await browser.get(link.group(1).replace("&amp;", "&"))
+    assert ">orders<" in narrowed.text and ">customers<" not in narrowed.text
+    assert 'class="selected"' in narrowed.text  # the chosen value, with its link to remove it
+    older = await browser.get("/search", params={"query": "*", "filter_structuredProperties.io.acryl.tier": "silver"})
+    assert ">customers<" in older.text and ">orders<" not in older.text
+
+
+@pytest.mark.parametrize("settings_overrides", [{"graphql_max_count": 30}])
+async def test_paging_by_cursor_goes_past_the_search_window_and_datahubs_page_stays_within_it(app, client):
+    names = [f"paged.t{i:02d}" for i in range(45)]
+    await propose(client, *(mcp("datasetProperties", {"name": n}, ds(n), sync=True) for n in names))
+    browser = await sign_in(app, role="reader")
+    seen: list[str] = []
+    url = "/search?" + urlencode({"query": "paged"})
+    headings = []
+    while url:
+        page = await browser.get(url)
+        assert page.status_code == 200, page.text
+        seen += re.findall(r'class="hit-name" href="[^"]*">(paged\.t\d\d)<', page.text)
+        headings.append(re.search(r"(\d+)–(\d+) of (\d+) results", page.text).groups())
+        following = re.search(r'rel="next" href="([^"]+)"', page.text)
+        url = following.group(1).replace("&amp;", "&") if following else ""
+        assert not url or "cursor=" in url
+    assert sorted(seen) == names  # 45 results through a window of 30, each once
+    assert headings == [("1", "20", "45"), ("21", "40", "45"), ("41", "45", "45")]
+    assert "First page" in page.text
+    second = await browser.get("/search", params={"query": "paged", "page": "2"})  # DataHub's link
+    assert "21–30 of 45 results" in second.text and "Page 2 of 1" not in second.text
+    assert 'rel="prev"' in second.text and 'rel="next"' not in second.text  # the window ends at 30
+    beyond = await browser.get("/search", params={"query": "paged", "page": "9"})
+    assert "21–30 of 45" in beyond.text  # a page past the window is its last page
+
+
+async def test_datahubs_page_parameter_pages_within_the_window(app, client):
+    names = [f"pages.t{i:02d}" for i in range(25)]
+    await propose(client, *(mcp("datasetProperties", {"name": n}, ds(n), sync=True) for n in names))
+    browser = await sign_in(app, role="reader")
+    second = await browser.get("/search", params={"query": "pages", "page": "2"})
+    assert "21–25 of 25 results" in second.text and "Page 2 of 2" in second.text
+    assert re.search(r'rel="prev" href="/search\?query=pages&amp;page=1"', second.text)
+    first = await browser.get("/search", params={"query": "pages"})
+    assert "1–20 of 25 results" in first.text and "cursor=" in first.text and "Page " not in first.text
+
+
+async def test_a_cursor_that_is_not_a_search_s_is_a_400_page(app):
+    browser = await sign_in(app, role="reader")
+    answer = await browser.get("/search", params={"query": "*", "cursor": "not-a-cursor!"})
+    assert answer.status_code == 400 and "scrollId is not one this search returned" in answer.text
+
+
+# --- the top navigation and the home page
+
+
+async def test_the_top_navigation_shows_operations_to_admins_only(app):
+    reader = await sign_in(app, role="reader")
+    page = await reader.get("/search")
+    nav = re.search(r'<nav class="top-nav" aria-label="Main">(.*?)</nav>', page.text, re.S).group(1)
+    assert re.findall(r'href="([^"]+)"', nav) == ["/search", "/runs", "/settings/tokens"]
+    assert 'href="/search" aria-current="page"' in nav
+    admin = await sign_in(app, role="admin")
+    nav = re.search(r'<nav class="top-nav" aria-label="Main">(.*?)</nav>', (await admin.get("/search")).text, re.S)
+    assert re.findall(r'href="([^"]+)"', nav.group(1)) == ["/search", "/runs", "/operations", "/settings/tokens"]
+
+
+async def test_the_home_page_is_search(app, anonymous):
+    browser = await sign_in(app, role="reader")
+    answer = await browser.get("/")
+    assert answer.status_code == 303 and answer.headers["location"] == "/search"
+    assert (await anonymous.get("/")).headers["location"] == "/login?next=/"
+
+
+# --- a path nothing serves
+
+HTML = {"Accept": "text/html,application/xhtml+xml,application/xml;q=0.9,*/*;q=0.8"}  # what a browser sends
+
+
+async def test_a_browser_opening_an_unknown_path_gets_a_404_page(app, anonymous):
+    browser = await sign_in(app, role="reader")
+    for client in (browser, anonymous):
+        answer = await client.get("/nosuchpage", headers=HTML)
+        assert answer.status_code == 404 and answer.headers["content-type"].startswith("text/html")
+        assert "There is no page at /nosuchpage" in answer.text
+        assert answer.headers["cache-control"] == "no-store"
+    assert 'class="top-nav"' in (await browser.get("/nosuchpage", headers=HTML)).text  # the signed-in layout
+    head = await browser.head("/nosuchpage", headers=HTML)
+    assert head.status_code == 404
+
+
+async def test_the_404_page_suggests_datahubs_path(app):
+    browser = await sign_in(app, role="reader")
+    encoded = quote(ORDERS, safe="")
+    answer = await browser.get(f"/datasets/{encoded}/Schema?x=1", headers=HTML)
+    assert answer.status_code == 404 and "There is no page at /datasets/" in answer.text
+    assert f'href="/dataset/{encoded}/Schema?x=1"' in answer.text and "Did you mean /dataset/" in answer.text
+    unlike = await browser.get("/zzzzzz", headers=HTML)
+    assert "Did you mean" not in unlike.text
+
+
+@pytest.mark.parametrize(
+    ("path", "headers"),
+    [
+        ("/openapi/v3/nosuch", HTML),  # under an API: its JSON 404, whoever asks
+        ("/api/nosuch", HTML),
+        ("/nosuchpage", {"Accept": "application/json"}),
+        ("/nosuchpage", {"Accept": "*/*"}),  # what API clients send
+        ("/nosuchpage", {"Accept": "text/html;q=0"}),
+    ],
+)
+async def test_the_json_apis_keep_their_json_404(anonymous, path, headers):
+    answer = await anonymous.get(path, headers=headers)
+    assert answer.status_code == 404 and answer.headers["content-type"].startswith("application/json")
+    assert answer.json()["error"] == "Not Found"
+
+
+async def test_a_post_to_an_unknown_path_keeps_the_json_404(anonymous):
+    answer = await anonymous.post("/nosuchpage", headers=HTML, json={})
+    assert answer.status_code == 404 and answer.headers["content-type"].startswith("application/json")
+
+
+# --- sign-in throttling
+
+
+def browser_at(app, host: str) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app, client=(host, 50000)), base_url="http://metaledger")
+
+
+async def try_sign_in(browser: httpx.AsyncClient, token: str) -> httpx.Response:
+    form = await browser.get("/login")
+    return await browser.post("/login", data={"token": token, "csrf_token": csrf_of(form.text)})
+
+
+async def test_repeated_wrong_tokens_from_one_address_are_refused_with_retry_after(app):
+    token = await mint_token(app, "reader", ALICE)
+    attacker = browser_at(app, "192.0.2.7")
+    for guess in range(ADDRESS_FAILURES):
+        assert (await try_sign_in(attacker, f"wrong-{guess}")).status_code == 401
+    refused = await try_sign_in(attacker, token)  # even the right token, while the window lasts
+    assert refused.status_code == 429 and "Too many failed sign-ins" in refused.text
+    assert 0 < int(refused.headers["retry-after"]) <= SIGN_IN_WINDOW.total_seconds()
+    assert SESSION_COOKIE not in attacker.cookies
+    assert (await try_sign_in(browser_at(app, "192.0.2.8"), token)).status_code == 303  # another address: signed in
+
+
+async def test_a_correct_token_after_a_few_failures_signs_in(app):
+    token = await mint_token(app, "reader", ALICE)
+    person = browser_at(app, "192.0.2.9")
+    for guess in range(TOKEN_FAILURES - 1):
+        assert (await try_sign_in(person, token[:-2] + f"x{guess}")).status_code == 401  # its signature mistyped
+    assert (await try_sign_in(person, token)).status_code == 303
+
+
+async def test_guesses_at_one_tokens_signature_are_refused_from_any_address(app):
+    token = await mint_token(app, "reader", ALICE)
+    signed, _, signature = token.rpartition(".")
+    for n in range(TOKEN_FAILURES):  # each guess from another address: the address's counter never fires
+        assert (
+            await try_sign_in(browser_at(app, f"198.51.100.{n}"), f"{signed}.{signature[::-1]}{n}")
+        ).status_code == 401
+    assert (await try_sign_in(browser_at(app, "198.51.100.200"), token)).status_code == 429
+    other = await mint_token(app, "reader", "urn:li:corpuser:bob")
+    assert (await try_sign_in(browser_at(app, "198.51.100.201"), other)).status_code == 303  # another token
+
+
+async def test_an_attacker_cannot_cheaply_lock_out_others(app):
+    """Garbage and forged tokens from many addresses count against those addresses and those tokens only."""
+    bob = await mint_token(app, "reader", "urn:li:corpuser:bob")
+    header = bob.split(".")[0]
+    for n in range(3 * ADDRESS_FAILURES):
+        forged = f"{header}.{n:040d}.sig"  # claims of its own each time
+        assert (await try_sign_in(browser_at(app, f"203.0.113.{n % 20}"), forged)).status_code in (401, 429)
+    assert (await try_sign_in(browser_at(app, "192.0.2.50"), bob)).status_code == 303
+
+
+async def test_an_attackers_own_valid_token_does_not_reset_its_addresss_count(app):
+    own = await mint_token(app, "reader", "urn:li:corpuser:mallory")
+    attacker = browser_at(app, "192.0.2.66")
+    for guess in range(ADDRESS_FAILURES - 1):
+        await try_sign_in(attacker, f"wrong-{guess}")
+    assert (await try_sign_in(attacker, own)).status_code == 303
+    attacker.cookies.clear()  # signed out, back at the form
+    assert (await try_sign_in(attacker, "wrong-again")).status_code == 401
+    assert (await try_sign_in(attacker, own)).status_code == 429
+
+
+async def test_the_window_ends(app, db):
+    token = await mint_token(app, "reader", ALICE)
+    browser = browser_at(app, "192.0.2.70")
+    for guess in range(ADDRESS_FAILURES):
+        await try_sign_in(browser, f"wrong-{guess}")
+    assert (await try_sign_in(browser, token)).status_code == 429
+    await db.execute("UPDATE web_sign_in_failure SET window_start = window_start - interval '11 minutes'")
+    assert (await try_sign_in(browser, token)).status_code == 303
+
+
+async def test_every_process_on_the_database_counts_the_same_failures(app, database_url, registry):
+    """Two apps on one database, as the workers of a `serve --workers 2`: failures made on one refuse on the
+    other."""
+    token = await mint_token(app, "reader", ALICE)
+    second = create_app(
+        Settings(database_url=database_url, apply_migrations_on_start=False, auth_bootstrap_admin_token=False),
+        registry,
+    )
+    async with second.router.lifespan_context(second):
+        for guess in range(ADDRESS_FAILURES):
+            worker = app if guess % 2 else second
+            assert (await try_sign_in(browser_at(worker, "192.0.2.80"), f"wrong-{guess}")).status_code == 401
+        for worker in (app, second):
+            assert (await try_sign_in(browser_at(worker, "192.0.2.80"), token)).status_code == 429
+
+
+def test_an_ipv6_clients_addresses_count_as_its_64():
+    assert client_address("2001:db8:1:2::1") == client_address("2001:db8:1:2:ffff::9") == "2001:db8:1:2::/64"
+    assert client_address("2001:db8:1:3::1") != client_address("2001:db8:1:2::1")
+    assert client_address("192.0.2.1") != client_address("192.0.2.2")
+    address, token = sign_in_keys("192.0.2.1", "a.b.signature")
+    assert token == sign_in_keys("192.0.2.9", "a.b.other")[1] and address != sign_in_keys("192.0.2.9", "x")[0]

@@ -12,4 +12,23 @@ document.addEventListener("DOMContentLoaded", function () {
       });
     });
   });
+
+  // A new token's Copy button: shown only where the script runs (the token can be selected and copied without it).
+  document.querySelectorAll("button[data-copy]").forEach(function (button) {
+    var source = document.getElementById(button.getAttribute("data-copy"));
+    if (!source || !navigator.clipboard) return;
+    button.hidden = false;
+    button.addEventListener("click", function () {
+      navigator.clipboard.writeText(source.value).then(function () {
+        button.textContent = "Copied";
+      });
+    });
+  });
+
+  // The field edit panel an Edit link opened: its first control takes the focus, as a dialog's would.
+  var panel = document.getElementById("field-edit");
+  if (panel && window.location.hash === "#field-edit") {
+    var first = panel.querySelector("textarea, input:not([type=hidden])");
+    if (first) first.focus({ preventScroll: true });
+  }
 });
