@@ -23,7 +23,6 @@ from app.auth.reads import readable_events
 from app.changelog import feed
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
 from app.limits import MAX_LONG, clip
-from app.settings import Settings
 from app.write.repository import AspectRepository
 
 router = APIRouter(prefix="/openapi/v1/events", tags=["events"], dependencies=[ALLOW_READ])
@@ -47,13 +46,6 @@ class ChangeFeedEvent(BaseModel):
 class ChangeFeedPage(BaseModel):
     events: list[ChangeFeedEvent]
     nextOffset: int = Field(description="The last offset of this page, or `after` when the page is empty")
-
-
-def _feed_topics(settings: Settings) -> tuple[list[str], list[str]]:
-    """(default topics, every topic that may be asked for)."""
-    default = list(dict.fromkeys([settings.topic_mcl_versioned, settings.topic_mcl_timeseries]))
-    allowed = list(dict.fromkeys([*default, settings.topic_platform_event]))
-    return default, allowed
 
 
 @router.get(
@@ -81,7 +73,7 @@ async def change_feed(
         issues.append(Issue(f"after must be between 0 and {MAX_LONG}", path="$.after", found=clip(str(after), 40)))
     if not 1 <= limit <= MAX_LIMIT:
         issues.append(Issue(f"limit must be between 1 and {MAX_LIMIT}", path="$.limit", found=clip(str(limit), 40)))
-    default, allowed = _feed_topics(settings)
+    default, allowed = feed.feed_topics(settings)
     topics = default
     if topic:
         unknown = [t for t in topic if t not in allowed]
@@ -160,7 +152,7 @@ async def poll_events(
 ):
     """DataHub's shape and caps. Without `offsetId` the read starts at the end of the feed (only new events), or
     `lookbackWindowDays` back. The events of one topic come in commit order; delivery is at least once."""
-    _, allowed = _feed_topics(settings)
+    _, allowed = feed.feed_topics(settings)
     issues = []
     if topic not in allowed:
         issues.append(Issue("unknown topic", path="$.topic", expected=", ".join(allowed), found=topic[:200]))

@@ -18,6 +18,7 @@ import asyncpg
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.db import driver_connection
+from app.settings import Settings
 
 
 @dataclass(slots=True)
@@ -48,6 +49,14 @@ async def read_feed(conn: asyncpg.Connection, after: int, limit: int, topics: Se
         limit,
         list(topics),
     )
+
+
+def feed_topics(settings: Settings) -> tuple[list[str], list[str]]:
+    """The change feed's (default topics, every topic that may be asked for): the change logs, and the
+    platform events on request."""
+    default = list(dict.fromkeys([settings.topic_mcl_versioned, settings.topic_mcl_timeseries]))
+    allowed = list(dict.fromkeys([*default, settings.topic_platform_event]))
+    return default, allowed
 
 
 async def read_page(engine: AsyncEngine, after: int, limit: int, topics: Sequence[str]) -> tuple[list[FeedEvent], int]:

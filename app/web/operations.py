@@ -36,7 +36,6 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from starlette.responses import Response, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from app.api.change_feed import _feed_topics
 from app.api.deps import Engine, Gateway, Ops, Session, SettingsDep
 from app.auth.model import Principal
 from app.auth.reads import readable_events
@@ -568,7 +567,7 @@ async def operations(
     samples = _samples(await ops.metrics())  # the exposition of /metrics, with a fresh outbox sample
     ready, readiness = await ops.ready()
     models, status = await _model_sets(db, gateway.registry.runtime_version, from_version, to_version)
-    feed_end, tail = await _tail(engine, db, session.principal, _feed_topics(settings)[0])
+    feed_end, tail = await _tail(engine, db, session.principal, feed.feed_topics(settings)[0])
     sample = ops.sampler.latest
     gauges = []
     if sample is not None and settings.max_outbox_backlog:
@@ -632,7 +631,7 @@ async def operations_feed(
             engine,
             request.app.state.sessionmaker,
             session.principal,
-            _feed_topics(settings)[0],
+            feed.feed_topics(settings)[0],
             start,
         ),
     )
