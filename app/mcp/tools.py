@@ -14,13 +14,14 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
-import mcp_types as types
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from app.errors import Issue, MetaledgerError, ValidationFailed
 from app.limits import clip
 
 if TYPE_CHECKING:
+    import mcp_types as types
+
     from app.mcp.call import ToolCall
 
 Input = TypeVar("Input", bound=BaseModel)
@@ -53,6 +54,8 @@ class Tool(Generic[Input]):
     metaledger: bool = False  # not one of DataHub's tools
 
     def definition(self) -> types.Tool:
+        import mcp_types as types  # the SDK's: imported by the MCP endpoint's first call, not with the app
+
         schema = self.model.model_json_schema()
         schema.pop("title", None)
         return types.Tool(

@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+from tests.client.conftest import mcp_python  # noqa: F401 - DataHub's MCP server's virtualenv (a session fixture)
 from tests.helpers import bearer, ds, mcp, propose
 from tests.integration.search_indices import (  # noqa: F401 - the module runs on both backends, on shared indices
     backend_name,
@@ -27,7 +28,6 @@ BY_HAND, CRAWLED, OTHER = "urn:li:query:by_hand", "urn:li:query:crawled", "urn:l
 GONE = "urn:li:query:gone"
 
 # mcp-server-datahub 0.8.0, gql/queries.gql and gql/query_entity.gql, verbatim
-MCP_GQL = Path(__file__).resolve().parents[2] / ".venv-mcp/lib/python3.11/site-packages/mcp_server_datahub/gql"
 LIST_QUERIES = """
 fragment platformFields on DataPlatform {
   urn
@@ -222,13 +222,12 @@ BY_HAND_ANSWER = {
 }
 
 
-async def test_the_operations_are_the_mcp_servers():
-    """The texts above are the installed server's (when it is installed: tests/client makes .venv-mcp)."""
-    if not MCP_GQL.is_dir():
-        pytest.skip("mcp-server-datahub is not installed in .venv-mcp")
+async def test_the_operations_are_the_mcp_servers(mcp_python: Path):
+    """The texts above are the installed server's (its virtualenv made by the fixture if need be)."""
+    gql = mcp_python.parents[1] / "lib" / "python3.11" / "site-packages" / "mcp_server_datahub" / "gql"
     strip = lambda text: [ln.strip() for ln in text.splitlines() if ln.strip() and not ln.strip().startswith("#")]  # noqa: E731
-    assert strip((MCP_GQL / "queries.gql").read_text()) == strip(LIST_QUERIES)
-    assert strip((MCP_GQL / "query_entity.gql").read_text()) == strip(GET_QUERY_ENTITY)
+    assert strip((gql / "queries.gql").read_text()) == strip(LIST_QUERIES)
+    assert strip((gql / "query_entity.gql").read_text()) == strip(GET_QUERY_ENTITY)
 
 
 async def test_list_queries_of_a_dataset_as_the_mcp_server_asks(app, client):
