@@ -8,7 +8,7 @@ The handlers (app.web.routes) parse the request, call one function here and rend
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, cast
 
 from sqlalchemy.ext.asyncio import AsyncSession
@@ -127,7 +127,21 @@ fragment webHit on SearchResult {
 _FACETS = f"""
   aggregates: aggregateAcrossEntities(input: {{query: $query, orFilters: $orFilters, facets: $facets,
                                                searchFlags: {{maxAggValues: {FACET_VALUES}}}}}) {{
-    facets {{ field displayName aggregations {{ value count displayName }} }}
+    facets {{
+      field displayName
+      aggregations {{
+        value count displayName
+        entity {{
+          urn
+          ... on Tag {{ properties {{ name }} }}
+          ... on GlossaryTerm {{ properties {{ name }} }}
+          ... on Domain {{ properties {{ name }} }}
+          ... on CorpUser {{ username properties {{ displayName }} }}
+          ... on CorpGroup {{ name properties {{ displayName }} }}
+          ... on DataPlatform {{ name }}
+        }}
+      }}
+    }}
   }}
 """
 
@@ -225,6 +239,15 @@ def _owners(entity: dict[str, Any]) -> list[tuple[str, str | None]]:
     return found
 
 
+def _entity_name(entity: dict[str, Any] | None) -> str | None:
+    """What people call a facet value's entity (a tag's name, a user's display name, a platform's name)."""
+    if not entity:
+        return None
+    properties = entity.get("properties") or {}
+    name = properties.get("displayName") or properties.get("name") or entity.get("username") or entity.get("name")
+    return name if isinstance(name, str) and name else None
+
+
 def _hit(entity: dict[str, Any]) -> Hit:
     urn = entity["urn"]
     properties = entity.get("properties") or {}
@@ -294,7 +317,7 @@ async def search(
         values = [
             FacetValue(
                 value=a["value"],
-                label=a.get("displayName") or short_name(a["value"]),
+                label=a.get("displayName") or _entity_name(a.get("entity")) or short_name(a["value"]),
                 count=int(a["count"]),
                 selected=(name, a["value"]) in chosen,
             )
@@ -323,7 +346,8 @@ class Chip:
 @dataclass(frozen=True, slots=True)
 class OwnerView:
     urn: str
-    name: str
+    name: str  # a display name, else `handle`
+    handle: str  # the id in the URN: a username, a group's name
     url: str | None
     type_urn: str  # the ownership type, as a removal names it
     type_name: str
@@ -380,6 +404,47 @@ def _field_name(path: str) -> tuple[str, int]:
 
 def _chips(urns: list[str], editable: bool = True) -> list[Chip]:
     return [Chip(u, short_name(u), entity_url(u), editable) for u in urns]
+
+
+# Where an entity's name for people is, by entity type: (aspect, field), the first one present wins (DataHub's
+# display names: a person's edited one over the ingested one).
+NAME_FIELDS: dict[str, tuple[tuple[str, str], ...]] = {
+    "tag": (("tagProperties", "name"),),
+    "glossaryTerm": (("glossaryTermInfo", "name"),),
+    "domain": (("domainProperties", "name"),),
+    "corpuser": (
+        ("corpUserEditableInfo", "displayName"),
+        ("corpUserInfo", "displayName"),
+        ("corpUserInfo", "fullName"),
+    ),
+    "corpGroup": (("corpGroupInfo", "displayName"),),
+    "structuredProperty": (("propertyDefinition", "displayName"), ("propertyDefinition", "qualifiedName")),
+}
+
+
+async def display_names(reader: EntityReader, urns: list[str]) -> dict[str, str]:
+    """The names of the entities a page shows by reference (tags, terms, domains, owners, properties), read in one
+    query, as the reader may see them; an entity without one (or not there) keeps its URN's short name."""
+    wanted: list[tuple[str, list[str] | None]] = []
+    for urn in dict.fromkeys(urns):
+        fields = NAME_FIELDS.get(urn.split(":", 3)[2] if urn.count(":") >= 3 else "")
+        if fields:
+            wanted.append((urn, sorted({aspect for aspect, _ in fields})))
+    if not wanted:
+        return {}
+    names = {}
+    for urn, rows in (await reader.latest_of_many(wanted)).items():
+        values = {row.aspect: row.value for row in rows}
+        for aspect, key in NAME_FIELDS[urn.split(":", 3)[2]]:
+            text = (values.get(aspect) or {}).get(key)
+            if isinstance(text, str) and text.strip():
+                names[urn] = text
+                break
+    return names
+
+
+def _renamed(chips: list[Chip], names: dict[str, str]) -> list[Chip]:
+    return [replace(c, name=names.get(c.urn, c.name)) for c in chips]
 
 
 def ownership_type_urn(owner: dict[str, Any]) -> str:
@@ -439,13 +504,26 @@ async def entity(reader: EntityReader, entity_type: str, urn: str) -> EntityView
     for owner in ownership.get("owners") or []:
         kind = ownership_type_urn(owner)
         who = owner["owner"]
-        view.owners.append(OwnerView(who, short_name(who), entity_url(who), kind, ownership_type_name(kind)))
+        handle = short_name(who)
+        view.owners.append(OwnerView(who, handle, handle, entity_url(who), kind, ownership_type_name(kind)))
     view.tags = _chips([t["tag"] for t in (values.get("globalTags") or {}).get("tags") or []])
     view.terms = _chips([t["urn"] for t in (values.get("glossaryTerms") or {}).get("terms") or []])
     view.domains = _chips(list((values.get("domains") or {}).get("domains") or []))
-    for assignment in (values.get("structuredProperties") or {}).get("properties") or []:
+    assignments = (values.get("structuredProperties") or {}).get("properties") or []
+    names = await display_names(
+        reader,
+        [c.urn for c in view.tags + view.terms + view.domains]
+        + [o.urn for o in view.owners]
+        + [c.urn for f in view.fields for c in f.tags + f.terms]
+        + [str(a.get("propertyUrn", "")) for a in assignments],
+    )
+    view.tags, view.terms, view.domains = (_renamed(c, names) for c in (view.tags, view.terms, view.domains))
+    view.owners = [replace(o, name=names.get(o.urn, o.name)) for o in view.owners]
+    view.fields = [replace(f, tags=_renamed(f.tags, names), terms=_renamed(f.terms, names)) for f in view.fields]
+    for assignment in assignments:
         shown = ", ".join(_value_text(v.get("string", v.get("double", v))) for v in assignment.get("values") or [])
-        view.structured.append((short_name(assignment.get("propertyUrn", "")), shown))
+        property_urn = str(assignment.get("propertyUrn", ""))
+        view.structured.append((names.get(property_urn, short_name(property_urn)), shown))
     deprecation = values.get("deprecation")
     if deprecation and deprecation.get("deprecated"):
         view.deprecation = deprecation

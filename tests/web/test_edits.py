@@ -109,7 +109,7 @@ async def test_a_writer_adds_and_removes_a_tag_as_the_person(app, client, catalo
     assert await written_by(db, "globalTags") == (ALICE, ALICE, "web")
     shown = await browser.get(page_url(ORDERS, "Properties"))
     assert f'name="tag" value="{PII}"' in shown.text  # its remove button's form
-    assert "Remove tag pii" in shown.text
+    assert "Remove tag PII" in shown.text  # by its name
     removed = await post(browser, "/web/tags", shown.text, op="remove", tag=PII, tab="Properties")
     assert removed.status_code == 303
     assert await aspect(client, "globalTags") == {"tags": []}
@@ -184,6 +184,24 @@ async def test_the_domain_is_set_changed_and_unset(app, client, catalog, db):
     assert unknown.status_code == 400 and "domain urn:li:domain:nowhere does not exist" in unknown.text
 
 
+async def test_the_page_names_what_it_references_by_its_name(app, client, catalog):
+    await propose(
+        client,
+        mcp("globalTags", {"tags": [{"tag": PII}, {"tag": "urn:li:tag:unnamed"}]}, ORDERS),
+        mcp(
+            "ownership", {"owners": [{"owner": BOB, "type": "TECHNICAL_OWNER"}, {"owner": ENG, "type": "NONE"}]}, ORDERS
+        ),
+        mcp("domains", {"domains": [SALES]}, ORDERS),
+    )
+    browser = await sign_in(app, role="reader")
+    page = await browser.get(page_url(ORDERS, "Documentation"))
+    side = page.text[page.text.index('class="entity-side"') :]
+    assert f'title="{PII}">PII<' in side and ">unnamed<" in side  # a tag without properties: its id
+    assert f'title="{SALES}">Sales<' in side
+    assert f'title="{BOB}">Bob B.</a> <span class="meta">bob · Technical Owner</span>' in side  # and who it is
+    assert f'title="{ENG}">eng</a> <span class="meta">None</span>' in side
+
+
 # --- a dataset field's description, tags and terms
 
 
@@ -215,7 +233,7 @@ async def test_a_fields_edit_panel_edits_its_description_tags_and_terms(app, cli
     assert (await written_by(db, "editableSchemaMetadata"))[:2] == (ALICE, ALICE)
     assert await aspect(client, "globalTags") is None  # the field's, not the dataset's
     shown = await browser.get(back.split("#")[0])
-    assert "The buyer&#39;s address" in shown.text and "Remove tag pii" in shown.text
+    assert "The buyer&#39;s address" in shown.text and "Remove tag PII" in shown.text
     removed = await post(browser, "/web/tags", shown.text, field="email", op="remove", tag=PII)
     assert removed.status_code == 303
     infos = (await aspect(client, "editableSchemaMetadata"))["editableSchemaFieldInfo"]
@@ -226,7 +244,7 @@ async def test_a_tag_that_came_with_the_schema_has_no_remove_button(app, catalog
     browser = await sign_in(app, role="writer")
     panel = await browser.get(page_url(ORDERS, "Schema") + "?field=order_id")
     section = panel.text[panel.text.index('id="field-edit"') :]
-    assert ">gold<" in section and "Remove tag gold" not in section
+    assert ">Gold<" in section and "Remove tag Gold" not in section
     assert "came with the schema" in section
 
 

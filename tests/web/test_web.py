@@ -402,6 +402,19 @@ async def test_a_structured_property_shown_in_search_filters_is_a_facet(app, cli
     assert ">customers<" in older.text and ">orders<" not in older.text
 
 
+async def test_facet_values_are_shown_by_their_entities_names(app, client, catalog):
+    await propose(
+        client,
+        mcp("tagProperties", {"name": "Personal data"}, PII, entity="tag", sync=True),
+        mcp("corpUserInfo", {"active": True, "displayName": "Alice Liddell"}, ALICE, entity="corpuser", sync=True),
+    )
+    browser = await sign_in(app, role="reader")
+    page = await browser.get("/search", params={"query": "orders"})
+    facets = dict(re.findall(r"<h3>([^<]+)</h3>\s*<ul>(.*?)</ul>", page.text, re.S))
+    assert "<span>Personal data</span>" in facets["Tags"] and "<span>Alice Liddell</span>" in facets["Owners"]
+    assert "<span>hive</span>" in facets["Platform"] and "<span>dataset</span>" in facets["Type"]
+
+
 @pytest.mark.parametrize("settings_overrides", [{"graphql_max_count": 30}])
 async def test_paging_by_cursor_goes_past_the_search_window_and_datahubs_page_stays_within_it(app, client):
     names = [f"paged.t{i:02d}" for i in range(45)]
