@@ -60,8 +60,13 @@ async def lifetimes(auth: AuthService, session: WebSession) -> list[Lifetime]:
         offered.append(Lifetime(NEVER, "Never expires", NEVER))
     elif (minutes := int((cap - now) / timedelta(minutes=1))) >= 1:
         when = cap.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
-        offered.append(Lifetime(SIGN_IN, f"Until {when}, when the token you signed in with expires", f"{minutes}m"))
+        offered.append(Lifetime(SIGN_IN, f"Until {when}, when the token you signed in with expires", _ttl(minutes)))
     return offered
+
+
+def _ttl(minutes: int) -> str:
+    """At most `minutes`, as the token service writes a lifetime (at most six digits: hours past that)."""
+    return f"{minutes}m" if minutes < 10**6 else f"{minutes // 60}h"
 
 
 def roles_of(session: WebSession) -> list[Role]:

@@ -170,3 +170,12 @@ async def test_a_token_needs_a_name(app, db):
         answer = await create(browser, name=name, role="writer", lifetime="1h")
         assert answer.status_code == 400 and "a name of 1 to 100 characters" in answer.text
     assert await db.fetchval("SELECT count(*) FROM auth_token WHERE actor = $1", ALICE) == 1
+
+
+async def test_a_long_lived_sign_in_token_bounds_a_new_one_too(app, db):
+    """Three years is more minutes than a lifetime's six digits: the bound is written in hours, never later."""
+    browser = await sign_in_with(app, await mint_token(app, "writer", ALICE, ttl="1095d"))
+    made = await create(browser, name="long", role="writer", lifetime="signin")
+    assert made.status_code == 201
+    mine, new = await db.fetch("SELECT expires_at FROM auth_token WHERE actor = $1 ORDER BY created_at, id", ALICE)
+    assert timedelta(0) <= mine["expires_at"] - new["expires_at"] <= timedelta(hours=1)
