@@ -19,12 +19,17 @@ variant: the nodes and edges drawn, the page's bytes, and p50/max of
 - received, parsed: navigation start to the page's last byte, and to the document parsed (domInteractive);
 - load: navigation start to the load event's end;
 - server: the page's server time, as the browser's Navigation Timing sees it (requestStart to responseStart), and as
-  a client on loopback sees it (httpx with the same session cookie: the full answer).
+  a client on loopback sees it (httpx with the same session cookie: the full answer);
+- CPU per page: the CPU time the browser's processes spent on one page (navigation to drawn), and the service's and
+  its Postgres's per page (the httpx requests): on a busy machine the times above wait for a CPU, these do not.
+The load average is printed with each variant: the machine's other work shows in the times.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import shutil
 import statistics
 import sys
@@ -34,10 +39,11 @@ from urllib.parse import quote
 
 import httpx
 import orjson
+import psutil
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench.harness import throwaway_service  # noqa: E402
+from bench.harness import Service, throwaway_service  # noqa: E402
 
 CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
 SYNC = {"X-DataHub-Sync-Index-Update": "true"}
@@ -151,30 +157,48 @@ def summary(values: list[float]) -> str:
     return f"p50 {statistics.median(values):.0f} ms, max {max(values):.0f} ms"
 
 
-def measure(driver, base: str, path: str, runs: int, screenshot: Path | None) -> None:
-    driver.set_script_timeout(30)
+def browser_cpu_seconds(driver) -> float:
+    """CPU time (user + system) of the browser's processes so far (chromedriver's children: the browser, its
+    renderer and GPU processes)."""
+    total = 0.0
+    for p in psutil.Process(driver.service.process.pid).children(recursive=True):
+        with contextlib.suppress(psutil.Error):
+            times = p.cpu_times()
+            total += times.user + times.system
+    return total
+
+
+def measure(driver, service: Service, path: str, runs: int, screenshot: Path | None) -> None:
+    base = service.base
+    driver.set_script_timeout(60)
     driver.get(base + path)  # warm-up: the static files cached, the server's first-query plans made
     driver.execute_async_script(TIMING)
     seen: list[dict] = []
+    browser_cpu: list[float] = []
     for _ in range(runs):
+        before = browser_cpu_seconds(driver)
         driver.get(base + path)
         seen.append(driver.execute_async_script(TIMING))
+        browser_cpu.append((browser_cpu_seconds(driver) - before) * 1000)
     if screenshot is not None:
         driver.save_screenshot(str(screenshot))
     cookie = {"metaledger_session": driver.get_cookie("metaledger_session")["value"]}
     loopback: list[float] = []
+    server_cpu = service.cpu_seconds() + service.postgres_cpu_seconds()
     with httpx.Client(base_url=base, cookies=cookie, timeout=60) as http:
         for _ in range(runs):
             started = time.perf_counter()
             http.get(path).raise_for_status()
             loopback.append((time.perf_counter() - started) * 1000)
+    server_cpu = (service.cpu_seconds() + service.postgres_cpu_seconds() - server_cpu) * 1000 / runs
     last = seen[-1]
     print(
         f"  {last['nodes']} nodes, {last['edges']} edges drawn, {last['bytes'] / 1000:.0f} kB\n"
         f"  received: {summary([s['received'] for s in seen])}; parsed: {summary([s['parsed'] for s in seen])}\n"
         f"  drawn:  {summary([s['drawn'] for s in seen])}\n"
         f"  load:   {summary([s['load'] for s in seen])}\n"
-        f"  server: {summary([s['server'] for s in seen])} (Navigation Timing); {summary(loopback)} (httpx)",
+        f"  server: {summary([s['server'] for s in seen])} (Navigation Timing); {summary(loopback)} (httpx)\n"
+        f"  CPU per page: browser {summary(browser_cpu)}; server {server_cpu:.0f} ms (service and Postgres, mean)",
         flush=True,
     )
 
@@ -207,13 +231,13 @@ def main() -> None:
                 ("every entity (collapse=none)", "&collapse=none"),
                 ("every entity with column-level edges (collapse=none&columns=1)", "&collapse=none&columns=1"),
             ):
-                print(f"{label}, {args.runs} runs:", flush=True)
+                print(f"{label}, {args.runs} runs (load average {os.getloadavg()[0]:.1f}):", flush=True)
                 shot = (
                     args.screenshots / f"lineage{query.replace('&', '_').replace('=', '-')}.png"
                     if args.screenshots
                     else None
                 )
-                measure(driver, service.base, tab + query, args.runs, shot)
+                measure(driver, service, tab + query, args.runs, shot)
         finally:
             driver.quit()
         problems = service.log_problems()

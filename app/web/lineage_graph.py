@@ -182,6 +182,12 @@ class Graph:
     clusters: int  # drawn clusters
     list_open: bool  # the list below the graph shown open (not too long)
 
+    @property
+    def large(self) -> bool:
+        """Too many nodes to read at once: lineage.js leaves out their texts while zoomed out (the texts of 500 nodes
+        were half of the browser's work of drawing them, at a scale no one reads them)."""
+        return len(self.nodes) > AUTO_COLLAPSE
+
     def link(self, **changes: object) -> str:
         return self.base + self.options.query(**changes)
 

@@ -16,9 +16,12 @@ document.addEventListener("DOMContentLoaded", function () {
   function size() {
     return { w: canvas.clientWidth || full.w, h: svg.clientHeight || full.h };
   }
+  // a large graph zoomed out is drawn without its texts, which no one could read at that scale
+  var large = svg.classList.contains("lg-large"), FAR = 0.5;
   function apply() {
     var s = size();
     svg.setAttribute("viewBox", [view.x, view.y, s.w / view.scale, s.h / view.scale].join(" "));
+    svg.classList.toggle("lg-far", large && view.scale < FAR);
   }
   function centreOn(x, y) {
     var s = size();
@@ -147,7 +150,10 @@ document.addEventListener("DOMContentLoaded", function () {
     light(node);
     // a node reached with the keyboard is brought into view
     var b = boxOf(node), s = size();
-    if (b.x < view.x || b.y < view.y || b.x + b.w > view.x + s.w / view.scale || b.y + b.h > view.y + s.h / view.scale) {
+    var far = large && view.scale < FAR;
+    if (far) view.scale = 1;  // its text is read where the keyboard is
+    if (far || b.x < view.x || b.y < view.y || b.x + b.w > view.x + s.w / view.scale ||
+        b.y + b.h > view.y + s.h / view.scale) {
       centreOn(b.x + b.w / 2, b.y + b.h / 2);
       apply();
     }
