@@ -578,30 +578,23 @@ def _schema(schema: dict[str, Any] | None, editable: dict[str, Any] | None) -> l
     return rows
 
 
-# --- what an edit offers to choose from
+# --- what an edit chooses from
 
-MAX_CHOICES = 200  # of each kind: a page's datalist, not a directory (a name typed in is taken too)
-_CHOICE_FLAGS = "searchFlags: {skipAggregates: true, skipHighlighting: true}"
-CHOICES = f"""
-query webChoices {{
-  tags: searchAcrossEntities(input: {{types: [TAG], query: "*", start: 0, count: {MAX_CHOICES}, {_CHOICE_FLAGS}}}) {{
-    searchResults {{ entity {{ urn ... on Tag {{ name properties {{ name }} }} }} }}
+MAX_CHOICES = 25  # a chooser's results: a search narrows them
+# The entity types a chooser searches, by what it chooses (the edit forms' names)
+CHOOSABLE = {"tag": ["TAG"], "term": ["GLOSSARY_TERM"], "owner": ["CORP_USER", "CORP_GROUP"], "domain": ["DOMAIN"]}
+# The URNs only: their names are read in one query of the aspect store (display_names), a fraction of what resolving
+# each result's fields through GraphQL costs.
+CHOOSE = f"""
+query webChoose($types: [EntityType!], $query: String!) {{
+  searchAcrossEntities(input: {{types: $types, query: $query, start: 0, count: {MAX_CHOICES},
+                               searchFlags: {{skipAggregates: true, skipHighlighting: true}}}}) {{
+    total searchResults {{ entity {{ urn }} }}
   }}
-  terms: searchAcrossEntities(input: {{types: [GLOSSARY_TERM], query: "*", start: 0, count: {MAX_CHOICES},
-                                      {_CHOICE_FLAGS}}}) {{
-    searchResults {{ entity {{ urn ... on GlossaryTerm {{ properties {{ name }} }} }} }}
-  }}
-  owners: searchAcrossEntities(input: {{types: [CORP_USER, CORP_GROUP], query: "*", start: 0, count: {MAX_CHOICES},
-                                       {_CHOICE_FLAGS}}}) {{
-    searchResults {{ entity {{ urn ... on CorpUser {{ username properties {{ displayName }} }}
-                             ... on CorpGroup {{ name properties {{ displayName }} }} }} }}
-  }}
-  domains: searchAcrossEntities(input: {{types: [DOMAIN], query: "*", start: 0, count: {MAX_CHOICES},
-                                        {_CHOICE_FLAGS}}}) {{
-    searchResults {{ entity {{ urn ... on Domain {{ properties {{ name }} }} }} }}
-  }}
-  ownershipTypes: listOwnershipTypes(input: {{start: 0, count: 50}}) {{ ownershipTypes {{ urn info {{ name }} }} }}
 }}
+"""
+OWNERSHIP_TYPES = """
+query webOwnershipTypes { listOwnershipTypes(input: {start: 0, count: 50}) { ownershipTypes { urn info { name } } } }
 """
 
 
@@ -609,46 +602,48 @@ query webChoices {{
 class Choice:
     value: str  # a URN
     label: str
+    handle: str  # the id in the URN, which tells apart two of one name
 
 
-@dataclass(slots=True)
-class Choices:
-    tags: list[Choice] = field(default_factory=list)
-    terms: list[Choice] = field(default_factory=list)
-    owners: list[Choice] = field(default_factory=list)
-    domains: list[Choice] = field(default_factory=list)
-    ownership_types: list[Choice] = field(default_factory=list)
+@dataclass(frozen=True, slots=True)
+class Chooser:
+    """The existing tags (terms, users and groups, domains) a search found for an edit to choose from."""
+
+    kind: str  # a key of CHOOSABLE
+    query: str
+    found: list[Choice]
+    total: int
 
 
-def _choice(entity: dict[str, Any]) -> Choice:
-    properties = entity.get("properties") or {}
-    label = (
-        properties.get("displayName")
-        or properties.get("name")
-        or entity.get("username")
-        or entity.get("name")
-        or short_name(entity["urn"])
-    )
-    return Choice(entity["urn"], label)
+SYSTEM_OWNERSHIP_CHOICES = [
+    Choice(SYSTEM_OWNERSHIP_PREFIX + key, name, key) for key, name in SYSTEM_OWNERSHIP_TYPES.items()
+]
 
 
-async def choices(request: Request, session: AsyncSession, principal: Principal) -> Choices:
-    """The existing tags, glossary terms, users and groups, domains and ownership types an edit's form offers (its
-    datalists; DataHub's edit dialogs search the same). A search that fails leaves the lists empty: the forms still
-    take a name or a URN typed in."""
-    system = [Choice(SYSTEM_OWNERSHIP_PREFIX + key, name) for key, name in SYSTEM_OWNERSHIP_TYPES.items()]
+async def choose(request: Request, session: AsyncSession, principal: Principal, kind: str, query: str) -> Chooser:
+    """The first MAX_CHOICES of `kind` matching `query` (all of them for an empty one), by their names, as DataHub's
+    edit dialogs search them; a search that fails finds none (the forms still take a name or a URN typed in)."""
+    query = " ".join(query.split())[:200]
     try:
-        data = await graphql(request, session, principal, CHOICES, {})
+        data = await graphql(request, session, principal, CHOOSE, {"types": CHOOSABLE[kind], "query": query or "*"})
     except GraphQLRefused:
-        return Choices(ownership_types=system)
+        return Chooser(kind, query, [], 0)
+    found = data.get("searchAcrossEntities") or {}
+    urns = [r["entity"]["urn"] for r in found.get("searchResults") or []]
+    names = await display_names(EntityReader(session, request.app.state.registry, principal), urns)
+    choices = [Choice(urn, names.get(urn) or short_name(urn), short_name(urn)) for urn in urns]
+    return Chooser(kind, query, choices, int(found.get("total") or 0))
 
-    def listed(name: str) -> list[Choice]:
-        results = (data.get(name) or {}).get("searchResults") or []
-        return sorted((_choice(r["entity"]) for r in results), key=lambda c: c.label.lower())
 
+async def ownership_types(request: Request, session: AsyncSession, principal: Principal) -> list[Choice]:
+    """DataHub's system ownership types, then the ones made here (ownershipType entities)."""
+    try:
+        data = await graphql(request, session, principal, OWNERSHIP_TYPES, {})
+    except GraphQLRefused:
+        return SYSTEM_OWNERSHIP_CHOICES
     custom = [
-        Choice(t["urn"], (t.get("info") or {}).get("name") or short_name(t["urn"]))
-        for t in (data.get("ownershipTypes") or {}).get("ownershipTypes") or []
+        Choice(t["urn"], (t.get("info") or {}).get("name") or short_name(t["urn"]), short_name(t["urn"]))
+        for t in (data.get("listOwnershipTypes") or {}).get("ownershipTypes") or []
         if not t["urn"].startswith(SYSTEM_OWNERSHIP_PREFIX)
     ]
-    return Choices(listed("tags"), listed("terms"), listed("owners"), listed("domains"), system + custom)
+    return SYSTEM_OWNERSHIP_CHOICES + custom

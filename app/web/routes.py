@@ -178,8 +178,16 @@ async def entity_page(request: Request, session: PageReader, db: Session, regist
     chosen = TABS.get(tab, Tab())
     loaded = await chosen.load(TabRequest(request, db, registry, session, view)) if chosen.load else {}
     can_edit = session.principal.allows(Permission.WRITE)
-    choices = await catalog.choices(request, db, session.principal) if can_edit else None
+    # a writer's page opens one field's edit panel (`field`) or one chooser (`choose`) at a time: only then are
+    # the existing tags (terms, people, domains) searched
     editing = request.query_params.get("field") if can_edit and tab == SCHEMA else None
+    choosing = request.query_params.get("choose") if can_edit else None
+    chooser = None
+    owner_types = catalog.SYSTEM_OWNERSHIP_CHOICES
+    if choosing in catalog.CHOOSABLE:
+        chooser = await catalog.choose(request, db, session.principal, choosing, request.query_params.get("q", ""))
+        if choosing == "owner":
+            owner_types = await catalog.ownership_types(request, db, session.principal)
     return render(
         "entity.html",
         session,
@@ -189,8 +197,9 @@ async def entity_page(request: Request, session: PageReader, db: Session, regist
         path_name=path_name,
         assets=chosen,
         can_edit=can_edit,
-        choices=choices,
         editing=editing,
+        chooser=chooser,
+        ownership_types=owner_types,
         **loaded,
     )
 

@@ -102,7 +102,7 @@ async def written_by(db, aspect_name: str) -> tuple[str, str, str]:
 async def test_a_writer_adds_and_removes_a_tag_as_the_person(app, client, catalog, db):
     browser = await sign_in(app, role="writer")
     page = await browser.get(page_url(ORDERS, "Properties"))
-    assert 'action="/web/tags"' in page.text and 'list="tag-choices"' in page.text
+    assert 'action="/web/tags"' in page.text
     added = await post(browser, "/web/tags", page.text, op="add", tag="pii", tab="Properties")
     assert added.status_code == 303 and added.headers["location"] == page_url(ORDERS, "Properties")
     assert await aspect(client, "globalTags") == {"tags": [{"tag": PII}]}  # read back through the API
@@ -143,7 +143,7 @@ async def test_glossary_terms_are_added_and_removed(app, client, catalog, db):
 async def test_owners_are_added_with_their_type_and_removed_by_that_type_only(app, client, catalog, db):
     browser = await sign_in(app, role="writer")
     page = await browser.get(page_url(ORDERS, "Documentation"))
-    assert 'id="owner-type"' in page.text and f'value="{TECHNICAL}"' in page.text
+    assert 'id="side-owner-type"' in page.text and f'value="{TECHNICAL}"' in page.text
     for owner, kind in (("bob", TECHNICAL), (BOB, BUSINESS), (ENG, TECHNICAL)):
         answer = await post(browser, "/web/owners", page.text, op="add", owner=owner, type=kind)
         assert answer.status_code == 303, answer.text
@@ -268,7 +268,7 @@ async def test_a_reader_sees_no_edit_control_and_its_forged_posts_are_403(app, c
         assert page.status_code == 200
         for route in EDIT_ROUTES:
             assert f'action="{route}"' not in page.text
-        assert "<datalist" not in page.text and 'class="edit' not in page.text and 'id="field-edit"' not in page.text
+        assert 'class="edit' not in page.text and 'id="field-edit"' not in page.text
     forms = {
         "/web/description": {"description": "forged"},
         "/web/tags": {"op": "add", "tag": PII},
@@ -326,19 +326,62 @@ async def test_a_writers_policies_still_apply_to_its_edits(app, client, catalog)
     assert await aspect(client, "ownership") is None
 
 
-async def test_the_forms_offer_the_existing_tags_terms_people_and_domains(app, catalog):
+def offered(html: str) -> list[tuple[str, str]]:
+    """The chooser's choices: (URN, what its label says)."""
+    return [
+        (value, re.sub(r"<[^>]+>", "", label).strip())
+        for value, label in re.findall(
+            r'<input type="radio" id="[^"]+" name="\w+" value="([^"]+)" required>\s*<label[^>]*>(.*?)</label>',
+            html,
+            re.S,
+        )
+    ]
+
+
+async def test_a_chooser_searches_the_existing_tags_terms_people_and_domains(app, catalog):
     browser = await sign_in(app, role="writer")
-    page = await browser.get(page_url(ORDERS, "Documentation"))
+    plain = await browser.get(page_url(ORDERS, "Documentation"))
+    assert offered(plain.text) == [] and "?choose=tag#tags-heading" in plain.text  # searched only when asked
+    tags = await browser.get(page_url(ORDERS, "Documentation") + "?choose=tag")
+    assert sorted(offered(tags.text)) == [(GOLD, "Gold gold"), (PII, "PII pii")]  # a name, and the id beside it
+    narrowed = await browser.get(page_url(ORDERS, "Documentation") + "?" + urlencode({"choose": "tag", "q": "gold"}))
+    assert offered(narrowed.text) == [(GOLD, "Gold gold")] and "Found for “gold”" in narrowed.text
+    terms = await browser.get(page_url(ORDERS, "Documentation") + "?choose=term")
+    assert offered(terms.text) == [(SENSITIVE, "Sensitive")]  # its name is its id: said once
+    owners = await browser.get(page_url(ORDERS, "Documentation") + "?choose=owner")
+    assert sorted(offered(owners.text)) == [(ENG, "eng"), (ALICE, "Alice A. alice"), (BOB, "Bob B. bob")]
+    assert 'id="side-owner-type"' in owners.text
+    domains = await browser.get(page_url(ORDERS, "Documentation") + "?choose=domain")
+    assert sorted(offered(domains.text)) == [(FINANCE, "Finance finance"), (SALES, "Sales sales")]
+    nothing = await browser.get(page_url(ORDERS, "Documentation") + "?" + urlencode({"choose": "tag", "q": "zzz"}))
+    assert offered(nothing.text) == [] and "None found" in nothing.text
 
-    def offered(list_id: str) -> list[tuple[str, str]]:
-        found = re.search(rf'<datalist id="{list_id}">(.*?)</datalist>', page.text, re.S)
-        assert found, list_id
-        return re.findall(r'<option value="([^"]+)">([^<]*)</option>', found.group(1))
 
-    assert offered("tag-choices") == [(GOLD, "Gold"), (PII, "PII")]
-    assert offered("term-choices") == [(SENSITIVE, "Sensitive")]
-    assert offered("owner-choices") == [(ALICE, "Alice A."), (BOB, "Bob B."), (ENG, "eng")]
-    assert offered("domain-choices") == [(FINANCE, "Finance"), (SALES, "Sales")]
+async def test_a_choice_is_added_through_the_choosers_form(app, client, catalog):
+    browser = await sign_in(app, role="writer")
+    page = await browser.get(page_url(ORDERS, "Properties") + "?choose=domain")
+    form = re.search(r'<form class="add" action="/web/domain" method="post">(.*?)</form>', page.text, re.S).group(1)
+    fields = dict(re.findall(r'<input type="hidden" name="(\w+)" value="([^"]*)">', form))
+    assert fields == {"csrf_token": csrf_of(page.text), "urn": ORDERS, "tab": "Properties", "op": "set"}
+    answer = await browser.post("/web/domain", data={**fields, "domain": SALES})
+    assert answer.status_code == 303 and answer.headers["location"] == page_url(ORDERS, "Properties")
+    assert await aspect(client, "domains") == {"domains": [SALES]}
+
+
+async def test_a_fields_chooser_opens_in_its_edit_panel(app, catalog):
+    browser = await sign_in(app, role="writer")
+    panel = await browser.get(page_url(ORDERS, "Schema") + "?" + urlencode({"field": "email", "choose": "term"}))
+    section = panel.text[panel.text.index('id="field-edit"') :]
+    assert offered(section) == [(SENSITIVE, "Sensitive")]
+    assert 'name="field" value="email"' in section and offered(panel.text[: panel.text.index('id="field-edit"')]) == []
+    side = await browser.get(page_url(ORDERS, "Schema") + "?choose=term")  # no field: the side panel's
+    assert offered(side.text) == [(SENSITIVE, "Sensitive")] and 'id="field-edit"' not in side.text
+
+
+async def test_a_readers_page_has_no_chooser(app, catalog):
+    browser = await sign_in(app, role="reader")
+    page = await browser.get(page_url(ORDERS, "Documentation") + "?choose=tag")
+    assert offered(page.text) == [] and "choose=" not in page.text
 
 
 @pytest.mark.parametrize("tab", ["Documentation", "Schema", "Properties"])
