@@ -1,6 +1,7 @@
-"""What the pages show and do, as the signed-in principal: search and edits through DataHub's GraphQL executed
-in-process (app.graphql.service.run, as app.mcp.call runs a tool's operations: the same limits, cost, read rule and
-policies as `POST /api/graphql`), an entity's aspects through the aspect store as that principal may read it
+"""What the pages show, as the signed-in principal: search and the edit forms' choosers through DataHub's GraphQL
+executed in-process (`graphql`: app.graphql.service.run, as app.mcp.call runs a tool's operations — the same limits,
+cost, read rule and policies as `POST /api/graphql`; the edits themselves run through it too, in app.web.edits), an
+entity's aspects and the names of what it references through the aspect store as that principal may read it
 (app.write.reader.EntityReader: its system metadata too, which GraphQL's RawAspect does not carry).
 
 The handlers (app.web.routes) parse the request, call one function here and render what it returns."""
@@ -16,7 +17,7 @@ from starlette.requests import Request
 
 from app.api.deps import scoped_search_backend
 from app.auth.model import Principal
-from app.graphql.curation import SYSTEM_OWNERSHIP_PREFIX, SYSTEM_OWNERSHIP_TYPES
+from app.graphql.curation import SYSTEM_OWNERSHIP_PREFIX, SYSTEM_OWNERSHIP_TYPES, _type_urn_of
 from app.graphql.resolvers import Context
 from app.graphql.service import GraphQLRequest, run
 from app.ingest.gateway import AttributedGateway, IngestGateway
@@ -447,12 +448,6 @@ def _renamed(chips: list[Chip], names: dict[str, str]) -> list[Chip]:
     return [replace(c, name=names.get(c.urn, c.name)) for c in chips]
 
 
-def ownership_type_urn(owner: dict[str, Any]) -> str:
-    """An owner's ownership type: its `typeUrn`, else the system type of its deprecated `type` (as DataHub's
-    OwnerUtils reads it, and as batchRemoveOwners matches it)."""
-    return str(owner.get("typeUrn") or SYSTEM_OWNERSHIP_PREFIX + str(owner.get("type") or "NONE").lower())
-
-
 def ownership_type_name(type_urn: str) -> str:
     """DataHub's name of a system ownership type (Technical Owner, …); a custom type's id."""
     if type_urn.startswith(SYSTEM_OWNERSHIP_PREFIX):
@@ -502,7 +497,7 @@ async def entity(reader: EntityReader, entity_type: str, urn: str) -> EntityView
     view.fields = _schema(values.get("schemaMetadata"), values.get("editableSchemaMetadata"))
     ownership = values.get("ownership") or {}
     for owner in ownership.get("owners") or []:
-        kind = ownership_type_urn(owner)
+        kind = _type_urn_of(owner)  # the type batchRemoveOwners matches it by
         who = owner["owner"]
         handle = short_name(who)
         view.owners.append(OwnerView(who, handle, handle, entity_url(who), kind, ownership_type_name(kind)))
