@@ -348,7 +348,7 @@ async def resolve_batch_add_owners(_root: Any, info: Any, input: dict[str, Any])
             entries = value.setdefault("owners", [])
             before = _copy(entries)
             for urn, type_urn in owners:
-                if not any(e.get("owner") == urn and _type_urn_of(e) == type_urn for e in entries):
+                if not any(e.get("owner") == urn and type_urn_of(e) == type_urn for e in entries):
                     entries.append(
                         {
                             "owner": urn,
@@ -363,7 +363,8 @@ async def resolve_batch_add_owners(_root: Any, info: Any, input: dict[str, Any])
     return await _apply(context, "add owners", edit)
 
 
-def _type_urn_of(owner: dict[str, Any]) -> str:
+def type_urn_of(owner: dict[str, Any]) -> str:
+    """An owner entry's ownership type as a URN: its `typeUrn`, else its legacy `type` as DataHub's system type."""
     return str(owner.get("typeUrn") or SYSTEM_OWNERSHIP_PREFIX + str(owner.get("type") or "NONE").lower())
 
 
@@ -381,7 +382,7 @@ async def resolve_batch_remove_owners(_root: Any, info: Any, input: dict[str, An
             kept = [
                 e
                 for e in entries
-                if not (e.get("owner") in owner_urns and (not type_urn or _type_urn_of(e) == type_urn))
+                if not (e.get("owner") in owner_urns and (not type_urn or type_urn_of(e) == type_urn))
             ]
             if len(kept) != len(entries):
                 value["owners"] = kept

@@ -717,12 +717,12 @@ WRITER_PRIVILEGES = (
     "createBusinessAttributes",
     "manageBusinessAttributes",
     "manageApplications",
+    "generatePersonalAccessTokens",  # a writer makes its own at /settings/tokens (app.web.tokens)
 )
 ADMIN_PRIVILEGES = (
     "viewAnalytics",
     "managePolicies",
     "manageIdentities",
-    "generatePersonalAccessTokens",
     "manageIngestion",
     "manageSecrets",
     "manageTokens",

@@ -17,7 +17,7 @@ from starlette.requests import Request
 
 from app.api.deps import scoped_search_backend
 from app.auth.model import Principal
-from app.graphql.curation import SYSTEM_OWNERSHIP_PREFIX, SYSTEM_OWNERSHIP_TYPES, _type_urn_of
+from app.graphql.curation import SYSTEM_OWNERSHIP_PREFIX, SYSTEM_OWNERSHIP_TYPES, type_urn_of
 from app.graphql.resolvers import Context
 from app.graphql.service import GraphQLRequest, run
 from app.ingest.gateway import AttributedGateway, IngestGateway
@@ -497,7 +497,7 @@ async def entity(reader: EntityReader, entity_type: str, urn: str) -> EntityView
     view.fields = _schema(values.get("schemaMetadata"), values.get("editableSchemaMetadata"))
     ownership = values.get("ownership") or {}
     for owner in ownership.get("owners") or []:
-        kind = _type_urn_of(owner)  # the type batchRemoveOwners matches it by
+        kind = type_urn_of(owner)  # the type batchRemoveOwners matches it by
         who = owner["owner"]
         handle = short_name(who)
         view.owners.append(OwnerView(who, handle, handle, entity_url(who), kind, ownership_type_name(kind)))

@@ -123,7 +123,7 @@ async def home(session: PageReader) -> Response:
 
 
 def _number(raw: str, top: int) -> int | None:
-    return min(int(raw), top) if raw.isdigit() and len(raw) < 10 else None
+    return min(int(raw), top) if raw.isascii() and raw.isdigit() and len(raw) < 10 else None  # not `²`
 
 
 @router.get("/search")
