@@ -35,8 +35,9 @@ Postgres: a restore is always in place), `indexed_versions` lists what the table
 from __future__ import annotations
 
 import re
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
 import asyncpg
@@ -227,6 +228,28 @@ ASPECT_VECTOR_SQL = " || ".join(
     f"setweight(to_tsvector('simple', {_index_text(f'text_{w}')}), '{w.upper()}')" for w in "abcd"
 )
 
+# What separates a facet value's field from its value in `search_document.facet_values` (the ASCII unit separator:
+# not in a field name).
+FACET_SEPARATOR = chr(31)
+
+
+def facet_values_sql(fields: str, keys: str) -> str:
+    """SQL of a document's facet values (`search_document.facet_values`, migration 0018), from its merged fields
+    (`fields`, a jsonb expression) and the document fields of its entity type's filters (`keys`, a jsonb array
+    expression): each distinct value of those fields and of its structured properties, an array's elements one by one,
+    as `field<FACET_SEPARATOR>value` (JSON null left out). A facet counts these, not the matches' fields: a search
+    matching 100,000 documents would read and expand every one of their `fields`."""
+    return f"""ARRAY(
+        SELECT DISTINCT f.key || chr(31) || v.value
+        FROM jsonb_each({fields}) f
+        CROSS JOIN LATERAL jsonb_array_elements_text(
+            CASE WHEN jsonb_typeof(f.value) = 'array' THEN f.value ELSE jsonb_build_array(f.value) END
+        ) v(value)
+        WHERE v.value IS NOT NULL
+          AND (coalesce(({keys}) ? f.key, false) OR starts_with(f.key, '{PROPERTY_FIELD_PREFIX}'))
+    )"""
+
+
 # An aspect's row holds its pieces of the document, derived from its fields alone: the fields, the weighted
 # tsvector of its text and its exact names (`aspect_text`). $7..$10: its text by weight, $11: exact names (a JSON
 # array), $12: the characters of text the vector is built from.
@@ -248,7 +271,8 @@ WHERE s.version < EXCLUDED.version OR (s.version = EXCLUDED.version AND (EXCLUDE
 # Rebuild the documents of the touched urns ($1) by combining their aspects' rows, in aspect order (a field two
 # aspects hold: the later one's value), with no text to parse but the URN's: fields merged, versions, the
 # concatenated tsvectors of the aspects whose text, counted in aspect order, is within $2 characters (a tsvector
-# holds 1 MB), exact names. The aggregates come from migration 0013.
+# holds 1 MB), exact names, facet values ($3: entity type -> its filters' document fields). The aggregates come from
+# migration 0013.
 _REBUILD_DOCUMENTS = rf"""
 WITH rows AS (
     SELECT a.urn, a.aspect, a.entity_type, a.version, a.deleted, a.fields, a.search_vector, a.exact_names,
@@ -267,19 +291,21 @@ WITH rows AS (
     WHERE d.urn = t.urn AND NOT EXISTS (SELECT 1 FROM docs WHERE docs.urn = t.urn)
 )
 INSERT INTO search_document AS d (urn, entity_type, fields, aspect_versions, removed, search_vector, exact_names,
-                                  entity_removed, updated_at)
+                                  facet_values, entity_removed, updated_at)
 SELECT urn, entity_type, fields, aspect_versions, coalesce(fields -> 'removed' = 'true'::jsonb, false),
        coalesce(search_vector, ''::tsvector) || setweight(to_tsvector('simple', {_index_text("urn")}), 'D'),
-       array_append(coalesce(exact_names, '{{}}'), lower(urn)), false, now()
+       array_append(coalesce(exact_names, '{{}}'), lower(urn)),
+       {facet_values_sql("fields", "$3::jsonb -> entity_type")}, false, now()
 FROM docs WHERE live
 UNION ALL
 -- a document with no live aspect left: a tombstone (its versions only, hidden from every read)
-SELECT urn, entity_type, '{{"entityRemoved": true}}'::jsonb, aspect_versions, false, ''::tsvector, '{{}}', true, now()
+SELECT urn, entity_type, '{{"entityRemoved": true}}'::jsonb, aspect_versions, false, ''::tsvector, '{{}}', '{{}}',
+       true, now()
 FROM docs WHERE NOT live
 ON CONFLICT (urn) DO UPDATE
 SET entity_type = EXCLUDED.entity_type, fields = EXCLUDED.fields, aspect_versions = EXCLUDED.aspect_versions,
     removed = EXCLUDED.removed, search_vector = EXCLUDED.search_vector, exact_names = EXCLUDED.exact_names,
-    entity_removed = EXCLUDED.entity_removed, updated_at = EXCLUDED.updated_at
+    facet_values = EXCLUDED.facet_values, entity_removed = EXCLUDED.entity_removed, updated_at = EXCLUDED.updated_at
 """
 
 # An edge set applies when newer than the marker; at an equal version only if it is empty (a delete) or the stored
@@ -383,6 +409,53 @@ _EDGE_SELECT = (
     "source, destination, relationship, source_type, destination_type, via, created_on, created_actor, "
     "updated_on, updated_actor, properties::text AS properties, is_lineage"
 )
+
+
+@dataclass(slots=True)
+class _Counted:
+    """The matches of one entity type: how many, and how many have each facet value (field -> value -> matches)."""
+
+    total: int = 0
+    values: dict[str, dict[str, int]] = field(default_factory=dict)
+
+    def facets(self, names: Mapping[str, str]) -> dict[str, dict[str, int]]:
+        """The counts of each facet (facet name -> its document field), every one named, empty or not."""
+        return {name: dict(self.values.get(field_name, {})) for name, field_name in names.items()}
+
+
+async def _count(
+    conn: asyncpg.Connection, where: str, params: Sequence[Any], fields: Iterable[str]
+) -> dict[str, _Counted]:
+    """Entity type -> its matches of `where` (a condition on `d`, search_document, with `params`), counted with the
+    values of `fields` in one statement: each match is one NULL entry (the total) and its facet values of those
+    fields (migration 0018), distinct per document, so a value's count is the matches that have it."""
+    wanted = sorted(set(fields))
+    if wanted:
+        rows = await conn.fetch(
+            f"""
+            SELECT d.entity_type, e.entry, count(*) AS n
+            FROM search_document d
+            CROSS JOIN LATERAL unnest(array_prepend(NULL::text, d.facet_values)) e(entry)
+            WHERE {where} AND (e.entry IS NULL OR split_part(e.entry, chr(31), 1) = ANY(${len(params) + 1}::text[]))
+            GROUP BY d.entity_type, e.entry
+            """,
+            *params,
+            wanted,
+        )
+    else:
+        rows = await conn.fetch(
+            f"SELECT d.entity_type, NULL AS entry, count(*) AS n FROM search_document d WHERE {where} GROUP BY 1",
+            *params,
+        )
+    counted: dict[str, _Counted] = {}
+    for r in rows:
+        of_type = counted.setdefault(r["entity_type"], _Counted())
+        if r["entry"] is None:
+            of_type.total = r["n"]
+        else:
+            field_name, _, value = r["entry"].partition(FACET_SEPARATOR)
+            of_type.values.setdefault(field_name, {})[value] = r["n"]
+    return counted
 
 
 class PostgresBackend:
@@ -492,6 +565,13 @@ class PostgresBackend:
         except KeyError:
             return {}
 
+    def _facet_fields_json(self, entity_types: Iterable[str]) -> str:
+        """JSON of entity type -> the document fields of its filters, for these types: the fields whose values a
+        rebuilt document keeps as its facet values (`facet_values_sql`)."""
+        return orjson.dumps(
+            {t: sorted({spec.name for spec in self.filter_fields(t).values()}) for t in set(entity_types)}
+        ).decode()
+
     def _field_weights(self, entity_type: str) -> dict[str, tuple[str, bool]]:
         if self._weights_of != self._registry.generation:
             self._weights, self._weights_of = {}, self._registry.generation
@@ -592,7 +672,12 @@ class PostgresBackend:
             exact,
             chars,
         )
-        await conn.execute(_REBUILD_DOCUMENTS, sorted({c.urn for c in changes}), self._max_text)
+        await conn.execute(
+            _REBUILD_DOCUMENTS,
+            sorted({c.urn for c in changes}),
+            self._max_text,
+            self._facet_fields_json(c.entity_type for c in changes),
+        )
 
     async def _apply_edges(self, conn: asyncpg.Connection, changes: list[AspectEdges]) -> None:
         accepted = await conn.fetch(
@@ -666,7 +751,12 @@ class PostgresBackend:
             [r.version for r in rows],
         )
         if removed:
-            await conn.execute(_REBUILD_DOCUMENTS, sorted(r["urn"] for r in removed), self._max_text)
+            await conn.execute(
+                _REBUILD_DOCUMENTS,
+                sorted(r["urn"] for r in removed),
+                self._max_text,
+                self._facet_fields_json(r.entity_type for r in rows),
+            )
 
     # --- search ---------------------------------------------------------------------------------------------------
     def _document_field(self, entity_type: str, name: str) -> str:
@@ -674,6 +764,12 @@ class PostgresBackend:
         (app.search.structured_properties), or the name itself."""
         specs = self.filter_fields(entity_type)
         return specs[name].name if name in specs else document_field(name)
+
+    def _facet_names(self, entity_type: str, property_facets: Sequence[str]) -> dict[str, str]:
+        """Facet name -> its document field: the entity type's filters and the structured properties asked for."""
+        return {name: spec.name for name, spec in self.filter_fields(entity_type).items()} | {
+            name: document_field(name) for name in property_facets
+        }
 
     def _filter_sql(self, entity_type: str, filters: dict[str, list[str]] | None, params: list[Any]) -> list[str]:
         """Conditions on `d.fields` (jsonb containment, GIN `jsonb_path_ops`): for each filter, any of its values,
@@ -969,49 +1065,26 @@ class PostgresBackend:
             keyset = f"WHERE (s.sort_key {op} {k} OR (s.sort_key = {k} AND s.urn > {u}))"
         params.append(count + 1)
         limit = len(params)
+        direction = "DESC" if descending else "ASC"
+        # Only the sort key of every match: the page's own rows are read again by urn for what a hit shows (a
+        # document's fields as text, for each of 100,000 matches, cost as much as ranking them), and a page sorted
+        # by a field is scored for its own rows only.
         sql = f"""
-            SELECT s.urn, s.entity_type, s.score, s.fields, s.sort_key::text AS sort_key FROM (
-                SELECT d.urn, d.entity_type, {score} AS score, d.fields::text AS fields, {key_expr} AS sort_key
-                FROM search_document d WHERE {where}
-            ) s {keyset}
-            ORDER BY s.sort_key {"DESC" if descending else "ASC"}, s.urn
-            LIMIT ${limit}
+            SELECT p.urn, d.entity_type, {"p.sort_key" if key_cast == "float8" else score} AS score,
+                   d.fields::text AS fields, p.sort_key::text AS sort_key
+            FROM (
+                SELECT s.urn, s.sort_key FROM (
+                    SELECT d.urn, {key_expr} AS sort_key FROM search_document d WHERE {where}
+                ) s {keyset}
+                ORDER BY s.sort_key {direction}, s.urn
+                LIMIT ${limit}
+            ) p JOIN search_document d ON d.urn = p.urn
+            ORDER BY p.sort_key {direction}, p.urn
         """
-        facet_names = (
-            (
-                {name: spec.name for name, spec in self.filter_fields(entity_type).items()}
-                | {name: document_field(name) for name in property_facets}
-            )
-            if facets
-            else {}
-        )
+        facet_names = self._facet_names(entity_type, property_facets) if facets else {}
         async with self._connection() as conn:
             rows = await conn.fetch(sql, *params) if count > 0 else []  # count 0: the total alone
-            total = await conn.fetchval(f"SELECT count(*) FROM search_document d WHERE {where}", *base_params)
-            facet_counts: dict[str, dict[str, int]] = {name: {} for name in facet_names}
-            if facet_names and total:  # no match: nothing to count by value
-                by_field: dict[str, list[str]] = {}
-                for name, field_name in facet_names.items():
-                    by_field.setdefault(field_name, []).append(name)
-                facet_rows = await conn.fetch(
-                    f"""
-                    SELECT f.key, v.value, count(DISTINCT d.urn) AS n
-                    FROM search_document d
-                    CROSS JOIN LATERAL jsonb_each(d.fields) f
-                    CROSS JOIN LATERAL jsonb_array_elements_text(
-                        CASE WHEN jsonb_typeof(f.value) = 'array' THEN f.value ELSE jsonb_build_array(f.value) END
-                    ) v(value)
-                    WHERE {where} AND f.key = ANY(${len(base_params) + 1}::text[])
-                    GROUP BY f.key, v.value
-                    """,
-                    *base_params,
-                    list(by_field),
-                )
-                for r in facet_rows:
-                    if r["value"] is None:
-                        continue
-                    for name in by_field[r["key"]]:
-                        facet_counts[name][r["value"]] = r["n"]
+            counted = (await _count(conn, where, base_params, facet_names.values())).get(entity_type, _Counted())
         hits = [
             SearchHit(urn=r["urn"], entity_type=r["entity_type"], score=r["score"], fields=_json(r["fields"]))
             for r in rows[:count]
@@ -1021,7 +1094,7 @@ class PostgresBackend:
             last = rows[count - 1]
             key = orjson.loads(last["sort_key"]) if key_cast == "jsonb" else float(last["sort_key"])
             next_scroll = keyset_cursor([key], last["urn"])
-        return SearchPage(hits=hits, total=total, scroll_id=next_scroll, facets=facet_counts)
+        return SearchPage(hits=hits, total=counted.total, scroll_id=next_scroll, facets=counted.facets(facet_names))
 
     async def autocomplete(self, entity_type: str, prefix: str, *, limit: int = 10) -> list[SearchHit]:
         """Documents with a name/id starting with `prefix` first (shortest name first), then the ones with a word
