@@ -9,7 +9,6 @@ the module prints)."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -22,6 +21,8 @@ import pytest
 
 from tests.client.conftest import ROOT, DataHubClient, Metaledger, _client_env, _ensure_client_venv, metaledger_process
 from tests.processes import service_token
+from tests.web.axe import serious_violations
+from tests.web.browsing import page_url
 
 pytestmark = pytest.mark.client
 
@@ -30,9 +31,11 @@ RUN = "webcat"
 ORDERS = f"urn:li:dataset:(urn:li:dataPlatform:snowflake,{RUN}.shop.orders,PROD)"
 RAW = f"urn:li:dataset:(urn:li:dataPlatform:snowflake,{RUN}.shop.raw_orders,PROD)"
 EVENTS = f"urn:li:dataset:(urn:li:dataPlatform:kafka,{RUN}.events,PROD)"
+STAGING = f"urn:li:dataset:(urn:li:dataPlatform:snowflake,{RUN}.shop.staging,PROD)"
 ALICE = f"urn:li:corpuser:{RUN}-alice"
 PII = f"urn:li:tag:{RUN}-pii"
 EDITED = "Every order a customer placed, cleaned (edited in the browser)"
+EDITED_TWICE = EDITED + ", twice"
 
 SEED = """
 from datahub.emitter.mcp import MetadataChangeProposalWrapper as MCPW
@@ -61,6 +64,10 @@ client.entities.upsert(Dataset(platform="kafka", name=f"{RUN}.events", descripti
                                schema=[("event_id", "VARCHAR")]))
 client.lineage.add_lineage(upstream=RAW, downstream=ORDERS)
 client.lineage.add_lineage(upstream=EVENTS, downstream=RAW)
+# a run of its own, to roll back from the browser
+run = m.SystemMetadataClass(runId=f"{RUN}-staging-run")
+client._graph.emit_mcp(MCPW(entityUrn=STAGING, aspect=m.DatasetPropertiesClass(name="staging", description="Staging"),
+                            systemMetadata=run))
 """
 
 READ_BACK = """
@@ -88,7 +95,7 @@ def sdk(service: Metaledger, tmp_path_factory: pytest.TempPathFactory) -> Iterat
 @pytest.fixture(scope="module")
 def catalog(service: Metaledger, sdk: DataHubClient) -> Metaledger:
     """The catalog above, written through DataHub's SDK, once searchable."""
-    sdk.script(SEED, RUN=RUN, ALICE=ALICE, ORDERS=ORDERS, RAW=RAW, EVENTS=EVENTS, PII=PII)
+    sdk.script(SEED, RUN=RUN, ALICE=ALICE, ORDERS=ORDERS, RAW=RAW, EVENTS=EVENTS, PII=PII, STAGING=STAGING)
     query = "query q($q: String!) { searchAcrossEntities(input: {query: $q, count: 20}) { total } }"
     deadline = time.monotonic() + 60
     with service.http() as http:
@@ -131,7 +138,10 @@ def browser(artifacts: Path) -> Iterator[object]:
 
 
 def shot(driver, artifacts: Path, name: str) -> None:
-    """A screenshot of the whole page (its full height at the window's width)."""
+    """A screenshot of the whole page (its full height at the window's width), once axe-core found no serious
+    violation in it."""
+    violations = serious_violations(driver)
+    assert not violations, f"{name}: {driver.current_url}\n" + "\n".join(violations)
     height = driver.execute_script("return document.documentElement.scrollHeight")
     width = driver.get_window_size()["width"]
     driver.set_window_size(width, max(min(height + 140, 4000), 500))
@@ -147,10 +157,6 @@ def arrived(driver, where: Callable[[str], bool], timeout: float = 20) -> None:
         lambda d: where(d.current_url) and d.execute_script("return document.readyState") == "complete",
         message=f"still at {driver.current_url}",
     )
-
-
-def page_url(urn: str, tab: str | None = None) -> str:
-    return f"/dataset/{quote(urn, safe='')}" + (f"/{tab}" if tab else "")
 
 
 def sign_in(driver, service: Metaledger, token: str, artifacts: Path | None = None) -> None:
@@ -210,7 +216,7 @@ def test_open_a_dataset_and_read_its_schema_and_owners(browser, catalog: Metaled
     assert "The customer's e-mail address" in browser.find_element(By.ID, "schema-table").text
     owners = browser.find_element(By.CSS_SELECTOR, ".entity-side ul.owners").text
     assert f"{RUN}-alice" in owners
-    assert f"{RUN}-pii" in browser.find_element(By.CSS_SELECTOR, ".entity-side").text
+    assert "PII" in browser.find_element(By.CSS_SELECTOR, ".entity-side").text  # the tag by its name
     shot(browser, artifacts, "04-dataset-schema")
     search = browser.find_element(By.ID, "field-filter")
     search.send_keys("email")
@@ -221,11 +227,19 @@ def test_open_a_dataset_and_read_its_schema_and_owners(browser, catalog: Metaled
 
 def test_other_tabs_at_datahubs_paths(browser, catalog: Metaledger, artifacts: Path):
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
 
     browser.get(catalog.url + page_url(ORDERS, "Lineage"))
-    lineage = browser.find_element(By.CSS_SELECTOR, ".lineage").text
-    assert "raw_orders" in lineage and "events" in lineage and "2 hops" in lineage
+    drawn = {n.get_attribute("textContent") for n in browser.find_elements(By.CSS_SELECTOR, "#lineage-svg .lg-name")}
+    assert {"orders", "raw_orders", "events"} <= {name.rsplit(".", 1)[-1] for name in drawn}, drawn  # two hops up
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#lineage-svg .lg-edge")) >= 2
     shot(browser, artifacts, "06-dataset-lineage")
+    nodes = browser.find_elements(By.CSS_SELECTOR, "#lineage-svg a.lg-node")
+    events = [
+        n for n in nodes if n.find_element(By.CSS_SELECTOR, ".lg-name").get_attribute("textContent").endswith("events")
+    ]
+    events[0].send_keys(Keys.ENTER)  # a node opens its page, from the keyboard too
+    arrived(browser, lambda url: quote(EVENTS, safe="") in url)
     browser.get(catalog.url + page_url(ORDERS, "Aspects"))
     browser.find_element(By.XPATH, "//details[@class='aspect'][.//code='ownership']/summary").click()
     assert '"runId"' in browser.find_element(By.XPATH, "//details[@class='aspect'][.//code='ownership']/pre").text
@@ -255,6 +269,58 @@ def test_edit_the_description_and_read_it_back_through_the_sdk(
     assert aspect["value"]["description"] == EDITED
 
 
+def test_compare_two_versions_in_history(browser, catalog: Metaledger, artifacts: Path):
+    from selenium.webdriver.common.by import By
+
+    browser.get(catalog.url + page_url(ORDERS, "Documentation"))
+    box = browser.find_element(By.ID, "description-input")
+    box.clear()
+    box.send_keys(EDITED_TWICE)
+    browser.find_element(By.CSS_SELECTOR, ".edit-description button").click()
+    arrived(browser, lambda url: url == catalog.url + page_url(ORDERS, "Documentation"))
+    browser.get(
+        catalog.url + page_url(ORDERS, "History") + "?aspect=editableDatasetProperties&from=2&to=3"
+    )  # 1: the SDK's
+    diff = browser.find_element(By.CSS_SELECTOR, "table.diff-paths").text
+    assert "description" in diff and EDITED in diff and EDITED_TWICE in diff, diff
+    shot(browser, artifacts, "10-dataset-history")
+
+
+def test_stats_tokens_and_operations_pages(browser, catalog: Metaledger, artifacts: Path):
+    from selenium.webdriver.common.by import By
+
+    browser.get(catalog.url + page_url(ORDERS, "Stats"))
+    assert "no profiles" in browser.find_element(By.TAG_NAME, "main").text
+    shot(browser, artifacts, "11-dataset-stats")
+    browser.get(catalog.url + "/settings/tokens")
+    assert browser.find_element(By.TAG_NAME, "h1").text
+    shot(browser, artifacts, "12-tokens")
+    browser.get(catalog.url + "/operations")  # an admin's session
+    assert "Readiness" in browser.find_element(By.TAG_NAME, "main").text
+    shot(browser, artifacts, "13-operations")
+
+
+def test_roll_back_a_run_after_its_preview(browser, catalog: Metaledger, artifacts: Path):
+    from selenium.webdriver.common.by import By
+
+    run = f"{RUN}-staging-run"
+    browser.get(catalog.url + "/runs")
+    browser.find_element(By.LINK_TEXT, run).click()
+    arrived(browser, lambda url: url.endswith("/runs/" + run))
+    shot(browser, artifacts, "14-run")
+    browser.get(catalog.url + f"/runs/{run}/rollback")
+    assert "staging" in browser.find_element(By.TAG_NAME, "main").text  # the preview names what it would undo
+    shot(browser, artifacts, "15-rollback-preview")
+    with catalog.http() as http:  # the preview changed nothing
+        assert http.get(f"/openapi/v3/entity/dataset/{quote(STAGING, safe='')}/datasetProperties").status_code == 200
+    browser.find_element(By.CSS_SELECTOR, "form.roll-back button").click()
+    arrived(browser, lambda url: f"/runs/{run}?done=" in url)
+    assert "Rolled back" in browser.find_element(By.TAG_NAME, "main").text
+    shot(browser, artifacts, "16-rolled-back")
+    with catalog.http() as http:
+        assert http.get(f"/openapi/v3/entity/dataset/{quote(STAGING, safe='')}/datasetProperties").status_code == 404
+
+
 def test_phone_width(browser, catalog: Metaledger, artifacts: Path):
     from selenium.webdriver.common.by import By
 
@@ -263,19 +329,21 @@ def test_phone_width(browser, catalog: Metaledger, artifacts: Path):
         browser.get(catalog.url + "/search?query=" + RUN)
         width = browser.execute_script("return document.documentElement.scrollWidth")
         assert width <= 390, f"the search page scrolls sideways on a phone: {width}px"
-        driver_shot_phone(browser, artifacts, "10-phone-search")
+        driver_shot_phone(browser, artifacts, "17-phone-search")
         browser.get(catalog.url + page_url(ORDERS))
         assert browser.find_element(By.ID, "schema-table").is_displayed()
         width = browser.execute_script("return document.documentElement.scrollWidth")
         assert width <= 390, (
             f"the dataset page scrolls sideways on a phone: {width}px (its table scrolls, not the page)"
         )
-        driver_shot_phone(browser, artifacts, "11-phone-dataset")
+        driver_shot_phone(browser, artifacts, "18-phone-dataset")
     finally:
         browser.set_window_size(1280, 800)
 
 
 def driver_shot_phone(driver, artifacts: Path, name: str) -> None:
+    violations = serious_violations(driver)
+    assert not violations, f"{name}: {driver.current_url}\n" + "\n".join(violations)
     height = driver.execute_script("return document.documentElement.scrollHeight")
     driver.set_window_size(390, max(min(height + 140, 3000), 844))
     driver.save_screenshot(str(artifacts / f"{name}.png"))
@@ -315,7 +383,7 @@ def test_a_readers_session_shows_no_edit_control_and_its_forged_post_is_refused(
         browser.get(catalog.url + page_url(ORDERS, tab))
         assert not browser.find_elements(By.CSS_SELECTOR, "form[action='/web/description']")
         assert not browser.find_elements(By.CSS_SELECTOR, "details.edit")
-    shot(browser, artifacts, "12-reader-dataset")
+    shot(browser, artifacts, "19-reader-dataset")
     # the form a writer's page would have, sent from the reader's own page with the reader's own CSRF token
     status = browser.execute_async_script(
         """
@@ -328,5 +396,5 @@ def test_a_readers_session_shows_no_edit_control_and_its_forged_post_is_refused(
     )
     assert status == 403
     browser.get(catalog.url + page_url(ORDERS, "Documentation"))
-    assert browser.find_element(By.ID, "description").text == EDITED
-    assert json.dumps(EDITED) and re.search("forged", browser.page_source) is None
+    assert browser.find_element(By.ID, "description").text == EDITED_TWICE  # the last writer's edit stands
+    assert re.search("forged", browser.page_source) is None
