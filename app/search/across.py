@@ -15,9 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import orjson
 
@@ -34,6 +34,7 @@ from app.search.model import (
     Criterion,
     SearchBackend,
     SearchHit,
+    SearchPage,
 )
 
 
@@ -72,15 +73,51 @@ def _fingerprint(searches: Sequence[TypeSearch], query: str, sort: list[tuple[st
     return hashlib.sha256(orjson.dumps([described, query, sort])).hexdigest()[:16]
 
 
-async def _type_totals(backend: SearchBackend, searches: Sequence[TypeSearch], query: str) -> list[int]:
-    """The matches of each search (count-only searches, concurrently)."""
-    pages = await asyncio.gather(
-        *(
-            backend.search(s.entity_type, query, filters=s.filters, count=0, any_of=s.any_of, facets=False)
-            for s in searches
+def _count_batch(backend: SearchBackend) -> Any:
+    """A new batch of count-only searches of the backend (app.search.postgres.CountBatch), None when it has none. A
+    backend that has them also counts a page's total only when asked (`total=`)."""
+    new_batch = getattr(backend, "count_batch", None)
+    return new_batch() if new_batch is not None else None
+
+
+async def _counted(
+    backend: SearchBackend,
+    searches: Sequence[TypeSearch],
+    query: str,
+    *,
+    facets: bool,
+    property_facets: Sequence[str] = (),
+) -> list[SearchPage]:
+    """The count-only page of each search (its total, and its facets with `facets`): in as few statements as the
+    backend's batch makes of them (every type at once where the conditions do not depend on the type), else one
+    search per type, concurrently. The batch is filled through `search`, so what a wrapper of the backend adds to a
+    search (the read rule's scope) is in it; a search a wrapper answered itself leaves the batch short, and then
+    every search is run on its own."""
+
+    def search(s: TypeSearch, **batch: Any) -> Awaitable[SearchPage]:
+        return backend.search(
+            s.entity_type,
+            query,
+            filters=s.filters,
+            count=0,
+            any_of=s.any_of,
+            facets=facets,
+            property_facets=property_facets,
+            **batch,
         )
-    )
-    return [page.total for page in pages]
+
+    batch = _count_batch(backend)
+    if batch is not None and searches:
+        for s in searches:
+            await search(s, batch=batch)
+        if len(batch) == len(searches):
+            return list(await batch.run())
+    return list(await asyncio.gather(*(search(s) for s in searches)))
+
+
+async def _type_totals(backend: SearchBackend, searches: Sequence[TypeSearch], query: str) -> list[int]:
+    """The matches of each search."""
+    return [page.total for page in await _counted(backend, searches, query, facets=False)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,21 +130,8 @@ async def facets_across(
     backend: SearchBackend, searches: Sequence[TypeSearch], query: str, property_facets: Sequence[str] = ()
 ) -> AcrossFacets:
     """The facet counts of a search across types: each type's matches counted by the values of its filter fields
-    and of `property_facets` (count-only searches, one per type, concurrently), summed field by field."""
-    pages = await asyncio.gather(
-        *(
-            backend.search(
-                s.entity_type,
-                query,
-                filters=s.filters,
-                count=0,
-                any_of=s.any_of,
-                facets=True,
-                property_facets=property_facets,
-            )
-            for s in searches
-        )
-    )
+    and of `property_facets` (`_counted`), summed field by field."""
+    pages = await _counted(backend, searches, query, facets=True, property_facets=property_facets)
     totals: dict[str, int] = {}
     values: dict[str, dict[str, int]] = {}
     for search, page in zip(searches, pages, strict=True):
@@ -150,6 +174,8 @@ async def scroll_across(
     # for one name across DataHub's 23 searchable types walked 22 empty ones, a page and a count query each, one
     # after the other). An entity written into a type counted empty while the scroll runs is one written during it.
     counted = await _type_totals(backend, searches, query) if first and len(searches) > 1 else None
+    # the pages' own totals are only the first page's of a single type (a batching backend counts them on request)
+    page_totals: dict[str, Any] = {} if _count_batch(backend) is None else {"total": first and counted is None}
     hits: list[SearchHit] = []
     reached = 0  # one type's first page: its matches (the search counts them)
     position, after = cursor.position, cursor.after
@@ -168,6 +194,7 @@ async def scroll_across(
                 sort=sort,
                 any_of=search.any_of,
                 facets=False,
+                **page_totals,
             )
         except InvalidCursor as error:  # the type's cursor inside this one: the client gave this one
             raise InvalidCursor(scroll_id or "", error.reason) from None
