@@ -5,13 +5,9 @@ its matches' fields.
   `addToFilters` fields) and of its structured properties, as `field<US>value` (app.search.postgres
   `facet_values_sql`), written with the document. A facet was counted by expanding each match's whole `fields`
   (jsonb_each): 107 ms of every search page at 2,000 datasets, seconds at 100,000.
-- `search_document.search_vector` stored MAIN: compressed in the row, moved out of it only when nothing else makes the
-  row fit. A text query's page ranks every match by its vector; with the facet values beside it, most documents'
-  vectors would move to the TOAST table, a lookup and a fetch per match: ranking 10,000 matches took 1.7 times as
-  long. (Their fields move out instead: read for a page's own rows and for filters.)
 
 Existing documents get their values here, from the filter fields of the registry the service is configured with
-(METALEDGER_REGISTRY_PATH), a page at a time, and their vectors are written again to be stored so.
+(METALEDGER_REGISTRY_PATH), a page at a time.
 
 Revision ID: 0018
 Revises: 0017
@@ -32,7 +28,6 @@ PAGE = 2000
 
 def upgrade() -> None:
     op.execute("ALTER TABLE search_document ADD COLUMN facet_values text[] NOT NULL DEFAULT '{}'")
-    op.execute("ALTER TABLE search_document ALTER COLUMN search_vector SET STORAGE MAIN")
     _derive_values()
 
 
@@ -52,10 +47,7 @@ def _derive_values() -> None:
     }
     update = sa.text(
         f"""
-        UPDATE search_document
-        SET facet_values = {facet_values_sql("fields", "CAST(:keys AS jsonb) -> entity_type")},
-            -- a new value (the same lexemes): an unchanged one would keep its place in the TOAST table
-            search_vector = search_vector || CAST('' AS tsvector)
+        UPDATE search_document SET facet_values = {facet_values_sql("fields", "CAST(:keys AS jsonb) -> entity_type")}
         WHERE urn = ANY(:urns) AND NOT entity_removed
         """
     )
@@ -76,5 +68,4 @@ def _derive_values() -> None:
 
 
 def downgrade() -> None:
-    op.execute("ALTER TABLE search_document ALTER COLUMN search_vector SET STORAGE EXTENDED")
     op.execute("ALTER TABLE search_document DROP COLUMN facet_values")

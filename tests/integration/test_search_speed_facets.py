@@ -99,10 +99,3 @@ async def test_the_migration_derives_the_values_of_documents_indexed_before_it(b
     await asyncio.to_thread(command.downgrade, config, "0017")
     await asyncio.to_thread(upgrade_database, database_url)
     assert await facets(backend) == EXPECTED
-    async with backend._connection() as conn:
-        storage = await conn.fetchval(
-            "SELECT attstorage::text FROM pg_attribute WHERE attrelid = 'search_document'::regclass "
-            "AND attname = 'search_vector'"
-        )
-    assert storage == "m"  # MAIN: a vector stays in its row, compressed
-    assert [h.urn for h in (await backend.search("dataset", "a", count=5)).hits] == [ds("a", "hive")]  # its words
