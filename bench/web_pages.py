@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench.harness import throwaway_service  # noqa: E402
 from bench.loadgen import RequestFactory, open_loop  # noqa: E402
-from tests.processes import issue_token  # noqa: E402
+from tests.processes import service_token  # noqa: E402
 
 PLATFORMS = ("hive", "snowflake", "kafka")
 BATCH = 500
@@ -166,7 +166,7 @@ def main() -> None:
     with throwaway_service() as service:
         seconds = load(service.base, service.headers, args.datasets)
         print(f"load: {args.datasets:,} datasets written and indexed in {seconds:.0f}s", flush=True)
-        reader = issue_token(service.env, "urn:li:corpuser:bench-reader", "reader")
+        reader = service_token(service.env, "urn:li:corpuser:bench-reader", "reader")
         asyncio.run(measure(service.base, session_cookie(service.base, reader), args))
         problems = service.log_problems()
         if problems:
