@@ -1,0 +1,48 @@
+"""The embedded search backend has `search_document` analyzed as it writes documents (app.search.postgres
+ANALYZE_CHECK_DOCUMENTS): a table Postgres never analyzed gets statistics without waiting for autovacuum (a text
+search planned without them read every document of its types), and one that changed little is left alone."""
+
+from __future__ import annotations
+
+import pytest_asyncio
+
+from app.db import create_engine
+from app.search import postgres
+from app.search.model import AspectFields
+from app.search.postgres import PostgresBackend
+from app.settings import Settings
+from tests.helpers import ds
+
+
+@pytest_asyncio.fixture
+async def backend(database_url, registry):
+    engine = create_engine(database_url)
+    backend = PostgresBackend(Settings(database_url=database_url), registry, engine)
+    await backend.start()
+    yield backend
+    await backend.close()
+    await engine.dispose()
+
+
+def datasets(names: range) -> list[AspectFields]:
+    return [AspectFields("dataset", ds(f"t{i}"), "datasetProperties", 1, {"name": f"t{i}"}) for i in names]
+
+
+async def analyzed_rows(backend: PostgresBackend) -> float:
+    """The rows Postgres last counted in search_document (-1: never analyzed)."""
+    if backend._analyzing is not None:
+        await backend._analyzing
+    async with backend._connection() as conn:
+        return await conn.fetchval("SELECT reltuples FROM pg_class WHERE oid = 'search_document'::regclass")
+
+
+async def test_documents_written_get_their_statistics(backend, monkeypatch):
+    monkeypatch.setattr(postgres, "ANALYZE_CHECK_DOCUMENTS", 10)
+    assert await analyzed_rows(backend) < 0
+    await backend.apply(datasets(range(5)))
+    assert await analyzed_rows(backend) < 0  # not yet looked at: 5 documents
+    await backend.apply(datasets(range(5, 12)))
+    assert await analyzed_rows(backend) == 12
+    monkeypatch.setattr(postgres, "ANALYZE_CHANGED_FRACTION", 10.0)
+    await backend.apply(datasets(range(12, 24)))
+    assert await analyzed_rows(backend) == 12  # changed by less than the fraction: not again
