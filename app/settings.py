@@ -282,6 +282,12 @@ class Settings(BaseSettings):
     outbox_retention_hours: float = Field(
         24.0, description="delivered (without Kafka: sequenced) outbox rows older than this are pruned"
     )
+    audit_retention_days: float = Field(
+        0.0,
+        ge=0,
+        description="audit log entries older than this are purged, oldest first; the chain keeps the hash of the last "
+        "one purged, so its verification still holds (0: kept forever)",
+    )
 
     # --- asynchronous ingestion (MetadataChangeProposal_v1 → the write pipeline; failures → FMCP)
     mcp_consumer_enabled: bool = Field(

@@ -1,6 +1,7 @@
 """The protocols metaledger speaks over HTTP, one module each: request bodies → drafts → the ingest gateway, and
 outcomes → responses. Nothing else happens here."""
 
+from app.api.audit import router as audit_router
 from app.api.auth import router as auth_router
 from app.api.change_feed import router as change_feed_router
 from app.api.entity_registry import router as entity_registry_router
@@ -33,6 +34,7 @@ routers = [
     trace_write_router,
     schema_registry_router,
     auth_router,
+    audit_router,
     processors_router,
     per_aspect_events_router,
     timeline_router,

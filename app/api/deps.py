@@ -23,6 +23,7 @@ from pydantic import BaseModel, ValidationError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
 from app.api.http import read_json
+from app.audit.model import attribute_request
 from app.auth.model import Permission, Principal
 from app.auth.reads import scoped_backend
 from app.auth.service import AuthService
@@ -151,6 +152,7 @@ async def authenticate(request: Request) -> Principal:
     principal = request.scope.get(_PRINCIPAL)
     if principal is None:
         principal = request.scope[_PRINCIPAL] = await request.app.state.auth.authenticate(request.headers)
+        attribute_request(principal.token_id, request.url.path)  # the token and surface its audit entries name
         if request.client is not None:  # whose share of the write admission a caller without a token is charged
             CLIENT_ADDRESS.set(request.client.host)
     return principal

@@ -36,7 +36,10 @@ import asyncpg
 import orjson
 from sqlalchemy.ext.asyncio import AsyncSession
 
+from app.audit import repository as audit_log
+from app.audit.model import RUN_ROLLBACK, Entry
 from app.auth.model import Principal
+from app.db import session_connection
 from app.errors import Backpressure, Issue, PreconditionFailed, ValidationFailed
 from app.ingest.gateway import IngestGateway
 from app.registry import EntityRegistry
@@ -223,6 +226,15 @@ class Rollback:
             after = keys[-1]
         if not self.dry_run:
             await self.repo.mark_rolled_back(self.run_id)
+            await audit_log.record(
+                await session_connection(self.session),
+                Entry(
+                    RUN_ROLLBACK,
+                    self.caller.actor,
+                    run_id=self.run_id,
+                    detail={k: v for k, v in self.report.to_json().items() if isinstance(v, int)},
+                ),
+            )
         log.info(
             "run rolled back" if not self.dry_run else "run rollback planned",
             extra={

@@ -24,6 +24,8 @@ from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.requests import Request
 
+from app.audit import repository as audit_log
+from app.audit.model import WEB_SIGN_IN, Entry
 from app.auth.model import Principal, Role
 
 SESSION_COOKIE = "metaledger_session"
@@ -85,6 +87,7 @@ class SessionStore:
                     "expires_at": expires_at,
                 },
             )
+            await audit_log.record_on(connection, Entry(WEB_SIGN_IN, principal.actor, principal.token_id, "web"))
         return session_id, WebSession(principal, csrf, expires_at)
 
     async def find(self, session_id: str) -> WebSession | None:

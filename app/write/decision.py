@@ -851,6 +851,7 @@ class WriteCore:
                 timestamp,
                 ChangeType.UPSERT.value,
                 payload,
+                audit.caller,
             ),
             *self._platform_events(p, ChangeType.UPSERT, None, p.value, audit, timestamp),
         )
@@ -926,7 +927,14 @@ class WriteCore:
         )
         version = int(sm.get("version", "0"))
         change_log = OutboxRow(
-            self.settings.topic_mcl_versioned, p.urn, p.urn, p.aspect_name, version, change_type.value, payload
+            self.settings.topic_mcl_versioned,
+            p.urn,
+            p.urn,
+            p.aspect_name,
+            version,
+            change_type.value,
+            payload,
+            audit.caller,
         )
         if not platform_events:
             return (

@@ -7,6 +7,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from app.audit.model import INTERNAL, Attribution, attribution
 from app.errors import Location
 
 DEFAULT_RUN_ID = "no-run-id-provided"
@@ -43,10 +44,12 @@ PROPOSABLE_CHANGE_TYPES = frozenset(ChangeType) - {ChangeType.RESTATE}
 class AuditStamp:
     time: int
     actor: str
+    # the token and surface of the request that made the write, for its audit entries (app.audit); not DataHub's
+    caller: Attribution = field(default=INTERNAL, compare=False)
 
     @classmethod
     def now(cls, actor: str | None = None) -> AuditStamp:
-        return cls(int(time.time() * 1000), actor or DEFAULT_ACTOR)
+        return cls(int(time.time() * 1000), actor or DEFAULT_ACTOR, attribution())
 
     def to_json(self) -> dict[str, Any]:
         return {"time": self.time, "actor": self.actor}

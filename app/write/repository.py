@@ -1,5 +1,5 @@
 """All SQL of the aspect store. The change logs of a write go into the outbox in the same statement, through the
-CTE that app.changelog.outbox provides (`insert_cte`, `insert_params`).
+CTE that app.changelog.outbox provides (`insert_cte`, `insert_params`), and so do its audit entries (app.audit).
 
 Bulk statements take parallel arrays (`unnest`) so a batch of any size costs one round trip per statement. They
 run on the asyncpg connection under the request's SQLAlchemy session, inside the session's transaction.
@@ -15,9 +15,13 @@ from typing import Any
 import asyncpg
 import orjson
 
+from app.audit import model as audit_model
+from app.audit import repository as audit_log
 from app.changelog import outbox as changelog_outbox
 from app.changelog.outbox import OutboxRow
 from app.db import SessionRepository
+from app.registry.runtime import MODELS_ASPECT
+from app.write.processors import PIPELINE_ASPECT
 
 LATEST_VERSION = 0
 
@@ -95,6 +99,10 @@ _ROWS_INSERT = f"""
     SELECT * FROM unnest($1::text[], $2::text[], $3::bigint[], $4::text[], $5::text[], $6::timestamp[], $7::text[], $8::text[])
 """
 assert changelog_outbox.INSERT_PARAMS == 7, "write_changes numbers its later parameters from $26"
+_AUDIT_CTE = audit_log.insert_cte(32)  # the audit entries of the changes, $32..$42 of write_changes
+_AUDIT_INSERT = audit_log.insert_cte(1)
+# the writes recorded in the audit log under an action of their own (the runtime model set, the processor pipeline)
+_AUDITED_ACTIONS = {MODELS_ASPECT: audit_model.MODEL_APPLY, PIPELINE_ASPECT: audit_model.PROCESSOR_CHANGE}
 
 
 def _to_stored(record: asyncpg.Record) -> StoredAspect:
@@ -317,6 +325,11 @@ class AspectRepository(SessionRepository):
         if not (inserts or updates or prune or outbox or floors):
             return None
         conn = await self._conn()
+        # the audit entries of the changes (app.audit), committed with them; a large write's first ones on their own
+        audit = audit_log.change_params(outbox, _AUDITED_ACTIONS)
+        while len(audit[0]) > OUTBOX_ROWS_PER_STATEMENT:
+            await conn.execute(_AUDIT_INSERT, *(column[:OUTBOX_ROWS_PER_STATEMENT] for column in audit))
+            audit = tuple(column[OUTBOX_ROWS_PER_STATEMENT:] for column in audit)
         while len(outbox) > OUTBOX_ROWS_PER_STATEMENT:
             await conn.execute(_OUTBOX_INSERT, *changelog_outbox.insert_params(outbox[:OUTBOX_ROWS_PER_STATEMENT]))
             outbox = outbox[OUTBOX_ROWS_PER_STATEMENT:]
@@ -351,7 +364,7 @@ class AspectRepository(SessionRepository):
                     WHERE x.urn = r.urn AND x.aspect = r.aspect AND x.version > 0 AND x.version <= r.cutoff OFFSET 0
                 ) x
                 WHERE m.ctid = x.row_id
-            ), outboxed AS ({_OUTBOX_CTE}), floored AS (
+            ), outboxed AS ({_OUTBOX_CTE}), audited AS ({_AUDIT_CTE}), floored AS (
                 INSERT INTO metadata_aspect_version_floor AS f (urn, aspect, version)
                 SELECT * FROM unnest($26::text[], $27::text[], $28::bigint[])
                 ON CONFLICT (urn, aspect) DO UPDATE SET version = GREATEST(f.version, EXCLUDED.version)
@@ -367,6 +380,7 @@ class AspectRepository(SessionRepository):
             *changelog_outbox.insert_params(outbox),
             [f[0] for f in floors], [f[1] for f in floors], [f[2] for f in floors],
             [r.urn for r in firsts], [r.aspect for r in firsts], [r.version for r in firsts],
+            *audit,
         )  # fmt: skip
         if stale:
             raise StaleVersionFloor(f"{stale} first inserts are not above their aspect's version floor")
