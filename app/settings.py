@@ -383,6 +383,12 @@ class Settings(BaseSettings):
         description="an admitted write's transaction runs under a `statement_timeout` of what is left of this; past "
         "it: 503 with `Retry-After`, nothing committed (0: none)",
     )
+    idempotency_window_s: float = Field(
+        86_400.0,
+        gt=0,
+        description="how long a write's `Idempotency-Key` and its reply are kept: the same request again with the key "
+        "within it is answered with the stored reply and writes nothing",
+    )
     read_timeout_s: float = Field(
         10.0,
         ge=0,

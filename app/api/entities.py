@@ -33,6 +33,7 @@ from app.api.http import (
 )
 from app.api.urn_paths import restore_slashes
 from app.errors import Issue, Location, NotFound, ValidationFailed
+from app.idempotency import idempotent
 from app.ingest.gateway import Submission
 from app.limits import MAX_LONG, check_long, clip
 from app.openapi_spec import (
@@ -243,6 +244,7 @@ def _upsert_entities(router: APIRouter, e: EntityType) -> None:
         summary=f"Create or upsert {e.name} entities",
         responses=_answers("Written", _array_of(e.component("EntityResponse")), accepted=True),
     )
+    @idempotent
     async def upsert_entities(
         caller: Writer,
         drafts: Annotated[list[Draft], Depends(EntityBatch(e.name, ChangeType.UPSERT, "EntityRequest"))],
@@ -267,6 +269,7 @@ def _patch_entities(router: APIRouter, e: EntityType) -> None:
         '"forceGenericPatch"?}`, applied inside the transaction to the locked latest value.',
         responses=_answers("Written", _array_of(e.component("EntityResponse")), accepted=True),
     )
+    @idempotent
     async def patch_entities(
         caller: Writer,
         drafts: Annotated[list[Draft], Depends(EntityBatch(e.name, ChangeType.PATCH, "EntityPatchRequest"))],

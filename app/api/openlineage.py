@@ -17,6 +17,7 @@ from fastapi import APIRouter, Depends, Request
 from app.api.deps import ALLOW_WRITE, Caller, DeclaredBody, Gateway, Session, get_settings
 from app.api.http import check_batch_size, json_response
 from app.errors import ERROR_RESPONSES, Issue, Location, PayloadTooLarge
+from app.idempotency import idempotent
 from app.openlineage.mapping import Change, TooManyWrites, WriteBudget, map_event
 from app.openlineage.validation import validate_events
 from app.settings import Settings
@@ -59,6 +60,7 @@ class LineageEvents(DeclaredBody[Events]):
         return validate_events(document)
 
 
+@idempotent
 async def _ingest(
     request: Request,
     session: Session,

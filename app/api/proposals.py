@@ -10,6 +10,7 @@ from pydantic import BaseModel, Field
 from app.api.deps import DeclaredBody, Gateway, Session, Writer, get_gateway
 from app.api.http import Flag, check_batch_size, json_response
 from app.errors import ERROR_RESPONSES
+from app.idempotency import idempotent
 from app.ingest.gateway import Submission
 from app.ingest.mcp import MCP_FIELDS
 from app.write.proposal import JSON_CONTENT_TYPE, Draft
@@ -117,6 +118,7 @@ class ProposalBatch(DeclaredBody[list[Draft]]):
     summary="Write a batch of Metadata Change Proposals in one transaction",
     operation_id="ingestProposals",
 )
+@idempotent
 async def ingest_proposals(
     caller: Writer,
     drafts: Annotated[list[Draft], Depends(ProposalBatch())],

@@ -22,6 +22,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.auth.model import Principal
 from app.db import WRITE_DEADLINE
 from app.errors import MetaledgerError, ServiceUnavailable
+from app.idempotency.commit import bind
 from app.ingest.mcp import parse_proposals_in_turns, proposal_to_mcp
 from app.ingest.trace import stamp_trace
 from app.ops.backpressure import CLIENT_ADDRESS, REQUEST_GRANT, WriteAdmission
@@ -203,7 +204,7 @@ class IngestGateway:
             return Submission(drafts, proposals, queued=pairs)
         async with self._admit(caller, proposals, request_headers):  # 429 when the caller is over its share
             result = await self.commit(
-                session, proposals, caller.audit_stamp(), drafts, combine=True, deadline=self._deadline()
+                session, proposals, bind(caller.audit_stamp()), drafts, combine=True, deadline=self._deadline()
             )
         index = None
         if wants_sync_index(request_headers, proposals):

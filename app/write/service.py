@@ -29,6 +29,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 from app.changelog.outbox import OutboxRow
 from app.db import CommitInterrupted, transaction_status
 from app.errors import ExistenceConflict, Issue, PreconditionFailed, ServiceUnavailable, ValidationFailed
+from app.idempotency.commit import mark_committed
 from app.ops.metrics import TRANSACTION_RETRIES, first_write_fields
 from app.registry import EntityRegistry
 from app.settings import Settings
@@ -144,6 +145,7 @@ class WriteService:
                 async with repo.transaction():
                     await self.refresh_processors(repo)
                     decision, txid = await self._run_transaction(repo, writes, contended)
+                    await mark_committed(session, writes)  # their Idempotency-Keys say so if their replies are lost
                 break
             except CommitInterrupted as interrupted:
                 if txid is None:  # nothing was written: the results hold either way

@@ -34,6 +34,7 @@ from app.api.restli.common import ObjectActionBody, optional_int, require_urn
 from app.api.restli.timeseries import DEFAULT_LIMIT, check_filter, timeseries_from_backend
 from app.errors import ERROR_RESPONSES, Issue, Location, NotFound, ValidationFailed
 from app.flags import parse_bool
+from app.idempotency import idempotent
 from app.ingest.mcp import parse_mcp
 from app.limits import check_long
 from app.registry import EntityRegistry
@@ -59,6 +60,7 @@ _BODY = ObjectActionBody("/aspects", ACTIONS, writes={"ingestProposal", "ingestP
     ),
 )
 @router.post("/aspects/", include_in_schema=False)
+@idempotent
 async def aspects_action(
     caller: Reader,
     body: Annotated[dict[str, Any], Depends(_BODY)],

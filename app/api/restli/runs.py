@@ -21,6 +21,7 @@ from app.api.http import json_response
 from app.api.restli.common import ObjectActionBody, optional_int
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
 from app.flags import parse_bool
+from app.idempotency import idempotent
 from app.runs.service import Rollback, check_run_id, describe_run, list_runs
 
 router = APIRouter(tags=["rest.li"], dependencies=[ALLOW_ADMIN])
@@ -45,6 +46,7 @@ _BODY = ObjectActionBody("/runs", ACTIONS)
         "changed since is reported and kept unless `safe` is false."
     ),
 )
+@idempotent
 async def runs_action(
     body: Annotated[dict[str, Any], Depends(_BODY)],
     session: Session,
