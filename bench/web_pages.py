@@ -1,6 +1,6 @@
 """The web view's pages on a real-sized catalog: the server time of the search page and of a dataset's page.
 
-    .venv/bin/python bench/web_pages.py [--datasets 100000] [--rate 20] [--seconds 20]
+    .venv/bin/python bench/web_pages.py [--datasets 100000] [--rate 5] [--seconds 20]
 
 A throwaway Postgres and metaledger (uvicorn, one process, the embedded Postgres search backend, fsync on) with
 `--datasets` datasets over three platforms (datasetProperties, a schema of 20 fields, an owner of ten, a tag of
@@ -13,7 +13,11 @@ at `--rate` pages/s for `--seconds`, latency from the scheduled send (loopback: 
 * search, a facet: `/search?query=bench&filter_platform=urn:li:dataPlatform:kafka`;
 * a dataset's page, its Schema tab; its Lineage tab; its History tab.
 
-Prints p50, p95, p99 and errors per page; the issue's target is p95 <= 100 ms for the search and entity pages.
+Prints p50, p95, p99 and errors per page; the issue's target is p95 <= 100 ms for the search and entity pages. The
+default rate, 5 pages/s, measures a page's own time: one process spends 40-50 ms of CPU on a search page, so past
+about 20 search pages/s it is saturated and the latency is its queue's (a higher `--rate` shows where).
+The embedded backend answers a repeated search from its result cache while the index holds (app.search.postgres
+`_ResultCache`): the first read of the broad searches at 100,000 datasets is not in these figures (it prints it).
 """
 
 from __future__ import annotations
@@ -147,6 +151,11 @@ def pages(datasets: int) -> dict[str, RequestFactory]:
 async def measure(base: str, cookie: str, args: argparse.Namespace) -> None:
     headers = {"cookie": cookie}
     for name, make in pages(args.datasets).items():
+        async with httpx.AsyncClient(base_url=base, headers=headers, timeout=120) as http:
+            method, path, _ = make(0)
+            started = time.perf_counter()
+            await http.request(method, path)  # the first read: nothing of it is cached yet
+            print(f"{name}: the first read {(time.perf_counter() - started) * 1000:.0f} ms", flush=True)
         await open_loop(base, headers, 5, 2, make, connections=8)  # warm
         r = await open_loop(base, headers, args.rate, args.seconds, make, connections=32)
         print(
@@ -160,7 +169,7 @@ async def measure(base: str, cookie: str, args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--datasets", type=int, default=100_000)
-    parser.add_argument("--rate", type=float, default=20, help="pages/s, open loop")
+    parser.add_argument("--rate", type=float, default=5, help="pages/s, open loop")
     parser.add_argument("--seconds", type=float, default=20)
     args = parser.parse_args()
     with throwaway_service() as service:

@@ -17,7 +17,7 @@ import asyncio
 import hashlib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import orjson
 
@@ -73,11 +73,10 @@ def _fingerprint(searches: Sequence[TypeSearch], query: str, sort: list[tuple[st
     return hashlib.sha256(orjson.dumps([described, query, sort])).hexdigest()[:16]
 
 
-def _count_batch(backend: SearchBackend) -> Any:
-    """A new batch of count-only searches of the backend (app.search.postgres.CountBatch), None when it has none. A
-    backend that has them also counts a page's total only when asked (`total=`)."""
-    new_batch = getattr(backend, "count_batch", None)
-    return new_batch() if new_batch is not None else None
+def _batches(backend: SearchBackend) -> bool:
+    """Whether the backend answers count-only searches in batches (app.search.postgres.CountBatch: `count_batch()`,
+    `search(..., batch=)`); such a backend also counts a page's total only when asked (`search(..., total=)`)."""
+    return callable(getattr(backend, "count_batch", None))
 
 
 async def _counted(
@@ -106,7 +105,7 @@ async def _counted(
             **batch,
         )
 
-    batch = _count_batch(backend)
+    batch = cast(Any, backend).count_batch() if _batches(backend) else None
     if batch is not None and searches:
         for s in searches:
             await search(s, batch=batch)
@@ -174,8 +173,8 @@ async def scroll_across(
     # for one name across DataHub's 23 searchable types walked 22 empty ones, a page and a count query each, one
     # after the other). An entity written into a type counted empty while the scroll runs is one written during it.
     counted = await _type_totals(backend, searches, query) if first and len(searches) > 1 else None
-    # the pages' own totals are only the first page's of a single type (a batching backend counts them on request)
-    page_totals: dict[str, Any] = {} if _count_batch(backend) is None else {"total": first and counted is None}
+    # a page's own total is wanted on a single type's first page only (a batching backend counts it only then)
+    page_totals: dict[str, Any] = {"total": first and counted is None} if _batches(backend) else {}
     hits: list[SearchHit] = []
     reached = 0  # one type's first page: its matches (the search counts them)
     position, after = cursor.position, cursor.after

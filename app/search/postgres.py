@@ -37,8 +37,11 @@ from __future__ import annotations
 import asyncio
 import logging
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping, Sequence
+import time
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -93,6 +96,12 @@ EXACT_MATCH_BONUS = 1000.0
 # backend has the table analyzed (in the background) when it never was or this fraction of it changed since.
 ANALYZE_CHECK_DOCUMENTS = 1_000
 ANALYZE_CHANGED_FRACTION = 0.2
+# A process's cache of search results (`_ResultCache`): at most this many rows in all (a page's rows hold their
+# documents' fields), of statements of at most this many rows, each for at most this long (what bounds a result kept
+# past a write whose version move was lost: a crash between its commit and the move).
+RESULT_CACHE_ROWS = 20_000
+RESULT_CACHE_STATEMENT_ROWS = 2_000
+RESULT_CACHE_TTL_S = 60.0
 # Field weights when the registry gives no spec for a field (documents built by hand, fields outside annotations).
 _NAME_FIELDS = ("name", "id", "displayname", "title", "qualifiedname")
 _TEXT_TYPES = {"TEXT", "TEXT_PARTIAL", "WORD_GRAM", "KEYWORD", "URN", "URN_PARTIAL"}
@@ -226,6 +235,14 @@ SELECT c.reltuples < 0 OR coalesce(s.n_mod_since_analyze, 0) > $1 * c.reltuples
 FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = 'search_document'::regclass
 """
+# The search index's version (migration 0021): read as a read transaction begins (with its settings, in one round
+# trip; -1: none, nothing is cached), moved after every write of the documents commits, in a transaction of its own
+# that does not wait for its WAL to be flushed (a move a crash loses leaves a result cached for RESULT_CACHE_TTL_S
+# at most).
+_READ_VERSION = "coalesce((SELECT max(version) FROM search_index_version), -1)"
+_MOVE_VERSION = (
+    "BEGIN; SET LOCAL synchronous_commit = off; UPDATE search_index_version SET version = version + 1; COMMIT"
+)
 
 _LOCK_URNS = """
 SELECT count(pg_advisory_xact_lock($1::int, h)) FROM (
@@ -428,6 +445,99 @@ _EDGE_SELECT = (
 )
 
 
+class _ResultCache:
+    """A process's search results (the rows of a statement, by its text and parameters), each answered again while
+    the search index is at the version it was read at (`search_index_version`, moved after every write of the
+    documents commits; versions only grow) and for RESULT_CACHE_TTL_S at most: a repeated search — the same page
+    reloaded, the facets and totals counted beside every page of a scroll, a search many people run — reads its
+    matches once per version, as Elasticsearch's request cache answers a repeated count and aggregation until the
+    index changes. The text and parameters are the whole of what decides the rows (the read rule's scope among
+    them), so one caller's result is never another's. A version read before a search began is the one its rows
+    are kept at: rows read later can be newer than it, never older. A statement being read at a version is read
+    once: the searches asking for it meanwhile wait for its rows (20 requests a second for a search that takes a
+    second to count would otherwise all count it, each slower for the others)."""
+
+    def __init__(self) -> None:
+        # statement and parameters -> (version, until, rows), least recently used first
+        self._rows: OrderedDict[tuple[str, str], tuple[int, float, list[asyncpg.Record]]] = OrderedDict()
+        self._held = 0  # rows in all, and one for each statement
+        self._newest = 0  # the newest version seen: rows of older versions are never answered again
+        # statement and parameters -> (version, its rows once read) of the statements being read
+        self._reading: dict[tuple[str, str], tuple[int, asyncio.Future[list[asyncpg.Record]]]] = {}
+
+    async def read(
+        self, key: tuple[str, str], version: int, fetch: Callable[[], Awaitable[list[asyncpg.Record]]]
+    ) -> list[asyncpg.Record]:
+        """The rows of a statement at `version`: kept, being read by another search (a read that fails or is
+        cancelled leaves each of its waiters to read for itself), or read by `fetch` and kept."""
+        while True:
+            rows = self.get(key, version)
+            if rows is not None:
+                return rows
+            reading = self._reading.get(key)
+            if reading is None or reading[0] != version:
+                break
+            await asyncio.wait([reading[1]])
+            if not reading[1].cancelled():
+                return reading[1].result()
+        future: asyncio.Future[list[asyncpg.Record]] = asyncio.get_running_loop().create_future()
+        self._reading[key] = (version, future)
+        try:
+            rows = await fetch()
+            self.put(key, version, rows)
+            future.set_result(rows)
+            return rows
+        finally:
+            if not future.done():
+                future.cancel()
+            if self._reading.get(key, (0, None))[1] is future:
+                del self._reading[key]
+
+    def _seen(self, version: int) -> None:
+        if version > self._newest:
+            self._newest = version
+            self._rows.clear()
+            self._held = 0
+
+    def get(self, key: tuple[str, str], version: int) -> list[asyncpg.Record] | None:
+        self._seen(version)
+        found = self._rows.get(key)
+        if found is None or found[0] != version or found[1] < time.monotonic():
+            return None
+        self._rows.move_to_end(key)
+        return found[2]
+
+    def put(self, key: tuple[str, str], version: int, rows: list[asyncpg.Record]) -> None:
+        self._seen(version)
+        if version < self._newest or len(rows) > RESULT_CACHE_STATEMENT_ROWS:
+            return
+        replaced = self._rows.pop(key, None)
+        if replaced is not None:
+            self._held -= len(replaced[2]) + 1
+        self._rows[key] = (version, time.monotonic() + RESULT_CACHE_TTL_S, rows)
+        self._held += len(rows) + 1  # an empty result held too
+        while self._held > RESULT_CACHE_ROWS:
+            _, (_, _, dropped) = self._rows.popitem(last=False)
+            self._held -= len(dropped) + 1
+
+
+# The index version the current task's read transaction began at (`PostgresBackend._connection` reads it).
+_READ_AT: ContextVar[int] = ContextVar("search_index_version_read_at", default=-1)
+
+
+class _Reads:
+    """A search's read connection, at the index version read as it began: a fetch the result cache holds at that
+    version is answered from it."""
+
+    def __init__(self, conn: asyncpg.Connection, cache: _ResultCache, version: int) -> None:
+        self._conn, self._cache, self._version = conn, cache, version
+
+    async def fetch(self, sql: str, *params: Any) -> list[asyncpg.Record]:
+        if self._version < 0:
+            return list(await self._conn.fetch(sql, *params))
+        return await self._cache.read((sql, repr(params)), self._version, lambda: self._conn.fetch(sql, *params))
+
+
 @dataclass(slots=True)
 class _Counted:
     """The matches of one entity type: how many, and how many have each facet value (field -> value -> matches)."""
@@ -440,15 +550,13 @@ class _Counted:
         return {name: dict(self.values.get(field_name, {})) for name, field_name in names.items()}
 
 
-async def _count(
-    conn: asyncpg.Connection, where: str, params: Sequence[Any], fields: Iterable[str]
-) -> dict[str, _Counted]:
+async def _count(reads: _Reads, where: str, params: Sequence[Any], fields: Iterable[str]) -> dict[str, _Counted]:
     """Entity type -> its matches of `where` (a condition on `d`, search_document, with `params`), counted with the
     values of `fields` in one statement: each match is one NULL entry (the total) and its facet values of those
     fields (migration 0018), distinct per document, so a value's count is the matches that have it."""
     wanted = sorted(set(fields))
     if wanted:
-        rows = await conn.fetch(
+        rows = await reads.fetch(
             f"""
             SELECT d.entity_type, e.entry, count(*) AS n
             FROM search_document d
@@ -460,7 +568,7 @@ async def _count(
             wanted,
         )
     else:
-        rows = await conn.fetch(
+        rows = await reads.fetch(
             f"SELECT d.entity_type, NULL AS entry, count(*) AS n FROM search_document d WHERE {where} GROUP BY 1",
             *params,
         )
@@ -509,11 +617,11 @@ class CountBatch:
         for i, recorded in enumerate(self._recorded):
             groups.setdefault((recorded.where, repr(recorded.params)), []).append(i)
         counted: dict[int, _Counted] = {}
-        async with self._backend._connection() as conn:
+        async with self._backend._reads() as reads:
             for (where, _), members in groups.items():
                 group = [self._recorded[i] for i in members]
                 by_type = await _count(
-                    conn,
+                    reads,
                     f"d.entity_type = ANY($1::text[]) AND {where}",
                     [sorted({r.entity_type for r in group}), *group[0].params],
                     {name for r in group for name in r.facet_names.values()},
@@ -539,6 +647,7 @@ class PostgresBackend:
         self._weights_of = registry.generation
         self._rebuilt = 0  # documents rebuilt since the statistics were last looked at
         self._analyzing: asyncio.Task[None] | None = None
+        self._results = _ResultCache()
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
     async def start(self) -> None:
@@ -560,7 +669,7 @@ class PostgresBackend:
         they are indexed again."""
         patterns = [f"urn:li:{_like_escape(e)}:%" for e in entity_types]
         cleared: dict[str, int] = {}
-        async with self._connection(readonly=False) as conn:
+        async with self._connection(readonly=False, moves_version=True) as conn:
             for table, column in _CLEARED_TABLES:
                 if (
                     patterns and table == "search_edge"
@@ -604,9 +713,20 @@ class PostgresBackend:
         return entries
 
     @asynccontextmanager
-    async def _connection(self, *, readonly: bool = True) -> AsyncIterator[asyncpg.Connection]:
+    async def _reads(self) -> AsyncIterator[_Reads]:
+        """A read connection for searches, answered from the result cache where it holds their rows at the index
+        version its transaction began at."""
+        async with self._connection() as conn:
+            yield _Reads(conn, self._results, _READ_AT.get())
+
+    @asynccontextmanager
+    async def _connection(
+        self, *, readonly: bool = True, moves_version: bool = False
+    ) -> AsyncIterator[asyncpg.Connection]:
         """A driver connection in a READ COMMITTED transaction (read-only unless writing), JIT off: the planner
-        cannot estimate jsonb_each/unnest, overestimates and would JIT-compile for seconds, for nothing.
+        cannot estimate jsonb_each/unnest, overestimates and would JIT-compile for seconds, for nothing. A read
+        reads the search index's version as it sets these (`_READ_AT`: the result cache's); a write of the documents
+        `moves_version` once it commits.
 
         Reads are planned for their parameters every time (`plan_cache_mode = force_custom_plan`): asyncpg prepares
         each statement, and after five executions Postgres may switch to a generic plan, estimated without the
@@ -617,12 +737,21 @@ class PostgresBackend:
         async with self._engine.connect() as connection:
             raw = driver_connection(await connection.get_raw_connection())
             async with raw.transaction(isolation="read_committed", readonly=readonly):
-                custom_plans = "; SET LOCAL plan_cache_mode = force_custom_plan" if readonly else ""
-                # a read past METALEDGER_READ_TIMEOUT_S is cancelled (QueryCanceledError: a 503 with Retry-After)
-                timeout_ms = int(self._settings.read_timeout_s * 1000) if readonly else 0
-                deadline = f"; SET LOCAL statement_timeout = {timeout_ms}" if timeout_ms else ""
-                await raw.execute(f"SET LOCAL jit = off{custom_plans}{deadline}")
+                if readonly:
+                    # a read past METALEDGER_READ_TIMEOUT_S is cancelled (QueryCanceledError: a 503 with Retry-After)
+                    timeout_ms = int(self._settings.read_timeout_s * 1000)
+                    deadline = f", set_config('statement_timeout', '{timeout_ms}', true)" if timeout_ms else ""
+                    _READ_AT.set(
+                        await raw.fetchval(
+                            f"SELECT {_READ_VERSION}, set_config('jit', 'off', true), "
+                            f"set_config('plan_cache_mode', 'force_custom_plan', true){deadline}"
+                        )
+                    )
+                else:
+                    await raw.execute("SET LOCAL jit = off")
                 yield raw
+            if moves_version:  # committed: a search that reads the new version reads what was written
+                await raw.execute(_MOVE_VERSION)
 
     def count_batch(self) -> CountBatch:
         """A batch of count-only searches answered in as few statements as their conditions allow (`CountBatch`)."""
@@ -660,7 +789,7 @@ class PostgresBackend:
     async def apply(self, changes: list[IndexChange]) -> None:
         if not changes:
             return
-        async with self._connection(readonly=False) as conn:
+        async with self._connection(readonly=False, moves_version=True) as conn:
             touched = sorted(
                 {
                     c.urn if not isinstance(c, AspectEdges) else c.source
@@ -1185,10 +1314,10 @@ class PostgresBackend:
             ) p JOIN search_document d ON d.urn = p.urn
             ORDER BY p.sort_key {direction}, p.urn
         """
-        async with self._connection() as conn:
-            rows = await conn.fetch(sql, *params) if count > 0 else []  # count 0: the total alone
+        async with self._reads() as reads:
+            rows = await reads.fetch(sql, *params) if count > 0 else []  # count 0: the total alone
             counted = (
-                (await _count(conn, where, base_params, facet_names.values())).get(entity_type, _Counted())
+                (await _count(reads, where, base_params, facet_names.values())).get(entity_type, _Counted())
                 if total or facet_names
                 else _Counted()
             )
