@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 
+from app.audit.service import AuditSealer
 from app.avro.wire import ValueCodec
 from app.ingest.gateway import IngestGateway
 from app.kafka.consumers import MceConsumer, McpConsumer
@@ -61,6 +62,8 @@ class Background:
             workers.append(MceConsumer(settings, sessionmaker, gateway, codec=codec))
         workers.append(AfterProcessorWorker(settings, engine, sessionmaker, gateway.writer))
         workers.append(PropertyValueRemoval(settings, engine, sessionmaker, gateway.writer))
+        # the audit log's entries are chained after they commit, and purged past their retention
+        workers.append(AuditSealer(settings, engine))
         if not kafka:
             # The embedded default: this process indexes the outbox. With Kafka, indexing is the Spark job's.
             workers.append(IndexWorker(settings, engine, search, models))
