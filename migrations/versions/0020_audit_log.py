@@ -9,14 +9,14 @@ pipeline change, rollback and web sign-in — chained by hashes.
   entry purged by retention, from which verification starts).
 
 Revision ID: 0020
-Revises: 0018
+Revises: 0019
 Create Date: 2026-12-03
 """
 
 from alembic import op
 
 revision = "0020"
-down_revision = "0018"
+down_revision = "0019"
 branch_labels = None
 depends_on = None
 
