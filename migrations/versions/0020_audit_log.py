@@ -10,7 +10,7 @@ pipeline change, rollback and web sign-in — chained by hashes.
 
 Revision ID: 0020
 Revises: 0019
-Create Date: 2026-12-03
+Create Date: 2026-11-28
 """
 
 from alembic import op
