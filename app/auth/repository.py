@@ -8,6 +8,8 @@ from datetime import datetime
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.audit import repository as audit_log
+from app.audit.model import TOKEN_CREATE, TOKEN_REVOKE, Entry
 from app.auth.model import Policy, Role, TokenInfo
 
 _TOKEN_COLUMNS = "id, actor, role, token_hash, description, created_by, created_at, expires_at, revoked_at"
@@ -78,6 +80,15 @@ class AuthRepository:
                     "expires_at": token.expires_at,
                 },
             )
+            await audit_log.record_on(
+                connection,
+                Entry(
+                    TOKEN_CREATE,
+                    token.created_by,
+                    urn=token.actor,
+                    detail={"token": token.id, "role": token.role.label},
+                ),
+            )
             return True
 
     async def token(self, token_id: str) -> TokenInfo | None:
@@ -98,10 +109,11 @@ class AuthRepository:
             rows = (await connection.execute(text(sql), {"actor": actor})).all()
         return [_token(row) for row in rows]
 
-    async def revoke_token(self, token_id: str) -> datetime | None:
-        """Revoke (idempotent: a revoked token keeps its first revocation time); None when there is no such token."""
+    async def revoke_token(self, token_id: str, by: str) -> datetime | None:
+        """Revoke (idempotent: a revoked token keeps its first revocation time), recorded in the audit log as `by`'s;
+        None when there is no such token."""
         async with self.engine.begin() as connection:
-            return (
+            revoked_at = (
                 await connection.execute(
                     text(
                         "UPDATE auth_token SET revoked_at = coalesce(revoked_at, now()) WHERE id = :id "
@@ -110,6 +122,9 @@ class AuthRepository:
                     {"id": token_id},
                 )
             ).scalar_one_or_none()
+            if revoked_at is not None:
+                await audit_log.record_on(connection, Entry(TOKEN_REVOKE, by, detail={"token": token_id}))
+            return revoked_at
 
     async def insert_policy(self, policy: Policy) -> Policy:
         async with self.engine.begin() as connection:

@@ -26,8 +26,6 @@ import jwt
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
-from app.audit import repository as audit_log
-from app.audit.model import TOKEN_CREATE, TOKEN_REVOKE, Entry
 from app.auth.model import (
     SYSTEM_PRINCIPAL,
     UNAUTHENTICATED_ADMIN,
@@ -331,10 +329,6 @@ class AuthService:
         )
         if not await self.repository.insert_token(info, only_if_none_exist=bootstrap):
             return None
-        await audit_log.record_alone(
-            self.repository.engine,
-            Entry(TOKEN_CREATE, created_by, urn=actor, detail={"token": token_id, "role": role.label}),
-        )
         log.info("token created", extra={"token_id": token_id, "actor": actor, "role": role.label, "by": created_by})
         return token, info
 
@@ -342,10 +336,9 @@ class AuthService:
         return await self.repository.tokens(actor, include_inactive)
 
     async def revoke_token(self, token_id: str, by: str) -> datetime:
-        revoked_at = await self.repository.revoke_token(token_id)
+        revoked_at = await self.repository.revoke_token(token_id, by)
         if revoked_at is None:
             raise NotFound(f"no token with id {token_id[:64]!r}")
-        await audit_log.record_alone(self.repository.engine, Entry(TOKEN_REVOKE, by, detail={"token": token_id}))
         self._tokens = OrderedDict((t, v) for t, v in self._tokens.items() if not _is_token(v[0], token_id))
         log.info("token revoked", extra={"token_id": token_id, "by": by})
         return revoked_at

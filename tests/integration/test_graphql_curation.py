@@ -12,7 +12,7 @@ from urllib.parse import quote
 
 import pytest
 
-from tests.helpers import bearer, ds, mcp, propose
+from tests.helpers import bearer, ds, mcp, propose, wait_sequenced
 
 pytestmark = pytest.mark.asyncio
 
@@ -166,7 +166,7 @@ async def versions(client, urn: str, name: str) -> int:
     return int(response.json()["systemMetadata"]["version"])
 
 
-async def test_tags_terms_owners_domain_round_trip(app, client):
+async def test_tags_terms_owners_domain_round_trip(app, client, db):
     writer = await bearer(app, "writer", actor="urn:li:corpuser:curator")
     urn = await world(client, "curated")
     other = ds("curated_too")
@@ -187,7 +187,8 @@ async def test_tags_terms_owners_domain_round_trip(app, client):
     assert await aspect(client, urn, "globalTags") == {"tags": [{"tag": GOLD}]}
     assert await aspect(client, other, "globalTags") == {"tags": [{"tag": GOLD}]}
 
-    # the change log names the actor of the token
+    # the change log names the actor of the token (the feed holds a change log once the sequencer has placed it)
+    await wait_sequenced(db)
     feed = (await client.get("/openapi/v1/events/mcl", params={"limit": 1000})).json()
     tagged = [e for e in feed["events"] if e["urn"] == urn and e["aspect"] == "globalTags"]
     assert tagged and all(e["mcl"]["created"]["actor"] == "urn:li:corpuser:curator" for e in tagged)
