@@ -65,7 +65,13 @@ def surface_of(path: str) -> str:
 
 def attribute_request(token_id: str | None, path: str) -> None:
     """Attribute what the current request does (called where its principal is resolved)."""
-    ATTRIBUTION.set(Attribution(token_id, surface_of(path)))
+    attribute(token_id, surface_of(path))
+
+
+def attribute(token_id: str | None, surface: str) -> None:
+    """Attribute what the current task does from here on: the web view's session (its pages are at DataHub's frontend
+    paths, which name no surface), a Kafka consumer's loop (`kafka`: no request, no token)."""
+    ATTRIBUTION.set(Attribution(token_id, surface))
 
 
 def attribution() -> Attribution:

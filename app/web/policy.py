@@ -15,6 +15,7 @@ from urllib.parse import parse_qs, quote
 from fastapi import Depends, Request
 
 from app.api.deps import DeclaredBody
+from app.audit.model import attribute
 from app.auth.model import Permission
 from app.web.sessions import LOGIN_COOKIE, SESSION_COOKIE, WebSession, same_secret, session_store
 
@@ -76,6 +77,7 @@ class SessionPolicy:
                 f"This needs the {self.permission.name} permission; {session.principal.actor} has the "
                 f"{session.principal.role.label} role.",
             )
+        attribute(session.principal.token_id, "web")  # what the page writes names its session's token in the audit log
         return session
 
 

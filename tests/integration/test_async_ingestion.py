@@ -192,6 +192,9 @@ async def test_async_writes_are_validated_queued_and_applied_by_the_consumer(
             assert properties.json()["value"]["description"] == "queued"
             row = await stored(db, A, "status")
             assert row["createdBy"] == SYSTEM_ACTOR  # consumer writes use DataHub's system actor
+            # the audit log names the consumer's surface, and no token: the record is what the consumer read
+            entries = await db.fetch("SELECT actor, token_id, surface FROM audit_log WHERE urn = $1", A)
+            assert entries and {tuple(e) for e in entries} == {(SYSTEM_ACTOR, None, "kafka")}
             assert (
                 row["systemMetadata"]["runId"] == "async-run" and row["systemMetadata"]["lastObserved"] == 1700000000000
             )

@@ -107,6 +107,12 @@ async def test_a_writer_adds_and_removes_a_tag_as_the_person(app, client, catalo
     assert added.status_code == 303 and added.headers["location"] == page_url(ORDERS, "Properties")
     assert await aspect(client, "globalTags") == {"tags": [{"tag": PII}]}  # read back through the API
     assert await written_by(db, "globalTags") == (ALICE, ALICE, "web")
+    # the audit log names the surface and the token the session was opened with
+    session_token = await db.fetchval("SELECT token_id FROM web_session WHERE actor = $1", ALICE)
+    entry = await db.fetchrow(
+        "SELECT actor, token_id, surface FROM audit_log WHERE urn = $1 AND aspect = 'globalTags' ORDER BY id", ORDERS
+    )
+    assert session_token and tuple(entry) == (ALICE, session_token, "web")
     shown = await browser.get(page_url(ORDERS, "Properties"))
     assert f'name="tag" value="{PII}"' in shown.text  # its remove button's form
     assert "Remove tag PII" in shown.text  # by its name

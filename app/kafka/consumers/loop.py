@@ -12,6 +12,7 @@ from aiokafka import AIOKafkaConsumer, AIOKafkaProducer, TopicPartition
 from aiokafka.errors import CommitFailedError, IllegalStateError, KafkaError
 from sqlalchemy.ext.asyncio import AsyncSession, async_sessionmaker
 
+from app.audit.model import attribute
 from app.avro.wire import ValueCodec
 from app.ingest.gateway import IngestGateway
 from app.kafka.consumers.dead_letters import DeadLetterWriter
@@ -76,6 +77,7 @@ class Consumer:
 
     # --- the loop --------------------------------------------------------------------------------------------------
     async def run(self, stop: asyncio.Event) -> None:
+        attribute(None, "kafka")  # the audit log's surface of what this task writes
         consumer = await self._start(stop, self._make_consumer)
         if consumer is None:
             return
