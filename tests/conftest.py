@@ -9,8 +9,6 @@ Fixtures (see the end of this file for the place where app/client fixtures go):
 * ``make_database`` (session)      -> ``make_database(name=None, template=None) -> str``: CREATE DATABASE
   and return its ``postgresql+asyncpg://`` URL.  Works from sync and async code.
 * ``fresh_database_url`` (function) -> URL of a new empty database named after the test.
-* ``database_url`` (function)      -> URL of a copy of the migrated template, made ahead on a thread
-  (``template_copies``).
 * ``drop_database`` (session)      -> ``drop_database(url)``: drop a database made by ``make_database``.
 
 ``database_url`` and ``fresh_database_url`` drop their database after the test: a run makes over a thousand of them
@@ -28,11 +26,9 @@ No Postgres binaries is an error, never a skip: the message says ``apt-get insta
 from __future__ import annotations
 
 import os
-import queue
 import re
 import shutil
 import tempfile
-import threading
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
@@ -252,54 +248,11 @@ def migrated_template(make_database: Callable[..., str]) -> str:
     return name
 
 
-class TemplateCopies:
-    """Copies of the migrated template made ahead of the tests that take them. A copy takes 0.4-0.5 s (CREATE
-    DATABASE ... TEMPLATE writes a whole catalog): made on a thread while the test before runs, over a thousand
-    tests no longer wait for theirs one after the other."""
-
-    def __init__(self, make: Callable[..., str], template: str, ahead: int = 2) -> None:
-        self._make, self._template = make, template
-        self._ready: queue.Queue[str | BaseException] = queue.Queue(maxsize=ahead)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._fill, name="template-copies", daemon=True)
-        self._thread.start()
-
-    def _fill(self) -> None:
-        while not self._stop.is_set():
-            try:
-                made: str | BaseException = self._make(template=self._template)
-            except BaseException as error:  # noqa: BLE001 - the test that takes it raises it
-                made = error
-            while not self._stop.is_set():
-                try:
-                    self._ready.put(made, timeout=0.5)
-                    break
-                except queue.Full:
-                    continue
-            if isinstance(made, BaseException):
-                return
-
-    def take(self) -> str:
-        made = self._ready.get(timeout=120)
-        if isinstance(made, BaseException):
-            raise made
-        return made
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=30)
-
-
-@pytest.fixture(scope="session")
-def template_copies(make_database: Callable[..., str], migrated_template: str) -> Iterator[TemplateCopies]:
-    copies = TemplateCopies(make_database, migrated_template)
-    yield copies
-    copies.close()  # the copies left are dropped with the cluster (or by pg_server's clean-up of a server of one's own)
-
-
 @pytest.fixture
-def database_url(template_copies: TemplateCopies, drop_database: Callable[[str], None]) -> Iterator[str]:
-    url = template_copies.take()
+def database_url(
+    make_database: Callable[..., str], migrated_template: str, drop_database: Callable[[str], None]
+) -> Iterator[str]:
+    url = make_database(template=migrated_template)
     yield url
     drop_database(url)
 
