@@ -252,6 +252,12 @@ class AuthService:
             self._failed("forbidden_write")
             raise Forbidden(f"{len(refused)} of {len(drafts)} writes are not allowed for {principal.actor}", refused)
 
+    async def require(self, principal: Principal, privilege: str, resource: str | None = None) -> None:
+        """Forbidden, with the reason, unless `principal` holds `privilege` (DataHub's name, e.g. MANAGE_POLICIES) on
+        `resource` (an URN; None for a platform privilege)."""
+        if principal.role < Role.ADMIN:
+            raise Forbidden(f"{principal.actor} does not hold {privilege}", [Issue(f"needs {privilege}")])
+
     def _is_key_aspect(self, draft: Draft) -> bool:
         try:
             return self.registry.entity(draft.entity_type).key_aspect == draft.aspect_name

@@ -72,6 +72,8 @@ class WriteAuthorizer(Protocol):
 
     async def authorize_writes(self, principal: Principal, drafts: Sequence[Draft]) -> None: ...
 
+    async def require(self, principal: Principal, privilege: str, resource: str | None = None) -> None: ...
+
 
 def caller_key(principal: Principal) -> str:
     """Whose share a write is charged to: the token's actor, or without authentication the client's address."""
