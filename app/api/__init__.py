@@ -2,6 +2,7 @@
 outcomes → responses. Nothing else happens here."""
 
 from app.api.audit import router as audit_router
+from app.api.auth import authz_router
 from app.api.auth import router as auth_router
 from app.api.change_feed import router as change_feed_router
 from app.api.entity_registry import router as entity_registry_router
@@ -34,6 +35,7 @@ routers = [
     trace_write_router,
     schema_registry_router,
     auth_router,
+    authz_router,
     audit_router,
     processors_router,
     per_aspect_events_router,

@@ -1,5 +1,5 @@
-"""Token and policy management over HTTP (admins only), and `whoami` for any authenticated caller. The same
-operations as `metaledger token …` and `metaledger policy …`."""
+"""Token and write-scope management over HTTP (admins only), and for any authenticated caller `whoami` and the
+explain answer about itself. The same operations as `metaledger token …` and `metaledger policy …`."""
 
 from __future__ import annotations
 
@@ -12,12 +12,14 @@ from pydantic import BaseModel, ConfigDict, Field
 from app.api.deps import ALLOW_ADMIN, ALLOW_READ, Auth, Caller, JsonBody
 from app.api.http import Flag, json_response
 from app.auth.model import Role, parse_ttl
+from app.auth.privileges import KNOWN_PRIVILEGES
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
 
 Raw = TypeVar("Raw", str, str | None)
 T = TypeVar("T")
 
 router = APIRouter(prefix="/openapi/v1/auth", tags=["auth"], responses=ERROR_RESPONSES)
+authz_router = APIRouter(prefix="/openapi/v1/authz", tags=["auth"], responses=ERROR_RESPONSES)
 
 
 class TokenRequest(BaseModel):
@@ -98,3 +100,22 @@ async def list_policies(auth: Auth) -> Any:
 async def delete_policy(policy_id: str, auth: Auth, caller: Caller) -> Any:
     await auth.delete_policy(policy_id, caller.actor)
     return json_response({"id": policy_id, "deleted": True})
+
+
+@authz_router.get("/explain", dependencies=[ALLOW_READ], summary="Why an actor may or may not use a privilege")
+async def explain(
+    auth: Auth,
+    caller: Caller,
+    privilege: Annotated[str, Query(min_length=1, max_length=100, examples=["EDIT_ENTITY_TAGS"])],
+    actor: Annotated[str | None, Query(max_length=500, description="absent: the caller (another: admins only)")] = None,
+    resource: Annotated[str | None, Query(max_length=500, description="an URN; absent: a platform privilege")] = None,
+) -> Any:
+    """The decision every surface makes (app.auth.decision), with what allowed it (a role, a write scope, an access
+    policy) or why it was denied; the same reason a 403 carries. Says nothing of whether the resource exists."""
+    if privilege not in KNOWN_PRIVILEGES:
+        raise ValidationFailed(
+            f"unknown privilege {privilege[:100]!r}",
+            [Issue("not a privilege metaledger knows", path="$.query.privilege", found=privilege[:100])],
+        )
+    decision = await auth.explain(caller, actor, privilege, resource)
+    return json_response({"actor": actor or caller.actor, "resource": resource, **decision.to_json()})

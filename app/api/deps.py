@@ -206,14 +206,16 @@ async def _discard_body(request: Request) -> None:
 
 
 class AllowWrite(Allow):
-    """The write routes' policy: WRITE, then the write's admission, taken before the route reads the body and held
-    until the response is sent."""
+    """The write routes' policy: WRITE (a writer, or a reader an access policy grants an edit: each write is then
+    decided by the ingest gateway), then the write's admission, taken before the route reads the body and held until
+    the response is sent."""
 
     def __init__(self) -> None:
         super().__init__(Permission.WRITE)
 
     async def __call__(self, request: Request) -> Principal:
-        principal = await super().__call__(request)
+        principal = await authenticate(request)
+        await request.app.state.auth.require_write_access(principal)
         await _admit(request, principal, _on_exit(request))
         return principal
 

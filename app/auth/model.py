@@ -93,8 +93,10 @@ UNAUTHENTICATED_ADMIN = Principal(DEFAULT_ACTOR, Role.ADMIN, via="disabled")  # 
 
 
 @dataclass(frozen=True, slots=True)
-class Policy:
-    """Grants `actor` writes of these entity types and aspects (None: all of them)."""
+class WriteScope:
+    """Narrows a writer: `actor`'s writer role then holds only writes of these entity types and aspects (None: all of
+    them). metaledger's own, managed at /openapi/v1/auth/policies; DataHub's access policies, which grant, are
+    app.auth.policies.AccessPolicy."""
 
     id: str
     actor: str

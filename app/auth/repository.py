@@ -1,4 +1,6 @@
-"""All SQL of the auth tables (migration 0007): the signing key, issued tokens, write policies."""
+"""All SQL of the auth tables (migration 0007): the signing key, issued tokens, write scopes; and the reads of the
+aspects decisions need (access policies, group memberships, what a resource's aspects say), through the aspect
+store's repository."""
 
 from __future__ import annotations
 
@@ -6,11 +8,12 @@ import secrets
 from datetime import datetime
 
 from sqlalchemy import text
-from sqlalchemy.ext.asyncio import AsyncEngine
+from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession
 
 from app.audit import repository as audit_log
 from app.audit.model import TOKEN_CREATE, TOKEN_REVOKE, Entry
-from app.auth.model import Policy, Role, TokenInfo
+from app.auth.model import Role, TokenInfo, WriteScope
+from app.write.repository import AspectRepository, StoredAspect
 
 _TOKEN_COLUMNS = "id, actor, role, token_hash, description, created_by, created_at, expires_at, revoked_at"
 _POLICY_COLUMNS = "id, actor, entity_types, aspects, description, created_by, created_at"
@@ -32,8 +35,8 @@ def _token(row) -> TokenInfo:
     )
 
 
-def _policy(row) -> Policy:
-    return Policy(
+def _policy(row) -> WriteScope:
+    return WriteScope(
         id=row.id,
         actor=row.actor,
         description=row.description,
@@ -126,7 +129,7 @@ class AuthRepository:
                 await audit_log.record_on(connection, Entry(TOKEN_REVOKE, by, detail={"token": token_id}))
             return revoked_at
 
-    async def insert_policy(self, policy: Policy) -> Policy:
+    async def insert_policy(self, policy: WriteScope) -> WriteScope:
         async with self.engine.begin() as connection:
             row = (
                 await connection.execute(
@@ -147,7 +150,7 @@ class AuthRepository:
             ).one()
         return _policy(row)
 
-    async def policies(self) -> list[Policy]:
+    async def policies(self) -> list[WriteScope]:
         async with self.engine.connect() as connection:
             rows = (
                 await connection.execute(text(f"SELECT {_POLICY_COLUMNS} FROM auth_policy ORDER BY created_at, id"))
@@ -158,3 +161,11 @@ class AuthRepository:
         async with self.engine.begin() as connection:
             deleted = await connection.execute(text("DELETE FROM auth_policy WHERE id = :id"), {"id": policy_id})
         return deleted.rowcount > 0
+
+    async def latest_of_type(self, entity_type: str, aspect: str) -> list[StoredAspect]:
+        async with AsyncSession(self.engine) as session:
+            return await AspectRepository(session).latest_of_type(entity_type, aspect)
+
+    async def latest(self, keys: list[tuple[str, str]]) -> dict[tuple[str, str], StoredAspect]:
+        async with AsyncSession(self.engine) as session:
+            return await AspectRepository(session).latest(keys)

@@ -20,22 +20,25 @@ import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import jwt
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app.auth.decision import Decision, Resource, Subject, decide, may_name
+from app.auth.facts import FACT_ASPECTS, GROUP_ASPECTS, entity_type, resource_of
 from app.auth.model import (
     SYSTEM_PRINCIPAL,
     UNAUTHENTICATED_ADMIN,
-    Permission,
-    Policy,
     Principal,
     Role,
     TokenInfo,
+    WriteScope,
     parse_ttl,
 )
+from app.auth.policies import AccessPolicy, parse_policy, policy_issues
+from app.auth.privileges import POLICY_ENTITY, POLICY_INFO, WRITE_GRANTS, role_holds, write_privileges
 from app.auth.repository import AuthRepository
 from app.errors import Forbidden, Issue, NotFound, ServiceUnavailable, Unauthorized, ValidationFailed
 from app.ops.metrics import AUTH_FAILURES
@@ -47,6 +50,7 @@ from app.write.proposal import ChangeType, Draft
 from app.write.rules import system_entity_refusal
 
 log = logging.getLogger("metaledger.auth")
+T = TypeVar("T")
 
 ISSUER = "metaledger"
 ALGORITHM = "HS256"
@@ -54,11 +58,42 @@ ALGORITHM = "HS256"
 ACTOR_HEADER = "x-datahub-actor"
 _MAX_CACHED_TOKENS = 10_000
 _MAX_TOKEN_CHARS = 4096
-_POLICIES = ("policies",)  # the policies' key among the reads in flight (a token's is the token)
 
 
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+class Snapshot(Generic[T]):
+    """A value read from Postgres and trusted for `ttl` seconds. One read when it expires, shared by every request
+    that finds it expired meanwhile (not one per request in flight); `forget` makes the next `get` read again,
+    without joining a read begun before it."""
+
+    def __init__(self, ttl: float, read: Callable[[], Awaitable[T]]) -> None:
+        self._ttl = ttl
+        self._read = read
+        self._value: T | None = None
+        self._read_at = float("-inf")
+        self._reading: asyncio.Future[T] | None = None
+
+    async def get(self) -> T:
+        if self._value is not None and time.monotonic() - self._read_at < self._ttl:
+            return self._value
+        if self._reading is None:
+            self._reading = reading = asyncio.ensure_future(self._read())
+            reading.add_done_callback(functools.partial(self._done, time.monotonic()))
+        return await asyncio.shield(self._reading)  # a request cancelled while it waits leaves the read to the others
+
+    def _done(self, started: float, reading: asyncio.Future[T]) -> None:
+        if self._reading is reading:
+            self._reading = None
+            if not reading.cancelled() and reading.exception() is None:
+                self._value, self._read_at = reading.result(), started
+        elif not reading.cancelled():
+            reading.exception()  # retrieved: when every waiter was cancelled, no "never retrieved" warning
+
+    def forget(self) -> None:
+        self._value, self._read_at, self._reading = None, float("-inf"), None
 
 
 class AuthService:
@@ -72,8 +107,10 @@ class AuthService:
         # token -> (principal, or the reason it is refused; monotonic time it was checked). Only correctly signed
         # tokens are cached, so no one can fill it with junk; it is bounded anyway.
         self._tokens: OrderedDict[str, tuple[Principal | str, float]] = OrderedDict()
-        self._policies: dict[str, list[Policy]] = {}
-        self._policies_loaded_at = float("-inf")
+        # What the decisions read from Postgres, trusted for auth_cache_seconds (`written` forgets them sooner here)
+        self._scopes: Snapshot[dict[str, list[WriteScope]]] = Snapshot(self._ttl, self._load_scopes)
+        self._policies: Snapshot[list[AccessPolicy]] = Snapshot(self._ttl, self._load_access_policies)
+        self._groups: OrderedDict[str, tuple[frozenset[str], float]] = OrderedDict()  # actor → (groups, read at)
         # Re-reads in flight (a token's row, the policies), shared by every request that finds the cache entry
         # expired meanwhile: one query when it expires, not one per request in flight then.
         self._reading: dict[Hashable, asyncio.Future] = {}
@@ -208,16 +245,54 @@ class AuthService:
     def _failed(reason: str) -> None:
         AUTH_FAILURES.labels(reason=reason).inc()
 
-    # --- authorization
+    # --- authorization: every surface asks `decide` (app.auth.decision) through the methods below
+
+    async def decide(self, principal: Principal, privilege: str, resource: str | None = None) -> Decision:
+        """May `principal` use `privilege` (DataHub's name) on `resource` (an URN; None: a platform privilege)?"""
+        role_grant = self._role_grant(principal, privilege)
+        if role_grant is not None:
+            return decide(Subject(principal), privilege, None, (), role_grant=role_grant)
+        policies = await self._access_policies()
+        subject = await self._subject(principal, policies)
+        facts = await self._resources([resource], policies) if resource is not None else {}
+        return decide(subject, privilege, facts.get(resource or ""), policies, role_grant=None)
+
+    async def require(self, principal: Principal, privilege: str, resource: str | None = None) -> None:
+        """Forbidden, with the decision's reason, unless `principal` holds `privilege` on `resource`."""
+        decision = await self.decide(principal, privilege, resource)
+        if not decision.allowed:
+            self._failed("forbidden")
+            raise Forbidden(decision.reason, [Issue(decision.reason, found=privilege)])
+
+    async def require_write_access(self, principal: Principal) -> None:
+        """The write routes' gate, before a body is read: a writer or admin, or a reader that an ACTIVE policy grants
+        some edit to (which resources it may edit is decided per write by `authorize_writes`)."""
+        if principal.role >= Role.WRITER:
+            return
+        policies = await self._access_policies()
+        subject = await self._subject(principal, policies)
+        if any(policy.active and policy.privileges & WRITE_GRANTS and may_name(policy, subject) for policy in policies):
+            return
+        self._failed("forbidden")
+        reason = (
+            f"this request needs the WRITE permission or an ACTIVE access policy granting an edit; {principal.actor} "
+            f"has the {principal.role.label} role, and no policy grants it an edit"
+        )
+        raise Forbidden(reason, [Issue("needs WRITE or a policy granting an edit", found=principal.role.label)])
 
     async def authorize_writes(self, principal: Principal, drafts: Sequence[Draft]) -> None:
-        """Every draft must be within the principal's role and policies: deleting a whole entity (its key aspect) and
-        writing metaledger's own configuration (through its own services only: app.write.rules) need ADMIN; a writer with policies may write only the entity types and aspects they grant. One 403 names them all."""
+        """Each draft needs the privileges its aspect maps to (app.auth.privileges.write_privileges), on its entity:
+        held by the caller's role (a writer's narrowed by its write scopes) or granted by an access policy; writes of
+        metaledger's own configuration need ADMIN; a policy written must be sound and grant nothing its author lacks.
+        One 403 names every refused draft, each with its reason."""
+        refused = [issue for draft in drafts for issue in self._policy_content_issues(draft)]
+        if refused:
+            raise ValidationFailed("the access policy is not valid", refused)
         if principal.role >= Role.ADMIN:
             return
-        principal.require(Permission.WRITE)
-        policies = await self._policies_of(principal.actor)
-        refused = []
+        await self.require_write_access(principal)  # the gate every write surface shares, in the same words
+        scopes = await self._scopes_of(principal.actor)
+        wanted: list[tuple[Draft, str, str | None]] = []  # (draft, privilege, its role grant)
         for draft in drafts:
             if str(draft.entity_type).lower() == PIPELINE_ENTITY.lower():
                 refused.append(
@@ -229,34 +304,117 @@ class AuthService:
                         draft.aspect_name,
                     )
                 )
-            elif draft.change_type == ChangeType.DELETE.value and self._is_key_aspect(draft):
-                refused.append(
-                    Issue(
-                        f"deleting a whole entity needs the ADMIN permission; {principal.actor} has the "
-                        f"{principal.role.label} role",
-                        draft.index,
-                        draft.urn,
-                        draft.aspect_name,
-                    )
+                continue
+            deletes_entity = draft.change_type == ChangeType.DELETE.value and self._is_key_aspect(draft)
+            for privilege in write_privileges(draft.entity_type, draft.aspect_name, deletes_entity=deletes_entity):
+                wanted.append((draft, privilege, self._role_grant(principal, privilege, draft, scopes)))
+        if any(grant is None for _, _, grant in wanted):
+            policies = await self._access_policies()
+            subject = await self._subject(principal, policies)
+            resources = await self._resources([d.urn or "" for d, _, grant in wanted if grant is None], policies)
+            for draft, privilege, grant in wanted:
+                if grant is not None:
+                    continue
+                narrowed = (
+                    f"no write scope of {principal.actor} grants {draft.entity_type}.{draft.aspect_name}"
+                    if scopes and role_holds(principal.role, privilege, view_authorization=False)
+                    else None
                 )
-            elif policies and not any(policy.grants(draft.entity_type, draft.aspect_name) for policy in policies):
-                refused.append(
-                    Issue(
-                        f"no policy of {principal.actor} grants WRITE on {draft.entity_type}.{draft.aspect_name}",
-                        draft.index,
-                        draft.urn,
-                        draft.aspect_name,
-                    )
+                decision = decide(
+                    subject, privilege, resources.get(draft.urn or ""), policies, role_grant=None, role_lacks=narrowed
                 )
+                if not decision.allowed:
+                    refused.append(Issue(decision.reason, draft.index, draft.urn, draft.aspect_name))
+                elif draft.entity_type == POLICY_ENTITY:
+                    refused.extend(await self._escalation(subject, policies, draft))
         if refused:
             self._failed("forbidden_write")
             raise Forbidden(f"{len(refused)} of {len(drafts)} writes are not allowed for {principal.actor}", refused)
 
-    async def require(self, principal: Principal, privilege: str, resource: str | None = None) -> None:
-        """Forbidden, with the reason, unless `principal` holds `privilege` (DataHub's name, e.g. MANAGE_POLICIES) on
-        `resource` (an URN; None for a platform privilege)."""
-        if principal.role < Role.ADMIN:
-            raise Forbidden(f"{principal.actor} does not hold {privilege}", [Issue(f"needs {privilege}")])
+    async def explain(self, asker: Principal, actor: str | None, privilege: str, resource: str | None) -> Decision:
+        """The decision for `actor` (the asker by default: only an admin asks about another), with its reason. Another
+        actor is judged with the role of its most privileged active token (a reader's when it has none)."""
+        if actor is None or actor == asker.actor:
+            return await self.decide(asker, privilege, resource)
+        if asker.role < Role.ADMIN:
+            raise Forbidden(
+                f"only an admin may ask about another actor; {asker.actor} has the {asker.role.label} role",
+                [Issue("another actor", path="$.query.actor", found=actor[:200])],
+            )
+        self._check_actor(actor)
+        roles = [token.role for token in await self.repository.tokens(actor)]
+        return await self.decide(Principal(actor, max(roles, default=Role.READER)), privilege, resource)
+
+    def written(self, drafts: Sequence[Draft]) -> None:
+        """After a commit: what this process trusted of what these drafts changed is read again at the next decision
+        (other processes read it again within auth_cache_seconds)."""
+        for draft in drafts:
+            if draft.entity_type == POLICY_ENTITY:
+                self._policies.forget()
+            elif draft.aspect_name in GROUP_ASPECTS and draft.urn is not None:
+                self._groups.pop(draft.urn, None)
+
+    def _role_grant(
+        self, principal: Principal, privilege: str, draft: Draft | None = None, scopes: Sequence[WriteScope] = ()
+    ) -> str | None:
+        if not role_holds(principal.role, privilege, view_authorization=False):
+            return None
+        if principal.role < Role.ADMIN and scopes and draft is not None:
+            scope = next((s for s in scopes if s.grants(draft.entity_type, draft.aspect_name)), None)
+            if scope is None:  # a writer narrowed by its scopes holds only what they name
+                return None
+            return f"scope:{scope.id} (its write scope) grants {draft.entity_type}.{draft.aspect_name}"
+        return f"role:{principal.role.label} (its role) holds {privilege}"
+
+    def _policy_content_issues(self, draft: Draft) -> list[Issue]:
+        if draft.aspect_name != POLICY_INFO or draft.change_type == ChangeType.DELETE.value:
+            return []
+        return [
+            Issue(issue.message, draft.index, draft.urn, draft.aspect_name, path=issue.path, found=issue.found)
+            for issue in policy_issues(draft.value)
+        ]
+
+    async def _escalation(self, subject: Subject, policies: Sequence[AccessPolicy], draft: Draft) -> list[Issue]:
+        """No self-escalation: each privilege a policy written grants, its author must hold on every resource (by
+        role, or by an ACTIVE policy for every resource that names the author)."""
+        if draft.aspect_name != POLICY_INFO or draft.change_type == ChangeType.DELETE.value:
+            return []
+        if not isinstance(draft.value, Mapping):  # a patch: what it grants is known only once applied
+            return [
+                Issue(
+                    "a policy is written whole (UPSERT) unless by an admin: what a patch grants is checked against "
+                    "its author's privileges only then",
+                    draft.index,
+                    draft.urn,
+                    draft.aspect_name,
+                )
+            ]
+        granted = draft.value.get("privileges")
+        held = {
+            privilege
+            for policy in policies
+            if policy.active and policy.criteria is None and may_name(policy, subject, owners=False)
+            for privilege in policy.privileges
+        }
+        lacking = sorted(
+            privilege
+            for privilege in (granted if isinstance(granted, list) else ())
+            if isinstance(privilege, str)
+            and privilege not in held
+            and self._role_grant(subject.principal, privilege) is None
+        )
+        if not lacking:
+            return []
+        return [
+            Issue(
+                f"a policy may grant only privileges its author holds on every resource; {subject.principal.actor} "
+                f"lacks {', '.join(lacking)}",
+                draft.index,
+                draft.urn,
+                draft.aspect_name,
+                path="$.aspect.privileges",
+            )
+        ]
 
     def _is_key_aspect(self, draft: Draft) -> bool:
         try:
@@ -264,31 +422,69 @@ class AuthService:
         except Exception:  # noqa: BLE001 - an unknown entity type is the validator's to report
             return False
 
-    async def _policies_of(self, actor: str) -> list[Policy]:
-        policies = self._policies
-        if time.monotonic() - self._policies_loaded_at >= self._ttl:
-            policies = await self._read_once(_POLICIES, self._load_policies)
-        return policies.get(actor, [])
+    async def _scopes_of(self, actor: str) -> list[WriteScope]:
+        return (await self._scopes.get()).get(actor, [])
 
-    async def _load_policies(self) -> dict[str, list[Policy]]:
-        """The policies by actor, as read now; kept for the next requests unless they changed meanwhile."""
-        grouped: dict[str, list[Policy]] = {}
-        try:
-            policies = await self.repository.policies()
-        except (DBAPIError, OSError) as error:
-            raise ServiceUnavailable(
-                f"the database is unreachable, policies cannot be read: {type(error).__name__}"
-            ) from None
-        for policy in policies:
-            grouped.setdefault(policy.actor, []).append(policy)
-        if self._reading.get(_POLICIES) is asyncio.current_task():
-            self._policies, self._policies_loaded_at = grouped, time.monotonic()
+    async def _load_scopes(self) -> dict[str, list[WriteScope]]:
+        grouped: dict[str, list[WriteScope]] = {}
+        for scope in await self._unless_down(self.repository.policies(), "write scopes"):
+            grouped.setdefault(scope.actor, []).append(scope)
         return grouped
 
-    def _forget_policies(self) -> None:
-        """After a change: the next write reads the policies again, without joining a read begun before it."""
-        self._policies_loaded_at = float("-inf")
-        self._reading.pop(_POLICIES, None)
+    async def _access_policies(self) -> list[AccessPolicy]:
+        return await self._policies.get()
+
+    async def _load_access_policies(self) -> list[AccessPolicy]:
+        rows = await self._unless_down(self.repository.latest_of_type(POLICY_ENTITY, POLICY_INFO), "policies")
+        return [parse_policy(row.urn, row.value) for row in rows if isinstance(row.value, Mapping)]
+
+    async def _subject(self, principal: Principal, policies: Sequence[AccessPolicy]) -> Subject:
+        """The principal with its groups, read only when a policy names groups (or owners, who may be groups)."""
+        if not any(policy.groups or policy.all_groups or policy.resource_owners for policy in policies):
+            return Subject(principal)
+        cached = self._groups.get(principal.actor)
+        if cached is not None and time.monotonic() - cached[1] < self._ttl:
+            return Subject(principal, cached[0])
+        rows = await self._unless_down(
+            self.repository.latest([(principal.actor, aspect) for aspect in GROUP_ASPECTS]), "groups"
+        )
+        groups = frozenset(
+            group
+            for (_, aspect), row in rows.items()
+            if isinstance(row.value, Mapping)
+            for group in row.value.get(GROUP_ASPECTS[aspect]) or ()
+            if isinstance(group, str)
+        )
+        self._groups[principal.actor] = (groups, time.monotonic())
+        if len(self._groups) > _MAX_CACHED_TOKENS:
+            self._groups.popitem(last=False)
+        return Subject(principal, groups)
+
+    async def _resources(self, urns: Iterable[str], policies: Sequence[AccessPolicy]) -> dict[str, Resource]:
+        """Each entity with the facts the policies select by, its aspects read in one query (none when the policies
+        select by type and URN only)."""
+        needed: set[str] = set()
+        for policy in policies:
+            needed.update(FACT_ASPECTS[name] for name in policy.resource_fields if name in FACT_ASPECTS)
+            if policy.resource_owners:
+                needed.add(FACT_ASPECTS["OWNER"])
+        entity_types = {urn: entity_type(urn) for urn in set(urns)}
+        rows: Mapping[tuple[str, str], Any] = {}
+        if needed:
+            rows = await self._unless_down(
+                self.repository.latest([(urn, aspect) for urn in entity_types for aspect in needed]),
+                "the resources' aspects",
+            )
+        return {urn: resource_of(urn, entity_type, rows) for urn, entity_type in entity_types.items()}
+
+    @staticmethod
+    async def _unless_down(read: Awaitable[Any], what: str) -> Any:
+        try:
+            return await read
+        except (DBAPIError, OSError) as error:  # the database is down: retryable, never a 500
+            raise ServiceUnavailable(
+                f"the database is unreachable, {what} cannot be read: {type(error).__name__}"
+            ) from None
 
     # --- tokens
 
@@ -359,7 +555,7 @@ class AuthService:
         *,
         description: str | None = None,
         created_by: str,
-    ) -> Policy:
+    ) -> WriteScope:
         self._check_actor(actor)
         entity_types = None if entity_types is None else frozenset(entity_types)
         aspects = None if aspects is None else frozenset(aspects)
@@ -377,19 +573,19 @@ class AuthService:
         if issues:
             raise ValidationFailed("the policy names what the registry does not have", issues)
         policy = await self.repository.insert_policy(
-            Policy(uuid.uuid4().hex, actor, entity_types, aspects, description, created_by)
+            WriteScope(uuid.uuid4().hex, actor, entity_types, aspects, description, created_by)
         )
-        self._forget_policies()
+        self._scopes.forget()
         log.info("policy created", extra={"policy_id": policy.id, "actor": actor, "by": created_by})
         return policy
 
-    async def policies(self) -> list[Policy]:
+    async def policies(self) -> list[WriteScope]:
         return await self.repository.policies()
 
     async def delete_policy(self, policy_id: str, by: str) -> None:
         if not await self.repository.delete_policy(policy_id):
             raise NotFound(f"no policy with id {policy_id[:64]!r}")
-        self._forget_policies()
+        self._scopes.forget()
         log.info("policy deleted", extra={"policy_id": policy_id, "by": by})
 
     @staticmethod

@@ -118,6 +118,14 @@ class Context:
                 self.answer.spend(sum(len(row.metadata) for urn_rows in rows.values() for row in urn_rows))
         return found
 
+    async def require_write_access(self) -> None:
+        """Every mutation's gate: a writer, or a reader an access policy grants an edit (each write it makes is then
+        decided by the ingest gateway's authorizer, per aspect and entity)."""
+        if self.gateway.authorizer is None:
+            self.caller.require(Permission.WRITE)
+        else:
+            await self.gateway.authorizer.require_write_access(self.caller)
+
     async def refuse_deleted_property_facets(self, facets: Sequence[str], base: str) -> None:
         """A 400 when a requested facet names a soft-deleted structured property, at its index below `base`."""
         async with self._lock:
@@ -639,7 +647,7 @@ async def _write(context: Context, drafts: list[Draft]) -> None:
 async def resolve_create_tag(_root: Any, info: Any, input: dict[str, Any]) -> str:
     """DataHub's CreateTagResolver: `urn:li:tag:<id or a UUID>` with its tagProperties; an existing tag is refused."""
     context: Context = info.context
-    context.caller.require(Permission.WRITE)
+    await context.require_write_access()
     tag_id = input.get("id") or str(uuid.uuid4())
     urn = f"urn:li:tag:{tag_id}"
     if await context.exists(urn):
@@ -666,7 +674,7 @@ async def resolve_delete_tag(_root: Any, info: Any, urn: str) -> bool:
     (the gateway checks it; DataHub asks for its Manage Tags privilege). References to the tag in other entities'
     globalTags stay (DataHub removes them in the background)."""
     context: Context = info.context
-    context.caller.require(Permission.WRITE)
+    await context.require_write_access()
     _tag_urn(urn, "$urn")
     if not await context.exists(urn):
         raise NotFound(f"tag {clip(urn, 100)} does not exist", [Issue("not found", path="$urn", found=clip(urn, 100))])
@@ -679,7 +687,7 @@ async def resolve_delete_tag(_root: Any, info: Any, urn: str) -> bool:
 async def resolve_remove_tag(_root: Any, info: Any, input: dict[str, Any]) -> bool:
     """DataHub's RemoveTagResolver on the entity's globalTags (a field's tags, `subResource`, are not served)."""
     context: Context = info.context
-    context.caller.require(Permission.WRITE)
+    await context.require_write_access()
     tag = _tag_urn(input["tagUrn"], "$input.tagUrn")
     resource = input["resourceUrn"]
     if input.get("subResource") or input.get("subResourceType"):

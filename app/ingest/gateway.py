@@ -74,6 +74,11 @@ class WriteAuthorizer(Protocol):
 
     async def require(self, principal: Principal, privilege: str, resource: str | None = None) -> None: ...
 
+    async def require_write_access(self, principal: Principal) -> None: ...
+
+    def written(self, drafts: Sequence[Draft]) -> None:
+        """After the drafts' commit: forget what they changed of what the decisions trust (policies, groups)."""
+
 
 def caller_key(principal: Principal) -> str:
     """Whose share a write is charged to: the token's actor, or without authentication the client's address."""
@@ -208,6 +213,8 @@ class IngestGateway:
             result = await self.commit(
                 session, proposals, bind(caller.audit_stamp()), drafts, combine=True, deadline=self._deadline()
             )
+        if self.authorizer is not None:
+            self.authorizer.written(drafts)
         index = None
         if wants_sync_index(request_headers, proposals):
             index = await sync_index(self.search, result.outbox)

@@ -209,6 +209,20 @@ class AspectRepository(SessionRepository):
                 rows[(r["urn"], r["aspect"])] = _to_stored(r[:8])
         return rows, floors
 
+    async def latest_of_type(self, entity_type: str, aspect: str) -> list[StoredAspect]:
+        """Row 0 of `aspect` of every entity of `entity_type` (a few: the access policies), by URN. A range of the
+        (version, urn, aspect) index: URNs are "C"-collated, and every URN of the type starts `urn:li:<type>:`."""
+        conn = await self._conn()
+        prefix = f"urn:li:{entity_type}:"
+        records = await conn.fetch(
+            f"SELECT {_ROW_COLUMNS} FROM metadata_aspect_v2 WHERE version = 0 AND urn >= $1 AND urn < $2 "
+            "AND aspect = $3 ORDER BY urn",
+            prefix,
+            prefix[:-1] + chr(ord(":") + 1),
+            aspect,
+        )
+        return [_to_stored(r) for r in records]
+
     async def entity_latest(self, urn: str, aspects: Sequence[str] | None = None) -> list[StoredAspect]:
         conn = await self._conn()
         if aspects:

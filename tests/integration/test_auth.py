@@ -245,7 +245,7 @@ async def test_policies_narrow_a_writer_to_entity_types_and_aspects(app, anonymo
     assert refused.status_code == 403, refused.text
     issues = refused.json()["issues"]
     assert [(i["index"], i["aspect"]) for i in issues] == [(1, "datasetProperties"), (2, "globalTags")]
-    assert "no policy of urn:li:corpuser:alice grants WRITE on dataset.datasetProperties" in issues[0]["message"]
+    assert "no write scope of urn:li:corpuser:alice grants dataset.datasetProperties" in issues[0]["message"]
     # all or nothing: the allowed first item of the refused batch was not written either
     assert await db.fetchval("SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1", chart) == 0
     assert (

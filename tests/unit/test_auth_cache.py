@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from app.auth.model import Policy, Principal, Role, TokenInfo
+from app.auth.model import Principal, Role, TokenInfo, WriteScope
 from app.auth.service import AuthService
 from app.errors import Forbidden
 from app.settings import Settings
@@ -20,7 +20,7 @@ class SlowRepository:
 
     def __init__(self) -> None:
         self.rows: dict[str, TokenInfo] = {}
-        self.policies_stored: list[Policy] = []
+        self.policies_stored: list[WriteScope] = []
         self.token_reads = 0
         self.policy_reads = 0
 
@@ -33,15 +33,21 @@ class SlowRepository:
         await asyncio.sleep(0.01)  # the round trip: the requests arriving meanwhile must share this read
         return self.rows.get(token_id)
 
-    async def policies(self) -> list[Policy]:
+    async def policies(self) -> list[WriteScope]:
         self.policy_reads += 1
         stored = list(self.policies_stored)
         await asyncio.sleep(0.01)  # the round trip: a policy created meanwhile is not in this read
         return stored
 
-    async def insert_policy(self, policy: Policy) -> Policy:
+    async def insert_policy(self, policy: WriteScope) -> WriteScope:
         self.policies_stored.append(policy)
         return policy
+
+    async def latest_of_type(self, entity_type: str, aspect: str) -> list:
+        return []  # no access policy: the write scopes alone decide
+
+    async def latest(self, keys: list) -> dict:
+        return {}
 
 
 @pytest.fixture
