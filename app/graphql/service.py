@@ -39,6 +39,7 @@ from app.errors import Issue, MetaledgerError, ValidationFailed
 from app.graphql.documents import DOCUMENT_QUERIES
 from app.graphql.entities import bind_entities, runtime_entity_sdl, runtime_entity_types
 from app.graphql.limits import AnswerBudget, AnswerTooLarge, Limits, check_arguments, check_limits, query_cost
+from app.graphql.policies import POLICY_MUTATIONS, POLICY_QUERIES
 from app.graphql.resolvers import MUTATION_RESOLVERS, QUERY_RESOLVERS, Context
 from app.limits import MAX_LONG, MIN_LONG, clip
 from app.registry import EntityRegistry
@@ -99,8 +100,10 @@ def build(runtime_sdl: str = "", runtime_types: Mapping[str, str] | None = None)
     # graphql-core's stubs declare the 3.3 names only; 3.2's parse_literal is still read for literals in queries
     long_type.parse_literal = _long_literal  # type: ignore[attr-defined]
     bind_entities(schema, runtime_types or {})
-    query_resolvers = {**QUERY_RESOLVERS, **DOCUMENT_QUERIES}  # the documents topic (documents.graphql)
-    for root, resolvers in ((schema.query_type, query_resolvers), (schema.mutation_type, MUTATION_RESOLVERS)):
+    # the documents and policies topics (documents.graphql, policies.graphql)
+    query_resolvers = {**QUERY_RESOLVERS, **DOCUMENT_QUERIES, **POLICY_QUERIES}
+    mutation_resolvers = {**MUTATION_RESOLVERS, **POLICY_MUTATIONS}
+    for root, resolvers in ((schema.query_type, query_resolvers), (schema.mutation_type, mutation_resolvers)):
         assert root is not None
         for name, resolver in resolvers.items():
             root.fields[name].resolve = _arguments_checked(resolver)

@@ -65,6 +65,16 @@ class EntityReader:
         shown = iter(hidden_values.get(i, row) for i, row in enumerate(rows))
         return {urn: [next(shown) for _ in urn_rows] for urn, urn_rows in found.items()}
 
+    async def latest_of_type(self, entity_type: str, aspect: str) -> list[StoredAspect]:
+        """The latest `aspect` of every entity of `entity_type` the caller may see, by URN (for entity types that hold
+        few entities: AspectRepository.latest_of_type)."""
+        self.registry.aspect(self.registry.entity(entity_type).name, aspect)
+        rows = await self._repo.latest_of_type(entity_type, aspect)
+        hidden = await self.reader.unreadable(
+            [row.urn for row in rows], self._repo, in_hand={(row.urn, row.aspect): row for row in rows}
+        )
+        return [row for row in rows if row.urn not in hidden]
+
     async def latest_of(self, urn: str, aspects: list[str] | None) -> list[StoredAspect]:
         """The latest rows of one entity (its `aspects`, None: all), with no check of what is asked for: [] when the
         entity is absent, has none of `aspects`, or the caller may not see it (where `entity` answers 404)."""
