@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from app.auth.privileges import MANAGE_POLICIES, POLICY_ENTITY, POLICY_INFO
 from app.errors import Forbidden, Issue, NotFound, ValidationFailed
 from app.graphql.entities import FIELD_RESOLVERS, EntityRef, entity_ref
 from app.graphql.paging import declare_paged
@@ -41,9 +42,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("metaledger.graphql")
 
-MANAGE_POLICIES = "MANAGE_POLICIES"
-POLICY_ENTITY = "dataHubPolicy"
-POLICY_INFO = "dataHubPolicyInfo"
 DEFAULT_POLICIES = 20  # a page when `count` is not given (DataHub's ListPoliciesResolver)
 declare_paged("listPolicies", "policies", DEFAULT_POLICIES)
 # What the GraphQL enums answer: a stored value outside them (written through another API) cannot be listed.
@@ -128,8 +126,8 @@ def _resources(resources: dict[str, Any]) -> dict[str, Any]:
 
 def policy_info(input: dict[str, Any]) -> dict[str, Any]:
     """The dataHubPolicyInfo of a PolicyUpdateInput, stamped now; a 400 naming the field at fault. `type`, `state`
-    and the filters' conditions are the schema's enums (graphql-core refuses other values); privileges are kept as
-    given, names DataHub does not know included, as DataHub keeps them."""
+    and the filters' conditions are the schema's enums (graphql-core refuses other values); what the write path checks
+    of a policy besides (app.auth.policies.policy_issues: its privileges, say) it refuses naming the input's field."""
     info: dict[str, Any] = {
         "displayName": input["name"],
         # DataHub's aspect requires a description, its input does not: none is the empty one
