@@ -8,12 +8,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query
 
-from app.api.deps import ALLOW_ADMIN, Reader, Session
+from app.api.deps import ALLOW_SYSTEM_OPERATIONS, Auth, Reader, Session
 from app.api.http import json_response
 from app.audit.model import ACTIONS
 from app.audit.repository import EntryQuery
 from app.audit.service import AuditLog
-from app.auth.model import Permission
+from app.auth.privileges import MANAGE_SYSTEM_OPERATIONS
 from app.errors import ERROR_RESPONSES, Forbidden, Issue, ValidationFailed
 
 router = APIRouter(prefix="/openapi/v1/audit", tags=["audit"], responses=ERROR_RESPONSES)
@@ -48,6 +48,7 @@ def _time(name: str, ms: int | None) -> datetime | None:
 async def entries(
     caller: Reader,
     session: Session,
+    auth: Auth,
     actor: Annotated[
         str | None,
         Query(max_length=500, description="the entries of this actor (default: the caller's own unless an admin)"),
@@ -59,10 +60,11 @@ async def entries(
     cursor: Annotated[str | None, Query(max_length=40, description="`next` of the previous page")] = None,
     count: Annotated[int, Query(ge=1, le=MAX_COUNT)] = 100,
 ) -> Any:
-    if not caller.allows(Permission.ADMIN):
-        if actor is not None and actor != caller.actor:
+    if actor != caller.actor and not (await auth.decide(caller, MANAGE_SYSTEM_OPERATIONS)).allowed:
+        if actor is not None:
             raise Forbidden(
-                f"{caller.actor} may read its own audit entries only; another actor's need the ADMIN permission",
+                f"{caller.actor} may read its own audit entries only; another actor's need the ADMIN permission "
+                f"(or {MANAGE_SYSTEM_OPERATIONS} granted by a policy)",
                 [Issue("another actor's entries", path="actor", found=actor[:200])],
             )
         actor = caller.actor
@@ -71,7 +73,7 @@ async def entries(
     return json_response({"entries": found.entries, "next": found.next})
 
 
-@router.get("/verify", dependencies=[ALLOW_ADMIN], summary="Recompute the audit log's hash chain: the first entry "
+@router.get("/verify", dependencies=[ALLOW_SYSTEM_OPERATIONS], summary="Recompute the audit log's hash chain: the first entry "
             "that no longer matches, or that it holds and how many entries were checked")  # fmt: skip
 async def verify(session: Session) -> Any:
     return json_response(await AuditLog(session).verify())

@@ -9,7 +9,7 @@ from typing import Annotated, Any, TypeVar
 from fastapi import APIRouter, Depends, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.deps import ALLOW_ADMIN, ALLOW_READ, Auth, Caller, JsonBody
+from app.api.deps import ALLOW_MANAGE_POLICIES, ALLOW_MANAGE_TOKENS, ALLOW_READ, Auth, Caller, JsonBody
 from app.api.http import Flag, json_response
 from app.auth.model import Role, parse_ttl
 from app.auth.privileges import KNOWN_PRIVILEGES
@@ -52,7 +52,7 @@ async def whoami(caller: Caller) -> Any:
     return json_response(caller.to_json())
 
 
-@router.post("/tokens", dependencies=[ALLOW_ADMIN], status_code=201, summary="Issue a token (shown once)")
+@router.post("/tokens", dependencies=[ALLOW_MANAGE_TOKENS], status_code=201, summary="Issue a token (shown once)")
 async def create_token(
     body: Annotated[TokenRequest, Depends(JsonBody(TokenRequest))], auth: Auth, caller: Caller
 ) -> Any:
@@ -66,7 +66,7 @@ async def create_token(
     return json_response({"token": token, **info.to_json()}, 201)
 
 
-@router.get("/tokens", dependencies=[ALLOW_ADMIN], summary="Issued tokens (never the tokens themselves)")
+@router.get("/tokens", dependencies=[ALLOW_MANAGE_TOKENS], summary="Issued tokens (never the tokens themselves)")
 async def list_tokens(
     auth: Auth,
     actor: Annotated[str | None, Query(max_length=500)] = None,
@@ -75,13 +75,13 @@ async def list_tokens(
     return json_response({"tokens": [t.to_json() for t in await auth.tokens(actor, include_inactive)]})
 
 
-@router.delete("/tokens/{token_id}", dependencies=[ALLOW_ADMIN], summary="Revoke a token")
+@router.delete("/tokens/{token_id}", dependencies=[ALLOW_MANAGE_TOKENS], summary="Revoke a token")
 async def revoke_token(token_id: str, auth: Auth, caller: Caller) -> Any:
     revoked_at = await auth.revoke_token(token_id, caller.actor)
     return json_response({"id": token_id, "revokedAt": int(revoked_at.timestamp() * 1000)})
 
 
-@router.post("/policies", dependencies=[ALLOW_ADMIN], status_code=201, summary="Narrow an actor's writes")
+@router.post("/policies", dependencies=[ALLOW_MANAGE_POLICIES], status_code=201, summary="Narrow an actor's writes")
 async def create_policy(
     body: Annotated[PolicyRequest, Depends(JsonBody(PolicyRequest))], auth: Auth, caller: Caller
 ) -> Any:
@@ -91,12 +91,12 @@ async def create_policy(
     return json_response(policy.to_json(), 201)
 
 
-@router.get("/policies", dependencies=[ALLOW_ADMIN], summary="Write policies")
+@router.get("/policies", dependencies=[ALLOW_MANAGE_POLICIES], summary="Write policies")
 async def list_policies(auth: Auth) -> Any:
     return json_response({"policies": [p.to_json() for p in await auth.policies()]})
 
 
-@router.delete("/policies/{policy_id}", dependencies=[ALLOW_ADMIN], summary="Delete a policy")
+@router.delete("/policies/{policy_id}", dependencies=[ALLOW_MANAGE_POLICIES], summary="Delete a policy")
 async def delete_policy(policy_id: str, auth: Auth, caller: Caller) -> Any:
     await auth.delete_policy(policy_id, caller.actor)
     return json_response({"id": policy_id, "deleted": True})

@@ -25,6 +25,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
 from app.api.http import read_json
 from app.audit.model import attribute_request
 from app.auth.model import Permission, Principal
+from app.auth.privileges import MANAGE_ACCESS_TOKENS, MANAGE_INGESTION, MANAGE_POLICIES, MANAGE_SYSTEM_OPERATIONS
 from app.auth.reads import scoped_backend
 from app.auth.service import AuthService
 from app.errors import ServiceUnavailable, TooManyRequests
@@ -173,6 +174,21 @@ class Allow:
         return principal
 
 
+class AllowPrivilege(Allow):
+    """A platform route's policy: DataHub's privilege for it, decided as every privilege is (app.auth.decision): the
+    admin role holds it, and an ACTIVE PLATFORM access policy may grant it to anyone else. `permission` (ADMIN) is
+    what the roles alone require, as the route walk checks it."""
+
+    def __init__(self, privilege: str) -> None:
+        super().__init__(Permission.ADMIN)
+        self.privilege = privilege
+
+    async def __call__(self, request: Request) -> Principal:
+        principal = await authenticate(request)
+        await request.app.state.auth.require(principal, self.privilege)
+        return principal
+
+
 async def _admit(request: Request, principal: Principal, stack: AsyncExitStack) -> None:
     """The write admission (app.ops.backpressure) of a request whose body is not read yet, on its Content-Length,
     held until `stack` closes: a write refused with 429 costs its bytes' arrival (received and dropped, see
@@ -300,7 +316,11 @@ Caller = Annotated[Principal, Depends(authenticate)]  # with a route policy in f
 ALLOW_PUBLIC = Depends(public)
 ALLOW_READ = Depends(Allow(Permission.READ))
 ALLOW_WRITE = Depends(AllowWrite())
-ALLOW_ADMIN = Depends(Allow(Permission.ADMIN))
+ALLOW_ADMIN = Depends(Allow(Permission.ADMIN))  # metaledger's own configuration: models, processors, the registry's
+ALLOW_MANAGE_TOKENS = Depends(AllowPrivilege(MANAGE_ACCESS_TOKENS))
+ALLOW_MANAGE_POLICIES = Depends(AllowPrivilege(MANAGE_POLICIES))
+ALLOW_MANAGE_INGESTION = Depends(AllowPrivilege(MANAGE_INGESTION))
+ALLOW_SYSTEM_OPERATIONS = Depends(AllowPrivilege(MANAGE_SYSTEM_OPERATIONS))
 ALLOW_REGISTRY_READ = Depends(AllowRegistryRead())
 Reader = Annotated[Principal, ALLOW_READ]
 Writer = Annotated[Principal, ALLOW_WRITE]

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import pytest
+
 from tests.helpers import bearer, ds, mcp, propose
 
 ALICE = "urn:li:corpuser:alice"
@@ -190,3 +192,26 @@ async def test_explain_does_not_say_whether_a_resource_exists(app, client, anony
         for urn in (HIVE, never)
     ]
     assert answers[0] == answers[1]
+
+
+PLATFORM_ROUTES = [  # each platform route, and the privilege a PLATFORM policy grants for it
+    ("MANAGE_ACCESS_TOKENS", "GET", "/openapi/v1/auth/tokens"),
+    ("MANAGE_POLICIES", "GET", "/openapi/v1/auth/policies"),
+    ("MANAGE_INGESTION", "POST", "/runs?action=list"),
+    ("MANAGE_SYSTEM_OPERATIONS", "GET", "/openapi/v1/audit/verify"),
+    ("MANAGE_SYSTEM_OPERATIONS", "GET", f"/openapi/v1/audit?actor={BOB}"),
+]
+
+
+@pytest.mark.parametrize(("privilege", "method", "path"), PLATFORM_ROUTES)
+async def test_a_platform_policy_opens_its_routes_to_a_reader(app, client, anonymous, privilege, method, path):
+    alice = await bearer(app, "reader", ALICE)
+    body = {} if method == "POST" else None
+    refused = await anonymous.request(method, path, json=body, headers=alice)
+    assert refused.status_code == 403
+    assert privilege in refused.json()["message"]
+    await grant(client, "platform", type="PLATFORM", privileges=[privilege], actors={"users": [ALICE]})
+    other = "MANAGE_TESTS"  # a policy for another privilege opens nothing
+    await grant(client, "other", type="PLATFORM", privileges=[other], actors={"users": [BOB]})
+    allowed = await anonymous.request(method, path, json=body, headers=alice)
+    assert allowed.status_code == 200, allowed.text

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query, Response
 
-from app.api.deps import ALLOW_ADMIN, Caller, Gateway, Session
+from app.api.deps import ALLOW_MANAGE_INGESTION, Caller, Gateway, Session
 from app.api.http import json_response
 from app.api.restli.common import ObjectActionBody, optional_int
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
@@ -24,7 +24,7 @@ from app.flags import parse_bool
 from app.idempotency import idempotent
 from app.runs.service import Rollback, check_run_id, describe_run, list_runs
 
-router = APIRouter(tags=["rest.li"], dependencies=[ALLOW_ADMIN])
+router = APIRouter(tags=["rest.li"], dependencies=[ALLOW_MANAGE_INGESTION])
 
 ACTIONS = ("list", "describe", "rollback")
 DEFAULT_PAGE_SIZE = 100  # GMS's
