@@ -166,8 +166,8 @@ async def create(client, **kw: Any) -> str:
     return body["data"]["createPolicy"]
 
 
-async def listed(client, **input: Any) -> dict[str, Any]:
-    body = await gql(client, LIST, {"input": input})
+async def listed(client, headers: dict[str, str] | None = None, **input: Any) -> dict[str, Any]:
+    body = await gql(client, LIST, {"input": input}, headers=headers)
     assert "errors" not in body, body
     return body["data"]["listPolicies"]
 
@@ -452,3 +452,28 @@ async def test_a_stored_policy_the_answer_cannot_hold_is_left_out(client, db):
     )
     page = await listed(client)
     assert [p["urn"] for p in page["policies"]] == [good] and page["total"] == 1
+
+
+async def test_a_policy_granting_manage_policies_lets_a_non_admin_manage_them_but_not_escalate(app, client):
+    """MANAGE_POLICIES is the decision's (app.auth): a reader granted it by a policy lists, creates and deletes
+    policies here; a policy granting what the reader itself lacks is refused with the reason."""
+    bob = "urn:li:corpuser:bob"
+    await create(
+        client,
+        name="policy admins",
+        type="PLATFORM",
+        resources=None,
+        privileges=["MANAGE_POLICIES"],
+        actors={"users": [bob], "resourceOwners": False, "allUsers": False, "allGroups": False},
+    )
+    token = await bearer(app, "reader", actor=bob)
+    assert (await listed(client, headers=token))["total"] == 1
+    co_admin = policy_input("co-admins", type="PLATFORM", resources=None, privileges=["MANAGE_POLICIES"])
+    created = await gql(client, CREATE, {"input": co_admin}, headers=token)
+    assert "errors" not in created, created
+    escalation = await gql(client, CREATE, {"input": policy_input("bob edits tags")}, headers=token)
+    assert refusal(escalation)[0] == 403
+    assert "lacks EDIT_ENTITY_TAGS" in escalation["errors"][0]["extensions"]["issues"][0]["message"], escalation
+    deleted = created["data"]["createPolicy"]
+    assert await gql(client, DELETE, {"urn": deleted}, headers=token) == {"data": {"deletePolicy": deleted}}
+    assert [p["name"] for p in (await listed(client))["policies"]] == ["policy admins"]
