@@ -10,9 +10,12 @@ Fixtures (see the end of this file for the place where app/client fixtures go):
   and return its ``postgresql+asyncpg://`` URL.  Works from sync and async code.
 * ``fresh_database_url`` (function) -> URL of a new empty database named after the test.
 * ``drop_database`` (session)      -> ``drop_database(url)``: drop a database made by ``make_database``.
+* ``database_url`` (function)      -> URL of a migrated database of the test's own (``reused_database``).
 
-``database_url`` and ``fresh_database_url`` drop their database after the test: a run makes over a thousand of them
-(8 MB each), and removing the cluster's directory at the end of the run took 20-40 s when they were kept.
+``fresh_database_url`` drops its database after the test: a run makes many of them (8 MB each), and removing the
+cluster's directory at the end of the run took 20-40 s when they were kept. ``database_url`` (the app's database) is
+one copy of the migrated template per worker, put back as the template has it after each test (``ReusedDatabase``):
+a copy per test was 0.3-0.5 s of every test's set-up.
 
 ``make test`` runs the tests on two pytest-xdist workers (``-n 2 --dist loadfile --no-loadscope-reorder``: xdist's
 default puts the modules with the most tests first): each worker has its own Postgres,
@@ -25,6 +28,8 @@ No Postgres binaries is an error, never a skip: the message says ``apt-get insta
 
 from __future__ import annotations
 
+import asyncio
+import io
 import os
 import re
 import shutil
@@ -248,13 +253,236 @@ def migrated_template(make_database: Callable[..., str]) -> str:
     return name
 
 
+# Every object a test could make, change or drop in its database (any CREATE takes a new OID, so the set of user OIDs
+# moves with it; the details catch what an ALTER changes in place). The template's must be the reused database's.
+_SCHEMA_FINGERPRINT = """
+WITH user_ns AS (
+    SELECT oid FROM pg_namespace WHERE nspname NOT IN ('pg_catalog', 'information_schema') AND nspname NOT LIKE 'pg_toast%'
+        AND nspname NOT LIKE 'pg_temp%'
+), items AS (
+    SELECT format('oid %s %s', classid::regclass, objid) AS item FROM (
+        SELECT 'pg_class'::regclass AS classid, oid AS objid FROM pg_class WHERE oid >= 16384
+        UNION ALL SELECT 'pg_proc'::regclass, oid FROM pg_proc WHERE oid >= 16384
+        UNION ALL SELECT 'pg_type'::regclass, oid FROM pg_type WHERE oid >= 16384
+        UNION ALL SELECT 'pg_namespace'::regclass, oid FROM pg_namespace  -- a session's temporary schema is kept
+            WHERE oid >= 16384 AND nspname NOT LIKE 'pg\\_temp\\_%' AND nspname NOT LIKE 'pg\\_toast\\_temp\\_%'
+        UNION ALL SELECT 'pg_constraint'::regclass, oid FROM pg_constraint WHERE oid >= 16384
+        UNION ALL SELECT 'pg_trigger'::regclass, oid FROM pg_trigger WHERE oid >= 16384
+        UNION ALL SELECT 'pg_attrdef'::regclass, oid FROM pg_attrdef WHERE oid >= 16384
+        UNION ALL SELECT 'pg_rewrite'::regclass, oid FROM pg_rewrite WHERE oid >= 16384
+        UNION ALL SELECT 'pg_extension'::regclass, oid FROM pg_extension WHERE oid >= 16384
+        UNION ALL SELECT 'pg_policy'::regclass, oid FROM pg_policy WHERE oid >= 16384
+        UNION ALL SELECT 'pg_publication'::regclass, oid FROM pg_publication WHERE oid >= 16384
+        UNION ALL SELECT 'pg_event_trigger'::regclass, oid FROM pg_event_trigger WHERE oid >= 16384
+        UNION ALL SELECT 'pg_statistic_ext'::regclass, oid FROM pg_statistic_ext WHERE oid >= 16384
+        UNION ALL SELECT 'pg_ts_config'::regclass, oid FROM pg_ts_config WHERE oid >= 16384
+        UNION ALL SELECT 'pg_ts_dict'::regclass, oid FROM pg_ts_dict WHERE oid >= 16384
+        UNION ALL SELECT 'pg_collation'::regclass, oid FROM pg_collation WHERE oid >= 16384
+        UNION ALL SELECT 'pg_operator'::regclass, oid FROM pg_operator WHERE oid >= 16384
+        UNION ALL SELECT 'pg_cast'::regclass, oid FROM pg_cast WHERE oid >= 16384
+        UNION ALL SELECT 'pg_largeobject_metadata'::regclass, oid FROM pg_largeobject_metadata
+    ) o
+    UNION ALL SELECT format('class %s %s %s %s %s %s %s %s', c.oid, c.relname, c.relkind, c.relpersistence,
+                            c.reloptions, c.relrowsecurity, c.relowner, c.relacl)
+        FROM pg_class c WHERE c.relnamespace IN (SELECT oid FROM user_ns)
+    UNION ALL SELECT format('column %s %s %s %s %s %s %s %s %s', a.attrelid, a.attname, a.atttypid, a.atttypmod,
+                            a.attnotnull, a.attstorage, a.attisdropped, a.attidentity, a.attgenerated)
+        FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
+        WHERE c.relnamespace IN (SELECT oid FROM user_ns) AND a.attnum > 0
+    UNION ALL SELECT format('default %s %s', adrelid, pg_get_expr(adbin, adrelid)) FROM pg_attrdef
+    UNION ALL SELECT format('index %s %s %s', indexrelid, indisvalid, pg_get_indexdef(indexrelid))
+        FROM pg_index WHERE indexrelid >= 16384
+    UNION ALL SELECT format('constraint %s %s %s', oid, convalidated, pg_get_constraintdef(oid))
+        FROM pg_constraint WHERE oid >= 16384
+    UNION ALL SELECT format('trigger %s %s %s', oid, tgenabled, pg_get_triggerdef(oid))
+        FROM pg_trigger WHERE oid >= 16384
+    UNION ALL SELECT format('function %s %s %s %s', oid, md5(prosrc), proconfig, proacl) FROM pg_proc WHERE oid >= 16384
+    UNION ALL SELECT format('schema %s %s %s %s', oid, nspname, nspowner, nspacl) FROM pg_namespace
+        WHERE oid IN (SELECT oid FROM user_ns)
+    UNION ALL SELECT format('sequence %s %s %s %s %s %s', seqrelid, seqincrement, seqmin, seqmax, seqstart, seqcycle)
+        FROM pg_sequence
+    UNION ALL SELECT format('settings %s %s', setrole, setconfig) FROM pg_db_role_setting
+        WHERE setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())
+    UNION ALL SELECT format('database %s %s %s', datallowconn, datconnlimit, datacl) FROM pg_database
+        WHERE datname = current_database()
+)
+SELECT md5(string_agg(item, E'\\n' ORDER BY item)) FROM items
+"""
+
+
+@dataclass
+class TemplateState:
+    """What a copy of the migrated template holds before a test writes: its schema (a fingerprint), the rows the
+    migrations seed, its sequences and its tables' size estimates (which the planner, and the search backend's
+    statistics check in app.search.postgres, read)."""
+
+    fingerprint: str
+    tables: list[str]  # quoted qualified names, every user table
+    always_truncated: list[str]  # those with pages in the template: seeded (or rows deleted since)
+    seeds: dict[tuple[str, str], bytes]  # (schema, table) → its rows (COPY ... binary)
+    sequences: list[tuple[str, int, bool]]  # (quoted name, last_value, is_called)
+    class_stats: list[tuple[int, int, float, int]]  # (oid, relpages, reltuples, relallvisible)
+
+    @classmethod
+    async def read(cls, conn: asyncpg.Connection) -> TemplateState:
+        user_tables = """
+            SELECT format('%I.%I', n.nspname, c.relname) AS name, n.nspname, c.relname, c.relkind::text AS kind
+            FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+            WHERE n.nspname NOT IN ('pg_catalog', 'information_schema') AND n.nspname NOT LIKE 'pg_toast%'
+              AND c.relkind IN ('r', 'p', 'S', 'm')
+        """
+        relations = await conn.fetch(user_tables)
+        tables = [r["name"] for r in relations if r["kind"] in ("r", "p")]
+        if any(r["kind"] == "m" for r in relations):
+            raise RuntimeError("the migrated template has a materialized view: ReusedDatabase cannot empty it")
+        if await conn.fetchval("SELECT count(*) FROM pg_statistic WHERE starelid >= 16384"):
+            raise RuntimeError("the migrated template has column statistics: ReusedDatabase would remove them")
+        seeds: dict[tuple[str, str], bytes] = {}
+        for r in relations:
+            if r["kind"] in ("r", "p") and await conn.fetchval(f"SELECT EXISTS (SELECT FROM {r['name']})"):
+                out = io.BytesIO()
+                await conn.copy_from_table(r["relname"], schema_name=r["nspname"], output=out, format="binary")
+                seeds[(r["nspname"], r["relname"])] = out.getvalue()
+        sequences = [
+            (r["name"], *(await conn.fetchrow(f"SELECT last_value, is_called FROM {r['name']}")))
+            for r in relations
+            if r["kind"] == "S"
+        ]
+        class_stats = [
+            tuple(r)
+            for r in await conn.fetch(
+                "SELECT oid::int, relpages, reltuples, relallvisible FROM pg_class WHERE oid >= 16384"
+            )
+        ]
+        always_truncated = await conn.fetchval(
+            "SELECT coalesce(array_agg(t), '{}') FROM unnest($1::text[]) AS t WHERE pg_relation_size(t::regclass) > 0",
+            tables,
+        )
+        fingerprint = await conn.fetchval(_SCHEMA_FINGERPRINT)
+        return cls(fingerprint, tables, list(always_truncated), seeds, sequences, class_stats)
+
+
+class SchemaChanged(Exception):
+    """The test changed its database's schema: a reset of its rows would not give the template back."""
+
+
+class ReusedDatabase:
+    """One copy of the migrated template per worker, put back as the template has it after each test, under a new
+    name (so that a URL never names two tests' data).
+
+    A copy (CREATE DATABASE ... TEMPLATE) takes 0.3-0.5 s, a reset 0.05-0.1 s: its tables emptied and the migrations'
+    seed rows written again, its sequences, size estimates (pg_class) and statistics (pg_statistic, the cumulative
+    statistics of pg_stat_user_tables) as the template has them. The connections the test left are ended first, as
+    DROP DATABASE ... WITH (FORCE) did. A test that changed the schema (any object made, dropped or altered: the
+    fingerprint above), or a reset that fails, gets the database dropped and the next test a new copy. The reset runs
+    between tests, never during one (a CREATE DATABASE in flight holds the cluster's xmin, which the outbox sequencer
+    waits behind: 59fdfc7)."""
+
+    def __init__(self, server: PgServer, make: Callable[..., str], drop: Callable[[str], None], template: str) -> None:
+        self._server, self._make, self._drop, self._template = server, make, drop, template
+        self._state: TemplateState | None = None
+        self._url: str | None = None
+
+    def take(self) -> str:
+        if self._state is None:
+            self._state = run_coro_sync(self._read_template)
+        if self._url is None:
+            self._url = self._make(template=self._template)
+        return self._url
+
+    def give_back(self) -> None:
+        url, self._url = self._url, None
+        if url is None:
+            return
+        renamed: list[str] = []
+        try:
+            run_coro_sync(lambda: self._rename_and_reset(url, renamed))
+        except (SchemaChanged, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            self._drop(renamed[0] if renamed else url)
+            return
+        self._url = renamed[0]
+
+    async def _read_template(self) -> TemplateState:
+        conn = await asyncpg.connect(_plain_dsn(self._server.url(self._template)))
+        try:
+            return await TemplateState.read(conn)
+        finally:
+            await conn.close()
+
+    async def _rename_and_reset(self, url: str, renamed: list[str]) -> None:
+        assert self._state is not None
+        state = self._state
+        old, new = url.rsplit("/", 1)[1], f"t_{uuid.uuid4().hex[:12]}"
+        admin = await asyncpg.connect(self._server.admin_dsn)
+        try:
+            await _end_connections(admin, old)
+            await admin.execute(f"ALTER DATABASE {quote_ident(old)} RENAME TO {quote_ident(new)}")
+        finally:
+            await admin.close()
+        self._server.created[self._server.created.index(old)] = new
+        url = self._server.url(new)
+        renamed.append(url)
+        conn = await asyncpg.connect(_plain_dsn(url))
+        try:
+            if await conn.fetchval(_SCHEMA_FINGERPRINT) != state.fingerprint:
+                raise SchemaChanged(url)
+            # Only the tables written since (an empty table of the template has no pages: a row written, even rolled
+            # back, gives it one) and those the migrations seed, with the tables whose foreign keys reference them
+            # (CASCADE): a table truncated is 2-3 ms of files and catalog rows.
+            written = await conn.fetchval(
+                "SELECT array_agg(t) FROM unnest($1::text[]) AS t WHERE pg_relation_size(t::regclass) > 0",
+                [t for t in state.tables if t not in state.always_truncated],
+            )
+            async with conn.transaction():
+                await conn.execute(f"TRUNCATE {', '.join([*state.always_truncated, *(written or ())])} CASCADE")
+                for (schema, table), rows in state.seeds.items():
+                    await conn.copy_to_table(table, schema_name=schema, source=io.BytesIO(rows), format="binary")
+                for name, last_value, is_called in state.sequences:
+                    await conn.execute("SELECT setval($1::regclass, $2, $3)", name, last_value, is_called)
+                await conn.execute(
+                    "UPDATE pg_class c SET relpages = s.relpages, reltuples = s.reltuples,"
+                    " relallvisible = s.relallvisible"
+                    " FROM unnest($1::oid[], $2::int[], $3::real[], $4::int[]) AS s(oid, relpages, reltuples,"
+                    " relallvisible) WHERE c.oid = s.oid"
+                    " AND (c.relpages, c.reltuples, c.relallvisible) IS DISTINCT FROM (s.relpages, s.reltuples,"
+                    " s.relallvisible)",
+                    *map(list, zip(*state.class_stats)),
+                )
+                await conn.execute("DELETE FROM pg_statistic WHERE starelid >= 16384")
+                await conn.execute("DELETE FROM pg_statistic_ext_data")
+                # the emptied tables' counts reach the cumulative statistics before they are reset
+                await conn.execute("SELECT pg_stat_force_next_flush()")
+            await conn.execute("SELECT pg_stat_reset()")
+        finally:
+            await conn.close()
+
+
+def _plain_dsn(url: str) -> str:
+    return url.replace("postgresql+asyncpg://", "postgresql://", 1)
+
+
+async def _end_connections(admin: asyncpg.Connection, name: str) -> None:
+    """End the connections to database ``name`` and wait until they are gone (their statistics flushed)."""
+    alive = "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE datname = $1"
+    for _ in range(500):
+        if not await admin.fetchval(alive, name):
+            return
+        await asyncio.sleep(0.01)
+    raise asyncpg.ObjectInUseError(f"connections to {name} did not end")
+
+
+@pytest.fixture(scope="session")
+def reused_database(
+    pg_server: PgServer, make_database: Callable[..., str], drop_database: Callable[[str], None], migrated_template: str
+) -> ReusedDatabase:
+    return ReusedDatabase(pg_server, make_database, drop_database, migrated_template)
+
+
 @pytest.fixture
-def database_url(
-    make_database: Callable[..., str], migrated_template: str, drop_database: Callable[[str], None]
-) -> Iterator[str]:
-    url = make_database(template=migrated_template)
-    yield url
-    drop_database(url)
+def database_url(reused_database: ReusedDatabase) -> Iterator[str]:
+    """A migrated database of this test alone: the worker's reused copy of the template, reset (ReusedDatabase)."""
+    yield reused_database.take()
+    reused_database.give_back()
 
 
 @pytest.fixture
