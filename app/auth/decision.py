@@ -90,7 +90,7 @@ def decide(
 
 def _why_not(policy: AccessPolicy, subject: Subject, resource: Resource | None) -> str | None:
     if not policy.active:
-        return f"{policy.label()} is INACTIVE"
+        return f"{policy.label()} is {policy.state}, not ACTIVE"
     actor_mismatch = _actor_mismatch(policy, subject, resource)
     if actor_mismatch is not None:
         return f"{policy.label()} grants it to {actor_mismatch}"

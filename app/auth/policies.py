@@ -17,7 +17,7 @@ from app.auth.privileges import KNOWN_PRIVILEGES, PLATFORM_PRIVILEGES
 from app.errors import Issue
 from app.urns import InvalidUrnError, entity_type_of
 
-ACTIVE, INACTIVE = "ACTIVE", "INACTIVE"
+ACTIVE, INACTIVE, DRAFT = "ACTIVE", "INACTIVE", "DRAFT"  # only an ACTIVE policy grants
 METADATA, PLATFORM = "METADATA", "PLATFORM"
 EQUALS, NOT_EQUALS, STARTS_WITH = "EQUALS", "NOT_EQUALS", "STARTS_WITH"
 # DataHub's EntityFieldType names (RESOURCE_TYPE and RESOURCE_URN are its deprecated spellings), plus PLATFORM
@@ -127,9 +127,13 @@ def policy_issues(info: Any, path: str = "$.aspect") -> list[Issue]:
     kind = info.get("type")
     if kind not in (METADATA, PLATFORM):
         issues.append(Issue(f"type must be {METADATA} or {PLATFORM}", path=f"{path}.type", found=str(kind)[:100]))
-    if info.get("state") not in (ACTIVE, INACTIVE):
+    if info.get("state") not in (ACTIVE, INACTIVE, DRAFT):
         issues.append(
-            Issue(f"state must be {ACTIVE} or {INACTIVE}", path=f"{path}.state", found=str(info.get("state"))[:100])
+            Issue(
+                f"state must be {ACTIVE}, {INACTIVE} or {DRAFT}",
+                path=f"{path}.state",
+                found=str(info.get("state"))[:100],
+            )
         )
     privileges = info["privileges"] if isinstance(info.get("privileges"), list) else []
     for index, privilege in enumerate(privileges):

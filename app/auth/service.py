@@ -264,14 +264,20 @@ class AuthService:
             self._failed("forbidden")
             raise Forbidden(decision.reason, [Issue(decision.reason, found=privilege)])
 
-    async def require_write_access(self, principal: Principal) -> None:
-        """The write routes' gate, before a body is read: a writer or admin, or a reader that an ACTIVE policy grants
-        some edit to (which resources it may edit is decided per write by `authorize_writes`)."""
+    async def may_write(self, principal: Principal) -> bool:
+        """A writer or admin, or a reader that an ACTIVE policy grants some edit to (which resources it may edit is
+        decided per write by `authorize_writes`)."""
         if principal.role >= Role.WRITER:
-            return
+            return True
         policies = await self._access_policies()
         subject = await self._subject(principal, policies)
-        if any(policy.active and policy.privileges & WRITE_GRANTS and may_name(policy, subject) for policy in policies):
+        return any(
+            policy.active and policy.privileges & WRITE_GRANTS and may_name(policy, subject) for policy in policies
+        )
+
+    async def require_write_access(self, principal: Principal) -> None:
+        """The write surfaces' gate, before a body is read: Forbidden unless `may_write`."""
+        if await self.may_write(principal):
             return
         self._failed("forbidden")
         reason = (

@@ -17,6 +17,7 @@ from fastapi import Depends, Request
 from app.api.deps import DeclaredBody
 from app.audit.model import attribute
 from app.auth.model import Permission
+from app.errors import Forbidden
 from app.web.sessions import LOGIN_COOKIE, SESSION_COOKIE, WebSession, same_secret, session_store
 
 MAX_FORM_BYTES = 64 * 1024  # a description is the largest thing a form sends
@@ -71,7 +72,12 @@ class SessionPolicy:
                 target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
                 raise SignInRequired(target)
             raise WebError(403, "This form needs a signed-in session. Sign in and try again.")
-        if not session.principal.allows(self.permission):
+        if self.permission is Permission.WRITE:  # a writer, or a reader an access policy grants an edit
+            try:
+                await request.app.state.auth.require_write_access(session.principal)
+            except Forbidden as refused:
+                raise WebError(403, f"{refused.message}.") from None
+        elif not session.principal.allows(self.permission):
             raise WebError(
                 403,
                 f"This needs the {self.permission.name} permission; {session.principal.actor} has the "

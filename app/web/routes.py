@@ -7,7 +7,6 @@ from fastapi import APIRouter, Request
 from starlette.responses import RedirectResponse, Response
 
 from app.api.deps import Auth, Registry, Session, SettingsDep
-from app.auth.model import Permission
 from app.errors import MetaledgerError
 from app.web import catalog, history, lineage_graph, stats
 from app.web.paths import (
@@ -177,7 +176,7 @@ async def entity_page(request: Request, session: PageReader, db: Session, regist
     tab = wanted.tab if wanted.tab in tabs else (tabs[1] if tabs[0] == "Schema" and not view.fields else tabs[0])
     chosen = TABS.get(tab, Tab())
     loaded = await chosen.load(TabRequest(request, db, registry, session, view)) if chosen.load else {}
-    can_edit = session.principal.allows(Permission.WRITE)
+    can_edit = await request.app.state.auth.may_write(session.principal)
     # a writer's page opens one field's edit panel (`field`) or one chooser (`choose`) at a time: only then are
     # the existing tags (terms, people, domains) searched
     editing = request.query_params.get("field") if can_edit and tab == SCHEMA else None
