@@ -23,7 +23,7 @@ import orjson
 from fastapi import Depends, Header, Request, Response
 
 from app.errors import Backpressure, Issue, MetaledgerError, PayloadTooLarge, ValidationFailed
-from app.idempotency.commit import CLAIM, unbind
+from app.idempotency.commit import CLAIM
 from app.idempotency.store import (
     MAX_STORED_REPLY_BYTES,
     Answered,
@@ -210,7 +210,6 @@ async def _run_once(actor: str, keyed: KeyedRequest, write: Callable[[], Awaitab
         raise
     finally:
         CLAIM.reset(token)
-        unbind(ref)
     body = getattr(response, "body", None)
     if response.status_code >= 500 or not isinstance(body, bytes):
         await store.release(*ref)

@@ -5,10 +5,13 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.audit.model import INTERNAL, Attribution, attribution
 from app.errors import Location
+
+if TYPE_CHECKING:
+    from app.idempotency.commit import ClaimRef
 
 DEFAULT_RUN_ID = "no-run-id-provided"
 DEFAULT_ACTOR = "urn:li:corpuser:datahub"
@@ -46,6 +49,9 @@ class AuditStamp:
     actor: str
     # the token and surface of the request that made the write, for its audit entries (app.audit); not DataHub's
     caller: Attribution = field(default=INTERNAL, compare=False)
+    # the Idempotency-Key claim of the request that made the write, which its transaction marks committed
+    # (app.idempotency.commit); None: no key
+    claim: ClaimRef | None = field(default=None, compare=False)
 
     @classmethod
     def now(cls, actor: str | None = None) -> AuditStamp:
