@@ -181,6 +181,12 @@ class Settings(BaseSettings):
         description="the HS256 key tokens are signed with; unset: a random key created once and kept in "
         "Postgres (`auth_signing_key`), shared by every process",
     )
+    view_authorization: bool = Field(
+        False,
+        description="DataHub's VIEW_AUTHORIZATION_ENABLED: a caller that is not an admin reads only the entities an "
+        "ACTIVE access policy grants it VIEW_ENTITY_PAGE on (entity reads, searches and their counts, lineage, the "
+        "change feed, timeline); off, every authenticated caller reads every entity",
+    )
     auth_cache_seconds: float = Field(
         5.0,
         description="how long a verified token and the policies are trusted before Postgres is asked again "

@@ -74,6 +74,8 @@ def decide(
     candidates = [policy for policy in policies if policy.privileges & wanted]
     target = "" if resource is None else " on this resource"
     lowest = next(role for role in Role if role_holds(role, privilege, view_authorization=False))
+    if role_lacks is None and principal.role >= lowest:  # a view privilege, with view authorization on
+        role_lacks = "with view authorization on, only a policy grants it"
     lacks = role_lacks or f"its {principal.role.label} role does not hold it (the {lowest.name} role does)"
     if not candidates:
         return Decision(False, privilege, f"no policy grants {privilege}{target} to {principal.actor}, and {lacks}")

@@ -25,7 +25,7 @@ PLATFORM_PREFIX = "urn:li:dataPlatform:"
 _TOOL_KEYED = frozenset({"chart", "dashboard", "dataFlow"})
 
 
-def entity_type(urn: str) -> str:
+def type_of_urn(urn: str) -> str:
     try:
         return entity_type_of(urn)
     except InvalidUrnError:

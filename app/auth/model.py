@@ -8,10 +8,13 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from enum import Enum, IntEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.errors import Forbidden, Issue
 from app.write.proposal import DEFAULT_ACTOR, SYSTEM_ACTOR, AuditStamp
+
+if TYPE_CHECKING:
+    from app.auth.reads import ViewScope
 
 
 class Role(IntEnum):
@@ -50,6 +53,8 @@ class Principal:
     role: Role
     token_id: str | None = None
     via: str = "token"  # "token" | "system" | "disabled"
+    # With view authorization on, what this caller may see (app.auth.reads.ViewScope); None: not restricted by it
+    view: ViewScope | None = None
 
     def allows(self, permission: Permission) -> bool:
         return permission.value is None or self.role >= permission.value

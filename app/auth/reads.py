@@ -9,7 +9,13 @@ applies it, through the helpers below (a new read path calls one of them):
 * the change feed and DataHub's Events API: `readable_events`;
 * anything else that looks at an entity it may not show (the timeline): `unreadable_entities`.
 
-The rule: a DataHub View (`dataHubView`) whose `dataHubViewInfo` says `type: PERSONAL` is its creator's
+The rule has two parts. With view authorization on (METALEDGER_VIEW_AUTHORIZATION, DataHub's
+VIEW_AUTHORIZATION_ENABLED), a caller that is not an admin sees only the entities an ACTIVE access policy grants it
+VIEW_ENTITY_PAGE on (`ViewScope`, which the auth service puts on its principal): for an entity, the policy's resource
+filter is checked on the entity's aspects (app.auth.facts); for a search, it is the query's own condition on the same
+facts' document fields (so results, totals and facets agree).
+
+And always: a DataHub View (`dataHubView`) whose `dataHubViewInfo` says `type: PERSONAL` is its creator's
 (`created.actor`): to any other caller but an admin, that value may not be read, and neither may anything of the
 entity it guards (its key aspect, its other aspects, its change logs: the view does not exist for them). A GLOBAL view
 is everyone's. Admins (and the system client, and a service with authentication off) read everything.
@@ -26,11 +32,15 @@ revealed):
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence, Set
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import orjson
 
+from app.auth.decision import Resource
+from app.auth.facts import FACT_ASPECTS, resource_of, type_of_urn
 from app.auth.model import Principal, Role
+from app.auth.policies import NOT_EQUALS, STARTS_WITH, AccessPolicy
 from app.search.filters import Groups
 from app.search.model import MAX_FILTER_VALUES, Criterion, SearchBackend, SearchHit, SearchPage
 from app.urns import InvalidUrnError, entity_type_of
@@ -54,6 +64,78 @@ class LatestRows(Protocol):
 
 def sees_everything(principal: Principal) -> bool:
     return principal.role >= Role.ADMIN
+
+
+# a policy's resource field → the search document field that holds the same fact (the aspects' Searchable names)
+_SEARCH_FIELDS = {
+    "URN": "urn",
+    "PLATFORM": "platform",
+    "DATA_PLATFORM_INSTANCE": "platformInstance",
+    "DOMAIN": "domains",
+    "CONTAINER": "container",
+    "TAG": "tags",
+    "OWNER": "owners",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ViewScope:
+    """What a caller may see with view authorization on: the entities its VIEW_ENTITY_PAGE grants select. `grants`:
+    each ACTIVE policy granting it, and whether it names the caller only as an owner of the resource; `owners`: the
+    caller and its groups (who it is as an owner)."""
+
+    grants: tuple[tuple[AccessPolicy, bool], ...]
+    owners: frozenset[str]
+
+    def aspects(self) -> set[str]:
+        """The aspects whose facts the grants select by."""
+        needed = {FACT_ASPECTS[f] for policy, _ in self.grants for f in policy.resource_fields if f in FACT_ASPECTS}
+        if any(owned for _, owned in self.grants):
+            needed.add(FACT_ASPECTS["OWNER"])
+        return needed
+
+    def selects(self, resource: Resource) -> bool:
+        for policy, owned in self.grants:
+            if owned and not any(
+                owner in self.owners and (policy.owner_types is None or kinds & policy.owner_types)
+                for owner, kinds in resource.owners.items()
+            ):
+                continue
+            if policy.criteria is None or all(c.holds(resource.values(c.field)) for c in policy.criteria):
+                return True
+        return False
+
+    def search_condition(self, entity_type: str) -> Groups | None:
+        """The grants as a search condition on `entity_type`'s documents (an OR of AND groups), or None when one of
+        them selects every entity of the type."""
+        groups: list[tuple[Criterion, ...]] = []
+        for policy, owned in self.grants:
+            group: list[Criterion] | None = []
+            for criterion in policy.criteria or ():
+                if criterion.field == "TYPE":  # decided here, for the type searched
+                    if not criterion.holds(frozenset({entity_type})):
+                        group = None
+                        break
+                    continue
+                assert group is not None
+                group.append(
+                    Criterion(
+                        _SEARCH_FIELDS[criterion.field],
+                        tuple(sorted(criterion.values)),
+                        negated=criterion.condition == NOT_EQUALS,
+                        condition="START_WITH" if criterion.condition == STARTS_WITH else "EQUAL",
+                    )
+                )
+            if group is None:
+                continue
+            if owned:
+                if policy.owner_types is not None:  # the documents do not say which type each owner has
+                    continue
+                group.append(Criterion("owners", tuple(sorted(self.owners))))
+            if not group:
+                return None
+            groups.append(tuple(group))
+        return tuple(groups)
 
 
 def may_read_aspect(principal: Principal, entity_type: str, urn: str, aspect: str, value: Any) -> bool:
@@ -99,21 +181,32 @@ async def unreadable_entities(
     if sees_everything(principal):
         return set()
     in_hand = in_hand or {}
+    hidden = await _outside_view(principal.view, urns, repo, in_hand, complete) if principal.view else set()
     guarded: dict[Key, str] = {}
     for urn in urns:
         found = _guard_of(urn)
         if found is not None:
             guarded[(urn, found[1])] = found[0]
     if not guarded:
-        return set()
+        return hidden
     missing = [key for key in guarded if key not in in_hand and key[0] not in complete]
     read = await repo.latest(missing) if missing else {}
-    hidden = set()
     for key, entity_type in guarded.items():
         row = in_hand.get(key, read.get(key))
         if row is not None and not may_read_aspect(principal, entity_type, key[0], key[1], _value(row)):
             hidden.add(key[0])
     return hidden
+
+
+async def _outside_view(
+    view: ViewScope, urns: Iterable[str], repo: LatestRows, in_hand: Mapping[Key, Any], complete: Set[str]
+) -> set[str]:
+    """The entities among `urns` no VIEW_ENTITY_PAGE grant of `view` selects, their facts read in one query."""
+    urns = set(urns)
+    aspects = view.aspects()
+    wanted = [(u, a) for u in urns for a in aspects if (u, a) not in in_hand and u not in complete]
+    rows = {**in_hand, **(await repo.latest(wanted) if wanted else {})}
+    return {urn for urn in urns if not view.selects(resource_of(urn, type_of_urn(urn), rows))}
 
 
 # --- searches -----------------------------------------------------------------------------------------------------
@@ -122,12 +215,16 @@ async def unreadable_entities(
 def search_scope(principal: Principal, entity_type: str) -> Groups | None:
     """The rule as a search condition (an OR of AND groups) on `entity_type`'s documents, or None when it does not
     restrict that type for `principal`: a view is found when it is not PERSONAL, or when the caller created it."""
-    if sees_everything(principal) or entity_type != VIEW_ENTITY:
+    if sees_everything(principal):
         return None
-    return (
+    scope = principal.view.search_condition(entity_type) if principal.view is not None else None
+    if entity_type != VIEW_ENTITY:
+        return scope
+    personal: Groups = (
         (Criterion(_VIEW_TYPE_FIELD, (PERSONAL,), negated=True),),
         (Criterion(_VIEW_CREATOR_FIELD, (principal.actor,)),),
     )
+    return personal if scope is None else tuple(tuple(group) for group in _within(scope, personal))
 
 
 def _within(any_of: Sequence[Sequence[Criterion]] | None, scope: Groups) -> Sequence[Sequence[Criterion]]:

@@ -19,6 +19,7 @@ import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Hashable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from typing import Any, Generic, TypeVar
 
@@ -27,7 +28,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.auth.decision import Decision, Resource, Subject, decide, may_name
-from app.auth.facts import FACT_ASPECTS, GROUP_ASPECTS, entity_type, resource_of
+from app.auth.facts import FACT_ASPECTS, GROUP_ASPECTS, resource_of, type_of_urn
 from app.auth.model import (
     SYSTEM_PRINCIPAL,
     UNAUTHENTICATED_ADMIN,
@@ -38,7 +39,15 @@ from app.auth.model import (
     parse_ttl,
 )
 from app.auth.policies import AccessPolicy, parse_policy, policy_issues
-from app.auth.privileges import POLICY_ENTITY, POLICY_INFO, WRITE_GRANTS, role_holds, write_privileges
+from app.auth.privileges import (
+    POLICY_ENTITY,
+    POLICY_INFO,
+    VIEW_ENTITY_PAGE,
+    WRITE_GRANTS,
+    role_holds,
+    write_privileges,
+)
+from app.auth.reads import ViewScope
 from app.auth.repository import AuthRepository
 from app.errors import Forbidden, Issue, NotFound, ServiceUnavailable, Unauthorized, ValidationFailed
 from app.ops.metrics import AUTH_FAILURES
@@ -157,7 +166,23 @@ class AuthService:
             raise Unauthorized(
                 f"unsupported authorization scheme {scheme[:20]!r}: use Bearer (or Basic for the system client)"
             )
-        return self._delegated(principal, headers.get(ACTOR_HEADER))
+        return await self.with_view_scope(self._delegated(principal, headers.get(ACTOR_HEADER)))
+
+    async def with_view_scope(self, principal: Principal) -> Principal:
+        """With view authorization on, the principal with what it may see (app.auth.reads.ViewScope): the ACTIVE
+        policies granting it VIEW_ENTITY_PAGE, read as every decision reads them (trusted for auth_cache_seconds)."""
+        if not self.settings.view_authorization or principal.role >= Role.ADMIN:
+            return principal
+        policies = await self._access_policies()
+        subject = await self._subject(principal, policies)
+        grants = tuple(
+            (policy, not direct)
+            for policy in policies
+            if policy.active
+            and VIEW_ENTITY_PAGE in policy.privileges
+            and ((direct := may_name(policy, subject, owners=False)) or policy.resource_owners)
+        )
+        return replace(principal, view=ViewScope(grants, frozenset({principal.actor, *subject.groups})))
 
     def _delegated(self, principal: Principal, actor: str | None) -> Principal:
         if actor is None or actor == principal.actor:
@@ -323,7 +348,8 @@ class AuthService:
                     continue
                 narrowed = (
                     f"no write scope of {principal.actor} grants {draft.entity_type}.{draft.aspect_name}"
-                    if scopes and role_holds(principal.role, privilege, view_authorization=False)
+                    if scopes
+                    and role_holds(principal.role, privilege, view_authorization=self.settings.view_authorization)
                     else None
                 )
                 decision = decide(
@@ -363,7 +389,7 @@ class AuthService:
     def _role_grant(
         self, principal: Principal, privilege: str, draft: Draft | None = None, scopes: Sequence[WriteScope] = ()
     ) -> str | None:
-        if not role_holds(principal.role, privilege, view_authorization=False):
+        if not role_holds(principal.role, privilege, view_authorization=self.settings.view_authorization):
             return None
         if principal.role < Role.ADMIN and scopes and draft is not None:
             scope = next((s for s in scopes if s.grants(draft.entity_type, draft.aspect_name)), None)
@@ -474,7 +500,7 @@ class AuthService:
             needed.update(FACT_ASPECTS[name] for name in policy.resource_fields if name in FACT_ASPECTS)
             if policy.resource_owners:
                 needed.add(FACT_ASPECTS["OWNER"])
-        entity_types = {urn: entity_type(urn) for urn in set(urns)}
+        entity_types = {urn: type_of_urn(urn) for urn in set(urns)}
         rows: Mapping[tuple[str, str], Any] = {}
         if needed:
             rows = await self._unless_down(

@@ -9,6 +9,7 @@ follows no redirect of a POST usefully, and a forged POST learns nothing)."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote
 
@@ -53,7 +54,10 @@ async def current_session(request: Request) -> WebSession | None:
     """The request's session from its cookie, looked up once per request."""
     if _SESSION not in request.scope:
         cookie = request.cookies.get(SESSION_COOKIE)
-        request.scope[_SESSION] = await session_store(request).find(cookie) if cookie else None
+        session = await session_store(request).find(cookie) if cookie else None
+        if session is not None:  # what it may see with view authorization on, as a bearer token's caller
+            session = replace(session, principal=await request.app.state.auth.with_view_scope(session.principal))
+        request.scope[_SESSION] = session
     return request.scope[_SESSION]
 
 
