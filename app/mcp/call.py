@@ -77,6 +77,11 @@ class ToolCall:
     def require(self, permission: Permission) -> None:
         self.caller.require(permission)
 
+    async def require_write_access(self) -> None:
+        """A writing tool's gate, as every write surface's: a writer, or a reader an access policy grants an edit
+        (each write the tool makes is then decided by the ingest gateway)."""
+        await self.request.app.state.auth.require_write_access(self.caller)
+
     async def graphql(self, query: str, variables: Mapping[str, Any], operation_name: str) -> dict[str, Any]:
         """`data` of the operation, run as the caller; its errors as one tool error (a refused mutation's 403 names
         the permission the caller lacks)."""

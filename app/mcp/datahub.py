@@ -21,7 +21,6 @@ from typing import Annotated, Any, Literal
 import regex
 from pydantic import BeforeValidator, Field, StringConstraints, WithJsonSchema
 
-from app.auth.model import Permission
 from app.errors import Issue, MetaledgerError, NotFound, ValidationFailed
 from app.graphql.curation import DESCRIPTION_ASPECTS, SYSTEM_OWNERSHIP_PREFIX, SYSTEM_OWNERSHIP_TYPES
 from app.limits import clip
@@ -1043,7 +1042,7 @@ class SaveDocumentInput(ToolInput):
     writes=True,
 )
 async def save_document(call: ToolCall, arguments: SaveDocumentInput) -> Any:
-    call.require(Permission.WRITE)
+    await call.require_write_access()
     urn = arguments.urn or f"urn:li:document:shared-{uuid.uuid4()}"  # DataHub's tool's ids
     if _entity_type(urn, "$.arguments.urn") != "document":
         raise ValidationFailed(f"{urn} is not a document's URN", [Issue("not a document", path="$.arguments.urn")])
@@ -1116,7 +1115,7 @@ def _resources(entity_urns: list[str], column_paths: ColumnPaths) -> list[dict[s
 
 
 async def _mutate(call: ToolCall, name: str, input_type: str, variables: dict[str, Any]) -> Any:
-    call.require(Permission.WRITE)  # before anything is read: the refusal names the permission
+    await call.require_write_access()  # before anything is read: the refusal names the permission
     query = f"mutation {name}($input: {input_type}!) {{ {name}(input: $input) }}"
     data = await call.graphql(query, {"input": variables}, name)
     if not data.get(name):
@@ -1328,7 +1327,7 @@ async def _current_description(call: ToolCall, urn: str, column: str | None) -> 
     writes=True,
 )
 async def update_description(call: ToolCall, arguments: DescriptionInput) -> Any:
-    call.require(Permission.WRITE)
+    await call.require_write_access()
     if arguments.operation != "remove" and arguments.description is None:
         raise ValidationFailed(
             f"description is required for '{arguments.operation}'", [Issue("missing", path="$.arguments.description")]
@@ -1394,7 +1393,7 @@ async def _value_inputs(call: ToolCall, property_urn: str, values: list[str]) ->
     writes=True,
 )
 async def add_structured_properties(call: ToolCall, arguments: AddPropertiesInput) -> Any:
-    call.require(Permission.WRITE)
+    await call.require_write_access()
     params = [
         {"structuredPropertyUrn": urn, "values": await _value_inputs(call, urn, values)}
         for urn, values in arguments.property_values.items()
@@ -1422,7 +1421,7 @@ class RemovePropertiesInput(ToolInput):
     writes=True,
 )
 async def remove_structured_properties(call: ToolCall, arguments: RemovePropertiesInput) -> Any:
-    call.require(Permission.WRITE)
+    await call.require_write_access()
     query = (
         "mutation removeStructuredProperties($input: RemoveStructuredPropertiesInput!) {"
         " removeStructuredProperties(input: $input) { properties { structuredProperty { urn } } } }"
