@@ -6,21 +6,15 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from app.db import create_engine
 from app.errors import ValidationFailed
 from app.search.across import TypeSearch, scroll_across, search_across
 from app.search.cursors import InvalidCursor
 from app.search.model import MAX_PAGE_SIZE, AspectFields
-from app.search.postgres import PostgresBackend
-from app.settings import Settings
 from tests.helpers import ds
 
 
 @pytest_asyncio.fixture
-async def backend(database_url, registry):
-    engine = create_engine(database_url)
-    backend = PostgresBackend(Settings(database_url=database_url), registry, engine)
-    await backend.start()
+async def backend(backend):
     datasets = [
         AspectFields(
             "dataset", ds(f"t{i}"), "datasetKey", 1, {"platform": "urn:li:dataPlatform:hive", "origin": "PROD"}
@@ -29,9 +23,7 @@ async def backend(database_url, registry):
     ]
     charts = [AspectFields("chart", f"urn:li:chart:(looker,c{i})", "chartKey", 1, {}) for i in range(3)]
     await backend.apply(datasets + charts)
-    yield backend
-    await backend.close()
-    await engine.dispose()
+    return backend
 
 
 SEARCHES = [TypeSearch("dataset"), TypeSearch("corpuser"), TypeSearch("chart")]

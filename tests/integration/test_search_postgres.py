@@ -7,12 +7,7 @@ from __future__ import annotations
 
 from contextlib import asynccontextmanager
 
-import pytest_asyncio
-
-from app.db import create_engine
 from app.search.model import AspectEdges, AspectFields, Edge, IndexedVersion
-from app.search.postgres import PostgresBackend
-from app.settings import Settings
 from tests.helpers import ds
 
 
@@ -30,16 +25,6 @@ def owners(urn: str, *users: str) -> AspectEdges:
     return AspectEdges(
         urn, "ownership", 1, tuple(Edge(urn, f"urn:li:corpuser:{u}", "OwnedBy", "dataset", "corpuser") for u in users)
     )
-
-
-@pytest_asyncio.fixture
-async def backend(database_url, registry):
-    engine = create_engine(database_url)
-    backend = PostgresBackend(Settings(database_url=database_url), registry, engine)
-    await backend.start()
-    yield backend
-    await backend.close()
-    await engine.dispose()
 
 
 async def urns_of(backend, query: str) -> list[str]:

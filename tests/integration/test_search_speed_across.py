@@ -9,12 +9,9 @@ import pytest_asyncio
 
 from app.auth.model import Principal, Role
 from app.auth.reads import ReadScopedBackend
-from app.db import create_engine
 from app.search import postgres
 from app.search.across import TypeSearch, facets_across, scroll_across
 from app.search.model import AspectFields
-from app.search.postgres import PostgresBackend
-from app.settings import Settings
 from tests.helpers import ds
 
 TYPES = ["dataset", "chart", "corpuser", "tag", "dashboard", "dataFlow", "dataJob", "glossaryTerm", "domain"]
@@ -27,10 +24,7 @@ def view(name: str, kind: str, creator: str) -> AspectFields:
 
 
 @pytest_asyncio.fixture
-async def backend(database_url, registry):
-    engine = create_engine(database_url)
-    backend = PostgresBackend(Settings(database_url=database_url), registry, engine)
-    await backend.start()
+async def backend(backend):
     changes = []
     for i in range(6):
         platform = ("hive", "kafka")[i % 2]
@@ -50,9 +44,7 @@ async def backend(database_url, registry):
         view("everyone", "GLOBAL", "urn:li:corpuser:other"),
     ]
     await backend.apply(changes)
-    yield backend
-    await backend.close()
-    await engine.dispose()
+    return backend
 
 
 class OneTypeAtATime:

@@ -10,10 +10,9 @@ import asyncio
 import pytest_asyncio
 from alembic import command
 
-from app.db import alembic_config, create_engine, upgrade_database
+from app.db import alembic_config, upgrade_database
 from app.search.model import AspectFields, EntityRemoval
 from app.search.postgres import PostgresBackend
-from app.settings import Settings
 from tests.helpers import ds
 
 TIER = "structuredProperties.io.acryl.tier"
@@ -63,15 +62,10 @@ EXPECTED = {
 
 
 @pytest_asyncio.fixture
-async def backend(database_url, registry):
-    engine = create_engine(database_url)
-    backend = PostgresBackend(Settings(database_url=database_url), registry, engine)
-    await backend.start()
+async def backend(backend):
     await backend.apply(CHANGES)
     await backend.apply([EntityRemoval("dataset", ds("gone", "kafka"), 2)])
-    yield backend
-    await backend.close()
-    await engine.dispose()
+    return backend
 
 
 async def facets(backend: PostgresBackend, **filters: list[str]) -> dict[str, dict[str, int]]:

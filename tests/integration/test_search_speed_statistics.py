@@ -4,24 +4,10 @@ search planned without them read every document of its types), and one that chan
 
 from __future__ import annotations
 
-import pytest_asyncio
-
-from app.db import create_engine
 from app.search import postgres
 from app.search.model import AspectFields
 from app.search.postgres import PostgresBackend
-from app.settings import Settings
 from tests.helpers import ds
-
-
-@pytest_asyncio.fixture
-async def backend(database_url, registry):
-    engine = create_engine(database_url)
-    backend = PostgresBackend(Settings(database_url=database_url), registry, engine)
-    await backend.start()
-    yield backend
-    await backend.close()
-    await engine.dispose()
 
 
 def datasets(names: range) -> list[AspectFields]:
