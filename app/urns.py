@@ -109,6 +109,19 @@ def entity_type_of(urn: str) -> str:
     return entity_type
 
 
+def type_of(urn: str) -> str:
+    """The entity type of `urn`, "" when it is no URN (an edge's destination, a resource named in a request)."""
+    try:
+        return entity_type_of(urn)
+    except InvalidUrnError:
+        return ""
+
+
+def is_urn_of(value: object, entity_types: Sequence[str]) -> bool:
+    """Whether `value` is an URN of one of `entity_types` (an actor, a group, a role named in a request)."""
+    return isinstance(value, str) and len(value) <= URN_MAX_CHARS and type_of(value) in entity_types
+
+
 def parse_urn(urn: str) -> Urn:
     """Parse ``urn:li:<entityType>:<id>``; raises InvalidUrnError naming the problem. Short URNs are cached."""
     if isinstance(urn, str) and len(urn) <= URN_CACHE_MAX_CHARS:

@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from app.auth.decision import Resource
-from app.urns import InvalidUrnError, entity_type_of, parse_urn
+from app.urns import InvalidUrnError, parse_urn
 
 # resource field → the aspect that holds it (TYPE and URN come from the URN itself)
 FACT_ASPECTS = {
@@ -23,13 +23,6 @@ GROUP_ASPECTS = {"groupMembership": "groups", "nativeGroupMembership": "nativeGr
 PLATFORM_PREFIX = "urn:li:dataPlatform:"
 # entity types whose key names a tool (charts, dashboards, flows) rather than a platform URN
 _TOOL_KEYED = frozenset({"chart", "dashboard", "dataFlow"})
-
-
-def type_of_urn(urn: str) -> str:
-    try:
-        return entity_type_of(urn)
-    except InvalidUrnError:
-        return ""
 
 
 def platform_of_urn(urn: str) -> str | None:

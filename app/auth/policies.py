@@ -9,13 +9,13 @@ grants nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from app.auth.privileges import KNOWN_PRIVILEGES, PLATFORM_PRIVILEGES
 from app.errors import Issue
-from app.urns import InvalidUrnError, entity_type_of
+from app.urns import is_urn_of
 
 ACTIVE, INACTIVE, DRAFT = "ACTIVE", "INACTIVE", "DRAFT"  # only an ACTIVE policy grants
 METADATA, PLATFORM = "METADATA", "PLATFORM"
@@ -147,7 +147,7 @@ def policy_issues(info: Any, path: str = "$.aspect") -> list[Issue]:
     actors: Mapping[str, Any] = info["actors"] if isinstance(info.get("actors"), Mapping) else {}
     for member, kinds in (("users", ("corpuser",)), ("groups", ("corpGroup",)), ("roles", ("dataHubRole",))):
         for index, actor in enumerate(actors.get(member) or ()):
-            if not _is_urn_of(actor, kinds):
+            if not is_urn_of(actor, kinds):
                 issues.append(
                     Issue(f"not a {kinds[0]} URN", path=f"{path}.actors.{member}[{index}]", found=str(actor)[:200])
                 )
@@ -170,12 +170,3 @@ def policy_issues(info: Any, path: str = "$.aspect") -> list[Issue]:
                 Issue("not a condition", path=f"{where}.condition", found=str(criterion.get("condition"))[:100])
             )
     return issues
-
-
-def _is_urn_of(value: Any, kinds: Sequence[str]) -> bool:
-    if not isinstance(value, str) or len(value) > 500:
-        return False
-    try:
-        return entity_type_of(value) in kinds
-    except InvalidUrnError:
-        return False

@@ -38,12 +38,12 @@ from typing import Any, Protocol
 import orjson
 
 from app.auth.decision import Resource
-from app.auth.facts import FACT_ASPECTS, resource_of, type_of_urn
+from app.auth.facts import FACT_ASPECTS, resource_of
 from app.auth.model import Principal, Role
 from app.auth.policies import NOT_EQUALS, STARTS_WITH, AccessPolicy
 from app.search.filters import Groups
 from app.search.model import MAX_FILTER_VALUES, Criterion, SearchBackend, SearchHit, SearchPage
-from app.urns import InvalidUrnError, entity_type_of
+from app.urns import InvalidUrnError, entity_type_of, type_of
 
 VIEW_ENTITY = "dataHubView"
 VIEW_INFO = "dataHubViewInfo"
@@ -206,7 +206,7 @@ async def _outside_view(
     aspects = view.aspects()
     wanted = [(u, a) for u in urns for a in aspects if (u, a) not in in_hand and u not in complete]
     rows = {**in_hand, **(await repo.latest(wanted) if wanted else {})}
-    return {urn for urn in urns if not view.selects(resource_of(urn, type_of_urn(urn), rows))}
+    return {urn for urn in urns if not view.selects(resource_of(urn, type_of(urn), rows))}
 
 
 # --- searches -----------------------------------------------------------------------------------------------------

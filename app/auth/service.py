@@ -28,7 +28,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app.auth.decision import Decision, Resource, Subject, decide, may_name
-from app.auth.facts import FACT_ASPECTS, GROUP_ASPECTS, resource_of, type_of_urn
+from app.auth.facts import FACT_ASPECTS, GROUP_ASPECTS, resource_of
 from app.auth.model import (
     SYSTEM_PRINCIPAL,
     UNAUTHENTICATED_ADMIN,
@@ -53,7 +53,7 @@ from app.errors import Forbidden, Issue, NotFound, ServiceUnavailable, Unauthori
 from app.ops.metrics import AUTH_FAILURES
 from app.registry import EntityRegistry
 from app.settings import Settings
-from app.urns import InvalidUrnError, entity_type_of
+from app.urns import is_urn_of, type_of
 from app.write.processors import PIPELINE_ENTITY
 from app.write.proposal import ChangeType, Draft
 from app.write.rules import system_entity_refusal
@@ -193,7 +193,7 @@ class AuthService:
                 f"the {ACTOR_HEADER} header (acting as another actor) is reserved for the system client",
                 [Issue("impersonation is not allowed with a personal token", path=f"$.headers.{ACTOR_HEADER}")],
             )
-        if not is_actor_urn(actor, ("corpuser",)):
+        if not is_urn_of(actor, ("corpuser",)):
             raise Unauthorized(f"{ACTOR_HEADER} must be a corpuser URN (urn:li:corpuser:<id>)")
         return Principal(actor, Role.ADMIN, via="system")
 
@@ -500,7 +500,7 @@ class AuthService:
             needed.update(FACT_ASPECTS[name] for name in policy.resource_fields if name in FACT_ASPECTS)
             if policy.resource_owners:
                 needed.add(FACT_ASPECTS["OWNER"])
-        entity_types = {urn: type_of_urn(urn) for urn in set(urns)}
+        entity_types = {urn: type_of(urn) for urn in set(urns)}
         rows: Mapping[tuple[str, str], Any] = {}
         if needed:
             rows = await self._unless_down(
@@ -622,19 +622,10 @@ class AuthService:
 
     @staticmethod
     def _check_actor(actor: str) -> None:
-        if not is_actor_urn(actor, ("corpuser", "corpGroup")):
+        if not is_urn_of(actor, ("corpuser", "corpGroup")):
             raise ValidationFailed(
                 "the actor must be a corpuser URN", [Issue("not a corpuser URN", path="$.actor", found=actor[:200])]
             )
-
-
-def is_actor_urn(actor: object, entity_types: tuple[str, ...]) -> bool:
-    if not isinstance(actor, str) or len(actor) > 500:
-        return False
-    try:
-        return entity_type_of(actor) in entity_types
-    except InvalidUrnError:
-        return False
 
 
 def _is_token(verdict: Principal | str, token_id: str) -> bool:

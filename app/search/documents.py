@@ -67,7 +67,7 @@ from app.search.model import (
     SearchFieldSpec,
     TimeseriesPoint,
 )
-from app.urns import InvalidUrnError, entity_type_of
+from app.urns import type_of
 
 __all__ = [
     "search_fields",
@@ -478,14 +478,6 @@ def _extract_fields(model: _AspectModel, value: dict[str, Any]) -> dict[str, Any
     return out
 
 
-def _entity_type_of(urn: str) -> str:
-    """An edge destination's entity type ("" when the destination is not an URN)."""
-    try:
-        return entity_type_of(urn)
-    except InvalidUrnError:
-        return ""
-
-
 def _as_int(v: Any) -> int | None:
     if v is None or isinstance(v, bool):
         return None
@@ -519,7 +511,7 @@ def _extract_edges(model: _AspectModel, urn: str, entity_type: str, value: dict[
                         destination=dest,
                         relationship=ex.name,
                         source_type=entity_type,
-                        destination_type=_entity_type_of(dest),
+                        destination_type=type_of(dest),
                         via=via,
                         created_on=_as_int(_get_at(value, ex.created_on, idx)) if ex.created_on else None,
                         created_actor=ca if isinstance(ca, str) else None,
@@ -548,14 +540,14 @@ def _field_edge(source: Any, destination: Any, via: Any) -> Edge | None:
     destination = _edge_urn(destination) if isinstance(destination, str) else None
     if not source or not destination or source == destination:
         return None  # a field is not its own upstream (DataHub would store the loop; a walk never follows it)
-    if _entity_type_of(source) != _SCHEMA_FIELD or _entity_type_of(destination) != _SCHEMA_FIELD:
+    if type_of(source) != _SCHEMA_FIELD or type_of(destination) != _SCHEMA_FIELD:
         return None  # DataHub's lineage registry walks a schema field's DownstreamOf edges to schema fields only
     return Edge(
         source=source,
         destination=destination,
         relationship="DownstreamOf",
-        source_type=_entity_type_of(source),
-        destination_type=_entity_type_of(destination),
+        source_type=type_of(source),
+        destination_type=type_of(destination),
         via=_edge_urn(via) if isinstance(via, str) else None,
         is_lineage=True,
     )
@@ -781,7 +773,7 @@ def _bounded_edges(edges: tuple[Edge, ...]) -> tuple[Edge, ...]:
             dataclasses.replace(
                 edge,
                 destination=destination,
-                destination_type=_entity_type_of(destination),
+                destination_type=type_of(destination),
                 via=_edge_urn(edge.via),
                 created_actor=_edge_urn(edge.created_actor),
                 updated_actor=_edge_urn(edge.updated_actor),
