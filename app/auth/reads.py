@@ -37,10 +37,11 @@ from typing import Any, Protocol
 
 import orjson
 
-from app.auth.decision import Resource
+from app.auth.decision import Resource, Subject, decide, may_name
 from app.auth.facts import FACT_ASPECTS, resource_of
 from app.auth.model import Principal, Role
 from app.auth.policies import NOT_EQUALS, STARTS_WITH, AccessPolicy
+from app.auth.privileges import VIEW_ENTITY_PAGE
 from app.search.filters import Groups
 from app.search.model import MAX_FILTER_VALUES, Criterion, SearchBackend, SearchHit, SearchPage
 from app.urns import InvalidUrnError, entity_type_of, type_of
@@ -80,36 +81,30 @@ _SEARCH_FIELDS = {
 
 @dataclass(frozen=True, slots=True)
 class ViewScope:
-    """What a caller may see with view authorization on: the entities its VIEW_ENTITY_PAGE grants select. `grants`:
-    each ACTIVE policy granting it, and whether it names the caller only as an owner of the resource; `owners`: the
-    caller and its groups (who it is as an owner)."""
+    """What a caller may see with view authorization on: the entities the decision (app.auth.decision) lets it view.
+    `subject`: the caller with its groups; `grants`: the ACTIVE policies granting VIEW_ENTITY_PAGE that name it,
+    directly or as an owner of the resource (the only ones the decision could allow by)."""
 
-    grants: tuple[tuple[AccessPolicy, bool], ...]
-    owners: frozenset[str]
+    subject: Subject
+    grants: tuple[AccessPolicy, ...]
 
     def aspects(self) -> set[str]:
         """The aspects whose facts the grants select by."""
-        needed = {FACT_ASPECTS[f] for policy, _ in self.grants for f in policy.resource_fields if f in FACT_ASPECTS}
-        if any(owned for _, owned in self.grants):
+        needed = {FACT_ASPECTS[f] for policy in self.grants for f in policy.resource_fields if f in FACT_ASPECTS}
+        if any(policy.resource_owners for policy in self.grants):
             needed.add(FACT_ASPECTS["OWNER"])
         return needed
 
     def selects(self, resource: Resource) -> bool:
-        for policy, owned in self.grants:
-            if owned and not any(
-                owner in self.owners and (policy.owner_types is None or kinds & policy.owner_types)
-                for owner, kinds in resource.owners.items()
-            ):
-                continue
-            if policy.criteria is None or all(c.holds(resource.values(c.field)) for c in policy.criteria):
-                return True
-        return False
+        return decide(self.subject, VIEW_ENTITY_PAGE, resource, self.grants, role_grant=None).allowed
 
     def search_condition(self, entity_type: str) -> Groups | None:
         """The grants as a search condition on `entity_type`'s documents (an OR of AND groups), or None when one of
         them selects every entity of the type."""
         groups: list[tuple[Criterion, ...]] = []
-        for policy, owned in self.grants:
+        owners = tuple(sorted({self.subject.principal.actor, *self.subject.groups}))
+        for policy in self.grants:
+            owned = not may_name(policy, self.subject, owners=False)  # it names the caller as an owner only
             group: list[Criterion] | None = []
             for criterion in policy.criteria or ():
                 if criterion.field == "TYPE":  # decided here, for the type searched
@@ -131,7 +126,7 @@ class ViewScope:
             if owned:
                 if policy.owner_types is not None:  # the documents do not say which type each owner has
                     continue
-                group.append(Criterion("owners", tuple(sorted(self.owners))))
+                group.append(Criterion("owners", owners))
             if not group:
                 return None
             groups.append(tuple(group))

@@ -176,13 +176,11 @@ class AuthService:
         policies = await self._access_policies()
         subject = await self._subject(principal, policies)
         grants = tuple(
-            (policy, not direct)
+            policy
             for policy in policies
-            if policy.active
-            and VIEW_ENTITY_PAGE in policy.privileges
-            and ((direct := may_name(policy, subject, owners=False)) or policy.resource_owners)
+            if policy.active and VIEW_ENTITY_PAGE in policy.privileges and may_name(policy, subject)
         )
-        return replace(principal, view=ViewScope(grants, frozenset({principal.actor, *subject.groups})))
+        return replace(principal, view=ViewScope(subject, grants))
 
     def _delegated(self, principal: Principal, actor: str | None) -> Principal:
         if actor is None or actor == principal.actor:

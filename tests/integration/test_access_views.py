@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import bearer, ds, mcp, propose
+from tests.helpers import bearer, ds, eventually, mcp, propose
 
 ALICE, BOB, DAVE = "urn:li:corpuser:alice", "urn:li:corpuser:bob", "urn:li:corpuser:dave"
 H1, H2, S1 = ds("views.a", "hive"), ds("views.b", "hive"), ds("views.c", "snowflake")
@@ -113,3 +113,15 @@ async def test_a_writer_writes_what_it_may_not_see_but_does_not_read_it(app, cli
     )
     assert explained.json()["allowed"] is False
     assert "only a policy grants it" in explained.json()["reason"]
+
+
+async def test_the_change_feed_carries_only_what_the_caller_may_see(app, anonymous, catalog, db):
+    async def sequenced() -> bool:
+        return await db.fetchval("SELECT count(*) FROM change_log_outbox WHERE feed_offset IS NULL") == 0
+
+    assert await eventually(sequenced)
+    alice = await bearer(app, "reader", ALICE)
+    page = await anonymous.get("/openapi/v1/events/mcl", params={"after": 0, "limit": 1000}, headers=alice)
+    assert page.status_code == 200, page.text
+    urns = {event["urn"] for event in page.json()["events"] if event["urn"].startswith("urn:li:dataset:")}
+    assert urns == {H1, H2}
