@@ -46,6 +46,7 @@ from app.modelset.watcher import ModelWatcher
 from app.ops import Operations
 from app.ops.drain import Drain, DrainMiddleware
 from app.ops.middleware import OperationsMiddleware
+from app.read_deadline import ReadDeadlineMiddleware
 from app.registry import EntityRegistry
 from app.registry.errors import RegistryError
 from app.schema_registry import make_registry_client
@@ -355,6 +356,7 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
             allow_credentials=False,
             max_age=600,
         )
+    app.add_middleware(ReadDeadlineMiddleware, read_timeout_s=settings.read_timeout_s)  # each request's read budget
     app.add_middleware(EncodedSlashMiddleware)  # an s3 URN's `%2F` stays in its path segment (app.api.urn_paths)
     app.add_middleware(DrainMiddleware, drain=app.state.drain)
     app.add_middleware(TraceparentMiddleware)  # every response's traceparent; the writes keep its trace id

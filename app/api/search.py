@@ -281,8 +281,9 @@ async def lineage(
 ) -> Any:
     entity_of_urn(registry, urn)
     # the one walk every lineage surface reads (app.search.lineage): a job between two datasets is on it both ways
+    # cut by the request's read budget: the hops it finished, and `X-Metaledger-Partial: true` (app.read_deadline)
     walked = await lineage_walk(backend, urn, direction=direction, max_hops=maxHops)
-    entities = [{"urn": s.urn, "entityType": s.entity_type, "hop": s.degree, "via": s.edge.via} for s in walked]
+    entities = [{"urn": s.urn, "entityType": s.entity_type, "hop": s.degree, "via": s.edge.via} for s in walked.steps]
     return {"urn": urn, "direction": direction, "entities": entities}
 
 

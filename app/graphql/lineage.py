@@ -100,8 +100,8 @@ async def resolve_lineage(root: EntityRef, info: Any, input: dict[str, Any]) -> 
     context: Context = info.context
     start, count = _window(input.get("start"), input.get("count"), DEFAULT_LINEAGE_COUNT, "$input.start")
     backend = await context.backend()
-    walked = await lineage.walk(backend, root.urn, direction=input["direction"], max_hops=1)
-    walked = [s for s in walked if _in_time(s, input.get("startTimeMillis"), input.get("endTimeMillis"))]
+    walk = await lineage.walk(backend, root.urn, direction=input["direction"], max_hops=1)
+    walked = [s for s in walk.steps if _in_time(s, input.get("startTimeMillis"), input.get("endTimeMillis"))]
     kept = walked
     if not input.get("includeGhostEntities"):
         live = await indexed(backend, walked)

@@ -514,7 +514,11 @@ def _offset(scroll_id: str | None) -> int:
         raise error.at(SCROLL_ID_PATH) from None
 
 
-async def _lineage(context: Context, input: dict[str, Any], start: int, count: int) -> tuple[list[dict[str, Any]], int]:
+async def _lineage(
+    context: Context, input: dict[str, Any], start: int, count: int
+) -> tuple[list[dict[str, Any]], int, bool]:
+    """A page of a lineage search, its total and DataHub's `isPartial`: the walk was cut by the request's read budget
+    (app.read_deadline) or by MAX_LINEAGE_HOPS (walked one hop further to tell), and `total` counts what it found."""
     urn = input.get("urn")
     if not urn:
         raise ValidationFailed(
@@ -522,15 +526,17 @@ async def _lineage(context: Context, input: dict[str, Any], start: int, count: i
         )
     _entity_of(urn, context.registry)  # a URN, or a 400 naming it
     searches = await _searches_of(context, input)
-    hits = await lineage_across(
+    hops = lineage_hops(searches, MAX_LINEAGE_HOPS)
+    found = await lineage_across(
         await context.backend(),
         urn,
         direction=input["direction"],
         searches=searches,
         query=_query(input.get("query")),
-        max_hops=lineage_hops(searches, MAX_LINEAGE_HOPS),
+        max_hops=hops + (hops == MAX_LINEAGE_HOPS),
         group_fields=lineage.groups_fields(input.get("searchFlags")),
     )
+    hits = [hit for hit in found.hits if hit.degree <= hops]
     results = [
         {
             "entity": EntityRef(hit.urn, hit.entity_type),
@@ -544,21 +550,23 @@ async def _lineage(context: Context, input: dict[str, Any], start: int, count: i
         }
         for hit in hits[start : start + count]
     ]
-    return results, len(hits)
+    return results, len(hits), found.partial or len(hits) < len(found.hits)
 
 
 async def resolve_scroll_across_lineage(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
     context: Context = info.context
     start = _offset(input.get("scrollId"))
     count = _count(input.get("count"), DEFAULT_COUNT, context.max_count)
-    results, total = await _lineage(context, input, start, count)
-    more = start + len(results) < total and results
+    results, total, partial = await _lineage(context, input, start, count)
+    # a partial walk's answer is a prefix of the whole one's (by degree, then urn): its cursor continues it
+    more = (start + len(results) < total and results) or partial
     return {
         "nextScrollId": offset_cursor(start + len(results)) if more else None,
         "count": len(results),
         "total": total,
         "searchResults": results,
         "facets": None,
+        "isPartial": partial,
     }
 
 
@@ -566,8 +574,15 @@ async def resolve_search_across_lineage(_root: Any, info: Any, input: dict[str, 
     context: Context = info.context
     start = max(input.get("start") or 0, 0)
     count = _count(input.get("count"), DEFAULT_COUNT, context.max_count)
-    results, total = await _lineage(context, input, start, count)
-    return {"start": start, "count": len(results), "total": total, "searchResults": results, "facets": None}
+    results, total, partial = await _lineage(context, input, start, count)
+    return {
+        "start": start,
+        "count": len(results),
+        "total": total,
+        "searchResults": results,
+        "facets": None,
+        "isPartial": partial,
+    }
 
 
 # --- entities -----------------------------------------------------------------------------------------------------

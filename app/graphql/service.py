@@ -206,10 +206,11 @@ def _format(error: GraphQLError) -> GraphQLFormattedError:
 
 def _retryable(error: BaseException | None) -> bool:
     """An overloaded or unreachable service (no free database connection, the database or the search backend
-    unreachable, a read cancelled by METALEDGER_READ_TIMEOUT_S): answered as every route answers it (503 with
-    Retry-After, by the app's handlers), which DataHub's client retries, rather than as a GraphQL error it would not."""
+    unreachable, a read cancelled by METALEDGER_READ_TIMEOUT_S, a read budget that found nothing: 504): answered as
+    every route answers it (503/504 with Retry-After, by the app's handlers), which DataHub's client retries, rather
+    than as a GraphQL error it would not."""
     if isinstance(error, MetaledgerError):
-        return error.status_code in (429, 503)
+        return error.status_code in (429, 503, 504)
     return error is not None and classify(error) is DatabaseFault.UNAVAILABLE
 
 

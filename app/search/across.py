@@ -265,6 +265,15 @@ class LineageHit:
     paths: tuple[Path, ...]
 
 
+@dataclass(frozen=True, slots=True)
+class LineageFound:
+    """A lineage search's hits, by degree then urn; `partial`: its walk's budget ended it early, so the hits are those
+    within the hops it finished (a prefix of the whole answer's, which is in the same order)."""
+
+    hits: list[LineageHit]
+    partial: bool
+
+
 def _degree_test(criteria: Sequence[Criterion]) -> tuple[Callable[[int], bool], int | None]:
     """A predicate on the degree, and the most hops it can accept (None: no bound)."""
     tests: list[Callable[[int], bool]] = []
@@ -326,14 +335,15 @@ async def lineage_across(
     query: str,
     max_hops: int,
     group_fields: bool = True,
-) -> list[LineageHit]:
+) -> LineageFound:
     """The entities `max_hops` or fewer lineage hops from `urn` that the searches accept (each once, at its fewest
     hops), by degree then urn: the walk (app.search.lineage), with schema fields counted as their parent entity
     unless `group_fields` is off (DataHub's default grouping of a lineage search). A search's groups filter on
     degree here; the rest of each group, the query and the soft-delete rule are the backend's, asked about the
     walk's entities by urn (entities without a search document, never ingested, are left out, as DataHub leaves
     them)."""
-    walked = await lineage.walk(backend, urn, direction=direction, max_hops=max_hops)
+    walk = await lineage.walk(backend, urn, direction=direction, max_hops=max_hops)
+    walked = walk.steps
     if group_fields:
         grouped = lineage.by_parent(urn, walked)
         found = {g.urn: LineageHit(g.urn, g.entity_type, g.degree, tuple(g.paths)) for g in grouped}
@@ -356,4 +366,4 @@ async def lineage_across(
                     search.entity_type, query, filters=filters, count=len(chunk), any_of=(rest,), facets=False
                 )
                 kept.update((hit.urn, found[hit.urn]) for hit in page.hits)
-    return sorted(kept.values(), key=lambda h: (h.degree, h.urn))
+    return LineageFound(sorted(kept.values(), key=lambda h: (h.degree, h.urn)), walk.partial)

@@ -1418,6 +1418,10 @@ class ElasticBackend:
             frontier = next_frontier
         return result
 
+    async def lineage_hop(self, nodes: Sequence[str], *, direction: Literal["UPSTREAM", "DOWNSTREAM"]) -> list[Edge]:
+        """One hop of the lineage walk (app.search.lineage.walk): the lineage edges a step from `nodes` follows."""
+        return [_doc_to_edge(doc) for _, doc in await self._lineage_edges(list(nodes), direction)]
+
     async def _lineage_edges(self, frontier: list[str], direction: str) -> list[tuple[str, dict[str, Any]]]:
         up = sorted(DOWNSTREAM_LINEAGE)
         out: list[tuple[str, dict[str, Any]]] = []

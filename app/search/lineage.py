@@ -20,6 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
+from app import read_deadline
+from app.errors import Issue
 from app.search.model import DOWNSTREAM_LINEAGE, Edge, SearchBackend
 from app.urns import InvalidUrnError, entity_type_of, parse_urn
 
@@ -91,9 +93,49 @@ def steps(urn: str, direction: Direction, edges: Iterable[tuple[Edge, int]]) -> 
     return sorted(found.values(), key=lambda s: (s.degree, s.urn))
 
 
-async def walk(backend: SearchBackend, urn: str, *, direction: Direction, max_hops: int) -> list[LineageStep]:
-    """The entities `max_hops` or fewer lineage hops from `urn` (every backend, every surface)."""
-    return steps(urn, direction, await backend.lineage(urn, direction=direction, max_hops=max_hops))
+@dataclass(frozen=True, slots=True)
+class Walked:
+    """A walk's entities (`steps`), and whether it stopped short of its `max_hops` (`partial`): its request's read
+    budget ran out (app.read_deadline), so `steps` are every entity within the hops it finished, and only them."""
+
+    steps: list[LineageStep]
+    partial: bool = False
+
+
+async def walk(backend: SearchBackend, urn: str, *, direction: Direction, max_hops: int) -> Walked:
+    """The entities `max_hops` or fewer lineage hops from `urn` (every backend, every surface), breadth first, one
+    backend statement a hop (`SearchBackend.lineage_hop`): each edge once, at the hop its near end was first reached.
+
+    Hop by hop so that the request's read budget can end it: a hop the budget cancels, or would have no time left
+    for, ends the walk with the hops before it (partial, marked on the request: `X-Metaledger-Partial`). A walk
+    whose first hop the budget ends has nothing to show: `DeadlineExceeded`, a 504 with Retry-After."""
+    budget = read_deadline.current()
+    visited = {urn}
+    frontier = [urn]
+    edges: list[tuple[Edge, int]] = []
+    for hop in range(1, max_hops + 1):
+        if not frontier:
+            break
+        try:
+            if budget is not None and budget.walk_remaining_s() <= 0:
+                raise read_deadline.DeadlineExceeded("the lineage walk ran out of its time budget")
+            reached = await backend.lineage_hop(frontier, direction=direction)
+        except read_deadline.DeadlineExceeded as error:
+            if hop == 1:
+                raise error.with_issues(
+                    [Issue("no hop within the budget", expected=f"a larger {read_deadline.HEADER}")],
+                    "the lineage walk found nothing within its time budget: retry with a larger one",
+                ) from None
+            read_deadline.mark_partial()
+            return Walked(steps(urn, direction, edges), partial=True)
+        frontier = []
+        for edge in reached:
+            edges.append((edge, hop))
+            other = far_end(edge, direction)[0]
+            if other not in visited:
+                visited.add(other)
+                frontier.append(other)
+    return Walked(steps(urn, direction, edges))
 
 
 @dataclass(slots=True)

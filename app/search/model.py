@@ -375,6 +375,11 @@ class SearchBackend(Protocol):
         max_hops: int = 3,
     ) -> list[tuple[Edge, int]]: ...
 
+    async def lineage_hop(self, nodes: Sequence[str], *, direction: Literal["UPSTREAM", "DOWNSTREAM"]) -> list[Edge]:
+        """The lineage edges one step from `nodes` follows walking `direction` (as `lineage` follows them): one hop
+        of app.search.lineage's walk, which keeps the request's read budget between hops."""
+        ...
+
     async def scroll_edges(self, query: EdgeQuery, *, after: EdgeKey | None = None, count: int = 100) -> EdgePage:
         """Edges matching `query` in key order, the first `count` after `after` (keyset paging: an edge that exists
         throughout a scroll is seen exactly once, whatever else is written meanwhile)."""  # (edge, hop) breadth first; upstream = follow DownstreamOf edges outgoing

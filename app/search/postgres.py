@@ -49,6 +49,7 @@ import asyncpg
 import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
+from app import read_deadline
 from app.db import driver_connection
 from app.registry import EntityRegistry
 from app.search import documents, query_syntax
@@ -721,7 +722,7 @@ class PostgresBackend:
 
     @asynccontextmanager
     async def _connection(
-        self, *, readonly: bool = True, moves_version: bool = False
+        self, *, readonly: bool = True, moves_version: bool = False, walking: bool = False
     ) -> AsyncIterator[asyncpg.Connection]:
         """A driver connection in a READ COMMITTED transaction (read-only unless writing), JIT off: the planner
         cannot estimate jsonb_each/unnest, overestimates and would JIT-compile for seconds, for nothing. A read
@@ -733,13 +734,17 @@ class PostgresBackend:
         values. How many documents a filter value or a query matches is what a search plan depends on, and the
         generic estimate (every `fields @>` taken as selective) can be far off: the count of a browse on one
         platform of 100k documents took 56-87 ms on its generic plan instead of 21-25 ms. Planning one of these
-        statements costs a fraction of a millisecond."""
+        statements costs a fraction of a millisecond.
+
+        A read runs under what is left of its request's budget (app.read_deadline; a lineage hop under what is
+        left of its walking share, `walking`), outside a request under METALEDGER_READ_TIMEOUT_S."""
         async with self._engine.connect() as connection:
             raw = driver_connection(await connection.get_raw_connection())
             async with raw.transaction(isolation="read_committed", readonly=readonly):
                 if readonly:
-                    # a read past METALEDGER_READ_TIMEOUT_S is cancelled (QueryCanceledError: a 503 with Retry-After)
-                    timeout_ms = int(self._settings.read_timeout_s * 1000)
+                    # a read past its budget is cancelled (QueryCanceledError: a 503 with Retry-After; a lineage
+                    # hop's ends the walk, app.search.lineage)
+                    timeout_ms = read_deadline.statement_timeout_ms(self._settings.read_timeout_s, walking=walking)
                     deadline = f", set_config('statement_timeout', '{timeout_ms}', true)" if timeout_ms else ""
                     _READ_AT.set(
                         await raw.fetchval(
@@ -1430,6 +1435,27 @@ class PostgresBackend:
         async with self._connection() as conn:
             rows = await conn.fetch(sql, urn, max_hops, sorted(DOWNSTREAM_LINEAGE))
         return [(_edge(r), r["hop"]) for r in rows]
+
+    async def lineage_hop(self, nodes: Sequence[str], *, direction: Literal["UPSTREAM", "DOWNSTREAM"]) -> list[Edge]:
+        """One hop of the lineage walk (app.search.lineage.walk): the lineage edges a step from `nodes` follows, as
+        `lineage` follows them. A hop the walk's budget cancels is `DeadlineExceeded`."""
+        forward_from, forward_to = ("source", "destination") if direction == "UPSTREAM" else ("destination", "source")
+        sql = f"""
+            SELECT {_EDGE_SELECT} FROM search_edge
+            WHERE {forward_from} = ANY($1::text[]) AND is_lineage AND NOT relationship = ANY($2::text[])
+            UNION ALL
+            SELECT {_EDGE_SELECT} FROM search_edge
+            WHERE {forward_to} = ANY($1::text[]) AND is_lineage AND relationship = ANY($2::text[])
+        """
+        try:
+            async with self._connection(walking=True) as conn:
+                rows = await conn.fetch(sql, list(nodes), sorted(DOWNSTREAM_LINEAGE))
+        except asyncpg.QueryCanceledError as error:
+            budget = read_deadline.current()
+            if budget is None or budget.walk_remaining_s() > 0:
+                raise  # not the walk's budget (METALEDGER_READ_TIMEOUT_S outside a request, an operator's cancel)
+            raise read_deadline.DeadlineExceeded("the lineage walk ran out of its time budget") from error
+        return [_edge(r) for r in rows]
 
     async def scroll_edges(
         self, query: EdgeQuery, *, after: tuple[str, str, str, str] | None = None, count: int = 100
