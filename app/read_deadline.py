@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import orjson
 from starlette.responses import Response
@@ -34,6 +35,24 @@ class DeadlineExceeded(Backpressure):
 
     status_code = 504
     error = "Gateway Timeout"
+
+
+# OpenAPI: what a route whose answer the budget can cut declares besides ERROR_RESPONSES
+CUT_RESPONSES: dict[int | str, dict[str, Any]] = {
+    200: {
+        "headers": {
+            PARTIAL_HEADER: {
+                "description": f"`true`: the read's budget (METALEDGER_READ_TIMEOUT_S, or a shorter {HEADER}) cut "
+                "the answer; it holds what was found within it",
+                "schema": {"type": "string", "enum": ["true"]},
+            }
+        }
+    },
+    DeadlineExceeded.status_code: {
+        "description": f"{DeadlineExceeded.error}: the read's budget ran out before it found anything (Retry-After)",
+        "content": {"application/json": {"schema": {"$ref": "#/components/schemas/ErrorResponse"}}},
+    },
+}
 
 
 @dataclass(slots=True)

@@ -30,6 +30,8 @@ from app.api.http import Flag, UrnPath, UrnQuery, checked_urn, entity_of_urn, in
 from app.api.search_models import RelationshipItem, ScrollEntity
 from app.errors import ERROR_RESPONSES, Issue, NotFound, ValidationFailed
 from app.limits import check_long, clip
+from app.read_deadline import CUT_RESPONSES, PARTIAL_HEADER
+from app.read_deadline import HEADER as DEADLINE_HEADER
 from app.registry import EntityRegistry
 from app.search.cursors import InvalidCursor, decode_offset, offset_cursor
 from app.search.documents import indexed_aspects
@@ -269,8 +271,11 @@ class LineageResponse(BaseModel):
     "/openapi/v1/lineage/{urn}",
     response_model=LineageResponse,
     response_model_exclude_none=True,
-    responses=ERROR_RESPONSES,
+    responses={**ERROR_RESPONSES, **CUT_RESPONSES},
     summary="Upstream or downstream lineage of an entity, up to maxHops",
+    description="Walked hop by hop within the request's read budget (METALEDGER_READ_TIMEOUT_S, shortened by "
+    f"`{DEADLINE_HEADER}`): cut by it, the hops it finished and `{PARTIAL_HEADER}: true`; nothing found within it: "
+    "504 with Retry-After.",
 )
 async def lineage(
     urn: UrnPath,
