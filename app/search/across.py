@@ -21,6 +21,7 @@ from typing import Any, Literal, cast
 
 import orjson
 
+from app import read_deadline
 from app.errors import Issue, ValidationFailed
 from app.limits import clip
 from app.search import lineage
@@ -341,7 +342,7 @@ async def lineage_across(
     unless `group_fields` is off (DataHub's default grouping of a lineage search). A search's groups filter on
     degree here; the rest of each group, the query and the soft-delete rule are the backend's, asked about the
     walk's entities by urn (entities without a search document, never ingested, are left out, as DataHub leaves
-    them)."""
+    them). Partial when the request's read budget cut the walk or this filtering (app.read_deadline)."""
     walk = await lineage.walk(backend, urn, direction=direction, max_hops=max_hops)
     walked = walk.steps
     if group_fields:
@@ -349,9 +350,36 @@ async def lineage_across(
         found = {g.urn: LineageHit(g.urn, g.entity_type, g.degree, tuple(g.paths)) for g in grouped}
     else:
         found = {s.urn: LineageHit(s.urn, s.entity_type, s.degree, (s.path,)) for s in walked}
+    # degree by degree, so that a budget running out here too still answers a prefix of the whole answer: the
+    # degrees it finished
+    kept: dict[str, LineageHit] = {}
+    for degree in sorted({hit.degree for hit in found.values()}):
+        try:
+            at_degree = await _accepted(backend, [h for h in found.values() if h.degree == degree], searches, query)
+        except Exception:
+            budget = read_deadline.current()
+            if budget is None or budget.remaining_s() > 0:
+                raise
+            # the budget is spent: whatever the backend raised, it raised for lack of time
+            if not kept:
+                raise read_deadline.DeadlineExceeded(
+                    "the lineage search found nothing within its time budget"
+                ) from None
+            read_deadline.mark_partial()
+            return LineageFound(sorted(kept.values(), key=lambda h: (h.degree, h.urn)), True)
+        kept.update(at_degree)
+    return LineageFound(sorted(kept.values(), key=lambda h: (h.degree, h.urn)), walk.partial)
+
+
+async def _accepted(
+    backend: SearchBackend, hits: Sequence[LineageHit], searches: Sequence[TypeSearch], query: str
+) -> dict[str, LineageHit]:
+    """The `hits` the searches accept: a search's groups filter on degree here; the rest of each group, the query and
+    the soft-delete rule are the backend's, asked about the hits by urn."""
     by_type: dict[str, list[LineageHit]] = {}
-    for hit in found.values():
+    for hit in hits:
         by_type.setdefault(hit.entity_type, []).append(hit)
+    found = {hit.urn: hit for hit in hits}
     kept: dict[str, LineageHit] = {}
     for search in searches:
         candidates = by_type.get(search.entity_type, [])
@@ -366,4 +394,4 @@ async def lineage_across(
                     search.entity_type, query, filters=filters, count=len(chunk), any_of=(rest,), facets=False
                 )
                 kept.update((hit.urn, found[hit.urn]) for hit in page.hits)
-    return LineageFound(sorted(kept.values(), key=lambda h: (h.degree, h.urn)), walk.partial)
+    return kept

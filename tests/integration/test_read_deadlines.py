@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 
+from app.search.model import URN_FIELD
 from app.search.postgres import PostgresBackend
 from tests.helpers import ds, mcp, propose
 
@@ -148,6 +149,26 @@ async def test_a_one_hop_walk_within_the_budget_is_whole_though_deeper_hops_woul
     )
     assert response.status_code == 200 and PARTIAL not in response.headers, response.text
     assert [e["urn"] for e in response.json()["entities"]] == [HUB] and locked == []
+
+
+async def test_a_lineage_search_whose_document_checks_the_budget_cuts_answers_the_degrees_it_finished(
+    client, db, monkeypatch
+):
+    await write_graph(client)
+    original = PostgresBackend.search
+
+    async def search(self, entity_type, query, **options):
+        if FAN[0] not in (options.get("filters") or {}).get(URN_FIELD, ()):
+            return await original(self, entity_type, query, **options)
+        async with db.transaction():  # the walk finished: the documents of its second hop cannot be read
+            await db.execute("LOCK TABLE search_document IN ACCESS EXCLUSIVE MODE")
+            return await original(self, entity_type, query, **options)
+
+    monkeypatch.setattr(PostgresBackend, "search", search)
+    response = await graphql(client, SEARCH, {DEADLINE: "1500"}, urn=START, count=5)
+    assert response.status_code == 200 and response.headers[PARTIAL] == "true", response.text
+    result = response.json()["data"]["searchAcrossLineage"]
+    assert urns(result) == [HUB] and result["total"] == 1 and result["isPartial"] is True
 
 
 @pytest.mark.parametrize("surface", ["rest", "graphql"])
