@@ -253,70 +253,41 @@ def migrated_template(make_database: Callable[..., str]) -> str:
     return name
 
 
-# Every object a test could make, change or drop in its database (any CREATE takes a new OID, so the set of user OIDs
-# moves with it; the details catch what an ALTER changes in place). The template's must be the reused database's.
-_SCHEMA_FINGERPRINT = """
-WITH user_ns AS (
-    SELECT oid FROM pg_namespace WHERE nspname NOT IN ('pg_catalog', 'information_schema') AND nspname NOT LIKE 'pg_toast%'
-        AND nspname NOT LIKE 'pg_temp%'
-), items AS (
-    SELECT format('oid %s %s', classid::regclass, objid) AS item FROM (
-        SELECT 'pg_class'::regclass AS classid, oid AS objid FROM pg_class WHERE oid >= 16384
-        UNION ALL SELECT 'pg_proc'::regclass, oid FROM pg_proc WHERE oid >= 16384
-        UNION ALL SELECT 'pg_type'::regclass, oid FROM pg_type WHERE oid >= 16384
-        UNION ALL SELECT 'pg_namespace'::regclass, oid FROM pg_namespace  -- a session's temporary schema is kept
-            WHERE oid >= 16384 AND nspname NOT LIKE 'pg\\_temp\\_%' AND nspname NOT LIKE 'pg\\_toast\\_temp\\_%'
-        UNION ALL SELECT 'pg_constraint'::regclass, oid FROM pg_constraint WHERE oid >= 16384
-        UNION ALL SELECT 'pg_trigger'::regclass, oid FROM pg_trigger WHERE oid >= 16384
-        UNION ALL SELECT 'pg_attrdef'::regclass, oid FROM pg_attrdef WHERE oid >= 16384
-        UNION ALL SELECT 'pg_rewrite'::regclass, oid FROM pg_rewrite WHERE oid >= 16384
-        UNION ALL SELECT 'pg_extension'::regclass, oid FROM pg_extension WHERE oid >= 16384
-        UNION ALL SELECT 'pg_policy'::regclass, oid FROM pg_policy WHERE oid >= 16384
-        UNION ALL SELECT 'pg_publication'::regclass, oid FROM pg_publication WHERE oid >= 16384
-        UNION ALL SELECT 'pg_event_trigger'::regclass, oid FROM pg_event_trigger WHERE oid >= 16384
-        UNION ALL SELECT 'pg_statistic_ext'::regclass, oid FROM pg_statistic_ext WHERE oid >= 16384
-        UNION ALL SELECT 'pg_ts_config'::regclass, oid FROM pg_ts_config WHERE oid >= 16384
-        UNION ALL SELECT 'pg_ts_dict'::regclass, oid FROM pg_ts_dict WHERE oid >= 16384
-        UNION ALL SELECT 'pg_collation'::regclass, oid FROM pg_collation WHERE oid >= 16384
-        UNION ALL SELECT 'pg_operator'::regclass, oid FROM pg_operator WHERE oid >= 16384
-        UNION ALL SELECT 'pg_cast'::regclass, oid FROM pg_cast WHERE oid >= 16384
-        UNION ALL SELECT 'pg_largeobject_metadata'::regclass, oid FROM pg_largeobject_metadata
-    ) o
-    UNION ALL SELECT format('class %s %s %s %s %s %s %s %s', c.oid, c.relname, c.relkind, c.relpersistence,
-                            c.reloptions, c.relrowsecurity, c.relowner, c.relacl)
-        FROM pg_class c WHERE c.relnamespace IN (SELECT oid FROM user_ns)
-    UNION ALL SELECT format('column %s %s %s %s %s %s %s %s %s', a.attrelid, a.attname, a.atttypid, a.atttypmod,
-                            a.attnotnull, a.attstorage, a.attisdropped, a.attidentity, a.attgenerated)
-        FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid
-        WHERE c.relnamespace IN (SELECT oid FROM user_ns) AND a.attnum > 0
-    UNION ALL SELECT format('default %s %s', adrelid, pg_get_expr(adbin, adrelid)) FROM pg_attrdef
-    UNION ALL SELECT format('index %s %s %s', indexrelid, indisvalid, pg_get_indexdef(indexrelid))
-        FROM pg_index WHERE indexrelid >= 16384
-    UNION ALL SELECT format('constraint %s %s %s', oid, convalidated, pg_get_constraintdef(oid))
-        FROM pg_constraint WHERE oid >= 16384
-    UNION ALL SELECT format('trigger %s %s %s', oid, tgenabled, pg_get_triggerdef(oid))
-        FROM pg_trigger WHERE oid >= 16384
-    UNION ALL SELECT format('function %s %s %s %s', oid, md5(prosrc), proconfig, proacl) FROM pg_proc WHERE oid >= 16384
-    UNION ALL SELECT format('schema %s %s %s %s', oid, nspname, nspowner, nspacl) FROM pg_namespace
-        WHERE oid IN (SELECT oid FROM user_ns)
-    UNION ALL SELECT format('sequence %s %s %s %s %s %s', seqrelid, seqincrement, seqmin, seqmax, seqstart, seqcycle)
-        FROM pg_sequence
-    UNION ALL SELECT format('settings %s %s', setrole, setconfig) FROM pg_db_role_setting
-        WHERE setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())
-    UNION ALL SELECT format('database %s %s %s', datallowconn, datconnlimit, datacl) FROM pg_database
-        WHERE datname = current_database()
-)
-SELECT md5(string_agg(item, E'\\n' ORDER BY item)) FROM items
+# The catalogs a test's DDL writes in its database (CREATE, ALTER, DROP, GRANT, COMMENT, ALTER DATABASE ... SET: any
+# of them inserts, updates or deletes rows of one): all but the statistics ANALYZE writes (the reset clears them) and
+# the large objects' data (their metadata is here). A session's temporary schema stays when the session ends.
+_CATALOGS = r"""
+    SELECT c.relname, CASE c.relname
+        WHEN 'pg_namespace' THEN $$nspname NOT LIKE 'pg\_temp\_%' AND nspname NOT LIKE 'pg\_toast\_temp\_%'$$
+        WHEN 'pg_db_role_setting' THEN 'setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())'
+        WHEN 'pg_shdepend' THEN 'dbid = (SELECT oid FROM pg_database WHERE datname = current_database())'
+        ELSE 'true' END
+    FROM pg_class c
+    WHERE c.relnamespace = 'pg_catalog'::regnamespace AND c.relkind = 'r'
+      AND (NOT c.relisshared OR c.relname IN ('pg_db_role_setting', 'pg_shdepend'))
+      AND c.relname NOT IN ('pg_statistic', 'pg_statistic_ext_data', 'pg_largeobject')
+    ORDER BY 1
 """
+
+
+def _catalog_changes(catalogs: list[tuple[str, str]]) -> str:
+    """A statement of each catalog's rows (count) and those written after transaction $1 (age: wraparound-safe)."""
+    return " UNION ALL ".join(
+        f"SELECT '{name}', count(*), count(*) FILTER (WHERE age(xmin) < age($1::text::xid)) FROM pg_catalog.{name}"
+        f" WHERE {where}"
+        for name, where in catalogs
+    )
 
 
 @dataclass
 class TemplateState:
-    """What a copy of the migrated template holds before a test writes: its schema (a fingerprint), the rows the
+    """What a copy of the migrated template holds before a test writes: its catalogs' rows (to see DDL by), the rows the
     migrations seed, its sequences and its tables' size estimates (which the planner, and the search backend's
     statistics check in app.search.postgres, read)."""
 
-    fingerprint: str
+    catalog_rows: dict[str, int]  # catalog → its rows
+    catalog_changes: str  # _catalog_changes: a catalog's rows, and those written after a transaction
+    written_by: int  # the transaction after which a copy's catalogs are as the template's (a reset's, else this)
     tables: list[str]  # quoted qualified names, every user table
     always_truncated: list[str]  # those with pages in the template: seeded (or rows deleted since)
     seeds: dict[tuple[str, str], bytes]  # (schema, table) → its rows (COPY ... binary)
@@ -358,8 +329,15 @@ class TemplateState:
             "SELECT coalesce(array_agg(t), '{}') FROM unnest($1::text[]) AS t WHERE pg_relation_size(t::regclass) > 0",
             tables,
         )
-        fingerprint = await conn.fetchval(_SCHEMA_FINGERPRINT)
-        return cls(fingerprint, tables, list(always_truncated), seeds, sequences, class_stats)
+        catalog_changes = _catalog_changes([(r[0], r[1]) for r in await conn.fetch(_CATALOGS)])
+        written_by = await conn.fetchval(_CURRENT_XID)
+        catalog_rows = {r[0]: r[1] for r in await conn.fetch(catalog_changes, str(written_by))}
+        return cls(
+            catalog_rows, catalog_changes, written_by, tables, list(always_truncated), seeds, sequences, class_stats
+        )
+
+
+_CURRENT_XID = "SELECT pg_current_xact_id()::text::bigint % 4294967296"  # an xid's 32 bits, as xmin has them
 
 
 class SchemaChanged(Exception):
@@ -370,24 +348,27 @@ class ReusedDatabase:
     """One copy of the migrated template per worker, put back as the template has it after each test, under a new
     name (so that a URL never names two tests' data).
 
-    A copy (CREATE DATABASE ... TEMPLATE) takes 0.3-0.5 s, a reset 0.05-0.1 s: its tables emptied and the migrations'
-    seed rows written again, its sequences, size estimates (pg_class) and statistics (pg_statistic, the cumulative
-    statistics of pg_stat_user_tables) as the template has them. The connections the test left are ended first, as
-    DROP DATABASE ... WITH (FORCE) did. A test that changed the schema (any object made, dropped or altered: the
-    fingerprint above), or a reset that fails, gets the database dropped and the next test a new copy. The reset runs
-    between tests, never during one (a CREATE DATABASE in flight holds the cluster's xmin, which the outbox sequencer
-    waits behind: 59fdfc7)."""
+    A copy (CREATE DATABASE ... TEMPLATE) and its drop took 0.15-1.5 s a test (a loaded machine), a reset takes
+    0.06-0.25 s: the tables written emptied and the migrations' seed rows written again, the sequences, size estimates
+    (pg_class) and statistics (pg_statistic, the cumulative statistics of pg_stat_user_tables) as the template has
+    them. The connections the test left are ended first, as DROP DATABASE ... WITH (FORCE) did. A test that changed
+    the schema (any object made, altered or dropped: a catalog row written after the last reset, or a catalog with
+    another number of rows: _CATALOGS), or a reset that fails, gets the database dropped and the next test a new copy.
+    The reset runs between tests, never during one (a CREATE DATABASE in flight holds the cluster's xmin, which the
+    outbox sequencer waits behind: 59fdfc7)."""
 
     def __init__(self, server: PgServer, make: Callable[..., str], drop: Callable[[str], None], template: str) -> None:
         self._server, self._make, self._drop, self._template = server, make, drop, template
         self._state: TemplateState | None = None
         self._url: str | None = None
+        self._reset_by = 0  # the transaction of the last reset, or the template's after a new copy
 
     def take(self) -> str:
         if self._state is None:
             self._state = run_coro_sync(self._read_template)
         if self._url is None:
             self._url = self._make(template=self._template)
+            self._reset_by = self._state.written_by
         return self._url
 
     def give_back(self) -> None:
@@ -424,7 +405,8 @@ class ReusedDatabase:
         renamed.append(url)
         conn = await asyncpg.connect(_plain_dsn(url))
         try:
-            if await conn.fetchval(_SCHEMA_FINGERPRINT) != state.fingerprint:
+            catalogs = await conn.fetch(state.catalog_changes, str(self._reset_by))
+            if any(written or state.catalog_rows[name] != rows for name, rows, written in catalogs):
                 raise SchemaChanged(url)
             # Only the tables written since (an empty table of the template has no pages: a row written, even rolled
             # back, gives it one) and those the migrations seed, with the tables whose foreign keys reference them
@@ -452,7 +434,9 @@ class ReusedDatabase:
                 await conn.execute("DELETE FROM pg_statistic_ext_data")
                 # the emptied tables' counts reach the cumulative statistics before they are reset
                 await conn.execute("SELECT pg_stat_force_next_flush()")
+                reset_by = await conn.fetchval(_CURRENT_XID)
             await conn.execute("SELECT pg_stat_reset()")
+            self._reset_by = reset_by
         finally:
             await conn.close()
 
