@@ -352,7 +352,7 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
             allow_origins=settings.cors_origins,
             allow_methods=["*"],
             allow_headers=["*"],
-            expose_headers=["X-Request-Id", "Retry-After", "traceparent"],
+            expose_headers=["X-Request-Id", "Retry-After", "traceparent", "X-Metaledger-Partial"],
             allow_credentials=False,
             max_age=600,
         )

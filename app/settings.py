@@ -399,8 +399,10 @@ class Settings(BaseSettings):
         10.0,
         ge=0,
         json_schema_extra=group("Operations"),
-        description="read transactions of the Postgres search backend (searches, facets, scrolls, lineage) run under "
-        "this `statement_timeout`; past it: 503 with `Retry-After` (0: none)",
+        description="each request's read budget from its arrival (a caller may shorten it with "
+        "`X-Metaledger-Deadline-Ms`): the Postgres search backend's statements (searches, facets, scrolls, lineage) "
+        "run under what is left of it; past it a search is a 503 with `Retry-After`, a lineage walk answers the hops "
+        "it finished (partial) or a 504 (0: none)",
     )
     db_pool_timeout_s: float = Field(
         5.0, description="longest wait for a pooled database connection; then 503 with `Retry-After` (never a 500)"

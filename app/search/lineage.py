@@ -23,20 +23,12 @@ from typing import Literal
 from app import read_deadline
 from app.errors import Issue
 from app.search.model import DOWNSTREAM_LINEAGE, Edge, SearchBackend
-from app.urns import InvalidUrnError, entity_type_of, parse_urn
+from app.urns import InvalidUrnError, parse_urn, type_of
 
 Direction = Literal["UPSTREAM", "DOWNSTREAM"]
 Path = tuple[tuple[str, str], ...]  # (urn, entity type), from the start
 SCHEMA_FIELD = "schemaField"
 SCHEMA_FIELD_PREFIX = "urn:li:schemaField:("
-
-
-def type_of(urn: str) -> str:
-    """The entity type of a URN ("" when it is none)."""
-    try:
-        return entity_type_of(urn)
-    except InvalidUrnError:
-        return ""
 
 
 def schema_field_parent(urn: str) -> str | None:
