@@ -13,14 +13,23 @@ import dataclasses
 import uuid
 from collections.abc import Sequence
 from contextvars import ContextVar
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db import session_connection
-from app.write.proposal import AuditStamp
 
-ClaimRef = tuple[str, str, uuid.UUID]  # actor, key, holder
+ClaimRef = tuple[str, str, uuid.UUID]  # actor, key, holder (app.write.proposal.AuditStamp.claim's type)
+
+
+class Stamp(Protocol):
+    """What this module needs of app.write.proposal.AuditStamp (which it does not import: app.write calls it)."""
+
+    @property
+    def claim(self) -> ClaimRef | None: ...
+
+
+S = TypeVar("S", bound=Stamp)
 
 CLAIM: ContextVar[ClaimRef | None] = ContextVar("idempotency_claim", default=None)
 
@@ -31,14 +40,14 @@ _MARK = """
 """
 
 
-def bind(audit: AuditStamp) -> AuditStamp:
+def bind(audit: S) -> S:
     """`audit`, the stamp of the current request's write, with the request's claim (if any) for its transaction to
     mark."""
     claim = CLAIM.get()
-    return audit if claim is None else dataclasses.replace(audit, claim=claim)
+    return audit if claim is None else dataclasses.replace(audit, claim=claim)  # type: ignore[type-var]
 
 
-async def mark_committed(session: AsyncSession, writes: Sequence[tuple[Any, AuditStamp]]) -> None:
+async def mark_committed(session: AsyncSession, writes: Sequence[tuple[Any, Stamp]]) -> None:
     """In the write transaction on `session`: mark the claims of `writes` (proposals, audit stamp) committed."""
     claims = {audit.claim for _, audit in writes if audit.claim is not None}
     if not claims:  # no keyed write among them: no statement

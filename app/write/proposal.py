@@ -5,13 +5,11 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
+from uuid import UUID
 
 from app.audit.model import INTERNAL, Attribution, attribution
 from app.errors import Location
-
-if TYPE_CHECKING:
-    from app.idempotency.commit import ClaimRef
 
 DEFAULT_RUN_ID = "no-run-id-provided"
 DEFAULT_ACTOR = "urn:li:corpuser:datahub"
@@ -51,7 +49,7 @@ class AuditStamp:
     caller: Attribution = field(default=INTERNAL, compare=False)
     # the Idempotency-Key claim of the request that made the write, which its transaction marks committed
     # (app.idempotency.commit); None: no key
-    claim: ClaimRef | None = field(default=None, compare=False)
+    claim: tuple[str, str, UUID] | None = field(default=None, compare=False)  # actor, key, holder
 
     @classmethod
     def now(cls, actor: str | None = None) -> AuditStamp:
