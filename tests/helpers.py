@@ -72,6 +72,29 @@ def mcp(
     return proposal
 
 
+def policy_info(**overrides: Any) -> dict[str, Any]:
+    """A DataHub access policy's `dataHubPolicyInfo`: METADATA, ACTIVE, granting EDIT_ENTITY_TAGS on every resource to
+    no one; override what a test needs (`actors` is merged into the default actors)."""
+    info: dict[str, Any] = {
+        "displayName": "test policy",
+        "description": "",
+        "type": "METADATA",
+        "state": "ACTIVE",
+        "privileges": ["EDIT_ENTITY_TAGS"],
+        "actors": {"resourceOwners": False, "allUsers": False, "allGroups": False},
+        "editable": True,
+    }
+    for key, value in overrides.items():
+        info[key] = {**info[key], **value} if key == "actors" else value
+    return info
+
+
+def policy_mcp(name: str, **overrides: Any) -> dict[str, Any]:
+    """The MCP writing `urn:li:dataHubPolicy:<name>` with `policy_info(displayName=name, **overrides)`."""
+    info = policy_info(**{"displayName": name, **overrides})
+    return mcp("dataHubPolicyInfo", info, f"urn:li:dataHubPolicy:{name}", entity="dataHubPolicy")
+
+
 async def propose(
     client, *proposals: dict[str, Any], expect: int = 200, batch_size: int | None = None, **kw: Any
 ) -> Any:

@@ -16,7 +16,7 @@ import httpx
 import pytest
 
 from app.auth.model import Permission
-from tests.helpers import RESTLI_HEADERS, ds, mcp, mint_token, propose, restli_propose
+from tests.helpers import RESTLI_HEADERS, ds, mcp, mint_token, policy_mcp, propose, restli_propose
 from tests.integration.test_auth import routes_with_policies
 from tests.web.browsing import csrf_of, page_url, sign_in
 
@@ -226,20 +226,12 @@ async def table(app, client):
         *(mcp("ownership", _owners(urn), urn) for urn in DATASETS),
         *(mcp("domains", {"domains": [SEEDED[urn]["domain"]]}, urn) for urn in DATASETS if SEEDED[urn]["domain"]),
         *(
-            mcp(
-                "dataHubPolicyInfo",
-                {
-                    "displayName": name,
-                    "description": "",
-                    "type": "METADATA",
-                    "state": state,
-                    "privileges": privileges,
-                    "actors": {"resourceOwners": False, "allUsers": False, "allGroups": False, **actors},
-                    "editable": True,
-                    **({"resources": resources} if resources else {}),
-                },
-                f"urn:li:dataHubPolicy:{name}",
-                entity="dataHubPolicy",
+            policy_mcp(
+                name,
+                state=state,
+                privileges=privileges,
+                actors=actors,
+                **({"resources": resources} if resources else {}),
             )
             for name, (actors, privileges, resources, state) in POLICIES.items()
         ),
@@ -300,16 +292,7 @@ async def test_openlineage(app, client, anonymous):
     alice = {"Authorization": f"Bearer {await mint_token(app, 'reader', ALICE)}"}
     assert (await anonymous.post(PATH, json=event, headers=alice)).status_code == 403
     for name, privileges in (("lineage-only", ["EDIT_LINEAGE"]), ("everything", ["EDIT_ENTITY"])):
-        info = {
-            "displayName": name,
-            "description": "",
-            "type": "METADATA",
-            "state": "ACTIVE",
-            "privileges": privileges,
-            "actors": {"resourceOwners": False, "allUsers": False, "allGroups": False, "users": [ALICE]},
-            "editable": True,
-        }
-        await propose(client, mcp("dataHubPolicyInfo", info, f"urn:li:dataHubPolicy:{name}", entity="dataHubPolicy"))
+        await propose(client, policy_mcp(name, privileges=privileges, actors={"users": [ALICE]}))
         answer = await anonymous.post(PATH, json=event, headers=alice)
         if name == "lineage-only":  # the job's and datasets' other aspects need EDIT_ENTITY
             assert answer.status_code == 403, answer.text

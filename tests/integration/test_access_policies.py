@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import bearer, ds, mcp, propose
+from tests.helpers import bearer, ds, mcp, policy_mcp, propose
 
 ALICE = "urn:li:corpuser:alice"
 BOB = "urn:li:corpuser:bob"
@@ -15,22 +15,6 @@ STEWARDS = "urn:li:corpGroup:stewards"
 HIVE = ds("access.orders", "hive")
 SNOW = ds("access.orders", "snowflake")
 TAGS = {"tags": [{"tag": "urn:li:tag:pii"}]}
-
-
-def policy_info(**overrides: Any) -> dict[str, Any]:
-    """A METADATA policy granting EDIT_ENTITY_TAGS on every resource to no one; override what a test needs."""
-    info: dict[str, Any] = {
-        "displayName": "test policy",
-        "description": "",
-        "type": "METADATA",
-        "state": "ACTIVE",
-        "privileges": ["EDIT_ENTITY_TAGS"],
-        "actors": {"resourceOwners": False, "allUsers": False, "allGroups": False},
-        "editable": True,
-    }
-    for key, value in overrides.items():
-        info[key] = {**info[key], **value} if key == "actors" else value
-    return info
 
 
 def platform_filter(platform: str) -> dict[str, Any]:
@@ -42,9 +26,8 @@ def platform_filter(platform: str) -> dict[str, Any]:
 
 
 async def grant(client, name: str, **overrides: Any) -> str:
-    urn = f"urn:li:dataHubPolicy:{name}"
-    await propose(client, mcp("dataHubPolicyInfo", policy_info(**overrides), urn, entity="dataHubPolicy"))
-    return urn
+    await propose(client, policy_mcp(name, **overrides))
+    return f"urn:li:dataHubPolicy:{name}"
 
 
 async def tag(anonymous, headers, urn: str = HIVE):
@@ -111,9 +94,7 @@ async def test_a_writer_edits_without_a_policy_but_deletes_no_entity(app, client
 
 async def test_writing_a_policy_needs_manage_policies_and_grants_nothing_its_author_lacks(app, client, anonymous):
     writer = await bearer(app, "writer", ALICE)
-    mine = mcp(
-        "dataHubPolicyInfo", policy_info(actors={"users": [ALICE]}), "urn:li:dataHubPolicy:mine", entity="dataHubPolicy"
-    )
+    mine = policy_mcp("mine", actors={"users": [ALICE]})
     refused = await anonymous.post("/openapi/v1/proposals", json=[mine], headers=writer)
     assert refused.status_code == 403
     assert "MANAGE_POLICIES" in refused.json()["issues"][0]["message"]
@@ -124,31 +105,22 @@ async def test_writing_a_policy_needs_manage_policies_and_grants_nothing_its_aut
     escalation = await anonymous.post("/openapi/v1/proposals", json=[mine], headers=bob)
     assert escalation.status_code == 403
     assert "lacks EDIT_ENTITY_TAGS" in escalation.json()["issues"][0]["message"]
-    harmless = mcp(
-        "dataHubPolicyInfo",
-        policy_info(type="PLATFORM", privileges=["MANAGE_POLICIES"], actors={"users": [ALICE]}),
-        "urn:li:dataHubPolicy:co-admin",
-        entity="dataHubPolicy",
-    )
+    harmless = policy_mcp("co-admin", type="PLATFORM", privileges=["MANAGE_POLICIES"], actors={"users": [ALICE]})
     assert (await anonymous.post("/openapi/v1/proposals", json=[harmless], headers=bob)).status_code == 200
 
 
 async def test_a_policy_that_does_not_make_sense_is_refused_naming_the_field(client):
-    bad = policy_info(
+    bad = policy_mcp(
+        "bad",
         type="SOMETIMES",
         privileges=["EDIT_ENTITY_TAGS", "MANAGE_POLICIES"],
         resources={"filter": {"criteria": [{"field": "COLOUR", "values": ["red"], "condition": "EQUALS"}]}},
     )
-    answer = await propose(
-        client, mcp("dataHubPolicyInfo", bad, "urn:li:dataHubPolicy:bad", entity="dataHubPolicy"), expect=400
-    )
+    answer = await propose(client, bad, expect=400)
     paths = {issue.get("path") for issue in answer["issues"]}
     assert "$[0].aspect.type" in paths
     assert "$[0].aspect.resources.filter.criteria[0].field" in paths
-    mixed = policy_info(privileges=["EDIT_ENTITY_TAGS", "MANAGE_POLICIES"])
-    answer = await propose(
-        client, mcp("dataHubPolicyInfo", mixed, "urn:li:dataHubPolicy:mixed", entity="dataHubPolicy"), expect=400
-    )
+    answer = await propose(client, policy_mcp("mixed", privileges=["EDIT_ENTITY_TAGS", "MANAGE_POLICIES"]), expect=400)
     assert [issue["path"] for issue in answer["issues"]] == ["$[0].aspect.privileges[1]"]
 
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import bearer, ds, eventually, mcp, propose
+from tests.helpers import bearer, ds, eventually, mcp, policy_mcp, propose
 
 ALICE, BOB, DAVE = "urn:li:corpuser:alice", "urn:li:corpuser:bob", "urn:li:corpuser:dave"
 H1, H2, S1 = ds("views.a", "hive"), ds("views.b", "hive"), ds("views.c", "snowflake")
@@ -27,17 +27,9 @@ def settings_overrides() -> dict[str, Any]:
 
 
 def view_policy(name: str, actors: dict[str, Any], resources: dict[str, Any] | None = None) -> dict[str, Any]:
-    info = {
-        "displayName": name,
-        "description": "",
-        "type": "METADATA",
-        "state": "ACTIVE",
-        "privileges": ["VIEW_ENTITY_PAGE"],
-        "actors": {"resourceOwners": False, "allUsers": False, "allGroups": False, **actors},
-        "editable": True,
-        **({"resources": resources} if resources else {}),
-    }
-    return mcp("dataHubPolicyInfo", info, f"urn:li:dataHubPolicy:{name}", entity="dataHubPolicy")
+    return policy_mcp(
+        name, privileges=["VIEW_ENTITY_PAGE"], actors=actors, **({"resources": resources} if resources else {})
+    )
 
 
 @pytest.fixture
