@@ -49,6 +49,7 @@ from app.ops.middleware import OperationsMiddleware
 from app.read_deadline import ReadDeadlineMiddleware
 from app.registry import EntityRegistry
 from app.registry.errors import RegistryError
+from app.replicas import WRITTEN_AT_HEADER, ReplicaPool, ReplicaRoutingMiddleware, note_fault
 from app.schema_registry import make_registry_client
 from app.search.service import SearchRuntime
 from app.settings import Settings, get_settings
@@ -69,6 +70,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     engine = create_engine(url, settings.db_pool_size, settings.db_pool_timeout_s)
     app.state.engine = engine
     app.state.sessionmaker = create_sessionmaker(engine)
+    # The read replicas (METALEDGER_READ_DATABASE_URLS), checked once before the first request, then every second.
+    app.state.replicas = replicas = ReplicaPool.from_settings(settings, engine)
+    if replicas is not None:
+        await replicas.start()
     app.state.schema_registry = make_registry_client(settings, engine)
     # The models registered at run time, taken up before the first request; then followed by this process's
     # background work, or by a watcher of its own in an API process of `serve --workers N`.
@@ -95,7 +100,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.proposal_producer = producer
     app.state.auth = auth = AuthService(settings, engine, app.state.registry)
     await announce_auth(settings, auth)
-    app.state.ops = ops = Operations(settings, engine, app.state.registry, app.state.schema_registry)
+    app.state.ops = ops = Operations(settings, engine, app.state.registry, app.state.schema_registry, replicas)
     combiner = None
     if settings.write_combining:
         combiner = WriteCombiner(
@@ -139,25 +144,11 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             await producer.stop()
         await search.close()
         await app.state.schema_registry.aclose()
+        if replicas is not None:
+            await replicas.close()
         await engine.dispose()
         if embedded is not None:
             await asyncio.to_thread(embedded.stop)
-
-
-# The protocol modules' routers as included by the first app of the process, kept (as app.api.entities keeps the
-# entity routes): FastAPI builds an included router's routes once per inclusion (0.4 s for these), and an app made
-# again (the tests make one per test) takes them built. Their routes read the app from the request, never from here.
-_INCLUDED: list[BaseRoute] = []
-
-
-def _included_routers(app: FastAPI) -> list[BaseRoute]:
-    if not _INCLUDED:
-        start = len(app.router.routes)
-        for router in routers:
-            app.include_router(router)
-        _INCLUDED.extend(app.router.routes[start:])
-        del app.router.routes[start:]
-    return _INCLUDED
 
 
 def _build_routes(app: FastAPI) -> None:
@@ -244,6 +235,7 @@ def _install_error_handlers(app: FastAPI) -> None:
             )
             return json_response(invalid.to_json(), 400)
         if fault is DatabaseFault.UNAVAILABLE:
+            note_fault()  # a read on a replica is answered again from the primary (app.replicas)
             log.warning(
                 "database unavailable",
                 extra={"path": request.url.path, "error": f"{type(error).__name__}: {error}"[:300]},
@@ -337,7 +329,7 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
     app.state.registry = write_service.registry
     app.state.write_service = write_service
     app.state.drain = Drain(settings)
-    app.router.routes.extend(_included_routers(app))
+    route_index.include_once(app, routers)
     app.router.routes.extend(entity_routes(app.state.registry))  # each entity type's made on first use
     mcp_server.install(app)  # POST /mcp, metaledger's MCP endpoint
     web.install(app)  # the web view: pages at DataHub's frontend paths, its sign-in sessions and assets
@@ -352,10 +344,12 @@ def create_app(settings: Settings | None = None, registry: EntityRegistry | None
             allow_origins=settings.cors_origins,
             allow_methods=["*"],
             allow_headers=["*"],
-            expose_headers=["X-Request-Id", "Retry-After", "traceparent", "X-Metaledger-Partial"],
+            expose_headers=["X-Request-Id", "Retry-After", "traceparent", "X-Metaledger-Partial", WRITTEN_AT_HEADER],
             allow_credentials=False,
             max_age=600,
         )
+    # Inside the read budget: a read's wait for its replica, and its answer again from the primary, spend it.
+    app.add_middleware(ReplicaRoutingMiddleware)
     app.add_middleware(ReadDeadlineMiddleware, read_timeout_s=settings.read_timeout_s)  # each request's read budget
     app.add_middleware(EncodedSlashMiddleware)  # an s3 URN's `%2F` stays in its path segment (app.api.urn_paths)
     app.add_middleware(DrainMiddleware, drain=app.state.drain)

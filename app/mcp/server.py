@@ -24,6 +24,7 @@ from starlette.responses import Response
 from starlette.types import Message, Receive, Scope, Send
 
 from app.api.deps import ALLOW_READ, Caller, DeclaredBody
+from app.api.route_index import include_once
 from app.errors import ERROR_RESPONSES
 from app.mcp import datahub as _datahub  # noqa: F401  (declares DataHub's tools)
 from app.mcp import extras as _extras  # noqa: F401  (declares metaledger's)
@@ -155,4 +156,4 @@ class McpEndpoint:
 def install(app: FastAPI) -> None:
     """The `/mcp` route and its server, on `app` (before app.api.route_index files the routes)."""
     app.state.mcp = McpEndpoint(app.state.settings.max_request_bytes)
-    app.include_router(router)
+    include_once(app, [router])

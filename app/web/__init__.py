@@ -15,6 +15,7 @@ from fastapi.staticfiles import StaticFiles
 from starlette.responses import RedirectResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from app.api.route_index import include_once
 from app.web import edits, operations, routes, runs, tokens
 from app.web.paths import PATH_NAMES
 from app.web.policy import SignInRequired, WebError, current_session, sign_in_url
@@ -25,8 +26,7 @@ STATIC_NAME = "web-static"
 
 def install(app: FastAPI) -> None:
     app.mount(STATIC_URL, StaticFiles(directory=STATIC), name=STATIC_NAME)
-    for pages in (routes, edits, runs, operations, tokens):
-        app.include_router(pages.router)
+    include_once(app, (pages.router for pages in (routes, edits, runs, operations, tokens)))
     app.add_exception_handler(SignInRequired, _sign_in)  # type: ignore[arg-type]
     app.add_exception_handler(WebError, _refused)  # type: ignore[arg-type]
     app.router.default = _PageNotFound(app, app.router.default)
