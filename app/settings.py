@@ -79,9 +79,29 @@ class Settings(BaseSettings):
         description="retries of a write transaction after a lost race, deadlock or serialization failure",
     )
     db_pool_size: int = Field(10, description="database connections per process")
-
     apply_migrations_on_start: bool = Field(
         True, description="`serve` applies pending migrations first (`--no-migrate` turns it off)"
+    )
+    read_database_urls: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        json_schema_extra=group("Read replicas", "replicas.md"),
+        description="Postgres streaming replicas (or a managed read endpoint) that serve the reads, comma-separated "
+        "`postgresql+asyncpg://` URLs; empty: every read on `DATABASE_URL`. Writes always go to the primary",
+    )
+    replica_max_lag_s: float = Field(
+        5.0, gt=0, description="a replica further behind the primary than this leaves rotation until it catches up"
+    )
+    read_your_writes_s: float = Field(
+        5.0,
+        ge=0,
+        description="a caller (its token, or its address without one) that wrote within this long reads at least "
+        "what it wrote, without sending `X-Metaledger-Written-At` (per process; 0: only the header)",
+    )
+    read_your_writes_wait_s: float = Field(
+        1.0,
+        ge=0,
+        description="how long a read waits for a replica to replay the position it must see (within the read "
+        "budget); then it reads from the primary",
     )
 
     # --- Kafka (unset: the embedded default; the outbox still fills and is readable as a change feed over HTTP)
@@ -475,9 +495,9 @@ class Settings(BaseSettings):
         "or comma-separated; empty: CORS off (no CORS headers: browsers refuse cross-origin calls)",
     )
 
-    @field_validator("cors_origins", mode="before")
+    @field_validator("cors_origins", "read_database_urls", mode="before")
     @classmethod
-    def _origins(cls, raw: Any) -> Any:
+    def _comma_separated(cls, raw: Any) -> Any:
         if isinstance(raw, str):
             text = raw.strip()
             if text.startswith("["):

@@ -17,7 +17,7 @@ import orjson
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, Field
 
-from app.api.deps import ALLOW_READ, Caller, Engine, Session, SettingsDep
+from app.api.deps import ALLOW_READ, Caller, ReadEngine, ReadSession, SettingsDep
 from app.api.http import json_response
 from app.auth.reads import readable_events
 from app.changelog import feed
@@ -56,8 +56,8 @@ class ChangeFeedPage(BaseModel):
 )
 async def change_feed(
     settings: SettingsDep,
-    engine: Engine,
-    session: Session,
+    engine: ReadEngine,
+    session: ReadSession,
     caller: Caller,
     after: Annotated[int, Query(description="Return events after this offset (0: from the start)")] = 0,
     limit: Annotated[int, Query(description=f"At most this many events (1..{MAX_LIMIT})")] = DEFAULT_LIMIT,
@@ -129,8 +129,8 @@ class ExternalEventsResponse(BaseModel):
 )
 async def poll_events(
     settings: SettingsDep,
-    engine: Engine,
-    session: Session,
+    engine: ReadEngine,
+    session: ReadSession,
     caller: Caller,
     topic: Annotated[
         str, Query(description="PlatformEvent_v1, MetadataChangeLog_Versioned_v1 or MetadataChangeLog_Timeseries_v1")

@@ -34,6 +34,7 @@ from app.ops import Operations
 from app.ops.backpressure import CLIENT_ADDRESS
 from app.ops.metrics import AUTH_FAILURES
 from app.registry import EntityRegistry
+from app.replicas import current_route, note_caller, read_after_primary, read_engine
 from app.schema_registry import SchemaRegistryClient
 from app.search.model import SearchBackend
 from app.search.service import SearchRuntime, SearchUnavailable
@@ -79,9 +80,22 @@ class LazySession:
 
 
 async def get_session(request: Request) -> AsyncSession:
+    """A session on the primary: writes, their precondition reads, and what must see the latest state at once."""
     session = LazySession(request.app.state.sessionmaker)
     _on_exit(request).push_async_callback(session.release)
     return cast(AsyncSession, session)  # it stands for the AsyncSession it builds
+
+
+async def get_read_session(request: Request) -> AsyncSession:
+    """A session for a pure read: on the request's read replica (app.replicas: healthy, and past the position the
+    caller must see), else on the primary (no replicas, none healthy, none caught up in time)."""
+    route = current_route()
+    replica = await route.replica() if route is not None else None
+    if replica is None:
+        return await get_session(request)
+    session = LazySession(replica.sessionmaker)
+    _on_exit(request).push_async_callback(session.release)
+    return cast(AsyncSession, session)
 
 
 async def get_gateway(request: Request) -> IngestGateway:
@@ -98,6 +112,12 @@ async def get_settings(request: Request) -> Settings:
 
 async def get_engine(request: Request) -> AsyncEngine:
     return request.app.state.engine
+
+
+async def get_read_engine(request: Request) -> AsyncEngine:
+    """The engine of a pure read that takes connections itself (the change feed): the request's replica's, else the
+    primary's."""
+    return await read_engine(request.app.state.engine)
 
 
 async def get_schema_registry(request: Request) -> SchemaRegistryClient | None:
@@ -131,13 +151,24 @@ async def _already_current() -> bool:
     return False
 
 
-async def get_read_your_writes(request: Request) -> Callable[[], Awaitable[bool]]:
+async def get_index_wait(request: Request) -> Callable[[], Awaitable[bool]]:
     """Wait (bounded) until the embedded indexer has applied every change log committed so far; a no-op where there
-    is no embedded indexer (Kafka configured: the Spark job indexes) or no search backend."""
+    is no embedded indexer (Kafka configured: the Spark job indexes) or no search backend. (Not the replicas' wait for
+    a caller's writes: app.replicas.)"""
     state = request.app.state
     if state.settings.kafka_bootstrap_servers or getattr(state, "search", None) is None:
         return _already_current
-    return partial(wait_until_indexed, state.sessionmaker)
+    if current_route() is None:
+        return partial(wait_until_indexed, state.sessionmaker)
+    return partial(_indexed_then_replayed, state.sessionmaker)
+
+
+async def _indexed_then_replayed(sessionmaker: async_sessionmaker[AsyncSession]) -> bool:
+    """The index wait, then the request's reads see at least the primary's position once it is over: a replica
+    serves them only once it has replayed what the indexer wrote."""
+    caught_up = await wait_until_indexed(sessionmaker)
+    await read_after_primary()
+    return caught_up
 
 
 async def get_operations(request: Request) -> Operations:
@@ -154,6 +185,7 @@ async def authenticate(request: Request) -> Principal:
     if principal is None:
         principal = request.scope[_PRINCIPAL] = await request.app.state.auth.authenticate(request.headers)
         attribute_request(principal.token_id, request.url.path)  # the token and surface its audit entries name
+        note_caller(principal.token_id or (request.client.host if request.client else None))  # whose writes it reads
         if request.client is not None:  # whose share of the write admission a caller without a token is charged
             CLIENT_ADDRESS.set(request.client.host)
     return principal
@@ -301,10 +333,12 @@ class AllowRegistryRead(Allow):
 
 
 Session = Annotated[AsyncSession, Depends(get_session)]
+ReadSession = Annotated[AsyncSession, Depends(get_read_session)]  # pure reads: a replica's when there is one
 Gateway = Annotated[IngestGateway, Depends(get_gateway)]
 Registry = Annotated[EntityRegistry, Depends(get_registry)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 Engine = Annotated[AsyncEngine, Depends(get_engine)]
+ReadEngine = Annotated[AsyncEngine, Depends(get_read_engine)]
 Search = Annotated[SearchRuntime | None, Depends(get_search_runtime)]
 SchemaRegistry = Annotated[SchemaRegistryClient | None, Depends(get_schema_registry)]
 Backend = Annotated[SearchBackend, Depends(get_backend)]
@@ -325,13 +359,22 @@ ALLOW_REGISTRY_READ = Depends(AllowRegistryRead())
 Reader = Annotated[Principal, ALLOW_READ]
 Writer = Annotated[Principal, ALLOW_WRITE]
 RegistryCaller = Annotated[Principal | None, ALLOW_REGISTRY_READ]  # None: an open read without credentials
-ReadYourWrites = Annotated[Callable[[], Awaitable[bool]], Depends(get_read_your_writes)]
+WaitForIndex = Annotated[Callable[[], Awaitable[bool]], Depends(get_index_wait)]
 
 
-async def get_entity_reader(session: Session, registry: Registry, caller: Caller) -> EntityReader:
-    """The aspect store as the request's caller may read it (its read rule), on the request's session (the one its
-    other dependencies get: FastAPI solves `Session` once per request)."""
+async def get_entity_reader(session: ReadSession, registry: Registry, caller: Caller) -> EntityReader:
+    """The aspect store as the request's caller may read it (its read rule), on the request's read session (a
+    replica's when there is one; FastAPI solves `ReadSession` once per request)."""
     return EntityReader(session, registry, caller)
 
 
 StoredEntities = Annotated[EntityReader, Depends(get_entity_reader)]  # with a route policy in front of it
+
+
+async def get_primary_entity_reader(session: Session, registry: Registry, caller: Caller) -> EntityReader:
+    """The aspect store as the caller may read it, on the primary: what a write reads before it writes (what exists
+    to delete) must be the latest state, never a replica's."""
+    return EntityReader(session, registry, caller)
+
+
+PrimaryEntities = Annotated[EntityReader, Depends(get_primary_entity_reader)]  # with a route policy in front of it

@@ -21,7 +21,17 @@ from starlette.datastructures import URLPath
 from starlette.routing import BaseRoute, Match, NoMatchFound
 from starlette.types import Receive, Scope, Send
 
-from app.api.deps import ALLOW_READ, DeclaredBody, Gateway, Session, StoredEntities, Writer, get_registry, get_settings
+from app.api.deps import (
+    ALLOW_READ,
+    DeclaredBody,
+    Gateway,
+    PrimaryEntities,
+    Session,
+    StoredEntities,
+    Writer,
+    get_registry,
+    get_settings,
+)
 from app.api.http import (
     Flag,
     aspect_envelope,
@@ -369,7 +379,7 @@ def _delete_entity(router: APIRouter, e: EntityType) -> None:
         request: Request,
         session: Session,
         gateway: Gateway,
-        reader: StoredEntities,
+        reader: PrimaryEntities,
         aspects: Annotated[list[str] | None, *e.aspects_to_delete] = None,
         clear: ClearFlag = False,
     ) -> Response:

@@ -9,7 +9,17 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Request, Response
 
-from app.api.deps import ALLOW_READ, Caller, DeclaredBody, Gateway, Registry, Session, SettingsDep, get_backend
+from app.api.deps import (
+    ALLOW_READ,
+    Caller,
+    DeclaredBody,
+    Gateway,
+    Registry,
+    Session,
+    SettingsDep,
+    get_backend,
+    get_read_session,
+)
 from app.api.http import json_response
 from app.errors import ERROR_RESPONSES
 from app.graphql.resolvers import Context
@@ -73,6 +83,13 @@ async def graphql(
     operation: Annotated[GraphQLRequest, Depends(GraphQLBody())],
 ) -> Response:
     context = Context(
-        session, registry, gateway, caller, partial(get_backend, request), settings.graphql_max_count, request.headers
+        session,
+        registry,
+        gateway,
+        caller,
+        partial(get_backend, request),
+        settings.graphql_max_count,
+        request.headers,
+        read_session=partial(get_read_session, request),
     )
     return json_response(*await run(operation, context, settings))

@@ -15,7 +15,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Query
 from pydantic import BaseModel, ConfigDict, Field
 
-from app.api.deps import ALLOW_READ, Caller, Registry, Session
+from app.api.deps import ALLOW_READ, Caller, ReadSession, Registry
 from app.api.http import Flag, UrnPath, entity_of_urn, json_response
 from app.auth.reads import unreadable_entities
 from app.errors import ERROR_RESPONSES
@@ -68,7 +68,7 @@ class ChangeTransaction(BaseModel):
 )
 async def timeline(
     urn: UrnPath,
-    session: Session,
+    session: ReadSession,
     registry: Registry,
     caller: Caller,
     categories: Annotated[list[str], Query(description="Change categories: TAG, OWNERSHIP, TECHNICAL_SCHEMA, ...")],

@@ -90,6 +90,9 @@ class Context:
     backend: Callable[[], Awaitable[SearchBackend]]  # the started search backend, or ServiceUnavailable
     max_count: int
     request_headers: Mapping[str, str]
+    # A session for a query's reads (app.api.deps `ReadSession`: a read replica's); `session` (the primary's) serves
+    # mutations, their reads included. None: `session` serves everything (the web view, the MCP tools).
+    read_session: Callable[[], Awaitable[AsyncSession]] | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     loader: AspectLoader = field(init=False)
     # The entity types registered at run time that the request's schema has (app.graphql.service.served_schema):

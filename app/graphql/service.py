@@ -27,9 +27,11 @@ from graphql import (
     GraphQLFormattedError,
     GraphQLSchema,
     IntValueNode,
+    OperationType,
     ValueNode,
     build_schema,
     execute,
+    get_operation_ast,
     parse,
     validate,
 )
@@ -357,6 +359,9 @@ async def run(request: GraphQLRequest, context: Context, settings: Settings) -> 
     if refused is not None:
         return refused, 400
     context.answer = AnswerBudget(settings.graphql_max_response_bytes)
+    operation = get_operation_ast(document, request.operation_name)
+    if context.read_session is not None and operation is not None and operation.operation is OperationType.QUERY:
+        context.session = await context.read_session()  # a query reads a replica's; a mutation the primary's
     result = execute(
         served.schema,
         document,

@@ -27,6 +27,7 @@ from app.ingest.mcp import parse_proposals_in_turns, proposal_to_mcp
 from app.ingest.trace import stamp_trace
 from app.ops.backpressure import CLIENT_ADDRESS, REQUEST_GRANT, WriteAdmission
 from app.ops.metrics import count_writes, write_refused
+from app.replicas import note_commit
 from app.search.service import IndexOutcome, SearchRuntime, sync_index, wants_sync_index
 from app.turns import TimeSlice
 from app.write.combiner import WriteCombiner
@@ -174,6 +175,7 @@ class IngestGateway:
                 retry_after_s=self.settings.backpressure_retry_after_s,
             ) from error
         count_writes(proposals, result.items)
+        note_commit()  # the answer carries the primary's position after it (app.replicas: read-your-writes)
         return result
 
     async def authorize(self, caller: Principal, drafts: Sequence[Draft]) -> None:

@@ -26,6 +26,7 @@ from app.ops.metrics import EVENT_LOOP_LAG, exposition
 from app.ops.readiness import Readiness
 from app.ops.sampler import OutboxSampler
 from app.registry import EntityRegistry
+from app.replicas import ReplicaPool
 from app.settings import Settings
 
 CONTENT_TYPE = CONTENT_TYPE_PLAIN_0_0_4  # the text format generate_latest writes (names escaped to underscores)
@@ -46,9 +47,11 @@ class Operations:
         engine: AsyncEngine,
         registry: EntityRegistry | None = None,
         schema_registry: Any = None,
+        replicas: ReplicaPool | None = None,
     ) -> None:
         self.settings = settings
         self.engine = engine
+        self.replicas = replicas
         self.sampler = OutboxSampler(settings, engine)
         self.admission = WriteAdmission(
             in_flight_limit(settings),
@@ -62,7 +65,7 @@ class Operations:
             duty=settings.write_caller_duty,
             shared=SharedActivity.from_environment(),
         )
-        self.readiness = Readiness(settings, self.sampler, registry, schema_registry)
+        self.readiness = Readiness(settings, self.sampler, registry, schema_registry, replicas)
         self.background: Any = None
         self.collectors = CollectorRegistry(auto_describe=False)  # this app's figures (the module's are shared)
         self.collectors.register(_AppCollector(self))
@@ -124,6 +127,8 @@ class _AppCollector(Collector):
             "The pool's size plus its overflow",
             value=ops.settings.db_pool_size * 2,
         )
+        if ops.replicas is not None:
+            yield from _replica_figures(ops.replicas)
         admission = ops.admission
         yield GaugeMetricFamily(
             "metaledger_writes_in_flight", "Write transactions holding a slot now", value=admission.in_flight
@@ -192,3 +197,29 @@ class _AppCollector(Collector):
                 "Since the oldest change log in search_index_failure first failed (0: none)",
                 value=sample.failing_age_s or 0.0,
             )
+
+
+def _replica_figures(pool: ReplicaPool) -> Iterator[Any]:
+    """Each read replica's state as the monitor last found it, labelled host:port/database (app.replicas)."""
+    rotation = GaugeMetricFamily(
+        "metaledger_replica_in_rotation", "1 when the read replica serves reads, 0 when it is out", labels=["replica"]
+    )
+    lag_s = GaugeMetricFamily(
+        "metaledger_replica_lag_seconds",
+        "How long the read replica has been behind the primary's WAL position (0: caught up)",
+        labels=["replica"],
+    )
+    lag_bytes = GaugeMetricFamily(
+        "metaledger_replica_lag_bytes", "WAL bytes the read replica has not replayed yet", labels=["replica"]
+    )
+    for replica in pool.replicas:
+        rotation.add_metric([replica.name], float(replica.in_rotation))
+        if replica.lag_s is not None:
+            lag_s.add_metric([replica.name], replica.lag_s)
+            lag_bytes.add_metric([replica.name], float(replica.lag_bytes or 0))
+    yield from (rotation, lag_s, lag_bytes)
+    yield CounterMetricFamily(
+        "metaledger_replica_reads_retried_on_primary",
+        "Reads whose read replica failed under them, answered again from the primary",
+        value=pool.retried_on_primary,
+    )

@@ -3,8 +3,10 @@
     {"status": "ready" | "not ready",
      "checks": {"database": {...}, "migrations": {...}, "broker": {...}, "registry": {...}, "indexing": {...}}}
 
-Every check has `ok`; the answer is ready when all but `indexing` are ok (indexing is informational: its lag and
-failures are reported, a lagging index or change logs the backend refused do not take the service out of rotation). The database and the migrations
+Every check has `ok`; the answer is ready when all but `indexing` and `replicas` are ok (both are informational:
+indexing's lag and failures are reported, a lagging index or change logs the backend refused do not take the service
+out of rotation; `replicas`, with METALEDGER_READ_DATABASE_URLS, names each read replica and its state: one out of
+rotation leaves its reads to the primary, which serves them). The database and the migrations
 are one statement on the ops connection (`SELECT version_num FROM alembic_version`) within `ready_timeout_s`; the
 broker (when `kafka_bootstrap_servers` is set) and an external schema registry are asked at most every
 `ready_cache_s`, each within `ready_timeout_s`. A process stopping on SIGTERM (app.ops.drain) adds
@@ -25,7 +27,10 @@ import httpx
 from app.db import MIGRATIONS_DIR
 from app.ops.sampler import OutboxSampler
 from app.registry import EntityRegistry
+from app.replicas import ReplicaPool
 from app.settings import Settings
+
+_INFORMATIONAL = ("indexing", "replicas")  # reported, never a reason to be out of rotation
 
 
 @cache
@@ -78,9 +83,15 @@ def _error(error: BaseException) -> str:
 
 class Readiness:
     def __init__(
-        self, settings: Settings, sampler: OutboxSampler, registry: EntityRegistry | None, schema_registry: Any
+        self,
+        settings: Settings,
+        sampler: OutboxSampler,
+        registry: EntityRegistry | None,
+        schema_registry: Any,
+        replicas: ReplicaPool | None = None,
     ) -> None:
         self.settings = settings
+        self.replicas = replicas
         self.sampler = sampler
         self.registry = registry
         self.schema_registry_url = settings.schema_registry_url
@@ -103,9 +114,11 @@ class Readiness:
             "registry": await self._registry(database["ok"]),
             "indexing": self._indexing(),
         }
+        if self.replicas is not None:
+            checks["replicas"] = self.replicas.describe()
         if self.stopping is not None:
             checks["process"] = {"ok": False, "error": self.stopping}
-        ready = all(check["ok"] for name, check in checks.items() if name != "indexing")
+        ready = all(check["ok"] for name, check in checks.items() if name not in _INFORMATIONAL)
         return ready, {"status": "ready" if ready else "not ready", "checks": checks}
 
     async def _database(self) -> tuple[dict[str, Any], dict[str, Any]]:

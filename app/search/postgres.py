@@ -52,6 +52,7 @@ from sqlalchemy.ext.asyncio import AsyncEngine
 from app import read_deadline
 from app.db import driver_connection
 from app.registry import EntityRegistry
+from app.replicas import read_engine
 from app.search import documents, query_syntax
 from app.search.cursors import decode_keyset, keyset_cursor
 from app.search.model import (
@@ -737,8 +738,9 @@ class PostgresBackend:
         statements costs a fraction of a millisecond.
 
         A read runs under what is left of its request's budget (app.read_deadline; a lineage hop under what is
-        left of its walking share, `walking`), outside a request under METALEDGER_READ_TIMEOUT_S."""
-        async with self._engine.connect() as connection:
+        left of its walking share, `walking`), outside a request under METALEDGER_READ_TIMEOUT_S. A request's
+        reads go to its read replica when it has one (app.replicas)."""
+        async with (await read_engine(self._engine) if readonly else self._engine).connect() as connection:
             raw = driver_connection(await connection.get_raw_connection())
             async with raw.transaction(isolation="read_committed", readonly=readonly):
                 if readonly:

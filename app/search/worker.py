@@ -268,7 +268,7 @@ async def wait_until_indexed(
     """Read-your-writes for reads that DataHub's clients expect to see their own writes in (the Rest.li timeseries
     action): wait until every change log committed before this call is applied by the embedded worker. Bounded: after
     `timeout_s` the read proceeds (eventually consistent). Only where the embedded worker runs (no Kafka: see
-    app.api.deps.ReadYourWrites). True when caught up."""
+    app.api.deps.WaitForIndex). True when caught up."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     async with sessionmaker() as session:

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.api.deps import get_read_your_writes, scoped_search_backend
+from app.api.deps import get_index_wait, scoped_search_backend
 from app.errors import MetaledgerError
 from app.search.model import TimeseriesPoint, TimeseriesQuery
 from app.web.catalog import short_name
@@ -136,7 +136,7 @@ async def stats(tab: TabRequest) -> Stats:
     start = None if days is None else int(time.time() * 1000) - days * DAY_MS
     try:
         backend = await scoped_search_backend(tab.request, tab.session.principal)
-        caught_up = await get_read_your_writes(tab.request)
+        caught_up = await get_index_wait(tab.request)
         await caught_up()  # a profile written just before the page was asked for is on it
         profiles = await backend.timeseries(
             TimeseriesQuery(urn=tab.view.urn, aspect=PROFILE, start_ms=start, limit=PROFILES_SHOWN)

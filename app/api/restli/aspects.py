@@ -27,7 +27,7 @@ from app.api.deps import (
     Session,
     StoredEntities,
     get_backend,
-    get_read_your_writes,
+    get_index_wait,
 )
 from app.api.http import UrnPath, check_batch_size, entity_of_urn, invalid_at, json_response
 from app.api.restli.common import ObjectActionBody, optional_int, require_urn
@@ -113,7 +113,7 @@ async def _timeseries(body: dict[str, Any], request: Request, registry: EntityRe
         limit = min(limit, 1)
     groups = check_filter(body.get("filter"))
     backend = await get_backend(request)
-    caught_up = await get_read_your_writes(request)
+    caught_up = await get_index_wait(request)
     await caught_up()  # DataHub's clients read their own timeseries writes
     values = await timeseries_from_backend(
         backend,

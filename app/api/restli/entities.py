@@ -28,11 +28,11 @@ from app.api.deps import (
     Caller,
     Gateway,
     Reader,
-    ReadYourWrites,
     Registry,
     Search,
     Session,
     StoredEntities,
+    WaitForIndex,
     get_registry,
     get_settings,
 )
@@ -86,7 +86,7 @@ async def entities_action(
     session: Session,
     gateway: Gateway,
     search: Search,
-    caught_up: ReadYourWrites,
+    caught_up: WaitForIndex,
     action: Annotated[str, Query(description=", ".join(ACTIONS))],
 ) -> Response:
     if isinstance(body, UnbundledEvent):  # `ingest`: every aspect of the snapshot is committed together, or none is
@@ -104,7 +104,7 @@ async def _delete(
     gateway: Gateway,
     caller: Caller,
     search: SearchRuntime | None,
-    caught_up: ReadYourWrites,
+    caught_up: WaitForIndex,
 ) -> dict[str, Any]:
     registry = gateway.registry
     urn = require_urn(body)

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Query, Request, Response
 
-from app.api.deps import ALLOW_MANAGE_INGESTION, Caller, Gateway, Session
+from app.api.deps import ALLOW_MANAGE_INGESTION, Caller, Gateway, Session, get_read_session
 from app.api.http import json_response
 from app.api.restli.common import ObjectActionBody, optional_int
 from app.errors import ERROR_RESPONSES, Issue, ValidationFailed
@@ -49,21 +49,23 @@ _BODY = ObjectActionBody("/runs", ACTIONS)
 @idempotent
 async def runs_action(
     body: Annotated[dict[str, Any], Depends(_BODY)],
+    request: Request,
     session: Session,
     gateway: Gateway,
     caller: Caller,
     action: Annotated[str, Query(description=", ".join(ACTIONS))],
 ) -> Response:
-    if action == "list":
+    if action == "list":  # list and describe are pure reads (a replica's); a rollback reads and writes the primary
         offset, size = _page(body, "pageOffset", "pageSize")
-        return json_response({"value": await list_runs(session, offset, size, _flag(body, "includeSoft", False))})
+        listed = await list_runs(await get_read_session(request), offset, size, _flag(body, "includeSoft", False))
+        return json_response({"value": listed})
     run_id = check_run_id(body.get("runId"))
     if action == "describe":
         offset, size = _page(body, "start", "count")
         return json_response(
             {
                 "value": await describe_run(
-                    session,
+                    await get_read_session(request),
                     gateway.registry,
                     run_id,
                     offset,

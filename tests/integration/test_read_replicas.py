@@ -1,0 +1,442 @@
+"""Read replicas (app.replicas) against a real streaming replica: a throwaway primary of this module's own, a replica
+made of it by `pg_basebackup -R`, metaledger on both. Reads are served by the replica; a caller reads its own writes
+while the replica's replay is paused (the real `datahub` SDK included, which sends no header); a stopped, lagging or
+promoted replica leaves rotation and costs no 5xx."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import asyncpg
+import httpx
+import pytest
+import pytest_asyncio
+
+from app.db import upgrade_database
+from app.embedded_pg import EmbeddedPostgres, EmbeddedPostgresError, ensure_database, free_port, run_coro_sync
+from app.main import create_app
+from app.replicas import WRITTEN_AT_HEADER, format_lsn, parse_lsn
+from app.settings import Settings
+from tests.helpers import ds, mcp, mint_token
+from tests.processes import service_token, start_service, stop_process, wait_healthy_sync
+
+DATABASE = "replicated"
+
+
+@dataclass
+class Cluster:
+    primary: EmbeddedPostgres
+    replica: EmbeddedPostgres
+    base: Path
+
+    def url(self, server: EmbeddedPostgres) -> str:
+        return server.url(DATABASE)
+
+    def dsn(self, server: EmbeddedPostgres) -> str:
+        return server.url(DATABASE, driver="postgresql")
+
+
+def _started(server: EmbeddedPostgres) -> EmbeddedPostgres:
+    for _ in range(5):  # a free port may be taken before the server binds it
+        try:
+            server.start()
+            return server
+        except EmbeddedPostgresError as error:
+            if "Address already in use" not in str(error):
+                raise
+            server.port = free_port()
+    raise RuntimeError("no free port for a test Postgres")
+
+
+def make_replica(primary: EmbeddedPostgres, root: Path) -> EmbeddedPostgres:
+    """A streaming replica of `primary`: its base backup with the standby settings (-R), started on a port of its own."""
+    replica = EmbeddedPostgres(root, free_port(), database=None, durable=False)
+    replica._prepare_dirs()  # owned by the server's user, as the base backup must be
+    backup = replica._pg_run(
+        [
+            str(replica.bin_dir / "pg_basebackup"),
+            *("-D", str(replica.pgdata), "-R", "-X", "stream", "-c", "fast"),
+            *("-h", "127.0.0.1", "-p", str(primary.port), "-U", "postgres"),
+        ]
+    )
+    assert backup.returncode == 0, backup.stderr
+    return _started(replica)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    base = Path(tempfile.mkdtemp(prefix="metaledger-replicas-"))
+    # wal_level=replica and the replication line of pg_hba.conf (trust from 127.0.0.1) are initdb's defaults
+    primary = _started(
+        EmbeddedPostgres(
+            base / "primary", free_port(), database=None, durable=False, server_options={"max_wal_senders": "5"}
+        )
+    )
+    replica = None
+    try:
+        ensure_database(primary.admin_dsn, DATABASE)
+        upgrade_database(primary.url(DATABASE))
+        replica = make_replica(primary, base / "replica")
+        yield Cluster(primary, replica, base)
+    finally:
+        for server in (replica, primary):
+            if server is not None:
+                server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+async def fetchval(dsn: str, query: str, *args: Any) -> Any:
+    conn = await asyncpg.connect(dsn)
+    try:
+        return await conn.fetchval(query, *args)
+    finally:
+        await conn.close()
+
+
+async def eventually(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 20.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = await check()
+        if found:
+            return found
+        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
+        await asyncio.sleep(0.05)
+
+
+@pytest.fixture
+def replay(cluster: Cluster) -> Iterator[Callable[[bool], Awaitable[None]]]:
+    """`await replay(False)` pauses the replica's WAL replay, `replay(True)` resumes it (and the test leaves it on)."""
+    dsn = cluster.dsn(cluster.replica)
+
+    async def set_replay(on: bool) -> None:
+        await fetchval(dsn, "SELECT pg_wal_replay_resume()" if on else "SELECT pg_wal_replay_pause()")
+
+    yield set_replay
+    run_coro_sync(lambda: fetchval(dsn, "SELECT pg_wal_replay_resume()"))
+
+
+def settings_of(cluster: Cluster, replicas: list[EmbeddedPostgres], **overrides: Any) -> Settings:
+    return Settings(
+        database_url=cluster.url(cluster.primary),
+        read_database_urls=[cluster.url(r) for r in replicas],
+        apply_migrations_on_start=False,
+        auth_bootstrap_admin_token=False,
+        **overrides,
+    )
+
+
+@pytest_asyncio.fixture
+async def serve(cluster: Cluster, registry) -> AsyncIterator[Callable[..., Any]]:
+    """`async with serve(**settings) as (app, client)`: metaledger on the cluster (its replica unless `replicas=`),
+    an admin client."""
+    from contextlib import asynccontextmanager
+
+    @asynccontextmanager
+    async def run(replicas: list[EmbeddedPostgres] | None = None, **overrides: Any):
+        settings = settings_of(cluster, [cluster.replica] if replicas is None else replicas, **overrides)
+        application = create_app(settings, registry)
+        async with application.router.lifespan_context(application):
+            token = await mint_token(application, "admin")
+            async with httpx.AsyncClient(
+                transport=httpx.ASGITransport(app=application),
+                base_url="http://metaledger",
+                headers={"Authorization": f"Bearer {token}"},
+            ) as http:
+                yield application, http
+
+    yield run
+
+
+def aspect_path(urn: str, aspect: str = "datasetProperties") -> str:
+    return f"/openapi/v3/entity/dataset/{quote(urn, safe='')}/{aspect}"
+
+
+async def write(client: httpx.AsyncClient, urn: str, description: str) -> httpx.Response:
+    response = await client.post(
+        "/openapi/v1/proposals", json=[mcp("datasetProperties", {"description": description}, urn)]
+    )
+    assert response.status_code == 200, response.text
+    return response
+
+
+async def description(client: httpx.AsyncClient, urn: str, headers: dict[str, str] | None = None) -> str | None:
+    response = await client.get(aspect_path(urn), headers=headers or {})
+    if response.status_code == 404:
+        return None
+    assert response.status_code == 200, response.text
+    return response.json()["value"]["description"]
+
+
+async def replica_state(client: httpx.AsyncClient, replica: EmbeddedPostgres) -> dict[str, Any]:
+    ready = (await client.get("/ready")).json()
+    return ready["checks"]["replicas"]["replicas"][f"127.0.0.1:{replica.port}/{DATABASE}"]
+
+
+async def in_rotation(client: httpx.AsyncClient, replica: EmbeddedPostgres) -> bool:
+    return (await replica_state(client, replica))["inRotation"]
+
+
+async def aspect_scans(dsn: str) -> int:
+    """Scans of the aspect store's table by this server's backends (they are counted where they ran)."""
+    return await fetchval(
+        dsn,
+        "SELECT coalesce(seq_scan, 0) + coalesce(idx_scan, 0) FROM pg_stat_user_tables WHERE relname = 'metadata_aspect_v2'",
+    )
+
+
+async def others_gone(dsn: str) -> bool:
+    """No backend but the asking one on the database: every other one has exited, its statistics flushed."""
+    return not await fetchval(
+        dsn, "SELECT count(*) FROM pg_stat_activity WHERE datname = $1 AND pid <> pg_backend_pid()", DATABASE
+    )
+
+
+# --- reads go to the replica --------------------------------------------------------------------------------------
+
+
+async def quiet(*dsns: str) -> None:
+    """Wait until every backend but the asking one has left these servers' database (statistics flushed)."""
+    for dsn in dsns:
+        await eventually(partial(others_gone, dsn), "the app's backends exit")
+
+
+async def test_reads_are_served_by_the_replica_and_writes_by_the_primary(serve, cluster: Cluster):
+    primary, replica = cluster.dsn(cluster.primary), cluster.dsn(cluster.replica)
+    urn = ds("replicas.served")
+    async with serve() as (app, client):
+        written = await write(client, urn, "on the replica")
+        position = parse_lsn(written.headers[WRITTEN_AT_HEADER])
+        assert position <= parse_lsn(await fetchval(primary, "SELECT pg_current_wal_lsn()::text"))
+        await eventually(
+            lambda: fetchval(replica, "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", format_lsn(position)),
+            "the replica replays the write",
+        )
+    await quiet(primary, replica)
+    starts = await aspect_scans(primary)
+    async with serve():  # what a start reads of the primary (the runtime models, ...), without a request
+        pass
+    await quiet(primary, replica)
+    starts, primary_before, replica_before = (
+        await aspect_scans(primary) - starts,
+        await aspect_scans(primary),
+        await aspect_scans(replica),
+    )
+    async with serve() as (app, client):
+        for _ in range(20):
+            assert await description(client, urn) == "on the replica"
+        assert (await client.get(aspect_path(urn).rsplit("/", 1)[0])).status_code == 200  # the whole entity
+    await quiet(primary, replica)  # the app is gone: every backend it had exited and flushed its statistics
+    assert await aspect_scans(replica) >= replica_before + 21
+    assert await aspect_scans(primary) == primary_before + starts  # no read of the 21 ran there
+
+
+async def test_the_same_measure_moves_on_the_primary_without_replicas(serve, cluster: Cluster):
+    """The control of the test above: the count it reads does count these reads where they run."""
+    primary = cluster.dsn(cluster.primary)
+    urn = ds("replicas.control")
+    async with serve(replicas=[]) as (app, client):
+        written = await write(client, urn, "on the primary")
+        assert WRITTEN_AT_HEADER not in written.headers  # no replicas: no write pays the position's round trip
+        assert app.state.replicas is None
+    await quiet(primary)
+    before = await aspect_scans(primary)
+    async with serve(replicas=[]) as (app, client):
+        for _ in range(20):
+            assert await description(client, urn) == "on the primary"
+    await quiet(primary)
+    assert await aspect_scans(primary) >= before + 20
+
+
+# --- read-your-writes -----------------------------------------------------------------------------------------------
+
+
+async def test_a_caller_reads_its_write_while_replay_is_paused(serve, cluster: Cluster, replay):
+    urn = ds("replicas.paused")
+    async with serve(read_your_writes_wait_s=0.3) as (app, client):
+        await write(client, urn, "before")
+        await eventually(lambda: description(client, urn), "the first write replayed")
+        other = {"Authorization": f"Bearer {await mint_token(app, 'reader', 'urn:li:corpuser:other')}"}
+        await replay(False)
+        written = await write(client, urn, "after")
+        position = written.headers[WRITTEN_AT_HEADER]
+        # the writer, without a header (its token wrote within READ_YOUR_WRITES_S): the replica is behind, so the
+        # primary answers once the bound is over
+        assert await description(client, urn) == "after"
+        # another caller without the header reads the replica: what it replayed so far
+        assert await description(client, urn, other) == "before"
+        # with the header, that caller sees the write too
+        assert await description(client, urn, {**other, WRITTEN_AT_HEADER: position}) == "after"
+        assert await in_rotation(client, cluster.replica)
+
+
+async def test_a_read_with_the_header_waits_for_the_replica_to_replay_it(serve, cluster: Cluster, replay):
+    urn = ds("replicas.waits")
+    async with serve(read_your_writes_wait_s=30) as (app, client):
+        other = {"Authorization": f"Bearer {await mint_token(app, 'reader', 'urn:li:corpuser:waiter')}"}
+        await replay(False)
+        written = await write(client, urn, "replayed")
+        position = {WRITTEN_AT_HEADER: written.headers[WRITTEN_AT_HEADER]}
+        read = asyncio.create_task(description(client, urn, {**other, **position}))
+        done, _ = await asyncio.wait({read}, timeout=0.3)
+        assert not done  # it waits for the replica (a stale read would have answered None at once)
+        await replay(True)
+        assert await asyncio.wait_for(read, 20) == "replayed"
+        assert await in_rotation(client, cluster.replica)
+
+
+async def test_a_malformed_position_is_a_400_naming_the_header(serve):
+    async with serve() as (app, client):
+        response = await client.get(aspect_path(ds("replicas.bad")), headers={WRITTEN_AT_HEADER: "yesterday"})
+        assert response.status_code == 400
+        assert response.json()["issues"][0]["path"] == f"$.headers.{WRITTEN_AT_HEADER}"
+
+
+# --- the real SDK ---------------------------------------------------------------------------------------------------
+
+SDK_SCRIPT = """
+from datahub.emitter.mcp import MetadataChangeProposalWrapper
+from datahub.ingestion.graph.client import DataHubGraph, DatahubClientConfig
+from datahub.metadata.schema_classes import DatasetPropertiesClass
+
+graph = DataHubGraph(DatahubClientConfig(server=GMS, token=TOKEN))
+graph.emit_mcp(MetadataChangeProposalWrapper(entityUrn=URN, aspect=DatasetPropertiesClass(description="by the sdk")))
+print("READ", graph.get_aspect(URN, DatasetPropertiesClass).description)
+"""
+
+
+@pytest.mark.client
+def test_the_unmodified_sdk_reads_its_write_while_replay_is_paused(cluster: Cluster, tmp_path: Path):
+    from tests.client.conftest import DataHubClient, _client_env, _ensure_client_venv
+
+    primary, replica = cluster.dsn(cluster.primary), cluster.dsn(cluster.replica)
+    env = {
+        "METALEDGER_DATABASE_URL": cluster.url(cluster.primary),
+        "METALEDGER_READ_DATABASE_URLS": cluster.url(cluster.replica),
+        "METALEDGER_READ_YOUR_WRITES_WAIT_S": "30",
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+        "METALEDGER_KAFKA_BOOTSTRAP_SERVERS": "",
+    }
+    port = free_port()
+    process = start_service(env, port)
+    python = _ensure_client_venv()
+    client = DataHubClient(
+        python, _client_env(python, tmp_path, f"http://127.0.0.1:{port}", service_token(env)), tmp_path
+    )
+    urn = ds("replicas.sdk")
+    try:
+        wait_healthy_sync(f"http://127.0.0.1:{port}", process=process)
+        run_coro_sync(lambda: fetchval(replica, "SELECT pg_wal_replay_pause()"))
+        outcome: dict[str, Any] = {}
+        sdk = threading.Thread(target=lambda: outcome.update(run=client.script(SDK_SCRIPT, URN=urn)))
+        sdk.start()
+
+        async def written() -> bool:
+            return bool(
+                await fetchval(primary, "SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1 AND version = 0", urn)
+            )
+
+        run_coro_sync(lambda: eventually(written, "the SDK's write committed on the primary", timeout=120))
+        # the replica has not replayed it: the SDK's read waits for it (or would read the primary after 30 s)
+        assert not run_coro_sync(
+            lambda: fetchval(replica, "SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1", urn)
+        )
+        run_coro_sync(lambda: fetchval(replica, "SELECT pg_wal_replay_resume()"))
+        sdk.join(120)
+        assert "READ by the sdk" in outcome["run"].stdout
+    finally:
+        run_coro_sync(lambda: fetchval(replica, "SELECT pg_wal_replay_resume()"))
+        client.close()
+        stop_process(process)
+
+
+# --- faults ---------------------------------------------------------------------------------------------------------
+
+
+async def test_a_stopped_replica_costs_no_5xx_and_comes_back(serve, cluster: Cluster):
+    urn = ds("replicas.stopped")
+    async with serve(read_your_writes_s=0) as (app, client):
+        await write(client, urn, "kept")
+        await eventually(lambda: description(client, urn), "replayed")
+        assert await in_rotation(client, cluster.replica)
+        stopped = cluster.replica._pg_run(
+            [
+                str(cluster.replica.bin_dir / "pg_ctl"),
+                "stop",
+                "-D",
+                str(cluster.replica.pgdata),
+                "-m",
+                "immediate",
+                "-w",
+            ]
+        )
+        assert stopped.returncode == 0, stopped.stderr
+        # the reads right after the stop (the monitor has not seen it yet) are answered again from the primary
+        for _ in range(10):
+            assert await description(client, urn) == "kept"
+        state = await eventually(
+            lambda: _out(client, cluster.replica), "the stopped replica leaves rotation", timeout=10
+        )
+        assert state["state"] == "unreachable" and state["error"]
+        ready = await client.get("/ready")
+        assert ready.status_code == 200  # the primary serves: still ready
+        assert await description(client, urn) == "kept"
+        metrics = (await client.get("/metrics")).text
+        assert f'metaledger_replica_in_rotation{{replica="127.0.0.1:{cluster.replica.port}/{DATABASE}"}} 0.0' in metrics
+        _started(cluster.replica)
+        await eventually(lambda: in_rotation(client, cluster.replica), "the replica is back in rotation", timeout=15)
+        assert await description(client, urn) == "kept"
+
+
+async def _out(client: httpx.AsyncClient, replica: EmbeddedPostgres) -> dict[str, Any] | None:
+    state = await replica_state(client, replica)
+    return None if state["inRotation"] else state
+
+
+async def test_a_lagging_replica_leaves_rotation_until_it_catches_up(serve, cluster: Cluster, replay):
+    async with serve(replica_max_lag_s=1.0, read_your_writes_s=0) as (app, client):
+        await eventually(lambda: in_rotation(client, cluster.replica), "in rotation")
+        await replay(False)
+        await write(client, ds("replicas.lag"), "past the replica")
+        state = await eventually(lambda: _out(client, cluster.replica), "the lagging replica leaves rotation")
+        assert state["state"] == "lagging" and state["lagBytes"] > 0 and state["lagSeconds"] > 1.0
+        assert await description(client, ds("replicas.lag")) == "past the replica"  # from the primary
+        metrics = (await client.get("/metrics")).text
+        assert f'metaledger_replica_lag_bytes{{replica="127.0.0.1:{cluster.replica.port}/{DATABASE}"}}' in metrics
+        await replay(True)
+        await eventually(lambda: in_rotation(client, cluster.replica), "back once it caught up", timeout=10)
+        state = await replica_state(client, cluster.replica)
+        assert state["lagBytes"] == 0 and state["lagSeconds"] == 0
+
+
+async def test_an_idle_primary_does_not_make_a_caught_up_replica_lag(serve, cluster: Cluster):
+    async with serve(replica_max_lag_s=1.0) as (app, client):
+        await eventually(lambda: in_rotation(client, cluster.replica), "in rotation")
+        pool = app.state.replicas
+        for _ in range(3):  # three checks of an idle primary, seconds after its last commit
+            await pool.check()
+        assert await in_rotation(client, cluster.replica)
+        assert (await replica_state(client, cluster.replica))["lagSeconds"] == 0
+
+
+async def test_a_promoted_replica_leaves_rotation(serve, cluster: Cluster):
+    promoted = make_replica(cluster.primary, cluster.base / "promoted")
+    try:
+        async with serve(replicas=[promoted]) as (app, client):
+            await eventually(lambda: in_rotation(client, promoted), "the new replica in rotation")
+            await fetchval(promoted.url(DATABASE, driver="postgresql"), "SELECT pg_promote()")
+            state = await eventually(lambda: _out(client, promoted), "the promoted replica leaves rotation")
+            assert state["state"] == "promoted"
+            await write(client, ds("replicas.promoted"), "on the primary")
+            assert await description(client, ds("replicas.promoted")) == "on the primary"
+    finally:
+        promoted.stop()
