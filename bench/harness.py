@@ -72,6 +72,27 @@ class Service:
                 total += times.user + times.system
         return total
 
+    def cpu_seconds_by_role(self) -> dict[str, float]:
+        """CPU time (user + system) so far of the service's processes by role: `api` (the API processes together),
+        `background` and `supervisor`. Under `serve --workers N` the background process is the supervisor's oldest
+        child (app.supervisor starts it before the API processes); one process (`uvicorn app.main:app`) is all `api`."""
+        roles = {"api": 0.0, "background": 0.0, "supervisor": 0.0}
+        processes = self.processes()
+        if not processes:
+            return roles
+        root, children = processes[0], processes[1:]
+        with contextlib.suppress(psutil.Error):
+            direct = sorted((p for p in children if p.ppid() == root.pid), key=lambda p: p.create_time())
+            background = direct[0].pid if direct else None
+            for p in processes:
+                times = p.cpu_times()
+                if not children or (p.pid != root.pid and p.pid != background):
+                    role = "api"
+                else:
+                    role = "supervisor" if p.pid == root.pid else "background"
+                roles[role] += times.user + times.system
+        return roles
+
     def postgres_cpu_seconds(self) -> float:
         """CPU time of the benchmark's Postgres server and its backends so far."""
         total = 0.0

@@ -1,7 +1,7 @@
 """Write-path throughput and latency, against a real metaledger process and a real Postgres.
 
     .venv/bin/python bench/ingest.py [--clients 4] [--batches 40] [--batch-size 100] [--singles 400] [--auth on|off]
-                                     [--pipeline none|examples] [--indexer on|off|both] [--fsync on|off] [--statements]
+                                     [--pipeline none|examples] [--indexer on|off|both] [--fsync on|off|both] [--statements]
 
 Prints:
 - batch UPSERT throughput: versioned aspect writes/s, `--clients` concurrent HTTP clients each POSTing
@@ -13,13 +13,14 @@ Prints:
   log sequenced and indexed; the indexing of a phase's own writes runs during it, as deployed)
 - the raw ceiling: the same rows (lock row 0 and the key row, insert the history row, write row 0, prune, append
   the change log) written with bare asyncpg, same concurrency and batch size, and metaledger's share of it;
-- CPU per v3 aspect write, from the start of the v3 phase until its writes are indexed: the service's processes and
-  the Postgres server (whose difference between indexer on and off is what indexing costs the database).
+- CPU per v3 aspect write, from the start of the v3 phase until its writes are indexed: the service's processes (the
+  API processes, the background process, the supervisor) and the Postgres server (whose difference between indexer on and off is what indexing costs the database).
 
 `--indexer` (default both: two services, one after the other, each with its own Postgres and its own raw ceiling):
 on is the embedded default (the Postgres search backend, indexed by the service's own worker); off points
 METALEDGER_SEARCH_URL at a closed loopback port, so the worker's backend never starts and nothing is indexed (it
-holds its position and retries, at most every 5 s). `--fsync off` measures Python and SQL rather than the disk.
+holds its position and retries, at most every 5 s). `--fsync off` measures Python and SQL rather than the disk;
+`--fsync both` runs fsync off, then on (each with its own Postgres and raw ceiling), side by side in one invocation.
 `--statements`: the v3 phase's top statements (pg_stat_statements on the bench's own Postgres).
 
 It starts its own Postgres (fsync on by default, as the embedded default) under a temporary directory and its own server
@@ -136,77 +137,80 @@ DELETE FROM metadata_aspect_v2 m USING unnest($1::text[], $2::bigint[]) AS r(urn
 WHERE m.urn = r.urn AND m.aspect = 'datasetProperties' AND m.version <> 0 AND m.version <= r.cutoff"""
 
 
+RAW_STAMP_ACTOR = "urn:li:corpuser:datahub"
+
+
+async def write_raw_rows(conn: asyncpg.Connection, urns: list[str], values: list[str], version: int) -> None:
+    """The rows metaledger writes for one write of `urns`' datasetProperties (`values`, JSON text) at logical
+    version `version` (the first: 1), in one transaction with bare asyncpg and no service around it: lock row 0 of
+    each aspect and of its entity's key aspect, copy row 0 to a history row, write the new row 0 (and the key row on
+    an entity's first write), append one change log per row to the outbox, and prune history beyond 20 versions.
+    bench/ingest.py's batch ceiling runs it with a batch's URNs, bench/load.py's single-transaction ceiling with one."""
+    size = len(urns)
+    aspects = ["datasetProperties"] * size
+    async with conn.transaction():
+        locked = await conn.fetch(RAW_LOCK, urns + urns, aspects + ["datasetKey"] * size)
+        previous = [r for r in locked if r["aspect"] == "datasetProperties"]
+        stamp = datetime.now(UTC).replace(tzinfo=None)
+        if previous:
+            await conn.execute(
+                RAW_INSERT,
+                [r["urn"] for r in previous],
+                aspects[: len(previous)],
+                [version - 1] * len(previous),
+                [r["metadata"] for r in previous],
+                [r["systemmetadata"] for r in previous],
+                [r["createdon"] for r in previous],
+                [r["createdby"] for r in previous],
+            )
+        sm = {
+            "runId": "bench",
+            "lastRunId": "bench",
+            "lastObserved": 1,
+            "version": str(version),
+            "aspectCreated": {"time": 1, "actor": RAW_STAMP_ACTOR},
+            "aspectModified": {"time": 1, "actor": RAW_STAMP_ACTOR},
+        }
+        sms = [orjson.dumps(sm).decode()] * size
+        await conn.execute(RAW_UPSERT, urns, aspects, [0] * size, values, sms, [stamp] * size, [RAW_STAMP_ACTOR] * size)
+        if not previous:  # the entity's first write also writes its key aspect
+            await conn.execute(
+                RAW_UPSERT,
+                urns,
+                ["datasetKey"] * size,
+                [0] * size,
+                ['{"name": "x"}'] * size,
+                sms,
+                [stamp] * size,
+                [RAW_STAMP_ACTOR] * size,
+            )
+        payloads = [
+            orjson.dumps(
+                {
+                    "entityUrn": u,
+                    "aspect": {"value": v},
+                    "previousAspectValue": {"value": v},
+                    "systemMetadata": sm,
+                    "previousSystemMetadata": sm,
+                }
+            ).decode()
+            for u, v in zip(urns, values)
+        ]
+        await conn.execute(RAW_OUTBOX, urns, [version] * size, payloads)
+        if version > 22:
+            await conn.execute(RAW_PRUNE, urns, [version - 21] * size)
+
+
 async def raw_ceiling(dsn: str, clients: int, batches: int, size: int, round_offset: int) -> float:
-    """The rows metaledger writes for the same batches, with bare asyncpg and no service around them: lock row 0
-    of each aspect and of its entity's key aspect, copy row 0 to a history row, write the new row 0, prune history
-    beyond 20 versions, and append a change log of the same size to the outbox."""
+    """metaledger's rows for the same batches (`write_raw_rows`), same concurrency and batch size: seconds taken."""
     pool = await asyncpg.create_pool(dsn, min_size=clients, max_size=clients)
 
     async def one_client(c: int) -> None:
         for b in range(round_offset, round_offset + batches):
             urns = [dataset_urn(100 + c, i) for i in range(size)]
-            aspects = ["datasetProperties"] * size
-            async with pool.acquire() as conn, conn.transaction():
-                locked = await conn.fetch(RAW_LOCK, urns + urns, aspects + ["datasetKey"] * size)
-                previous = [r for r in locked if r["aspect"] == "datasetProperties"]
-                stamp = datetime.now(UTC).replace(tzinfo=None)
-                if previous:
-                    await conn.execute(
-                        RAW_INSERT,
-                        [r["urn"] for r in previous],
-                        aspects[: len(previous)],
-                        [b] * len(previous),
-                        [r["metadata"] for r in previous],
-                        [r["systemmetadata"] for r in previous],
-                        [r["createdon"] for r in previous],
-                        [r["createdby"] for r in previous],
-                    )
-                values = [orjson.dumps(properties(b, i)).decode() for i in range(size)]
-                sm = {
-                    "runId": "bench",
-                    "lastRunId": "bench",
-                    "lastObserved": 1,
-                    "version": str(b + 1),
-                    "aspectCreated": {"time": 1, "actor": "urn:li:corpuser:datahub"},
-                    "aspectModified": {"time": 1, "actor": "urn:li:corpuser:datahub"},
-                }
-                sms = [orjson.dumps(sm).decode()] * size
-                await conn.execute(
-                    RAW_UPSERT,
-                    urns,
-                    aspects,
-                    [0] * size,
-                    values,
-                    sms,
-                    [stamp] * size,
-                    ["urn:li:corpuser:datahub"] * size,
-                )
-                if not previous:  # the entity's first write also writes its key aspect
-                    await conn.execute(
-                        RAW_UPSERT,
-                        urns,
-                        ["datasetKey"] * size,
-                        [0] * size,
-                        ['{"name": "x"}'] * size,
-                        sms,
-                        [stamp] * size,
-                        ["urn:li:corpuser:datahub"] * size,
-                    )
-                payloads = [
-                    orjson.dumps(
-                        {
-                            "entityUrn": u,
-                            "aspect": {"value": v},
-                            "previousAspectValue": {"value": v},
-                            "systemMetadata": sm,
-                            "previousSystemMetadata": sm,
-                        }
-                    ).decode()
-                    for u, v in zip(urns, values)
-                ]
-                await conn.execute(RAW_OUTBOX, urns, [b + 1] * size, payloads)
-                if b > 21:
-                    await conn.execute(RAW_PRUNE, urns, [b - 20] * size)
+            values = [orjson.dumps(properties(b, i)).decode() for i in range(size)]
+            async with pool.acquire() as conn:
+                await write_raw_rows(conn, urns, values, b + 1)
 
     started = time.perf_counter()
     await asyncio.gather(*(one_client(c) for c in range(clients)))
@@ -289,7 +293,12 @@ async def main() -> None:
         default="both",
         help="the embedded indexer: on (the default a newcomer gets), off (nothing indexed), or both",
     )
-    parser.add_argument("--fsync", choices=("on", "off"), default="on", help="the bench's Postgres fsync")
+    parser.add_argument(
+        "--fsync",
+        choices=("on", "off", "both"),
+        default="on",
+        help="the bench's Postgres fsync; both: off, then on, each with its own Postgres and raw ceiling",
+    )
     parser.add_argument(
         "--statements", action="store_true", help="print the v3 phase's top statements (pg_stat_statements)"
     )
@@ -313,15 +322,16 @@ async def main() -> None:
         f"{args.pipeline}; {args.clients} clients x {args.batches} batches x {args.batch_size} MCPs",
         flush=True,
     )
-    for indexer in modes:
-        await measure(args, workers, indexer == "on", env)
+    for fsync in ("off", "on") if args.fsync == "both" else (args.fsync,):
+        for indexer in modes:
+            await measure(args, workers, indexer == "on", env, fsync == "on")
 
 
-async def measure(args: argparse.Namespace, workers: int, indexed: bool, env: dict[str, str]) -> None:
+async def measure(args: argparse.Namespace, workers: int, indexed: bool, env: dict[str, str], durable: bool) -> None:
     if not indexed:  # nothing listens there: the worker's backend never starts
         env = {**env, "METALEDGER_SEARCH_URL": f"http://127.0.0.1:{free_port()}"}
     with throwaway_service(
-        workers=workers or None, auth=args.auth == "on", env=env, durable=args.fsync == "on", statements=args.statements
+        workers=workers or None, auth=args.auth == "on", env=env, durable=durable, statements=args.statements
     ) as service:
         HEADERS.update(service.headers)
         base = service.base
@@ -335,11 +345,12 @@ async def measure(args: argparse.Namespace, workers: int, indexed: bool, env: di
         await settled(service.dsn, args.settle_timeout, indexed)
         if args.statements:
             await reset_statements(service.dsn)
-        cpu, pg_cpu = service.cpu_seconds(), service.postgres_cpu_seconds()
+        roles, pg_cpu = service.cpu_seconds_by_role(), service.postgres_cpu_seconds()
         elapsed = await run_batches(base, args.clients, args.batches, args.batch_size, "v3", 1000)
         v3_rate = writes / elapsed
         await settled(service.dsn, args.settle_timeout, indexed)
-        cpu, pg_cpu = service.cpu_seconds() - cpu, service.postgres_cpu_seconds() - pg_cpu
+        roles = {role: spent - roles[role] for role, spent in service.cpu_seconds_by_role().items()}
+        cpu, pg_cpu = sum(roles.values()), service.postgres_cpu_seconds() - pg_cpu
         statements = await top_statements(service.dsn, 12) if args.statements else []
         latencies = await single_latencies(base, args.singles)
 
@@ -348,7 +359,7 @@ async def measure(args: argparse.Namespace, workers: int, indexed: bool, env: di
         raw_elapsed = await raw_ceiling(service.dsn, args.clients, args.batches, args.batch_size, 2)
         raw_rate = writes / raw_elapsed
 
-        print(f"--- embedded indexer {'on (the default)' if indexed else 'off'}")
+        print(f"--- fsync {'on' if durable else 'off'}, embedded indexer {'on (the default)' if indexed else 'off'}")
         print(f"batch UPSERT via /openapi/v1/proposals : {v1_rate:8.0f} versioned aspect writes/s")
         print(f"batch UPSERT via /openapi/v3/entity     : {v3_rate:8.0f} versioned aspect writes/s")
         print(f"raw asyncpg ceiling (same rows)         : {raw_rate:8.0f} rows/s")
@@ -356,7 +367,9 @@ async def measure(args: argparse.Namespace, workers: int, indexed: bool, env: di
             f"metaledger / raw ceiling                : {v1_rate / raw_rate:8.1%} (v1), {v3_rate / raw_rate:.1%} (v3)"
         )
         print(
-            f"CPU per v3 aspect write (until indexed) : service {cpu / writes * 1e6:.0f} us, Postgres {pg_cpu / writes * 1e6:.0f} us"
+            f"CPU per v3 aspect write (until indexed) : service {cpu / writes * 1e6:.0f} us (API processes "
+            f"{roles['api'] / writes * 1e6:.0f}, background {roles['background'] / writes * 1e6:.0f}, supervisor "
+            f"{roles['supervisor'] / writes * 1e6:.0f}), Postgres {pg_cpu / writes * 1e6:.0f} us"
         )
         print(
             f"single write latency ({args.singles} sequential)  : p50 {percentile(latencies, 0.5):.2f} ms, p99 {percentile(latencies, 0.99):.2f} ms, mean {statistics.mean(latencies):.2f} ms"

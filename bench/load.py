@@ -2,9 +2,10 @@
 
     .venv/bin/python bench/load.py [--workers N] [--rates 250,500,750,1000,1250,1500] [--seconds 30]
                                    [--entities 2000] [--connections 128] [--target-p99 50] [--repeat 1]
-                                   [--warmup 10] [--env NAME=VALUE]
+                                   [--warmup 10] [--env NAME=VALUE] [--fsync on|off] [--raw-seconds 15]
+                                   [--raw-connections 32]
 
-A throwaway Postgres (fsync on, as the embedded default) and `metaledger serve --workers N` (default: the machine's
+A throwaway Postgres (fsync on, as the embedded default; `--fsync off` measures Python and SQL rather than the disk) and `metaledger serve --workers N` (default: the machine's
 cores; everything of the embedded default running: the relay's sequencer, the indexing worker, auth with a writer's
 bearer token). `--entities` datasets are created first; then, for each rate in `--rates`, `--seconds` of
 `POST /openapi/v3/entity/dataset/{urn}/datasetProperties?createIfNotExists=false` (existing entities, every write a
@@ -14,23 +15,30 @@ counted from each request's scheduled time (a request that waited for a connecti
 by kind (status or exception), and the RSS of each of the service's processes. Last: tracebacks and ERROR/WARNING
 lines in the service's log, and the highest offered rate held with p99 <= `--target-p99` ms and no error.
 `--repeat 2` runs the steps twice on the same service: RSS that grows between the two runs is a leak.
+Then, in the same run and on the same database, the raw single-transaction ceiling: `--raw-connections` bare asyncpg
+connections writing for `--raw-seconds`, one transaction per write doing the rows metaledger's write does (lock the
+latest and the key row, insert the history row, upsert the latest row, insert an outbox row, prune:
+bench/ingest.py's `write_raw_rows` with one URN), on datasets of their own; and the held rate's share of it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import os
 import sys
 import time
 from pathlib import Path
 from urllib.parse import quote
 
+import asyncpg
 import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from harness import Service, throwaway_service  # noqa: E402
+from ingest import write_raw_rows  # noqa: E402
 from loadgen import StepResult, closed_loop, open_loop  # noqa: E402
 
 PLATFORMS = ("hive", "snowflake", "bigquery", "postgres")
@@ -117,6 +125,36 @@ async def run_steps(service: Service, args, rates: list[float], round_no: int) -
     return results
 
 
+async def raw_single_ceiling(dsn: str, entities: int, connections: int, seconds: float) -> float:
+    """Single writes/s of bare asyncpg: `connections` connections in a closed loop for `seconds`, one transaction
+    per write (`write_raw_rows` with one URN), the n-th write on raw dataset n % `entities`; every dataset's first
+    version (and key row) is written before the clock starts."""
+    pool = await asyncpg.create_pool(dsn, min_size=connections, max_size=connections)
+    urns = [dataset_urn(i).replace("load.db.", "raw.db.") for i in range(entities)]
+    versions = [0] * entities
+    counter = itertools.count()
+
+    async def one_connection(deadline: float, limit: int) -> int:
+        done = 0
+        async with pool.acquire() as conn:
+            while time.perf_counter() < deadline and (n := next(counter)) < limit:
+                i = n % entities
+                versions[i] += 1  # at most `connections` writes in flight, far fewer than `entities`: none overlap
+                value = orjson.dumps(properties(i, versions[i])).decode()
+                await write_raw_rows(conn, [urns[i]], [value], versions[i])
+                done += 1
+        return done
+
+    try:
+        await asyncio.gather(*(one_connection(float("inf"), entities) for _ in range(connections)))
+        counter = itertools.count()
+        started = time.perf_counter()
+        written = await asyncio.gather(*(one_connection(started + seconds, 10**12) for _ in range(connections)))
+        return sum(written) / (time.perf_counter() - started)
+    finally:
+        await pool.close()
+
+
 def held(results: list[StepResult], target_ms: float) -> float:
     rates = [r.offered_rate for r in results if r.error_count == 0 and r.percentile(0.99) <= target_ms]
     return max(rates, default=0.0)
@@ -139,18 +177,21 @@ async def main() -> None:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--warmup", type=float, default=10, help="seconds at the first rate before measuring")
     parser.add_argument("--env", action="append", default=[], help="NAME=VALUE for the service (repeatable)")
+    parser.add_argument("--fsync", choices=("on", "off"), default="on", help="the bench's Postgres fsync")
+    parser.add_argument("--raw-seconds", type=float, default=15, help="the raw single-transaction ceiling's time")
+    parser.add_argument("--raw-connections", type=int, default=32)
     args = parser.parse_args()
     rates = [float(r) for r in args.rates.split(",")]
     env = dict(item.split("=", 1) for item in args.env)
 
     cores = len(os.sched_getaffinity(0))
     workers = cores if args.workers is None else args.workers
-    with throwaway_service(workers=workers or None, env=env) as service:
+    with throwaway_service(workers=workers or None, env=env, durable=args.fsync == "on") as service:
         started = time.perf_counter()
         await create_entities(service, args.entities)
         serving = f"`metaledger serve --workers {workers}`" if workers else "one process (`uvicorn app.main:app`)"
         print(
-            f"{cores} cores; {serving}; Postgres fsync on; auth on; "
+            f"{cores} cores; {serving}; Postgres fsync {args.fsync}; auth on; "
             f"{args.entities} datasets created in {time.perf_counter() - started:.1f} s; {args.seconds:.0f} s per rate; "
             f"{args.connections} connections"
         )
@@ -167,7 +208,13 @@ async def main() -> None:
         print(
             f"highest offered rate held with p99 <= {args.target_p99:.0f} ms and no error: "
             + ", ".join(f"{b:.0f}/s" for b in best)
-            + f"; RSS at the end: {'/'.join(f'{r:.0f}' for r in rss)} MB"
+            + f"; RSS at the end: {'/'.join(f'{r:.0f}' for r in rss)} MB",
+            flush=True,
+        )
+        raw = await raw_single_ceiling(service.dsn, args.entities, args.raw_connections, args.raw_seconds)
+        print(
+            f"raw single-transaction ceiling (bare asyncpg, {args.raw_connections} connections, same run): {raw:.0f}/s; "
+            "held / raw: " + ", ".join(f"{b / raw:.1%}" for b in best)
         )
 
 

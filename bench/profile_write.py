@@ -1,16 +1,17 @@
 """Where a write spends its CPU: py-spy samples the running service while it takes single writes, then batches.
 
     .venv/bin/python bench/profile_write.py [--workers 1] [--rate 150] [--seconds 20] [--batches 60] [--top 25]
-                                            [--single v3,proposals,restli] [--keep DIR]
+                                            [--single v3,proposals,restli] [--batch v1,v3] [--fsync on|off] [--keep DIR]
 
-A throwaway Postgres (fsync on) and metaledger with everything of the embedded default running (auth, the relay's
+A throwaway Postgres (fsync on; `--fsync off`: Python and SQL rather than the disk) and metaledger with everything of the embedded default running (auth, the relay's
 sequencer, the embedded indexing worker). With `--workers 1` (the default) one process does all of it, so one
 profile shows the request path and the background work side by side; with more, every process is sampled
 (`py-spy --subprocesses`). The workloads, each profiled on its own:
 - single: `--rate` single-aspect writes/s (existing entities) for `--seconds`, through each route of `--single`:
   `v3` (POST /openapi/v3/entity/dataset/{urn}/datasetProperties), `proposals` (POST /openapi/v1/proposals, one MCP),
   `restli` (POST /aspects?action=ingestProposal, as DataHub's Python client sends it);
-- batch: `--batches` requests of 100 MCPs to /openapi/v1/proposals from 4 clients.
+- batch: `--batches` requests of 100 MCPs from 4 clients through each route of `--batch`: `v1` (POST
+  /openapi/v1/proposals) and `v3` (POST /openapi/v3/entity/dataset, DataHub's v3 batch).
 For each: CPU ms per write, then the share of CPU samples by stage (the first matching rule below, from the leaf
 frame up; the background workers first, by their task), and the `--top` hottest functions by own time. `--keep DIR`
 keeps py-spy's raw stacks (flamegraph.pl / speedscope can read them).
@@ -126,6 +127,7 @@ def report(
     seconds: float,
     top: int,
     cpu: tuple[float, float] | None = None,
+    roles: dict[str, float] | None = None,
 ) -> None:
     total = sum(c for _, c in stacks)
     sampled_s = total / RATE_HZ
@@ -134,6 +136,13 @@ def report(
         print(
             f"   CPU per write (the kernel's count, py-spy's own cost included): service {cpu[0] * 1000 / max(writes, 1):.2f} ms, "
             f"Postgres {cpu[1] * 1000 / max(writes, 1):.2f} ms"
+            + (
+                " (service: "
+                + ", ".join(f"{role} {spent * 1000 / max(writes, 1):.2f} ms" for role, spent in roles.items())
+                + ")"
+                if roles
+                else ""
+            )
         )
     print(f"   py-spy: {sampled_s:.1f} s of samples in the service (a runnable thread waiting for a core counts too)")
     by_stage: collections.Counter = collections.Counter()
@@ -219,6 +228,8 @@ async def main() -> None:
         default="v3",
         help="the single-write routes to profile, each on its own: v3, proposals, restli (comma-separated)",
     )
+    parser.add_argument("--batch", default="v1", help="the batch routes to profile: v1, v3 (comma-separated)")
+    parser.add_argument("--fsync", choices=("on", "off"), default="on", help="the bench's Postgres fsync")
     parser.add_argument("--keep", type=Path, default=None)
     parser.add_argument("--statements", action="store_true", help="Postgres's time by statement (pg_stat_statements)")
     args = parser.parse_args()
@@ -228,7 +239,12 @@ async def main() -> None:
     out_dir = args.keep or Path(tempfile.mkdtemp(prefix="metaledger-profile-"))
     out_dir.mkdir(parents=True, exist_ok=True)
 
-    with throwaway_service(workers=args.workers or None, statements=args.statements) as service:
+    batch_routes = args.batch.split(",") if args.batch else []
+    if not set(batch_routes) <= {"v1", "v3"}:
+        parser.error(f"--batch: unknown routes {sorted(set(batch_routes) - {'v1', 'v3'})}")
+    with throwaway_service(
+        workers=args.workers or None, statements=args.statements, durable=args.fsync == "on"
+    ) as service:
         await create_entities(service, args.entities)
         # warm-up: validators compiled, caches filled, connections opened
         await open_loop(service.base, service.headers, 50, 2, single_writes(args.entities, 99))
@@ -239,12 +255,14 @@ async def main() -> None:
             raw = out_dir / f"single-{route}.txt"
             spy = start_spy(service, raw, args.workers)
             cpu0 = (service.cpu_seconds(), service.postgres_cpu_seconds())
+            roles0 = service.cpu_seconds_by_role()
             started = time.perf_counter()
             writes = single_writes_by_route(args.entities, n)[route]
             step = await open_loop(service.base, service.headers, args.rate, args.seconds, writes)
             elapsed = time.perf_counter() - started
             await asyncio.sleep(1.0)  # the background work of the last writes
             cpu = (service.cpu_seconds() - cpu0[0], service.postgres_cpu_seconds() - cpu0[1])
+            roles = {role: spent - roles0[role] for role, spent in service.cpu_seconds_by_role().items()}
             stop_spy(spy)
             report(
                 f"single writes via {route} at {args.rate:.0f}/s (p50 {step.percentile(0.5):.1f} ms, "
@@ -254,12 +272,13 @@ async def main() -> None:
                 elapsed,
                 args.top,
                 cpu,
+                roles,
             )
             if args.statements:
                 print_statements(await top_statements(service.dsn), step.ok)
                 await reset_statements(service.dsn)
 
-        def batch(n: int) -> tuple[str, str, bytes]:
+        def batch_v1(n: int) -> tuple[str, str, bytes]:
             body = [
                 {
                     "entityType": "dataset",
@@ -276,24 +295,41 @@ async def main() -> None:
             ]
             return "POST", "/openapi/v1/proposals", orjson.dumps(body)
 
-        raw = out_dir / "batch.txt"
-        spy = start_spy(service, raw, args.workers)
-        cpu0 = (service.cpu_seconds(), service.postgres_cpu_seconds())
-        elapsed, errors = await closed_loop(service.base, service.headers, 4, args.batches // 4, batch)
-        await asyncio.sleep(1.0)
-        cpu = (service.cpu_seconds() - cpu0[0], service.postgres_cpu_seconds() - cpu0[1])
-        stop_spy(spy)
-        report(
-            f"batches of 100 via /openapi/v1/proposals, 4 clients ({args.batches // 4 * 4 * 100 / elapsed:.0f} writes/s, "
-            f"errors {dict(errors) or 0})",
-            read_raw(raw),
-            args.batches // 4 * 4 * 100,
-            elapsed,
-            args.top,
-            cpu,
-        )
-        if args.statements:
-            print_statements(await top_statements(service.dsn), args.batches // 4 * 4 * 100)
+        def batch_v3(n: int) -> tuple[str, str, bytes]:
+            body = [
+                {
+                    "urn": dataset_urn((n * 100 + i) % args.entities),
+                    "datasetProperties": {"value": properties(i, 6_000_000 + n)},
+                }
+                for i in range(100)
+            ]
+            return "POST", "/openapi/v3/entity/dataset?async=false", orjson.dumps(body)
+
+        paths = {"v1": ("/openapi/v1/proposals", batch_v1), "v3": ("/openapi/v3/entity/dataset", batch_v3)}
+        for route in batch_routes:
+            path, batch = paths[route]
+            raw = out_dir / f"batch-{route}.txt"
+            spy = start_spy(service, raw, args.workers)
+            cpu0 = (service.cpu_seconds(), service.postgres_cpu_seconds())
+            roles0 = service.cpu_seconds_by_role()
+            elapsed, errors = await closed_loop(service.base, service.headers, 4, args.batches // 4, batch)
+            await asyncio.sleep(1.0)
+            cpu = (service.cpu_seconds() - cpu0[0], service.postgres_cpu_seconds() - cpu0[1])
+            roles = {role: spent - roles0[role] for role, spent in service.cpu_seconds_by_role().items()}
+            stop_spy(spy)
+            writes = args.batches // 4 * 4 * 100
+            report(
+                f"batches of 100 via {path}, 4 clients ({writes / elapsed:.0f} writes/s, errors {dict(errors) or 0})",
+                read_raw(raw),
+                writes,
+                elapsed,
+                args.top,
+                cpu,
+                roles,
+            )
+            if args.statements:
+                print_statements(await top_statements(service.dsn), writes)
+                await reset_statements(service.dsn)
     if args.keep is None:
         shutil.rmtree(out_dir, ignore_errors=True)
     else:
