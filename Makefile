@@ -16,6 +16,11 @@ ARGS            ?=
 TEST_WORKERS    ?= 2
 UV_REQ          := $(shell grep -o '"uv==[^"]*"' pyproject.toml | tr -d '"')
 UV              := $(VENV)/bin/uv
+# Every venv is installed with its bytecode compiled (uv does not compile by default): a process then reads the .pyc
+# files instead of compiling ~1,500 modules as it starts (4.6 s of CPU instead of 10.9 s for `import app.main` on a
+# busy machine), whatever PYTHONDONTWRITEBYTECODE says — a machine with it set never writes them at import time, and
+# the tests start hundreds of processes.
+export UV_COMPILE_BYTECODE := 1
 
 # The install stamp is keyed on the content of pyproject.toml and the DataHub model version: editing
 # either reinstalls, anything else (a re-run, a branch switch that only touches mtimes) costs nothing.
@@ -178,6 +183,8 @@ run: venv postgres-bin
 	$(VENV)/bin/metaledger serve --host $(HOST) --port $(PORT)
 
 test: venv postgres-bin java-bin zip-bin chromium-bin
+	@# the project's own modules compiled once too (a second or two; nothing when they are current)
+	@$(VENV)/bin/python -m compileall -q -j 0 app spark_indexer tests bench || true  # a syntax error: pytest says more
 	@rc=0; $(VENV)/bin/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(ARGS) || rc=$$?; \
 	if [ $$rc -eq 5 ]; then echo "pytest collected no tests (exit 5): treated as a failure" >&2; fi; \
 	exit $$rc

@@ -91,6 +91,7 @@ def _ensure_venv(venv: Path, requirement: str | tuple[str, ...], stamp_name: str
                 "pip",
                 "install",
                 "-q",
+                "--compile-bytecode",  # its processes read .pyc files, also where PYTHONDONTWRITEBYTECODE is set
                 "--python",
                 str(python),
                 *([requirement] if isinstance(requirement, str) else requirement),
