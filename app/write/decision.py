@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -225,7 +226,9 @@ class Decision:
         return [row for write in self.writes for row in write.outbox]
 
 
+@functools.lru_cache(maxsize=64)
 def _now_naive_utc(millis: int) -> datetime:
+    # every row of a batch (of a combined group, of the writes of one millisecond) has the same audit time
     return datetime.fromtimestamp(millis / 1000, tz=UTC).replace(tzinfo=None)
 
 
@@ -812,7 +815,7 @@ class WriteCore:
             )
             status = ItemStatus.CREATED if previous is None else ItemStatus.UPDATED
             if previous is not None and self.history_kept(p.entity_type, p.aspect_name) > 0:
-                superseded = (dataclasses.replace(previous, row_version=previous.version),)
+                superseded = (previous.as_history(),)
         outbox: tuple[OutboxRow, ...] = ()
         if status is not ItemStatus.UNCHANGED or self.settings.always_emit_change_log:
             change_type = (

@@ -54,6 +54,8 @@ class StoredAspect:
     created_for: str | None = None
     row_version: int = LATEST_VERSION
     _value: dict[str, Any] | None = field(default=None, repr=False)
+    # the stored text of `_system_metadata` once it is parsed: a row copied to history is written back as it was read
+    _system_metadata_text: str | None = field(default=None, repr=False)
 
     # Both JSON columns are parsed on first use: a batch locks rows (key aspects, for one) it never reads.
     @property
@@ -65,6 +67,8 @@ class StoredAspect:
     @property
     def system_metadata(self) -> dict[str, Any]:
         if not isinstance(self._system_metadata, dict):
+            if self._system_metadata:
+                self._system_metadata_text = self._system_metadata
             self._system_metadata = orjson.loads(self._system_metadata) if self._system_metadata else {}
         return self._system_metadata
 
@@ -86,7 +90,24 @@ class StoredAspect:
     def system_metadata_json(self) -> str:
         if isinstance(self._system_metadata, str):
             return self._system_metadata
+        if self._system_metadata_text is not None:
+            return self._system_metadata_text
         return orjson.dumps(self.system_metadata).decode()
+
+    def as_history(self) -> StoredAspect:
+        """This row 0 as the history row it becomes when a new value supersedes it (its logical version's row)."""
+        return StoredAspect(
+            self.urn,
+            self.aspect,
+            self.metadata,
+            self._system_metadata,
+            self.created_on,
+            self.created_by,
+            self.created_for,
+            self.version,
+            self._value,
+            self._system_metadata_text,
+        )
 
 
 _ROW_COLUMNS = "urn, aspect, version, metadata, systemmetadata, createdon, createdby, createdfor"
