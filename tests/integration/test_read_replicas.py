@@ -25,7 +25,7 @@ import pytest_asyncio
 from app.db import upgrade_database
 from app.embedded_pg import EmbeddedPostgres, EmbeddedPostgresError, ensure_database, free_port, run_coro_sync
 from app.main import create_app
-from app.replicas import WRITTEN_AT_HEADER, format_lsn, parse_lsn
+from app.replicas import WRITTEN_AT_HEADER, RecentWrites, format_lsn, parse_lsn
 from app.settings import Settings
 from tests.helpers import ds, mcp, mint_token
 from tests.processes import service_token, start_service, stop_process, wait_healthy_sync
@@ -425,10 +425,17 @@ async def test_a_stopped_replica_costs_no_5xx_and_comes_back(serve, cluster: Clu
         await write(client, urn, "kept")
         await eventually(lambda: description(client, urn), "replayed")
         assert await in_rotation(client, cluster.replica)
+        pool = app.state.replicas
+        pool._stop.set()  # the monitor paused: the replica stays in rotation as it last saw it, stopped or not
+        await pool._monitor
         stop_now(cluster.replica)
-        # the reads right after the stop (the monitor has not seen it yet) are answered again from the primary
+        # reads on the replica that fails under them: each answered again from the primary
         for _ in range(10):
             assert await description(client, urn) == "kept"
+        assert pool.retried_on_primary == 10
+        assert "metaledger_replica_reads_retried_on_primary_total 10.0" in (await client.get("/metrics")).text
+        pool._stop.clear()
+        pool._monitor = asyncio.create_task(pool._watch())
         state = await eventually(
             lambda: _out(client, cluster.replica), "the stopped replica leaves rotation", timeout=10
         )
@@ -486,3 +493,33 @@ async def test_a_promoted_replica_leaves_rotation(serve, cluster: Cluster):
             assert await description(client, ds("replicas.promoted")) == "on the primary"
     finally:
         stop_now(promoted)
+
+
+# --- the parts without a database -----------------------------------------------------------------------------------
+
+
+def test_positions_read_back_as_written():
+    for text in ("0/0", "0/3A1F2B8", "16/B374D848", "FFFFFFFF/FFFFFFFF"):
+        assert format_lsn(parse_lsn(text)) == text
+    assert parse_lsn("1/0") > parse_lsn("0/FFFFFFFF")
+    for bad in ("", "16", "16/", "1/2/3", "-1/0", "G/0", "100000000/0"):
+        with pytest.raises(ValueError):
+            parse_lsn(bad)
+
+
+def test_recent_writes_keep_the_latest_position_for_a_while_and_a_bounded_number_of_callers(monkeypatch):
+    now = [1000.0]
+    monkeypatch.setattr("app.replicas.time.monotonic", lambda: now[0])
+    recent = RecentWrites(keep_s=5, capacity=3)
+    recent.note("a", 20)
+    recent.note("a", 10)  # an older position never lowers what the caller saw
+    assert recent.position("a") == 20
+    assert recent.position("b") is None and recent.position(None) is None
+    now[0] += 5.1
+    assert recent.position("a") is None  # past READ_YOUR_WRITES_S
+    for caller in "wxyz":  # a flood of callers: the oldest goes
+        recent.note(caller, 1)
+    assert recent.position("w") is None and [recent.position(c) for c in "xyz"] == [1, 1, 1]
+    header_only = RecentWrites(keep_s=0)  # READ_YOUR_WRITES_S=0: only the header
+    header_only.note("a", 1)
+    assert header_only.position("a") is None
