@@ -28,16 +28,20 @@ WRITE_DEADLINE = "write_deadline"
 _STATUS_POLL_S = 0.2  # between two questions to a database that is coming back
 
 
-def create_engine(url: str, pool_size: int = 10, pool_timeout: float = 30.0) -> AsyncEngine:
+def create_engine(
+    url: str, pool_size: int = 10, pool_timeout: float = 30.0, connect_timeout: float | None = None
+) -> AsyncEngine:
     # READ COMMITTED, as DataHub: row locks (SELECT ... FOR UPDATE) give compare-and-set where it matters.
     # `pool_timeout`: the longest wait for a connection when all are checked out; then sqlalchemy.exc.TimeoutError,
-    # which the app answers with 503 and Retry-After (app.main).
+    # which the app answers with 503 and Retry-After (app.main). `connect_timeout`: the longest a new connection may
+    # take (asyncpg's default, 60 s, when None); then TimeoutError, a fault of the database (app.db_faults).
     engine = create_async_engine(
         url,
         pool_size=pool_size,
         max_overflow=pool_size,
         pool_timeout=pool_timeout,
         isolation_level="READ COMMITTED",
+        connect_args={} if connect_timeout is None else {"timeout": connect_timeout},
     )
     event.listen(engine.sync_engine.pool, "checkout", _refuse_closed_connection)
     return engine

@@ -145,7 +145,9 @@ class ReplicaPool:
         self.primary = primary
         self.replicas = []
         for url in settings.read_database_urls:
-            engine = create_engine(url, settings.db_pool_size, settings.db_pool_timeout_s)
+            # a replica that does not answer (a host gone, packets dropped) costs a read CHECK_TIMEOUT_S, then the
+            # primary answers it
+            engine = create_engine(url, settings.db_pool_size, settings.db_pool_timeout_s, CHECK_TIMEOUT_S)
             self.replicas.append(Replica(replica_name(url), engine, create_sessionmaker(engine)))
         self.recent = RecentWrites(settings.read_your_writes_s)
         self.retried_on_primary = 0  # reads whose replica failed under them, answered again from the primary
