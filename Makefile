@@ -135,7 +135,10 @@ $(SPARK_THIRDPARTY): | $(STAMP)
 	@# of acryl-datahub only its model files are read (the registry), never its code
 	find build/spark-thirdparty/datahub -mindepth 1 -not -path 'build/spark-thirdparty/datahub/metadata' \
 	    -not -path 'build/spark-thirdparty/datahub/metadata/schemas*' -prune -exec rm -rf {} +
-	cd build/spark-thirdparty && zip -q -1 -r -X ../../$@.tmp . -x '*/__pycache__/*'
+	@# compiled for executors whose unpacking does not keep the files' times: a .pyc that is never checked against
+	@# its source (the archive is built, never edited), so an executor's Python does not compile the modules again
+	$(VENV)/bin/python -m compileall -q -f -j 0 --invalidation-mode unchecked-hash build/spark-thirdparty >/dev/null
+	cd build/spark-thirdparty && zip -q -1 -r -X ../../$@.tmp .
 	mv $@.tmp $@
 
 $(SPARK_STAMP): $(SPARK_THIRDPARTY)
@@ -143,6 +146,7 @@ $(SPARK_STAMP): $(SPARK_THIRDPARTY)
 	rm -rf build/lib build/bdist.* build/spark-project $(SPARK_DIST)/metaledger-*.whl  # setuptools reuses build/lib: a removed file would stay
 	$(VENV)/bin/python -m pip wheel --disable-pip-version-check -q --no-deps -w $(SPARK_DIST) .
 	unzip -q $(SPARK_WHEEL) -d build/spark-project
+	$(VENV)/bin/python -m compileall -q -j 0 --invalidation-mode unchecked-hash build/spark-project >/dev/null
 	cp $(SPARK_THIRDPARTY) $(SPARK_DEPS).tmp
 	cd build/spark-project && zip -q -1 -r -X -g ../../$(SPARK_DEPS).tmp .
 	mv $(SPARK_DEPS).tmp $(SPARK_DEPS)

@@ -62,9 +62,8 @@ def cluster_python(base: Path) -> Path:
     ):
         name = source.name
         if source.is_dir():
-            shutil.copytree(
-                source, target / name, copy_function=os.link, ignore=shutil.ignore_patterns("jars", "__pycache__")
-            )
+            # with their compiled modules (__pycache__): an executor's Python does not compile pandas again
+            shutil.copytree(source, target / name, copy_function=os.link, ignore=shutil.ignore_patterns("jars"))
         else:
             os.link(source, target / name)
     wrapper = base / "cluster-python.sh"
