@@ -8,8 +8,9 @@ A throwaway Postgres (fsync on, pg_stat_statements) and metaledger (uvicorn, one
 osmem OpenSearch-API server as its search backend) with `--datasets` datasets over four platforms: datasetProperties,
 a schema of 50 fields, two owners, a tag or two, a glossary term, and upstreamLineage of 1-5 upstreams each (about 3
 edges a dataset) shaped like a warehouse: one edge in ten reads one of the hubs (a thousandth of the datasets, at
-least five: about 300 downstreams each), the others one of the 2,000 datasets written before it. Written through `/openapi/v1/proposals` in batches of 500 datasets, two
-at a time, then the background indexer waited for (the load time printed). `--keep DIR` keeps the loaded Postgres in
+least five: about 300 downstreams each), the others one of the 2,000 datasets written before it. Written through
+`/openapi/v1/proposals` in batches of 500 datasets, two at a time (a 429 retried after its Retry-After), then the
+background indexer waited for (the load time printed: 580 s for 10,000 on a busy 2-core machine). `--keep DIR` keeps the loaded Postgres in
 DIR, `--reuse DIR` starts from it without loading (the embedded backend only: osmem keeps nothing).
 
 Then, for each mix (`--mix`, default all), requests as a reader:
@@ -24,12 +25,15 @@ Then, for each mix (`--mix`, default all), requests as a reader:
 
 Each mix is first run closed-loop (`--connections` clients back to back: its most throughput), then open-loop at
 `--rate` requests/s (default: half that most: "p50 load") for `--seconds`, latency from the scheduled send. Printed:
-rate offered and served, p50/p99, errors (any 5xx is a defect), and the database's own time for the statements the
-mix ran (pg_stat_statements, reset before it): mean ms per request, and p99 / that ratio. The ceiling of the entity
-GET: bare asyncpg on `--connections` connections running the statement the service runs for it (the latest rows of
-one URN) and decoding each row's JSON, closed-loop: its throughput and p50/p99, and the GET's throughput as a share
-of it. Last, a 5-hop downstream lineage from the biggest hub with `X-Metaledger-Deadline-Ms: 500`: its wall time,
-whether partial, and that following its cursor completes it (the count of the unbudgeted walk's results).
+rate offered and served, p50/p99, errors (any 5xx is a defect), the database's own time for the statements the mix
+ran (pg_stat_statements, reset before it, the background workers' statements of an idle moment taken out): mean ms
+per request, and p99 / that ratio; and the service's CPU per request (its processes', its idle CPU taken out: what a
+machine shared with other work distorts least). The ceiling of the entity GET: bare asyncpg on `--connections`
+connections running the statement the service runs for it (the latest rows of one URN) and decoding each row's JSON,
+closed-loop: its throughput, p50/p99 and CPU per request, and the GET's share of it (by throughput, and by CPU).
+Last (mix `deadline`), a 5-hop downstream lineage from the biggest hub with `X-Metaledger-Deadline-Ms: 500`: its
+wall time, whether partial, and whether following its cursor (at most 20 pages) completes it (the count of the
+unbudgeted walk's results).
 
 `--profile DIR`: py-spy records the API process during each open-loop mix (DIR/<mix>.txt, collapsed stacks) and the
 top frames (by own samples, and by samples under them of app/ functions) are printed.
@@ -72,6 +76,8 @@ SCHEMA_FIELDS = [
 ]  # fmt: skip
 STAMP = {"time": 1_700_000_000_000, "actor": "urn:li:corpuser:bench"}
 DEADLINE = "X-Metaledger-Deadline-Ms"
+DEADLINE_PAGE = 10_000  # results a page of the 5-hop walk (its whole answer at 10,000 datasets)
+MAX_PAGES = 20  # a cursor followed further than this does not complete the walk
 IDLE_S = 3.0  # how long the background workers' statements are counted alone
 
 
@@ -213,8 +219,8 @@ query lineage($urn: String!, $direction: LineageDirection!, $degrees: [String!]!
   }
 }"""
 SCROLL5 = """
-query scroll($urn: String!, $scrollId: String) {
-  scrollAcrossLineage(input: {urn: $urn, direction: DOWNSTREAM, query: "*", count: 10000, scrollId: $scrollId,
+query scroll($urn: String!, $scrollId: String, $count: Int!) {
+  scrollAcrossLineage(input: {urn: $urn, direction: DOWNSTREAM, query: "*", count: $count, scrollId: $scrollId,
                               orFilters: [{and: [{field: "degree", values: ["1", "2", "3", "4", "5"]}]}]}) {
     nextScrollId count total isPartial searchResults { degree entity { urn } }
   }
@@ -298,9 +304,10 @@ async def statements(dsn: str) -> list[tuple[int, float, str]]:
     return [(r["calls"], r["ms"], " ".join(r["query"].split())) for r in rows]
 
 
-async def bare_asyncpg(dsn: str, datasets: int, connections: int, seconds: float) -> tuple[float, float, float]:
+async def bare_asyncpg(dsn: str, datasets: int, connections: int, seconds: float) -> tuple[float, float, float, float]:
     """The entity GET's statement (AspectRepository.entity_latest: the latest rows of one URN) and the decoding of
-    each row's JSON, closed-loop from `connections` connections for `seconds`: (requests/s, p50 ms, p99 ms)."""
+    each row's JSON, closed-loop from `connections` connections for `seconds`: (requests/s, p50 ms, p99 ms, CPU ms
+    of this process a request)."""
     from app.write.repository import _ROW_COLUMNS
 
     statement = f"SELECT {_ROW_COLUMNS} FROM metadata_aspect_v2 WHERE urn = $1 AND version = 0 ORDER BY aspect"
@@ -319,14 +326,16 @@ async def bare_asyncpg(dsn: str, datasets: int, connections: int, seconds: float
                 latencies.append((time.perf_counter() - started) * 1000)
                 n += connections
 
-    started = time.perf_counter()
+    started, cpu = time.perf_counter(), time.process_time()
     try:
         await asyncio.gather(*(client(c) for c in range(connections)))
     finally:
+        cpu = time.process_time() - cpu
         await pool.close()
     elapsed = time.perf_counter() - started
     latencies.sort()
-    return len(latencies) / elapsed, latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.99)]
+    n = len(latencies)
+    return n / elapsed, latencies[n // 2], latencies[int(n * 0.99)], cpu * 1000 / n
 
 
 # --- profiling ----------------------------------------------------------------------------------------------------
@@ -446,18 +455,23 @@ async def measure(service: Service, args: argparse.Namespace) -> None:
     reader = service_token(service.env, "urn:li:corpuser:bench-reader", "reader")
     headers = {"content-type": "application/json", "authorization": f"Bearer {reader}"}
     chosen = mixes(args.datasets)
-    names = args.mix.split(",") if args.mix else list(chosen)
+    names = args.mix.split(",") if args.mix else [*chosen, "deadline"]
     profile_dir = Path(args.profile) if args.profile else None
     if profile_dir:
         profile_dir.mkdir(parents=True, exist_ok=True)
     await reset_statements(service.dsn)  # the background workers' own statements (the indexer's poll), idle
+    idle_cpu = service.cpu_seconds()
     await asyncio.sleep(IDLE_S)
+    idle_cpu = (service.cpu_seconds() - idle_cpu) / IDLE_S  # CPU s a second the service spends with no request
     idle = {text: ms / IDLE_S for _, ms, text in await statements(service.dsn)}
     results: dict[str, float] = {}
+    cpu_per_request: dict[str, float] = {}
     ceiling = None
     if "v3get" in names:
         ceiling = await bare_asyncpg(service.dsn, args.datasets, args.connections, args.closed_seconds)
     for name in names:
+        if name not in chosen:
+            continue
         make = chosen[name]
         await open_loop(service.base, headers, 20, 2, make, connections=8)  # warm: first reads, prepared statements
         clients = args.connections
@@ -465,8 +479,11 @@ async def measure(service: Service, args: argparse.Namespace) -> None:
         rate = args.rate or max(1.0, most / 2)
         await reset_statements(service.dsn)
         out = profile_dir / f"{name}.txt" if profile_dir else None
+        cpu = service.cpu_seconds()
         with profiled(api_pid(service), out, args.seconds):
             r = await open_loop(service.base, headers, rate, args.seconds, make, connections=64)
+        cpu_ms = (service.cpu_seconds() - cpu - idle_cpu * args.seconds) * 1000 / max(1, r.ok)
+        cpu_per_request[name] = cpu_ms
         ran = [
             (calls, max(0.0, ms - idle.get(text, 0.0) * args.seconds), text)
             for calls, ms, text in await statements(service.dsn)
@@ -476,7 +493,7 @@ async def measure(service: Service, args: argparse.Namespace) -> None:
         served = r.ok / args.seconds
         results[name] = most
         print(f"{name:15} closed-loop {clients} connections: {most:7.1f}/s, errors {dict(errors) or 0}", flush=True)
-        print(line(name, served, rate, r, db_ms, ceiling[2] if ceiling else 0.0), flush=True)
+        print(line(name, served, rate, r, db_ms, ceiling[2] if ceiling else 0.0) + f"  CPU {cpu_ms:.2f} ms/request")
         for calls, ms, text in ran[:4]:
             print(f"    {calls / max(1, r.ok):5.2f}/request {ms / max(1, calls):6.3f} ms  {text[:120]}")
         if out is not None and out.exists():
@@ -484,14 +501,16 @@ async def measure(service: Service, args: argparse.Namespace) -> None:
             print("    profile, own samples: " + "; ".join(f"{n} {p:.1f}%" for n, p in own[:8]))
             print("    profile, under app/:   " + "; ".join(f"{n} {p:.1f}%" for n, p in under[:10]))
     if ceiling is not None:
-        rate, p50, p99 = ceiling
+        rate, p50, p99, bare_cpu = ceiling
         print(
             f"bare asyncpg, the entity GET's statement + JSON decode, {args.connections} connections closed-loop: "
-            f"{rate:,.0f}/s p50 {p50:.2f} ms p99 {p99:.2f} ms; v3 GET closed-loop {results['v3get']:,.0f}/s = "
-            f"{100 * results['v3get'] / rate:.0f} % of it",
+            f"{rate:,.0f}/s p50 {p50:.2f} ms p99 {p99:.2f} ms, CPU {bare_cpu:.3f} ms/request; v3 GET closed-loop "
+            f"{results['v3get']:,.0f}/s = {100 * results['v3get'] / rate:.0f} % of it; by CPU a request (what a "
+            f"busy machine distorts least): {100 * bare_cpu / cpu_per_request['v3get']:.0f} %",
             flush=True,
         )
-    await deadline_walk(service.base, headers, args.datasets)
+    if "deadline" in names:
+        await deadline_walk(service.base, headers, args.datasets)
 
 
 async def deadline_walk(base: str, headers: dict[str, str], datasets: int) -> None:
@@ -503,7 +522,7 @@ async def deadline_walk(base: str, headers: dict[str, str], datasets: int) -> No
             started = time.perf_counter()
             answer = await http.post(
                 "/api/graphql",
-                json={"query": SCROLL5, "variables": {"urn": urn(hub), "scrollId": scroll_id}},
+                json={"query": SCROLL5, "variables": {"urn": urn(hub), "scrollId": scroll_id, "count": DEADLINE_PAGE}},
                 headers=budget,
             )
             wall = (time.perf_counter() - started) * 1000
@@ -514,15 +533,17 @@ async def deadline_walk(base: str, headers: dict[str, str], datasets: int) -> No
         whole, whole_ms = await page(None, {})
         first, first_ms = await page(None, {DEADLINE: "500"})
         seen = first["count"]
-        cursor, pages = first["nextScrollId"], 1
-        while cursor:
-            more, _ = await page(cursor, {DEADLINE: "500"})
+        cursor, pages, walls = first["nextScrollId"], 1, [first_ms]
+        while cursor and pages < MAX_PAGES:
+            more, wall = await page(cursor, {DEADLINE: "500"})
             seen += more["count"]
             cursor, pages = more["nextScrollId"], pages + 1
+            walls.append(wall)
         print(
             f"5-hop lineage from a hub: unbudgeted {whole['total']:,} results in {whole_ms:.0f} ms; with a 500 ms "
             f"budget {first_ms:.0f} ms, partial {first['isPartial']}, {first['count']:,} results; its cursor "
-            f"followed ({pages} pages): {seen:,} results, {'equal' if seen == whole['total'] else 'NOT equal'}",
+            f"followed ({pages} pages, each {min(walls):.0f}-{max(walls):.0f} ms): {seen:,} results, "
+            f"{'equal' if seen == whole['total'] else 'NOT equal'}{' (given up: still a cursor)' if cursor else ''}",
             flush=True,
         )
 
@@ -535,7 +556,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=15)
     parser.add_argument("--closed-seconds", type=float, default=5, help="about how long each closed-loop run lasts")
     parser.add_argument("--connections", type=int, default=16)
-    parser.add_argument("--mix", default="", help="comma-separated: " + ", ".join(mixes(1)))
+    parser.add_argument(
+        "--mix", default="", help="comma-separated: " + ", ".join(mixes(1)) + ", deadline (the 5-hop walk)"
+    )
     parser.add_argument("--keep", help="keep the loaded Postgres in this directory")
     parser.add_argument("--reuse", help="start from the Postgres --keep left here (no load)")
     parser.add_argument("--profile", help="py-spy the API process during each open-loop mix, into this directory")
