@@ -78,7 +78,9 @@ class Settings(BaseSettings):
         json_schema_extra=group("Database"),
         description="retries of a write transaction after a lost race, deadlock or serialization failure",
     )
-    db_pool_size: int = Field(10, description="database connections per process")
+    db_pool_size: int = Field(
+        10, description="database connections per process; a burst may open twice as many, and the pool keeps them"
+    )
     apply_migrations_on_start: bool = Field(
         True, description="`serve` applies pending migrations first (`--no-migrate` turns it off)"
     )

@@ -581,6 +581,11 @@ def main() -> None:
             problems = service.log_problems()
             if problems:
                 print(f"service log: {problems}")
+                lines = service.log.read_text(errors="replace").splitlines()
+                for i, line in enumerate(lines):  # the first of each: what an operator would look at
+                    if '"level":"ERROR"' in line or "Traceback (most recent call last)" in line:
+                        print("\n".join(lines[i : i + 30])[:4000])
+                        break
     finally:
         if not (args.keep or args.reuse):
             shutil.rmtree(root, ignore_errors=True)

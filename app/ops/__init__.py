@@ -116,7 +116,7 @@ class _AppCollector(Collector):
     def collect(self) -> Iterator[Any]:
         ops = self.ops
         pool = ops.engine.pool
-        assert isinstance(pool, QueuePool)  # app.db.create_engine's (a pool size and an overflow)
+        assert isinstance(pool, QueuePool)  # app.db.create_engine's (twice the setting, kept)
         yield GaugeMetricFamily(
             "metaledger_db_pool_connections_in_use",
             "Pooled database connections checked out now",
@@ -124,7 +124,7 @@ class _AppCollector(Collector):
         )
         yield GaugeMetricFamily(
             "metaledger_db_pool_connections_max",
-            "The pool's size plus its overflow",
+            "The most connections the pool opens",
             value=ops.settings.db_pool_size * 2,
         )
         if ops.replicas is not None:

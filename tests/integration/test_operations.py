@@ -352,7 +352,7 @@ async def test_writes_answer_429_while_the_outbox_backlog_is_over_its_limit(app,
 @pytest.mark.parametrize("settings_overrides", [{"db_pool_size": 1, "db_pool_timeout_s": 0.3}], indirect=True)
 async def test_an_exhausted_pool_answers_503_with_retry_after_not_500(app, client):
     engine = app.state.engine
-    async with engine.connect() as first, engine.connect() as second:  # the pool (1) and its overflow (1)
+    async with engine.connect() as first, engine.connect() as second:  # the pool's two (twice its size)
         await first.exec_driver_sql("SELECT 1")
         await second.exec_driver_sql("SELECT 1")
         loop = asyncio.get_running_loop()
