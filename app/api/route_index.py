@@ -4,7 +4,7 @@ The app has about 800 routes (eleven per entity type of the registry, app.api.en
 Starlette's router asks each in turn whether it matches: a v3 write paid for every route before its own (most of the
 request's framework CPU). `RouteIndex`, first in the app's routes, files each route under the literal path segments
 before its first parameter (`/openapi/v3/entity/dataset/{urn}` under openapi → v3 → entity → dataset, an included
-router under the segments all its routes share, an entity type's routes under its path) and asks only the routes
+router under each of its routes', an entity type's routes under its path) and asks only the routes
 filed along the request's path, in the routes' order.
 A route filed elsewhere has a literal segment the path does not have, so it cannot match it: the first full match
 among the candidates is the router's own first full match. Without a full match the index answers no match, and the
@@ -82,29 +82,27 @@ def literal_segments(path: str) -> list[str]:
     return segments[:-1] if parameter else segments
 
 
-def _shared(paths: Iterable[list[str]]) -> list[str]:
-    shared: list[str] | None = None
-    for segments in paths:
-        if shared is None:
-            shared = segments
-            continue
-        n = 0
-        while n < len(shared) and n < len(segments) and shared[n] == segments[n]:
-            n += 1
-        shared = shared[:n]
-    return shared or []
+def _outermost(places: Iterable[list[str]]) -> list[list[str]]:
+    """The places none of the others is on the way to (a route filed at `/a` is a candidate along `/a/b` already)."""
+    kept: list[list[str]] = []
+    for place in sorted(places, key=len):
+        if not any(place[: len(k)] == k for k in kept):
+            kept.append(place)
+    return kept
 
 
-def filed_under(route: BaseRoute) -> list[str]:
-    """Where a route is filed: the literal segments every path it matches starts with ([]: asked for every path)."""
+def filed_under(route: BaseRoute) -> list[list[str]]:
+    """Where a route is filed: the literal segments every path it matches starts with ([]: asked for every path). An
+    included router is filed at each of its routes' places: a path along none of them cannot reach it (filed where
+    its routes' paths part, it was asked on every path under `/openapi`)."""
     if isinstance(route, (Route, WebSocketRoute, Mount)):
-        return literal_segments(route.path)
+        return [literal_segments(route.path)]
     if isinstance(route, EntityRoutes):  # filed without building its routes
-        return literal_segments(route.prefix)
+        return [literal_segments(route.prefix)]
     contexts = getattr(route, "effective_route_contexts", None)  # FastAPI's included router
     if contexts is not None:
-        return _shared(literal_segments(context.path) for context in contexts())
-    return []
+        return _outermost(literal_segments(context.path) for context in contexts()) or [[]]
+    return [[]]
 
 
 class RouteIndex(BaseRoute):
@@ -119,15 +117,15 @@ class RouteIndex(BaseRoute):
         for position, route in enumerate(self.routes):
             if route is self:
                 continue
-            node = root
-            segments = filed_under(route)
-            depth = max(depth, len(segments))
-            for segment in segments:
-                node = node.children.setdefault(segment, _Node())
-            node.filed.append(position)
+            for segments in filed_under(route):
+                node = root
+                depth = max(depth, len(segments))
+                for segment in segments:
+                    node = node.children.setdefault(segment, _Node())
+                node.filed.append(position)
 
         def collect(node: _Node, above: list[int]) -> None:
-            positions = sorted(above + node.filed)
+            positions = sorted(above + node.filed)  # once each: no place of a route is on the way to another
             node.candidates = [self.routes[p] for p in positions]
             for child in node.children.values():
                 collect(child, positions)
