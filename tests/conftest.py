@@ -49,7 +49,6 @@ import pytest_asyncio
 from app.db import upgrade_database
 from app.embedded_pg import (
     EmbeddedPostgres,
-    EmbeddedPostgresError,
     ensure_database,
     free_port,
     quote_ident,
@@ -58,6 +57,7 @@ from app.embedded_pg import (
 from app.main import create_app
 from app.registry import load_registry
 from app.settings import Settings
+from tests.processes import start_on_a_free_port
 
 TEST_DATABASE_URL_ENV = "METALEDGER_TEST_DATABASE_URL"
 # The tests count the change logs of a fresh database: the server id's write at start-up (app.telemetry) is off for the
@@ -128,21 +128,6 @@ class PgServer:
         return cls(urlunsplit(("postgresql", parts.netloc, "", "", "")), external=external)
 
 
-def _start_throwaway(base: Path) -> EmbeddedPostgres:
-    # The port is free when we pick it but another process may grab it first: retry a few times.
-    last: Exception | None = None
-    for _ in range(5):
-        pg = EmbeddedPostgres(base, free_port(), database=None, durable=False)
-        try:
-            pg.start()
-            return pg
-        except EmbeddedPostgresError as exc:
-            if "Address already in use" not in str(exc):
-                raise
-            last = exc
-    raise last  # type: ignore[misc]
-
-
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[PgServer]:
     env_url = os.environ.get(TEST_DATABASE_URL_ENV)
@@ -154,7 +139,7 @@ def pg_server() -> Iterator[PgServer]:
     base = Path(tempfile.mkdtemp(prefix="metaledger-test-pg-"))
     pg: EmbeddedPostgres | None = None
     try:
-        pg = _start_throwaway(base)
+        pg = start_on_a_free_port(EmbeddedPostgres(base, free_port(), database=None, durable=False))
         yield PgServer.from_url(pg.admin_dsn, external=False)
     finally:
         if pg is not None:

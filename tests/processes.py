@@ -15,6 +15,8 @@ from pathlib import Path
 
 import httpx
 
+from app.embedded_pg import EmbeddedPostgres, EmbeddedPostgresError, free_port
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -23,6 +25,19 @@ ROOT = Path(__file__).resolve().parent.parent
 SYSTEM_CLIENT_ID = "__datahub_system"
 SYSTEM_CLIENT_SECRET = "metaledger-tests-system-client-secret"
 SYSTEM_AUTH = {"Authorization": f"Basic {SYSTEM_CLIENT_ID}:{SYSTEM_CLIENT_SECRET}"}
+
+
+def start_on_a_free_port(server: EmbeddedPostgres) -> EmbeddedPostgres:
+    """`server` started; on another free port when another process took its own between its choice and the bind."""
+    for _ in range(5):
+        try:
+            server.start()
+            return server
+        except EmbeddedPostgresError as error:
+            if "Address already in use" not in str(error):
+                raise
+            server.port = free_port()
+    raise RuntimeError("no free port for a test Postgres")
 
 
 def service_env(env: dict[str, str]) -> dict[str, str]:

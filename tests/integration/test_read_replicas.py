@@ -9,7 +9,6 @@ import asyncio
 import shutil
 import tempfile
 import threading
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -23,12 +22,12 @@ import pytest
 import pytest_asyncio
 
 from app.db import upgrade_database
-from app.embedded_pg import EmbeddedPostgres, EmbeddedPostgresError, ensure_database, free_port, run_coro_sync
+from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port, run_coro_sync
 from app.main import create_app
 from app.replicas import WRITTEN_AT_HEADER, RecentWrites, format_lsn, parse_lsn
 from app.settings import Settings
-from tests.helpers import ds, mcp, mint_token
-from tests.processes import service_token, start_service, stop_process, wait_healthy_sync
+from tests.helpers import ds, eventually, mcp, mint_token
+from tests.processes import service_token, start_on_a_free_port, start_service, stop_process, wait_healthy_sync
 
 DATABASE = "replicated"
 READS = 50  # reads whose place the statistics tell
@@ -47,18 +46,6 @@ class Cluster:
         return server.url(DATABASE, driver="postgresql")
 
 
-def _started(server: EmbeddedPostgres) -> EmbeddedPostgres:
-    for _ in range(5):  # a free port may be taken before the server binds it
-        try:
-            server.start()
-            return server
-        except EmbeddedPostgresError as error:
-            if "Address already in use" not in str(error):
-                raise
-            server.port = free_port()
-    raise RuntimeError("no free port for a test Postgres")
-
-
 def make_replica(primary: EmbeddedPostgres, root: Path) -> EmbeddedPostgres:
     """A streaming replica of `primary`: its base backup with the standby settings (-R), started on a port of its own."""
     replica = EmbeddedPostgres(root, free_port(), database=None, durable=False)
@@ -71,7 +58,7 @@ def make_replica(primary: EmbeddedPostgres, root: Path) -> EmbeddedPostgres:
         ]
     )
     assert backup.returncode == 0, backup.stderr
-    return _started(replica)
+    return start_on_a_free_port(replica)
 
 
 def stop_now(server: EmbeddedPostgres) -> None:
@@ -86,7 +73,7 @@ def stop_now(server: EmbeddedPostgres) -> None:
 def cluster() -> Iterator[Cluster]:
     base = Path(tempfile.mkdtemp(prefix="metaledger-replicas-"))
     # wal_level=replica and the replication line of pg_hba.conf (trust from 127.0.0.1) are initdb's defaults
-    primary = _started(
+    primary = start_on_a_free_port(
         EmbeddedPostgres(
             base / "primary", free_port(), database=None, durable=False, server_options={"max_wal_senders": "5"}
         )
@@ -115,16 +102,6 @@ async def fetchval(dsn: str, query: str, *args: Any) -> Any:
 # The tests that pause replay keep the replica in rotation however slow the machine: what they show is what a
 # replica behind the caller's write gives, not when lag takes it out (test_a_lagging_replica_leaves_rotation...).
 LAG_UNBOUNDED_S = 3600.0
-
-
-async def eventually(check: Callable[[], Awaitable[Any]], what: str, timeout: float = 20.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = await check()
-        if found:
-            return found
-        assert time.monotonic() < deadline, f"not within {timeout} s: {what}"
-        await asyncio.sleep(0.05)
 
 
 @pytest.fixture
@@ -221,7 +198,7 @@ async def others_gone(dsn: str) -> bool:
 async def quiet(*dsns: str) -> None:
     """Wait until every backend but the asking one has left these servers' database (statistics flushed)."""
     for dsn in dsns:
-        await eventually(partial(others_gone, dsn), "the app's backends exit")
+        await eventually(partial(others_gone, dsn), what="the app's backends exit")
 
 
 async def test_reads_are_served_by_the_replica_and_writes_by_the_primary(serve, cluster: Cluster):
@@ -233,7 +210,7 @@ async def test_reads_are_served_by_the_replica_and_writes_by_the_primary(serve, 
         assert position <= parse_lsn(await fetchval(primary, "SELECT pg_current_wal_lsn()::text"))
         await eventually(
             lambda: fetchval(replica, "SELECT pg_last_wal_replay_lsn() >= $1::text::pg_lsn", format_lsn(position)),
-            "the replica replays the write",
+            what="the replica replays the write",
         )
     await quiet(primary, replica)
     primary_before, replica_before = await aspect_scans(primary), await aspect_scans(replica)
@@ -270,7 +247,7 @@ async def test_a_caller_reads_its_write_while_replay_is_paused(serve, cluster: C
     urn = ds("replicas.paused")
     async with serve(replica_max_lag_s=LAG_UNBOUNDED_S, read_your_writes_wait_s=0.3) as (app, client):
         await write(client, urn, "before")
-        await eventually(lambda: description(client, urn), "the first write replayed")
+        await eventually(lambda: description(client, urn), what="the first write replayed")
         other = {"Authorization": f"Bearer {await mint_token(app, 'reader', 'urn:li:corpuser:other')}"}
         await replay(False)
         written = await write(client, urn, "after")
@@ -407,7 +384,7 @@ def test_the_unmodified_sdk_reads_its_write_while_replay_is_paused(cluster: Clus
                 await fetchval(primary, "SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1 AND version = 0", urn)
             )
 
-        run_coro_sync(lambda: eventually(written, "the SDK's write committed on the primary", timeout=120))
+        run_coro_sync(lambda: eventually(written, what="the SDK's write committed on the primary", timeout=120))
         # the replica has not replayed it: the SDK's read waits for it (or would read the primary after 30 s)
         assert not run_coro_sync(
             lambda: fetchval(replica, "SELECT count(*) FROM metadata_aspect_v2 WHERE urn = $1", urn)
@@ -428,7 +405,7 @@ async def test_a_stopped_replica_costs_no_5xx_and_comes_back(serve, cluster: Clu
     urn = ds("replicas.stopped")
     async with serve(read_your_writes_s=0) as (app, client):
         await write(client, urn, "kept")
-        await eventually(lambda: description(client, urn), "replayed")
+        await eventually(lambda: description(client, urn), what="replayed")
         assert await in_rotation(client, cluster.replica)
         pool = app.state.replicas
         pool._stop.set()  # the monitor paused: the replica stays in rotation as it last saw it, stopped or not
@@ -442,7 +419,7 @@ async def test_a_stopped_replica_costs_no_5xx_and_comes_back(serve, cluster: Clu
         pool._stop.clear()
         pool._monitor = asyncio.create_task(pool._watch())
         state = await eventually(
-            lambda: _out(client, cluster.replica), "the stopped replica leaves rotation", timeout=10
+            lambda: _out(client, cluster.replica), what="the stopped replica leaves rotation", timeout=10
         )
         assert state["state"] == "unreachable" and state["error"]
         ready = await client.get("/ready")
@@ -450,8 +427,10 @@ async def test_a_stopped_replica_costs_no_5xx_and_comes_back(serve, cluster: Clu
         assert await description(client, urn) == "kept"
         metrics = (await client.get("/metrics")).text
         assert f'metaledger_replica_in_rotation{{replica="127.0.0.1:{cluster.replica.port}/{DATABASE}"}} 0.0' in metrics
-        _started(cluster.replica)
-        await eventually(lambda: in_rotation(client, cluster.replica), "the replica is back in rotation", timeout=15)
+        start_on_a_free_port(cluster.replica)
+        await eventually(
+            lambda: in_rotation(client, cluster.replica), what="the replica is back in rotation", timeout=15
+        )
         assert await description(client, urn) == "kept"
 
 
@@ -462,23 +441,23 @@ async def _out(client: httpx.AsyncClient, replica: EmbeddedPostgres) -> dict[str
 
 async def test_a_lagging_replica_leaves_rotation_until_it_catches_up(serve, cluster: Cluster, replay):
     async with serve(replica_max_lag_s=1.0, read_your_writes_s=0) as (app, client):
-        await eventually(lambda: in_rotation(client, cluster.replica), "in rotation")
+        await eventually(lambda: in_rotation(client, cluster.replica), what="in rotation")
         await replay(False)
         await write(client, ds("replicas.lag"), "past the replica")
-        state = await eventually(lambda: _out(client, cluster.replica), "the lagging replica leaves rotation")
+        state = await eventually(lambda: _out(client, cluster.replica), what="the lagging replica leaves rotation")
         assert state["state"] == "lagging" and state["lagBytes"] > 0 and state["lagSeconds"] > 1.0
         assert await description(client, ds("replicas.lag")) == "past the replica"  # from the primary
         metrics = (await client.get("/metrics")).text
         assert f'metaledger_replica_lag_bytes{{replica="127.0.0.1:{cluster.replica.port}/{DATABASE}"}}' in metrics
         await replay(True)
-        await eventually(lambda: in_rotation(client, cluster.replica), "back once it caught up", timeout=10)
+        await eventually(lambda: in_rotation(client, cluster.replica), what="back once it caught up", timeout=10)
         state = await replica_state(client, cluster.replica)
         assert state["lagBytes"] == 0 and state["lagSeconds"] == 0
 
 
 async def test_an_idle_primary_does_not_make_a_caught_up_replica_lag(serve, cluster: Cluster):
     async with serve(replica_max_lag_s=1.0) as (app, client):
-        await eventually(lambda: in_rotation(client, cluster.replica), "in rotation")
+        await eventually(lambda: in_rotation(client, cluster.replica), what="in rotation")
         pool = app.state.replicas
         for _ in range(3):  # three checks of an idle primary, seconds after its last commit
             await pool.check()
@@ -490,9 +469,9 @@ async def test_a_promoted_replica_leaves_rotation(serve, cluster: Cluster):
     promoted = make_replica(cluster.primary, cluster.base / "promoted")
     try:
         async with serve(replicas=[promoted]) as (app, client):
-            await eventually(lambda: in_rotation(client, promoted), "the new replica in rotation")
+            await eventually(lambda: in_rotation(client, promoted), what="the new replica in rotation")
             await fetchval(promoted.url(DATABASE, driver="postgresql"), "SELECT pg_promote()")
-            state = await eventually(lambda: _out(client, promoted), "the promoted replica leaves rotation")
+            state = await eventually(lambda: _out(client, promoted), what="the promoted replica leaves rotation")
             assert state["state"] == "promoted"
             await write(client, ds("replicas.promoted"), "on the primary")
             assert await description(client, ds("replicas.promoted")) == "on the primary"
