@@ -174,14 +174,15 @@ _INCLUDED: dict[tuple[int, ...], list[BaseRoute]] = {}
 
 
 def include_once(app: FastAPI, routers: Iterable[APIRouter]) -> None:
-    """`app.include_router` of each of `routers`, in order, with the routes the process built for them before."""
+    """`app.include_router` of each of `routers`, in order (their lifespans and event handlers merged into the app's,
+    as always), with the routes the process built for them before in place of new ones."""
     routers = list(routers)
     key = tuple(map(id, routers))
+    start = len(app.router.routes)
+    for router in routers:
+        app.include_router(router)
     built = _INCLUDED.get(key)
     if built is None:
-        start = len(app.router.routes)
-        for router in routers:
-            app.include_router(router)
-        built = _INCLUDED[key] = app.router.routes[start:]
-        del app.router.routes[start:]
-    app.router.routes.extend(built)
+        _INCLUDED[key] = app.router.routes[start:]
+    else:
+        app.router.routes[start:] = built

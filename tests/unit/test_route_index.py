@@ -164,3 +164,35 @@ def test_the_openapi_document_lists_every_entity_route(app):
         for method, operation in operations.items()
     }
     assert set(declared) <= documented
+
+
+async def test_a_router_included_once_per_process_still_joins_each_apps_lifespan():
+    """Routers are included with the routes the process built for them before (`include_once`), and each app still
+    runs their lifespans: the web view's feed streams are made in the lifespan of every app, not
+    only of the process's first (the tests make one app per test)."""
+    from contextlib import asynccontextmanager
+
+    from fastapi import APIRouter, FastAPI
+
+    from app.api.route_index import include_once
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        app.state.entered = True
+        yield
+
+    router = APIRouter(lifespan=lifespan)
+
+    @router.get("/ping")
+    async def ping() -> str:
+        return "pong"
+
+    first, second = FastAPI(), FastAPI()
+    include_once(first, [router])
+    include_once(second, [router])
+    assert second.router.routes[-1] is first.router.routes[-1]  # the same built routes
+    for app in (first, second):
+        async with app.router.lifespan_context(app):
+            assert app.state.entered
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://x") as client:
+            assert (await client.get("/ping")).json() == "pong"
