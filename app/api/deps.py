@@ -79,11 +79,15 @@ class LazySession:
             )  # as `async with session` does: a cancelled request still closes it
 
 
-async def get_session(request: Request) -> AsyncSession:
-    """A session on the primary: writes, their precondition reads, and what must see the latest state at once."""
-    session = LazySession(request.app.state.sessionmaker)
+def _request_session(request: Request, sessionmaker: async_sessionmaker[AsyncSession]) -> AsyncSession:
+    session = LazySession(sessionmaker)
     _on_exit(request).push_async_callback(session.release)
     return cast(AsyncSession, session)  # it stands for the AsyncSession it builds
+
+
+async def get_session(request: Request) -> AsyncSession:
+    """A session on the primary: writes, their precondition reads, and what must see the latest state at once."""
+    return _request_session(request, request.app.state.sessionmaker)
 
 
 async def get_read_session(request: Request) -> AsyncSession:
@@ -91,11 +95,7 @@ async def get_read_session(request: Request) -> AsyncSession:
     caller must see), else on the primary (no replicas, none healthy, none caught up in time)."""
     route = current_route()
     replica = await route.replica() if route is not None else None
-    if replica is None:
-        return await get_session(request)
-    session = LazySession(replica.sessionmaker)
-    _on_exit(request).push_async_callback(session.release)
-    return cast(AsyncSession, session)
+    return _request_session(request, request.app.state.sessionmaker if replica is None else replica.sessionmaker)
 
 
 async def get_gateway(request: Request) -> IngestGateway:

