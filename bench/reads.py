@@ -31,9 +31,10 @@ per request, and p99 / that ratio; and the service's CPU per request (its proces
 machine shared with other work distorts least). The ceiling of the entity GET: bare asyncpg on `--connections`
 connections running the statement the service runs for it (the latest rows of one URN) and decoding each row's JSON,
 closed-loop: its throughput, p50/p99 and CPU per request, and the GET's share of it (by throughput, and by CPU).
-Last (mix `deadline`), a 5-hop downstream lineage from the biggest hub with `X-Metaledger-Deadline-Ms: 500`: its
-wall time, whether partial, and whether following its cursor (at most 20 pages) completes it (the count of the
-unbudgeted walk's results).
+Last (mix `deadline`), 5-hop downstream lineages from hub starts (`--starts K-L`, default 0-19: the hubs by their
+downstreams, round after round), each unbudgeted, then with `X-Metaledger-Deadline-Ms: 500` and its cursor followed
+(at most 20 pages): each page's wall time (p50/p99, and how many over 600 ms), the pages to complete it, and whether
+the pages together are the unbudgeted answer (the same results in the same order).
 
 `--profile DIR`: py-spy records the API process during each open-loop mix (DIR/<mix>.txt, collapsed stacks) and the
 top frames (by own samples, and by samples under them of app/ functions) are printed.
@@ -510,19 +511,33 @@ async def measure(service: Service, args: argparse.Namespace) -> None:
             flush=True,
         )
     if "deadline" in names:
-        await deadline_walk(service.base, headers, args.datasets)
+        first, _, last = args.starts.partition("-")
+        await deadline_walk(service.base, headers, args.datasets, range(int(first), int(last or first) + 1))
 
 
-async def deadline_walk(base: str, headers: dict[str, str], datasets: int) -> None:
+def _quantile(samples: list[float], q: float) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+async def deadline_walk(base: str, headers: dict[str, str], datasets: int, starts: range) -> None:
+    """The 5-hop downstream walk from hub starts (the hubs by their downstreams, round after round: start k is the
+    hub ranked k % hubs), each answered whole without a budget, then under a 500 ms budget with its cursor followed
+    (at most MAX_PAGES pages): the first page's wall time, every page's, the pages to complete it, and whether the
+    pages together are the unbudgeted answer (the same results in the same order: none twice, none missing)."""
     downstreams = Counter(j for i in range(datasets) for j in upstreams_of(i, datasets) if j < hubs(datasets))
-    hub = downstreams.most_common(1)[0][0]
+    ranked = [hub for hub, _ in downstreams.most_common()]
+    firsts: list[float] = []
+    walls: list[float] = []
+    pages_to_complete: list[int] = []
+    equal = 0
     async with httpx.AsyncClient(base_url=base, headers=headers, timeout=120) as http:
 
-        async def page(scroll_id: str | None, budget: dict[str, str]) -> tuple[dict, float]:
+        async def page(start: str, scroll_id: str | None, budget: dict[str, str]) -> tuple[dict, float]:
             started = time.perf_counter()
             answer = await http.post(
                 "/api/graphql",
-                json={"query": SCROLL5, "variables": {"urn": urn(hub), "scrollId": scroll_id, "count": DEADLINE_PAGE}},
+                json={"query": SCROLL5, "variables": {"urn": start, "scrollId": scroll_id, "count": DEADLINE_PAGE}},
                 headers=budget,
             )
             wall = (time.perf_counter() - started) * 1000
@@ -530,22 +545,38 @@ async def deadline_walk(base: str, headers: dict[str, str], datasets: int) -> No
                 raise RuntimeError(f"5-hop lineage: {answer.status_code} {answer.text[:300]}")
             return answer.json()["data"]["scrollAcrossLineage"], wall
 
-        whole, whole_ms = await page(None, {})
-        first, first_ms = await page(None, {DEADLINE: "500"})
-        seen = first["count"]
-        cursor, pages, walls = first["nextScrollId"], 1, [first_ms]
-        while cursor and pages < MAX_PAGES:
-            more, wall = await page(cursor, {DEADLINE: "500"})
-            seen += more["count"]
-            cursor, pages = more["nextScrollId"], pages + 1
-            walls.append(wall)
-        print(
-            f"5-hop lineage from a hub: unbudgeted {whole['total']:,} results in {whole_ms:.0f} ms; with a 500 ms "
-            f"budget {first_ms:.0f} ms, partial {first['isPartial']}, {first['count']:,} results; its cursor "
-            f"followed ({pages} pages, each {min(walls):.0f}-{max(walls):.0f} ms): {seen:,} results, "
-            f"{'equal' if seen == whole['total'] else 'NOT equal'}{' (given up: still a cursor)' if cursor else ''}",
-            flush=True,
-        )
+        for k in starts:
+            start = urn(ranked[k % len(ranked)])
+            whole, whole_ms = await page(start, None, {})
+            first, first_ms = await page(start, None, {DEADLINE: "500"})
+            seen = [r["entity"]["urn"] for r in first["searchResults"]]
+            cursor, pages, own = first["nextScrollId"], 1, [first_ms]
+            while cursor and pages < MAX_PAGES:
+                more, wall = await page(start, cursor, {DEADLINE: "500"})
+                seen += [r["entity"]["urn"] for r in more["searchResults"]]
+                cursor, pages = more["nextScrollId"], pages + 1
+                own.append(wall)
+            same = not cursor and seen == [r["entity"]["urn"] for r in whole["searchResults"]]
+            equal += same
+            firsts.append(first_ms)
+            walls += own
+            pages_to_complete.append(pages)
+            print(
+                f"  start {k} ({start}): unbudgeted {whole['total']:,} results in {whole_ms:.0f} ms; with a 500 ms "
+                f"budget: first page {first_ms:.0f} ms, partial {first['isPartial']}, {first['count']:,} results; "
+                f"{pages} pages ({min(own):.0f}-{max(own):.0f} ms each): {len(seen):,} results, "
+                f"{'equal' if same else 'NOT equal'}{' (given up: still a cursor)' if cursor else ''}",
+                flush=True,
+            )
+    print(
+        f"5-hop lineage from {len(firsts)} hub starts with a 500 ms budget: first page p50 {_quantile(firsts, 0.5):.0f} "
+        f"ms p99 {_quantile(firsts, 0.99):.0f} ms; every page ({len(walls)}) p50 {_quantile(walls, 0.5):.0f} ms p99 "
+        f"{_quantile(walls, 0.99):.0f} ms max {max(walls):.0f} ms, {sum(w > 600 for w in walls)} over 600 ms; pages "
+        f"to complete {min(pages_to_complete)}-{max(pages_to_complete)} (median "
+        f"{_quantile([float(p) for p in pages_to_complete], 0.5):.0f}); equal to the unbudgeted answer: "
+        f"{equal}/{len(firsts)}",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -561,6 +592,9 @@ def main() -> None:
     )
     parser.add_argument("--keep", help="keep the loaded Postgres in this directory")
     parser.add_argument("--reuse", help="start from the Postgres --keep left here (no load)")
+    parser.add_argument(
+        "--starts", default="0-19", help="mix deadline: which hub starts (K-L; start k is the hub ranked k %% hubs)"
+    )
     parser.add_argument("--profile", help="py-spy the API process during each open-loop mix, into this directory")
     args = parser.parse_args()
     if args.reuse and args.backend != "postgres":

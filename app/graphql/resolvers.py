@@ -36,14 +36,17 @@ from app.limits import clip
 from app.registry import EntityRegistry
 from app.search import query_syntax
 from app.search.across import (
+    LineageAsked,
+    LineageHit,
     TypeSearch,
     facets_across,
-    lineage_across,
     lineage_hops,
     scroll_across,
+    scroll_lineage,
     search_across,
+    search_lineage,
 )
-from app.search.cursors import InvalidCursor, decode_offset, offset_cursor
+from app.search.cursors import InvalidCursor
 from app.search.filters import Groups, InvalidFilter, Placed, both, criteria_groups, json_path, placed_or_filters
 from app.search.model import (
     REMOVED_FIELD,
@@ -509,19 +512,9 @@ async def resolve_search_across_entities(_root: Any, info: Any, input: dict[str,
 MAX_LINEAGE_HOPS = 20  # a walk without a degree bound ("3+", or none) stops here (as /openapi/v1/lineage)
 
 
-def _offset(scroll_id: str | None) -> int:
-    """A lineage scrollId is the offset the previous page gave (the walk is computed whole)."""
-    try:
-        return decode_offset(scroll_id) if scroll_id else 0
-    except InvalidCursor as error:
-        raise error.at(SCROLL_ID_PATH) from None
-
-
-async def _lineage(
-    context: Context, input: dict[str, Any], start: int, count: int
-) -> tuple[list[dict[str, Any]], int, bool]:
-    """A page of a lineage search, its total and DataHub's `isPartial`: the walk was cut by the request's read budget
-    (app.read_deadline) or by MAX_LINEAGE_HOPS (walked one hop further to tell), and `total` counts what it found."""
+async def _lineage_asked(context: Context, input: dict[str, Any]) -> LineageAsked:
+    """What a lineage search asks (app.search.across.LineageAsked): a walk with no degree bound goes to
+    MAX_LINEAGE_HOPS, and one hop further to tell whether the cap cut it (then DataHub's `isPartial`)."""
     urn = input.get("urn")
     if not urn:
         raise ValidationFailed(
@@ -530,17 +523,20 @@ async def _lineage(
     _entity_of(urn, context.registry)  # a URN, or a 400 naming it
     searches = await _searches_of(context, input)
     hops = lineage_hops(searches, MAX_LINEAGE_HOPS)
-    found = await lineage_across(
-        await context.backend(),
+    return LineageAsked(
         urn,
-        direction=input["direction"],
-        searches=searches,
-        query=_query(input.get("query")),
-        max_hops=hops + (hops == MAX_LINEAGE_HOPS),
+        input["direction"],
+        searches,
+        _query(input.get("query")),
+        hops,
+        tell_cap=hops == MAX_LINEAGE_HOPS,
         group_fields=lineage.groups_fields(input.get("searchFlags")),
+        caller=context.caller.actor,
     )
-    hits = [hit for hit in found.hits if hit.degree <= hops]
-    results = [
+
+
+def _lineage_results(context: Context, hits: Sequence[LineageHit]) -> list[dict[str, Any]]:
+    return [
         {
             "entity": EntityRef(hit.urn, hit.entity_type),
             "matchedFields": [],
@@ -551,40 +547,44 @@ async def _lineage(
             "ignoredAsHop": False,
             "paths": lineage.entity_paths(hit.paths, context.registry),
         }
-        for hit in hits[start : start + count]
+        for hit in hits
     ]
-    return results, len(hits), found.partial or len(hits) < len(found.hits)
 
 
 async def resolve_scroll_across_lineage(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
+    """A page of the walk: cut by the request's read budget, the results it found within it and DataHub's
+    `isPartial`, with a `nextScrollId` that continues the walk where it stopped (app.search.across.scroll_lineage);
+    `total` counts the results found so far, all of them once the walk is complete."""
     context: Context = info.context
-    start = _offset(input.get("scrollId"))
     count = _count(input.get("count"), DEFAULT_COUNT, context.max_count)
-    results, total, partial = await _lineage(context, input, start, count)
-    # a partial walk's answer is a prefix of the whole one's (by degree, then urn): its cursor continues it
-    more = (start + len(results) < total and results) or partial
+    asked = await _lineage_asked(context, input)
+    try:
+        page = await scroll_lineage(await context.backend(), asked, count=count, scroll_id=input.get("scrollId"))
+    except InvalidCursor as error:
+        raise error.at(SCROLL_ID_PATH) from None
     return {
-        "nextScrollId": offset_cursor(start + len(results)) if more else None,
-        "count": len(results),
-        "total": total,
-        "searchResults": results,
+        "nextScrollId": page.scroll_id,
+        "count": len(page.hits),
+        "total": page.total,
+        "searchResults": _lineage_results(context, page.hits),
         "facets": None,
-        "isPartial": partial,
+        "isPartial": page.partial,
     }
 
 
 async def resolve_search_across_lineage(_root: Any, info: Any, input: dict[str, Any]) -> dict[str, Any]:
+    """Offset paging of the walk, whole within the request's read budget (cut by it: what it found, `isPartial`)."""
     context: Context = info.context
     start = max(input.get("start") or 0, 0)
     count = _count(input.get("count"), DEFAULT_COUNT, context.max_count)
-    results, total, partial = await _lineage(context, input, start, count)
+    page = await search_lineage(await context.backend(), await _lineage_asked(context, input), start=start, count=count)
     return {
         "start": start,
-        "count": len(results),
-        "total": total,
-        "searchResults": results,
+        "count": len(page.hits),
+        "total": page.total,
+        "searchResults": _lineage_results(context, page.hits),
         "facets": None,
-        "isPartial": partial,
+        "isPartial": page.partial,
     }
 
 

@@ -15,8 +15,11 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import secrets
+import time
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
 import orjson
@@ -25,7 +28,16 @@ from app import read_deadline
 from app.errors import Issue, ValidationFailed
 from app.limits import clip
 from app.search import lineage
-from app.search.cursors import AcrossCursor, InvalidCursor, across_cursor, decode_across
+from app.search.cursors import (
+    AcrossCursor,
+    InvalidCursor,
+    LineageCursor,
+    across_cursor,
+    decode_across,
+    decode_lineage,
+    decode_offset,
+    lineage_cursor,
+)
 from app.search.lineage import Path
 from app.search.model import (
     EQUALITY_CONDITIONS,
@@ -266,15 +278,6 @@ class LineageHit:
     paths: tuple[Path, ...]
 
 
-@dataclass(frozen=True, slots=True)
-class LineageFound:
-    """A lineage search's hits, by degree then urn; `partial`: its walk's budget ended it early, so the hits are those
-    within the hops it finished (a prefix of the whole answer's, which is in the same order)."""
-
-    hits: list[LineageHit]
-    partial: bool
-
-
 def _degree_test(criteria: Sequence[Criterion]) -> tuple[Callable[[int], bool], int | None]:
     """A predicate on the degree, and the most hops it can accept (None: no bound)."""
     tests: list[Callable[[int], bool]] = []
@@ -327,48 +330,238 @@ def lineage_hops(searches: Sequence[TypeSearch], cap: int) -> int:
     return min(max(hops, 1), cap)
 
 
-async def lineage_across(
+# A lineage search's answer is built as far as its request's budget allows and continued by its cursor: the walk
+# (app.search.lineage.WalkState) and its filtering go on where the previous page stopped, kept per walk in the
+# process (`_WALKS`); a page that lands in a process without it (another worker's cursor, or one evicted) walks again
+# from the start to the cursor's position. Every stage is measured against the one budget: walking and filtering
+# stop at its gathering share (app.read_deadline.FINISH_SHARE kept back), and a page holds no more results than the
+# share kept back completes (RESULT_FINISH_S each).
+LINEAGE_CURSOR_LIFETIME_S = 600.0  # how long a walk is kept after its last page, and a lineage cursor is good for
+MAX_WALKS = 64  # walks kept at once (the least recently used goes first) ...
+MAX_WALKED = 1_000_000  # ... and entities reached, summed over them
+FILTER_CHUNK = 500  # hits a filtering statement asks about (per entity type): the budget cuts between them
+# Completing one result of a page — GraphQL's fields of DataHub's lineage views (`degree`, `entity { urn type }`,
+# `paths`) and serialising them — took 0.1-0.16 ms on a loaded 2-core machine (7,031 results of the reads
+# benchmark's 5-hop walk, bench/reads.py --mix deadline); twice that, so that the share kept back covers a page.
+RESULT_FINISH_S = 0.00015
+
+
+@dataclass(slots=True)
+class LineageWalk:
+    """A lineage search's walk and its answer so far: the hits the searches accepted, in the answer's order (by degree,
+    then urn), the finished hops' hits not yet asked about, and whether the walk found entities past the degrees it
+    answers (`capped`: it walks one hop further than MAX hops to tell)."""
+
+    fingerprint: str
+    walk: lineage.WalkState
+    answer_hops: int
+    group_fields: bool
+    hits: list[LineageHit] = field(default_factory=list)
+    unfiltered: list[LineageHit] = field(default_factory=list)
+    targets: set[str] = field(default_factory=set)  # every result found (a grouped parent at its fewest hops only)
+    capped: bool = False
+    used: float = field(default_factory=time.monotonic)
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+    @property
+    def complete(self) -> bool:
+        return self.walk.done and not self.unfiltered
+
+    async def gather(self, backend: SearchBackend, searches: Sequence[TypeSearch], query: str) -> bool:
+        """Walks and filters on, one statement at a time, until the walk is complete or the request's gathering share
+        is spent. Whether it got any further."""
+        budget = read_deadline.current()
+        further = False
+        while not self.complete:
+            if budget is not None and budget.walk_remaining_s() <= 0:
+                break
+            try:
+                if self.unfiltered:
+                    await self._filter_next(backend, searches, query)
+                else:
+                    await self._walk_next(backend)
+            except Exception:
+                if budget is None or budget.walk_remaining_s() > 0:
+                    raise
+                break  # the budget is spent: whatever the backend raised, it raised for lack of time
+            further = True
+        return further
+
+    async def _walk_next(self, backend: SearchBackend) -> None:
+        reached = await self.walk.advance(backend)
+        if reached is None:
+            return
+        if self.walk.hops > self.answer_hops:
+            self.capped = self.capped or bool(reached)
+            return
+        if self.group_fields:
+            grouped = lineage.by_parent(self.walk.start, reached)
+            new = [LineageHit(g.urn, g.entity_type, g.degree, tuple(g.paths)) for g in grouped]
+        else:
+            new = [LineageHit(s.urn, s.entity_type, s.degree, (s.path,)) for s in reached]
+        new = [hit for hit in new if hit.urn not in self.targets]
+        self.targets.update(hit.urn for hit in new)
+        self.unfiltered.extend(new)
+
+    async def _filter_next(self, backend: SearchBackend, searches: Sequence[TypeSearch], query: str) -> None:
+        chunk = self.unfiltered[:FILTER_CHUNK]
+        kept = await _accepted(backend, chunk, searches, query)
+        self.hits.extend(hit for hit in chunk if hit.urn in kept)
+        del self.unfiltered[: len(chunk)]
+
+
+class _Walks:
+    """The walks of this process's lineage cursors: bounded (MAX_WALKS, MAX_WALKED), the least recently used first
+    out, none kept past LINEAGE_CURSOR_LIFETIME_S after its last page."""
+
+    def __init__(self) -> None:
+        self._walks: OrderedDict[str, LineageWalk] = OrderedDict()
+
+    def get(self, walk_id: str) -> LineageWalk | None:
+        self._expire()
+        found = self._walks.get(walk_id)
+        if found is not None:
+            self._walks.move_to_end(walk_id)
+            found.used = time.monotonic()
+        return found
+
+    def put(self, walk: LineageWalk) -> str:
+        self._expire()
+        walk_id = secrets.token_urlsafe(12)
+        self._walks[walk_id] = walk
+        while len(self._walks) > MAX_WALKS or (
+            len(self._walks) > 1 and sum(len(w.walk.paths) for w in self._walks.values()) > MAX_WALKED
+        ):
+            self._walks.popitem(last=False)
+        return walk_id
+
+    def clear(self) -> None:
+        self._walks.clear()
+
+    def _expire(self) -> None:
+        oldest = time.monotonic() - LINEAGE_CURSOR_LIFETIME_S
+        while self._walks and next(iter(self._walks.values())).used < oldest:
+            self._walks.popitem(last=False)
+
+
+_WALKS = _Walks()
+
+
+@dataclass(frozen=True, slots=True)
+class LineageAsked:
+    """What a lineage search asks: from `urn`, `direction`, the entities within `hops` (walking one hop further when
+    `tell_cap`, to say whether the cap cut it) that `searches` and `query` accept; schema fields as their parent
+    unless `group_fields` is off (DataHub's default grouping of a lineage search). `caller`: whose search it is (a
+    cursor, and the walk it continues, are good for that caller's search only)."""
+
+    urn: str
+    direction: Literal["UPSTREAM", "DOWNSTREAM"]
+    searches: Sequence[TypeSearch]
+    query: str
+    hops: int
+    tell_cap: bool
+    group_fields: bool
+    caller: str
+
+    def fingerprint(self) -> str:
+        asked = [self.urn, self.direction, self.hops, self.tell_cap, self.group_fields, self.caller]
+        return hashlib.sha256(orjson.dumps([asked, _fingerprint(self.searches, self.query, None)])).hexdigest()[:16]
+
+    def begin(self) -> LineageWalk:
+        walk = lineage.WalkState.begin(self.urn, self.direction, self.hops + self.tell_cap)
+        return LineageWalk(self.fingerprint(), walk, self.hops, self.group_fields)
+
+
+@dataclass(frozen=True, slots=True)
+class LineagePage:
+    """A page of a lineage search: its hits (by degree, then urn: the order of the whole answer), the results found
+    so far (all of them once the walk is complete), `partial` when the request's budget cut the page short of its
+    count or the hop cap cut the walk, and the cursor of the next page (None: the answer is complete)."""
+
+    hits: list[LineageHit]
+    total: int
+    partial: bool
+    scroll_id: str | None
+
+
+def page_most(count: int) -> int:
+    """The most results a page of `count` holds: what the share of the request's budget kept back to answer
+    completes (at least one)."""
+    budget = read_deadline.current()
+    if budget is None:
+        return count
+    return min(count, max(1, int(budget.seconds * read_deadline.FINISH_SHARE / RESULT_FINISH_S)))
+
+
+async def _page(
     backend: SearchBackend,
-    urn: str,
+    asked: LineageAsked,
+    walk: LineageWalk,
+    start: int,
+    count: int,
     *,
-    direction: Literal["UPSTREAM", "DOWNSTREAM"],
-    searches: Sequence[TypeSearch],
-    query: str,
-    max_hops: int,
-    group_fields: bool = True,
-) -> LineageFound:
-    """The entities `max_hops` or fewer lineage hops from `urn` that the searches accept (each once, at its fewest
-    hops), by degree then urn: the walk (app.search.lineage), with schema fields counted as their parent entity
-    unless `group_fields` is off (DataHub's default grouping of a lineage search). A search's groups filter on
-    degree here; the rest of each group, the query and the soft-delete rule are the backend's, asked about the
-    walk's entities by urn (entities without a search document, never ingested, are left out, as DataHub leaves
-    them). Partial when the request's read budget cut the walk or this filtering (app.read_deadline)."""
-    walk = await lineage.walk(backend, urn, direction=direction, max_hops=max_hops)
-    walked = walk.steps
-    if group_fields:
-        grouped = lineage.by_parent(urn, walked)
-        found = {g.urn: LineageHit(g.urn, g.entity_type, g.degree, tuple(g.paths)) for g in grouped}
+    continued: bool,
+) -> tuple[list[LineageHit], bool]:
+    """The hits `start..` (at most `count`, at most what the budget completes) of `walk`, gathered on to its end
+    within the budget (so that a page's `total` is the whole answer's whenever the budget allows: the pages after
+    it only read what was found); whether the page is cut (short of `count`, the answer not ended).
+    A cut page with nothing to show is `DeadlineExceeded`, unless it `continued` a cursor's walk and got further
+    (its cursor then continues from there)."""
+    most = page_most(count)
+    async with walk.lock:
+        further = await walk.gather(backend, asked.searches, asked.query)
+        hits = walk.hits[start : start + most]
+        ended = walk.complete and start + len(hits) >= len(walk.hits)
+    cut = len(hits) < count and not ended
+    if cut and not hits and not (continued and further):
+        raise read_deadline.DeadlineExceeded("the lineage search found nothing within its time budget").with_issues(
+            [Issue("nothing found within the budget", expected=f"a larger {read_deadline.HEADER}")],
+            "the lineage search found nothing within its time budget: retry with a larger one",
+        )
+    if cut:
+        read_deadline.mark_partial()
+    return hits, cut
+
+
+async def scroll_lineage(
+    backend: SearchBackend, asked: LineageAsked, *, count: int, scroll_id: str | None = None
+) -> LineagePage:
+    """A page of a lineage search from `scroll_id` (a previous page's; None: the first; an offset a cursor of this
+    service gave before walks were kept is taken too): the walk continued where that page stopped (this process's,
+    or walked again to its position), never repeating a result nor leaving one out. InvalidCursor when it is no
+    cursor of this search, tampered with or expired."""
+    fingerprint = asked.fingerprint()
+    walk: LineageWalk | None = None
+    if not scroll_id:
+        start = 0
+    elif scroll_id.isascii() and scroll_id.isdigit():
+        start = decode_offset(scroll_id)
     else:
-        found = {s.urn: LineageHit(s.urn, s.entity_type, s.degree, (s.path,)) for s in walked}
-    # degree by degree, so that a budget running out here too still answers a prefix of the whole answer: the
-    # degrees it finished
-    kept: dict[str, LineageHit] = {}
-    for degree in sorted({hit.degree for hit in found.values()}):
-        try:
-            at_degree = await _accepted(backend, [h for h in found.values() if h.degree == degree], searches, query)
-        except Exception:
-            budget = read_deadline.current()
-            if budget is None or budget.remaining_s() > 0:
-                raise
-            # the budget is spent: whatever the backend raised, it raised for lack of time
-            if not kept:
-                raise read_deadline.DeadlineExceeded(
-                    "the lineage search found nothing within its time budget"
-                ) from None
-            read_deadline.mark_partial()
-            return LineageFound(sorted(kept.values(), key=lambda h: (h.degree, h.urn)), True)
-        kept.update(at_degree)
-    return LineageFound(sorted(kept.values(), key=lambda h: (h.degree, h.urn)), walk.partial)
+        cursor = decode_lineage(
+            scroll_id, fingerprint=fingerprint, now=time.time(), lifetime_s=LINEAGE_CURSOR_LIFETIME_S
+        )
+        start, walk = cursor.position, _WALKS.get(cursor.walk)
+        if walk is not None and (walk.fingerprint != fingerprint or start > len(walk.hits)):
+            raise InvalidCursor(scroll_id, "not a cursor of this service")
+    if walk is None:
+        walk = asked.begin()
+        walk_id = _WALKS.put(walk)
+    else:
+        walk_id = cursor.walk
+    hits, cut = await _page(backend, asked, walk, start, count, continued=bool(scroll_id))
+    ended = walk.complete and start + len(hits) >= len(walk.hits)
+    next_id = None
+    if not ended:
+        next_id = lineage_cursor(LineageCursor(walk_id, start + len(hits), fingerprint, int(time.time())))
+    return LineagePage(hits, len(walk.hits), cut or (ended and walk.capped), next_id)
+
+
+async def search_lineage(backend: SearchBackend, asked: LineageAsked, *, start: int, count: int) -> LineagePage:
+    """Offset paging (searchAcrossLineage's start/count): the whole walk within the budget (its total), the hits
+    `start..start+count` of it."""
+    walk = asked.begin()
+    hits, cut = await _page(backend, asked, walk, start, count, continued=False)
+    return LineagePage(hits, len(walk.hits), cut or not walk.complete or walk.capped, None)
 
 
 async def _accepted(

@@ -7,15 +7,18 @@ query uses it. A cursor comes back from a client, so it is untrusted text: anyth
 * across: a search across types (`app.search.across`): which type, that type's keyset cursor, the total, and the
   search's fingerprint
 * edge: an edge scroll's position, the last edge's key (`SearchBackend.scroll_edges`)
-* offset: the position in a list a request computes whole (relationships of an entity, lineage searches)
+* lineage: a lineage search's walk continued (`app.search.across`): the walk state's id, the position in its
+  answer, the search's fingerprint, when it was issued, and a checksum of these
+* offset: the position in a list a request computes whole (relationships of an entity)
 
-The first three are URL-safe base64 of JSON (padding optional: both forms are taken); an offset is its digits.
+The first four are URL-safe base64 of JSON (padding optional: both forms are taken); an offset is its digits.
 """
 
 from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -145,6 +148,49 @@ def decode_across(cursor: str, *, fingerprint: str, types: int) -> AcrossCursor:
     ):
         raise InvalidCursor(cursor, "not a cursor of this service")
     return AcrossCursor(position, after, total, fingerprint)
+
+
+# --- lineage ------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class LineageCursor:
+    walk: str  # the id of the walk state it continues (app.search.across); unknown to a process: walked again
+    position: int  # how many results of the walk's answer the pages before it gave
+    fingerprint: str  # the search's and its caller's (app.search.across): a cursor is good for that search only
+    issued: int  # Unix seconds; past the walk states' lifetime the cursor is expired
+
+
+def _checksum(walk: str, position: int, fingerprint: str, issued: int) -> str:
+    return hashlib.sha256(orjson.dumps([walk, position, fingerprint, issued])).hexdigest()[:16]
+
+
+def lineage_cursor(cursor: LineageCursor) -> str:
+    parts = (cursor.walk, cursor.position, cursor.fingerprint, cursor.issued)
+    return _encode({"w": parts[0], "n": parts[1], "f": parts[2], "t": parts[3], "c": _checksum(*parts)})
+
+
+def decode_lineage(cursor: str, *, fingerprint: str, now: float, lifetime_s: float) -> LineageCursor:
+    """A cursor of the lineage search whose fingerprint is `fingerprint`, issued within `lifetime_s` of `now`. Its
+    checksum makes an edit of it a refusal, not another position (nothing in it is trusted beyond that: the walk
+    state it names answers its own search only, and its position is checked against that state)."""
+    value = _decode(cursor)
+    if not isinstance(value, dict) or set(value) != {"w", "n", "f", "t", "c"}:
+        raise InvalidCursor(cursor, "not a cursor of this service")
+    walk, position, found, issued = value["w"], value["n"], value["f"], value["t"]
+    if (
+        not isinstance(walk, str)
+        or not isinstance(found, str)
+        or any(not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= MAX_LONG for v in (position, issued))
+    ):
+        raise InvalidCursor(cursor, "not a cursor of this service")
+    if value["c"] != _checksum(walk, position, found, issued):
+        raise InvalidCursor(cursor, "tampered with: its checksum does not match")
+    if found != fingerprint:
+        raise InvalidCursor(cursor, "it belongs to another search (start, direction, types, query or filters differ)")
+    if not issued - 60 <= now <= issued + lifetime_s:
+        raise InvalidCursor(cursor, f"expired: a lineage cursor is good for {lifetime_s:.0f} s")
+    return LineageCursor(walk, position, found, issued)
 
 
 # --- edges --------------------------------------------------------------------------------------------------------

@@ -63,14 +63,17 @@ def far_end(edge: Edge, direction: Direction) -> tuple[str, str, str]:
     return edge.destination, edge.destination_type or type_of(edge.destination), edge.source
 
 
-def steps(urn: str, direction: Direction, edges: Iterable[tuple[Edge, int]]) -> list[LineageStep]:
+def steps(
+    urn: str, direction: Direction, edges: Iterable[tuple[Edge, int]], known: dict[str, Path] | None = None
+) -> list[LineageStep]:
     """The entities reached by `edges` (a backend's breadth-first walk from `urn`: each edge with its hop), each once,
     by degree then URN. Among the edges of one hop the order is the edge's own (relationship, source, destination),
-    not the backend's, so every backend gives the same path."""
+    not the backend's, so every backend gives the same path. `known`: the paths of the entities reached before these
+    edges' hops (a walk continued hop by hop, WalkState), which the new ones are added to."""
     by_hop: dict[int, list[Edge]] = {}
     for edge, hop in edges:
         by_hop.setdefault(hop, []).append(edge)
-    paths: dict[str, Path] = {urn: ((urn, type_of(urn)),)}
+    paths: dict[str, Path] = {urn: ((urn, type_of(urn)),)} if known is None else known
     found: dict[str, LineageStep] = {}
     for hop in sorted(by_hop):
         for edge in sorted(by_hop[hop], key=lambda e: (e.relationship, e.source, e.destination, e.via or "")):
@@ -94,46 +97,81 @@ class Walked:
     partial: bool = False
 
 
-async def walk(backend: SearchBackend, urn: str, *, direction: Direction, max_hops: int) -> Walked:
-    """The entities `max_hops` or fewer lineage hops from `urn` (every backend, every surface), breadth first, one
-    backend statement a hop (`SearchBackend.lineage_hop`): each edge once, at the hop its near end was first reached.
+# the most frontier entities one statement of a hop asks about: a hop over thousands (the 4th hop from a warehouse
+# hub) is several statements, so a budget cuts it between them and a continued walk (WalkState) keeps what they found
+FRONTIER_CHUNK = 500
 
-    Hop by hop so that the request's read budget can end it: a hop the budget cancels, or would have no time left
-    for, ends the walk with the hops before it (partial, marked on the request: `X-Metaledger-Partial`). A walk
-    whose first hop the budget ends has nothing to show: `DeadlineExceeded`, a 504 with Retry-After."""
-    budget = read_deadline.current()
-    visited = {urn}
-    frontier = [urn]
-    edges: list[tuple[Edge, int]] = []
-    for hop in range(1, max_hops + 1):
-        if not frontier:
-            break
+
+@dataclass(slots=True)
+class WalkState:
+    """A breadth-first walk that can stop between any two of its statements and be continued later (a lineage
+    search's cursor, app.search.across): the hops it finished, the hop under way (its frontier, how much of it was
+    asked about, the edges found so far) and every entity reached with its path (its visited set)."""
+
+    start: str
+    direction: Direction
+    max_hops: int
+    hops: int = 0  # hops finished
+    frontier: list[str] = field(default_factory=list)  # the entities the next hop starts from
+    asked: int = 0  # how many of them the hop under way asked about
+    edges: list[Edge] = field(default_factory=list)  # what those statements found
+    paths: dict[str, Path] = field(default_factory=dict)  # every entity reached (the start too) -> its path
+
+    @classmethod
+    def begin(cls, start: str, direction: Direction, max_hops: int) -> WalkState:
+        return cls(start, direction, max_hops, frontier=[start], paths={start: ((start, type_of(start)),)})
+
+    @property
+    def done(self) -> bool:
+        return self.hops >= self.max_hops or not self.frontier
+
+    async def advance(self, backend: SearchBackend) -> list[LineageStep] | None:
+        """One statement more of the walk: the next chunk of the hop under way. When it finishes the hop, the
+        entities first reached on it (by urn, as `steps` orders them), else None. `DeadlineExceeded` when the
+        request's walking budget (app.read_deadline) is spent before it or cancels it: the state is as before."""
+        budget = read_deadline.current()
+        if budget is not None and budget.walk_remaining_s() <= 0:
+            raise read_deadline.DeadlineExceeded("the lineage walk ran out of its time budget")
+        chunk = self.frontier[self.asked : self.asked + FRONTIER_CHUNK]
+        self.edges.extend(await backend.lineage_hop(chunk, direction=self.direction))
+        self.asked += len(chunk)
+        if self.asked < len(self.frontier):
+            return None
+        hop = self.hops + 1
+        reached = steps(self.start, self.direction, ((e, hop) for e in self.edges), known=self.paths)
+        self.hops, self.frontier, self.asked, self.edges = hop, [s.urn for s in reached], 0, []
+        return reached
+
+
+async def walk(backend: SearchBackend, urn: str, *, direction: Direction, max_hops: int) -> Walked:
+    """The entities `max_hops` or fewer lineage hops from `urn` (every backend, every surface), breadth first
+    (`WalkState`: a hop is one backend statement per FRONTIER_CHUNK entities of its frontier,
+    `SearchBackend.lineage_hop`): each edge once, at the hop its near end was first reached.
+
+    A statement the request's read budget cancels, or would have no time left for, ends the walk with the hops
+    before it (partial, marked on the request: `X-Metaledger-Partial`). A walk whose first hop the budget ends has
+    nothing to show: `DeadlineExceeded`, a 504 with Retry-After."""
+    state = WalkState.begin(urn, direction, max_hops)
+    found: list[LineageStep] = []
+    while not state.done:
         try:
-            if budget is not None and budget.walk_remaining_s() <= 0:
-                raise read_deadline.DeadlineExceeded("the lineage walk ran out of its time budget")
-            reached = await backend.lineage_hop(frontier, direction=direction)
+            reached = await state.advance(backend)
         except read_deadline.DeadlineExceeded as error:
-            if hop == 1:
+            if state.hops == 0:
                 raise error.with_issues(
                     [Issue("no hop within the budget", expected=f"a larger {read_deadline.HEADER}")],
                     "the lineage walk found nothing within its time budget: retry with a larger one",
                 ) from None
             read_deadline.mark_partial()
-            return Walked(steps(urn, direction, edges), partial=True)
-        frontier = []
-        for edge in reached:
-            edges.append((edge, hop))
-            other = far_end(edge, direction)[0]
-            if other not in visited:
-                visited.add(other)
-                frontier.append(other)
-    return Walked(steps(urn, direction, edges))
+            return Walked(found, partial=True)
+        found.extend(reached or ())
+    return Walked(found)
 
 
 @dataclass(slots=True)
 class Grouped:
     """An entity of a walk with its schema fields folded into it: its fewest hops, and one path per step that
-    reached it or one of its fields (each path ends at that field)."""
+    reached it or one of its fields at those hops (each path ends at that field: a shortest path)."""
 
     urn: str
     entity_type: str
@@ -143,8 +181,9 @@ class Grouped:
 
 def by_parent(start: str, walked: Sequence[LineageStep]) -> list[Grouped]:
     """DataHub's lineage search's grouping of schema fields into their parent (a dataset): each field the walk reached
-    counts as its parent, at the field's degree, with the path to the field. The start itself is never a result (a
-    field's sibling field of the same dataset makes the dataset one). By degree then URN."""
+    counts as its parent, at the field's degree, with the path to the field; a parent reached at fewer hops keeps
+    the paths of those (a walk continued hop by hop answers it before it walks further). The start itself is never a
+    result (a field's sibling field of the same dataset makes the dataset one). By degree then URN."""
     grouped: dict[str, Grouped] = {}
     for step in walked:
         target, target_type = step.urn, step.entity_type
@@ -155,8 +194,6 @@ def by_parent(start: str, walked: Sequence[LineageStep]) -> list[Grouped]:
         known = grouped.get(target)
         if known is None:
             grouped[target] = Grouped(target, target_type, step.degree, [step.path])
-        else:
-            known.degree = min(known.degree, step.degree)
-            if step.path not in known.paths:
-                known.paths.append(step.path)
+        elif step.degree == known.degree and step.path not in known.paths:  # `walked` is by degree
+            known.paths.append(step.path)
     return sorted(grouped.values(), key=lambda g: (g.degree, g.urn))
