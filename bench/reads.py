@@ -48,6 +48,7 @@ import contextlib
 import os
 import random
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -347,7 +348,9 @@ def api_pid(service: Service) -> int:
 
 
 @contextlib.contextmanager
-def profiled(pid: int, out: Path | None, seconds: float) -> Iterator[None]:
+def profiled(pid: int, out: Path | None, seconds: float, *, until_done: bool = False) -> Iterator[None]:
+    """py-spy on `pid` for `seconds` (`until_done`: at most, stopped as the block ends) into `out` (None: no
+    profile)."""
     if out is None:
         yield
         return
@@ -358,6 +361,8 @@ def profiled(pid: int, out: Path | None, seconds: float) -> Iterator[None]:
     try:
         yield
     finally:
+        if until_done:
+            process.send_signal(signal.SIGINT)  # py-spy writes what it sampled, then exits
         process.wait(timeout=seconds + 30)
 
 
@@ -512,7 +517,13 @@ async def measure(service: Service, args: argparse.Namespace) -> None:
         )
     if "deadline" in names:
         first, _, last = args.starts.partition("-")
-        await deadline_walk(service.base, headers, args.datasets, range(int(first), int(last or first) + 1))
+        out = profile_dir / "deadline.txt" if profile_dir else None
+        with profiled(api_pid(service), out, 600, until_done=True):
+            await deadline_walk(service.base, headers, args.datasets, range(int(first), int(last or first) + 1))
+        if out is not None and out.exists():
+            own, under = top_frames(out)
+            print("    profile, own samples: " + "; ".join(f"{n} {p:.1f}%" for n, p in own[:8]))
+            print("    profile, under app/:   " + "; ".join(f"{n} {p:.1f}%" for n, p in under[:12]))
 
 
 def _quantile(samples: list[float], q: float) -> float:

@@ -346,6 +346,9 @@ FILTER_CHUNK = 500  # hits a filtering statement asks about (per entity type): t
 RESULT_FINISH_S = 0.00015
 
 
+Step = Literal["ask", "finish", "filter"]  # a step of a lineage search: a hop's statement, its end, a filtering one
+
+
 @dataclass(slots=True)
 class LineageWalk:
     """A lineage search's walk and its answer so far: the hits the searches accepted, in the answer's order (by degree,
@@ -360,6 +363,8 @@ class LineageWalk:
     unfiltered: list[LineageHit] = field(default_factory=list)
     targets: set[str] = field(default_factory=set)  # every result found (a grouped parent at its fewest hops only)
     capped: bool = False
+    # how long its last step of each kind took (finishing a hop: an edge of it)
+    took: dict[Step, float] = field(default_factory=lambda: {"ask": 0.0, "finish": 0.0, "filter": 0.0})
     used: float = field(default_factory=time.monotonic)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
@@ -373,24 +378,32 @@ class LineageWalk:
         budget = read_deadline.current()
         further = False
         while not self.complete:
-            if budget is not None and budget.walk_remaining_s() <= 0:
+            step: Step = "filter" if self.unfiltered else "finish" if self.walk.asked_all else "ask"
+            # a step is begun only when what is left of the share holds one like it, by what the last one of its
+            # kind took (finishing a hop: by its edges; a filtering statement is not cancelled before the budget's
+            # end): but at least one a page, so that a walk whose steps each take longer than the share moves on
+            size = len(self.walk.edges) if step == "finish" else 1
+            expected = self.took[step] * size if further else 0.0
+            if budget is not None and budget.walk_remaining_s() <= expected:
                 break
+            began = time.monotonic()
             try:
-                if self.unfiltered:
+                if step == "filter":
                     await self._filter_next(backend, searches, query)
+                elif step == "finish":
+                    self._finish_hop()
                 else:
-                    await self._walk_next(backend)
+                    await self.walk.ask(backend)
             except Exception:
                 if budget is None or budget.walk_remaining_s() > 0:
                     raise
                 break  # the budget is spent: whatever the backend raised, it raised for lack of time
+            self.took[step] = (time.monotonic() - began) / max(size, 1)
             further = True
         return further
 
-    async def _walk_next(self, backend: SearchBackend) -> None:
-        reached = await self.walk.advance(backend)
-        if reached is None:
-            return
+    def _finish_hop(self) -> None:
+        reached = self.walk.finish_hop()
         if self.walk.hops > self.answer_hops:
             self.capped = self.capped or bool(reached)
             return

@@ -125,18 +125,25 @@ class WalkState:
     def done(self) -> bool:
         return self.hops >= self.max_hops or not self.frontier
 
-    async def advance(self, backend: SearchBackend) -> list[LineageStep] | None:
-        """One statement more of the walk: the next chunk of the hop under way. When it finishes the hop, the
-        entities first reached on it (by urn, as `steps` orders them), else None. `DeadlineExceeded` when the
-        request's walking budget (app.read_deadline) is spent before it or cancels it: the state is as before."""
+    @property
+    def asked_all(self) -> bool:
+        """Whether the hop under way asked about its whole frontier (`finish_hop` is next)."""
+        return self.asked >= len(self.frontier)
+
+    async def ask(self, backend: SearchBackend) -> None:
+        """One statement more of the hop under way: the edges of its next FRONTIER_CHUNK frontier entities.
+        `DeadlineExceeded` when the request's walking budget (app.read_deadline) is spent before it or cancels it:
+        the state is as before."""
         budget = read_deadline.current()
         if budget is not None and budget.walk_remaining_s() <= 0:
             raise read_deadline.DeadlineExceeded("the lineage walk ran out of its time budget")
         chunk = self.frontier[self.asked : self.asked + FRONTIER_CHUNK]
         self.edges.extend(await backend.lineage_hop(chunk, direction=self.direction))
         self.asked += len(chunk)
-        if self.asked < len(self.frontier):
-            return None
+
+    def finish_hop(self) -> list[LineageStep]:
+        """The hop whose frontier was asked about whole, finished: the entities first reached on it (by urn, as
+        `steps` orders them), which the next hop starts from."""
         hop = self.hops + 1
         reached = steps(self.start, self.direction, ((e, hop) for e in self.edges), known=self.paths)
         self.hops, self.frontier, self.asked, self.edges = hop, [s.urn for s in reached], 0, []
@@ -154,8 +161,11 @@ async def walk(backend: SearchBackend, urn: str, *, direction: Direction, max_ho
     state = WalkState.begin(urn, direction, max_hops)
     found: list[LineageStep] = []
     while not state.done:
+        if state.asked_all:
+            found.extend(state.finish_hop())
+            continue
         try:
-            reached = await state.advance(backend)
+            await state.ask(backend)
         except read_deadline.DeadlineExceeded as error:
             if state.hops == 0:
                 raise error.with_issues(
@@ -164,7 +174,6 @@ async def walk(backend: SearchBackend, urn: str, *, direction: Direction, max_ho
                 ) from None
             read_deadline.mark_partial()
             return Walked(found, partial=True)
-        found.extend(reached or ())
     return Walked(found)
 
 
