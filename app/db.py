@@ -8,13 +8,14 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import asyncpg
 from sqlalchemy import event
 from sqlalchemy.exc import DisconnectionError
 from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker, create_async_engine
 from sqlalchemy.pool import PoolProxiedConnection
+from sqlalchemy.util.concurrency import greenlet_spawn
 
 from app.db_faults import DatabaseFault, classify
 from app.settings import PROJECT_ROOT
@@ -109,8 +110,43 @@ def driver_connection(raw: PoolProxiedConnection) -> asyncpg.Connection:
     return conn
 
 
-async def session_connection(session: AsyncSession) -> asyncpg.Connection:
+class PooledConnection:
+    """A pure read's stand-in for a session: one connection of the engine's pool, checked out at the first statement
+    and given back by `close`, with the `info` and `bind` of a session — without SQLAlchemy's Session around it. The
+    repositories run their SQL on the asyncpg connection (`SessionRepository`), so a read never used the Session's
+    unit of work, and opening and closing one was most of a read's database CPU: the v3 GET's statement on a
+    session's connection 0.97 ms of CPU, on the pooled connection alone 0.37 ms (in-process, same run)."""
+
+    __slots__ = ("bind", "info", "_pooled")
+
+    def __init__(self, engine: AsyncEngine) -> None:
+        self.bind = engine
+        self.info: dict[str, Any] = {}
+        self._pooled: PoolProxiedConnection | None = None
+
+    async def driver(self) -> asyncpg.Connection:
+        if self._pooled is None:
+            self._pooled = await self.bind.raw_connection()
+        return driver_connection(self._pooled)
+
+    def in_transaction(self) -> bool:
+        """Whether it holds a connection (what `close` gives back), as a session's answers."""
+        return self._pooled is not None
+
+    async def close(self) -> None:
+        pooled, self._pooled = self._pooled, None
+        if pooled is not None:  # in a greenlet: giving back a connection the server closed awaits its close
+            await greenlet_spawn(pooled.close)
+
+
+# What the repositories take: a session (writes, and what shares their transaction), or a pure read's connection.
+SessionOrConnection = AsyncSession | PooledConnection
+
+
+async def session_connection(session: SessionOrConnection) -> asyncpg.Connection:
     """The asyncpg connection under a session (checked out of the pool for the session's life)."""
+    if isinstance(session, PooledConnection):
+        return await session.driver()
     connection = await session.connection()
     return driver_connection(await connection.get_raw_connection())
 
@@ -118,7 +154,7 @@ async def session_connection(session: AsyncSession) -> asyncpg.Connection:
 class SessionRepository:
     """Base of the repositories whose bulk SQL runs on the asyncpg connection under the request's session."""
 
-    def __init__(self, session: AsyncSession) -> None:
+    def __init__(self, session: SessionOrConnection) -> None:
         self._session = session
         self._raw: asyncpg.Connection | None = None
 

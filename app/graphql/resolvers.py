@@ -15,6 +15,7 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.auth.model import Permission, Principal
+from app.db import SessionOrConnection
 from app.errors import Issue, NotFound, ValidationFailed
 from app.graphql import lineage  # registers the lineage and assertions fields (lineage.graphql)
 from app.graphql.curation import CURATION_MUTATIONS, CURATION_QUERIES
@@ -95,7 +96,7 @@ class Context:
     request_headers: Mapping[str, str]
     # A session for a query's reads (app.api.deps `ReadSession`: a read replica's); `session` (the primary's) serves
     # mutations, their reads included. None: `session` serves everything (the web view, the MCP tools).
-    read_session: Callable[[], Awaitable[AsyncSession]] | None = None
+    read_session: Callable[[], Awaitable[SessionOrConnection]] | None = None
     _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     loader: AspectLoader = field(init=False)
     # The entity types registered at run time that the request's schema has (app.graphql.service.served_schema):

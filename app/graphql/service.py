@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from inspect import isawaitable
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 from weakref import WeakKeyDictionary
 
 from graphql import (
@@ -35,6 +35,7 @@ from graphql import (
     parse,
     validate,
 )
+from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db_faults import DatabaseFault, classify
 from app.errors import Issue, MetaledgerError, ValidationFailed
@@ -361,7 +362,9 @@ async def run(request: GraphQLRequest, context: Context, settings: Settings) -> 
     context.answer = AnswerBudget(settings.graphql_max_response_bytes)
     operation = get_operation_ast(document, request.operation_name)
     if context.read_session is not None and operation is not None and operation.operation is OperationType.QUERY:
-        context.session = await context.read_session()  # a query reads a replica's; a mutation the primary's
+        # A query reads a replica's (or the primary's) pooled connection; a mutation writes with the primary's session.
+        # A query's resolvers only read, through the repositories, which take either (app.db.PooledConnection).
+        context.session = cast(AsyncSession, await context.read_session())
     result = execute(
         served.schema,
         document,

@@ -39,7 +39,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 from app.audit import repository as audit_log
 from app.audit.model import RUN_ROLLBACK, Entry
 from app.auth.model import Principal
-from app.db import session_connection
+from app.db import SessionOrConnection, session_connection
 from app.errors import Backpressure, Issue, PreconditionFailed, ValidationFailed
 from app.ingest.gateway import IngestGateway
 from app.registry import EntityRegistry
@@ -118,13 +118,13 @@ def _is_key(registry: EntityRegistry, urn: str, aspect: str) -> bool:
     return spec is not None and spec.is_key
 
 
-async def list_runs(session: AsyncSession, offset: int, limit: int, include_soft: bool) -> list[dict[str, Any]]:
+async def list_runs(session: SessionOrConnection, offset: int, limit: int, include_soft: bool) -> list[dict[str, Any]]:
     runs = await RunRepository(session).list_runs(offset, limit, include_soft)
     return [{"runId": r.run_id, "timestamp": _millis(r.first_seen), "rows": r.rows} for r in runs]
 
 
 async def describe_run(
-    session: AsyncSession,
+    session: SessionOrConnection,
     registry: EntityRegistry,
     run_id: str,
     offset: int,

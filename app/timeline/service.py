@@ -26,9 +26,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import jsonpatch
-from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.changelog.entity_change_events import TIMELINE_ASPECTS, SemanticChange, aspect_changes
+from app.db import SessionOrConnection
 from app.errors import Issue, ValidationFailed
 from app.registry import EntityRegistry
 from app.timeline.repository import TimelineRepository
@@ -128,7 +128,7 @@ class Timeline:
 
 
 class TimelineService:
-    def __init__(self, session: AsyncSession, registry: EntityRegistry) -> None:
+    def __init__(self, session: SessionOrConnection, registry: EntityRegistry) -> None:
         self.repo = TimelineRepository(session)
         self.registry = registry
 

@@ -9,8 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Set
 from typing import Any, Protocol
 
-from sqlalchemy.ext.asyncio import AsyncSession
-
+from app.db import SessionOrConnection
 from app.errors import Issue, NotFound
 from app.registry import EntityRegistry
 from app.write.repository import AspectRepository, StoredAspect
@@ -37,7 +36,7 @@ class EntityReader:
     """The aspect store as `reader` (the caller's principal) may read it: every read path that answers with stored
     aspects reads here."""
 
-    def __init__(self, session: AsyncSession, registry: EntityRegistry, reader: ReadRule) -> None:
+    def __init__(self, session: SessionOrConnection, registry: EntityRegistry, reader: ReadRule) -> None:
         self._repo = AspectRepository(session)
         self.registry = registry
         self.reader = reader
