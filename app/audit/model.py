@@ -5,12 +5,13 @@ through — is known where the request's principal is resolved (app.api.deps.aut
 writes its rows: concurrent writes of several requests share one transaction (app.write.combiner), in a task of
 their own. So `ATTRIBUTION` holds it for the request, `AuditStamp.now` (app.write.proposal) takes it into the stamp
 that travels with each write, and the change log of each aspect change carries it to the write statement
-(`OutboxRow.caller`), which inserts the entry beside the change log.
+(`OutboxRow.audited`), which inserts the entry beside the change log.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -38,6 +39,18 @@ class Attribution:
 
     token_id: str | None
     surface: str
+
+
+@dataclass(frozen=True, slots=True)
+class AuditedChange:
+    """What the audit entry of an aspect change records beside its change log's own columns: who made it, and the
+    system metadata (new and previous) its change log carries, as the write decided them: the write statement reads
+    the entry's run, trace, origin and versions from these instead of parsing each change log back."""
+
+    caller: Attribution
+    actor: str
+    system_metadata: Mapping[str, Any]
+    previous_system_metadata: Mapping[str, Any] | None
 
 
 INTERNAL = Attribution(None, "internal")

@@ -30,7 +30,7 @@ from app.audit.model import (
     ASPECT_WRITE,
     ENTRY_COLUMNS,
     STORED_COLUMNS,
-    Attribution,
+    AuditedChange,
     Entry,
     attribution,
     entry_hash,
@@ -53,8 +53,7 @@ class Change(Protocol):
     urn: str
     aspect: str
     change_type: str
-    payload: str
-    caller: Attribution | None
+    audited: AuditedChange | None
 
 
 # --- the write path's entries ------------------------------------------------------------------------------------
@@ -75,24 +74,24 @@ def insert_cte(first_param: int) -> str:
 
 def change_params(changes: Sequence[Change], actions: Mapping[str, str]) -> tuple[list, ...]:
     """The parameter arrays of `insert_cte`: an entry per attributed change log (`actions`: the action of a write of
-    these aspects; any other is ASPECT_WRITE). The actor, run, trace and versions are read from the change log."""
+    these aspects; any other is ASPECT_WRITE). The actor, run, trace and versions are those of the change log."""
     columns: tuple[list, ...] = tuple([] for _ in range(INSERT_PARAMS))
     for change in changes:
-        if change.caller is None:
+        audited = change.audited
+        if audited is None:
             continue
-        mcl = orjson.loads(change.payload)
-        system_metadata = _object(mcl.get("systemMetadata"))
+        system_metadata = audited.system_metadata
         properties = _object(system_metadata.get("properties"))
         origin = _text(properties.get(_ORIGIN_KEY))
         values = (
             actions.get(change.aspect, ASPECT_WRITE),
-            _text(_object(mcl.get("created")).get("actor")) or "",
-            change.caller.token_id,
-            origin.partition(":")[0] if origin else change.caller.surface,
+            audited.actor,
+            audited.caller.token_id,
+            origin.partition(":")[0] if origin else audited.caller.surface,
             change.urn,
             change.aspect,
             change.change_type,
-            _version(_object(mcl.get("previousSystemMetadata"))),
+            _version(audited.previous_system_metadata or {}),
             None if change.change_type == "DELETE" else _version(system_metadata),
             _text(system_metadata.get("runId")),
             _text(properties.get(_TRACE_KEY)),
@@ -110,7 +109,7 @@ def _text(value: Any) -> str | None:
     return value if isinstance(value, str) else None
 
 
-def _version(system_metadata: dict[str, Any]) -> int | None:
+def _version(system_metadata: Mapping[str, Any]) -> int | None:
     raw = system_metadata.get("version")
     return int(raw) if isinstance(raw, str) and raw.isascii() and raw.isdigit() and len(raw) <= 18 else None
 

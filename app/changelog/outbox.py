@@ -22,7 +22,7 @@ from datetime import datetime
 
 import asyncpg
 
-from app.audit.model import Attribution
+from app.audit.model import AuditedChange
 from app.db import SessionRepository
 
 LANES = 16  # the `lane` column is hashtext(urn) & 15 (migration 0002)
@@ -48,7 +48,7 @@ class OutboxRow:
     version: int
     change_type: str
     payload: str
-    caller: Attribution | None = None  # a change's own change log: who made it, for its audit entry (app.audit)
+    audited: AuditedChange | None = None  # a change's own change log: what its audit entry records (app.audit)
 
 
 INSERT_PARAMS = 7  # parameters of `insert_cte`

@@ -26,6 +26,7 @@ from typing import Any, NamedTuple
 
 import orjson
 
+from app.audit.model import AuditedChange
 from app.changelog.entity_change_events import entity_change_events, platform_event, platform_event_key
 from app.changelog.outbox import OutboxRow
 from app.errors import Issue, MetaledgerError, PayloadTooLarge, ValidationFailed
@@ -854,7 +855,7 @@ class WriteCore:
                 timestamp,
                 ChangeType.UPSERT.value,
                 payload,
-                audit.caller,
+                AuditedChange(audit.caller, audit.actor, sm, None),
             ),
             *self._platform_events(p, ChangeType.UPSERT, None, p.value, audit, timestamp),
         )
@@ -937,7 +938,7 @@ class WriteCore:
             version,
             change_type.value,
             payload,
-            audit.caller,
+            AuditedChange(audit.caller, audit.actor, sm, previous.system_metadata if previous is not None else None),
         )
         if not platform_events:
             return (
