@@ -111,6 +111,7 @@ class EntityRoutes(BaseRoute):
         # the registry's name in any case (`dataflow`, DataHub's lowercase path form, is `dataFlow`). The routes are
         # declared, and documented, once, in the registry's spelling.
         self._folded = self.prefix.lower()
+        self._by_method: dict[str, list[BaseRoute]] = {}  # method -> the routes serving it, in the routes' order
 
     @cached_property
     def routes(self) -> list[BaseRoute]:
@@ -132,14 +133,25 @@ class EntityRoutes(BaseRoute):
             full = scope["path"]
             at = len(full) - len(path)  # where the route path starts (after the root path)
             scope = {**scope, "path": full[:at] + self.prefix + full[at + len(self.prefix) :]}
-        partial: Scope | None = None
-        for route in self.routes:
+        # Only a route that serves the request's method can match it fully: those are asked first, in the routes'
+        # order (a v3 GET asks 2 of the 11); the others only when none does, for the partial match that answers 405.
+        for route in self._serving(scope["method"]):
             match, child_scope = route.matches(scope)
             if match is Match.FULL:
                 return Match.FULL, {**child_scope, _MATCHED: route}
-            if match is Match.PARTIAL and partial is None:
-                partial = {**child_scope, _MATCHED: route}
-        return (Match.NONE, {}) if partial is None else (Match.PARTIAL, partial)
+        for route in self.routes:
+            match, child_scope = route.matches(scope)
+            if match is Match.PARTIAL:
+                return Match.PARTIAL, {**child_scope, _MATCHED: route}
+        return Match.NONE, {}
+
+    def _serving(self, method: str) -> list[BaseRoute]:
+        serving = self._by_method.get(method)
+        if serving is None:
+            serving = [r for r in self.routes if method in (getattr(r, "methods", None) or (method,))]
+            if method in _METHODS:  # kept for the methods HTTP has; another (any token a caller sends) is not
+                self._by_method[method] = serving
+        return serving
 
     async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         await scope.pop(_MATCHED).handle(scope, receive, send)
@@ -152,6 +164,8 @@ class EntityRoutes(BaseRoute):
                 pass
         raise NoMatchFound(name, path_params)
 
+
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 # The entity types' routes of a registry, kept for the process: an app made again with the same registry (the tests
 # make one per test) takes them with the routes they have made.

@@ -140,6 +140,35 @@ async def test_an_entity_types_routes_are_made_by_the_first_request_that_reaches
     assert dataset_routes.routes is made_first  # kept, not made again
 
 
+def in_order(routes, scope: dict[str, Any]):
+    """A router's scan of `routes`: the first full match, else the first partial one (the route that answers 405)."""
+    partial = None
+    for route in routes:
+        match, _ = route.matches(dict(scope))
+        if match is Match.FULL:
+            return Match.FULL, route
+        if match is Match.PARTIAL and partial is None:
+            partial = route
+    return (Match.NONE, None) if partial is None else (Match.PARTIAL, partial)
+
+
+def test_an_entity_types_routes_answer_every_method_as_their_scan_in_order(app):
+    """`EntityRoutes` asks the routes serving the request's method first: for every path of an entity type's routes
+    and every method (those of HTTP and one no route serves), the route it picks is the scan's, partial matches too."""
+    [dataset] = [r for r in app.router.routes if isinstance(r, EntityRoutes) and r.spec.name == "dataset"]
+    paths = {concrete(route.path) for route in dataset.routes}
+    asked = 0
+    for path in sorted(paths):
+        for method in ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS", "BREW"):
+            scope = scope_of(method, path)
+            match, child_scope = dataset.matches(dict(scope))
+            expected, route = in_order(dataset.routes, scope)
+            assert match is expected, (method, path)
+            assert child_scope.get("route") is route, (method, path)
+            asked += 1
+    assert asked == 8 * len(paths) >= 8 * 4  # the collection, batchGet, an entity, an aspect
+
+
 def test_url_path_for_names_an_entity_route_of_a_fresh_app(fresh_app):
     first = sorted(fresh_app.state.registry.entities)[0]  # each entity type's routes have the same names
     path = fresh_app.url_path_for("get_aspect", urn="urn:li:x", aspectName="status")
