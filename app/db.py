@@ -47,16 +47,22 @@ def create_engine(
         isolation_level="READ COMMITTED",
         connect_args={} if connect_timeout is None else {"timeout": connect_timeout},
     )
-    event.listen(engine.sync_engine.pool, "checkout", _refuse_closed_connection)
+    event.listen(engine.sync_engine.pool, "checkout", _refuse_unusable_connection)
     return engine
 
 
-def _refuse_closed_connection(dbapi_connection, connection_record, connection_proxy) -> None:
+def _refuse_unusable_connection(dbapi_connection, connection_record, connection_proxy) -> None:
     """Instead of `pool_pre_ping` (a round trip on every checkout, a fifth of a single write's statements): a
     connection whose socket the server closed (a restart, a terminated backend) is known to asyncpg without asking;
-    the pool then discards it and checks out another."""
-    if dbapi_connection.driver_connection.is_closed():
+    the pool then discards it and checks out another. So is one given back inside a transaction begun on the driver
+    connection (SQLAlchemy's reset rolls back only its own): a request cancelled between its BEGIN and its end (its
+    read budget spent) could not end it, and the next request would run in its snapshot and locks, or fail to begin
+    its own (asyncpg: "cannot use Connection.transaction() in a manually started transaction")."""
+    conn = dbapi_connection.driver_connection
+    if conn.is_closed():
         raise DisconnectionError("the server closed this pooled connection")
+    if conn.is_in_transaction():
+        raise DisconnectionError("this pooled connection was given back inside a transaction")
 
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
