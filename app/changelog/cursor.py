@@ -23,11 +23,18 @@ CHANGE_PROCESSORS = "change-processors"
 STRUCTURED_PROPERTY_DELETES = "structured-property-deletes"
 
 
+class UnregisteredReader(RuntimeError):
+    """A reader read its position before `register` created it."""
+
+    def __init__(self, reader: str) -> None:
+        super().__init__(f"the feed reader {reader!r} has no position: it was not registered")
+
+
 class FeedCursor:
     """A reader's position in the feed, on the reader's own connection.
 
-    Several processes running the same reader serialise on it: `lock` it in a transaction, `read_after` the locked
-    position, apply, `advance`, commit."""
+    Several processes running the same reader serialise on it: in a transaction, `read_locked` (the position, locked,
+    and the rows past it), apply, `advance`, commit."""
 
     def __init__(self, conn: asyncpg.Connection, reader: str = SEARCH_INDEXER) -> None:
         self.conn = conn
@@ -45,43 +52,51 @@ class FeedCursor:
             start,
         )
 
-    async def position(self) -> int:
-        """The position, without a lock."""
-        return await self.conn.fetchval("SELECT last_offset FROM feed_reader_state WHERE reader = $1", self.reader)
-
-    async def lock(self) -> int:
-        """The position, locked (`FOR UPDATE`) until the caller's transaction ends."""
-        return await self.conn.fetchval(
-            "SELECT last_offset FROM feed_reader_state WHERE reader = $1 FOR UPDATE", self.reader
+    async def poll(self) -> tuple[int, bool]:
+        """The position (without a lock) and whether the feed holds any row past it: the idle poll, one round trip."""
+        # ORDER BY ... LIMIT 1 walks the feed_offset index whatever the table's statistics say (an EXISTS was planned
+        # as a sequential scan of the outbox while its statistics were stale, at every idle poll)
+        record = await self.conn.fetchrow(
+            """
+            SELECT s.last_offset,
+                   (SELECT o.feed_offset FROM change_log_outbox o WHERE o.feed_offset > s.last_offset
+                    ORDER BY o.feed_offset LIMIT 1) IS NOT NULL AS more
+            FROM feed_reader_state s WHERE s.reader = $1
+            """,
+            self.reader,
         )
+        if record is None:
+            raise UnregisteredReader(self.reader)
+        return record["last_offset"], record["more"]
 
     async def feed_end(self) -> int:
         """The offset of the last sequenced row of the feed."""
         return await self.conn.fetchval("SELECT last_offset FROM change_log_feed_state WHERE id = 1")
 
-    async def has_rows_after(self, position: int) -> bool:
-        """Whether the feed holds any row past `position` (the idle poll: one round trip, no lock)."""
-        # ORDER BY ... LIMIT 1 walks the feed_offset index whatever the table's statistics say (an EXISTS was planned
-        # as a sequential scan of the outbox while its statistics were stale, at every idle poll)
-        found = await self.conn.fetchval(
-            "SELECT feed_offset FROM change_log_outbox WHERE feed_offset > $1 ORDER BY feed_offset LIMIT 1", position
-        )
-        return found is not None
-
-    async def read_after(self, position: int, limit: int, topics: Sequence[str]) -> list[asyncpg.Record]:
-        """The next `limit` rows past `position`, in feed order, as records (`feed_offset`, `id`, `topic`, `urn`,
-        `aspect`, `version`, `change_type`, `payload`): the payload (the change log's JSON text) for rows of `topics`,
-        None for the others (counted, not read)."""
-        return await self.conn.fetch(
+    async def read_locked(self, limit: int, topics: Sequence[str]) -> tuple[int, list[asyncpg.Record]]:
+        """The position, locked (`FOR UPDATE`) until the caller's transaction ends, and the next `limit` rows past it,
+        in feed order, in one round trip: records (`feed_offset`, `id`, `topic`, `urn`, `aspect`, `version`,
+        `change_type`, `payload`) with the payload (the change log's JSON text) for rows of `topics`, None for the
+        others (counted, not read)."""
+        records = await self.conn.fetch(
             """
-            SELECT feed_offset, id, topic, urn, aspect, version, change_type,
-                   CASE WHEN topic = ANY($3::text[]) THEN payload END AS payload
-            FROM change_log_outbox WHERE feed_offset > $1 ORDER BY feed_offset LIMIT $2
+            SELECT s.last_offset AS position, o.*
+            FROM (SELECT last_offset FROM feed_reader_state WHERE reader = $1 FOR UPDATE) s
+            LEFT JOIN LATERAL (
+                SELECT feed_offset, id, topic, urn, aspect, version, change_type,
+                       CASE WHEN topic = ANY($3::text[]) THEN payload END AS payload
+                FROM change_log_outbox WHERE feed_offset > s.last_offset ORDER BY feed_offset LIMIT $2
+            ) o ON true
             """,
-            position,
+            self.reader,
             limit,
             list(topics),
         )
+        if not records:
+            raise UnregisteredReader(self.reader)
+        if records[0]["feed_offset"] is None:  # no row past the position: the lateral join's one empty match
+            return records[0]["position"], []
+        return records[0]["position"], records
 
     async def advance(self, position: int) -> None:
         """Move the position to `position` (every row up to it is applied)."""

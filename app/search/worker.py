@@ -142,13 +142,12 @@ class IndexWorker:
     async def step(self, cursor: FeedCursor) -> int:
         """Apply the next batch; returns the number of outbox rows consumed (0 when caught up)."""
         # The idle poll: no transaction, no lock.
-        last = await cursor.position()
-        if not await cursor.has_rows_after(last):
+        last, more = await cursor.poll()
+        if not more:
             self.last_offset = last
             return 0
         async with cursor.transaction():
-            last = await cursor.lock()
-            rows = await cursor.read_after(last, self.batch, self.topics)
+            _, rows = await cursor.read_locked(self.batch, self.topics)
             if not rows:
                 return 0
             items, failed = await self._items(rows, "id")

@@ -97,7 +97,7 @@ class AfterProcessorWorker:
                 await cursor.register(start=await cursor.feed_end())  # a new reader starts at the feed's end
                 while not stop.is_set():
                     count = 0
-                    if await cursor.has_rows_after(await cursor.position()):
+                    if (await cursor.poll())[1]:
                         count = await self.step()
                     failures = 0
                     if count < self.batch:
@@ -128,7 +128,7 @@ class AfterProcessorWorker:
                 active = Phase.AFTER in pipeline.phases or any(
                     s.processor is None and s.step.required for s in pipeline.steps
                 )
-                rows = await cursor.read_after(await cursor.lock(), self.batch, self.topics if active else ())
+                _, rows = await cursor.read_locked(self.batch, self.topics if active else ())
                 if not rows:
                     return 0
                 if active:

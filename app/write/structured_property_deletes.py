@@ -89,8 +89,7 @@ class PropertyValueRemoval(AfterProcessorWorker):
             conn = await session_connection(session)
             cursor = FeedCursor(conn, self.reader)
             async with conn.transaction(isolation="read_committed"):
-                position = await cursor.lock()
-                rows = await cursor.read_after(position, self.batch, ())
+                position, rows = await cursor.read_locked(self.batch, ())
                 for row in rows:
                     if self._starts_removal(row) and not await self._remove_page(session, row):
                         await cursor.advance(position)
