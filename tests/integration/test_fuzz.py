@@ -1,6 +1,6 @@
 """Schemathesis over the committed spec (tests/fuzz.py) against a real metaledger process with a bearer token: no
-server error, no undocumented status, no schema-violating response. A fixed seed and a budget that fits CI;
-`bench/fuzz.py` runs every operation for longer."""
+server error, no undocumented status, no schema-violating response. A fixed seed and one round over the operations
+(the same cases on every machine); `bench/fuzz.py` runs every operation for longer."""
 
 from __future__ import annotations
 
@@ -13,8 +13,7 @@ from tests.processes import service_token, start_service, stop_process, wait_hea
 # GET /openapi/v1/events/poll long-polls for a first event, 10 s when pollTimeoutSeconds is absent (up to 60 s when a
 # large one is generated), and the fuzzed service has no event to give: every case of it would spend that much of the
 # run's time budget waiting. Schemathesis (SCHEMATHESIS_HOOKS) sends its cases with no wait (pollTimeoutSeconds=0: the
-# events there are, at once); the parameter's other generated values (negative, not a number) go as generated. The
-# run's budget is 80 s, not 100: the ~20 s its poll cases waited went to the other operations' cases before.
+# events there are, at once); the parameter's other generated values (negative, not a number) go as generated.
 POLL_WAIT_HOOK = """
 import schemathesis
 
@@ -54,14 +53,16 @@ async def test_schemathesis_finds_no_server_error_and_no_undocumented_status(dat
             token,
             seed=20261124,
             max_examples=1,
-            max_time_s=80,
+            # one round (~130 cases, 20-40 s): a time budget made schemathesis repeat the fuzzing phase over every
+            # operation until it was spent (80 s, 400-700 cases by the machine's speed), new random values of what
+            # the first round covers
+            max_time_s=None,
             path_regex=ci_path_filter(),
             report_dir=tmp_path,
         )
     finally:
         stop_process(service)
-    # The run is cut by its time budget (it would go on for minutes): how many cases fit depends on the machine's load
-    # (400-650 on 2 busy cores), so the floor only shows that the run got going, and every operation was reached.
+    # every selected operation reached, each with its examples or a generated case at least
     selected, tested = run.operations
-    assert selected >= 100 and tested == selected and run.generated >= 250, run.summary
+    assert selected >= 100 and tested == selected and run.generated >= selected, run.summary
     assert run.returncode == 0, run.failures + run.summary
