@@ -25,8 +25,8 @@ from app.errors import Backpressure, Issue, ValidationFailed
 
 HEADER = "X-Metaledger-Deadline-Ms"
 PARTIAL_HEADER = "X-Metaledger-Partial"
-# what a cut walk keeps of the budget to answer with what it found (look up its documents, serialise): a 500 ms
-# budget stops walking at 400 ms
+# what a lineage search keeps of the budget to complete its page (GraphQL's fields, serialising): its walk and the
+# filtering of what it found stop at 400 ms of a 500 ms budget (app.search.across)
 FINISH_SHARE = 0.2
 
 
@@ -67,7 +67,8 @@ class ReadBudget:
         return self.ends_at - time.monotonic()
 
     def walk_remaining_s(self) -> float:
-        """What is left for walking: the budget less the share kept to finish the answer."""
+        """What is left for walking (and a lineage search's filtering): the budget less the share kept to finish
+        the answer."""
         return self.remaining_s() - self.seconds * FINISH_SHARE
 
 

@@ -576,7 +576,8 @@ async def deadline_walk(base: str, headers: dict[str, str], datasets: int, start
                 f"  start {k} ({start}): unbudgeted {whole['total']:,} results in {whole_ms:.0f} ms; with a 500 ms "
                 f"budget: first page {first_ms:.0f} ms, partial {first['isPartial']}, {first['count']:,} results; "
                 f"{pages} pages ({min(own):.0f}-{max(own):.0f} ms each): {len(seen):,} results, "
-                f"{'equal' if same else 'NOT equal'}{' (given up: still a cursor)' if cursor else ''}",
+                f"{'equal' if same else 'NOT equal'}{' (given up: still a cursor)' if cursor else ''}; pages "
+                f"(ms): {','.join(f'{w:.0f}' for w in own)}",
                 flush=True,
             )
     print(

@@ -340,9 +340,10 @@ LINEAGE_CURSOR_LIFETIME_S = 600.0  # how long a walk is kept after its last page
 MAX_WALKS = 64  # walks kept at once (the least recently used goes first) ...
 MAX_WALKED = 1_000_000  # ... and entities reached, summed over them
 FILTER_CHUNK = 500  # hits a filtering statement asks about (per entity type): the budget cuts between them
-# Completing one result of a page — GraphQL's fields of DataHub's lineage views (`degree`, `entity { urn type }`,
-# `paths`) and serialising them — took 0.1-0.16 ms on a loaded 2-core machine (7,031 results of the reads
-# benchmark's 5-hop walk, bench/reads.py --mix deadline); twice that, so that the share kept back covers a page.
+# What completing one result of a page takes (GraphQL's fields, serialising, sending): 0.03-0.12 ms for pages of
+# 333-666 results of bench/reads.py --mix deadline (`degree entity { urn }`) after their walk was done, 0.17 ms for
+# the 7,031 of an unbudgeted page, on a 2-core machine at load 5-8. A 500 ms budget's fifth kept back completes 666;
+# a query selecting more of each result (its entity's aspects) takes longer than this allows for.
 RESULT_FINISH_S = 0.00015
 
 
