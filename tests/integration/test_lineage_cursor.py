@@ -14,10 +14,12 @@ import base64
 import time
 from typing import Any
 
+import httpx
 import orjson
 import pytest
 
 from app import read_deadline
+from app.embedded_pg import free_port
 from app.search import across
 from app.search.postgres import PostgresBackend
 from tests.integration.test_read_deadlines import (
@@ -33,6 +35,7 @@ from tests.integration.test_read_deadlines import (
     whole,
     write_graph,
 )
+from tests.processes import SYSTEM_AUTH, start_service, stop_process, wait_healthy
 
 pytestmark = pytest.mark.asyncio
 
@@ -218,3 +221,29 @@ async def test_a_continued_page_under_a_locked_table_is_never_a_5xx(client, db, 
     monkeypatch.undo()
     rest = await scroll(client, first["nextScrollId"], 1_000)
     assert urns(first) + urns(rest) == whole()
+
+
+async def test_pages_served_by_either_of_two_workers_are_the_whole_answer(make_database, migrated_template):
+    env = {
+        "METALEDGER_DATABASE_URL": make_database(template=migrated_template),
+        "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+    }
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    supervisor = start_service(env, port, workers=2)
+    try:
+        await wait_healthy(base, 90, supervisor)
+        async with httpx.AsyncClient(base_url=base, headers=SYSTEM_AUTH, timeout=60) as http:
+            await write_graph(http)
+        found: list[str] = []
+        cursor: str | None = None
+        pages = 0
+        while pages == 0 or cursor:
+            # a fresh connection a page: the shared port hands it to either worker, with or without the walk
+            async with httpx.AsyncClient(base_url=base, headers=SYSTEM_AUTH, timeout=60) as http:
+                page = await scroll(http, cursor, 6)
+            found, cursor, pages = found + urns(page), page["nextScrollId"], pages + 1
+            assert pages < 40
+        assert found == whole() and pages == -(-len(whole()) // 6)
+    finally:
+        stop_process(supervisor)
