@@ -122,19 +122,20 @@ async def sequence(conn: asyncpg.Connection, limit: int, horizon: int = 0) -> tu
             return 0, xmin
         # with `limit` rows taken, more may be due below this xmin: the horizon stays until a pass takes them all
         horizon = xmin if len(row_ids) < limit else below
-        last = await conn.fetchval("SELECT last_offset FROM change_log_feed_state WHERE id = 1 FOR UPDATE")
-        offsets = list(range(last + 1, last + 1 + len(row_ids)))  # assigned here, in id order
+        # One statement: the last offset given (locked), the rows' offsets after it in id order, the new last offset.
         await conn.execute(
             """
-            UPDATE change_log_outbox o SET feed_offset = s.feed_offset
-            FROM unnest($1::bigint[], $2::bigint[]) AS s(id, feed_offset) WHERE o.id = s.id
+            WITH given AS (
+                SELECT last_offset FROM change_log_feed_state WHERE id = 1 FOR UPDATE
+            ), offsets AS (
+                UPDATE change_log_outbox o SET feed_offset = given.last_offset + s.n
+                FROM given, unnest($1::bigint[]) WITH ORDINALITY AS s(id, n) WHERE o.id = s.id
+            )
+            UPDATE change_log_feed_state f SET last_offset = given.last_offset + cardinality($1::bigint[]),
+                                               sequenced_below = $2::text::xid8
+            FROM given WHERE f.id = 1
             """,
             row_ids,
-            offsets,
-        )
-        await conn.execute(
-            "UPDATE change_log_feed_state SET last_offset = $1, sequenced_below = $2::text::xid8 WHERE id = 1",
-            offsets[-1],
             str(horizon),
         )
         return len(row_ids), horizon
