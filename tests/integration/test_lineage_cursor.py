@@ -173,12 +173,18 @@ async def test_a_page_holds_what_the_kept_back_share_completes(client):
     await write_graph(client, len(FAN))
     most = int(1.0 * read_deadline.FINISH_SHARE / across.RESULT_FINISH_S)  # a 1 s budget's page
     assert 0 < most < len(FAN)
-    response = await graphql(client, SCROLL, {DEADLINE: "1000"}, urn=START, count=len(FAN) + 10)
+    first = await scroll(client, None, 1)  # without a budget header (10 s): the whole walk, kept for the cursor
+    assert first["total"] == len(whole(len(FAN))) and first["isPartial"] is False
+    # nothing left to walk: the 1 s budget's page is cut by what its fifth kept back completes, not by the walk
+    response = await graphql(
+        client, SCROLL, {DEADLINE: "1000"}, urn=START, count=len(FAN) + 10, scrollId=first["nextScrollId"]
+    )
     assert response.status_code == 200 and response.headers[PARTIAL] == "true", response.text
     cut = response.json()["data"]["scrollAcrossLineage"]
     assert cut["count"] == most and cut["isPartial"] is True and cut["total"] == len(whole(len(FAN)))
-    rest = await scroll(client, cut["nextScrollId"], len(FAN) + 10, {DEADLINE: "60000"})
-    assert urns(cut) + urns(rest) == whole(len(FAN)) and rest["nextScrollId"] is None
+    rest = await scroll(client, cut["nextScrollId"], len(FAN) + 10)  # 10 s: 13,333 a page
+    assert urns(first) + urns(cut) + urns(rest) == whole(len(FAN)) and rest["nextScrollId"] is None
+    assert rest["isPartial"] is False
 
 
 async def test_a_small_walk_inside_its_budget_is_whole_and_unflagged(client):
@@ -192,21 +198,21 @@ async def test_a_small_walk_inside_its_budget_is_whole_and_unflagged(client):
 async def test_the_walk_stops_at_its_share_of_the_budget(client, monkeypatch):
     await write_graph(client, 1_200)  # hop 2's frontier: 1 hub; hop 3's: 1,200 fans, three statements
     original = PostgresBackend.lineage_hop
-    slow_s = 0.4
+    slow_s = 0.8
 
     async def lineage_hop(self, nodes, *, direction):
         if list(nodes) != [START]:
-            await asyncio.sleep(slow_s)  # every statement after the first takes 0.4 s
+            await asyncio.sleep(slow_s)  # every statement after the first takes 0.8 s
         return await original(self, nodes, direction=direction)
 
     monkeypatch.setattr(PostgresBackend, "lineage_hop", lineage_hop)
-    budget_s = 2.0
+    budget_s = 3.0
     started = time.monotonic()
     response = await graphql(client, SCROLL, {DEADLINE: str(int(budget_s * 1000))}, urn=START, count=5_000)
     waited = time.monotonic() - started
     assert response.status_code == 200 and response.headers[PARTIAL] == "true", response.text
     page = response.json()["data"]["scrollAcrossLineage"]
-    # hop 2 (0.4 s) finished, hop 3's three statements (1.2 s) would pass the 1.6 s share: the hops it finished
+    # hop 2 (0.8 s) and its filtering finished, hop 3's three statements (2.4 s) would pass the 2.4 s share
     assert urns(page) == whole(1_200)[:-1] and page["isPartial"] is True and page["nextScrollId"]
     assert waited < budget_s + 1.5, waited
 
