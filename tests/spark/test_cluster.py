@@ -150,11 +150,19 @@ async def test_stream_and_restore_on_a_standalone_cluster_survive_a_broken_archi
     )
     shared = Path(cluster_settings.spark_work_dir.removeprefix("file://"))
 
-    # the search client's dependency missing from the shipped archive: the batch fails, the job exits non-zero
+    # the search client's dependency missing from the shipped archive: the batch fails, the job exits non-zero. One
+    # executor is enough to meet it (spark.cores.max): a second one's JVM start and its unpacking of the archive were
+    # 10-20 s of the machine's CPU that showed nothing more.
     broken = await asyncio.to_thread(without_httpx, cluster.deps, tmp_path / "deps-without-httpx.zip")
     log = tmp_path / "stream-broken.log"
     job = submit(
-        cluster, cluster_settings, "stream", "--once", log=log, deps=broken, conf={"spark.task.maxFailures": "2"}
+        cluster,
+        cluster_settings,
+        "stream",
+        "--once",
+        log=log,
+        deps=broken,
+        conf={"spark.task.maxFailures": "2", "spark.cores.max": "1"},
     )
     assert await asyncio.to_thread(finished, job, log) != 0, log.read_text()[-5000:]
     text = log.read_text()
