@@ -139,6 +139,12 @@ class PooledConnection:
         """Whether it holds a connection (what `close` gives back), as a session's answers."""
         return self._pooled is not None
 
+    async def __aenter__(self) -> PooledConnection:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await asyncio.shield(self.close())  # as SQLAlchemy's connections: a cancelled reader still gives it back
+
     async def close(self) -> None:
         pooled, self._pooled = self._pooled, None
         if pooled is not None:  # in a greenlet: giving back a connection the server closed awaits its close

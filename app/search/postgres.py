@@ -50,7 +50,7 @@ import orjson
 from sqlalchemy.ext.asyncio import AsyncEngine
 
 from app import read_deadline
-from app.db import driver_connection
+from app.db import PooledConnection, driver_connection
 from app.registry import EntityRegistry
 from app.replicas import read_engine
 from app.search import documents, query_syntax
@@ -740,8 +740,8 @@ class PostgresBackend:
         A read runs under what is left of its request's budget (app.read_deadline; a lineage hop under what is
         left of its walking share, `walking`), outside a request under METALEDGER_READ_TIMEOUT_S. A request's
         reads go to its read replica when it has one (app.replicas)."""
-        async with (await read_engine(self._engine) if readonly else self._engine).connect() as connection:
-            raw = driver_connection(await connection.get_raw_connection())
+        async with PooledConnection(await read_engine(self._engine) if readonly else self._engine) as connection:
+            raw = await connection.driver()
             async with raw.transaction(isolation="read_committed", readonly=readonly):
                 if readonly:
                     # a read past its budget is cancelled (QueryCanceledError: a 503 with Retry-After; a lineage
