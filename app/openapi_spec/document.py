@@ -16,6 +16,7 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
+from app.idempotency import HEADER as IDEMPOTENCY_HEADER
 from app.openapi_spec.avro import (
     ASPECT_HEADERS,
     ASPECT_PATCH_REQUEST,
@@ -49,6 +50,10 @@ _ERROR_RESPONSES: dict[str, tuple[str, str]] = {
     "412": ("PreconditionFailed", "Precondition Failed: a conditional-write header did not hold"),
     "413": ("PayloadTooLarge", "Payload Too Large: the body or the batch is over a limit the message names"),
     "415": ("UnsupportedMediaType", "Unsupported Media Type: the body must be application/json"),
+    "422": (
+        "IdempotencyKeyReused",
+        "Unprocessable Content: the Idempotency-Key was used with another request within the idempotency window",
+    ),
     "429": ("TooManyRequests", "Too Many Requests: writes are shed under load; retry after Retry-After seconds"),
     "503": (
         "ServiceUnavailable",
@@ -250,7 +255,8 @@ URN_MAX_CHARS = 512
 def declare_statuses(spec: dict[str, Any]) -> dict[str, Any]:
     """Every operation declares every status it can answer, with the error body: 400 and 503 everywhere; 401 and 403
     unless the operation is open (`security: []`); 404 on the rest; 413 and 415 where there is a body; 409, 412 and
-    429 on writes. FastAPI's 422 is dropped (malformed requests answer 400). HEAD answers carry no body."""
+    429 on writes; 422 where an `Idempotency-Key` is taken (the key used with another request: app.idempotency).
+    FastAPI's 422 is dropped (malformed requests answer 400). HEAD answers carry no body."""
     for item in spec.get("paths", {}).values():
         for method, op in item.items():
             if method not in _METHODS or not isinstance(op, dict):
@@ -264,6 +270,8 @@ def declare_statuses(spec: dict[str, Any]) -> dict[str, Any]:
                 codes += ["413", "415"]
             if method in _WRITE_METHODS:
                 codes += ["409", "412", "429"]
+            if any(p.get("in") == "header" and p.get("name") == IDEMPOTENCY_HEADER for p in op.get("parameters", ())):
+                codes.append("422")
             for code in codes:
                 if code in responses and "content" in responses[code] and method != "head":
                     continue

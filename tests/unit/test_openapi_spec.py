@@ -905,3 +905,37 @@ def test_every_operation_declares_the_statuses_it_can_answer():
     post = paths["/x/{urn}"]["post"]["responses"]
     assert list(post) == ["200", "400", "401", "403", "404", "409", "412", "413", "415", "429", "503"]
     assert post["415"] == {"$ref": "#/components/responses/UnsupportedMediaType"}
+
+
+def test_an_operation_taking_an_idempotency_key_declares_the_keys_reuse():
+    """422: the key was used with another request (app.idempotency); only where the operation takes the key — a write
+    without it, and a read, never answer it (FastAPI's own 422 is dropped everywhere)."""
+    from app.openapi_spec import declare_statuses
+
+    key = {"in": "header", "name": "Idempotency-Key", "schema": {"type": "string"}}
+    other = {"in": "header", "name": "If-Match", "schema": {"type": "string"}}
+    spec = {
+        "paths": {
+            "/keyed": {"patch": {"parameters": [other, key], "responses": {"200": {"description": "ok"}}}},
+            "/unkeyed": {
+                "patch": {"parameters": [other], "responses": {"422": {"description": "FastAPI's"}}},
+                "get": {"parameters": [{**key, "in": "query"}], "responses": {"200": {"description": "ok"}}},
+            },
+        }
+    }
+    paths = declare_statuses(spec)["paths"]
+    assert paths["/keyed"]["patch"]["responses"]["422"] == {"$ref": "#/components/responses/IdempotencyKeyReused"}
+    assert "422" not in paths["/unkeyed"]["patch"]["responses"]
+    assert "422" not in paths["/unkeyed"]["get"]["responses"]
+
+
+def test_every_idempotent_write_of_the_document_declares_the_keys_reuse(spec):
+    keyed = [
+        (path, method)
+        for path, item in spec["paths"].items()
+        for method, op in item.items()
+        if any(p.get("name") == "Idempotency-Key" for p in op.get("parameters", ()))
+    ]
+    assert ("/openapi/v3/entity/dataset", "patch") in keyed
+    assert all("422" in spec["paths"][path][method]["responses"] for path, method in keyed)
+    assert spec["components"]["responses"]["IdempotencyKeyReused"]["content"]
