@@ -76,6 +76,7 @@ LONG_MODULES = (
     "tests/client/test_datahub_client.py",
     "tests/client/test_datahub_graphql.py",
     "tests/client/test_openlineage_dbt.py",  # its virtualenv: about 100 s the first time
+    "tests/web/test_browser.py",  # a real Chromium: collected in its place (last), one worker ran it alone at the end
 )
 
 
