@@ -18,13 +18,14 @@ from dataclasses import dataclass, field
 from inspect import isawaitable
 from pathlib import Path
 from typing import Any, cast
-from weakref import WeakKeyDictionary
+from weakref import WeakKeyDictionary, WeakMethod
 
 from graphql import (
     DocumentNode,
     Executor,
     GraphQLError,
     GraphQLFormattedError,
+    GraphQLResolveInfoHelpers,
     GraphQLSchema,
     IntValueNode,
     OperationType,
@@ -314,6 +315,17 @@ class AnswerBoundExecutor(Executor):
     request whole), and from then on no field is resolved: the fields asked for afterwards are null at once, no
     resolver runs, no aspect is read. The resolvers already running finish, so the request's session is idle when
     `run` answers; the operation is not unwound (a partial answer is dropped)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # graphql-core's helpers hold two bound methods of the executor, a cycle (executor → helpers → method →
+        # executor) that kept every request's executor, and all it reached, alive until a garbage collection: with weak
+        # references the request's objects go when it ends. The executor lives as long as its execution does.
+        gather, track = WeakMethod(self.gather_async_work), WeakMethod(self.track_async_work)
+        self.async_helpers = GraphQLResolveInfoHelpers(
+            gather=lambda values: gather()(values),  # type: ignore[misc]
+            track=lambda values: track()(values),  # type: ignore[misc]
+        )
 
     def execute_field(
         self, parent_type: Any, source: Any, field_details_list: Any, path: Any, position_context: Any
