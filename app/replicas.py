@@ -34,12 +34,12 @@ from typing import Any
 
 import orjson
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncEngine, AsyncSession, async_sessionmaker
+from sqlalchemy.ext.asyncio import AsyncEngine
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app import read_deadline
-from app.db import create_engine, create_sessionmaker, driver_connection
+from app.db import create_engine, driver_connection
 from app.errors import Issue, ValidationFailed
 from app.settings import Settings
 
@@ -88,7 +88,6 @@ class Replica:
 
     name: str
     engine: AsyncEngine
-    sessionmaker: async_sessionmaker[AsyncSession]
     state: str = UNCHECKED
     replayed: int = 0  # the WAL position it had replayed at least (a replica only moves forward)
     lag_bytes: int | None = None
@@ -148,7 +147,7 @@ class ReplicaPool:
             # a replica that does not answer (a host gone, packets dropped) costs a read CHECK_TIMEOUT_S, then the
             # primary answers it
             engine = create_engine(url, settings.db_pool_size, settings.db_pool_timeout_s, CHECK_TIMEOUT_S)
-            self.replicas.append(Replica(replica_name(url), engine, create_sessionmaker(engine)))
+            self.replicas.append(Replica(replica_name(url), engine))
         self.recent = RecentWrites(settings.read_your_writes_s)
         self.retried_on_primary = 0  # reads whose replica failed under them, answered again from the primary
         self._turn = itertools.count()

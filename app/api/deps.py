@@ -81,15 +81,11 @@ class LazySession:
             )  # as `async with session` does: a cancelled request still closes it
 
 
-def _request_session(request: Request, sessionmaker: async_sessionmaker[AsyncSession]) -> AsyncSession:
-    session = LazySession(sessionmaker)
-    _on_exit(request).push_async_callback(session.release)
-    return cast(AsyncSession, session)  # it stands for the AsyncSession it builds
-
-
 async def get_session(request: Request) -> AsyncSession:
     """A session on the primary: writes, their precondition reads, and what must see the latest state at once."""
-    return _request_session(request, request.app.state.sessionmaker)
+    session = LazySession(request.app.state.sessionmaker)
+    _on_exit(request).push_async_callback(session.release)
+    return cast(AsyncSession, session)  # it stands for the AsyncSession it builds
 
 
 async def get_read_session(request: Request) -> PooledConnection:
@@ -105,7 +101,7 @@ async def get_read_session(request: Request) -> PooledConnection:
     route = current_route()
     replica = await route.replica() if route is not None else None
     connection = PooledConnection(request.app.state.engine if replica is None else replica.engine)
-    on_exit.push_async_callback(lambda: asyncio.shield(connection.close()))
+    on_exit.push_async_exit(connection)  # its shielded close
     request.scope[_READ_CONNECTION] = (on_exit, connection)
     return connection
 

@@ -515,10 +515,11 @@ async def _page(
     count: int,
     *,
     continued: bool,
-) -> tuple[list[LineageHit], bool]:
+) -> tuple[list[LineageHit], bool, bool]:
     """The hits `start..` (at most `count`, at most what the budget completes) of `walk`, gathered on to its end
     within the budget (so that a page's `total` is the whole answer's whenever the budget allows: the pages after
-    it only read what was found); whether the page is cut (short of `count`, the answer not ended).
+    it only read what was found); whether the page is cut (short of `count`, the answer not ended), and whether
+    it ends the answer.
     A cut page with nothing to show is `DeadlineExceeded`, unless it `continued` a cursor's walk and got further
     (its cursor then continues from there)."""
     most = page_most(count)
@@ -534,7 +535,7 @@ async def _page(
         )
     if cut:
         read_deadline.mark_partial()
-    return hits, cut
+    return hits, cut, ended
 
 
 async def scroll_lineage(
@@ -562,8 +563,7 @@ async def scroll_lineage(
         walk_id = _WALKS.put(walk)
     else:
         walk_id = cursor.walk
-    hits, cut = await _page(backend, asked, walk, start, count, continued=bool(scroll_id))
-    ended = walk.complete and start + len(hits) >= len(walk.hits)
+    hits, cut, ended = await _page(backend, asked, walk, start, count, continued=bool(scroll_id))
     next_id = None
     if not ended:
         next_id = lineage_cursor(LineageCursor(walk_id, start + len(hits), fingerprint, int(time.time())))
@@ -574,7 +574,7 @@ async def search_lineage(backend: SearchBackend, asked: LineageAsked, *, start: 
     """Offset paging (searchAcrossLineage's start/count): the whole walk within the budget (its total), the hits
     `start..start+count` of it."""
     walk = asked.begin()
-    hits, cut = await _page(backend, asked, walk, start, count, continued=False)
+    hits, cut, _ = await _page(backend, asked, walk, start, count, continued=False)
     return LineagePage(hits, len(walk.hits), cut or not walk.complete or walk.capped, None)
 
 
