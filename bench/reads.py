@@ -2,9 +2,10 @@
 ceiling its own database gives in the same run.
 
     .venv/bin/python bench/reads.py [--datasets 100000] [--backend postgres|opensearch] [--rate R] [--seconds 15]
-        [--mix v3get,graphql_entity,...] [--keep DIR | --reuse DIR] [--profile DIR]
+        [--mix v3get,graphql_entity,...] [--keep DIR | --reuse DIR] [--profile DIR] [--workers N]
 
-A throwaway Postgres (fsync on, pg_stat_statements) and metaledger (uvicorn, one process; `--backend opensearch`: an
+A throwaway Postgres (fsync on, pg_stat_statements) and metaledger (uvicorn, one process; `--workers N`: `metaledger
+serve --workers N`, N API processes and the background process, as `make run` serves; `--backend opensearch`: an
 osmem OpenSearch-API server as its search backend) with `--datasets` datasets over four platforms: datasetProperties,
 a schema of 50 fields, two owners, a tag or two, a glossary term, and upstreamLineage of 1-5 upstreams each (about 3
 edges a dataset) shaped like a warehouse: one edge in ten reads one of the hubs (a thousandth of the datasets, at
@@ -15,6 +16,8 @@ DIR, `--reuse DIR` starts from it without loading (the embedded backend only: os
 
 Then, for each mix (`--mix`, default all), requests as a reader:
 
+* floor: `GET /config`, an answer that reads nothing: what uvicorn, the middleware and a FastAPI route with its
+  policy cost alone — the most any read can reach on this service;
 * v3get: `GET /openapi/v3/entity/dataset/{urn}` (every aspect of one dataset);
 * graphql_entity: the `getDataset` query of DataHub's web app (datahub-web-react/src/graphql/dataset.graphql),
   cut to the fields metaledger's schema has;
@@ -246,6 +249,8 @@ def mixes(datasets: int) -> dict[str, RequestFactory]:
 
     timeline = urlencode({"categories": "TAG,OWNERSHIP,TECHNICAL_SCHEMA", "startTime": 0})
     return {
+        # the service's answer without its database: uvicorn, the middleware, a FastAPI route and its policy
+        "floor": lambda n: ("GET", "/config", b""),
         "v3get": lambda n: ("GET", f"/openapi/v3/entity/dataset/{quote(urn(pick(n)), safe='')}", b""),
         "graphql_entity": graphql(GET_DATASET, lambda n: {"urn": urn(pick(n))}),
         "search": graphql(SEARCH, lambda n: {"query": f"t{pick(n):06d}"}),
@@ -344,7 +349,12 @@ async def bare_asyncpg(dsn: str, datasets: int, connections: int, seconds: float
 
 
 def api_pid(service: Service) -> int:
-    return service.process.pid  # uvicorn, one process: the API and its background workers' event loop
+    """The process py-spy records: under `serve --workers N` the newest API process (the background process is the
+    supervisor's oldest child), else the one uvicorn process (the API and its background workers' event loop)."""
+    children = [p for p in service.processes()[1:] if p.ppid() == service.process.pid]
+    if len(children) < 2:
+        return service.process.pid
+    return max(children, key=lambda p: p.create_time()).pid
 
 
 @contextlib.contextmanager
@@ -402,8 +412,9 @@ def _short(frame: str) -> str:
 
 
 @contextlib.contextmanager
-def service_on(root: Path, backend: str, reuse: bool) -> Iterator[Service]:
-    """Postgres in `root` (kept there: `reuse` starts it again) and metaledger on it, one process."""
+def service_on(root: Path, backend: str, reuse: bool, workers: int = 0) -> Iterator[Service]:
+    """Postgres in `root` (kept there: `reuse` starts it again) and metaledger on it: one process (`workers` 0), or
+    `metaledger serve --workers N` (N API processes and the background process, as `make run` serves)."""
     from app.db import upgrade_database
     from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port
 
@@ -429,7 +440,7 @@ def service_on(root: Path, backend: str, reuse: bool) -> Iterator[Service]:
             env |= {"METALEDGER_SEARCH_URL": f"http://127.0.0.1:{port}", "METALEDGER_SEARCH_FLAVOR": "opensearch"}
         port = free_port()
         log = root / "service.log"
-        process = start_service(env, port, quiet=True, log=log)
+        process = start_service(env, port, quiet=True, log=log, workers=workers or None)
         base = f"http://127.0.0.1:{port}"
         try:
             wait_healthy_sync(base, 120, process)
@@ -515,6 +526,13 @@ async def measure(service: Service, args: argparse.Namespace) -> None:
             f"busy machine distorts least): {100 * bare_cpu / cpu_per_request['v3get']:.0f} %",
             flush=True,
         )
+        if "floor" in results:
+            print(
+                f"the floor (GET /config: no database) closed-loop {results['floor']:,.0f}/s, CPU "
+                f"{cpu_per_request['floor']:.2f} ms/request = {100 * results['floor'] / rate:.0f} % of bare asyncpg; the "
+                f"v3 GET is {100 * results['v3get'] / results['floor']:.0f} % of the floor",
+                flush=True,
+            )
     if "deadline" in names:
         first, _, last = args.starts.partition("-")
         out = profile_dir / "deadline.txt" if profile_dir else None
@@ -600,6 +618,12 @@ def main() -> None:
     parser.add_argument("--closed-seconds", type=float, default=5, help="about how long each closed-loop run lasts")
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument(
+        "--workers",
+        type=int,
+        default=0,
+        help="0: one process (uvicorn); N: `metaledger serve --workers N` (make run: 2)",
+    )
+    parser.add_argument(
         "--mix", default="", help="comma-separated: " + ", ".join(mixes(1)) + ", deadline (the 5-hop walk)"
     )
     parser.add_argument("--keep", help="keep the loaded Postgres in this directory")
@@ -615,7 +639,7 @@ def main() -> None:
     root.mkdir(parents=True, exist_ok=True)
     os.chdir(ROOT)
     try:
-        with service_on(root, args.backend, bool(args.reuse)) as service:
+        with service_on(root, args.backend, bool(args.reuse), args.workers) as service:
             if not args.reuse:
                 seconds = asyncio.run(load(service.base, service.headers, args.datasets))
                 print(

@@ -20,7 +20,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from app.api.deps import (
-    ALLOW_READ,
     Gateway,
     Reader,
     Registry,
@@ -129,7 +128,6 @@ async def _timeseries(body: dict[str, Any], request: Request, registry: EntityRe
 
 @router.get(
     "/aspects/{urn:path}",
-    dependencies=[ALLOW_READ],
     responses=ERROR_RESPONSES,
     summary="One aspect of an entity, Rest.li VersionedAspect (404 when absent)",
     description='`{"aspect": {"<Pegasus record name>": {...}}, "version": n}`; `version=0` (default) is the latest. '

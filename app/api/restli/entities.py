@@ -24,7 +24,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Query, Request, Response
 
 from app.api.deps import (
-    ALLOW_READ,
     Caller,
     Gateway,
     Reader,
@@ -164,7 +163,6 @@ def _envelope(
 
 @router.get(
     "/entitiesV2/{urn:path}",
-    dependencies=[ALLOW_READ],
     responses=ERROR_RESPONSES,
     summary="An entity's latest aspects, Rest.li EntityResponse",
     description='`?aspects=List(a,b)` (Rest.li list syntax) selects aspects. Answers `{"urn", "entityName", "aspects": '
