@@ -318,9 +318,8 @@ async def bare_asyncpg(dsn: str, datasets: int, connections: int, seconds: float
     """The entity GET's statement (AspectRepository.entity_latest: the latest rows of one URN) and the decoding of
     each row's JSON, closed-loop from `connections` connections for `seconds`: (requests/s, p50 ms, p99 ms, CPU ms
     of this process a request)."""
-    from app.write.repository import _ROW_COLUMNS
+    from app.write.repository import ENTITY_LATEST
 
-    statement = f"SELECT {_ROW_COLUMNS} FROM metadata_aspect_v2 WHERE urn = $1 AND version = 0 ORDER BY aspect"
     pool = await asyncpg.create_pool(dsn, min_size=connections, max_size=connections)
     latencies: list[float] = []
     stop_at = time.perf_counter() + seconds
@@ -328,7 +327,7 @@ async def bare_asyncpg(dsn: str, datasets: int, connections: int, seconds: float
     async def client(c: int) -> None:
         n = c
         async with pool.acquire() as conn:
-            prepared = await conn.prepare(statement)
+            prepared = await conn.prepare(ENTITY_LATEST)
             while time.perf_counter() < stop_at:
                 started = time.perf_counter()
                 for row in await prepared.fetch(urn((n * 7919 + 13) % datasets)):

@@ -79,7 +79,7 @@ async def measure(args: argparse.Namespace, dsn: str, env: dict[str, str], loade
     from app.main import create_app
     from app.settings import Settings
     from app.write.reader import EntityReader
-    from app.write.repository import _ROW_COLUMNS
+    from app.write.repository import ENTITY_LATEST
     from tests.processes import service_token
 
     app = create_app(Settings())
@@ -102,9 +102,7 @@ async def measure(args: argparse.Namespace, dsn: str, env: dict[str, str], loade
                 assert await call(app, "POST", "/openapi/v1/proposals", body, json) == 200
             loaded.touch()
         conn = await asyncpg.connect(dsn)
-        statement = await conn.prepare(
-            f"SELECT {_ROW_COLUMNS} FROM metadata_aspect_v2 WHERE urn = $1 AND version = 0 ORDER BY aspect"
-        )
+        statement = await conn.prepare(ENTITY_LATEST)
 
         async def raw(i: int) -> int:
             for row in await statement.fetch(urn(i % DATASETS)):

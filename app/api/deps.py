@@ -201,7 +201,8 @@ async def authenticate(request: Request) -> Principal:
 
 class Allow:
     """A route's policy: the permission it needs. Every route declares exactly one (tests/integration/test_auth.py
-    walks the app's routes and fails on a route without one), as a router or route dependency."""
+    walks the app's routes and fails on a route without one), as a router or route dependency, or as the parameter
+    that is its caller or what it guards (`Reader`, `Writer`, `StoredEntities`)."""
 
     def __init__(self, permission: Permission) -> None:
         self.permission = permission

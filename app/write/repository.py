@@ -111,6 +111,8 @@ class StoredAspect:
 
 
 _ROW_COLUMNS = "urn, aspect, version, metadata, systemmetadata, createdon, createdby, createdfor"
+# An entity's latest rows, every aspect (the v3 entity GET's statement; bench/reads.py measures it bare)
+ENTITY_LATEST = f"SELECT {_ROW_COLUMNS} FROM metadata_aspect_v2 WHERE urn = $1 AND version = 0 ORDER BY aspect"
 _OUTBOX_CTE = changelog_outbox.insert_cte(19)  # parameters $19..$25 of write_changes
 _OUTBOX_INSERT = changelog_outbox.insert_cte(1)  # a large write's first change logs, on their own
 OUTBOX_ROWS_PER_STATEMENT = 500
@@ -253,9 +255,7 @@ class AspectRepository(SessionRepository):
                 list(aspects),
             )
         else:
-            records = await conn.fetch(
-                f"SELECT {_ROW_COLUMNS} FROM metadata_aspect_v2 WHERE urn = $1 AND version = 0 ORDER BY aspect", urn
-            )
+            records = await conn.fetch(ENTITY_LATEST, urn)
         return [_to_stored(r) for r in records]
 
     async def entities_latest(
