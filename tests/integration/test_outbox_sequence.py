@@ -1,22 +1,60 @@
 """The sequencer's statement (`app.changelog.outbox.sequence`) and its horizon, call by call: rows of transactions
 still open are left for later and then taken, a pass stopped by its limit keeps the horizon, and a poll while no
-transaction has ended reads no table."""
+transaction has ended reads no table.
+
+The snapshot xmin the sequencer reads is the whole server's: a transaction that another worker's test holds open in
+its own database of the shared test server holds it back, and these tests' rows would not be due when they say. So
+this module runs on a Postgres server of its own, a database per test copied from one migrated there."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+import shutil
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 
 import asyncpg
+import pytest
 import pytest_asyncio
 
 from app.changelog import outbox
+from app.db import upgrade_database
+from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port
 from tests.helpers import dataset
+from tests.processes import start_on_a_free_port
 
 INSERT_ROW = """
 INSERT INTO change_log_outbox (topic, message_key, urn, aspect, version, change_type, payload)
 VALUES ('t', $1, $1, 'status', $2, 'UPSERT', '{}')
 RETURNING txid::text::bigint
 """
+
+
+TEMPLATE = "sequenced_template"
+
+
+@pytest.fixture(scope="module")
+def own_server() -> Iterator[EmbeddedPostgres]:
+    base = Path(tempfile.mkdtemp(prefix="metaledger-sequencer-"))
+    server = None
+    try:
+        server = start_on_a_free_port(EmbeddedPostgres(base, free_port(), database=None, durable=False))
+        ensure_database(server.admin_dsn, TEMPLATE)
+        upgrade_database(server.url(TEMPLATE))
+        yield server
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture
+def database_url(own_server: EmbeddedPostgres) -> str:
+    """A migrated database of this test alone on the module's server (the server goes at the module's end)."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    ensure_database(own_server.admin_dsn, name, TEMPLATE)
+    return own_server.url(name)
 
 
 @pytest_asyncio.fixture
