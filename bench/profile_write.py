@@ -233,7 +233,7 @@ async def main() -> None:
     parser.add_argument("--keep", type=Path, default=None)
     parser.add_argument("--statements", action="store_true", help="Postgres's time by statement (pg_stat_statements)")
     args = parser.parse_args()
-    routes = args.single.split(",")
+    routes = args.single.split(",") if args.single else []
     if not set(routes) <= SINGLE_ROUTES:
         parser.error(f"--single: unknown routes {sorted(set(routes) - SINGLE_ROUTES)}")
     out_dir = args.keep or Path(tempfile.mkdtemp(prefix="metaledger-profile-"))

@@ -98,6 +98,52 @@ class FeedCursor:
             return records[0]["position"], []
         return records[0]["position"], records
 
+    async def skip_to_end(self) -> None:
+        """Move the position to the feed's end without reading a row: a reader with nothing to apply (the after phase
+        with no after processor) passes every row sequenced so far in one statement."""
+        await self.conn.execute(
+            """
+            UPDATE feed_reader_state s SET last_offset = f.last_offset, updated_at = now()
+            FROM change_log_feed_state f WHERE s.reader = $1 AND f.id = 1 AND f.last_offset > s.last_offset
+            """,
+            self.reader,
+        )
+
+    async def deletes_locked(
+        self, limit: int, topic: str, aspects: Sequence[str], urn_prefix: str
+    ) -> tuple[int, int, list[asyncpg.Record]]:
+        """The position, locked (`FOR UPDATE`) until the caller's transaction ends, the offset of the last of the next
+        `limit` rows past it (the position when there is none), and those of them that are DELETEs of `aspects` of an
+        entity whose URN starts with `urn_prefix` on `topic`, in feed order: records (`feed_offset`, `urn`, `aspect`,
+        `version`). One round trip; the other rows are passed over in the database, not read."""
+        records = await self.conn.fetch(
+            """
+            SELECT s.last_offset AS position, coalesce(w.window_end, s.last_offset) AS window_end,
+                   d.feed_offset, d.urn, d.aspect, d.version
+            FROM (SELECT last_offset FROM feed_reader_state WHERE reader = $1 FOR UPDATE) s
+            CROSS JOIN LATERAL (
+                SELECT max(feed_offset) AS window_end FROM (
+                    SELECT feed_offset FROM change_log_outbox WHERE feed_offset > s.last_offset
+                    ORDER BY feed_offset LIMIT $2) o
+            ) w
+            LEFT JOIN LATERAL (
+                SELECT feed_offset, urn, aspect, version FROM change_log_outbox
+                WHERE feed_offset > s.last_offset AND feed_offset <= w.window_end
+                  AND topic = $3 AND change_type = 'DELETE' AND aspect = ANY($4::text[]) AND starts_with(urn, $5)
+            ) d ON true
+            ORDER BY d.feed_offset
+            """,
+            self.reader,
+            limit,
+            topic,
+            list(aspects),
+            urn_prefix,
+        )
+        if not records:
+            raise UnregisteredReader(self.reader)
+        first = records[0]
+        return first["position"], first["window_end"], [r for r in records if r["feed_offset"] is not None]
+
     async def advance(self, position: int) -> None:
         """Move the position to `position` (every row up to it is applied)."""
         await self.conn.execute(

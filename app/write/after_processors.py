@@ -128,14 +128,16 @@ class AfterProcessorWorker:
                 active = Phase.AFTER in pipeline.phases or any(
                     s.processor is None and s.step.required for s in pipeline.steps
                 )
-                _, rows = await cursor.read_locked(self.batch, self.topics if active else ())
+                if not active:  # nothing runs after commit: the rows are passed over unread
+                    await cursor.skip_to_end()
+                    return 0
+                _, rows = await cursor.read_locked(self.batch, self.topics)
                 if not rows:
                     return 0
-                if active:
-                    emissions = self._run(pipeline, rows)
-                    pipeline.publish_metrics()
-                    if emissions:
-                        await self._commit(session, emissions)
+                emissions = self._run(pipeline, rows)
+                pipeline.publish_metrics()
+                if emissions:
+                    await self._commit(session, emissions)
                 await cursor.advance(rows[-1]["feed_offset"])
         return len(rows)
 

@@ -73,14 +73,6 @@ class PropertyValueRemoval(AfterProcessorWorker):
         super().__init__(*args, **kwargs)
         self._resume: tuple[int, str] | None = None  # (feed offset of the DELETE in hand, the last holder read)
 
-    def _starts_removal(self, row: asyncpg.Record) -> bool:
-        return (
-            row["topic"] == self.settings.topic_mcl_versioned
-            and row["change_type"] == ChangeType.DELETE.value
-            and row["aspect"] in (PROPERTY_DEFINITION, PROPERTY_KEY)
-            and row["urn"].startswith(PROPERTY_URN_PREFIX)
-        )
-
     async def step(self) -> int:
         """One transaction: the change logs up to the next definition DELETE passed over, then one page of its
         holders' removals; the position passes the DELETE with its last page. Returns the change logs passed, or
@@ -89,15 +81,19 @@ class PropertyValueRemoval(AfterProcessorWorker):
             conn = await session_connection(session)
             cursor = FeedCursor(conn, self.reader)
             async with conn.transaction(isolation="read_committed"):
-                position, rows = await cursor.read_locked(self.batch, ())
-                for row in rows:
-                    if self._starts_removal(row) and not await self._remove_page(session, row):
-                        await cursor.advance(position)
+                position, end, deletes = await cursor.deletes_locked(
+                    self.batch,
+                    self.settings.topic_mcl_versioned,
+                    (PROPERTY_DEFINITION, PROPERTY_KEY),
+                    PROPERTY_URN_PREFIX,
+                )
+                for row in deletes:
+                    if not await self._remove_page(session, row):
+                        await cursor.advance(row["feed_offset"] - 1)  # feed offsets are dense: the rows before it
                         return self.batch
-                    position = row["feed_offset"]
-                if rows:
-                    await cursor.advance(position)
-        return len(rows)
+                if end > position:
+                    await cursor.advance(end)
+        return end - position
 
     async def _remove_page(self, session: AsyncSession, row: asyncpg.Record) -> bool:
         """Remove the values of the next page of the property's holders; True when none is left."""

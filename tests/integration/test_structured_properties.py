@@ -388,3 +388,30 @@ async def test_a_soft_delete_keeps_the_values_and_a_hard_delete_of_it_then_remov
         return held(await stored(db, DATASET, "structuredProperties")) == {}
 
     await eventually(soft_removed)
+
+
+async def test_holders_past_a_page_are_removed_page_by_page_and_the_delete_is_passed_with_the_last(
+    client, db, monkeypatch
+):
+    """More holders than a page: the reader keeps its position before the DELETE until a page finds none left, then
+    passes it (and a change of another property after it waits for the last page)."""
+    from app.write import structured_property_deletes
+
+    monkeypatch.setattr(structured_property_deletes, "REMOVAL_PAGE", 2)
+    (paged, d1), (later, d2) = named("paged"), named("later")
+    await propose(client, d1, d2)
+    holders = [f"urn:li:dataset:(urn:li:dataPlatform:hive,db.paged_{i},PROD)" for i in range(5)]
+    await propose(client, *(values((paged, [{"string": "x"}]), urn=urn) for urn in holders))
+    await propose(client, values((later, [{"string": "y"}]), urn=OTHER))
+    assert (await client.delete(f"/openapi/v3/entity/structuredProperty/{paged}")).status_code == 200
+    assert (await client.delete(f"/openapi/v3/entity/structuredProperty/{later}")).status_code == 200
+
+    async def removed() -> bool:
+        rows = [await stored(db, urn, "structuredProperties") for urn in (*holders, OTHER)]
+        return all(held(row) == {} for row in rows)
+
+    await eventually(removed, what="every holder's values removed, three pages of two")
+    assert {(await stored(db, urn, "structuredProperties"))["systemMetadata"]["version"] for urn in holders} == {"2"}
+    assert await db.fetchval(
+        "SELECT last_offset FROM feed_reader_state WHERE reader = 'structured-property-deletes'"
+    ) >= await db.fetchval("SELECT max(feed_offset) FROM change_log_outbox WHERE urn = $1", later)
