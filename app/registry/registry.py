@@ -58,6 +58,7 @@ SYSTEM_MODELS = Path(__file__).parent / "system_models"
 DEFAULT_PACKAGE_SCHEMAS = "datahub/metadata/schemas"
 # The `source` of an aspect registered at run time (app.registry.runtime): "runtime model <name>".
 RUNTIME_SOURCE = "runtime model"
+VALID_KEYS_KEPT = 16_384  # (entity, URN) pairs check_urn_key remembers: ~3 MB of URNs at most
 log = logging.getLogger("metaledger.registry")
 # Key aspects carry the entity definition in their @Aspect annotation; these keys are not aspect properties.
 _ENTITY_ANNOTATION_KEYS = ("keyForEntity", "entityCategory", "entityAspects", "entityDoc")
@@ -221,6 +222,7 @@ class EntityRegistry:
     runtime_version: int = 0
     generation: int = 0
     _listeners: list[Callable[[EntityRegistry], None]] = field(default_factory=list, repr=False)
+    _valid_keys: set[tuple[str, str]] = field(default_factory=set, init=False, repr=False)  # check_urn_key's memo
 
     def __post_init__(self) -> None:
         self._by_lower = {name.lower(): spec for name, spec in self.entities.items()}
@@ -244,6 +246,7 @@ class EntityRegistry:
         self._documents, self._named_index, self.warnings = other._documents, other._named_index, other.warnings
         self.runtime_version = runtime_version
         self.generation += 1
+        self._valid_keys = set()
         for listener in list(self._listeners):
             try:
                 listener(self)
@@ -338,6 +341,18 @@ class EntityRegistry:
             return key.validator(trim_unknown_fields=False)(value)
         except AspectValidationError as e:
             raise KeyValidationError(f"urn {urn} does not make a valid {key.name}", key.name, e.issues) from None
+
+    def check_urn_key(self, entity: str, urn: str) -> None:
+        """That `urn`'s parts make a valid key aspect of `entity` (:meth:`urn_to_key`'s errors otherwise). The last
+        VALID_KEYS_KEPT valid pairs are remembered until the models change: an ingestion writes an entity's aspects
+        one proposal at a time, and every run writes the same entities again."""
+        pair = (entity, urn)
+        if pair in self._valid_keys:
+            return
+        self.urn_to_key(entity, urn)
+        if len(self._valid_keys) >= VALID_KEYS_KEPT:
+            self._valid_keys.clear()
+        self._valid_keys.add(pair)
 
     def key_to_urn(self, entity: str, key: dict) -> str:
         """The URN of a key aspect value (inverse of :meth:`urn_to_key`)."""

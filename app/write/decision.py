@@ -394,7 +394,7 @@ class WriteCore:
                     raise fail(
                         f"URN {urn!r} is of entity type {parsed.entity_type!r}, not {entity.name!r}", "$.entityUrn"
                     )
-                self.registry.urn_to_key(entity.name, urn)  # the URN's parts must make a valid key aspect
+                self.registry.check_urn_key(entity.name, urn)
             else:
                 assert draft.entity_key_aspect is not None  # exactly one of the two is given, checked above
                 urn = self.registry.key_to_urn(entity.name, draft.entity_key_aspect)

@@ -337,6 +337,60 @@ def test_urn_of_another_entity_type_or_invalid(registry):
         registry.urn_to_key("nope", "urn:li:nope:1")
 
 
+@pytest.fixture
+def counted() -> tuple[object, list[tuple[str, str]]]:
+    """A registry of its own whose urn_to_key calls are recorded (check_urn_key's memo starts empty)."""
+    own = load_registry(REGISTRY_YML)
+    calls: list[tuple[str, str]] = []
+    real = own.urn_to_key
+
+    def urn_to_key(entity: str, urn: str) -> dict:
+        calls.append((entity, urn))
+        return real(entity, urn)
+
+    own.urn_to_key = urn_to_key  # type: ignore[method-assign]
+    return own, calls
+
+
+DATASET_URN = "urn:li:dataset:(urn:li:dataPlatform:hive,db.table,PROD)"
+
+
+def test_check_urn_key_remembers_a_valid_pair(counted):
+    own, calls = counted
+    own.check_urn_key("dataset", DATASET_URN)
+    own.check_urn_key("dataset", DATASET_URN)
+    assert calls == [("dataset", DATASET_URN)]
+
+
+def test_check_urn_key_never_remembers_an_invalid_urn(counted):
+    own, calls = counted
+    bad = "urn:li:dataset:(urn:li:dataPlatform:hive,db.table,NOPE)"
+    for _ in range(2):
+        with pytest.raises(KeyValidationError):
+            own.check_urn_key("dataset", bad)
+    assert calls == [("dataset", bad)] * 2
+
+
+def test_check_urn_key_forgets_when_the_models_change(counted):
+    own, calls = counted
+    own.check_urn_key("dataset", DATASET_URN)
+    own.replace_with(load_registry(REGISTRY_YML), runtime_version=1)
+    own.check_urn_key("dataset", DATASET_URN)
+    assert calls == [("dataset", DATASET_URN)] * 2
+
+
+def test_check_urn_key_keeps_a_bounded_number_of_pairs(counted, monkeypatch):
+    from app.registry import registry as registry_module
+
+    monkeypatch.setattr(registry_module, "VALID_KEYS_KEPT", 2)
+    own, calls = counted
+    urns = [f"urn:li:dataset:(urn:li:dataPlatform:hive,db.t{i},PROD)" for i in range(3)]
+    for urn in urns:  # the third starts the memo again
+        own.check_urn_key("dataset", urn)
+    own.check_urn_key("dataset", urns[0])
+    assert len(own._valid_keys) <= 2 and calls[-1] == ("dataset", urns[0])
+
+
 def test_key_to_urn_rejects_invalid_keys(registry):
     with pytest.raises(UrnKeyError) as e:
         registry.key_to_urn("dataset", {"platform": "urn:li:dataPlatform:hive", "name": "t", "origin": "MARS"})

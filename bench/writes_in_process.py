@@ -1,0 +1,124 @@
+"""What a batch write costs the API process itself: the ASGI app called in-process (no HTTP server, no socket to a
+client, no background work in the process), each variant's CPU an aspect written (`time.process_time`), rounds
+interleaved so that a busy machine moves them alike. bench/ingest.py's figures are throughput against a raw ceiling
+on a shared machine (±15 % between runs); this is the API's own CPU, steady to a few µs.
+
+    .venv/bin/python bench/writes_in_process.py [--batches 40] [--rounds 5] [--variants v3,v1,v3-abc]
+
+A throwaway Postgres (fsync off) and the app made as `make run`'s API process makes it (the background workers in a
+process of their own: not started here; the access log off). 100 datasets are written once, then each round writes
+`--batches` batches of bench/ingest.py's shape (100 `datasetProperties`, a new value each) through each variant:
+
+* v3: `POST /openapi/v3/entity/dataset` (DataHub's v3 batch);
+* v1: `POST /openapi/v1/proposals` (MCPs with a run id, as DataHub's ingestion sends them);
+* v3-abc: v3 with asyncpg's own container checks for array parameters (app.db._builtin_containers_as_arrays undone
+  for its rounds): what that change saves.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections.abc
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import orjson
+
+sys.path[0] = str(Path(__file__).resolve().parent.parent)
+
+from bench.ingest import dataset_urn, mcp, properties  # noqa: E402
+from bench.reads_in_process import call  # noqa: E402
+
+SIZE = 100
+
+
+def v3_body(round_no: int) -> bytes:
+    return orjson.dumps(
+        [{"urn": dataset_urn(0, i), "datasetProperties": {"value": properties(round_no, i)}} for i in range(SIZE)]
+    )
+
+
+def v1_body(round_no: int) -> bytes:
+    return orjson.dumps([mcp(dataset_urn(1, i), properties(round_no, i)) for i in range(SIZE)])
+
+
+async def measure(args: argparse.Namespace, env: dict[str, str]) -> None:
+    os.environ.update(env)
+    from asyncpg.protocol import protocol
+
+    from app.main import create_app
+    from app.settings import Settings
+    from tests.processes import service_token
+
+    fast = (protocol.IterableABC, protocol.SizedABC, protocol.MappingABC)
+    abc = (collections.abc.Iterable, collections.abc.Sized, collections.abc.Mapping)
+    app = create_app(Settings())
+    async with app.router.lifespan_context(app):
+        token = service_token(env, "urn:li:corpuser:bench", "writer")
+        headers = [(b"authorization", f"Bearer {token}".encode()), (b"content-type", b"application/json")]
+        rounds = iter(range(1, 10**9))
+
+        async def v3(_: int) -> int:
+            return await call(app, "POST", "/openapi/v3/entity/dataset", v3_body(next(rounds)), headers)
+
+        async def v1(_: int) -> int:
+            return await call(app, "POST", "/openapi/v1/proposals", v1_body(next(rounds)), headers)
+
+        variants = {"v3": (v3, fast), "v1": (v1, fast), "v3-abc": (v3, abc)}
+        chosen = args.variants.split(",")
+        for name in chosen:  # warm: the entities' first versions, prepared statements, compiled validators
+            for i in range(3):
+                assert await variants[name][0](i) == 200, name
+        cpu: dict[str, list[float]] = {name: [] for name in chosen}
+        for _ in range(args.rounds):
+            for name in chosen:
+                send, checks = variants[name]
+                protocol.IterableABC, protocol.SizedABC, protocol.MappingABC = checks
+                started = time.process_time()
+                for i in range(args.batches):
+                    assert await send(i) == 200, name
+                cpu[name].append((time.process_time() - started) * 1e6 / (args.batches * SIZE))
+        protocol.IterableABC, protocol.SizedABC, protocol.MappingABC = fast
+    print(
+        f"API CPU an aspect written, µs (median of {args.rounds} rounds of {args.batches} batches of {SIZE}; min-max):"
+    )
+    for name, values in cpu.items():
+        print(f"  {name:7} {statistics.median(values):6.1f}   ({min(values):.1f}-{max(values):.1f})")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", type=int, default=40)
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--variants", default="v3,v1,v3-abc")
+    args = parser.parse_args()
+    from app.db import upgrade_database
+    from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port
+
+    root = Path(tempfile.mkdtemp(prefix="metaledger-writes-in-process-"))
+    pg = EmbeddedPostgres(root / "pg", free_port(), database=None, durable=False)
+    pg.start()
+    try:
+        ensure_database(pg.admin_dsn, "bench")
+        url = pg.url("bench")
+        upgrade_database(url)
+        env = {
+            "METALEDGER_DATABASE_URL": url,
+            "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
+            "METALEDGER_BACKGROUND_IN_PROCESS": "false",
+            "METALEDGER_ACCESS_LOG": "false",
+        }
+        asyncio.run(measure(args, env))
+    finally:
+        pg.stop()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
