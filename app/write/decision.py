@@ -647,7 +647,7 @@ class WriteCore:
     ) -> Step:
         if p.change_type is ChangeType.DELETE:
             return self._delete(view, p, previous, key_aspect, audit)
-        step = Step()
+        key_step = None
         if view.rows.get((p.urn, key_aspect)) is None and p.aspect_name != key_aspect:
             key_proposal = Proposal(
                 p.index,
@@ -658,10 +658,9 @@ class WriteCore:
                 value=self.registry.urn_to_key(p.entity_type, p.urn),
                 system_metadata=p.system_metadata,
             )
-            step = dataclasses.replace(self._upsert(view, key_proposal, None, audit), result=None)
-        if p.is_timeseries:
-            return step.then(self._append_timeseries(p, audit))
-        return step.then(self._upsert(view, p, previous, audit))
+            key_step = dataclasses.replace(self._upsert(view, key_proposal, None, audit), result=None)
+        step = self._append_timeseries(p, audit) if p.is_timeseries else self._upsert(view, p, previous, audit)
+        return step if key_step is None else key_step.then(step)
 
     def _run_before_processors(
         self, p: Proposal, previous: StoredAspect | None, audit: AuditStamp, processors: Pipeline
