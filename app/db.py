@@ -23,7 +23,7 @@ from app.settings import PROJECT_ROOT
 if TYPE_CHECKING:
     from alembic.config import Config
 
-# What asyncpg takes as an array parameter (see _builtin_containers_as_arrays)
+# What asyncpg takes as an array parameter in metaledger's processes (see _builtin_containers_as_arrays)
 ARRAY_CONTAINERS: tuple[type, ...] = (list, tuple)
 
 
@@ -34,15 +34,14 @@ def _builtin_containers_as_arrays() -> None:
     lists or tuples, which a plain `isinstance` recognises in C (a text element ~130 ns; each further type checked
     costs every element ~20 ns). Any other container given as an array parameter (a set, a dict view) is refused
     with asyncpg's own error ("a sized iterable container expected"), never read as a scalar: the whole test suite
-    passes none. Left alone when asyncpg no longer keeps these names (its array codec changed)."""
+    passes none. Done by `create_engine`, in every process of metaledger's (a benchmark's bare asyncpg client keeps
+    asyncpg's own checks). Left alone when asyncpg no longer keeps these names (its array codec changed)."""
     from asyncpg.protocol import protocol
 
     if all(hasattr(protocol, name) for name in ("IterableABC", "SizedABC", "MappingABC")):
         protocol.IterableABC = protocol.SizedABC = ARRAY_CONTAINERS
         protocol.MappingABC = dict
 
-
-_builtin_containers_as_arrays()
 
 MIGRATIONS_DIR = PROJECT_ROOT / "migrations"
 # A session's `info` key: the event loop's time by which its write transactions must be over (app.ops.backpressure)
@@ -57,6 +56,7 @@ def create_engine(
     # `pool_timeout`: the longest wait for a connection when all are checked out; then sqlalchemy.exc.TimeoutError,
     # which the app answers with 503 and Retry-After (app.main). `connect_timeout`: the longest a new connection may
     # take (asyncpg's default, 60 s, when None); then TimeoutError, a fault of the database (app.db_faults).
+    _builtin_containers_as_arrays()
     engine = create_async_engine(
         url,
         # Every connection the pool opened is kept, up to twice `pool_size` (what a burst may open): an overflow

@@ -56,9 +56,9 @@ async def measure(args: argparse.Namespace, env: dict[str, str]) -> None:
     from app.settings import Settings
     from tests.processes import service_token
 
-    fast = (protocol.IterableABC, protocol.SizedABC, protocol.MappingABC)
-    abc = (collections.abc.Iterable, collections.abc.Sized, collections.abc.Mapping)
     app = create_app(Settings())
+    fast = (protocol.IterableABC, protocol.SizedABC, protocol.MappingABC)  # as create_app's engine set them
+    abc = (collections.abc.Iterable, collections.abc.Sized, collections.abc.Mapping)
     async with app.router.lifespan_context(app):
         token = service_token(env, "urn:li:corpuser:bench", "writer")
         headers = [(b"authorization", f"Bearer {token}".encode()), (b"content-type", b"application/json")]

@@ -12,6 +12,11 @@ from asyncpg.protocol import protocol
 from app.db import ARRAY_CONTAINERS
 
 
+@pytest.fixture(autouse=True)
+def engine_made(app):
+    """The process made an engine (app.db.create_engine), as every metaledger process does."""
+
+
 def test_the_checks_are_the_builtin_containers():
     assert protocol.IterableABC is ARRAY_CONTAINERS and protocol.SizedABC is ARRAY_CONTAINERS
 
