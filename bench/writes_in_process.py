@@ -21,10 +21,8 @@ import argparse
 import asyncio
 import collections.abc
 import os
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -98,16 +96,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--variants", default="v3,v1,v3-abc")
     args = parser.parse_args()
-    from app.db import upgrade_database
-    from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port
+    from bench.harness import throwaway_postgres
 
-    root = Path(tempfile.mkdtemp(prefix="metaledger-writes-in-process-"))
-    pg = EmbeddedPostgres(root / "pg", free_port(), database=None, durable=False)
-    pg.start()
-    try:
-        ensure_database(pg.admin_dsn, "bench")
-        url = pg.url("bench")
-        upgrade_database(url)
+    with throwaway_postgres(durable=False) as (_, url, _):
         env = {
             "METALEDGER_DATABASE_URL": url,
             "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
@@ -115,9 +106,6 @@ def main() -> None:
             "METALEDGER_ACCESS_LOG": "false",
         }
         asyncio.run(measure(args, env))
-    finally:
-        pg.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 if __name__ == "__main__":
