@@ -58,7 +58,7 @@ SYSTEM_MODELS = Path(__file__).parent / "system_models"
 DEFAULT_PACKAGE_SCHEMAS = "datahub/metadata/schemas"
 # The `source` of an aspect registered at run time (app.registry.runtime): "runtime model <name>".
 RUNTIME_SOURCE = "runtime model"
-VALID_KEYS_KEPT = 16_384  # (entity, URN) pairs check_urn_key remembers: ~3 MB of URNs at most
+VALID_KEYS_KEPT = 16_384  # (entity, URN) pairs check_urn_key remembers: a few MB with their URNs at most
 log = logging.getLogger("metaledger.registry")
 # Key aspects carry the entity definition in their @Aspect annotation; these keys are not aspect properties.
 _ENTITY_ANNOTATION_KEYS = ("keyForEntity", "entityCategory", "entityAspects", "entityDoc")
