@@ -112,9 +112,6 @@ async def test_the_after_phase_without_after_processors_reads_no_row(app, db, mo
     monkeypatch.setattr(FeedCursor, "read_locked", read_locked)
     state = app.state
     worker = AfterProcessorWorker(state.settings, state.engine, state.sessionmaker, state.write_service)
-    await db.execute(
-        "INSERT INTO feed_reader_state (reader, last_offset) VALUES ($1, 0) ON CONFLICT (reader) DO NOTHING",
-        CHANGE_PROCESSORS,
-    )
+    await FeedCursor(db, CHANGE_PROCESSORS).register()
     assert await worker.step() == 0  # nothing processed: the poll pauses
     assert await position(db, CHANGE_PROCESSORS) == 3
