@@ -55,9 +55,11 @@ async def measure(args: argparse.Namespace, env: dict[str, str]) -> None:
     from tests.processes import service_token
 
     app = create_app(Settings())
-    fast = (protocol.IterableABC, protocol.SizedABC, protocol.MappingABC)  # as create_app's engine set them
     abc = (collections.abc.Iterable, collections.abc.Sized, collections.abc.Mapping)
     async with app.router.lifespan_context(app):
+        # as the engine's creation (in the lifespan, app.db.create_engine) set them
+        fast = (protocol.IterableABC, protocol.SizedABC, protocol.MappingABC)
+        assert fast != abc, "app.db.create_engine no longer sets asyncpg's array containers"
         token = service_token(env, "urn:li:corpuser:bench", "writer")
         headers = [(b"authorization", f"Bearer {token}".encode()), (b"content-type", b"application/json")]
         rounds = iter(range(1, 10**9))

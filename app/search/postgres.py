@@ -95,9 +95,13 @@ EXACT_MATCH_BONUS = 1000.0
 # (busy with larger tables while a catalog is loaded) let it: minutes after 10,000 datasets were written the table
 # had none, and a text search read every document of its types through the (entity_type, urn) index, 195 ms a
 # statement instead of 0.3 through the GIN indexes. So after every ANALYZE_CHECK_DOCUMENTS documents it rebuilt, a
-# backend has the table analyzed (in the background) when it never was or this fraction of it changed since.
+# backend has the table analyzed (in the background) when it never was or this fraction of it changed since, and
+# at most once every ANALYZE_MIN_INTERVAL_S once it was: a small catalog written over and over (800 documents, 6,000
+# aspect writes a second) changed by the fraction at every check, and was analyzed twice a second (9 µs of Postgres
+# an aspect write, and a statistics sample of a table whose shape had not changed).
 ANALYZE_CHECK_DOCUMENTS = 1_000
 ANALYZE_CHANGED_FRACTION = 0.2
+ANALYZE_MIN_INTERVAL_S = 60.0
 # A process's cache of search results (`_ResultCache`): at most this many rows in all (a page's rows hold their
 # documents' fields), of statements of at most this many rows, each for at most this long (what bounds a result kept
 # past a write whose version move was lost: a crash between its commit and the move).
@@ -124,7 +128,7 @@ _RANGE_OPERATORS = {
 _WEBSEARCH_SYNTAX = re.compile(r'"|(^|\s)-\w|\s(or|OR)\s')
 _TOKEN = re.compile(r"\w+")
 # The parts of a word of a structured query (app.search.query_syntax): letters and digits, with the wildcards in
-# them; what is between parts splits them, as `_index_text` splits the text indexed.
+# them; what is between parts splits them, as `index_text` splits the text indexed.
 _WORD_PARTS = re.compile(r"(?:[^\W_]|[*?])+")
 _WORDS = re.compile(r"[^\W_]+")
 
@@ -179,7 +183,7 @@ def aspect_text(
     fields: Mapping[str, Any], weights: Mapping[str, tuple[str, bool]], max_chars: int,
 ) -> tuple[list[str | None], list[str], int]:  # fmt: skip
     """An aspect's pieces of its entity's text search: (its text by weight A..D, at most `max_chars` characters in
-    all, the heavier weights first; the lower-cased text of its exact-name fields; the characters of text kept).
+    all, the heavier weights first, each as indexed (`index_text`); the lower-cased text of its exact-name fields; the characters of text kept).
     A field's text is every string in its value; structured property values are left out (they are found by their
     filters, which leave out soft-deleted properties' values)."""
     groups: dict[str, list[str]] = {"A": [], "B": [], "C": [], "D": []}
@@ -201,7 +205,7 @@ def aspect_text(
     for weight in "ABCD":
         kept = " ".join(groups[weight])[:left] if groups[weight] else None
         left -= len(kept or "")
-        texts.append(kept)
+        texts.append(None if kept is None else index_text(kept))
     return texts, exact, max_chars - left
 
 
@@ -253,15 +257,23 @@ SELECT count(pg_advisory_xact_lock($1::int, h)) FROM (
 """
 
 
-def _index_text(column: str) -> str:
-    """SQL text to index for a column: as written (the parser keeps `db.orders`, e-mails, ...) and split on every
-    non-alphanumeric character (so `orders` finds `db.orders`)."""
-    return f"coalesce({column} || ' ' || regexp_replace({column}, '[^[:alnum:]]+', ' ', 'g'), '')"
+# Every ASCII character that is not a letter or a digit, to a space (`index_text`).
+_SEPARATORS_TO_SPACES = str.maketrans({chr(c): " " for c in range(1, 128) if not chr(c).isalnum()})
 
 
-# An aspect's weighted tsvector, from its text in four weight groups (columns text_a..text_d: `aspect_text`).
+def index_text(text: str) -> str:
+    """The text indexed for `text`: as written (the parser keeps `db.orders`, e-mails, ...) and split on every ASCII
+    character that is not a letter or digit (so `orders` finds `db.orders`). Split here, not by Postgres: a
+    `regexp_replace(.., '[^[:alnum:]]+', ' ', 'g')` in the statement cost Postgres 17 µs a 100-character text, twice
+    the `to_tsvector` of it (`translate` with these 95 characters, 43 µs); the `simple` parser splits on the
+    non-ASCII ones itself (the vectors of 20,000 random strings of ASCII and non-ASCII letters, digits and
+    punctuation are the regular expression's: tests/integration/test_search_index_text.py)."""
+    return f"{text} {text.translate(_SEPARATORS_TO_SPACES)}"
+
+
+# An aspect's weighted tsvector, from its text in four weight groups (columns text_a..text_d: `aspect_text`, split).
 ASPECT_VECTOR_SQL = " || ".join(
-    f"setweight(to_tsvector('simple', {_index_text(f'text_{w}')}), '{w.upper()}')" for w in "abcd"
+    f"setweight(to_tsvector('simple', coalesce(text_{w}, '')), '{w.upper()}')" for w in "abcd"
 )
 
 # What separates a facet value's field from its value in `search_document.facet_values` (the ASCII unit separator:
@@ -305,10 +317,10 @@ WHERE s.version < EXCLUDED.version OR (s.version = EXCLUDED.version AND (EXCLUDE
 """
 
 # Rebuild the documents of the touched urns ($1) by combining their aspects' rows, in aspect order (a field two
-# aspects hold: the later one's value), with no text to parse but the URN's: fields merged, versions, the
-# concatenated tsvectors of the aspects whose text, counted in aspect order, is within $2 characters (a tsvector
-# holds 1 MB), exact names, facet values ($3: entity type -> its filters' document fields). The aggregates come from
-# migration 0013.
+# aspects hold: the later one's value), with no text to parse but the URN's ($4: each URN's `index_text`, in $1's
+# order): fields merged, versions, the concatenated tsvectors of the aspects whose text, counted in aspect order, is
+# within $2 characters (a tsvector holds 1 MB), exact names, facet values ($3: entity type -> its filters' document
+# fields). The aggregates come from migration 0013.
 _REBUILD_DOCUMENTS = rf"""
 WITH rows AS (
     SELECT a.urn, a.aspect, a.entity_type, a.version, a.deleted, a.fields, a.search_vector, a.exact_names,
@@ -329,10 +341,10 @@ WITH rows AS (
 INSERT INTO search_document AS d (urn, entity_type, fields, aspect_versions, removed, search_vector, exact_names,
                                   facet_values, entity_removed, updated_at)
 SELECT urn, entity_type, fields, aspect_versions, coalesce(fields -> 'removed' = 'true'::jsonb, false),
-       coalesce(search_vector, ''::tsvector) || setweight(to_tsvector('simple', {_index_text("urn")}), 'D'),
+       coalesce(search_vector, ''::tsvector) || setweight(to_tsvector('simple', u.text), 'D'),
        array_append(coalesce(exact_names, '{{}}'), lower(urn)),
        {facet_values_sql("fields", "$3::jsonb -> entity_type")}, false, now()
-FROM docs WHERE live
+FROM docs JOIN unnest($1::text[], $4::text[]) AS u(urn, text) USING (urn) WHERE live
 UNION ALL
 -- a document with no live aspect left: a tombstone (its versions only, hidden from every read)
 SELECT urn, entity_type, '{{"entityRemoved": true}}'::jsonb, aspect_versions, false, ''::tsvector, '{{}}', '{{}}',
@@ -649,6 +661,7 @@ class PostgresBackend:
         self._weights_of = registry.generation
         self._rebuilt = 0  # documents rebuilt since the statistics were last looked at
         self._analyzing: asyncio.Task[None] | None = None
+        self._analyzed_at: float | None = None  # time.monotonic() of this backend's last ANALYZE
         self._results = _ResultCache()
 
     # --- lifecycle ------------------------------------------------------------------------------------------------
@@ -824,20 +837,25 @@ class PostgresBackend:
             if removals:
                 await self._remove(conn, removals)
         self._rebuilt += len({c.urn for c in changes if isinstance(c, AspectFields | EntityRemoval)})
-        if self._rebuilt >= ANALYZE_CHECK_DOCUMENTS and (self._analyzing is None or self._analyzing.done()):
+        if (
+            self._rebuilt >= ANALYZE_CHECK_DOCUMENTS
+            and (self._analyzing is None or self._analyzing.done())
+            and (self._analyzed_at is None or time.monotonic() - self._analyzed_at >= ANALYZE_MIN_INTERVAL_S)
+        ):
             self._rebuilt = 0
             self._analyzing = asyncio.create_task(self._analyze_if_stale())
 
     async def _analyze_if_stale(self) -> None:
         """ANALYZE search_document when Postgres never has, or ANALYZE_CHANGED_FRACTION of it changed since (see
-        ANALYZE_CHECK_DOCUMENTS); not when another analysis (autovacuum's) holds the table. A failure is logged:
-        the next check tries again, and autovacuum still gets to it."""
+        ANALYZE_CHECK_DOCUMENTS; at most every ANALYZE_MIN_INTERVAL_S); not when another analysis (autovacuum's)
+        holds the table. A failure is logged: the next check tries again, and autovacuum still gets to it."""
         try:
             async with self._engine.connect() as connection:
                 raw = driver_connection(await connection.get_raw_connection())
                 if await raw.fetchval(_STALE_STATISTICS, ANALYZE_CHANGED_FRACTION):
                     async with raw.transaction():
                         await raw.execute("SET LOCAL lock_timeout = '1s'; ANALYZE search_document")
+                    self._analyzed_at = time.monotonic()
         except asyncpg.LockNotAvailableError:
             pass
         except Exception:  # noqa: BLE001
@@ -903,11 +921,16 @@ class PostgresBackend:
             exact,
             chars,
         )
+        await self._rebuild(conn, {c.urn for c in changes}, (c.entity_type for c in changes))
+
+    async def _rebuild(self, conn: asyncpg.Connection, urns: Iterable[str], entity_types: Iterable[str]) -> None:
+        ordered = sorted(urns)
         await conn.execute(
             _REBUILD_DOCUMENTS,
-            sorted({c.urn for c in changes}),
+            ordered,
             self._max_text,
-            self._facet_fields_json(c.entity_type for c in changes),
+            self._facet_fields_json(entity_types),
+            [index_text(urn) for urn in ordered],
         )
 
     async def _apply_edges(self, conn: asyncpg.Connection, changes: list[AspectEdges]) -> None:
@@ -982,12 +1005,7 @@ class PostgresBackend:
             [r.version for r in rows],
         )
         if removed:
-            await conn.execute(
-                _REBUILD_DOCUMENTS,
-                sorted(r["urn"] for r in removed),
-                self._max_text,
-                self._facet_fields_json(r.entity_type for r in rows),
-            )
+            await self._rebuild(conn, (r["urn"] for r in removed), (r.entity_type for r in rows))
 
     # --- search ---------------------------------------------------------------------------------------------------
     def _document_field(self, entity_type: str, name: str) -> str:

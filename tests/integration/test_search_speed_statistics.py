@@ -32,3 +32,15 @@ async def test_documents_written_get_their_statistics(backend, monkeypatch):
     monkeypatch.setattr(postgres, "ANALYZE_CHANGED_FRACTION", 10.0)
     await backend.apply(datasets(range(12, 24)))
     assert await analyzed_rows(backend) == 12  # changed by less than the fraction: not again
+
+
+async def test_changed_documents_wait_for_the_interval_since_the_last_analysis(backend, monkeypatch):
+    monkeypatch.setattr(postgres, "ANALYZE_CHECK_DOCUMENTS", 10)
+    await backend.apply(datasets(range(12)))
+    assert await analyzed_rows(backend) == 12  # never analyzed: at once
+    monkeypatch.setattr(postgres, "ANALYZE_CHANGED_FRACTION", -1.0)  # whatever changed, the table is stale
+    await backend.apply(datasets(range(12, 30)))
+    assert await analyzed_rows(backend) == 12  # within the interval: not again
+    monkeypatch.setattr(postgres, "ANALYZE_MIN_INTERVAL_S", 0.0)
+    await backend.apply(datasets(range(30, 42)))
+    assert await analyzed_rows(backend) == 42
