@@ -95,16 +95,7 @@ class Service:
 
     def postgres_cpu_seconds(self) -> float:
         """CPU time of the benchmark's Postgres server and its backends so far."""
-        total = 0.0
-        for p in psutil.process_iter(["cmdline"]):
-            with contextlib.suppress(psutil.Error):
-                if self.pg_data and any(self.pg_data in part for part in p.info["cmdline"] or ()):
-                    root = p
-                    for q in [root, *root.children(recursive=True)]:
-                        times = q.cpu_times()
-                        total += times.user + times.system
-                    return total
-        return total
+        return postgres_cpu_seconds(self.pg_data)
 
     def rss_mb(self) -> list[float]:
         """RSS of each of the service's processes, in MB (largest first)."""
@@ -113,6 +104,19 @@ class Service:
             with contextlib.suppress(psutil.Error):
                 sizes.append(p.memory_info().rss / 1e6)
         return sorted(sizes, reverse=True)
+
+
+def postgres_cpu_seconds(pg_data: str) -> float:
+    """CPU time of the Postgres server of data directory `pg_data` and its backends so far."""
+    total = 0.0
+    for p in psutil.process_iter(["cmdline"]):
+        with contextlib.suppress(psutil.Error):
+            if pg_data and any(pg_data in part for part in p.info["cmdline"] or ()):
+                for q in [p, *p.children(recursive=True)]:
+                    times = q.cpu_times()
+                    total += times.user + times.system
+                return total
+    return total
 
 
 def _cmdline(p: psutil.Process) -> list[str]:
