@@ -55,8 +55,8 @@ async def measure(args: argparse.Namespace, env: dict[str, str], pg_data: str) -
     from asyncpg.protocol import protocol
 
     from app.main import create_app
-    from bench.harness import postgres_cpu_seconds
     from app.settings import Settings
+    from bench.harness import postgres_cpu_seconds
     from tests.processes import service_token
 
     app = create_app(Settings())
