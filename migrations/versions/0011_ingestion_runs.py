@@ -25,37 +25,9 @@ branch_labels = None
 depends_on = None
 
 
-def upgrade() -> None:
-    op.execute(
-        r"""
-        CREATE FUNCTION metadata_run_id(systemmetadata text) RETURNS text
-        LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURNS NULL ON NULL INPUT AS $$
-            SELECT CASE WHEN strpos(systemmetadata, '\u0000') > 0 THEN NULL
-                        ELSE NULLIF(systemmetadata::jsonb ->> 'runId', 'no-run-id-provided') END
-        $$
-        """
-    )
-    op.execute(
-        "CREATE INDEX ix_metadata_aspect_v2_run ON metadata_aspect_v2 (metadata_run_id(systemmetadata), urn, aspect, version) "
-        "WHERE metadata_run_id(systemmetadata) IS NOT NULL"
-    )
-    op.execute(
-        """
-        CREATE TABLE ingestion_run (
-            run_id          varchar(500) COLLATE "C" PRIMARY KEY,
-            first_seen      timestamptz  NOT NULL DEFAULT now(),
-            first_change    timestamp(6),
-            rolled_back_at  timestamptz
-        )
-        """
-    )
-    op.execute("CREATE INDEX ix_ingestion_run_first_seen ON ingestion_run (first_seen DESC, run_id)")
-    # Runs of the rows a statement wrote. A row "changed" is a new latest row (version 0) whose createdon differs from
-    # the one it replaced: a first insert, or an update that wrote a new value (a re-observed value keeps createdon).
-    # History rows (version > 0) carry the runs of older values and register nothing.
-    op.execute(
-        """
-        CREATE FUNCTION ingestion_run_note() RETURNS trigger LANGUAGE plpgsql AS $$
+# The trigger function registering runs (migration 0024 replaced it; its downgrade brings this one back).
+RUN_NOTE_FUNCTION = """
+        CREATE OR REPLACE FUNCTION ingestion_run_note() RETURNS trigger LANGUAGE plpgsql AS $$
         BEGIN
             IF TG_OP = 'INSERT' THEN
                 INSERT INTO ingestion_run AS r (run_id, first_change)
@@ -88,7 +60,37 @@ def upgrade() -> None:
         END
         $$
         """
+
+
+def upgrade() -> None:
+    op.execute(
+        r"""
+        CREATE FUNCTION metadata_run_id(systemmetadata text) RETURNS text
+        LANGUAGE sql IMMUTABLE PARALLEL SAFE RETURNS NULL ON NULL INPUT AS $$
+            SELECT CASE WHEN strpos(systemmetadata, '\u0000') > 0 THEN NULL
+                        ELSE NULLIF(systemmetadata::jsonb ->> 'runId', 'no-run-id-provided') END
+        $$
+        """
     )
+    op.execute(
+        "CREATE INDEX ix_metadata_aspect_v2_run ON metadata_aspect_v2 (metadata_run_id(systemmetadata), urn, aspect, version) "
+        "WHERE metadata_run_id(systemmetadata) IS NOT NULL"
+    )
+    op.execute(
+        """
+        CREATE TABLE ingestion_run (
+            run_id          varchar(500) COLLATE "C" PRIMARY KEY,
+            first_seen      timestamptz  NOT NULL DEFAULT now(),
+            first_change    timestamp(6),
+            rolled_back_at  timestamptz
+        )
+        """
+    )
+    op.execute("CREATE INDEX ix_ingestion_run_first_seen ON ingestion_run (first_seen DESC, run_id)")
+    # Runs of the rows a statement wrote. A row "changed" is a new latest row (version 0) whose createdon differs from
+    # the one it replaced: a first insert, or an update that wrote a new value (a re-observed value keeps createdon).
+    # History rows (version > 0) carry the runs of older values and register nothing.
+    op.execute(RUN_NOTE_FUNCTION)
     op.execute(
         "CREATE TRIGGER ingestion_run_inserted AFTER INSERT ON metadata_aspect_v2 REFERENCING NEW TABLE AS new_rows "
         "FOR EACH STATEMENT EXECUTE FUNCTION ingestion_run_note()"

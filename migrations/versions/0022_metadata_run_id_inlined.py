@@ -19,7 +19,8 @@ down_revision = "0021"
 branch_labels = None
 depends_on = None
 
-_RUN_ID = r"""
+# (migration 0023's downgrade brings this definition back)
+RUN_ID = r"""
     CREATE OR REPLACE FUNCTION metadata_run_id(systemmetadata text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE {on_null} AS $$
         SELECT CASE WHEN strpos(systemmetadata, '\u0000') > 0 THEN NULL
@@ -29,8 +30,8 @@ _RUN_ID = r"""
 
 
 def upgrade() -> None:
-    op.execute(_RUN_ID.format(on_null="CALLED ON NULL INPUT"))
+    op.execute(RUN_ID.format(on_null="CALLED ON NULL INPUT"))
 
 
 def downgrade() -> None:
-    op.execute(_RUN_ID.format(on_null="RETURNS NULL ON NULL INPUT"))
+    op.execute(RUN_ID.format(on_null="RETURNS NULL ON NULL INPUT"))

@@ -15,6 +15,8 @@ Create Date: 2026-11-29
 from alembic import op
 from sqlalchemy import text
 
+from app.db import earlier_migration
+
 revision = "0023"
 down_revision = "0022"
 branch_labels = None
@@ -23,7 +25,7 @@ depends_on = None
 _RUN_ID = r"""
     CREATE OR REPLACE FUNCTION metadata_run_id(systemmetadata text) RETURNS text
     LANGUAGE sql IMMUTABLE PARALLEL SAFE CALLED ON NULL INPUT AS $$
-        SELECT CASE WHEN {no_run} OR strpos(systemmetadata, '\u0000') > 0 THEN NULL
+        SELECT CASE WHEN strpos(systemmetadata, '"runId"') = 0 OR strpos(systemmetadata, '\u0000') > 0 THEN NULL
                     ELSE NULLIF(systemmetadata::jsonb ->> 'runId', 'no-run-id-provided') END
     $$
 """
@@ -37,15 +39,15 @@ _READ_DIFFERENTLY = r"""
 """
 
 
-def _define(no_run: str) -> None:
-    op.execute(_RUN_ID.format(no_run=no_run))
+def _define(definition: str) -> None:
+    op.execute(definition)
     if op.get_bind().execute(text(_READ_DIFFERENTLY)).scalar():
         op.execute("REINDEX INDEX ix_metadata_aspect_v2_run")
 
 
 def upgrade() -> None:
-    _define("""strpos(systemmetadata, '"runId"') = 0""")
+    _define(_RUN_ID)
 
 
 def downgrade() -> None:
-    _define("false")
+    _define(earlier_migration("0022_metadata_run_id_inlined").RUN_ID.format(on_null="CALLED ON NULL INPUT"))

@@ -16,6 +16,8 @@ Create Date: 2026-11-29
 
 from alembic import op
 
+from app.db import earlier_migration
+
 revision = "0024"
 down_revision = "0023"
 branch_labels = None
@@ -70,46 +72,10 @@ _GROUPED = r"""
     $$
 """
 
-# 0011's definition
-_JOINED = r"""
-        CREATE OR REPLACE FUNCTION ingestion_run_note() RETURNS trigger LANGUAGE plpgsql AS $$
-        BEGIN
-            IF TG_OP = 'INSERT' THEN
-                INSERT INTO ingestion_run AS r (run_id, first_change)
-                SELECT metadata_run_id(n.systemmetadata), min(n.createdon)
-                FROM new_rows n WHERE n.version = 0 AND metadata_run_id(n.systemmetadata) IS NOT NULL
-                GROUP BY 1 ORDER BY 1
-                ON CONFLICT (run_id) DO NOTHING;
-                UPDATE ingestion_run r SET first_change = c.first_change
-                FROM (SELECT metadata_run_id(n.systemmetadata) AS run_id, min(n.createdon) AS first_change
-                      FROM new_rows n WHERE n.version = 0 AND metadata_run_id(n.systemmetadata) IS NOT NULL
-                      GROUP BY 1) c
-                WHERE r.run_id = c.run_id AND (r.first_change IS NULL OR r.first_change > c.first_change);
-            ELSE
-                INSERT INTO ingestion_run AS r (run_id, first_change)
-                SELECT metadata_run_id(n.systemmetadata),
-                       min(n.createdon) FILTER (WHERE o.createdon IS DISTINCT FROM n.createdon)
-                FROM new_rows n JOIN old_rows o ON o.urn = n.urn AND o.aspect = n.aspect AND o.version = n.version
-                WHERE n.version = 0 AND metadata_run_id(n.systemmetadata) IS NOT NULL
-                GROUP BY 1 ORDER BY 1
-                ON CONFLICT (run_id) DO NOTHING;
-                UPDATE ingestion_run r SET first_change = c.first_change
-                FROM (SELECT metadata_run_id(n.systemmetadata) AS run_id, min(n.createdon) AS first_change
-                      FROM new_rows n JOIN old_rows o ON o.urn = n.urn AND o.aspect = n.aspect AND o.version = n.version
-                      WHERE n.version = 0 AND o.createdon IS DISTINCT FROM n.createdon
-                        AND metadata_run_id(n.systemmetadata) IS NOT NULL
-                      GROUP BY 1) c
-                WHERE r.run_id = c.run_id AND (r.first_change IS NULL OR r.first_change > c.first_change);
-            END IF;
-            RETURN NULL;
-        END
-        $$
-"""
-
 
 def upgrade() -> None:
     op.execute(_GROUPED)
 
 
 def downgrade() -> None:
-    op.execute(_JOINED)
+    op.execute(earlier_migration("0011_ingestion_runs").RUN_NOTE_FUNCTION)
