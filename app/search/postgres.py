@@ -183,9 +183,9 @@ def aspect_text(
     fields: Mapping[str, Any], weights: Mapping[str, tuple[str, bool]], max_chars: int,
 ) -> tuple[list[str | None], list[str], int]:  # fmt: skip
     """An aspect's pieces of its entity's text search: (its text by weight A..D, at most `max_chars` characters in
-    all, the heavier weights first, each as indexed (`index_text`); the lower-cased text of its exact-name fields; the characters of text kept).
-    A field's text is every string in its value; structured property values are left out (they are found by their
-    filters, which leave out soft-deleted properties' values)."""
+    all, the heavier weights first, each as indexed (`index_text`); the lower-cased text of its exact-name fields;
+    the characters of text kept). A field's text is every string in its value; structured property values are left
+    out (they are found by their filters, which leave out soft-deleted properties' values)."""
     groups: dict[str, list[str]] = {"A": [], "B": [], "C": [], "D": []}
     exact: list[str] = []
     for name, value in fields.items():
@@ -266,8 +266,9 @@ def index_text(text: str) -> str:
     character that is not a letter or digit (so `orders` finds `db.orders`). Split here, not by Postgres: a
     `regexp_replace(.., '[^[:alnum:]]+', ' ', 'g')` in the statement cost Postgres 17 µs a 100-character text, twice
     the `to_tsvector` of it (`translate` with these 95 characters, 43 µs); the `simple` parser splits on the
-    non-ASCII ones itself (the vectors of 20,000 random strings of ASCII and non-ASCII letters, digits and
-    punctuation are the regular expression's: tests/integration/test_search_index_text.py)."""
+    non-ASCII ones itself: the vectors of random strings of ASCII and non-ASCII letters, digits and punctuation are
+    the regular expression's (tests/integration/test_search_index_text.py), so documents indexed before and after
+    are found alike."""
     return f"{text} {text.translate(_SEPARATORS_TO_SPACES)}"
 
 
