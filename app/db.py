@@ -8,7 +8,6 @@ import time
 from collections.abc import AsyncIterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
-from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 import asyncpg
@@ -89,20 +88,6 @@ def _refuse_unusable_connection(dbapi_connection, connection_record, connection_
 
 def create_sessionmaker(engine: AsyncEngine) -> async_sessionmaker[AsyncSession]:
     return async_sessionmaker(engine, expire_on_commit=False)
-
-
-def earlier_migration(name: str) -> ModuleType:
-    """The module of migration `name` (its file name without `.py`): a migration that replaces a definition brings the
-    one before back in its downgrade from where that one is written, instead of a copy of it."""
-    import importlib.util
-
-    path = MIGRATIONS_DIR / "versions" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(f"metaledger_migration_{name}", path)
-    if spec is None or spec.loader is None:
-        raise FileNotFoundError(path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def alembic_config(url: str) -> Config:

@@ -50,7 +50,7 @@ def v1_body(round_no: int) -> bytes:
     return orjson.dumps([mcp(dataset_urn(1, i), properties(round_no, i)) for i in range(SIZE)])
 
 
-async def measure(args: argparse.Namespace, env: dict[str, str], pg_data: str) -> None:
+async def measure(args: argparse.Namespace, env: dict[str, str], dsn: str, pg_data: str) -> None:
     os.environ.update(env)
     from asyncpg.protocol import protocol
 
@@ -75,7 +75,7 @@ async def measure(args: argparse.Namespace, env: dict[str, str], pg_data: str) -
         async def v1(_: int) -> int:
             return await call(app, "POST", "/openapi/v1/proposals", v1_body(next(rounds)), headers)
 
-        raw_conn = await asyncpg.connect(os.environ["METALEDGER_DATABASE_URL"].replace("+asyncpg", ""))
+        raw_conn = await asyncpg.connect(dsn)
         raw_versions = iter(range(1, 10**9))
 
         async def raw(_: int) -> int:  # bench/ingest.py's raw ceiling: the same rows, bare asyncpg, no service
@@ -125,14 +125,14 @@ def main() -> None:
     args = parser.parse_args()
     from bench.harness import throwaway_postgres
 
-    with throwaway_postgres(durable=False) as (_, url, pg_data):
+    with throwaway_postgres(durable=False) as (dsn, url, pg_data):
         env = {
             "METALEDGER_DATABASE_URL": url,
             "METALEDGER_APPLY_MIGRATIONS_ON_START": "false",
             "METALEDGER_BACKGROUND_IN_PROCESS": "false",
             "METALEDGER_ACCESS_LOG": "false",
         }
-        asyncio.run(measure(args, env, pg_data))
+        asyncio.run(measure(args, env, dsn, pg_data))
 
 
 if __name__ == "__main__":

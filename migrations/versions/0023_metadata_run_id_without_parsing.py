@@ -12,10 +12,8 @@ Revises: 0022
 Create Date: 2026-11-29
 """
 
-from alembic import op
+from alembic import context, op
 from sqlalchemy import text
-
-from app.db import earlier_migration
 
 revision = "0023"
 down_revision = "0022"
@@ -50,4 +48,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    _define(earlier_migration("0022_metadata_run_id_inlined").RUN_ID.format(on_null="CALLED ON NULL INPUT"))
+    _define(context.script.get_revision("0022").module.RUN_ID.format(on_null="CALLED ON NULL INPUT"))

@@ -14,9 +14,7 @@ Revises: 0023
 Create Date: 2026-11-29
 """
 
-from alembic import op
-
-from app.db import earlier_migration
+from alembic import context, op
 
 revision = "0024"
 down_revision = "0023"
@@ -78,4 +76,4 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    op.execute(earlier_migration("0011_ingestion_runs").RUN_NOTE_FUNCTION)
+    op.execute(context.script.get_revision("0011").module.RUN_NOTE_FUNCTION)
