@@ -23,9 +23,13 @@ from weakref import WeakKeyDictionary, WeakMethod
 from graphql import (
     DocumentNode,
     Executor,
+    GraphQLEnumType,
     GraphQLError,
     GraphQLFormattedError,
+    GraphQLNonNull,
+    GraphQLObjectType,
     GraphQLResolveInfoHelpers,
+    GraphQLScalarType,
     GraphQLSchema,
     IntValueNode,
     OperationType,
@@ -36,6 +40,10 @@ from graphql import (
     parse,
     validate,
 )
+from graphql.execution.executor import default_field_resolver
+from graphql.pyutils import Path as ResponsePath
+from graphql.pyutils import Undefined
+from graphql.pyutils.gather_with_cancel import gather_with_cancel
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.db_faults import DatabaseFault, classify
@@ -308,6 +316,32 @@ def _too_costly(
     )
 
 
+_PLAIN = frozenset((str, int, float, bool))  # the values a leaf's coercion takes as they are (no resolver to call)
+_NOT_PLAIN = object()
+
+
+def _attribute(source: Any, name: str) -> Any:
+    value = getattr(source, name, None)
+    return _NOT_PLAIN if callable(value) else value  # a method: the default resolver calls it (graphql-core's path)
+
+
+@dataclass(frozen=True, slots=True)
+class _Leaf:
+    field_name: str
+    type: GraphQLScalarType | GraphQLEnumType
+    non_null: bool
+
+
+async def _gathered(results: dict[str, Any], awaitable_fields: list[str]) -> dict[str, Any]:
+    """`results` with its awaitable fields' values, as graphql-core's execute_fields gathers them."""
+    if len(awaitable_fields) == 1:
+        results[awaitable_fields[0]] = await results[awaitable_fields[0]]
+    else:
+        awaited = await gather_with_cancel(*(results[name] for name in awaitable_fields))
+        results.update(zip(awaitable_fields, awaited, strict=True))
+    return results
+
+
 class AnswerBoundExecutor(Executor):
     """graphql-core's executor, counting the answer's bytes in the request's AnswerBudget (`context.answer`) as each
     leaf value is produced (the aspects read for it are counted where they are read: app.graphql.resolvers.Context).
@@ -327,12 +361,87 @@ class AnswerBoundExecutor(Executor):
             track=lambda values: track()(values),  # type: ignore[misc]
         )
 
+        # The leaf fields of each selection set (`_leaves`), by the identity of graphql-core's grouped field set,
+        # which it keeps (memoized) for the execution: one selection of a list's objects is planned once.
+        self._plans: dict[int, tuple[Any, tuple[_Leaf | None, ...]]] = {}
+
     def execute_field(
         self, parent_type: Any, source: Any, field_details_list: Any, path: Any, position_context: Any
     ) -> Any:
         if self.context_value.answer.exceeded:
             return None
         return super().execute_field(parent_type, source, field_details_list, path, position_context)
+
+    def execute_fields(
+        self, parent_type: Any, source_value: Any, path: Any, grouped_field_set: Any, position_context: Any
+    ) -> Any:
+        """graphql-core's, with its leaf fields read here: a scalar or enum field that the default resolver reads
+        from a dict or an attribute, holding a str, int, float, bool (or null, where the field may be null), is
+        the value coerced and charged, as graphql-core's own path does, without a resolve info, a response path
+        or the completion's type dispatch (most of an entity query's fields are such leaves: a 50-field schema is
+        hundreds). Any other value, field or failure takes graphql-core's own path, which answers as it always
+        does."""
+        planned = self._plans.get(id(grouped_field_set))
+        if planned is None or planned[0] is not grouped_field_set:
+            planned = (grouped_field_set, self._leaves(parent_type, grouped_field_set))
+            self._plans[id(grouped_field_set)] = planned
+        leaves = planned[1]
+        if not any(leaves):
+            return super().execute_fields(parent_type, source_value, path, grouped_field_set, position_context)
+        answer: AnswerBudget = self.context_value.answer
+        read = source_value.get if isinstance(source_value, Mapping) else functools.partial(_attribute, source_value)
+        results: dict[str, Any] = {}
+        awaitable_fields: list[str] = []
+        try:
+            for leaf, (response_name, field_details_list) in zip(leaves, grouped_field_set.items(), strict=True):
+                if leaf is not None and not answer.exceeded:
+                    value = read(leaf.field_name)
+                    if value is None:
+                        if not leaf.non_null:
+                            results[response_name] = None
+                            continue
+                    elif type(value) in _PLAIN:
+                        try:
+                            results[response_name] = self.complete_leaf_value(leaf.type, value)
+                            continue
+                        except AnswerTooLarge as error:
+                            field_path = ResponsePath(path, response_name, parent_type.name)
+                            self.handle_field_error(error, leaf.type, field_details_list, field_path)
+                            results[response_name] = None
+                            continue
+                        except Exception:  # noqa: S110 - graphql-core's own path below reports it
+                            pass
+                field_path = ResponsePath(path, response_name, parent_type.name)
+                result = self.execute_field(parent_type, source_value, field_details_list, field_path, position_context)
+                if result is not Undefined:
+                    results[response_name] = result
+                    if self.is_awaitable(result):
+                        awaitable_fields.append(response_name)
+        except Exception:
+            if awaitable_fields:
+                self.settle_in_background([results[name] for name in awaitable_fields])
+            raise
+        if not awaitable_fields:
+            return results
+        return _gathered(results, awaitable_fields)
+
+    def _leaves(self, parent_type: GraphQLObjectType, grouped_field_set: Any) -> tuple[_Leaf | None, ...]:
+        """For each field of a selection set, in its order: a `_Leaf` when the fast path may read it, else None."""
+        if self.field_resolver is not default_field_resolver or self.middleware_manager is not None:
+            return (None,) * len(grouped_field_set)
+        leaves: list[_Leaf | None] = []
+        for field_details_list in grouped_field_set.values():
+            node = field_details_list[0].node
+            field_def = self.schema.get_field(parent_type, node.name.value)
+            leaf = None
+            if field_def is not None and field_def.resolve is None and not field_def.args and not node.arguments:
+                return_type, non_null = field_def.type, False
+                if isinstance(return_type, GraphQLNonNull):
+                    return_type, non_null = return_type.of_type, True
+                if isinstance(return_type, (GraphQLScalarType, GraphQLEnumType)):
+                    leaf = _Leaf(node.name.value, return_type, non_null)
+            leaves.append(leaf)
+        return tuple(leaves)
 
     # graphql-core declares it a static method taking GraphQLLeafType; this override needs the executor's state
     def complete_leaf_value(self, return_type: Any, result: Any) -> Any:  # type: ignore[override]
