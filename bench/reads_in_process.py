@@ -2,7 +2,7 @@
 variant's CPU a request (`time.process_time`), rounds interleaved so that a busy machine moves them alike.
 
     .venv/bin/python bench/reads_in_process.py [--dir DIR] [--requests 2000] [--rounds 5] [--idle-ms 0]
-                                               [--variants star,policy,v3get,getDataset,read,raw]
+                                               [--variants star,policy,v3get,getDataset,search,read,raw]
 
 A throwaway Postgres (`--dir`: kept there and reused) with 300 datasets of bench/reads.py's shape (50-field schemas,
 owners, tags, terms, lineage), the app made and started as `make run`'s API process makes it (background workers
@@ -12,6 +12,8 @@ included, the access log off), then `--rounds` rounds of `--requests` requests o
 * policy: a FastAPI route with the READ policy and nothing else;
 * v3get: `GET /openapi/v3/entity/dataset/{urn}`, as a reader;
 * getDataset: DataHub's `getDataset` GraphQL query (bench/reads.py's GET_DATASET), as a reader;
+* search: `searchAcrossEntities` for one dataset's name with the facets (bench/reads.py's SEARCH), as a reader (the
+  rows of a search asked again come from the result cache, as they do between two writes of the index);
 * read: the GET's read alone (a pooled connection, the entity reader, the connection given back);
 * raw: bare asyncpg on a connection of its own, the GET's statement and each row's JSON decoded.
 
@@ -39,7 +41,7 @@ import orjson
 # imports in this process.
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
-from bench.reads import GET_DATASET, proposals, urn  # noqa: E402
+from bench.reads import GET_DATASET, SEARCH, proposals, urn  # noqa: E402
 
 DATASETS = 300
 
@@ -130,6 +132,13 @@ async def measure(args: argparse.Namespace, dsn: str, env: dict[str, str], loade
                 orjson.dumps({"query": GET_DATASET, "variables": {"urn": urn(i % DATASETS)}}),
                 [*reader, (b"content-type", b"application/json")],
             ),
+            "search": lambda i: call(
+                app,
+                "POST",
+                "/api/graphql",
+                orjson.dumps({"query": SEARCH, "variables": {"query": f"t{i % DATASETS:06d}"}}),
+                [*reader, (b"content-type", b"application/json")],
+            ),
             "read": read,
             "raw": raw,
         }
@@ -162,7 +171,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--idle-ms", type=float, default=0)
-    parser.add_argument("--variants", default="star,policy,v3get,getDataset,read,raw")
+    parser.add_argument("--variants", default="star,policy,v3get,getDataset,search,read,raw")
     args = parser.parse_args()
     from app.db import upgrade_database
     from app.embedded_pg import EmbeddedPostgres, ensure_database, free_port
