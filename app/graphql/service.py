@@ -395,7 +395,10 @@ class AnswerBoundExecutor(Executor):
         try:
             for leaf, (response_name, field_details_list) in zip(leaves, grouped_field_set.items(), strict=True):
                 if leaf is not None and not answer.exceeded:
-                    value = read(leaf.field_name)
+                    try:
+                        value = read(leaf.field_name)
+                    except Exception:  # a property that raises: a field error, as graphql-core's path reports it
+                        value = _NOT_PLAIN
                     if value is None:
                         if not leaf.non_null:
                             results[response_name] = None

@@ -118,6 +118,22 @@ def test_callables_and_awaitables_are_resolved_as_the_default_resolver_does() ->
     assert same_as_graphql_core(as_dict, QUERY)[0]["entity"]["n"] == "from a dict's callable"
 
 
+def test_an_attribute_that_raises_is_a_field_error() -> None:
+    class Row:
+        urn = "u"
+        count = 1
+        kind = "TABLE"
+        fields: list[Any] = []
+
+        @property
+        def name(self) -> str:
+            raise ValueError("no name today")
+
+    data, errors = same_as_graphql_core(Row(), QUERY)
+    assert data["entity"]["n"] is None and data["entity"]["urn"] == "u"
+    assert errors == [("no name today", ["entity", "n"])]
+
+
 def test_other_values_take_graphql_cores_coercion() -> None:
     class Text(str):
         pass
