@@ -40,8 +40,7 @@ import re
 import time
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from contextlib import asynccontextmanager
-from contextvars import ContextVar
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -241,10 +240,9 @@ SELECT c.reltuples < 0 OR coalesce(s.n_mod_since_analyze, 0) > $1 * c.reltuples
 FROM pg_class c LEFT JOIN pg_stat_user_tables s ON s.relid = c.oid
 WHERE c.oid = 'search_document'::regclass
 """
-# The search index's version (migration 0021): read as a read transaction begins (with its settings, in one round
-# trip; -1: none, nothing is cached), moved after every write of the documents commits, in a transaction of its own
-# that does not wait for its WAL to be flushed (a move a crash loses leaves a result cached for RESULT_CACHE_TTL_S
-# at most).
+# The search index's version (migration 0021): read as a search's reads begin (-1: none, nothing is cached), moved
+# after every write of the documents commits, in a transaction of its own that does not wait for its WAL to be
+# flushed (a move a crash loses leaves a result cached for RESULT_CACHE_TTL_S at most).
 _READ_VERSION = "coalesce((SELECT max(version) FROM search_index_version), -1)"
 _MOVE_VERSION = (
     "BEGIN; SET LOCAL synchronous_commit = off; UPDATE search_index_version SET version = version + 1; COMMIT"
@@ -536,21 +534,28 @@ class _ResultCache:
             self._held -= len(dropped) + 1
 
 
-# The index version the current task's read transaction began at (`PostgresBackend._connection` reads it).
-_READ_AT: ContextVar[int] = ContextVar("search_index_version_read_at", default=-1)
-
-
 class _Reads:
     """A search's read connection, at the index version read as it began: a fetch the result cache holds at that
-    version is answered from it."""
+    version is answered from it, and the connection's read transaction (`begin`) is begun at the first fetch it does
+    not hold. A search answered from the cache is one statement, the version's, instead of three round trips (BEGIN
+    with the settings, the version, COMMIT): twice a search with its facets."""
 
-    def __init__(self, conn: asyncpg.Connection, cache: _ResultCache, version: int) -> None:
-        self._conn, self._cache, self._version = conn, cache, version
+    def __init__(
+        self, conn: asyncpg.Connection, cache: _ResultCache, version: int, begin: Callable[[], Awaitable[Any]]
+    ) -> None:
+        self._conn, self._cache, self._version, self._begin = conn, cache, version, begin
+        self.began = False
 
     async def fetch(self, sql: str, *params: Any) -> list[asyncpg.Record]:
         if self._version < 0:
-            return list(await self._conn.fetch(sql, *params))
-        return await self._cache.read((sql, repr(params)), self._version, lambda: self._conn.fetch(sql, *params))
+            return await self._fetch(sql, params)
+        return await self._cache.read((sql, repr(params)), self._version, lambda: self._fetch(sql, params))
+
+    async def _fetch(self, sql: str, params: Sequence[Any]) -> list[asyncpg.Record]:
+        if not self.began:
+            await self._begin()
+            self.began = True
+        return list(await self._conn.fetch(sql, *params))
 
 
 @dataclass(slots=True)
@@ -731,18 +736,38 @@ class PostgresBackend:
     @asynccontextmanager
     async def _reads(self) -> AsyncIterator[_Reads]:
         """A read connection for searches, answered from the result cache where it holds their rows at the index
-        version its transaction began at."""
-        async with self._connection() as conn:
-            yield _Reads(conn, self._results, _READ_AT.get())
+        version read first (`_Reads`); its read transaction, when one was begun, ends with it."""
+        async with PooledConnection(await read_engine(self._engine)) as connection, AsyncExitStack() as transaction:
+            raw = await connection.driver()
+            version = await raw.fetchval(f"SELECT {_READ_VERSION}")
+            yield _Reads(raw, self._results, version, lambda: transaction.enter_async_context(self._reading(raw)))
+
+    @asynccontextmanager
+    async def _reading(self, raw: asyncpg.Connection, *, walking: bool = False) -> AsyncIterator[None]:
+        """A read transaction on `raw` (READ COMMITTED, read-only) with `_connection`'s settings for a read, begun
+        with them in one round trip; committed, or rolled back when what ran in it raised."""
+        # a read past its budget is cancelled (QueryCanceledError: a 503 with Retry-After; a lineage hop's ends the
+        # walk, app.search.lineage)
+        timeout_ms = read_deadline.statement_timeout_ms(self._settings.read_timeout_s, walking=walking)
+        deadline = f", set_config('statement_timeout', '{timeout_ms}', true)" if timeout_ms else ""
+        await raw.execute(
+            "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SELECT set_config('jit', 'off', true), "
+            f"set_config('plan_cache_mode', 'force_custom_plan', true){deadline}"
+        )
+        try:
+            yield
+        except BaseException:
+            await raw.execute("ROLLBACK")
+            raise
+        await raw.execute("COMMIT")
 
     @asynccontextmanager
     async def _connection(
         self, *, readonly: bool = True, moves_version: bool = False, walking: bool = False
     ) -> AsyncIterator[asyncpg.Connection]:
         """A driver connection in a READ COMMITTED transaction (read-only unless writing), JIT off: the planner
-        cannot estimate jsonb_each/unnest, overestimates and would JIT-compile for seconds, for nothing. A read
-        reads the search index's version as it sets these (`_READ_AT`: the result cache's); a write of the documents
-        `moves_version` once it commits.
+        cannot estimate jsonb_each/unnest, overestimates and would JIT-compile for seconds, for nothing. A write of
+        the documents `moves_version` once it commits (the result cache's, `_reads`).
 
         Reads are planned for their parameters every time (`plan_cache_mode = force_custom_plan`): asyncpg prepares
         each statement, and after five executions Postgres may switch to a generic plan, estimated without the
@@ -754,22 +779,16 @@ class PostgresBackend:
         A read runs under what is left of its request's budget (app.read_deadline; a lineage hop under what is
         left of its walking share, `walking`), outside a request under METALEDGER_READ_TIMEOUT_S. A request's
         reads go to its read replica when it has one (app.replicas)."""
-        async with PooledConnection(await read_engine(self._engine) if readonly else self._engine) as connection:
+        if readonly:
+            async with PooledConnection(await read_engine(self._engine)) as connection:
+                raw = await connection.driver()
+                async with self._reading(raw, walking=walking):
+                    yield raw
+            return
+        async with PooledConnection(self._engine) as connection:
             raw = await connection.driver()
-            async with raw.transaction(isolation="read_committed", readonly=readonly):
-                if readonly:
-                    # a read past its budget is cancelled (QueryCanceledError: a 503 with Retry-After; a lineage
-                    # hop's ends the walk, app.search.lineage)
-                    timeout_ms = read_deadline.statement_timeout_ms(self._settings.read_timeout_s, walking=walking)
-                    deadline = f", set_config('statement_timeout', '{timeout_ms}', true)" if timeout_ms else ""
-                    _READ_AT.set(
-                        await raw.fetchval(
-                            f"SELECT {_READ_VERSION}, set_config('jit', 'off', true), "
-                            f"set_config('plan_cache_mode', 'force_custom_plan', true){deadline}"
-                        )
-                    )
-                else:
-                    await raw.execute("SET LOCAL jit = off")
+            async with raw.transaction(isolation="read_committed"):
+                await raw.execute("SET LOCAL jit = off")
                 yield raw
             if moves_version:  # committed: a search that reads the new version reads what was written
                 await raw.execute(_MOVE_VERSION)

@@ -5,8 +5,7 @@ dataclasses), as `changes_from_mcl` produces them."""
 
 from __future__ import annotations
 
-from contextlib import asynccontextmanager
-
+from app.search import postgres
 from app.search.model import AspectEdges, AspectFields, Edge, IndexedVersion
 from tests.helpers import ds
 
@@ -48,30 +47,15 @@ async def test_a_text_query_is_answered_by_indexes(backend, monkeypatch):
         await conn.execute("DROP INDEX ix_search_document_type_urn")
         await conn.execute("ANALYZE search_document")
     plans: list[str] = []
-    plain = backend._connection
+    fetch = postgres._Reads._fetch
 
-    class Explaining:
-        def __init__(self, conn):
-            self._conn = conn
+    async def explaining(reads, sql, params):  # each statement a search reads (not answered from the cache)
+        rows = await fetch(reads, sql, params)
+        await reads._conn.execute("SET LOCAL enable_seqscan = off")
+        plans.append("\n".join(r[0] for r in await reads._conn.fetch(f"EXPLAIN {sql}", *params)))
+        return rows
 
-        async def _explain(self, sql, args):
-            await self._conn.execute("SET LOCAL enable_seqscan = off")
-            plans.append("\n".join(r[0] for r in await self._conn.fetch(f"EXPLAIN {sql}", *args)))
-
-        async def fetch(self, sql, *args):
-            await self._explain(sql, args)
-            return await self._conn.fetch(sql, *args)
-
-        async def fetchval(self, sql, *args):
-            await self._explain(sql, args)
-            return await self._conn.fetchval(sql, *args)
-
-    @asynccontextmanager
-    async def explaining(*, readonly: bool = True):
-        async with plain(readonly=readonly) as conn:
-            yield Explaining(conn)
-
-    monkeypatch.setattr(backend, "_connection", explaining)
+    monkeypatch.setattr(postgres._Reads, "_fetch", explaining)
     for query in ("orders", "db.orders", '"one row"', orders):
         plans.clear()
         page = await backend.search("dataset", query, facets=False)

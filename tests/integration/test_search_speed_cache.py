@@ -74,6 +74,24 @@ async def test_a_repeated_search_is_answered_until_a_write_commits(backends):
     assert await urns(backend) == []
 
 
+async def test_a_search_the_cache_answers_begins_no_transaction(backends, monkeypatch):
+    backend, _ = backends
+    began: list[str] = []
+    reading = PostgresBackend._reading
+
+    def counting(self, raw, **kwargs):  # a read transaction, with its settings and the request's budget
+        began.append("BEGIN")
+        return reading(self, raw, **kwargs)
+
+    monkeypatch.setattr(PostgresBackend, "_reading", counting)
+    assert await urns(backend) == [ds("a"), ds("b")]
+    assert began == ["BEGIN"]  # the page, then its total and facets, in one read transaction
+    assert await urns(backend) == [ds("a"), ds("b")]
+    assert began == ["BEGIN"]  # the version read alone: no BEGIN, no settings, no COMMIT
+    assert await urns(backend, "nothing") == []
+    assert began == ["BEGIN", "BEGIN"]  # a statement not held: a transaction with its settings again
+
+
 async def test_a_scoped_search_is_never_answered_with_another_callers_rows(backends):
     backend, _ = backends
     await backend.apply([view("theirs", "PERSONAL"), view("everyone", "GLOBAL")])
