@@ -98,13 +98,17 @@ def test_an_enum_value_not_of_the_enum_is_graphql_cores_error() -> None:
     assert errors and errors[0][1] == ["entity", "fields", 0, "type"]
 
 
-def test_callables_and_awaitables_are_resolved_as_the_default_resolver_does() -> None:
-    class Row:
-        urn = "u"
-        count = 1
-        kind = "TABLE"
-        fields: list[Any] = []
+class Entity:
+    """An entity as attributes, its required fields set (the tests' subclasses add the others)."""
 
+    urn = "u"
+    count = 1
+    kind = "TABLE"
+    fields: list[Any] = []
+
+
+def test_callables_and_awaitables_are_resolved_as_the_default_resolver_does() -> None:
+    class Row(Entity):
         def name(self, info: Any) -> str:  # a method: the default resolver calls it with the info
             return f"named by {info.field_name}"
 
@@ -119,12 +123,7 @@ def test_callables_and_awaitables_are_resolved_as_the_default_resolver_does() ->
 
 
 def test_an_attribute_that_raises_is_a_field_error() -> None:
-    class Row:
-        urn = "u"
-        count = 1
-        kind = "TABLE"
-        fields: list[Any] = []
-
+    class Row(Entity):
         @property
         def name(self) -> str:
             raise ValueError("no name today")
