@@ -159,6 +159,20 @@ def arrived(driver, where: Callable[[str], bool], timeout: float = 20) -> None:
     )
 
 
+def submitted(driver, button, where: Callable[[str], bool], timeout: float = 20) -> None:
+    """Click a form's button and wait for the page it leads to, once the page it was on is gone: a form answered
+    with the page it was sent from has the same address before and after, and `arrived` alone could read the old
+    page."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    page = driver.find_element(By.TAG_NAME, "html")
+    button.click()
+    WebDriverWait(driver, timeout).until(expected_conditions.staleness_of(page), message="the form was not sent")
+    arrived(driver, where, timeout)
+
+
 def sign_in(driver, service: Metaledger, token: str, artifacts: Path | None = None) -> None:
     from selenium.webdriver.common.by import By
 
@@ -259,8 +273,8 @@ def test_edit_the_description_and_read_it_back_through_the_sdk(
     box.clear()
     box.send_keys(EDITED)
     shot(browser, artifacts, "09-edit-description")
-    browser.find_element(By.CSS_SELECTOR, ".edit-description button").click()
-    arrived(browser, lambda url: url == catalog.url + page_url(ORDERS, "Documentation"))
+    button = browser.find_element(By.CSS_SELECTOR, ".edit-description button")
+    submitted(browser, button, lambda url: url == catalog.url + page_url(ORDERS, "Documentation"))
     assert browser.find_element(By.ID, "description").text == EDITED
     read = sdk.script(READ_BACK, URN=ORDERS).stdout.strip()
     assert read == EDITED
@@ -276,8 +290,8 @@ def test_compare_two_versions_in_history(browser, catalog: Metaledger, artifacts
     box = browser.find_element(By.ID, "description-input")
     box.clear()
     box.send_keys(EDITED_TWICE)
-    browser.find_element(By.CSS_SELECTOR, ".edit-description button").click()
-    arrived(browser, lambda url: url == catalog.url + page_url(ORDERS, "Documentation"))
+    button = browser.find_element(By.CSS_SELECTOR, ".edit-description button")
+    submitted(browser, button, lambda url: url == catalog.url + page_url(ORDERS, "Documentation"))
     browser.get(
         catalog.url + page_url(ORDERS, "History") + "?aspect=editableDatasetProperties&from=2&to=3"
     )  # 1: the SDK's
