@@ -750,14 +750,15 @@ class PostgresBackend:
         # walk, app.search.lineage)
         timeout_ms = read_deadline.statement_timeout_ms(self._settings.read_timeout_s, walking=walking)
         deadline = f", set_config('statement_timeout', '{timeout_ms}', true)" if timeout_ms else ""
-        await raw.execute(
-            "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SELECT set_config('jit', 'off', true), "
-            f"set_config('plan_cache_mode', 'force_custom_plan', true){deadline}"
-        )
-        try:
+        try:  # the BEGIN too: cancelled after it, the transaction is ended here, not left to the pool's check
+            await raw.execute(
+                "BEGIN ISOLATION LEVEL READ COMMITTED READ ONLY; SELECT set_config('jit', 'off', true), "
+                f"set_config('plan_cache_mode', 'force_custom_plan', true){deadline}"
+            )
             yield
         except BaseException:
-            await raw.execute("ROLLBACK")
+            if raw.is_in_transaction():
+                await raw.execute("ROLLBACK")
             raise
         await raw.execute("COMMIT")
 
