@@ -1,6 +1,7 @@
 """The PySpark indexer's throughput, against the raw bulk ceiling of the same search server in the same run.
 
     .venv/bin/python bench/spark_indexer.py [--mcls 100000] [--restore 120000] [--partitions 2] [--master local[2]]
+                                            [--replay-clients 1,2,4]
 
 Prints:
 - stream: `--mcls` change logs (datasets × datasetKey, datasetProperties, ownership, upstreamLineage, as
@@ -15,7 +16,8 @@ Prints:
 - the raw ceiling for the indexer's own documents: the `_bulk` bodies one in-process indexing task sends for the same
   change logs (merged entity documents, edges, markers), recorded, then sent again as they are and timed (the raw
   ceiling above writes four cheap per-aspect documents per entity under one id, of which the server keeps the
-  last: a yardstick the real documents cannot reach);
+  last: a yardstick the real documents cannot reach); then sent again from each count of `--replay-clients`
+  concurrent clients, with the search server's CPU (what more concurrency gets from it);
 - each path as a share of both ceilings.
 
 The search server is osmem (in-memory OpenSearch API, a test double): absolute figures are not Elasticsearch's.
@@ -35,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -129,12 +132,16 @@ async def parallel_raw(
     return time.perf_counter() - started
 
 
-def own_documents_ceiling(settings: IndexerSettings, logs: list[dict[str, Any]], chunk: int) -> tuple[float, float]:
+def own_documents_ceiling(
+    settings: IndexerSettings, logs: list[dict[str, Any]], chunk: int, server_pid: int, clients: list[int]
+) -> tuple[float, float, list[tuple[int, float, float]]]:
     """The raw ceiling for the documents the indexer itself writes: what one Spark task does (`IndexTask`), run in
     this process into `rec_` indices while every `_bulk` body it sends is recorded; then the same bodies sent again
     as they are (index names moved to fresh `rep_` indices with the same mappings), one after the other, timed.
-    Returns (in-process task seconds, replay seconds). The indexer's reads (`_mget`, to merge an entity's current
-    document) are not replayed: they are part of its cost, not of the server's ceiling."""
+    Returns (in-process task seconds, replay seconds, and for each count of `clients` a replay into fresh indices
+    from that many concurrent clients, each a share of the bodies in turn: (clients, seconds, the search server's
+    CPU seconds)). The indexer's reads (`_mget`, to merge an entity's current document) are not replayed: they are
+    part of its cost, not of the server's ceiling."""
     from profile_spark_indexer import records_of  # bench/: the same Kafka records the stream reads
 
     from spark_indexer import batch
@@ -157,27 +164,47 @@ def own_documents_ceiling(settings: IndexerSettings, logs: list[dict[str, Any]],
     batch.IndexTask(runtime, chunk).run(records_of(logs, rec.topic_mcl_versioned, 1), rec.topic_mcl_timeseries)
     task_s = time.perf_counter() - t0
 
-    async def replay() -> float:
+    async def replay(prefix: str, clients: int) -> float:
         client = backend.client
         names = {name.decode() for _, _, body in bodies for name in re.findall(rb'"_index":"(rec_[^"]+)"', body)}
         for name in sorted(names):  # an alias or an index: the mappings of what it names
             mapping = next(iter((await client.indices.get_mapping(index=name)).body.values()))
             await client.indices.create(
-                index="rep_" + name.removeprefix("rec_"), mappings=mapping.get("mappings") or {}
+                index=prefix + name.removeprefix("rec_"), mappings=mapping.get("mappings") or {}
             )
         node = backend.client.transport.node_pool.get()
         headers = {"content-type": "application/x-ndjson", "accept": "application/json"}
-        moved = [(m, t.replace("rec_", "rep_"), b.replace(b'"_index":"rec_', b'"_index":"rep_')) for m, t, b in bodies]
+        moved = [
+            (m, t.replace("rec_", prefix), b.replace(b'"_index":"rec_', b'"_index":"' + prefix.encode()))
+            for m, t, b in bodies
+        ]
+
+        async def send(share: list[tuple[str, str, bytes]]) -> None:
+            for method, target, body in share:
+                response, data = await node.perform_request(method, target, body=body, headers=headers)
+                if response.status >= 300 or b'"errors":true' in data[:200]:
+                    raise RuntimeError(f"replayed bulk refused: {response.status} {data[:300]!r}")
+
         started = time.perf_counter()
-        for method, target, body in moved:
-            response, data = await node.perform_request(method, target, body=body, headers=headers)
-            if response.status >= 300 or b'"errors":true' in data[:200]:
-                raise RuntimeError(f"replayed bulk refused: {response.status} {data[:300]!r}")
+        await asyncio.gather(*(send(moved[i::clients]) for i in range(clients)))
         return time.perf_counter() - started
 
-    replay_s = runtime.run(replay())
+    server = psutil.Process(server_pid)
+
+    def server_cpu_s() -> float:
+        times = server.cpu_times()
+        return times.user + times.system
+
+    for node in backend.client.transport.node_pool.all():
+        del node.perform_request  # the replays are not recorded
+    replay_s = runtime.run(replay("rep_", 1))
+    concurrent = []
+    for n, count in enumerate(clients):
+        cpu_started = server_cpu_s()
+        seconds = runtime.run(replay(f"rep{n}_", count))
+        concurrent.append((count, seconds, server_cpu_s() - cpu_started))
     runtime.reset_backend()
-    return task_s, replay_s
+    return task_s, replay_s, concurrent
 
 
 def main() -> None:
@@ -190,6 +217,11 @@ def main() -> None:
         "--index-partitions", type=int, default=0, help="spark_index_partitions (0: the topic's partitions)"
     )
     parser.add_argument("--batch", type=int, default=2000, help="changes per bulk call (spark_apply_chunk)")
+    parser.add_argument(
+        "--replay-clients",
+        default="1,2,4",
+        help="the own bodies replayed again from each of these counts of concurrent clients, with the server's CPU",
+    )
     args = parser.parse_args()
 
     search = start_search_server()
@@ -232,9 +264,12 @@ def main() -> None:
         spark = build_session(args.master, conf={"spark.sql.shuffle.partitions": str(args.partitions)})
         session_s = time.perf_counter() - t0
 
+        server = psutil.Process(search.process.pid)
+        server_started = sum(server.cpu_times()[:2])
         t0 = time.perf_counter()
         result = run_stream(spark, settings, once=True, echo=False)
         stream_s = time.perf_counter() - t0
+        stream_server_s = sum(server.cpu_times()[:2]) - server_started
         if result.dead_letters:
             for row in spark.read.parquet(str(settings.dead_letter_dir)).groupBy("reason").count().collect():
                 print(f"dead letters: {row['count']} x {row['reason'][:300]}")
@@ -272,7 +307,9 @@ def main() -> None:
             )
         )
         one_rate, many_rate = len(logs) / one_s, len(logs) / many_s
-        task_s, replay_s = own_documents_ceiling(settings, logs, args.batch)
+        task_s, replay_s, concurrent = own_documents_ceiling(
+            settings, logs, args.batch, search.process.pid, [int(c) for c in args.replay_clients.split(",") if c]
+        )
         own_rate = len(logs) / replay_s
 
         print(f"machine: {os.cpu_count()} cores; Spark {args.master}; search: osmem at {search.url}; broker: Tansu")
@@ -281,7 +318,8 @@ def main() -> None:
         )
         print(
             f"stream --once       : {len(logs) / stream_s:9,.0f} MCL/s overall ({stream_s:.1f} s, {len(result.batches)} batches, "
-            f"{result.dead_letters} dead letters); steady {steady_rate:,.0f} MCL/s"
+            f"{result.dead_letters} dead letters); steady {steady_rate:,.0f} MCL/s; the search server "
+            f"{stream_server_s / stream_s:.2f} cores ({stream_server_s * 1e6 / len(logs):,.0f} µs of its CPU an MCL)"
         )
         if restored is not None:
             print(
@@ -293,6 +331,11 @@ def main() -> None:
             f"raw bulk of the indexer's own bodies: {own_rate:9,.0f} MCL/s ({replay_s:.1f} s; recorded from one "
             f"in-process task, {len(logs) / task_s:,.0f} MCL/s with its reads and Python)"
         )
+        for count, seconds, server_s in concurrent:
+            print(
+                f"  again from {count} client(s)  : {len(logs) / seconds:9,.0f} MCL/s, the search server "
+                f"{server_s / seconds:.2f} cores ({server_s * 1e6 / len(logs):,.0f} µs of its CPU an MCL)"
+            )
         ceiling = max(one_rate, many_rate)
         print(
             f"stream steady / best ceiling  : {steady_rate / ceiling:6.1%}   / own-documents ceiling: {steady_rate / own_rate:6.1%}"

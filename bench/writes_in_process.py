@@ -4,7 +4,8 @@ Postgres server's, its backends' CPU over the same rounds: the write transaction
 interleaved so that a busy machine moves them alike. bench/ingest.py's figures are throughput against a raw ceiling
 on a shared machine (±15 % between runs); this is the API's own CPU, steady to a few µs.
 
-    .venv/bin/python bench/writes_in_process.py [--batches 40] [--rounds 5] [--variants v3,v1,raw,v3-abc]
+    .venv/bin/python bench/writes_in_process.py [--batches 40] [--rounds 5]
+                                                [--variants v3,v1,raw,v3-abc,floor,essentials]
 
 A throwaway Postgres (fsync off) and the app made as `make run`'s API process makes it (the background workers in a
 process of their own: not started here; the access log off). 100 datasets are written once, then each round writes
@@ -15,7 +16,15 @@ process of their own: not started here; the access log off). 100 datasets are wr
 * raw: bench/ingest.py's raw ceiling (`write_raw_rows`: the same rows, bare asyncpg on a connection of its own, with
   asyncpg's own container checks, as that bench's client), what the service's figures compare with;
 * v3-abc: v3 with asyncpg's own container checks for array parameters (app.db._builtin_containers_as_arrays undone
-  for its rounds): what that change saves.
+  for its rounds): what that change saves;
+* floor: v3's body POSTed through the same app (every middleware) to a route the bench adds, which parses it
+  (orjson) and answers one small JSON: what the framework and the body's parsing cost, with nothing of the write;
+* essentials: what any implementation of the contract computes for each aspect of v3's batch, in a bare loop with
+  no objects of metaledger's own: the value validated against its schema and encoded, the system metadata, the
+  change log with the previous and new values (`build_change_log`), the Entity Change Events of the change and their
+  Platform Event envelopes, the audit entry's values, the response's entity; no SQL (the raw variant's client CPU is
+  the SQL's part). With floor and raw, a lower bound for the API process's CPU an aspect however the write path
+  were arranged.
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ from pathlib import Path
 
 import asyncpg
 import orjson
+from fastapi import Request, Response  # at module level: the route's annotations are resolved from these globals
 
 sys.path[0] = str(Path(__file__).resolve().parent.parent)
 
@@ -54,12 +64,21 @@ async def measure(args: argparse.Namespace, env: dict[str, str], dsn: str, pg_da
     os.environ.update(env)
     from asyncpg.protocol import protocol
 
+    from app.changelog.entity_change_events import entity_change_events, platform_event, platform_event_key
     from app.main import create_app
     from app.settings import Settings
+    from app.write.mcl import build_change_log
+    from app.write.proposal import AuditStamp, ChangeType, Proposal
     from bench.harness import postgres_cpu_seconds
     from tests.processes import service_token
 
     app = create_app(Settings())
+
+    async def parse_only(request: Request) -> Response:
+        items = orjson.loads(await request.body())
+        return Response(orjson.dumps({"items": len(items)}), media_type="application/json")
+
+    app.router.add_api_route("/bench/floor", parse_only, methods=["POST"])
     abc = (collections.abc.Iterable, collections.abc.Sized, collections.abc.Mapping)
     async with app.router.lifespan_context(app):
         # as the engine's creation (in the lifespan, app.db.create_engine) set them
@@ -75,6 +94,60 @@ async def measure(args: argparse.Namespace, env: dict[str, str], dsn: str, pg_da
         async def v1(_: int) -> int:
             return await call(app, "POST", "/openapi/v1/proposals", v1_body(next(rounds)), headers)
 
+        async def floor(_: int) -> int:
+            return await call(app, "POST", "/bench/floor", v3_body(next(rounds)), headers)
+
+        spec = app.state.registry.aspect("dataset", "datasetProperties")
+        previous = {  # each aspect's stored row: its value, the value's text, its system metadata
+            dataset_urn(0, i): (
+                properties(0, i),
+                orjson.dumps(properties(0, i)).decode(),
+                {"version": "1", "runId": "no-run-id-provided"},
+            )
+            for i in range(SIZE)
+        }
+
+        async def essentials(_: int) -> int:
+            audit = AuditStamp.now("urn:li:corpuser:bench")
+            items = orjson.loads(v3_body(next(rounds)))
+            entities = []
+            for index, item in enumerate(items):
+                urn = item["urn"]
+                value = spec.validate(item["datasetProperties"]["value"])
+                value_json = orjson.dumps(value).decode()
+                old_value, old_json, old_sm = previous[urn]
+                sm = {"lastObserved": audit.time, "runId": "no-run-id-provided", "lastRunId": old_sm["runId"]}
+                sm["version"] = str(int(old_sm["version"]) + 1)
+                proposal = Proposal(index, "dataset", urn, "datasetProperties", ChangeType.UPSERT, value=value)
+                build_change_log(
+                    proposal,
+                    change_type=ChangeType.UPSERT,
+                    aspect_name="datasetProperties",
+                    aspect_json=value_json,
+                    system_metadata=sm,
+                    previous_json=old_json,
+                    previous_system_metadata=old_sm,
+                    created=audit,
+                )
+                for event in entity_change_events(
+                    entity_type="dataset",
+                    urn=urn,
+                    aspect_name="datasetProperties",
+                    change_type="UPSERT",
+                    previous=old_value,
+                    current=value,
+                    audit=audit.to_json(),
+                ):
+                    platform_event_key(event)
+                    orjson.dumps(platform_event(event))
+                (  # the audit entry's values
+                    "aspect.write", audit.actor, None, "bench", urn, "datasetProperties", "UPSERT",
+                    int(old_sm["version"]), int(sm["version"]), sm.get("runId"), None,
+                )  # fmt: skip
+                entities.append({"urn": urn, "datasetProperties": {"value": value, "systemMetadata": sm}})
+            orjson.dumps(entities)
+            return 200
+
         raw_conn = await asyncpg.connect(dsn)
         raw_versions = iter(range(1, 10**9))
 
@@ -86,7 +159,14 @@ async def measure(args: argparse.Namespace, env: dict[str, str], dsn: str, pg_da
             )
             return 200
 
-        variants = {"v3": (v3, fast), "v1": (v1, fast), "v3-abc": (v3, abc), "raw": (raw, abc)}
+        variants = {
+            "v3": (v3, fast),
+            "v1": (v1, fast),
+            "v3-abc": (v3, abc),
+            "raw": (raw, abc),
+            "floor": (floor, fast),
+            "essentials": (essentials, fast),
+        }
         chosen = args.variants.split(",")
         for name in chosen:  # warm: the entities' first versions, prepared statements, compiled validators
             for i in range(3):
