@@ -132,6 +132,12 @@ async def parallel_raw(
     return time.perf_counter() - started
 
 
+def cpu_seconds(process: psutil.Process) -> float:
+    """The process's CPU so far (user + system)."""
+    times = process.cpu_times()
+    return times.user + times.system
+
+
 def own_documents_ceiling(
     settings: IndexerSettings, logs: list[dict[str, Any]], chunk: int, server_pid: int, clients: list[int]
 ) -> tuple[float, float, list[tuple[int, float, float]]]:
@@ -190,19 +196,14 @@ def own_documents_ceiling(
         return time.perf_counter() - started
 
     server = psutil.Process(server_pid)
-
-    def server_cpu_s() -> float:
-        times = server.cpu_times()
-        return times.user + times.system
-
     for node in backend.client.transport.node_pool.all():
         del node.perform_request  # the replays are not recorded
     replay_s = runtime.run(replay("rep_", 1))
     concurrent = []
     for n, count in enumerate(clients):
-        cpu_started = server_cpu_s()
+        cpu_started = cpu_seconds(server)
         seconds = runtime.run(replay(f"rep{n}_", count))
-        concurrent.append((count, seconds, server_cpu_s() - cpu_started))
+        concurrent.append((count, seconds, cpu_seconds(server) - cpu_started))
     runtime.reset_backend()
     return task_s, replay_s, concurrent
 
@@ -265,11 +266,11 @@ def main() -> None:
         session_s = time.perf_counter() - t0
 
         server = psutil.Process(search.process.pid)
-        server_started = sum(server.cpu_times()[:2])
+        server_started = cpu_seconds(server)
         t0 = time.perf_counter()
         result = run_stream(spark, settings, once=True, echo=False)
         stream_s = time.perf_counter() - t0
-        stream_server_s = sum(server.cpu_times()[:2]) - server_started
+        stream_server_s = cpu_seconds(server) - server_started
         if result.dead_letters:
             for row in spark.read.parquet(str(settings.dead_letter_dir)).groupBy("reason").count().collect():
                 print(f"dead letters: {row['count']} x {row['reason'][:300]}")
