@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import orjson
-import psutil
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -132,22 +131,16 @@ async def parallel_raw(
     return time.perf_counter() - started
 
 
-def cpu_seconds(process: psutil.Process) -> float:
-    """The process's CPU so far (user + system)."""
-    times = process.cpu_times()
-    return times.user + times.system
-
-
 def own_documents_ceiling(
-    settings: IndexerSettings, logs: list[dict[str, Any]], chunk: int, server_pid: int, clients: list[int]
+    settings: IndexerSettings, logs: list[dict[str, Any]], chunk: int, server: Any, clients: list[int]
 ) -> tuple[float, float, list[tuple[int, float, float]]]:
     """The raw ceiling for the documents the indexer itself writes: what one Spark task does (`IndexTask`), run in
     this process into `rec_` indices while every `_bulk` body it sends is recorded; then the same bodies sent again
     as they are (index names moved to fresh `rep_` indices with the same mappings), one after the other, timed.
     Returns (in-process task seconds, replay seconds, and for each count of `clients` a replay into fresh indices
-    from that many concurrent clients, each a share of the bodies in turn: (clients, seconds, the search server's
-    CPU seconds)). The indexer's reads (`_mget`, to merge an entity's current document) are not replayed: they are
-    part of its cost, not of the server's ceiling."""
+    from that many concurrent clients, each a share of the bodies in turn: (clients, seconds, the CPU seconds of
+    `server`, the search server's `ServerClock`)). The indexer's reads (`_mget`, to merge an entity's current
+    document) are not replayed: they are part of its cost, not of the server's ceiling."""
     from profile_spark_indexer import records_of  # bench/: the same Kafka records the stream reads
 
     from spark_indexer import batch
@@ -195,15 +188,14 @@ def own_documents_ceiling(
         await asyncio.gather(*(send(moved[i::clients]) for i in range(clients)))
         return time.perf_counter() - started
 
-    server = psutil.Process(server_pid)
     for node in backend.client.transport.node_pool.all():
         del node.perform_request  # the replays are not recorded
     replay_s = runtime.run(replay("rep_", 1))
     concurrent = []
     for n, count in enumerate(clients):
-        cpu_started = cpu_seconds(server)
+        cpu_started = server.cpu()
         seconds = runtime.run(replay(f"rep{n}_", count))
-        concurrent.append((count, seconds, cpu_seconds(server) - cpu_started))
+        concurrent.append((count, seconds, server.cpu() - cpu_started))
     runtime.reset_backend()
     return task_s, replay_s, concurrent
 
@@ -265,12 +257,14 @@ def main() -> None:
         spark = build_session(args.master, conf={"spark.sql.shuffle.partitions": str(args.partitions)})
         session_s = time.perf_counter() - t0
 
-        server = psutil.Process(search.process.pid)
-        server_started = cpu_seconds(server)
+        from profile_spark_indexer import ServerClock
+
+        server = ServerClock(search.process.pid)
+        server_started = server.cpu()
         t0 = time.perf_counter()
         result = run_stream(spark, settings, once=True, echo=False)
         stream_s = time.perf_counter() - t0
-        stream_server_s = cpu_seconds(server) - server_started
+        stream_server_s = server.cpu() - server_started
         if result.dead_letters:
             for row in spark.read.parquet(str(settings.dead_letter_dir)).groupBy("reason").count().collect():
                 print(f"dead letters: {row['count']} x {row['reason'][:300]}")
@@ -309,7 +303,7 @@ def main() -> None:
         )
         one_rate, many_rate = len(logs) / one_s, len(logs) / many_s
         task_s, replay_s, concurrent = own_documents_ceiling(
-            settings, logs, args.batch, search.process.pid, [int(c) for c in args.replay_clients.split(",") if c]
+            settings, logs, args.batch, server, [int(c) for c in args.replay_clients.split(",") if c]
         )
         own_rate = len(logs) / replay_s
 
